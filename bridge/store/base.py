@@ -1,0 +1,166 @@
+"""What the service records, and the one interface every store implements.
+
+The service talks only to :class:`Store`. Implementations: ``memory`` (unit
+tests, no durability) and ``sql`` (SQLAlchemy: SQLite or PostgreSQL). One
+contract suite in ``tests/store`` runs against all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from bridge.model import (
+    Batch,
+    InboundMessage,
+    Message,
+    MessageId,
+    RoomKey,
+    RunId,
+    RunReport,
+    RunStatus,
+    SessionId,
+    UserId,
+)
+
+
+class AuditAction(StrEnum):
+    """One audit row per logical action (per message where a message is the subject)."""
+
+    MESSAGE_ACCEPTED = "message_accepted"
+    MESSAGE_IGNORED = "message_ignored"
+    """Not authorized (or from a bot): recorded without its text."""
+    MESSAGE_DISPATCHED = "message_dispatched"
+    """A message went into a run: one row per message, carrying the run id."""
+    MESSAGE_DROPPED = "message_dropped"
+    """Dropped by ``!stop``: one row per message."""
+    COMMAND = "command"
+    RUN_STARTED = "run_started"
+    RUN_FINISHED = "run_finished"
+    STOP_REQUESTED = "stop_requested"
+    RETRY_REQUESTED = "retry_requested"
+    SESSION_RESET = "session_reset"
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    id: RunId
+    room: RoomKey
+    status: RunStatus
+    started_at: float
+    ended_at: float | None
+    pid: int | None
+    message_ids: tuple[MessageId, ...]
+    report: RunReport | None
+    """None while the run is running."""
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    id: int
+    at: float
+    action: AuditAction
+    room: RoomKey | None
+    actor: UserId | None
+    message_id: MessageId | None
+    run_id: RunId | None
+    detail: str
+
+
+class StoreError(Exception):
+    """The store could not do what was asked (connection lost, schema missing...)."""
+
+
+class Store(Protocol):
+    """Durable state of the bridge. Every method is atomic."""
+
+    async def accept(self, msg: InboundMessage, received_at: float) -> Message | None:
+        """Record ``msg`` as pending and audit it as accepted, in one transaction.
+
+        Returns None, recording nothing, when a message with the same
+        (transport, room, external id) was accepted before: redelivery.
+        """
+        ...
+
+    async def record_ignored(self, msg: InboundMessage, reason: str, at: float) -> None:
+        """Audit a message that was not accepted (unauthorized sender, bot)."""
+        ...
+
+    async def pending_messages(self) -> list[Message]:
+        """Every pending message of every room, in acceptance order (recovery)."""
+        ...
+
+    async def requeue(self, ids: Sequence[MessageId]) -> list[Message]:
+        """Mark these messages pending again (``!retry``); returns them in order."""
+        ...
+
+    async def mark_dropped(self, ids: Sequence[MessageId], actor: UserId | None, at: float) -> None:
+        """Mark messages dropped by ``!stop``, one audit row each."""
+        ...
+
+    async def start_run(self, run_id: RunId, batch: Batch, at: float) -> None:
+        """Record a running run and mark its messages dispatched into it, atomically."""
+        ...
+
+    async def set_run_pid(self, run_id: RunId, pid: int) -> None: ...
+
+    async def finish_run(self, run_id: RunId, report: RunReport, at: float) -> None:
+        """Record how a run ended; its messages become done (succeeded) or failed."""
+        ...
+
+    async def get_run(self, run_id: RunId) -> RunRecord | None: ...
+
+    async def running_runs(self) -> list[RunRecord]:
+        """Runs still marked running: after a crash these are the ones to sweep."""
+        ...
+
+    async def last_run(self, room: RoomKey) -> RunRecord | None:
+        """The room's most recently started run."""
+        ...
+
+    async def last_retryable_run(self, room: RoomKey) -> RunRecord | None:
+        """The room's most recent run whose status is retryable, if it is the last run."""
+        ...
+
+    async def messages(self, ids: Sequence[MessageId]) -> list[Message]: ...
+
+    async def get_session(self, room: RoomKey) -> SessionId | None: ...
+
+    async def set_session(self, room: RoomKey, session_id: SessionId | None) -> None: ...
+
+    async def audit(
+        self,
+        action: AuditAction,
+        at: float,
+        *,
+        room: RoomKey | None = None,
+        actor: UserId | None = None,
+        message_id: MessageId | None = None,
+        run_id: RunId | None = None,
+        detail: str = "",
+    ) -> None: ...
+
+    async def audit_trail(
+        self,
+        *,
+        room: RoomKey | None = None,
+        message_id: MessageId | None = None,
+        run_id: RunId | None = None,
+    ) -> list[AuditRecord]:
+        """Audit rows matching every given filter, oldest first."""
+        ...
+
+    async def prune(self, older_than: float) -> int:
+        """Delete finished messages' texts and audit rows older than ``older_than``.
+
+        Returns how many rows were deleted or blanked.
+        """
+        ...
+
+    async def ping(self) -> None:
+        """Raise :class:`StoreError` if the store cannot be reached."""
+        ...
+
+    async def close(self) -> None: ...
