@@ -60,6 +60,10 @@ class RoomBinding:
     """Answer in a thread under the batch's first message (Slack)."""
 
 
+class SinkClosed(Exception):
+    """Raised by the sink while the service shuts down: do not acknowledge the message."""
+
+
 class TransportError(Exception):
     """A transport could not deliver or connect; carries the transport's name."""
 
@@ -72,6 +76,8 @@ class Transport:
     """Base class: optional capabilities default to doing nothing."""
 
     name: TransportName
+    reconnects: int = 0
+    """How often the transport reconnected to its peer (a metric)."""
 
     async def run(self, sink: InboundSink, ready: asyncio.Event) -> None:
         """Connect, set ``ready``, then feed inbound messages to ``sink`` until cancelled.

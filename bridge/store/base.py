@@ -88,6 +88,10 @@ class Store(Protocol):
         """Audit a message that was not accepted (unauthorized sender, bot)."""
         ...
 
+    async def complete_command(self, message_id: MessageId) -> None:
+        """Mark an accepted command message done: commands never go into a run."""
+        ...
+
     async def pending_messages(self) -> list[Message]:
         """Every pending message of every room, in acceptance order (recovery)."""
         ...

@@ -1,0 +1,203 @@
+"""Chat commands: ``!stop``, ``!status``, ``!reset``, ``!retry``, ``!help``.
+
+Commands are handled the moment they arrive, even during a run, and never
+become part of a batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from bridge.model import Message, RoomKey
+from bridge.store.base import AuditAction, Store
+from dispatcher import Dispatcher
+
+
+class CommandName(StrEnum):
+    STOP = "stop"
+    STATUS = "status"
+    RESET = "reset"
+    RETRY = "retry"
+    HELP = "help"
+
+
+_SUMMARY: dict[CommandName, str] = {
+    CommandName.STOP: "stop the running run and drop the messages waiting for it",
+    CommandName.STATUS: "show the active run, waiting messages, session and last outcome",
+    CommandName.RESET: "start a new Claude session with the next run",
+    CommandName.RETRY: "run the messages of the last failed or interrupted run again",
+    CommandName.HELP: "list the commands",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    name: CommandName | None
+    """None for an unknown command word."""
+    word: str
+
+
+def parse_command(text: str, prefix: str) -> Command | None:
+    """The command in ``text``, or None if it is an ordinary message.
+
+    A command is the prefix directly followed by a word, alone on the message
+    (trailing words are ignored). ``"! hello"`` and ``"!!"`` are messages.
+    """
+    stripped = text.strip()
+    if not stripped.startswith(prefix):
+        return None
+    word = stripped[len(prefix) :].split(maxsplit=1)[0] if stripped[len(prefix) :] else ""
+    if not word or not word[0].isalpha() or stripped[len(prefix)].isspace():
+        return None
+    word = word.lower()
+    try:
+        return Command(CommandName(word), word)
+    except ValueError:
+        return Command(None, word)
+
+
+def help_text(prefix: str) -> str:
+    lines = ["Commands:"]
+    lines += [f"- `{prefix}{name}`: {summary}" for name, summary in _SUMMARY.items()]
+    lines.append("Anything else from an allowed user goes to Claude.")
+    return "\n".join(lines)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+Say = Callable[[RoomKey, str], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class CommandHandler:
+    """Carries out commands against the dispatcher and the store."""
+
+    dispatcher: Dispatcher
+    store: Store
+    prefix: str
+    say: Say
+    wall_clock: Callable[[], float] = time.time
+
+    async def handle(self, command: Command, message: Message) -> None:
+        room = message.room
+        await self.store.audit(
+            AuditAction.COMMAND,
+            self.wall_clock(),
+            room=room,
+            actor=message.sender,
+            message_id=message.id,
+            detail=command.word,
+        )
+        match command.name:
+            case CommandName.STOP:
+                await self._stop(message)
+            case CommandName.STATUS:
+                await self._status(room)
+            case CommandName.RESET:
+                await self.store.set_session(room, None)
+                await self.store.audit(
+                    AuditAction.SESSION_RESET, self.wall_clock(), room=room, actor=message.sender
+                )
+                await self.say(room, "The next run starts a new Claude session.")
+            case CommandName.RETRY:
+                await self._retry(message)
+            case CommandName.HELP:
+                await self.say(room, help_text(self.prefix))
+            case None:
+                await self.say(
+                    room, f"Unknown command `{self.prefix}{command.word}`; try `{self.prefix}help`."
+                )
+
+    async def _stop(self, message: Message) -> None:
+        room = message.room
+        now = self.wall_clock()
+        result = self.dispatcher.stop(room)
+        await self.store.audit(
+            AuditAction.STOP_REQUESTED,
+            now,
+            room=room,
+            actor=message.sender,
+            message_id=message.id,
+            detail=f"running={result.stopped is not None} dropped={len(result.dropped)}",
+        )
+        if result.dropped:
+            await self.store.mark_dropped([m.id for m in result.dropped], message.sender, now)
+        dropped = _plural(len(result.dropped), "waiting message")
+        if result.stopped is not None:
+            size = _plural(len(result.stopped.messages), "message")
+            await self.say(room, f"Stopping the run of {size}; dropped {dropped}.")
+        elif result.dropped:
+            await self.say(room, f"Nothing was running; dropped {dropped}.")
+        else:
+            await self.say(room, "Nothing is running and nothing is waiting.")
+
+    async def _status(self, room: RoomKey) -> None:
+        status = self.dispatcher.status(room)
+        now = self.wall_clock()
+        lines = []
+        last = await self.store.last_run(room)
+        if status.running is not None and last is not None and last.report is None:
+            lines.append(
+                f"Running for {_duration(now - last.started_at)} "
+                f"({_plural(len(status.running.messages), 'message')}, run `{last.id}`)."
+            )
+        elif status.running is not None:
+            lines.append(f"Running ({_plural(len(status.running.messages), 'message')}).")
+        else:
+            lines.append("Idle.")
+        lines.append(f"Waiting: {_plural(status.waiting, 'message')}.")
+        session = await self.store.get_session(room)
+        lines.append(
+            f"Session: `{session}`." if session else "Session: none (next run starts fresh)."
+        )
+        finished = last if last is not None and last.report is not None else None
+        if finished is not None and finished.report is not None:
+            report = finished.report
+            parts = [f"Last run: {report.status.value}"]
+            if finished.ended_at is not None:
+                parts.append(f"took {_duration(finished.ended_at - finished.started_at)}")
+            if report.cost_usd is not None:
+                parts.append(f"cost ${report.cost_usd:.4f}")
+            lines.append(", ".join(parts) + ".")
+        await self.say(room, "\n".join(lines))
+
+    async def _retry(self, message: Message) -> None:
+        room = message.room
+        status = self.dispatcher.status(room)
+        if status.running is not None or status.waiting:
+            # Retried messages are queued like new ones; refusing while anything is
+            # queued keeps a second !retry from queueing the same messages twice.
+            await self.say(room, "A run is active or waiting; retry when the room is idle.")
+            return
+        run = await self.store.last_retryable_run(room)
+        if run is None:
+            await self.say(room, "There is no failed or interrupted run to retry.")
+            return
+        messages = await self.store.requeue(run.message_ids)
+        await self.store.audit(
+            AuditAction.RETRY_REQUESTED,
+            self.wall_clock(),
+            room=room,
+            actor=message.sender,
+            run_id=run.id,
+            detail=f"messages={len(messages)}",
+        )
+        for queued in messages:
+            self.dispatcher.submit(queued)
+        await self.say(room, f"Retrying {_plural(len(messages), 'message')} of run `{run.id}`.")

@@ -1,0 +1,295 @@
+"""Settings: a TOML file, overridden key by key from the environment.
+
+Every key can be set as ``CHATBRIDGE_<SECTION>__<KEY>`` (for example
+``CHATBRIDGE_RUNNER__MAX_CONCURRENT_RUNS=8``); lists and tables take JSON.
+Unknown keys are errors. Rooms inherit ``[defaults]`` and may override any
+of its keys in their ``[[rooms]]`` entry; :meth:`Settings.room` gives the
+merged view.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, Self
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from bridge.errors import ConfigError
+from bridge.model import RoomId, RoomKey, TransportName, UserId
+from transports.matrix.settings import MatrixSettings
+from transports.slack.settings import SlackSettings
+
+TRANSPORTS: tuple[str, ...] = ("console", "matrix", "slack")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RunnerSettings(_Section):
+    claude_bin: str = Field("claude", min_length=1)
+    max_concurrent_runs: int = Field(4, ge=1)
+    stop_grace_s: float = Field(5.0, ge=0)
+    shutdown_grace_s: float = Field(30.0, ge=0)
+    """On SIGTERM, active runs get this long to finish before they are stopped."""
+    max_line_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+
+
+class DispatcherSettings(_Section):
+    coalesce_ms: int = Field(1500, ge=0)
+    max_wait_ms: int = Field(15000, ge=0)
+    max_batch: int = Field(25, ge=1)
+
+
+class CommandSettings(_Section):
+    prefix: str = Field("!", min_length=1)
+
+    @field_validator("prefix")
+    @classmethod
+    def _no_space(cls, value: str) -> str:
+        if value != value.strip():
+            raise ValueError("must not contain leading or trailing whitespace")
+        return value
+
+
+class RoomDefaults(_Section):
+    """What every room inherits; a ``[[rooms]]`` entry may override any key."""
+
+    cwd: Path = Path()
+    model: str = ""
+    permission_mode: Literal[
+        "", "acceptEdits", "auto", "bypassPermissions", "default", "dontAsk", "plan"
+    ] = ""
+    allowed_tools: tuple[str, ...] = ()
+    disallowed_tools: tuple[str, ...] = ()
+    append_system_prompt: str = ""
+    max_turns: int = Field(0, ge=0)
+    run_timeout_s: float = Field(1800, gt=0)
+    idle_timeout_s: float = Field(600, gt=0)
+    allowed_users: tuple[str, ...] = ()
+    """Sender ids allowed to run and command; ``"*"`` admits anyone in the room."""
+    env: dict[str, str] = Field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()
+
+
+ROOM_KEYS = frozenset(RoomDefaults.model_fields)
+
+
+class RoomConfig(BaseModel):
+    """One ``[[rooms]]`` entry as written: its identity plus any overridden defaults."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    transport: Literal["console", "matrix", "slack"]
+    id: str = Field(min_length=1)
+    trigger: Literal["all", "mention"] = "all"
+    reply_in_thread: bool = True
+
+    @model_validator(mode="after")
+    def _only_known_overrides(self) -> Self:
+        unknown = sorted(set(self.model_extra or {}) - ROOM_KEYS)
+        if unknown:
+            raise ValueError(f"unknown key(s) {', '.join(unknown)}")
+        return self
+
+    @property
+    def key(self) -> RoomKey:
+        return RoomKey(TransportName(self.transport), RoomId(self.id))
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class RoomSettings(RoomDefaults):
+    """A room's effective settings: ``[defaults]`` merged with its entry."""
+
+    key: RoomKey
+    trigger: Literal["all", "mention"] = "all"
+    reply_in_thread: bool = True
+
+    def allows(self, sender: UserId) -> bool:
+        return "*" in self.allowed_users or sender in self.allowed_users
+
+
+class ConsoleSettings(_Section):
+    enabled: bool = True
+    """On when no other transport is configured, or when set explicitly."""
+    room: str = Field("console", min_length=1)
+    user: str = Field("local", min_length=1)
+
+
+class DatabaseSettings(_Section):
+    url: str = "sqlite+aiosqlite:///chatbridge.db"
+    auto_migrate: bool = True
+    retention_days: float = Field(30, gt=0)
+
+
+class LoggingSettings(_Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    format: Literal["text", "json"] = "text"
+
+
+class HttpSettings(_Section):
+    listen: str = "127.0.0.1:8080"
+    """``host:port`` for /healthz, /readyz and /metrics; empty disables it."""
+
+
+class Settings(BaseSettings):
+    """The whole configuration, validated at startup."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="CHATBRIDGE_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    runner: RunnerSettings = RunnerSettings()
+    dispatcher: DispatcherSettings = DispatcherSettings()
+    commands: CommandSettings = CommandSettings()
+    defaults: RoomDefaults = RoomDefaults()
+    console: ConsoleSettings = ConsoleSettings()
+    database: DatabaseSettings = DatabaseSettings()
+    logging: LoggingSettings = LoggingSettings()
+    http: HttpSettings = HttpSettings()
+    matrix: MatrixSettings | None = None
+    slack: SlackSettings | None = None
+    rooms: tuple[RoomConfig, ...] = ()
+
+    _rooms: dict[RoomKey, RoomSettings] = PrivateAttr(default_factory=dict)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The file's contents arrive as init values; the environment wins over them.
+        return (env_settings, init_settings)
+
+    @model_validator(mode="after")
+    def _resolve_rooms(self) -> Self:
+        rooms: dict[RoomKey, RoomSettings] = {}
+        base = self.defaults.model_dump()
+        for index, entry in enumerate(self.rooms):
+            key = entry.key
+            if key in rooms:
+                raise ValueError(f"rooms[{index}]: room {key} is configured twice")
+            if entry.transport != "console" and getattr(self, entry.transport) is None:
+                name = entry.transport
+                raise ValueError(f"rooms[{index}]: transport {name!r} has no [{name}] section")
+            try:
+                rooms[key] = RoomSettings.model_validate(
+                    {
+                        **base,
+                        **entry.overrides,
+                        "key": key,
+                        "trigger": entry.trigger,
+                        "reply_in_thread": entry.reply_in_thread,
+                    }
+                )
+            except ValidationError as exc:
+                raise ValueError(_nested_errors(f"rooms[{index}]", exc)) from None
+        if self.console_active and not any(k.transport == "console" for k in rooms):
+            # Embedded default: one console room that the local user may use.
+            key = RoomKey(TransportName("console"), RoomId(self.console.room))
+            rooms[key] = RoomSettings.model_validate(
+                {**base, "key": key, "allowed_users": base["allowed_users"] or [self.console.user]}
+            )
+        self._rooms = rooms
+        return self
+
+    @property
+    def console_active(self) -> bool:
+        if not self.console.enabled:
+            return False
+        explicit = "enabled" in self.console.model_fields_set
+        return explicit or (self.matrix is None and self.slack is None)
+
+    def room(self, key: RoomKey) -> RoomSettings | None:
+        return self._rooms.get(key)
+
+    @property
+    def room_settings(self) -> Mapping[RoomKey, RoomSettings]:
+        return self._rooms
+
+    def redacted(self) -> dict[str, Any]:
+        """The effective configuration as plain data, secrets masked."""
+        data: dict[str, Any] = self.model_dump(mode="json")
+        data["rooms"] = [
+            {
+                **r.model_dump(mode="json", exclude={"key"}),
+                "transport": k.transport,
+                "id": k.room_id,
+            }
+            for k, r in self._rooms.items()
+        ]
+        for room in data["rooms"]:
+            room["env"] = {name: "**********" for name in room["env"]}
+        data["defaults"]["env"] = {name: "**********" for name in data["defaults"]["env"]}
+        return data
+
+
+def _nested_errors(prefix: str, exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        parts.append(f"{prefix}.{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def load_settings(path: Path | None) -> Settings:
+    """Read ``path`` (if any), apply the environment, validate.
+
+    Raises :class:`ConfigError` naming every offending key by its full path.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with path.open("rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such file") from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path)) from None
+
+
+def _describe(exc: ValidationError, path: Path | None) -> str:
+    where = f"{path}: " if path else ""
+    lines = [f"{where}invalid configuration:"]
+    for err in exc.errors():
+        loc = _dotted(err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"  {loc}: {msg}" if loc else f"  {msg}")
+    return "\n".join(lines)
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else part
+    return out

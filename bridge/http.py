@@ -1,0 +1,55 @@
+"""``/healthz``, ``/readyz`` and ``/metrics`` over aiohttp."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+Readiness = Callable[[], Awaitable[str | None]]
+"""Returns None when ready, else the reason it is not."""
+
+
+def make_app(readiness: Readiness, exposition: Callable[[], bytes]) -> web.Application:
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        reason = await readiness()
+        if reason is None:
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text=f"not ready: {reason}\n")
+
+    async def metrics(_: web.Request) -> web.Response:
+        response = web.Response(body=exposition())
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+async def serve_http(
+    listen: str, readiness: Readiness, exposition: Callable[[], bytes], started: asyncio.Event
+) -> None:
+    """Serve until cancelled; sets ``started`` once the port is bound."""
+    runner = web.AppRunner(make_app(readiness, exposition), access_log=None)
+    await runner.setup()
+    try:
+        host, port = parse_listen(listen)
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        started.set()
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,96 @@
+"""The path of an inbound message: authorize, record, then command or dispatch.
+
+A message is committed to the store before anything else happens to it, so
+the transport may acknowledge it upstream as soon as :meth:`Intake.accept`
+returns, and a crash after that point loses nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from bridge.commands import CommandHandler, parse_command
+from bridge.config import Settings
+from bridge.metrics import Metrics
+from bridge.model import InboundMessage, Message
+from bridge.store.base import Store
+from dispatcher import Dispatcher
+from transports.base import Accepted, SinkClosed
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Intake:
+    settings: Settings
+    store: Store
+    dispatcher: Dispatcher
+    commands: CommandHandler
+    metrics: Metrics
+    wall_clock: Callable[[], float] = time.time
+    closed: bool = False
+    """Set at shutdown: nothing new is accepted (transports do not acknowledge)."""
+
+    async def accept(self, inbound: InboundMessage) -> Accepted:
+        """The transports' sink. Returns once the message is durably recorded."""
+        if self.closed:
+            raise SinkClosed
+        room = self.settings.room(inbound.room)
+        now = self.wall_clock()
+        reason = None
+        if room is None:
+            reason = "room not configured"
+        elif inbound.sender_is_bot:
+            reason = "sender is a bot"
+        elif not room.allows(inbound.sender):
+            reason = "sender not allowed"
+        command = parse_command(inbound.text, self.settings.commands.prefix)
+        if (
+            reason is None
+            and room is not None
+            and room.trigger == "mention"
+            and not inbound.mentions_bot
+            and command is None
+        ):
+            reason = "no mention"
+        if reason is not None:
+            self.metrics.messages.labels("ignored").inc()
+            log.debug("ignored message in %s from %s: %s", inbound.room, inbound.sender, reason)
+            if room is not None and reason != "sender is a bot":
+                await self.store.record_ignored(inbound, reason, now)
+            return Accepted.IGNORED
+
+        message = await self.store.accept(inbound, now)
+        if message is None:
+            self.metrics.messages.labels("duplicate").inc()
+            log.debug("duplicate delivery of %s in %s", inbound.external_id, inbound.room)
+            return Accepted.DUPLICATE
+        if command is not None:
+            self.metrics.messages.labels("command").inc()
+            await self.store.complete_command(message.id)
+            await self.commands.handle(command, message)
+        else:
+            self.metrics.messages.labels("accepted").inc()
+            self.dispatcher.submit(message)
+        return Accepted.ACCEPTED
+
+    async def recover(self, pending: list[Message]) -> int:
+        """Re-enter messages accepted before a restart but never run, in order.
+
+        Commands accepted just before a crash are settled, not run: agent
+        runs and stops have effects, and a stale ``!stop`` must not hit a new run.
+        """
+        resumed = 0
+        prefix = self.settings.commands.prefix
+        for message in pending:
+            if parse_command(message.text, prefix) is not None:
+                await self.store.complete_command(message.id)
+            elif self.settings.room(message.room) is None:
+                log.warning("pending message %s is for a room no longer configured", message.id)
+            else:
+                self.dispatcher.submit(message)
+                resumed += 1
+        return resumed

@@ -1,0 +1,80 @@
+"""Prometheus metrics of one service instance, in its own registry (no global state).
+
+Labels are bounded sets (outcome, status, transport): never a room, user or
+message id, so cardinality cannot grow with traffic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from transports.base import Transport
+
+RUN_DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600)
+
+
+class _ReconnectCollector(Collector):
+    def __init__(self, transports: Sequence[Transport]) -> None:
+        self._transports = transports
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            "chatbridge_transport_reconnects",
+            "Reconnections of each transport to its chat server",
+            labels=["transport"],
+        )
+        for transport in self._transports:
+            family.add_metric([transport.name], transport.reconnects)
+        yield family
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.messages = Counter(
+            "chatbridge_messages",
+            "Inbound messages by outcome (accepted, ignored, duplicate, command)",
+            ["outcome"],
+            registry=r,
+        )
+        self.coalesced = Counter(
+            "chatbridge_messages_coalesced",
+            "Messages that went into a run together with at least one other message",
+            registry=r,
+        )
+        self.runs_started = Counter("chatbridge_runs_started", "Runs started", registry=r)
+        self.runs_finished = Counter(
+            "chatbridge_runs_finished", "Runs finished by outcome", ["status"], registry=r
+        )
+        self.run_duration = Histogram(
+            "chatbridge_run_duration_seconds",
+            "Duration of finished runs",
+            buckets=RUN_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.cost = Counter(
+            "chatbridge_claude_cost_usd", "Total cost reported by claude, in USD", registry=r
+        )
+        self.active_runs = Gauge("chatbridge_active_runs", "Runs active now", registry=r)
+        self.queued = Gauge(
+            "chatbridge_queued_messages", "Accepted messages not yet in a run", registry=r
+        )
+
+    def watch(
+        self,
+        active_runs: Callable[[], float],
+        queued: Callable[[], float],
+        transports: Sequence[Transport],
+    ) -> None:
+        """Read live values at scrape time."""
+        self.active_runs.set_function(active_runs)
+        self.queued.set_function(queued)
+        self.registry.register(_ReconnectCollector(transports))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

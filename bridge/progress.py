@@ -1,0 +1,100 @@
+"""Live progress of a run: one status message, edited in place, throttled per room."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bridge.model import ExternalMessageId
+
+MAX_RECENT_TOOLS = 3
+_DETAIL_LIMIT = 80
+
+
+def describe_tool_use(name: str, tool_input: dict[str, Any]) -> str:
+    """``Bash: git status``, ``Edit: src/app.py``: what a person wants to see of a tool use."""
+    for key in ("command", "file_path", "path", "pattern", "url", "query", "description"):
+        value = tool_input.get(key)
+        if isinstance(value, str) and value.strip():
+            detail = value.strip().splitlines()[0]
+            if len(detail) > _DETAIL_LIMIT:
+                detail = detail[: _DETAIL_LIMIT - 1] + "…"
+            return f"{name}: {detail}"
+    return name
+
+
+def format_elapsed(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    minutes, seconds = divmod(seconds, 60)
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+
+
+Post = Callable[[str], Awaitable[ExternalMessageId | None]]
+Edit = Callable[[ExternalMessageId, str], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class ProgressMessage:
+    """The status message of one run.
+
+    ``post`` sends a new message, ``edit`` replaces the status message's text.
+    Updates closer together than ``min_interval_s`` are folded into one edit,
+    sent when the interval has passed: chat servers rate-limit edits, and
+    people cannot read faster anyway.
+    """
+
+    post: Post
+    edit: Edit
+    clock: Callable[[], float]
+    min_interval_s: float = 2.0
+    started_at: float = 0.0
+    tools: list[str] = field(default_factory=list)
+    tool_count: int = 0
+    _message_id: ExternalMessageId | None = None
+    _last_sent: float | None = None
+    _dirty: bool = False
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def text(self, now: float, finished: str | None = None) -> str:
+        elapsed = format_elapsed(now - self.started_at)
+        head = f"{finished} after {elapsed}" if finished else f"Working… {elapsed}"
+        if self.tool_count:
+            head += f" · {self.tool_count} tool use{'s' if self.tool_count != 1 else ''}"
+        return "\n".join([head, *(f"- {t}" for t in self.tools)])
+
+    async def start(self) -> None:
+        self.started_at = self.clock()
+        self._message_id = await self.post(self.text(self.started_at))
+        self._last_sent = self.clock()
+
+    def tool_used(self, name: str, tool_input: dict[str, Any]) -> None:
+        self.tools.append(describe_tool_use(name, tool_input))
+        del self.tools[:-MAX_RECENT_TOOLS]
+        self.tool_count += 1
+        self._dirty = True
+        self._wake.set()
+
+    async def pump(self) -> None:
+        """Send folded edits until cancelled; runs beside the run."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._last_sent is not None:
+                delay = self._last_sent + self.min_interval_s - self.clock()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            await self._flush()
+
+    async def _flush(self) -> None:
+        if not self._dirty or self._message_id is None:
+            return
+        self._dirty = False
+        self._last_sent = self.clock()
+        await self.edit(self._message_id, self.text(self._last_sent))
+
+    async def finish(self, outcome: str) -> None:
+        if self._message_id is None:
+            return
+        await self.edit(self._message_id, self.text(self.clock(), finished=outcome))

@@ -1,0 +1,287 @@
+"""The service's lifecycle: build the parts, recover, serve, shut down in order.
+
+One owner for every task: :func:`serve` runs a single TaskGroup holding the
+dispatcher, the transports and the housekeeping loop. Shutdown is a single,
+ordered path: stop accepting, let active runs finish within the grace
+period, stop the rest (no process survives), tell their rooms, close the
+transports, close the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from bridge.commands import CommandHandler
+from bridge.config import Settings
+from bridge.errors import StartupError
+from bridge.http import serve_http
+from bridge.intake import Intake
+from bridge.metrics import Metrics
+from bridge.model import RoomKey, RunReport, RunStatus, TransportName
+from bridge.replies import Replier
+from bridge.runs import RunExecutor
+from bridge.store.base import Store, StoreError
+from bridge.store.sql import SqlStore
+from dispatcher import Dispatcher, DispatchLimits
+from runner import kill_marked
+from transports.base import RoomBinding, Transport
+
+log = logging.getLogger(__name__)
+
+PRUNE_INTERVAL_S = 3600.0
+READY_TIMEOUT_S = 60.0
+SWEEP_GRACE_S = 2.0
+
+
+def build_transports(settings: Settings) -> list[Transport]:
+    """One transport per configured chat system; library imports stay lazy."""
+    transports: list[Transport] = []
+
+    def bindings(name: str) -> list[RoomBinding]:
+        return [
+            RoomBinding(key.room_id, trigger=room.trigger, reply_in_thread=room.reply_in_thread)
+            for key, room in settings.room_settings.items()
+            if key.transport == name
+        ]
+
+    if settings.console_active:
+        from transports.console import ConsoleTransport
+
+        transports.append(ConsoleTransport(settings.console.room, settings.console.user))
+    if settings.matrix is not None:
+        from transports.matrix import MatrixTransport
+
+        transports.append(MatrixTransport(settings.matrix, bindings("matrix")))
+    if settings.slack is not None:
+        from transports.slack import SlackTransport
+
+        transports.append(SlackTransport(settings.slack, bindings("slack")))
+    return transports
+
+
+@dataclass(slots=True)
+class Service:
+    """The assembled parts; :meth:`serve` runs them until input ends or a signal arrives."""
+
+    settings: Settings
+    store: Store
+    transports: Sequence[Transport]
+    dispatcher: Dispatcher = field(init=False)
+    executor: RunExecutor = field(init=False)
+    intake: Intake = field(init=False)
+    replier: Replier = field(init=False)
+    metrics: Metrics = field(init=False, default_factory=Metrics)
+    _stop: asyncio.Event = field(init=False, default_factory=asyncio.Event)
+    _stop_now: asyncio.Event = field(init=False, default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        settings = self.settings
+        self.replier = Replier({t.name: t for t in self.transports})
+        self.executor = RunExecutor(settings, self.store, self.replier, self.metrics)
+        d = settings.dispatcher
+        self.dispatcher = Dispatcher(
+            DispatchLimits(
+                coalesce_s=d.coalesce_ms / 1000,
+                max_wait_s=d.max_wait_ms / 1000,
+                max_batch=d.max_batch,
+                max_concurrent_runs=settings.runner.max_concurrent_runs,
+            ),
+            self.executor.execute,
+        )
+        commands = CommandHandler(
+            self.dispatcher, self.store, settings.commands.prefix, self.replier.say
+        )
+        self.intake = Intake(settings, self.store, self.dispatcher, commands, self.metrics)
+        self.metrics.watch(
+            lambda: self.dispatcher.active_runs,
+            lambda: self.dispatcher.queued,
+            self.transports,
+        )
+
+    async def readiness(self) -> str | None:
+        """None when the store answers and every transport is connected."""
+        try:
+            await self.store.ping()
+        except StoreError as exc:
+            return f"store: {exc}"
+        for transport in self.transports:
+            if not transport.connected:
+                return f"{transport.name}: not connected"
+        return None
+
+    def request_stop(self) -> None:
+        """First call: graceful shutdown. Second call: stop runs at once."""
+        if self._stop.is_set():
+            self._stop_now.set()
+        self._stop.set()
+
+    async def recover(self) -> list[tuple[RoomKey, str]]:
+        """Sweep runs a crash left behind and re-queue what never ran.
+
+        Returns notices for rooms, sent once the transports are connected.
+        """
+        notices: list[tuple[RoomKey, str]] = []
+        prefix = self.settings.commands.prefix
+        for run in await self.store.running_runs():
+            killed = await kill_marked(run.id, SWEEP_GRACE_S)
+            await self.store.finish_run(
+                run.id,
+                RunReport(RunStatus.INTERRUPTED, error="chatbridge restarted during the run"),
+                time.time(),
+            )
+            log.warning(
+                "run %s in %s was interrupted (killed %d process(es))", run.id, run.room, killed
+            )
+            notices.append(
+                (
+                    run.room,
+                    f"The last run (`{run.id}`) was interrupted by a restart of chatbridge. "
+                    f"`{prefix}retry` runs it again.",
+                )
+            )
+        resumed = await self.intake.recover(await self.store.pending_messages())
+        if resumed:
+            log.info("re-queued %d message(s) accepted before the restart", resumed)
+        return notices
+
+    async def serve(self) -> None:
+        notices = await self.recover()
+        async with asyncio.TaskGroup() as tg:
+            dispatcher_task = tg.create_task(self.dispatcher.serve(), name="dispatcher")
+            housekeeping = tg.create_task(self._housekeeping(), name="housekeeping")
+            http_task = None
+            if self.settings.http.listen:
+                http_started = asyncio.Event()
+                http_task = tg.create_task(
+                    serve_http(
+                        self.settings.http.listen,
+                        self.readiness,
+                        self.metrics.exposition,
+                        http_started,
+                    ),
+                    name="http",
+                )
+            transport_tasks, readies = [], []
+            input_ended = asyncio.Event()
+            for transport in self.transports:
+                ready = asyncio.Event()
+                readies.append(ready)
+                transport_tasks.append(
+                    tg.create_task(
+                        self._run_transport(transport, ready, input_ended),
+                        name=f"transport-{transport.name}",
+                    )
+                )
+            await self._wait_ready(readies, transport_tasks)
+            log.info("chatbridge ready")
+            for room, text in notices:
+                await self.replier.say(room, text)
+
+            stop_wait = tg.create_task(self._stop.wait())
+            eof_wait = tg.create_task(input_ended.wait())
+            await asyncio.wait({stop_wait, eof_wait}, return_when=asyncio.FIRST_COMPLETED)
+            if eof_wait.done() and not self._stop.is_set():
+                # End of console input: finish the room's work, then leave.
+                log.info("end of input; finishing outstanding work")
+                idle = tg.create_task(self.dispatcher.wait_idle())
+                await asyncio.wait({idle, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+                idle.cancel()
+            stop_wait.cancel()
+            eof_wait.cancel()
+            await self._shutdown(dispatcher_task)
+            housekeeping.cancel()
+            if http_task is not None:
+                http_task.cancel()
+            for task in transport_tasks:
+                task.cancel()
+        log.info("chatbridge stopped")
+
+    async def _run_transport(
+        self, transport: Transport, ready: asyncio.Event, input_ended: asyncio.Event
+    ) -> None:
+        await transport.run(self.intake.accept, ready)
+        input_ended.set()
+
+    async def _wait_ready(
+        self, readies: list[asyncio.Event], tasks: list[asyncio.Task[None]]
+    ) -> None:
+        async def all_ready() -> None:
+            for ready in readies:
+                await ready.wait()
+
+        waiter = asyncio.ensure_future(all_ready())
+        pending = {waiter, *tasks}
+        try:
+            async with asyncio.timeout(READY_TIMEOUT_S):
+                while not waiter.done():
+                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        if task is not waiter and task.exception() is not None:
+                            raise StartupError(f"a transport failed to start: {task.exception()}")
+        except TimeoutError:
+            raise StartupError(f"transports not connected within {READY_TIMEOUT_S:g}s") from None
+        finally:
+            waiter.cancel()
+
+    async def _shutdown(self, dispatcher_task: asyncio.Task[None]) -> None:
+        self.intake.closed = True
+        self.executor.shutting_down = True
+        grace = self.settings.runner.shutdown_grace_s
+        if self.dispatcher.active_runs and not self._stop_now.is_set():
+            log.info("waiting up to %gs for %d active run(s)", grace, self.dispatcher.active_runs)
+            idle = asyncio.ensure_future(self.dispatcher.wait_idle())
+            now = asyncio.ensure_future(self._stop_now.wait())
+            await asyncio.wait({idle, now}, timeout=grace, return_when=asyncio.FIRST_COMPLETED)
+            idle.cancel()
+            now.cancel()
+        # Cancelling the dispatcher stops every active run; the runner leaves
+        # no process behind and the executor records them as interrupted.
+        dispatcher_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await dispatcher_task
+
+    async def _housekeeping(self) -> None:
+        retention_s = self.settings.database.retention_days * 86400
+        while True:
+            try:
+                pruned = await self.store.prune(time.time() - retention_s)
+                if pruned:
+                    log.info("pruned %d old row(s)", pruned)
+            except StoreError:
+                log.warning("pruning failed", exc_info=True)
+            await asyncio.sleep(PRUNE_INTERVAL_S)
+
+
+async def open_store(settings: Settings) -> Store:
+    try:
+        return await SqlStore.open(
+            settings.database.url, auto_migrate=settings.database.auto_migrate
+        )
+    except StoreError as exc:
+        raise StartupError(f"database: {exc}") from exc
+
+
+async def run_service(settings: Settings) -> None:
+    """Build, serve until stopped, close. Installs SIGTERM/SIGINT handlers."""
+    store = await open_store(settings)
+    try:
+        service = Service(settings, store, build_transports(settings))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, service.request_stop)
+        try:
+            await service.serve()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+    finally:
+        await store.close()
+
+
+__all__ = ["Service", "TransportName", "build_transports", "run_service"]

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Static checks, the same for people and CI: ruff, ruff format, mypy strict.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy

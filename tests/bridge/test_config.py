@@ -1,0 +1,151 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bridge.config import load_settings
+from bridge.errors import ConfigError
+from bridge.model import RoomId, RoomKey, TransportName
+
+MATRIX_ROOM = RoomKey(TransportName("matrix"), RoomId("!abc:example.org"))
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "chatbridge.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("CHATBRIDGE_"):
+            monkeypatch.delenv(name)
+
+
+def test_embedded_defaults_give_one_console_room_for_the_local_user() -> None:
+    settings = load_settings(None)
+    rooms = dict(settings.room_settings)
+    key = RoomKey(TransportName("console"), RoomId("console"))
+    assert list(rooms) == [key]
+    assert rooms[key].allowed_users == ("local",)
+    assert settings.runner.claude_bin == "claude"
+    assert settings.dispatcher.coalesce_ms == 1500
+    assert settings.console_active
+
+
+def test_rooms_inherit_defaults_and_override_keys(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+[defaults]
+model = "sonnet"
+allowed_users = ["@alice:example.org"]
+run_timeout_s = 60
+
+[matrix]
+homeserver = "https://example.org"
+user_id = "@bot:example.org"
+access_token = "t"
+
+[[rooms]]
+transport = "matrix"
+id = "!abc:example.org"
+model = "opus"
+cwd = "/srv/repo"
+""",
+    )
+    settings = load_settings(path)
+    room = settings.room(MATRIX_ROOM)
+    assert room is not None
+    assert room.model == "opus"
+    assert room.cwd == Path("/srv/repo")
+    assert room.allowed_users == ("@alice:example.org",)
+    assert room.run_timeout_s == 60
+    # Matrix configured, console not set explicitly: the console is off.
+    assert not settings.console_active
+
+
+def test_environment_overrides_file_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, "[runner]\nmax_concurrent_runs = 2\nclaude_bin = 'x'\n")
+    monkeypatch.setenv("CHATBRIDGE_RUNNER__MAX_CONCURRENT_RUNS", "9")
+    monkeypatch.setenv("CHATBRIDGE_DEFAULTS__ALLOWED_USERS", '["bob"]')
+    settings = load_settings(path)
+    assert settings.runner.max_concurrent_runs == 9
+    assert settings.runner.claude_bin == "x"
+    assert settings.defaults.allowed_users == ("bob",)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[runner]\nmax_concurrent_runs = 0\n", "runner.max_concurrent_runs"),
+        ("[runner]\nbogus = 1\n", "runner.bogus"),
+        ("[nonsense]\nx = 1\n", "nonsense"),
+        ("[dispatcher]\nmax_batch = 'many'\n", "dispatcher.max_batch"),
+        (
+            "[[rooms]]\ntransport = 'console'\nid = 'c'\nmodle = 'typo'\n",
+            "rooms[0]",
+        ),
+        (
+            "[[rooms]]\ntransport = 'console'\nid = 'c'\nmax_turns = -1\n",
+            "rooms[0].max_turns",
+        ),
+        ("[[rooms]]\ntransport = 'irc'\nid = 'c'\n", "rooms[0].transport"),
+        ("[[rooms]]\ntransport = 'slack'\nid = 'C1'\n", "no [slack] section"),
+        ("[defaults]\npermission_mode = 'yolo'\n", "defaults.permission_mode"),
+    ],
+)
+def test_invalid_configuration_names_the_key(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, text))
+    assert expected in str(info.value)
+
+
+def test_unknown_key_from_environment_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHATBRIDGE_RUNNER__NOPE", "1")
+    with pytest.raises(ConfigError, match=r"runner\.nope"):
+        load_settings(None)
+
+
+def test_duplicate_room_is_an_error(tmp_path: Path) -> None:
+    text = "[[rooms]]\ntransport = 'console'\nid = 'c'\n" * 2
+    with pytest.raises(ConfigError, match="configured twice"):
+        load_settings(write(tmp_path, text))
+
+
+def test_missing_file_and_bad_toml_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load_settings(tmp_path / "absent.toml")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_settings(write(tmp_path, "[runner\n"))
+
+
+def test_redacted_view_hides_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(
+        tmp_path,
+        """
+[defaults]
+env = { GITHUB_TOKEN = "ghp_secret_value" }
+[matrix]
+homeserver = "https://example.org"
+user_id = "@bot:example.org"
+[slack]
+bot_token = "xoxb-secret-bot"
+app_token = "xapp-secret-app"
+[[rooms]]
+transport = "matrix"
+id = "!abc:example.org"
+""",
+    )
+    monkeypatch.setenv("CHATBRIDGE_MATRIX__ACCESS_TOKEN", "syt_secret_token")
+    settings = load_settings(path)
+    assert settings.matrix is not None
+    assert settings.matrix.access_token.get_secret_value() == "syt_secret_token"
+    text = repr(settings.redacted())
+    for secret in ("ghp_secret_value", "syt_secret_token", "xoxb-secret-bot", "xapp-secret-app"):
+        assert secret not in text
+    assert "GITHUB_TOKEN" in text

@@ -1,0 +1,108 @@
+"""The console transport: one room on stdin/stdout, for trying chatbridge locally.
+
+Each input line is a message from the configured local user. At end of input
+:meth:`ConsoleTransport.run` returns, and the service finishes the room's
+outstanding work and exits, so ``printf 'hello\\n' | chatbridge run`` works
+as a script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from typing import BinaryIO, TextIO
+
+from bridge.model import (
+    ExternalMessageId,
+    InboundMessage,
+    Reply,
+    ReplyKind,
+    RoomId,
+    RoomKey,
+    TransportName,
+    UserId,
+)
+from transports.base import InboundSink, SinkClosed, Transport
+
+NAME = TransportName("console")
+
+
+class ConsoleTransport(Transport):
+    name = NAME
+
+    def __init__(
+        self,
+        room: str,
+        user: str,
+        *,
+        stdin: BinaryIO | None = None,
+        stdout: TextIO | None = None,
+    ) -> None:
+        self.room = RoomKey(NAME, RoomId(room))
+        self.user = UserId(user)
+        self._stdin = stdin if stdin is not None else sys.stdin.buffer
+        self._stdout = stdout if stdout is not None else sys.stdout
+        # Ids must stay unique across restarts: the store ignores a repeated id.
+        self._prefix = uuid.uuid4().hex[:12]
+        self._sent = 0
+
+    async def run(self, sink: InboundSink, ready: asyncio.Event) -> None:
+        ready.set()
+        count = 0
+        async for line in self._lines():
+            text = line.decode("utf-8", errors="replace").rstrip("\r\n")
+            if not text.strip():
+                continue
+            count += 1
+            try:
+                await sink(
+                    InboundMessage(
+                        room=self.room,
+                        sender=self.user,
+                        text=text,
+                        external_id=ExternalMessageId(f"{self._prefix}-{count}"),
+                    )
+                )
+            except SinkClosed:
+                return
+
+    async def _lines(self) -> AsyncIterator[bytes]:
+        fd = self._stdin.fileno()
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            # Regular files cannot be watched by the event loop; they never block.
+            for line in self._stdin:
+                yield line
+            return
+        loop = asyncio.get_running_loop()
+        # No line-length limit worth hitting: a pasted log is still one message.
+        reader = asyncio.StreamReader(limit=16 * 1024 * 1024)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), self._stdin
+        )
+        try:
+            while line := await reader.readline():
+                yield line
+        finally:
+            transport.close()
+
+    def _print(self, text: str) -> None:
+        self._stdout.write(text + "\n")
+        self._stdout.flush()
+
+    async def send(self, reply: Reply) -> ExternalMessageId | None:
+        self._sent += 1
+        match reply.kind:
+            case ReplyKind.RESULT:
+                self._print(reply.text)
+            case ReplyKind.PROGRESS:
+                self._print("· " + " | ".join(reply.text.splitlines()))
+            case ReplyKind.NOTICE:
+                self._print("\n".join("* " + line for line in reply.text.splitlines()))
+        return ExternalMessageId(f"out-{self._sent}")
+
+    async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
+        self._print("· " + " | ".join(text.splitlines()))
