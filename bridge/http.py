@@ -40,16 +40,19 @@ def parse_listen(listen: str) -> tuple[str, int]:
 
 
 async def serve_http(
-    listen: str, readiness: Readiness, exposition: Callable[[], bytes], started: asyncio.Event
+    listen: str,
+    readiness: Readiness,
+    exposition: Callable[[], bytes],
+    bound: Callable[[int], None],
 ) -> None:
-    """Serve until cancelled; sets ``started`` once the port is bound."""
+    """Serve until cancelled; calls ``bound`` with the port once it listens (port 0: any)."""
     runner = web.AppRunner(make_app(readiness, exposition), access_log=None)
     await runner.setup()
     try:
         host, port = parse_listen(listen)
         site = web.TCPSite(runner, host, port)
         await site.start()
-        started.set()
+        bound(runner.addresses[0][1])
         await asyncio.Event().wait()
     finally:
         await runner.cleanup()

@@ -79,6 +79,8 @@ class Service:
     metrics: Metrics = field(init=False, default_factory=Metrics)
     _stop: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     _stop_now: asyncio.Event = field(init=False, default_factory=asyncio.Event)
+    ready: asyncio.Event = field(init=False, default_factory=asyncio.Event)
+    """Set once recovery is done and every transport is connected."""
 
     def __post_init__(self) -> None:
         settings = self.settings
@@ -114,6 +116,13 @@ class Service:
             if not transport.connected:
                 return f"{transport.name}: not connected"
         return None
+
+    http_port: int | None = field(init=False, default=None)
+    """The port /healthz, /readyz and /metrics listen on, once bound."""
+
+    def _http_bound(self, port: int) -> None:
+        self.http_port = port
+        log.info("http listening on port %d", port)
 
     def request_stop(self) -> None:
         """First call: graceful shutdown. Second call: stop runs at once."""
@@ -157,13 +166,12 @@ class Service:
             housekeeping = tg.create_task(self._housekeeping(), name="housekeeping")
             http_task = None
             if self.settings.http.listen:
-                http_started = asyncio.Event()
                 http_task = tg.create_task(
                     serve_http(
                         self.settings.http.listen,
                         self.readiness,
                         self.metrics.exposition,
-                        http_started,
+                        self._http_bound,
                     ),
                     name="http",
                 )
@@ -180,6 +188,7 @@ class Service:
                 )
             await self._wait_ready(readies, transport_tasks)
             log.info("chatbridge ready")
+            self.ready.set()
             for room, text in notices:
                 await self.replier.say(room, text)
 

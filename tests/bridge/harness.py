@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import io
 import os
 from pathlib import Path
@@ -60,3 +62,79 @@ async def run_console(settings: Settings | Path, lines: list[str]) -> str:
         finally:
             await store.close()
     return out.getvalue()
+
+
+class _Output(io.StringIO):
+    """stdout that wakes waiters on every write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.changed = asyncio.Event()
+
+    def write(self, text: str) -> int:
+        n = super().write(text)
+        self.changed.set()
+        return n
+
+
+class ConsoleSession:
+    """A service running in a task, with a console room whose input stays open."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.out = _Output()
+        read_fd, self._write_fd = os.pipe()
+        self._reader = os.fdopen(read_fd, "rb")
+        self.service: Service | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> ConsoleSession:
+        store = await open_store(self.settings)
+        transport = ConsoleTransport(
+            self.settings.console.room,
+            self.settings.console.user,
+            stdin=self._reader,
+            stdout=self.out,
+        )
+        self.service = Service(self.settings, store, [transport])
+        self._store = store
+        self._task = asyncio.create_task(self.service.serve())
+        ready = asyncio.ensure_future(self.service.ready.wait())
+        await asyncio.wait({ready, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        if not ready.done():
+            ready.cancel()
+            await self._task  # raises what stopped the service
+        return self
+
+    def send(self, line: str) -> None:
+        os.write(self._write_fd, (line + "\n").encode())
+
+    async def wait_for(self, text: str, count: int = 1) -> str:
+        while self.out.getvalue().count(text) < count:
+            self.out.changed.clear()
+            await self.out.changed.wait()
+        return self.out.getvalue()
+
+    async def finish(self) -> str:
+        """End of input: the service finishes outstanding work and returns."""
+        if self._write_fd >= 0:
+            os.close(self._write_fd)
+            self._write_fd = -1
+        assert self._task is not None
+        await self._task
+        return self.out.getvalue()
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            if self._task is not None and not self._task.done():
+                if exc[0] is None:
+                    await self.finish()
+                else:
+                    self._task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await self._task
+        finally:
+            if self._write_fd >= 0:
+                os.close(self._write_fd)
+            self._reader.close()
+            await self._store.close()

@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from pathlib import Path
 
-from tests.bridge.harness import run_console, write_config
+import aiohttp
+
+from bridge.config import load_settings
+from bridge.model import ExternalMessageId, InboundMessage, RoomId, RoomKey, TransportName, UserId
+from runner.process import find_marked
+from tests.bridge.harness import ConsoleSession, run_console, write_config
+from transports.base import Accepted
+
+ROOM = RoomKey(TransportName("console"), RoomId("console"))
 
 
 def db_rows(tmp_path: Path, sql: str) -> list[tuple[object, ...]]:
     with sqlite3.connect(tmp_path / "bridge.db") as db:
         return db.execute(sql).fetchall()
+
+
+async def running_run(tmp_path: Path) -> str:
+    rows = db_rows(tmp_path, "select id from runs where status = 'running'")
+    assert len(rows) == 1
+    return str(rows[0][0])
 
 
 async def test_a_burst_becomes_one_attributed_batch(tmp_path: Path) -> None:
@@ -125,3 +140,102 @@ async def test_failed_run_can_be_retried(tmp_path: Path) -> None:
     assert statuses == ["failed", "succeeded"]
     out = await run_console(path, ["!retry"])
     assert "no failed or interrupted run" in out
+
+
+async def test_stop_during_a_run_kills_the_tree_and_drops_the_queue(tmp_path: Path) -> None:
+    path = write_config(
+        tmp_path,
+        env='FAKE_CLAUDE_SLEEP = "60", FAKE_CLAUDE_GRANDCHILD = "1", FAKE_CLAUDE_BACKGROUND = "1"',
+    )
+    async with ConsoleSession(load_settings(path)) as session:
+        session.send("long job")
+        # The tool use shows once claude is streaming, after it started its children.
+        await session.wait_for("Bash: echo hello")
+        run_id = await running_run(tmp_path)
+        assert find_marked(run_id), "the run's processes should be alive"
+        session.send("queued one")
+        session.send("queued two")
+        assert session.service is not None
+        while session.service.dispatcher.status(ROOM).waiting < 2:
+            await asyncio.sleep(0.01)
+        session.send("!stop")
+        await session.wait_for("· Stopped after")
+        await session.wait_for("Stopping the run of 1 message; dropped 2 waiting messages.")
+        assert find_marked(run_id) == []
+        await session.finish()
+    assert db_rows(tmp_path, "select status from runs") == [("stopped",)]
+    states = db_rows(
+        tmp_path, "select text, state from messages where text not like '!%' order by id"
+    )
+    assert states == [("long job", "dropped"), ("queued one", "dropped"), ("queued two", "dropped")]
+    dropped = db_rows(tmp_path, "select count(*) from audit where action = 'message_dropped'")
+    assert dropped == [(2,)]
+
+
+async def test_messages_during_a_run_become_one_follow_up_batch(tmp_path: Path) -> None:
+    record = tmp_path / "record.json"
+    path = write_config(
+        tmp_path,
+        env=f'FAKE_CLAUDE_ECHO = "1", FAKE_CLAUDE_SLEEP = "1", FAKE_CLAUDE_RECORD = "{record}"',
+    )
+    async with ConsoleSession(load_settings(path)) as session:
+        session.send("first")
+        await session.wait_for("· Working")
+        session.send("second")
+        session.send("third")
+        out = await session.finish()
+    runs = db_rows(tmp_path, "select id from runs order by started_at")
+    assert len(runs) == 2
+    assert out.count("local wrote:") == 2
+    assert json.loads(record.read_text())["prompt"] == "local wrote:\nsecond\n\nlocal wrote:\nthird"
+
+
+async def test_health_readiness_and_metrics_endpoints(tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    path.write_text(path.read_text().replace('listen = ""', 'listen = "127.0.0.1:0"'))
+    async with ConsoleSession(load_settings(path)) as session:
+        session.send("one")
+        session.send("two")
+        await session.wait_for("local wrote:\ntwo")
+        session.send("!help")
+        await session.wait_for("Commands:")
+        assert session.service is not None
+        while session.service.dispatcher.active_runs:
+            await asyncio.sleep(0.01)
+        port = session.service.http_port
+        assert port is not None
+        base = f"http://127.0.0.1:{port}"
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/healthz") as resp:
+                assert resp.status == 200
+            async with http.get(f"{base}/readyz") as resp:
+                assert resp.status == 200
+                assert await resp.text() == "ready\n"
+            async with http.get(f"{base}/metrics") as resp:
+                assert resp.status == 200
+                metrics = await resp.text()
+    samples = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert samples['chatbridge_messages_total{outcome="accepted"}'] == 2
+    assert samples['chatbridge_messages_total{outcome="command"}'] == 1
+    assert samples["chatbridge_messages_coalesced_total"] == 2
+    assert samples["chatbridge_runs_started_total"] == 1
+    assert samples['chatbridge_runs_finished_total{status="succeeded"}'] == 1
+    assert samples["chatbridge_run_duration_seconds_count"] == 1
+    assert samples["chatbridge_active_runs"] == 0
+    assert samples['chatbridge_transport_reconnects_total{transport="console"}'] == 0
+
+
+async def test_duplicate_delivery_is_stored_and_dispatched_once(tmp_path: Path) -> None:
+    async with ConsoleSession(load_settings(write_config(tmp_path))) as session:
+        assert session.service is not None
+        message = InboundMessage(ROOM, UserId("local"), "same", ExternalMessageId("ext-1"))
+        results = await asyncio.gather(*(session.service.intake.accept(message) for _ in range(5)))
+        assert sorted(results) == sorted([Accepted.ACCEPTED] + [Accepted.DUPLICATE] * 4)
+        out = await session.finish()
+    assert out.splitlines()[-1] == "same"
+    assert db_rows(tmp_path, "select count(*) from messages") == [(1,)]
+    assert db_rows(tmp_path, "select count(*) from runs") == [(1,)]

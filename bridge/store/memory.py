@@ -1,0 +1,349 @@
+"""An in-process :class:`~bridge.store.base.Store` for fast unit tests.
+
+Nothing survives the process. It follows the same rules as the SQL store
+(the contract suite runs against both), and every method completes without
+awaiting, so each one is atomic with respect to other tasks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from bridge.model import (
+    Batch,
+    ExternalMessageId,
+    InboundMessage,
+    Message,
+    MessageId,
+    MessageState,
+    RoomKey,
+    RunId,
+    RunReport,
+    RunStatus,
+    SessionId,
+    UserId,
+)
+from bridge.store.base import AuditAction, AuditRecord, RunRecord, StoreError
+from bridge.store.rules import LIVE_STATES, excerpt, finished_message_state, ignored_detail
+
+_DedupKey = tuple[RoomKey, ExternalMessageId]
+
+
+@dataclass(slots=True)
+class _StoredMessage:
+    message: Message
+    state: MessageState
+    run_id: RunId | None = None
+
+
+class MemoryStore:
+    """The store's rules over plain dictionaries."""
+
+    def __init__(self) -> None:
+        """An empty store."""
+        self._messages: dict[MessageId, _StoredMessage] = {}
+        self._seen: set[_DedupKey] = set()
+        # Insertion order is start order, as ``seq`` is in the SQL store.
+        self._runs: dict[RunId, RunRecord] = {}
+        self._sessions: dict[RoomKey, SessionId] = {}
+        self._audit: list[AuditRecord] = []
+        self._next_message = 1
+        self._next_audit = 1
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError("the store is closed")
+
+    def _write_audit(
+        self,
+        action: AuditAction,
+        at: float,
+        *,
+        room: RoomKey | None = None,
+        actor: UserId | None = None,
+        message_id: MessageId | None = None,
+        run_id: RunId | None = None,
+        detail: str = "",
+    ) -> None:
+        self._audit.append(
+            AuditRecord(self._next_audit, at, action, room, actor, message_id, run_id, detail)
+        )
+        self._next_audit += 1
+
+    # Messages
+
+    async def accept(self, msg: InboundMessage, received_at: float) -> Message | None:
+        """Record ``msg`` as pending and audit it, or return None on redelivery."""
+        self._check_open()
+        key = (msg.room, msg.external_id)
+        # Ids are not dense: like the SQL stores (whose sequences advance on
+        # every insert attempt), a redelivery uses one up.
+        message_id = MessageId(self._next_message)
+        self._next_message += 1
+        if key in self._seen:
+            return None
+        self._seen.add(key)
+        message = Message(
+            id=message_id,
+            room=msg.room,
+            sender=msg.sender,
+            text=msg.text,
+            external_id=msg.external_id,
+            received_at=received_at,
+            thread=msg.thread,
+        )
+        self._messages[message.id] = _StoredMessage(message, MessageState.PENDING)
+        self._write_audit(
+            AuditAction.MESSAGE_ACCEPTED,
+            received_at,
+            room=msg.room,
+            actor=msg.sender,
+            message_id=message.id,
+        )
+        return message
+
+    async def record_ignored(self, msg: InboundMessage, reason: str, at: float) -> None:
+        """Audit a message that was not accepted, without its text."""
+        self._check_open()
+        self._write_audit(
+            AuditAction.MESSAGE_IGNORED,
+            at,
+            room=msg.room,
+            actor=msg.sender,
+            detail=ignored_detail(reason, msg.external_id),
+        )
+
+    async def complete_command(self, message_id: MessageId) -> None:
+        """Mark a pending command message done: commands never go into a run."""
+        self._check_open()
+        stored = self._messages.get(message_id)
+        if stored is not None and stored.state is MessageState.PENDING:
+            stored.state = MessageState.DONE
+
+    async def pending_messages(self) -> list[Message]:
+        """Every pending message, in acceptance order."""
+        self._check_open()
+        return [
+            m.message for _, m in sorted(self._messages.items()) if m.state is MessageState.PENDING
+        ]
+
+    async def requeue(self, ids: Sequence[MessageId]) -> list[Message]:
+        """Mark these messages pending again; returns those that exist, in order."""
+        self._check_open()
+        found = self._existing(ids)
+        for stored in found:
+            stored.state = MessageState.PENDING
+        return [s.message for s in found]
+
+    async def mark_dropped(self, ids: Sequence[MessageId], actor: UserId | None, at: float) -> None:
+        """Drop the pending or dispatched ones of these messages, one audit row each."""
+        self._check_open()
+        for stored in self._existing(ids):
+            if stored.state not in LIVE_STATES:
+                continue
+            stored.state = MessageState.DROPPED
+            self._write_audit(
+                AuditAction.MESSAGE_DROPPED,
+                at,
+                room=stored.message.room,
+                actor=actor,
+                message_id=stored.message.id,
+                run_id=stored.run_id,
+            )
+
+    async def messages(self, ids: Sequence[MessageId]) -> list[Message]:
+        """The messages with these ids that exist, in acceptance order."""
+        self._check_open()
+        return [s.message for s in self._existing(ids)]
+
+    def _existing(self, ids: Sequence[MessageId]) -> list[_StoredMessage]:
+        return [self._messages[i] for i in sorted(set(ids)) if i in self._messages]
+
+    async def message_states(self, ids: Sequence[MessageId]) -> dict[MessageId, MessageState]:
+        """The state of each of these messages that exists (not in the protocol)."""
+        self._check_open()
+        return {s.message.id: s.state for s in self._existing(ids)}
+
+    # Runs
+
+    async def start_run(self, run_id: RunId, batch: Batch, at: float) -> None:
+        """Record a running run, dispatch its messages into it, audit both."""
+        self._check_open()
+        if run_id in self._runs:
+            raise StoreError(f"run {run_id} exists already")
+        missing = [i for i in batch.ids if i not in self._messages]
+        if missing:
+            raise StoreError(f"run {run_id}: messages {missing} do not exist")
+        self._runs[run_id] = RunRecord(
+            id=run_id,
+            room=batch.room,
+            status=RunStatus.RUNNING,
+            started_at=at,
+            ended_at=None,
+            pid=None,
+            message_ids=batch.ids,
+            report=None,
+        )
+        for message_id in batch.ids:
+            stored = self._messages[message_id]
+            stored.state = MessageState.DISPATCHED
+            stored.run_id = run_id
+            self._write_audit(
+                AuditAction.MESSAGE_DISPATCHED,
+                at,
+                room=batch.room,
+                message_id=message_id,
+                run_id=run_id,
+            )
+        self._write_audit(
+            AuditAction.RUN_STARTED,
+            at,
+            room=batch.room,
+            run_id=run_id,
+            detail=f"{len(batch.ids)} message(s)",
+        )
+
+    async def set_run_pid(self, run_id: RunId, pid: int) -> None:
+        """Record the process id of a run's ``claude`` process."""
+        self._runs[run_id] = replace(self._run(run_id), pid=pid)
+
+    async def finish_run(self, run_id: RunId, report: RunReport, at: float) -> None:
+        """Record how a run ended and settle its still-dispatched messages."""
+        state = finished_message_state(report.status)
+        run = self._run(run_id)
+        if run.status is not RunStatus.RUNNING:
+            return
+        kept = replace(report, result_text=excerpt(report.result_text), error=excerpt(report.error))
+        self._runs[run_id] = replace(run, status=report.status, ended_at=at, report=kept)
+        for stored in self._messages.values():
+            if stored.run_id == run_id and stored.state is MessageState.DISPATCHED:
+                stored.state = state
+        self._write_audit(
+            AuditAction.RUN_FINISHED, at, room=run.room, run_id=run_id, detail=report.status.value
+        )
+
+    def _run(self, run_id: RunId) -> RunRecord:
+        self._check_open()
+        try:
+            return self._runs[run_id]
+        except KeyError:
+            raise StoreError(f"no run {run_id}") from None
+
+    async def get_run(self, run_id: RunId) -> RunRecord | None:
+        """The run with this id, or None."""
+        self._check_open()
+        return self._runs.get(run_id)
+
+    async def running_runs(self) -> list[RunRecord]:
+        """Runs still marked running, oldest first."""
+        self._check_open()
+        return [r for r in self._runs.values() if r.status is RunStatus.RUNNING]
+
+    async def last_run(self, room: RoomKey) -> RunRecord | None:
+        """The room's most recently started run."""
+        self._check_open()
+        return next((r for r in reversed(self._runs.values()) if r.room == room), None)
+
+    async def last_retryable_run(self, room: RoomKey) -> RunRecord | None:
+        """The room's last run, if its status is retryable."""
+        run = await self.last_run(room)
+        return run if run is not None and run.status.retryable else None
+
+    # Sessions
+
+    async def get_session(self, room: RoomKey) -> SessionId | None:
+        """The Claude session the room resumes, if any."""
+        self._check_open()
+        return self._sessions.get(room)
+
+    async def set_session(self, room: RoomKey, session_id: SessionId | None) -> None:
+        """Remember (or, with None, forget) the Claude session of a room."""
+        self._check_open()
+        if session_id is None:
+            self._sessions.pop(room, None)
+        else:
+            self._sessions[room] = session_id
+
+    # Audit
+
+    async def audit(
+        self,
+        action: AuditAction,
+        at: float,
+        *,
+        room: RoomKey | None = None,
+        actor: UserId | None = None,
+        message_id: MessageId | None = None,
+        run_id: RunId | None = None,
+        detail: str = "",
+    ) -> None:
+        """Append one audit row."""
+        self._check_open()
+        self._write_audit(
+            action, at, room=room, actor=actor, message_id=message_id, run_id=run_id, detail=detail
+        )
+
+    async def audit_trail(
+        self,
+        *,
+        room: RoomKey | None = None,
+        message_id: MessageId | None = None,
+        run_id: RunId | None = None,
+    ) -> list[AuditRecord]:
+        """Audit rows matching every given filter, in the order they were written."""
+        self._check_open()
+        return [
+            a
+            for a in self._audit
+            if (room is None or a.room == room)
+            and (message_id is None or a.message_id == message_id)
+            and (run_id is None or a.run_id == run_id)
+        ]
+
+    # Retention
+
+    async def prune(self, older_than: float) -> int:
+        """Delete old audit rows, old finished messages and runs left empty.
+
+        The same rule as :meth:`bridge.store.sql.SqlStore.prune`.
+        """
+        self._check_open()
+        before = len(self._audit)
+        self._audit = [a for a in self._audit if a.at >= older_than]
+        deleted = before - len(self._audit)
+
+        gone = {
+            i
+            for i, s in self._messages.items()
+            if s.message.received_at < older_than and s.state not in LIVE_STATES
+        }
+        for i in gone:
+            stored = self._messages.pop(i)
+            self._seen.discard((stored.message.room, stored.message.external_id))
+        deleted += len(gone)
+
+        for run_id, run in list(self._runs.items()):
+            remaining = tuple(i for i in run.message_ids if i not in gone)
+            if (
+                not remaining
+                and run.status is not RunStatus.RUNNING
+                and run.ended_at is not None
+                and run.ended_at < older_than
+            ):
+                del self._runs[run_id]
+                deleted += 1
+            elif remaining != run.message_ids:
+                self._runs[run_id] = replace(run, message_ids=remaining)
+        return deleted
+
+    # Lifecycle
+
+    async def ping(self) -> None:
+        """Raise StoreError once the store is closed."""
+        self._check_open()
+
+    async def close(self) -> None:
+        """Refuse further use, as a closed SQL store would."""
+        self._closed = True

@@ -1,0 +1,52 @@
+"""Semantics every store implementation shares, kept in one place.
+
+Both :mod:`bridge.store.memory` and :mod:`bridge.store.sql` use these helpers,
+so the contract suite checks one set of rules rather than two copies of them.
+"""
+
+from __future__ import annotations
+
+from bridge.model import MessageState, RunStatus
+
+EXCERPT_LIMIT_BYTES = 4096
+"""Upper bound, in UTF-8 bytes, of the result and error text kept per run."""
+
+TRUNCATION_MARK = "\n…[truncated]"
+
+LIVE_STATES = frozenset({MessageState.PENDING, MessageState.DISPATCHED})
+"""Messages in these states still have work ahead: ``!stop`` may drop them and
+``prune`` never deletes them."""
+
+
+def excerpt(text: str, limit: int = EXCERPT_LIMIT_BYTES) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes, marked when it was cut.
+
+    The head is kept: Claude's answer and a process's first error line are
+    what an operator reads first.
+    """
+    encoded = text.encode()
+    if len(encoded) <= limit:
+        return text
+    room = limit - len(TRUNCATION_MARK.encode())
+    # errors="ignore" drops a multi-byte character split by the cut.
+    return encoded[:room].decode(errors="ignore") + TRUNCATION_MARK
+
+
+def finished_message_state(status: RunStatus) -> MessageState:
+    """The state a run's dispatched messages take when the run ends this way.
+
+    A stopped run's messages become ``dropped``: ``!stop`` dropped them on
+    purpose, so they are neither done nor failed (and not retryable).
+    """
+    if status is RunStatus.RUNNING:
+        raise ValueError("a run cannot finish with status 'running'")
+    if status is RunStatus.SUCCEEDED:
+        return MessageState.DONE
+    if status is RunStatus.STOPPED:
+        return MessageState.DROPPED
+    return MessageState.FAILED
+
+
+def ignored_detail(reason: str, external_id: str) -> str:
+    """Audit detail of an ignored message: why, and which one, never its text."""
+    return f"{reason} (external id {external_id})"

@@ -1,0 +1,575 @@
+"""The durable store on SQLAlchemy's asyncio layer: SQLite or PostgreSQL.
+
+Every public method is one short transaction (:meth:`SqlStore._transaction`),
+and every SQLAlchemy or driver error leaves as :class:`StoreError`.
+Cancellation is not an error and propagates untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from sqlalchemy import ColumnElement, delete, exists, func, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from bridge.model import (
+    Batch,
+    ExternalMessageId,
+    InboundMessage,
+    Message,
+    MessageId,
+    MessageState,
+    RoomId,
+    RoomKey,
+    RunId,
+    RunReport,
+    RunStatus,
+    SessionId,
+    TransportName,
+    UserId,
+)
+from bridge.store.base import AuditAction, AuditRecord, RunRecord, StoreError
+from bridge.store.engine import DEFAULT_URL, create_engine, redacted
+from bridge.store.migrate import head_revision, migrate, revision_of
+from bridge.store.rules import LIVE_STATES, excerpt, finished_message_state, ignored_detail
+from bridge.store.tables import AuditRow, MessageRow, RoomRow, RunMessageRow, RunRow
+
+_LIVE = tuple(str(s) for s in LIVE_STATES)
+
+
+class SqlStore:
+    """:class:`~bridge.store.base.Store` on SQLite (default) or PostgreSQL.
+
+    Create it with :meth:`open`; :meth:`close` releases its connections.
+    """
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        """Wrap an engine from :func:`bridge.store.engine.create_engine`; prefer :meth:`open`."""
+        self._engine = engine
+        self._sessions = async_sessionmaker(engine, expire_on_commit=False)
+        self._closed = False
+
+    @classmethod
+    async def open(cls, url: str = DEFAULT_URL, *, auto_migrate: bool = True) -> SqlStore:
+        """Connect to ``url``, migrating its schema to head first if ``auto_migrate``.
+
+        Without ``auto_migrate`` a database whose schema is not at head is an
+        error: the operator runs ``chatbridge migrate`` deliberately.
+        """
+        if auto_migrate:
+            await migrate(url)
+        engine = create_engine(url)
+        try:
+            async with engine.connect() as conn:
+                found = await revision_of(conn)
+        except (SQLAlchemyError, OSError) as exc:
+            await engine.dispose()
+            raise StoreError(f"cannot open the store at {redacted(url)}: {exc}") from exc
+        except BaseException:
+            await engine.dispose()
+            raise
+        expected = head_revision()
+        if found != expected:
+            await engine.dispose()
+            raise StoreError(
+                f"the database at {redacted(url)} is at schema revision {found or 'none'},"
+                f" this version needs {expected}: run `chatbridge migrate`"
+            )
+        return cls(engine)
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[AsyncSession]:
+        """One transaction, committed on success; errors become StoreError."""
+        if self._closed:
+            # dispose() alone would let the pool quietly reconnect.
+            raise StoreError("the store is closed")
+        try:
+            async with self._sessions.begin() as session:
+                yield session
+        except (SQLAlchemyError, OSError) as exc:  # OSError: a lost socket or file
+            raise StoreError(str(exc)) from exc
+
+    # Messages
+
+    async def accept(self, msg: InboundMessage, received_at: float) -> Message | None:
+        """Record ``msg`` as pending and audit it, or return None on redelivery."""
+        values = {
+            "transport": msg.room.transport,
+            "room_id": msg.room.room_id,
+            "external_id": msg.external_id,
+            "sender": msg.sender,
+            "text": msg.text,
+            "thread": msg.thread,
+            "received_at": received_at,
+            "state": MessageState.PENDING.value,
+        }
+        async with self._transaction() as s:
+            # ON CONFLICT DO NOTHING rather than catching IntegrityError: a
+            # concurrent duplicate then waits for the first commit and inserts
+            # nothing, and no other integrity error is mistaken for redelivery.
+            insert = self._insert(MessageRow).values(values)
+            insert = insert.on_conflict_do_nothing(
+                index_elements=["transport", "room_id", "external_id"]
+            ).returning(MessageRow.id)
+            new_id = (await s.execute(insert)).scalar_one_or_none()
+            if new_id is None:
+                return None
+            s.add(
+                _audit_row(
+                    AuditAction.MESSAGE_ACCEPTED,
+                    received_at,
+                    room=msg.room,
+                    actor=msg.sender,
+                    message_id=new_id,
+                )
+            )
+        return Message(
+            id=MessageId(new_id),
+            room=msg.room,
+            sender=msg.sender,
+            text=msg.text,
+            external_id=msg.external_id,
+            received_at=received_at,
+            thread=msg.thread,
+        )
+
+    def _insert(self, table: type[MessageRow]) -> Any:
+        # Both dialects spell ON CONFLICT the same way, through different classes.
+        if self._engine.dialect.name == "postgresql":
+            return postgresql.insert(table)
+        return sqlite.insert(table)
+
+    async def record_ignored(self, msg: InboundMessage, reason: str, at: float) -> None:
+        """Audit a message that was not accepted, without its text."""
+        async with self._transaction() as s:
+            s.add(
+                _audit_row(
+                    AuditAction.MESSAGE_IGNORED,
+                    at,
+                    room=msg.room,
+                    actor=msg.sender,
+                    detail=ignored_detail(reason, msg.external_id),
+                )
+            )
+
+    async def complete_command(self, message_id: MessageId) -> None:
+        """Mark a pending command message done: commands never go into a run."""
+        async with self._transaction() as s:
+            await s.execute(
+                update(MessageRow)
+                .where(
+                    MessageRow.id == message_id,
+                    MessageRow.state == MessageState.PENDING.value,
+                )
+                .values(state=MessageState.DONE.value)
+            )
+
+    async def pending_messages(self) -> list[Message]:
+        """Every pending message, in acceptance order."""
+        async with self._transaction() as s:
+            rows = await s.scalars(
+                select(MessageRow)
+                .where(MessageRow.state == MessageState.PENDING.value)
+                .order_by(MessageRow.id)
+            )
+            return [_message(r) for r in rows]
+
+    async def requeue(self, ids: Sequence[MessageId]) -> list[Message]:
+        """Mark these messages pending again; returns those that exist, in order."""
+        async with self._transaction() as s:
+            await s.execute(
+                update(MessageRow)
+                .where(MessageRow.id.in_(ids))
+                .values(state=MessageState.PENDING.value)
+            )
+            rows = await s.scalars(
+                select(MessageRow).where(MessageRow.id.in_(ids)).order_by(MessageRow.id)
+            )
+            return [_message(r) for r in rows]
+
+    async def mark_dropped(self, ids: Sequence[MessageId], actor: UserId | None, at: float) -> None:
+        """Drop the pending or dispatched ones of these messages, one audit row each.
+
+        Messages that already finished (done, failed, dropped) keep their state
+        and get no audit row: ``!stop`` cannot undo what already happened.
+        """
+        async with self._transaction() as s:
+            rows = (
+                await s.scalars(
+                    select(MessageRow)
+                    .where(MessageRow.id.in_(ids), MessageRow.state.in_(_LIVE))
+                    .order_by(MessageRow.id)
+                )
+            ).all()
+            for row in rows:
+                row.state = MessageState.DROPPED.value
+                s.add(
+                    _audit_row(
+                        AuditAction.MESSAGE_DROPPED,
+                        at,
+                        room=_room(row.transport, row.room_id),
+                        actor=actor,
+                        message_id=row.id,
+                        run_id=row.run_id,
+                    )
+                )
+
+    async def messages(self, ids: Sequence[MessageId]) -> list[Message]:
+        """The messages with these ids that exist, in acceptance order."""
+        async with self._transaction() as s:
+            rows = await s.scalars(
+                select(MessageRow).where(MessageRow.id.in_(ids)).order_by(MessageRow.id)
+            )
+            return [_message(r) for r in rows]
+
+    async def message_states(self, ids: Sequence[MessageId]) -> dict[MessageId, MessageState]:
+        """The state of each of these messages that exists.
+
+        For operators and tests; not part of the :class:`Store` protocol.
+        """
+        async with self._transaction() as s:
+            rows = await s.execute(
+                select(MessageRow.id, MessageRow.state).where(MessageRow.id.in_(ids))
+            )
+            return {MessageId(i): MessageState(state) for i, state in rows}
+
+    # Runs
+
+    async def start_run(self, run_id: RunId, batch: Batch, at: float) -> None:
+        """Record a running run, dispatch its messages into it, audit both.
+
+        Writes one ``message_dispatched`` row per message and one
+        ``run_started`` row, in the same transaction.
+        """
+        ids = list(batch.ids)
+        async with self._transaction() as s:
+            s.add(
+                RunRow(
+                    id=run_id,
+                    transport=batch.room.transport,
+                    room_id=batch.room.room_id,
+                    status=RunStatus.RUNNING.value,
+                    started_at=at,
+                    session_not_found=False,
+                    result_excerpt="",
+                    error_excerpt="",
+                )
+            )
+            await s.flush()  # the run row must exist before rows refer to it
+            found = await s.execute(
+                update(MessageRow)
+                .where(MessageRow.id.in_(ids))
+                .values(state=MessageState.DISPATCHED.value, run_id=run_id)
+            )
+            if _rowcount(found) != len(set(ids)):
+                raise StoreError(f"run {run_id}: some of messages {ids} do not exist")
+            for position, message_id in enumerate(ids):
+                s.add(RunMessageRow(run_id=run_id, message_id=message_id, position=position))
+                s.add(
+                    _audit_row(
+                        AuditAction.MESSAGE_DISPATCHED,
+                        at,
+                        room=batch.room,
+                        message_id=message_id,
+                        run_id=run_id,
+                    )
+                )
+            s.add(
+                _audit_row(
+                    AuditAction.RUN_STARTED,
+                    at,
+                    room=batch.room,
+                    run_id=run_id,
+                    detail=f"{len(ids)} message(s)",
+                )
+            )
+
+    async def set_run_pid(self, run_id: RunId, pid: int) -> None:
+        """Record the process id of a run's ``claude`` process."""
+        async with self._transaction() as s:
+            result = await s.execute(update(RunRow).where(RunRow.id == run_id).values(pid=pid))
+            if _rowcount(result) == 0:
+                raise StoreError(f"no run {run_id}")
+
+    async def finish_run(self, run_id: RunId, report: RunReport, at: float) -> None:
+        """Record how a run ended and settle its still-dispatched messages.
+
+        Succeeded -> done, stopped -> dropped, anything else -> failed (see
+        :func:`bridge.store.rules.finished_message_state`). Only the first
+        report counts: finishing a run that already ended changes nothing.
+        Writes one ``run_finished`` audit row.
+        """
+        state = finished_message_state(report.status)
+        async with self._transaction() as s:
+            run = await s.scalar(select(RunRow).where(RunRow.id == run_id))
+            if run is None:
+                raise StoreError(f"no run {run_id}")
+            if run.status != RunStatus.RUNNING.value:
+                return
+            run.status = report.status.value
+            run.ended_at = at
+            run.exit_code = report.exit_code
+            run.session_id = report.session_id
+            run.cost_usd = report.cost_usd
+            run.num_turns = report.num_turns
+            run.duration_ms = report.duration_ms
+            run.session_not_found = report.session_not_found
+            run.result_excerpt = excerpt(report.result_text)
+            run.error_excerpt = excerpt(report.error)
+            await s.execute(
+                update(MessageRow)
+                .where(
+                    MessageRow.run_id == run_id,
+                    MessageRow.state == MessageState.DISPATCHED.value,
+                )
+                .values(state=state.value)
+            )
+            s.add(
+                _audit_row(
+                    AuditAction.RUN_FINISHED,
+                    at,
+                    room=_room(run.transport, run.room_id),
+                    run_id=run_id,
+                    detail=report.status.value,
+                )
+            )
+
+    async def get_run(self, run_id: RunId) -> RunRecord | None:
+        """The run with this id, or None."""
+        async with self._transaction() as s:
+            runs = await self._records(s, RunRow.id == run_id)
+            return runs[0] if runs else None
+
+    async def running_runs(self) -> list[RunRecord]:
+        """Runs still marked running, oldest first."""
+        async with self._transaction() as s:
+            return await self._records(s, RunRow.status == RunStatus.RUNNING.value)
+
+    async def last_run(self, room: RoomKey) -> RunRecord | None:
+        """The room's most recently started run."""
+        async with self._transaction() as s:
+            return await self._last_run(s, room)
+
+    async def last_retryable_run(self, room: RoomKey) -> RunRecord | None:
+        """The room's last run, if its status is retryable."""
+        async with self._transaction() as s:
+            run = await self._last_run(s, room)
+        return run if run is not None and run.status.retryable else None
+
+    async def _last_run(self, s: AsyncSession, room: RoomKey) -> RunRecord | None:
+        last = await s.scalar(
+            select(func.max(RunRow.seq)).where(
+                RunRow.transport == room.transport, RunRow.room_id == room.room_id
+            )
+        )
+        if last is None:
+            return None
+        runs = await self._records(s, RunRow.seq == last)
+        return runs[0]
+
+    async def _records(self, s: AsyncSession, where: ColumnElement[bool]) -> list[RunRecord]:
+        runs = (await s.scalars(select(RunRow).where(where).order_by(RunRow.seq))).all()
+        if not runs:
+            return []
+        links = await s.execute(
+            select(RunMessageRow.run_id, RunMessageRow.message_id)
+            .where(RunMessageRow.run_id.in_([r.id for r in runs]))
+            .order_by(RunMessageRow.run_id, RunMessageRow.position)
+        )
+        members: dict[str, list[MessageId]] = {}
+        for run_id, message_id in links:
+            members.setdefault(run_id, []).append(MessageId(message_id))
+        return [_run_record(r, tuple(members.get(r.id, ()))) for r in runs]
+
+    # Sessions
+
+    async def get_session(self, room: RoomKey) -> SessionId | None:
+        """The Claude session the room resumes, if any."""
+        async with self._transaction() as s:
+            row = await s.get(RoomRow, (room.transport, room.room_id))
+            return None if row is None or row.session_id is None else SessionId(row.session_id)
+
+    async def set_session(self, room: RoomKey, session_id: SessionId | None) -> None:
+        """Remember (or, with None, forget) the Claude session of a room."""
+        async with self._transaction() as s:
+            # merge() is an upsert by primary key; two processes racing on the
+            # same room is not a case this single-instance service has.
+            await s.merge(
+                RoomRow(transport=room.transport, room_id=room.room_id, session_id=session_id)
+            )
+
+    # Audit
+
+    async def audit(
+        self,
+        action: AuditAction,
+        at: float,
+        *,
+        room: RoomKey | None = None,
+        actor: UserId | None = None,
+        message_id: MessageId | None = None,
+        run_id: RunId | None = None,
+        detail: str = "",
+    ) -> None:
+        """Append one audit row."""
+        async with self._transaction() as s:
+            s.add(
+                _audit_row(
+                    action,
+                    at,
+                    room=room,
+                    actor=actor,
+                    message_id=message_id,
+                    run_id=run_id,
+                    detail=detail,
+                )
+            )
+
+    async def audit_trail(
+        self,
+        *,
+        room: RoomKey | None = None,
+        message_id: MessageId | None = None,
+        run_id: RunId | None = None,
+    ) -> list[AuditRecord]:
+        """Audit rows matching every given filter, in the order they were written."""
+        conditions: list[ColumnElement[bool]] = []
+        if room is not None:
+            conditions += [AuditRow.transport == room.transport, AuditRow.room_id == room.room_id]
+        if message_id is not None:
+            conditions.append(AuditRow.message_id == message_id)
+        if run_id is not None:
+            conditions.append(AuditRow.run_id == run_id)
+        async with self._transaction() as s:
+            rows = await s.scalars(select(AuditRow).where(*conditions).order_by(AuditRow.id))
+            return [_audit_record(r) for r in rows]
+
+    # Retention
+
+    async def prune(self, older_than: float) -> int:
+        """Delete old audit rows, old finished messages and runs left empty.
+
+        Messages still pending or dispatched and running runs are kept
+        whatever their age. A finished run is deleted once it ended before
+        the cutoff and none of its messages remain. Returns the number of
+        audit, message and run rows deleted.
+        """
+        async with self._transaction() as s:
+            audit = await s.execute(delete(AuditRow).where(AuditRow.at < older_than))
+            messages = await s.execute(
+                delete(MessageRow).where(
+                    MessageRow.received_at < older_than, MessageRow.state.not_in(_LIVE)
+                )
+            )
+            runs = await s.execute(
+                delete(RunRow).where(
+                    RunRow.status != RunStatus.RUNNING.value,
+                    RunRow.ended_at < older_than,
+                    # run_messages rows vanish with their messages (ON DELETE CASCADE).
+                    ~exists().where(RunMessageRow.run_id == RunRow.id),
+                )
+            )
+            return _rowcount(audit) + _rowcount(messages) + _rowcount(runs)
+
+    # Lifecycle
+
+    async def ping(self) -> None:
+        """Raise StoreError unless the database answers."""
+        async with self._transaction() as s:
+            await s.execute(text("SELECT 1"))
+
+    async def close(self) -> None:
+        """Close every pooled connection and refuse further use."""
+        self._closed = True
+        await self._engine.dispose()
+
+
+def _rowcount(result: Any) -> int:
+    # Result of an UPDATE/DELETE; typed loosely in SQLAlchemy's stubs.
+    count: int = result.rowcount
+    return count
+
+
+def _room(transport: str, room_id: str) -> RoomKey:
+    return RoomKey(TransportName(transport), RoomId(room_id))
+
+
+def _message(row: MessageRow) -> Message:
+    return Message(
+        id=MessageId(row.id),
+        room=_room(row.transport, row.room_id),
+        sender=UserId(row.sender),
+        text=row.text,
+        external_id=ExternalMessageId(row.external_id),
+        received_at=row.received_at,
+        thread=row.thread,
+    )
+
+
+def _run_record(row: RunRow, message_ids: tuple[MessageId, ...]) -> RunRecord:
+    status = RunStatus(row.status)
+    report = None
+    if status is not RunStatus.RUNNING:
+        report = RunReport(
+            status=status,
+            exit_code=row.exit_code,
+            session_id=None if row.session_id is None else SessionId(row.session_id),
+            cost_usd=row.cost_usd,
+            num_turns=row.num_turns,
+            duration_ms=row.duration_ms,
+            result_text=row.result_excerpt,
+            error=row.error_excerpt,
+            session_not_found=row.session_not_found,
+        )
+    return RunRecord(
+        id=RunId(row.id),
+        room=_room(row.transport, row.room_id),
+        status=status,
+        started_at=row.started_at,
+        ended_at=row.ended_at,
+        pid=row.pid,
+        message_ids=message_ids,
+        report=report,
+    )
+
+
+def _audit_row(
+    action: AuditAction,
+    at: float,
+    *,
+    room: RoomKey | None = None,
+    actor: UserId | None = None,
+    message_id: int | None = None,
+    run_id: str | None = None,
+    detail: str = "",
+) -> AuditRow:
+    return AuditRow(
+        at=at,
+        action=action.value,
+        transport=None if room is None else room.transport,
+        room_id=None if room is None else room.room_id,
+        actor=actor,
+        message_id=message_id,
+        run_id=run_id,
+        detail=detail,
+    )
+
+
+def _audit_record(row: AuditRow) -> AuditRecord:
+    room = None
+    if row.transport is not None and row.room_id is not None:
+        room = _room(row.transport, row.room_id)
+    return AuditRecord(
+        id=row.id,
+        at=row.at,
+        action=AuditAction(row.action),
+        room=room,
+        actor=None if row.actor is None else UserId(row.actor),
+        message_id=None if row.message_id is None else MessageId(row.message_id),
+        run_id=None if row.run_id is None else RunId(row.run_id),
+        detail=row.detail,
+    )

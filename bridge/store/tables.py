@@ -1,0 +1,151 @@
+"""The SQL schema as typed ORM models.
+
+Times are float seconds since the epoch (``Double``), the same on SQLite and
+PostgreSQL and exactly what the :class:`~bridge.store.base.Store` interface
+speaks, so no timezone conversion can creep in. Enum-like columns are short
+strings (not native enums) so adding a state needs no type migration.
+
+Surrogate keys never repeat (``sqlite_autoincrement``; PostgreSQL sequences
+never do): audit rows outlive pruned messages and must not come to name a
+newer message that reused a deleted id.
+
+The migration ``0001_initial`` creates exactly this schema; a test compares
+the two with Alembic's autogenerate.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    Boolean,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Explicit constraint names: migrations can then refer to them, and both
+# backends get the same names.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+ID_LENGTH = 255
+"""Room, user, message and session ids of every transport fit in this."""
+
+
+class Base(DeclarativeBase):
+    """Declarative base carrying the shared metadata."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class RunRow(Base):
+    """One ``claude -p`` run. Its id is also the marker of its processes."""
+
+    __tablename__ = "runs"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    """Start order: "the room's last run" is the one with the highest ``seq``."""
+    id: Mapped[str] = mapped_column(String(64), unique=True)
+    transport: Mapped[str] = mapped_column(String(32))
+    room_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    started_at: Mapped[float] = mapped_column(Double)
+    ended_at: Mapped[float | None] = mapped_column(Double)
+    pid: Mapped[int | None] = mapped_column(Integer)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    session_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    cost_usd: Mapped[float | None] = mapped_column(Double)
+    num_turns: Mapped[int | None] = mapped_column(Integer)
+    duration_ms: Mapped[int | None] = mapped_column(Integer)
+    session_not_found: Mapped[bool] = mapped_column(Boolean, default=False)
+    result_excerpt: Mapped[str] = mapped_column(Text, default="")
+    error_excerpt: Mapped[str] = mapped_column(Text, default="")
+
+    __table_args__ = (
+        Index("ix_runs_room", "transport", "room_id", "seq"),
+        {"sqlite_autoincrement": True},
+    )
+
+
+class MessageRow(Base):
+    """An accepted message. Redelivery is rejected by the unique constraint."""
+
+    __tablename__ = "messages"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    transport: Mapped[str] = mapped_column(String(32))
+    room_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    external_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    sender: Mapped[str] = mapped_column(String(ID_LENGTH))
+    text: Mapped[str] = mapped_column(Text)
+    thread: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    received_at: Mapped[float] = mapped_column(Double, index=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    run_id: Mapped[str | None] = mapped_column(
+        ForeignKey("runs.id", ondelete="SET NULL"), index=True
+    )
+    """The run the message last went into (``run_messages`` keeps every one)."""
+
+    __table_args__ = (
+        UniqueConstraint(
+            "transport", "room_id", "external_id", name="uq_messages_transport_room_external"
+        ),
+        {"sqlite_autoincrement": True},
+    )
+
+
+class RunMessageRow(Base):
+    """Which messages went into which run, in batch order.
+
+    A retried message belongs to several runs; ``messages.run_id`` only names
+    the last, so each run's own list lives here.
+    """
+
+    __tablename__ = "run_messages"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    message_id: Mapped[int] = mapped_column(
+        ForeignKey("messages.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
+    position: Mapped[int] = mapped_column(Integer)
+
+
+class RoomRow(Base):
+    """Per-room state that outlives a process: the Claude session to resume."""
+
+    __tablename__ = "rooms"
+
+    transport: Mapped[str] = mapped_column(String(32), primary_key=True)
+    room_id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    session_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+
+
+class AuditRow(Base):
+    """One logical action. No foreign keys: audit rows outlive pruned messages."""
+
+    __tablename__ = "audit"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[float] = mapped_column(Double, index=True)
+    action: Mapped[str] = mapped_column(String(32))
+    transport: Mapped[str | None] = mapped_column(String(32))
+    room_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    actor: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    message_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    run_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    detail: Mapped[str] = mapped_column(Text, default="")
+
+    __table_args__ = (
+        Index("ix_audit_room", "transport", "room_id"),
+        {"sqlite_autoincrement": True},
+    )

@@ -1,0 +1,230 @@
+"""The real ``chatbridge`` process: signals, kill -9 and recovery.
+
+After every test no process of any run survives (checked by marker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from runner.process import find_marked, kill_marked
+from tests.bridge.harness import write_config
+
+pytestmark = pytest.mark.slow
+
+
+class Bridge:
+    """``chatbridge run`` as a child process with its console on pipes."""
+
+    def __init__(self, config: Path) -> None:
+        self.config = config
+        self.proc: asyncio.subprocess.Process | None = None
+        self.out = ""
+        self._changed = asyncio.Event()
+        self._reader: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CHATBRIDGE_")}
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bridge", "run", "--config", str(self.config),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+        )  # fmt: skip
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.proc is not None
+        assert self.proc.stdout is not None
+        while line := await self.proc.stdout.readline():
+            self.out += line.decode()
+            self._changed.set()
+        self._changed.set()
+
+    def send(self, line: str) -> None:
+        assert self.proc is not None
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((line + "\n").encode())
+
+    async def wait_for(self, text: str) -> None:
+        while text not in self.out:
+            assert self._reader is not None
+            if self._reader.done():
+                raise AssertionError(
+                    f"exited before printing {text!r}:\n{self.out}\n{await self.stderr()}"
+                )
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def stderr(self) -> str:
+        assert self.proc is not None
+        assert self.proc.stderr is not None
+        return (await self.proc.stderr.read()).decode()
+
+    async def end_input(self) -> int:
+        assert self.proc is not None
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        return await self.exit_code()
+
+    async def exit_code(self) -> int:
+        assert self.proc is not None
+        assert self._reader is not None
+        code = await self.proc.wait()
+        await self._reader
+        return code
+
+    def signal(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+
+def rows(tmp_path: Path, sql: str) -> list[tuple[object, ...]]:
+    with sqlite3.connect(tmp_path / "bridge.db") as db:
+        return db.execute(sql).fetchall()
+
+
+def rows_or_none(tmp_path: Path, sql: str) -> list[tuple[object, ...]] | None:
+    try:
+        return rows(tmp_path, sql)
+    except sqlite3.OperationalError:  # not created or not migrated yet
+        return None
+
+
+async def wait_rows(tmp_path: Path, sql: str, expected: list[tuple[object, ...]]) -> None:
+    # Another process writes the database: there is no event to wait on, only its state.
+    async with asyncio.timeout(30):
+        while rows_or_none(tmp_path, sql) != expected:
+            await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def no_leftovers(tmp_path: Path) -> AsyncIterator[None]:
+    yield
+    if (tmp_path / "bridge.db").exists():
+        leftovers = {
+            str(r[0]): find_marked(str(r[0])) for r in rows(tmp_path, "select id from runs")
+        }
+        for run_id, pids in leftovers.items():
+            if pids:
+                await kill_marked(run_id, 1.0)
+        assert not any(leftovers.values()), f"processes survived: {leftovers}"
+
+
+SLOW_TREE = 'FAKE_CLAUDE_SLEEP = "60", FAKE_CLAUDE_GRANDCHILD = "1", FAKE_CLAUDE_BACKGROUND = "1"'
+
+
+@pytest.mark.usefixtures("no_leftovers")
+async def test_sigterm_interrupts_a_long_run_after_the_grace_period(tmp_path: Path) -> None:
+    config = write_config(tmp_path, env=SLOW_TREE, top="")
+    config.write_text(config.read_text().replace("[runner]", "[runner]\nshutdown_grace_s = 0.5"))
+    bridge = Bridge(config)
+    await bridge.start()
+    bridge.send("long job")
+    await bridge.wait_for("Bash: echo hello")
+    run_id = str(rows(tmp_path, "select id from runs")[0][0])
+    assert find_marked(run_id)
+    bridge.signal(signal.SIGTERM)
+    assert await bridge.exit_code() == 0
+    assert "interrupted because chatbridge is shutting down" in bridge.out
+    assert find_marked(run_id) == []
+    assert rows(tmp_path, "select status from runs") == [("interrupted",)]
+
+
+@pytest.mark.usefixtures("no_leftovers")
+async def test_sigterm_lets_a_short_run_finish(tmp_path: Path) -> None:
+    config = write_config(tmp_path, env='FAKE_CLAUDE_ECHO = "1", FAKE_CLAUDE_SLEEP = "1"')
+    bridge = Bridge(config)
+    await bridge.start()
+    bridge.send("quick job")
+    await bridge.wait_for("Bash: echo hello")
+    bridge.signal(signal.SIGTERM)
+    assert await bridge.exit_code() == 0
+    assert "quick job" in bridge.out.splitlines()
+    assert rows(tmp_path, "select status from runs") == [("succeeded",)]
+
+
+@pytest.mark.usefixtures("no_leftovers")
+async def test_second_signal_stops_at_once(tmp_path: Path) -> None:
+    config = write_config(tmp_path, env=SLOW_TREE)
+    # A grace longer than the run: had the second signal been ignored, the run
+    # would finish and be recorded as succeeded.
+    config.write_text(config.read_text().replace("[runner]", "[runner]\nshutdown_grace_s = 600"))
+    bridge = Bridge(config)
+    await bridge.start()
+    bridge.send("long job")
+    await bridge.wait_for("Bash: echo hello")
+    run_id = str(rows(tmp_path, "select id from runs")[0][0])
+    bridge.signal(signal.SIGTERM)
+    bridge.signal(signal.SIGINT)
+    assert await bridge.exit_code() == 0
+    assert find_marked(run_id) == []
+    assert rows(tmp_path, "select status from runs") == [("interrupted",)]
+
+
+@pytest.mark.usefixtures("no_leftovers")
+async def test_kill_9_during_a_run_loses_nothing(tmp_path: Path) -> None:
+    config = write_config(tmp_path, env=SLOW_TREE)
+    bridge = Bridge(config)
+    await bridge.start()
+    bridge.send("long job")
+    await bridge.wait_for("Bash: echo hello")
+    old_run = str(rows(tmp_path, "select id from runs")[0][0])
+    bridge.send("queued one")
+    bridge.send("queued two")
+    await wait_rows(
+        tmp_path,
+        "select text, state from messages where state = 'pending' order by id",
+        [("queued one", "pending"), ("queued two", "pending")],
+    )
+    bridge.signal(signal.SIGKILL)
+    await bridge.exit_code()
+    assert find_marked(old_run), "the run's processes outlive a kill -9 of the bridge"
+
+    config.write_text(config.read_text().replace(SLOW_TREE, 'FAKE_CLAUDE_ECHO = "1"'))
+    again = Bridge(config)
+    await again.start()
+    assert await again.end_input() == 0
+    assert find_marked(old_run) == []
+    assert f"The last run (`{old_run}`) was interrupted by a restart" in again.out
+    assert "local wrote:\nqueued one\n\nlocal wrote:\nqueued two" in again.out
+    runs = rows(tmp_path, "select id, status from runs order by started_at")
+    assert [r[1] for r in runs] == ["interrupted", "succeeded"]
+    dispatched = rows(
+        tmp_path,
+        "select m.text, count(*) from audit a join messages m on m.id = a.message_id"
+        " where a.action = 'message_dispatched' group by m.text order by m.text",
+    )
+    assert dispatched == [("long job", 1), ("queued one", 1), ("queued two", 1)]
+
+
+@pytest.mark.usefixtures("no_leftovers")
+async def test_kill_9_between_commit_and_dispatch(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    # A debounce window far longer than the test: accepted, never dispatched.
+    slow = config.read_text().replace("coalesce_ms = 200", "coalesce_ms = 600000")
+    config.write_text(slow.replace("max_wait_ms = 2000", "max_wait_ms = 600000"))
+    bridge = Bridge(config)
+    await bridge.start()
+    for text in ("alpha", "beta", "gamma"):
+        bridge.send(text)
+    await wait_rows(tmp_path, "select count(*) from messages where state = 'pending'", [(3,)])
+    bridge.signal(signal.SIGKILL)
+    await bridge.exit_code()
+
+    config.write_text(config.read_text().replace("600000", "200"))
+    again = Bridge(config)
+    await again.start()
+    assert await again.end_input() == 0
+    assert "local wrote:\nalpha\n\nlocal wrote:\nbeta\n\nlocal wrote:\ngamma" in again.out
+    assert rows(tmp_path, "select count(*) from runs") == [(1,)]
+    assert rows(tmp_path, "select distinct state from messages") == [("done",)]
