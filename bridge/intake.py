@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from bridge.commands import CommandHandler, parse_command
 from bridge.config import Settings
+from bridge.logs import log_context
 from bridge.metrics import Metrics
 from bridge.model import InboundMessage, Message
 from bridge.store.base import Store
@@ -38,6 +39,10 @@ class Intake:
         """The transports' sink. Returns once the message is durably recorded."""
         if self.closed:
             raise SinkClosed
+        with log_context(room=inbound.room):
+            return await self._accept(inbound)
+
+    async def _accept(self, inbound: InboundMessage) -> Accepted:
         room = self.settings.room(inbound.room)
         now = self.wall_clock()
         reason = None
@@ -58,7 +63,7 @@ class Intake:
             reason = "no mention"
         if reason is not None:
             self.metrics.messages.labels("ignored").inc()
-            log.debug("ignored message in %s from %s: %s", inbound.room, inbound.sender, reason)
+            log.debug("ignored a message from %s: %s", inbound.sender, reason)
             if room is not None and reason != "sender is a bot":
                 await self.store.record_ignored(inbound, reason, now)
             return Accepted.IGNORED
@@ -66,7 +71,7 @@ class Intake:
         message = await self.store.accept(inbound, now)
         if message is None:
             self.metrics.messages.labels("duplicate").inc()
-            log.debug("duplicate delivery of %s in %s", inbound.external_id, inbound.room)
+            log.debug("duplicate delivery of %s", inbound.external_id)
             return Accepted.DUPLICATE
         if command is not None:
             self.metrics.messages.labels("command").inc()

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bridge.config import RoomSettings, Settings
+from bridge.logs import log_context
 from bridge.metrics import Metrics
 from bridge.model import (
     Batch,
@@ -121,8 +122,12 @@ class RunExecutor:
             # Start nothing new while stopping: the messages stay pending in the
             # store and run after the restart.
             return
-        room = self.settings.room(batch.room)
         run_id = new_run_id()
+        with log_context(room=batch.room, run=run_id):
+            await self._execute(run_id, batch)
+
+    async def _execute(self, run_id: RunId, batch: Batch) -> None:
+        room = self.settings.room(batch.room)
         started = self.wall_clock()
         await self.store.start_run(run_id, batch, started)
         self.metrics.runs_started.inc()
@@ -137,7 +142,7 @@ class RunExecutor:
                 RunReport(RunStatus.FAILED, error="room not configured"),
             )
             return
-        log.info("run %s started in %s with %d message(s)", run_id, batch.room, len(batch.messages))
+        log.info("run started with %d message(s)", len(batch.messages))
         await self.replier.phase(batch, RunPhase.RUNNING)
         await self.replier.typing(batch.room, True)
         progress = self._progress(batch.room)
@@ -220,7 +225,7 @@ class RunExecutor:
             self.metrics.cost.inc(report.cost_usd)
         if report.session_id is not None:
             await self.store.set_session(room_key, report.session_id)
-        log.info("run %s in %s ended: %s", run_id, room_key, report.status.value)
+        log.info("run ended: %s", report.status.value)
         await self.replier.typing(room_key, False)
         if progress is not None:
             await progress.finish(_OUTCOME_WORDS[report.status])

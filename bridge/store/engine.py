@@ -32,11 +32,12 @@ def redacted(url: str) -> str:
 
 def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
     """An async engine for ``url``, with the SQLite settings above applied."""
-    if is_sqlite(url):
-        # One connection per process: SQLite admits one writer at a time
-        # anyway, and queueing for the pooled connection wakes the next task
-        # as soon as a commit ends, whereas contending connections would wait
-        # in SQLite's busy handler, which polls with sleeps.
+    if is_sqlite(url) and make_url(url).database not in (None, "", ":memory:"):
+        # One connection per file and process: SQLite admits one writer at a
+        # time anyway, and queueing for the pooled connection wakes the next
+        # task as soon as a commit ends, whereas contending connections would
+        # wait in SQLite's busy handler, which polls with sleeps. (In-memory
+        # databases keep SQLAlchemy's single static connection.)
         kwargs = {"pool_size": 1, "max_overflow": 0, **kwargs}
     engine = create_async_engine(url, **kwargs)
     if engine.dialect.name == "sqlite":

@@ -36,7 +36,7 @@ from bridge.store.base import AuditAction, AuditRecord, RunRecord, StoreError
 from bridge.store.engine import DEFAULT_URL, create_engine, redacted
 from bridge.store.migrate import head_revision, migrate, revision_of
 from bridge.store.rules import LIVE_STATES, excerpt, finished_message_state, ignored_detail
-from bridge.store.tables import AuditRow, MessageRow, RoomRow, RunMessageRow, RunRow
+from bridge.store.tables import AuditRow, Base, MessageRow, RoomRow, RunMessageRow, RunRow
 
 _LIVE = tuple(str(s) for s in LIVE_STATES)
 
@@ -65,20 +65,13 @@ class SqlStore:
         engine = create_engine(url)
         try:
             async with engine.connect() as conn:
-                found = await revision_of(conn)
+                _require_head(url, await revision_of(conn))
         except (SQLAlchemyError, OSError) as exc:
             await engine.dispose()
             raise StoreError(f"cannot open the store at {redacted(url)}: {exc}") from exc
         except BaseException:
             await engine.dispose()
             raise
-        expected = head_revision()
-        if found != expected:
-            await engine.dispose()
-            raise StoreError(
-                f"the database at {redacted(url)} is at schema revision {found or 'none'},"
-                f" this version needs {expected}: run `chatbridge migrate`"
-            )
         return cls(engine)
 
     @asynccontextmanager
@@ -137,7 +130,7 @@ class SqlStore:
             thread=msg.thread,
         )
 
-    def _insert(self, table: type[MessageRow]) -> Any:
+    def _insert(self, table: type[Base]) -> Any:
         # Both dialects spell ON CONFLICT the same way, through different classes.
         if self._engine.dialect.name == "postgresql":
             return postgresql.insert(table)
@@ -179,7 +172,11 @@ class SqlStore:
             return [_message(r) for r in rows]
 
     async def requeue(self, ids: Sequence[MessageId]) -> list[Message]:
-        """Mark these messages pending again; returns those that exist, in order."""
+        """Mark these messages pending again; returns those that exist, in order.
+
+        Whatever their state: the caller picks them (``!retry`` takes the last
+        retryable run's messages, which are no longer dispatched).
+        """
         async with self._transaction() as s:
             await s.execute(
                 update(MessageRow)
@@ -395,12 +392,14 @@ class SqlStore:
 
     async def set_session(self, room: RoomKey, session_id: SessionId | None) -> None:
         """Remember (or, with None, forget) the Claude session of a room."""
+        upsert = self._insert(RoomRow).values(
+            transport=room.transport, room_id=room.room_id, session_id=session_id
+        )
+        upsert = upsert.on_conflict_do_update(
+            index_elements=["transport", "room_id"], set_={"session_id": session_id}
+        )
         async with self._transaction() as s:
-            # merge() is an upsert by primary key; two processes racing on the
-            # same room is not a case this single-instance service has.
-            await s.merge(
-                RoomRow(transport=room.transport, room_id=room.room_id, session_id=session_id)
-            )
+            await s.execute(upsert)
 
     # Audit
 
@@ -486,6 +485,15 @@ class SqlStore:
         """Close every pooled connection and refuse further use."""
         self._closed = True
         await self._engine.dispose()
+
+
+def _require_head(url: str, found: str | None) -> None:
+    expected = head_revision()
+    if found != expected:
+        raise StoreError(
+            f"the database at {redacted(url)} is at schema revision {found or 'none'},"
+            f" this version needs {expected}: run `chatbridge migrate`"
+        )
 
 
 def _rowcount(result: Any) -> int:
