@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from bridge.model import Message, RoomKey
+from bridge.model import Message
 from bridge.store.base import AuditAction, Store
 from dispatcher import Dispatcher
 
@@ -81,7 +81,8 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m"
 
 
-Say = Callable[[RoomKey, str], Awaitable[None]]
+Answer = Callable[[Message, str], Awaitable[None]]
+"""Says something in answer to a command message."""
 
 
 @dataclass(slots=True)
@@ -91,7 +92,7 @@ class CommandHandler:
     dispatcher: Dispatcher
     store: Store
     prefix: str
-    say: Say
+    answer: Answer
     wall_clock: Callable[[], float] = time.time
 
     async def handle(self, command: Command, message: Message) -> None:
@@ -108,20 +109,21 @@ class CommandHandler:
             case CommandName.STOP:
                 await self._stop(message)
             case CommandName.STATUS:
-                await self._status(room)
+                await self._status(message)
             case CommandName.RESET:
                 await self.store.set_session(room, None)
                 await self.store.audit(
                     AuditAction.SESSION_RESET, self.wall_clock(), room=room, actor=message.sender
                 )
-                await self.say(room, "The next run starts a new Claude session.")
+                await self.answer(message, "The next run starts a new Claude session.")
             case CommandName.RETRY:
                 await self._retry(message)
             case CommandName.HELP:
-                await self.say(room, help_text(self.prefix))
+                await self.answer(message, help_text(self.prefix))
             case None:
-                await self.say(
-                    room, f"Unknown command `{self.prefix}{command.word}`; try `{self.prefix}help`."
+                await self.answer(
+                    message,
+                    f"Unknown command `{self.prefix}{command.word}`; try `{self.prefix}help`.",
                 )
 
     async def _stop(self, message: Message) -> None:
@@ -141,13 +143,14 @@ class CommandHandler:
         dropped = _plural(len(result.dropped), "waiting message")
         if result.stopped is not None:
             size = _plural(len(result.stopped.messages), "message")
-            await self.say(room, f"Stopping the run of {size}; dropped {dropped}.")
+            await self.answer(message, f"Stopping the run of {size}; dropped {dropped}.")
         elif result.dropped:
-            await self.say(room, f"Nothing was running; dropped {dropped}.")
+            await self.answer(message, f"Nothing was running; dropped {dropped}.")
         else:
-            await self.say(room, "Nothing is running and nothing is waiting.")
+            await self.answer(message, "Nothing is running and nothing is waiting.")
 
-    async def _status(self, room: RoomKey) -> None:
+    async def _status(self, message: Message) -> None:
+        room = message.room
         status = self.dispatcher.status(room)
         now = self.wall_clock()
         lines = []
@@ -175,7 +178,7 @@ class CommandHandler:
             if report.cost_usd is not None:
                 parts.append(f"cost ${report.cost_usd:.4f}")
             lines.append(", ".join(parts) + ".")
-        await self.say(room, "\n".join(lines))
+        await self.answer(message, "\n".join(lines))
 
     async def _retry(self, message: Message) -> None:
         room = message.room
@@ -183,11 +186,11 @@ class CommandHandler:
         if status.running is not None or status.waiting:
             # Retried messages are queued like new ones; refusing while anything is
             # queued keeps a second !retry from queueing the same messages twice.
-            await self.say(room, "A run is active or waiting; retry when the room is idle.")
+            await self.answer(message, "A run is active or waiting; retry when the room is idle.")
             return
         run = await self.store.last_retryable_run(room)
         if run is None:
-            await self.say(room, "There is no failed or interrupted run to retry.")
+            await self.answer(message, "There is no failed or interrupted run to retry.")
             return
         messages = await self.store.requeue(run.message_ids)
         await self.store.audit(
@@ -200,4 +203,6 @@ class CommandHandler:
         )
         for queued in messages:
             self.dispatcher.submit(queued)
-        await self.say(room, f"Retrying {_plural(len(messages), 'message')} of run `{run.id}`.")
+        await self.answer(
+            message, f"Retrying {_plural(len(messages), 'message')} of run `{run.id}`."
+        )

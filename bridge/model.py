@@ -140,7 +140,12 @@ class Reply:
     """Markdown; each transport renders it as well as it can."""
     kind: ReplyKind = ReplyKind.NOTICE
     in_reply_to: ExternalMessageId | None = None
+    """The message answered: a batch's last message, or a command."""
     thread: str | None = None
+    """The thread the conversation is already in, if any."""
+    anchor: ExternalMessageId | None = None
+    """The batch's first message: a transport that answers in a new thread
+    (Slack's ``reply_in_thread``) opens it under this one."""
 
 
 @dataclass(frozen=True, slots=True)

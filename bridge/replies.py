@@ -9,10 +9,30 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from bridge.model import Batch, ExternalMessageId, Reply, ReplyKind, RoomKey, TransportName
+from bridge.model import (
+    Batch,
+    ExternalMessageId,
+    Message,
+    Reply,
+    ReplyKind,
+    RoomKey,
+    TransportName,
+)
 from transports.base import RunPhase, Transport
 
 log = logging.getLogger(__name__)
+
+
+def in_conversation(batch: Batch, text: str, kind: ReplyKind) -> Reply:
+    """A reply that belongs with ``batch``: answering its last message, in its thread."""
+    return Reply(
+        room=batch.room,
+        text=text,
+        kind=kind,
+        in_reply_to=batch.last.external_id,
+        thread=batch.first.thread,
+        anchor=batch.first.external_id,
+    )
 
 
 class Replier:
@@ -35,8 +55,27 @@ class Replier:
             log.warning("could not send to %s", reply.room, exc_info=True)
             return None
 
-    async def say(self, room: RoomKey, text: str) -> None:
-        await self.send(Reply(room=room, text=text, kind=ReplyKind.NOTICE))
+    async def say(self, room: RoomKey, text: str, *, about: Batch | None = None) -> None:
+        """A notice; ``about`` keeps it in the batch's conversation (thread)."""
+        if about is None:
+            await self.send(Reply(room=room, text=text, kind=ReplyKind.NOTICE))
+        else:
+            await self.send(in_conversation(about, text, ReplyKind.NOTICE))
+
+    async def answer(self, message: Message, text: str) -> None:
+        """A notice answering ``message`` (a command): in its thread if it was in one.
+
+        No anchor: a command's answer does not open a thread of its own.
+        """
+        await self.send(
+            Reply(
+                room=message.room,
+                text=text,
+                kind=ReplyKind.NOTICE,
+                in_reply_to=message.external_id,
+                thread=message.thread,
+            )
+        )
 
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         transport = self._transport(room)

@@ -20,16 +20,14 @@ from bridge.metrics import Metrics
 from bridge.model import (
     Batch,
     ExternalMessageId,
-    Reply,
     ReplyKind,
-    RoomKey,
     RunId,
     RunReport,
     RunStatus,
     SessionId,
 )
 from bridge.progress import ProgressMessage
-from bridge.replies import Replier
+from bridge.replies import Replier, in_conversation
 from bridge.store.base import Store
 from runner import RunRequest, run_claude
 from runner.events import Init, RunEvent, Spawned, ToolUse
@@ -145,7 +143,7 @@ class RunExecutor:
         log.info("run started with %d message(s)", len(batch.messages))
         await self.replier.phase(batch, RunPhase.RUNNING)
         await self.replier.typing(batch.room, True)
-        progress = self._progress(batch.room)
+        progress = self._progress(batch)
         await progress.start()
         try:
             async with asyncio.TaskGroup() as tg:
@@ -187,6 +185,7 @@ class RunExecutor:
             await self.replier.say(
                 batch.room,
                 f"Claude no longer has session `{session}`; continuing in a new session.",
+                about=batch,
             )
             await self.store.set_session(batch.room, None)
             report = await run_claude(
@@ -194,12 +193,12 @@ class RunExecutor:
             )
         return report
 
-    def _progress(self, room: RoomKey) -> ProgressMessage:
+    def _progress(self, batch: Batch) -> ProgressMessage:
         async def post(text: str) -> ExternalMessageId | None:
-            return await self.replier.send(Reply(room, text, kind=ReplyKind.PROGRESS))
+            return await self.replier.send(in_conversation(batch, text, ReplyKind.PROGRESS))
 
         async def edit(message_id: ExternalMessageId, text: str) -> None:
-            await self.replier.edit(room, message_id, text)
+            await self.replier.edit(batch.room, message_id, text)
 
         return ProgressMessage(
             post=post,
@@ -233,14 +232,6 @@ class RunExecutor:
         room = self.settings.room(room_key)
         if report.status is RunStatus.SUCCEEDED:
             text = report.result_text.strip() or "(Claude finished without a reply.)"
-            await self.replier.send(
-                Reply(
-                    room_key,
-                    text,
-                    kind=ReplyKind.RESULT,
-                    in_reply_to=batch.last.external_id,
-                    thread=batch.first.thread,
-                )
-            )
+            await self.replier.send(in_conversation(batch, text, ReplyKind.RESULT))
         elif report.status is not RunStatus.STOPPED and room is not None:
-            await self.replier.say(room_key, failure_text(report, room))
+            await self.replier.say(room_key, failure_text(report, room), about=batch)

@@ -97,7 +97,7 @@ class Service:
             self.executor.execute,
         )
         commands = CommandHandler(
-            self.dispatcher, self.store, settings.commands.prefix, self.replier.say
+            self.dispatcher, self.store, settings.commands.prefix, self.replier.answer
         )
         self.intake = Intake(settings, self.store, self.dispatcher, commands, self.metrics)
         self.metrics.watch(

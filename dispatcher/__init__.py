@@ -1,0 +1,23 @@
+"""When a room's messages go to a run.
+
+Debounces each room's messages into batches, runs at most one batch per
+room at a time, and caps the runs across rooms. Sees only core types
+(:mod:`bridge.model`); time comes from an injected :class:`Clock`.
+"""
+
+from dispatcher.clock import Clock, ManualClock, MonotonicClock, TimerHandle
+from dispatcher.driver import Dispatcher, Execute
+from dispatcher.limits import DispatchLimits
+from dispatcher.status import RoomStatus, StopResult
+
+__all__ = [
+    "Clock",
+    "DispatchLimits",
+    "Dispatcher",
+    "Execute",
+    "ManualClock",
+    "MonotonicClock",
+    "RoomStatus",
+    "StopResult",
+    "TimerHandle",
+]

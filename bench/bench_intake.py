@@ -1,0 +1,146 @@
+"""Messages/s accepted across 1,000 rooms through the whole accept path.
+
+authorize -> commit to the store -> dispatcher.submit, with a no-op run, on
+the in-memory store (the service's own overhead), SQLite (file, WAL) and,
+when CHATBRIDGE_TEST_POSTGRES_URL is set, PostgreSQL.
+
+    python bench/bench_intake.py [--messages N] [--rooms N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+
+from bridge.commands import CommandHandler
+from bridge.config import Settings
+from bridge.intake import Intake
+from bridge.metrics import Metrics
+from bridge.model import (
+    Batch,
+    ExternalMessageId,
+    InboundMessage,
+    RoomId,
+    RoomKey,
+    TransportName,
+    UserId,
+)
+from bridge.store.base import Store
+from bridge.store.memory import MemoryStore
+from bridge.store.sql import SqlStore
+from dispatcher import Dispatcher, DispatchLimits
+
+
+def settings(rooms: int) -> Settings:
+    return Settings(
+        console={"enabled": False},
+        rooms=[
+            {"transport": "console", "id": f"room-{i}", "allowed_users": ["*"]}
+            for i in range(rooms)
+        ],
+    )
+
+
+@asynccontextmanager
+async def postgres_store(admin_url: str) -> AsyncIterator[Store]:
+    import asyncpg
+
+    name = f"chatbridge_bench_{uuid.uuid4().hex[:8]}"
+    dsn = admin_url.replace("postgresql+asyncpg", "postgresql")
+    conn = await asyncpg.connect(dsn)
+    await conn.execute(f'CREATE DATABASE "{name}"')
+    await conn.close()
+    store = await SqlStore.open(admin_url.rsplit("/", 1)[0] + f"/{name}")
+    try:
+        yield store
+    finally:
+        await store.close()
+        conn = await asyncpg.connect(dsn)
+        await conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        await conn.close()
+
+
+async def measure(
+    store: Store, rooms: int, messages: int, concurrency: int
+) -> tuple[float, float, float]:
+    config = settings(rooms)
+
+    async def execute(batch: Batch) -> None:
+        return None
+
+    # Long windows: measure accepting, not running.
+    dispatcher = Dispatcher(DispatchLimits(60.0, 600.0, 10_000, 4), execute)
+    commands = CommandHandler(dispatcher, store, "!", answer=lambda message, text: asyncio.sleep(0))
+    intake = Intake(config, store, dispatcher, commands, Metrics())
+    keys = [RoomKey(TransportName("console"), RoomId(f"room-{i}")) for i in range(rooms)]
+    run = uuid.uuid4().hex[:6]
+    inbound = [
+        InboundMessage(
+            keys[i % rooms], UserId("u"), f"message {i}", ExternalMessageId(f"{run}-{i}")
+        )
+        for i in range(messages)
+    ]
+    latencies: list[float] = []
+    queue = iter(inbound)
+
+    async def worker() -> None:
+        for message in queue:
+            t0 = time.perf_counter()
+            await intake.accept(message)
+            latencies.append(time.perf_counter() - t0)
+
+    async with asyncio.TaskGroup() as tg:
+        serve = tg.create_task(dispatcher.serve())
+        start = time.perf_counter()
+        async with asyncio.TaskGroup() as workers:
+            for _ in range(concurrency):
+                workers.create_task(worker())
+        elapsed = time.perf_counter() - start
+        serve.cancel()
+    qs = statistics.quantiles(latencies, n=100)
+    return messages / elapsed, qs[49] * 1e3, qs[98] * 1e3
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=5000)
+    parser.add_argument("--rooms", type=int, default=1000)
+    args = parser.parse_args()
+    print(f"accept path, {args.messages} messages over {args.rooms} rooms")
+    print(f"{'store':<12} {'acceptors':>9} {'msg/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
+    backends: list[tuple[str, object]] = [("memory", None), ("sqlite", None)]
+    pg = os.environ.get("CHATBRIDGE_TEST_POSTGRES_URL")
+    if pg:
+        backends.append(("postgresql", pg))
+    for name, url in backends:
+        for concurrency in (1, 50):
+            with tempfile.TemporaryDirectory() as tmp:
+                if name == "memory":
+                    store: Store = MemoryStore()
+                    result = await measure(store, args.rooms, args.messages, concurrency)
+                elif name == "sqlite":
+                    store = await SqlStore.open(f"sqlite+aiosqlite:///{tmp}/bench.db")
+                    try:
+                        result = await measure(store, args.rooms, args.messages, concurrency)
+                    finally:
+                        await store.close()
+                else:
+                    async with postgres_store(str(url)) as store:
+                        result = await measure(store, args.rooms, args.messages, concurrency)
+            rate, p50, p99 = result
+            print(f"{name:<12} {concurrency:>9} {rate:>9.0f} {p50:>8.2f} {p99:>8.2f}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,109 @@
+"""Time, injected: the dispatcher asks a clock for ``now`` and for timer callbacks.
+
+:class:`MonotonicClock` is the real one. :class:`ManualClock` moves only when
+a test (or the bench) calls :meth:`ManualClock.advance`, and runs due
+callbacks synchronously inside that call, so the dispatcher's reaction to a
+deadline is complete when ``advance`` returns: tests never sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+
+class TimerHandle(Protocol):
+    """A scheduled callback that can be cancelled (``asyncio.TimerHandle`` is one)."""
+
+    def cancel(self) -> None: ...
+
+
+class Clock(Protocol):
+    """Monotonic seconds and callbacks at a given time."""
+
+    def now(self) -> float:
+        """Current time in monotonic seconds (arbitrary origin)."""
+        ...
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> TimerHandle:
+        """Call ``callback`` once, from the event loop, at ``when`` or soon after."""
+        ...
+
+
+class MonotonicClock:
+    """The real clock: ``time.monotonic`` and the running loop's timers.
+
+    ``now`` works without a running loop (the service may submit recovered
+    messages before the loop serves), and ``call_at`` schedules relative to
+    ``now`` so it does not depend on the loop's own time origin.
+    """
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> TimerHandle:
+        loop = asyncio.get_running_loop()
+        return loop.call_later(max(0.0, when - time.monotonic()), callback)
+
+
+class _ManualTimer:
+    __slots__ = ("callback", "cancelled", "when")
+
+    def __init__(self, when: float, callback: Callable[[], None]) -> None:
+        self.when = when
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ManualClock:
+    """A clock for tests and benchmarks: time moves only in :meth:`advance`."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = start
+        self._timers: list[tuple[float, int, _ManualTimer]] = []
+        self._seq = itertools.count()
+
+    def now(self) -> float:
+        return self._now
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> TimerHandle:
+        """Schedule ``callback``; a time already reached fires at the next ``advance`` (even 0)."""
+        timer = _ManualTimer(when, callback)
+        heapq.heappush(self._timers, (when, next(self._seq), timer))
+        return timer
+
+    @property
+    def next_timer(self) -> float | None:
+        """When the earliest pending callback is due, if any."""
+        while self._timers and self._timers[0][2].cancelled:
+            heapq.heappop(self._timers)
+        return self._timers[0][0] if self._timers else None
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward, running every callback due on the way, in time order.
+
+        Each callback sees ``now()`` equal to its own due time (or the time
+        already reached, if it was scheduled in the past), as with a real
+        clock; callbacks it schedules within the range run too.
+        """
+        if seconds < 0:
+            raise ValueError("time does not go backwards")
+        self.advance_to(self._now + seconds)
+
+    def advance_to(self, target: float) -> None:
+        """Like :meth:`advance`, to an absolute time (no-op if already past it)."""
+        target = max(target, self._now)
+        while self._timers and self._timers[0][0] <= target:
+            when, _, timer = heapq.heappop(self._timers)
+            if timer.cancelled:
+                continue
+            self._now = max(self._now, when)
+            timer.callback()
+        self._now = target

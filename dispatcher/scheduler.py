@@ -1,0 +1,204 @@
+"""Every room plus the slot pool plus one timer heap: the whole dispatch logic, pure.
+
+:class:`Scheduler` composes :class:`~dispatcher.room.Room` state machines
+with the global :class:`~dispatcher.slots.SlotPool` and keeps one heap of
+deadlines for all rooms. Its methods take ``now`` and return the batches to
+start; the asyncio driver only carries those out and tells it when timers
+fire and runs end. Rooms with nothing to do are forgotten.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+from bridge.model import Batch, Message, RoomKey
+from dispatcher.limits import DispatchLimits
+from dispatcher.room import (
+    ArmTimer,
+    CancelRun,
+    Dropped,
+    Effect,
+    ReleaseSlot,
+    RequestSlot,
+    Room,
+    StartRun,
+    WithdrawSlotRequest,
+)
+from dispatcher.slots import SlotPool
+from dispatcher.status import IDLE, RoomStatus, StopResult
+
+
+class Scheduler:
+    """The dispatch state of all rooms; see the module docstring.
+
+    ``capacity`` is the number of run slots, ``limits.max_concurrent_runs``
+    unless given; the driver starts with 0 so nothing runs before it serves.
+    """
+
+    def __init__(self, limits: DispatchLimits, capacity: int | None = None) -> None:
+        self._limits = limits
+        self._rooms: dict[RoomKey, Room] = {}
+        self._rooms_peak = 0
+        self._slots = SlotPool(limits.max_concurrent_runs if capacity is None else capacity)
+        # (deadline, tie-breaker, room). Entries are never removed early: a
+        # room ignores ticks it no longer wants, and a forgotten room's entry
+        # is skipped, so arming and stopping stay O(log n) / O(1).
+        self._timers: list[tuple[float, int, RoomKey]] = []
+        self._seq = itertools.count()
+        self._queued = 0
+        self._running = 0
+
+    # -- queries -------------------------------------------------------------
+
+    @property
+    def limits(self) -> DispatchLimits:
+        return self._limits
+
+    @property
+    def capacity(self) -> int:
+        return self._slots.capacity
+
+    @property
+    def room_count(self) -> int:
+        """Rooms holding state: those with pending messages or a run."""
+        return len(self._rooms)
+
+    @property
+    def active_runs(self) -> int:
+        return self._running
+
+    @property
+    def queued(self) -> int:
+        """Messages accepted but not yet in a run, across rooms."""
+        return self._queued
+
+    @property
+    def waiting_for_slot(self) -> int:
+        """Rooms ready to run that wait for a slot."""
+        return self._slots.waiting
+
+    @property
+    def timer_entries(self) -> int:
+        """Entries in the timer heap, stale ones included (for tests and the bench)."""
+        return len(self._timers)
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`fire_timers` should be called next, if ever."""
+        return self._timers[0][0] if self._timers else None
+
+    def status(self, room: RoomKey) -> RoomStatus:
+        state = self._rooms.get(room)
+        if state is None:
+            return IDLE
+        return RoomStatus(
+            running=state.run,
+            running_since=state.run_since,
+            waiting=state.pending,
+            waiting_for_slot=state.ready,
+            stopping=state.stopping,
+        )
+
+    # -- events --------------------------------------------------------------
+
+    def submit(self, message: Message, now: float) -> list[Batch]:
+        """Accept a message (new or re-submitted) for its room."""
+        key = message.room
+        room = self._rooms.get(key)
+        if room is None:
+            room = self._rooms[key] = Room(key, self._limits)
+            self._rooms_peak = max(self._rooms_peak, len(self._rooms))
+        self._queued += 1
+        return self._apply(room, room.message(message, now), now)
+
+    def fire_timers(self, now: float) -> list[Batch]:
+        """Process every deadline reached at ``now``, earliest first."""
+        started: list[Batch] = []
+        while self._timers and self._timers[0][0] <= now:
+            _, _, key = heapq.heappop(self._timers)
+            room = self._rooms.get(key)
+            if room is not None:
+                started += self._apply(room, room.tick(now), now)
+        return started
+
+    def run_finished(self, key: RoomKey, now: float) -> list[Batch]:
+        """The room's run ended; its slot goes to the next room in line."""
+        room = self._rooms.get(key)
+        if room is None or room.run is None:
+            raise RuntimeError(f"room {key} has no run to finish")
+        self._running -= 1
+        return self._apply(room, room.run_finished(now), now)
+
+    def stop(self, key: RoomKey) -> StopResult:
+        """Cancel the room's run and drop its messages not yet in a run.
+
+        The run keeps its slot and the room stays running until
+        :meth:`run_finished`: the run is still winding down.
+        """
+        room = self._rooms.get(key)
+        if room is None:
+            return StopResult(stopped=None, dropped=())
+        stopped: Batch | None = None
+        dropped: tuple[Message, ...] = ()
+        for effect in room.stop():
+            match effect:
+                case CancelRun(batch):
+                    stopped = batch
+                case Dropped(messages):
+                    dropped = messages
+                    self._queued -= len(messages)
+                case WithdrawSlotRequest():
+                    self._slots.withdraw(key)
+                case _:
+                    raise AssertionError(f"unexpected effect of stop: {effect}")
+        self._forget_if_idle(room)
+        return StopResult(stopped=stopped, dropped=dropped)
+
+    def set_capacity(self, capacity: int, now: float) -> list[Batch]:
+        """Open (or close, with 0) run slots; waiting rooms get new ones in order."""
+        started: list[Batch] = []
+        for key in self._slots.resize(capacity):
+            started += self._grant(key, now)
+        return started
+
+    # -- internals -----------------------------------------------------------
+
+    def _apply(self, room: Room, effects: list[Effect], now: float) -> list[Batch]:
+        started: list[Batch] = []
+        for effect in effects:
+            match effect:
+                case ArmTimer(at):
+                    heapq.heappush(self._timers, (at, next(self._seq), room.key))
+                case RequestSlot():
+                    for key in self._slots.request(room.key):
+                        started += self._grant(key, now)
+                case ReleaseSlot():
+                    for key in self._slots.release(room.key):
+                        started += self._grant(key, now)
+                case _:
+                    raise AssertionError(f"unexpected effect: {effect}")
+        self._forget_if_idle(room)
+        return started
+
+    def _grant(self, key: RoomKey, now: float) -> list[Batch]:
+        started: list[Batch] = []
+        for effect in self._rooms[key].slot_granted(now):
+            match effect:
+                case StartRun(batch):
+                    started.append(batch)
+                    self._running += 1
+                    self._queued -= len(batch.messages)
+                case _:
+                    raise AssertionError(f"unexpected effect of a grant: {effect}")
+        return started
+
+    def _forget_if_idle(self, room: Room) -> None:
+        if not room.idle:
+            return
+        del self._rooms[room.key]
+        # A dict never shrinks on deletion: after a burst of rooms its table
+        # would stay at the peak size forever. Rebuild it once mostly empty
+        # (amortized O(1) per room) so idle rooms really cost nothing.
+        if self._rooms_peak >= 64 and len(self._rooms) <= self._rooms_peak // 8:
+            self._rooms = dict(self._rooms)
+            self._rooms_peak = len(self._rooms)

@@ -1,0 +1,37 @@
+"""What the dispatcher reports about a room."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bridge.model import Batch, Message
+
+
+@dataclass(frozen=True, slots=True)
+class StopResult:
+    """What :meth:`Dispatcher.stop` did to a room."""
+
+    stopped: Batch | None
+    """The run that was cancelled, or None if none was running (or it was already stopping)."""
+    dropped: tuple[Message, ...]
+    """Messages that were waiting for a run and will never get one, in arrival order."""
+
+
+@dataclass(frozen=True, slots=True)
+class RoomStatus:
+    """A snapshot of one room, for ``!status`` and metrics."""
+
+    running: Batch | None = None
+    """The batch of the room's active run, if any."""
+    running_since: float | None = None
+    """Clock time the active run started."""
+    waiting: int = 0
+    """Messages accepted but not yet in a run (open batch and queue)."""
+    waiting_for_slot: bool = False
+    """The room is ready to run and waits for a free run slot."""
+    stopping: bool = False
+    """The active run was stopped and is winding down."""
+
+
+IDLE = RoomStatus()
+"""The status of a room with nothing to do."""

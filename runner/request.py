@@ -1,0 +1,40 @@
+"""What one run of ``claude -p`` needs: the request the service builds per batch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bridge.model import RunId, SessionId
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One batch's run of claude; see ``runner.command`` for how fields map to argv."""
+
+    run_id: RunId
+    """Also the marker value put into the environment of every process of the run."""
+    claude_bin: str
+    """A name looked up on PATH, or a path."""
+    cwd: Path
+    prompt: str
+    """Written to stdin, then stdin is closed; never in argv, never through a shell."""
+    session_id: SessionId | None
+    """Passed as ``--resume=<id>``; None starts a new session."""
+    model: str = ""
+    permission_mode: str = ""
+    allowed_tools: tuple[str, ...] = ()
+    disallowed_tools: tuple[str, ...] = ()
+    append_system_prompt: str = ""
+    max_turns: int = 0
+    """0 leaves claude's default."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment, on top of the service's own minus ``CLAUDECODE``."""
+    extra_args: tuple[str, ...] = ()
+    run_timeout_s: float = 1800
+    idle_timeout_s: float = 600
+    """No stdout output for this long: the run is stalled."""
+    stop_grace_s: float = 5.0
+    """Time between SIGTERM and SIGKILL."""
+    max_line_bytes: int = 16 * 1024 * 1024

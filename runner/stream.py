@@ -1,0 +1,186 @@
+"""NDJSON framing and decoding of claude's stream-json output. Pure: no I/O.
+
+``LineFramer`` cuts a byte stream into lines with a cap on a line's length
+(asyncio's ``readline`` stops at 64 KiB, and a tool result holding a whole
+file can be many MB). ``parse_line`` turns one line into typed events,
+ignoring types and subtypes it does not know, as the CLI adds new ones.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from bridge.model import SessionId
+from runner.errors import LineTooLong, MalformedLine
+from runner.events import AssistantText, Init, Result, RunEvent, ToolResult, ToolUse
+
+
+class LineFramer:
+    """Splits chunks into newline-terminated lines of at most ``max_line_bytes``.
+
+    The cap counts the line's bytes without its newline. A line longer than
+    the cap raises :class:`LineTooLong` as soon as that is known, so memory
+    stays bounded by about one cap plus one chunk.
+    """
+
+    def __init__(self, max_line_bytes: int) -> None:
+        self._max = max_line_bytes
+        self._buf = bytearray()
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """Add ``chunk``; return the lines it completed, newline stripped."""
+        lines: list[bytes] = []
+        start = 0
+        # Only the new chunk needs searching: the buffer holds no newline.
+        while (nl := chunk.find(b"\n", start)) != -1:
+            piece = chunk[start:nl]
+            if len(self._buf) + len(piece) > self._max:
+                raise LineTooLong(self._max)
+            if self._buf:
+                self._buf += piece
+                lines.append(bytes(self._buf))
+                self._buf.clear()
+            else:
+                lines.append(piece)
+            start = nl + 1
+        rest = chunk[start:]
+        if len(self._buf) + len(rest) > self._max:
+            raise LineTooLong(self._max)
+        self._buf += rest
+        return lines
+
+    def finish(self) -> bytes | None:
+        """At end of stream: the last line if it had no newline, else None."""
+        if not self._buf:
+            return None
+        last = bytes(self._buf)
+        self._buf.clear()
+        return last
+
+
+def parse_line(line: bytes) -> list[RunEvent]:
+    """Decode one stream-json line into zero or more events.
+
+    Blank lines and unknown ``type``/``subtype`` values give no event; a line
+    that is not a JSON object raises :class:`MalformedLine`.
+    """
+    if not line.strip():
+        return []
+    try:
+        obj = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MalformedLine("not JSON", line) from exc
+    if not isinstance(obj, dict):
+        raise MalformedLine("not a JSON object", line)
+    match obj.get("type"):
+        case "system" if obj.get("subtype") == "init":
+            return [_init(obj)]
+        case "assistant":
+            return _assistant(obj)
+        case "user":
+            return _tool_results(obj)
+        case "result":
+            return [_result(obj)]
+        case _:
+            return []
+
+
+def _str(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _int(value: object) -> int | None:
+    # bool is an int subclass; a true/false here is not a count.
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _session(value: object) -> SessionId | None:
+    return SessionId(value) if isinstance(value, str) and value else None
+
+
+def _blocks(obj: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    message = obj.get("message")
+    if not isinstance(message, dict):
+        return []
+    content = message.get("content")
+    if not isinstance(content, list):
+        return []
+    return [b for b in content if isinstance(b, dict)]
+
+
+def _init(obj: Mapping[str, Any]) -> Init:
+    tools = obj.get("tools")
+    return Init(
+        session_id=SessionId(_str(obj.get("session_id"))),
+        model=_str(obj.get("model")),
+        cwd=_str(obj.get("cwd")),
+        tools=tuple(t for t in tools if isinstance(t, str)) if isinstance(tools, list) else (),
+    )
+
+
+def _assistant(obj: Mapping[str, Any]) -> list[RunEvent]:
+    events: list[RunEvent] = []
+    for block in _blocks(obj):
+        match block.get("type"):
+            case "text":
+                events.append(AssistantText(_str(block.get("text"))))
+            case "tool_use":
+                tool_input = block.get("input")
+                events.append(
+                    ToolUse(
+                        id=_str(block.get("id")),
+                        name=_str(block.get("name")),
+                        input=tool_input if isinstance(tool_input, dict) else {},
+                    )
+                )
+            case _:
+                pass  # thinking and future block types are not shown
+    return events
+
+
+def _tool_results(obj: Mapping[str, Any]) -> list[RunEvent]:
+    return [
+        ToolResult(
+            tool_use_id=_str(block.get("tool_use_id")),
+            content=_flatten(block.get("content")),
+            is_error=block.get("is_error") is True,
+        )
+        for block in _blocks(obj)
+        if block.get("type") == "tool_result"
+    ]
+
+
+def _flatten(content: object) -> str:
+    """A tool result's content is a string or a list of content blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [
+            _str(b.get("text")) for b in content if isinstance(b, dict) and b.get("type") == "text"
+        ]
+        return "\n".join(texts)
+    return ""
+
+
+def _result(obj: Mapping[str, Any]) -> Result:
+    errors = obj.get("errors")
+    return Result(
+        subtype=_str(obj.get("subtype")),
+        is_error=obj.get("is_error") is True,
+        text=_str(obj.get("result")),
+        session_id=_session(obj.get("session_id")),
+        cost_usd=_float(obj.get("total_cost_usd")),
+        num_turns=_int(obj.get("num_turns")),
+        duration_ms=_int(obj.get("duration_ms")),
+        errors=tuple(e if isinstance(e, str) else json.dumps(e) for e in errors)
+        if isinstance(errors, list)
+        else (),
+    )

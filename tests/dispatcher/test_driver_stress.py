@@ -1,0 +1,96 @@
+"""The driver under random load (many rooms, manual clock), and its memory."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import defaultdict
+
+import pytest
+
+from bridge.model import Message, RoomKey
+from dispatcher import Dispatcher, DispatchLimits, ManualClock
+from tests.dispatcher.fakes import GUARD_S, FakeExecute, Messages, room, serving
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_random_schedules_keep_the_invariants(seed: int) -> None:
+    """Never two runs per room, cap kept, no idle slot while a room waits,
+    every message run or dropped exactly once and in order."""
+    rng = random.Random(seed)
+    limits = DispatchLimits(
+        coalesce_s=rng.choice([0.0, 0.5, 1.0]),
+        max_wait_s=rng.choice([1.0, 2.0]),
+        max_batch=rng.randint(1, 4),
+        max_concurrent_runs=rng.randint(1, 4),
+    )
+    log: list[tuple[RoomKey, tuple[Message, ...]]] = []
+    clock = ManualClock()
+    execute = FakeExecute(cap=limits.max_concurrent_runs, log=log)
+    d = Dispatcher(limits, execute, clock)
+    make = Messages()
+    rooms = [room(i) for i in range(30)]
+    submitted: dict[RoomKey, list[Message]] = defaultdict(list)
+
+    def check() -> None:
+        assert execute.violations == []
+        assert d.active_runs <= limits.max_concurrent_runs
+        statuses = [d.status(k) for k in rooms]
+        if any(s.waiting_for_slot for s in statuses):
+            assert d.active_runs == limits.max_concurrent_runs
+        assert d.queued == sum(s.waiting for s in statuses)
+        assert d.active_runs == sum(s.running is not None for s in statuses)
+
+    async with serving(d):
+        for _ in range(1500):
+            op = rng.random()
+            if op < 0.45:
+                earlier = [m for msgs in submitted.values() for m in msgs]
+                retry = earlier and rng.random() < 0.1
+                message = rng.choice(earlier) if retry else make(rng.choice(rooms))
+                submitted[message.room].append(message)
+                d.submit(message)
+            elif op < 0.65:
+                clock.advance(rng.choice([0.1, 0.25, 0.5, 1.0]))
+            elif op < 0.92:
+                # Runs that will call execute (stopped ones end on their own).
+                live = [k for k in rooms if d.status(k).running and not d.status(k).stopping]
+                if live:
+                    key = rng.choice(live)
+                    error = RuntimeError("boom") if rng.random() < 0.1 else None
+                    await execute.finish(key, error)
+            else:
+                key = rng.choice(rooms)
+                result = d.stop(key)
+                if result.stopped is not None:
+                    assert execute.active[key].batch == result.stopped
+                if result.dropped:
+                    log.append((key, result.dropped))
+            check()
+
+        execute.release_all()
+        clock.advance(1000.0)
+        async with asyncio.timeout(GUARD_S):
+            await d.wait_idle()
+        check()
+
+    for key in rooms:
+        ran_or_dropped = [m for k, msgs in log if k == key for m in msgs]
+        assert ran_or_dropped == submitted[key]
+    assert d.tracked_rooms == 0
+
+
+async def test_rooms_that_went_idle_leave_no_state() -> None:
+    clock = ManualClock()
+    execute = FakeExecute(auto=True)
+    d = Dispatcher(DispatchLimits(0.5, 1.0, 10, 8), execute, clock)
+    make = Messages()
+    async with serving(d):
+        for i in range(10_000):
+            d.submit(make(room(i)))
+        assert d.tracked_rooms == 10_000
+        clock.advance(1.0)
+        await d.wait_idle()
+        assert d.tracked_rooms == 0
+        assert clock.next_timer is None  # the timer heap is empty too
+    assert len(execute.calls) == 10_000

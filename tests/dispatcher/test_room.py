@@ -1,0 +1,155 @@
+"""The per-room state machine, with explicit times."""
+
+from __future__ import annotations
+
+import pytest
+
+from dispatcher.limits import DispatchLimits
+from dispatcher.room import (
+    REQUEST_SLOT,
+    ArmTimer,
+    CancelRun,
+    Dropped,
+    Phase,
+    ReleaseSlot,
+    RequestSlot,
+    Room,
+    StartRun,
+    WithdrawSlotRequest,
+)
+from tests.dispatcher.fakes import Messages, room
+
+LIMITS = DispatchLimits(coalesce_s=1.0, max_wait_s=5.0, max_batch=3, max_concurrent_runs=2)
+KEY = room("a")
+
+
+def phase(r: Room) -> Phase:
+    """Read afresh: mypy would keep ``r.phase`` narrowed across events."""
+    return r.phase
+
+
+@pytest.fixture
+def make() -> Messages:
+    return Messages()
+
+
+def test_first_message_opens_a_batch_and_arms_the_window(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    assert r.message(make(KEY), now=10.0) == [ArmTimer(11.0)]
+    assert phase(r) is Phase.GATHERING
+    assert r.deadline == 11.0
+
+
+def test_each_message_restarts_the_window_and_an_early_tick_rearms(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    r.message(make(KEY), now=10.0)
+    assert r.message(make(KEY), now=10.5) == []  # the armed timer is reused
+    assert r.tick(11.0) == [ArmTimer(11.5)]
+    assert phase(r) is Phase.GATHERING
+    assert r.tick(11.5) == [RequestSlot()]
+    assert phase(r) is Phase.READY
+
+
+def test_a_tick_before_the_armed_time_is_stale(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    r.message(make(KEY), now=0.0)
+    assert r.tick(0.5) == []
+    assert phase(r) is Phase.GATHERING
+
+
+def test_max_wait_caps_the_window(make: Messages) -> None:
+    limits = DispatchLimits(coalesce_s=1.0, max_wait_s=2.5, max_batch=99, max_concurrent_runs=1)
+    r = Room(KEY, limits)
+    r.message(make(KEY), now=0.0)
+    r.message(make(KEY), now=0.8)
+    assert r.tick(1.0) == [ArmTimer(1.8)]
+    r.message(make(KEY), now=1.6)
+    assert r.tick(1.8) == [ArmTimer(2.5)]  # 1.6 + 1.0 is past the max wait
+    r.message(make(KEY), now=2.4)
+    assert r.tick(2.5) == [REQUEST_SLOT]
+
+
+def test_max_batch_makes_the_room_ready_at_once(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    r.message(make(KEY), now=0.0)
+    r.message(make(KEY), now=0.1)
+    assert r.message(make(KEY), now=0.2) == [REQUEST_SLOT]
+    assert phase(r) is Phase.READY
+    assert r.tick(1.2) == []  # the window's timer is moot now
+
+
+def test_ready_room_keeps_gathering_and_runs_the_first_max_batch(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    msgs = [make(KEY) for _ in range(5)]
+    for m in msgs:
+        r.message(m, now=0.0)
+    assert r.pending == 5
+    [start] = r.slot_granted(now=2.0)
+    assert isinstance(start, StartRun)
+    assert start.batch.messages == tuple(msgs[:3])
+    assert (r.run, r.run_since, r.pending) == (start.batch, 2.0, 2)
+
+
+def test_messages_during_a_run_queue_and_go_at_once_when_it_ends(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    first = make(KEY)
+    r.message(first, now=0.0)
+    r.tick(1.0)
+    r.slot_granted(now=1.0)
+    assert r.message(make(KEY), now=2.0) == []  # no timer: queued
+    assert phase(r) is Phase.RUNNING
+    assert r.run_finished(now=3.0) == [ReleaseSlot(), RequestSlot()]
+    assert phase(r) is Phase.READY
+
+
+def test_a_run_without_queue_leaves_the_room_idle(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    r.message(make(KEY), now=0.0)
+    r.tick(1.0)
+    r.slot_granted(now=1.0)
+    assert r.run_finished(now=2.0) == [ReleaseSlot()]
+    assert r.idle
+    assert phase(r) is Phase.IDLE
+
+
+def test_stop_cancels_the_run_once_and_drops_the_queue(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    r.message(make(KEY), now=0.0)
+    r.tick(1.0)
+    [start] = r.slot_granted(now=1.0)
+    assert isinstance(start, StartRun)
+    queued = make(KEY)
+    r.message(queued, now=1.5)
+    assert r.stop() == [CancelRun(start.batch), Dropped((queued,))]
+    assert r.stopping
+    assert r.stop() == []  # already winding down
+    late = make(KEY)
+    assert r.message(late, now=2.0) == []  # queued behind the winding-down run
+    assert r.run_finished(now=3.0) == [ReleaseSlot(), RequestSlot()]
+    assert not r.stopping
+
+
+def test_stop_while_ready_withdraws_the_slot_request(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    m = make(KEY)
+    r.message(m, now=0.0)
+    r.tick(1.0)
+    assert r.stop() == [WithdrawSlotRequest(), Dropped((m,))]
+    assert r.idle
+
+
+def test_stop_while_gathering_forgets_the_window(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    m = make(KEY)
+    r.message(m, now=0.0)
+    assert r.stop() == [Dropped((m,))]
+    assert r.idle
+    assert r.tick(1.0) == []
+
+
+def test_events_out_of_order_are_bugs(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    with pytest.raises(RuntimeError, match="did not ask"):
+        r.slot_granted(now=0.0)
+    with pytest.raises(RuntimeError, match="no run"):
+        r.run_finished(now=0.0)

@@ -1,0 +1,251 @@
+"""Property tests: random schedules against the pure scheduler (rooms + slots + timers).
+
+A hypothesis state machine submits, re-submits, moves time, finishes runs
+and stops rooms, and checks after every step:
+
+- never two runs in one room; the cap is never exceeded;
+- no room waits for a slot while a slot is free, and slots go to waiting
+  rooms in the order they became ready (rooms that became ready at the same
+  step may go in either order);
+- per room, batches and drops so far, concatenated, are a prefix of the
+  submissions and the rest is still waiting (exactly once, in order);
+- a gathering room's window has not closed yet (it flushes exactly when the
+  window closes: ``min(last + coalesce, first + max_wait)``), and a room that
+  left gathering did so only once its window closed or it held ``max_batch``.
+
+At the end it drains everything and checks every message ran or was dropped.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from bridge.model import Batch, Message, RoomKey
+from dispatcher.limits import DispatchLimits
+from dispatcher.scheduler import Scheduler
+from dispatcher.status import RoomStatus
+from tests.dispatcher.fakes import Messages, room
+
+ROOMS = [room(i) for i in range(4)]
+# Multiples of 1/4 add up exactly in binary floating point, so the test's
+# deadlines and the scheduler's are the same numbers.
+STEPS = st.sampled_from([0.0, 0.25, 0.5, 1.0, 1.5, 3.0])
+
+
+def gathering(status: RoomStatus) -> bool:
+    return status.running is None and not status.waiting_for_slot and status.waiting > 0
+
+
+class Window:
+    """The test's own view of an open batch."""
+
+    def __init__(self, now: float) -> None:
+        self.first = now
+        self.last = now
+        self.count = 1
+
+    def closes(self, limits: DispatchLimits) -> float:
+        return min(self.last + limits.coalesce_s, self.first + limits.max_wait_s)
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.make = Messages()
+        self.now = 0.0
+        self.submitted: dict[RoomKey, list[Message]] = {r: [] for r in ROOMS}
+        self.outputs: dict[RoomKey, list[Message]] = {r: [] for r in ROOMS}
+        self.running: dict[RoomKey, Batch] = {}
+        self.windows: dict[RoomKey, Window] = {}
+        self.slot_queue: list[set[RoomKey]] = []
+        """Rooms seen waiting for a slot, grouped by the step they were first seen in."""
+
+    @initialize(
+        coalesce=st.sampled_from([0.0, 0.5, 1.0, 2.0]),
+        max_wait=st.sampled_from([0.0, 1.0, 3.0]),
+        max_batch=st.integers(1, 4),
+        cap=st.integers(1, 3),
+    )
+    def setup(self, coalesce: float, max_wait: float, max_batch: int, cap: int) -> None:
+        self.limits = DispatchLimits(coalesce, max_wait, max_batch, cap)
+        self.scheduler = Scheduler(self.limits)
+
+    # -- rules ---------------------------------------------------------------
+
+    @rule(index=st.integers(0, len(ROOMS) - 1))
+    def submit(self, index: int) -> None:
+        self._submit(self.make(ROOMS[index]))
+
+    @precondition(lambda self: any(self.submitted.values()))
+    @rule(data=st.data())
+    def resubmit(self, data: st.DataObject) -> None:
+        """``!retry``: an accepted message comes again."""
+        earlier = [m for msgs in self.submitted.values() for m in msgs]
+        self._submit(data.draw(st.sampled_from(earlier)))
+
+    @rule(step=STEPS)
+    def advance(self, step: float) -> None:
+        target = self.now + step
+        deadline = self.scheduler.next_deadline()
+        while deadline is not None and deadline <= target:
+            # Never called back for a time already passed.
+            assert deadline >= self.now
+            self.now = deadline
+            self._started(self.scheduler.fire_timers(self.now))
+            self._check_windows()
+            deadline = self.scheduler.next_deadline()
+        self.now = target
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sorted(self.running)))
+        del self.running[key]
+        self._started(self.scheduler.run_finished(key, self.now))
+        self._check_windows()
+
+    @rule(index=st.integers(0, len(ROOMS) - 1))
+    def stop(self, index: int) -> None:
+        key = ROOMS[index]
+        before = self.scheduler.status(key)
+        result = self.scheduler.stop(key)
+        expected = before.running if not before.stopping else None
+        assert result.stopped == expected
+        self.outputs[key] += result.dropped
+        self.windows.pop(key, None)
+        for tier in self.slot_queue:
+            tier.discard(key)
+        after = self.scheduler.status(key)
+        assert after.waiting == 0
+        assert not after.waiting_for_slot
+        assert after.running == before.running  # the run keeps its slot until it ends
+
+    # -- invariants ----------------------------------------------------------
+
+    @invariant()
+    def cap_and_serial_lock(self) -> None:
+        if not hasattr(self, "scheduler"):
+            return
+        assert len(self.running) <= self.limits.max_concurrent_runs
+        assert self.scheduler.active_runs == len(self.running)
+        for key in ROOMS:
+            assert self.scheduler.status(key).running == self.running.get(key)
+
+    @invariant()
+    def no_idle_slot_while_a_room_waits(self) -> None:
+        if not hasattr(self, "scheduler"):
+            return
+        if any(self.scheduler.status(k).waiting_for_slot for k in ROOMS):
+            assert len(self.running) == self.limits.max_concurrent_runs
+
+    @invariant()
+    def exactly_once_in_order(self) -> None:
+        if not hasattr(self, "scheduler"):
+            return
+        queued = 0
+        for key in ROOMS:
+            out, sub = self.outputs[key], self.submitted[key]
+            waiting = self.scheduler.status(key).waiting
+            assert out == sub[: len(out)]
+            assert len(out) + waiting == len(sub)
+            queued += waiting
+        assert self.scheduler.queued == queued
+        busy = [k for k in ROOMS if self.scheduler.status(k) != RoomStatus()]
+        assert self.scheduler.room_count == len(busy)
+
+    @invariant()
+    def open_windows_have_not_closed(self) -> None:
+        if not hasattr(self, "scheduler"):
+            return
+        for key in ROOMS:
+            is_gathering = gathering(self.scheduler.status(key))
+            assert is_gathering == (key in self.windows)
+            if is_gathering:
+                assert self.now < self.windows[key].closes(self.limits)
+
+    def teardown(self) -> None:
+        if not hasattr(self, "scheduler"):
+            return
+        for _ in range(10_000):
+            if self.scheduler.room_count == 0:
+                break
+            if self.running:
+                self.finish_all()
+            else:
+                self.advance(3.0)
+        for key in ROOMS:
+            assert self.outputs[key] == self.submitted[key]
+        assert self.scheduler.queued == 0
+        assert self.scheduler.active_runs == 0
+
+    # -- helpers -------------------------------------------------------------
+
+    def finish_all(self) -> None:
+        for key in sorted(self.running):
+            if key in self.running:
+                del self.running[key]
+                self._started(self.scheduler.run_finished(key, self.now))
+                self._check_windows()
+
+    def _submit(self, message: Message) -> None:
+        key = message.room
+        before = self.scheduler.status(key)
+        if before == RoomStatus():
+            self.windows[key] = Window(self.now)
+        elif gathering(before):
+            window = self.windows[key]
+            window.last = self.now
+            window.count += 1
+        self.submitted[key].append(message)
+        self._started(self.scheduler.submit(message, self.now))
+        self._check_windows()
+
+    def _started(self, batches: list[Batch]) -> None:
+        for batch in batches:
+            assert batch.room not in self.running, f"two runs in {batch.room}"
+            self._check_fifo(batch.room)
+            assert 1 <= len(batch.messages) <= self.limits.max_batch
+            self.running[batch.room] = batch
+            self.outputs[batch.room] += batch.messages
+
+    def _check_fifo(self, key: RoomKey) -> None:
+        """``key`` got a slot: nobody who has waited longer may still be waiting."""
+        self.slot_queue = [tier for tier in self.slot_queue if tier]
+        for tier in self.slot_queue:
+            if key in tier:
+                tier.discard(key)
+                return
+            assert not tier, f"{key} got a slot before {sorted(tier)}, who waited longer"
+
+    def _check_windows(self) -> None:
+        """A room that left gathering did so for a reason the rules allow."""
+        for key, window in list(self.windows.items()):
+            if gathering(self.scheduler.status(key)):
+                continue
+            full = window.count >= self.limits.max_batch
+            assert full or self.now >= window.closes(self.limits), (
+                f"{key} flushed at {self.now}, window closes at {window.closes(self.limits)}"
+            )
+            del self.windows[key]
+        queued = set().union(*self.slot_queue)
+        new = {k for k in ROOMS if self.scheduler.status(k).waiting_for_slot} - queued
+        if new:
+            self.slot_queue.append(new)
+
+
+SchedulerMachine.TestCase.settings = settings(
+    max_examples=200,
+    stateful_step_count=40,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_scheduler_properties = SchedulerMachine.TestCase

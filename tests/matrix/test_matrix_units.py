@@ -1,0 +1,230 @@
+"""The Matrix transport's pure parts: event rules, rendering, backoff, state files, settings."""
+
+from __future__ import annotations
+
+import json
+import random
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nio import Event, RedactionEvent, RoomMemberEvent, RoomMessageNotice, RoomMessageText
+from pydantic import ValidationError
+
+from bridge.model import RoomId, RoomKey, TransportName
+from transports.matrix import MatrixSettings
+from transports.matrix.backoff import Backoff
+from transports.matrix.events import BotIdentity, is_own_join, to_inbound
+from transports.matrix.render import MarkdownRenderer
+from transports.matrix.state import SavedSession, SessionFile, SyncPosition
+
+BOT = BotIdentity("@bot:hs", ignore_other_bots=True, ignore_users=frozenset({"@ci:hs"}))
+
+
+def event(content: dict[str, Any], sender: str = "@alice:hs", kind: str = "m.room.message") -> Any:
+    return Event.parse_event(
+        {
+            "type": kind,
+            "event_id": "$e1",
+            "sender": sender,
+            "origin_server_ts": 1,
+            "content": content,
+        }
+    )
+
+
+def test_text_message_becomes_inbound() -> None:
+    msg = to_inbound(event({"msgtype": "m.text", "body": "hi"}), "!r", BOT)
+    assert msg is not None
+    assert msg.room == RoomKey(TransportName("matrix"), RoomId("!r"))
+    assert (msg.sender, msg.text, msg.external_id) == ("@alice:hs", "hi", "$e1")
+    assert not msg.sender_is_bot
+    assert not msg.mentions_bot
+    assert msg.thread is None
+
+
+def test_own_messages_are_dropped() -> None:
+    assert (
+        to_inbound(event({"msgtype": "m.text", "body": "x"}, sender="@bot:hs"), "!r", BOT) is None
+    )
+
+
+def test_edits_and_redactions_are_dropped() -> None:
+    edit = event(
+        {
+            "msgtype": "m.text",
+            "body": "* new",
+            "m.new_content": {"msgtype": "m.text", "body": "new"},
+            "m.relates_to": {"rel_type": "m.replace", "event_id": "$e0"},
+        }
+    )
+    assert isinstance(edit, RoomMessageText)
+    assert to_inbound(edit, "!r", BOT) is None
+    redaction = Event.parse_event(
+        {
+            "type": "m.room.redaction",
+            "event_id": "$e2",
+            "sender": "@alice:hs",
+            "origin_server_ts": 1,
+            "redacts": "$e0",
+            "content": {},
+        }
+    )
+    assert isinstance(redaction, RedactionEvent)
+    assert to_inbound(redaction, "!r", BOT) is None
+
+
+def test_notices_and_ignored_users_are_bots_only_when_configured() -> None:
+    notice = event({"msgtype": "m.notice", "body": "beep"})
+    assert isinstance(notice, RoomMessageNotice)
+    from_ci = event({"msgtype": "m.text", "body": "build ok"}, sender="@ci:hs")
+    for e in (notice, from_ci):
+        msg = to_inbound(e, "!r", BOT)
+        assert msg is not None
+        assert msg.sender_is_bot
+    lenient = BotIdentity("@bot:hs", ignore_other_bots=False, ignore_users=frozenset({"@ci:hs"}))
+    for e in (notice, from_ci):
+        msg = to_inbound(e, "!r", lenient)
+        assert msg is not None
+        assert not msg.sender_is_bot
+
+
+def test_mentions_threads_and_reply_fallbacks() -> None:
+    msg = to_inbound(
+        event(
+            {
+                "msgtype": "m.text",
+                "body": "> <@bob:hs> earlier words\n> more\n\nplease look",
+                "m.mentions": {"user_ids": ["@bot:hs"]},
+                "m.relates_to": {
+                    "rel_type": "m.thread",
+                    "event_id": "$root",
+                    "m.in_reply_to": {"event_id": "$e0"},
+                },
+            }
+        ),
+        "!r",
+        BOT,
+    )
+    assert msg is not None
+    assert msg.text == "please look"
+    assert msg.thread == "$root"
+    assert msg.mentions_bot
+    plain = to_inbound(event({"msgtype": "m.text", "body": "ask @bot:hs"}), "!r", BOT)
+    assert plain is not None
+    assert plain.mentions_bot
+
+
+def test_other_message_types_are_not_delivered() -> None:
+    image = event({"msgtype": "m.image", "body": "cat.png", "url": "mxc://hs/x"})
+    assert to_inbound(image, "!r", BOT) is None
+
+
+def member(membership: str, prev: str | None, state_key: str = "@bot:hs") -> Any:
+    source: dict[str, Any] = {
+        "type": "m.room.member",
+        "event_id": "$m",
+        "sender": state_key,
+        "state_key": state_key,
+        "origin_server_ts": 1,
+        "content": {"membership": membership},
+    }
+    if prev:
+        source["unsigned"] = {"prev_content": {"membership": prev}}
+    return Event.parse_event(source)
+
+
+def test_own_join_marks_where_history_ends() -> None:
+    assert isinstance(member("join", "invite"), RoomMemberEvent)
+    assert is_own_join(member("join", "invite"), "@bot:hs")
+    assert is_own_join(member("join", None), "@bot:hs")
+    assert not is_own_join(member("join", "join"), "@bot:hs")  # a profile change
+    assert not is_own_join(member("join", "invite", "@alice:hs"), "@bot:hs")
+    assert not is_own_join(event({"msgtype": "m.text", "body": "x"}), "@bot:hs")
+
+
+@pytest.mark.parametrize(
+    ("markdown", "html"),
+    [
+        ("**bold** and `code`", "<p><strong>bold</strong> and <code>code</code></p>"),
+        ("```py\nx = 1\n```", '<pre><code class="language-py">x = 1\n</code></pre>'),
+        ("<script>alert(1)</script>", "<p>&lt;script&gt;alert(1)&lt;/script&gt;</p>"),
+        ("[x](javascript:alert(1))", "<p>[x](javascript:alert(1))</p>"),
+        ("[x](https://example.org)", '<p><a href="https://example.org">x</a></p>'),
+        ("~~gone~~", "<p><s>gone</s></p>"),
+    ],
+)
+def test_markdown_is_rendered_and_sanitised(markdown: str, html: str) -> None:
+    assert MarkdownRenderer().html(markdown) == html
+
+
+def test_tables_render() -> None:
+    html = MarkdownRenderer().html("| a | b |\n|---|---|\n| 1 | 2 |")
+    assert "<table>" in html
+    assert "<td>1</td>" in html
+
+
+def test_backoff_doubles_with_jitter_up_to_the_cap_and_resets() -> None:
+    backoff = Backoff(base=1.0, cap=8.0, rng=random.Random(7))
+    delays = [backoff.next_delay() for _ in range(6)]
+    for delay, ceiling in zip(delays, [1, 2, 4, 8, 8, 8], strict=True):
+        assert ceiling / 2 <= delay <= ceiling
+    assert backoff.failures == 6
+    backoff.reset()
+    assert backoff.failures == 0
+    assert backoff.next_delay() <= 1.0
+
+
+def test_backoff_rejects_a_zero_base() -> None:
+    with pytest.raises(ValueError, match="base"):
+        Backoff(base=0)
+
+
+def test_sync_position_round_trip_is_private(tmp_path: Path) -> None:
+    position = SyncPosition(tmp_path)
+    assert position.load() is None
+    position.save("s1_2_3")
+    position.save("s4_5_6")
+    assert position.load() == "s4_5_6"
+    assert stat.S_IMODE((tmp_path / "sync_position").stat().st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sync_position"]
+
+
+def test_session_file_is_per_user_and_hides_its_token(tmp_path: Path) -> None:
+    sessions = SessionFile(tmp_path)
+    assert sessions.load("@bot:hs") is None
+    saved = SavedSession("@bot:hs", "DEV", "syt_secret")
+    sessions.save(saved)
+    assert sessions.load("@bot:hs") == saved
+    assert sessions.load("@other:hs") is None
+    assert "syt_secret" not in repr(saved)
+    assert stat.S_IMODE((tmp_path / "session.json").stat().st_mode) == 0o600
+    (tmp_path / "session.json").write_text("{not json")
+    assert sessions.load("@bot:hs") is None
+    sessions.forget()
+    assert not (tmp_path / "session.json").exists()
+
+
+def settings(**fields: object) -> MatrixSettings:
+    return MatrixSettings.model_validate(
+        {"homeserver": "https://hs", "user_id": "@bot:hs", **fields}
+    )
+
+
+def test_settings_keep_secrets_out_of_output() -> None:
+    s = settings(access_token="syt_secret", password="hunter2")
+    assert s.access_token.get_secret_value() == "syt_secret"
+    for text in (repr(s), str(s), s.model_dump_json(), json.dumps(s.model_dump(mode="json"))):
+        assert "syt_secret" not in text
+        assert "hunter2" not in text
+
+
+def test_settings_need_a_credential_and_reject_unknown_keys() -> None:
+    with pytest.raises(ValidationError, match=r"access_token or matrix\.password"):
+        settings()
+    with pytest.raises(ValidationError, match="extra"):
+        settings(password="x", acess_token="typo")
+    with pytest.raises(ValidationError, match="user_id"):
+        settings(password="x", user_id="bot")
+    assert settings(password="x").auto_join == "configured"

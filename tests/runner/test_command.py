@@ -1,0 +1,118 @@
+"""argv and environment building: pure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bridge.model import RunId, SessionId
+from runner import MARKER_ENV, InvalidRequest, RunRequest, build_argv, build_env
+
+PROMPT = "rm -rf / ; $(whoami) `id` | & \n 'quoted' \"double\" ✓"
+
+
+def request(**overrides: object) -> RunRequest:
+    fields: dict[str, object] = {
+        "run_id": RunId("run-1"),
+        "claude_bin": "claude",
+        "cwd": Path("/tmp"),
+        "prompt": PROMPT,
+        "session_id": None,
+    }
+    fields.update(overrides)
+    return RunRequest(**fields)  # type: ignore[arg-type]
+
+
+def test_minimal_argv() -> None:
+    assert build_argv(request()) == [
+        "claude",
+        "-p",
+        "--output-format",
+        "stream-json",
+        "--verbose",
+        "--",
+    ]
+
+
+def test_every_option_in_order() -> None:
+    argv = build_argv(
+        request(
+            session_id=SessionId("abc-123"),
+            model="sonnet",
+            permission_mode="acceptEdits",
+            allowed_tools=("Bash(git *)", "Edit"),
+            disallowed_tools=("WebFetch",),
+            append_system_prompt="Be brief.",
+            max_turns=7,
+            extra_args=("--add-dir", "/srv"),
+        )
+    )
+    assert argv == [
+        "claude",
+        "-p",
+        "--output-format",
+        "stream-json",
+        "--verbose",
+        "--resume=abc-123",
+        "--model",
+        "sonnet",
+        "--permission-mode",
+        "acceptEdits",
+        "--allowedTools",
+        "Bash(git *)",
+        "Edit",
+        "--disallowedTools",
+        "WebFetch",
+        "--append-system-prompt",
+        "Be brief.",
+        "--max-turns",
+        "7",
+        "--add-dir",
+        "/srv",
+        "--",
+    ]
+
+
+def test_prompt_never_in_argv() -> None:
+    argv = build_argv(request(allowed_tools=("Bash",), append_system_prompt="x"))
+    assert all(PROMPT not in arg for arg in argv)
+
+
+def test_argv_ends_options_so_variadic_tools_swallow_nothing() -> None:
+    argv = build_argv(request(allowed_tools=("Bash",), disallowed_tools=("Edit",)))
+    assert argv[-1] == "--"
+    assert argv.count("--") == 1
+
+
+@pytest.mark.parametrize("rule", ["--model", "-x", ""])
+def test_tool_rule_that_looks_like_an_option_is_refused(rule: str) -> None:
+    with pytest.raises(InvalidRequest, match="invalid tool rule"):
+        build_argv(request(allowed_tools=("Bash", rule)))
+
+
+def test_negative_max_turns_is_refused() -> None:
+    with pytest.raises(InvalidRequest, match="max_turns"):
+        build_argv(request(max_turns=-1))
+
+
+def test_env_drops_claudecode_adds_extra_and_marker() -> None:
+    base = {"PATH": "/usr/bin", "CLAUDECODE": "1", "HOME": "/root"}
+    env = build_env(request(env={"ANTHROPIC_API_KEY": "k", "HOME": "/home/x"}), base)
+    assert env == {
+        "PATH": "/usr/bin",
+        "HOME": "/home/x",
+        "ANTHROPIC_API_KEY": "k",
+        MARKER_ENV: "run-1",
+    }
+    assert base["CLAUDECODE"] == "1"  # the service's own environment is untouched
+
+
+def test_extra_env_cannot_hide_the_marker_or_reintroduce_claudecode() -> None:
+    env = build_env(request(env={MARKER_ENV: "other", "CLAUDECODE": "1"}), {})
+    assert env == {MARKER_ENV: "run-1"}
+
+
+def test_empty_run_id_is_refused() -> None:
+    with pytest.raises(InvalidRequest, match="empty run id"):
+        build_env(request(run_id=RunId("")), {})

@@ -1,0 +1,153 @@
+"""The real claude binary against the scripted model server: stop and resume.
+
+The model server scripts the model's answers, so the real CLI runs real
+shell commands through its Bash tool, offline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.model import RunId, RunStatus
+from runner import Init, Result, RunRequest, ToolResult, ToolUse, run_claude
+from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin, claude_env
+from tests.runner.conftest import Recorder, is_alive, pids_with_marker
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.claude,
+    pytest.mark.skipif(not claude_bin().exists(), reason="claude binary not installed"),
+]
+
+
+def real_request(
+    run_id: RunId, tmp_path: Path, server: ModelServer, prompt: str, **overrides: Any
+) -> RunRequest:
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    fields: dict[str, Any] = {
+        "run_id": run_id,
+        "claude_bin": str(claude_bin()),
+        "cwd": work,
+        "prompt": prompt,
+        "session_id": None,
+        "permission_mode": "bypassPermissions",
+        "allowed_tools": ("Bash",),
+        "env": claude_env(server.url, tmp_path / "home"),
+        "run_timeout_s": 90,
+        "idle_timeout_s": 90,
+        "stop_grace_s": 2.0,
+    }
+    fields.update(overrides)
+    return RunRequest(**fields)
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+async def until(condition: Callable[[], bool], within: float = 60.0) -> None:
+    """Poll a condition about other processes (nothing to await on for those)."""
+    async with asyncio.timeout(within):
+        while not condition():
+            await asyncio.sleep(0.05)
+
+
+def marked_with(run_id: RunId, command: str) -> list[int]:
+    return [pid for pid in pids_with_marker(run_id) if cmdline(pid) == command]
+
+
+async def test_stop_leaves_no_tool_process(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    # claude 2.1 refuses Bash commands built around ``sleep`` ("use Monitor"),
+    # so tail -f stands in for a process that runs until it is killed.
+    background = "tail -f /dev/null"
+    foreground = "tail -f /etc/hostname"
+    script = [
+        Turn(
+            tools=(ToolCall("Bash", {"command": f"{background} >/dev/null 2>&1 & echo started"}),)
+        ),
+        Turn(tools=(ToolCall("Bash", {"command": foreground, "timeout": 600000}),)),
+    ]
+    async with ModelServer(script) as server:
+        task = asyncio.create_task(
+            run_claude(real_request(run_id, tmp_path, server, "start things"), recorder)
+        )
+        await until(
+            lambda: bool(marked_with(run_id, background) and marked_with(run_id, foreground))
+        )
+        sleepers = marked_with(run_id, background) + marked_with(run_id, foreground)
+        assert any(isinstance(e, ToolResult) and "started" in e.content for e in recorder.events)
+
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    assert pids_with_marker(run_id) == []
+    assert not any(is_alive(pid) for pid in sleepers)
+
+
+async def test_resume_continues_the_conversation(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    script = [
+        Turn(text="Let me check.", tools=(ToolCall("Bash", {"command": "echo tool-output-42"}),)),
+        Turn(text="The secret word is noted."),
+        Turn(text="You said pineapple."),
+    ]
+    async with ModelServer(script) as server:
+        first = await run_claude(
+            real_request(run_id, tmp_path, server, "The secret word is pineapple."), recorder
+        )
+        assert first.status is RunStatus.SUCCEEDED, first.error
+        assert first.result_text == "The secret word is noted."
+        assert first.session_id is not None
+        (init,) = recorder.of(Init)
+        assert init.session_id == first.session_id
+        (tool_use,) = recorder.of(ToolUse)
+        assert tool_use.input == {"command": "echo tool-output-42"}
+        (tool_result,) = recorder.of(ToolResult)
+        assert "tool-output-42" in tool_result.content
+        assert len(recorder.of(Result)) == 1
+
+        second = await run_claude(
+            real_request(
+                run_id, tmp_path, server, "What was the word?", session_id=first.session_id
+            ),
+            recorder,
+        )
+        assert second.status is RunStatus.SUCCEEDED, second.error
+        assert second.result_text == "You said pineapple."
+        assert second.session_id == first.session_id
+
+        last = server.agent_requests[-1]
+        texts = "\n".join(last.texts())
+        for earlier in ("The secret word is pineapple.", "tool-output-42", "noted", "What was"):
+            assert earlier in texts
+    assert pids_with_marker(run_id) == []
+
+
+async def test_resume_of_unknown_session(run_id: RunId, tmp_path: Path, recorder: Recorder) -> None:
+    async with ModelServer([]) as server:
+        report = await run_claude(
+            real_request(
+                run_id,
+                tmp_path,
+                server,
+                "hello",
+                session_id="0b5c1d7e-4a3f-4c2b-9d8e-7f6a5b4c3d2e",
+            ),
+            recorder,
+        )
+    assert report.status is RunStatus.FAILED
+    assert report.session_not_found, report.error
+    assert server.agent_requests == []

@@ -1,0 +1,133 @@
+"""A scriptable stand-in for Slack's side of Socket Mode and the Web API.
+
+Only for what local-slack cannot show: ``disconnect`` envelopes, dropped
+sockets, redelivered envelopes and ``429`` answers. Frames follow Slack's
+documented Socket Mode payloads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import WSMsgType, web
+from aiohttp.test_utils import TestServer
+
+BOT_USER = "U0FAKEBOT"
+CHANNEL = "C0FAKE"
+
+
+def message_envelope(
+    envelope_id: str, ts: str, text: str, user: str = "U0ALICE", retry_attempt: int = 0
+) -> dict[str, Any]:
+    """An ``events_api`` envelope carrying a channel message, as Slack sends it."""
+    return {
+        "envelope_id": envelope_id,
+        "type": "events_api",
+        "accepts_response_payload": False,
+        "retry_attempt": retry_attempt,
+        "retry_reason": "timeout" if retry_attempt else "",
+        "payload": {
+            "token": "t",
+            "team_id": "T0FAKE",
+            "api_app_id": "A0FAKE",
+            "type": "event_callback",
+            "event_id": f"Ev{envelope_id}",
+            "event_time": 1,
+            "event": {
+                "type": "message",
+                "channel": CHANNEL,
+                "channel_type": "channel",
+                "user": user,
+                "text": text,
+                "ts": ts,
+                "event_ts": ts,
+            },
+        },
+    }
+
+
+HELLO = {"type": "hello", "num_connections": 1, "connection_info": {"app_id": "A0FAKE"}}
+
+
+def disconnect(reason: str) -> dict[str, Any]:
+    return {"type": "disconnect", "reason": reason, "debug_info": {"host": "fake"}}
+
+
+@dataclass
+class FakeSlack:
+    """Web API + Socket Mode endpoint; the test drives each WebSocket it accepts."""
+
+    server: TestServer
+    sockets: asyncio.Queue[web.WebSocketResponse] = field(default_factory=asyncio.Queue)
+    acks: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
+    calls: list[str] = field(default_factory=list)
+    rate_limited: dict[str, list[int]] = field(default_factory=dict)
+    """Method -> Retry-After values to answer with 429 before answering normally."""
+    errors: dict[str, list[str]] = field(default_factory=dict)
+    """Method -> Slack error codes to answer with (``ok: false``) before answering normally."""
+
+    @property
+    def api_url(self) -> str:
+        return str(self.server.make_url("/api/"))
+
+    def calls_to(self, method: str) -> int:
+        return self.calls.count(method)
+
+
+FAKE = web.AppKey("fake", FakeSlack)
+
+
+async def _api(request: web.Request) -> web.StreamResponse:
+    fake: FakeSlack = request.app[FAKE]
+    method = request.match_info["method"]
+    fake.calls.append(method)
+    pending = fake.rate_limited.get(method)
+    if pending:
+        retry_after = pending.pop(0)
+        return web.json_response(
+            {"ok": False, "error": "ratelimited"},
+            status=429,
+            headers={"Retry-After": str(retry_after)},
+        )
+    failures = fake.errors.get(method)
+    if failures:
+        return web.json_response({"ok": False, "error": failures.pop(0)})
+    if method == "auth.test":
+        return web.json_response(
+            {"ok": True, "user_id": BOT_USER, "bot_id": "B0FAKE", "team_id": "T0FAKE"}
+        )
+    if method == "apps.connections.open":
+        return web.json_response({"ok": True, "url": str(fake.server.make_url("/socket"))})
+    if method == "chat.postMessage":
+        return web.json_response({"ok": True, "channel": CHANNEL, "ts": f"{len(fake.calls)}.0"})
+    return web.json_response({"ok": True})
+
+
+async def _socket(request: web.Request) -> web.StreamResponse:
+    fake: FakeSlack = request.app[FAKE]
+    ws = web.WebSocketResponse()
+    await ws.prepare(request)
+    await fake.sockets.put(ws)
+    async for frame in ws:
+        if frame.type is WSMsgType.TEXT:
+            data = json.loads(frame.data)
+            if "envelope_id" in data:
+                await fake.acks.put(data["envelope_id"])
+    return ws
+
+
+@asynccontextmanager
+async def fake_slack() -> AsyncIterator[FakeSlack]:
+    app = web.Application()
+    app.router.add_post("/api/{method}", _api)
+    app.router.add_get("/socket", _socket)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    fake = FakeSlack(server)
+    app[FAKE] = fake
+    async with server:
+        yield fake

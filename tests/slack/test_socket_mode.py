@@ -1,0 +1,182 @@
+"""Socket Mode contract tests: disconnects, dropped sockets and redeliveries.
+
+local-slack neither sends ``disconnect`` envelopes nor redelivers, so these
+run against :mod:`tests.slack.fake_slack`, which speaks Slack's documented frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from bridge.model import RoomId
+from tests.slack.fake_slack import (
+    BOT_USER,
+    CHANNEL,
+    HELLO,
+    FakeSlack,
+    disconnect,
+    fake_slack,
+    message_envelope,
+)
+from tests.slack.harness import RecordingSink
+from transports.base import RoomBinding
+from transports.slack.backoff import Backoff
+from transports.slack.settings import SlackSettings
+from transports.slack.transport import SlackTransport
+
+
+@dataclass
+class Session:
+    fake: FakeSlack
+    transport: SlackTransport
+    sink: RecordingSink
+    ready: asyncio.Event
+
+    async def next_socket(self) -> web.WebSocketResponse:
+        """Wait for the transport's next connection and greet it."""
+        async with asyncio.timeout(10):
+            ws = await self.fake.sockets.get()
+        await ws.send_json(HELLO)
+        return ws
+
+    async def ack(self) -> str:
+        async with asyncio.timeout(10):
+            return await self.fake.acks.get()
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@asynccontextmanager
+async def session(
+    clock: ManualClock | None = None, backoff: Backoff | None = None
+) -> AsyncIterator[Session]:
+    async with fake_slack() as fake:
+        settings = SlackSettings(
+            mode="socket", bot_token="xoxb-x", app_token="xapp-x", api_url=fake.api_url
+        )
+        transport = SlackTransport(
+            settings,
+            [RoomBinding(RoomId(CHANNEL))],
+            backoff=backoff or Backoff(base=0.01, cap=0.05),
+            clock=clock or ManualClock(),
+        )
+        sink = RecordingSink()
+        ready = asyncio.Event()
+        async with asyncio.TaskGroup() as tg:
+            task = tg.create_task(transport.run(sink, ready))
+            try:
+                yield Session(fake, transport, sink, ready)
+            finally:
+                task.cancel()
+
+
+async def test_ack_follows_the_hand_over_and_ready_follows_hello() -> None:
+    async with session() as s:
+        ws = await s.next_socket()
+        async with asyncio.timeout(10):
+            await s.ready.wait()
+        assert s.transport.connected
+        await ws.send_json(message_envelope("E1", "1.000001", "hello"))
+        assert await s.ack() == "E1"
+        assert s.sink.texts == ["hello"]
+
+
+async def test_disconnect_envelope_reconnects_without_loss_or_doubling() -> None:
+    async with session() as s:
+        first = await s.next_socket()
+        await first.send_json(message_envelope("E1", "1.000001", "before"))
+        assert await s.ack() == "E1"
+        await first.send_json(disconnect("refresh_requested"))
+        second = await s.next_socket()
+        # Slack redelivers what it has no ack for; here E1 again, as if the ack was lost.
+        await second.send_json(message_envelope("E1", "1.000001", "before", retry_attempt=1))
+        await second.send_json(message_envelope("E2", "1.000002", "after"))
+        assert [await s.ack(), await s.ack()] == ["E1", "E2"]
+        assert s.sink.texts == ["before", "after"]
+        assert s.fake.calls_to("apps.connections.open") == 2
+        assert s.transport.connections == 2
+        assert s.transport.reconnects == 1
+
+
+async def test_unsettled_envelope_is_not_acked_and_is_taken_on_redelivery() -> None:
+    async with session() as s:
+        first = await s.next_socket()
+        s.sink.fail_next = 1
+        await first.send_json(message_envelope("E1", "1.000001", "store down"))
+        await first.send_json(message_envelope("E2", "1.000002", "store back"))
+        # Envelopes are handled in order: E2's ack means E1 was handled, unacked.
+        assert await s.ack() == "E2"
+        await first.close()  # the socket drops: reconnect with backoff
+        second = await s.next_socket()
+        await second.send_json(message_envelope("E1", "1.000001", "store down", retry_attempt=1))
+        assert await s.ack() == "E1"
+        assert s.sink.texts == ["store back", "store down"]
+
+
+async def test_own_messages_and_other_events_are_acked_and_dropped() -> None:
+    async with session() as s:
+        ws = await s.next_socket()
+        await ws.send_json(message_envelope("E1", "1.000001", "echo", user=BOT_USER))
+        other = message_envelope("E2", "1.000002", "")
+        other["payload"]["event"] = {"type": "reaction_added", "user": "U0ALICE", "reaction": "x"}
+        await ws.send_json(other)
+        edit = message_envelope("E3", "1.000003", "")
+        edit["payload"]["event"].update(subtype="message_changed", message={"text": "edited"})
+        await ws.send_json(edit)
+        await ws.send_json(message_envelope("E4", "1.000004", "real"))
+        assert [await s.ack() for _ in range(4)] == ["E1", "E2", "E3", "E4"]
+        assert s.sink.texts == ["real"]
+
+
+async def test_error_answers_back_off_and_recover() -> None:
+    async with session() as s:
+        s.fake.errors["apps.connections.open"] = ["internal_error", "internal_error"]
+        s.fake.errors["auth.test"] = ["fatal_error"]
+        ws = await s.next_socket()
+        async with asyncio.timeout(10):
+            await s.ready.wait()
+        await ws.send_json(message_envelope("E1", "1.000001", "finally"))
+        assert await s.ack() == "E1"
+        assert s.fake.calls_to("apps.connections.open") == 3
+        assert s.sink.texts == ["finally"]
+
+
+async def test_socket_mode_disabled_is_an_error_retried_with_backoff() -> None:
+    async with session() as s:
+        first = await s.next_socket()
+        await first.send_json(disconnect("link_disabled"))
+        second = await s.next_socket()
+        await second.send_json(message_envelope("E1", "1.000001", "still here"))
+        assert await s.ack() == "E1"
+        assert s.sink.texts == ["still here"]
+        assert s.transport.connections == 2
+
+
+async def test_only_a_connection_that_held_up_resets_the_backoff() -> None:
+    clock = ManualClock()
+    backoff = Backoff(base=0.001, cap=0.01)
+    async with session(clock, backoff) as s:
+        await (await s.next_socket()).close()  # drops at once
+        second = await s.next_socket()
+        assert backoff.failures == 1
+        # Frames are handled in order: this ack means hello was seen at time 0.
+        await second.send_json(message_envelope("E1", "1.000001", "sync"))
+        assert await s.ack() == "E1"
+        clock.now += 31  # this one holds up
+        await second.close()
+        third = await s.next_socket()
+        assert backoff.failures == 1
+        await third.close()
+        await s.next_socket()
+        assert backoff.failures == 2

@@ -1,0 +1,184 @@
+"""Pure parts of the Slack transport: settings, event filtering, mrkdwn, backoff."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from transports.slack.backoff import Backoff
+from transports.slack.inbound import RecentKeys, mentions, to_inbound
+from transports.slack.mrkdwn import to_mrkdwn
+from transports.slack.settings import SlackSettings
+
+BOT = "U0BOT"
+ROOMS = frozenset({"C1", "D1"})
+
+
+def event(**fields: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "type": "message",
+        "channel": "C1",
+        "user": "U0ALICE",
+        "text": "hi",
+        "ts": "1.000001",
+    }
+    base.update(fields)
+    return {k: v for k, v in base.items() if v is not None}
+
+
+# --- settings -----------------------------------------------------------------
+
+
+def test_settings_keep_secrets_out_of_repr_and_dumps() -> None:
+    settings = SlackSettings(bot_token="xoxb-HUSH1", app_token="xapp-HUSH2", signing_secret="HUSH3")
+    shown = repr(settings) + settings.model_dump_json() + str(settings.model_dump())
+    assert "HUSH" not in shown
+    assert settings.bot_token.get_secret_value() == "xoxb-HUSH1"
+
+
+@pytest.mark.parametrize(
+    ("values", "problem"),
+    [
+        ({"app_token": "xapp-1"}, "bot_token is required"),
+        ({"bot_token": "xoxb-1"}, "app_token is required"),
+        ({"bot_token": "xoxb-1", "mode": "events"}, "signing_secret is required"),
+        ({"bot_token": "b", "app_token": "a", "listen": "nope"}, "host:port"),
+        ({"bot_token": "b", "app_token": "a", "tokens": "x"}, "Extra inputs"),
+    ],
+)
+def test_settings_fail_fast(values: dict[str, Any], problem: str) -> None:
+    with pytest.raises(ValidationError, match=problem):
+        SlackSettings.model_validate(values)
+
+
+def test_settings_normalise_the_api_url_and_split_listen() -> None:
+    settings = SlackSettings(
+        mode="events",
+        bot_token="b",
+        signing_secret="s",
+        api_url="http://127.0.0.1:9/api",
+        listen="[::1]:3001",
+    )
+    assert settings.api_url == "http://127.0.0.1:9/api/"
+    assert (settings.listen_host, settings.listen_port) == ("::1", 3001)
+
+
+# --- inbound --------------------------------------------------------------------
+
+
+def test_a_plain_message_becomes_an_inbound_message() -> None:
+    message = to_inbound(event(thread_ts="0.5"), BOT, "B0BOT", ROOMS)
+    assert message is not None
+    assert (message.room.transport, message.room.room_id) == ("slack", "C1")
+    assert (message.sender, message.text, message.external_id) == ("U0ALICE", "hi", "1.000001")
+    assert message.thread == "0.5"
+    assert not message.sender_is_bot
+    assert not message.mentions_bot
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"channel": "C_OTHER"},
+        {"user": BOT},
+        {"bot_id": "B0BOT", "user": None, "subtype": "bot_message"},
+        {"subtype": "message_changed"},
+        {"subtype": "message_deleted"},
+        {"subtype": "channel_join"},
+        {"hidden": True},
+        {"ts": None},
+        {"user": None},
+        {"type": "reaction_added"},
+    ],
+)
+def test_events_that_are_not_new_human_text_are_dropped(fields: dict[str, Any]) -> None:
+    assert to_inbound(event(**fields), BOT, "B0BOT", ROOMS) is None
+
+
+@pytest.mark.parametrize("subtype", ["thread_broadcast", "file_share", "me_message"])
+def test_human_subtypes_are_kept(subtype: str) -> None:
+    assert to_inbound(event(subtype=subtype), BOT, "B0BOT", ROOMS) is not None
+
+
+def test_other_bots_are_passed_on_flagged() -> None:
+    by_user = to_inbound(event(bot_id="B0OTHER"), BOT, "B0BOT", ROOMS)
+    legacy = to_inbound(event(user=None, bot_id="B0OLD", subtype="bot_message"), BOT, None, ROOMS)
+    assert by_user is not None
+    assert by_user.sender_is_bot
+    assert legacy is not None
+    assert legacy.sender_is_bot
+    assert legacy.sender == "B0OLD"
+
+
+def test_mentions_are_recognised_in_text_and_app_mention_events() -> None:
+    assert mentions("hey <@U0BOT> look", BOT)
+    assert mentions("<@U0BOT|bridge>: look", BOT)
+    assert not mentions("hey <@U0BOTX> and U0BOT", BOT)
+    via_text = to_inbound(event(text="<@U0BOT> go"), BOT, None, ROOMS)
+    via_event = to_inbound(event(type="app_mention", text="go"), BOT, None, ROOMS)
+    assert via_text is not None
+    assert via_text.mentions_bot
+    assert via_event is not None
+    assert via_event.mentions_bot
+
+
+def test_recent_keys_forget_the_oldest() -> None:
+    recent = RecentKeys(size=2)
+    for ts in ("1", "2", "3"):
+        recent.add(("C1", ts))
+    assert ("C1", "1") not in recent
+    assert ("C1", "2") in recent
+    assert ("C1", "3") in recent
+
+
+# --- mrkdwn ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("markdown", "mrkdwn"),
+    [
+        ("**bold** and __bold__", "*bold* and *bold*"),
+        ("*em* and _em_", "_em_ and _em_"),
+        ("~~gone~~", "~gone~"),
+        ("[docs](https://x.test/?a=1&b=2)", "<https://x.test/?a=1&amp;b=2|docs>"),
+        ("see <https://x.test>", "see <https://x.test>"),
+        ("a < b && c > d", "a &lt; b &amp;&amp; c &gt; d"),
+        ("`**not bold** <x>`", "`**not bold** &lt;x&gt;`"),
+        ("## Heading **strong**", "*Heading strong*"),
+        ("- one\n  * two", "• one\n  • two"),
+        ("> quoted **b**", "> quoted *b*"),
+        ("snake_case_name and 2*3*4", "snake_case_name and 2*3*4"),
+        ("---", "──────────"),
+    ],
+)
+def test_markdown_becomes_mrkdwn(markdown: str, mrkdwn: str) -> None:
+    assert to_mrkdwn(markdown) == mrkdwn
+
+
+def test_code_fences_lose_the_info_string_and_keep_their_content() -> None:
+    source = "```python\nif a < b:\n    print('**x**')\n```\ntext"
+    assert to_mrkdwn(source) == "```\nif a &lt; b:\n    print('**x**')\n```\ntext"
+
+
+def test_tables_and_unterminated_fences_become_closed_code_blocks() -> None:
+    assert to_mrkdwn("| a | b |\n|---|---|\nafter") == "```\n| a | b |\n|---|---|\n```\nafter"
+    assert to_mrkdwn("~~~\nopen") == "```\nopen\n```"
+
+
+# --- backoff --------------------------------------------------------------------
+
+
+def test_backoff_doubles_up_to_the_cap_and_resets() -> None:
+    backoff = Backoff(base=0.5, cap=4.0, rand=lambda: 1.0)
+    assert [backoff.next_delay() for _ in range(6)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    backoff.reset()
+    assert backoff.next_delay() == 0.5
+
+
+def test_backoff_jitter_is_drawn_below_the_ceiling_but_never_zero() -> None:
+    draws = iter([0.5, 0.0])
+    backoff = Backoff(base=1.0, cap=10.0, rand=lambda: next(draws))
+    assert backoff.next_delay() == 0.5
+    assert backoff.next_delay() == pytest.approx(0.1)

@@ -1,0 +1,561 @@
+"""The Store contract, run against every backend (memory, SQLite, PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from bridge.model import (
+    Batch,
+    ExternalMessageId,
+    InboundMessage,
+    Message,
+    MessageId,
+    MessageState,
+    RoomId,
+    RoomKey,
+    RunId,
+    RunReport,
+    RunStatus,
+    SessionId,
+    TransportName,
+    UserId,
+)
+from bridge.store.base import AuditAction, AuditRecord, StoreError
+from bridge.store.rules import EXCERPT_LIMIT_BYTES
+from tests.store.conftest import InspectableStore
+
+ROOM = RoomKey(TransportName("matrix"), RoomId("!a:localhost"))
+OTHER_ROOM = RoomKey(TransportName("matrix"), RoomId("!b:localhost"))
+SLACK_ROOM = RoomKey(TransportName("slack"), RoomId("!a:localhost"))  # same id, other transport
+ALICE = UserId("@alice:localhost")
+BOB = UserId("@bob:localhost")
+
+
+def inbound(
+    external_id: str, room: RoomKey = ROOM, text: str = "hello", thread: str | None = None
+) -> InboundMessage:
+    return InboundMessage(
+        room=room,
+        sender=ALICE,
+        text=text,
+        external_id=ExternalMessageId(external_id),
+        thread=thread,
+    )
+
+
+async def accept(
+    store: InspectableStore, external_id: str, at: float = 100.0, room: RoomKey = ROOM
+) -> Message:
+    message = await store.accept(inbound(external_id, room), at)
+    assert message is not None
+    return message
+
+
+async def accept_many(store: InspectableStore, n: int, at: float = 100.0) -> list[Message]:
+    return [await accept(store, f"$e{i}", at + i) for i in range(n)]
+
+
+async def start(
+    store: InspectableStore, run_id: str, messages: list[Message], at: float = 200.0
+) -> RunId:
+    rid = RunId(run_id)
+    await store.start_run(rid, Batch(messages[0].room, tuple(messages)), at)
+    return rid
+
+
+def actions(trail: list[AuditRecord]) -> Counter[AuditAction]:
+    return Counter(a.action for a in trail)
+
+
+# Accepting messages
+
+
+async def test_accept_records_pending_message(store: InspectableStore) -> None:
+    msg = await store.accept(inbound("$1", text="do it", thread="t1"), 123.25)
+    assert msg is not None
+    assert (msg.room, msg.sender, msg.text, msg.external_id, msg.received_at, msg.thread) == (
+        ROOM,
+        ALICE,
+        "do it",
+        "$1",
+        123.25,
+        "t1",
+    )
+    assert await store.pending_messages() == [msg]
+    assert await store.messages([msg.id]) == [msg]
+    assert await store.message_states([msg.id]) == {msg.id: MessageState.PENDING}
+    [row] = await store.audit_trail(message_id=msg.id)
+    assert (row.action, row.room, row.actor, row.at) == (
+        AuditAction.MESSAGE_ACCEPTED,
+        ROOM,
+        ALICE,
+        123.25,
+    )
+
+
+async def test_ids_increase_in_acceptance_order_across_rooms(store: InspectableStore) -> None:
+    a = await accept(store, "$1", room=ROOM)
+    b = await accept(store, "$1", room=OTHER_ROOM)
+    c = await accept(store, "$2", room=ROOM)
+    assert a.id < b.id < c.id
+    assert [m.id for m in await store.pending_messages()] == [a.id, b.id, c.id]
+
+
+async def test_redelivery_returns_none_and_records_nothing(store: InspectableStore) -> None:
+    first = await accept(store, "$1")
+    trail_before = await store.audit_trail()
+    assert await store.accept(inbound("$1", text="different text"), 999.0) is None
+    assert await store.pending_messages() == [first]
+    assert await store.audit_trail() == trail_before
+
+
+async def test_same_external_id_in_other_room_or_transport_is_new(store: InspectableStore) -> None:
+    await accept(store, "$1", room=ROOM)
+    assert await store.accept(inbound("$1", room=OTHER_ROOM), 1.0) is not None
+    assert await store.accept(inbound("$1", room=SLACK_ROOM), 1.0) is not None
+
+
+async def test_concurrent_redeliveries_yield_exactly_one_message(store: InspectableStore) -> None:
+    results = await asyncio.gather(*(store.accept(inbound("$dup"), 1.0) for _ in range(30)))
+    accepted = [r for r in results if r is not None]
+    assert len(accepted) == 1
+    assert await store.pending_messages() == accepted
+    assert actions(await store.audit_trail()) == {AuditAction.MESSAGE_ACCEPTED: 1}
+
+
+async def test_concurrent_distinct_accepts_all_commit(store: InspectableStore) -> None:
+    results = await asyncio.gather(*(store.accept(inbound(f"$m{i}"), 1.0) for i in range(30)))
+    ids = {r.id for r in results if r is not None}
+    assert len(ids) == 30
+    assert len(await store.pending_messages()) == 30
+
+
+async def test_record_ignored_audits_without_text(store: InspectableStore) -> None:
+    secret = "the secret text"
+    await store.record_ignored(inbound("$x", text=secret), "not allowed", 5.0)
+    assert await store.pending_messages() == []
+    [row] = await store.audit_trail(room=ROOM)
+    assert (row.action, row.actor, row.message_id, row.at) == (
+        AuditAction.MESSAGE_IGNORED,
+        ALICE,
+        None,
+        5.0,
+    )
+    assert "not allowed" in row.detail
+    assert "$x" in row.detail
+    assert secret not in row.detail
+    # An ignored message was not accepted: a later delivery still is.
+    assert await store.accept(inbound("$x"), 6.0) is not None
+
+
+async def test_complete_command_marks_done(store: InspectableStore) -> None:
+    command, other = await accept_many(store, 2)
+    await store.complete_command(command.id)
+    assert await store.pending_messages() == [other]
+    assert (await store.message_states([command.id]))[command.id] is MessageState.DONE
+
+
+async def test_messages_skips_unknown_ids_and_sorts(store: InspectableStore) -> None:
+    a, b = await accept_many(store, 2)
+    assert await store.messages([b.id, MessageId(10_000), a.id]) == [a, b]
+    assert await store.messages([]) == []
+
+
+# Runs
+
+
+async def test_start_run_dispatches_and_audits_per_message(store: InspectableStore) -> None:
+    msgs = await accept_many(store, 3)
+    rid = await start(store, "run-1", msgs, at=200.0)
+    assert await store.pending_messages() == []
+    states = await store.message_states([m.id for m in msgs])
+    assert set(states.values()) == {MessageState.DISPATCHED}
+
+    run = await store.get_run(rid)
+    assert run is not None
+    assert (run.id, run.room, run.status, run.started_at, run.ended_at, run.pid, run.report) == (
+        rid,
+        ROOM,
+        RunStatus.RUNNING,
+        200.0,
+        None,
+        None,
+        None,
+    )
+    assert run.message_ids == tuple(m.id for m in msgs)
+    assert await store.running_runs() == [run]
+
+    trail = await store.audit_trail(run_id=rid)
+    assert actions(trail) == {AuditAction.MESSAGE_DISPATCHED: 3, AuditAction.RUN_STARTED: 1}
+    dispatched = [a.message_id for a in trail if a.action is AuditAction.MESSAGE_DISPATCHED]
+    assert dispatched == [m.id for m in msgs]
+
+
+async def test_batch_order_is_kept(store: InspectableStore) -> None:
+    a, b = await accept_many(store, 2)
+    rid = await start(store, "run-1", [b, a])
+    run = await store.get_run(rid)
+    assert run is not None
+    assert run.message_ids == (b.id, a.id)
+
+
+async def test_start_run_is_atomic(store: InspectableStore) -> None:
+    [msg] = await accept_many(store, 1)
+    ghost = Message(MessageId(10_000), ROOM, ALICE, "x", ExternalMessageId("$g"), 1.0)
+    with pytest.raises(StoreError):
+        await store.start_run(RunId("run-1"), Batch(ROOM, (msg, ghost)), 1.0)
+    assert await store.get_run(RunId("run-1")) is None
+    assert await store.pending_messages() == [msg]
+    assert actions(await store.audit_trail()) == {AuditAction.MESSAGE_ACCEPTED: 1}
+
+
+async def test_duplicate_run_id_is_an_error(store: InspectableStore) -> None:
+    a, b = await accept_many(store, 2)
+    await start(store, "run-1", [a])
+    with pytest.raises(StoreError):
+        await start(store, "run-1", [b])
+    assert await store.pending_messages() == [b]
+
+
+async def test_set_run_pid(store: InspectableStore) -> None:
+    rid = await start(store, "run-1", await accept_many(store, 1))
+    await store.set_run_pid(rid, 4242)
+    run = await store.get_run(rid)
+    assert run is not None
+    assert run.pid == 4242
+    with pytest.raises(StoreError):
+        await store.set_run_pid(RunId("nope"), 1)
+
+
+async def test_finish_run_records_report(store: InspectableStore) -> None:
+    msgs = await accept_many(store, 2)
+    rid = await start(store, "run-1", msgs, at=200.0)
+    report = RunReport(
+        status=RunStatus.SUCCEEDED,
+        exit_code=0,
+        session_id=SessionId("sess-1"),
+        cost_usd=0.0125,
+        num_turns=3,
+        duration_ms=4567,
+        result_text="the answer",
+        error="",
+    )
+    await store.finish_run(rid, report, 260.5)
+    run = await store.get_run(rid)
+    assert run is not None
+    assert (run.status, run.ended_at, run.report) == (RunStatus.SUCCEEDED, 260.5, report)
+    assert await store.running_runs() == []
+    assert set((await store.message_states([m.id for m in msgs])).values()) == {MessageState.DONE}
+    finished = [
+        a for a in await store.audit_trail(run_id=rid) if a.action is AuditAction.RUN_FINISHED
+    ]
+    assert [(a.at, a.detail) for a in finished] == [(260.5, "succeeded")]
+
+
+@pytest.mark.parametrize(
+    ("status", "state"),
+    [
+        (RunStatus.SUCCEEDED, MessageState.DONE),
+        (RunStatus.STOPPED, MessageState.DROPPED),
+        (RunStatus.FAILED, MessageState.FAILED),
+        (RunStatus.TIMED_OUT, MessageState.FAILED),
+        (RunStatus.STALLED, MessageState.FAILED),
+        (RunStatus.INTERRUPTED, MessageState.FAILED),
+    ],
+)
+async def test_finish_run_settles_messages(
+    store: InspectableStore, status: RunStatus, state: MessageState
+) -> None:
+    msgs = await accept_many(store, 2)
+    rid = await start(store, "run-1", msgs)
+    await store.finish_run(rid, RunReport(status=status, session_not_found=True), 300.0)
+    assert set((await store.message_states([m.id for m in msgs])).values()) == {state}
+    run = await store.get_run(rid)
+    assert run is not None
+    assert run.report is not None
+    assert run.report.session_not_found
+
+
+async def test_finish_run_only_first_report_counts(store: InspectableStore) -> None:
+    msgs = await accept_many(store, 1)
+    rid = await start(store, "run-1", msgs)
+    await store.finish_run(rid, RunReport(status=RunStatus.INTERRUPTED), 300.0)
+    await store.finish_run(rid, RunReport(status=RunStatus.SUCCEEDED), 301.0)
+    run = await store.get_run(rid)
+    assert run is not None
+    assert (run.status, run.ended_at) == (RunStatus.INTERRUPTED, 300.0)
+    assert actions(await store.audit_trail(run_id=rid))[AuditAction.RUN_FINISHED] == 1
+
+
+async def test_finish_unknown_run_is_an_error(store: InspectableStore) -> None:
+    with pytest.raises(StoreError):
+        await store.finish_run(RunId("nope"), RunReport(status=RunStatus.FAILED), 1.0)
+
+
+async def test_excerpts_are_bounded(store: InspectableStore) -> None:
+    rid = await start(store, "run-1", await accept_many(store, 1))
+    long_result = "é" * 50_000  # two bytes each: the cut must not split one
+    long_error = "E" * 50_000
+    await store.finish_run(
+        rid, RunReport(status=RunStatus.FAILED, result_text=long_result, error=long_error), 1.0
+    )
+    run = await store.get_run(rid)
+    assert run is not None
+    assert run.report is not None
+    for kept, original in ((run.report.result_text, long_result), (run.report.error, long_error)):
+        assert len(kept.encode()) <= EXCERPT_LIMIT_BYTES
+        assert len(kept) > 1000
+        assert original.startswith(kept.split("\n")[0])
+        assert kept.endswith("[truncated]")
+
+
+async def test_get_run_unknown_is_none(store: InspectableStore) -> None:
+    assert await store.get_run(RunId("nope")) is None
+    assert await store.last_run(ROOM) is None
+    assert await store.last_retryable_run(ROOM) is None
+
+
+async def test_running_runs_lists_only_running_oldest_first(store: InspectableStore) -> None:
+    a, b, c = await accept_many(store, 3)
+    r1 = await start(store, "r1", [a])
+    r2 = await start(store, "r2", [b])
+    r3 = await start(store, "r3", [c])
+    await store.finish_run(r2, RunReport(status=RunStatus.SUCCEEDED), 1.0)
+    assert [r.id for r in await store.running_runs()] == [r1, r3]
+
+
+async def test_last_run_is_per_room_and_latest(store: InspectableStore) -> None:
+    a = await accept(store, "$1", room=ROOM)
+    b = await accept(store, "$2", room=ROOM)
+    c = await accept(store, "$1", room=OTHER_ROOM)
+    await start(store, "r1", [a], at=10.0)
+    await start(store, "r2", [c], at=11.0)
+    # Same start time as r1: start order still decides.
+    await start(store, "r3", [b], at=10.0)
+    last = await store.last_run(ROOM)
+    other = await store.last_run(OTHER_ROOM)
+    assert last is not None
+    assert other is not None
+    assert (last.id, other.id) == ("r3", "r2")
+    assert await store.last_run(SLACK_ROOM) is None
+
+
+@pytest.mark.parametrize("status", list(RunStatus))
+async def test_last_retryable_run_only_if_last(store: InspectableStore, status: RunStatus) -> None:
+    a, b = await accept_many(store, 2)
+    first = await start(store, "r1", [a])
+    await store.finish_run(first, RunReport(status=RunStatus.FAILED), 1.0)
+    second = await start(store, "r2", [b])
+    if status is not RunStatus.RUNNING:
+        await store.finish_run(second, RunReport(status=status), 2.0)
+    found = await store.last_retryable_run(ROOM)
+    if status.retryable:
+        assert found is not None
+        assert found.id == second
+    else:
+        # r1 failed, but it is not the last run any more.
+        assert found is None
+
+
+async def test_requeue_after_failure_and_rerun(store: InspectableStore) -> None:
+    msgs = await accept_many(store, 3)
+    r1 = await start(store, "r1", msgs)
+    await store.finish_run(r1, RunReport(status=RunStatus.TIMED_OUT), 1.0)
+    failed = await store.last_retryable_run(ROOM)
+    assert failed is not None
+    requeued = await store.requeue(list(reversed(failed.message_ids)))
+    assert requeued == msgs
+    assert await store.pending_messages() == msgs
+
+    r2 = await start(store, "r2", requeued, at=2.0)
+    await store.finish_run(r2, RunReport(status=RunStatus.SUCCEEDED), 3.0)
+    assert set((await store.message_states([m.id for m in msgs])).values()) == {MessageState.DONE}
+    old = await store.get_run(r1)
+    assert old is not None
+    # The old run still lists its messages and its status is unchanged.
+    assert (old.status, old.message_ids) == (RunStatus.TIMED_OUT, tuple(m.id for m in msgs))
+    # Per message: accepted once, dispatched twice (once per run).
+    for m in msgs:
+        assert actions(await store.audit_trail(message_id=m.id)) == {
+            AuditAction.MESSAGE_ACCEPTED: 1,
+            AuditAction.MESSAGE_DISPATCHED: 2,
+        }
+
+
+async def test_requeue_unknown_ids_returns_nothing(store: InspectableStore) -> None:
+    assert await store.requeue([MessageId(10_000)]) == []
+
+
+# Dropping
+
+
+async def test_mark_dropped_audits_live_messages_only(store: InspectableStore) -> None:
+    running, queued, done = await accept_many(store, 3)
+    rid = await start(store, "r0", [done])
+    await store.finish_run(rid, RunReport(status=RunStatus.SUCCEEDED), 1.0)
+    r1 = await start(store, "r1", [running])
+
+    await store.mark_dropped([running.id, queued.id, done.id], BOB, 5.0)
+
+    states = await store.message_states([running.id, queued.id, done.id])
+    assert states == {
+        running.id: MessageState.DROPPED,
+        queued.id: MessageState.DROPPED,
+        done.id: MessageState.DONE,
+    }
+    dropped = [
+        (a.message_id, a.actor, a.run_id, a.room, a.at)
+        for a in await store.audit_trail()
+        if a.action is AuditAction.MESSAGE_DROPPED
+    ]
+    assert dropped == [(running.id, BOB, r1, ROOM, 5.0), (queued.id, BOB, None, ROOM, 5.0)]
+
+    # The stopped run ends afterwards; its dropped message stays dropped.
+    await store.finish_run(r1, RunReport(status=RunStatus.STOPPED), 6.0)
+    assert (await store.message_states([running.id]))[running.id] is MessageState.DROPPED
+    assert await store.last_retryable_run(ROOM) is None
+
+
+# Sessions
+
+
+async def test_sessions_per_room(store: InspectableStore) -> None:
+    assert await store.get_session(ROOM) is None
+    await store.set_session(ROOM, SessionId("s1"))
+    await store.set_session(SLACK_ROOM, SessionId("s9"))
+    assert await store.get_session(ROOM) == "s1"
+    await store.set_session(ROOM, SessionId("s2"))
+    assert await store.get_session(ROOM) == "s2"
+    await store.set_session(ROOM, None)
+    assert await store.get_session(ROOM) is None
+    assert await store.get_session(SLACK_ROOM) == "s9"
+    await store.set_session(OTHER_ROOM, None)  # clearing an unknown room is fine
+    assert await store.get_session(OTHER_ROOM) is None
+
+
+# Audit
+
+
+async def test_audit_filters_combine(store: InspectableStore) -> None:
+    await store.audit(AuditAction.COMMAND, 1.0, room=ROOM, actor=ALICE, detail="!status")
+    await store.audit(AuditAction.STOP_REQUESTED, 2.0, room=ROOM, actor=BOB, run_id=RunId("r1"))
+    await store.audit(AuditAction.RETRY_REQUESTED, 3.0, room=OTHER_ROOM, run_id=RunId("r1"))
+    await store.audit(AuditAction.SESSION_RESET, 4.0, message_id=MessageId(7))
+
+    everything = await store.audit_trail()
+    assert [a.action for a in everything] == [
+        AuditAction.COMMAND,
+        AuditAction.STOP_REQUESTED,
+        AuditAction.RETRY_REQUESTED,
+        AuditAction.SESSION_RESET,
+    ]
+    assert len({a.id for a in everything}) == 4
+    first = everything[0]
+    assert (first.at, first.room, first.actor, first.detail, first.run_id, first.message_id) == (
+        1.0,
+        ROOM,
+        ALICE,
+        "!status",
+        None,
+        None,
+    )
+    assert everything[3].room is None
+    assert [a.at for a in await store.audit_trail(room=ROOM)] == [1.0, 2.0]
+    assert [a.at for a in await store.audit_trail(run_id=RunId("r1"))] == [2.0, 3.0]
+    assert [a.at for a in await store.audit_trail(room=ROOM, run_id=RunId("r1"))] == [2.0]
+    assert [a.at for a in await store.audit_trail(message_id=MessageId(7))] == [4.0]
+
+
+async def test_audit_counts_per_message_in_coalesced_run(store: InspectableStore) -> None:
+    msgs = await accept_many(store, 3)
+    rid = await start(store, "r1", msgs)
+    await store.finish_run(rid, RunReport(status=RunStatus.SUCCEEDED), 9.0)
+    for m in msgs:
+        trail = await store.audit_trail(message_id=m.id)
+        assert actions(trail) == {
+            AuditAction.MESSAGE_ACCEPTED: 1,
+            AuditAction.MESSAGE_DISPATCHED: 1,
+        }
+    assert actions(await store.audit_trail(run_id=rid)) == {
+        AuditAction.MESSAGE_DISPATCHED: 3,
+        AuditAction.RUN_STARTED: 1,
+        AuditAction.RUN_FINISHED: 1,
+    }
+
+
+# Retention
+
+
+async def test_prune_keeps_live_work(store: InspectableStore) -> None:
+    old_pending = await accept(store, "$p", at=10.0)
+    old_dispatched = await accept(store, "$d", at=11.0)
+    running = await start(store, "running", [old_dispatched], at=12.0)
+    old_done = await accept(store, "$x", at=13.0)
+    finished = await start(store, "finished", [old_done], at=14.0)
+    await store.finish_run(finished, RunReport(status=RunStatus.SUCCEEDED), 15.0)
+    await store.audit(AuditAction.COMMAND, 1000.0, detail="recent")
+
+    deleted = await store.prune(older_than=500.0)
+
+    assert await store.pending_messages() == [old_pending]
+    assert await store.messages([old_pending.id, old_dispatched.id, old_done.id]) == [
+        old_pending,
+        old_dispatched,
+    ]
+    still_running = await store.get_run(running)
+    assert still_running is not None
+    assert still_running.status is RunStatus.RUNNING
+    assert await store.running_runs() == [still_running]
+    # The finished run lost its only message, so it went too.
+    assert await store.get_run(finished) is None
+    assert [a.detail for a in await store.audit_trail()] == ["recent"]
+    # Old audit rows: 3 accepted, 2 dispatched, 2 run started, 1 run finished.
+    old_audit = 3 + 2 + 2 + 1
+    assert deleted == old_audit + 1 + 1
+    # A pruned message's id may arrive again and is a new message then.
+    assert await store.accept(inbound("$x"), 2000.0) is not None
+
+
+async def test_prune_keeps_recent_and_runs_with_surviving_messages(
+    store: InspectableStore,
+) -> None:
+    old = await accept(store, "$old", at=10.0)
+    new = await accept(store, "$new", at=900.0)
+    rid = await start(store, "r1", [old, new], at=901.0)
+    await store.finish_run(rid, RunReport(status=RunStatus.FAILED), 902.0)
+
+    await store.prune(older_than=500.0)
+
+    assert await store.messages([old.id, new.id]) == [new]
+    run = await store.get_run(rid)
+    assert run is not None
+    assert run.message_ids == (new.id,)
+    assert len(await store.audit_trail()) == 5  # all but old's "accepted"
+
+
+async def test_ids_are_not_reused_after_prune(store: InspectableStore) -> None:
+    newest = await accept(store, "$1", at=10.0)
+    await store.complete_command(newest.id)
+    assert await store.prune(older_than=500.0) == 2  # the message and its audit row
+    later = await accept(store, "$2", at=600.0)
+    assert later.id > newest.id
+
+
+async def test_prune_of_nothing(store: InspectableStore) -> None:
+    await accept_many(store, 2, at=100.0)
+    assert await store.prune(older_than=50.0) == 0
+
+
+# Lifecycle
+
+
+async def test_ping_and_close(store: InspectableStore) -> None:
+    await store.ping()
+    await store.close()
+    with pytest.raises(StoreError):
+        await store.ping()
+    with pytest.raises(StoreError):
+        await store.accept(inbound("$1"), 1.0)

@@ -1,0 +1,53 @@
+"""The Events API endpoint: an aiohttp server handing requests to Bolt.
+
+Bolt verifies the signature and timestamp (``X-Slack-Signature``,
+``X-Slack-Request-Timestamp``; stale or forged requests get 401), answers
+``url_verification``, and, because the app processes before responding, only
+returns 200 after the listener has handed the message to the service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from aiohttp import web
+from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
+from slack_bolt.app.async_app import AsyncApp
+
+log = logging.getLogger(__name__)
+
+EVENTS_PATH = "/slack/events"
+
+
+def events_application(app: AsyncApp) -> web.Application:
+    """An aiohttp application serving Bolt at :data:`EVENTS_PATH`."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        bolt_request = await to_bolt_request(request)
+        bolt_response = await app.async_dispatch(bolt_request)
+        response: web.StreamResponse = await to_aiohttp_response(bolt_response)
+        return response
+
+    web_app = web.Application()
+    web_app.router.add_post(EVENTS_PATH, handle)
+    return web_app
+
+
+async def serve_events(
+    app: AsyncApp, host: str, port: int, on_listening: Callable[[int], None]
+) -> None:
+    """Serve the endpoint until cancelled; ``on_listening`` gets the bound port."""
+    runner = web.AppRunner(events_application(app), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        # With port 0 the OS picks one; the runner knows which.
+        bound = runner.addresses[0][1] if runner.addresses else port
+        log.info("slack events endpoint listening on %s:%s%s", host, bound, EVENTS_PATH)
+        on_listening(int(bound))
+        await asyncio.Future()  # serve until cancelled
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,108 @@
+"""One Socket Mode connection, read by the transport's own loop.
+
+slack_sdk's Socket Mode clients reconnect in background futures nobody owns,
+retry ``connect()`` internally at a fixed interval, and hide a failing
+connection from their caller. This module does one connection and nothing
+else: it ends (returns or raises) when the connection ends, and the
+transport's loop decides when to open the next one, with backoff.
+
+Protocol (Slack's documented Socket Mode frames): ``apps.connections.open``
+gives a ``wss`` URL; the server sends ``hello``, then envelopes
+``{"envelope_id", "type", "payload", "retry_attempt", ...}`` that are
+acknowledged by sending ``{"envelope_id"}`` back, and ``disconnect``
+(``reason``: ``warning``, ``refresh_requested``, ``link_disabled``) before it
+closes a connection. An envelope without acknowledgement is delivered again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import aiohttp
+from slack_sdk.web.async_client import AsyncWebClient
+
+log = logging.getLogger(__name__)
+
+EnvelopeHandler = Callable[[Mapping[str, Any]], Awaitable[bool]]
+"""Handles one envelope; True means it is settled and may be acknowledged."""
+
+HEARTBEAT_S = 30.0
+"""Ping interval; a connection that stops answering is closed and replaced."""
+
+
+class SocketModeError(Exception):
+    """The Socket Mode connection ended without Slack asking for a reconnect."""
+
+
+class SocketModeConnection:
+    """Opens one Socket Mode WebSocket and serves envelopes until it ends."""
+
+    def __init__(
+        self,
+        client: AsyncWebClient,
+        app_token: str,
+        handle: EnvelopeHandler,
+        session: aiohttp.ClientSession,
+    ) -> None:
+        """``app_token`` is the app-level token (``xapp-``) that opens connections."""
+        self._client = client
+        self._app_token = app_token
+        self._handle = handle
+        self._session = session
+        self.connected = False
+        """True between ``hello`` and the end of the connection."""
+
+    async def serve(self, on_hello: Callable[[], None]) -> None:
+        """Connect and serve envelopes one at a time, in order.
+
+        Returns when Slack sends ``disconnect`` asking for a fresh connection;
+        raises :class:`SocketModeError` when the socket drops or Slack
+        disabled Socket Mode, and Web API errors when no URL can be had.
+        """
+        response = await self._client.apps_connections_open(app_token=self._app_token)
+        url = str(response["url"])
+        try:
+            async with self._session.ws_connect(url, heartbeat=HEARTBEAT_S) as ws:
+                async for frame in ws:
+                    if frame.type is not aiohttp.WSMsgType.TEXT:
+                        continue  # closing frames end the iteration
+                    if not await self._frame(ws, frame.data, on_hello):
+                        return
+                raise SocketModeError(f"socket closed (code {ws.close_code})")
+        finally:
+            self.connected = False
+
+    async def _frame(
+        self, ws: aiohttp.ClientWebSocketResponse, data: str, on_hello: Callable[[], None]
+    ) -> bool:
+        """Handle one text frame; False once this connection should be given up."""
+        try:
+            frame = json.loads(data)
+        except ValueError:
+            log.warning("slack socket mode: ignoring a frame that is not JSON")
+            return True
+        if not isinstance(frame, dict):
+            return True
+        kind = frame.get("type")
+        if kind == "hello":
+            self.connected = True
+            on_hello()
+            return True
+        if kind == "disconnect":
+            reason = frame.get("reason", "")
+            if reason == "link_disabled":
+                raise SocketModeError("Socket Mode is disabled for this app (link_disabled)")
+            log.info("slack socket mode: server asked to reconnect (%s)", reason)
+            return False
+        envelope_id = frame.get("envelope_id")
+        if not isinstance(envelope_id, str):
+            return True
+        if await self._handle(frame):
+            await ws.send_str(json.dumps({"envelope_id": envelope_id}))
+        else:
+            # No ack: Slack delivers the envelope again, here or on the next connection.
+            log.warning("slack socket mode: envelope %s not settled, left unacknowledged", kind)
+        return True

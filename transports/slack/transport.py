@@ -1,0 +1,227 @@
+"""The Slack transport: a Bolt ``AsyncApp`` fed by Socket Mode or the Events API.
+
+Inbound: every ``message`` / ``app_mention`` event passes through Bolt's
+middleware (self-event filtering, request verification) into one listener,
+which translates it (:mod:`.inbound`) and hands it to the service's sink.
+The app processes before responding, so Slack's acknowledgement (socket ack
+or HTTP 200) is sent only after the sink returned, that is, after the
+message is durably recorded; if the sink fails, no acknowledgement is sent
+and Slack delivers the event again. Redeliveries already handled are
+recognised by (channel, ts) and acknowledged without a second hand-over.
+
+Outbound: :mod:`.outbound` over one Web API client that honours 429s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from slack_bolt.app.async_app import AsyncApp
+from slack_bolt.request.async_request import AsyncBoltRequest
+
+from bridge.model import ExternalMessageId, Reply, RoomId, RoomKey
+from transports.base import InboundSink, RoomBinding, RunPhase, Transport
+from transports.slack.backoff import Backoff
+from transports.slack.events_http import serve_events
+from transports.slack.inbound import SLACK, RecentKeys, to_inbound
+from transports.slack.outbound import SlackOutbound
+from transports.slack.settings import SlackSettings
+from transports.slack.socket_mode import SocketModeConnection
+from transports.slack.web import Sleep, web_client
+
+log = logging.getLogger(__name__)
+
+HEALTHY_AFTER_S = 30.0
+"""A connection up this long counts as healthy: the next reconnect starts the backoff over."""
+
+
+@dataclass(frozen=True, slots=True)
+class BotIdentity:
+    """Who the bridge is in the workspace (from ``auth.test``)."""
+
+    user_id: str
+    bot_id: str | None
+
+
+class SlackTransport(Transport):
+    """Serves the configured Slack channels and DMs."""
+
+    name = SLACK
+
+    def __init__(
+        self,
+        settings: SlackSettings,
+        rooms: Sequence[RoomBinding],
+        *,
+        backoff: Backoff | None = None,
+        sleep: Sleep = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``backoff``, ``sleep`` and ``clock`` are for tests (reconnect delays, 429 waits)."""
+        self._settings = settings
+        self._rooms: Mapping[RoomId, RoomBinding] = {r.room_id: r for r in rooms}
+        self._room_ids = frozenset(self._rooms)
+        self._backoff = backoff or Backoff(cap=settings.reconnect_max_s)
+        self._sleep = sleep
+        self._clock = clock
+        self._up_since: float | None = None
+        self._client = web_client(
+            settings.bot_token.get_secret_value(),
+            settings.api_url,
+            rate_limit_retries=settings.rate_limit_retries,
+            sleep=sleep,
+        )
+        self._outbound = SlackOutbound(
+            self._client,
+            self._rooms,
+            message_limit=settings.message_limit,
+            upload_threshold=settings.upload_threshold,
+        )
+        self._recent = RecentKeys()
+        self._sink_lock = asyncio.Lock()
+        self._socket: SocketModeConnection | None = None
+        self._listening = False
+        self.events_port: int | None = None
+        """Events mode: the port the endpoint is bound to, once listening."""
+        self.connections = 0
+        """How many times a connection came up (a Socket Mode ``hello``, or the endpoint)."""
+        self.reconnects = 0
+        """Connections after the first (a metric)."""
+
+    @property
+    def connected(self) -> bool:
+        if self._settings.mode == "events":
+            return self._listening
+        return self._socket is not None and self._socket.connected
+
+    async def run(self, sink: InboundSink, ready: asyncio.Event) -> None:
+        """Connect, set ``ready``, serve until cancelled; reconnect with backoff on errors."""
+        while True:
+            try:
+                await self._serve_once(sink, ready)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # The message is the library's; tokens are never part of it.
+                log.warning("slack connection failed: %s: %s", type(exc).__name__, exc)
+            finally:
+                self._socket = None
+                self._listening = False
+            if self._up_since is not None and self._clock() - self._up_since >= HEALTHY_AFTER_S:
+                # Only a connection that held up resets the backoff: one that
+                # drops right after hello must not be retried at full speed.
+                self._backoff.reset()
+            self._up_since = None
+            delay = self._backoff.next_delay()
+            log.info("slack reconnecting in %.1f s", delay)
+            await self._sleep(delay)
+
+    async def _serve_once(self, sink: InboundSink, ready: asyncio.Event) -> None:
+        identity = await self._identify()
+        app = self._bolt_app(identity, sink)
+
+        def up() -> None:
+            self.connections += 1
+            self.reconnects = self.connections - 1
+            log.info("slack connected (%s mode) as %s", self._settings.mode, identity.user_id)
+            self._up_since = self._clock()
+            ready.set()
+
+        if self._settings.mode == "events":
+
+            def listening(port: int) -> None:
+                self.events_port = port
+                self._listening = True
+                up()
+
+            await serve_events(
+                app, self._settings.listen_host, self._settings.listen_port, listening
+            )
+            return
+
+        async def handle(envelope: Mapping[str, Any]) -> bool:
+            return await self._dispatch_envelope(app, envelope)
+
+        async with aiohttp.ClientSession() as session:
+            self._socket = SocketModeConnection(
+                self._client, self._settings.app_token.get_secret_value(), handle, session
+            )
+            await self._socket.serve(up)
+
+    async def _identify(self) -> BotIdentity:
+        response = await self._client.auth_test()
+        bot_id = response.get("bot_id")
+        return BotIdentity(str(response["user_id"]), str(bot_id) if bot_id else None)
+
+    def _bolt_app(self, identity: BotIdentity, sink: InboundSink) -> AsyncApp:
+        events = self._settings.mode == "events"
+        app = AsyncApp(
+            client=self._client,
+            signing_secret=self._settings.signing_secret.get_secret_value() if events else None,
+            request_verification_enabled=events,
+            # Acknowledge only after the listener has handed the message over.
+            process_before_response=True,
+            logger=logging.getLogger("transports.slack.bolt"),
+        )
+
+        async def on_message(event: dict[str, Any]) -> None:
+            await self._deliver(event, identity, sink)
+
+        async def on_other_event() -> None:
+            """Acknowledge events the bridge does not use, so Slack does not retry them."""
+
+        app.event("message")(on_message)
+        app.event("app_mention")(on_message)
+        app.event(re.compile(".*"))(on_other_event)
+        return app
+
+    async def _deliver(
+        self, event: Mapping[str, Any], identity: BotIdentity, sink: InboundSink
+    ) -> None:
+        inbound = to_inbound(event, identity.user_id, identity.bot_id, self._room_ids)
+        if inbound is None:
+            return
+        key = (inbound.room.room_id, str(inbound.external_id))
+        # One at a time: acceptance order is arrival order, and the duplicate
+        # check cannot race a concurrent delivery of the same event.
+        async with self._sink_lock:
+            if key in self._recent:
+                log.debug("slack redelivered %s in %s; already handed over", key[1], key[0])
+                return
+            await sink(inbound)
+            self._recent.add(key)
+
+    async def _dispatch_envelope(self, app: AsyncApp, envelope: Mapping[str, Any]) -> bool:
+        payload = envelope.get("payload")
+        if not isinstance(payload, dict):
+            return True  # nothing to process; acknowledge so it is not resent
+        headers: dict[str, str | Sequence[str]] = {}
+        if envelope.get("retry_attempt"):
+            headers["x-slack-retry-num"] = [str(envelope["retry_attempt"])]
+            headers["x-slack-retry-reason"] = [str(envelope.get("retry_reason", ""))]
+        request = AsyncBoltRequest(mode="socket_mode", body=payload, headers=headers)
+        response = await app.async_dispatch(request)
+        # Bolt answers 500 when the listener raised (e.g. the store is down).
+        return int(response.status) < 500
+
+    async def send(self, reply: Reply) -> ExternalMessageId | None:
+        """Post ``reply`` (split, or uploaded when long); returns the last message's ts."""
+        return await self._outbound.send(reply)
+
+    async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
+        await self._outbound.edit(room, message_id, text)
+
+    async def set_typing(self, room: RoomKey, typing: bool) -> None:
+        """Slack has no typing indicator for bots; the ``running`` reaction shows activity."""
+
+    async def set_phase(
+        self, room: RoomKey, message_ids: Sequence[ExternalMessageId], phase: RunPhase
+    ) -> None:
+        await self._outbound.set_phase(room, message_ids, phase)
