@@ -48,8 +48,8 @@ def test_setting_exists_can_say_no() -> None:
 def dockerfile() -> list[tuple[str, str]]:
     text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
     out = []
-    for line in text.splitlines():
-        line = line.strip()
+    for raw in text.splitlines():
+        line = raw.strip()
         if line and not line.startswith("#"):
             word, _, rest = line.partition(" ")
             out.append((word.upper(), rest.strip()))

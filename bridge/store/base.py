@@ -157,9 +157,10 @@ class Store(Protocol):
         ...
 
     async def prune(self, older_than: float) -> int:
-        """Delete finished messages' texts and audit rows older than ``older_than``.
+        """Delete audit rows, finished messages and finished runs older than ``older_than``.
 
-        Returns how many rows were deleted or blanked.
+        Never touches pending or dispatched messages or running runs.
+        Returns how many rows were deleted.
         """
         ...
 

@@ -17,9 +17,9 @@ from aiohttp import web
 from bridge.model import InboundMessage, RoomId
 from tests.matrix.matrix_helpers import RecordingSink
 from tests.matrix.synapse_peer import free_port
-from transports.base import Accepted, RoomBinding, SinkClosed
+from transports.backoff import Backoff
+from transports.base import Accepted, RoomBinding, SinkClosed, TransportError
 from transports.matrix import MatrixSettings, MatrixTransport
-from transports.matrix.backoff import Backoff
 
 BOT = "@bot:stub"
 ROOM = "!room:stub"
@@ -212,3 +212,17 @@ async def test_closed_sink_leaves_the_position_and_returns(
         await bridge.run(closed_sink, asyncio.Event())
     assert (tmp_path / "sync_position").read_text() == "s0"
     assert bridge.reconnects == 0
+
+
+async def test_revoked_token_during_sync_ends_the_transport(
+    homeserver: Callable[[SyncScript], Awaitable[str]], tmp_path: Path
+) -> None:
+    async def script(call: int, request: web.Request) -> web.StreamResponse:
+        return error(401, "M_UNKNOWN_TOKEN")
+
+    backoff = ObservedBackoff()
+    bridge = transport(await homeserver(script), tmp_path, backoff)
+    with pytest.raises(TransportError, match="M_UNKNOWN_TOKEN"):
+        async with asyncio.timeout(30):
+            await bridge.run(RecordingSink(), asyncio.Event())
+    assert backoff.total == 0  # no retry can bring a revoked token back

@@ -65,6 +65,11 @@ async def test_burst_is_one_run_and_strangers_start_nothing(
         # after which a run for mallory would have shown up.
         await alice.send(room, "delta")
         await alice.wait_for_all(answer_in(bot, room), count=2)
+        # Commands answer as notices in Matrix rooms, and start no run.
+        await alice.send(room, "!help")
+        await alice.wait_for(notice_in(bot, room, "stop the running run"))
+        await alice.send(room, "!reset")
+        await alice.wait_for(notice_in(bot, room, "new Claude session"))
     answers = [s for s in alice.seen if answer_in(bot, room)(s)]
     assert len(answers) == 2
     body = first.content["body"]

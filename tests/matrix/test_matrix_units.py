@@ -1,9 +1,8 @@
-"""The Matrix transport's pure parts: event rules, rendering, backoff, state files, settings."""
+"""The Matrix transport's pure parts: event rules, rendering, state files, settings."""
 
 from __future__ import annotations
 
 import json
-import random
 import stat
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,6 @@ from pydantic import ValidationError
 
 from bridge.model import RoomId, RoomKey, TransportName
 from transports.matrix import MatrixSettings
-from transports.matrix.backoff import Backoff
 from transports.matrix.events import BotIdentity, is_own_join, to_inbound
 from transports.matrix.render import MarkdownRenderer
 from transports.matrix.state import SavedSession, SessionFile, SyncPosition
@@ -114,6 +112,20 @@ def test_mentions_threads_and_reply_fallbacks() -> None:
     plain = to_inbound(event({"msgtype": "m.text", "body": "ask @bot:hs"}), "!r", BOT)
     assert plain is not None
     assert plain.mentions_bot
+    pill = to_inbound(
+        event(
+            {
+                "msgtype": "m.text",
+                "body": "Bridge: hello",
+                "format": "org.matrix.custom.html",
+                "formatted_body": '<a href="https://matrix.to/#/@bot:hs">Bridge</a>: hello',
+            }
+        ),
+        "!r",
+        BOT,
+    )
+    assert pill is not None
+    assert pill.mentions_bot
 
 
 def test_other_message_types_are_not_delivered() -> None:
@@ -163,22 +175,6 @@ def test_tables_render() -> None:
     html = MarkdownRenderer().html("| a | b |\n|---|---|\n| 1 | 2 |")
     assert "<table>" in html
     assert "<td>1</td>" in html
-
-
-def test_backoff_doubles_with_jitter_up_to_the_cap_and_resets() -> None:
-    backoff = Backoff(base=1.0, cap=8.0, rng=random.Random(7))
-    delays = [backoff.next_delay() for _ in range(6)]
-    for delay, ceiling in zip(delays, [1, 2, 4, 8, 8, 8], strict=True):
-        assert ceiling / 2 <= delay <= ceiling
-    assert backoff.failures == 6
-    backoff.reset()
-    assert backoff.failures == 0
-    assert backoff.next_delay() <= 1.0
-
-
-def test_backoff_rejects_a_zero_base() -> None:
-    with pytest.raises(ValueError, match="base"):
-        Backoff(base=0)
 
 
 def test_sync_position_round_trip_is_private(tmp_path: Path) -> None:

@@ -14,8 +14,8 @@ import pytest
 
 from bridge.model import InboundMessage, RoomId
 from tests.slack import peer
+from transports.backoff import Backoff
 from transports.base import Accepted, RoomBinding
-from transports.slack.backoff import Backoff
 from transports.slack.settings import SlackSettings
 from transports.slack.transport import SlackTransport
 

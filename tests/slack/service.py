@@ -4,53 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
-
+from tests.service_process import base_config, run_service
 from tests.slack import peer
 from tests.slack.harness import require_local_slack
-
-CHATBRIDGE = Path(sys.executable).parent / "chatbridge"
-FAKE_CLAUDE = peer.ROOT / "tests/fakes/fake_claude.py"
-
-
-def require_service() -> None:
-    problem = None
-    if not CHATBRIDGE.is_file():
-        problem = f"no chatbridge entry point at {CHATBRIDGE}"
-    elif not FAKE_CLAUDE.is_file():
-        problem = f"no fake claude at {FAKE_CLAUDE}"
-    if problem is None:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(problem)
-    pytest.skip(problem)
 
 
 def config_toml(
     tmp: Path, slack: peer.LocalSlack, allowed: tuple[str, ...], slack_extra: Mapping[str, Any]
 ) -> str:
     lines = [
-        "[runner]",
-        f'claude_bin = "{FAKE_CLAUDE}"',
-        "stop_grace_s = 1",
-        "[dispatcher]",
-        "coalesce_ms = 300",
-        "[database]",
-        f'url = "sqlite+aiosqlite:///{tmp / "chatbridge.db"}"',
-        "[console]",
-        "enabled = false",
-        "[http]",
-        'listen = ""',
-        "[defaults]",
-        f'cwd = "{tmp}"',
+        *base_config(tmp),
         "[slack]",
         f'mode = "{slack.mode}"',
         f'api_url = "{slack.api_url}"',
@@ -112,59 +80,16 @@ async def bridged(
 ) -> AsyncIterator[Bridged]:
     """local-slack plus ``chatbridge run`` configured for it; both stopped on exit."""
     require_local_slack()
-    require_service()
     events_port = peer.free_port() if mode == "events" else None
     async with peer.run_local_slack(tmp, mode, events_port) as slack:
         cfg = tmp / "chatbridge.toml"
         cfg.write_text(config_toml(tmp, slack, allowed, slack_extra or {}))
-        env = {
-            **os.environ,
-            **(claude_env or {}),
-            # Secrets from the environment, as in production.
+        # Secrets from the environment, as in production.
+        secrets = {
             "CHATBRIDGE_SLACK__BOT_TOKEN": peer.BOT_TOKEN,
             "CHATBRIDGE_SLACK__APP_TOKEN": peer.APP_TOKEN,
             "CHATBRIDGE_SLACK__SIGNING_SECRET": peer.SIGNING_SECRET,
         }
-        process = await asyncio.create_subprocess_exec(
-            str(CHATBRIDGE),
-            "run",
-            "--config",
-            str(cfg),
-            env=env,
-            cwd=tmp,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        log: list[str] = []
-        ready = asyncio.Event()
-
-        async def read_log() -> None:
-            assert process.stderr is not None
-            async for raw in process.stderr:
-                line = raw.decode(errors="replace").rstrip()
-                log.append(line)
-                if "chatbridge ready" in line:
-                    ready.set()
-
-        async with asyncio.TaskGroup() as tg:
-            reader = tg.create_task(read_log())
-            try:
-                waiter = tg.create_task(ready.wait())
-                await asyncio.wait({waiter, reader}, timeout=30, return_when="FIRST_COMPLETED")
-                waiter.cancel()
-                if not ready.is_set():
-                    raise AssertionError("service never became ready:\n" + "\n".join(log[-40:]))
-                yield Bridged(slack, process, log)
-            finally:
-                if process.returncode is None:
-                    process.send_signal(signal.SIGTERM)
-                    try:
-                        async with asyncio.timeout(15):
-                            await process.wait()
-                    except TimeoutError:
-                        process.kill()
-                        await process.wait()
-        secrets = (peer.BOT_TOKEN, peer.APP_TOKEN, peer.SIGNING_SECRET)
-        leaked = [line for line in log if any(s in line for s in secrets)]
-        assert not leaked, f"secrets in the service log: {leaked}"
+        env = {**(claude_env or {}), **secrets}
+        async with run_service(cfg, env, secrets=tuple(secrets.values())) as running:
+            yield Bridged(slack, running.process, running.log)

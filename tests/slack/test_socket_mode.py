@@ -24,8 +24,8 @@ from tests.slack.fake_slack import (
     message_envelope,
 )
 from tests.slack.harness import RecordingSink
+from transports.backoff import Backoff
 from transports.base import RoomBinding
-from transports.slack.backoff import Backoff
 from transports.slack.settings import SlackSettings
 from transports.slack.transport import SlackTransport
 

@@ -1,4 +1,4 @@
-"""Pure parts of the Slack transport: settings, event filtering, mrkdwn, backoff."""
+"""Pure parts of the Slack transport: settings, event filtering, mrkdwn."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from transports.slack.backoff import Backoff
 from transports.slack.inbound import RecentKeys, mentions, to_inbound
 from transports.slack.mrkdwn import to_mrkdwn
 from transports.slack.settings import SlackSettings
@@ -165,20 +164,3 @@ def test_code_fences_lose_the_info_string_and_keep_their_content() -> None:
 def test_tables_and_unterminated_fences_become_closed_code_blocks() -> None:
     assert to_mrkdwn("| a | b |\n|---|---|\nafter") == "```\n| a | b |\n|---|---|\n```\nafter"
     assert to_mrkdwn("~~~\nopen") == "```\nopen\n```"
-
-
-# --- backoff --------------------------------------------------------------------
-
-
-def test_backoff_doubles_up_to_the_cap_and_resets() -> None:
-    backoff = Backoff(base=0.5, cap=4.0, rand=lambda: 1.0)
-    assert [backoff.next_delay() for _ in range(6)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
-    backoff.reset()
-    assert backoff.next_delay() == 0.5
-
-
-def test_backoff_jitter_is_drawn_below_the_ceiling_but_never_zero() -> None:
-    draws = iter([0.5, 0.0])
-    backoff = Backoff(base=1.0, cap=10.0, rand=lambda: next(draws))
-    assert backoff.next_delay() == 0.5
-    assert backoff.next_delay() == pytest.approx(0.1)

@@ -56,12 +56,19 @@ def strip_reply_fallback(body: str, content: dict[str, Any]) -> str:
 
 
 def mentions(content: dict[str, Any], body: str, user_id: str) -> bool:
-    """Whether the message mentions ``user_id`` (``m.mentions``, or its id in the text)."""
+    """Whether the message mentions ``user_id``.
+
+    Modern clients declare it in ``m.mentions``; older ones put a pill (a
+    matrix.to link) in ``formatted_body``; a typed id in the text counts too.
+    """
     declared = content.get("m.mentions")
     if isinstance(declared, dict):
         ids = declared.get("user_ids")
         if isinstance(ids, list) and user_id in ids:
             return True
+    html = content.get("formatted_body")
+    if isinstance(html, str) and f"matrix.to/#/{user_id}" in html:
+        return True
     return user_id in body
 
 

@@ -39,8 +39,8 @@ from nio import (
 from nio.exceptions import LocalProtocolError, OlmTrustError
 
 from bridge.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey, TransportName
+from transports.backoff import Backoff
 from transports.base import InboundSink, RoomBinding, SinkClosed, Transport, TransportError
-from transports.matrix.backoff import Backoff
 from transports.matrix.events import TRANSPORT, BotIdentity, is_own_join, to_inbound
 from transports.matrix.render import MarkdownRenderer
 from transports.matrix.settings import MatrixSettings
@@ -64,8 +64,10 @@ _MAX_EVENT_BYTES = 60_000
 """Synapse rejects events over 65 536 bytes; leave room for the envelope."""
 _BACKFILL_PAGE = 100
 _BACKFILL_MAX_EVENTS = 2_000
-_PERMANENT_ERRORS = frozenset({"M_UNKNOWN_TOKEN", "M_MISSING_TOKEN", "M_FORBIDDEN"})
-"""Error codes that retrying cannot fix."""
+_AUTH_ERRORS = frozenset({"M_UNKNOWN_TOKEN", "M_MISSING_TOKEN", "M_USER_DEACTIVATED"})
+"""The credentials are gone: no request can succeed, so retrying is pointless."""
+_REFUSED = _AUTH_ERRORS | {"M_FORBIDDEN"}
+"""For a login or one send: this request will never be allowed."""
 
 
 class _Retryable(Exception):
@@ -75,10 +77,10 @@ class _Retryable(Exception):
         super().__init__(f"{what}: {response}")
 
 
-def _check(what: str, response: object) -> None:
-    """Turn an error object into an exception: permanent ones end the transport."""
+def _check(what: str, response: object, permanent: frozenset[str] = _AUTH_ERRORS) -> None:
+    """Turn an error object into an exception: ``permanent`` codes end the transport."""
     if isinstance(response, ErrorResponse):
-        if response.status_code in _PERMANENT_ERRORS:
+        if response.status_code in permanent:
             raise TransportError("matrix", f"{what} refused: {response.status_code}")
         raise _Retryable(what, response)
 
@@ -155,14 +157,19 @@ class MatrixTransport(Transport):
         try:
             await self._login_with_retry(client)
             self._client = client
-            async with asyncio.TaskGroup() as tasks:
-                typing = tasks.create_task(self._keep_typing(client), name="matrix-typing")
-                try:
-                    await self._sync_forever(client, sink, ready)
-                finally:
-                    # The sync loop may also end by returning (SinkClosed): the
-                    # helper must not keep the group, and so run(), open.
-                    typing.cancel()
+            try:
+                async with asyncio.TaskGroup() as tasks:
+                    typing = tasks.create_task(self._keep_typing(client), name="matrix-typing")
+                    try:
+                        await self._sync_forever(client, sink, ready)
+                    finally:
+                        # The sync loop may also end by returning (SinkClosed): the
+                        # helper must not keep the group, and so run(), open.
+                        typing.cancel()
+            except ExceptionGroup as group:
+                # The typing helper never fails: the group only wraps the sync
+                # loop's own error, which callers expect as itself.
+                raise group.exceptions[0] from None
         finally:
             self._connected = False
             self._client = None
@@ -302,6 +309,10 @@ class MatrixTransport(Transport):
                 direction=MessageDirection.back,
                 limit=_BACKFILL_PAGE,
             )
+            if getattr(page, "status_code", None) == "M_FORBIDDEN":
+                # History we may not see (visibility rules): serve what we have.
+                log.warning("matrix: cannot backfill %s: %s", room_id, page)
+                break
             _check("backfill", page)
             if not page.chunk:
                 break
@@ -350,7 +361,7 @@ class MatrixTransport(Transport):
         response = await client.login(
             settings.password.get_secret_value(), device_name=settings.device_name
         )
-        _check("login", response)
+        _check("login", response, _REFUSED)
         self._session_file.save(
             SavedSession(response.user_id, response.device_id, response.access_token)
         )
@@ -361,7 +372,7 @@ class MatrixTransport(Transport):
         response = await client.whoami()
         if isinstance(response, ErrorResponse):
             client.access_token = ""
-            if response.status_code in _PERMANENT_ERRORS:
+            if response.status_code in _REFUSED:
                 return None
             raise _Retryable("whoami", response)
         if response.user_id != self._settings.user_id:
@@ -499,7 +510,7 @@ class MatrixTransport(Transport):
             else:
                 if isinstance(response, RoomSendResponse):
                     return ExternalMessageId(response.event_id)
-                if getattr(response, "status_code", None) in _PERMANENT_ERRORS:
+                if getattr(response, "status_code", None) in _REFUSED:
                     raise TransportError("matrix", f"send to {room_id} refused: {response}")
                 problem = str(response)
             if attempt < self._send_attempts:

@@ -27,8 +27,8 @@ from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
 
 from bridge.model import ExternalMessageId, Reply, RoomId, RoomKey
+from transports.backoff import Backoff
 from transports.base import InboundSink, RoomBinding, RunPhase, Transport
-from transports.slack.backoff import Backoff
 from transports.slack.events_http import serve_events
 from transports.slack.inbound import SLACK, RecentKeys, to_inbound
 from transports.slack.outbound import SlackOutbound

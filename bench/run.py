@@ -1,0 +1,33 @@
+"""Every benchmark in one run: ``python bench/run.py``.
+
+Prints dispatcher overhead per flush and memory per idle room
+(bench_dispatcher), stop latency until the whole process tree is gone
+(bench_stop), messages/s accepted across 1,000 rooms through the whole accept
+path (bench_intake) and store commit rates and latencies (bench_store).
+Figures are recorded in docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+BENCHES = ["bench_dispatcher.py", "bench_stop.py", "bench_intake.py", "bench_store.py"]
+
+
+def main() -> int:
+    failed = 0
+    for name in BENCHES:
+        print(f"\n=== {name}", flush=True)
+        start = time.perf_counter()
+        code = subprocess.call([sys.executable, str(HERE / name)])
+        print(f"--- {name}: exit {code}, {time.perf_counter() - start:.1f}s", flush=True)
+        failed += code != 0
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
