@@ -239,3 +239,28 @@ async def test_duplicate_delivery_is_stored_and_dispatched_once(tmp_path: Path) 
     assert out.splitlines()[-1] == "same"
     assert db_rows(tmp_path, "select count(*) from messages") == [(1,)]
     assert db_rows(tmp_path, "select count(*) from runs") == [(1,)]
+
+
+async def test_status_answers_from_the_store_during_and_after_a_run(tmp_path: Path) -> None:
+    path = write_config(tmp_path, env='FAKE_CLAUDE_SLEEP = "2"')
+    async with ConsoleSession(load_settings(path)) as session:
+        session.send("job")
+        await session.wait_for("Bash: echo hello")
+        session.send("waiting one")
+        assert session.service is not None
+        while session.service.dispatcher.status(ROOM).waiting < 1:
+            await asyncio.sleep(0.01)
+        session.send("!status")
+        out = await session.wait_for("Waiting: 1 message.")
+        run_id = db_rows(tmp_path, "select id from runs")[0][0]
+        assert "Running for " in out
+        assert f"(1 message, run `{run_id}`)." in out
+        assert "Session: none" in out
+        out = await session.finish()
+    session_id = db_rows(tmp_path, "select session_id from rooms")[0][0]
+    out = await run_console(path, ["!status"])
+    assert "Idle." in out
+    assert "Waiting: 0 messages." in out
+    assert f"Session: `{session_id}`." in out
+    assert "Last run: succeeded, took " in out
+    assert "cost $0.0123" in out
