@@ -17,6 +17,7 @@ from bridge.config import Settings, load_settings
 from bridge.errors import ChatbridgeError, ConfigError
 from bridge.logs import setup_logging
 from bridge.store.base import StoreError
+from transports.base import TransportError
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -81,10 +82,29 @@ async def _serve(settings: Settings) -> None:
     await run_service(settings)
 
 
+_EXPECTED = (ChatbridgeError, StoreError, TransportError)
+"""Failures with a message meant for the operator: logged without a traceback."""
+
+
 def _run(coro: Coroutine[Any, Any, None]) -> int:
     try:
         asyncio.run(coro)
-    except (ChatbridgeError, StoreError) as exc:
+    except _EXPECTED as exc:
         log.error("%s", exc)
         return EXIT_FAILURE
+    except BaseExceptionGroup as group:
+        # What fails inside the service's task group arrives wrapped.
+        expected, rest = group.split(_EXPECTED)
+        if rest is not None or expected is None:
+            raise
+        for leaf in _leaves(expected):
+            log.error("%s", leaf)
+        return EXIT_FAILURE
     return EXIT_OK
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out

@@ -68,3 +68,26 @@ def test_piped_message_is_answered_and_the_service_exits_0(tmp_path: Path) -> No
     assert result.returncode == 0, result.stderr
     # The fake echoes the prompt it got on stdin: verbatim, no shell involved.
     assert "hello $(whoami) `id`" in result.stdout.splitlines()
+
+
+def test_unreachable_database_exits_1_with_a_clear_message(tmp_path: Path) -> None:
+    path = config(tmp_path)
+    path.write_text(
+        path.read_text().replace(
+            f'url = "sqlite+aiosqlite:///{tmp_path / "bridge.db"}"',
+            'url = "postgresql+asyncpg://nobody:hunter2@127.0.0.1:1/none"',
+        )
+    )
+    result = chatbridge("run", "--config", str(path), stdin="hello\n")
+    assert result.returncode == 1
+    assert "database:" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "hunter2" not in result.stderr
+
+
+def test_leaves_flattens_nested_groups() -> None:
+    from bridge.cli import _leaves
+
+    inner = ExceptionGroup("inner", [ValueError("a"), KeyError("b")])
+    outer = ExceptionGroup("outer", [inner, TypeError("c")])
+    assert [type(e) for e in _leaves(outer)] == [ValueError, KeyError, TypeError]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -44,25 +45,33 @@ def bot(users: dict[str, MatrixUser]) -> MatrixUser:
     return users["chatbridge"]
 
 
+@asynccontextmanager
+async def logged_in(
+    synapse: SynapseServer, users: dict[str, MatrixUser], tmp_path: Path, name: str
+) -> AsyncIterator[Human]:
+    # A fresh device per test, so no test inherits another's sync position or keys.
+    human = Human(synapse.url, synapse.login(users[name]), tmp_path / name)
+    await human.start()
+    try:
+        yield human
+    finally:
+        await human.close()
+
+
 @pytest.fixture
 async def alice(
     synapse: SynapseServer, users: dict[str, MatrixUser], tmp_path: Path
 ) -> AsyncIterator[Human]:
-    # A fresh device per test, so no test inherits another's sync position or keys.
-    human = Human(synapse.url, synapse.login(users["alice"]), tmp_path / "alice")
-    await human.start()
-    yield human
-    await human.close()
+    async with logged_in(synapse, users, tmp_path, "alice") as human:
+        yield human
 
 
 @pytest.fixture
 async def mallory(
     synapse: SynapseServer, users: dict[str, MatrixUser], tmp_path: Path
 ) -> AsyncIterator[Human]:
-    human = Human(synapse.url, synapse.login(users["mallory"]), tmp_path / "mallory")
-    await human.start()
-    yield human
-    await human.close()
+    async with logged_in(synapse, users, tmp_path, "mallory") as human:
+        yield human
 
 
 @pytest.fixture
