@@ -7,8 +7,9 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test check install peers clean
 
+# .venv/bin first on PATH: it holds the claude CLI from the claude-agent-sdk wheel.
 run: $(STAMP)
-	$(VENV)/bin/chatbridge run $(if $(CONFIG),--config $(CONFIG))
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/chatbridge run $(if $(CONFIG),--config $(CONFIG))
 
 test:
 	bash scripts/test.sh

@@ -8,3 +8,9 @@ if ! command -v uv >/dev/null 2>&1; then
 fi
 [ -x .venv/bin/python ] || uv venv --quiet --python "$PY" .venv
 uv pip install --quiet -p .venv/bin/python -e '.[dev]'
+# The claude-agent-sdk wheel (a dev dependency) carries the claude CLI: link it
+# into .venv/bin so `make run` finds a claude without a separate install.
+bundled=$(.venv/bin/python -c 'import claude_agent_sdk, pathlib; print(pathlib.Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude")')
+if [ -x "$bundled" ] && [ ! -e .venv/bin/claude ]; then
+    ln -s "$bundled" .venv/bin/claude
+fi
