@@ -81,7 +81,13 @@ async def measure(
 
     # Long windows: measure accepting, not running.
     dispatcher = Dispatcher(DispatchLimits(60.0, 600.0, 10_000, 4), execute)
-    commands = CommandHandler(dispatcher, store, "!", answer=lambda message, text: asyncio.sleep(0))
+    commands = CommandHandler(
+        dispatcher,
+        store,
+        "!",
+        answer=lambda message, text: asyncio.sleep(0),
+        reset_session=lambda room: store.set_session(room, None),
+    )
     intake = Intake(config, store, dispatcher, commands, Metrics())
     keys = [RoomKey(TransportName("console"), RoomId(f"room-{i}")) for i in range(rooms)]
     run = uuid.uuid4().hex[:6]

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from bridge.model import Message
+from bridge.model import Message, RoomKey
 from bridge.store.base import AuditAction, Store
 from dispatcher import Dispatcher
 
@@ -93,6 +93,8 @@ class CommandHandler:
     store: Store
     prefix: str
     answer: Answer
+    reset_session: Callable[[RoomKey], Awaitable[None]]
+    """Forgets the room's Claude session, so that not even an active run restores it."""
     wall_clock: Callable[[], float] = time.time
 
     async def handle(self, command: Command, message: Message) -> None:
@@ -111,7 +113,7 @@ class CommandHandler:
             case CommandName.STATUS:
                 await self._status(message)
             case CommandName.RESET:
-                await self.store.set_session(room, None)
+                await self.reset_session(room)
                 await self.store.audit(
                     AuditAction.SESSION_RESET, self.wall_clock(), room=room, actor=message.sender
                 )
@@ -129,7 +131,11 @@ class CommandHandler:
     async def _stop(self, message: Message) -> None:
         room = message.room
         now = self.wall_clock()
+        stopping = self.dispatcher.status(room).stopping
         result = self.dispatcher.stop(room)
+        # Dropped first: a crash between the two must not run them after a restart.
+        if result.dropped:
+            await self.store.mark_dropped([m.id for m in result.dropped], message.sender, now)
         await self.store.audit(
             AuditAction.STOP_REQUESTED,
             now,
@@ -138,12 +144,12 @@ class CommandHandler:
             message_id=message.id,
             detail=f"running={result.stopped is not None} dropped={len(result.dropped)}",
         )
-        if result.dropped:
-            await self.store.mark_dropped([m.id for m in result.dropped], message.sender, now)
         dropped = _plural(len(result.dropped), "waiting message")
         if result.stopped is not None:
             size = _plural(len(result.stopped.messages), "message")
             await self.answer(message, f"Stopping the run of {size}; dropped {dropped}.")
+        elif stopping:
+            await self.answer(message, f"The run is already stopping; dropped {dropped}.")
         elif result.dropped:
             await self.answer(message, f"Nothing was running; dropped {dropped}.")
         else:

@@ -34,7 +34,8 @@ TRANSPORTS: tuple[str, ...] = ("console", "matrix", "slack")
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No inf/nan: an infinite grace period would leave a stuck claude unkilled.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RunnerSettings(_Section):
@@ -60,6 +61,9 @@ class CommandSettings(_Section):
     def _no_space(cls, value: str) -> str:
         if value != value.strip():
             raise ValueError("must not contain leading or trailing whitespace")
+        if value[-1].isalnum():
+            # With prefix "c", "check this" would read as the command "heck".
+            raise ValueError("must end with a character that is not a letter or digit")
         return value
 
 
@@ -81,6 +85,31 @@ class RoomDefaults(_Section):
     """Sender ids allowed to run and command; ``"*"`` admits anyone in the room."""
     env: dict[str, str] = Field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
+
+    @field_validator("allowed_tools", "disallowed_tools")
+    @classmethod
+    def _rules_are_not_flags(cls, rules: tuple[str, ...]) -> tuple[str, ...]:
+        for rule in rules:
+            if not rule.strip() or rule.startswith("-"):
+                raise ValueError(f"{rule!r} is not a tool rule")
+        return rules
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if not name or "=" in name:
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return env
+
+    @model_validator(mode="after")
+    def _no_nul(self) -> Self:
+        # The kernel refuses NUL in argv and the environment: fail here, not at every run.
+        texts = [self.model, self.append_system_prompt, *self.extra_args]
+        texts += [*self.allowed_tools, *self.disallowed_tools, *self.env, *self.env.values()]
+        if any("\0" in text for text in texts):
+            raise ValueError("NUL characters cannot be passed to claude")
+        return self
 
 
 ROOM_KEYS = frozenset(RoomDefaults.model_fields)
@@ -145,6 +174,15 @@ class HttpSettings(_Section):
     listen: str = "127.0.0.1:8080"
     """``host:port`` for /healthz, /readyz and /metrics; empty disables it."""
 
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        if value:
+            host, _, port = value.rpartition(":")
+            if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+                raise ValueError("must be host:port, e.g. 127.0.0.1:8080")
+        return value
+
 
 class Settings(BaseSettings):
     """The whole configuration, validated at startup."""
@@ -205,6 +243,13 @@ class Settings(BaseSettings):
                 )
             except ValidationError as exc:
                 raise ValueError(_nested_errors(f"rooms[{index}]", exc)) from None
+        for index, entry in enumerate(self.rooms):
+            if entry.transport == "console" and entry.id != self.console.room:
+                # The console speaks in one room only; another id would never hear it.
+                raise ValueError(
+                    f"rooms[{index}]: a console room's id must be [console] room"
+                    f" ({self.console.room!r})"
+                )
         if self.console_active and not any(k.transport == "console" for k in rooms):
             # Embedded default: one console room that the local user may use.
             key = RoomKey(TransportName("console"), RoomId(self.console.room))
@@ -231,6 +276,9 @@ class Settings(BaseSettings):
     def redacted(self) -> dict[str, Any]:
         """The effective configuration as plain data, secrets masked."""
         data: dict[str, Any] = self.model_dump(mode="json")
+        from bridge.store.engine import redacted  # SQLAlchemy: only when printing
+
+        data["database"]["url"] = redacted(self.database.url)
         data["rooms"] = [
             {
                 **r.model_dump(mode="json", exclude={"key"}),

@@ -17,7 +17,7 @@ from bridge.config import Settings
 from bridge.logs import log_context
 from bridge.metrics import Metrics
 from bridge.model import InboundMessage, Message
-from bridge.store.base import Store
+from bridge.store.base import Store, StoreError
 from dispatcher import Dispatcher
 from transports.base import Accepted, SinkClosed
 
@@ -75,8 +75,16 @@ class Intake:
             return Accepted.DUPLICATE
         if command is not None:
             self.metrics.messages.labels("command").inc()
+            try:
+                await self.commands.handle(command, message)
+            except StoreError:
+                log.exception("command %s failed", command.word)
+                await self.commands.answer(
+                    message, f"Could not carry out `{command.word}`: the database failed."
+                )
+            # Settled after handling: one left pending by a crash is settled,
+            # not run, at the next start (see recover).
             await self.store.complete_command(message.id)
-            await self.commands.handle(command, message)
         else:
             self.metrics.messages.labels("accepted").inc()
             self.dispatcher.submit(message)

@@ -11,9 +11,11 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
 
+from bridge.aio import shielded
 from bridge.config import RoomSettings, Settings
 from bridge.logs import log_context
 from bridge.metrics import Metrics
@@ -21,6 +23,7 @@ from bridge.model import (
     Batch,
     ExternalMessageId,
     ReplyKind,
+    RoomKey,
     RunId,
     RunReport,
     RunStatus,
@@ -28,15 +31,15 @@ from bridge.model import (
 )
 from bridge.progress import ProgressMessage
 from bridge.replies import Replier, in_conversation
-from bridge.store.base import Store
+from bridge.store.base import Store, StoreError
 from runner import RunRequest, run_claude
 from runner.events import Init, RunEvent, Spawned, ToolUse
 from transports.base import RunPhase
 
 log = logging.getLogger(__name__)
 
-FINALIZE_TIMEOUT_S = 10.0
-"""How long recording a stopped run may take before we give up on it."""
+FINALIZE_TIMEOUT_S = 30.0
+"""How long recording and reporting a run's end may take before we give up on it."""
 
 
 def new_run_id() -> RunId:
@@ -90,7 +93,7 @@ _PHASES: dict[RunStatus, RunPhase] = {
 }
 
 
-def failure_text(report: RunReport, room: RoomSettings) -> str:
+def failure_text(report: RunReport, room: RoomSettings, prefix: str) -> str:
     match report.status:
         case RunStatus.TIMED_OUT:
             return f"The run was stopped after its time limit of {room.run_timeout_s:g}s."
@@ -99,21 +102,53 @@ def failure_text(report: RunReport, room: RoomSettings) -> str:
         case RunStatus.STOPPED:
             return "The run was stopped."
         case RunStatus.INTERRUPTED:
-            return "The run was interrupted because chatbridge is shutting down."
+            return (
+                "The run was interrupted: chatbridge stopped before it finished. "
+                f"`{prefix}retry` runs it again."
+            )
         case _:
             return f"The run failed: {report.error or 'unknown error'}"
 
 
+def _never(room: RoomKey) -> bool:
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """What finishing a run needs to know about it."""
+
+    id: RunId
+    batch: Batch
+    started: float
+    generation: int
+    """The room's ``!reset`` generation when the run started."""
+    progress: ProgressMessage
+
+
 @dataclass(slots=True)
 class RunExecutor:
+    """Runs batches for the dispatcher: one :meth:`execute` call per run."""
+
     settings: Settings
     store: Store
     replier: Replier
     metrics: Metrics
+    stop_requested: Callable[[RoomKey], bool] = _never
+    """Whether the room asked to stop its run (``!stop``). A run cancelled
+    without that (shutdown, a failing service) is recorded as interrupted,
+    so ``!retry`` can run it again."""
     wall_clock: Callable[[], float] = time.time
     progress_interval_s: float = 2.0
     shutting_down: bool = False
-    """Set at shutdown, so runs cancelled then are recorded as interrupted."""
+    """Set at shutdown: batches flushed from then on are not started."""
+    _generations: dict[RoomKey, int] = field(default_factory=dict)
+    """Bumped by ``!reset``: a run that began before keeps its session to itself."""
+
+    async def reset_session(self, room: RoomKey) -> None:
+        """Forget the room's Claude session, also for the run active now."""
+        self._generations[room] = self._generations.get(room, 0) + 1
+        await self.store.set_session(room, None)
 
     async def execute(self, batch: Batch) -> None:
         if self.shutting_down:
@@ -125,41 +160,72 @@ class RunExecutor:
             await self._execute(run_id, batch)
 
     async def _execute(self, run_id: RunId, batch: Batch) -> None:
-        room = self.settings.room(batch.room)
         started = self.wall_clock()
-        await self.store.start_run(run_id, batch, started)
+        generation = self._generations.get(batch.room, 0)
+        try:
+            await self.store.start_run(run_id, batch, started)
+        except asyncio.CancelledError:
+            await self._settle(self._cancelled_at_start(run_id, batch))
+            raise
+        except StoreError:
+            # Nothing was recorded: the messages are still pending and run
+            # again after a restart.
+            log.exception("could not record the start of a run")
+            await self.replier.say(
+                batch.room, "Could not start the run: the database failed.", about=batch
+            )
+            return
         self.metrics.runs_started.inc()
         if len(batch.messages) > 1:
             self.metrics.coalesced.inc(len(batch.messages))
-        if room is None:
-            await self._finalize(
-                run_id,
-                batch,
-                started,
-                None,
-                RunReport(RunStatus.FAILED, error="room not configured"),
+        progress = self._progress(batch)
+        run = _Run(run_id, batch, started, generation, progress)
+        try:
+            report = await self._drive(run_id, batch, progress)
+        except asyncio.CancelledError:
+            status = RunStatus.STOPPED if self.stop_requested(batch.room) else RunStatus.INTERRUPTED
+            # The runner has already killed the process tree; record and report
+            # the end even if we are cancelled again meanwhile.
+            report = RunReport(status)
+            await self._settle(self._finalize(run, report))
+            raise
+        except Exception as exc:
+            log.exception("the run failed inside chatbridge")
+            report = RunReport(
+                RunStatus.FAILED, error=f"internal error ({type(exc).__name__}); see the log"
             )
-            return
+        # A !stop landing while the end is reported must not cut the answer off.
+        await self._settle(self._finalize(run, report))
+
+    async def _settle(self, work: Coroutine[Any, Any, None]) -> None:
+        """Finish ``work`` whatever happens to this task, within a bound."""
+        try:
+            await shielded(asyncio.wait_for(work, FINALIZE_TIMEOUT_S))
+        except TimeoutError:
+            log.warning("recording the end of the run took over %gs", FINALIZE_TIMEOUT_S)
+
+    async def _cancelled_at_start(self, run_id: RunId, batch: Batch) -> None:
+        status = RunStatus.STOPPED if self.stop_requested(batch.room) else RunStatus.INTERRUPTED
+        if await self.store.get_run(run_id) is not None:
+            await self.store.finish_run(run_id, RunReport(status), self.wall_clock())
+        elif status is RunStatus.STOPPED:
+            await self.store.mark_dropped(batch.ids, None, self.wall_clock())
+        # Interrupted and not recorded: the messages stay pending for the restart.
+
+    async def _drive(self, run_id: RunId, batch: Batch, progress: ProgressMessage) -> RunReport:
+        room = self.settings.room(batch.room)
+        if room is None:
+            return RunReport(RunStatus.FAILED, error="room not configured")
         log.info("run started with %d message(s)", len(batch.messages))
         await self.replier.phase(batch, RunPhase.RUNNING)
         await self.replier.typing(batch.room, True)
-        progress = self._progress(batch)
         await progress.start()
+        pump = asyncio.create_task(progress.pump(), name=f"progress {run_id}")
         try:
-            async with asyncio.TaskGroup() as tg:
-                pump = tg.create_task(progress.pump())
-                try:
-                    report = await self._attempts(run_id, batch, room, progress)
-                finally:
-                    pump.cancel()
-        except asyncio.CancelledError:
-            status = RunStatus.INTERRUPTED if self.shutting_down else RunStatus.STOPPED
-            # The runner has already killed the process tree; record it even if
-            # we are cancelled again meanwhile, within a bound.
-            finalize = self._finalize(run_id, batch, started, progress, RunReport(status))
-            await asyncio.shield(asyncio.wait_for(finalize, FINALIZE_TIMEOUT_S))
-            raise
-        await self._finalize(run_id, batch, started, progress, report)
+            return await self._attempts(run_id, batch, room, progress)
+        finally:
+            pump.cancel()
+            await asyncio.wait({pump})
 
     async def _attempts(
         self, run_id: RunId, batch: Batch, room: RoomSettings, progress: ProgressMessage
@@ -172,7 +238,7 @@ class RunExecutor:
                 case Spawned(pid=pid):
                     await self.store.set_run_pid(run_id, pid)
                 case Init(session_id=sid):
-                    log.debug("run %s writes to session %s", run_id, sid)
+                    log.debug("the run writes to session %s", sid)
                 case ToolUse(name=name, input=tool_input):
                     progress.tool_used(name, tool_input)
                 case _:
@@ -207,31 +273,35 @@ class RunExecutor:
             min_interval_s=self.progress_interval_s,
         )
 
-    async def _finalize(
-        self,
-        run_id: RunId,
-        batch: Batch,
-        started: float,
-        progress: ProgressMessage | None,
-        report: RunReport,
-    ) -> None:
+    async def _finalize(self, run: _Run, report: RunReport) -> None:
+        """Record and report how the run ended; each step goes ahead if another fails."""
+        batch = run.batch
         room_key = batch.room
         ended = self.wall_clock()
-        await self.store.finish_run(run_id, report, ended)
+        finish = self.store.finish_run(run.id, report, ended)
+        await self._best_effort("record the end of the run", finish)
         self.metrics.runs_finished.labels(report.status.value).inc()
-        self.metrics.run_duration.observe(max(0.0, ended - started))
+        self.metrics.run_duration.observe(max(0.0, ended - run.started))
         if report.cost_usd:
             self.metrics.cost.inc(report.cost_usd)
-        if report.session_id is not None:
-            await self.store.set_session(room_key, report.session_id)
+        if report.session_id is not None and self._generations.get(room_key, 0) == run.generation:
+            await self._best_effort(
+                "keep the session", self.store.set_session(room_key, report.session_id)
+            )
         log.info("run ended: %s", report.status.value)
         await self.replier.typing(room_key, False)
-        if progress is not None:
-            await progress.finish(_OUTCOME_WORDS[report.status])
+        await run.progress.finish(_OUTCOME_WORDS[report.status])
         await self.replier.phase(batch, _PHASES.get(report.status, RunPhase.FAILED))
         room = self.settings.room(room_key)
         if report.status is RunStatus.SUCCEEDED:
             text = report.result_text.strip() or "(Claude finished without a reply.)"
             await self.replier.send(in_conversation(batch, text, ReplyKind.RESULT))
         elif report.status is not RunStatus.STOPPED and room is not None:
-            await self.replier.say(room_key, failure_text(report, room), about=batch)
+            prefix = self.settings.commands.prefix
+            await self.replier.say(room_key, failure_text(report, room, prefix), about=batch)
+
+    async def _best_effort(self, what: str, step: Awaitable[None]) -> None:
+        try:
+            await step
+        except StoreError:
+            log.exception("could not %s", what)

@@ -96,8 +96,13 @@ class Service:
             ),
             self.executor.execute,
         )
+        self.executor.stop_requested = lambda room: self.dispatcher.status(room).stopping
         commands = CommandHandler(
-            self.dispatcher, self.store, settings.commands.prefix, self.replier.answer
+            self.dispatcher,
+            self.store,
+            settings.commands.prefix,
+            self.replier.answer,
+            self.executor.reset_session,
         )
         self.intake = Intake(settings, self.store, self.dispatcher, commands, self.metrics)
         self.metrics.watch(
@@ -162,54 +167,55 @@ class Service:
     async def serve(self) -> None:
         notices = await self.recover()
         async with asyncio.TaskGroup() as tg:
-            dispatcher_task = tg.create_task(self.dispatcher.serve(), name="dispatcher")
-            housekeeping = tg.create_task(self._housekeeping(), name="housekeeping")
-            http_task = None
+            background = [tg.create_task(self._housekeeping(), name="housekeeping")]
             if self.settings.http.listen:
-                http_task = tg.create_task(
-                    serve_http(
-                        self.settings.http.listen,
-                        self.readiness,
-                        self.metrics.exposition,
-                        self._http_bound,
-                    ),
-                    name="http",
+                http = serve_http(
+                    self.settings.http.listen,
+                    self.readiness,
+                    self.metrics.exposition,
+                    self._http_bound,
                 )
-            transport_tasks, readies = [], []
+                background.append(tg.create_task(http, name="http"))
+            readies: list[asyncio.Event] = []
             input_ended = asyncio.Event()
             for transport in self.transports:
                 ready = asyncio.Event()
                 readies.append(ready)
-                transport_tasks.append(
+                background.append(
                     tg.create_task(
                         self._run_transport(transport, ready, input_ended),
                         name=f"transport-{transport.name}",
                     )
                 )
-            await self._wait_ready(readies, transport_tasks)
-            log.info("chatbridge ready")
-            self.ready.set()
-            for room, text in notices:
-                await self.replier.say(room, text)
-
-            stop_wait = tg.create_task(self._stop.wait())
-            eof_wait = tg.create_task(input_ended.wait())
-            await asyncio.wait({stop_wait, eof_wait}, return_when=asyncio.FIRST_COMPLETED)
-            if eof_wait.done() and not self._stop.is_set():
-                # End of console input: finish the room's work, then leave.
-                log.info("end of input; finishing outstanding work")
-                idle = tg.create_task(self.dispatcher.wait_idle())
-                await asyncio.wait({idle, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-                idle.cancel()
-            stop_wait.cancel()
-            eof_wait.cancel()
-            await self._shutdown(dispatcher_task)
-            housekeeping.cancel()
-            if http_task is not None:
-                http_task.cancel()
-            for task in transport_tasks:
+            if await self._wait_ready(readies, background):
+                # Runs start only now: a recovered run's replies need a connected transport.
+                dispatcher_task = tg.create_task(self.dispatcher.serve(), name="dispatcher")
+                log.info("chatbridge ready")
+                self.ready.set()
+                for room, text in notices:
+                    await self.replier.say(room, text)
+                await self._until_stopped_or_done(tg, input_ended)
+                await self._shutdown(dispatcher_task)
+            else:
+                log.info("stopped while starting")
+            for task in background:
                 task.cancel()
         log.info("chatbridge stopped")
+
+    async def _until_stopped_or_done(
+        self, tg: asyncio.TaskGroup, input_ended: asyncio.Event
+    ) -> None:
+        stop_wait = tg.create_task(self._stop.wait())
+        eof_wait = tg.create_task(input_ended.wait())
+        await asyncio.wait({stop_wait, eof_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if eof_wait.done() and not self._stop.is_set():
+            # End of console input: finish the room's work, then leave.
+            log.info("end of input; finishing outstanding work")
+            idle = tg.create_task(self.dispatcher.wait_idle())
+            await asyncio.wait({idle, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            idle.cancel()
+        stop_wait.cancel()
+        eof_wait.cancel()
 
     async def _run_transport(
         self, transport: Transport, ready: asyncio.Event, input_ended: asyncio.Event
@@ -217,26 +223,36 @@ class Service:
         await transport.run(self.intake.accept, ready)
         input_ended.set()
 
+    async def _stop_wait(self) -> None:
+        await self._stop.wait()
+
     async def _wait_ready(
         self, readies: list[asyncio.Event], tasks: list[asyncio.Task[None]]
-    ) -> None:
+    ) -> bool:
+        """True once every transport is connected; False if a stop came first."""
+
         async def all_ready() -> None:
             for ready in readies:
                 await ready.wait()
 
         waiter = asyncio.ensure_future(all_ready())
-        pending = {waiter, *tasks}
+        stop = asyncio.ensure_future(self._stop_wait())
+        pending: set[asyncio.Future[None]] = {waiter, stop, *tasks}
         try:
             async with asyncio.timeout(READY_TIMEOUT_S):
                 while not waiter.done():
                     done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                    for task in done:
-                        if task is not waiter and task.exception() is not None:
+                    if stop in done:
+                        return False
+                    for task in done - {waiter}:
+                        if not task.cancelled() and task.exception() is not None:
                             raise StartupError(f"a transport failed to start: {task.exception()}")
         except TimeoutError:
             raise StartupError(f"transports not connected within {READY_TIMEOUT_S:g}s") from None
         finally:
             waiter.cancel()
+            stop.cancel()
+        return True
 
     async def _shutdown(self, dispatcher_task: asyncio.Task[None]) -> None:
         self.intake.closed = True

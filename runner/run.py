@@ -26,6 +26,7 @@ import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from bridge.aio import shielded
 from bridge.model import RunReport, RunStatus, SessionId
 from runner.command import build_argv, build_env
 from runner.errors import InvalidRequest, StreamError
@@ -71,11 +72,11 @@ async def run_claude(request: RunRequest, on_event: EventCallback) -> RunReport:
         return RunReport(
             RunStatus.FAILED, error=f"claude binary not found: {request.claude_bin} ({exc})"
         )
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: a NUL or "=" where exec refuses it
         return RunReport(RunStatus.FAILED, error=f"cannot start claude {request.claude_bin}: {exc}")
     except asyncio.CancelledError:
         # asyncio kills a child whose start was cancelled; sweep anything it began.
-        await _shielded(_sweep_now(request))
+        await shielded(_sweep_now(request))
         raise
 
     try:
@@ -85,11 +86,11 @@ async def run_claude(request: RunRequest, on_event: EventCallback) -> RunReport:
         except BaseException:
             # Cancelled (a stop) or on_event failed: nothing of the run may survive.
             try:
-                await _shielded(run.close(force_stop=True))
+                await shielded(run.close(force_stop=True))
             except Exception:
                 log.exception("stopping run %s failed", request.run_id)
             raise
-        await _shielded(run.close(force_stop=False))
+        await shielded(run.close(force_stop=False))
         return run.report()
     finally:
         claude.close()
@@ -97,26 +98,6 @@ async def run_claude(request: RunRequest, on_event: EventCallback) -> RunReport:
 
 async def _sweep_now(request: RunRequest) -> None:
     await kill_marked(request.run_id, grace_s=0)
-
-
-async def _shielded(coro: Coroutine[Any, Any, None]) -> None:
-    """Run ``coro`` to completion even if we are cancelled meanwhile, then re-cancel.
-
-    ``coro`` must be bounded in time itself; the stop sequence is.
-    """
-    task = asyncio.ensure_future(coro)
-    cancelled = False
-    while True:
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if task.done():
-                raise
-            cancelled = True
-        else:
-            break
-    if cancelled:
-        raise asyncio.CancelledError
 
 
 class _Run:

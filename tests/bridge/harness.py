@@ -6,11 +6,14 @@ import asyncio
 import contextlib
 import io
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bridge.config import Settings, load_settings
 from bridge.service import Service, open_store
+from bridge.store.base import Store
 from tests.fakes.fake_claude import FAKE_CLAUDE
+from transports.base import Transport
 from transports.console import ConsoleTransport
 
 
@@ -80,8 +83,16 @@ class _Output(io.StringIO):
 class ConsoleSession:
     """A service running in a task, with a console room whose input stays open."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        extra_transports: Sequence[Transport] = (),
+        wrap_store: Callable[[Store], Store] | None = None,
+    ) -> None:
         self.settings = settings
+        self._extra = extra_transports
+        self._wrap = wrap_store
         self.out = _Output()
         read_fd, self._write_fd = os.pipe()
         self._reader = os.fdopen(read_fd, "rb")
@@ -90,14 +101,15 @@ class ConsoleSession:
 
     async def __aenter__(self) -> ConsoleSession:
         store = await open_store(self.settings)
+        self._store = store
         transport = ConsoleTransport(
             self.settings.console.room,
             self.settings.console.user,
             stdin=self._reader,
             stdout=self.out,
         )
-        self.service = Service(self.settings, store, [transport])
-        self._store = store
+        used = self._wrap(store) if self._wrap else store
+        self.service = Service(self.settings, used, [transport, *self._extra])
         self._task = asyncio.create_task(self.service.serve())
         ready = asyncio.ensure_future(self.service.ready.wait())
         await asyncio.wait({ready, self._task}, return_when=asyncio.FIRST_COMPLETED)

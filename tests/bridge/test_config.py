@@ -97,6 +97,18 @@ def test_environment_overrides_file_values(tmp_path: Path, monkeypatch: pytest.M
         ("[[rooms]]\ntransport = 'irc'\nid = 'c'\n", "rooms[0].transport"),
         ("[[rooms]]\ntransport = 'slack'\nid = 'C1'\n", "no [slack] section"),
         ("[defaults]\npermission_mode = 'yolo'\n", "defaults.permission_mode"),
+        ("[http]\nlisten = 'localhost'\n", "http.listen"),
+        ("[http]\nlisten = '127.0.0.1:99999'\n", "http.listen"),
+        ("[defaults]\nenv = { 'A=B' = 'x' }\n", "defaults.env"),
+        ('[defaults]\nappend_system_prompt = "a\\u0000b"\n', "NUL"),
+        ("[runner]\nstop_grace_s = inf\n", "runner.stop_grace_s"),
+        ("[defaults]\nrun_timeout_s = nan\n", "defaults.run_timeout_s"),
+        (
+            "[defaults]\nallowed_tools = ['--dangerously-skip-permissions']\n",
+            "defaults.allowed_tools",
+        ),
+        ("[[rooms]]\ntransport = 'console'\nid = 'other'\n", "console room's id"),
+        ("[commands]\nprefix = 'c'\n", "commands.prefix"),
     ],
 )
 def test_invalid_configuration_names_the_key(tmp_path: Path, text: str, expected: str) -> None:
@@ -142,10 +154,15 @@ id = "!abc:example.org"
 """,
     )
     monkeypatch.setenv("CHATBRIDGE_MATRIX__ACCESS_TOKEN", "syt_secret_token")
+    monkeypatch.setenv(
+        "CHATBRIDGE_DATABASE__URL", "postgresql+asyncpg://bridge:pg_secret_pw@db/chat"
+    )
     settings = load_settings(path)
     assert settings.matrix is not None
     assert settings.matrix.access_token.get_secret_value() == "syt_secret_token"
     text = repr(settings.redacted())
-    for secret in ("ghp_secret_value", "syt_secret_token", "xoxb-secret-bot", "xapp-secret-app"):
+    secrets = ("ghp_secret_value", "syt_secret_token", "xoxb-secret-bot", "xapp-secret-app")
+    for secret in (*secrets, "pg_secret_pw"):
         assert secret not in text
     assert "GITHUB_TOKEN" in text
+    assert "postgresql+asyncpg://bridge:***@db/chat" in text
