@@ -39,7 +39,9 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
         # wait in SQLite's busy handler, which polls with sleeps. (In-memory
         # databases keep SQLAlchemy's single static connection.)
         kwargs = {"pool_size": 1, "max_overflow": 0, **kwargs}
-    engine = create_async_engine(url, **kwargs)
+    # Statement parameters are message texts and run excerpts: keep them out of
+    # error messages, which reach the logs.
+    engine = create_async_engine(url, hide_parameters=True, **kwargs)
     if engine.dialect.name == "sqlite":
         _configure_sqlite(engine)
     return engine
