@@ -31,6 +31,8 @@ class Intake:
     dispatcher: Dispatcher
     commands: CommandHandler
     metrics: Metrics
+    on_accepted: Callable[[Message], None] = lambda message: None
+    """Called for each message that will go to a run (shows it as received)."""
     wall_clock: Callable[[], float] = time.time
     closed: bool = False
     """Set at shutdown: nothing new is accepted (transports do not acknowledge)."""
@@ -88,6 +90,7 @@ class Intake:
         else:
             self.metrics.messages.labels("accepted").inc()
             self.dispatcher.submit(message)
+            self.on_accepted(message)
         return Accepted.ACCEPTED
 
     async def recover(self, pending: list[Message]) -> int:

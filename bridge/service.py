@@ -23,14 +23,14 @@ from bridge.errors import StartupError
 from bridge.http import serve_http
 from bridge.intake import Intake
 from bridge.metrics import Metrics
-from bridge.model import RoomKey, RunReport, RunStatus, TransportName
+from bridge.model import Batch, Message, RoomKey, RunReport, RunStatus, TransportName
 from bridge.replies import Replier
 from bridge.runs import RunExecutor
 from bridge.store.base import Store, StoreError
 from bridge.store.sql import SqlStore
 from dispatcher import Dispatcher, DispatchLimits
 from runner import kill_marked
-from transports.base import RoomBinding, Transport
+from transports.base import RoomBinding, RunPhase, Transport
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,7 @@ class Service:
     metrics: Metrics = field(init=False, default_factory=Metrics)
     _stop: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     _stop_now: asyncio.Event = field(init=False, default_factory=asyncio.Event)
+    _tasks: asyncio.TaskGroup | None = field(init=False, default=None)
     ready: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     """Set once recovery is done and every transport is connected."""
 
@@ -105,6 +106,7 @@ class Service:
             self.executor.reset_session,
         )
         self.intake = Intake(settings, self.store, self.dispatcher, commands, self.metrics)
+        self.intake.on_accepted = self._show_received
         self.metrics.watch(
             lambda: self.dispatcher.active_runs,
             lambda: self.dispatcher.queued,
@@ -164,9 +166,23 @@ class Service:
             log.info("re-queued %d message(s) accepted before the restart", resumed)
         return notices
 
+    def _show_received(self, message: Message) -> None:
+        # In the service's task group, so the transport's acknowledgement does
+        # not wait for a reaction (the replier never raises).
+        if self._tasks is not None:
+            batch = Batch(message.room, (message,))
+            self._tasks.create_task(self.replier.phase(batch, RunPhase.RECEIVED))
+
     async def serve(self) -> None:
+        try:
+            await self._serve()
+        finally:
+            self._tasks = None
+
+    async def _serve(self) -> None:
         notices = await self.recover()
         async with asyncio.TaskGroup() as tg:
+            self._tasks = tg
             background = [tg.create_task(self._housekeeping(), name="housekeeping")]
             if self.settings.http.listen:
                 http = serve_http(

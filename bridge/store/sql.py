@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from sqlalchemy import ColumnElement, delete, exists, func, select, text, update
+from sqlalchemy import ColumnElement, Table, delete, exists, func, select, text, update
+from sqlalchemy import insert as insert_statement
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from bridge.model import (
@@ -33,12 +34,20 @@ from bridge.model import (
     UserId,
 )
 from bridge.store.base import AuditAction, AuditRecord, RunRecord, StoreError
+from bridge.store.batching import Committing, Failed, GroupCommit
 from bridge.store.engine import DEFAULT_URL, create_engine, redacted
 from bridge.store.migrate import head_revision, migrate, revision_of
 from bridge.store.rules import LIVE_STATES, excerpt, finished_message_state, ignored_detail
 from bridge.store.tables import AuditRow, Base, MessageRow, RoomRow, RunMessageRow, RunRow
 
 _LIVE = tuple(str(s) for s in LIVE_STATES)
+
+# Core tables for executemany: plain rows, no ORM unit of work per message.
+_MESSAGES: Table = MessageRow.__table__  # type: ignore[assignment]
+_AUDIT: Table = AuditRow.__table__  # type: ignore[assignment]
+
+ACCEPT_GROUP_LIMIT = 256
+"""Messages per group-commit transaction of :meth:`SqlStore.accept` at most."""
 
 
 class SqlStore:
@@ -52,6 +61,9 @@ class SqlStore:
         self._engine = engine
         self._sessions = async_sessionmaker(engine, expire_on_commit=False)
         self._closed = False
+        self._accepts: GroupCommit[tuple[InboundMessage, float], Message | None] = GroupCommit(
+            self._accept_group, limit=ACCEPT_GROUP_LIMIT
+        )
 
     @classmethod
     async def open(cls, url: str = DEFAULT_URL, *, auto_migrate: bool = True) -> SqlStore:
@@ -89,48 +101,93 @@ class SqlStore:
     # Messages
 
     async def accept(self, msg: InboundMessage, received_at: float) -> Message | None:
-        """Record ``msg`` as pending and audit it, or return None on redelivery."""
-        values = {
-            "transport": msg.room.transport,
-            "room_id": msg.room.room_id,
-            "external_id": msg.external_id,
-            "sender": msg.sender,
-            "text": msg.text,
-            "thread": msg.thread,
-            "received_at": received_at,
-            "state": MessageState.PENDING.value,
-        }
+        """Record ``msg`` as pending and audit it, or return None on redelivery.
+
+        Concurrent calls share one transaction (group commit, see
+        :mod:`bridge.store.batching`): each still returns only once its
+        message is committed, and an error of the shared transaction reaches
+        every call in it. A call cancelled once its transaction is under way
+        may still have its message committed.
+        """
+        if self._closed:
+            raise StoreError("the store is closed")
+        return await self._accepts.submit((msg, received_at))
+
+    async def _accept_group(
+        self, group: Sequence[tuple[InboundMessage, float]], committing: Committing
+    ) -> list[Message | Failed | None]:
+        """Insert the messages not yet stored, in order, in one transaction.
+
+        If the database refuses the group's data (not a lost connection or a
+        lock), each message goes again alone, so that one message it refuses
+        fails only its own caller, as without group commit.
+        """
+        try:
+            return list(await self._accept_together(group, committing))
+        except StoreError as exc:
+            if len(group) == 1 or not _refused_data(exc):
+                raise
+        # Commits follow: from here on the leader must not cut this short.
+        committing()
+        outcomes: list[Message | Failed | None] = []
+        for item in group:
+            try:
+                outcomes += await self._accept_together([item], committing)
+            except StoreError as exc:
+                outcomes.append(Failed(exc))
+        return outcomes
+
+    async def _accept_together(
+        self, group: Sequence[tuple[InboundMessage, float]], committing: Committing
+    ) -> list[Message | None]:
+        """Insert the messages not yet stored, in order, in one transaction.
+
+        One INSERT for the messages and one for their audit rows, whatever
+        the group's size: per-statement overhead, not the commit, would
+        otherwise bound a group.
+        """
+        # A key twice in one group: the first is the message, later ones are
+        # redeliveries, exactly as if they had come one after the other.
+        first: dict[tuple[str, str, str], int] = {}
+        for position, (msg, _) in enumerate(group):
+            first.setdefault(_key(msg), position)
+        fresh = sorted(first.values())
         async with self._transaction() as s:
             # ON CONFLICT DO NOTHING rather than catching IntegrityError: a
-            # concurrent duplicate then waits for the first commit and inserts
-            # nothing, and no other integrity error is mistaken for redelivery.
-            insert = self._insert(MessageRow).values(values)
-            insert = insert.on_conflict_do_nothing(
+            # message already stored (or being stored by another process,
+            # whose commit this waits for) inserts nothing, and no other
+            # integrity error is mistaken for redelivery. The statement is the
+            # same whatever the group's size, so it is compiled once; with
+            # RETURNING, SQLAlchemy sends the rows as one multi-row INSERT
+            # ("insertmanyvalues"), whose rows get their ids in order.
+            insert = self._insert(_MESSAGES).on_conflict_do_nothing(
                 index_elements=["transport", "room_id", "external_id"]
-            ).returning(MessageRow.id)
-            new_id = (await s.execute(insert)).scalar_one_or_none()
-            if new_id is None:
-                return None
-            s.add(
-                _audit_row(
-                    AuditAction.MESSAGE_ACCEPTED,
-                    received_at,
-                    room=msg.room,
-                    actor=msg.sender,
-                    message_id=new_id,
-                )
             )
-        return Message(
-            id=MessageId(new_id),
-            room=msg.room,
-            sender=msg.sender,
-            text=msg.text,
-            external_id=msg.external_id,
-            received_at=received_at,
-            thread=msg.thread,
-        )
+            insert = insert.returning(
+                _MESSAGES.c.id, _MESSAGES.c.transport, _MESSAGES.c.room_id, _MESSAGES.c.external_id
+            )
+            rows = await s.execute(insert, [_message_values(*group[p]) for p in fresh])
+            # RETURNING order is unspecified: match rows by their key.
+            new_ids: dict[tuple[str, str, str], int] = {(t, r, e): i for i, t, r, e in rows}
+            ids = [
+                new_ids.get(_key(msg)) if first[_key(msg)] == position else None
+                for position, (msg, _) in enumerate(group)
+            ]
+            audit = [
+                _accepted_audit_values(msg, received_at, new_id)
+                for new_id, (msg, received_at) in zip(ids, group, strict=True)
+                if new_id is not None
+            ]
+            if audit:
+                await s.execute(insert_statement(_AUDIT), audit)
+            # Nothing awaits between here and the COMMIT on leaving the block.
+            committing()
+        return [
+            None if new_id is None else _accepted(MessageId(new_id), msg, received_at)
+            for new_id, (msg, received_at) in zip(ids, group, strict=True)
+        ]
 
-    def _insert(self, table: type[Base]) -> Any:
+    def _insert(self, table: type[Base] | Table) -> Any:
         # Both dialects spell ON CONFLICT the same way, through different classes.
         if self._engine.dialect.name == "postgresql":
             return postgresql.insert(table)
@@ -484,6 +541,10 @@ class SqlStore:
     async def close(self) -> None:
         """Close every pooled connection and refuse further use."""
         self._closed = True
+        self._accepts.fail_queued(lambda: StoreError("the store is closed"))
+        # A connection still checked out when the pool is disposed is never
+        # closed properly: let the accept transaction in flight end first.
+        await self._accepts.idle()
         await self._engine.dispose()
 
 
@@ -496,6 +557,19 @@ def _require_head(url: str, found: str | None) -> None:
         )
 
 
+def _refused_data(error: StoreError) -> bool:
+    """Whether the database refused what was sent, rather than failing to take it.
+
+    A lost connection, a lock or a timeout would fail each message again.
+    """
+    cause = error.__cause__
+    return (
+        isinstance(cause, DBAPIError)
+        and not cause.connection_invalidated
+        and not isinstance(cause, OperationalError | InterfaceError)
+    )
+
+
 def _rowcount(result: Any) -> int:
     # Result of an UPDATE/DELETE; typed loosely in SQLAlchemy's stubs.
     count: int = result.rowcount
@@ -504,6 +578,51 @@ def _rowcount(result: Any) -> int:
 
 def _room(transport: str, room_id: str) -> RoomKey:
     return RoomKey(TransportName(transport), RoomId(room_id))
+
+
+def _message_values(msg: InboundMessage, received_at: float) -> dict[str, Any]:
+    return {
+        "transport": msg.room.transport,
+        "room_id": msg.room.room_id,
+        "external_id": msg.external_id,
+        "sender": msg.sender,
+        "text": msg.text,
+        "thread": msg.thread,
+        "received_at": received_at,
+        "state": MessageState.PENDING.value,
+    }
+
+
+def _key(msg: InboundMessage) -> tuple[str, str, str]:
+    """What makes a message a redelivery: transport, room and external id."""
+    return (msg.room.transport, msg.room.room_id, msg.external_id)
+
+
+def _accepted_audit_values(
+    msg: InboundMessage, received_at: float, message_id: int
+) -> dict[str, Any]:
+    return {
+        "at": received_at,
+        "action": AuditAction.MESSAGE_ACCEPTED.value,
+        "transport": msg.room.transport,
+        "room_id": msg.room.room_id,
+        "actor": msg.sender,
+        "message_id": message_id,
+        "run_id": None,
+        "detail": "",
+    }
+
+
+def _accepted(message_id: MessageId, msg: InboundMessage, received_at: float) -> Message:
+    return Message(
+        id=message_id,
+        room=msg.room,
+        sender=msg.sender,
+        text=msg.text,
+        external_id=msg.external_id,
+        received_at=received_at,
+        thread=msg.thread,
+    )
 
 
 def _message(row: MessageRow) -> Message:

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import os
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 
 import aiohttp
 
 from bridge.config import load_settings
 from bridge.model import ExternalMessageId, InboundMessage, RoomId, RoomKey, TransportName, UserId
+from bridge.service import Service, open_store
 from runner.process import find_marked
 from tests.bridge.harness import ConsoleSession, run_console, write_config
-from transports.base import Accepted
+from transports.base import Accepted, RunPhase
+from transports.console import ConsoleTransport
 
 ROOM = RoomKey(TransportName("console"), RoomId("console"))
 
@@ -264,3 +269,34 @@ async def test_status_answers_from_the_store_during_and_after_a_run(tmp_path: Pa
     assert f"Session: `{session_id}`." in out
     assert "Last run: succeeded, took " in out
     assert "cost $0.0123" in out
+
+
+class PhaseRecordingConsole(ConsoleTransport):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.phases: list[tuple[tuple[str, ...], RunPhase]] = []
+
+    async def set_phase(
+        self, room: RoomKey, message_ids: Sequence[ExternalMessageId], phase: RunPhase
+    ) -> None:
+        self.phases.append((tuple(message_ids), phase))
+
+
+async def test_batches_show_received_running_and_done(tmp_path: Path) -> None:
+    settings = load_settings(write_config(tmp_path))
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, b"one\ntwo\n")
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as reader:
+        console = PhaseRecordingConsole("console", "local", stdin=reader, stdout=io.StringIO())
+        store = await open_store(settings)
+        try:
+            await Service(settings, store, [console]).serve()
+        finally:
+            await store.close()
+    received = [ids for ids, phase in console.phases if phase is RunPhase.RECEIVED]
+    later = [(ids, phase) for ids, phase in console.phases if phase is not RunPhase.RECEIVED]
+    assert len(received) == 2
+    assert all(len(ids) == 1 for ids in received)
+    batch = received[0] + received[1]
+    assert later == [(batch, RunPhase.RUNNING), (batch, RunPhase.DONE)]
