@@ -43,10 +43,12 @@ from dispatcher import Dispatcher, DispatchLimits
 
 
 def settings(rooms: int) -> Settings:
+    # Rooms of a configured transport; the bench starts no transport.
     return Settings(
         console={"enabled": False},
+        matrix={"homeserver": "http://127.0.0.1:1", "user_id": "@b:x", "access_token": "t"},
         rooms=[
-            {"transport": "console", "id": f"room-{i}", "allowed_users": ["*"]}
+            {"transport": "matrix", "id": f"!room-{i}", "allowed_users": ["*"]}
             for i in range(rooms)
         ],
     )
@@ -89,7 +91,7 @@ async def measure(
         reset_session=lambda room: store.set_session(room, None),
     )
     intake = Intake(config, store, dispatcher, commands, Metrics())
-    keys = [RoomKey(TransportName("console"), RoomId(f"room-{i}")) for i in range(rooms)]
+    keys = [RoomKey(TransportName("matrix"), RoomId(f"!room-{i}")) for i in range(rooms)]
     run = uuid.uuid4().hex[:6]
     inbound = [
         InboundMessage(

@@ -168,12 +168,12 @@ class GroupCommit(Generic[ItemT, ResultT]):
             await _settle(transaction)
         finally:
             self._in_flight = None
-        if transaction.cancelled():
+        if transaction.cancelled() and cancelled is not None:
             # Rolled back: the others go again under a new leader.
             self._requeue([w for w in group if w is not own])
             self._hand_over()
-            raise cancelled or asyncio.CancelledError()
-        error = transaction.exception()
+            raise cancelled
+        results, error = _outcome(transaction, len(group))
         if error is not None:
             for waiter in group:
                 if waiter is not own and not waiter.turn.done():
@@ -182,9 +182,6 @@ class GroupCommit(Generic[ItemT, ResultT]):
             if cancelled is not None:
                 raise cancelled
             raise error
-        results = transaction.result()
-        if len(results) != len(group):
-            raise RuntimeError(f"write returned {len(results)} results for {len(group)} items")
         for waiter, result in zip(group, results, strict=True):
             if waiter is own or waiter.turn.done():
                 continue
@@ -238,6 +235,24 @@ class GroupCommit(Generic[ItemT, ResultT]):
         if self._leader is waiter:
             # Promoted, but cancelled before it could lead.
             self._hand_over()
+
+
+def _outcome(
+    transaction: asyncio.Task[Sequence[ResultT | Failed]], size: int
+) -> tuple[Sequence[ResultT | Failed], Exception | None]:
+    """The results of a finished transaction, or the error for all its items."""
+    if transaction.cancelled():
+        # Nobody cancelled it: a write must not cancel itself.
+        return (), RuntimeError("the transaction was cancelled from within")
+    error = transaction.exception()
+    if error is not None:
+        if not isinstance(error, Exception):
+            raise error  # KeyboardInterrupt and the like: not the callers' business
+        return (), error
+    results = transaction.result()
+    if len(results) != size:
+        return (), RuntimeError(f"write returned {len(results)} results for {size} items")
+    return results, None
 
 
 async def _settle(task: asyncio.Task[Any]) -> None:

@@ -105,8 +105,9 @@ class SqlStore:
 
         Concurrent calls share one transaction (group commit, see
         :mod:`bridge.store.batching`): each still returns only once its
-        message is committed, and an error of the shared transaction reaches
-        every call in it. A call cancelled once its transaction is under way
+        message is committed. A lost connection or a lock timeout fails
+        every call in that transaction; a message the database refuses fails
+        only its own call. A call cancelled once its transaction is under way
         may still have its message committed.
         """
         if self._closed:
