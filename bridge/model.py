@@ -59,6 +59,18 @@ class InboundMessage:
     mentions_bot: bool = False
     """The message mentions the bot (used by Slack's ``trigger = "mention"``)."""
 
+    def accepted(self, message_id: MessageId, received_at: float) -> Message:
+        """This message as the store recorded it."""
+        return Message(
+            id=message_id,
+            room=self.room,
+            sender=self.sender,
+            text=self.text,
+            external_id=self.external_id,
+            received_at=received_at,
+            thread=self.thread,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Message:

@@ -85,15 +85,7 @@ class MemoryStore:
         if key in self._seen:
             return None
         self._seen.add(key)
-        message = Message(
-            id=message_id,
-            room=msg.room,
-            sender=msg.sender,
-            text=msg.text,
-            external_id=msg.external_id,
-            received_at=received_at,
-            thread=msg.thread,
-        )
+        message = msg.accepted(message_id, received_at)
         self._messages[message.id] = _StoredMessage(message, MessageState.PENDING)
         self._write_audit(
             AuditAction.MESSAGE_ACCEPTED,

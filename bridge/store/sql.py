@@ -184,7 +184,7 @@ class SqlStore:
             # Nothing awaits between here and the COMMIT on leaving the block.
             committing()
         return [
-            None if new_id is None else _accepted(MessageId(new_id), msg, received_at)
+            None if new_id is None else msg.accepted(MessageId(new_id), received_at)
             for new_id, (msg, received_at) in zip(ids, group, strict=True)
         ]
 
@@ -612,18 +612,6 @@ def _accepted_audit_values(
         "run_id": None,
         "detail": "",
     }
-
-
-def _accepted(message_id: MessageId, msg: InboundMessage, received_at: float) -> Message:
-    return Message(
-        id=message_id,
-        room=msg.room,
-        sender=msg.sender,
-        text=msg.text,
-        external_id=msg.external_id,
-        received_at=received_at,
-        thread=msg.thread,
-    )
 
 
 def _message(row: MessageRow) -> Message:
