@@ -175,12 +175,11 @@ class CommandHandler:
         lines.append(
             f"Session: `{session}`." if session else "Session: none (next run starts fresh)."
         )
-        finished = last if last is not None and last.report is not None else None
-        if finished is not None and finished.report is not None:
-            report = finished.report
+        if last is not None and last.report is not None:
+            report = last.report
             parts = [f"Last run: {report.status.value}"]
-            if finished.ended_at is not None:
-                parts.append(f"took {_duration(finished.ended_at - finished.started_at)}")
+            if last.ended_at is not None:
+                parts.append(f"took {_duration(last.ended_at - last.started_at)}")
             if report.cost_usd is not None:
                 parts.append(f"cost ${report.cost_usd:.4f}")
             lines.append(", ".join(parts) + ".")

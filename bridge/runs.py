@@ -2,7 +2,9 @@
 
 The dispatcher calls :meth:`RunExecutor.execute` in a task it owns and
 cancels that task to stop the run; the runner then leaves no process behind
-and this module records the run as stopped (or interrupted, at shutdown).
+and this module records the run as stopped if the room asked for it
+(``!stop``), otherwise as interrupted (shutdown, a failing service), which
+``!retry`` can run again.
 """
 
 from __future__ import annotations
@@ -183,7 +185,7 @@ class RunExecutor:
         try:
             report = await self._drive(run_id, batch, progress)
         except asyncio.CancelledError:
-            status = RunStatus.STOPPED if self.stop_requested(batch.room) else RunStatus.INTERRUPTED
+            status = self._cancelled_status(batch.room)
             # The runner has already killed the process tree; record and report
             # the end even if we are cancelled again meanwhile.
             report = RunReport(status)
@@ -204,8 +206,11 @@ class RunExecutor:
         except TimeoutError:
             log.warning("recording the end of the run took over %gs", FINALIZE_TIMEOUT_S)
 
+    def _cancelled_status(self, room: RoomKey) -> RunStatus:
+        return RunStatus.STOPPED if self.stop_requested(room) else RunStatus.INTERRUPTED
+
     async def _cancelled_at_start(self, run_id: RunId, batch: Batch) -> None:
-        status = RunStatus.STOPPED if self.stop_requested(batch.room) else RunStatus.INTERRUPTED
+        status = self._cancelled_status(batch.room)
         if await self.store.get_run(run_id) is not None:
             await self.store.finish_run(run_id, RunReport(status), self.wall_clock())
         elif status is RunStatus.STOPPED:

@@ -10,7 +10,6 @@ transports, close the store.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import time
@@ -23,7 +22,7 @@ from bridge.errors import StartupError
 from bridge.http import serve_http
 from bridge.intake import Intake
 from bridge.metrics import Metrics
-from bridge.model import Batch, Message, RoomKey, RunReport, RunStatus, TransportName
+from bridge.model import Batch, Message, RoomKey, RunReport, RunStatus
 from bridge.replies import Replier
 from bridge.runs import RunExecutor
 from bridge.store.base import Store, StoreError
@@ -82,6 +81,8 @@ class Service:
     _tasks: asyncio.TaskGroup | None = field(init=False, default=None)
     ready: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     """Set once recovery is done and every transport is connected."""
+    http_port: int | None = field(init=False, default=None)
+    """The port /healthz, /readyz and /metrics listen on, once bound."""
 
     def __post_init__(self) -> None:
         settings = self.settings
@@ -123,9 +124,6 @@ class Service:
             if not transport.connected:
                 return f"{transport.name}: not connected"
         return None
-
-    http_port: int | None = field(init=False, default=None)
-    """The port /healthz, /readyz and /metrics listen on, once bound."""
 
     def _http_bound(self, port: int) -> None:
         self.http_port = port
@@ -284,8 +282,9 @@ class Service:
         # Cancelling the dispatcher stops every active run; the runner leaves
         # no process behind and the executor records them as interrupted.
         dispatcher_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await dispatcher_task
+        # wait(), not await: the task's own CancelledError is expected, but a
+        # cancellation of this shutdown must still propagate.
+        await asyncio.wait({dispatcher_task})
 
     async def _housekeeping(self) -> None:
         retention_s = self.settings.database.retention_days * 86400
@@ -325,4 +324,4 @@ async def run_service(settings: Settings) -> None:
         await store.close()
 
 
-__all__ = ["Service", "TransportName", "build_transports", "run_service"]
+__all__ = ["Service", "build_transports", "open_store", "run_service"]
