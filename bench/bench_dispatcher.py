@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bridge.model import (
+from bridge.core.model import (
     Batch,
     ExternalMessageId,
     Message,

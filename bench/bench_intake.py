@@ -25,9 +25,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from bridge.commands import CommandHandler
 from bridge.config import Settings
-from bridge.intake import Intake
-from bridge.metrics import Metrics
-from bridge.model import (
+from bridge.core.model import (
     Batch,
     ExternalMessageId,
     InboundMessage,
@@ -36,6 +34,8 @@ from bridge.model import (
     TransportName,
     UserId,
 )
+from bridge.intake import Intake
+from bridge.metrics import Metrics
 from bridge.store.base import Store
 from bridge.store.memory import MemoryStore
 from bridge.store.sql import SqlStore

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bridge.model import RunId  # noqa: E402
+from bridge.core.model import RunId  # noqa: E402
 from runner import RunEvent, RunRequest, Spawned, ToolResult, find_marked, run_claude  # noqa: E402
 from tests.fakes.fake_claude import install  # noqa: E402
 

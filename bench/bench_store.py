@@ -31,7 +31,14 @@ from pathlib import Path
 import asyncpg
 from sqlalchemy.engine import make_url
 
-from bridge.model import ExternalMessageId, InboundMessage, RoomId, RoomKey, TransportName, UserId
+from bridge.core.model import (
+    ExternalMessageId,
+    InboundMessage,
+    RoomId,
+    RoomKey,
+    TransportName,
+    UserId,
+)
 from bridge.store.sql import SqlStore
 
 DEFAULT_POSTGRES = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from bridge.config import Settings, load_settings
+from bridge.core.transport import TransportError
 from bridge.errors import ChatbridgeError, ConfigError
 from bridge.logs import setup_logging
 from bridge.store.base import StoreError
-from transports.base import TransportError
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

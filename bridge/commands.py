@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from bridge.model import Message, RoomKey
+from bridge.core.model import Message, RoomKey
 from bridge.store.base import AuditAction, Store
 from dispatcher import Dispatcher
 

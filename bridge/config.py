@@ -25,8 +25,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from bridge.core.model import RoomId, RoomKey, TransportName, UserId
 from bridge.errors import ConfigError
-from bridge.model import RoomId, RoomKey, TransportName, UserId
 from transports.matrix.settings import MatrixSettings
 from transports.slack.settings import SlackSettings
 

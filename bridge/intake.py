@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 from bridge.commands import CommandHandler, parse_command
 from bridge.config import Settings
+from bridge.core.model import InboundMessage, Message
+from bridge.core.transport import Accepted, InboundEvent, SinkClosed
 from bridge.logs import log_context
 from bridge.metrics import Metrics
-from bridge.model import InboundMessage, Message
 from bridge.store.base import Store, StoreError
 from dispatcher import Dispatcher
-from transports.base import Accepted, SinkClosed
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +37,15 @@ class Intake:
     closed: bool = False
     """Set at shutdown: nothing new is accepted (transports do not acknowledge)."""
 
-    async def accept(self, inbound: InboundMessage) -> Accepted:
-        """The transports' sink. Returns once the message is durably recorded."""
+    async def accept(self, event: InboundEvent) -> Accepted:
+        """The transports' sink. Returns once the event is durably recorded."""
         if self.closed:
             raise SinkClosed
-        with log_context(room=inbound.room):
-            return await self._accept(inbound)
+        with log_context(room=event.room):
+            if isinstance(event, InboundMessage):
+                return await self._accept(event)
+            # Edits and deletions of messages not yet run: not handled yet.
+            return Accepted.IGNORED
 
     async def _accept(self, inbound: InboundMessage) -> Accepted:
         room = self.settings.room(inbound.room)

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge.model import ExternalMessageId
+from bridge.core.model import ExternalMessageId
 
 MAX_RECENT_TOOLS = 3
 _DETAIL_LIMIT = 80

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from bridge.model import (
+from bridge.core.model import (
     Batch,
     ExternalMessageId,
     Message,
@@ -18,7 +18,8 @@ from bridge.model import (
     RoomKey,
     TransportName,
 )
-from transports.base import RunPhase, Transport
+from bridge.core.transport import RunPhase
+from transports.base import Transport
 
 log = logging.getLogger(__name__)
 

@@ -17,11 +17,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge.aio import shielded
 from bridge.config import RoomSettings, Settings
-from bridge.logs import log_context
-from bridge.metrics import Metrics
-from bridge.model import (
+from bridge.core.aio import shielded
+from bridge.core.model import (
     Batch,
     ExternalMessageId,
     ReplyKind,
@@ -31,12 +29,14 @@ from bridge.model import (
     RunStatus,
     SessionId,
 )
+from bridge.core.transport import RunPhase
+from bridge.logs import log_context
+from bridge.metrics import Metrics
 from bridge.progress import ProgressMessage
 from bridge.replies import Replier, in_conversation
 from bridge.store.base import Store, StoreError
 from runner import RunRequest, run_claude
 from runner.events import Init, RunEvent, Spawned, ToolUse
-from transports.base import RunPhase
 
 log = logging.getLogger(__name__)
 

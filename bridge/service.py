@@ -18,18 +18,19 @@ from dataclasses import dataclass, field
 
 from bridge.commands import CommandHandler
 from bridge.config import Settings
+from bridge.core.model import Batch, Message, RoomKey, RunReport, RunStatus
+from bridge.core.transport import RoomBinding, RunPhase
 from bridge.errors import StartupError
 from bridge.http import serve_http
 from bridge.intake import Intake
 from bridge.metrics import Metrics
-from bridge.model import Batch, Message, RoomKey, RunReport, RunStatus
 from bridge.replies import Replier
 from bridge.runs import RunExecutor
 from bridge.store.base import Store, StoreError
 from bridge.store.sql import SqlStore
 from dispatcher import Dispatcher, DispatchLimits
 from runner import kill_marked
-from transports.base import RoomBinding, RunPhase, Transport
+from transports.base import Transport
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Debounces each room's messages into batches, runs at most one batch per
 room at a time, and caps the runs across rooms. Sees only core types
-(:mod:`bridge.model`); time comes from an injected :class:`Clock`.
+(:mod:`bridge.core.model`); time comes from an injected :class:`Clock`.
 """
 
 from dispatcher.clock import Clock, ManualClock, MonotonicClock, TimerHandle

@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
-from bridge.model import Batch, Message, RoomKey
+from bridge.core.model import Batch, Message, RoomKey
 from dispatcher.clock import Clock, MonotonicClock, TimerHandle
 from dispatcher.limits import DispatchLimits
 from dispatcher.scheduler import Scheduler

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from bridge.model import Batch, Message, RoomKey
+from bridge.core.model import Batch, Message, RoomKey
 from dispatcher.limits import DispatchLimits
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import itertools
 
-from bridge.model import Batch, Message, RoomKey
+from bridge.core.model import Batch, Message, RoomKey
 from dispatcher.limits import DispatchLimits
 from dispatcher.room import (
     ArmTimer,

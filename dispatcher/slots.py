@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bridge.model import RoomKey
+from bridge.core.model import RoomKey
 
 
 class SlotPool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bridge.model import Batch, Message
+from bridge.core.model import Batch, Message
 
 
 @dataclass(frozen=True, slots=True)

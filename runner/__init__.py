@@ -1,6 +1,6 @@
 """Runs ``claude -p`` for one batch and leaves no process of the run behind.
 
-Imports only core types from ``bridge.model``. Entry points: :func:`run_claude`
+Imports only core types from ``bridge.core.model``. Entry points: :func:`run_claude`
 for a run, :func:`kill_marked` for sweeping runs a crash left behind.
 """
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge.model import SessionId
+from bridge.core.model import SessionId
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bridge.model import RunId, SessionId
+from bridge.core.model import RunId, SessionId
 
 
 @dataclass(frozen=True)

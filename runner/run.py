@@ -26,8 +26,8 @@ import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from bridge.aio import shielded
-from bridge.model import RunReport, RunStatus, SessionId
+from bridge.core.aio import shielded
+from bridge.core.model import RunReport, RunStatus, SessionId
 from runner.command import build_argv, build_env
 from runner.errors import InvalidRequest, StreamError
 from runner.events import Init, Result, RunEvent, Spawned

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from bridge.model import SessionId
+from bridge.core.model import SessionId
 from runner.errors import LineTooLong, MalformedLine
 from runner.events import AssistantText, Init, Result, RunEvent, ToolResult, ToolUse
 

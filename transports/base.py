@@ -1,75 +1,18 @@
 """What a transport is, in core types only.
 
 A transport connects one chat system to the service. It translates its
-library's events into :class:`~bridge.model.InboundMessage` and hands each
-to the sink, and it renders :class:`~bridge.model.Reply` back. Library types
+library's events into :data:`~bridge.core.transport.InboundEvent` values and hands
+each to the sink, and it renders :class:`~bridge.core.model.Reply` back. Library types
 (nio responses, Slack bodies) never cross this boundary.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
+from collections.abc import Sequence
 
-from bridge.model import (
-    ExternalMessageId,
-    InboundMessage,
-    Reply,
-    RoomId,
-    RoomKey,
-    TransportName,
-)
-
-
-class Accepted(StrEnum):
-    """What the service did with an inbound message."""
-
-    ACCEPTED = "accepted"
-    """Durably recorded: the transport may now acknowledge it upstream."""
-    DUPLICATE = "duplicate"
-    """Seen before (redelivery): acknowledge, do nothing else."""
-    IGNORED = "ignored"
-    """Not for the bridge (unauthorized, bot, unconfigured room): acknowledge."""
-
-
-InboundSink = Callable[[InboundMessage], Awaitable[Accepted]]
-"""The service's entry point. Returns only after the message is durably recorded,
-so a transport acknowledges upstream (Slack ack, Matrix sync position) after it."""
-
-
-class RunPhase(StrEnum):
-    """Where a batch stands; transports may show it (Slack reactions)."""
-
-    RECEIVED = "received"
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"
-    STOPPED = "stopped"
-
-
-@dataclass(frozen=True, slots=True)
-class RoomBinding:
-    """A configured room as a transport needs to know it."""
-
-    room_id: RoomId
-    trigger: str = "all"
-    """``"all"`` messages, or ``"mention"``: only messages that mention the bot."""
-    reply_in_thread: bool = False
-    """Answer in a thread under the batch's first message (Slack)."""
-
-
-class SinkClosed(Exception):
-    """Raised by the sink while the service shuts down: do not acknowledge the message."""
-
-
-class TransportError(Exception):
-    """A transport could not deliver or connect; carries the transport's name."""
-
-    def __init__(self, transport: str, message: str) -> None:
-        super().__init__(f"{transport}: {message}")
-        self.transport = transport
+from bridge.core.model import ExternalMessageId, Reply, RoomKey, TransportName
+from bridge.core.transport import Delivery, InboundSink, RunPhase
 
 
 class Transport:
@@ -87,8 +30,18 @@ class Transport:
         """
         raise NotImplementedError
 
-    async def send(self, reply: Reply) -> ExternalMessageId | None:
-        """Post a reply; returns the id of the (last) message posted, if any."""
+    async def send(
+        self, reply: Reply, delivery: Delivery | None = None
+    ) -> ExternalMessageId | None:
+        """Post a reply; returns the id of the (last) message posted, if any.
+
+        With ``delivery`` (answers from the outbox) the transport skips the
+        parts already delivered and reports each part it posts, so a retry or
+        a restart never posts a part twice. Raises
+        :class:`~bridge.core.transport.RateLimited` when the server asks to
+        wait (without waiting itself), :class:`~bridge.core.transport.Undeliverable`
+        when no retry can help, and ``TransportError`` otherwise.
+        """
         raise NotImplementedError
 
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:

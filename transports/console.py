@@ -16,7 +16,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import BinaryIO, TextIO
 
-from bridge.model import (
+from bridge.core.model import (
     ExternalMessageId,
     InboundMessage,
     Reply,
@@ -26,7 +26,8 @@ from bridge.model import (
     TransportName,
     UserId,
 )
-from transports.base import InboundSink, SinkClosed, Transport
+from bridge.core.transport import Delivery, InboundSink, SinkClosed
+from transports.base import Transport
 
 NAME = TransportName("console")
 
@@ -93,7 +94,12 @@ class ConsoleTransport(Transport):
         self._stdout.write(text + "\n")
         self._stdout.flush()
 
-    async def send(self, reply: Reply) -> ExternalMessageId | None:
+    async def send(
+        self, reply: Reply, delivery: Delivery | None = None
+    ) -> ExternalMessageId | None:
+        # One part per reply: a delivery that already has it is done.
+        if delivery is not None and delivery.parts_done >= 1:
+            return None
         self._sent += 1
         match reply.kind:
             case ReplyKind.RESULT:
@@ -102,7 +108,10 @@ class ConsoleTransport(Transport):
                 self._print("· " + " | ".join(reply.text.splitlines()))
             case ReplyKind.NOTICE:
                 self._print("\n".join("* " + line for line in reply.text.splitlines()))
-        return ExternalMessageId(f"out-{self._sent}")
+        sent = ExternalMessageId(f"out-{self._sent}")
+        if delivery is not None:
+            await delivery.part_sent(0, sent)
+        return sent
 
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         self._print("· " + " | ".join(text.splitlines()))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from bridge.model import (
+from bridge.core.model import (
     Batch,
     InboundMessage,
     Message,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from bridge.model import (
+from bridge.core.model import (
     Batch,
     ExternalMessageId,
     InboundMessage,

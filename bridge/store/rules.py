@@ -6,7 +6,7 @@ so the contract suite checks one set of rules rather than two copies of them.
 
 from __future__ import annotations
 
-from bridge.model import MessageState, RunStatus
+from bridge.core.model import MessageState, RunStatus
 
 EXCERPT_LIMIT_BYTES = 4096
 """Upper bound, in UTF-8 bytes, of the result and error text kept per run."""

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from bridge.config import load_settings
+from bridge.core.model import RoomId, RoomKey, TransportName
 from bridge.errors import ConfigError
-from bridge.model import RoomId, RoomKey, TransportName
 
 MATRIX_ROOM = RoomKey(TransportName("matrix"), RoomId("!abc:example.org"))
 

@@ -6,10 +6,11 @@ from pathlib import Path
 import aiohttp
 
 from bridge.config import load_settings
+from bridge.core.transport import InboundSink
 from bridge.http import serve_http
 from bridge.service import Service, open_store
 from tests.bridge.harness import write_config
-from transports.base import InboundSink, Transport
+from transports.base import Transport
 
 
 async def get(port: int, path: str) -> tuple[int, str]:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bridge.model import ExternalMessageId
+from bridge.core.model import ExternalMessageId
 from bridge.progress import ProgressMessage, describe_tool_use, format_elapsed
 
 

@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 
 from bridge.config import load_settings
-from bridge.model import RunId
+from bridge.core.model import RunId
+from bridge.core.transport import InboundSink, TransportError
 from bridge.service import Service, open_store
 from bridge.store.base import Store, StoreError
 from runner.process import find_marked
 from tests.bridge.harness import ConsoleSession, write_config
-from transports.base import InboundSink, Transport, TransportError
+from transports.base import Transport
 
 
 def rows(tmp_path: Path, sql: str) -> list[tuple[Any, ...]]:

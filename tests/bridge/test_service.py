@@ -13,11 +13,18 @@ from pathlib import Path
 import aiohttp
 
 from bridge.config import load_settings
-from bridge.model import ExternalMessageId, InboundMessage, RoomId, RoomKey, TransportName, UserId
+from bridge.core.model import (
+    ExternalMessageId,
+    InboundMessage,
+    RoomId,
+    RoomKey,
+    TransportName,
+    UserId,
+)
+from bridge.core.transport import Accepted, RunPhase
 from bridge.service import Service, open_store
 from runner.process import find_marked
 from tests.bridge.harness import ConsoleSession, run_console, write_config
-from transports.base import Accepted, RunPhase
 from transports.console import ConsoleTransport
 
 ROOM = RoomKey(TransportName("console"), RoomId("console"))

@@ -7,7 +7,7 @@ import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from bridge.model import (
+from bridge.core.model import (
     Batch,
     ExternalMessageId,
     Message,

@@ -8,7 +8,7 @@ from collections import defaultdict
 
 import pytest
 
-from bridge.model import Message, RoomKey
+from bridge.core.model import Message, RoomKey
 from dispatcher import Dispatcher, DispatchLimits, ManualClock
 from tests.dispatcher.fakes import GUARD_S, FakeExecute, Messages, room, serving
 

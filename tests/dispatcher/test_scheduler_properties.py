@@ -28,7 +28,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from bridge.model import Batch, Message, RoomKey
+from bridge.core.model import Batch, Message, RoomKey
 from dispatcher.limits import DispatchLimits
 from dispatcher.scheduler import Scheduler
 from dispatcher.status import RoomStatus

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from bridge.model import RoomId
+from bridge.core.model import RoomId
+from bridge.core.transport import RoomBinding
 from tests.matrix.matrix_helpers import Human, TransportFactory
 from tests.matrix.synapse_peer import INSTALL_HINT, MatrixUser, SynapseServer, synapse_python
 from transports.backoff import Backoff
-from transports.base import RoomBinding
 from transports.matrix import MatrixSettings, MatrixTransport
 
 

@@ -22,9 +22,9 @@ from nio import (
     SyncResponse,
 )
 
-from bridge.model import InboundMessage
+from bridge.core.model import InboundMessage
+from bridge.core.transport import Accepted
 from tests.matrix.synapse_peer import MatrixUser
-from transports.base import Accepted
 from transports.matrix import MatrixTransport
 
 WAIT_S = 30.0

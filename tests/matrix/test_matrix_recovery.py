@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from bridge.model import InboundMessage, RoomId
+from bridge.core.model import InboundMessage, RoomId
+from bridge.core.transport import Accepted, RoomBinding, SinkClosed, TransportError
 from tests.matrix.matrix_helpers import RecordingSink
 from tests.matrix.synapse_peer import free_port
 from transports.backoff import Backoff
-from transports.base import Accepted, RoomBinding, SinkClosed, TransportError
 from transports.matrix import MatrixSettings, MatrixTransport
 
 BOT = "@bot:stub"

@@ -8,7 +8,8 @@ from collections.abc import Callable
 import pytest
 from nio import RoomMessageText
 
-from bridge.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey, TransportName
+from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey, TransportName
+from bridge.core.transport import TransportError
 from tests.matrix.matrix_helpers import (
     Human,
     RecordingSink,
@@ -19,7 +20,6 @@ from tests.matrix.matrix_helpers import (
     running,
 )
 from tests.matrix.synapse_peer import SynapseServer
-from transports.base import TransportError
 
 pytestmark = [pytest.mark.synapse, pytest.mark.slow]
 

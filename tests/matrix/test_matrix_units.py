@@ -11,7 +11,7 @@ import pytest
 from nio import Event, RedactionEvent, RoomMemberEvent, RoomMessageNotice, RoomMessageText
 from pydantic import ValidationError
 
-from bridge.model import RoomId, RoomKey, TransportName
+from bridge.core.model import RoomId, RoomKey, TransportName
 from transports.matrix import MatrixSettings
 from transports.matrix.events import BotIdentity, is_own_join, to_inbound
 from transports.matrix.render import MarkdownRenderer

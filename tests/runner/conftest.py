@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import pytest
 
-from bridge.model import RunId
+from bridge.core.model import RunId
 from runner import MARKER_ENV, RunEvent
 
 E = TypeVar("E")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.model import RunId, SessionId
+from bridge.core.model import RunId, SessionId
 from runner import MARKER_ENV, InvalidRequest, RunRequest, build_argv, build_env
 
 PROMPT = "rm -rf / ; $(whoami) `id` | & \n 'quoted' \"double\" ✓"

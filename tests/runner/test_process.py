@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bridge.model import RunId
+from bridge.core.model import RunId
 from runner import MARKER_ENV, find_marked, kill_marked
 from tests.runner.conftest import is_alive, pids_with_marker
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bridge.model import RunId, RunStatus
+from bridge.core.model import RunId, RunStatus
 from runner import Init, Result, RunRequest, ToolResult, ToolUse, run_claude
 from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin, claude_env
 from tests.runner.conftest import Recorder, is_alive, pids_with_marker

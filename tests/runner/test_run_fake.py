@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bridge.model import RunId, RunStatus, SessionId
+from bridge.core.model import RunId, RunStatus, SessionId
 from runner import (
     AssistantText,
     Init,

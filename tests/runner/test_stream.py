@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bridge.model import SessionId
+from bridge.core.model import SessionId
 from runner import (
     AssistantText,
     Init,

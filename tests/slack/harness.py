@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from bridge.model import InboundMessage, RoomId
+from bridge.core.model import InboundMessage, RoomId
+from bridge.core.transport import Accepted, RoomBinding
 from tests.slack import peer
 from transports.backoff import Backoff
-from transports.base import Accepted, RoomBinding
 from transports.slack.settings import SlackSettings
 from transports.slack.transport import SlackTransport
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from bridge.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey, TransportName
+from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey, TransportName
+from bridge.core.transport import RunPhase
 from tests.slack import peer
 from tests.slack.harness import Running, running
-from transports.base import RunPhase
 from transports.slack.outbound import PHASE_REACTIONS
 
 pytestmark = pytest.mark.slack

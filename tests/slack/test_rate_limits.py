@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey, TransportName
+from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey, TransportName
+from bridge.core.transport import RoomBinding, RunPhase, TransportError
 from tests.slack.fake_slack import CHANNEL, fake_slack
-from transports.base import RoomBinding, RunPhase, TransportError
 from transports.slack.settings import SlackSettings
 from transports.slack.transport import SlackTransport
 from transports.slack.web import web_client

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from bridge.model import RoomId
+from bridge.core.model import RoomId
+from bridge.core.transport import RoomBinding
 from tests.slack.fake_slack import (
     BOT_USER,
     CHANNEL,
@@ -25,7 +26,6 @@ from tests.slack.fake_slack import (
 )
 from tests.slack.harness import RecordingSink
 from transports.backoff import Backoff
-from transports.base import RoomBinding
 from transports.slack.settings import SlackSettings
 from transports.slack.transport import SlackTransport
 

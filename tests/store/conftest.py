@@ -20,7 +20,7 @@ import asyncpg
 import pytest
 from sqlalchemy.engine import make_url
 
-from bridge.model import MessageId, MessageState
+from bridge.core.model import MessageId, MessageState
 from bridge.store.base import Store
 from bridge.store.engine import is_sqlite
 from bridge.store.memory import MemoryStore

@@ -17,7 +17,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.model import (
+from bridge.core.model import (
     Batch,
     ExternalMessageId,
     InboundMessage,

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from bridge.model import (
+from bridge.core.model import (
     Batch,
     ExternalMessageId,
     InboundMessage,

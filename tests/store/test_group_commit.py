@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
-from bridge.model import (
+from bridge.core.model import (
     ExternalMessageId,
     InboundMessage,
     Message,

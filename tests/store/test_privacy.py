@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from bridge.model import ExternalMessageId, InboundMessage, RoomId, RoomKey, TransportName, UserId
+from bridge.core.model import (
+    ExternalMessageId,
+    InboundMessage,
+    RoomId,
+    RoomKey,
+    TransportName,
+    UserId,
+)
 from bridge.store.base import StoreError
 from bridge.store.sql import SqlStore
 

@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import event, text
 
-from bridge.model import ExternalMessageId, InboundMessage, RoomId, RoomKey, TransportName, UserId
+from bridge.core.model import (
+    ExternalMessageId,
+    InboundMessage,
+    RoomId,
+    RoomKey,
+    TransportName,
+    UserId,
+)
 from bridge.store.base import StoreError
 from bridge.store.engine import SQLITE_BUSY_TIMEOUT_MS, create_engine, redacted
 from bridge.store.migrate import current_revision, downgrade, head_revision

@@ -12,7 +12,14 @@ from typing import Any
 
 from nio import RoomMessageNotice, RoomMessageText
 
-from bridge.model import ExternalMessageId, InboundMessage, RoomId, RoomKey, TransportName, UserId
+from bridge.core.model import (
+    ExternalMessageId,
+    InboundMessage,
+    RoomId,
+    RoomKey,
+    TransportName,
+    UserId,
+)
 
 TRANSPORT = TransportName("matrix")
 

@@ -38,9 +38,10 @@ from nio import (
 )
 from nio.exceptions import LocalProtocolError, OlmTrustError
 
-from bridge.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey, TransportName
+from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey, TransportName
+from bridge.core.transport import Delivery, InboundSink, RoomBinding, SinkClosed, TransportError
 from transports.backoff import Backoff
-from transports.base import InboundSink, RoomBinding, SinkClosed, Transport, TransportError
+from transports.base import Transport
 from transports.matrix.events import TRANSPORT, BotIdentity, is_own_join, to_inbound
 from transports.matrix.render import MarkdownRenderer
 from transports.matrix.settings import MatrixSettings
@@ -383,7 +384,9 @@ class MatrixTransport(Transport):
 
     # -- output -------------------------------------------------------------
 
-    async def send(self, reply: Reply) -> ExternalMessageId | None:
+    async def send(
+        self, reply: Reply, delivery: Delivery | None = None
+    ) -> ExternalMessageId | None:
         """Post ``reply`` as one or more events; returns the last event's id.
 
         Results are ``m.text``; notices and progress are ``m.notice``. The

@@ -1,4 +1,4 @@
-"""Slack ``message`` / ``app_mention`` events to :class:`~bridge.model.InboundMessage`.
+"""Slack ``message`` / ``app_mention`` events to :class:`~bridge.core.model.InboundMessage`.
 
 Pure functions over the event dict, so the filtering rules (which events are
 new human text, who is a bot, what is a mention) are tested without a peer.
@@ -11,7 +11,14 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from bridge.model import ExternalMessageId, InboundMessage, RoomId, RoomKey, TransportName, UserId
+from bridge.core.model import (
+    ExternalMessageId,
+    InboundMessage,
+    RoomId,
+    RoomKey,
+    TransportName,
+    UserId,
+)
 
 SLACK = TransportName("slack")
 

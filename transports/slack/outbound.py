@@ -11,8 +11,8 @@ import aiohttp
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bridge.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey
-from transports.base import RoomBinding, RunPhase, TransportError
+from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey
+from bridge.core.transport import Delivery, RoomBinding, RunPhase, TransportError
 from transports.slack.mrkdwn import to_mrkdwn
 from transports.text import split_markdown
 
@@ -70,7 +70,9 @@ class SlackOutbound:
             return str(reply.anchor)
         return None
 
-    async def send(self, reply: Reply) -> ExternalMessageId | None:
+    async def send(
+        self, reply: Reply, delivery: Delivery | None = None
+    ) -> ExternalMessageId | None:
         """Post ``reply``: split below the message limit, or uploaded as a file when long."""
         channel = reply.room.room_id
         thread = self.thread_for(reply)

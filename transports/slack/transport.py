@@ -26,9 +26,10 @@ import aiohttp
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
 
-from bridge.model import ExternalMessageId, Reply, RoomId, RoomKey
+from bridge.core.model import ExternalMessageId, Reply, RoomId, RoomKey
+from bridge.core.transport import Delivery, InboundSink, RoomBinding, RunPhase
 from transports.backoff import Backoff
-from transports.base import InboundSink, RoomBinding, RunPhase, Transport
+from transports.base import Transport
 from transports.slack.events_http import serve_events
 from transports.slack.inbound import SLACK, RecentKeys, to_inbound
 from transports.slack.outbound import SlackOutbound
@@ -211,9 +212,11 @@ class SlackTransport(Transport):
         # Bolt answers 500 when the listener raised (e.g. the store is down).
         return int(response.status) < 500
 
-    async def send(self, reply: Reply) -> ExternalMessageId | None:
+    async def send(
+        self, reply: Reply, delivery: Delivery | None = None
+    ) -> ExternalMessageId | None:
         """Post ``reply`` (split, or uploaded when long); returns the last message's ts."""
-        return await self._outbound.send(reply)
+        return await self._outbound.send(reply, delivery)
 
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         await self._outbound.edit(room, message_id, text)

@@ -1,0 +1,125 @@
+"""What a transport and the service exchange, in core types only.
+
+Inbound, a transport hands the sink one :data:`InboundEvent` at a time: a new
+message, or an edit or deletion of one it handed over before. Outbound, the
+service calls the transport (``transports.base.Transport``) with a
+:class:`~bridge.core.model.Reply` and, for answers from the durable outbox, a
+:class:`Delivery` that makes sending idempotent across retries and restarts.
+
+Errors a transport raises::
+
+    TransportError        could not deliver or connect (retry later)
+    ├── RateLimited       the server said "too many requests": wait retry_after_s
+    └── Undeliverable     the server refused this reply for good (no retry helps)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from bridge.core.model import ExternalMessageId, InboundMessage, RoomId, RoomKey
+
+
+class Accepted(StrEnum):
+    """What the service did with an inbound event."""
+
+    ACCEPTED = "accepted"
+    """Durably recorded: the transport may now acknowledge it upstream."""
+    DUPLICATE = "duplicate"
+    """Seen before (redelivery): acknowledge, do nothing else."""
+    IGNORED = "ignored"
+    """Not for the bridge (unauthorized, bot, unconfigured room, an edit of a
+    message that already ran): acknowledge."""
+
+
+@dataclass(frozen=True, slots=True)
+class MessageEdited:
+    """A sender replaced the text of a message handed over before."""
+
+    room: RoomKey
+    external_id: ExternalMessageId
+    """The transport's id of the original message (not of the edit event)."""
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class MessageDeleted:
+    """A message handed over before was deleted (Slack) or redacted (Matrix)."""
+
+    room: RoomKey
+    external_id: ExternalMessageId
+
+
+InboundEvent = InboundMessage | MessageEdited | MessageDeleted
+
+InboundSink = Callable[[InboundEvent], Awaitable[Accepted]]
+"""The service's entry point. Returns only after the event is durably recorded,
+so a transport acknowledges upstream (Slack ack, Matrix sync position) after it.
+Raises :class:`SinkClosed` when it cannot take the event: do not acknowledge it."""
+
+
+class RunPhase(StrEnum):
+    """Where a batch stands; transports may show it (Slack reactions)."""
+
+    RECEIVED = "received"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True, slots=True)
+class RoomBinding:
+    """A configured room as a transport needs to know it."""
+
+    room_id: RoomId
+    trigger: str = "all"
+    """``"all"`` messages, or ``"mention"``: only messages that mention the bot."""
+    reply_in_thread: bool = False
+    """Answer in a thread under the batch's first message (Slack)."""
+
+
+PartSent = Callable[[int, ExternalMessageId], Awaitable[None]]
+"""Called after part ``index`` (0-based) of a reply was delivered, with its id."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """How to send one outbox entry so that retries never post a part twice.
+
+    The transport splits the reply the same way on every attempt, skips the
+    first ``parts_done`` parts, and awaits ``part_sent`` after each part it
+    posts (the outbox records it durably). ``key`` is stable across attempts
+    and restarts: a transport derives per-part idempotency keys from it
+    (Matrix transaction ids ``{key}.{index}``; a Slack message's metadata).
+    """
+
+    key: str
+    parts_done: int
+    part_sent: PartSent
+
+
+class SinkClosed(Exception):
+    """Raised by the sink while the service shuts down: do not acknowledge the event."""
+
+
+class TransportError(Exception):
+    """A transport could not deliver or connect; carries the transport's name."""
+
+    def __init__(self, transport: str, message: str) -> None:
+        super().__init__(f"{transport}: {message}")
+        self.transport = transport
+
+
+class RateLimited(TransportError):
+    """The server rate-limited the request; try again after ``retry_after_s``."""
+
+    def __init__(self, transport: str, retry_after_s: float, message: str = "rate limited") -> None:
+        super().__init__(transport, f"{message} (retry after {retry_after_s:g}s)")
+        self.retry_after_s = retry_after_s
+
+
+class Undeliverable(TransportError):
+    """The server refused this reply for good (too large, no such room, not a member)."""

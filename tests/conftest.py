@@ -1,0 +1,29 @@
+"""Session-wide test settings.
+
+Each pytest session gets a base temp directory of its own (unless
+``--basetemp`` names one) and removes it at the end: with pytest's default
+base directory, two sessions on one machine would delete each other's
+directories (retention is "none").
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+import pytest
+
+_OWN_BASETEMP = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.option.basetemp is None and not hasattr(config, "workerinput"):
+        path = tempfile.mkdtemp(prefix="chatbridge-tests-")
+        config.option.basetemp = path
+        config.stash[_OWN_BASETEMP] = path
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    path = config.stash.get(_OWN_BASETEMP, None)
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
