@@ -167,6 +167,9 @@ class DatabaseSettings(_Section):
 
 class LoggingSettings(_Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """chatbridge's own loggers."""
+    library_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
+    """Third-party libraries (nio, slack_sdk, aiosqlite, markdown-it, ...)."""
     format: Literal["text", "json"] = "text"
 
 

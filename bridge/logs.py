@@ -21,6 +21,9 @@ from bridge.config import LoggingSettings
 _room: ContextVar[str | None] = ContextVar("chatbridge_log_room", default=None)
 _run: ContextVar[str | None] = ContextVar("chatbridge_log_run", default=None)
 
+OWN_PACKAGES = ("bridge", "dispatcher", "runner", "transports", "migrations")
+"""Loggers at ``[logging] level``; everything else is at ``library_level``."""
+
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s%(context)s: %(message)s"
 
 
@@ -75,7 +78,9 @@ def setup_logging(settings: LoggingSettings, stream: TextIO | None = None) -> No
         handler.setFormatter(logging.Formatter(_TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(settings.level)
-    # Libraries are chatty at INFO (every HTTP request); keep them to warnings.
-    for noisy in ("aiohttp.access", "nio", "slack_bolt", "slack_sdk", "alembic"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    # The root level governs every library (nio, aiosqlite, markdown-it, ...):
+    # at DEBUG they log each request and parse, which costs time on every
+    # message. chatbridge's own packages get the configured level.
+    root.setLevel(settings.library_level)
+    for package in OWN_PACKAGES:
+        logging.getLogger(package).setLevel(settings.level)

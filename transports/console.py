@@ -9,8 +9,7 @@ as a script.
 from __future__ import annotations
 
 import asyncio
-import os
-import stat
+import selectors
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -30,6 +29,16 @@ from bridge.core.transport import Delivery, InboundSink, SinkClosed
 from transports.base import Transport
 
 NAME = TransportName("console")
+
+
+def _watchable(fd: int) -> bool:
+    """Whether the event loop's selector can wait for ``fd`` to become readable."""
+    with selectors.DefaultSelector() as selector:
+        try:
+            selector.register(fd, selectors.EVENT_READ)
+        except (PermissionError, ValueError):
+            return False
+    return True
 
 
 class ConsoleTransport(Transport):
@@ -72,9 +81,10 @@ class ConsoleTransport(Transport):
                 return
 
     async def _lines(self) -> AsyncIterator[bytes]:
-        fd = self._stdin.fileno()
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            # Regular files cannot be watched by the event loop; they never block.
+        if not _watchable(self._stdin.fileno()):
+            # What the event loop cannot watch (a regular file, /dev/null) never
+            # blocks a read: read it directly, so its end of input is seen.
+            # (asyncio would accept /dev/null and then never report anything.)
             for line in self._stdin:
                 yield line
             return

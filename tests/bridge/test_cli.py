@@ -70,6 +70,24 @@ def test_piped_message_is_answered_and_the_service_exits_0(tmp_path: Path) -> No
     assert "hello $(whoami) `id`" in result.stdout.splitlines()
 
 
+def test_end_of_input_on_dev_null_ends_the_service(tmp_path: Path) -> None:
+    # asyncio accepts /dev/null as a pipe and then never reports its end:
+    # the service used to wait forever (subprocess.run's timeout fails it).
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("CHATBRIDGE_")}
+    with open(os.devnull, "rb") as devnull:
+        result = subprocess.run(
+            [sys.executable, "-m", "bridge", "run", "--config", str(config(tmp_path))],
+            stdin=devnull,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=full_env,
+            check=False,
+        )
+    assert result.returncode == 0, result.stderr
+    assert "chatbridge stopped" in result.stderr
+
+
 def test_unreachable_database_exits_1_with_a_clear_message(tmp_path: Path) -> None:
     path = config(tmp_path)
     path.write_text(

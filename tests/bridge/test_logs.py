@@ -9,19 +9,46 @@ from pathlib import Path
 import pytest
 
 from bridge.config import LoggingSettings
-from bridge.logs import setup_logging
+from bridge.logs import OWN_PACKAGES, setup_logging
 from tests.bridge.harness import run_console, write_config
 
 
 @pytest.fixture
-def json_logs() -> Iterator[io.StringIO]:
+def restore_logging() -> Iterator[None]:
     root = logging.getLogger()
     saved = root.handlers[:], root.level
-    stream = io.StringIO()
-    setup_logging(LoggingSettings(level="INFO", format="json"), stream)
-    yield stream
+    own = {name: logging.getLogger(name).level for name in OWN_PACKAGES}
+    yield
     root.handlers[:], level = saved
     root.setLevel(level)
+    for name, own_level in own.items():
+        logging.getLogger(name).setLevel(own_level)
+
+
+@pytest.fixture
+def json_logs(restore_logging: None) -> io.StringIO:
+    stream = io.StringIO()
+    setup_logging(LoggingSettings(level="INFO", format="json"), stream)
+    return stream
+
+
+LIBRARIES = ("nio.rooms", "aiosqlite", "markdown_it.rules_block", "slack_sdk.web", "peewee")
+
+
+def test_debug_is_for_chatbridge_only_unless_libraries_are_asked_for(
+    restore_logging: None,
+) -> None:
+    setup_logging(LoggingSettings(level="DEBUG"), io.StringIO())
+    assert logging.getLogger("bridge.runs").isEnabledFor(logging.DEBUG)
+    assert logging.getLogger("transports.matrix").isEnabledFor(logging.DEBUG)
+    for name in LIBRARIES:
+        logger = logging.getLogger(name)
+        assert not logger.isEnabledFor(logging.INFO), name
+        assert logger.isEnabledFor(logging.WARNING), name
+
+    setup_logging(LoggingSettings(level="INFO", library_level="DEBUG"), io.StringIO())
+    assert not logging.getLogger("bridge.runs").isEnabledFor(logging.DEBUG)
+    assert all(logging.getLogger(name).isEnabledFor(logging.DEBUG) for name in LIBRARIES)
 
 
 async def test_json_lines_carry_room_and_run_and_no_message_text(
