@@ -1,8 +1,9 @@
 """A scriptable stand-in for Slack's side of Socket Mode and the Web API.
 
 Only for what local-slack cannot show: ``disconnect`` envelopes, dropped
-sockets, redelivered envelopes and ``429`` answers. Frames follow Slack's
-documented Socket Mode payloads.
+sockets, redelivered envelopes, ``429`` answers, a post whose answer is
+lost, and message metadata (local-slack drops ``metadata`` from posted
+messages). Frames and answers follow Slack's documented payloads.
 """
 
 from __future__ import annotations
@@ -70,6 +71,12 @@ class FakeSlack:
     """Method -> Retry-After values to answer with 429 before answering normally."""
     errors: dict[str, list[str]] = field(default_factory=dict)
     """Method -> Slack error codes to answer with (``ok: false``) before answering normally."""
+    lost_answers: int = 0
+    """How many ``chat.postMessage`` calls to carry out but answer with HTTP 500."""
+    posted: list[dict[str, Any]] = field(default_factory=list)
+    """Messages the bot posted, oldest first, as Slack stores them (with metadata)."""
+    display_names: dict[str, str] = field(default_factory=dict)
+    """User id -> display name that ``users.info`` answers with."""
 
     @property
     def api_url(self) -> str:
@@ -80,6 +87,16 @@ class FakeSlack:
 
 
 FAKE = web.AppKey("fake", FakeSlack)
+
+
+async def _args(request: web.Request) -> dict[str, Any]:
+    """A call's arguments, from the query string and a JSON or form body."""
+    args: dict[str, Any] = dict(request.query)
+    if request.content_type == "application/json":
+        args.update(await request.json())
+    elif request.can_read_body:
+        args.update(await request.post())
+    return args
 
 
 async def _api(request: web.Request) -> web.StreamResponse:
@@ -104,7 +121,33 @@ async def _api(request: web.Request) -> web.StreamResponse:
     if method == "apps.connections.open":
         return web.json_response({"ok": True, "url": str(fake.server.make_url("/socket"))})
     if method == "chat.postMessage":
-        return web.json_response({"ok": True, "channel": CHANNEL, "ts": f"{len(fake.calls)}.0"})
+        args = await _args(request)
+        message = {"type": "message", "user": BOT_USER, "bot_id": "B0FAKE"}
+        message.update(ts=f"{len(fake.calls)}.000100", text=args.get("text", ""))
+        for name in ("thread_ts", "metadata"):
+            if name in args:
+                message[name] = args[name]
+        fake.posted.append(message)
+        if fake.lost_answers:
+            fake.lost_answers -= 1
+            return web.json_response({"ok": False, "error": "internal_error"}, status=500)
+        return web.json_response({"ok": True, "channel": CHANNEL, "ts": message["ts"]})
+    if method in ("conversations.history", "conversations.replies"):
+        args = await _args(request)
+        if method == "conversations.history":
+            found = [m for m in reversed(fake.posted) if "thread_ts" not in m]
+        else:
+            found = [m for m in fake.posted if m.get("thread_ts") == args.get("ts")]
+        if not args.get("include_all_metadata"):
+            found = [{k: v for k, v in m.items() if k != "metadata"} for m in found]
+        return web.json_response({"ok": True, "messages": found, "has_more": False})
+    if method == "users.info":
+        args = await _args(request)
+        name = fake.display_names.get(str(args.get("user")))
+        if name is None:
+            return web.json_response({"ok": False, "error": "user_not_found"})
+        user = {"id": args["user"], "name": name.lower(), "profile": {"display_name": name}}
+        return web.json_response({"ok": True, "user": user})
     return web.json_response({"ok": True})
 
 

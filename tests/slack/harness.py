@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from bridge.core.model import InboundMessage, RoomId
-from bridge.core.transport import Accepted, RoomBinding
+from bridge.core.transport import Accepted, InboundEvent, RoomBinding
 from tests.slack import peer
 from transports.backoff import Backoff
 from transports.slack.settings import SlackSettings
@@ -38,12 +38,12 @@ def require_local_slack() -> None:
 class RecordingSink:
     """The service's sink, recording what it is handed; can be told to fail."""
 
-    received: list[InboundMessage] = field(default_factory=list)
+    received: list[InboundEvent] = field(default_factory=list)
     fail_next: int = 0
     answer: Accepted = Accepted.ACCEPTED
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
-    async def __call__(self, message: InboundMessage) -> Accepted:
+    async def __call__(self, message: InboundEvent) -> Accepted:
         if self.fail_next:
             self.fail_next -= 1
             raise RuntimeError("store unavailable")
@@ -52,14 +52,14 @@ class RecordingSink:
             self.changed.notify_all()
         return self.answer
 
-    async def wait_for(self, count: int, timeout: float = 10) -> list[InboundMessage]:
+    async def wait_for(self, count: int, timeout: float = 10) -> list[InboundEvent]:
         async with asyncio.timeout(timeout), self.changed:
             await self.changed.wait_for(lambda: len(self.received) >= count)
         return list(self.received)
 
     @property
     def texts(self) -> list[str]:
-        return [m.text for m in self.received]
+        return [m.text for m in self.received if isinstance(m, InboundMessage)]
 
 
 @dataclass

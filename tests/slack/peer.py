@@ -139,6 +139,34 @@ class LocalSlack:
         assert data["ok"], data
         return str(data["message"]["ts"])
 
+    async def edit_message(self, user: str, ts: str, text: str, channel: str = CHANNEL) -> None:
+        """Edit as a person (Slack sends ``message_changed``); returns after the bot's ack."""
+        body = {"channel": channel, "user": user, "ts": ts, "text": text}
+        async with self.http.post(f"{self.base}/_control/edit-message", json=body) as resp:
+            data = await resp.json()
+        assert data["ok"], data
+
+    async def delete_message(self, user: str, ts: str, channel: str = CHANNEL) -> None:
+        """Delete as a person (Slack sends ``message_deleted``); returns after the bot's ack."""
+        body = {"channel": channel, "user": user, "ts": ts}
+        async with self.http.post(f"{self.base}/_control/delete-message", json=body) as resp:
+            data = await resp.json()
+        assert data["ok"], data
+
+    async def share_file(
+        self, user: str, name: str, content: bytes, text: str = "", channel: str = CHANNEL
+    ) -> None:
+        """Share a file as a person (a ``file_share`` message), with optional text."""
+        form = aiohttp.FormData()
+        form.add_field("channel", channel)
+        form.add_field("user", user)
+        if text:
+            form.add_field("text", text)
+        form.add_field("file", content, filename=name, content_type="text/plain")
+        async with self.http.post(f"{self.base}/_control/upload", data=form) as resp:
+            data = await resp.json()
+        assert data["ok"], data
+
     async def messages(self, channel: str = CHANNEL) -> list[dict[str, Any]]:
         async with self.http.get(f"{self.base}/_control/messages/{channel}") as resp:
             data = await resp.json()

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
-from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey, TransportName
-from bridge.core.transport import RunPhase
+from bridge.core.model import (
+    ExternalMessageId,
+    InboundMessage,
+    Reply,
+    ReplyKind,
+    RoomId,
+    RoomKey,
+    TransportName,
+)
+from bridge.core.transport import MessageDeleted, MessageEdited, RunPhase
 from tests.slack import peer
 from tests.slack.harness import Running, running
 from transports.slack.outbound import PHASE_REACTIONS
@@ -179,3 +188,47 @@ async def test_a_very_long_result_is_uploaded_as_a_file(tmp_path: Path, mode: st
     [file] = message["files"]
     assert file["name"] == "answer.md"
     assert file["size"] == len(text.encode())
+
+
+# --- what claude reads, and a message's later life --------------------------------
+
+
+async def test_markup_is_decoded_with_display_names(env: Running) -> None:
+    # As Slack sends typed text: entities escaped, mentions and links as tokens.
+    await env.slack.post_message(
+        peer.ALICE,
+        f"<@{peer.BOT_USER}> ask <@{peer.BOB}>: grep x &gt; out &amp;&amp; see <https://x.test|docs>",
+    )
+    await env.slack.post_message(peer.ALICE, f"<@{peer.BOT_USER}> !stop")
+    await env.slack.post_message(peer.ALICE, f"and <@{peer.BOB}> again <!here>")
+    first, command, again = env.sink.received
+    assert isinstance(first, InboundMessage)
+    assert first.text == "ask @bob: grep x > out && see [docs](https://x.test)"
+    assert first.mentions_bot
+    assert isinstance(command, InboundMessage)
+    assert command.text == "!stop"
+    assert isinstance(again, InboundMessage)
+    assert again.text == "and @bob again @here"
+    assert env.transport.names.lookups == 1  # Bob's name came from the cache the second time
+
+
+async def test_edits_and_deletions_become_events(env: Running) -> None:
+    ts = await env.slack.post_message(peer.ALICE, "frist draft")
+    await env.slack.edit_message(peer.ALICE, ts, "first draft &amp; more")
+    await env.slack.delete_message(peer.ALICE, ts)
+    _, edited, deleted = env.sink.received
+    assert edited == MessageEdited(ROOM, ExternalMessageId(ts), "first draft & more")
+    assert deleted == MessageDeleted(ROOM, ExternalMessageId(ts))
+
+
+async def test_a_file_without_text_starts_nothing_and_is_answered(env: Running) -> None:
+    await env.slack.share_file(peer.ALICE, "notes.txt", b"some notes")
+    await env.slack.share_file(peer.ALICE, "more.txt", b"more", text="summarise this")
+    assert env.sink.texts == ["summarise this"]
+
+    async def notice() -> list[str]:
+        return [str(m.get("text", "")) for m in await env.slack.bot_messages()]
+
+    async with asyncio.timeout(10):
+        while not any("Files are not passed" in t for t in await notice()):
+            await asyncio.sleep(0.05)

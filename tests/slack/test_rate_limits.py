@@ -1,74 +1,67 @@
-"""429 with Retry-After, against a local server that answers 429 first."""
+"""429s and refusals become the transport contract's errors; nothing sleeps.
+
+Against :mod:`tests.slack.fake_slack`: local-slack never answers 429.
+"""
 
 from __future__ import annotations
 
 import pytest
 
 from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey, TransportName
-from bridge.core.transport import RoomBinding, RunPhase, TransportError
+from bridge.core.transport import (
+    RateLimited,
+    RoomBinding,
+    RunPhase,
+    TransportError,
+    Undeliverable,
+)
 from tests.slack.fake_slack import CHANNEL, fake_slack
 from transports.slack.settings import SlackSettings
 from transports.slack.transport import SlackTransport
-from transports.slack.web import web_client
 
 ROOM = RoomKey(TransportName("slack"), RoomId(CHANNEL))
 
 
-class RecordingSleep:
-    """Stands in for asyncio.sleep: records the wait instead of waiting."""
-
-    def __init__(self) -> None:
-        self.delays: list[float] = []
-
-    async def __call__(self, delay: float) -> None:
-        self.delays.append(delay)
+def transport(api_url: str) -> SlackTransport:
+    settings = SlackSettings(bot_token="xoxb-x", app_token="xapp-x", api_url=api_url)
+    return SlackTransport(settings, [RoomBinding(RoomId(CHANNEL))])
 
 
-def transport(
-    api_url: str, sleep: RecordingSleep | None = None, retries: int = 4
-) -> SlackTransport:
-    settings = SlackSettings(
-        bot_token="xoxb-x", app_token="xapp-x", api_url=api_url, rate_limit_retries=retries
-    )
-    if sleep is None:
-        return SlackTransport(settings, [RoomBinding(RoomId(CHANNEL))])
-    return SlackTransport(settings, [RoomBinding(RoomId(CHANNEL))], sleep=sleep)
-
-
-async def test_retry_after_is_waited_exactly_then_the_call_succeeds() -> None:
+async def test_a_429_raises_rate_limited_with_retry_after_and_is_not_retried() -> None:
     async with fake_slack() as fake:
-        fake.rate_limited["chat.postMessage"] = [1, 3]
-        sleep = RecordingSleep()
-        posted = await transport(fake.api_url, sleep).send(Reply(ROOM, "hi", ReplyKind.RESULT))
-    assert posted is not None
-    assert sleep.delays == [1.0, 3.0]
-    assert fake.calls_to("chat.postMessage") == 3
+        fake.rate_limited["chat.postMessage"] = [30]
+        with pytest.raises(RateLimited) as caught:
+            await transport(fake.api_url).send(Reply(ROOM, "hi", ReplyKind.RESULT))
+    assert caught.value.retry_after_s == 30.0
+    assert fake.calls_to("chat.postMessage") == 1
 
 
-async def test_a_zero_retry_after_retries_at_once_with_the_real_sleep() -> None:
+async def test_rate_limited_reactions_and_edits_raise_at_once() -> None:
     async with fake_slack() as fake:
-        fake.rate_limited["reactions.add"] = [0]
-        await transport(fake.api_url).set_phase(
-            ROOM, [ExternalMessageId("1.000001")], RunPhase.RECEIVED
-        )
-    assert fake.calls_to("reactions.add") == 2
+        fake.rate_limited["reactions.add"] = [5]
+        fake.rate_limited["chat.update"] = [7]
+        slack = transport(fake.api_url)
+        with pytest.raises(RateLimited):
+            await slack.set_phase(ROOM, [ExternalMessageId("1.000001")], RunPhase.RECEIVED)
+        with pytest.raises(RateLimited):
+            await slack.edit(ROOM, ExternalMessageId("1.000001"), "progress")
+    assert fake.calls_to("reactions.add") == 1
+    assert fake.calls_to("chat.update") == 1
 
 
-async def test_retries_are_bounded_then_the_error_surfaces() -> None:
+@pytest.mark.parametrize(
+    "code", ["channel_not_found", "not_in_channel", "is_archived", "msg_too_long"]
+)
+async def test_permanent_refusals_are_undeliverable(code: str) -> None:
     async with fake_slack() as fake:
-        fake.rate_limited["chat.postMessage"] = [0] * 10
-        sleep = RecordingSleep()
-        with pytest.raises(TransportError, match="ratelimited"):
-            await transport(fake.api_url, sleep, retries=2).send(Reply(ROOM, "hi"))
-    assert fake.calls_to("chat.postMessage") == 3
-    assert sleep.delays == [0.0, 0.0]
+        fake.errors["chat.postMessage"] = [code]
+        with pytest.raises(Undeliverable, match=code):
+            await transport(fake.api_url).send(Reply(ROOM, "hi"))
 
 
-async def test_the_client_alone_honours_retry_after() -> None:
+async def test_other_errors_are_transport_errors_to_retry() -> None:
     async with fake_slack() as fake:
-        fake.rate_limited["auth.test"] = [2]
-        sleep = RecordingSleep()
-        client = web_client("xoxb-x", fake.api_url, rate_limit_retries=1, sleep=sleep)
-        response = await client.auth_test()
-    assert response["ok"]
-    assert sleep.delays == [2.0]
+        fake.errors["chat.postMessage"] = ["invalid_auth"]
+        with pytest.raises(TransportError) as caught:
+            await transport(fake.api_url).send(Reply(ROOM, "hi"))
+    assert not isinstance(caught.value, RateLimited | Undeliverable)

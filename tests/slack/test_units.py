@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from transports.slack.inbound import RecentKeys, mentions, to_inbound
+from bridge.core.model import InboundMessage
+from transports.slack.inbound import RecentKeys, SlackEvent, mentions, to_event
 from transports.slack.mrkdwn import to_mrkdwn
 from transports.slack.settings import SlackSettings
 
@@ -67,9 +68,13 @@ def test_settings_normalise_the_api_url_and_split_listen() -> None:
 # --- inbound --------------------------------------------------------------------
 
 
+def inbound(parsed: SlackEvent | None) -> InboundMessage:
+    assert isinstance(parsed, InboundMessage), parsed
+    return parsed
+
+
 def test_a_plain_message_becomes_an_inbound_message() -> None:
-    message = to_inbound(event(thread_ts="0.5"), BOT, "B0BOT", ROOMS)
-    assert message is not None
+    message = inbound(to_event(event(thread_ts="0.5"), BOT, "B0BOT", ROOMS))
     assert (message.room.transport, message.room.room_id) == ("slack", "C1")
     assert (message.sender, message.text, message.external_id) == ("U0ALICE", "hi", "1.000001")
     assert message.thread == "0.5"
@@ -93,20 +98,20 @@ def test_a_plain_message_becomes_an_inbound_message() -> None:
     ],
 )
 def test_events_that_are_not_new_human_text_are_dropped(fields: dict[str, Any]) -> None:
-    assert to_inbound(event(**fields), BOT, "B0BOT", ROOMS) is None
+    assert to_event(event(**fields), BOT, "B0BOT", ROOMS) is None
 
 
 @pytest.mark.parametrize("subtype", ["thread_broadcast", "file_share", "me_message"])
 def test_human_subtypes_are_kept(subtype: str) -> None:
-    assert to_inbound(event(subtype=subtype), BOT, "B0BOT", ROOMS) is not None
+    assert to_event(event(subtype=subtype), BOT, "B0BOT", ROOMS) is not None
 
 
 def test_other_bots_are_passed_on_flagged() -> None:
-    by_user = to_inbound(event(bot_id="B0OTHER"), BOT, "B0BOT", ROOMS)
-    legacy = to_inbound(event(user=None, bot_id="B0OLD", subtype="bot_message"), BOT, None, ROOMS)
-    assert by_user is not None
+    by_user = inbound(to_event(event(bot_id="B0OTHER"), BOT, "B0BOT", ROOMS))
+    legacy = inbound(
+        to_event(event(user=None, bot_id="B0OLD", subtype="bot_message"), BOT, None, ROOMS)
+    )
     assert by_user.sender_is_bot
-    assert legacy is not None
     assert legacy.sender_is_bot
     assert legacy.sender == "B0OLD"
 
@@ -115,11 +120,9 @@ def test_mentions_are_recognised_in_text_and_app_mention_events() -> None:
     assert mentions("hey <@U0BOT> look", BOT)
     assert mentions("<@U0BOT|bridge>: look", BOT)
     assert not mentions("hey <@U0BOTX> and U0BOT", BOT)
-    via_text = to_inbound(event(text="<@U0BOT> go"), BOT, None, ROOMS)
-    via_event = to_inbound(event(type="app_mention", text="go"), BOT, None, ROOMS)
-    assert via_text is not None
+    via_text = inbound(to_event(event(text="look <@U0BOT> go"), BOT, None, ROOMS))
+    via_event = inbound(to_event(event(type="app_mention", text="go"), BOT, None, ROOMS))
     assert via_text.mentions_bot
-    assert via_event is not None
     assert via_event.mentions_bot
 
 

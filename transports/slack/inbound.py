@@ -1,14 +1,19 @@
-"""Slack ``message`` / ``app_mention`` events to :class:`~bridge.core.model.InboundMessage`.
+"""Slack ``message`` / ``app_mention`` events to the service's inbound events.
 
 Pure functions over the event dict, so the filtering rules (which events are
-new human text, who is a bot, what is a mention) are tested without a peer.
+new human text, edits or deletions, who is a bot, what is a mention) are
+tested without a peer. :func:`to_event` returns texts still in Slack's
+markup; :func:`decoded` turns them into what the person saw, once the
+display names of the users they mention are known.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from bridge.core.model import (
@@ -19,14 +24,30 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
+from bridge.core.transport import InboundEvent, MessageDeleted, MessageEdited
+from transports.slack.decode import decode, mentioned_users, strip_leading_mention
 
 SLACK = TransportName("slack")
 
 # Subtypes that still carry new text typed by a person; every other subtype
-# (edits, deletions, joins, topic changes, bot posts...) is not a new message.
+# (joins, topic changes, bot posts...) is not a new message.
 HUMAN_SUBTYPES = frozenset({"thread_broadcast", "file_share", "me_message"})
 # Passed on, flagged as a bot's, so the service can record why it ignored them.
 BOT_SUBTYPE = "bot_message"
+EDITED = "message_changed"
+DELETED = "message_deleted"
+
+
+@dataclass(frozen=True, slots=True)
+class FilesWithoutText:
+    """A person shared files and wrote nothing: nothing to run, but worth an answer."""
+
+    room: RoomKey
+    sender: UserId
+    thread: str | None
+
+
+SlackEvent = InboundEvent | FilesWithoutText
 
 
 def mentions(text: str, user_id: str) -> bool:
@@ -34,28 +55,47 @@ def mentions(text: str, user_id: str) -> bool:
     return re.search(rf"<@{re.escape(user_id)}(?:\|[^>]*)?>", text) is not None
 
 
-def to_inbound(
+def _by_bridge(message: Mapping[str, Any], bot_user_id: str, bot_id: str | None) -> bool:
+    return message.get("user") == bot_user_id or (
+        bot_id is not None and message.get("bot_id") == bot_id
+    )
+
+
+def _by_a_bot(message: Mapping[str, Any]) -> bool:
+    return message.get("bot_id") is not None or message.get("subtype") == BOT_SUBTYPE
+
+
+def to_event(
     event: Mapping[str, Any], bot_user_id: str, bot_id: str | None, rooms: frozenset[str]
-) -> InboundMessage | None:
-    """The message in ``event``, or None when it is not for the bridge.
+) -> SlackEvent | None:
+    """What ``event`` means to the bridge, or None when it is not for the bridge.
 
     None for: other event types, rooms not configured, the bridge's own posts
-    (cheap to drop here, and echoing them would loop), subtypes that are not
-    new human text, and events without a sender or timestamp. Other bots'
-    messages are returned flagged ``sender_is_bot`` so the service can decide.
+    and edits (echoing them would loop), other bots' edits and deletions,
+    subtypes that are not human text, edits that left the text as it was
+    (Slack sends ``message_changed`` when a link unfurls), messages with no
+    text and no files, and events without a sender or timestamp. Other
+    bots' messages are returned flagged ``sender_is_bot`` so the service can
+    decide. A leading mention of the bot is removed (``@bot !stop`` is the
+    command ``!stop``) and sets ``mentions_bot``.
     """
     if event.get("type") not in ("message", "app_mention"):
         return None
     channel = event.get("channel")
     if not isinstance(channel, str) or channel not in rooms:
         return None
+    room = RoomKey(SLACK, RoomId(channel))
     subtype = event.get("subtype")
+    if subtype == EDITED:
+        return _edited(event, room, bot_user_id, bot_id)
+    if subtype == DELETED:
+        return _deleted(event, room, bot_user_id, bot_id)
     if event.get("hidden") or subtype not in (None, BOT_SUBTYPE, *HUMAN_SUBTYPES):
         return None
     user = event.get("user")
     ts = event.get("ts")
     sender_bot_id = event.get("bot_id")
-    if user == bot_user_id or (bot_id is not None and sender_bot_id == bot_id):
+    if _by_bridge(event, bot_user_id, bot_id):
         return None
     if not isinstance(ts, str):
         return None
@@ -64,18 +104,76 @@ def to_inbound(
         if not isinstance(sender_bot_id, str):
             return None
         user = sender_bot_id
-    text = event.get("text")
-    text = text if isinstance(text, str) else ""
+    raw = event.get("text")
+    text, leading = strip_leading_mention(raw if isinstance(raw, str) else "", bot_user_id)
     thread = event.get("thread_ts")
+    thread = thread if isinstance(thread, str) else None
+    if not text.strip():
+        if subtype == "file_share" or event.get("files"):
+            return FilesWithoutText(room, UserId(user), thread)
+        return None  # a bare mention, or an empty post: nothing to run
     return InboundMessage(
-        room=RoomKey(SLACK, RoomId(channel)),
+        room=room,
         sender=UserId(user),
         text=text,
         external_id=ExternalMessageId(ts),
-        thread=thread if isinstance(thread, str) else None,
+        thread=thread,
         sender_is_bot=sender_bot_id is not None or subtype == BOT_SUBTYPE,
-        mentions_bot=event.get("type") == "app_mention" or mentions(text, bot_user_id),
+        mentions_bot=leading or event.get("type") == "app_mention" or mentions(text, bot_user_id),
     )
+
+
+def _edited(
+    event: Mapping[str, Any], room: RoomKey, bot_user_id: str, bot_id: str | None
+) -> MessageEdited | None:
+    message = event.get("message")
+    if not isinstance(message, Mapping):
+        return None
+    if _by_bridge(message, bot_user_id, bot_id) or _by_a_bot(message):
+        return None  # the bridge's own progress edits, above all
+    ts = message.get("ts")
+    text = message.get("text")
+    if not isinstance(ts, str) or not isinstance(text, str):
+        return None
+    previous = event.get("previous_message")
+    if isinstance(previous, Mapping) and previous.get("text") == text:
+        return None
+    return MessageEdited(room, ExternalMessageId(ts), strip_leading_mention(text, bot_user_id)[0])
+
+
+def _deleted(
+    event: Mapping[str, Any], room: RoomKey, bot_user_id: str, bot_id: str | None
+) -> MessageDeleted | None:
+    previous = event.get("previous_message")
+    previous = previous if isinstance(previous, Mapping) else {}
+    if _by_bridge(previous, bot_user_id, bot_id) or _by_a_bot(previous):
+        return None
+    ts = event.get("deleted_ts") or previous.get("ts")
+    if not isinstance(ts, str):
+        return None
+    return MessageDeleted(room, ExternalMessageId(ts))
+
+
+def users_to_name(event: InboundEvent) -> list[str]:
+    """The users whose display names :func:`decoded` needs for ``event``."""
+    if isinstance(event, InboundMessage | MessageEdited):
+        return mentioned_users(event.text)
+    return []
+
+
+def decoded(event: InboundEvent, names: Mapping[str, str]) -> InboundEvent:
+    """``event`` with its text as the person saw it (see :mod:`.decode`)."""
+    if isinstance(event, InboundMessage | MessageEdited):
+        return dataclasses.replace(event, text=decode(event.text, names))
+    return event
+
+
+def dedup_key(event: Mapping[str, Any]) -> tuple[str, str]:
+    """What identifies one delivery of ``event`` (a redelivery has the same key)."""
+    channel = str(event.get("channel", ""))
+    if event.get("subtype") in (EDITED, DELETED):
+        return channel, f"{event.get('subtype')}:{event.get('event_ts') or event.get('ts')}"
+    return channel, str(event.get("ts", ""))
 
 
 class RecentKeys:

@@ -4,6 +4,18 @@ Slack renders its own dialect: ``*bold*``, ``_italic_``, ``~strike~``,
 ``<url|label>`` links, no headings, no tables, and ``&``, ``<``, ``>`` must be
 escaped everywhere. The conversion is line-oriented and deliberately
 forgiving: anything it does not recognise is passed through as text.
+
+Safety: ``<...>`` is also how Slack writes mentions and broadcasts
+(``<@U1>``, ``<!channel>``, ``<!subteam^S1>``, ``<#C1>``), so the only ``<``
+this module ever emits opens a link whose target is ``http(s)://`` or
+``mailto:`` and contains no ``<``, ``>``, ``|`` or whitespace. Every other
+``<``, ``>`` and ``&`` of the input is escaped, so no text (a user's echoed
+word, Claude's answer) can ping or broadcast.
+
+Slack's ``markdown`` block would take Claude's Markdown as is, but it is
+limited to 12,000 characters per message, its treatment of ``<!channel>``
+and ``@here`` inside it is undocumented, and a notification still needs a
+``text`` fallback rendered safely; this converter keeps one, tested path.
 """
 
 from __future__ import annotations
@@ -35,9 +47,18 @@ def escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _link_url(url: str) -> str:
-    # Inside <url|label> a '|' or '>' would end the link early.
-    return url.replace("&", "&amp;").replace("|", "%7C").replace(">", "%3E")
+# Link targets Slack may open; anything else (``!channel``, ``@U1``, ``#C1``,
+# ``javascript:``) is shown as text, never put inside ``<...>``.
+_SAFE_TARGET = re.compile(r"^(?:https?://|mailto:)[^\s<>|]+$", re.IGNORECASE)
+
+
+def _link_url(url: str) -> str | None:
+    """``url`` as a link target, or None when it must not become a link."""
+    # Percent-encode what would end or split <url|label> (a URL may carry them).
+    encoded = url.replace("|", "%7C").replace(">", "%3E").replace("<", "%3C")
+    if not _SAFE_TARGET.match(encoded):
+        return None
+    return encoded.replace("&", "&amp;")
 
 
 def inline(text: str) -> str:
@@ -51,10 +72,15 @@ def inline(text: str) -> str:
         if groups["code"] is not None:
             out.append(f"`{escape(groups['code_body'].strip())}`")
         elif groups["label"] is not None:
-            label = escape(groups["label"]).replace("|", "¦")
-            out.append(f"<{_link_url(groups['url'])}|{label}>")
+            target = _link_url(groups["url"])
+            if target is None:
+                out.append(escape(match.group(0)))
+            else:
+                label = escape(groups["label"]).replace("|", "¦")
+                out.append(f"<{target}|{label}>")
         elif groups["auto"] is not None:
-            out.append(f"<{_link_url(groups['auto'])}>")
+            target = _link_url(groups["auto"])
+            out.append(escape(match.group(0)) if target is None else f"<{target}>")
         elif groups["bold"] is not None or groups["bold2"] is not None:
             out.append(f"*{inline(groups['bold'] or groups['bold2'])}*")
         elif groups["strike"] is not None:

@@ -1,10 +1,24 @@
-"""Replies, edits and status reactions: core types in, Web API calls out."""
+"""Replies, edits and status reactions: core types in, Web API calls out.
+
+Errors: a ``429`` becomes :class:`RateLimited` (the caller waits; nothing
+here sleeps), a refusal no retry can help becomes :class:`Undeliverable`,
+anything else :class:`TransportError`.
+
+Idempotent replies: a reply is split the same way on every attempt, and
+each posted part carries message metadata naming its delivery key and part
+index. When the outcome of an earlier attempt is unknown (the connection
+broke after the request went out, or the process restarted between posting
+a part and recording it) the channel's or thread's recent messages are
+searched for the parts already posted before anything is posted again.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -12,8 +26,16 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey
-from bridge.core.transport import Delivery, RoomBinding, RunPhase, TransportError
+from bridge.core.transport import (
+    Delivery,
+    RateLimited,
+    RoomBinding,
+    RunPhase,
+    TransportError,
+    Undeliverable,
+)
 from transports.slack.mrkdwn import to_mrkdwn
+from transports.slack.web import retry_after_seconds
 from transports.text import split_markdown
 
 log = logging.getLogger(__name__)
@@ -26,8 +48,43 @@ PHASE_REACTIONS: Mapping[RunPhase, str] = {
     RunPhase.STOPPED: "octagonal_sign",
 }
 
+METADATA_EVENT = "chatbridge_reply_part"
+"""``metadata.event_type`` of every part of a reply posted with a delivery key."""
+
 # Errors that mean the reaction is already in the wanted state.
 _HARMLESS_REACTION_ERRORS = frozenset({"already_reacted", "no_reaction"})
+# Slack's answers that no retry of the same call can change.
+PERMANENT_ERRORS = frozenset(
+    {
+        "channel_not_found",
+        "not_in_channel",
+        "is_archived",
+        "msg_too_long",
+        "no_text",
+        "too_many_attachments",
+        "restricted_action",
+        "restricted_action_read_only_channel",
+        "restricted_action_thread_only_channel",
+        "restricted_action_non_threadable_channel",
+        "cannot_reply_to_message",
+        "thread_locked",
+        "invalid_blocks",
+        "invalid_metadata_format",
+        "invalid_metadata_schema",
+        "metadata_too_large",
+        "message_not_found",
+        "cant_update_message",
+        "edit_window_closed",
+        "file_uploads_disabled",
+        "file_upload_size_restricted",
+    }
+)
+# Answers after which the call may still have taken effect.
+_UNSURE_ERRORS = frozenset(
+    {"request_timeout", "internal_error", "fatal_error", "service_unavailable"}
+)
+LOOKUP_PAGES = 5
+"""Pages of history searched for parts of an unsure delivery (the residual window)."""
 
 
 def _error_code(exc: SlackApiError) -> str:
@@ -38,11 +95,41 @@ def _error_code(exc: SlackApiError) -> str:
         return "unknown"
 
 
+class OutcomeUnknown(TransportError):
+    """The call failed in a way that leaves open whether Slack carried it out."""
+
+
+def translate(method: str, exc: Exception) -> TransportError:
+    """A Web API failure as the transport contract's error."""
+    if isinstance(exc, SlackApiError):
+        response: Any = exc.response
+        status = getattr(response, "status_code", 200)
+        code = _error_code(exc)
+        if status == 429 or code == "ratelimited":
+            headers = getattr(response, "headers", None) or {}
+            return RateLimited("slack", retry_after_seconds(headers), f"{method} rate limited")
+        if code in PERMANENT_ERRORS:
+            return Undeliverable("slack", f"{method} refused: {code}")
+        if status >= 500 or code in _UNSURE_ERRORS:
+            return OutcomeUnknown("slack", f"{method} failed: {code} (HTTP {status})")
+        return TransportError("slack", f"{method} failed: {code}")
+    return OutcomeUnknown("slack", f"{method} failed: {exc!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    text: str
+    """Markdown of this part; the whole reply for an upload."""
+    upload: bool = False
+
+
 class SlackOutbound:
     """Everything the bridge says in Slack, through one Web API client.
 
     Remembers the last phase reaction it put on each message (bounded), so a
-    phase change removes the previous reaction instead of piling them up.
+    phase change removes the previous reaction instead of piling them up,
+    and which delivery keys it has already tried in this process (bounded),
+    so only a delivery with an unknown earlier outcome costs a history lookup.
     """
 
     def __init__(
@@ -53,6 +140,7 @@ class SlackOutbound:
         message_limit: int,
         upload_threshold: int,
         remembered_phases: int = 2048,
+        remembered_deliveries: int = 4096,
     ) -> None:
         self._client = client
         self._rooms = rooms
@@ -60,6 +148,12 @@ class SlackOutbound:
         self._upload_threshold = upload_threshold
         self._phases: OrderedDict[tuple[str, str], RunPhase] = OrderedDict()
         self._remembered = remembered_phases
+        # key -> True when every earlier attempt in this process ended in a
+        # known outcome; False when one may have posted without our knowing.
+        self._tried: OrderedDict[str, bool] = OrderedDict()
+        self._remembered_deliveries = remembered_deliveries
+        self.lookups = 0
+        """History lookups made for unsure deliveries (a test hook and a metric)."""
 
     def thread_for(self, reply: Reply) -> str | None:
         """The thread a reply goes to: its own, else the batch's if the room answers in threads."""
@@ -70,51 +164,163 @@ class SlackOutbound:
             return str(reply.anchor)
         return None
 
-    async def send(
-        self, reply: Reply, delivery: Delivery | None = None
-    ) -> ExternalMessageId | None:
-        """Post ``reply``: split below the message limit, or uploaded as a file when long."""
-        channel = reply.room.room_id
-        thread = self.thread_for(reply)
+    def parts(self, reply: Reply) -> list[_Part]:
+        """How ``reply`` is sent: the same parts on every attempt (deterministic)."""
         if (
             reply.kind is ReplyKind.RESULT
             and self._upload_threshold
             and len(reply.text) > self._upload_threshold
         ):
-            return await self._upload(channel, thread, reply.text)
+            return [_Part(reply.text, upload=True)]
+        return [_Part(chunk) for chunk in split_markdown(reply.text, self._limit)]
+
+    async def send(
+        self, reply: Reply, delivery: Delivery | None = None
+    ) -> ExternalMessageId | None:
+        """Post ``reply``: split below the message limit, or uploaded as a file when long.
+
+        With ``delivery``: parts before ``parts_done`` are skipped, each part
+        posted is reported through ``part_sent``, and a part an earlier
+        attempt may have posted is looked up first instead of posted twice.
+        Returns the last part's ts.
+        """
+        channel = reply.room.room_id
+        thread = self.thread_for(reply)
+        parts = self.parts(reply)
+        start = delivery.parts_done if delivery is not None else 0
+        found: dict[int, ExternalMessageId] = {}
+        if delivery is not None and start < len(parts) and self._unsure(delivery.key):
+            found = await self._find_parts(channel, thread, delivery.key)
         last: ExternalMessageId | None = None
-        for chunk in split_markdown(reply.text, self._limit):
-            last = await self._post(channel, thread, to_mrkdwn(chunk))
+        for index in range(start, len(parts)):
+            ts = found.get(index)
+            if ts is None:
+                ts = await self._send_part(channel, thread, parts[index], delivery, index)
+            if delivery is not None:
+                await delivery.part_sent(index, ts)
+            last = ts
         return last
 
-    async def _post(self, channel: str, thread: str | None, text: str) -> ExternalMessageId:
-        args: dict[str, Any] = {"channel": channel, "text": text, "mrkdwn": True}
+    def _unsure(self, key: str) -> bool:
+        """Whether an attempt this process knows nothing about may have posted parts.
+
+        A key not tried in this process may be a retry after a restart, so
+        it is looked up once; after that only an unknown outcome looks again.
+        """
+        return not self._tried.get(key, False)
+
+    def _tried_with(self, key: str, known: bool) -> None:
+        self._tried[key] = known
+        self._tried.move_to_end(key)
+        while len(self._tried) > self._remembered_deliveries:
+            self._tried.popitem(last=False)
+
+    async def _send_part(
+        self,
+        channel: str,
+        thread: str | None,
+        part: _Part,
+        delivery: Delivery | None,
+        index: int,
+    ) -> ExternalMessageId:
+        try:
+            if part.upload:
+                name = _upload_name(delivery.key if delivery is not None else None)
+                ts = await self._upload(channel, thread, part.text, name)
+            else:
+                ts = await self._post(channel, thread, to_mrkdwn(part.text), delivery, index)
+        except OutcomeUnknown:
+            if delivery is not None:
+                self._tried_with(delivery.key, known=False)
+            raise
+        if delivery is not None:
+            self._tried_with(delivery.key, known=True)
+        return ts
+
+    async def _post(
+        self,
+        channel: str,
+        thread: str | None,
+        text: str,
+        delivery: Delivery | None = None,
+        index: int = 0,
+    ) -> ExternalMessageId:
+        # parse=none and link_names=false: Slack must not turn "@here" or
+        # "#general" typed as text into a broadcast or a channel link.
+        args: dict[str, Any] = {
+            "channel": channel,
+            "text": text,
+            "mrkdwn": True,
+            "parse": "none",
+            "link_names": False,
+        }
         if thread:
             args["thread_ts"] = thread
+        if delivery is not None:
+            args["metadata"] = {
+                "event_type": METADATA_EVENT,
+                "event_payload": {"key": delivery.key, "part": index},
+            }
         response = await self._call("chat.postMessage", **args)
         return ExternalMessageId(str(response["ts"]))
 
+    async def _find_parts(
+        self, channel: str, thread: str | None, key: str
+    ) -> dict[int, ExternalMessageId]:
+        """Parts of delivery ``key`` already in the conversation, by index."""
+        self.lookups += 1
+        found: dict[int, ExternalMessageId] = {}
+        upload_name = _upload_name(key)
+        args: dict[str, Any] = {"channel": channel, "include_all_metadata": True, "limit": 200}
+        method = "conversations.history"
+        if thread:
+            method = "conversations.replies"
+            args["ts"] = thread
+        for _ in range(LOOKUP_PAGES):
+            response = await self._call(method, **args)
+            for message in response.get("messages") or ():
+                index = _part_index(message, key, upload_name)
+                if index is not None and "ts" in message:
+                    found.setdefault(index, ExternalMessageId(str(message["ts"])))
+            cursor = (response.get("response_metadata") or {}).get("next_cursor")
+            if not cursor or not response.get("has_more", True):
+                break
+            args["cursor"] = cursor
+        if found:
+            log.info("slack delivery %s: %d part(s) were already posted", key, len(found))
+        self._tried_with(key, known=True)
+        return found
+
     async def _upload(
-        self, channel: str, thread: str | None, text: str
-    ) -> ExternalMessageId | None:
+        self, channel: str, thread: str | None, text: str, name: str
+    ) -> ExternalMessageId:
         comment = f"The answer is long ({len(text):,} characters), so it is attached as a file."
         args: dict[str, Any] = {
             "channel": channel,
             "content": text,
-            "filename": "answer.md",
-            "title": "answer.md",
+            "filename": name,
+            "title": name,
             "initial_comment": comment,
         }
         if thread:
             args["thread_ts"] = thread
         response = await self._call("files_upload_v2", **args)
-        return _shared_ts(response, channel)
+        ts = _shared_ts(response, channel)
+        if ts is None:
+            # Uploaded, but Slack did not say where: a retry would find it by name.
+            raise OutcomeUnknown("slack", "files_upload_v2 did not report the message ts")
+        return ts
 
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         """Replace a posted message's text (cut to the message limit: an edit is one message)."""
         chunks = split_markdown(text, self._limit) or [" "]
         await self._call(
-            "chat.update", channel=room.room_id, ts=message_id, text=to_mrkdwn(chunks[0])
+            "chat.update",
+            channel=room.room_id,
+            ts=message_id,
+            text=to_mrkdwn(chunks[0]),
+            parse="none",
+            link_names=False,
         )
 
     async def set_phase(
@@ -143,21 +349,19 @@ class SlackOutbound:
         except SlackApiError as exc:
             if _error_code(exc) in _HARMLESS_REACTION_ERRORS:
                 return
-            raise TransportError("slack", f"{method} failed: {_error_code(exc)}") from exc
+            raise translate(method, exc) from exc
         except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
-            raise TransportError("slack", f"{method} failed: {exc!r}") from exc
+            raise translate(method, exc) from exc
 
     async def _call(self, method: str, **kwargs: Any) -> Mapping[str, Any]:
-        """Call a Web API method; Slack's error objects become :class:`TransportError`."""
+        """Call a Web API method; failures become the contract's errors (see :func:`translate`)."""
         try:
             if method == "files_upload_v2":
                 response = await self._client.files_upload_v2(**kwargs)
             else:
                 response = await self._client.api_call(method, json=kwargs)
-        except SlackApiError as exc:
-            raise TransportError("slack", f"{method} failed: {_error_code(exc)}") from exc
-        except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
-            raise TransportError("slack", f"{method} failed: {exc!r}") from exc
+        except (SlackApiError, SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
+            raise translate(method, exc) from exc
         data: Mapping[str, Any] = response.data if isinstance(response.data, dict) else {}
         return data
 
@@ -170,4 +374,25 @@ def _shared_ts(response: Mapping[str, Any], channel: str) -> ExternalMessageId |
             for share in (shares.get(visibility) or {}).get(channel) or ():
                 if "ts" in share:
                     return ExternalMessageId(str(share["ts"]))
+    return None
+
+
+def _upload_name(key: str | None) -> str:
+    """The file name of an uploaded answer: carries a digest of the delivery key to find it by."""
+    if key is None:
+        return "answer.md"
+    return f"answer-{hashlib.sha256(key.encode()).hexdigest()[:12]}.md"
+
+
+def _part_index(message: Mapping[str, Any], key: str, upload_name: str) -> int | None:
+    """The part of delivery ``key`` that ``message`` is, if it is one."""
+    metadata = message.get("metadata")
+    if isinstance(metadata, Mapping) and metadata.get("event_type") == METADATA_EVENT:
+        payload = metadata.get("event_payload")
+        if isinstance(payload, Mapping) and payload.get("key") == key:
+            part = payload.get("part")
+            return part if isinstance(part, int) else None
+    for file in message.get("files") or ():
+        if isinstance(file, Mapping) and upload_name in (file.get("name"), file.get("title")):
+            return 0  # an upload is the whole reply
     return None

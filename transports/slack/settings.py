@@ -35,8 +35,6 @@ class SlackSettings(BaseModel):
     """A reply is split into messages of at most this many characters."""
     upload_threshold: int = Field(12000, ge=0)
     """A result longer than this is uploaded as a Markdown file instead; 0 never uploads."""
-    rate_limit_retries: int = Field(4, ge=0, le=20)
-    """How often a call answered ``429`` is retried after its ``Retry-After``."""
     reconnect_max_s: float = Field(60.0, gt=0)
     """Upper bound of the reconnect backoff."""
 

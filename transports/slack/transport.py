@@ -9,7 +9,14 @@ message is durably recorded; if the sink fails, no acknowledgement is sent
 and Slack delivers the event again. Redeliveries already handled are
 recognised by (channel, ts) and acknowledged without a second hand-over.
 
-Outbound: :mod:`.outbound` over one Web API client that honours 429s.
+Nothing on that path waits for more than it must: no lock is held while
+the sink runs (the store's idempotent accept settles concurrent
+redeliveries), display names are looked up with a short timeout, a ``429``
+raises instead of sleeping, and answers the transport gives on its own
+(a file shared without text) are sent after the acknowledgement, from a
+task the transport owns.
+
+Outbound: :mod:`.outbound` over one Web API client that never sleeps on a 429.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,21 +33,36 @@ import aiohttp
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
 
-from bridge.core.model import ExternalMessageId, Reply, RoomId, RoomKey
+from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey
 from bridge.core.transport import Delivery, InboundSink, RoomBinding, RunPhase
 from transports.backoff import Backoff
 from transports.base import Transport
 from transports.slack.events_http import serve_events
-from transports.slack.inbound import SLACK, RecentKeys, to_inbound
+from transports.slack.inbound import (
+    SLACK,
+    FilesWithoutText,
+    RecentKeys,
+    decoded,
+    dedup_key,
+    to_event,
+    users_to_name,
+)
+from transports.slack.names import DisplayNames
 from transports.slack.outbound import SlackOutbound
 from transports.slack.settings import SlackSettings
 from transports.slack.socket_mode import SocketModeConnection
-from transports.slack.web import Sleep, web_client
+from transports.slack.web import web_client
 
 log = logging.getLogger(__name__)
 
 HEALTHY_AFTER_S = 30.0
 """A connection up this long counts as healthy: the next reconnect starts the backoff over."""
+
+FILES_NOT_SUPPORTED = (
+    "Files are not passed to Claude yet, so nothing was started. Please write your request as text."
+)
+
+Sleep = Callable[[float], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +87,7 @@ class SlackTransport(Transport):
         sleep: Sleep = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``backoff``, ``sleep`` and ``clock`` are for tests (reconnect delays, 429 waits)."""
+        """``backoff``, ``sleep`` and ``clock`` are for tests (reconnect delays)."""
         self._settings = settings
         self._rooms: Mapping[RoomId, RoomBinding] = {r.room_id: r for r in rooms}
         self._room_ids = frozenset(self._rooms)
@@ -73,12 +95,9 @@ class SlackTransport(Transport):
         self._sleep = sleep
         self._clock = clock
         self._up_since: float | None = None
-        self._client = web_client(
-            settings.bot_token.get_secret_value(),
-            settings.api_url,
-            rate_limit_retries=settings.rate_limit_retries,
-            sleep=sleep,
-        )
+        self._client = web_client(settings.bot_token.get_secret_value(), settings.api_url)
+        self.names = DisplayNames(self._display_name)
+        """Display names of mentioned users (cached ``users.info``)."""
         self._outbound = SlackOutbound(
             self._client,
             self._rooms,
@@ -86,7 +105,7 @@ class SlackTransport(Transport):
             upload_threshold=settings.upload_threshold,
         )
         self._recent = RecentKeys()
-        self._sink_lock = asyncio.Lock()
+        self._tasks: asyncio.TaskGroup | None = None
         self._socket: SocketModeConnection | None = None
         self._listening = False
         self.events_port: int | None = None
@@ -104,6 +123,14 @@ class SlackTransport(Transport):
 
     async def run(self, sink: InboundSink, ready: asyncio.Event) -> None:
         """Connect, set ``ready``, serve until cancelled; reconnect with backoff on errors."""
+        async with asyncio.TaskGroup() as tasks:
+            self._tasks = tasks
+            try:
+                await self._serve(sink, ready)
+            finally:
+                self._tasks = None
+
+    async def _serve(self, sink: InboundSink, ready: asyncio.Event) -> None:
         while True:
             try:
                 await self._serve_once(sink, ready)
@@ -186,18 +213,47 @@ class SlackTransport(Transport):
     async def _deliver(
         self, event: Mapping[str, Any], identity: BotIdentity, sink: InboundSink
     ) -> None:
-        inbound = to_inbound(event, identity.user_id, identity.bot_id, self._room_ids)
-        if inbound is None:
+        parsed = to_event(event, identity.user_id, identity.bot_id, self._room_ids)
+        if parsed is None:
             return
-        key = (inbound.room.room_id, str(inbound.external_id))
-        # One at a time: acceptance order is arrival order, and the duplicate
-        # check cannot race a concurrent delivery of the same event.
-        async with self._sink_lock:
-            if key in self._recent:
-                log.debug("slack redelivered %s in %s; already handed over", key[1], key[0])
-                return
-            await sink(inbound)
+        key = dedup_key(event)
+        if key in self._recent:
+            log.debug("slack redelivered %s in %s; already handed over", key[1], key[0])
+            return
+        if isinstance(parsed, FilesWithoutText):
             self._recent.add(key)
+            self._answer_later(parsed)
+            return
+        wanted = users_to_name(parsed)
+        names = await self.names.resolve(wanted) if wanted else {}
+        # No lock around the sink: it may take a while (the store, a command's
+        # answer), and events of other channels must not wait behind it.
+        await sink(decoded(parsed, names))
+        self._recent.add(key)
+
+    def _answer_later(self, files: FilesWithoutText) -> None:
+        """Say that files are not supported, after this event is acknowledged."""
+        binding = self._rooms.get(files.room.room_id)
+        if binding is None or binding.trigger != "all" or self._tasks is None:
+            return  # a room that answers only mentions was not addressed
+        reply = Reply(files.room, FILES_NOT_SUPPORTED, ReplyKind.NOTICE, thread=files.thread)
+        self._tasks.create_task(self._say(reply), name="slack-files-notice")
+
+    async def _say(self, reply: Reply) -> None:
+        try:
+            await self._outbound.send(reply)
+        except Exception as exc:
+            # A notice is not worth a retry: the person sees no answer and asks again.
+            log.warning("slack could not post a notice in %s: %s", reply.room, exc)
+
+    async def _display_name(self, user: str) -> str | None:
+        response = await self._client.users_info(user=user)
+        info = response.get("user") or {}
+        profile = info.get("profile") or {}
+        for name in (profile.get("display_name"), profile.get("real_name"), info.get("name")):
+            if isinstance(name, str) and name:
+                return name
+        return None
 
     async def _dispatch_envelope(self, app: AsyncApp, envelope: Mapping[str, Any]) -> bool:
         payload = envelope.get("payload")

@@ -1,0 +1,128 @@
+"""Acknowledgements never wait behind a rate-limited reply or another event's hand-over.
+
+Against :mod:`tests.slack.fake_slack` (429s; a sink that can be held).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import aiohttp
+from slack_sdk.signature import SignatureVerifier
+
+from bridge.core.model import Reply, ReplyKind, RoomId
+from bridge.core.transport import Accepted, InboundEvent, RoomBinding, TransportError
+from tests.slack.fake_slack import CHANNEL, HELLO, fake_slack, message_envelope
+from tests.slack.peer import free_port
+from transports.backoff import Backoff
+from transports.slack.settings import SlackSettings
+from transports.slack.transport import SlackTransport
+
+SECRET = "fake-signing-secret"
+
+
+@dataclass
+class CommandAnsweringSink:
+    """Like the service's intake today: a command is answered before the sink returns."""
+
+    transport: SlackTransport | None = None
+    texts: list[str] = field(default_factory=list)
+    hold: dict[str, asyncio.Event] = field(default_factory=dict)
+    """Text -> event the hand-over of that text waits for."""
+    entered: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
+
+    async def __call__(self, event: InboundEvent) -> Accepted:
+        text = getattr(event, "text", "")
+        await self.entered.put(text)
+        if text in self.hold:
+            await self.hold[text].wait()
+        self.texts.append(text)
+        if text.startswith("!") and self.transport is not None:
+            # The service logs a failed answer; the outbox would retry it.
+            with contextlib.suppress(TransportError):
+                await self.transport.send(Reply(event.room, "status: idle", ReplyKind.NOTICE))
+        return Accepted.ACCEPTED
+
+
+async def test_a_rate_limited_command_answer_does_not_delay_later_acks() -> None:
+    async with fake_slack() as fake:
+        settings = SlackSettings(bot_token="b", app_token="a", api_url=fake.api_url)
+        transport = SlackTransport(
+            settings, [RoomBinding(RoomId(CHANNEL))], backoff=Backoff(base=0.01, cap=0.05)
+        )
+        sink = CommandAnsweringSink(transport)
+        fake.rate_limited["chat.postMessage"] = [30]
+        async with asyncio.TaskGroup() as tg:
+            task = tg.create_task(transport.run(sink, asyncio.Event()))
+            async with asyncio.timeout(10):
+                ws = await fake.sockets.get()
+            await ws.send_json(HELLO)
+            await ws.send_json(message_envelope("E1", "1.000001", "!status"))
+            await ws.send_json(message_envelope("E2", "1.000002", "next"))
+            async with asyncio.timeout(10):  # not 30 s behind the Retry-After
+                acks = [await fake.acks.get(), await fake.acks.get()]
+            task.cancel()
+    assert acks == ["E1", "E2"]
+    assert sink.texts == ["!status", "next"]
+    assert fake.calls_to("chat.postMessage") == 1
+
+
+def signed(body: str) -> dict[str, str]:
+    timestamp = str(int(time.time()))  # Slack signs with the current Unix time
+    signature = SignatureVerifier(SECRET).generate_signature(timestamp=timestamp, body=body)
+    return {
+        "Content-Type": "application/json",
+        "X-Slack-Request-Timestamp": timestamp,
+        "X-Slack-Signature": str(signature),
+    }
+
+
+@asynccontextmanager
+async def events_transport(sink: CommandAnsweringSink) -> AsyncIterator[SlackTransport]:
+    async with fake_slack() as fake:
+        settings = SlackSettings(
+            mode="events",
+            bot_token="b",
+            signing_secret=SECRET,
+            api_url=fake.api_url,
+            listen=f"127.0.0.1:{free_port()}",
+        )
+        transport = SlackTransport(settings, [RoomBinding(RoomId(CHANNEL))])
+        ready = asyncio.Event()
+        async with asyncio.TaskGroup() as tg:
+            task = tg.create_task(transport.run(sink, ready))
+            async with asyncio.timeout(10):
+                await ready.wait()
+            try:
+                yield transport
+            finally:
+                task.cancel()
+
+
+async def deliver(transport: SlackTransport, ts: str, text: str) -> int:
+    body = json.dumps(message_envelope(f"E{ts}", ts, text)["payload"])
+    url = f"http://127.0.0.1:{transport.events_port}/slack/events"
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(url, data=body, headers=signed(body)) as r,
+    ):
+        return r.status
+
+
+async def test_one_slow_hand_over_does_not_hold_up_another_channel_event() -> None:
+    sink = CommandAnsweringSink(hold={"slow": asyncio.Event()})
+    async with events_transport(sink) as transport, asyncio.TaskGroup() as tg:
+        slow = tg.create_task(deliver(transport, "1.000001", "slow"))
+        async with asyncio.timeout(10):
+            assert await sink.entered.get() == "slow"
+            assert await deliver(transport, "1.000002", "quick") == 200
+        assert sink.texts == ["quick"]
+        sink.hold["slow"].set()
+        assert await slow == 200
+    assert sink.texts == ["quick", "slow"]

@@ -1,0 +1,152 @@
+"""What claude reads of a Slack message, and which events a message's life produces."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bridge.core.model import ExternalMessageId, InboundMessage
+from bridge.core.transport import MessageDeleted, MessageEdited
+from transports.slack.decode import decode, mentioned_users, strip_leading_mention
+from transports.slack.inbound import FilesWithoutText, dedup_key, to_event
+from transports.slack.names import DisplayNames
+
+BOT = "U0BOT"
+ROOMS = frozenset({"C1"})
+
+
+@pytest.mark.parametrize(
+    ("slack", "plain"),
+    [
+        ("grep x &gt; out &amp;&amp; cat &lt;in", "grep x > out && cat <in"),
+        ("typed &amp;lt; literally", "typed &lt; literally"),
+        ("see <https://x.test/a?b=1&amp;c=2>", "see https://x.test/a?b=1&c=2"),
+        ("see <http://x.test|x.test>", "see x.test"),
+        ("the <https://x.test/docs|docs>", "the [docs](https://x.test/docs)"),
+        ("mail <mailto:a@x.test|a@x.test>", "mail a@x.test"),
+        ("ask <@U0ALICE> now", "ask @Alice now"),
+        ("ask <@U0NOBODY>", "ask @U0NOBODY"),
+        ("in <#C0GEN|general> and <#C0X>", "in #general and #C0X"),
+        ("<!here> <!channel> <!everyone>", "@here @channel @everyone"),
+        ("<!subteam^S0T|@team> and <!subteam^S0U>", "@team and @S0U"),
+        ("<!date^1392734382^{date}|Feb 18>", "Feb 18"),
+    ],
+)
+def test_slack_markup_becomes_what_the_person_saw(slack: str, plain: str) -> None:
+    assert decode(slack, {"U0ALICE": "Alice"}) == plain
+
+
+def test_mentioned_users_and_a_leading_mention() -> None:
+    assert mentioned_users("<@U1> <@U2|bob> <@U1>") == ["U1", "U2"]
+    assert strip_leading_mention("<@U0BOT> !stop", BOT) == ("!stop", True)
+    assert strip_leading_mention("  <@U0BOT|bridge>: do it", BOT) == ("do it", True)
+    assert strip_leading_mention("hey <@U0BOT>", BOT) == ("hey <@U0BOT>", False)
+    assert strip_leading_mention("<@U0BOTX> hi", BOT) == ("<@U0BOTX> hi", False)
+
+
+def message(**fields: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "type": "message",
+        "channel": "C1",
+        "user": "U0ALICE",
+        "text": "hi",
+        "ts": "1.000001",
+    }
+    base.update(fields)
+    return base
+
+
+def test_a_command_after_a_mention_of_the_bot_is_a_command() -> None:
+    parsed = to_event(message(text="<@U0BOT> !stop"), BOT, "B0BOT", ROOMS)
+    assert isinstance(parsed, InboundMessage)
+    assert parsed.text == "!stop"
+    assert parsed.mentions_bot
+
+
+def test_a_bare_mention_starts_nothing() -> None:
+    assert to_event(message(text="<@U0BOT>"), BOT, "B0BOT", ROOMS) is None
+
+
+def test_files_without_text_are_told_apart() -> None:
+    files = [{"id": "F1", "name": "x.png"}]
+    shared = to_event(message(subtype="file_share", text="", files=files), BOT, None, ROOMS)
+    assert isinstance(shared, FilesWithoutText)
+    with_text = to_event(message(subtype="file_share", text="look", files=files), BOT, None, ROOMS)
+    assert isinstance(with_text, InboundMessage)
+
+
+def edited(text: str, previous: str = "old", **original: Any) -> dict[str, Any]:
+    inner = {"type": "message", "user": "U0ALICE", "text": text, "ts": "1.000001"}
+    inner.update(original)
+    return message(
+        subtype="message_changed",
+        hidden=True,
+        ts="2.000001",
+        event_ts="2.000001",
+        message=inner,
+        previous_message={**inner, "text": previous},
+    )
+
+
+def test_an_edit_names_the_original_message_and_its_new_text() -> None:
+    parsed = to_event(edited("<@U0BOT> new words"), BOT, "B0BOT", ROOMS)
+    assert isinstance(parsed, MessageEdited)
+    assert (parsed.room.room_id, parsed.external_id) == ("C1", ExternalMessageId("1.000001"))
+    assert parsed.text == "new words"
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        edited("progress 2", user=BOT),  # the bridge's own progress edit
+        edited("x", user=None, bot_id="B0BOT"),
+        edited("unfurled", previous="unfurled"),  # a link preview, same text
+        message(subtype="message_deleted", deleted_ts="1.5", previous_message={"user": BOT}),
+    ],
+)
+def test_edits_and_deletions_that_are_not_a_persons_are_dropped(event: dict[str, Any]) -> None:
+    assert to_event(event, BOT, "B0BOT", ROOMS) is None
+
+
+def test_a_deletion_names_the_deleted_message() -> None:
+    event = message(
+        subtype="message_deleted",
+        hidden=True,
+        ts="3.000001",
+        deleted_ts="1.000001",
+        previous_message={"user": "U0ALICE", "ts": "1.000001", "text": "hi"},
+    )
+    parsed = to_event(event, BOT, "B0BOT", ROOMS)
+    assert isinstance(parsed, MessageDeleted)
+    assert parsed.external_id == "1.000001"
+    assert dedup_key(event) != dedup_key(message(ts="1.000001"))
+
+
+class Lookup:
+    def __init__(self, names: dict[str, str]) -> None:
+        self.names = names
+        self.asked: list[str] = []
+
+    async def __call__(self, user: str) -> str | None:
+        self.asked.append(user)
+        if user == "U0FAIL":
+            raise RuntimeError("ratelimited")
+        return self.names.get(user)
+
+
+async def test_display_names_are_cached_bounded_and_failures_cost_only_the_name() -> None:
+    now = [0.0]
+    lookup = Lookup({"U1": "One", "U2": "Two", "U3": "Three"})
+    names = DisplayNames(lookup, size=2, ttl_s=100, failure_ttl_s=10, clock=lambda: now[0])
+    assert await names.resolve(["U1", "U2", "U1"]) == {"U1": "One", "U2": "Two"}
+    assert await names.resolve(["U1"]) == {"U1": "One"}
+    assert lookup.asked == ["U1", "U2"]
+    assert await names.resolve(["U3", "U0FAIL"]) == {"U3": "Three"}
+    await names.resolve(["U0FAIL"])  # a failure is remembered for a while...
+    assert lookup.asked.count("U0FAIL") == 1
+    now[0] = 11
+    await names.resolve(["U0FAIL"])  # ...then asked again
+    assert lookup.asked.count("U0FAIL") == 2
+    await names.resolve(["U1"])  # evicted by the bound of two
+    assert lookup.asked.count("U1") == 2
