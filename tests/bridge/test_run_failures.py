@@ -46,7 +46,7 @@ async def test_a_store_failure_mid_run_fails_the_run_without_wedging_the_room(
     tmp_path: Path,
 ) -> None:
     settings = load_settings(write_config(tmp_path))
-    async with ConsoleSession(settings, wrap_store=FailingPid) as session:  # type: ignore[arg-type]
+    async with ConsoleSession(settings, wrap_store=FailingPid) as session:
         session.send("first")
         out = await session.wait_for("The run failed: internal error (StoreError)")
         assert "· Failed after" in out
