@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from bridge.core.model import InboundMessage, RoomId
-from bridge.core.transport import Accepted, RoomBinding
+from bridge.core.transport import Accepted, InboundEvent, RoomBinding
 from tests.slack import peer
 from transports.backoff import Backoff
 from transports.slack.settings import SlackSettings
@@ -43,7 +43,9 @@ class RecordingSink:
     answer: Accepted = Accepted.ACCEPTED
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
-    async def __call__(self, message: InboundMessage) -> Accepted:
+    async def __call__(self, message: InboundEvent) -> Accepted:
+        if not isinstance(message, InboundMessage):
+            return Accepted.ACCEPTED  # edits and deletions: not recorded here
         if self.fail_next:
             self.fail_next -= 1
             raise RuntimeError("store unavailable")
