@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from bridge.core.model import Message, RoomKey
+from bridge.duration import format_duration
 from bridge.store.base import AuditAction, Store
 from dispatcher import Dispatcher
 
@@ -68,17 +69,6 @@ def help_text(prefix: str) -> str:
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, seconds = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes}m{seconds:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
 
 
 Answer = Callable[[Message, str], Awaitable[None]]
@@ -163,7 +153,7 @@ class CommandHandler:
         last = await self.store.last_run(room)
         if status.running is not None and last is not None and last.report is None:
             lines.append(
-                f"Running for {_duration(now - last.started_at)} "
+                f"Running for {format_duration(now - last.started_at)} "
                 f"({_plural(len(status.running.messages), 'message')}, run `{last.id}`)."
             )
         elif status.running is not None:
@@ -179,7 +169,7 @@ class CommandHandler:
             report = last.report
             parts = [f"Last run: {report.status.value}"]
             if last.ended_at is not None:
-                parts.append(f"took {_duration(last.ended_at - last.started_at)}")
+                parts.append(f"took {format_duration(last.ended_at - last.started_at)}")
             if report.cost_usd is not None:
                 parts.append(f"cost ${report.cost_usd:.4f}")
             lines.append(", ".join(parts) + ".")

@@ -25,6 +25,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from bridge.core.hostport import HostPort
 from bridge.core.model import RoomId, RoomKey, TransportName, UserId
 from bridge.errors import ConfigError
 from transports.matrix.settings import MatrixSettings
@@ -174,17 +175,13 @@ class LoggingSettings(_Section):
 
 
 class HttpSettings(_Section):
-    listen: str = "127.0.0.1:8080"
+    listen: HostPort | None = HostPort("127.0.0.1", 8080)
     """``host:port`` for /healthz, /readyz and /metrics; empty disables it."""
 
-    @field_validator("listen")
+    @field_validator("listen", mode="before")
     @classmethod
-    def _host_port(cls, value: str) -> str:
-        if value:
-            host, _, port = value.rpartition(":")
-            if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-                raise ValueError("must be host:port, e.g. 127.0.0.1:8080")
-        return value
+    def _empty_disables(cls, value: object) -> object:
+        return None if value == "" else value
 
 
 class Settings(BaseSettings):

@@ -8,6 +8,8 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from bridge.core.hostport import HostPort
+
 Readiness = Callable[[], Awaitable[str | None]]
 """Returns None when ready, else the reason it is not."""
 
@@ -34,13 +36,8 @@ def make_app(readiness: Readiness, exposition: Callable[[], bytes]) -> web.Appli
     return app
 
 
-def parse_listen(listen: str) -> tuple[str, int]:
-    host, _, port = listen.rpartition(":")
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
 async def serve_http(
-    listen: str,
+    listen: HostPort,
     readiness: Readiness,
     exposition: Callable[[], bytes],
     bound: Callable[[int], None],
@@ -49,8 +46,7 @@ async def serve_http(
     runner = web.AppRunner(make_app(readiness, exposition), access_log=None)
     await runner.setup()
     try:
-        host, port = parse_listen(listen)
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, listen.host, listen.port)
         await site.start()
         bound(runner.addresses[0][1])
         await asyncio.Event().wait()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.core.model import ExternalMessageId
+from bridge.duration import format_duration
 
 MAX_RECENT_TOOLS = 3
 _DETAIL_LIMIT = 80
@@ -23,12 +24,6 @@ def describe_tool_use(name: str, tool_input: dict[str, Any]) -> str:
                 detail = detail[: _DETAIL_LIMIT - 1] + "…"
             return f"{name}: {detail}"
     return name
-
-
-def format_elapsed(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    minutes, seconds = divmod(seconds, 60)
-    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
 
 
 Post = Callable[[str], Awaitable[ExternalMessageId | None]]
@@ -58,7 +53,7 @@ class ProgressMessage:
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     def text(self, now: float, finished: str | None = None) -> str:
-        elapsed = format_elapsed(now - self.started_at)
+        elapsed = format_duration(now - self.started_at)
         head = f"{finished} after {elapsed}" if finished else f"Working… {elapsed}"
         if self.tool_count:
             head += f" · {self.tool_count} tool use{'s' if self.tool_count != 1 else ''}"

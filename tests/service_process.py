@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,23 +36,19 @@ def require_service() -> None:
     pytest.skip(problem)
 
 
-def base_config(tmp: Path) -> list[str]:
-    """Config lines every end-to-end test shares: fake claude, SQLite in ``tmp``, no console."""
-    return [
-        "[runner]",
-        f'claude_bin = "{FAKE_CLAUDE}"',
-        "stop_grace_s = 1",
-        "[dispatcher]",
-        "coalesce_ms = 300",
-        "[database]",
-        f'url = "sqlite+aiosqlite:///{tmp / "chatbridge.db"}"',
-        "[console]",
-        "enabled = false",
-        "[http]",
-        'listen = ""',
-        "[defaults]",
-        f'cwd = "{tmp}"',
-    ]
+def base_config(tmp: Path) -> dict[str, Any]:
+    """The configuration every end-to-end test shares: fake claude, SQLite in ``tmp``, no console.
+
+    Tests lay their transport's tables over it (``tests.config_files.merged``).
+    """
+    return {
+        "runner": {"claude_bin": FAKE_CLAUDE, "stop_grace_s": 1},
+        "dispatcher": {"coalesce_ms": 300},
+        "database": {"url": f"sqlite+aiosqlite:///{tmp / 'chatbridge.db'}"},
+        "console": {"enabled": False},
+        "http": {"listen": ""},
+        "defaults": {"cwd": tmp},
+    }
 
 
 @dataclass

@@ -1,9 +1,24 @@
-"""Exponential backoff with jitter, for the transports' reconnect and retry loops."""
+"""Exponential backoff with jitter, and one retry loop built on it.
+
+For the reconnect and retry loops of the transports and the service: every
+loop that tries again after a failure waits by :class:`Backoff`, and a loop
+of the "until it works" kind is :func:`retry` rather than a copy of it.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from bridge.core.transport import RateLimited
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Sleep = Callable[[float], Awaitable[None]]
 
 
 class Backoff:
@@ -44,3 +59,49 @@ class Backoff:
     def reset(self) -> None:
         """Record a success: the next failure starts from ``base`` again."""
         self._failures = 0
+
+
+async def retry(
+    attempt: Callable[[], Awaitable[T]],
+    *,
+    what: str,
+    backoff: Backoff,
+    attempts: int | None = None,
+    fatal: tuple[type[Exception], ...] = (),
+    sleep: Sleep = asyncio.sleep,
+) -> T:
+    """Await ``attempt()`` until it returns, backing off between failures.
+
+    ``what`` names the operation in the log ("matrix login"). Errors that
+    are ``fatal`` (no retry can help: revoked credentials, ``Undeliverable``)
+    propagate at once, and so does the last error once ``attempts`` calls
+    (None: no limit) have failed. After a :class:`RateLimited` the wait is
+    at least its ``retry_after_s``. A success resets ``backoff``.
+    Cancellation is no ``Exception``: it propagates from the attempt and
+    from the wait alike.
+    """
+    failures = 0
+    while True:
+        try:
+            result = await attempt()
+        except fatal:
+            raise
+        except Exception as exc:
+            failures += 1
+            if attempts is not None and failures >= attempts:
+                raise
+            delay = backoff.next_delay()
+            if isinstance(exc, RateLimited):
+                delay = max(delay, exc.retry_after_s)
+            log.warning(
+                "%s failed (%s: %s); retry %d in %.1fs",
+                what,
+                type(exc).__name__,
+                exc,
+                failures,
+                delay,
+            )
+            await sleep(delay)
+        else:
+            backoff.reset()
+            return result

@@ -6,45 +6,36 @@ import asyncio
 import contextlib
 import io
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from bridge.config import Settings, load_settings
 from bridge.service import Service, open_store
 from bridge.store.base import Store
+from tests.config_files import Table, merged, write_toml
 from tests.fakes.fake_claude import FAKE_CLAUDE
 from transports.base import Transport
 from transports.console import ConsoleTransport
 
+ECHO = {"FAKE_CLAUDE_ECHO": "1"}
+
 
 def write_config(
-    tmp_path: Path, extra: str = "", env: str = 'FAKE_CLAUDE_ECHO = "1"', top: str = ""
+    tmp_path: Path, config: Table | None = None, *, env: Mapping[str, str] = ECHO
 ) -> Path:
-    """A configuration for the console room, with the fake claude and SQLite under tmp_path."""
-    path = tmp_path / "chatbridge.toml"
-    path.write_text(
-        f"""{top}
-[runner]
-claude_bin = "{FAKE_CLAUDE}"
-stop_grace_s = 1.0
+    """A configuration for the console room, with the fake claude and SQLite under tmp_path.
 
-[dispatcher]
-coalesce_ms = 200
-max_wait_ms = 2000
-
-[database]
-url = "sqlite+aiosqlite:///{tmp_path / "bridge.db"}"
-
-[http]
-listen = ""
-
-[defaults]
-cwd = "{tmp_path}"
-env = {{ {env} }}
-{extra}
-"""
-    )
-    return path
+    ``config`` is laid over the base table by table; ``env`` is the rooms'
+    environment for the fake claude.
+    """
+    base = {
+        "runner": {"claude_bin": FAKE_CLAUDE, "stop_grace_s": 1.0},
+        "dispatcher": {"coalesce_ms": 200, "max_wait_ms": 2000},
+        "database": {"url": f"sqlite+aiosqlite:///{tmp_path / 'bridge.db'}"},
+        "http": {"listen": ""},
+        "defaults": {"cwd": tmp_path, "env": dict(env)},
+    }
+    return write_toml(tmp_path / "chatbridge.toml", merged(base, config or {}))
 
 
 async def run_console(settings: Settings | Path, lines: list[str]) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.bridge.harness import write_config as config
+from tests.config_files import write_toml
 from tests.fakes.fake_claude import FAKE_CLAUDE
 
 pytestmark = pytest.mark.slow
@@ -45,7 +46,7 @@ def test_version_and_help() -> None:
 
 def test_invalid_config_exits_2_naming_the_key(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
-    bad.write_text("[runner]\nmax_concurrent_runs = -1\n")
+    write_toml(bad, {"runner": {"max_concurrent_runs": -1}})
     result = chatbridge("check-config", "--config", str(bad))
     assert result.returncode == 2
     assert "runner.max_concurrent_runs" in result.stderr
@@ -89,13 +90,8 @@ def test_end_of_input_on_dev_null_ends_the_service(tmp_path: Path) -> None:
 
 
 def test_unreachable_database_exits_1_with_a_clear_message(tmp_path: Path) -> None:
-    path = config(tmp_path)
-    path.write_text(
-        path.read_text().replace(
-            f'url = "sqlite+aiosqlite:///{tmp_path / "bridge.db"}"',
-            'url = "postgresql+asyncpg://nobody:hunter2@127.0.0.1:1/none"',
-        )
-    )
+    unreachable = "postgresql+asyncpg://nobody:hunter2@127.0.0.1:1/none"
+    path = config(tmp_path, {"database": {"url": unreachable}})
     result = chatbridge("run", "--config", str(path), stdin="hello\n")
     assert result.returncode == 1
     assert "database:" in result.stderr

@@ -11,6 +11,7 @@ import pytest
 from pydantic import BaseModel, SecretStr
 
 from bridge.config import RoomConfig, RoomDefaults, Settings
+from bridge.core.hostport import HostPort
 
 DOC = Path(__file__).parents[2] / "docs" / "configuration.md"
 ROW = re.compile(r"^\| `(?P<key>[a-z_]+)` \| (?P<default>[^|]+) \|")
@@ -41,7 +42,7 @@ def model_for(section: str) -> type[BaseModel]:
 def plain(value: Any) -> Any:
     if isinstance(value, SecretStr):
         return value.get_secret_value()
-    if isinstance(value, Path):
+    if isinstance(value, Path | HostPort):
         return str(value)
     if isinstance(value, tuple):
         return list(value)

@@ -6,6 +6,7 @@ from pathlib import Path
 import aiohttp
 
 from bridge.config import load_settings
+from bridge.core.hostport import HostPort
 from bridge.core.transport import InboundSink
 from bridge.http import serve_http
 from bridge.service import Service, open_store
@@ -29,7 +30,7 @@ async def test_readyz_is_503_with_the_reason_until_ready() -> None:
         return reason
 
     server = asyncio.create_task(
-        serve_http("127.0.0.1:0", readiness, lambda: b"# metrics\n", bound.set_result)
+        serve_http(HostPort("127.0.0.1", 0), readiness, lambda: b"# metrics\n", bound.set_result)
     )
     try:
         port = await bound

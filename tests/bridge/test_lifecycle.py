@@ -120,13 +120,16 @@ async def no_leftovers(tmp_path: Path) -> AsyncIterator[None]:
         assert not any(leftovers.values()), f"processes survived: {leftovers}"
 
 
-SLOW_TREE = 'FAKE_CLAUDE_SLEEP = "60", FAKE_CLAUDE_GRANDCHILD = "1", FAKE_CLAUDE_BACKGROUND = "1"'
+SLOW_TREE = {
+    "FAKE_CLAUDE_SLEEP": "60",
+    "FAKE_CLAUDE_GRANDCHILD": "1",
+    "FAKE_CLAUDE_BACKGROUND": "1",
+}
 
 
 @pytest.mark.usefixtures("no_leftovers")
 async def test_sigterm_interrupts_a_long_run_after_the_grace_period(tmp_path: Path) -> None:
-    config = write_config(tmp_path, env=SLOW_TREE, top="")
-    config.write_text(config.read_text().replace("[runner]", "[runner]\nshutdown_grace_s = 0.5"))
+    config = write_config(tmp_path, {"runner": {"shutdown_grace_s": 0.5}}, env=SLOW_TREE)
     bridge = Bridge(config)
     await bridge.start()
     bridge.send("long job")
@@ -145,7 +148,7 @@ async def test_sigterm_interrupts_a_long_run_after_the_grace_period(tmp_path: Pa
 
 @pytest.mark.usefixtures("no_leftovers")
 async def test_sigterm_lets_a_short_run_finish(tmp_path: Path) -> None:
-    config = write_config(tmp_path, env='FAKE_CLAUDE_ECHO = "1", FAKE_CLAUDE_SLEEP = "1"')
+    config = write_config(tmp_path, env={"FAKE_CLAUDE_ECHO": "1", "FAKE_CLAUDE_SLEEP": "1"})
     bridge = Bridge(config)
     await bridge.start()
     bridge.send("quick job")
@@ -158,10 +161,9 @@ async def test_sigterm_lets_a_short_run_finish(tmp_path: Path) -> None:
 
 @pytest.mark.usefixtures("no_leftovers")
 async def test_second_signal_stops_at_once(tmp_path: Path) -> None:
-    config = write_config(tmp_path, env=SLOW_TREE)
     # A grace longer than the run: had the second signal been ignored, the run
     # would finish and be recorded as succeeded.
-    config.write_text(config.read_text().replace("[runner]", "[runner]\nshutdown_grace_s = 600"))
+    config = write_config(tmp_path, {"runner": {"shutdown_grace_s": 600}}, env=SLOW_TREE)
     bridge = Bridge(config)
     await bridge.start()
     bridge.send("long job")
@@ -193,7 +195,7 @@ async def test_kill_9_during_a_run_loses_nothing(tmp_path: Path) -> None:
     await bridge.exit_code()
     assert find_marked(old_run), "the run's processes outlive a kill -9 of the bridge"
 
-    config.write_text(config.read_text().replace(SLOW_TREE, 'FAKE_CLAUDE_ECHO = "1"'))
+    write_config(tmp_path)  # the same configuration, now with a claude that answers
     again = Bridge(config)
     await again.start()
     assert await again.end_input() == 0
@@ -212,10 +214,8 @@ async def test_kill_9_during_a_run_loses_nothing(tmp_path: Path) -> None:
 
 @pytest.mark.usefixtures("no_leftovers")
 async def test_kill_9_between_commit_and_dispatch(tmp_path: Path) -> None:
-    config = write_config(tmp_path)
     # A debounce window far longer than the test: accepted, never dispatched.
-    slow = config.read_text().replace("coalesce_ms = 200", "coalesce_ms = 600000")
-    config.write_text(slow.replace("max_wait_ms = 2000", "max_wait_ms = 600000"))
+    config = write_config(tmp_path, {"dispatcher": {"coalesce_ms": 600000, "max_wait_ms": 600000}})
     bridge = Bridge(config)
     await bridge.start()
     for text in ("alpha", "beta", "gamma"):
@@ -224,7 +224,7 @@ async def test_kill_9_between_commit_and_dispatch(tmp_path: Path) -> None:
     bridge.signal(signal.SIGKILL)
     await bridge.exit_code()
 
-    config.write_text(config.read_text().replace("600000", "200"))
+    write_config(tmp_path)  # the usual debounce window
     again = Bridge(config)
     await again.start()
     assert await again.end_input() == 0

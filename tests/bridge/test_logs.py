@@ -54,7 +54,7 @@ def test_debug_is_for_chatbridge_only_unless_libraries_are_asked_for(
 async def test_json_lines_carry_room_and_run_and_no_message_text(
     tmp_path: Path, json_logs: io.StringIO
 ) -> None:
-    config = write_config(tmp_path, env='FAKE_CLAUDE_ECHO = "1", GITHUB_TOKEN = "ghp_do_not_log"')
+    config = write_config(tmp_path, env={"FAKE_CLAUDE_ECHO": "1", "GITHUB_TOKEN": "ghp_do_not_log"})
     await run_console(config, ["the secret plan"])
     entries = [json.loads(line) for line in json_logs.getvalue().splitlines()]
     started = [e for e in entries if e["message"].startswith("run started")]

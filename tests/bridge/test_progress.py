@@ -3,7 +3,7 @@ from __future__ import annotations
 import asyncio
 
 from bridge.core.model import ExternalMessageId
-from bridge.progress import ProgressMessage, describe_tool_use, format_elapsed
+from bridge.progress import ProgressMessage, describe_tool_use
 
 
 def test_tool_use_descriptions() -> None:
@@ -13,11 +13,6 @@ def test_tool_use_descriptions() -> None:
     long = describe_tool_use("Bash", {"command": "x" * 200})
     assert len(long) <= len("Bash: ") + 80
     assert long.endswith("…")
-
-
-def test_elapsed() -> None:
-    assert format_elapsed(5.4) == "5s"
-    assert format_elapsed(125) == "2m05s"
 
 
 class FakeClock:

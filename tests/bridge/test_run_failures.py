@@ -46,7 +46,7 @@ async def test_a_store_failure_mid_run_fails_the_run_without_wedging_the_room(
     tmp_path: Path,
 ) -> None:
     settings = load_settings(write_config(tmp_path))
-    async with ConsoleSession(settings, wrap_store=FailingPid) as session:  # type: ignore[arg-type]
+    async with ConsoleSession(settings, wrap_store=FailingPid) as session:
         session.send("first")
         out = await session.wait_for("The run failed: internal error (StoreError)")
         assert "· Failed after" in out
@@ -67,8 +67,11 @@ async def test_reset_during_a_run_is_not_undone_when_the_run_ends(tmp_path: Path
     record = tmp_path / "record.json"
     path = write_config(
         tmp_path,
-        env=f'FAKE_CLAUDE_SLEEP = "1", FAKE_CLAUDE_SESSIONS_DIR = "{sessions}",'
-        f' FAKE_CLAUDE_RECORD = "{record}"',
+        env={
+            "FAKE_CLAUDE_SLEEP": "1",
+            "FAKE_CLAUDE_SESSIONS_DIR": str(sessions),
+            "FAKE_CLAUDE_RECORD": str(record),
+        },
     )
     async with ConsoleSession(load_settings(path)) as session:
         session.send("first")
@@ -99,7 +102,7 @@ class FailsOnCue(Transport):
 async def test_a_run_cut_short_by_a_failing_service_is_interrupted_not_stopped(
     tmp_path: Path,
 ) -> None:
-    path = write_config(tmp_path, env='FAKE_CLAUDE_SLEEP = "60", FAKE_CLAUDE_GRANDCHILD = "1"')
+    path = write_config(tmp_path, env={"FAKE_CLAUDE_SLEEP": "60", "FAKE_CLAUDE_GRANDCHILD": "1"})
     failing = FailsOnCue()
     session = ConsoleSession(load_settings(path), extra_transports=[failing])
 

@@ -24,7 +24,7 @@ from bridge.core.model import (
 from bridge.core.transport import Accepted, RunPhase
 from bridge.service import Service, open_store
 from runner.process import find_marked
-from tests.bridge.harness import ConsoleSession, run_console, write_config
+from tests.bridge.harness import ECHO, ConsoleSession, run_console, write_config
 from transports.console import ConsoleTransport
 
 ROOM = RoomKey(TransportName("console"), RoomId("console"))
@@ -63,7 +63,7 @@ async def test_session_is_resumed_on_the_next_run(tmp_path: Path) -> None:
     record = tmp_path / "record.json"
     path = write_config(
         tmp_path,
-        env=f'FAKE_CLAUDE_SESSIONS_DIR = "{sessions}", FAKE_CLAUDE_RECORD = "{record}"',
+        env={"FAKE_CLAUDE_SESSIONS_DIR": str(sessions), "FAKE_CLAUDE_RECORD": str(record)},
     )
     await run_console(path, ["one"])
     first = json.loads(record.read_text())
@@ -78,7 +78,7 @@ async def test_session_is_resumed_on_the_next_run(tmp_path: Path) -> None:
 
 async def test_reset_starts_a_new_session(tmp_path: Path) -> None:
     record = tmp_path / "record.json"
-    path = write_config(tmp_path, env=f'FAKE_CLAUDE_ECHO = "1", FAKE_CLAUDE_RECORD = "{record}"')
+    path = write_config(tmp_path, env={**ECHO, "FAKE_CLAUDE_RECORD": str(record)})
     await run_console(path, ["one"])
     out = await run_console(path, ["!reset"])
     assert "new Claude session" in out
@@ -91,9 +91,7 @@ async def test_reset_starts_a_new_session(tmp_path: Path) -> None:
 async def test_unknown_session_falls_back_to_a_fresh_one(tmp_path: Path) -> None:
     sessions = tmp_path / "sessions"
     sessions.mkdir()
-    path = write_config(
-        tmp_path, env=f'FAKE_CLAUDE_SESSIONS_DIR = "{sessions}", FAKE_CLAUDE_ECHO = "1"'
-    )
+    path = write_config(tmp_path, env={"FAKE_CLAUDE_SESSIONS_DIR": str(sessions), **ECHO})
     await run_console(path, ["one"])
     for f in sessions.rglob("*"):
         if f.is_file():
@@ -104,10 +102,7 @@ async def test_unknown_session_falls_back_to_a_fresh_one(tmp_path: Path) -> None
 
 
 async def test_missing_claude_is_reported_in_the_room(tmp_path: Path) -> None:
-    path = write_config(tmp_path)
-    path.write_text(
-        path.read_text().replace('claude_bin = "', f'claude_bin = "{tmp_path}/no-such-dir')
-    )
+    path = write_config(tmp_path, {"runner": {"claude_bin": tmp_path / "no-such-dir" / "claude"}})
     out = await run_console(path, ["hello"])
     assert "run failed" in out
     assert "not found" in out
@@ -132,7 +127,7 @@ async def test_stop_with_nothing_running(tmp_path: Path) -> None:
 
 async def test_unauthorized_console_user_starts_nothing(tmp_path: Path) -> None:
     out = await run_console(
-        write_config(tmp_path, extra='allowed_users = ["someone-else"]'), ["hello"]
+        write_config(tmp_path, {"defaults": {"allowed_users": ["someone-else"]}}), ["hello"]
     )
     assert "hello" not in out
     assert db_rows(tmp_path, "select count(*) from runs") == [(0,)]
@@ -141,10 +136,10 @@ async def test_unauthorized_console_user_starts_nothing(tmp_path: Path) -> None:
 
 
 async def test_failed_run_can_be_retried(tmp_path: Path) -> None:
-    path = write_config(tmp_path, env='FAKE_CLAUDE_EXIT = "3"')
+    path = write_config(tmp_path, env={"FAKE_CLAUDE_EXIT": "3"})
     out = await run_console(path, ["do it"])
     assert "run failed" in out
-    path.write_text(path.read_text().replace('FAKE_CLAUDE_EXIT = "3"', 'FAKE_CLAUDE_ECHO = "1"'))
+    write_config(tmp_path)  # the same configuration, now with a claude that succeeds
     out = await run_console(path, ["!retry"])
     assert "Retrying 1 message" in out
     assert out.splitlines()[-1] == "do it"
@@ -157,7 +152,11 @@ async def test_failed_run_can_be_retried(tmp_path: Path) -> None:
 async def test_stop_during_a_run_kills_the_tree_and_drops_the_queue(tmp_path: Path) -> None:
     path = write_config(
         tmp_path,
-        env='FAKE_CLAUDE_SLEEP = "60", FAKE_CLAUDE_GRANDCHILD = "1", FAKE_CLAUDE_BACKGROUND = "1"',
+        env={
+            "FAKE_CLAUDE_SLEEP": "60",
+            "FAKE_CLAUDE_GRANDCHILD": "1",
+            "FAKE_CLAUDE_BACKGROUND": "1",
+        },
     )
     async with ConsoleSession(load_settings(path)) as session:
         session.send("long job")
@@ -188,7 +187,7 @@ async def test_messages_during_a_run_become_one_follow_up_batch(tmp_path: Path) 
     record = tmp_path / "record.json"
     path = write_config(
         tmp_path,
-        env=f'FAKE_CLAUDE_ECHO = "1", FAKE_CLAUDE_SLEEP = "1", FAKE_CLAUDE_RECORD = "{record}"',
+        env={**ECHO, "FAKE_CLAUDE_SLEEP": "1", "FAKE_CLAUDE_RECORD": str(record)},
     )
     async with ConsoleSession(load_settings(path)) as session:
         session.send("first")
@@ -203,8 +202,7 @@ async def test_messages_during_a_run_become_one_follow_up_batch(tmp_path: Path) 
 
 
 async def test_health_readiness_and_metrics_endpoints(tmp_path: Path) -> None:
-    path = write_config(tmp_path)
-    path.write_text(path.read_text().replace('listen = ""', 'listen = "127.0.0.1:0"'))
+    path = write_config(tmp_path, {"http": {"listen": "127.0.0.1:0"}})
     async with ConsoleSession(load_settings(path)) as session:
         session.send("one")
         session.send("two")
@@ -254,7 +252,7 @@ async def test_duplicate_delivery_is_stored_and_dispatched_once(tmp_path: Path) 
 
 
 async def test_status_answers_from_the_store_during_and_after_a_run(tmp_path: Path) -> None:
-    path = write_config(tmp_path, env='FAKE_CLAUDE_SLEEP = "2"')
+    path = write_config(tmp_path, env={"FAKE_CLAUDE_SLEEP": "2"})
     async with ConsoleSession(load_settings(path)) as session:
         session.send("job")
         await session.wait_for("Bash: echo hello")

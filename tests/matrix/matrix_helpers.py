@@ -23,7 +23,7 @@ from nio import (
 )
 
 from bridge.core.model import InboundMessage
-from bridge.core.transport import Accepted
+from bridge.core.transport import Accepted, InboundEvent
 from tests.matrix.synapse_peer import MatrixUser
 from transports.matrix import MatrixTransport
 
@@ -197,7 +197,9 @@ class RecordingSink:
         self.messages: list[InboundMessage] = []
         self._changed = asyncio.Condition()
 
-    async def __call__(self, message: InboundMessage) -> Accepted:
+    async def __call__(self, message: InboundEvent) -> Accepted:
+        if not isinstance(message, InboundMessage):
+            return Accepted.ACCEPTED  # edits and deletions: not recorded here
         async with self._changed:
             self.messages.append(message)
             self._changed.notify_all()

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from tests.config_files import merged, toml_text
 from tests.matrix.synapse_peer import MatrixUser, SynapseServer
 from tests.service_process import RunningService, base_config, run_service
 
@@ -20,22 +21,15 @@ def config_toml(
     matrix_extra: Mapping[str, object],
 ) -> str:
     """A service configuration with only the Matrix transport and the fake claude."""
-    lines = [
-        *base_config(tmp),
-        "[matrix]",
-        f'homeserver = "{synapse.url}"',
-        f'user_id = "{bot.user_id}"',
-        f'store_path = "{tmp / "matrix-store"}"',
-        "sync_timeout_ms = 5000",
-    ]
-    lines += [f"{name} = {value!r}" for name, value in matrix_extra.items()]
-    lines += [
-        "[[rooms]]",
-        'transport = "matrix"',
-        f'id = "{room_id}"',
-        "allowed_users = [" + ", ".join(f'"{u}"' for u in allowed) + "]",
-    ]
-    return "\n".join(lines) + "\n"
+    matrix = {
+        "homeserver": synapse.url,
+        "user_id": bot.user_id,
+        "store_path": tmp / "matrix-store",
+        "sync_timeout_ms": 5000,
+        **matrix_extra,
+    }
+    room = {"transport": "matrix", "id": room_id, "allowed_users": list(allowed)}
+    return toml_text(merged(base_config(tmp), {"matrix": matrix, "rooms": [room]}))
 
 
 @asynccontextmanager

@@ -15,7 +15,13 @@ import pytest
 from aiohttp import web
 
 from bridge.core.model import InboundMessage, RoomId
-from bridge.core.transport import Accepted, RoomBinding, SinkClosed, TransportError
+from bridge.core.transport import (
+    Accepted,
+    InboundEvent,
+    RoomBinding,
+    SinkClosed,
+    TransportError,
+)
 from tests.matrix.matrix_helpers import RecordingSink
 from tests.matrix.synapse_peer import free_port
 from transports.backoff import Backoff
@@ -176,8 +182,9 @@ async def test_position_moves_only_after_the_sink_accepted(
     delivered: list[InboundMessage] = []
     failures = 0
 
-    async def flaky_sink(message: InboundMessage) -> Accepted:
+    async def flaky_sink(message: InboundEvent) -> Accepted:
         nonlocal failures
+        assert isinstance(message, InboundMessage)  # the script sends only messages
         if message.text == "two" and failures == 0:
             failures += 1
             raise RuntimeError("store briefly unavailable")
@@ -204,7 +211,7 @@ async def test_closed_sink_leaves_the_position_and_returns(
     async def script(call: int, request: web.Request) -> web.StreamResponse:
         return sync_body("s1", [text_event("$1", "one")])
 
-    async def closed_sink(message: InboundMessage) -> Accepted:
+    async def closed_sink(message: InboundEvent) -> Accepted:
         raise SinkClosed
 
     bridge = transport(await homeserver(script), tmp_path, ObservedBackoff())

@@ -143,10 +143,10 @@ async def _api(request: web.Request) -> web.StreamResponse:
         return web.json_response({"ok": True, "messages": found, "has_more": False})
     if method == "users.info":
         args = await _args(request)
-        name = fake.display_names.get(str(args.get("user")))
-        if name is None:
+        display = fake.display_names.get(str(args.get("user")))
+        if display is None:
             return web.json_response({"ok": False, "error": "user_not_found"})
-        user = {"id": args["user"], "name": name.lower(), "profile": {"display_name": name}}
+        user = {"id": args["user"], "name": display.lower(), "profile": {"display_name": display}}
         return web.json_response({"ok": True, "user": user})
     return web.json_response({"ok": True})
 

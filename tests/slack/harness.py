@@ -58,8 +58,13 @@ class RecordingSink:
         return list(self.received)
 
     @property
+    def messages(self) -> list[InboundMessage]:
+        """What was received, less edits and deletions."""
+        return [m for m in self.received if isinstance(m, InboundMessage)]
+
+    @property
     def texts(self) -> list[str]:
-        return [m.text for m in self.received if isinstance(m, InboundMessage)]
+        return [m.text for m in self.messages]
 
 
 @dataclass

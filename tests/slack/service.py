@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.config_files import merged, toml_text
 from tests.service_process import base_config, run_service
 from tests.slack import peer
 from tests.slack.harness import require_local_slack
@@ -17,23 +18,16 @@ from tests.slack.harness import require_local_slack
 def config_toml(
     tmp: Path, slack: peer.LocalSlack, allowed: tuple[str, ...], slack_extra: Mapping[str, Any]
 ) -> str:
-    lines = [
-        *base_config(tmp),
-        "[slack]",
-        f'mode = "{slack.mode}"',
-        f'api_url = "{slack.api_url}"',
-    ]
+    table: dict[str, Any] = {"mode": slack.mode, "api_url": slack.api_url}
     if slack.events_port is not None:
-        lines.append(f'listen = "127.0.0.1:{slack.events_port}"')
-    lines += [f"{key} = {value!r}" for key, value in slack_extra.items()]
-    lines += [
-        "[[rooms]]",
-        'transport = "slack"',
-        f'id = "{peer.CHANNEL}"',
-        "reply_in_thread = true",
-        "allowed_users = [" + ", ".join(f'"{u}"' for u in allowed) + "]",
-    ]
-    return "\n".join(lines) + "\n"
+        table["listen"] = f"127.0.0.1:{slack.events_port}"
+    room = {
+        "transport": "slack",
+        "id": peer.CHANNEL,
+        "reply_in_thread": True,
+        "allowed_users": list(allowed),
+    }
+    return toml_text(merged(base_config(tmp), {"slack": {**table, **slack_extra}, "rooms": [room]}))
 
 
 @dataclass

@@ -30,7 +30,7 @@ DM_ROOM = RoomKey(TransportName("slack"), RoomId(peer.DM))
 async def test_channel_message_is_handed_over_before_the_ack(env: Running) -> None:
     ts = await env.slack.post_message(peer.ALICE, "hello bridge")
     # post_message returns once local-slack saw the ack: the sink already has it.
-    [message] = env.sink.received
+    [message] = env.sink.messages
     assert message.room == ROOM
     assert message.sender == peer.ALICE
     assert message.text == "hello bridge"
@@ -45,7 +45,7 @@ async def test_mentions_threads_and_dms_are_translated(env: Running) -> None:
     root = await env.slack.post_message(peer.ALICE, f"<@{peer.BOT_USER}> please look")
     reply = await env.slack.post_message(peer.BOB, "in the thread", thread_ts=root)
     dm = await env.slack.post_message(peer.ALICE, "just us", channel=peer.DM)
-    mention, threaded, direct = env.sink.received
+    mention, threaded, direct = env.sink.messages
     assert mention.mentions_bot
     assert mention.external_id == root
     assert threaded.thread == root

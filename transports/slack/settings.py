@@ -10,6 +10,8 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from bridge.core.hostport import HostPort
+
 # Slack truncates ``text`` past 40,000 characters and advises staying under
 # 4,000 per message; 3,500 leaves room for the mrkdwn conversion growing a chunk.
 DEFAULT_MESSAGE_LIMIT = 3500
@@ -27,7 +29,7 @@ class SlackSettings(BaseModel):
     """``xapp-...``: opens Socket Mode connections."""
     signing_secret: SecretStr = SecretStr("")
     """Verifies Events API requests."""
-    listen: str = "127.0.0.1:3001"
+    listen: HostPort = HostPort("127.0.0.1", 3001)
     """Events mode: ``host:port`` the Events API endpoint (path ``/slack/events``) listens on."""
     api_url: str = "https://slack.com/api/"
     """Web API base URL; tests and proxies override it."""
@@ -44,14 +46,6 @@ class SlackSettings(BaseModel):
         # slack_sdk joins method names onto the base URL verbatim.
         return value if value.endswith("/") else value + "/"
 
-    @field_validator("listen")
-    @classmethod
-    def _host_port(cls, value: str) -> str:
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError("must be host:port")
-        return value
-
     @model_validator(mode="after")
     def _credentials_for_mode(self) -> Self:
         if not self.bot_token.get_secret_value():
@@ -64,8 +58,8 @@ class SlackSettings(BaseModel):
 
     @property
     def listen_host(self) -> str:
-        return self.listen.rpartition(":")[0].strip("[]")
+        return self.listen.host
 
     @property
     def listen_port(self) -> int:
-        return int(self.listen.rpartition(":")[2])
+        return self.listen.port
