@@ -26,6 +26,8 @@ dropped, or (after a drain) still waits.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -35,8 +37,6 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-
-from dataclasses import replace
 
 from bridge.core.model import Batch, Message, RoomKey
 from dispatcher.limits import DispatchLimits
