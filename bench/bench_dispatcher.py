@@ -19,7 +19,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bridge.core.model import (
-    Batch,
     ExternalMessageId,
     Message,
     MessageId,
@@ -28,7 +27,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from dispatcher import Dispatcher, DispatchLimits, MonotonicClock, TimerHandle
+from dispatcher import DispatchedRun, Dispatcher, DispatchLimits, MonotonicClock, TimerHandle
 
 ROWS: list[tuple[str, str]] = []
 
@@ -54,7 +53,7 @@ def messages(count: int, rooms: int) -> Iterator[Message]:
         )
 
 
-async def no_op(batch: Batch) -> None:
+async def no_op(run: DispatchedRun) -> None:
     return None
 
 
@@ -83,7 +82,7 @@ async def flush_overhead_max_batch(samples: int, idle_gap: float = 0.0) -> None:
     """
     called: asyncio.Future[int] | None = None
 
-    async def execute(batch: Batch) -> None:
+    async def execute(run: DispatchedRun) -> None:
         assert called is not None
         called.set_result(time.perf_counter_ns())
 
@@ -122,7 +121,7 @@ async def flush_overhead_timer(samples: int) -> None:
     coalesce = 0.001
     called: asyncio.Future[float] | None = None
 
-    async def execute(batch: Batch) -> None:
+    async def execute(run: DispatchedRun) -> None:
         assert called is not None
         called.set_result(time.monotonic())
 

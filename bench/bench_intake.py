@@ -26,7 +26,6 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from bridge.commands import CommandHandler
 from bridge.config import Settings
 from bridge.core.model import (
-    Batch,
     ExternalMessageId,
     InboundMessage,
     RoomId,
@@ -39,7 +38,7 @@ from bridge.metrics import Metrics
 from bridge.store.base import Store
 from bridge.store.memory import MemoryStore
 from bridge.store.sql import SqlStore
-from dispatcher import Dispatcher, DispatchLimits
+from dispatcher import DispatchedRun, Dispatcher, DispatchLimits
 
 
 def settings(rooms: int) -> Settings:
@@ -78,7 +77,7 @@ async def measure(
 ) -> tuple[float, float, float]:
     config = settings(rooms)
 
-    async def execute(batch: Batch) -> None:
+    async def execute(run: DispatchedRun) -> None:
         return None
 
     # Long windows: measure accepting, not running.

@@ -6,6 +6,7 @@ become part of a batch.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -13,8 +14,10 @@ from enum import StrEnum
 
 from bridge.core.model import Message, RoomKey
 from bridge.duration import format_duration
-from bridge.store.base import AuditAction, Store
+from bridge.store.base import AuditAction, Store, StoreError
 from dispatcher import Dispatcher
+
+log = logging.getLogger(__name__)
 
 
 class CommandName(StrEnum):
@@ -119,21 +122,39 @@ class CommandHandler:
                 )
 
     async def _stop(self, message: Message) -> None:
+        """Cancel the run, drop what waits; the drop holds only once it is recorded.
+
+        The dispatcher takes the waiting messages out at once, so none can
+        start while the drop is written. If the write fails they go back in
+        front of the queue (order kept), stay pending in the store, and the
+        room is told: memory and store never disagree, so nothing dropped
+        runs after a restart and nothing kept is lost. Cancelling the run
+        needs no write here (the run records its own end).
+        """
         room = message.room
         now = self.wall_clock()
         stopping = self.dispatcher.status(room).stopping
         result = self.dispatcher.stop(room)
-        # Dropped first: a crash between the two must not run them after a restart.
         if result.dropped:
-            await self.store.mark_dropped([m.id for m in result.dropped], message.sender, now)
-        await self.store.audit(
-            AuditAction.STOP_REQUESTED,
-            now,
-            room=room,
-            actor=message.sender,
-            message_id=message.id,
-            detail=f"running={result.stopped is not None} dropped={len(result.dropped)}",
-        )
+            try:
+                await self.store.mark_dropped([m.id for m in result.dropped], message.sender, now)
+            except StoreError:
+                log.exception("could not record the dropped messages")
+                self.dispatcher.restore(room, result.dropped)
+                await self._stop_failed(message, result.stopped is not None, len(result.dropped))
+                return
+        try:
+            await self.store.audit(
+                AuditAction.STOP_REQUESTED,
+                now,
+                room=room,
+                actor=message.sender,
+                message_id=message.id,
+                detail=f"running={result.stopped is not None} dropped={len(result.dropped)}",
+            )
+        except StoreError:
+            # The stop itself is recorded (drops, the run's end): only the audit row is missing.
+            log.exception("could not audit the stop")
         dropped = _plural(len(result.dropped), "waiting message")
         if result.stopped is not None:
             size = _plural(len(result.stopped.messages), "message")
@@ -144,6 +165,13 @@ class CommandHandler:
             await self.answer(message, f"Nothing was running; dropped {dropped}.")
         else:
             await self.answer(message, "Nothing is running and nothing is waiting.")
+
+    async def _stop_failed(self, message: Message, running: bool, waiting: int) -> None:
+        kept = _plural(waiting, "waiting message")
+        text = f"Could not drop the {kept}: the database failed. They stay queued and will run"
+        if running:
+            text = f"Stopping the run. {text} after it"
+        await self.answer(message, f"{text}; `{self.prefix}stop` again to drop them.")
 
     async def _status(self, message: Message) -> None:
         room = message.room

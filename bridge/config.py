@@ -287,10 +287,22 @@ class Settings(BaseSettings):
             }
             for k, r in self._rooms.items()
         ]
-        for room in data["rooms"]:
-            room["env"] = {name: "**********" for name in room["env"]}
-        data["defaults"]["env"] = {name: "**********" for name in data["defaults"]["env"]}
+        for section in (*data["rooms"], data["defaults"]):
+            section["env"] = {name: "**********" for name in section["env"]}
+            section["extra_args"] = _redacted_args(section["extra_args"])
         return data
+
+
+def _redacted_args(args: list[str]) -> list[str]:
+    """Flags kept, values masked: ``extra_args`` may carry an inline MCP config with keys."""
+    out = []
+    for arg in args:
+        if arg.startswith("-"):
+            flag, sep, _ = arg.partition("=")
+            out.append(f"{flag}=**********" if sep else flag)
+        else:
+            out.append("**********")
+    return out
 
 
 def _nested_errors(prefix: str, exc: ValidationError) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from bridge.commands import CommandHandler, parse_command
 from bridge.config import Settings
 from bridge.core.model import InboundMessage, Message
-from bridge.core.transport import Accepted, InboundEvent, SinkClosed
+from bridge.core.transport import Accepted, InboundEvent
 from bridge.logs import log_context
 from bridge.metrics import Metrics
 from bridge.store.base import Store, StoreError
@@ -34,13 +34,13 @@ class Intake:
     on_accepted: Callable[[Message], None] = lambda message: None
     """Called for each message that will go to a run (shows it as received)."""
     wall_clock: Callable[[], float] = time.time
-    closed: bool = False
-    """Set at shutdown: nothing new is accepted (transports do not acknowledge)."""
 
     async def accept(self, event: InboundEvent) -> Accepted:
-        """The transports' sink. Returns once the event is durably recorded."""
-        if self.closed:
-            raise SinkClosed
+        """The transports' sink. Returns once the event is durably recorded.
+
+        Also while the service shuts down: the dispatcher then begins no run,
+        so a message accepted now stays pending and runs after the restart.
+        """
         with log_context(room=event.room):
             if isinstance(event, InboundMessage):
                 return await self._accept(event)

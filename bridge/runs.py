@@ -2,8 +2,9 @@
 
 The dispatcher calls :meth:`RunExecutor.execute` in a task it owns and
 cancels that task to stop the run; the runner then leaves no process behind
-and this module records the run as stopped if the room asked for it
-(``!stop``), otherwise as interrupted (shutdown, a failing service), which
+and this module records the run as the dispatcher says it ended
+(``DispatchedRun.end_reason``): stopped if the room asked for it
+(``!stop``), otherwise interrupted (shutdown, a failing service), which
 ``!retry`` can run again.
 """
 
@@ -35,6 +36,7 @@ from bridge.metrics import Metrics
 from bridge.progress import ProgressMessage
 from bridge.replies import Replier, in_conversation
 from bridge.store.base import Store, StoreError
+from dispatcher import DispatchedRun, EndReason
 from runner import RunRequest, run_claude
 from runner.events import Init, RunEvent, Spawned, ToolUse
 
@@ -112,8 +114,11 @@ def failure_text(report: RunReport, room: RoomSettings, prefix: str) -> str:
             return f"The run failed: {report.error or 'unknown error'}"
 
 
-def _never(room: RoomKey) -> bool:
-    return False
+def _cancelled_status(dispatched: DispatchedRun) -> RunStatus:
+    """How a cancelled run is recorded: as the dispatcher says it ended."""
+    if dispatched.end_reason is EndReason.STOPPED:
+        return RunStatus.STOPPED
+    return RunStatus.INTERRUPTED  # shutdown, or a failing service
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,14 +141,8 @@ class RunExecutor:
     store: Store
     replier: Replier
     metrics: Metrics
-    stop_requested: Callable[[RoomKey], bool] = _never
-    """Whether the room asked to stop its run (``!stop``). A run cancelled
-    without that (shutdown, a failing service) is recorded as interrupted,
-    so ``!retry`` can run it again."""
     wall_clock: Callable[[], float] = time.time
     progress_interval_s: float = 2.0
-    shutting_down: bool = False
-    """Set at shutdown: batches flushed from then on are not started."""
     _generations: dict[RoomKey, int] = field(default_factory=dict)
     """Bumped by ``!reset``: a run that began before keeps its session to itself."""
 
@@ -152,22 +151,20 @@ class RunExecutor:
         self._generations[room] = self._generations.get(room, 0) + 1
         await self.store.set_session(room, None)
 
-    async def execute(self, batch: Batch) -> None:
-        if self.shutting_down:
-            # Start nothing new while stopping: the messages stay pending in the
-            # store and run after the restart.
-            return
+    async def execute(self, dispatched: DispatchedRun) -> None:
+        """The dispatcher's ``execute``: it never calls this while shutting down."""
         run_id = new_run_id()
-        with log_context(room=batch.room, run=run_id):
-            await self._execute(run_id, batch)
+        with log_context(room=dispatched.batch.room, run=run_id):
+            await self._execute(run_id, dispatched)
 
-    async def _execute(self, run_id: RunId, batch: Batch) -> None:
+    async def _execute(self, run_id: RunId, dispatched: DispatchedRun) -> None:
+        batch = dispatched.batch
         started = self.wall_clock()
         generation = self._generations.get(batch.room, 0)
         try:
             await self.store.start_run(run_id, batch, started)
         except asyncio.CancelledError:
-            await self._settle(self._cancelled_at_start(run_id, batch))
+            await self._settle(self._cancelled_at_start(run_id, dispatched))
             raise
         except StoreError:
             # Nothing was recorded: the messages are still pending and run
@@ -185,7 +182,7 @@ class RunExecutor:
         try:
             report = await self._drive(run_id, batch, progress)
         except asyncio.CancelledError:
-            status = self._cancelled_status(batch.room)
+            status = _cancelled_status(dispatched)
             # The runner has already killed the process tree; record and report
             # the end even if we are cancelled again meanwhile.
             report = RunReport(status)
@@ -206,11 +203,9 @@ class RunExecutor:
         except TimeoutError:
             log.warning("recording the end of the run took over %gs", FINALIZE_TIMEOUT_S)
 
-    def _cancelled_status(self, room: RoomKey) -> RunStatus:
-        return RunStatus.STOPPED if self.stop_requested(room) else RunStatus.INTERRUPTED
-
-    async def _cancelled_at_start(self, run_id: RunId, batch: Batch) -> None:
-        status = self._cancelled_status(batch.room)
+    async def _cancelled_at_start(self, run_id: RunId, dispatched: DispatchedRun) -> None:
+        batch = dispatched.batch
+        status = _cancelled_status(dispatched)
         if await self.store.get_run(run_id) is not None:
             await self.store.finish_run(run_id, RunReport(status), self.wall_clock())
         elif status is RunStatus.STOPPED:

@@ -1,10 +1,17 @@
 """The service's lifecycle: build the parts, recover, serve, shut down in order.
 
 One owner for every task: :func:`serve` runs a single TaskGroup holding the
-dispatcher, the transports and the housekeeping loop. Shutdown is a single,
-ordered path: stop accepting, let active runs finish within the grace
-period, stop the rest (no process survives), tell their rooms, close the
-transports, close the store.
+dispatcher, the transports and the housekeeping loop. The parts are built
+once, in :meth:`Service.__post_init__`, and never rewired.
+
+Shutdown is a single, ordered path (see docs/operations.md):
+
+1. the dispatcher drains: no run begins any more; messages that arrive keep
+   being accepted durably (recorded pending, they run after the restart);
+2. active runs may finish within ``shutdown_grace_s``; the rest are
+   interrupted (no process survives) and their rooms told;
+3. the answers of ended runs are handed over to the transports;
+4. only then are the transports closed, and the store after them.
 """
 
 from __future__ import annotations
@@ -82,12 +89,15 @@ class Service:
     _tasks: asyncio.TaskGroup | None = field(init=False, default=None)
     ready: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     """Set once recovery is done and every transport is connected."""
+    shutting_down: asyncio.Event = field(init=False, default_factory=asyncio.Event)
+    """Set when the shutdown path begins: no run begins from then on."""
     http_port: int | None = field(init=False, default=None)
     """The port /healthz, /readyz and /metrics listen on, once bound."""
 
     def __post_init__(self) -> None:
         settings = self.settings
         self.replier = Replier({t.name: t for t in self.transports})
+        # The dispatcher tells each run why it was cancelled: nothing to wire later.
         self.executor = RunExecutor(settings, self.store, self.replier, self.metrics)
         d = settings.dispatcher
         self.dispatcher = Dispatcher(
@@ -99,7 +109,6 @@ class Service:
             ),
             self.executor.execute,
         )
-        self.executor.stop_requested = lambda room: self.dispatcher.status(room).stopping
         commands = CommandHandler(
             self.dispatcher,
             self.store,
@@ -107,8 +116,14 @@ class Service:
             self.replier.answer,
             self.executor.reset_session,
         )
-        self.intake = Intake(settings, self.store, self.dispatcher, commands, self.metrics)
-        self.intake.on_accepted = self._show_received
+        self.intake = Intake(
+            settings,
+            self.store,
+            self.dispatcher,
+            commands,
+            self.metrics,
+            on_accepted=self._show_received,
+        )
         self.metrics.watch(
             lambda: self.dispatcher.active_runs,
             lambda: self.dispatcher.queued,
@@ -117,6 +132,8 @@ class Service:
 
     async def readiness(self) -> str | None:
         """None when the store answers and every transport is connected."""
+        if self.shutting_down.is_set():
+            return "shutting down"
         try:
             await self.store.ping()
         except StoreError as exc:
@@ -270,22 +287,31 @@ class Service:
         return True
 
     async def _shutdown(self, dispatcher_task: asyncio.Task[None]) -> None:
-        self.intake.closed = True
-        self.executor.shutting_down = True
-        grace = self.settings.runner.shutdown_grace_s
-        if self.dispatcher.active_runs and not self._stop_now.is_set():
+        """Steps 1-3 of the shutdown path; the caller then closes the transports."""
+        self.shutting_down.set()
+        grace = 0.0 if self._stop_now.is_set() else self.settings.runner.shutdown_grace_s
+        if self.dispatcher.active_runs:
             log.info("waiting up to %gs for %d active run(s)", grace, self.dispatcher.active_runs)
-            idle = asyncio.ensure_future(self.dispatcher.wait_idle())
-            now = asyncio.ensure_future(self._stop_now.wait())
-            await asyncio.wait({idle, now}, timeout=grace, return_when=asyncio.FIRST_COMPLETED)
-            idle.cancel()
-            now.cancel()
-        # Cancelling the dispatcher stops every active run; the runner leaves
-        # no process behind and the executor records them as interrupted.
+        # From here no run begins; transports keep delivering inbound messages,
+        # which are recorded and wait for the restart. Runs cut off at the end
+        # of the grace are interrupted: the runner leaves no process behind
+        # and the executor records and reports them while transports still send.
+        if not await self.dispatcher.drain(grace, cut_off=self._stop_now):
+            log.info("interrupted the runs still active after the grace period")
+        await self._hand_over_answers()
         dispatcher_task.cancel()
         # wait(), not await: the task's own CancelledError is expected, but a
         # cancellation of this shutdown must still propagate.
         await asyncio.wait({dispatcher_task})
+
+    async def _hand_over_answers(self) -> None:
+        """Deliver what ended runs still have to say, before the transports close.
+
+        Today each run sends its answer before its ``execute`` returns, so
+        the drain above covers it. The durable outbox adds its own step here
+        (``await self.delivery.drain(timeout)``): what it cannot deliver in
+        time stays in the outbox for the restart.
+        """
 
     async def _housekeeping(self) -> None:
         retention_s = self.settings.database.retention_days * 86400

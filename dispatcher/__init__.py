@@ -6,14 +6,16 @@ room at a time, and caps the runs across rooms. Sees only core types
 """
 
 from dispatcher.clock import Clock, ManualClock, MonotonicClock, TimerHandle
-from dispatcher.driver import Dispatcher, Execute
+from dispatcher.driver import DispatchedRun, Dispatcher, Execute
 from dispatcher.limits import DispatchLimits
-from dispatcher.status import RoomStatus, StopResult
+from dispatcher.status import EndReason, RoomStatus, StopResult
 
 __all__ = [
     "Clock",
     "DispatchLimits",
+    "DispatchedRun",
     "Dispatcher",
+    "EndReason",
     "Execute",
     "ManualClock",
     "MonotonicClock",

@@ -4,7 +4,9 @@ It owns one task per active run (in a TaskGroup) and a single clock
 callback for all rooms, armed for the scheduler's earliest deadline. Timer
 callbacks and run ends feed the scheduler synchronously, so with a
 :class:`~dispatcher.clock.ManualClock` the dispatcher has fully reacted to a
-deadline when ``advance`` returns.
+deadline when ``advance`` returns. Every rule (which run begins, what a stop
+drops, why a run was cancelled, what a drain keeps) is the scheduler's; this
+module only carries its decisions out.
 """
 
 from __future__ import annotations
@@ -17,28 +19,28 @@ from bridge.core.model import Batch, Message, RoomKey
 from dispatcher.clock import Clock, MonotonicClock, TimerHandle
 from dispatcher.limits import DispatchLimits
 from dispatcher.scheduler import Scheduler
-from dispatcher.status import RoomStatus, StopResult
+from dispatcher.status import EndReason, RoomStatus, StopResult
 
 logger = logging.getLogger(__name__)
 
-Execute = Callable[[Batch], Awaitable[None]]
-"""Carries out one run of a batch; cancelled when the room is stopped."""
 
+class DispatchedRun:
+    """One run as ``execute`` sees it: its batch, and why it was cancelled."""
 
-class _Run:
-    """The driver's handle on one run."""
-
-    __slots__ = ("batch", "executing", "skip", "task")
+    __slots__ = ("batch", "end_reason", "task")
 
     task: asyncio.Task[None]
     """Set right after construction: the task needs the run to exist first."""
 
     def __init__(self, batch: Batch) -> None:
         self.batch = batch
-        self.executing = False
-        """``execute`` was called: cancelling the task now reaches its cleanup."""
-        self.skip = False
-        """Stopped before ``execute`` was called: never call it."""
+        self.end_reason: EndReason | None = None
+        """Set before the dispatcher cancels the run: stopped by the room, or
+        interrupted by shutdown. None while the run was not cancelled."""
+
+
+Execute = Callable[[DispatchedRun], Awaitable[None]]
+"""Carries out one run; cancelled (with ``end_reason`` set) to stop or interrupt it."""
 
 
 class Dispatcher:
@@ -56,23 +58,25 @@ class Dispatcher:
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         # No slots until serve() opens them: a run needs the task group.
         self._scheduler = Scheduler(limits, capacity=0)
-        self._runs: dict[RoomKey, _Run] = {}
+        self._runs: dict[RoomKey, DispatchedRun] = {}
         self._group: asyncio.TaskGroup | None = None
         self._timer: TimerHandle | None = None
         self._timer_at: float | None = None
         self._fault: asyncio.Future[None] | None = None
         self._idle = asyncio.Event()
         self._idle.set()
+        self._no_runs = asyncio.Event()
+        self._no_runs.set()
 
     # -- public API ----------------------------------------------------------
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
         """Run the dispatcher until cancelled; set ``ready`` once runs can start.
 
-        On cancellation no new run starts; active runs are cancelled and
-        awaited (their cleanup is theirs), then ``CancelledError`` propagates.
-        Runs that had not called ``execute`` yet never will: their messages
-        are still pending as far as the service is concerned.
+        On cancellation it drains (no new run begins; messages not in a
+        begun run stay queued), interrupts the begun runs and awaits them
+        (their cleanup is theirs), then ``CancelledError`` propagates. For a
+        graceful end, :meth:`drain` first.
         """
         if self._group is not None:
             raise RuntimeError("the dispatcher is already serving")
@@ -90,9 +94,11 @@ class Dispatcher:
                 try:
                     await self._fault  # only an internal error completes it
                 finally:
-                    # Stop granting before the group cancels the runs, so runs
-                    # that end during shutdown do not start queued batches.
-                    self._scheduler.set_capacity(0, self._clock.now())
+                    # Drain before the group cancels the runs, so runs that end
+                    # during shutdown do not start queued batches, and tell the
+                    # begun ones why they end.
+                    self._scheduler.drain()
+                    self._interrupt()
         finally:
             self._group = None
             self._fault = None
@@ -111,22 +117,67 @@ class Dispatcher:
     def stop(self, room: RoomKey) -> StopResult:
         """Cancel the room's active run and drop its messages not yet in a run.
 
-        The run's ``execute`` gets ``CancelledError`` and cleans up on its
-        own; until it returns the room stays busy, and messages that arrive
-        meanwhile queue for the next run. A run that had not reached
-        ``execute`` yet is not called at all: its messages are reported as
-        dropped, not stopped. A room waiting for a slot gives up its place.
+        The run's ``execute`` gets ``CancelledError`` (``end_reason``
+        STOPPED) and cleans up on its own; until it returns the room stays
+        busy, and messages that arrive meanwhile queue for the next run. A
+        run that had not reached ``execute`` yet is not called at all: its
+        messages are reported as dropped, not stopped. A room waiting for a
+        slot gives up its place.
         """
         result = self._scheduler.stop(room)
         if result.stopped is not None:
-            run = self._runs[room]
-            if run.executing:
-                run.task.cancel()
-            else:
-                run.skip = True
-                result = StopResult(stopped=None, dropped=result.stopped.messages + result.dropped)
+            self._cancel(room, EndReason.STOPPED)
         self._after(())
         return result
+
+    def restore(self, room: RoomKey, dropped: tuple[Message, ...]) -> None:
+        """Undo a stop's drop (its write failed): the messages queue again, in front."""
+        self._after(self._scheduler.restore(room, dropped, self._clock.now()))
+
+    def replace(self, message: Message) -> bool:
+        """An edited message not yet in a run now reads as ``message``; False if not waiting."""
+        return self._scheduler.replace(message)
+
+    def remove(self, message: Message) -> bool:
+        """A deleted message not yet in a run never runs; False if it is not waiting."""
+        removed = self._scheduler.remove(message, self._clock.now())
+        self._after(())
+        return removed
+
+    def drain(self, grace_s: float, cut_off: asyncio.Event | None = None) -> Awaitable[bool]:
+        """Shut down gracefully: no run begins from this call on; begun runs may finish.
+
+        Messages not in a begun run stay queued (the store keeps them
+        pending: they run after a restart). The returned awaitable waits
+        until no run is active, at most ``grace_s`` on the dispatcher's clock
+        or until ``cut_off`` is set; then interrupts the runs still active
+        (``end_reason`` INTERRUPTED) and waits for them to wind down. It
+        gives True if every run ended on its own. Submitting afterwards only
+        queues.
+        """
+        self._scheduler.drain()
+        self._after(())
+        expired = asyncio.Event()
+        timer = self._clock.call_at(self._clock.now() + grace_s, expired.set)
+        return self._drained(timer, expired, cut_off)
+
+    async def _drained(
+        self, timer: TimerHandle, expired: asyncio.Event, cut_off: asyncio.Event | None
+    ) -> bool:
+        waits = [asyncio.ensure_future(self._no_runs.wait()), asyncio.ensure_future(expired.wait())]
+        if cut_off is not None:
+            waits.append(asyncio.ensure_future(cut_off.wait()))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+            for wait in waits:
+                wait.cancel()
+        graceful = self._no_runs.is_set()
+        if not graceful:
+            self._interrupt()
+            await self._no_runs.wait()
+        return graceful
 
     def status(self, room: RoomKey) -> RoomStatus:
         """What the room is doing now."""
@@ -135,6 +186,15 @@ class Dispatcher:
     async def wait_idle(self) -> None:
         """Return once no room has pending messages, an open batch or a run."""
         await self._idle.wait()
+
+    def end_reason(self, room: RoomKey) -> EndReason | None:
+        """Why the room's active run is ending early, if it was cancelled."""
+        return self._scheduler.cancel_reason(room)
+
+    @property
+    def draining(self) -> bool:
+        """:meth:`drain` was called (or serving ended): no run begins any more."""
+        return self._scheduler.draining
 
     @property
     def active_runs(self) -> int:
@@ -162,26 +222,39 @@ class Dispatcher:
             self._idle.clear()
         else:
             self._idle.set()
+        if self._scheduler.active_runs:
+            self._no_runs.clear()
+        else:
+            self._no_runs.set()
 
     def _start(self, batch: Batch) -> None:
         if self._group is None:
             raise RuntimeError("a run was granted while not serving")
-        run = _Run(batch)
+        run = DispatchedRun(batch)
         self._runs[batch.room] = run
         run.task = self._group.create_task(self._run(run), name=f"dispatch {batch.room}")
 
-    async def _run(self, run: _Run) -> None:
+    def _cancel(self, room: RoomKey, reason: EndReason) -> None:
+        run = self._runs[room]
+        run.end_reason = reason
+        run.task.cancel()
+
+    def _interrupt(self) -> None:
+        for batch in self._scheduler.interrupt():
+            self._cancel(batch.room, EndReason.INTERRUPTED)
+
+    async def _run(self, run: DispatchedRun) -> None:
         try:
-            if not run.skip:
-                run.executing = True
-                await self._execute(run.batch)
+            # The scheduler says no if the run was stopped or drained since its grant.
+            if self._scheduler.begin(run.batch.room):
+                await self._execute(run)
         except Exception:
             # A failed run is the run's problem, never the dispatcher's.
             logger.exception("run in room %s failed", run.batch.room)
         finally:
             self._finish(run)
 
-    def _finish(self, run: _Run) -> None:
+    def _finish(self, run: DispatchedRun) -> None:
         if self._runs.get(run.batch.room) is not run:
             return  # already finished (shutdown reconciliation)
         del self._runs[run.batch.room]

@@ -11,8 +11,15 @@ A room is in one of four phases:
 - gathering: an open batch waits for its window to close (timer armed).
 - ready: the batch is due and the room waits for a run slot; it keeps
   gathering messages meanwhile.
-- running: a run is active; new messages queue behind it. When it ends,
+- running: a run was granted; new messages queue behind it. When it ends,
   queued messages are ready at once (no new debounce).
+
+A granted run has *begun* once its owner is about to carry it out
+(:meth:`Room.begin`). Until then nothing has happened outside: a stop drops
+its messages with the rest, and a drain (shutdown) puts them back in front
+of the queue, so they stay pending and run after a restart. A begun run is
+cancelled with a reason (:class:`~dispatcher.status.EndReason`): stopped by
+the room, or interrupted by shutdown.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from enum import StrEnum
 
 from bridge.core.model import Batch, Message, RoomKey
 from dispatcher.limits import DispatchLimits
+from dispatcher.status import EndReason
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +63,22 @@ class ReleaseSlot:
 
 @dataclass(frozen=True, slots=True)
 class CancelRun:
-    """Cancel the active run of ``batch``; it still reports its end when it has wound down."""
+    """Cancel the begun run of ``batch``; it still reports its end when it has wound down."""
 
     batch: Batch
+    reason: EndReason
+
+
+@dataclass(frozen=True, slots=True)
+class SkipRun:
+    """The granted run of ``batch`` must never begin; it still reports its end.
+
+    ``dropped``: its messages were dropped (a stop); otherwise they went back
+    to the front of the queue (a drain).
+    """
+
+    batch: Batch
+    dropped: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +88,16 @@ class Dropped:
     messages: tuple[Message, ...]
 
 
-Effect = ArmTimer | RequestSlot | WithdrawSlotRequest | StartRun | ReleaseSlot | CancelRun | Dropped
+Effect = (
+    ArmTimer
+    | RequestSlot
+    | WithdrawSlotRequest
+    | StartRun
+    | ReleaseSlot
+    | CancelRun
+    | SkipRun
+    | Dropped
+)
 
 # The effects without fields are shared: a busy room allocates none per event.
 REQUEST_SLOT = RequestSlot()
@@ -86,6 +116,8 @@ class Room:
     """The dispatch state of one room with work; see the module docstring."""
 
     __slots__ = (
+        "_began",
+        "_cancel",
         "_first_at",
         "_last_at",
         "_limits",
@@ -93,7 +125,7 @@ class Room:
         "_ready",
         "_run",
         "_run_since",
-        "_stopping",
+        "_skipped",
         "_timer_at",
         "key",
     )
@@ -112,7 +144,12 @@ class Room:
         self._ready = False
         self._run: Batch | None = None
         self._run_since: float | None = None
-        self._stopping = False
+        self._began = False
+        """The run was carried out (its owner called :meth:`begin` and got True)."""
+        self._skipped = False
+        """The run was granted but must never begin (stopped or drained first)."""
+        self._cancel: EndReason | None = None
+        """Why the run is ending early, once it was cancelled or skipped by a stop."""
 
     # -- queries -------------------------------------------------------------
 
@@ -138,7 +175,12 @@ class Room:
 
     @property
     def run(self) -> Batch | None:
+        """The batch of the granted run (also one that will never begin), if any."""
         return self._run
+
+    @property
+    def began(self) -> bool:
+        return self._began
 
     @property
     def run_since(self) -> float | None:
@@ -151,8 +193,12 @@ class Room:
 
     @property
     def stopping(self) -> bool:
-        """The active run was cancelled and has not reported its end yet."""
-        return self._stopping
+        """The run was cancelled (or skipped by a stop) and has not reported its end yet."""
+        return self._cancel is not None
+
+    @property
+    def cancel_reason(self) -> EndReason | None:
+        return self._cancel
 
     @property
     def deadline(self) -> float | None:
@@ -164,9 +210,55 @@ class Room:
     def message(self, message: Message, now: float) -> list[Effect]:
         """A message for this room arrived at ``now``."""
         self._pending.append(message)
+        return self._arrived(len(self._pending) == 1, now)
+
+    def restore(self, messages: tuple[Message, ...], now: float) -> list[Effect]:
+        """Put back, in front of the queue, messages a stop took out (undoing the drop).
+
+        They are older than anything that arrived since, so order is kept.
+        """
+        if not messages:
+            return []
+        opens = not self._pending
+        self._pending[:0] = messages
+        return self._arrived(opens, now)
+
+    def replace(self, message: Message) -> bool:
+        """An edit: the pending message with ``message.id`` now reads as ``message``.
+
+        False (nothing changes) if it is not pending: it went into a run, or
+        was dropped, or never came.
+        """
+        for index, queued in enumerate(self._pending):
+            if queued.id == message.id:
+                self._pending[index] = message
+                return True
+        return False
+
+    def remove(self, message: Message) -> tuple[bool, list[Effect]]:
+        """A deletion: the pending message with ``message.id`` never runs.
+
+        False if it is not pending. A room left with nothing gives up its
+        slot request and goes idle; the window of the rest is not moved.
+        """
+        for index, queued in enumerate(self._pending):
+            if queued.id == message.id:
+                del self._pending[index]
+                break
+        else:
+            return False, []
+        effects: list[Effect] = []
+        if not self._pending and self._run is None:
+            if self._ready:
+                self._ready = False
+                effects.append(WITHDRAW_SLOT_REQUEST)
+            self._timer_at = None
+        return True, effects
+
+    def _arrived(self, opens: bool, now: float) -> list[Effect]:
         if self._run is not None or self._ready:
             return []  # queued behind the run, or gathered while waiting for a slot
-        if len(self._pending) == 1:
+        if opens:
             self._first_at = now
         self._last_at = now
         if len(self._pending) >= self._limits.max_batch or now >= self._deadline():
@@ -197,8 +289,23 @@ class Room:
         self._run = Batch(self.key, tuple(self._pending[:size]))
         del self._pending[:size]
         self._run_since = now
-        self._stopping = False
+        self._began = False
+        self._skipped = False
+        self._cancel = None
         return [StartRun(self._run)]
+
+    def begin(self) -> bool:
+        """The owner is about to carry out the granted run: True if it may.
+
+        False for a run stopped or drained since it was granted: it never
+        begins, and the owner reports its end at once.
+        """
+        if self._run is None:
+            raise RuntimeError(f"room {self.key} has no run to begin")
+        if self._skipped:
+            return False
+        self._began = True
+        return True
 
     def run_finished(self, now: float) -> list[Effect]:
         """The active run ended (whatever the outcome); queued messages are ready at once."""
@@ -206,7 +313,9 @@ class Room:
             raise RuntimeError(f"room {self.key} has no run to finish")
         self._run = None
         self._run_since = None
-        self._stopping = False
+        self._began = False
+        self._skipped = False
+        self._cancel = None
         if not self._pending:
             return [RELEASE_SLOT]
         # Releasing first lets a room that has waited longer take the slot (FIFO).
@@ -214,19 +323,45 @@ class Room:
         return [RELEASE_SLOT, REQUEST_SLOT]
 
     def stop(self) -> list[Effect]:
-        """Cancel the active run (once) and drop every message not yet in a run."""
+        """Cancel the begun run (once) and drop every message not yet in a run.
+
+        A granted run that has not begun is skipped: its messages are dropped
+        first, in order, before the queued ones.
+        """
         effects: list[Effect] = []
-        if self._run is not None and not self._stopping:
-            self._stopping = True
-            effects.append(CancelRun(self._run))
+        dropped: list[Message] = []
+        if self._run is not None and self._cancel is None:
+            self._cancel = EndReason.STOPPED
+            if self._began:
+                effects.append(CancelRun(self._run, EndReason.STOPPED))
+            elif not self._skipped:
+                self._skipped = True
+                dropped += self._run.messages
+                effects.append(SkipRun(self._run, dropped=True))
         if self._ready:
             self._ready = False
             effects.append(WITHDRAW_SLOT_REQUEST)
-        if self._pending:
-            effects.append(Dropped(tuple(self._pending)))
-            self._pending = []
+        dropped += self._pending
+        if dropped:
+            effects.append(Dropped(tuple(dropped)))
+        self._pending = []
         self._timer_at = None
         return effects
+
+    def drain(self) -> list[Effect]:
+        """Shutdown: a granted run that has not begun never will; its messages queue again."""
+        if self._run is None or self._began or self._skipped:
+            return []
+        self._skipped = True
+        self._pending[:0] = self._run.messages
+        return [SkipRun(self._run, dropped=False)]
+
+    def interrupt(self) -> list[Effect]:
+        """Shutdown cut-off: cancel the begun run unless it is already ending."""
+        if self._run is None or not self._began or self._cancel is not None:
+            return []
+        self._cancel = EndReason.INTERRUPTED
+        return [CancelRun(self._run, EndReason.INTERRUPTED)]
 
     # -- internals -----------------------------------------------------------
 

@@ -22,11 +22,12 @@ from dispatcher.room import (
     ReleaseSlot,
     RequestSlot,
     Room,
+    SkipRun,
     StartRun,
     WithdrawSlotRequest,
 )
 from dispatcher.slots import SlotPool
-from dispatcher.status import IDLE, RoomStatus, StopResult
+from dispatcher.status import IDLE, EndReason, RoomStatus, StopResult
 
 
 class Scheduler:
@@ -48,6 +49,7 @@ class Scheduler:
         self._seq = itertools.count()
         self._queued = 0
         self._running = 0
+        self._draining = False
 
     # -- queries -------------------------------------------------------------
 
@@ -58,6 +60,11 @@ class Scheduler:
     @property
     def capacity(self) -> int:
         return self._slots.capacity
+
+    @property
+    def draining(self) -> bool:
+        """:meth:`drain` was called: no run begins any more."""
+        return self._draining
 
     @property
     def room_count(self) -> int:
@@ -103,11 +110,7 @@ class Scheduler:
 
     def submit(self, message: Message, now: float) -> list[Batch]:
         """Accept a message (new or re-submitted) for its room."""
-        key = message.room
-        room = self._rooms.get(key)
-        if room is None:
-            room = self._rooms[key] = Room(key, self._limits)
-            self._rooms_peak = max(self._rooms_peak, len(self._rooms))
+        room = self._room(message.room)
         self._queued += 1
         return self._apply(room, room.message(message, now), now)
 
@@ -129,24 +132,35 @@ class Scheduler:
         self._running -= 1
         return self._apply(room, room.run_finished(now), now)
 
+    def begin(self, key: RoomKey) -> bool:
+        """The owner is about to carry out the room's granted run: True if it may."""
+        room = self._rooms.get(key)
+        if room is None or room.run is None:
+            raise RuntimeError(f"room {key} has no run to begin")
+        return room.begin()
+
     def stop(self, key: RoomKey) -> StopResult:
-        """Cancel the room's run and drop its messages not yet in a run.
+        """Cancel the room's begun run and drop its messages not yet in a run.
 
         The run keeps its slot and the room stays running until
-        :meth:`run_finished`: the run is still winding down.
+        :meth:`run_finished`: the run is still winding down. A run granted
+        but not begun never begins; its messages are dropped with the rest.
         """
         room = self._rooms.get(key)
         if room is None:
             return StopResult(stopped=None, dropped=())
         stopped: Batch | None = None
         dropped: tuple[Message, ...] = ()
+        skipped = 0
         for effect in room.stop():
             match effect:
                 case CancelRun(batch):
                     stopped = batch
+                case SkipRun(batch):
+                    skipped = len(batch.messages)  # counted as running, not queued
                 case Dropped(messages):
                     dropped = messages
-                    self._queued -= len(messages)
+                    self._queued -= len(messages) - skipped
                 case WithdrawSlotRequest():
                     self._slots.withdraw(key)
                 case _:
@@ -154,14 +168,90 @@ class Scheduler:
         self._forget_if_idle(room)
         return StopResult(stopped=stopped, dropped=dropped)
 
+    def restore(self, key: RoomKey, messages: tuple[Message, ...], now: float) -> list[Batch]:
+        """Undo a stop's drop: ``messages`` go back in front of the room's queue."""
+        if not messages:
+            return []
+        room = self._room(key)
+        self._queued += len(messages)
+        return self._apply(room, room.restore(messages, now), now)
+
+    def replace(self, message: Message) -> bool:
+        """An edit of a message not yet in a run; False if it is not waiting."""
+        room = self._rooms.get(message.room)
+        return room is not None and room.replace(message)
+
+    def remove(self, message: Message, now: float) -> bool:
+        """A deletion of a message not yet in a run; False if it is not waiting."""
+        room = self._rooms.get(message.room)
+        if room is None:
+            return False
+        removed, effects = room.remove(message)
+        if removed:
+            self._queued -= 1
+        for effect in effects:
+            match effect:
+                case WithdrawSlotRequest():
+                    self._slots.withdraw(room.key)
+                case _:
+                    raise AssertionError(f"unexpected effect of a removal: {effect}")
+        self._forget_if_idle(room)
+        return removed
+
+    def drain(self) -> None:
+        """Shutdown: from now on no run begins; runs granted but not begun go back to the queue.
+
+        Begun runs go on until they end or :meth:`interrupt` cancels them.
+        Messages not in a begun run stay queued (durably pending: they run
+        after a restart).
+        """
+        self._draining = True
+        self._slots.resize(0)
+        for room in self._rooms.values():
+            for effect in room.drain():
+                match effect:
+                    case SkipRun(batch):
+                        self._queued += len(batch.messages)
+                    case _:
+                        raise AssertionError(f"unexpected effect of a drain: {effect}")
+
+    def interrupt(self) -> list[Batch]:
+        """Shutdown cut-off: the begun runs to cancel (as interrupted), in room order."""
+        cancelled: list[Batch] = []
+        for key in sorted(self._rooms):
+            for effect in self._rooms[key].interrupt():
+                match effect:
+                    case CancelRun(batch, EndReason.INTERRUPTED):
+                        cancelled.append(batch)
+                    case _:
+                        raise AssertionError(f"unexpected effect of an interrupt: {effect}")
+        return cancelled
+
+    def cancel_reason(self, key: RoomKey) -> EndReason | None:
+        """Why the room's run is ending early, if it was cancelled."""
+        room = self._rooms.get(key)
+        return None if room is None else room.cancel_reason
+
     def set_capacity(self, capacity: int, now: float) -> list[Batch]:
-        """Open (or close, with 0) run slots; waiting rooms get new ones in order."""
+        """Open (or close, with 0) run slots; waiting rooms get new ones in order.
+
+        Once draining, slots stay closed.
+        """
+        if self._draining:
+            capacity = 0
         started: list[Batch] = []
         for key in self._slots.resize(capacity):
             started += self._grant(key, now)
         return started
 
     # -- internals -----------------------------------------------------------
+
+    def _room(self, key: RoomKey) -> Room:
+        room = self._rooms.get(key)
+        if room is None:
+            room = self._rooms[key] = Room(key, self._limits)
+            self._rooms_peak = max(self._rooms_peak, len(self._rooms))
+        return room
 
     def _apply(self, room: Room, effects: list[Effect], now: float) -> list[Batch]:
         started: list[Batch] = []

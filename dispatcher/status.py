@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from bridge.core.model import Batch, Message
+
+
+class EndReason(StrEnum):
+    """Why the dispatcher cancelled a run that had begun."""
+
+    STOPPED = "stopped"
+    """The room asked (``!stop``): its messages are not run again."""
+    INTERRUPTED = "interrupted"
+    """Shutdown cut it off: ``!retry`` may run it again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -12,7 +22,9 @@ class StopResult:
     """What :meth:`Dispatcher.stop` did to a room."""
 
     stopped: Batch | None
-    """The run that was cancelled, or None if none was running (or it was already stopping)."""
+    """The begun run that was cancelled, or None if none was running (or it was
+    already stopping). A run granted but not begun is not cancelled: its
+    messages are in ``dropped``."""
     dropped: tuple[Message, ...]
     """Messages that were waiting for a run and will never get one, in arrival order."""
 

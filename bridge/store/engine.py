@@ -25,9 +25,31 @@ def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
+MASK = "***"
+
+_SAFE_QUERY_KEYS = frozenset(
+    {"sslmode", "charset", "timeout", "connect_timeout", "application_name", "driver", "mode"}
+)
+"""Query parameters known to carry no secret; every other value is masked
+(``password``, ``sslpassword``, ``sslkey`` contents, tokens of any driver)."""
+
+
 def redacted(url: str) -> str:
-    """``url`` with its password hidden, for messages and logs."""
-    return make_url(url).render_as_string(hide_password=True)
+    """``url`` with its password hidden, for messages and logs.
+
+    Hides the user part's password and the value of every query parameter
+    not known to be harmless: drivers accept passwords there too
+    (``?password=``, ``?sslpassword=``). An unparsable URL is hidden whole.
+    """
+    try:
+        parsed = make_url(url)
+        query = {
+            key: value if key.lower() in _SAFE_QUERY_KEYS else MASK
+            for key, value in parsed.query.items()
+        }
+        return parsed.set(query=query).render_as_string(hide_password=True)
+    except Exception:  # any parse failure: never echo what we cannot read
+        return MASK
 
 
 def create_engine(url: str, **kwargs: Any) -> AsyncEngine:

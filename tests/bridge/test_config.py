@@ -166,3 +166,51 @@ id = "!abc:example.org"
         assert secret not in text
     assert "GITHUB_TOKEN" in text
     assert "postgresql+asyncpg://bridge:***@db/chat" in text
+
+
+@pytest.mark.parametrize(
+    ("url", "secret", "shown"),
+    [
+        ("postgresql+asyncpg://bridge@db/chat?password=pg_q_secret", "pg_q_secret", "bridge@db"),
+        ("postgresql+asyncpg://bridge@db/chat?PASSWORD=pg_q_secret", "pg_q_secret", "db/chat"),
+        (
+            "postgresql+asyncpg://u@db/chat?sslmode=require&sslpassword=pg_q_secret",
+            "pg_q_secret",
+            "sslmode=require",
+        ),
+        ("postgresql+asyncpg://u:pg_q_secret@db/chat?password=pg_q_secret", "pg_q_secret", "u:"),
+        ("postgresql+asyncpg://u@db/chat?password=a&password=pg_q_secret", "pg_q_secret", "db"),
+        ("postgresql+asyncpg://u:p%40g_q_secret@db/chat", "g_q_secret", "u:***@db"),
+    ],
+)
+def test_redacted_database_urls_hide_passwords_anywhere(url: str, secret: str, shown: str) -> None:
+    from bridge.store.engine import redacted
+
+    text = redacted(url)
+    assert secret not in text
+    assert shown in text
+
+
+def test_redacted_view_hides_extra_args_values(tmp_path: Path) -> None:
+    mcp = '{"mcpServers": {"x": {"env": {"API_KEY": "sk-inline-secret"}}}}'
+    path = write(
+        tmp_path,
+        f"""
+[defaults]
+extra_args = ["--mcp-config", '{mcp}', "--verbose", "--settings=sk-eq-secret"]
+[[rooms]]
+transport = "console"
+id = "console"
+extra_args = ["--mcp-config", "sk-room-secret"]
+""",
+    )
+    data = load_settings(path).redacted()
+    text = repr(data)
+    for secret in ("sk-inline-secret", "sk-eq-secret", "sk-room-secret"):
+        assert secret not in text
+    assert data["defaults"]["extra_args"] == [
+        "--mcp-config",
+        "**********",
+        "--verbose",
+        "--settings=**********",
+    ]

@@ -23,8 +23,10 @@ from bridge.core.model import (
 )
 from bridge.core.transport import Accepted, RunPhase
 from bridge.service import Service, open_store
+from bridge.store.base import Store
 from runner.process import find_marked
 from tests.bridge.harness import ECHO, ConsoleSession, run_console, write_config
+from tests.fakes.flaky_store import FlakyStore
 from transports.console import ConsoleTransport
 
 ROOM = RoomKey(TransportName("console"), RoomId("console"))
@@ -305,3 +307,40 @@ async def test_batches_show_received_running_and_done(tmp_path: Path) -> None:
     assert all(len(ids) == 1 for ids in received)
     batch = received[0] + received[1]
     assert later == [(batch, RunPhase.RUNNING), (batch, RunPhase.DONE)]
+
+
+async def test_stop_whose_drop_cannot_be_written_keeps_the_queue(tmp_path: Path) -> None:
+    """Persist, then act: a failed write leaves memory and store agreeing (pending)."""
+    path = write_config(tmp_path, env={"FAKE_CLAUDE_SLEEP": "60", "FAKE_CLAUDE_GRANDCHILD": "1"})
+    flaky: list[FlakyStore] = []
+
+    def wrap(store: Store) -> Store:
+        flaky.append(FlakyStore(store))
+        return flaky[0].store
+
+    async with ConsoleSession(load_settings(path), wrap_store=wrap) as session:
+        assert session.service is not None
+        dispatcher = session.service.dispatcher
+        session.send("long job")
+        await session.wait_for("Bash: echo hello")
+        session.send("queued one")
+        session.send("queued two")
+        while dispatcher.status(ROOM).waiting < 2:
+            await asyncio.sleep(0.01)
+        flaky[0].fail("mark_dropped")
+        session.send("!stop")
+        await session.wait_for("Could not drop the 2 waiting messages: the database failed.")
+        queued = "select text, state from messages where text like 'queued%' order by id"
+        assert all(state != "dropped" for _, state in db_rows(tmp_path, queued))
+        # Kept, in order: they are the next run once the stopped one has ended.
+        async with asyncio.timeout(30):
+            while len(db_rows(tmp_path, "select id from runs")) < 2:
+                await asyncio.sleep(0.05)
+        assert db_rows(tmp_path, queued) == [
+            ("queued one", "dispatched"),
+            ("queued two", "dispatched"),
+        ]
+        session.send("!stop")
+        await session.wait_for("Stopping the run of 2 messages")
+        await session.finish()
+    assert db_rows(tmp_path, "select status from runs") == [("stopped",), ("stopped",)]

@@ -17,7 +17,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from dispatcher import Dispatcher
+from dispatcher import DispatchedRun, Dispatcher
 
 GUARD_S = 10.0
 """Upper bound on waiting for an event that must come: turns a hang into a failure."""
@@ -48,8 +48,9 @@ class Messages:
 class Call:
     """One call of the fake execute."""
 
-    def __init__(self, batch: Batch) -> None:
-        self.batch = batch
+    def __init__(self, run: DispatchedRun) -> None:
+        self.run = run
+        self.batch = run.batch
         self.release = asyncio.Event()
         self.error: Exception | None = None
         self.cancelled = asyncio.Event()
@@ -89,8 +90,9 @@ class FakeExecute:
     def batches(self) -> list[Batch]:
         return [call.batch for call in self.calls]
 
-    async def __call__(self, batch: Batch) -> None:
-        call = Call(batch)
+    async def __call__(self, run: DispatchedRun) -> None:
+        batch = run.batch
+        call = Call(run)
         if self.slow_cleanup:
             call.cleanup_gate = asyncio.Event()
         self.calls.append(call)

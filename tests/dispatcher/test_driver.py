@@ -7,7 +7,14 @@ import logging
 
 import pytest
 
-from dispatcher import Dispatcher, DispatchLimits, ManualClock, MonotonicClock, StopResult
+from dispatcher import (
+    Dispatcher,
+    DispatchLimits,
+    EndReason,
+    ManualClock,
+    MonotonicClock,
+    StopResult,
+)
 from tests.dispatcher.fakes import GUARD_S, FakeExecute, Messages, room, serving
 
 A, B, C = room("a"), room("b"), room("c")
@@ -347,3 +354,75 @@ async def test_an_internal_error_in_a_timer_fails_serve(
         assert failure.group_contains(RuntimeError, match="scheduler bug")
     finally:
         task.cancel()
+
+
+async def test_stop_tells_the_run_it_was_stopped(env: Env) -> None:
+    d, clock = env.dispatcher, env.clock
+    async with serving(d):
+        d.submit(env.make(A))
+        clock.advance(1.0)
+        call = await env.execute.started(A)
+        d.stop(A)
+        await env.execute.cancelled(call)
+        assert call.run.end_reason is EndReason.STOPPED
+
+
+async def test_drain_lets_runs_finish_and_starts_nothing_new(env: Env) -> None:
+    d, clock = env.dispatcher, env.clock
+    async with serving(d):
+        d.submit(env.make(A))
+        clock.advance(1.0)
+        call = await env.execute.started(A)
+        queued = env.make(A)
+        d.submit(queued)
+        drained = asyncio.ensure_future(d.drain(30.0))
+        assert d.draining
+        late = env.make(B)
+        d.submit(late)  # arrives during the grace period: accepted, not started
+        clock.advance(10.0)
+        assert d.status(B).running is None
+        await env.execute.finish(A)
+        async with asyncio.timeout(GUARD_S):
+            assert await drained
+        assert call.run.end_reason is None
+        assert len(env.execute.calls) == 1  # the queued message did not start
+        assert d.queued == 2
+
+
+async def test_drain_interrupts_runs_still_active_when_the_grace_ends(env: Env) -> None:
+    d, clock = env.dispatcher, env.clock
+    async with serving(d):
+        d.submit(env.make(A))
+        clock.advance(1.0)
+        call = await env.execute.started(A)
+        drained = asyncio.ensure_future(d.drain(5.0))
+        clock.advance(5.0)
+        await env.execute.cancelled(call)
+        async with asyncio.timeout(GUARD_S):
+            assert not await drained
+        assert call.run.end_reason is EndReason.INTERRUPTED
+        assert d.active_runs == 0
+
+
+async def test_drain_keeps_a_granted_run_that_has_not_begun(env: Env) -> None:
+    d = env.dispatcher
+    async with serving(d):
+        msgs = [env.make(A) for _ in range(3)]  # max_batch: granted at once
+        for m in msgs:
+            d.submit(m)
+        assert d.status(A).running is not None
+        async with asyncio.timeout(GUARD_S):
+            assert await d.drain(5.0)
+        assert env.execute.calls == []
+        assert d.queued == 3  # still waiting: pending in the store, run after a restart
+
+
+async def test_cancelling_serve_interrupts_begun_runs(env: Env) -> None:
+    d, clock = env.dispatcher, env.clock
+    async with serving(d) as task:
+        d.submit(env.make(A))
+        clock.advance(1.0)
+        call = await env.execute.started(A)
+        task.cancel()
+        await env.execute.cancelled(call)
+    assert call.run.end_reason is EndReason.INTERRUPTED

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from bridge.core.model import Message
 from dispatcher.limits import DispatchLimits
 from dispatcher.room import (
     REQUEST_SLOT,
@@ -14,9 +15,11 @@ from dispatcher.room import (
     ReleaseSlot,
     RequestSlot,
     Room,
+    SkipRun,
     StartRun,
     WithdrawSlotRequest,
 )
+from dispatcher.status import EndReason
 from tests.dispatcher.fakes import Messages, room
 
 LIMITS = DispatchLimits(coalesce_s=1.0, max_wait_s=5.0, max_batch=3, max_concurrent_runs=2)
@@ -118,10 +121,12 @@ def test_stop_cancels_the_run_once_and_drops_the_queue(make: Messages) -> None:
     r.tick(1.0)
     [start] = r.slot_granted(now=1.0)
     assert isinstance(start, StartRun)
+    assert r.begin()
     queued = make(KEY)
     r.message(queued, now=1.5)
-    assert r.stop() == [CancelRun(start.batch), Dropped((queued,))]
+    assert r.stop() == [CancelRun(start.batch, EndReason.STOPPED), Dropped((queued,))]
     assert r.stopping
+    assert r.cancel_reason is EndReason.STOPPED
     assert r.stop() == []  # already winding down
     late = make(KEY)
     assert r.message(late, now=2.0) == []  # queued behind the winding-down run
@@ -153,3 +158,118 @@ def test_events_out_of_order_are_bugs(make: Messages) -> None:
         r.slot_granted(now=0.0)
     with pytest.raises(RuntimeError, match="no run"):
         r.run_finished(now=0.0)
+
+
+def granted(r: Room, make: Messages, n: int = 1) -> StartRun:
+    for i in range(n):
+        r.message(make(KEY), now=0.0 + i * 0.1)
+    r.tick(5.0)
+    [start] = r.slot_granted(now=5.0)
+    assert isinstance(start, StartRun)
+    return start
+
+
+def test_stop_before_the_run_began_drops_its_batch_first(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    start = granted(r, make, 2)
+    queued = make(KEY)
+    r.message(queued, now=6.0)
+    assert r.stop() == [
+        SkipRun(start.batch, dropped=True),
+        Dropped((*start.batch.messages, queued)),
+    ]
+    assert not r.begin()  # the owner never carries it out
+    assert r.stop() == []
+    assert r.run_finished(now=7.0) == [ReleaseSlot()]
+    assert r.idle
+
+
+def test_drain_puts_a_run_that_has_not_begun_back_in_front(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    start = granted(r, make, 2)
+    queued = make(KEY)
+    r.message(queued, now=6.0)
+    assert r.drain() == [SkipRun(start.batch, dropped=False)]
+    assert not r.begin()
+    assert r.pending == 3
+    assert r.interrupt() == []  # nothing began: nothing to cancel
+    assert r.run_finished(now=7.0) == [ReleaseSlot(), RequestSlot()]
+    [again] = r.slot_granted(now=8.0)
+    assert isinstance(again, StartRun)
+    assert again.batch.messages == (*start.batch.messages, queued)
+
+
+def test_drain_leaves_a_begun_run_alone_and_interrupt_cancels_it_once(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    start = granted(r, make)
+    assert r.begin()
+    assert r.drain() == []
+    assert r.interrupt() == [CancelRun(start.batch, EndReason.INTERRUPTED)]
+    assert r.interrupt() == []
+    assert r.cancel_reason is EndReason.INTERRUPTED
+
+
+def test_interrupt_keeps_the_reason_of_a_stop(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    granted(r, make)
+    assert r.begin()
+    r.stop()
+    assert r.interrupt() == []
+    assert r.cancel_reason is EndReason.STOPPED
+
+
+def test_restore_puts_dropped_messages_back_in_front(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    start = granted(r, make)
+    assert r.begin()
+    dropped = make(KEY)
+    r.message(dropped, now=6.0)
+    r.stop()
+    later = make(KEY)
+    r.message(later, now=6.5)
+    assert r.restore((dropped,), now=7.0) == []  # behind the winding-down run
+    r.run_finished(now=8.0)
+    [again] = r.slot_granted(now=8.0)
+    assert isinstance(again, StartRun)
+    assert again.batch.messages == (dropped, later)
+    assert start.batch.messages != again.batch.messages
+
+
+def test_restore_into_an_idle_room_opens_a_window(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    m = make(KEY)
+    assert r.restore((m,), now=3.0) == [ArmTimer(4.0)]
+    assert phase(r) is Phase.GATHERING
+
+
+def test_replace_and_remove_touch_only_waiting_messages(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    start = granted(r, make)
+    in_run = start.batch.first
+    waiting = make(KEY)
+    r.message(waiting, now=6.0)
+    edited = Message(
+        id=waiting.id,
+        room=KEY,
+        sender=waiting.sender,
+        text="edited",
+        external_id=waiting.external_id,
+        received_at=0.0,
+    )
+    assert r.replace(edited)
+    assert not r.replace(Message(in_run.id, KEY, in_run.sender, "x", in_run.external_id, 0.0))
+    assert r.remove(in_run) == (False, [])
+    assert r.remove(edited) == (True, [])
+    assert r.remove(edited) == (False, [])  # a duplicate deletion
+    assert r.pending == 0
+
+
+def test_removing_the_last_waiting_message_gives_up_the_slot_request(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    m = make(KEY)
+    r.message(m, now=0.0)
+    r.tick(1.0)
+    assert r.ready
+    assert r.remove(m) == (True, [WithdrawSlotRequest()])
+    assert r.idle
+    assert r.tick(2.0) == []

@@ -7,16 +7,26 @@ and stops rooms, and checks after every step:
 - no room waits for a slot while a slot is free, and slots go to waiting
   rooms in the order they became ready (rooms that became ready at the same
   step may go in either order);
-- per room, batches and drops so far, concatenated, are a prefix of the
-  submissions and the rest is still waiting (exactly once, in order);
+- per room, begun batches and drops so far, concatenated, then the granted
+  batch that has not begun, then the waiting messages, are the submissions
+  (exactly once, in order); edits change a message only while it waits,
+  deletions remove it only while it waits;
+- a run stopped before it began never begins and its messages are dropped
+  (first); a stop whose drop is undone (its write failed) puts them back in
+  front; a drain begins nothing more, puts granted-but-not-begun batches back
+  in front, and its interrupt cancels exactly the begun runs not already
+  stopping;
 - a gathering room's window has not closed yet (it flushes exactly when the
   window closes: ``min(last + coalesce, first + max_wait)``), and a room that
   left gathering did so only once its window closed or it held ``max_batch``.
 
-At the end it drains everything and checks every message ran or was dropped.
+At the end it finishes everything and checks every message ran or was
+dropped, or (after a drain) still waits.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -31,7 +41,7 @@ from hypothesis.stateful import (
 from bridge.core.model import Batch, Message, RoomKey
 from dispatcher.limits import DispatchLimits
 from dispatcher.scheduler import Scheduler
-from dispatcher.status import RoomStatus
+from dispatcher.status import EndReason, RoomStatus
 from tests.dispatcher.fakes import Messages, room
 
 ROOMS = [room(i) for i in range(4)]
@@ -64,6 +74,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.submitted: dict[RoomKey, list[Message]] = {r: [] for r in ROOMS}
         self.outputs: dict[RoomKey, list[Message]] = {r: [] for r in ROOMS}
         self.running: dict[RoomKey, Batch] = {}
+        self.inflight: dict[RoomKey, list[Message]] = {r: [] for r in ROOMS}
+        """The granted batch that has not begun (nor been skipped)."""
+        self.begin_asked: set[RoomKey] = set()
+        """Runs whose owner asked to begin (it reports their end only after)."""
+        self.began: set[RoomKey] = set()
+        self.stopping: dict[RoomKey, EndReason] = {}
+        self.draining = False
+        self.edits = 0
         self.windows: dict[RoomKey, Window] = {}
         self.slot_queue: list[set[RoomKey]] = []
         """Rooms seen waiting for a slot, grouped by the step they were first seen in."""
@@ -104,21 +122,38 @@ class SchedulerMachine(RuleBasedStateMachine):
             deadline = self.scheduler.next_deadline()
         self.now = target
 
-    @precondition(lambda self: self.running)
+    @precondition(lambda self: set(self.running) - self.begin_asked)
+    @rule(data=st.data())
+    def begin(self, data: st.DataObject) -> None:
+        """The driver's task reaches ``execute``: only a run still granted may begin."""
+        key = data.draw(st.sampled_from(sorted(set(self.running) - self.begin_asked)))
+        self.begin_asked.add(key)
+        expected = bool(self.inflight[key])
+        assert self.scheduler.begin(key) == expected
+        if expected:
+            self.began.add(key)
+            self.outputs[key] += self.inflight[key]
+            self.inflight[key] = []
+
+    @precondition(lambda self: self.begin_asked)
     @rule(data=st.data())
     def finish(self, data: st.DataObject) -> None:
-        key = data.draw(st.sampled_from(sorted(self.running)))
-        del self.running[key]
-        self._started(self.scheduler.run_finished(key, self.now))
-        self._check_windows()
+        self._finish(data.draw(st.sampled_from(sorted(self.begin_asked))))
 
-    @rule(index=st.integers(0, len(ROOMS) - 1))
-    def stop(self, index: int) -> None:
+    @rule(index=st.integers(0, len(ROOMS) - 1), write_fails=st.booleans())
+    def stop(self, index: int, write_fails: bool) -> None:
+        """``!stop``; if recording the drop fails, the service puts the messages back."""
         key = ROOMS[index]
         before = self.scheduler.status(key)
         result = self.scheduler.stop(key)
-        expected = before.running if not before.stopping else None
+        unbegun = self.inflight[key]
+        if key in self.running and key not in self.stopping:
+            self.stopping[key] = EndReason.STOPPED
+        expected = before.running if key in self.began and not before.stopping else None
         assert result.stopped == expected
+        # A batch that had not begun is dropped first, then the queue.
+        assert list(result.dropped[: len(unbegun)]) == unbegun
+        self.inflight[key] = []
         self.outputs[key] += result.dropped
         self.windows.pop(key, None)
         for tier in self.slot_queue:
@@ -127,6 +162,85 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert after.waiting == 0
         assert not after.waiting_for_slot
         assert after.running == before.running  # the run keeps its slot until it ends
+        if key in self.running:
+            assert self.scheduler.cancel_reason(key) is EndReason.STOPPED
+        if write_fails and result.dropped:
+            n = len(result.dropped)
+            assert self.outputs[key][-n:] == list(result.dropped)
+            del self.outputs[key][-n:]
+            if key not in self.running:
+                window = self.windows[key] = Window(self.now)
+                window.count = n
+            self._started(self.scheduler.restore(key, result.dropped, self.now))
+            self._check_windows()
+
+    @rule()
+    def drain(self) -> None:
+        self.draining = True
+        self.scheduler.drain()
+        for key in ROOMS:
+            if self.inflight[key]:
+                self.inflight[key] = []  # back in front of the queue
+        self._check_windows()
+
+    @precondition(lambda self: self.draining)
+    @rule()
+    def interrupt(self) -> None:
+        cancelled = self.scheduler.interrupt()
+        expected = sorted(k for k in self.began if k in self.running and k not in self.stopping)
+        assert [b.room for b in cancelled] == expected
+        for key in expected:
+            self.stopping[key] = EndReason.INTERRUPTED
+        for key, reason in self.stopping.items():
+            assert self.scheduler.cancel_reason(key) is reason
+
+    @rule(data=st.data(), index=st.integers(0, len(ROOMS) - 1))
+    def edit(self, data: st.DataObject, index: int) -> None:
+        key = ROOMS[index]
+        if not self.submitted[key]:
+            return
+        target = data.draw(st.sampled_from(self.submitted[key]))
+        self.edits += 1
+        edited = replace(target, text=f"edit {self.edits}")
+        waiting = self._waiting_from(key)
+        position = next(
+            (
+                i
+                for i in range(waiting, len(self.submitted[key]))
+                if self.submitted[key][i].id == target.id
+            ),
+            None,
+        )
+        assert self.scheduler.replace(edited) == (position is not None)
+        if position is not None:
+            self.submitted[key][position] = edited
+
+    @rule(data=st.data(), index=st.integers(0, len(ROOMS) - 1))
+    def delete(self, data: st.DataObject, index: int) -> None:
+        key = ROOMS[index]
+        if not self.submitted[key]:
+            return
+        target = data.draw(st.sampled_from(self.submitted[key]))
+        waiting = self._waiting_from(key)
+        position = next(
+            (
+                i
+                for i in range(waiting, len(self.submitted[key]))
+                if self.submitted[key][i].id == target.id
+            ),
+            None,
+        )
+        assert self.scheduler.remove(target, self.now) == (position is not None)
+        if position is not None:
+            del self.submitted[key][position]
+            if key in self.windows:
+                self.windows[key].count -= 1
+            status = self.scheduler.status(key)
+            if not gathering(status):
+                self.windows.pop(key, None)
+            if not status.waiting_for_slot:
+                for tier in self.slot_queue:
+                    tier.discard(key)
 
     # -- invariants ----------------------------------------------------------
 
@@ -141,7 +255,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @invariant()
     def no_idle_slot_while_a_room_waits(self) -> None:
-        if not hasattr(self, "scheduler"):
+        if not hasattr(self, "scheduler") or self.draining:
             return
         if any(self.scheduler.status(k).waiting_for_slot for k in ROOMS):
             assert len(self.running) == self.limits.max_concurrent_runs
@@ -154,8 +268,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         for key in ROOMS:
             out, sub = self.outputs[key], self.submitted[key]
             waiting = self.scheduler.status(key).waiting
-            assert out == sub[: len(out)]
-            assert len(out) + waiting == len(sub)
+            inflight = self.inflight[key]
+            assert out + inflight == sub[: len(out) + len(inflight)]
+            assert len(out) + len(inflight) + waiting == len(sub)
             queued += waiting
         assert self.scheduler.queued == queued
         busy = [k for k in ROOMS if self.scheduler.status(k) != RoomStatus()]
@@ -179,21 +294,44 @@ class SchedulerMachine(RuleBasedStateMachine):
                 break
             if self.running:
                 self.finish_all()
+            elif self.draining:
+                break  # nothing begins: what waits stays (pending for the restart)
             else:
                 self.advance(3.0)
-        for key in ROOMS:
-            assert self.outputs[key] == self.submitted[key]
-        assert self.scheduler.queued == 0
         assert self.scheduler.active_runs == 0
+        for key in ROOMS:
+            out, sub = self.outputs[key], self.submitted[key]
+            assert out == sub[: len(out)]
+            assert len(out) + self.scheduler.status(key).waiting == len(sub)
+            if not self.draining:
+                assert out == sub
+        if not self.draining:
+            assert self.scheduler.queued == 0
 
     # -- helpers -------------------------------------------------------------
 
     def finish_all(self) -> None:
         for key in sorted(self.running):
             if key in self.running:
-                del self.running[key]
-                self._started(self.scheduler.run_finished(key, self.now))
-                self._check_windows()
+                if key not in self.begin_asked:
+                    self.begin_asked.add(key)
+                    if self.scheduler.begin(key):
+                        self.began.add(key)
+                        self.outputs[key] += self.inflight[key]
+                        self.inflight[key] = []
+                self._finish(key)
+
+    def _finish(self, key: RoomKey) -> None:
+        del self.running[key]
+        self.begin_asked.discard(key)
+        self.began.discard(key)
+        self.stopping.pop(key, None)
+        self._started(self.scheduler.run_finished(key, self.now))
+        self._check_windows()
+
+    def _waiting_from(self, key: RoomKey) -> int:
+        """Index in ``submitted`` of the room's first waiting message."""
+        return len(self.outputs[key]) + len(self.inflight[key])
 
     def _submit(self, message: Message) -> None:
         key = message.room
@@ -210,11 +348,12 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def _started(self, batches: list[Batch]) -> None:
         for batch in batches:
+            assert not self.draining, "a run was granted while draining"
             assert batch.room not in self.running, f"two runs in {batch.room}"
             self._check_fifo(batch.room)
             assert 1 <= len(batch.messages) <= self.limits.max_batch
             self.running[batch.room] = batch
-            self.outputs[batch.room] += batch.messages
+            self.inflight[batch.room] = list(batch.messages)
 
     def _check_fifo(self, key: RoomKey) -> None:
         """``key`` got a slot: nobody who has waited longer may still be waiting."""
