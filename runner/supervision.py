@@ -214,4 +214,8 @@ async def start(
         if "spawn_failed" in first:
             raise SpawnFailed(str(first["spawn_failed"]), first.get("errno"))
         raise SpawnFailed(f"the run's supervisor exited with {proc.returncode}", None)
+    if first.get("cgroup_error"):
+        # Said once at start-up; worth a warning per run only when limits are lost.
+        level = logging.WARNING if limits.memory_max or limits.pids_max else logging.DEBUG
+        log.log(level, "run %s has no cgroup of its own: %s", run_id, first["cgroup_error"])
     return Supervised(proc, control_w, status, transport, int(first["spawned"]))

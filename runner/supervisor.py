@@ -19,7 +19,8 @@ gone (even after ``kill -9``: the kernel closes its end), which ends the run
 too. SIGTERM, SIGINT and SIGHUP do the same.
 
 Status fd (write), one JSON object a line:
-``{"spawned": PID, "cgroup": DIR or null}`` or ``{"spawn_failed": TEXT, "errno": N}``,
+``{"spawned": PID, "cgroup": DIR or null, "cgroup_error": TEXT}`` or
+``{"spawn_failed": TEXT, "errno": N}``,
 then ``{"exited": STATUS}`` (claude's return code, negative for a signal),
 then ``{"done": {"survivors": [PID...]}}``.
 
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import selectors
@@ -198,6 +200,9 @@ class Cgroup:
 
     def create(self, memory_max: int | None, pids_max: int | None) -> None:
         """Create the group and set its limits. Raises OSError."""
+        wanted = [n for n, v in (("memory", memory_max), ("pids", pids_max)) if v is not None]
+        if wanted:
+            enable_controllers(os.path.dirname(self.path), wanted)
         os.mkdir(self.path)
         try:
             if memory_max is not None:
@@ -248,6 +253,56 @@ class Cgroup:
                 time.sleep(KILL_POLL_S)
             else:
                 return True
+
+
+def own_cgroup() -> str:
+    """The cgroup v2 directory this process is in. Raises OSError if there is none.
+
+    Works on a pure v2 host and on a hybrid one (v2 mounted beside v1, e.g. at
+    /sys/fs/cgroup/unified).
+    """
+    mount = ""
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            # ... mount point (5th) ... " - " fstype source options
+            if fields[fields.index("-") + 1] == "cgroup2":
+                mount = fields[4]
+                break
+    if not mount:
+        raise OSError(errno.ENOENT, "no cgroup v2 hierarchy is mounted")
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            if line.startswith("0::"):
+                return os.path.join(mount, line[3:].strip().lstrip("/"))
+    raise OSError(errno.ENOENT, "this process is in no cgroup v2 group")
+
+
+def cgroup_parent(root: str) -> str:
+    """Where runs' groups go: ``root``, or our own group for ``auto``. Raises OSError."""
+    return own_cgroup() if root == "auto" else root
+
+
+def enable_controllers(parent: str, names: Iterable[str]) -> None:
+    """Make ``names`` (memory, pids) available to groups under ``parent``. Raises OSError.
+
+    Fails with EBUSY when ``parent`` has processes of its own and is not the
+    root (cgroup v2's "no internal processes" rule): give chatbridge a
+    delegated group whose processes live in a leaf below it.
+    """
+    with open(os.path.join(parent, "cgroup.subtree_control")) as f:
+        enabled = set(f.read().split())
+    missing = [name for name in names if name not in enabled]
+    if not missing:
+        return
+    try:
+        with open(os.path.join(parent, "cgroup.subtree_control"), "w") as f:
+            f.write(" ".join(f"+{name}" for name in missing))
+    except OSError as exc:
+        raise OSError(
+            exc.errno,
+            f"cannot enable the {', '.join(missing)} controller(s) in {parent}: {exc.strerror}",
+        ) from exc
 
 
 # --- the supervisor -----------------------------------------------------------
@@ -389,6 +444,22 @@ def _spawn(argv: list[str], cgroup: Cgroup | None) -> int:
     return pid
 
 
+def _make_cgroup(options: Options) -> tuple[Cgroup | None, str]:
+    """The run's cgroup if one was asked for and could be made, else why not.
+
+    Without one the run is still contained (the subreaper); the bridge said
+    at start-up whether groups and limits are available.
+    """
+    if not options.cgroup:
+        return None, ""
+    try:
+        cgroup = Cgroup(cgroup_parent(options.cgroup), options.run_id)
+        cgroup.create(options.memory_max, options.pids_max)
+    except OSError as exc:
+        return None, str(exc)
+    return cgroup, ""
+
+
 def main(args: list[str]) -> int:
     try:
         options = parse(args)
@@ -412,19 +483,12 @@ def main(args: list[str]) -> int:
     for sig in _STOP_SIGNALS:
         signal.signal(sig, stop_signalled.set)
 
-    cgroup = Cgroup(options.cgroup, options.run_id) if options.cgroup else None
+    cgroup, cgroup_error = _make_cgroup(options)
     try:
-        if cgroup is not None:
-            try:
-                cgroup.create(options.memory_max, options.pids_max)
-            except OSError as exc:
-                raise OSError(
-                    exc.errno, f"cannot create cgroup {cgroup.path}: {exc.strerror}"
-                ) from exc
         claude = _spawn(options.argv, cgroup)
     except (OSError, ValueError) as exc:
-        errno = exc.errno if isinstance(exc, OSError) else None
-        report({"spawn_failed": str(exc), "errno": errno})
+        code = exc.errno if isinstance(exc, OSError) else None
+        report({"spawn_failed": str(exc), "errno": code})
         if cgroup is not None:
             cgroup.remove(0)
         return EXIT_SPAWN_FAILED
@@ -433,7 +497,9 @@ def main(args: list[str]) -> int:
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     os.close(devnull)
-    report({"spawned": claude, "cgroup": cgroup.path if cgroup else None})
+    report(
+        {"spawned": claude, "cgroup": cgroup.path if cgroup else None, "cgroup_error": cgroup_error}
+    )
     supervisor = Supervisor(options, claude, cgroup, report)
     return supervisor.serve(options.control_fd, wake_r, stop_signalled)
 
