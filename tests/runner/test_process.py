@@ -76,5 +76,3 @@ async def test_kill_marked_without_grace_kills_at_once(run_id: RunId) -> None:
 def test_empty_marker_is_refused() -> None:
     with pytest.raises(ValueError, match="empty marker"):
         find_marked("")
-
-
