@@ -2,8 +2,9 @@
 FROM python:3.12-slim
 
 # git and procps: what claude's tools commonly need in a working directory.
+# tini: PID 1 that reaps orphans re-parented to it (chatbridge is not an init).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends git ca-certificates procps \
+    && apt-get install -y --no-install-recommends git ca-certificates procps tini \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 10001 chatbridge
 
@@ -31,5 +32,7 @@ WORKDIR /var/lib/chatbridge
 EXPOSE 8080
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=4)"]
-ENTRYPOINT ["chatbridge"]
+# tini as PID 1 forwards SIGTERM to chatbridge and reaps any orphan; each run's
+# supervisor reaps its own tree.
+ENTRYPOINT ["tini", "--", "chatbridge"]
 CMD ["run"]

@@ -3,8 +3,9 @@
 Runs the fake claude (tests/fakes/fake_claude.py) through ``run_claude`` and
 cancels the run once its tools are running, as ``!stop`` does. Measures, per
 scenario, the time from ``cancel()`` until the cancelled task finished (by
-then every process carrying the run's marker is gone; this is checked), and
-the time from calling ``run_claude`` to its ``Spawned`` event.
+then the run's supervisor, and with it every process of the run, is gone;
+the marker is checked too), and the time from calling ``run_claude`` to its
+``Spawned`` event (claude running under its supervisor).
 
     .venv/bin/python bench/bench_stop.py [--stops N]
 """

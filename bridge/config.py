@@ -46,6 +46,18 @@ class RunnerSettings(_Section):
     shutdown_grace_s: float = Field(30.0, ge=0)
     """On SIGTERM, active runs get this long to finish before they are stopped."""
     max_line_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    cgroup_root: str = "auto"
+    """Where runs get cgroup v2 groups: ``auto`` (chatbridge's own group), ``off``, or a path."""
+
+    @field_validator("cgroup_root")
+    @classmethod
+    def _cgroup_root(cls, value: str) -> str:
+        if value not in ("auto", "off") and not value.startswith("/"):
+            raise ValueError('must be "auto", "off" or an absolute path')
+        return value
+
+
+_MEMORY_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 
 class DispatcherSettings(_Section):
@@ -86,6 +98,21 @@ class RoomDefaults(_Section):
     """Sender ids allowed to run and command; ``"*"`` admits anyone in the room."""
     env: dict[str, str] = Field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
+    memory_max: int | None = Field(None, ge=1024 * 1024)
+    """A run's memory limit in bytes (``"512M"``, ``"2G"`` accepted); needs cgroup v2."""
+    pids_max: int | None = Field(None, ge=1)
+    """A run's limit on processes and threads; needs cgroup v2."""
+
+    @field_validator("memory_max", mode="before")
+    @classmethod
+    def _memory_size(cls, value: object) -> object:
+        if isinstance(value, str):
+            text = value.strip().upper().removesuffix("B").removesuffix("I")
+            number, unit = (text[:-1], text[-1]) if text[-1:] in _MEMORY_UNITS else (text, "")
+            if not number.isdigit():
+                raise ValueError(f"{value!r} is not a size like 512M or 2G")
+            return int(number) * _MEMORY_UNITS[unit]
+        return value
 
     @field_validator("allowed_tools", "disallowed_tools")
     @classmethod

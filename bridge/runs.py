@@ -78,6 +78,9 @@ def run_request(
         idle_timeout_s=room.idle_timeout_s,
         stop_grace_s=settings.runner.stop_grace_s,
         max_line_bytes=settings.runner.max_line_bytes,
+        cgroup_parent=settings.runner.cgroup_root,
+        memory_max=room.memory_max,
+        pids_max=room.pids_max,
     )
 
 

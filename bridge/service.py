@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from bridge.commands import CommandHandler
 from bridge.config import Settings
+from bridge.containment import report_containment
 from bridge.core.model import Batch, Message, RoomKey, RunReport, RunStatus
 from bridge.core.transport import RoomBinding, RunPhase
 from bridge.errors import StartupError
@@ -161,6 +162,8 @@ class Service:
         notices: list[tuple[RoomKey, str]] = []
         prefix = self.settings.commands.prefix
         for run in await self.store.running_runs():
+            # A run's supervisor stops its run when the bridge dies; the marker
+            # sweep is the last resort for one that was killed itself.
             killed = await kill_marked(run.id, SWEEP_GRACE_S)
             await self.store.finish_run(
                 run.id,
@@ -196,6 +199,7 @@ class Service:
             self._tasks = None
 
     async def _serve(self) -> None:
+        report_containment(self.settings)
         notices = await self.recover()
         async with asyncio.TaskGroup() as tg:
             self._tasks = tg

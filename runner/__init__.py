@@ -15,7 +15,7 @@ from runner.events import (
     ToolResult,
     ToolUse,
 )
-from runner.process import become_subreaper, find_marked, kill_marked
+from runner.process import find_marked, kill_marked
 from runner.request import RunRequest
 from runner.run import EventCallback, run_claude
 
@@ -35,7 +35,6 @@ __all__ = [
     "StreamError",
     "ToolResult",
     "ToolUse",
-    "become_subreaper",
     "build_argv",
     "build_env",
     "find_marked",

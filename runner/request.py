@@ -38,3 +38,9 @@ class RunRequest:
     stop_grace_s: float = 5.0
     """Time between SIGTERM and SIGKILL."""
     max_line_bytes: int = 16 * 1024 * 1024
+    cgroup_parent: str = ""
+    """A cgroup v2 directory to create the run's own group in; empty: no cgroup."""
+    memory_max: int | None = None
+    """The run's ``memory.max`` in bytes (needs ``cgroup_parent``)."""
+    pids_max: int | None = None
+    """The run's ``pids.max`` (needs ``cgroup_parent``)."""

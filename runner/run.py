@@ -1,6 +1,13 @@
 """``run_claude``: one run of ``claude -p`` from spawn to the last process gone.
 
-A run ends in exactly one of these ways, each mapped to a ``RunReport``:
+claude runs under a supervisor process of its own (``runner/supervisor.py``):
+a child subreaper that every process of the run re-parents to, which stops
+the whole tree and exits only once nothing of it is left, and which stops
+the run by itself when the bridge dies. This module reads claude's output,
+keeps the time limits, and decides whether to stop.
+
+A run ends in exactly one of these ways (an :data:`Ending`), each mapped to a
+``RunReport``:
 
 - claude printed its ``result`` line: done, whatever it does next (a process
   that lingers after its result is given ``stop_grace_s`` and then stopped);
@@ -12,28 +19,33 @@ A run ends in exactly one of these ways, each mapped to a ``RunReport``:
 - the task running ``run_claude`` was cancelled (``!stop``, shutdown): the stop
   sequence runs shielded, then ``CancelledError`` propagates.
 
-Every way out runs the marker sweep, so background processes a tool left
-behind do not outlive the run.
+Whatever the ending, ``run_claude`` returns only once the supervisor is gone,
+and with it every process of the run, including tools that cleared their
+environment, double-forked or started their own session.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from bridge.core.aio import shielded
 from bridge.core.model import RunReport, RunStatus, SessionId
+from runner import supervision
 from runner.command import build_argv, build_env
 from runner.errors import InvalidRequest, StreamError
 from runner.events import Init, Result, RunEvent, Spawned
-from runner.process import Claude, kill_marked, spawn, stop_tree
+from runner.process import kill_marked
 from runner.request import RunRequest
 from runner.stream import LineFramer, parse_line
+from runner.supervision import Limits, SpawnFailed, Supervised
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +57,53 @@ STDERR_TAIL_BYTES = 8 * 1024
 ERROR_TAIL_CHARS = 500
 """How much stderr goes into ``RunReport.error``."""
 DRAIN_S = 5.0
-"""After claude exited: how long to keep reading what it left in the stdout pipe."""
+"""After the run's processes are gone: how long to keep reading what is left in stdout."""
 STDERR_DRAIN_S = 1.0
-"""After the sweep: how long to wait for the end of stderr (it explains failures)."""
+"""After the run: how long to wait for the end of stderr (it explains failures)."""
 NO_SESSION_MARK = b"No conversation found with session ID"
+
+
+@dataclass(frozen=True)
+class Answered:
+    """claude printed its result; ``lingering``: it had not exited ``stop_grace_s`` later."""
+
+    lingering: bool
+
+
+@dataclass(frozen=True)
+class Exited:
+    """claude exited (or closed stdout) without a result."""
+
+
+@dataclass(frozen=True)
+class Expired:
+    """A time limit passed: ``status`` is TIMED_OUT or STALLED."""
+
+    status: RunStatus
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """claude's output could not be read as stream-json."""
+
+    reason: str
+
+
+Ending = Answered | Exited | Expired | Unreadable
+
+
+def must_stop(ending: Ending) -> bool:
+    """Whether the run has to be stopped, or ends on its own (claude already exited).
+
+    Either way the supervisor stops whatever claude left behind.
+    """
+    match ending:
+        case Answered(lingering=lingering):
+            return lingering
+        case Exited():
+            return False
+        case Expired() | Unreadable():
+            return True
 
 
 async def run_claude(request: RunRequest, on_event: EventCallback) -> RunReport:
@@ -56,62 +111,62 @@ async def run_claude(request: RunRequest, on_event: EventCallback) -> RunReport:
 
     Never raises for a run that went wrong (missing binary, bad output,
     timeout): that is a failed report. Cancellation stops the run (no process
-    carrying the marker survives) and then propagates; so does an exception
-    raised by ``on_event``, after the same stop.
+    of it survives) and then propagates; so does an exception raised by
+    ``on_event``, after the same stop.
     """
     try:
         argv = build_argv(request)
         env = build_env(request, os.environ)
     except InvalidRequest as exc:
         return RunReport(RunStatus.FAILED, error=str(exc))
+    limits = Limits(request.cgroup_parent, request.memory_max, request.pids_max)
     try:
-        claude = await spawn(argv, env, request.cwd)
+        supervised = await supervision.start(
+            request.run_id,
+            argv,
+            env=env,
+            cwd=request.cwd,
+            grace_s=request.stop_grace_s,
+            limits=limits,
+        )
+    except SpawnFailed as exc:
+        if exc.errno == errno.ENOENT:
+            return RunReport(
+                RunStatus.FAILED, error=f"claude binary not found: {request.claude_bin} ({exc})"
+            )
+        return RunReport(RunStatus.FAILED, error=f"cannot start claude {request.claude_bin}: {exc}")
     except FileNotFoundError as exc:
         if not request.cwd.is_dir():
             return RunReport(RunStatus.FAILED, error=f"working directory not found: {request.cwd}")
-        return RunReport(
-            RunStatus.FAILED, error=f"claude binary not found: {request.claude_bin} ({exc})"
-        )
+        return RunReport(RunStatus.FAILED, error=f"cannot start the run's supervisor: {exc}")
     except (OSError, ValueError) as exc:  # ValueError: a NUL or "=" where exec refuses it
         return RunReport(RunStatus.FAILED, error=f"cannot start claude {request.claude_bin}: {exc}")
-    except asyncio.CancelledError:
-        # asyncio kills a child whose start was cancelled; sweep anything it began.
-        await shielded(_sweep_now(request))
-        raise
 
     try:
-        run = _Run(request, claude, on_event)
+        run = _Run(request, supervised, on_event)
         try:
-            await run.supervise()
+            ending = await run.follow()
         except BaseException:
             # Cancelled (a stop) or on_event failed: nothing of the run may survive.
             try:
-                await shielded(run.close(force_stop=True))
+                await shielded(run.close(stop=True))
             except Exception:
                 log.exception("stopping run %s failed", request.run_id)
             raise
-        await shielded(run.close(force_stop=False))
-        return run.report()
+        await shielded(run.close(stop=must_stop(ending)))
+        return run.report(ending)
     finally:
-        claude.close()
-
-
-async def _sweep_now(request: RunRequest) -> None:
-    await kill_marked(request.run_id, grace_s=0)
+        await shielded(supervised.close())
 
 
 class _Run:
-    """State of one started run; ``supervise`` then ``close`` then ``report``."""
+    """One started run: ``follow`` gives its ending, ``close`` stops, ``report`` tells."""
 
-    def __init__(self, request: RunRequest, claude: Claude, on_event: EventCallback) -> None:
+    def __init__(
+        self, request: RunRequest, supervised: Supervised, on_event: EventCallback
+    ) -> None:
         self._request = request
-        self._claude = claude
-        self._proc = proc = claude.proc
-        if proc.stdin is None or proc.stdout is None or proc.stderr is None:
-            raise RuntimeError("claude was started without pipes")
-        self._stdin = proc.stdin
-        self._stdout = proc.stdout
-        self._stderr_pipe = proc.stderr
+        self._supervised = supervised
         self._on_event = on_event
         self._loop = asyncio.get_running_loop()
         self._last_output = self._loop.time()
@@ -121,9 +176,6 @@ class _Run:
         self._no_session = False
         self._init: Init | None = None
         self._result: Result | None = None
-        self._stream_error = ""
-        self._expired: RunStatus | None = None
-        self._stop_needed = False
         self._stderr_task: asyncio.Task[None] | None = None
 
     def _task(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
@@ -131,58 +183,53 @@ class _Run:
         self._tasks.add(task)
         return task
 
-    async def supervise(self) -> None:
+    async def follow(self) -> Ending:
         """Follow the run until it ended one of the ways listed in the module doc."""
+        request = self._request
         self._task(self._feed_stdin())
         self._stderr_task = self._task(self._collect_stderr())
-        await self._on_event(Spawned(self._proc.pid))
+        await self._on_event(Spawned(self._supervised.claude_pid))
         pump = self._task(self._pump_stdout())
-        exited = self._task(self._proc.wait())
-        if not await self._wait_deadlines({pump, exited}):
-            return
+        exited = self._task(_wait_future(self._supervised.claude_exit))
+        expired = await self._wait_deadlines({pump, exited})
+        if expired is not None:
+            return expired
         if not pump.done():
-            # claude is gone, but a child it left may hold stdout open: sweep
-            # them, then read what claude wrote before it exited.
-            await kill_marked(self._request.run_id, self._request.stop_grace_s)
+            # claude is gone, but a process it left may hold stdout open: the
+            # supervisor is stopping them; then read what claude wrote.
+            await self._supervised.wait(request.stop_grace_s + supervision.SUPERVISOR_KILL_S)
             await asyncio.wait({pump}, timeout=DRAIN_S)
             if not pump.done():
-                self._stream_error = "stdout stayed open after claude exited"
-                return
+                return Unreadable("stdout stayed open after claude exited")
         try:
             pump.result()
         except StreamError as exc:
-            self._stream_error = str(exc)
-            self._stop_needed = True
-            return
+            return Unreadable(str(exc))
         if self._result is not None:
             # Treat the result as done; a lingering process gets a bounded wait.
-            await asyncio.wait({exited}, timeout=self._request.stop_grace_s)
-            self._stop_needed = not exited.done()
-            return
+            await asyncio.wait({exited}, timeout=request.stop_grace_s)
+            return Answered(lingering=not exited.done())
         # End of stdout without a result: claude should be exiting (stderr
         # says why; ``close`` reads it to the end).
-        await self._wait_deadlines({exited})
+        return await self._wait_deadlines({exited}) or Exited()
 
-    async def _wait_deadlines(self, tasks: set[asyncio.Task[Any]]) -> bool:
-        """Wait for the first of ``tasks``; False (and stop needed) if a deadline hit."""
+    async def _wait_deadlines(self, tasks: set[asyncio.Task[Any]]) -> Expired | None:
+        """Wait for the first of ``tasks``; the expiry if a time limit passed first."""
         while True:
             now = self._loop.time()
             if now >= self._run_deadline:
-                self._expired = RunStatus.TIMED_OUT
-            elif now >= self._last_output + self._request.idle_timeout_s:
-                self._expired = RunStatus.STALLED
-            if self._expired is not None:
-                self._stop_needed = True
-                return False
+                return Expired(RunStatus.TIMED_OUT)
+            if now >= self._last_output + self._request.idle_timeout_s:
+                return Expired(RunStatus.STALLED)
             deadline = min(self._run_deadline, self._last_output + self._request.idle_timeout_s)
             done, _ = await asyncio.wait(
                 tasks, timeout=deadline - now, return_when=asyncio.FIRST_COMPLETED
             )
             if done:
-                return True
+                return None
 
     async def _feed_stdin(self) -> None:
-        stdin = self._stdin
+        stdin = self._supervised.stdin
         try:
             stdin.write(self._request.prompt.encode())
             await stdin.drain()
@@ -194,7 +241,7 @@ class _Run:
                 await stdin.wait_closed()
 
     async def _collect_stderr(self) -> None:
-        stream = self._stderr_pipe
+        stream = self._supervised.stderr
         while chunk := await stream.read(READ_CHUNK):
             self._stderr += chunk
             # Checked while the tail still holds the whole message.
@@ -204,7 +251,7 @@ class _Run:
 
     async def _pump_stdout(self) -> None:
         """Frame and decode stdout into events, up to and including the result."""
-        stream = self._stdout
+        stream = self._supervised.stdout
         framer = LineFramer(self._request.max_line_bytes)
         while chunk := await stream.read(READ_CHUNK):
             self._last_output = self._loop.time()
@@ -225,13 +272,27 @@ class _Run:
             await self._on_event(event)
         return self._result is not None
 
-    async def close(self, *, force_stop: bool) -> None:
-        """Stop claude if needed, sweep the marker, and finish every helper task."""
+    async def close(self, *, stop: bool) -> None:
+        """Stop the run if ``stop``; wait until nothing of it is left; finish the helper tasks.
+
+        Without ``stop`` claude has exited and the supervisor is already
+        stopping whatever it left. Bounded: if the supervisor does not finish
+        in time it is killed, and the marker sweep gets what it can.
+        """
+        request = self._request
+        supervised = self._supervised
         try:
-            if force_stop or self._stop_needed or self._proc.returncode is None:
-                await stop_tree(self._claude, self._request.run_id, self._request.stop_grace_s)
-            else:
-                await kill_marked(self._request.run_id, self._request.stop_grace_s)
+            if stop:
+                supervised.stop()
+            if not await supervised.wait(request.stop_grace_s + supervision.SUPERVISOR_KILL_S):
+                log.error("run %s: its supervisor did not finish; killing it", request.run_id)
+                supervised.kill()
+                await supervised.wait(supervision.SUPERVISOR_KILL_S)
+                await kill_marked(request.run_id, grace_s=0)
+            if supervised.survivors:
+                log.error(
+                    "run %s: processes survived SIGKILL: %s", request.run_id, supervised.survivors
+                )
             if self._stderr_task is not None:
                 # Once nothing of the run is left, stderr ends: read its last words
                 # (e.g. "No conversation found") before giving up on it.
@@ -244,11 +305,12 @@ class _Run:
                 if isinstance(result, Exception) and not isinstance(result, StreamError):
                     log.warning("run %s: helper task failed: %r", self._request.run_id, result)
 
-    def report(self) -> RunReport:
+    def report(self, ending: Ending) -> RunReport:
         """How the run ended (call after ``close``)."""
         request = self._request
         result = self._result
-        code = self._proc.returncode
+        exit_future = self._supervised.claude_exit
+        code = exit_future.result() if exit_future.done() else None
         session: SessionId | None = None
         if result is not None and result.session_id:
             session = result.session_id
@@ -262,15 +324,16 @@ class _Run:
             "duration_ms": result.duration_ms if result else None,
             "result_text": result.text if result else "",
         }
-        if self._expired is RunStatus.TIMED_OUT:
-            error = f"run exceeded its time limit of {request.run_timeout_s:g} s"
-            return RunReport(RunStatus.TIMED_OUT, error=error, **common)
-        if self._expired is RunStatus.STALLED:
-            error = f"no output from claude for {request.idle_timeout_s:g} s"
-            return RunReport(RunStatus.STALLED, error=error, **common)
-        if self._stream_error:
-            error = self._with_stderr(f"claude output unreadable: {self._stream_error}")
-            return RunReport(RunStatus.FAILED, error=error, **common)
+        match ending:
+            case Expired(status=RunStatus.TIMED_OUT):
+                error = f"run exceeded its time limit of {request.run_timeout_s:g} s"
+                return RunReport(RunStatus.TIMED_OUT, error=error, **common)
+            case Expired(status=status):
+                error = f"no output from claude for {request.idle_timeout_s:g} s"
+                return RunReport(status, error=error, **common)
+            case Unreadable(reason=reason):
+                error = self._with_stderr(f"claude output unreadable: {reason}")
+                return RunReport(RunStatus.FAILED, error=error, **common)
         if self._no_session and request.session_id:
             common["session_id"] = None
             return RunReport(
@@ -286,7 +349,7 @@ class _Run:
                 return RunReport(RunStatus.FAILED, error=error, **common)
             # A result with exit 0 is the normal case; a process we had to stop
             # after a successful result still delivered its answer.
-            if code == 0 or self._stop_needed:
+            if code == 0 or ending == Answered(lingering=True):
                 return RunReport(RunStatus.SUCCEEDED, **common)
             error = self._with_stderr(f"claude exited with {_describe_exit(code)} after its result")
             return RunReport(RunStatus.FAILED, error=error, **common)
@@ -300,6 +363,10 @@ class _Run:
         if len(tail) > ERROR_TAIL_CHARS:
             tail = "…" + tail[-ERROR_TAIL_CHARS:]
         return f"{message}; stderr: {tail}"
+
+
+async def _wait_future(future: asyncio.Future[int]) -> int:
+    return await asyncio.shield(future)
 
 
 def _describe_exit(code: int | None) -> str:

@@ -69,11 +69,18 @@ def test_dockerfile_copies_what_exists_and_runs_as_non_root() -> None:
     users = [rest for word, rest in instructions if word == "USER"]
     assert users
     assert users[-1] not in ("root", "0")
-    entry = next(rest for word, rest in instructions if word == "ENTRYPOINT")
+    entry = yaml.safe_load(next(rest for word, rest in instructions if word == "ENTRYPOINT"))
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert yaml.safe_load(entry)[0] in scripts
+    # chatbridge never runs as PID 1: tini reaps orphans and forwards signals.
+    assert entry[:2] == ["tini", "--"]
+    assert entry[2] in scripts
     health = next(rest for word, rest in instructions if word == "HEALTHCHECK")
     assert "/healthz" in health
+
+
+def test_dockerfile_installs_tini() -> None:
+    installs = [rest for word, rest in dockerfile() if word == "RUN" and "apt-get install" in rest]
+    assert any(re.search(r"\btini\b", rest) for rest in installs)
 
 
 def test_dockerfile_sets_only_real_settings() -> None:
@@ -100,6 +107,7 @@ def test_compose_services(compose: dict[str, Any]) -> None:
     assert "healthcheck" in services["postgres"]
     assert services["synapse"]["profiles"] == ["dev"]
     assert bridge["env_file"] == ".env"
+    assert bridge["init"] is True
     named = set(compose["volumes"])
     for service in services.values():
         for volume in service.get("volumes", []):

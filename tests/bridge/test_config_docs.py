@@ -70,5 +70,8 @@ def test_keys_and_defaults_match(section: str) -> None:
             assert field.is_required(), key
             continue
         default = field.get_default(call_default_factory=True)
+        if text == "(unset)":  # TOML has no null: an optional key left out
+            assert default is None, key
+            continue
         doc_value = tomllib.loads(f"v = {text.strip('`')}")["v"]
         assert doc_value == plain(default), f"[{section}] {key}"

@@ -6,6 +6,7 @@ After every test no process of any run survives (checked by marker).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sqlite3
@@ -17,6 +18,8 @@ import pytest
 
 from runner.process import find_marked, kill_marked
 from tests.bridge.harness import write_config
+from tests.runner.conftest import is_alive
+from tests.runner.test_containment import until_exited
 
 pytestmark = pytest.mark.slow
 
@@ -127,6 +130,26 @@ SLOW_TREE = {
 }
 
 
+def escaping_tree(tmp_path: Path) -> dict[str, str]:
+    """A slow run whose tools escape the environment marker (pids in tmp_path/escape)."""
+    (tmp_path / "escape").mkdir(exist_ok=True)
+    return {
+        "FAKE_CLAUDE_SLEEP": "60",
+        "FAKE_CLAUDE_ESCAPE": str(tmp_path / "escape"),
+        "FAKE_CLAUDE_RECORD": str(tmp_path / "record.json"),
+    }
+
+
+def run_pids(tmp_path: Path) -> list[int]:
+    """claude's pid and those of its escaping tools, from the fake's record."""
+    record = json.loads((tmp_path / "record.json").read_text())
+    return [record["pid"], *record["escaped"]]
+
+
+def alive(pids: list[int]) -> list[int]:
+    return [pid for pid in pids if is_alive(pid)]
+
+
 @pytest.mark.usefixtures("no_leftovers")
 async def test_sigterm_interrupts_a_long_run_after_the_grace_period(tmp_path: Path) -> None:
     config = write_config(tmp_path, {"runner": {"shutdown_grace_s": 0.5}}, env=SLOW_TREE)
@@ -177,13 +200,30 @@ async def test_second_signal_stops_at_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("no_leftovers")
+async def test_stop_leaves_no_tool_behind(tmp_path: Path) -> None:
+    config = write_config(tmp_path, env=escaping_tree(tmp_path))
+    bridge = Bridge(config)
+    await bridge.start()
+    bridge.send("long job")
+    await bridge.wait_for("Bash: echo hello")
+    pids = run_pids(tmp_path)
+    assert alive(pids) == pids
+    bridge.send("!stop")
+    await bridge.wait_for("· Stopped after")
+    # The reply is sent once the run's supervisor, and so its whole tree, is gone.
+    assert alive(pids) == []
+    assert await bridge.end_input() == 0
+
+
+@pytest.mark.usefixtures("no_leftovers")
 async def test_kill_9_during_a_run_loses_nothing(tmp_path: Path) -> None:
-    config = write_config(tmp_path, env=SLOW_TREE)
+    config = write_config(tmp_path, env=escaping_tree(tmp_path))
     bridge = Bridge(config)
     await bridge.start()
     bridge.send("long job")
     await bridge.wait_for("Bash: echo hello")
     old_run = str(rows(tmp_path, "select id from runs")[0][0])
+    pids = run_pids(tmp_path)
     bridge.send("queued one")
     bridge.send("queued two")
     await wait_rows(
@@ -193,7 +233,8 @@ async def test_kill_9_during_a_run_loses_nothing(tmp_path: Path) -> None:
     )
     bridge.signal(signal.SIGKILL)
     await bridge.exit_code()
-    assert find_marked(old_run), "the run's processes outlive a kill -9 of the bridge"
+    # The run's supervisor notices and stops its run; nothing waits for a restart.
+    await until_exited(pids)
 
     write_config(tmp_path)  # the same configuration, now with a claude that answers
     again = Bridge(config)

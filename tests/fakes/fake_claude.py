@@ -29,7 +29,7 @@ Behaviour switches (environment variables; unset or empty means off):
 ``FAKE_CLAUDE_RESULT=TEXT``
     The result text (when not echoing).
 ``FAKE_CLAUDE_RECORD=PATH``
-    Write ``{"argv", "cwd", "env", "prompt", "pid", "children"}`` as JSON to
+    Write ``{"argv", "cwd", "env", "prompt", "pid", "children", "escaped"}`` as JSON to
     PATH (written before any output, after children are started).
 ``FAKE_CLAUDE_SESSIONS_DIR=DIR``
     Keep sessions as files under DIR, per cwd like the real CLI (a resume from
@@ -61,6 +61,16 @@ Behaviour switches (environment variables; unset or empty means off):
 ``FAKE_CLAUDE_BACKGROUND=1``
     Start a ``sleep 300`` child in claude's own group that inherits stdout and
     stderr (holding the pipes open after claude exits), like ``cmd &``.
+``FAKE_CLAUDE_ESCAPE=DIR``
+    Start three tool processes that no environment marker finds, each running
+    ``sleep 300`` and writing its pid to a file in DIR before the first line
+    is printed: ``env-i.pid``, put in the background by a shell in its own
+    session with ``env -i`` (the shell exits at once, like ``env -i cmd &`` in
+    a Bash tool command); ``double-fork.pid``, a process that forks, calls
+    setsid, forks again with an empty environment and lets the middle one
+    exit (a daemon); ``background.pid``, a child of claude itself in its group,
+    started with ``env -i`` and never waited for (outlives claude's exit).
+    Their pids are listed as ``escaped`` in the record file.
 ``FAKE_CLAUDE_EXIT=N``
     Print ``fake claude failure`` on stderr and exit N after the tool events,
     with no result line.
@@ -240,6 +250,45 @@ def _assistant(session_id: str, block: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_DOUBLE_FORK = """
+import os, sys
+if os.fork():
+    os._exit(0)
+os.setsid()
+if os.fork():
+    os._exit(0)
+with open(sys.argv[1], "w") as f:
+    f.write(str(os.getpid()))
+os.execve("/bin/sleep", ["sleep", "300"], {})
+"""
+
+
+def _start_escapes(directory: Path) -> list[int]:
+    """The three escaping tool processes of FAKE_CLAUDE_ESCAPE; returns their pids."""
+    quiet: dict[str, Any] = {
+        "stdin": subprocess.DEVNULL,
+        "stdout": subprocess.DEVNULL,
+        "stderr": subprocess.DEVNULL,
+    }
+    env_i = directory / "env-i.pid"
+    inner = f"echo $$ > {env_i}; exec sleep 300"
+    subprocess.run(
+        ["sh", "-c", 'env -i sh -c "$0" &', inner], start_new_session=True, check=True, **quiet
+    )
+    double = directory / "double-fork.pid"
+    subprocess.run([sys.executable, "-c", _DOUBLE_FORK, str(double)], check=True, **quiet)
+    background = directory / "background.pid"
+    subprocess.Popen(["env", "-i", "sh", "-c", f"echo $$ > {background}; exec sleep 300"], **quiet)
+    files = (env_i, double, background)
+    # The pid files are written by processes nobody waits for: poll (bounded).
+    deadline = time.monotonic() + 30
+    while not all(f.exists() and f.read_text().strip() for f in files):
+        if time.monotonic() > deadline:
+            _fail("escaping processes did not start")
+        time.sleep(0.01)
+    return [int(f.read_text()) for f in files]
+
+
 def _start_children() -> list[int]:
     pids: list[int] = []
     if _env("FAKE_CLAUDE_GRANDCHILD"):
@@ -335,6 +384,7 @@ def main() -> None:
     if _env("FAKE_CLAUDE_SLEEP_BEFORE_INIT"):
         time.sleep(float(_env("FAKE_CLAUDE_SLEEP_BEFORE_INIT")))
     children = _start_children()
+    escaped = _start_escapes(Path(_env("FAKE_CLAUDE_ESCAPE"))) if _env("FAKE_CLAUDE_ESCAPE") else []
     if _env("FAKE_CLAUDE_RECORD"):
         record = {
             "argv": sys.argv,
@@ -343,6 +393,7 @@ def main() -> None:
             "prompt": prompt,
             "pid": os.getpid(),
             "children": children,
+            "escaped": escaped,
         }
         tmp = Path(_env("FAKE_CLAUDE_RECORD") + ".tmp")
         tmp.write_text(json.dumps(record))

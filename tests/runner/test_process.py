@@ -76,13 +76,3 @@ async def test_kill_marked_without_grace_kills_at_once(run_id: RunId) -> None:
 def test_empty_marker_is_refused() -> None:
     with pytest.raises(ValueError, match="empty marker"):
         find_marked("")
-
-
-async def test_become_subreaper_in_a_child_process() -> None:
-    # Not in the test process itself: it would change how every later test reaps.
-    code = "from runner import become_subreaper; print(become_subreaper())"
-    child = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE
-    )
-    out, _ = await child.communicate()
-    assert out == b"True\n"

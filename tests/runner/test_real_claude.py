@@ -96,6 +96,33 @@ async def test_stop_leaves_no_tool_process(
     assert not any(is_alive(pid) for pid in sleepers)
 
 
+async def test_stop_leaves_no_tool_that_cleared_its_environment(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    # ``env -i`` drops the run's marker: only the supervisor can find this one.
+    pid_file = tmp_path / "escaped.pid"
+    command = f"env -i sh -c 'echo $$ > {pid_file}; exec tail -f /dev/null' >/dev/null 2>&1 &"
+    script = [
+        Turn(tools=(ToolCall("Bash", {"command": f"{command} echo started"}),)),
+        Turn(tools=(ToolCall("Bash", {"command": "tail -f /etc/hostname", "timeout": 600000}),)),
+    ]
+    async with ModelServer(script) as server:
+        task = asyncio.create_task(
+            run_claude(real_request(run_id, tmp_path, server, "start things"), recorder)
+        )
+        await until(lambda: pid_file.exists() and bool(pid_file.read_text().strip()))
+        escaped = int(pid_file.read_text())
+        await until(lambda: cmdline(escaped) == "tail -f /dev/null")
+        assert escaped not in pids_with_marker(run_id)
+
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    assert not is_alive(escaped)
+    assert pids_with_marker(run_id) == []
+
+
 async def test_resume_continues_the_conversation(
     run_id: RunId, tmp_path: Path, recorder: Recorder
 ) -> None:

@@ -1,0 +1,195 @@
+"""Nothing escapes a run: tools that clear their environment, double-fork or
+background themselves are gone after a stop, a timeout, a normal end, and
+after the process running the run is killed with SIGKILL.
+
+The escaping processes carry no marker, so these tests follow them by pid
+(the fake claude writes them to files) and wait on pidfds, never on a scan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from bridge.core.model import RunId, RunStatus
+from runner import RunRequest, ToolResult, run_claude
+from tests.runner.conftest import Recorder, is_alive
+from tests.runner.test_run_fake import fake_env, make_request, record
+
+pytestmark = pytest.mark.slow
+
+ESCAPES = ("env-i", "double-fork", "background")
+
+
+def escaping_request(run_id: RunId, tmp_path: Path, **switches: str) -> RunRequest:
+    escape_dir = tmp_path / "escape"
+    escape_dir.mkdir(exist_ok=True)
+    env = fake_env(tmp_path, escape=str(escape_dir), **switches)
+    return make_request(run_id, tmp_path, env=env, stop_grace_s=0.5)
+
+
+def escaped(tmp_path: Path) -> list[int]:
+    pids = [int((tmp_path / "escape" / f"{name}.pid").read_text()) for name in ESCAPES]
+    assert record(tmp_path)["escaped"] == pids
+    return pids
+
+
+def alive(pids: list[int]) -> list[int]:
+    return [pid for pid in pids if is_alive(pid)]
+
+
+def ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+async def until_exited(pids: list[int], within: float = 30.0) -> None:
+    """Wait for processes that are not our children to exit (a pidfd turns readable)."""
+    loop = asyncio.get_running_loop()
+    waits = []
+    fds = []
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        fds.append(fd)
+        done: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(fd, _finish(done))
+        waits.append(done)
+    try:
+        async with asyncio.timeout(within):
+            await asyncio.gather(*waits)
+    finally:
+        for fd in fds:
+            loop.remove_reader(fd)
+            os.close(fd)
+
+
+def _finish(fut: asyncio.Future[None]) -> Callable[[], None]:
+    def done() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    return done
+
+
+async def test_escaping_tools_are_stopped_with_the_run(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    task = asyncio.create_task(
+        run_claude(escaping_request(run_id, tmp_path, sleep="300"), recorder)
+    )
+    await recorder.wait_for(ToolResult)  # the escapes started before the first line
+    pids = escaped(tmp_path)
+    assert alive(pids) == pids
+    # None of them can be found by the environment marker.
+    for pid in pids:
+        assert b"CHATBRIDGE_RUN_MARKER" not in Path(f"/proc/{pid}/environ").read_bytes()
+
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert alive([record(tmp_path)["pid"], *pids]) == []
+
+
+async def test_escaping_tools_are_stopped_at_the_time_limit(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    request = escaping_request(run_id, tmp_path, sleep="300")
+    report = await run_claude(RunRequest(**{**request.__dict__, "run_timeout_s": 3.0}), recorder)
+    assert report.status is RunStatus.TIMED_OUT
+    assert alive([record(tmp_path)["pid"], *escaped(tmp_path)]) == []
+
+
+async def test_escaping_tools_end_with_a_normal_run(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    # claude prints its result and exits 0, leaving its tools running.
+    report = await run_claude(escaping_request(run_id, tmp_path), recorder)
+    assert report.status is RunStatus.SUCCEEDED
+    assert report.exit_code == 0
+    assert alive(escaped(tmp_path)) == []
+
+
+async def test_orphans_are_reaped_during_the_run(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    # The double fork's middle process exits at once: an orphan that re-parents
+    # to the supervisor and must not stay a zombie while the run goes on.
+    task = asyncio.create_task(
+        run_claude(escaping_request(run_id, tmp_path, sleep="300"), recorder)
+    )
+    try:
+        await recorder.wait_for(ToolResult)
+        supervisor = ppid(record(tmp_path)["pid"])
+        # The re-parented orphans are the supervisor's children now.
+        assert ppid(escaped(tmp_path)[1]) == supervisor
+
+        def zombies() -> list[int]:
+            found = []
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit():
+                    try:
+                        state, parent = (
+                            entry.joinpath("stat").read_text().rsplit(")", 1)[1].split()[:2]
+                        )
+                    except OSError:
+                        continue
+                    if parent == str(supervisor) and state == "Z":
+                        found.append(int(entry.name))
+            return found
+
+        # Reaping follows SIGCHLD asynchronously: poll the other process's state.
+        async with asyncio.timeout(10):
+            while zombies():
+                await asyncio.sleep(0.02)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+RUN_IN_CHILD = """
+import asyncio, json, sys
+from pathlib import Path
+from runner import RunRequest, run_claude
+
+async def main() -> None:
+    request = RunRequest(**json.loads(sys.argv[1]), cwd=Path(sys.argv[2]))
+    async def on_event(event: object) -> None:
+        print(type(event).__name__, flush=True)
+    await run_claude(request, on_event)
+
+asyncio.run(main())
+"""
+
+
+async def test_kill_9_of_the_bridge_stops_the_run(run_id: RunId, tmp_path: Path) -> None:
+    request = escaping_request(run_id, tmp_path, sleep="300", ignore_term="1")
+    fields = {k: v for k, v in request.__dict__.items() if k != "cwd"}
+    fields["env"] = dict(fields["env"])
+    bridge = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", RUN_IN_CHILD, json.dumps(fields), str(tmp_path),
+        stdout=asyncio.subprocess.PIPE,
+        cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    assert bridge.stdout is not None
+    while (line := await bridge.stdout.readline()) != b"ToolResult\n":
+        assert line, "the run in the child ended early"
+    claude = record(tmp_path)["pid"]
+    pids = [claude, ppid(claude), *escaped(tmp_path)]
+    assert alive(pids) == pids
+
+    bridge.send_signal(signal.SIGKILL)
+    await bridge.wait()
+    # The supervisor sees its control pipe close and stops the run by itself
+    # (claude ignores SIGTERM here: it takes the grace period and SIGKILL).
+    await until_exited(pids)
+    assert alive(pids) == []
