@@ -13,11 +13,11 @@ from pydantic import ValidationError
 
 from bridge.core.model import RoomId, RoomKey, TransportName
 from transports.matrix import MatrixSettings
-from transports.matrix.events import BotIdentity, is_own_join, to_inbound
+from transports.matrix.inbound import InboundPolicy, is_own_join, to_inbound
 from transports.matrix.render import MarkdownRenderer
 from transports.matrix.state import SavedSession, SessionFile, SyncPosition
 
-BOT = BotIdentity("@bot:hs", ignore_other_bots=True, ignore_users=frozenset({"@ci:hs"}))
+BOT = InboundPolicy("@bot:hs", ignore_other_bots=True, ignore_users=frozenset({"@ci:hs"}))
 
 
 def event(content: dict[str, Any], sender: str = "@alice:hs", kind: str = "m.room.message") -> Any:
@@ -81,7 +81,7 @@ def test_notices_and_ignored_users_are_bots_only_when_configured() -> None:
         msg = to_inbound(e, "!r", BOT)
         assert msg is not None
         assert msg.sender_is_bot
-    lenient = BotIdentity("@bot:hs", ignore_other_bots=False, ignore_users=frozenset({"@ci:hs"}))
+    lenient = InboundPolicy("@bot:hs", ignore_other_bots=False, ignore_users=frozenset({"@ci:hs"}))
     for e in (notice, from_ci):
         msg = to_inbound(e, "!r", lenient)
         assert msg is not None

@@ -25,8 +25,9 @@ TRANSPORT = TransportName("matrix")
 
 
 @dataclass(frozen=True, slots=True)
-class BotIdentity:
-    """Who the bridge is, and whom it treats as a bot."""
+class InboundPolicy:
+    """How inbound events are read: who the bot is (its own events, mentions of it)
+    and whom it treats as a bot."""
 
     user_id: str
     ignore_other_bots: bool
@@ -79,7 +80,7 @@ def mentions(content: dict[str, Any], body: str, user_id: str) -> bool:
     return user_id in body
 
 
-def to_inbound(event: object, room_id: str, bot: BotIdentity) -> InboundMessage | None:
+def to_inbound(event: object, room_id: str, bot: InboundPolicy) -> InboundMessage | None:
     """The inbound message an event carries, or None if it carries none for the bridge.
 
     Skipped: anything but ``m.text``/``m.notice`` messages, the bridge's own
