@@ -23,7 +23,7 @@ from nio import (
 )
 
 from bridge.core.model import InboundMessage
-from bridge.core.transport import Accepted
+from bridge.core.transport import Accepted, InboundEvent
 from tests.matrix.synapse_peer import MatrixUser
 from transports.matrix import MatrixTransport
 
@@ -194,14 +194,23 @@ class RecordingSink:
     """The service's sink, recording what it is given; waits are condition-based."""
 
     def __init__(self) -> None:
-        self.messages: list[InboundMessage] = []
+        self.events: list[InboundEvent] = []
         self._changed = asyncio.Condition()
 
-    async def __call__(self, message: InboundMessage) -> Accepted:
+    @property
+    def messages(self) -> list[InboundMessage]:
+        return [e for e in self.events if isinstance(e, InboundMessage)]
+
+    async def __call__(self, event: InboundEvent) -> Accepted:
         async with self._changed:
-            self.messages.append(message)
+            self.events.append(event)
             self._changed.notify_all()
         return Accepted.ACCEPTED
+
+    async def wait_for_event(self, wanted: InboundEvent, timeout: float = WAIT_S) -> None:
+        """Until exactly this event was delivered."""
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(lambda: wanted in self.events)
 
     async def wait_for_text(self, text: str, timeout: float = WAIT_S) -> InboundMessage:
         """The first delivered message with exactly this text."""

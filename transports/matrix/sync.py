@@ -23,10 +23,23 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from nio import AsyncClient, JoinError, MegolmEvent, MessageDirection, SyncResponse
+from nio import (
+    AsyncClient,
+    JoinError,
+    MegolmEvent,
+    MessageDirection,
+    RoomGetEventResponse,
+    SyncResponse,
+)
 
 from bridge.core.model import RoomId
-from bridge.core.transport import InboundSink, RoomBinding, SinkClosed, TransportError
+from bridge.core.transport import (
+    InboundSink,
+    MessageEdited,
+    RoomBinding,
+    SinkClosed,
+    TransportError,
+)
 from transports.backoff import Backoff
 from transports.matrix.client import check
 from transports.matrix.inbound import InboundPolicy, is_own_join, to_inbound
@@ -210,9 +223,32 @@ class Syncer:
                         "matrix: cannot decrypt %s in %s (no room key)", event.event_id, room_id
                     )
                     continue
-                message = to_inbound(event, room_id, self._policy)
-                if message is not None:
-                    await sink(message)
+                inbound = to_inbound(event, room_id, self._policy, _own_name(client, room_id))
+                if isinstance(inbound, MessageEdited) and not await self._same_sender(
+                    client, room_id, inbound.external_id, event
+                ):
+                    continue
+                if inbound is not None:
+                    await sink(inbound)
+
+    async def _same_sender(
+        self, client: AsyncClient, room_id: str, original: str, edit: object
+    ) -> bool:
+        """Whether an edit comes from the sender of the message it replaces.
+
+        Clients show an edit by anyone else as a forgery; the bridge must not
+        let one rewrite a queued prompt either. A lookup per edit: edits are rare.
+        """
+        response = await client.room_get_event(room_id, original)
+        if isinstance(response, RoomGetEventResponse):
+            if response.event.sender == getattr(edit, "sender", None):
+                return True
+            log.warning("matrix: ignoring an edit of %s by another sender", original)
+            return False
+        if getattr(response, "status_code", None) in ("M_NOT_FOUND", "M_FORBIDDEN"):
+            return False  # nothing the bridge could have received
+        check("fetch edited event", response)
+        return False
 
     async def _backfill(
         self, client: AsyncClient, room_id: str, prev_batch: str | None, since: str
@@ -239,3 +275,11 @@ class Syncer:
             cursor = page.end
         older.reverse()
         return older
+
+
+def _own_name(client: AsyncClient, room_id: str) -> str | None:
+    """The bot's display name in the room, as the room state shows it."""
+    room = client.rooms.get(room_id)
+    user = room.users.get(client.user_id) if room is not None else None
+    name = getattr(user, "display_name", None)
+    return name if isinstance(name, str) and name else None
