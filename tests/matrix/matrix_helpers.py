@@ -17,7 +17,9 @@ from nio import (
     AsyncClient,
     AsyncClientConfig,
     ErrorResponse,
+    MessageDirection,
     RoomCreateResponse,
+    RoomMessagesResponse,
     RoomSendResponse,
     SyncResponse,
 )
@@ -149,6 +151,19 @@ class Human:
         assert isinstance(response, RoomSendResponse), response
         event_id: str = response.event_id
         return event_id
+
+    async def history(self, room_id: str, sender: str) -> list[dict[str, Any]]:
+        """The room messages of ``sender`` the server holds, oldest first (unencrypted rooms).
+
+        Read back from the server rather than from syncs: a sync after many
+        events carries only the latest few.
+        """
+        response = await self.client.room_messages(
+            room_id, start="", direction=MessageDirection.back, limit=1000
+        )
+        assert isinstance(response, RoomMessagesResponse), response
+        events = [dict(e.source) for e in reversed(response.chunk)]
+        return [e for e in events if e.get("sender") == sender and e["type"] == "m.room.message"]
 
     async def join(self, room_id: str) -> None:
         response = await self.client.join(room_id)

@@ -16,6 +16,8 @@ AUTH_ERRORS = frozenset({"M_UNKNOWN_TOKEN", "M_MISSING_TOKEN", "M_USER_DEACTIVAT
 """The credentials are gone: no request can succeed, so retrying is pointless."""
 REFUSED = AUTH_ERRORS | {"M_FORBIDDEN"}
 """For a login or one send: this request will never be allowed."""
+RATE_LIMITED = frozenset({"M_LIMIT_EXCEEDED", 429})
+"""How nio reports a rate limit (the error code, or the bare HTTP status)."""
 
 
 class Retryable(Exception):
@@ -23,6 +25,9 @@ class Retryable(Exception):
 
     def __init__(self, what: str, response: ErrorResponse) -> None:
         super().__init__(f"{what}: {response}")
+        retry_after_ms = getattr(response, "retry_after_ms", None)
+        self.retry_after_s = retry_after_ms / 1000 if retry_after_ms else 0.0
+        """How long the server asked to wait (a rate limit), else 0."""
 
 
 def check(what: str, response: object, permanent: frozenset[str] = AUTH_ERRORS) -> None:
@@ -42,10 +47,11 @@ def new_client(settings: MatrixSettings) -> AsyncClient:
         settings.user_id,
         store_path=str(store),
         config=AsyncClientConfig(
-            # Surface connection errors and repeated rate limits to our
-            # loop instead of nio retrying them forever out of sight.
+            # Surface connection errors and rate limits to our code instead
+            # of nio retrying them out of sight: a send reports a rate limit
+            # to the outbox, the sync loop waits as long as the server asks.
             max_timeouts=0,
-            max_limit_exceeded=3,
+            max_limit_exceeded=0,
             encryption_enabled=True,
             store_sync_tokens=False,
             request_timeout=30,

@@ -41,7 +41,7 @@ from bridge.core.transport import (
     TransportError,
 )
 from transports.backoff import Backoff
-from transports.matrix.client import check
+from transports.matrix.client import Retryable, check
 from transports.matrix.inbound import InboundPolicy, is_own_join, to_inbound
 from transports.matrix.settings import MatrixSettings
 from transports.matrix.state import SyncPosition
@@ -137,6 +137,8 @@ class Syncer:
                     self._lost_connection = True
                 self.connected = False
                 delay = self._backoff.next_delay()
+                if isinstance(exc, Retryable):
+                    delay = max(delay, exc.retry_after_s)
                 log.warning(
                     "matrix sync failed (%s: %s); retry %d in %.1fs",
                     type(exc).__name__,
