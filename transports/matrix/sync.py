@@ -97,13 +97,16 @@ class Syncer:
         self._lost_connection = False
         self.reconnects = 0
         self.synced = Synced()
+        self._inbound_closed = False
+        """The sink raised SinkClosed: sync only to stay able to send."""
 
     async def run(self, client: AsyncClient, sink: InboundSink, ready: asyncio.Event) -> None:
         """Sync until cancelled; ``ready`` is set after the first sync.
 
-        Returns (without moving the sync position) when the sink raises
-        :class:`SinkClosed`; raises :class:`TransportError` when the server
-        refuses the credentials.
+        Once the sink raises :class:`SinkClosed` the saved position stays where
+        it is and nothing more is handed over, but the loop goes on (so the
+        client can still send) until cancelled. Raises :class:`TransportError`
+        when the server refuses the credentials.
         """
         try:
             await self._loop(client, sink, ready)
@@ -123,13 +126,16 @@ class Syncer:
                 await self._accept_invites(client, response)
                 if first_start:
                     self._warn_unjoined(client)
-                else:
+                elif not self._inbound_closed:
                     await self._deliver(client, response, token, sink)
             except SinkClosed:
-                # The service is shutting down: leave the position where it is,
-                # so the next start delivers what this one could not.
-                log.info("matrix: the service stopped accepting; leaving the sync loop")
-                return
+                # The service is shutting down and takes nothing more: leave the
+                # saved position where it is, so the next start delivers what
+                # this one could not. Keep syncing (in memory only) so the
+                # client stays able to send, encrypted rooms included, until the
+                # runs of the grace period have answered and we are cancelled.
+                log.info("matrix: the service stopped accepting; no more input is taken")
+                self._inbound_closed = True
             except TransportError:
                 raise
             except Exception as exc:  # CancelledError is no Exception: it propagates
@@ -148,8 +154,9 @@ class Syncer:
                 )
                 await asyncio.sleep(delay)
                 continue
-            # Everything in this response was accepted: only now move the position.
-            self._position.save(response.next_batch)
+            if not self._inbound_closed:
+                # Everything in this response was accepted: only now move the position.
+                self._position.save(response.next_batch)
             token, first_start, full_state = response.next_batch, False, False
             if not self.connected:
                 log.info("matrix connected as %s (device %s)", client.user_id, client.device_id)

@@ -70,10 +70,11 @@ class MatrixTransport(Transport):
     async def run(self, sink: InboundSink, ready: asyncio.Event) -> None:
         """Log in, then sync until cancelled; ``ready`` is set after the first sync.
 
-        Returns (without moving the sync position) when the sink raises
-        :class:`~bridge.core.transport.SinkClosed`; raises
-        :class:`~bridge.core.transport.TransportError` when the server refuses
-        the credentials, which no retry can fix.
+        When the sink raises :class:`~bridge.core.transport.SinkClosed`
+        (shutdown) no more input is taken and the sync position stays put, but
+        the client stays logged in for the answers of the grace period until
+        cancelled. Raises :class:`~bridge.core.transport.TransportError` when
+        the server refuses the credentials, which no retry can fix.
         """
         client = new_client(self._settings)
         try:
@@ -87,8 +88,8 @@ class MatrixTransport(Transport):
                     try:
                         await self._syncer.run(client, sink, ready)
                     finally:
-                        # The sync loop may also end by returning (SinkClosed): the
-                        # helper must not keep the group, and so run(), open.
+                        # The sync loop ends only by raising: the helper must
+                        # not keep the group, and so run(), open.
                         typing.cancel()
             except ExceptionGroup as group:
                 # The typing helper never fails: the group only wraps the sync
