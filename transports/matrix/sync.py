@@ -6,7 +6,9 @@ and has swallowed cancellation in the past, so this module owns the loop:
 1. ``sync`` from the persisted position (nio decrypts what it can);
 2. keep the encryption keys in shape (upload, query, claim, to-device);
 3. accept invites to configured rooms;
-4. hand every new message of a configured room to the sink, in order;
+4. hand every new message of a configured room to the sink, in order (an
+   encrypted one that cannot be read yet is saved to wait for its key, see
+   :mod:`.undecryptable`), and retry those whose keys may have arrived;
 5. only then persist the new position.
 
 A failure anywhere (a raised error or an error response) backs off with
@@ -44,7 +46,8 @@ from transports.backoff import Backoff
 from transports.matrix.client import Retryable, check
 from transports.matrix.inbound import InboundPolicy, is_own_join, to_inbound
 from transports.matrix.settings import MatrixSettings
-from transports.matrix.state import SyncPosition
+from transports.matrix.state import SyncPosition, UndecryptableFile
+from transports.matrix.undecryptable import TellRoom, WaitingForKeys
 
 log = logging.getLogger(__name__)
 
@@ -86,12 +89,19 @@ class Syncer:
         rooms: Mapping[RoomId, RoomBinding],
         policy: InboundPolicy,
         backoff: Backoff,
+        tell_room: TellRoom,
     ) -> None:
         self._settings = settings
         self._rooms = rooms
         self._policy = policy
         self._backoff = backoff
         self._position = SyncPosition(settings.store_path)
+        self._waiting = WaitingForKeys(
+            UndecryptableFile(settings.store_path),
+            policy,
+            settings.undecryptable_notice_s,
+            tell_room,
+        )
         self.connected = False
         """True after a successful sync, until the next failed one."""
         self._lost_connection = False
@@ -128,6 +138,7 @@ class Syncer:
                     self._warn_unjoined(client)
                 elif not self._inbound_closed:
                     await self._deliver(client, response, token, sink)
+                    await self._waiting.retry(client, sink)
             except SinkClosed:
                 # The service is shutting down and takes nothing more: leave the
                 # saved position where it is, so the next start delivers what
@@ -228,9 +239,7 @@ class Syncer:
                     start = index + 1  # before our join is history we never saw
             for event in events[start:]:
                 if isinstance(event, MegolmEvent):
-                    log.warning(
-                        "matrix: cannot decrypt %s in %s (no room key)", event.event_id, room_id
-                    )
+                    await self._waiting.keep(client, room_id, event)
                     continue
                 inbound = to_inbound(event, room_id, self._policy, _own_name(client, room_id))
                 if isinstance(inbound, MessageEdited) and not await self._same_sender(

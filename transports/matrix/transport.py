@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from bridge.core.model import ExternalMessageId, Reply, RoomKey, TransportName
+from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey, TransportName
 from bridge.core.transport import Delivery, InboundSink, RoomBinding
 from transports.backoff import Backoff
 from transports.base import Transport
@@ -48,7 +48,11 @@ class MatrixTransport(Transport):
             ignore_users=frozenset(settings.ignore_users),
         )
         self._syncer = Syncer(
-            settings, {binding.room_id: binding for binding in rooms}, policy, self._backoff
+            settings,
+            {binding.room_id: binding for binding in rooms},
+            policy,
+            self._backoff,
+            self._tell_room,
         )
         self._outbound = MatrixOutbound(
             settings,
@@ -98,6 +102,9 @@ class MatrixTransport(Transport):
         finally:
             self._outbound.client = None
             await client.close()
+
+    async def _tell_room(self, room_id: RoomId, text: str) -> None:
+        await self._outbound.send(Reply(RoomKey(self.name, room_id), text, ReplyKind.NOTICE))
 
     async def send(
         self, reply: Reply, delivery: Delivery | None = None
