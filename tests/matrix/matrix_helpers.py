@@ -17,7 +17,9 @@ from nio import (
     AsyncClient,
     AsyncClientConfig,
     ErrorResponse,
+    MessageDirection,
     RoomCreateResponse,
+    RoomMessagesResponse,
     RoomSendResponse,
     SyncResponse,
 )
@@ -150,6 +152,19 @@ class Human:
         event_id: str = response.event_id
         return event_id
 
+    async def history(self, room_id: str, sender: str) -> list[dict[str, Any]]:
+        """The room messages of ``sender`` the server holds, oldest first (unencrypted rooms).
+
+        Read back from the server rather than from syncs: a sync after many
+        events carries only the latest few.
+        """
+        response = await self.client.room_messages(
+            room_id, start="", direction=MessageDirection.back, limit=1000
+        )
+        assert isinstance(response, RoomMessagesResponse), response
+        events = [dict(e.source) for e in reversed(response.chunk)]
+        return [e for e in events if e.get("sender") == sender and e["type"] == "m.room.message"]
+
     async def join(self, room_id: str) -> None:
         response = await self.client.join(room_id)
         assert not isinstance(response, ErrorResponse), response
@@ -194,16 +209,23 @@ class RecordingSink:
     """The service's sink, recording what it is given; waits are condition-based."""
 
     def __init__(self) -> None:
-        self.messages: list[InboundMessage] = []
+        self.events: list[InboundEvent] = []
         self._changed = asyncio.Condition()
 
-    async def __call__(self, message: InboundEvent) -> Accepted:
-        if not isinstance(message, InboundMessage):
-            return Accepted.ACCEPTED  # edits and deletions: not recorded here
+    @property
+    def messages(self) -> list[InboundMessage]:
+        return [e for e in self.events if isinstance(e, InboundMessage)]
+
+    async def __call__(self, event: InboundEvent) -> Accepted:
         async with self._changed:
-            self.messages.append(message)
+            self.events.append(event)
             self._changed.notify_all()
         return Accepted.ACCEPTED
+
+    async def wait_for_event(self, wanted: InboundEvent, timeout: float = WAIT_S) -> None:
+        """Until exactly this event was delivered."""
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(lambda: wanted in self.events)
 
     async def wait_for_text(self, text: str, timeout: float = WAIT_S) -> InboundMessage:
         """The first delivered message with exactly this text."""

@@ -167,18 +167,20 @@ class SynapseServer:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def _post(self, path: str, body: dict[str, object]) -> dict[str, object]:
+    def _post(
+        self, path: str, body: dict[str, object], token: str | None = None
+    ) -> dict[str, object]:
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         req = urllib.request.Request(  # noqa: S310 - our own http://127.0.0.1 URL
-            f"{self.url}{path}",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
+            f"{self.url}{path}", data=json.dumps(body).encode(), headers=headers, method="POST"
         )
         with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310
             result: dict[str, object] = json.loads(resp.read())
             return result
 
-    def register(self, localpart: str) -> MatrixUser:
+    def register(self, localpart: str, *, admin: bool = False) -> MatrixUser:
         """Register a user with the shared-secret admin API (HMAC-SHA1 over the nonce)."""
         password = secrets.token_hex(8)
         nonce_url = f"{self.url}/_synapse/admin/v1/register"
@@ -186,14 +188,14 @@ class SynapseServer:
             nonce = json.loads(r.read())["nonce"]
         mac = hmac.new(self._secret.encode(), digestmod=hashlib.sha1)
         mac.update(b"\x00".join([nonce.encode(), localpart.encode(), password.encode()]))
-        mac.update(b"\x00notadmin")
+        mac.update(b"\x00admin" if admin else b"\x00notadmin")
         reply = self._post(
             "/_synapse/admin/v1/register",
             {
                 "nonce": nonce,
                 "username": localpart,
                 "password": password,
-                "admin": False,
+                "admin": admin,
                 "mac": mac.hexdigest(),
             },
         )
@@ -202,6 +204,16 @@ class SynapseServer:
             password=password,
             access_token=str(reply["access_token"]),
             device_id=str(reply["device_id"]),
+        )
+
+    def limit_messages(
+        self, admin: MatrixUser, user: MatrixUser, per_second: float, burst: int
+    ) -> None:
+        """Give ``user`` its own ``rc_message`` (the server-wide one is high for tests)."""
+        self._post(
+            f"/_synapse/admin/v1/users/{user.user_id}/override_ratelimit",
+            {"messages_per_second": per_second, "burst_count": burst},
+            token=admin.access_token,
         )
 
     def login(self, user: MatrixUser) -> MatrixUser:

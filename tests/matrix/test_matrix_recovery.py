@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from bridge.core.model import InboundMessage, RoomId
+from bridge.core.model import InboundMessage, Reply, RoomId, RoomKey, TransportName
 from bridge.core.transport import (
     Accepted,
     InboundEvent,
@@ -91,8 +91,12 @@ async def homeserver() -> AsyncIterator[Callable[[SyncScript], Awaitable[str]]]:
         async def keys_upload(request: web.Request) -> web.Response:
             return web.json_response({"one_time_key_counts": {"signed_curve25519": 50}})
 
+        async def room_send(request: web.Request) -> web.Response:
+            return web.json_response({"event_id": f"$sent-{request.match_info['txn']}"})
+
         app = web.Application()
         app.router.add_get("/_matrix/client/v3/sync", sync)
+        app.router.add_put("/_matrix/client/v3/rooms/{room}/send/{type}/{txn}", room_send)
         app.router.add_get("/_matrix/client/v3/account/whoami", whoami)
         app.router.add_post("/_matrix/client/v3/keys/upload", keys_upload)
         runner = web.AppRunner(app, shutdown_timeout=0.1)
@@ -203,21 +207,40 @@ async def test_position_moves_only_after_the_sink_accepted(
     assert (tmp_path / "sync_position").read_text() == "s1"
 
 
-async def test_closed_sink_leaves_the_position_and_returns(
+async def test_closed_sink_leaves_the_position_and_keeps_the_client_sending(
     homeserver: Callable[[SyncScript], Awaitable[str]], tmp_path: Path
 ) -> None:
     (tmp_path / "sync_position").write_text("s0")
+    since: list[str | None] = []
+    polled_on = asyncio.Event()
 
     async def script(call: int, request: web.Request) -> web.StreamResponse:
-        return sync_body("s1", [text_event("$1", "one")])
+        since.append(request.query.get("since"))
+        if call == 1:
+            return sync_body("s1", [text_event("$1", "one")])
+        polled_on.set()
+        return await hold(request)
 
-    async def closed_sink(message: InboundEvent) -> Accepted:
+    offered: list[InboundEvent] = []
+
+    async def closed_sink(event: InboundEvent) -> Accepted:
+        offered.append(event)
         raise SinkClosed
 
     bridge = transport(await homeserver(script), tmp_path, ObservedBackoff())
+    task = asyncio.create_task(bridge.run(closed_sink, asyncio.Event()))
     async with asyncio.timeout(30):
-        await bridge.run(closed_sink, asyncio.Event())
+        await polled_on.wait()
+    # Shutting down, the service still answers the runs of its grace period.
+    sent = await bridge.send(Reply(RoomKey(TransportName("matrix"), RoomId(ROOM)), "answer"))
+    assert sent is not None
+    assert sent.startswith("$sent-")
+    assert not task.done()
+    await cancel(task)
+    # The refused message is not acknowledged: the next start syncs from s0 again.
     assert (tmp_path / "sync_position").read_text() == "s0"
+    assert since == ["s0", "s1"]
+    assert len(offered) == 1
     assert bridge.reconnects == 0
 
 

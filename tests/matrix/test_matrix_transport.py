@@ -8,8 +8,16 @@ from collections.abc import Callable
 import pytest
 from nio import RoomMessageText
 
-from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey, TransportName
-from bridge.core.transport import TransportError
+from bridge.core.model import (
+    ExternalMessageId,
+    InboundMessage,
+    Reply,
+    ReplyKind,
+    RoomId,
+    RoomKey,
+    TransportName,
+)
+from bridge.core.transport import MessageDeleted, MessageEdited, TransportError
 from tests.matrix.matrix_helpers import (
     Human,
     RecordingSink,
@@ -67,7 +75,7 @@ async def test_delivers_messages_in_order_and_replies(
     assert sink.texts() == ["message 0", "message 1", "message 2"]
 
 
-async def test_skips_edits_redactions_and_marks_bots(
+async def test_edits_and_redactions_reach_the_sink_and_bots_are_marked(
     alice: Human, mallory: Human, make_transport: TransportFactory
 ) -> None:
     room = await alice.create_room([BOT, mallory.user.user_id])
@@ -77,14 +85,8 @@ async def test_skips_edits_redactions_and_marks_bots(
         await alice.wait_for(joined(BOT, room))
         await mallory.join(room)
         original = await alice.send(room, "original")
-        await alice.send(
-            room,
-            "* edited",
-            extra={
-                "m.new_content": {"msgtype": "m.text", "body": "edited"},
-                "m.relates_to": {"rel_type": "m.replace", "event_id": original},
-            },
-        )
+        await mallory.send(room, "* forged", extra=edit_of(original, "forged"))
+        await alice.send(room, "* edited", extra=edit_of(original, "edited"))
         await alice.client.room_redact(room, original)
         await alice.send(room, "a notice", msgtype="m.notice")
         await mallory.send(room, "from an ignored user")
@@ -95,6 +97,12 @@ async def test_skips_edits_redactions_and_marks_bots(
             extra={"m.relates_to": {"rel_type": "m.thread", "event_id": original}},
         )
         await sink.wait_for_text("in a thread")
+    original_id = ExternalMessageId(original)
+    # Mallory's edit of alice's message is a forgery: it never reaches the service.
+    assert [e for e in sink.events if not isinstance(e, InboundMessage)] == [
+        MessageEdited(key(room), original_id, "edited"),
+        MessageDeleted(key(room), original_id),
+    ]
     by_text = {m.text: m for m in sink.messages}
     assert list(by_text) == [
         "original",
@@ -109,6 +117,41 @@ async def test_skips_edits_redactions_and_marks_bots(
     assert by_text[f"hey {BOT}"].mentions_bot
     assert not by_text["original"].mentions_bot
     assert by_text["in a thread"].thread == original
+
+
+def edit_of(event_id: str, text: str) -> dict[str, object]:
+    return {
+        "m.new_content": {"msgtype": "m.text", "body": text},
+        "m.relates_to": {"rel_type": "m.replace", "event_id": event_id},
+    }
+
+
+async def test_reply_keeps_pasted_quotes_and_a_leading_mention_makes_a_command(
+    alice: Human, make_transport: TransportFactory
+) -> None:
+    room = await alice.create_room([BOT])
+    sink = RecordingSink()
+    async with running(make_transport([room]), sink):
+        await alice.wait_for(joined(BOT, room))
+        asked = await alice.send(room, "what failed?")
+        logs = "> 12:00:01 ERROR disk full\n> 12:00:02 WARN retrying\nwhy?"
+        await alice.send(
+            room,
+            f"> <{alice.user.user_id}> what failed?\n\n{logs}",
+            extra={"m.relates_to": {"m.in_reply_to": {"event_id": asked}}},
+        )
+        await alice.send(
+            room,
+            "chatbridge: !stop",
+            extra={
+                "format": "org.matrix.custom.html",
+                "formatted_body": f'<a href="https://matrix.to/#/{BOT}">chatbridge</a>: !stop',
+                "m.mentions": {"user_ids": [BOT]},
+            },
+        )
+        await sink.wait_for_text("!stop")
+    assert sink.texts() == ["what failed?", logs, "!stop"]
+    assert sink.messages[-1].mentions_bot
 
 
 async def test_joins_only_configured_rooms(

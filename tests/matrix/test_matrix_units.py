@@ -11,13 +11,14 @@ import pytest
 from nio import Event, RedactionEvent, RoomMemberEvent, RoomMessageNotice, RoomMessageText
 from pydantic import ValidationError
 
-from bridge.core.model import RoomId, RoomKey, TransportName
+from bridge.core.model import ExternalMessageId, InboundMessage, RoomId, RoomKey, TransportName
+from bridge.core.transport import MessageDeleted, MessageEdited
 from transports.matrix import MatrixSettings
-from transports.matrix.events import BotIdentity, is_own_join, to_inbound
+from transports.matrix.inbound import InboundPolicy, is_own_join, to_inbound
 from transports.matrix.render import MarkdownRenderer
 from transports.matrix.state import SavedSession, SessionFile, SyncPosition
 
-BOT = BotIdentity("@bot:hs", ignore_other_bots=True, ignore_users=frozenset({"@ci:hs"}))
+BOT = InboundPolicy("@bot:hs", ignore_other_bots=True, ignore_users=frozenset({"@ci:hs"}))
 
 
 def event(content: dict[str, Any], sender: str = "@alice:hs", kind: str = "m.room.message") -> Any:
@@ -32,9 +33,16 @@ def event(content: dict[str, Any], sender: str = "@alice:hs", kind: str = "m.roo
     )
 
 
+def message(content: dict[str, Any], sender: str = "@alice:hs", name: str | None = None) -> Any:
+    """The inbound message of an ``m.room.message`` event; fails if it is none."""
+    inbound = to_inbound(event(content, sender), "!r", BOT, name)
+    assert isinstance(inbound, InboundMessage), inbound
+    return inbound
+
+
 def test_text_message_becomes_inbound() -> None:
     msg = to_inbound(event({"msgtype": "m.text", "body": "hi"}), "!r", BOT)
-    assert msg is not None
+    assert isinstance(msg, InboundMessage)
     assert msg.room == RoomKey(TransportName("matrix"), RoomId("!r"))
     assert (msg.sender, msg.text, msg.external_id) == ("@alice:hs", "hi", "$e1")
     assert not msg.sender_is_bot
@@ -48,7 +56,7 @@ def test_own_messages_are_dropped() -> None:
     )
 
 
-def test_edits_and_redactions_are_dropped() -> None:
+def test_edits_and_redactions_become_edited_and_deleted() -> None:
     edit = event(
         {
             "msgtype": "m.text",
@@ -58,7 +66,8 @@ def test_edits_and_redactions_are_dropped() -> None:
         }
     )
     assert isinstance(edit, RoomMessageText)
-    assert to_inbound(edit, "!r", BOT) is None
+    room = RoomKey(TransportName("matrix"), RoomId("!r"))
+    assert to_inbound(edit, "!r", BOT) == MessageEdited(room, ExternalMessageId("$e0"), "new")
     redaction = Event.parse_event(
         {
             "type": "m.room.redaction",
@@ -70,7 +79,15 @@ def test_edits_and_redactions_are_dropped() -> None:
         }
     )
     assert isinstance(redaction, RedactionEvent)
-    assert to_inbound(redaction, "!r", BOT) is None
+    assert to_inbound(redaction, "!r", BOT) == MessageDeleted(room, ExternalMessageId("$e0"))
+    # The bridge's own edits (progress) and redactions are not input.
+    own_edit = event(edit.source["content"], sender="@bot:hs")
+    assert to_inbound(own_edit, "!r", BOT) is None
+
+
+def test_an_edit_without_new_content_is_nothing() -> None:
+    broken = event({"msgtype": "m.text", "body": "* x", "m.relates_to": {"rel_type": "m.replace"}})
+    assert to_inbound(broken, "!r", BOT) is None
 
 
 def test_notices_and_ignored_users_are_bots_only_when_configured() -> None:
@@ -79,12 +96,12 @@ def test_notices_and_ignored_users_are_bots_only_when_configured() -> None:
     from_ci = event({"msgtype": "m.text", "body": "build ok"}, sender="@ci:hs")
     for e in (notice, from_ci):
         msg = to_inbound(e, "!r", BOT)
-        assert msg is not None
+        assert isinstance(msg, InboundMessage)
         assert msg.sender_is_bot
-    lenient = BotIdentity("@bot:hs", ignore_other_bots=False, ignore_users=frozenset({"@ci:hs"}))
+    lenient = InboundPolicy("@bot:hs", ignore_other_bots=False, ignore_users=frozenset({"@ci:hs"}))
     for e in (notice, from_ci):
         msg = to_inbound(e, "!r", lenient)
-        assert msg is not None
+        assert isinstance(msg, InboundMessage)
         assert not msg.sender_is_bot
 
 
@@ -105,12 +122,12 @@ def test_mentions_threads_and_reply_fallbacks() -> None:
         "!r",
         BOT,
     )
-    assert msg is not None
+    assert isinstance(msg, InboundMessage)
     assert msg.text == "please look"
     assert msg.thread == "$root"
     assert msg.mentions_bot
     plain = to_inbound(event({"msgtype": "m.text", "body": "ask @bot:hs"}), "!r", BOT)
-    assert plain is not None
+    assert isinstance(plain, InboundMessage)
     assert plain.mentions_bot
     pill = to_inbound(
         event(
@@ -124,8 +141,51 @@ def test_mentions_threads_and_reply_fallbacks() -> None:
         "!r",
         BOT,
     )
-    assert pill is not None
+    assert isinstance(pill, InboundMessage)
     assert pill.mentions_bot
+    assert pill.text == "hello"
+
+
+def test_pasted_quote_lines_in_a_reply_are_kept() -> None:
+    logs = "> 12:00:01 ERROR disk full\n> 12:00:02 WARN retrying\nwhy does this happen?"
+    reply = {"m.relates_to": {"m.in_reply_to": {"event_id": "$e0"}}}
+    # A reply whose client sent no fallback: every line is the user's.
+    assert message({"msgtype": "m.text", "body": logs, **reply}).text == logs
+    # A reply with a fallback: only the fallback goes, the pasted lines stay.
+    fallback = "> <@bob:hs> the deploy failed\n> see the logs\n\n"
+    assert message({"msgtype": "m.text", "body": fallback + logs, **reply}).text == logs
+    # Not a reply: nothing is a fallback, even when it looks like one.
+    assert message({"msgtype": "m.text", "body": fallback + logs}).text == fallback + logs
+
+
+@pytest.mark.parametrize(
+    ("body", "formatted", "name", "text"),
+    [
+        ("@bot:hs !stop", None, None, "!stop"),
+        ("@bot:hs: !stop", None, None, "!stop"),
+        ("Bridge: !stop", '<a href="https://matrix.to/#/@bot:hs">Bridge</a>: !stop', None, "!stop"),
+        ("Bridge !status", None, "Bridge", "!status"),
+        ("  @bot:hs,   explain this", None, None, "explain this"),
+        ("@bot:hs", None, None, ""),
+    ],
+)
+def test_a_leading_mention_of_the_bot_is_not_part_of_the_text(
+    body: str, formatted: str | None, name: str | None, text: str
+) -> None:
+    content: dict[str, Any] = {"msgtype": "m.text", "body": body}
+    if formatted:
+        content.update(format="org.matrix.custom.html", formatted_body=formatted)
+    msg = message(content, name=name)
+    assert msg.text == text
+    assert msg.mentions_bot
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["@bot:hsx !stop", "Bridgework !stop", "ask @bot:hs !stop", "@alice:hs !stop"],
+)
+def test_text_that_only_looks_like_a_leading_mention_stays(body: str) -> None:
+    assert message({"msgtype": "m.text", "body": body}, name="Bridge").text == body
 
 
 def test_other_message_types_are_not_delivered() -> None:

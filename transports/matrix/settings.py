@@ -36,6 +36,10 @@ class MatrixSettings(BaseModel):
     max_event_chars: int = Field(default=16_000, ge=1_000)
     """Replies longer than this go out as several events (Matrix caps events at 64 KiB)."""
 
+    undecryptable_notice_s: float = Field(default=60.0, ge=0)
+    """How long an encrypted message may wait for its key before the room is told
+    it could not be read (it is still delivered if the key comes later)."""
+
     @model_validator(mode="after")
     def _one_credential(self) -> MatrixSettings:
         if not self.access_token.get_secret_value() and not self.password.get_secret_value():

@@ -3,10 +3,11 @@
 - ``sync_position``: the sync token after the last batch of events that the
   service durably accepted. Written after the sink returned, so a crash
   replays (the service drops duplicates) rather than loses.
+- ``undecryptable.json``: encrypted events whose keys have not arrived yet.
 - ``session.json``: user, device and access token from a password login, so
   the same device (and its encryption keys) is reused on every start.
 
-Both are written atomically (temp file, fsync, rename) and readable only by
+All are written atomically (temp file, fsync, rename) and readable only by
 the owner, since the session holds a secret.
 """
 
@@ -16,6 +17,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 def _write_private(path: Path, data: str) -> None:
@@ -90,3 +92,59 @@ class SessionFile:
 
     def forget(self) -> None:
         self._path.unlink(missing_ok=True)
+
+
+@dataclass(slots=True)
+class Undecryptable:
+    """An encrypted event the bridge could not read yet, kept until its key arrives."""
+
+    room_id: str
+    source: dict[str, Any]
+    """The event as the server sent it (still encrypted)."""
+    first_seen: float
+    """Wall-clock time it was first seen (survives restarts)."""
+    noticed: bool = False
+    """The room was told it could not be read."""
+
+    @property
+    def event_id(self) -> str:
+        return str(self.source.get("event_id", ""))
+
+
+class UndecryptableFile:
+    """The encrypted events waiting for their keys, saved before the sync position moves
+    past them, so a restart does not lose them."""
+
+    def __init__(self, store_path: Path) -> None:
+        self._path = store_path / "undecryptable.json"
+
+    def load(self) -> list[Undecryptable]:
+        try:
+            data = json.loads(self._path.read_text(encoding="utf-8"))
+            return [
+                Undecryptable(
+                    room_id=str(item["room_id"]),
+                    source=dict(item["source"]),
+                    first_seen=float(item["first_seen"]),
+                    noticed=bool(item.get("noticed", False)),
+                )
+                for item in data
+            ]
+        except FileNotFoundError:
+            return []
+
+    def save(self, events: list[Undecryptable]) -> None:
+        _write_private(
+            self._path,
+            json.dumps(
+                [
+                    {
+                        "room_id": e.room_id,
+                        "source": e.source,
+                        "first_seen": e.first_seen,
+                        "noticed": e.noticed,
+                    }
+                    for e in events
+                ]
+            ),
+        )

@@ -1,0 +1,198 @@
+"""Translating Matrix room events into inbound events, and the rules for skipping.
+
+Pure functions over nio event objects: no I/O, so every rule here is tested
+without a server.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from nio import RedactionEvent, RoomMessageNotice, RoomMessageText
+
+from bridge.core.model import (
+    ExternalMessageId,
+    InboundMessage,
+    RoomId,
+    RoomKey,
+    TransportName,
+    UserId,
+)
+from bridge.core.transport import MessageDeleted, MessageEdited
+
+TRANSPORT = TransportName("matrix")
+
+_FALLBACK_START = re.compile(r"> (?:\* )?<@[^>\s]+:[^>\s]+> ")
+"""How a reply fallback opens: ``> <@user:server> quoted`` (``> * <@...>`` for emotes)."""
+_PILL = re.compile(r"\s*<a\s+href=\"https://matrix\.to/#/([^\"]+)\"\s*>(.*?)</a>", re.DOTALL)
+_AFTER_MENTION = re.compile(r"[:,]?\s+|[:,]$")
+"""What separates a leading mention from the text: ``Bot: hi``, ``@bot hi``, ``@bot,``."""
+
+
+@dataclass(frozen=True, slots=True)
+class InboundPolicy:
+    """How inbound events are read: who the bot is (its own events, mentions of it)
+    and whom it treats as a bot."""
+
+    user_id: str
+    ignore_other_bots: bool
+    ignore_users: Collection[str]
+
+
+def relation(content: dict[str, Any]) -> dict[str, Any]:
+    rel = content.get("m.relates_to")
+    return rel if isinstance(rel, dict) else {}
+
+
+def is_edit(content: dict[str, Any]) -> bool:
+    """An ``m.replace`` relation: an edit of an earlier message."""
+    return relation(content).get("rel_type") == "m.replace"
+
+
+def thread_of(content: dict[str, Any]) -> str | None:
+    """The thread root's event id, for a message inside a thread."""
+    rel = relation(content)
+    if rel.get("rel_type") == "m.thread" and isinstance(rel.get("event_id"), str):
+        return str(rel["event_id"])
+    return None
+
+
+def strip_reply_fallback(body: str, content: dict[str, Any]) -> str:
+    """Drop the quote of the replied-to message that clients prepend to a reply's body.
+
+    Only a real fallback goes: the message replies to something, its body
+    opens with ``> <@user:server> `` and the quote ends at the first blank
+    line. Anything else that starts with ``>`` (pasted log lines, a quote the
+    user typed) is the user's text and stays.
+    """
+    if "m.in_reply_to" not in relation(content) or not _FALLBACK_START.match(body):
+        return body
+    lines = body.split("\n")
+    for i, line in enumerate(lines):
+        if line == "":
+            return "\n".join(lines[i + 1 :])
+        if not line.startswith(">"):
+            break
+    return body  # no blank line after the quote: not the fallback's shape
+
+
+def mentions(content: dict[str, Any], body: str, user_id: str) -> bool:
+    """Whether the message mentions ``user_id``.
+
+    Modern clients declare it in ``m.mentions``; older ones put a pill (a
+    matrix.to link) in ``formatted_body``; a typed id in the text counts too.
+    """
+    declared = content.get("m.mentions")
+    if isinstance(declared, dict):
+        ids = declared.get("user_ids")
+        if isinstance(ids, list) and user_id in ids:
+            return True
+    formatted = content.get("formatted_body")
+    if isinstance(formatted, str) and f"matrix.to/#/{user_id}" in formatted:
+        return True
+    return user_id in body
+
+
+def strip_leading_mention(
+    body: str, content: dict[str, Any], user_id: str, display_name: str | None
+) -> str | None:
+    """``body`` without a mention of the bot it starts with; None if it starts with none.
+
+    The mention is the bot's id, its display name, or the text of a pill
+    (a matrix.to link to the bot) that opens ``formatted_body``; so
+    ``@bot !stop`` and ``Bot: !stop`` read as the command ``!stop``.
+    """
+    names = [user_id]
+    formatted = content.get("formatted_body")
+    if isinstance(formatted, str):
+        pill = _PILL.match(formatted)
+        if pill and pill.group(1) == user_id:
+            names.append(html.unescape(re.sub(r"<[^>]*>", "", pill.group(2))))
+    if display_name:
+        names.append(display_name)
+    text = body.lstrip()
+    for name in sorted(filter(None, names), key=len, reverse=True):
+        if not text.startswith(name):
+            continue
+        rest = text[len(name) :]
+        if rest == "":
+            return ""
+        separator = _AFTER_MENTION.match(rest)
+        if separator:
+            return rest[separator.end() :]
+    return None
+
+
+def to_inbound(
+    event: object, room_id: str, bot: InboundPolicy, display_name: str | None = None
+) -> InboundMessage | MessageEdited | MessageDeleted | None:
+    """The inbound event ``event`` carries, or None if it carries none for the bridge.
+
+    Messages: ``m.text``/``m.notice`` from anyone but the bridge. Notices and
+    ``ignore_users`` are delivered marked as bots when ``ignore_other_bots``
+    is set, so the service can record them. An edit (``m.replace``) becomes
+    :class:`MessageEdited` of the original, a redaction :class:`MessageDeleted`:
+    the service applies them to messages not yet run and ignores the rest.
+    ``display_name`` is the bot's name in the room, for leading mentions.
+    """
+    room = RoomKey(TRANSPORT, RoomId(room_id))
+    if isinstance(event, RedactionEvent):
+        if event.sender == bot.user_id or not event.redacts:
+            return None
+        return MessageDeleted(room, ExternalMessageId(event.redacts))
+    if not isinstance(event, RoomMessageText | RoomMessageNotice):
+        return None
+    if event.sender == bot.user_id:
+        return None
+    content = event.source.get("content", {})
+    if not isinstance(content, dict):
+        return None
+    if is_edit(content):
+        return _edit(content, room, bot, display_name)
+    is_notice = isinstance(event, RoomMessageNotice)
+    sender_is_bot = bot.ignore_other_bots and (is_notice or event.sender in bot.ignore_users)
+    body = strip_reply_fallback(event.body, content)
+    mentioned = mentions(content, body, bot.user_id)
+    stripped = strip_leading_mention(body, content, bot.user_id, display_name)
+    return InboundMessage(
+        room=room,
+        sender=UserId(event.sender),
+        text=body if stripped is None else stripped,
+        external_id=ExternalMessageId(event.event_id),
+        thread=thread_of(content),
+        sender_is_bot=sender_is_bot,
+        mentions_bot=mentioned or stripped is not None,
+    )
+
+
+def _edit(
+    content: dict[str, Any], room: RoomKey, bot: InboundPolicy, display_name: str | None
+) -> MessageEdited | None:
+    original = relation(content).get("event_id")
+    new = content.get("m.new_content")
+    if not isinstance(original, str) or not isinstance(new, dict):
+        return None
+    body = new.get("body")
+    if not isinstance(body, str):
+        return None
+    stripped = strip_leading_mention(body, new, bot.user_id, display_name)
+    return MessageEdited(room, ExternalMessageId(original), body if stripped is None else stripped)
+
+
+def is_own_join(event: object, user_id: str) -> bool:
+    """The bridge's own membership becoming ``join`` (what came before is history)."""
+    source = getattr(event, "source", None)
+    if not isinstance(source, dict) or source.get("type") != "m.room.member":
+        return False
+    content = source.get("content", {})
+    prev = source.get("unsigned", {}).get("prev_content", {}) or {}
+    return (
+        source.get("state_key") == user_id
+        and isinstance(content, dict)
+        and content.get("membership") == "join"
+        and prev.get("membership") != "join"
+    )

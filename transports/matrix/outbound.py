@@ -1,0 +1,239 @@
+"""Replies to Matrix: events rendered from Markdown, split to fit, sent with retries.
+
+Results are ``m.text``; notices and progress are ``m.notice``. Typing notices
+are renewed while a run is active, since the server expires them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from collections.abc import Callable
+from typing import Any
+from uuid import uuid4
+
+from nio import AsyncClient, ErrorResponse, RoomSendResponse
+from nio.exceptions import LocalProtocolError, OlmTrustError
+
+from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey
+from bridge.core.transport import Delivery, RateLimited, TransportError, Undeliverable
+from transports.backoff import Backoff
+from transports.matrix.client import AUTH_ERRORS, RATE_LIMITED
+from transports.matrix.inbound import TRANSPORT
+from transports.matrix.render import MarkdownRenderer
+from transports.matrix.settings import MatrixSettings
+from transports.matrix.sizing import fits
+from transports.matrix.sync import Synced
+from transports.text import split_markdown
+
+log = logging.getLogger(__name__)
+
+_UNDELIVERABLE = frozenset(
+    {"M_FORBIDDEN", "M_TOO_LARGE", "M_NOT_FOUND", "M_BAD_JSON", "M_NOT_JSON", "M_UNKNOWN_ROOM"}
+)
+"""The server refused this event for good: sending it again cannot help."""
+_DEFAULT_RETRY_AFTER_MS = 1_000
+
+
+class MatrixOutbound:
+    """Sends through the transport's client while it is logged in (``client`` is set)."""
+
+    def __init__(
+        self,
+        settings: MatrixSettings,
+        synced: Synced,
+        *,
+        typing_refresh_s: float,
+        send_attempts: int,
+    ) -> None:
+        self._settings = settings
+        self._synced = synced
+        self._typing_refresh_s = typing_refresh_s
+        self._send_attempts = send_attempts
+        self._renderer = MarkdownRenderer()
+        self._typing: set[RoomId] = set()
+        self.client: AsyncClient | None = None
+        """Set by the transport while logged in; None otherwise."""
+
+    async def send(
+        self, reply: Reply, delivery: Delivery | None = None
+    ) -> ExternalMessageId | None:
+        """Post ``reply`` as one or more events; returns the id of the last one posted.
+
+        The first event answers ``in_reply_to``; a thread keeps every event in
+        it. The split depends only on the reply, so every attempt of one
+        ``delivery`` makes the same parts: the first ``parts_done`` are skipped,
+        and part ``i`` is sent with transaction id ``{key}.{i}``, which the
+        homeserver posts at most once for this device however often it is sent.
+        """
+        room_id = room_id_of(reply.room)
+        client = self._logged_in()
+        parts = self._parts(reply)
+        key = delivery.key if delivery is not None else uuid4().hex
+        first = delivery.parts_done if delivery is not None else 0
+        await self._known_room(client, room_id)
+        last: ExternalMessageId | None = None
+        for index in range(first, len(parts)):
+            last = await self._room_send(client, room_id, parts[index], f"{key}.{index}")
+            if delivery is not None:
+                await delivery.part_sent(index, last)
+        return last
+
+    def _parts(self, reply: Reply) -> list[dict[str, Any]]:
+        msgtype = "m.text" if reply.kind is ReplyKind.RESULT else "m.notice"
+        parts: list[dict[str, Any]] = []
+        for index, chunk in enumerate(self._fit(reply.text, lambda c: self._content(msgtype, c))):
+            content = self._content(msgtype, chunk)
+            reply_to = reply.in_reply_to if index == 0 else None
+            if reply.thread:
+                content["m.relates_to"] = {
+                    "rel_type": "m.thread",
+                    "event_id": reply.thread,
+                    "is_falling_back": reply_to is None,
+                    "m.in_reply_to": {"event_id": reply_to or reply.thread},
+                }
+            elif reply_to:
+                content["m.relates_to"] = {"m.in_reply_to": {"event_id": reply_to}}
+            parts.append(content)
+        return parts
+
+    async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
+        """Replace a notice the bridge sent (live progress); long text is cut to one event."""
+        room_id = room_id_of(room)
+        client = self._logged_in()
+
+        def edit_of(chunk: str) -> dict[str, Any]:
+            return {
+                **self._content("m.notice", f"* {chunk}"),
+                "m.new_content": self._content("m.notice", chunk),
+                "m.relates_to": {"rel_type": "m.replace", "event_id": message_id},
+            }
+
+        chunks = self._fit(text, edit_of) or [""]
+        await self._known_room(client, room_id)
+        await self._room_send(client, room_id, edit_of(chunks[0]), uuid4().hex)
+
+    async def set_typing(self, room: RoomKey, typing: bool) -> None:
+        """Show the bot typing while a run is active; renewed until cleared."""
+        room_id = room_id_of(room)
+        if typing:
+            self._typing.add(room_id)
+        else:
+            self._typing.discard(room_id)
+        client = self.client
+        if client is not None:
+            await self._send_typing(client, room_id, typing)
+
+    async def keep_typing(self, client: AsyncClient) -> None:
+        """Renew the active typing notices before the server expires them; until cancelled."""
+        while True:
+            await asyncio.sleep(self._typing_refresh_s)
+            for room_id in list(self._typing):
+                await self._send_typing(client, room_id, True)
+
+    async def _send_typing(self, client: AsyncClient, room_id: RoomId, typing: bool) -> None:
+        timeout_ms = int(self._typing_refresh_s * 1000 * 1.5)
+        try:
+            response = await client.room_typing(room_id, typing, timeout=timeout_ms)
+        except Exception as exc:
+            # Typing is cosmetic: never fail a run because it could not be shown.
+            log.info("matrix: typing notice for %s failed: %s", room_id, exc)
+            return
+        if isinstance(response, ErrorResponse):
+            log.info("matrix: typing notice for %s failed: %s", room_id, response)
+
+    def _content(self, msgtype: str, markdown: str) -> dict[str, Any]:
+        return {
+            "msgtype": msgtype,
+            "body": markdown,
+            "format": "org.matrix.custom.html",
+            "formatted_body": self._renderer.html(markdown),
+            # Declares that the bot mentions no one: an "@room" or a name in
+            # an answer must not notify anybody.
+            "m.mentions": {},
+        }
+
+    def _fit(self, text: str, build: Callable[[str], dict[str, Any]]) -> list[str]:
+        """Pieces of ``text`` whose events fit, whatever HTML, JSON and encryption make of them."""
+        pending = split_markdown(text, self._settings.max_event_chars)
+        fitted: list[str] = []
+        while pending:
+            chunk = pending.pop(0)
+            if fits("m.room.message", build(chunk)) or len(chunk) < 256:
+                fitted.append(chunk)
+            else:
+                pending[:0] = split_markdown(chunk, max(len(chunk) // 2, 64))
+        return fitted
+
+    def _logged_in(self) -> AsyncClient:
+        client = self.client
+        if client is None:
+            raise TransportError("matrix", "not connected")
+        return client
+
+    async def _known_room(self, client: AsyncClient, room_id: RoomId) -> None:
+        """Wait until a sync has shown the room (nio must know its members to encrypt).
+
+        A reply can race the sync that tells us we joined (the joining and
+        the answering are different requests); give it a few syncs.
+        """
+        try:
+            async with asyncio.timeout(self._settings.sync_timeout_ms / 1000 * 3 + 10):
+                while room_id not in client.rooms:
+                    await self._synced.wait()
+        except TimeoutError:
+            raise TransportError("matrix", f"the bot is not in room {room_id}") from None
+
+    async def _room_send(
+        self, client: AsyncClient, room_id: RoomId, content: dict[str, Any], tx_id: str
+    ) -> ExternalMessageId:
+        """Send one event; connection errors and server errors are retried a few times.
+
+        Every attempt carries the same transaction id, so the server posts the
+        event once (nio encrypts anew each time; the server answers a repeated
+        transaction with the first event's id). A rate limit is not waited out
+        here: :class:`RateLimited` tells the caller how long to wait.
+        """
+        backoff = Backoff(base=0.5, cap=5.0)
+        problem = ""
+        for attempt in range(1, self._send_attempts + 1):
+            try:
+                response = await client.room_send(
+                    room_id,
+                    "m.room.message",
+                    copy.deepcopy(content),
+                    tx_id=tx_id,
+                    ignore_unverified_devices=True,
+                )
+            except (LocalProtocolError, OlmTrustError) as exc:
+                raise Undeliverable("matrix", f"cannot send to {room_id}: {exc}") from exc
+            except Exception as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            else:
+                if isinstance(response, RoomSendResponse):
+                    return ExternalMessageId(response.event_id)
+                raise_refusal(room_id, response)
+                problem = str(response)
+            if attempt < self._send_attempts:
+                await asyncio.sleep(backoff.next_delay())
+        raise TransportError("matrix", f"send to {room_id} failed: {problem}")
+
+
+def raise_refusal(room_id: str, response: object) -> None:
+    """Raise what an error response means for a send, unless it is worth retrying."""
+    code = getattr(response, "status_code", None)
+    if code in RATE_LIMITED:
+        retry_after_ms = getattr(response, "retry_after_ms", None) or _DEFAULT_RETRY_AFTER_MS
+        raise RateLimited("matrix", retry_after_ms / 1000, f"send to {room_id} rate limited")
+    if code in AUTH_ERRORS:
+        raise TransportError("matrix", f"send to {room_id} refused: {code}")
+    if code in _UNDELIVERABLE:
+        raise Undeliverable("matrix", f"send to {room_id} refused: {response}")
+
+
+def room_id_of(room: RoomKey) -> RoomId:
+    """The Matrix room id of ``room``; refuses a room of another transport."""
+    if room.transport != TRANSPORT:
+        raise TransportError("matrix", f"not a Matrix room: {room}")
+    return room.room_id

@@ -1,0 +1,303 @@
+"""The sync loop: a loop of our own around nio's ``sync``.
+
+nio's ``sync_forever`` saves the sync token *before* the events are handled
+and has swallowed cancellation in the past, so this module owns the loop:
+
+1. ``sync`` from the persisted position (nio decrypts what it can);
+2. keep the encryption keys in shape (upload, query, claim, to-device);
+3. accept invites to configured rooms;
+4. hand every new message of a configured room to the sink, in order (an
+   encrypted one that cannot be read yet is saved to wait for its key, see
+   :mod:`.undecryptable`), and retry those whose keys may have arrived;
+5. only then persist the new position.
+
+A failure anywhere (a raised error or an error response) backs off with
+jitter and retries from the last persisted position, so a crash or a lost
+server replays rather than loses; the service drops the duplicates. On the
+very first start (no position yet) the initial sync only sets the position:
+history from before the bridge existed is not served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from nio import (
+    AsyncClient,
+    JoinError,
+    MegolmEvent,
+    MessageDirection,
+    RoomGetEventResponse,
+    SyncResponse,
+)
+
+from bridge.core.model import RoomId
+from bridge.core.transport import (
+    InboundSink,
+    MessageEdited,
+    RoomBinding,
+    SinkClosed,
+    TransportError,
+)
+from transports.backoff import Backoff
+from transports.matrix.client import Retryable, check
+from transports.matrix.inbound import InboundPolicy, is_own_join, to_inbound
+from transports.matrix.settings import MatrixSettings
+from transports.matrix.state import SyncPosition, UndecryptableFile
+from transports.matrix.undecryptable import TellRoom, WaitingForKeys
+
+log = logging.getLogger(__name__)
+
+_SYNC_FILTER: dict[str, Any] = {
+    # Presence, typing and receipts are noise to the bridge; room state is
+    # kept because nio needs the members to encrypt.
+    "presence": {"not_types": ["*"]},
+    "account_data": {"not_types": ["*"]},
+    "room": {
+        "timeline": {"limit": 50},
+        "ephemeral": {"not_types": ["*"]},
+        "account_data": {"not_types": ["*"]},
+    },
+}
+_BACKFILL_PAGE = 100
+_BACKFILL_MAX_EVENTS = 2_000
+
+
+class Synced:
+    """Wakes whoever waits for the next completed sync (outbound waits for rooms)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+    def notify(self) -> None:
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
+
+class Syncer:
+    """Runs the sync loop of one logged-in client; knows whether it is connected."""
+
+    def __init__(
+        self,
+        settings: MatrixSettings,
+        rooms: Mapping[RoomId, RoomBinding],
+        policy: InboundPolicy,
+        backoff: Backoff,
+        tell_room: TellRoom,
+    ) -> None:
+        self._settings = settings
+        self._rooms = rooms
+        self._policy = policy
+        self._backoff = backoff
+        self._position = SyncPosition(settings.store_path)
+        self._waiting = WaitingForKeys(
+            UndecryptableFile(settings.store_path),
+            policy,
+            settings.undecryptable_notice_s,
+            tell_room,
+        )
+        self.connected = False
+        """True after a successful sync, until the next failed one."""
+        self._lost_connection = False
+        self.reconnects = 0
+        self.synced = Synced()
+        self._inbound_closed = False
+        """The sink raised SinkClosed: sync only to stay able to send."""
+
+    async def run(self, client: AsyncClient, sink: InboundSink, ready: asyncio.Event) -> None:
+        """Sync until cancelled; ``ready`` is set after the first sync.
+
+        Once the sink raises :class:`SinkClosed` the saved position stays where
+        it is and nothing more is handed over, but the loop goes on (so the
+        client can still send) until cancelled. Raises :class:`TransportError`
+        when the server refuses the credentials.
+        """
+        try:
+            await self._loop(client, sink, ready)
+        finally:
+            self.connected = False
+
+    async def _loop(self, client: AsyncClient, sink: InboundSink, ready: asyncio.Event) -> None:
+        token = self._position.load()
+        first_start = token is None
+        # nio keeps room state (members, encryption) only in memory: rebuild
+        # it once with a full-state sync when resuming from a saved position.
+        full_state = not first_start
+        while True:
+            try:
+                response = await self._sync_once(client, token, full_state)
+                await self._maintain_keys(client)
+                await self._accept_invites(client, response)
+                if first_start:
+                    self._warn_unjoined(client)
+                elif not self._inbound_closed:
+                    await self._deliver(client, response, token, sink)
+                    await self._waiting.retry(client, sink)
+            except SinkClosed:
+                # The service is shutting down and takes nothing more: leave the
+                # saved position where it is, so the next start delivers what
+                # this one could not. Keep syncing (in memory only) so the
+                # client stays able to send, encrypted rooms included, until the
+                # runs of the grace period have answered and we are cancelled.
+                log.info("matrix: the service stopped accepting; no more input is taken")
+                self._inbound_closed = True
+            except TransportError:
+                raise
+            except Exception as exc:  # CancelledError is no Exception: it propagates
+                if self.connected:
+                    self._lost_connection = True
+                self.connected = False
+                delay = self._backoff.next_delay()
+                if isinstance(exc, Retryable):
+                    delay = max(delay, exc.retry_after_s)
+                log.warning(
+                    "matrix sync failed (%s: %s); retry %d in %.1fs",
+                    type(exc).__name__,
+                    exc,
+                    self._backoff.failures,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                continue
+            if not self._inbound_closed:
+                # Everything in this response was accepted: only now move the position.
+                self._position.save(response.next_batch)
+            token, first_start, full_state = response.next_batch, False, False
+            if not self.connected:
+                log.info("matrix connected as %s (device %s)", client.user_id, client.device_id)
+                if self._lost_connection:
+                    self.reconnects += 1
+                    self._lost_connection = False
+            self.connected = True
+            self._backoff.reset()
+            ready.set()
+            self.synced.notify()
+
+    async def _sync_once(self, client: AsyncClient, token: str | None, full: bool) -> SyncResponse:
+        # nio ignores a response whose next_batch equals the one it saw last;
+        # a sync retried from an older position must be processed again.
+        client.next_batch = token or ""
+        response = await client.sync(
+            # Long-poll only once connected: the first sync should answer at once.
+            timeout=self._settings.sync_timeout_ms if self.connected else 0,
+            sync_filter=_SYNC_FILTER,
+            since=token,
+            full_state=full or None,
+        )
+        check("sync", response)
+        return response
+
+    async def _maintain_keys(self, client: AsyncClient) -> None:
+        """What nio's own loop does between syncs to keep encryption working."""
+        if client.olm is None:
+            return
+        if client.should_upload_keys:
+            check("keys upload", await client.keys_upload())
+        if client.should_query_keys:
+            check("keys query", await client.keys_query())
+        if client.should_claim_keys:
+            check("keys claim", await client.keys_claim(client.get_users_for_key_claiming()))
+        for response in await client.send_to_device_messages():
+            check("to-device", response)
+
+    async def _accept_invites(self, client: AsyncClient, response: SyncResponse) -> None:
+        for room_id in response.rooms.invite:
+            if self._settings.auto_join == "configured" and room_id in self._rooms:
+                joined = await client.join(room_id)
+                if isinstance(joined, JoinError):
+                    log.warning("matrix: could not join %s: %s", room_id, joined)
+                else:
+                    log.info("matrix: joined configured room %s", room_id)
+            else:
+                log.info("matrix: ignoring invite to unconfigured room %s", room_id)
+
+    def _warn_unjoined(self, client: AsyncClient) -> None:
+        for room_id in self._rooms:
+            if room_id not in client.rooms and room_id not in client.invited_rooms:
+                log.warning("matrix: not a member of configured room %s; invite the bot", room_id)
+
+    async def _deliver(
+        self, client: AsyncClient, response: SyncResponse, since: str | None, sink: InboundSink
+    ) -> None:
+        for room_id, info in response.rooms.join.items():
+            if room_id not in self._rooms:
+                continue
+            events = list(info.timeline.events)
+            if info.timeline.limited and since:
+                # More arrived while we were away than one sync carries.
+                events = await self._backfill(client, room_id, info.timeline.prev_batch, since)
+                events += info.timeline.events
+            start = 0
+            for index, event in enumerate(events):
+                if is_own_join(event, self._policy.user_id):
+                    start = index + 1  # before our join is history we never saw
+            for event in events[start:]:
+                if isinstance(event, MegolmEvent):
+                    await self._waiting.keep(client, room_id, event)
+                    continue
+                inbound = to_inbound(event, room_id, self._policy, _own_name(client, room_id))
+                if isinstance(inbound, MessageEdited) and not await self._same_sender(
+                    client, room_id, inbound.external_id, event
+                ):
+                    continue
+                if inbound is not None:
+                    await sink(inbound)
+
+    async def _same_sender(
+        self, client: AsyncClient, room_id: str, original: str, edit: object
+    ) -> bool:
+        """Whether an edit comes from the sender of the message it replaces.
+
+        Clients show an edit by anyone else as a forgery; the bridge must not
+        let one rewrite a queued prompt either. A lookup per edit: edits are rare.
+        """
+        response = await client.room_get_event(room_id, original)
+        if isinstance(response, RoomGetEventResponse):
+            if response.event.sender == getattr(edit, "sender", None):
+                return True
+            log.warning("matrix: ignoring an edit of %s by another sender", original)
+            return False
+        if getattr(response, "status_code", None) in ("M_NOT_FOUND", "M_FORBIDDEN"):
+            return False  # nothing the bridge could have received
+        check("fetch edited event", response)
+        return False
+
+    async def _backfill(
+        self, client: AsyncClient, room_id: str, prev_batch: str | None, since: str
+    ) -> list[Any]:
+        """Events between ``since`` and a limited timeline's start, oldest first."""
+        older: list[Any] = []
+        cursor = prev_batch
+        while cursor and len(older) < _BACKFILL_MAX_EVENTS:
+            page = await client.room_messages(
+                room_id,
+                start=cursor,
+                end=since,
+                direction=MessageDirection.back,
+                limit=_BACKFILL_PAGE,
+            )
+            if getattr(page, "status_code", None) == "M_FORBIDDEN":
+                # History we may not see (visibility rules): serve what we have.
+                log.warning("matrix: cannot backfill %s: %s", room_id, page)
+                break
+            check("backfill", page)
+            if not page.chunk:
+                break
+            older.extend(page.chunk)
+            cursor = page.end
+        older.reverse()
+        return older
+
+
+def _own_name(client: AsyncClient, room_id: str) -> str | None:
+    """The bot's display name in the room, as the room state shows it."""
+    room = client.rooms.get(room_id)
+    user = room.users.get(client.user_id) if room is not None else None
+    name = getattr(user, "display_name", None)
+    return name if isinstance(name, str) and name else None
