@@ -25,7 +25,13 @@ from bridge.core.model import (
     UserId,
 )
 from bridge.store.base import AuditAction, AuditRecord, RunRecord, StoreError
-from bridge.store.rules import LIVE_STATES, excerpt, finished_message_state, ignored_detail
+from bridge.store.rules import (
+    LIVE_STATES,
+    excerpt,
+    finished_message_state,
+    ignored_detail,
+    require_storable,
+)
 
 _DedupKey = tuple[RoomKey, ExternalMessageId]
 
@@ -77,6 +83,7 @@ class MemoryStore:
     async def accept(self, msg: InboundMessage, received_at: float) -> Message | None:
         """Record ``msg`` as pending and audit it, or return None on redelivery."""
         self._check_open()
+        require_storable(msg.text)
         key = (msg.room, msg.external_id)
         # Ids are not dense: like the SQL stores (whose sequences advance on
         # every insert attempt), a redelivery uses one up.

@@ -7,6 +7,7 @@ so the contract suite checks one set of rules rather than two copies of them.
 from __future__ import annotations
 
 from bridge.core.model import MessageState, RunStatus
+from bridge.store.base import StoreError
 
 EXCERPT_LIMIT_BYTES = 4096
 """Upper bound, in UTF-8 bytes, of the result and error text kept per run."""
@@ -30,6 +31,19 @@ def excerpt(text: str, limit: int = EXCERPT_LIMIT_BYTES) -> str:
     room = limit - len(TRUNCATION_MARK.encode())
     # errors="ignore" drops a multi-byte character split by the cut.
     return encoded[:room].decode(errors="ignore") + TRUNCATION_MARK
+
+
+def require_storable(text: str) -> None:
+    """Raise :class:`StoreError` for text no database can store (a lone surrogate).
+
+    What the SQL drivers do on their own; the memory store calls it so the
+    contract holds there too. Callers make text safe before it gets here
+    (:func:`bridge.core.text.safe_text`): this is the last line.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise StoreError(f"text the database cannot store: {exc.reason}") from exc
 
 
 def finished_message_state(status: RunStatus) -> MessageState:

@@ -97,6 +97,10 @@ class SqlStore:
                 yield session
         except (SQLAlchemyError, OSError) as exc:  # OSError: a lost socket or file
             raise StoreError(str(exc)) from exc
+        except UnicodeError as exc:
+            # The driver could not encode a text (a lone surrogate): the data
+            # was refused, like any other, and must not escape as a crash.
+            raise StoreError(f"text the database cannot store: {exc}") from exc
 
     # Messages
 
@@ -564,6 +568,8 @@ def _refused_data(error: StoreError) -> bool:
     A lost connection, a lock or a timeout would fail each message again.
     """
     cause = error.__cause__
+    if isinstance(cause, UnicodeError):
+        return True
     return (
         isinstance(cause, DBAPIError)
         and not cause.connection_invalidated

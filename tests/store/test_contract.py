@@ -133,6 +133,24 @@ async def test_concurrent_distinct_accepts_all_commit(store: InspectableStore) -
     assert len(await store.pending_messages()) == 30
 
 
+async def test_text_that_cannot_be_stored_fails_only_its_own_accept(
+    store: InspectableStore,
+) -> None:
+    # A lone surrogate (half an emoji) reaching the store in a group commit.
+    bad = inbound("$bad", text="cut \ud83d")
+    results = await asyncio.gather(
+        *(store.accept(inbound(f"$m{i}"), 1.0) for i in range(5)),
+        store.accept(bad, 1.0),
+        *(store.accept(inbound(f"$n{i}"), 1.0) for i in range(5)),
+        return_exceptions=True,
+    )
+    assert isinstance(results[5], StoreError)
+    assert all(isinstance(r, Message) for i, r in enumerate(results) if i != 5)
+    assert len(await store.pending_messages()) == 10
+    # Once made safe, the same message is accepted.
+    assert await store.accept(inbound("$bad", text="cut \ufffd"), 2.0) is not None
+
+
 async def test_record_ignored_audits_without_text(store: InspectableStore) -> None:
     secret = "the secret text"
     await store.record_ignored(inbound("$x", text=secret), "not allowed", 5.0)
