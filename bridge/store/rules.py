@@ -6,6 +6,8 @@ so the contract suite checks one set of rules rather than two copies of them.
 
 from __future__ import annotations
 
+import secrets
+
 from bridge.core.model import MessageState, RunStatus
 from bridge.store.base import StoreError
 
@@ -64,3 +66,8 @@ def finished_message_state(status: RunStatus) -> MessageState:
 def ignored_detail(reason: str, external_id: str) -> str:
     """Audit detail of an ignored message: why, and which one, never its text."""
     return f"{reason} (external id {external_id})"
+
+
+def delivery_key() -> str:
+    """A new outbox entry's idempotency key: unique, and short enough for every transport."""
+    return f"cb-{secrets.token_hex(12)}"
