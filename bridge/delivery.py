@@ -71,13 +71,11 @@ class Outbox:
     _workers: asyncio.TaskGroup | None = None
     _running: set[RoomKey] = field(default_factory=set)
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the start-up read is done and nothing is queued."""
     _loaded: bool = False
     _settled_before_load: set[int] = field(default_factory=set)
     """Entries settled while the start-up read was under way: that read may
     still list them as pending, and must not queue them again."""
-
-    def __post_init__(self) -> None:
-        self._idle.set()
 
     @property
     def pending(self) -> int:
@@ -123,6 +121,8 @@ class Outbox:
                 self.submit(await self._undelivered())
                 self._loaded = True
                 self._settled_before_load.clear()
+                if not self._known:
+                    self._idle.set()
                 await asyncio.Event().wait()  # the room workers do the rest
             finally:
                 self._workers = None
@@ -137,7 +137,10 @@ class Outbox:
             await self.sleep(backoff.next_delay())
 
     async def drain(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for every queued entry to settle; True if they did."""
+        """Wait up to ``timeout_s`` for every queued entry to settle; True if they did.
+
+        Entries left by earlier runs count too: the wait includes the start-up read.
+        """
         try:
             async with asyncio.timeout(timeout_s):
                 await self._idle.wait()
@@ -165,7 +168,7 @@ class Outbox:
             self._running.discard(room)
             if not queue:
                 del self._queues[room]
-            if not self._known:
+            if not self._known and self._loaded:
                 self._idle.set()
 
     async def _deliver(self, entry: OutboxEntry) -> None:

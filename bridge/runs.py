@@ -397,11 +397,15 @@ class RunExecutor:
                 while True:
                     try:
                         return await self.store.finish_run(run.id, report, ended, replies)
-                    except StoreError:
+                    except Exception:
+                        # Not only StoreError: whatever fails here, the run
+                        # must end with an outcome if the store can take one.
                         delay = next(delays, None)
                         if delay is None:
                             raise
-                        log.warning("could not record the end of the run; trying again")
+                        log.warning(
+                            "could not record the end of the run; trying again", exc_info=True
+                        )
                     await asyncio.sleep(delay)
         except Exception:
             log.exception("could not record the end of the run; replying without the outbox")

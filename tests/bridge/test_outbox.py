@@ -218,6 +218,17 @@ async def test_drain_waits_for_the_queue_within_its_bound() -> None:
     assert len(await store.undelivered()) == 1
 
 
+async def test_drain_includes_what_earlier_runs_left() -> None:
+    store = MemoryStore()
+    await store.enqueue([reply(ROOMS[1], "left over")], 1.0)
+    transport = Scripted()
+    outbox = new_outbox(store, transport)
+    async with serving(outbox):
+        # Right away: the worker has not read the outbox yet.
+        assert await outbox.drain(10.0) is True
+        assert transport.posted == [(ROOMS[1], "left over")]
+
+
 FAULTS = st.sampled_from([None, None, transient, limited, refused])
 
 
