@@ -45,7 +45,7 @@ class Pacing:
 
     @property
     def rate_per_s(self) -> float:
-        """Edits per second allowed now."""
+        """Edits per second allowed, as of the last edit or rate limit."""
         return self.edits_per_minute / 60 * self._factor
 
     def limited(self) -> bool:
