@@ -107,9 +107,16 @@ class Outbox:
         return settled
 
     def _start(self, room: RoomKey) -> None:
-        if self._workers is not None and room not in self._running:
-            self._running.add(room)
+        if self._workers is None or room in self._running:
+            return
+        try:
             self._workers.create_task(self._deliver_room(room), name=f"outbox {room}")
+        except RuntimeError:
+            # The service is failing and the worker stopping: the entry stays
+            # recorded and is delivered after the restart.
+            log.info("the outbox is stopping; %s's answers go out after the restart", room)
+            return
+        self._running.add(room)
 
     async def serve(self) -> None:
         """Deliver until cancelled, starting with what earlier runs left undelivered."""
