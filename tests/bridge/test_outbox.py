@@ -31,6 +31,7 @@ from bridge.metrics import Metrics
 from bridge.store.base import OutboxEntry, Store
 from bridge.store.memory import MemoryStore
 from bridge.store.sql import SqlStore
+from tests.fakes.flaky_store import FlakyStore
 from transports.base import Transport
 
 MATRIX = TransportName("matrix")
@@ -227,6 +228,48 @@ async def test_drain_includes_what_earlier_runs_left() -> None:
         # Right away: the worker has not read the outbox yet.
         assert await outbox.drain(10.0) is True
         assert transport.posted == [(ROOMS[1], "left over")]
+
+
+async def test_a_failing_store_never_repeats_a_part() -> None:
+    flaky = FlakyStore(MemoryStore())
+    store = flaky.store
+    transport = Scripted()
+    [entry] = await store.enqueue([reply(ROOMS[0], "a|b|c")], 1.0)
+    flaky.fail("delivery_progress", times=1)  # recording part 0 fails
+    flaky.fail("delivery_finished", times=2)
+    async with serving(new_outbox(store, transport)) as outbox:
+        await outbox.submit([entry])()
+    assert [text for _, text in transport.posted] == ["a", "b", "c"]
+    assert await store.undelivered() == []
+    assert flaky.failures["delivery_finished"] == 2
+
+
+class HoldsRoom(Scripted):
+    """Room a's server hangs until released; the others answer at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def send(
+        self, reply: Reply, delivery: Delivery | None = None
+    ) -> ExternalMessageId | None:
+        if reply.room == ROOMS[0]:
+            await self.release.wait()
+        return await super().send(reply, delivery)
+
+
+async def test_rooms_are_delivered_in_parallel() -> None:
+    store = MemoryStore()
+    transport = HoldsRoom()
+    held, free = await store.enqueue([reply(ROOMS[0], "held"), reply(ROOMS[1], "free")], 1.0)
+    async with serving(new_outbox(store, transport)) as outbox:
+        outbox.submit([held])
+        await outbox.submit([free])()
+        assert transport.posted == [(ROOMS[1], "free")]
+        transport.release.set()
+        await outbox.submit([held])()
+    assert transport.posted == [(ROOMS[1], "free"), (ROOMS[0], "held")]
 
 
 FAULTS = st.sampled_from([None, None, transient, limited, refused])
