@@ -66,6 +66,29 @@ class DispatcherSettings(_Section):
     max_batch: int = Field(25, ge=1)
 
 
+class DeliverySettings(_Section):
+    """The outbox and the pace of cosmetic updates (progress edits) per chat server."""
+
+    drain_timeout_s: float = Field(10.0, ge=0)
+    """At shutdown, how long answers still in the outbox get to go out."""
+    retry_max_s: float = Field(300.0, gt=0)
+    """Longest pause between tries of an answer the chat server did not take."""
+    console_edits_per_minute: float = Field(600.0, gt=0)
+    matrix_edits_per_minute: float = Field(6.0, gt=0)
+    """Synapse's default ``rc_message`` (0.2/s, burst 10) covers answers and edits
+    together: progress edits take a small share of it."""
+    slack_edits_per_minute: float = Field(40.0, gt=0)
+    """``chat.update`` is Tier 3: about 50 a minute per workspace."""
+
+    def edits_per_minute(self, transport: str) -> float:
+        rates = {
+            "console": self.console_edits_per_minute,
+            "matrix": self.matrix_edits_per_minute,
+            "slack": self.slack_edits_per_minute,
+        }
+        return rates.get(transport, self.console_edits_per_minute)
+
+
 class CommandSettings(_Section):
     prefix: str = Field("!", min_length=1)
 
@@ -223,6 +246,7 @@ class Settings(BaseSettings):
 
     runner: RunnerSettings = RunnerSettings()
     dispatcher: DispatcherSettings = DispatcherSettings()
+    delivery: DeliverySettings = DeliverySettings()
     commands: CommandSettings = CommandSettings()
     defaults: RoomDefaults = RoomDefaults()
     console: ConsoleSettings = ConsoleSettings()

@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bridge.commands import CommandHandler, parse_command
 from bridge.config import Settings
 from bridge.core.model import InboundMessage, Message
+from bridge.core.text import safe_text
 from bridge.core.transport import Accepted, InboundEvent
 from bridge.logs import log_context
 from bridge.metrics import Metrics
@@ -43,7 +44,8 @@ class Intake:
         """
         with log_context(room=event.room):
             if isinstance(event, InboundMessage):
-                return await self._accept(event)
+                # Chat text is made storable here, once (a lone surrogate, NUL).
+                return await self._accept(replace(event, text=safe_text(event.text)))
             # Edits and deletions of messages not yet run: not handled yet.
             return Accepted.IGNORED
 

@@ -60,6 +60,12 @@ class Metrics:
         self.cost = Counter(
             "chatbridge_claude_cost_usd", "Total cost reported by claude, in USD", registry=r
         )
+        self.deliveries = Counter(
+            "chatbridge_deliveries",
+            "Outbox delivery attempts by outcome (delivered, failed, rate_limited, retried)",
+            ["outcome"],
+            registry=r,
+        )
         self.active_runs = Gauge("chatbridge_active_runs", "Runs active now", registry=r)
         self.queued = Gauge(
             "chatbridge_queued_messages", "Accepted messages not yet in a run", registry=r

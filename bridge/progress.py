@@ -1,4 +1,8 @@
-"""Live progress of a run: one status message, edited in place, throttled per room."""
+"""Live progress of a run: one status message, edited in place, throttled per room.
+
+Edits are also paced per transport (:class:`bridge.pacing.Pacing`): an edit
+the budget refuses is folded into a later one.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ from bridge.duration import format_duration
 
 MAX_RECENT_TOOLS = 3
 _DETAIL_LIMIT = 80
+SKIPPED_RETRY_S = 1.0
+"""After an edit was skipped (budget spent), the next try waits at least this long."""
 
 
 def describe_tool_use(name: str, tool_input: dict[str, Any]) -> str:
@@ -27,7 +33,8 @@ def describe_tool_use(name: str, tool_input: dict[str, Any]) -> str:
 
 
 Post = Callable[[str], Awaitable[ExternalMessageId | None]]
-Edit = Callable[[ExternalMessageId, str], Awaitable[None]]
+Edit = Callable[[ExternalMessageId, str], Awaitable[bool]]
+"""Edits the status message; False when the edit was skipped (try again later)."""
 
 
 @dataclass(slots=True)
@@ -50,6 +57,7 @@ class ProgressMessage:
     _message_id: ExternalMessageId | None = None
     _last_sent: float | None = None
     _dirty: bool = False
+    _skipped: bool = False
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     def text(self, now: float, finished: str | None = None) -> str:
@@ -77,7 +85,10 @@ class ProgressMessage:
             await self._wake.wait()
             self._wake.clear()
             if self._last_sent is not None:
-                delay = self._last_sent + self.min_interval_s - self.clock()
+                interval = self.min_interval_s
+                if self._skipped:
+                    interval = max(interval, SKIPPED_RETRY_S)
+                delay = self._last_sent + interval - self.clock()
                 if delay > 0:
                     await asyncio.sleep(delay)
             await self._flush()
@@ -87,7 +98,11 @@ class ProgressMessage:
             return
         self._dirty = False
         self._last_sent = self.clock()
-        await self.edit(self._message_id, self.text(self._last_sent))
+        sent = await self.edit(self._message_id, self.text(self._last_sent))
+        self._skipped = not sent
+        if not sent:
+            self._dirty = True
+            self._wake.set()
 
     async def finish(self, outcome: str) -> None:
         if self._message_id is None:

@@ -1,13 +1,22 @@
-"""Everything the bridge says goes through here, to the room's transport.
+"""Everything the bridge says outside the outbox goes through here, to the room's transport.
 
 A failure to deliver is logged and swallowed: a chat server that is down
 must not fail a run or the service (the transports reconnect on their own).
+Answers and run outcomes do not come this way: they are recorded with the
+run's end and delivered from the outbox (:mod:`bridge.delivery`).
+
+Progress, typing and phase reactions are cosmetic: they take their turn
+from the transport's :class:`~bridge.pacing.Pacing` and are dropped, not
+delayed, while the chat server rate-limits the bot, so they never stand in
+front of an answer. Outgoing text is made safe (:func:`~bridge.core.text.safe_text`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from bridge.core.model import (
     Batch,
@@ -18,7 +27,9 @@ from bridge.core.model import (
     RoomKey,
     TransportName,
 )
-from bridge.core.transport import RunPhase
+from bridge.core.text import safe_text
+from bridge.core.transport import RateLimited, RunPhase
+from bridge.pacing import Pacing
 from transports.base import Transport
 
 log = logging.getLogger(__name__)
@@ -36,9 +47,38 @@ def in_conversation(batch: Batch, text: str, kind: ReplyKind) -> Reply:
     )
 
 
+DEFAULT_EDITS_PER_MINUTE = 60.0
+
+
 class Replier:
-    def __init__(self, transports: Mapping[TransportName, Transport]) -> None:
+    def __init__(
+        self,
+        transports: Mapping[TransportName, Transport],
+        pacing: Mapping[TransportName, Pacing] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._transports = transports
+        given = pacing or {}
+        self._pacing = {
+            name: given.get(name) or Pacing(DEFAULT_EDITS_PER_MINUTE, clock) for name in transports
+        }
+
+    def pacing(self, transport: TransportName) -> Pacing | None:
+        """The transport's shared budget of cosmetic updates."""
+        return self._pacing.get(transport)
+
+    def rate_limited(self, transport: TransportName, retry_after_s: float) -> None:
+        """A request to ``transport`` was rate-limited: cosmetics pause and slow down."""
+        pacing = self._pacing.get(transport)
+        if pacing is not None:
+            pacing.rate_limited(retry_after_s)
+
+    def _cosmetic(self, room: RoomKey) -> Transport | None:
+        """The room's transport, unless cosmetic updates are paused for it."""
+        pacing = self._pacing.get(room.transport)
+        if pacing is not None and pacing.limited():
+            return None
+        return self._transport(room)
 
     def _transport(self, room: RoomKey) -> Transport | None:
         transport = self._transports.get(room.transport)
@@ -47,11 +87,19 @@ class Replier:
         return transport
 
     async def send(self, reply: Reply) -> ExternalMessageId | None:
-        transport = self._transport(reply.room)
+        """Send a notice (or a progress message) once, best effort."""
+        if reply.kind is ReplyKind.PROGRESS:
+            transport = self._cosmetic(reply.room)
+        else:
+            transport = self._transport(reply.room)
         if transport is None:
             return None
         try:
-            return await transport.send(reply)
+            return await transport.send(replace(reply, text=safe_text(reply.text)))
+        except RateLimited as exc:
+            self.rate_limited(reply.room.transport, exc.retry_after_s)
+            log.warning("rate limited: a %s to %s was dropped", reply.kind.value, reply.room)
+            return None
         except Exception:
             log.warning("could not send to %s", reply.room, exc_info=True)
             return None
@@ -78,30 +126,44 @@ class Replier:
             )
         )
 
-    async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
-        transport = self._transport(room)
-        if transport is None:
-            return
+    async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> bool:
+        """Edit a progress message if the transport's budget allows it now.
+
+        False when it was skipped (budget spent, rate-limited): the caller
+        folds the text into a later edit. A failed edit counts as done.
+        """
+        transport = self._cosmetic(room)
+        pacing = self._pacing.get(room.transport)
+        if transport is None or (pacing is not None and not pacing.try_edit()):
+            return False
         try:
-            await transport.edit(room, message_id, text)
+            await transport.edit(room, message_id, safe_text(text))
+        except RateLimited as exc:
+            self.rate_limited(room.transport, exc.retry_after_s)
+            return False
         except Exception:
             log.warning("could not edit a message in %s", room, exc_info=True)
+        return True
 
     async def typing(self, room: RoomKey, typing: bool) -> None:
-        transport = self._transport(room)
+        transport = self._cosmetic(room)
         if transport is None:
             return
         try:
             await transport.set_typing(room, typing)
+        except RateLimited as exc:
+            self.rate_limited(room.transport, exc.retry_after_s)
         except Exception:
             log.debug("could not set typing in %s", room, exc_info=True)
 
     async def phase(self, batch: Batch, phase: RunPhase) -> None:
-        transport = self._transport(batch.room)
+        transport = self._cosmetic(batch.room)
         if transport is None:
             return
         ids: Sequence[ExternalMessageId] = [m.external_id for m in batch.messages]
         try:
             await transport.set_phase(batch.room, ids, phase)
+        except RateLimited as exc:
+            self.rate_limited(batch.room.transport, exc.retry_after_s)
         except Exception:
             log.debug("could not show phase %s in %s", phase, batch.room, exc_info=True)

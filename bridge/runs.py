@@ -6,6 +6,20 @@ and this module records the run as the dispatcher says it ended
 (``DispatchedRun.end_reason``): stopped if the room asked for it
 (``!stop``), otherwise interrupted (shutdown, a failing service), which
 ``!retry`` can run again.
+
+The end of a run, in this order: the outcome and the reply that tells the
+room (the answer, or why there is none) are recorded in one transaction,
+the reply goes to the outbox worker (:mod:`bridge.delivery`) at once, and
+only then come the cosmetic updates (typing off, the progress message's
+last edit, the phase reaction), each bounded in time, after the answer was
+delivered or its wait ran out. Whatever fails on the way, the run ends with
+an outcome and the room is free for its next batch.
+
+Store errors on the way in: a failing ``start_run`` is retried in order
+while the batch keeps its room (newer messages cannot overtake it), for a
+bounded time; then the room is told and the messages stay pending for the
+next start. A failing pid write is only logged: the run goes on (the crash
+sweep finds a run's processes by their marker, not by the pid).
 """
 
 from __future__ import annotations
@@ -15,7 +29,7 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bridge.config import RoomSettings, Settings
@@ -23,6 +37,7 @@ from bridge.core.aio import shielded
 from bridge.core.model import (
     Batch,
     ExternalMessageId,
+    Reply,
     ReplyKind,
     RoomKey,
     RunId,
@@ -30,20 +45,28 @@ from bridge.core.model import (
     RunStatus,
     SessionId,
 )
+from bridge.core.text import safe_text
 from bridge.core.transport import RunPhase
+from bridge.delivery import Outbox
 from bridge.logs import log_context
 from bridge.metrics import Metrics
 from bridge.progress import ProgressMessage
 from bridge.replies import Replier, in_conversation
-from bridge.store.base import Store, StoreError
+from bridge.store.base import OutboxEntry, Store, StoreError
 from dispatcher import DispatchedRun, EndReason
 from runner import RunRequest, run_claude
 from runner.events import Init, RunEvent, Spawned, ToolUse
 
 log = logging.getLogger(__name__)
 
-FINALIZE_TIMEOUT_S = 30.0
-"""How long recording and reporting a run's end may take before we give up on it."""
+RECORD_TIMEOUT_S = 60.0
+"""Recording a run's end (with retries) gives up after this long: the room is freed."""
+STORE_RETRY_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 4.0)
+"""Pauses between tries of a failing store write at a run's start and end."""
+START_RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
+"""Pauses between tries of a failing ``start_run`` (about a minute in all)."""
+COSMETIC_TIMEOUT_S = 10.0
+"""Each cosmetic update at a run's end, and the wait for the answer before them."""
 
 
 def new_run_id() -> RunId:
@@ -144,8 +167,12 @@ class RunExecutor:
     store: Store
     replier: Replier
     metrics: Metrics
+    outbox: Outbox
     wall_clock: Callable[[], float] = time.time
     progress_interval_s: float = 2.0
+    store_retry_delays_s: tuple[float, ...] = STORE_RETRY_DELAYS_S
+    start_retry_delays_s: tuple[float, ...] = START_RETRY_DELAYS_S
+    cosmetic_timeout_s: float = COSMETIC_TIMEOUT_S
     _generations: dict[RoomKey, int] = field(default_factory=dict)
     """Bumped by ``!reset``: a run that began before keeps its session to itself."""
 
@@ -165,17 +192,11 @@ class RunExecutor:
         started = self.wall_clock()
         generation = self._generations.get(batch.room, 0)
         try:
-            await self.store.start_run(run_id, batch, started)
+            recorded = await self._start(run_id, batch, started)
         except asyncio.CancelledError:
             await self._settle(self._cancelled_at_start(run_id, dispatched))
             raise
-        except StoreError:
-            # Nothing was recorded: the messages are still pending and run
-            # again after a restart.
-            log.exception("could not record the start of a run")
-            await self.replier.say(
-                batch.room, "Could not start the run: the database failed.", about=batch
-            )
+        if not recorded:
             return
         self.metrics.runs_started.inc()
         if len(batch.messages) > 1:
@@ -199,12 +220,50 @@ class RunExecutor:
         # A !stop landing while the end is reported must not cut the answer off.
         await self._settle(self._finalize(run, report))
 
+    async def _start(self, run_id: RunId, batch: Batch, started: float) -> bool:
+        """Record the run's start, retrying in order; False if the store kept failing.
+
+        The batch keeps its room while this retries, so no newer message of
+        the room can run before it.
+        """
+        delays = iter(self.start_retry_delays_s)
+        told = False
+        while True:
+            try:
+                await self.store.start_run(run_id, batch, started)
+            except StoreError:
+                delay = next(delays, None)
+                if delay is None:
+                    break
+                log.warning("could not record the start of a run; trying again in %gs", delay)
+            else:
+                return True
+            if not told:
+                told = True
+                await self.replier.say(
+                    batch.room,
+                    "The database is failing; the run starts as soon as it answers again.",
+                    about=batch,
+                )
+            await asyncio.sleep(delay)
+        # Nothing was recorded: the messages are still pending in the store and
+        # run at the next start, in the order they were accepted.
+        log.error("could not record the start of a run; its messages run after a restart")
+        await self.replier.say(
+            batch.room,
+            "Could not start the run: the database kept failing. Your messages are kept"
+            " and run when chatbridge restarts.",
+            about=batch,
+        )
+        return False
+
     async def _settle(self, work: Coroutine[Any, Any, None]) -> None:
-        """Finish ``work`` whatever happens to this task, within a bound."""
+        """Finish ``work`` whatever happens to this task; a failure is logged, not raised."""
         try:
-            await shielded(asyncio.wait_for(work, FINALIZE_TIMEOUT_S))
-        except TimeoutError:
-            log.warning("recording the end of the run took over %gs", FINALIZE_TIMEOUT_S)
+            await shielded(work)
+        except Exception:
+            # A bug at the end of a run must not leave the room busy forever.
+            log.exception("the end of the run failed inside chatbridge")
 
     async def _cancelled_at_start(self, run_id: RunId, dispatched: DispatchedRun) -> None:
         batch = dispatched.batch
@@ -239,7 +298,11 @@ class RunExecutor:
         async def on_event(event: RunEvent) -> None:
             match event:
                 case Spawned(pid=pid):
-                    await self.store.set_run_pid(run_id, pid)
+                    try:
+                        await self.store.set_run_pid(run_id, pid)
+                    except StoreError:
+                        # Informational only: the run goes on.
+                        log.warning("could not record the run's pid %d", pid, exc_info=True)
                 case Init(session_id=sid):
                     log.debug("the run writes to session %s", sid)
                 case ToolUse(name=name, input=tool_input):
@@ -266,8 +329,8 @@ class RunExecutor:
         async def post(text: str) -> ExternalMessageId | None:
             return await self.replier.send(in_conversation(batch, text, ReplyKind.PROGRESS))
 
-        async def edit(message_id: ExternalMessageId, text: str) -> None:
-            await self.replier.edit(batch.room, message_id, text)
+        async def edit(message_id: ExternalMessageId, text: str) -> bool:
+            return await self.replier.edit(batch.room, message_id, text)
 
         return ProgressMessage(
             post=post,
@@ -277,12 +340,16 @@ class RunExecutor:
         )
 
     async def _finalize(self, run: _Run, report: RunReport) -> None:
-        """Record and report how the run ended; each step goes ahead if another fails."""
+        """Record the run's end with its reply, hand the reply over, then the cosmetics."""
         batch = run.batch
         room_key = batch.room
+        report = replace(
+            report, result_text=safe_text(report.result_text), error=safe_text(report.error)
+        )
+        replies = self._replies(batch, report)
         ended = self.wall_clock()
-        finish = self.store.finish_run(run.id, report, ended)
-        await self._best_effort("record the end of the run", finish)
+        entries = await self._record_end(run, report, ended, replies)
+        settled = self.outbox.submit(entries)
         self.metrics.runs_finished.labels(report.status.value).inc()
         self.metrics.run_duration.observe(max(0.0, ended - run.started))
         if report.cost_usd:
@@ -292,16 +359,67 @@ class RunExecutor:
                 "keep the session", self.store.set_session(room_key, report.session_id)
             )
         log.info("run ended: %s", report.status.value)
-        await self.replier.typing(room_key, False)
-        await run.progress.finish(_OUTCOME_WORDS[report.status])
-        await self.replier.phase(batch, _PHASES.get(report.status, RunPhase.FAILED))
-        room = self.settings.room(room_key)
+        await self._cosmetic("clear typing", self.replier.typing(room_key, False))
+        # The cosmetics come after the answer, never in front of it.
+        await self._cosmetic("wait for the answer", settled())
+        await self._cosmetic(
+            "finish the progress message", run.progress.finish(_OUTCOME_WORDS[report.status])
+        )
+        phase = _PHASES.get(report.status, RunPhase.FAILED)
+        await self._cosmetic("show the outcome", self.replier.phase(batch, phase))
+
+    def _replies(self, batch: Batch, report: RunReport) -> list[Reply]:
+        """What tells the room how the run ended: the answer, or why there is none."""
+        room = self.settings.room(batch.room)
         if report.status is RunStatus.SUCCEEDED:
             text = report.result_text.strip() or "(Claude finished without a reply.)"
-            await self.replier.send(in_conversation(batch, text, ReplyKind.RESULT))
-        elif report.status is not RunStatus.STOPPED and room is not None:
+            return [in_conversation(batch, text, ReplyKind.RESULT)]
+        if report.status is not RunStatus.STOPPED and room is not None:
             prefix = self.settings.commands.prefix
-            await self.replier.say(room_key, failure_text(report, room, prefix), about=batch)
+            text = failure_text(report, room, prefix)
+            return [in_conversation(batch, text, ReplyKind.NOTICE)]
+        return []
+
+    async def _record_end(
+        self, run: _Run, report: RunReport, ended: float, replies: list[Reply]
+    ) -> list[OutboxEntry]:
+        """Record the outcome and the replies together, retrying a failing store.
+
+        If it cannot be recorded, the replies still go out, once and without
+        the outbox's guarantees (the run stays marked running until the next
+        start's sweep calls it interrupted).
+        """
+        delays = iter(self.store_retry_delays_s)
+        try:
+            async with asyncio.timeout(RECORD_TIMEOUT_S):
+                while True:
+                    try:
+                        return await self.store.finish_run(run.id, report, ended, replies)
+                    except Exception:
+                        # Not only StoreError: whatever fails here, the run
+                        # must end with an outcome if the store can take one.
+                        delay = next(delays, None)
+                        if delay is None:
+                            raise
+                        log.warning(
+                            "could not record the end of the run; trying again", exc_info=True
+                        )
+                    await asyncio.sleep(delay)
+        except Exception:
+            log.exception("could not record the end of the run; replying without the outbox")
+        for reply in replies:
+            await self._cosmetic("reply without the outbox", self.replier.send(reply))
+        return []
+
+    async def _cosmetic(self, what: str, step: Awaitable[Any]) -> None:
+        """A step that must neither fail nor hold up the end of a run for long."""
+        try:
+            async with asyncio.timeout(self.cosmetic_timeout_s):
+                await step
+        except TimeoutError:
+            log.info("gave up waiting to %s after %gs", what, self.cosmetic_timeout_s)
+        except Exception:
+            log.warning("could not %s", what, exc_info=True)
 
     async def _best_effort(self, what: str, step: Awaitable[None]) -> None:
         try:

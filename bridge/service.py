@@ -28,10 +28,12 @@ from bridge.config import Settings
 from bridge.containment import report_containment
 from bridge.core.model import Batch, Message, RoomKey, RunReport, RunStatus
 from bridge.core.transport import RoomBinding, RunPhase
+from bridge.delivery import Outbox
 from bridge.errors import StartupError
 from bridge.http import serve_http
 from bridge.intake import Intake
 from bridge.metrics import Metrics
+from bridge.pacing import Pacing
 from bridge.replies import Replier
 from bridge.runs import RunExecutor
 from bridge.store.base import Store, StoreError
@@ -84,6 +86,7 @@ class Service:
     executor: RunExecutor = field(init=False)
     intake: Intake = field(init=False)
     replier: Replier = field(init=False)
+    outbox: Outbox = field(init=False)
     metrics: Metrics = field(init=False, default_factory=Metrics)
     _stop: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     _stop_now: asyncio.Event = field(init=False, default_factory=asyncio.Event)
@@ -97,9 +100,20 @@ class Service:
 
     def __post_init__(self) -> None:
         settings = self.settings
-        self.replier = Replier({t.name: t for t in self.transports})
-        # The dispatcher tells each run why it was cancelled: nothing to wire later.
-        self.executor = RunExecutor(settings, self.store, self.replier, self.metrics)
+        by_name = {t.name: t for t in self.transports}
+        pacing = {
+            name: Pacing(settings.delivery.edits_per_minute(name), time.monotonic)
+            for name in by_name
+        }
+        self.replier = Replier(by_name, pacing)
+        self.outbox = Outbox(
+            self.store,
+            by_name,
+            self.metrics,
+            on_rate_limited=self.replier.rate_limited,
+            retry_cap_s=settings.delivery.retry_max_s,
+        )
+        self.executor = RunExecutor(settings, self.store, self.replier, self.metrics, self.outbox)
         d = settings.dispatcher
         self.dispatcher = Dispatcher(
             DispatchLimits(
@@ -225,6 +239,7 @@ class Service:
                 )
             if await self._wait_ready(readies, background):
                 # Runs start only now: a recovered run's replies need a connected transport.
+                background.append(tg.create_task(self.outbox.serve(), name="outbox"))
                 dispatcher_task = tg.create_task(self.dispatcher.serve(), name="dispatcher")
                 log.info("chatbridge ready")
                 self.ready.set()
@@ -302,20 +317,13 @@ class Service:
         # and the executor records and reports them while transports still send.
         if not await self.dispatcher.drain(grace, cut_off=self._stop_now):
             log.info("interrupted the runs still active after the grace period")
-        await self._hand_over_answers()
         dispatcher_task.cancel()
         # wait(), not await: the task's own CancelledError is expected, but a
         # cancellation of this shutdown must still propagate.
         await asyncio.wait({dispatcher_task})
-
-    async def _hand_over_answers(self) -> None:
-        """Deliver what ended runs still have to say, before the transports close.
-
-        Today each run sends its answer before its ``execute`` returns, so
-        the drain above covers it. The durable outbox adds its own step here
-        (``await self.delivery.drain(timeout)``): what it cannot deliver in
-        time stays in the outbox for the restart.
-        """
+        # The runs' answers and notices go out while the transports still run;
+        # what cannot be delivered in time stays in the outbox for the restart.
+        await self.outbox.drain(self.settings.delivery.drain_timeout_s)
 
     async def _housekeeping(self) -> None:
         retention_s = self.settings.database.retention_days * 86400

@@ -17,6 +17,7 @@ from bridge.core.model import (
     InboundMessage,
     Message,
     MessageId,
+    Reply,
     RoomKey,
     RunId,
     RunReport,
@@ -69,6 +70,34 @@ class AuditRecord:
     detail: str
 
 
+class DeliveryState(StrEnum):
+    """Where an outbox entry stands."""
+
+    PENDING = "pending"
+    """Not yet (completely) delivered: the delivery worker owns it."""
+    DELIVERED = "delivered"
+    FAILED = "failed"
+    """Given up: the chat server refused it for good (see the log)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxEntry:
+    """A reply recorded for durable delivery (an answer, or a run's failure notice)."""
+
+    id: int
+    """Increases in recording order: a room's entries are delivered in this order."""
+    reply: Reply
+    key: str
+    """Stable across attempts and restarts: the transports' idempotency key."""
+    parts_done: int
+    """Parts already delivered: a retry starts after them."""
+    attempts: int
+    next_attempt_at: float
+    state: DeliveryState
+    created: float
+    run_id: RunId | None
+
+
 class StoreError(Exception):
     """The store could not do what was asked (connection lost, schema missing...)."""
 
@@ -110,8 +139,36 @@ class Store(Protocol):
 
     async def set_run_pid(self, run_id: RunId, pid: int) -> None: ...
 
-    async def finish_run(self, run_id: RunId, report: RunReport, at: float) -> None:
-        """Record how a run ended; its messages become done (succeeded) or failed."""
+    async def finish_run(
+        self, run_id: RunId, report: RunReport, at: float, replies: Sequence[Reply] = ()
+    ) -> list[OutboxEntry]:
+        """Record how a run ended and the replies that tell the room, in one transaction.
+
+        Its messages become done (succeeded), dropped (stopped) or failed. The
+        ``replies`` go into the outbox, pending, in order; the new entries are
+        returned. Only the first report counts: finishing a run that already
+        ended records nothing and returns no entries.
+        """
+        ...
+
+    async def enqueue(self, replies: Sequence[Reply], at: float) -> list[OutboxEntry]:
+        """Put replies into the outbox, pending, in order (not tied to a run's end)."""
+        ...
+
+    async def undelivered(self) -> list[OutboxEntry]:
+        """Every pending outbox entry, in recording order (recovery after a restart)."""
+        ...
+
+    async def delivery_progress(self, entry_id: int, parts_done: int) -> None:
+        """Record that the first ``parts_done`` parts of an entry were delivered."""
+        ...
+
+    async def delivery_attempted(self, entry_id: int, next_attempt_at: float) -> None:
+        """Count a failed attempt; the next one is due at ``next_attempt_at``."""
+        ...
+
+    async def delivery_finished(self, entry_id: int, state: DeliveryState, at: float) -> None:
+        """Mark an entry delivered or failed (given up)."""
         ...
 
     async def get_run(self, run_id: RunId) -> RunRecord | None: ...
@@ -159,7 +216,8 @@ class Store(Protocol):
     async def prune(self, older_than: float) -> int:
         """Delete audit rows, finished messages and finished runs older than ``older_than``.
 
-        Never touches pending or dispatched messages or running runs.
+        Also outbox entries delivered or given up before then. Never touches
+        pending or dispatched messages, running runs or pending deliveries.
         Returns how many rows were deleted.
         """
         ...

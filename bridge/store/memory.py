@@ -17,6 +17,7 @@ from bridge.core.model import (
     Message,
     MessageId,
     MessageState,
+    Reply,
     RoomKey,
     RunId,
     RunReport,
@@ -24,8 +25,22 @@ from bridge.core.model import (
     SessionId,
     UserId,
 )
-from bridge.store.base import AuditAction, AuditRecord, RunRecord, StoreError
-from bridge.store.rules import LIVE_STATES, excerpt, finished_message_state, ignored_detail
+from bridge.store.base import (
+    AuditAction,
+    AuditRecord,
+    DeliveryState,
+    OutboxEntry,
+    RunRecord,
+    StoreError,
+)
+from bridge.store.rules import (
+    LIVE_STATES,
+    delivery_key,
+    excerpt,
+    finished_message_state,
+    ignored_detail,
+    require_storable,
+)
 
 _DedupKey = tuple[RoomKey, ExternalMessageId]
 
@@ -48,6 +63,8 @@ class MemoryStore:
         self._runs: dict[RunId, RunRecord] = {}
         self._sessions: dict[RoomKey, SessionId] = {}
         self._audit: list[AuditRecord] = []
+        self._outbox: dict[int, OutboxEntry] = {}
+        self._next_outbox = 1
         self._next_message = 1
         self._next_audit = 1
         self._closed = False
@@ -77,6 +94,7 @@ class MemoryStore:
     async def accept(self, msg: InboundMessage, received_at: float) -> Message | None:
         """Record ``msg`` as pending and audit it, or return None on redelivery."""
         self._check_open()
+        require_storable(msg.text)
         key = (msg.room, msg.external_id)
         # Ids are not dense: like the SQL stores (whose sequences advance on
         # every insert attempt), a redelivery uses one up.
@@ -201,12 +219,17 @@ class MemoryStore:
         """Record the process id of a run's ``claude`` process."""
         self._runs[run_id] = replace(self._run(run_id), pid=pid)
 
-    async def finish_run(self, run_id: RunId, report: RunReport, at: float) -> None:
-        """Record how a run ended and settle its still-dispatched messages."""
+    async def finish_run(
+        self, run_id: RunId, report: RunReport, at: float, replies: Sequence[Reply] = ()
+    ) -> list[OutboxEntry]:
+        """Record how a run ended, settle its still-dispatched messages, enqueue ``replies``."""
         state = finished_message_state(report.status)
         run = self._run(run_id)
         if run.status is not RunStatus.RUNNING:
-            return
+            return []
+        # Checked before anything changes: the method stays atomic.
+        for text in (report.result_text, report.error, *(r.text for r in replies)):
+            require_storable(text)
         kept = replace(report, result_text=excerpt(report.result_text), error=excerpt(report.error))
         self._runs[run_id] = replace(run, status=report.status, ended_at=at, report=kept)
         for stored in self._messages.values():
@@ -215,6 +238,68 @@ class MemoryStore:
         self._write_audit(
             AuditAction.RUN_FINISHED, at, room=run.room, run_id=run_id, detail=report.status.value
         )
+        return self._enqueue(replies, at, run_id)
+
+    # Outbox
+
+    def _enqueue(
+        self, replies: Sequence[Reply], at: float, run_id: RunId | None
+    ) -> list[OutboxEntry]:
+        entries = []
+        for reply in replies:
+            entry = OutboxEntry(
+                id=self._next_outbox,
+                reply=reply,
+                key=delivery_key(),
+                parts_done=0,
+                attempts=0,
+                next_attempt_at=at,
+                state=DeliveryState.PENDING,
+                created=at,
+                run_id=run_id,
+            )
+            self._next_outbox += 1
+            self._outbox[entry.id] = entry
+            entries.append(entry)
+        return entries
+
+    async def enqueue(self, replies: Sequence[Reply], at: float) -> list[OutboxEntry]:
+        """Put replies into the outbox, pending, in order."""
+        self._check_open()
+        for reply in replies:
+            require_storable(reply.text)
+        return self._enqueue(replies, at, None)
+
+    async def undelivered(self) -> list[OutboxEntry]:
+        """Every pending outbox entry, in recording order."""
+        self._check_open()
+        return [e for e in self._outbox.values() if e.state is DeliveryState.PENDING]
+
+    def _entry(self, entry_id: int) -> OutboxEntry:
+        self._check_open()
+        try:
+            return self._outbox[entry_id]
+        except KeyError:
+            raise StoreError(f"no outbox entry {entry_id}") from None
+
+    async def delivery_progress(self, entry_id: int, parts_done: int) -> None:
+        """Record the parts of an entry delivered so far."""
+        entry = self._entry(entry_id)
+        self._outbox[entry_id] = replace(entry, parts_done=max(entry.parts_done, parts_done))
+
+    async def delivery_attempted(self, entry_id: int, next_attempt_at: float) -> None:
+        """Count a failed attempt and when the next is due."""
+        entry = self._entry(entry_id)
+        self._outbox[entry_id] = replace(
+            entry, attempts=entry.attempts + 1, next_attempt_at=next_attempt_at
+        )
+
+    async def delivery_finished(self, entry_id: int, state: DeliveryState, at: float) -> None:
+        """Mark an entry delivered or failed."""
+        if state is DeliveryState.PENDING:
+            raise ValueError("a delivery cannot finish as pending")
+        entry = self._entry(entry_id)
+        self._outbox[entry_id] = replace(entry, state=state, next_attempt_at=at)
 
     def _run(self, run_id: RunId) -> RunRecord:
         self._check_open()
@@ -315,6 +400,16 @@ class MemoryStore:
             stored = self._messages.pop(i)
             self._seen.discard((stored.message.room, stored.message.external_id))
         deleted += len(gone)
+
+        # A finished entry's next_attempt_at is when it finished.
+        done = [
+            entry_id
+            for entry_id, e in self._outbox.items()
+            if e.state is not DeliveryState.PENDING and e.next_attempt_at < older_than
+        ]
+        for entry_id in done:
+            del self._outbox[entry_id]
+        deleted += len(done)
 
         for run_id, run in list(self._runs.items()):
             remaining = tuple(i for i in run.message_ids if i not in gone)

@@ -6,7 +6,10 @@ so the contract suite checks one set of rules rather than two copies of them.
 
 from __future__ import annotations
 
+import secrets
+
 from bridge.core.model import MessageState, RunStatus
+from bridge.store.base import StoreError
 
 EXCERPT_LIMIT_BYTES = 4096
 """Upper bound, in UTF-8 bytes, of the result and error text kept per run."""
@@ -32,6 +35,19 @@ def excerpt(text: str, limit: int = EXCERPT_LIMIT_BYTES) -> str:
     return encoded[:room].decode(errors="ignore") + TRUNCATION_MARK
 
 
+def require_storable(text: str) -> None:
+    """Raise :class:`StoreError` for text no database can store (a lone surrogate).
+
+    What the SQL drivers do on their own; the memory store calls it so the
+    contract holds there too. Callers make text safe before it gets here
+    (:func:`bridge.core.text.safe_text`): this is the last line.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise StoreError(f"text the database cannot store: {exc.reason}") from exc
+
+
 def finished_message_state(status: RunStatus) -> MessageState:
     """The state a run's dispatched messages take when the run ends this way.
 
@@ -50,3 +66,8 @@ def finished_message_state(status: RunStatus) -> MessageState:
 def ignored_detail(reason: str, external_id: str) -> str:
     """Audit detail of an ignored message: why, and which one, never its text."""
     return f"{reason} (external id {external_id})"
+
+
+def delivery_key() -> str:
+    """A new outbox entry's idempotency key: unique, and short enough for every transport."""
+    return f"cb-{secrets.token_hex(12)}"

@@ -24,6 +24,8 @@ from bridge.core.model import (
     Message,
     MessageId,
     MessageState,
+    Reply,
+    ReplyKind,
     RoomId,
     RoomKey,
     RunId,
@@ -33,12 +35,33 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.store.base import AuditAction, AuditRecord, RunRecord, StoreError
+from bridge.store.base import (
+    AuditAction,
+    AuditRecord,
+    DeliveryState,
+    OutboxEntry,
+    RunRecord,
+    StoreError,
+)
 from bridge.store.batching import Committing, Failed, GroupCommit
 from bridge.store.engine import DEFAULT_URL, create_engine, redacted
 from bridge.store.migrate import head_revision, migrate, revision_of
-from bridge.store.rules import LIVE_STATES, excerpt, finished_message_state, ignored_detail
-from bridge.store.tables import AuditRow, Base, MessageRow, RoomRow, RunMessageRow, RunRow
+from bridge.store.rules import (
+    LIVE_STATES,
+    delivery_key,
+    excerpt,
+    finished_message_state,
+    ignored_detail,
+)
+from bridge.store.tables import (
+    AuditRow,
+    Base,
+    MessageRow,
+    OutboxRow,
+    RoomRow,
+    RunMessageRow,
+    RunRow,
+)
 
 _LIVE = tuple(str(s) for s in LIVE_STATES)
 
@@ -97,6 +120,10 @@ class SqlStore:
                 yield session
         except (SQLAlchemyError, OSError) as exc:  # OSError: a lost socket or file
             raise StoreError(str(exc)) from exc
+        except UnicodeError as exc:
+            # The driver could not encode a text (a lone surrogate): the data
+            # was refused, like any other, and must not escape as a crash.
+            raise StoreError(f"text the database cannot store: {exc}") from exc
 
     # Messages
 
@@ -350,13 +377,16 @@ class SqlStore:
             if _rowcount(result) == 0:
                 raise StoreError(f"no run {run_id}")
 
-    async def finish_run(self, run_id: RunId, report: RunReport, at: float) -> None:
-        """Record how a run ended and settle its still-dispatched messages.
+    async def finish_run(
+        self, run_id: RunId, report: RunReport, at: float, replies: Sequence[Reply] = ()
+    ) -> list[OutboxEntry]:
+        """Record how a run ended, settle its still-dispatched messages, enqueue ``replies``.
 
         Succeeded -> done, stopped -> dropped, anything else -> failed (see
         :func:`bridge.store.rules.finished_message_state`). Only the first
         report counts: finishing a run that already ended changes nothing.
-        Writes one ``run_finished`` audit row.
+        Writes one ``run_finished`` audit row; the outcome and the replies
+        share the transaction, so an answer is never lost between them.
         """
         state = finished_message_state(report.status)
         async with self._transaction() as s:
@@ -364,7 +394,7 @@ class SqlStore:
             if run is None:
                 raise StoreError(f"no run {run_id}")
             if run.status != RunStatus.RUNNING.value:
-                return
+                return []
             run.status = report.status.value
             run.ended_at = at
             run.exit_code = report.exit_code
@@ -392,6 +422,59 @@ class SqlStore:
                     detail=report.status.value,
                 )
             )
+            return await self._enqueue(s, replies, at, run_id)
+
+    # Outbox
+
+    async def _enqueue(
+        self, s: AsyncSession, replies: Sequence[Reply], at: float, run_id: RunId | None
+    ) -> list[OutboxEntry]:
+        rows = [_outbox_row(reply, at, run_id) for reply in replies]
+        s.add_all(rows)
+        if rows:
+            await s.flush()  # assigns the ids, in order
+        return [_outbox_entry(row) for row in rows]
+
+    async def enqueue(self, replies: Sequence[Reply], at: float) -> list[OutboxEntry]:
+        """Put replies into the outbox, pending, in order."""
+        async with self._transaction() as s:
+            return await self._enqueue(s, replies, at, None)
+
+    async def undelivered(self) -> list[OutboxEntry]:
+        """Every pending outbox entry, in recording order."""
+        async with self._transaction() as s:
+            rows = await s.scalars(
+                select(OutboxRow)
+                .where(OutboxRow.state == DeliveryState.PENDING.value)
+                .order_by(OutboxRow.id)
+            )
+            return [_outbox_entry(r) for r in rows]
+
+    async def _update_entry(self, entry_id: int, **values: Any) -> None:
+        async with self._transaction() as s:
+            result = await s.execute(
+                update(OutboxRow).where(OutboxRow.id == entry_id).values(**values)
+            )
+            if _rowcount(result) == 0:
+                raise StoreError(f"no outbox entry {entry_id}")
+
+    async def delivery_progress(self, entry_id: int, parts_done: int) -> None:
+        """Record the parts of an entry delivered so far (never fewer than before)."""
+        # SQLite's two-argument max() is PostgreSQL's greatest().
+        larger = func.max if self._engine.dialect.name == "sqlite" else func.greatest
+        await self._update_entry(entry_id, parts_done=larger(OutboxRow.parts_done, parts_done))
+
+    async def delivery_attempted(self, entry_id: int, next_attempt_at: float) -> None:
+        """Count a failed attempt and when the next is due."""
+        await self._update_entry(
+            entry_id, attempts=OutboxRow.attempts + 1, next_attempt_at=next_attempt_at
+        )
+
+    async def delivery_finished(self, entry_id: int, state: DeliveryState, at: float) -> None:
+        """Mark an entry delivered or failed."""
+        if state is DeliveryState.PENDING:
+            raise ValueError("a delivery cannot finish as pending")
+        await self._update_entry(entry_id, state=state.value, next_attempt_at=at)
 
     async def get_run(self, run_id: RunId) -> RunRecord | None:
         """The run with this id, or None."""
@@ -530,7 +613,15 @@ class SqlStore:
                     ~exists().where(RunMessageRow.run_id == RunRow.id),
                 )
             )
-            return _rowcount(audit) + _rowcount(messages) + _rowcount(runs)
+            # A finished entry's next_attempt_at is when it finished.
+            outbox = await s.execute(
+                delete(OutboxRow).where(
+                    OutboxRow.state != DeliveryState.PENDING.value,
+                    OutboxRow.next_attempt_at < older_than,
+                )
+            )
+            counts = (audit, messages, runs, outbox)
+            return sum(_rowcount(c) for c in counts)
 
     # Lifecycle
 
@@ -564,6 +655,8 @@ def _refused_data(error: StoreError) -> bool:
     A lost connection, a lock or a timeout would fail each message again.
     """
     cause = error.__cause__
+    if isinstance(cause, UnicodeError):
+        return True
     return (
         isinstance(cause, DBAPIError)
         and not cause.connection_invalidated
@@ -612,6 +705,47 @@ def _accepted_audit_values(
         "run_id": None,
         "detail": "",
     }
+
+
+def _outbox_row(reply: Reply, at: float, run_id: RunId | None) -> OutboxRow:
+    return OutboxRow(
+        transport=reply.room.transport,
+        room_id=reply.room.room_id,
+        run_id=run_id,
+        text=reply.text,
+        kind=reply.kind.value,
+        in_reply_to=reply.in_reply_to,
+        thread=reply.thread,
+        anchor=reply.anchor,
+        key=delivery_key(),
+        parts_done=0,
+        attempts=0,
+        next_attempt_at=at,
+        state=DeliveryState.PENDING.value,
+        created=at,
+    )
+
+
+def _outbox_entry(row: OutboxRow) -> OutboxEntry:
+    reply = Reply(
+        room=_room(row.transport, row.room_id),
+        text=row.text,
+        kind=ReplyKind(row.kind),
+        in_reply_to=None if row.in_reply_to is None else ExternalMessageId(row.in_reply_to),
+        thread=row.thread,
+        anchor=None if row.anchor is None else ExternalMessageId(row.anchor),
+    )
+    return OutboxEntry(
+        id=row.id,
+        reply=reply,
+        key=row.key,
+        parts_done=row.parts_done,
+        attempts=row.attempts,
+        next_attempt_at=row.next_attempt_at,
+        state=DeliveryState(row.state),
+        created=row.created,
+        run_id=None if row.run_id is None else RunId(row.run_id),
+    )
 
 
 def _message(row: MessageRow) -> Message:

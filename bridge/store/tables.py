@@ -9,8 +9,8 @@ Surrogate keys never repeat (``sqlite_autoincrement``; PostgreSQL sequences
 never do): audit rows outlive pruned messages and must not come to name a
 newer message that reused a deleted id.
 
-The migration ``0001_initial`` creates exactly this schema; a test compares
-the two with Alembic's autogenerate.
+The migrations (``0001_initial``, ``0002``) create exactly this schema; a test
+compares the two with Alembic's autogenerate.
 """
 
 from __future__ import annotations
@@ -149,3 +149,33 @@ class AuditRow(Base):
         Index("ix_audit_room", "transport", "room_id"),
         {"sqlite_autoincrement": True},
     )
+
+
+class OutboxRow(Base):
+    """A reply to deliver: recorded with the run's outcome, delivered with retries.
+
+    No foreign keys, like the audit: an entry outlives its run's pruning
+    until it is delivered.
+    """
+
+    __tablename__ = "outbox"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    """Recording order: a room's entries are delivered in this order."""
+    transport: Mapped[str] = mapped_column(String(32))
+    room_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    run_id: Mapped[str | None] = mapped_column(String(64))
+    text: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(String(16))
+    in_reply_to: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    thread: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    anchor: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    key: Mapped[str] = mapped_column(String(64), unique=True)
+    parts_done: Mapped[int] = mapped_column(Integer, default=0)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[float] = mapped_column(Double)
+    """When the next attempt is due; once delivered or failed, when that happened."""
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    created: Mapped[float] = mapped_column(Double)
+
+    __table_args__ = ({"sqlite_autoincrement": True},)

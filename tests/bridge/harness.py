@@ -80,8 +80,10 @@ class ConsoleSession:
         *,
         extra_transports: Sequence[Transport] = (),
         wrap_store: Callable[[Store], Store] | None = None,
+        console: type[ConsoleTransport] = ConsoleTransport,
     ) -> None:
         self.settings = settings
+        self._console = console
         self._extra = extra_transports
         self._wrap = wrap_store
         self.out = _Output()
@@ -93,7 +95,7 @@ class ConsoleSession:
     async def __aenter__(self) -> ConsoleSession:
         store = await open_store(self.settings)
         self._store = store
-        transport = ConsoleTransport(
+        transport = self._console(
             self.settings.console.room,
             self.settings.console.user,
             stdin=self._reader,

@@ -33,10 +33,11 @@ async def test_updates_are_folded_into_one_edit_per_interval() -> None:
         posted.append(text)
         return ExternalMessageId("status-1")
 
-    async def edit(message_id: ExternalMessageId, text: str) -> None:
+    async def edit(message_id: ExternalMessageId, text: str) -> bool:
         assert message_id == "status-1"
         edits.append(text)
         edited.set()
+        return True
 
     progress = ProgressMessage(post=post, edit=edit, clock=clock, min_interval_s=0.0)
     await progress.start()

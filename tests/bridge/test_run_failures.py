@@ -42,21 +42,20 @@ class FailingPid:
         await self._store.set_run_pid(run_id, pid)
 
 
-async def test_a_store_failure_mid_run_fails_the_run_without_wedging_the_room(
-    tmp_path: Path,
-) -> None:
+async def test_a_failed_pid_write_does_not_kill_a_healthy_run(tmp_path: Path) -> None:
     settings = load_settings(write_config(tmp_path))
     async with ConsoleSession(settings, wrap_store=FailingPid) as session:
         session.send("first")
-        out = await session.wait_for("The run failed: internal error (StoreError)")
-        assert "· Failed after" in out
+        await session.wait_for("· Done after")
         session.send("second")
-        out = await session.wait_for("second")
+        await session.wait_for("· Done after", count=2)
         out = await session.finish()
-    assert out.splitlines()[-1] == "second"
-    assert [r[0] for r in rows(tmp_path, "select status from runs order by started_at")] == [
-        "failed",
-        "succeeded",
+    assert "first" in out.splitlines()
+    assert "second" in out.splitlines()
+    assert "The run failed" not in out
+    assert rows(tmp_path, "select status, pid is null from runs order by started_at") == [
+        ("succeeded", 1),
+        ("succeeded", 0),
     ]
     assert find_marked(rows(tmp_path, "select id from runs")[0][0]) == []
 

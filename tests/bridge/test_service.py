@@ -55,8 +55,10 @@ async def test_progress_then_result(tmp_path: Path) -> None:
     out = (await run_console(write_config(tmp_path), ["hello"])).splitlines()
     progress = [line for line in out if line.startswith("· ")]
     assert progress[0].startswith("· Working")
+    # The answer first; the progress message's last edit only after it.
+    assert out[-2] == "hello"
+    assert out[-1] == progress[-1]
     assert progress[-1].startswith("· Done after")
-    assert out[-1] == "hello"
 
 
 async def test_session_is_resumed_on_the_next_run(tmp_path: Path) -> None:
@@ -100,7 +102,7 @@ async def test_unknown_session_falls_back_to_a_fresh_one(tmp_path: Path) -> None
             f.unlink()  # claude forgot every session
     out = await run_console(path, ["two"])
     assert "no longer has session" in out
-    assert out.splitlines()[-1] == "two"
+    assert out.splitlines()[-2] == "two"  # then the progress message's last edit
 
 
 async def test_missing_claude_is_reported_in_the_room(tmp_path: Path) -> None:
@@ -144,7 +146,7 @@ async def test_failed_run_can_be_retried(tmp_path: Path) -> None:
     write_config(tmp_path)  # the same configuration, now with a claude that succeeds
     out = await run_console(path, ["!retry"])
     assert "Retrying 1 message" in out
-    assert out.splitlines()[-1] == "do it"
+    assert out.splitlines()[-2] == "do it"  # then the progress message's last edit
     statuses = [r[0] for r in db_rows(tmp_path, "select status from runs order by started_at")]
     assert statuses == ["failed", "succeeded"]
     out = await run_console(path, ["!retry"])
@@ -248,7 +250,7 @@ async def test_duplicate_delivery_is_stored_and_dispatched_once(tmp_path: Path) 
         results = await asyncio.gather(*(session.service.intake.accept(message) for _ in range(5)))
         assert sorted(results) == sorted([Accepted.ACCEPTED] + [Accepted.DUPLICATE] * 4)
         out = await session.finish()
-    assert out.splitlines()[-1] == "same"
+    assert out.splitlines()[-2] == "same"  # then the progress message's last edit
     assert db_rows(tmp_path, "select count(*) from messages") == [(1,)]
     assert db_rows(tmp_path, "select count(*) from runs") == [(1,)]
 

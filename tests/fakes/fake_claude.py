@@ -28,6 +28,10 @@ Behaviour switches (environment variables; unset or empty means off):
     The result text is exactly the prompt claude received.
 ``FAKE_CLAUDE_RESULT=TEXT``
     The result text (when not echoing).
+``FAKE_CLAUDE_CUT_EMOJI=1``
+    The result text ends in half an emoji: a lone UTF-16 surrogate, which
+    JSON carries as ``"\ud83d"`` (the real CLI emits that when Node's
+    ``JSON.stringify`` gets a string cut inside an emoji).
 ``FAKE_CLAUDE_RECORD=PATH``
     Write ``{"argv", "cwd", "env", "prompt", "pid", "children", "escaped"}`` as JSON to
     PATH (written before any output, after children are started).
@@ -472,6 +476,8 @@ def main() -> None:
         _fail("fake claude failure", int(_env("FAKE_CLAUDE_EXIT")))
 
     text = prompt if _env("FAKE_CLAUDE_ECHO") else (_env("FAKE_CLAUDE_RESULT") or "Done.")
+    if _env("FAKE_CLAUDE_CUT_EMOJI"):
+        text += " \ud83d"  # the first half of U+1F600, which UTF-16 writes as \ud83d\ude00
     is_error = bool(_env("FAKE_CLAUDE_IS_ERROR"))
     result = _result(
         session_id,

@@ -14,6 +14,8 @@ from bridge.core.model import (
     Message,
     MessageId,
     MessageState,
+    Reply,
+    ReplyKind,
     RoomId,
     RoomKey,
     RunId,
@@ -23,7 +25,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.store.base import AuditAction, AuditRecord, StoreError
+from bridge.store.base import AuditAction, AuditRecord, DeliveryState, StoreError
 from bridge.store.rules import EXCERPT_LIMIT_BYTES
 from tests.store.conftest import InspectableStore
 
@@ -131,6 +133,24 @@ async def test_concurrent_distinct_accepts_all_commit(store: InspectableStore) -
     ids = {r.id for r in results if r is not None}
     assert len(ids) == 30
     assert len(await store.pending_messages()) == 30
+
+
+async def test_text_that_cannot_be_stored_fails_only_its_own_accept(
+    store: InspectableStore,
+) -> None:
+    # A lone surrogate (half an emoji) reaching the store in a group commit.
+    bad = inbound("$bad", text="cut \ud83d")
+    results = await asyncio.gather(
+        *(store.accept(inbound(f"$m{i}"), 1.0) for i in range(5)),
+        store.accept(bad, 1.0),
+        *(store.accept(inbound(f"$n{i}"), 1.0) for i in range(5)),
+        return_exceptions=True,
+    )
+    assert isinstance(results[5], StoreError)
+    assert all(isinstance(r, Message) for i, r in enumerate(results) if i != 5)
+    assert len(await store.pending_messages()) == 10
+    # Once made safe, the same message is accepted.
+    assert await store.accept(inbound("$bad", text="cut \ufffd"), 2.0) is not None
 
 
 async def test_record_ignored_audits_without_text(store: InspectableStore) -> None:
@@ -559,3 +579,76 @@ async def test_ping_and_close(store: InspectableStore) -> None:
         await store.ping()
     with pytest.raises(StoreError):
         await store.accept(inbound("$1"), 1.0)
+
+
+# Outbox
+
+
+def answer(text: str = "the answer", room: RoomKey = ROOM) -> Reply:
+    return Reply(
+        room=room,
+        text=text,
+        kind=ReplyKind.RESULT,
+        in_reply_to=ExternalMessageId("$last"),
+        thread="t1",
+        anchor=ExternalMessageId("$first"),
+    )
+
+
+async def started_run(store: InspectableStore, run_id: str = "run-1") -> RunId:
+    [message] = await accept_many(store, 1)
+    await store.start_run(RunId(run_id), Batch(ROOM, (message,)), 110.0)
+    return RunId(run_id)
+
+
+async def test_finish_run_records_the_outcome_and_the_replies_together(
+    store: InspectableStore,
+) -> None:
+    run_id = await started_run(store)
+    replies = [answer("one"), answer("two", room=OTHER_ROOM)]
+    entries = await store.finish_run(run_id, RunReport(RunStatus.SUCCEEDED), 120.0, replies)
+    assert [e.reply for e in entries] == replies
+    assert entries[0].id < entries[1].id
+    assert all(e.state is DeliveryState.PENDING for e in entries)
+    assert all((e.parts_done, e.attempts, e.run_id) == (0, 0, run_id) for e in entries)
+    assert len({e.key for e in entries}) == 2
+    assert await store.undelivered() == entries
+    # Only the first report counts, replies included.
+    again = await store.finish_run(run_id, RunReport(RunStatus.FAILED), 130.0, [answer("x")])
+    assert again == []
+    assert await store.undelivered() == entries
+
+
+async def test_a_run_outcome_with_unstorable_text_records_nothing(
+    store: InspectableStore,
+) -> None:
+    run_id = await started_run(store)
+    with pytest.raises(StoreError):
+        await store.finish_run(
+            run_id, RunReport(RunStatus.SUCCEEDED), 120.0, [answer("half an emoji \ud83d")]
+        )
+    assert (await store.get_run(run_id)).status is RunStatus.RUNNING  # type: ignore[union-attr]
+    assert await store.undelivered() == []
+
+
+async def test_delivery_progress_attempts_and_end(store: InspectableStore) -> None:
+    [entry, other] = await store.enqueue([answer("a"), answer("b")], 5.0)
+    assert entry.run_id is None
+    await store.delivery_progress(entry.id, 2)
+    await store.delivery_progress(entry.id, 1)  # a late report never goes back
+    await store.delivery_attempted(entry.id, 9.0)
+    [now, _] = await store.undelivered()
+    assert (now.parts_done, now.attempts, now.next_attempt_at) == (2, 1, 9.0)
+    assert now.key == entry.key
+    await store.delivery_finished(entry.id, DeliveryState.DELIVERED, 10.0)
+    await store.delivery_finished(other.id, DeliveryState.FAILED, 10.0)
+    assert await store.undelivered() == []
+    with pytest.raises(StoreError):
+        await store.delivery_progress(12345, 1)
+
+
+async def test_prune_keeps_pending_deliveries(store: InspectableStore) -> None:
+    [done, pending] = await store.enqueue([answer("a"), answer("b")], 5.0)
+    await store.delivery_finished(done.id, DeliveryState.DELIVERED, 6.0)
+    assert await store.prune(older_than=100.0) == 1
+    assert [e.id for e in await store.undelivered()] == [pending.id]

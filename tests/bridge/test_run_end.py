@@ -1,0 +1,186 @@
+"""The end of a run never loses the answer: slow or rate-limited cosmetics,
+bad text, a failing step, a failing store at the start of a run."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from bridge.config import load_settings
+from bridge.core.model import (
+    ExternalMessageId,
+    InboundMessage,
+    RoomId,
+    RoomKey,
+    RunId,
+    RunReport,
+    TransportName,
+    UserId,
+)
+from bridge.core.transport import Accepted, RateLimited
+from bridge.store.base import Store
+from tests.bridge.harness import ConsoleSession, write_config
+from tests.fakes.flaky_store import FlakyStore
+from transports.console import ConsoleTransport
+
+ROOM = RoomKey(TransportName("console"), RoomId("console"))
+WAIT_S = 30.0
+"""Generous: each wait ends on an event long before; the bound only turns a hang into a failure."""
+
+
+def rows(tmp_path: Path, sql: str) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(tmp_path / "bridge.db") as db:
+        return db.execute(sql).fetchall()
+
+
+class HangingEdits(ConsoleTransport):
+    """Edits never return: a chat server that sits on a progress edit (or a slow reaction)."""
+
+    async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
+        await asyncio.Event().wait()
+
+
+class RateLimitedEdits(ConsoleTransport):
+    """Every edit is answered with "too many requests, retry after a minute"."""
+
+    async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
+        raise RateLimited("console", 60.0)
+
+
+async def test_an_answer_is_not_held_up_by_a_hanging_progress_edit(tmp_path: Path) -> None:
+    settings = load_settings(write_config(tmp_path))
+    async with ConsoleSession(settings, console=HangingEdits) as session:
+        assert session.service is not None
+        # The progress message's last edit hangs: it is given up after this.
+        session.service.executor.cosmetic_timeout_s = 0.2
+        session.send("the answer")
+        async with asyncio.timeout(WAIT_S):
+            await session.wait_for("\nthe answer\n")
+    assert rows(tmp_path, "select status from runs") == [("succeeded",)]
+    assert rows(tmp_path, "select state from outbox") == [("delivered",)]
+
+
+async def test_an_answer_survives_a_rate_limited_progress_edit(tmp_path: Path) -> None:
+    settings = load_settings(write_config(tmp_path))
+    async with ConsoleSession(settings, console=RateLimitedEdits) as session:
+        session.send("the answer")
+        async with asyncio.timeout(WAIT_S):
+            await session.wait_for("\nthe answer\n")
+        out = await session.finish()
+    # Rate-limited: the cosmetic "Done" edit is dropped, the answer is not.
+    assert "· Done after" not in out
+    assert rows(tmp_path, "select status from runs") == [("succeeded",)]
+    assert rows(tmp_path, "select state from outbox") == [("delivered",)]
+
+
+async def test_half_an_emoji_in_claudes_answer_does_not_wedge_the_room(tmp_path: Path) -> None:
+    path = write_config(tmp_path, env={"FAKE_CLAUDE_CUT_EMOJI": "1"})
+    async with ConsoleSession(load_settings(path)) as session:
+        session.send("first")
+        async with asyncio.timeout(WAIT_S):
+            await session.wait_for("Done. \ufffd")
+            session.send("second")
+            await session.wait_for("Done. \ufffd", count=2)
+    assert rows(tmp_path, "select status from runs") == [("succeeded",), ("succeeded",)]
+    assert rows(tmp_path, "select distinct text from outbox") == [("Done. \ufffd",)]
+
+
+async def test_half_an_emoji_from_chat_is_accepted_safely(tmp_path: Path) -> None:
+    async with ConsoleSession(load_settings(write_config(tmp_path))) as session:
+        assert session.service is not None
+        cut = InboundMessage(ROOM, UserId("local"), "cut \ud83d", ExternalMessageId("x-1"))
+        assert await session.service.intake.accept(cut) is Accepted.ACCEPTED
+        async with asyncio.timeout(WAIT_S):
+            await session.wait_for("cut \ufffd")
+    assert rows(tmp_path, "select text, state from messages") == [("cut \ufffd", "done")]
+
+
+class FinishFailsOnce:
+    """The real store, except that recording a run's end raises a bug's error once."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.failed = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def finish_run(self, run_id: RunId, report: RunReport, *args: Any) -> Any:
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("a bug at the end of the run")
+        return await self._store.finish_run(run_id, report, *args)
+
+
+async def test_an_unexpected_error_at_the_end_still_records_and_frees_the_room(
+    tmp_path: Path,
+) -> None:
+    settings = load_settings(write_config(tmp_path))
+    async with ConsoleSession(settings, wrap_store=FinishFailsOnce) as session:
+        assert session.service is not None
+        session.service.executor.store_retry_delays_s = (0.01,)
+        session.send("first")
+        async with asyncio.timeout(WAIT_S):
+            await session.wait_for("\nfirst\n")
+            session.send("second")
+            await session.wait_for("\nsecond\n")
+    assert rows(tmp_path, "select status from runs") == [("succeeded",), ("succeeded",)]
+    assert rows(tmp_path, "select count(*) from outbox where state = 'delivered'") == [(2,)]
+
+
+async def test_a_failing_start_is_retried_in_order(tmp_path: Path) -> None:
+    flaky: list[FlakyStore] = []
+
+    def wrap(store: Store) -> Store:
+        flaky.append(FlakyStore(store))
+        return flaky[0].store
+
+    settings = load_settings(write_config(tmp_path))
+    async with ConsoleSession(settings, wrap_store=wrap) as session:
+        assert session.service is not None
+        session.service.executor.start_retry_delays_s = (0.05,) * 4
+        flaky[0].fail("start_run", times=3)
+        session.send("first")
+        async with asyncio.timeout(WAIT_S):
+            await session.wait_for("the run starts as soon as it answers again")
+            session.send("second")
+            await session.wait_for("\nfirst\n")
+            await session.wait_for("\nsecond\n")
+    assert flaky[0].failures["start_run"] == 3
+    out = session.out.getvalue()
+    assert out.index("\nfirst\n") < out.index("\nsecond\n")
+    texts = rows(
+        tmp_path,
+        "select group_concat(m.text) from runs r join messages m on m.run_id = r.id"
+        " group by r.id order by r.seq",
+    )
+    assert texts == [("first",), ("second",)]
+
+
+async def test_a_start_that_keeps_failing_is_told_and_kept_for_the_restart(
+    tmp_path: Path,
+) -> None:
+    flaky: list[FlakyStore] = []
+
+    def wrap(store: Store) -> Store:
+        flaky.append(FlakyStore(store))
+        return flaky[0].store
+
+    settings = load_settings(write_config(tmp_path))
+    async with ConsoleSession(settings, wrap_store=wrap) as session:
+        assert session.service is not None
+        session.service.executor.start_retry_delays_s = (0.01, 0.01)
+        flaky[0].fail("start_run", times=None)
+        session.send("first")
+        async with asyncio.timeout(WAIT_S):
+            await session.wait_for("Your messages are kept and run when chatbridge restarts.")
+    assert flaky[0].failures["start_run"] == 3
+    assert rows(tmp_path, "select text, state from messages") == [("first", "pending")]
+
+    # The next start runs it.
+    async with ConsoleSession(load_settings(write_config(tmp_path))) as again:
+        async with asyncio.timeout(WAIT_S):
+            await again.wait_for("\nfirst\n")
+    assert rows(tmp_path, "select state from messages") == [("done",)]
