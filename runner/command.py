@@ -17,6 +17,8 @@ MARKER_ENV = "CHATBRIDGE_RUN_MARKER"
 """Environment variable carrying the run id; every descendant inherits it."""
 
 NESTED_SESSION_ENV = "CLAUDECODE"
+OWN_SETTINGS_PREFIX = "CHATBRIDGE_"
+"""The bridge's own settings (and secrets) in the environment; claude never gets them."""
 """Set inside Claude Code sessions; claude refuses to start nested when it sees it."""
 
 
@@ -56,14 +58,23 @@ def build_argv(request: RunRequest) -> list[str]:
 
 
 def build_env(request: RunRequest, base_env: Mapping[str, str]) -> dict[str, str]:
-    """``base_env`` without ``CLAUDECODE``, plus ``request.env``, plus the run marker.
+    """``base_env`` without ``CLAUDECODE`` and chatbridge's own settings, plus
+    ``request.env``, plus the run marker.
 
-    The marker is set last so no extra environment can hide a run's processes.
-    Raises :class:`InvalidRequest` for an empty run id (it could mark nothing).
+    ``CHATBRIDGE_*`` variables configure the bridge and carry its secrets
+    (chat tokens, the database password): a tool claude runs, perhaps on a
+    prompt injected through chat, must not be able to post as the bot or
+    reach its database. The marker is set last so no extra environment can
+    hide a run's processes. Raises :class:`InvalidRequest` for an empty run id
+    (it could mark nothing).
     """
     if not request.run_id:
         raise InvalidRequest("empty run id")
-    env = {k: v for k, v in base_env.items() if k != NESTED_SESSION_ENV}
+    env = {
+        k: v
+        for k, v in base_env.items()
+        if k != NESTED_SESSION_ENV and not k.startswith(OWN_SETTINGS_PREFIX)
+    }
     env.update(request.env)
     env.pop(NESTED_SESSION_ENV, None)
     env[MARKER_ENV] = request.run_id

@@ -108,6 +108,19 @@ def test_env_drops_claudecode_adds_extra_and_marker() -> None:
     assert base["CLAUDECODE"] == "1"  # the service's own environment is untouched
 
 
+def test_env_never_carries_the_bridges_own_settings_and_secrets() -> None:
+    base = {
+        "PATH": "/usr/bin",
+        "CHATBRIDGE_SLACK__BOT_TOKEN": "xoxb-secret",
+        "CHATBRIDGE_DATABASE__URL": "postgresql://u:hunter2@db/x",
+        "CHATBRIDGE_CONFIG": "/etc/chatbridge.toml",
+    }
+    env = build_env(request(), base)
+    assert env == {"PATH": "/usr/bin", MARKER_ENV: "run-1"}
+    # A room may still give claude such a variable on purpose.
+    assert build_env(request(env={"CHATBRIDGE_X": "1"}), base)["CHATBRIDGE_X"] == "1"
+
+
 def test_extra_env_cannot_hide_the_marker_or_reintroduce_claudecode() -> None:
     env = build_env(request(env={MARKER_ENV: "other", "CLAUDECODE": "1"}), {})
     assert env == {MARKER_ENV: "run-1"}
