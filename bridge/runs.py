@@ -100,7 +100,19 @@ _PHASES: dict[RunStatus, RunPhase] = {
 }
 
 
-def failure_text(report: RunReport, room: RoomSettings, prefix: str) -> str:
+def failure_text(report: RunReport, room: RoomSettings, prefix: str, run_id: RunId) -> str:
+    """What the room is told when a run did not succeed; a retryable run offers ``!retry``.
+
+    The offer names the run: it stays valid until that run is retried or the
+    conversation moves on (see ``Store.retryable_runs``), also after a restart.
+    """
+    text = _failure_words(report, room)
+    if report.status.retryable:
+        text += f" `{prefix}retry {run_id}` runs it again."
+    return text
+
+
+def _failure_words(report: RunReport, room: RoomSettings) -> str:
     match report.status:
         case RunStatus.TIMED_OUT:
             return f"The run was stopped after its time limit of {room.run_timeout_s:g}s."
@@ -109,10 +121,7 @@ def failure_text(report: RunReport, room: RoomSettings, prefix: str) -> str:
         case RunStatus.STOPPED:
             return "The run was stopped."
         case RunStatus.INTERRUPTED:
-            return (
-                "The run was interrupted: chatbridge stopped before it finished. "
-                f"`{prefix}retry` runs it again."
-            )
+            return "The run was interrupted: chatbridge stopped before it finished."
         case _:
             return f"The run failed: {report.error or 'unknown error'}"
 
@@ -301,7 +310,9 @@ class RunExecutor:
             await self.replier.send(in_conversation(batch, text, ReplyKind.RESULT))
         elif report.status is not RunStatus.STOPPED and room is not None:
             prefix = self.settings.commands.prefix
-            await self.replier.say(room_key, failure_text(report, room, prefix), about=batch)
+            await self.replier.say(
+                room_key, failure_text(report, room, prefix, run.id), about=batch
+            )
 
     async def _best_effort(self, what: str, step: Awaitable[None]) -> None:
         try:

@@ -177,7 +177,7 @@ class Service:
                 (
                     run.room,
                     f"The last run (`{run.id}`) was interrupted by a restart of chatbridge. "
-                    f"`{prefix}retry` runs it again.",
+                    f"`{prefix}retry {run.id}` runs it again.",
                 )
             )
         resumed = await self.intake.recover(await self.store.pending_messages())
