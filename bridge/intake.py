@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from bridge.commands import CommandHandler, parse_command
 from bridge.config import Settings
 from bridge.core.model import InboundMessage, Message
-from bridge.core.transport import Accepted, InboundEvent
+from bridge.core.transport import Accepted, InboundEvent, MessageDeleted, MessageEdited
 from bridge.logs import log_context
 from bridge.metrics import Metrics
 from bridge.store.base import Store, StoreError
@@ -44,8 +44,61 @@ class Intake:
         with log_context(room=event.room):
             if isinstance(event, InboundMessage):
                 return await self._accept(event)
-            # Edits and deletions of messages not yet run: not handled yet.
-            return Accepted.IGNORED
+            return await self._change(event)
+
+    async def _change(self, event: MessageEdited | MessageDeleted) -> Accepted:
+        """An edit or deletion: only of a message still waiting; nothing else starts.
+
+        Persist, then act: the store changes the message only while it is
+        pending (its condition decides a race with the run's start), then the
+        dispatcher's queue follows. An edit that came before its original, or
+        after the message went into a run, changes nothing. A command was
+        carried out when it came, so editing or deleting one changes nothing,
+        and an edit never turns a message into a command (nor runs one).
+        """
+        room = self.settings.room(event.room)
+        if room is None:
+            return self._ignored_change(event, "room not configured")
+        message = await self.store.pending_message(event.room, event.external_id)
+        if message is None:
+            return self._ignored_change(event, "no such waiting message")
+        prefix = self.settings.commands.prefix
+        if parse_command(message.text, prefix) is not None:
+            return self._ignored_change(event, "a command")
+        now = self.wall_clock()
+        if isinstance(event, MessageDeleted):
+            deleted = await self.store.delete_pending(message.id, event.sender, now)
+            if deleted is None:
+                return self._ignored_change(event, "went into a run meanwhile")
+            self.dispatcher.remove(deleted)
+            self.metrics.messages.labels("deleted").inc()
+            log.info("message %s was deleted before it ran", message.id)
+            return Accepted.ACCEPTED
+        # A deletion may come from a moderator (the platform checked their right
+        # to delete); an edit only from the author, who must still be allowed.
+        if event.sender is not None and (
+            event.sender != message.sender or not room.allows(event.sender)
+        ):
+            return self._ignored_change(event, "not the author, or not allowed")
+        if parse_command(event.text, prefix) is not None:
+            return self._ignored_change(event, "an edit into a command")
+        edited = await self.store.edit_pending(message.id, event.text, message.sender, now)
+        if edited is None:
+            return self._ignored_change(event, "unchanged, or went into a run meanwhile")
+        if not self.dispatcher.replace(edited):
+            # Taken into a run between the store's check and now: the run has
+            # the text from before the edit (the store recorded the edit first).
+            log.warning(
+                "message %s was edited as its run began; the run has the old text", message.id
+            )
+        self.metrics.messages.labels("edited").inc()
+        log.info("message %s was edited before it ran", message.id)
+        return Accepted.ACCEPTED
+
+    def _ignored_change(self, event: MessageEdited | MessageDeleted, reason: str) -> Accepted:
+        kind = "an edit" if isinstance(event, MessageEdited) else "a deletion"
+        log.debug("ignored %s of %s: %s", kind, event.external_id, reason)
+        return Accepted.IGNORED
 
     async def _accept(self, inbound: InboundMessage) -> Accepted:
         room = self.settings.room(inbound.room)
