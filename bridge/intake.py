@@ -7,14 +7,15 @@ returns, and a crash after that point loses nothing.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from bridge.commands import CommandHandler, parse_command
+from bridge.commands import Command, CommandHandler, parse_command
 from bridge.config import Settings
-from bridge.core.model import InboundMessage, Message
+from bridge.core.model import InboundMessage, Message, RoomKey
 from bridge.core.transport import Accepted, InboundEvent, MessageDeleted, MessageEdited
 from bridge.logs import log_context
 from bridge.metrics import Metrics
@@ -34,6 +35,7 @@ class Intake:
     on_accepted: Callable[[Message], None] = lambda message: None
     """Called for each message that will go to a run (shows it as received)."""
     wall_clock: Callable[[], float] = time.time
+    _command_locks: dict[RoomKey, asyncio.Lock] = field(default_factory=dict, init=False)
 
     async def accept(self, event: InboundEvent) -> Accepted:
         """The transports' sink. Returns once the event is durably recorded.
@@ -133,21 +135,28 @@ class Intake:
             return Accepted.DUPLICATE
         if command is not None:
             self.metrics.messages.labels("command").inc()
-            try:
-                await self.commands.handle(command, message)
-            except StoreError:
-                log.exception("command %s failed", command.word)
-                await self.commands.answer(
-                    message, f"Could not carry out `{command.word}`: the database failed."
-                )
-            # Settled after handling: one left pending by a crash is settled,
-            # not run, at the next start (see recover).
-            await self.store.complete_command(message.id)
+            # One command of a room at a time, in the order they came (``!stop``
+            # then ``!retry``), also when a transport hands events over at once.
+            # Answers are only queued here (see bridge.answers): no network call.
+            async with self._command_locks.setdefault(inbound.room, asyncio.Lock()):
+                await self._command(command, message)
         else:
             self.metrics.messages.labels("accepted").inc()
             self.dispatcher.submit(message)
             self.on_accepted(message)
         return Accepted.ACCEPTED
+
+    async def _command(self, command: Command, message: Message) -> None:
+        try:
+            await self.commands.handle(command, message)
+        except StoreError:
+            log.exception("command %s failed", command.word)
+            await self.commands.answer(
+                message, f"Could not carry out `{command.word}`: the database failed."
+            )
+        # Settled after handling: one left pending by a crash is settled,
+        # not run, at the next start (see recover).
+        await self.store.complete_command(message.id)
 
     async def recover(self, pending: list[Message]) -> int:
         """Re-enter messages accepted before a restart but never run, in order.

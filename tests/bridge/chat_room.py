@@ -8,13 +8,16 @@ chat server that answers slowly).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 
+from bridge.config import Settings
 from bridge.core.model import (
     ExternalMessageId,
     InboundMessage,
     Reply,
     ReplyKind,
+    RoomId,
     RoomKey,
     TransportName,
     UserId,
@@ -27,6 +30,7 @@ from bridge.core.transport import (
     MessageEdited,
     RunPhase,
 )
+from bridge.service import Service, open_store
 from transports.base import Transport
 
 GUARD_S = 30.0
@@ -90,3 +94,20 @@ class ChatRoom(Transport):
 
     def texts(self, kind: ReplyKind | None = None) -> list[str]:
         return [r.text for r in self.replies if kind is None or r.kind is kind]
+
+
+@asynccontextmanager
+async def serving(settings: Settings) -> AsyncIterator[tuple[Service, ChatRoom]]:
+    """The service with a :class:`ChatRoom` as the console room, until the block ends."""
+    chat = ChatRoom(RoomKey(TransportName("console"), RoomId(settings.console.room)), "local")
+    store = await open_store(settings)
+    try:
+        service = Service(settings, store, [chat])
+        async with asyncio.TaskGroup() as tg:
+            task = tg.create_task(service.serve())
+            await service.ready.wait()
+            yield service, chat
+            service.request_stop()
+            await task
+    finally:
+        await store.close()

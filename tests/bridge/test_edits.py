@@ -2,40 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
-from bridge.config import Settings, load_settings
-from bridge.core.model import ExternalMessageId, ReplyKind, RoomId, RoomKey, TransportName
+from bridge.config import load_settings
+from bridge.core.model import ExternalMessageId, ReplyKind
 from bridge.core.transport import Accepted
-from bridge.service import Service, open_store
-from tests.bridge.chat_room import ChatRoom
+from tests.bridge.chat_room import serving
 from tests.bridge.harness import write_config
 
 
 def db_rows(tmp_path: Path, sql: str) -> list[tuple[object, ...]]:
     with sqlite3.connect(tmp_path / "bridge.db") as db:
         return db.execute(sql).fetchall()
-
-
-@asynccontextmanager
-async def serving(settings: Settings) -> AsyncIterator[tuple[Service, ChatRoom]]:
-    chat = ChatRoom(RoomKey(TransportName("console"), RoomId(settings.console.room)), "local")
-    store = await open_store(settings)
-    try:
-        service = Service(settings, store, [chat])
-        async with asyncio.TaskGroup() as tg:
-            task = tg.create_task(service.serve())
-            await service.ready.wait()
-            yield service, chat
-            service.request_stop()
-            await task
-    finally:
-        await store.close()
 
 
 async def test_edits_and_deletions_change_only_what_waits(tmp_path: Path) -> None:
