@@ -14,7 +14,7 @@ from enum import StrEnum
 
 from bridge.core.model import Message, RoomKey
 from bridge.duration import format_duration
-from bridge.store.base import AuditAction, Store, StoreError
+from bridge.store.base import AuditAction, RunRecord, Store, StoreError
 from dispatcher import Dispatcher
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,10 @@ _SUMMARY: dict[CommandName, str] = {
     CommandName.STOP: "stop the running run and drop the messages waiting for it",
     CommandName.STATUS: "show the active run, waiting messages, session and last outcome",
     CommandName.RESET: "start a new Claude session with the next run",
-    CommandName.RETRY: "run the messages of the last failed or interrupted run again",
+    CommandName.RETRY: (
+        "run the messages of the last failed or interrupted run again"
+        " (`retry RUN` names an earlier one; `status` lists them)"
+    ),
     CommandName.HELP: "list the commands",
 }
 
@@ -42,25 +45,30 @@ class Command:
     name: CommandName | None
     """None for an unknown command word."""
     word: str
+    argument: str = ""
+    """The first word after the command (``!retry RUN``), if any."""
 
 
 def parse_command(text: str, prefix: str) -> Command | None:
     """The command in ``text``, or None if it is an ordinary message.
 
-    A command is the prefix directly followed by a word, alone on the message
-    (trailing words are ignored). ``"! hello"`` and ``"!!"`` are messages.
+    A command is the prefix directly followed by a word, alone on the message;
+    the next word is its argument, further words are ignored. ``"! hello"``
+    and ``"!!"`` are messages.
     """
     stripped = text.strip()
     if not stripped.startswith(prefix):
         return None
-    word = stripped[len(prefix) :].split(maxsplit=1)[0] if stripped[len(prefix) :] else ""
+    words = stripped[len(prefix) :].split(maxsplit=2)
+    word = words[0] if words else ""
     if not word or not word[0].isalpha() or stripped[len(prefix)].isspace():
         return None
     word = word.lower()
+    argument = words[1] if len(words) > 1 else ""
     try:
-        return Command(CommandName(word), word)
+        return Command(CommandName(word), word, argument)
     except ValueError:
-        return Command(None, word)
+        return Command(None, word, argument)
 
 
 def help_text(prefix: str) -> str:
@@ -112,7 +120,7 @@ class CommandHandler:
                 )
                 await self.answer(message, "The next run starts a new Claude session.")
             case CommandName.RETRY:
-                await self._retry(message)
+                await self._retry(message, command.argument)
             case CommandName.HELP:
                 await self.answer(message, help_text(self.prefix))
             case None:
@@ -201,21 +209,53 @@ class CommandHandler:
             if report.cost_usd is not None:
                 parts.append(f"cost ${report.cost_usd:.4f}")
             lines.append(", ".join(parts) + ".")
+        lines += self._retryable_lines(await self.store.retryable_runs(room), now)
         await self.answer(message, "\n".join(lines))
 
-    async def _retry(self, message: Message) -> None:
+    def _retryable_lines(self, runs: list[RunRecord], now: float) -> list[str]:
+        if not runs:
+            return []
+        lines = [f"Can be retried (`{self.prefix}retry RUN`; the latest without RUN):"]
+        for run in reversed(runs):
+            ended = run.ended_at if run.ended_at is not None else run.started_at
+            lines.append(
+                f"- run `{run.id}`: {run.status.value} {format_duration(now - ended)} ago, "
+                f"{_plural(len(run.message_ids), 'message')}"
+            )
+        return lines
+
+    async def _retry(self, message: Message, run_id: str) -> None:
+        """Queue again the messages of an offered run: the latest, or the one named.
+
+        The messages are submitted like new ones: behind an active run they
+        become its follow-up batch. The store re-queues a run's failed
+        messages only once, so a second ``!retry`` cannot queue them twice.
+        """
         room = message.room
-        status = self.dispatcher.status(room)
-        if status.running is not None or status.waiting:
-            # Retried messages are queued like new ones; refusing while anything is
-            # queued keeps a second !retry from queueing the same messages twice.
-            await self.answer(message, "A run is active or waiting; retry when the room is idle.")
-            return
-        run = await self.store.last_retryable_run(room)
-        if run is None:
+        offered = await self.store.retryable_runs(room)
+        if run_id:
+            run = next((r for r in offered if r.id == run_id), None)
+            if run is None:
+                await self.answer(
+                    message,
+                    f"Run `{run_id}` cannot be retried here: it is not a failed or "
+                    f"interrupted run of this room still waiting for a retry "
+                    f"(`{self.prefix}status` lists them).",
+                )
+                return
+        elif offered:
+            run = offered[-1]
+        else:
             await self.answer(message, "There is no failed or interrupted run to retry.")
             return
-        messages = await self.store.requeue(run.message_ids)
+        messages = await self.store.requeue_run(run.id)
+        if not messages:
+            # Another retry of the same run got there first.
+            await self.answer(message, f"Run `{run.id}` is already being retried.")
+            return
+        # Pending in the store now: into the queue before anything else can fail.
+        for queued in messages:
+            self.dispatcher.submit(queued)
         await self.store.audit(
             AuditAction.RETRY_REQUESTED,
             self.wall_clock(),
@@ -224,8 +264,6 @@ class CommandHandler:
             run_id=run.id,
             detail=f"messages={len(messages)}",
         )
-        for queued in messages:
-            self.dispatcher.submit(queued)
         await self.answer(
             message, f"Retrying {_plural(len(messages), 'message')} of run `{run.id}`."
         )

@@ -7,16 +7,17 @@ returns, and a crash after that point loses nothing.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from bridge.commands import CommandHandler, parse_command
+from bridge.commands import Command, CommandHandler, parse_command
 from bridge.config import Settings
-from bridge.core.model import InboundMessage, Message
+from bridge.core.model import InboundMessage, Message, RoomKey
 from bridge.core.text import safe_text
-from bridge.core.transport import Accepted, InboundEvent
+from bridge.core.transport import Accepted, InboundEvent, MessageDeleted, MessageEdited
 from bridge.logs import log_context
 from bridge.metrics import Metrics
 from bridge.store.base import Store, StoreError
@@ -35,6 +36,7 @@ class Intake:
     on_accepted: Callable[[Message], None] = lambda message: None
     """Called for each message that will go to a run (shows it as received)."""
     wall_clock: Callable[[], float] = time.time
+    _command_locks: dict[RoomKey, asyncio.Lock] = field(default_factory=dict, init=False)
 
     async def accept(self, event: InboundEvent) -> Accepted:
         """The transports' sink. Returns once the event is durably recorded.
@@ -46,8 +48,63 @@ class Intake:
             if isinstance(event, InboundMessage):
                 # Chat text is made storable here, once (a lone surrogate, NUL).
                 return await self._accept(replace(event, text=safe_text(event.text)))
-            # Edits and deletions of messages not yet run: not handled yet.
-            return Accepted.IGNORED
+            if isinstance(event, MessageEdited):
+                event = replace(event, text=safe_text(event.text))
+            return await self._change(event)
+
+    async def _change(self, event: MessageEdited | MessageDeleted) -> Accepted:
+        """An edit or deletion: only of a message still waiting; nothing else starts.
+
+        Persist, then act: the store changes the message only while it is
+        pending (its condition decides a race with the run's start), then the
+        dispatcher's queue follows. An edit that came before its original, or
+        after the message went into a run, changes nothing. A command was
+        carried out when it came, so editing or deleting one changes nothing,
+        and an edit never turns a message into a command (nor runs one).
+        """
+        room = self.settings.room(event.room)
+        if room is None:
+            return self._ignored_change(event, "room not configured")
+        message = await self.store.pending_message(event.room, event.external_id)
+        if message is None:
+            return self._ignored_change(event, "no such waiting message")
+        prefix = self.settings.commands.prefix
+        if parse_command(message.text, prefix) is not None:
+            return self._ignored_change(event, "a command")
+        now = self.wall_clock()
+        if isinstance(event, MessageDeleted):
+            deleted = await self.store.delete_pending(message.id, event.sender, now)
+            if deleted is None:
+                return self._ignored_change(event, "went into a run meanwhile")
+            self.dispatcher.remove(deleted)
+            self.metrics.messages.labels("deleted").inc()
+            log.info("message %s was deleted before it ran", message.id)
+            return Accepted.ACCEPTED
+        # A deletion may come from a moderator (the platform checked their right
+        # to delete); an edit only from the author, who must still be allowed.
+        if event.sender is not None and (
+            event.sender != message.sender or not room.allows(event.sender)
+        ):
+            return self._ignored_change(event, "not the author, or not allowed")
+        if parse_command(event.text, prefix) is not None:
+            return self._ignored_change(event, "an edit into a command")
+        edited = await self.store.edit_pending(message.id, event.text, message.sender, now)
+        if edited is None:
+            return self._ignored_change(event, "unchanged, or went into a run meanwhile")
+        if not self.dispatcher.replace(edited):
+            # Taken into a run between the store's check and now: the run has
+            # the text from before the edit (the store recorded the edit first).
+            log.warning(
+                "message %s was edited as its run began; the run has the old text", message.id
+            )
+        self.metrics.messages.labels("edited").inc()
+        log.info("message %s was edited before it ran", message.id)
+        return Accepted.ACCEPTED
+
+    def _ignored_change(self, event: MessageEdited | MessageDeleted, reason: str) -> Accepted:
+        kind = "an edit" if isinstance(event, MessageEdited) else "a deletion"
+        log.debug("ignored %s of %s: %s", kind, event.external_id, reason)
+        return Accepted.IGNORED
 
     async def _accept(self, inbound: InboundMessage) -> Accepted:
         room = self.settings.room(inbound.room)
@@ -82,21 +139,28 @@ class Intake:
             return Accepted.DUPLICATE
         if command is not None:
             self.metrics.messages.labels("command").inc()
-            try:
-                await self.commands.handle(command, message)
-            except StoreError:
-                log.exception("command %s failed", command.word)
-                await self.commands.answer(
-                    message, f"Could not carry out `{command.word}`: the database failed."
-                )
-            # Settled after handling: one left pending by a crash is settled,
-            # not run, at the next start (see recover).
-            await self.store.complete_command(message.id)
+            # One command of a room at a time, in the order they came (``!stop``
+            # then ``!retry``), also when a transport hands events over at once.
+            # Answers are only queued here (see bridge.answers): no network call.
+            async with self._command_locks.setdefault(inbound.room, asyncio.Lock()):
+                await self._command(command, message)
         else:
             self.metrics.messages.labels("accepted").inc()
             self.dispatcher.submit(message)
             self.on_accepted(message)
         return Accepted.ACCEPTED
+
+    async def _command(self, command: Command, message: Message) -> None:
+        try:
+            await self.commands.handle(command, message)
+        except StoreError:
+            log.exception("command %s failed", command.word)
+            await self.commands.answer(
+                message, f"Could not carry out `{command.word}`: the database failed."
+            )
+        # Settled after handling: one left pending by a crash is settled,
+        # not run, at the next start (see recover).
+        await self.store.complete_command(message.id)
 
     async def recover(self, pending: list[Message]) -> int:
         """Re-enter messages accepted before a restart but never run, in order.

@@ -38,7 +38,7 @@ class Metrics:
         r = self.registry
         self.messages = Counter(
             "chatbridge_messages",
-            "Inbound messages by outcome (accepted, ignored, duplicate, command)",
+            "Inbound messages by outcome (accepted, ignored, duplicate, command, edited, deleted)",
             ["outcome"],
             registry=r,
         )

@@ -123,7 +123,19 @@ _PHASES: dict[RunStatus, RunPhase] = {
 }
 
 
-def failure_text(report: RunReport, room: RoomSettings, prefix: str) -> str:
+def failure_text(report: RunReport, room: RoomSettings, prefix: str, run_id: RunId) -> str:
+    """What the room is told when a run did not succeed; a retryable run offers ``!retry``.
+
+    The offer names the run: it stays valid until that run is retried or the
+    conversation moves on (see ``Store.retryable_runs``), also after a restart.
+    """
+    text = _failure_words(report, room)
+    if report.status.retryable:
+        text += f" `{prefix}retry {run_id}` runs it again."
+    return text
+
+
+def _failure_words(report: RunReport, room: RoomSettings) -> str:
     match report.status:
         case RunStatus.TIMED_OUT:
             return f"The run was stopped after its time limit of {room.run_timeout_s:g}s."
@@ -132,10 +144,7 @@ def failure_text(report: RunReport, room: RoomSettings, prefix: str) -> str:
         case RunStatus.STOPPED:
             return "The run was stopped."
         case RunStatus.INTERRUPTED:
-            return (
-                "The run was interrupted: chatbridge stopped before it finished. "
-                f"`{prefix}retry` runs it again."
-            )
+            return "The run was interrupted: chatbridge stopped before it finished."
         case _:
             return f"The run failed: {report.error or 'unknown error'}"
 
@@ -346,7 +355,7 @@ class RunExecutor:
         report = replace(
             report, result_text=safe_text(report.result_text), error=safe_text(report.error)
         )
-        replies = self._replies(batch, report)
+        replies = self._replies(run.id, batch, report)
         ended = self.wall_clock()
         entries = await self._record_end(run, report, ended, replies)
         settled = self.outbox.submit(entries)
@@ -368,7 +377,7 @@ class RunExecutor:
         phase = _PHASES.get(report.status, RunPhase.FAILED)
         await self._cosmetic("show the outcome", self.replier.phase(batch, phase))
 
-    def _replies(self, batch: Batch, report: RunReport) -> list[Reply]:
+    def _replies(self, run_id: RunId, batch: Batch, report: RunReport) -> list[Reply]:
         """What tells the room how the run ended: the answer, or why there is none."""
         room = self.settings.room(batch.room)
         if report.status is RunStatus.SUCCEEDED:
@@ -376,7 +385,7 @@ class RunExecutor:
             return [in_conversation(batch, text, ReplyKind.RESULT)]
         if report.status is not RunStatus.STOPPED and room is not None:
             prefix = self.settings.commands.prefix
-            text = failure_text(report, room, prefix)
+            text = failure_text(report, room, prefix, run_id)
             return [in_conversation(batch, text, ReplyKind.NOTICE)]
         return []
 

@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from bridge.answers import OrderedAnswers
 from bridge.commands import CommandHandler
 from bridge.config import Settings
 from bridge.containment import report_containment
@@ -47,6 +48,8 @@ log = logging.getLogger(__name__)
 PRUNE_INTERVAL_S = 3600.0
 READY_TIMEOUT_S = 60.0
 SWEEP_GRACE_S = 2.0
+ANSWER_GRACE_S = 5.0
+"""At shutdown, how long queued command answers may still take to go out."""
 
 
 def build_transports(settings: Settings) -> list[Transport]:
@@ -87,6 +90,7 @@ class Service:
     intake: Intake = field(init=False)
     replier: Replier = field(init=False)
     outbox: Outbox = field(init=False)
+    answers: OrderedAnswers = field(init=False)
     metrics: Metrics = field(init=False, default_factory=Metrics)
     _stop: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     _stop_now: asyncio.Event = field(init=False, default_factory=asyncio.Event)
@@ -124,11 +128,13 @@ class Service:
             ),
             self.executor.execute,
         )
+        # Command answers leave the sink: the transport acknowledges without waiting.
+        self.answers = OrderedAnswers(self.replier.answer)
         commands = CommandHandler(
             self.dispatcher,
             self.store,
             settings.commands.prefix,
-            self.replier.answer,
+            self.answers.answer,
             self.executor.reset_session,
         )
         self.intake = Intake(
@@ -191,7 +197,7 @@ class Service:
                 (
                     run.room,
                     f"The last run (`{run.id}`) was interrupted by a restart of chatbridge. "
-                    f"`{prefix}retry` runs it again.",
+                    f"`{prefix}retry {run.id}` runs it again.",
                 )
             )
         resumed = await self.intake.recover(await self.store.pending_messages())
@@ -217,6 +223,7 @@ class Service:
         notices = await self.recover()
         async with asyncio.TaskGroup() as tg:
             self._tasks = tg
+            self.answers.attach(tg)
             background = [tg.create_task(self._housekeeping(), name="housekeeping")]
             if self.settings.http.listen:
                 http = serve_http(
@@ -247,8 +254,10 @@ class Service:
                     await self.replier.say(room, text)
                 await self._until_stopped_or_done(tg, input_ended)
                 await self._shutdown(dispatcher_task)
+                await self.answers.close(ANSWER_GRACE_S)
             else:
                 log.info("stopped while starting")
+                await self.answers.close(0)
             for task in background:
                 task.cancel()
         log.info("chatbridge stopped")

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from bridge.core.model import ExternalMessageId, InboundMessage, RoomId, RoomKey
+from bridge.core.model import ExternalMessageId, InboundMessage, RoomId, RoomKey, UserId
 
 
 class Accepted(StrEnum):
@@ -42,6 +42,8 @@ class MessageEdited:
     external_id: ExternalMessageId
     """The transport's id of the original message (not of the edit event)."""
     text: str
+    sender: UserId | None = None
+    """Who edited it, when the transport knows (the platforms let only the author edit)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,8 @@ class MessageDeleted:
 
     room: RoomKey
     external_id: ExternalMessageId
+    sender: UserId | None = None
+    """Who deleted it, when the transport knows (may be an admin, not the author)."""
 
 
 InboundEvent = InboundMessage | MessageEdited | MessageDeleted

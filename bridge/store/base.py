@@ -14,6 +14,7 @@ from typing import Protocol
 
 from bridge.core.model import (
     Batch,
+    ExternalMessageId,
     InboundMessage,
     Message,
     MessageId,
@@ -37,6 +38,10 @@ class AuditAction(StrEnum):
     """A message went into a run: one row per message, carrying the run id."""
     MESSAGE_DROPPED = "message_dropped"
     """Dropped by ``!stop``: one row per message."""
+    MESSAGE_EDITED = "message_edited"
+    """A pending message's text was replaced by an edit (the new text is not audited)."""
+    MESSAGE_DELETED = "message_deleted"
+    """A pending message was deleted or redacted: it is dropped and never runs."""
     COMMAND = "command"
     RUN_STARTED = "run_started"
     RUN_FINISHED = "run_finished"
@@ -183,6 +188,50 @@ class Store(Protocol):
 
     async def last_retryable_run(self, room: RoomKey) -> RunRecord | None:
         """The room's most recent run whose status is retryable, if it is the last run."""
+        ...
+
+    async def retryable_runs(self, room: RoomKey) -> list[RunRecord]:
+        """The room's runs that ``!retry`` may run again, oldest first.
+
+        A run is offered while its status is retryable and its messages are
+        still failed with it as their last run (a retry, a ``!stop`` or a
+        deletion ends that), until a later successful run of the room
+        contains a message received after it ended: the conversation moved
+        on. Messages re-queued from before the run ended never withdraw it.
+        """
+        ...
+
+    async def requeue_run(self, run_id: RunId) -> list[Message]:
+        """Mark pending again the messages that failed with ``run_id`` as their last run.
+
+        Returns them in order; empty if the run is not offered any more (a
+        second ``!retry`` of the same run re-queues nothing).
+        """
+        ...
+
+    async def pending_message(
+        self, room: RoomKey, external_id: ExternalMessageId
+    ) -> Message | None:
+        """The message with this transport id in ``room``, if it is still pending."""
+        ...
+
+    async def edit_pending(
+        self, message_id: MessageId, text: str, actor: UserId | None, at: float
+    ) -> Message | None:
+        """Replace the text of a pending message, with one audit row, atomically.
+
+        Returns the message as it now reads; None, changing nothing, if it
+        is not pending any more or already reads ``text`` (a redelivered edit).
+        """
+        ...
+
+    async def delete_pending(
+        self, message_id: MessageId, actor: UserId | None, at: float
+    ) -> Message | None:
+        """Drop a pending message that was deleted, with one audit row, atomically.
+
+        Returns the message; None, changing nothing, if it is not pending.
+        """
         ...
 
     async def messages(self, ids: Sequence[MessageId]) -> list[Message]: ...

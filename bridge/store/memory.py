@@ -163,6 +163,55 @@ class MemoryStore:
                 run_id=stored.run_id,
             )
 
+    async def pending_message(
+        self, room: RoomKey, external_id: ExternalMessageId
+    ) -> Message | None:
+        """The pending message with this transport id in ``room``, or None."""
+        self._check_open()
+        for stored in self._messages.values():
+            message = stored.message
+            if (message.room, message.external_id) == (room, external_id):
+                return message if stored.state is MessageState.PENDING else None
+        return None
+
+    async def edit_pending(
+        self, message_id: MessageId, text: str, actor: UserId | None, at: float
+    ) -> Message | None:
+        """Replace a pending message's text and audit it; None if not pending or unchanged."""
+        self._check_open()
+        stored = self._messages.get(message_id)
+        if stored is None or stored.state is not MessageState.PENDING:
+            return None
+        if stored.message.text == text:
+            return None
+        stored.message = replace(stored.message, text=text)
+        self._write_audit(
+            AuditAction.MESSAGE_EDITED,
+            at,
+            room=stored.message.room,
+            actor=actor,
+            message_id=message_id,
+        )
+        return stored.message
+
+    async def delete_pending(
+        self, message_id: MessageId, actor: UserId | None, at: float
+    ) -> Message | None:
+        """Drop a pending message that was deleted and audit it; None if not pending."""
+        self._check_open()
+        stored = self._messages.get(message_id)
+        if stored is None or stored.state is not MessageState.PENDING:
+            return None
+        stored.state = MessageState.DROPPED
+        self._write_audit(
+            AuditAction.MESSAGE_DELETED,
+            at,
+            room=stored.message.room,
+            actor=actor,
+            message_id=message_id,
+        )
+        return stored.message
+
     async def messages(self, ids: Sequence[MessageId]) -> list[Message]:
         """The messages with these ids that exist, in acceptance order."""
         self._check_open()
@@ -327,6 +376,41 @@ class MemoryStore:
         """The room's last run, if its status is retryable."""
         run = await self.last_run(room)
         return run if run is not None and run.status.retryable else None
+
+    async def retryable_runs(self, room: RoomKey) -> list[RunRecord]:
+        """The room's offered runs, oldest first (the rule is in the protocol)."""
+        self._check_open()
+        runs = [r for r in self._runs.values() if r.room == room]
+        return [
+            run
+            for index, run in enumerate(runs)
+            if run.status.retryable
+            and any(
+                s.run_id == run.id and s.state is MessageState.FAILED
+                for s in self._messages.values()
+            )
+            and not any(self._supersedes(later, run) for later in runs[index + 1 :])
+        ]
+
+    def _supersedes(self, later: RunRecord, run: RunRecord) -> bool:
+        ended = run.ended_at if run.ended_at is not None else run.started_at
+        return later.status is RunStatus.SUCCEEDED and any(
+            self._messages[i].message.received_at > ended
+            for i in later.message_ids
+            if i in self._messages
+        )
+
+    async def requeue_run(self, run_id: RunId) -> list[Message]:
+        """Mark pending the messages that failed with this run as their last."""
+        self._check_open()
+        found = [
+            stored
+            for _, stored in sorted(self._messages.items())
+            if stored.run_id == run_id and stored.state is MessageState.FAILED
+        ]
+        for stored in found:
+            stored.state = MessageState.PENDING
+        return [s.message for s in found]
 
     # Sessions
 

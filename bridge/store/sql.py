@@ -16,6 +16,7 @@ from sqlalchemy import insert as insert_statement
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.orm import aliased
 
 from bridge.core.model import (
     Batch,
@@ -300,6 +301,82 @@ class SqlStore:
                     )
                 )
 
+    async def pending_message(
+        self, room: RoomKey, external_id: ExternalMessageId
+    ) -> Message | None:
+        """The pending message with this transport id in ``room``, or None."""
+        async with self._transaction() as s:
+            row = await s.scalar(
+                select(MessageRow).where(
+                    MessageRow.transport == room.transport,
+                    MessageRow.room_id == room.room_id,
+                    MessageRow.external_id == external_id,
+                    MessageRow.state == MessageState.PENDING.value,
+                )
+            )
+            return None if row is None else _message(row)
+
+    async def edit_pending(
+        self, message_id: MessageId, text: str, actor: UserId | None, at: float
+    ) -> Message | None:
+        """Replace a pending message's text and audit it; None if not pending or unchanged.
+
+        The UPDATE's condition decides, so an edit racing the message's
+        dispatch either lands before it or changes nothing.
+        """
+        async with self._transaction() as s:
+            row = await s.scalar(
+                update(MessageRow)
+                .where(
+                    MessageRow.id == message_id,
+                    MessageRow.state == MessageState.PENDING.value,
+                    MessageRow.text != text,
+                )
+                .values(text=text)
+                .returning(MessageRow)
+            )
+            if row is None:
+                return None
+            message = _message(row)
+            s.add(
+                _audit_row(
+                    AuditAction.MESSAGE_EDITED,
+                    at,
+                    room=message.room,
+                    actor=actor,
+                    message_id=row.id,
+                )
+            )
+            return message
+
+    async def delete_pending(
+        self, message_id: MessageId, actor: UserId | None, at: float
+    ) -> Message | None:
+        """Drop a pending message that was deleted and audit it; None if not pending."""
+        async with self._transaction() as s:
+            row = await s.scalar(
+                update(MessageRow)
+                .where(
+                    MessageRow.id == message_id,
+                    MessageRow.state == MessageState.PENDING.value,
+                )
+                .values(state=MessageState.DROPPED.value)
+                .returning(MessageRow)
+            )
+            if row is None:
+                return None
+            message = _message(row)
+            s.add(
+                _audit_row(
+                    AuditAction.MESSAGE_DELETED,
+                    at,
+                    room=message.room,
+                    actor=actor,
+                    message_id=row.id,
+                )
+            )
+            return message
+
     async def messages(self, ids: Sequence[MessageId]) -> list[Message]:
         """The messages with these ids that exist, in acceptance order."""
         async with self._transaction() as s:
@@ -497,6 +574,55 @@ class SqlStore:
         async with self._transaction() as s:
             run = await self._last_run(s, room)
         return run if run is not None and run.status.retryable else None
+
+    async def retryable_runs(self, room: RoomKey) -> list[RunRecord]:
+        """The room's offered runs, oldest first (the rule is in the protocol)."""
+        later = aliased(RunRow)
+        link = aliased(RunMessageRow)
+        newer = aliased(MessageRow)
+        still_failed = exists().where(
+            MessageRow.run_id == RunRow.id,
+            MessageRow.state == MessageState.FAILED.value,
+        )
+        superseded = exists().where(
+            later.transport == RunRow.transport,
+            later.room_id == RunRow.room_id,
+            later.seq > RunRow.seq,
+            later.status == RunStatus.SUCCEEDED.value,
+            link.run_id == later.id,
+            newer.id == link.message_id,
+            newer.received_at > func.coalesce(RunRow.ended_at, RunRow.started_at),
+        )
+        retryable = [str(status) for status in RunStatus if status.retryable]
+        async with self._transaction() as s:
+            return await self._records(
+                s,
+                (RunRow.transport == room.transport)
+                & (RunRow.room_id == room.room_id)
+                & RunRow.status.in_(retryable)
+                & still_failed
+                & ~superseded,
+            )
+
+    async def requeue_run(self, run_id: RunId) -> list[Message]:
+        """Mark pending the messages that failed with this run as their last.
+
+        One conditional UPDATE: of two concurrent retries of a run, one
+        re-queues the messages and the other finds none.
+        """
+        async with self._transaction() as s:
+            rows = (
+                await s.scalars(
+                    update(MessageRow)
+                    .where(
+                        MessageRow.run_id == run_id,
+                        MessageRow.state == MessageState.FAILED.value,
+                    )
+                    .values(state=MessageState.PENDING.value)
+                    .returning(MessageRow)
+                )
+            ).all()
+            return [_message(r) for r in sorted(rows, key=lambda r: r.id)]
 
     async def _last_run(self, s: AsyncSession, room: RoomKey) -> RunRecord | None:
         last = await s.scalar(

@@ -44,3 +44,12 @@ def test_help_lists_every_command_with_prefix() -> None:
     text = help_text("?")
     for name in CommandName:
         assert f"`?{name}`" in text
+
+
+def test_the_first_word_after_a_command_is_its_argument() -> None:
+    named = parse_command("!retry run-0123abcd please", "!")
+    bare = parse_command("  !retry  ", "!")
+    assert named is not None
+    assert bare is not None
+    assert (named.name, named.argument) == (CommandName.RETRY, "run-0123abcd")
+    assert (bare.name, bare.argument) == (CommandName.RETRY, "")

@@ -162,8 +162,8 @@ async def test_sigterm_interrupts_a_long_run_after_the_grace_period(tmp_path: Pa
     bridge.signal(signal.SIGTERM)
     assert await bridge.exit_code() == 0
     assert (
-        "The run was interrupted: chatbridge stopped before it finished. `!retry` runs it again."
-        in bridge.out
+        "The run was interrupted: chatbridge stopped before it finished. "
+        f"`!retry {run_id}` runs it again." in bridge.out
     )
     assert find_marked(run_id) == []
     assert rows(tmp_path, "select status from runs") == [("interrupted",)]

@@ -652,3 +652,149 @@ async def test_prune_keeps_pending_deliveries(store: InspectableStore) -> None:
     await store.delivery_finished(done.id, DeliveryState.DELIVERED, 6.0)
     assert await store.prune(older_than=100.0) == 1
     assert [e.id for e in await store.undelivered()] == [pending.id]
+
+
+# What !retry offers
+
+
+async def fail(
+    store: InspectableStore,
+    run_id: str,
+    messages: list[Message],
+    status: RunStatus = RunStatus.FAILED,
+    at: float = 300.0,
+) -> RunId:
+    rid = await start(store, run_id, messages, at=at - 1)
+    await store.finish_run(rid, RunReport(status=status), at)
+    return rid
+
+
+async def offered(store: InspectableStore, room: RoomKey = ROOM) -> list[RunId]:
+    return [r.id for r in await store.retryable_runs(room)]
+
+
+@pytest.mark.parametrize("status", [s for s in RunStatus if s is not RunStatus.RUNNING])
+async def test_retryable_status_is_offered(store: InspectableStore, status: RunStatus) -> None:
+    [a] = await accept_many(store, 1)
+    rid = await fail(store, "r1", [a], status)
+    assert await offered(store) == ([rid] if status.retryable else [])
+    assert await offered(store, OTHER_ROOM) == []
+
+
+async def test_offer_survives_recovered_messages_but_not_a_later_conversation(
+    store: InspectableStore,
+) -> None:
+    interrupted = await accept(store, "$1", at=100.0)
+    queued = await accept(store, "$2", at=101.0)  # waiting when the bridge died
+    r1 = await fail(store, "r1", [interrupted], RunStatus.INTERRUPTED, at=300.0)
+    # The re-queued message runs first, and succeeds: the offer stands.
+    await fail(store, "r2", [queued], RunStatus.SUCCEEDED, at=310.0)
+    assert await offered(store) == [r1]
+    # A later conversation in another room changes nothing here.
+    elsewhere = await accept(store, "$3", at=400.0, room=OTHER_ROOM)
+    await fail(store, "r3", [elsewhere], RunStatus.SUCCEEDED, at=410.0)
+    assert await offered(store) == [r1]
+    # A message sent after the run ended fails: the offer stands too.
+    later = await accept(store, "$4", at=400.0)
+    r4 = await fail(store, "r4", [later], RunStatus.FAILED, at=420.0)
+    assert await offered(store) == [r1, r4]
+    # One sent after both ended succeeds: the user moved on.
+    moved_on = await accept(store, "$5", at=500.0)
+    await fail(store, "r5", [moved_on], RunStatus.SUCCEEDED, at=510.0)
+    assert await offered(store) == []
+
+
+async def test_requeue_run_takes_the_failed_messages_once(store: InspectableStore) -> None:
+    msgs = await accept_many(store, 2)
+    other = await accept(store, "$other")
+    r1 = await fail(store, "r1", msgs)
+    r2 = await fail(store, "r2", [other], RunStatus.TIMED_OUT, at=301.0)
+    assert await offered(store) == [r1, r2]
+
+    assert await store.requeue_run(r1) == msgs
+    assert await store.pending_messages() == msgs
+    assert await offered(store) == [r2]  # while re-queued, not offered twice
+    assert await store.requeue_run(r1) == []
+    assert await store.requeue_run(RunId("nope")) == []
+
+    # The retry fails again: now the retry is offered, not the original.
+    r3 = await fail(store, "r3", msgs, at=400.0)
+    assert await offered(store) == [r2, r3]
+    assert await store.requeue_run(r1) == []
+
+
+async def test_dropped_messages_withdraw_the_offer(store: InspectableStore) -> None:
+    msgs = await accept_many(store, 2)
+    r1 = await fail(store, "r1", msgs)
+    requeued = await store.requeue_run(r1)
+    await store.mark_dropped([m.id for m in requeued], BOB, 310.0)
+    assert await offered(store) == []
+
+
+# Edits and deletions of pending messages
+
+
+async def test_pending_message_by_transport_id(store: InspectableStore) -> None:
+    a = await accept(store, "$1")
+    b = await accept(store, "$1", room=OTHER_ROOM)
+    assert await store.pending_message(ROOM, ExternalMessageId("$1")) == a
+    assert await store.pending_message(OTHER_ROOM, ExternalMessageId("$1")) == b
+    assert await store.pending_message(SLACK_ROOM, ExternalMessageId("$1")) is None
+    assert await store.pending_message(ROOM, ExternalMessageId("$2")) is None
+    await start(store, "r1", [a])
+    assert await store.pending_message(ROOM, ExternalMessageId("$1")) is None
+
+
+async def test_edit_pending_replaces_the_text_once(store: InspectableStore) -> None:
+    a, b = await accept_many(store, 2)
+    edited = await store.edit_pending(a.id, "better", ALICE, 150.0)
+    assert edited is not None
+    assert (edited.id, edited.text, edited.external_id) == (a.id, "better", a.external_id)
+    assert await store.pending_messages() == [edited, b]
+    assert await store.messages([a.id]) == [edited]
+    # Redelivered: nothing changes, no second audit row.
+    assert await store.edit_pending(a.id, "better", ALICE, 151.0) is None
+    trail = await store.audit_trail(message_id=a.id)
+    assert [(r.action, r.actor, r.at, r.detail) for r in trail] == [
+        (AuditAction.MESSAGE_ACCEPTED, ALICE, 100.0, ""),
+        (AuditAction.MESSAGE_EDITED, ALICE, 150.0, ""),
+    ]
+    assert "better" not in str(trail)  # the audit trail never holds message text
+
+
+async def test_edit_or_delete_after_dispatch_changes_nothing(store: InspectableStore) -> None:
+    a, b = await accept_many(store, 2)
+    rid = await start(store, "r1", [a])
+    assert await store.edit_pending(a.id, "too late", ALICE, 250.0) is None
+    assert await store.delete_pending(a.id, BOB, 250.0) is None
+    await store.finish_run(rid, RunReport(status=RunStatus.FAILED), 260.0)
+    assert await store.edit_pending(a.id, "too late", ALICE, 270.0) is None
+    assert await store.delete_pending(a.id, BOB, 270.0) is None
+    assert await store.edit_pending(MessageId(10_000), "x", ALICE, 270.0) is None
+    assert await store.delete_pending(MessageId(10_000), BOB, 270.0) is None
+    assert await store.messages([a.id]) == [a]
+    assert await store.message_states([a.id, b.id]) == {
+        a.id: MessageState.FAILED,
+        b.id: MessageState.PENDING,
+    }
+    assert not {AuditAction.MESSAGE_EDITED, AuditAction.MESSAGE_DELETED} & set(
+        actions(await store.audit_trail())
+    )
+
+
+async def test_delete_pending_drops_it_once(store: InspectableStore) -> None:
+    a, b = await accept_many(store, 2)
+    deleted = await store.delete_pending(a.id, BOB, 150.0)
+    assert deleted == a
+    assert await store.pending_messages() == [b]
+    assert await store.message_states([a.id]) == {a.id: MessageState.DROPPED}
+    assert await store.pending_message(ROOM, a.external_id) is None
+    assert await store.delete_pending(a.id, BOB, 151.0) is None
+    assert await store.edit_pending(a.id, "after", ALICE, 152.0) is None
+    trail = await store.audit_trail(message_id=a.id)
+    assert [(r.action, r.actor, r.at) for r in trail] == [
+        (AuditAction.MESSAGE_ACCEPTED, ALICE, 100.0),
+        (AuditAction.MESSAGE_DELETED, BOB, 150.0),
+    ]
+    # A redelivery of the deleted message is still a duplicate: it never comes back.
+    assert await store.accept(inbound(str(a.external_id)), 160.0) is None

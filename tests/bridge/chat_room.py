@@ -1,0 +1,113 @@
+"""An in-process transport driven by the test: one room, events in, replies recorded.
+
+Inbound it hands the sink new messages, edits and deletions; outbound it
+records replies, and can hold every send until the test releases it (a
+chat server that answers slowly).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+
+from bridge.config import Settings
+from bridge.core.model import (
+    ExternalMessageId,
+    InboundMessage,
+    Reply,
+    ReplyKind,
+    RoomId,
+    RoomKey,
+    TransportName,
+    UserId,
+)
+from bridge.core.transport import (
+    Accepted,
+    Delivery,
+    InboundSink,
+    MessageDeleted,
+    MessageEdited,
+    RunPhase,
+)
+from bridge.service import Service, open_store
+from transports.base import Transport
+
+GUARD_S = 30.0
+
+
+class ChatRoom(Transport):
+    name = TransportName("console")
+
+    def __init__(self, room: RoomKey, user: str) -> None:
+        self.room = room
+        self.user = UserId(user)
+        self.sink: InboundSink | None = None
+        self.replies: list[Reply] = []
+        self.sends_started = 0
+        self.changed = asyncio.Event()
+        self.sending = asyncio.Event()
+        """Cleared: every send waits until it is set again."""
+        self.sending.set()
+        self._ids = 0
+
+    async def run(self, sink: InboundSink, ready: asyncio.Event) -> None:
+        self.sink = sink
+        ready.set()
+        await asyncio.Event().wait()
+
+    async def say(self, text: str) -> tuple[ExternalMessageId, Accepted]:
+        assert self.sink is not None
+        self._ids += 1
+        external_id = ExternalMessageId(f"in-{self._ids}")
+        accepted = await self.sink(InboundMessage(self.room, self.user, text, external_id))
+        return external_id, accepted
+
+    async def edited(self, external_id: ExternalMessageId, text: str) -> Accepted:
+        assert self.sink is not None
+        return await self.sink(MessageEdited(self.room, external_id, text, self.user))
+
+    async def deleted(self, external_id: ExternalMessageId) -> Accepted:
+        assert self.sink is not None
+        return await self.sink(MessageDeleted(self.room, external_id, UserId("an-admin")))
+
+    async def send(
+        self, reply: Reply, delivery: Delivery | None = None
+    ) -> ExternalMessageId | None:
+        self.sends_started += 1
+        self.changed.set()
+        await self.sending.wait()
+        self.replies.append(reply)
+        self.changed.set()
+        return ExternalMessageId(f"out-{len(self.replies)}")
+
+    async def set_phase(
+        self, room: RoomKey, message_ids: Sequence[ExternalMessageId], phase: RunPhase
+    ) -> None:
+        pass
+
+    async def wait_until(self, done: Callable[[], bool]) -> None:
+        async with asyncio.timeout(GUARD_S):
+            while not done():
+                self.changed.clear()
+                await self.changed.wait()
+
+    def texts(self, kind: ReplyKind | None = None) -> list[str]:
+        return [r.text for r in self.replies if kind is None or r.kind is kind]
+
+
+@asynccontextmanager
+async def serving(settings: Settings) -> AsyncIterator[tuple[Service, ChatRoom]]:
+    """The service with a :class:`ChatRoom` as the console room, until the block ends."""
+    chat = ChatRoom(RoomKey(TransportName("console"), RoomId(settings.console.room)), "local")
+    store = await open_store(settings)
+    try:
+        service = Service(settings, store, [chat])
+        async with asyncio.TaskGroup() as tg:
+            task = tg.create_task(service.serve())
+            await service.ready.wait()
+            yield service, chat
+            service.request_stop()
+            await task
+    finally:
+        await store.close()

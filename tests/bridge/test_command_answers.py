@@ -1,0 +1,46 @@
+"""A command's answer does not hold up the sink: the transport acknowledges first."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+from bridge.config import load_settings
+from bridge.core.model import ReplyKind
+from bridge.core.transport import Accepted
+from tests.bridge.chat_room import serving
+from tests.bridge.harness import write_config
+
+SINK_GUARD_S = 10.0
+"""Far longer than a sink needs; reached only if it waits for the held answer."""
+
+
+def db_rows(tmp_path: Path, sql: str) -> list[tuple[object, ...]]:
+    with sqlite3.connect(tmp_path / "bridge.db") as db:
+        return db.execute(sql).fetchall()
+
+
+async def test_the_sink_returns_before_a_slow_answer_and_answers_keep_their_order(
+    tmp_path: Path,
+) -> None:
+    config = {"dispatcher": {"coalesce_ms": 600_000, "max_wait_ms": 600_000}}
+    settings = load_settings(write_config(tmp_path, config))
+    async with serving(settings) as (service, chat):
+        chat.sending.clear()  # the chat server answers nothing until released
+        async with asyncio.timeout(SINK_GUARD_S):
+            assert (await chat.say("!help"))[1] is Accepted.ACCEPTED
+            assert (await chat.say("!status"))[1] is Accepted.ACCEPTED
+            # A later message is accepted while the answers are still held.
+            assert (await chat.say("hello"))[1] is Accepted.ACCEPTED
+        assert chat.replies == []
+        assert service.dispatcher.status(chat.room).waiting == 1
+        # The commands are settled (done) though their answers are not out yet.
+        states = db_rows(tmp_path, "select text, state from messages order by id")
+        assert states == [("!help", "done"), ("!status", "done"), ("hello", "pending")]
+
+        chat.sending.set()
+        await chat.wait_until(lambda: len(chat.texts(ReplyKind.NOTICE)) >= 2)
+        help_answer, status_answer = chat.texts(ReplyKind.NOTICE)[:2]
+        assert help_answer.startswith("Commands:")
+        assert status_answer.startswith("Idle.")

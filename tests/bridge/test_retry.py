@@ -1,0 +1,111 @@
+"""``!retry`` keeps its word: an offer holds until that run is retried or superseded."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+from bridge.config import Settings, load_settings
+from bridge.core.model import (
+    Batch,
+    ExternalMessageId,
+    InboundMessage,
+    Message,
+    RoomId,
+    RoomKey,
+    RunId,
+    TransportName,
+    UserId,
+)
+from bridge.service import open_store
+from tests.bridge.harness import ConsoleSession, run_console, write_config
+
+
+def db_rows(tmp_path: Path, sql: str) -> list[tuple[object, ...]]:
+    with sqlite3.connect(tmp_path / "bridge.db") as db:
+        return db.execute(sql).fetchall()
+
+
+def console_room(settings: Settings) -> RoomKey:
+    return RoomKey(TransportName("console"), RoomId(settings.console.room))
+
+
+async def left_by_a_crash(settings: Settings, run_id: RunId) -> None:
+    """What a kill -9 during a run leaves: the run still 'running', a message waiting."""
+    room = console_room(settings)
+    user = UserId(settings.console.user)
+    store = await open_store(settings)
+    try:
+        accepted: list[Message] = []
+        for n, text in enumerate(["long job", "queued one"]):
+            inbound = InboundMessage(room, user, text, ExternalMessageId(f"before-{n}"))
+            message = await store.accept(inbound, time.time())
+            assert message is not None
+            accepted.append(message)
+        await store.start_run(run_id, Batch(room, (accepted[0],)), time.time())
+    finally:
+        await store.close()
+
+
+async def test_the_offer_after_a_restart_survives_the_requeued_messages(tmp_path: Path) -> None:
+    settings = load_settings(write_config(tmp_path))
+    crashed = RunId("run-crashed")
+    await left_by_a_crash(settings, crashed)
+
+    async with ConsoleSession(settings) as session:
+        offer = f"The last run (`{crashed}`) was interrupted by a restart of chatbridge."
+        await session.wait_for(f"{offer} `!retry {crashed}` runs it again.")
+        # The message that waited before the restart runs first, and succeeds.
+        await session.wait_for("· Done after")
+        await session.wait_for("queued one\n")
+        session.send("!status")
+        await session.wait_for("Can be retried")
+        session.send("!retry")
+        await session.wait_for(f"Retrying 1 message of run `{crashed}`.")
+        await session.wait_for("· Done after", count=2)
+        session.send("!retry")
+        await session.wait_for("There is no failed or interrupted run to retry.")
+        out = await session.finish()
+
+    assert f"- run `{crashed}`: interrupted " in out
+    assert out.rstrip().endswith("There is no failed or interrupted run to retry.")
+    runs = db_rows(tmp_path, "select id, status from runs order by seq")
+    assert [r[1] for r in runs] == ["interrupted", "succeeded", "succeeded"]
+    retried = db_rows(
+        tmp_path,
+        "select rm.run_id, m.text from run_messages rm join messages m on m.id = rm.message_id",
+    )
+    assert (runs[2][0], "long job") in retried
+    audit = db_rows(tmp_path, "select run_id from audit where action = 'retry_requested'")
+    assert audit == [(crashed,)]
+
+
+async def test_retry_names_an_earlier_run_and_queues_behind_an_active_one(
+    tmp_path: Path,
+) -> None:
+    path = write_config(tmp_path, env={"FAKE_CLAUDE_EXIT": "3"})
+    await run_console(path, ["first"])
+    await run_console(path, ["second"])
+    first, second = (str(r[0]) for r in db_rows(tmp_path, "select id from runs order by seq"))
+
+    write_config(tmp_path, env={"FAKE_CLAUDE_ECHO": "1", "FAKE_CLAUDE_SLEEP": "1"})
+    async with ConsoleSession(load_settings(path)) as session:
+        session.send("!retry no-such-run")
+        await session.wait_for("Run `no-such-run` cannot be retried here")
+        session.send(f"!retry {first}")
+        await session.wait_for(f"Retrying 1 message of run `{first}`.")
+        await session.wait_for("· Working")
+        # Not refused while a run is active: the retried messages queue behind it.
+        session.send("!retry")
+        await session.wait_for(f"Retrying 1 message of run `{second}`.")
+        session.send(f"!retry {first}")
+        await session.wait_for(f"Run `{first}` cannot be retried here")
+        await session.finish()
+
+    statuses = db_rows(tmp_path, "select status from runs order by seq")
+    assert [s[0] for s in statuses] == ["failed", "failed", "succeeded", "succeeded"]
+    assert db_rows(tmp_path, "select text, state from messages where text not like '!%'") == [
+        ("first", "done"),
+        ("second", "done"),
+    ]
