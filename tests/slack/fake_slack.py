@@ -73,6 +73,10 @@ class FakeSlack:
     """Method -> Slack error codes to answer with (``ok: false``) before answering normally."""
     lost_answers: int = 0
     """How many ``chat.postMessage`` calls to carry out but answer with HTTP 500."""
+    stall_post: int | None = None
+    """Index (in ``posted``) of a ``chat.postMessage`` to carry out but never answer."""
+    stalled: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the post ``stall_post`` was carried out and its answer is held back."""
     posted: list[dict[str, Any]] = field(default_factory=list)
     """Messages the bot posted, oldest first, as Slack stores them (with metadata)."""
     display_names: dict[str, str] = field(default_factory=dict)
@@ -128,6 +132,9 @@ async def _api(request: web.Request) -> web.StreamResponse:
             if name in args:
                 message[name] = args[name]
         fake.posted.append(message)
+        if fake.stall_post == len(fake.posted) - 1:
+            fake.stalled.set()
+            await asyncio.Event().wait()  # until the client gives up or the server closes
         if fake.lost_answers:
             fake.lost_answers -= 1
             return web.json_response({"ok": False, "error": "internal_error"}, status=500)

@@ -6,6 +6,7 @@ drops it) and can carry out a post but lose its answer.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 import pytest
@@ -111,3 +112,35 @@ async def test_each_part_carries_its_delivery_key_and_index() -> None:
         {"event_type": "chatbridge_reply_part", "event_payload": {"key": "k-7", "part": i}}
         for i in range(3)
     ]
+
+
+async def test_a_part_whose_record_failed_is_looked_up_not_posted_again() -> None:
+    """The outbox failed to record part 1 (the database, not a crash); same process retries."""
+    async with fake_slack() as fake:
+        slack = transport(fake.api_url)
+        outbox = Outbox(crash_after=1)
+        reply = Reply(ROOM, THREE_PARTS, ReplyKind.RESULT)
+        with pytest.raises(RuntimeError):
+            await slack.send(reply, outbox.delivery())
+        await slack.send(reply, outbox.delivery())
+    assert posted_parts(fake.posted) == ["a", "b", "c"]
+    assert outbox.done[1] == fake.posted[1]["ts"]
+    assert fake.calls_to("conversations.history") == 2
+
+
+async def test_a_post_cancelled_in_flight_is_looked_up_not_posted_again() -> None:
+    """Cancelled (an attempt's timeout, shutdown) after Slack carried the post out."""
+    async with fake_slack() as fake:
+        slack = transport(fake.api_url)
+        outbox = Outbox()
+        reply = Reply(ROOM, THREE_PARTS, ReplyKind.RESULT)
+        fake.stall_post = 1  # part 1 is posted, its answer never comes
+        attempt = asyncio.create_task(slack.send(reply, outbox.delivery()))
+        async with asyncio.timeout(10):
+            await fake.stalled.wait()
+        attempt.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await attempt
+        await slack.send(reply, outbox.delivery())
+    assert posted_parts(fake.posted) == ["a", "b", "c"]
+    assert outbox.done[1] == fake.posted[1]["ts"]

@@ -7,8 +7,9 @@ anything else :class:`TransportError`.
 Idempotent replies: a reply is split the same way on every attempt, and
 each posted part carries message metadata naming its delivery key and part
 index. When the outcome of an earlier attempt is unknown (the connection
-broke after the request went out, or the process restarted between posting
-a part and recording it) the channel's or thread's recent messages are
+broke after the request went out, the attempt was cancelled in flight, the
+outbox failed to record a part, or the process restarted between posting a
+part and recording it) the channel's or thread's recent messages are
 searched for the parts already posted before anything is posted again.
 """
 
@@ -193,11 +194,26 @@ class SlackOutbound:
             found = await self._find_parts(channel, thread, delivery.key)
         last: ExternalMessageId | None = None
         for index in range(start, len(parts)):
+            if delivery is not None:
+                # From here until the outbox has recorded this part, the
+                # outcome is open: a post that fails unclearly, is cancelled
+                # (it may have reached Slack), or whose record fails leaves
+                # the key unsure, and the next attempt looks history up first.
+                self._tried_with(delivery.key, known=False)
             ts = found.get(index)
             if ts is None:
-                ts = await self._send_part(channel, thread, parts[index], delivery, index)
+                try:
+                    ts = await self._send_part(channel, thread, parts[index], delivery, index)
+                except OutcomeUnknown:
+                    raise
+                except TransportError:
+                    # Slack answered, refusing: nothing was posted.
+                    if delivery is not None:
+                        self._tried_with(delivery.key, known=True)
+                    raise
             if delivery is not None:
                 await delivery.part_sent(index, ts)
+                self._tried_with(delivery.key, known=True)
             last = ts
         return last
 
@@ -223,19 +239,10 @@ class SlackOutbound:
         delivery: Delivery | None,
         index: int,
     ) -> ExternalMessageId:
-        try:
-            if part.upload:
-                name = _upload_name(delivery.key if delivery is not None else None)
-                ts = await self._upload(channel, thread, part.text, name)
-            else:
-                ts = await self._post(channel, thread, to_mrkdwn(part.text), delivery, index)
-        except OutcomeUnknown:
-            if delivery is not None:
-                self._tried_with(delivery.key, known=False)
-            raise
-        if delivery is not None:
-            self._tried_with(delivery.key, known=True)
-        return ts
+        if part.upload:
+            name = _upload_name(delivery.key if delivery is not None else None)
+            return await self._upload(channel, thread, part.text, name)
+        return await self._post(channel, thread, to_mrkdwn(part.text), delivery, index)
 
     async def _post(
         self,
