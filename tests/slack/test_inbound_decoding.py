@@ -109,6 +109,46 @@ def test_edits_and_deletions_that_are_not_a_persons_are_dropped(event: dict[str,
     assert to_event(event, BOT, "B0BOT", ROOMS) is None
 
 
+def tombstone(previous_user: str = "U0ALICE") -> dict[str, Any]:
+    """Slack's event for deleting a thread parent that has replies."""
+    thread = {"ts": "1.000001", "thread_ts": "1.000001", "reply_count": 1}
+    return message(
+        subtype="message_changed",
+        hidden=True,
+        ts="3.000001",
+        event_ts="3.000001",
+        message={
+            "type": "message",
+            "subtype": "tombstone",
+            "hidden": True,
+            "user": "USLACKBOT",
+            "text": "This message was deleted.",
+            **thread,
+        },
+        previous_message={"type": "message", "user": previous_user, "text": "do X", **thread},
+    )
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        tombstone(),
+        edited("<@U0BOT>", previous="<@U0BOT> do X"),  # nothing left to run
+        edited("  ", previous="do X"),
+    ],
+)
+def test_a_deleted_thread_parent_or_an_edit_to_no_text_is_a_deletion(
+    event: dict[str, Any],
+) -> None:
+    parsed = to_event(event, BOT, "B0BOT", ROOMS)
+    assert isinstance(parsed, MessageDeleted)
+    assert (parsed.room.room_id, parsed.external_id) == ("C1", ExternalMessageId("1.000001"))
+
+
+def test_the_bridges_own_deleted_thread_parent_is_dropped() -> None:
+    assert to_event(tombstone(previous_user=BOT), BOT, "B0BOT", ROOMS) is None
+
+
 def test_a_deletion_names_the_deleted_message() -> None:
     event = message(
         subtype="message_deleted",
