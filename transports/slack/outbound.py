@@ -78,8 +78,38 @@ PERMANENT_ERRORS = frozenset(
         "edit_window_closed",
         "file_uploads_disabled",
         "file_upload_size_restricted",
+        # A malformed call is malformed on every attempt.
+        "invalid_arguments",
+        "invalid_arg_name",
+        "invalid_array_arg",
+        "invalid_charset",
+        "invalid_form_data",
+        "invalid_post_type",
+        "missing_post_type",
+        "invalid_json",
+        "json_not_object",
+        "invalid_ts",
+        "thread_not_found",
     }
 )
+AUTH_ERRORS = frozenset(
+    {
+        "not_authed",
+        "invalid_auth",
+        "token_revoked",
+        "token_expired",
+        "account_inactive",
+        "missing_scope",
+        "no_permission",
+        "not_allowed_token_type",
+        "team_access_not_granted",
+        "ekm_access_denied",
+    }
+)
+"""The token (or the app's scopes) is refused: nothing can be posted anywhere
+until an operator changes the app or the token and restarts, so no retry helps.
+Retrying would also hold up every later answer of the room (the outbox
+delivers a room's answers in order)."""
 # Answers after which the call may still have taken effect.
 _UNSURE_ERRORS = frozenset(
     {"request_timeout", "internal_error", "fatal_error", "service_unavailable"}
@@ -109,6 +139,15 @@ def translate(method: str, exc: Exception) -> TransportError:
         if status == 429 or code == "ratelimited":
             headers = getattr(response, "headers", None) or {}
             return RateLimited("slack", retry_after_seconds(headers), f"{method} rate limited")
+        if code in AUTH_ERRORS:
+            # Loud: every answer is being lost until someone fixes the app.
+            log.error(
+                "slack refused the bot's token for %s (%s): the bot cannot post until the"
+                " token or the app's scopes are fixed and the bridge restarted",
+                method,
+                code,
+            )
+            return Undeliverable("slack", f"{method} refused: {code}")
         if code in PERMANENT_ERRORS:
             return Undeliverable("slack", f"{method} refused: {code}")
         if status >= 500 or code in _UNSURE_ERRORS:
