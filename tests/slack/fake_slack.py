@@ -20,6 +20,8 @@ from aiohttp.test_utils import TestServer
 
 BOT_USER = "U0FAKEBOT"
 CHANNEL = "C0FAKE"
+MAX_TEXT = 40_000
+"""Slack refuses a longer message text (``msg_too_long``)."""
 
 
 def message_envelope(
@@ -124,6 +126,9 @@ async def _api(request: web.Request) -> web.StreamResponse:
         )
     if method == "apps.connections.open":
         return web.json_response({"ok": True, "url": str(fake.server.make_url("/socket"))})
+    texts = ("chat.postMessage", "chat.update")
+    if method in texts and len(str((await _args(request)).get("text", ""))) > MAX_TEXT:
+        return web.json_response({"ok": False, "error": "msg_too_long"})
     if method == "chat.postMessage":
         args = await _args(request)
         message = {"type": "message", "user": BOT_USER, "bot_id": "B0FAKE"}

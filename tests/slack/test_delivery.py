@@ -144,3 +144,26 @@ async def test_a_post_cancelled_in_flight_is_looked_up_not_posted_again() -> Non
         await slack.send(reply, outbox.delivery())
     assert posted_parts(fake.posted) == ["a", "b", "c"]
     assert outbox.done[1] == fake.posted[1]["ts"]
+
+
+async def test_parts_fit_the_limit_as_sent_after_escaping() -> None:
+    """``&`` goes out as ``&amp;``: a part cut to the limit before escaping would not fit."""
+    lines = [f"{i} & <b> && <<x>> & {'&' * 20}" for i in range(4000)]
+    text = "\n".join(lines)
+    async with fake_slack() as fake:
+        settings = SlackSettings(
+            bot_token="xoxb-x",
+            app_token="xapp-x",
+            api_url=fake.api_url,
+            message_limit=39000,
+            upload_threshold=0,
+        )
+        slack = SlackTransport(settings, [RoomBinding(RoomId(CHANNEL))])
+        outbox = Outbox()
+        await slack.send(Reply(ROOM, text, ReplyKind.RESULT), outbox.delivery())
+        await slack.edit(ROOM, ExternalMessageId(str(fake.posted[0]["ts"])), text)
+    assert fake.calls_to("chat.postMessage") == len(fake.posted) == len(outbox.done) > 1
+    assert all(len(str(m["text"])) <= 39000 for m in fake.posted)
+    sent = "\n".join(str(m["text"]) for m in fake.posted)
+    assert sent.count("&amp;") == text.count("&")
+    assert fake.calls_to("chat.update") == 1

@@ -114,6 +114,8 @@ delivers a room's answers in order)."""
 _UNSURE_ERRORS = frozenset(
     {"request_timeout", "internal_error", "fatal_error", "service_unavailable"}
 )
+_MIN_PIECE = 40
+"""No piece is split below this; five-fold escaping of it still fits any limit (>= 200)."""
 LOOKUP_PAGES = 5
 """Pages of history searched for parts of an unsure delivery (the residual window)."""
 
@@ -212,7 +214,26 @@ class SlackOutbound:
             and len(reply.text) > self._upload_threshold
         ):
             return [_Part(reply.text, upload=True)]
-        return [_Part(chunk) for chunk in split_markdown(reply.text, self._limit)]
+        return [_Part(chunk) for chunk in self._chunks(reply.text)]
+
+    def _chunks(self, text: str) -> list[str]:
+        """``text`` in pieces whose rendering (mrkdwn, escaped) fits the message limit.
+
+        Escaping grows text (``&`` is sent as ``&amp;``, five characters), so
+        a piece is measured as sent; one that does not fit is split again,
+        smaller by the growth it showed. Deterministic, like the split itself.
+        """
+        pending = split_markdown(text, self._limit)
+        chunks: list[str] = []
+        while pending:
+            chunk = pending.pop(0)
+            sent = len(to_mrkdwn(chunk))
+            if sent <= self._limit or len(chunk) <= _MIN_PIECE:
+                chunks.append(chunk)
+                continue
+            smaller = max(_MIN_PIECE, min(len(chunk) - 1, len(chunk) * self._limit // sent))
+            pending[:0] = split_markdown(chunk, smaller)
+        return chunks
 
     async def send(
         self, reply: Reply, delivery: Delivery | None = None
@@ -359,7 +380,7 @@ class SlackOutbound:
 
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         """Replace a posted message's text (cut to the message limit: an edit is one message)."""
-        chunks = split_markdown(text, self._limit) or [" "]
+        chunks = self._chunks(text) or [" "]
         await self._call(
             "chat.update",
             channel=room.room_id,
