@@ -83,6 +83,8 @@ class FakeSlack:
     """Messages the bot posted, oldest first, as Slack stores them (with metadata)."""
     display_names: dict[str, str] = field(default_factory=dict)
     """User id -> display name that ``users.info`` answers with."""
+    users_info_hangs: bool = False
+    """``users.info`` never answers (a Slack that is slow for that method)."""
 
     @property
     def api_url(self) -> str:
@@ -154,6 +156,8 @@ async def _api(request: web.Request) -> web.StreamResponse:
             found = [{k: v for k, v in m.items() if k != "metadata"} for m in found]
         return web.json_response({"ok": True, "messages": found, "has_more": False})
     if method == "users.info":
+        if fake.users_info_hangs:
+            await asyncio.Event().wait()  # until the client gives up or the server closes
         args = await _args(request)
         display = fake.display_names.get(str(args.get("user")))
         if display is None:
@@ -179,7 +183,7 @@ async def _socket(request: web.Request) -> web.StreamResponse:
 @asynccontextmanager
 async def fake_slack() -> AsyncIterator[FakeSlack]:
     app = web.Application()
-    app.router.add_post("/api/{method}", _api)
+    app.router.add_route("*", "/api/{method}", _api)  # slack_sdk GETs some (users.info)
     app.router.add_get("/socket", _socket)
     server = TestServer(app, host="127.0.0.1", port=0)
     fake = FakeSlack(server)

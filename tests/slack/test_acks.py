@@ -189,3 +189,32 @@ def test_a_200_for_an_event_no_listener_finished_is_not_settled() -> None:
     assert not settled(request, 500)
     command = AsyncBoltRequest(mode="socket_mode", body={"command": "/x"}, headers={})
     assert settled(command, 404)  # nothing the bridge serves: do not have it resent
+
+
+async def test_slow_display_name_lookups_do_not_add_up_along_queued_envelopes() -> None:
+    """Socket Mode serves envelopes one at a time; each names a user users.info never answers.
+
+    Per-lookup timeouts alone added up (six envelopes, six waits) past Slack's
+    3 s deadline; the shared wait budget makes the later ones show the id at once.
+    """
+    async with fake_slack() as fake:
+        fake.users_info_hangs = True
+        settings = SlackSettings(bot_token="b", app_token="a", api_url=fake.api_url)
+        transport = SlackTransport(
+            settings, [RoomBinding(RoomId(CHANNEL))], backoff=Backoff(base=0.01, cap=0.05)
+        )
+        sink = CommandAnsweringSink()
+        envelopes = [f"E{i}" for i in range(6)]
+        async with asyncio.TaskGroup() as tg:
+            task = tg.create_task(transport.run(sink, asyncio.Event()))
+            async with asyncio.timeout(10):
+                ws = await fake.sockets.get()
+            await ws.send_json(HELLO)
+            for i, envelope in enumerate(envelopes):
+                await ws.send_json(message_envelope(envelope, f"1.00000{i}", f"ask <@U0USER{i}>"))
+            async with asyncio.timeout(30):
+                acks = [await fake.acks.get() for _ in envelopes]
+            task.cancel()
+    assert acks == envelopes
+    assert sink.texts == [f"ask @U0USER{i}" for i in range(6)]
+    assert fake.calls_to("users.info") < len(envelopes)

@@ -11,7 +11,8 @@ recognised by (channel, ts) and acknowledged without a second hand-over.
 
 Nothing on that path waits for more than it must: no lock is held while
 the sink runs (the store's idempotent accept settles concurrent
-redeliveries), display names are looked up with a short timeout, a ``429``
+redeliveries), display names are looked up within a short wait budget
+shared by all events (:mod:`.names`), a ``429``
 raises instead of sleeping, and answers the transport gives on its own
 (a file shared without text) are sent after the acknowledgement, from a
 task the transport owns.
