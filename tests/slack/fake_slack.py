@@ -20,6 +20,8 @@ from aiohttp.test_utils import TestServer
 
 BOT_USER = "U0FAKEBOT"
 CHANNEL = "C0FAKE"
+MAX_TEXT = 40_000
+"""Slack refuses a longer message text (``msg_too_long``)."""
 
 
 def message_envelope(
@@ -73,10 +75,16 @@ class FakeSlack:
     """Method -> Slack error codes to answer with (``ok: false``) before answering normally."""
     lost_answers: int = 0
     """How many ``chat.postMessage`` calls to carry out but answer with HTTP 500."""
+    stall_post: int | None = None
+    """Index (in ``posted``) of a ``chat.postMessage`` to carry out but never answer."""
+    stalled: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the post ``stall_post`` was carried out and its answer is held back."""
     posted: list[dict[str, Any]] = field(default_factory=list)
     """Messages the bot posted, oldest first, as Slack stores them (with metadata)."""
     display_names: dict[str, str] = field(default_factory=dict)
     """User id -> display name that ``users.info`` answers with."""
+    users_info_hangs: bool = False
+    """``users.info`` never answers (a Slack that is slow for that method)."""
 
     @property
     def api_url(self) -> str:
@@ -120,6 +128,9 @@ async def _api(request: web.Request) -> web.StreamResponse:
         )
     if method == "apps.connections.open":
         return web.json_response({"ok": True, "url": str(fake.server.make_url("/socket"))})
+    texts = ("chat.postMessage", "chat.update")
+    if method in texts and len(str((await _args(request)).get("text", ""))) > MAX_TEXT:
+        return web.json_response({"ok": False, "error": "msg_too_long"})
     if method == "chat.postMessage":
         args = await _args(request)
         message = {"type": "message", "user": BOT_USER, "bot_id": "B0FAKE"}
@@ -128,6 +139,9 @@ async def _api(request: web.Request) -> web.StreamResponse:
             if name in args:
                 message[name] = args[name]
         fake.posted.append(message)
+        if fake.stall_post == len(fake.posted) - 1:
+            fake.stalled.set()
+            await asyncio.Event().wait()  # until the client gives up or the server closes
         if fake.lost_answers:
             fake.lost_answers -= 1
             return web.json_response({"ok": False, "error": "internal_error"}, status=500)
@@ -142,6 +156,8 @@ async def _api(request: web.Request) -> web.StreamResponse:
             found = [{k: v for k, v in m.items() if k != "metadata"} for m in found]
         return web.json_response({"ok": True, "messages": found, "has_more": False})
     if method == "users.info":
+        if fake.users_info_hangs:
+            await asyncio.Event().wait()  # until the client gives up or the server closes
         args = await _args(request)
         display = fake.display_names.get(str(args.get("user")))
         if display is None:
@@ -167,7 +183,7 @@ async def _socket(request: web.Request) -> web.StreamResponse:
 @asynccontextmanager
 async def fake_slack() -> AsyncIterator[FakeSlack]:
     app = web.Application()
-    app.router.add_post("/api/{method}", _api)
+    app.router.add_route("*", "/api/{method}", _api)  # slack_sdk GETs some (users.info)
     app.router.add_get("/socket", _socket)
     server = TestServer(app, host="127.0.0.1", port=0)
     fake = FakeSlack(server)

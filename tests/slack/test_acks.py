@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import aiohttp
+from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.signature import SignatureVerifier
 
 from bridge.core.model import Reply, ReplyKind, RoomId
@@ -22,7 +23,7 @@ from tests.slack.fake_slack import CHANNEL, HELLO, fake_slack, message_envelope
 from tests.slack.peer import free_port
 from transports.backoff import Backoff
 from transports.slack.settings import SlackSettings
-from transports.slack.transport import SlackTransport
+from transports.slack.transport import HANDED_OVER, SlackTransport, settled
 
 SECRET = "fake-signing-secret"
 
@@ -126,3 +127,94 @@ async def test_one_slow_hand_over_does_not_hold_up_another_channel_event() -> No
         sink.hold["slow"].set()
         assert await slow == 200
     assert sink.texts == ["quick", "slow"]
+
+
+async def test_a_failing_auth_test_after_connecting_neither_acks_nor_drops() -> None:
+    """The first event after a connect hands over even if auth.test would now fail.
+
+    Bolt used to make its own ``auth.test`` on that event and, on a 429,
+    answer 200: the envelope was acknowledged and the message never reached
+    the sink. The transport's identity from connecting is all Bolt needs.
+    """
+    async with fake_slack() as fake:
+        settings = SlackSettings(bot_token="b", app_token="a", api_url=fake.api_url)
+        transport = SlackTransport(
+            settings, [RoomBinding(RoomId(CHANNEL))], backoff=Backoff(base=0.01, cap=0.05)
+        )
+        sink = CommandAnsweringSink()
+        async with asyncio.TaskGroup() as tg:
+            task = tg.create_task(transport.run(sink, asyncio.Event()))
+            async with asyncio.timeout(10):
+                ws = await fake.sockets.get()
+            fake.rate_limited["auth.test"] = [1]  # the transport's own call is behind us
+            await ws.send_json(HELLO)
+            await ws.send_json(message_envelope("E1", "1.000001", "please do X"))
+            async with asyncio.timeout(10):
+                assert await fake.acks.get() == "E1"
+            task.cancel()
+    assert sink.texts == ["please do X"]
+    assert fake.calls_to("auth.test") == 1
+
+
+async def test_events_api_a_failing_auth_test_does_not_answer_200_without_hand_over() -> None:
+    sink = CommandAnsweringSink()
+    async with fake_slack() as fake:
+        settings = SlackSettings(
+            mode="events",
+            bot_token="b",
+            signing_secret=SECRET,
+            api_url=fake.api_url,
+            listen=f"127.0.0.1:{free_port()}",
+        )
+        transport = SlackTransport(settings, [RoomBinding(RoomId(CHANNEL))])
+        ready = asyncio.Event()
+        async with asyncio.TaskGroup() as tg:
+            task = tg.create_task(transport.run(sink, ready))
+            async with asyncio.timeout(10):
+                await ready.wait()
+            fake.rate_limited["auth.test"] = [1]
+            status = await deliver(transport, "1.000001", "please do X")
+            task.cancel()
+    assert status == 200
+    assert sink.texts == ["please do X"]
+
+
+def test_a_200_for_an_event_no_listener_finished_is_not_settled() -> None:
+    """Whatever Bolt answers, an event counts as handled only once a listener finished it."""
+    event = message_envelope("E1", "1.000001", "hi")["payload"]
+    request = AsyncBoltRequest(mode="socket_mode", body=event, headers={})
+    assert not settled(request, 200)  # e.g. Bolt's authorization failed
+    request.context[HANDED_OVER] = True
+    assert settled(request, 200)
+    assert not settled(request, 500)
+    command = AsyncBoltRequest(mode="socket_mode", body={"command": "/x"}, headers={})
+    assert settled(command, 404)  # nothing the bridge serves: do not have it resent
+
+
+async def test_slow_display_name_lookups_do_not_add_up_along_queued_envelopes() -> None:
+    """Socket Mode serves envelopes one at a time; each names a user users.info never answers.
+
+    Per-lookup timeouts alone added up (six envelopes, six waits) past Slack's
+    3 s deadline; the shared wait budget makes the later ones show the id at once.
+    """
+    async with fake_slack() as fake:
+        fake.users_info_hangs = True
+        settings = SlackSettings(bot_token="b", app_token="a", api_url=fake.api_url)
+        transport = SlackTransport(
+            settings, [RoomBinding(RoomId(CHANNEL))], backoff=Backoff(base=0.01, cap=0.05)
+        )
+        sink = CommandAnsweringSink()
+        envelopes = [f"E{i}" for i in range(6)]
+        async with asyncio.TaskGroup() as tg:
+            task = tg.create_task(transport.run(sink, asyncio.Event()))
+            async with asyncio.timeout(10):
+                ws = await fake.sockets.get()
+            await ws.send_json(HELLO)
+            for i, envelope in enumerate(envelopes):
+                await ws.send_json(message_envelope(envelope, f"1.00000{i}", f"ask <@U0USER{i}>"))
+            async with asyncio.timeout(30):
+                acks = [await fake.acks.get() for _ in envelopes]
+            task.cancel()
+    assert acks == envelopes
+    assert sink.texts == [f"ask @U0USER{i}" for i in range(6)]
+    assert fake.calls_to("users.info") < len(envelopes)

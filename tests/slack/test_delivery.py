@@ -6,6 +6,7 @@ drops it) and can carry out a post but lose its answer.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 import pytest
@@ -111,3 +112,58 @@ async def test_each_part_carries_its_delivery_key_and_index() -> None:
         {"event_type": "chatbridge_reply_part", "event_payload": {"key": "k-7", "part": i}}
         for i in range(3)
     ]
+
+
+async def test_a_part_whose_record_failed_is_looked_up_not_posted_again() -> None:
+    """The outbox failed to record part 1 (the database, not a crash); same process retries."""
+    async with fake_slack() as fake:
+        slack = transport(fake.api_url)
+        outbox = Outbox(crash_after=1)
+        reply = Reply(ROOM, THREE_PARTS, ReplyKind.RESULT)
+        with pytest.raises(RuntimeError):
+            await slack.send(reply, outbox.delivery())
+        await slack.send(reply, outbox.delivery())
+    assert posted_parts(fake.posted) == ["a", "b", "c"]
+    assert outbox.done[1] == fake.posted[1]["ts"]
+    assert fake.calls_to("conversations.history") == 2
+
+
+async def test_a_post_cancelled_in_flight_is_looked_up_not_posted_again() -> None:
+    """Cancelled (an attempt's timeout, shutdown) after Slack carried the post out."""
+    async with fake_slack() as fake:
+        slack = transport(fake.api_url)
+        outbox = Outbox()
+        reply = Reply(ROOM, THREE_PARTS, ReplyKind.RESULT)
+        fake.stall_post = 1  # part 1 is posted, its answer never comes
+        attempt = asyncio.create_task(slack.send(reply, outbox.delivery()))
+        async with asyncio.timeout(10):
+            await fake.stalled.wait()
+        attempt.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await attempt
+        await slack.send(reply, outbox.delivery())
+    assert posted_parts(fake.posted) == ["a", "b", "c"]
+    assert outbox.done[1] == fake.posted[1]["ts"]
+
+
+async def test_parts_fit_the_limit_as_sent_after_escaping() -> None:
+    """``&`` goes out as ``&amp;``: a part cut to the limit before escaping would not fit."""
+    lines = [f"{i} & <b> && <<x>> & {'&' * 20}" for i in range(4000)]
+    text = "\n".join(lines)
+    async with fake_slack() as fake:
+        settings = SlackSettings(
+            bot_token="xoxb-x",
+            app_token="xapp-x",
+            api_url=fake.api_url,
+            message_limit=39000,
+            upload_threshold=0,
+        )
+        slack = SlackTransport(settings, [RoomBinding(RoomId(CHANNEL))])
+        outbox = Outbox()
+        await slack.send(Reply(ROOM, text, ReplyKind.RESULT), outbox.delivery())
+        await slack.edit(ROOM, ExternalMessageId(str(fake.posted[0]["ts"])), text)
+    assert fake.calls_to("chat.postMessage") == len(fake.posted) == len(outbox.done) > 1
+    assert all(len(str(m["text"])) <= 39000 for m in fake.posted)
+    sent = "\n".join(str(m["text"]) for m in fake.posted)
+    assert sent.count("&amp;") == text.count("&")
+    assert fake.calls_to("chat.update") == 1

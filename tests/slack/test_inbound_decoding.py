@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ from bridge.core.model import ExternalMessageId, InboundMessage
 from bridge.core.transport import MessageDeleted, MessageEdited
 from transports.slack.decode import decode, mentioned_users, strip_leading_mention
 from transports.slack.inbound import FilesWithoutText, dedup_key, to_event
-from transports.slack.names import DisplayNames
+from transports.slack.names import DisplayNames, WaitBudget
 
 BOT = "U0BOT"
 ROOMS = frozenset({"C1"})
@@ -109,6 +110,46 @@ def test_edits_and_deletions_that_are_not_a_persons_are_dropped(event: dict[str,
     assert to_event(event, BOT, "B0BOT", ROOMS) is None
 
 
+def tombstone(previous_user: str = "U0ALICE") -> dict[str, Any]:
+    """Slack's event for deleting a thread parent that has replies."""
+    thread = {"ts": "1.000001", "thread_ts": "1.000001", "reply_count": 1}
+    return message(
+        subtype="message_changed",
+        hidden=True,
+        ts="3.000001",
+        event_ts="3.000001",
+        message={
+            "type": "message",
+            "subtype": "tombstone",
+            "hidden": True,
+            "user": "USLACKBOT",
+            "text": "This message was deleted.",
+            **thread,
+        },
+        previous_message={"type": "message", "user": previous_user, "text": "do X", **thread},
+    )
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        tombstone(),
+        edited("<@U0BOT>", previous="<@U0BOT> do X"),  # nothing left to run
+        edited("  ", previous="do X"),
+    ],
+)
+def test_a_deleted_thread_parent_or_an_edit_to_no_text_is_a_deletion(
+    event: dict[str, Any],
+) -> None:
+    parsed = to_event(event, BOT, "B0BOT", ROOMS)
+    assert isinstance(parsed, MessageDeleted)
+    assert (parsed.room.room_id, parsed.external_id) == ("C1", ExternalMessageId("1.000001"))
+
+
+def test_the_bridges_own_deleted_thread_parent_is_dropped() -> None:
+    assert to_event(tombstone(previous_user=BOT), BOT, "B0BOT", ROOMS) is None
+
+
 def test_a_deletion_names_the_deleted_message() -> None:
     event = message(
         subtype="message_deleted",
@@ -150,3 +191,37 @@ async def test_display_names_are_cached_bounded_and_failures_cost_only_the_name(
     assert lookup.asked.count("U0FAIL") == 2
     await names.resolve(["U1"])  # evicted by the bound of two
     assert lookup.asked.count("U1") == 2
+
+
+def test_the_wait_budget_is_shared_capped_and_refills() -> None:
+    now = [0.0]
+    budget = WaitBudget(capacity_s=0.5, refill_per_s=0.1, clock=lambda: now[0])
+    assert budget.take(1.0) == 0.5
+    assert budget.take(1.0) == 0.0
+    now[0] = 2.0
+    assert budget.take(1.0) == pytest.approx(0.2)
+    budget.give_back(0.1)
+    assert budget.take(1.0) == pytest.approx(0.1)
+    now[0] = 100.0
+    assert budget.take(1.0) == 0.5  # never more than the capacity
+
+
+async def test_slow_lookups_stop_costing_waits_once_the_budget_is_spent() -> None:
+    """Names of a users.info that never answers: one bounded wait, then ids at once."""
+    now = [0.0]
+    asked: list[str] = []
+
+    async def never_answers(user: str) -> str | None:
+        asked.append(user)
+        await asyncio.Event().wait()
+        return None
+
+    budget = WaitBudget(capacity_s=0.2, refill_per_s=0.1, clock=lambda: now[0])
+    names = DisplayNames(never_answers, budget=budget, clock=lambda: now[0])
+    for user in ("U1", "U2", "U3", "U4", "U5", "U6"):
+        assert await names.resolve([user]) == {}
+    assert asked == ["U1"]  # cut after the budget's 0.2 s; the others not waited for
+    assert names.skipped == 5
+    now[0] = 2.0  # refilled
+    assert await names.resolve(["U7"]) == {}
+    assert asked == ["U1", "U7"]

@@ -5,6 +5,8 @@ Against :mod:`tests.slack.fake_slack`: local-slack never answers 429.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey, TransportName
@@ -50,7 +52,15 @@ async def test_rate_limited_reactions_and_edits_raise_at_once() -> None:
 
 
 @pytest.mark.parametrize(
-    "code", ["channel_not_found", "not_in_channel", "is_archived", "msg_too_long"]
+    "code",
+    [
+        "channel_not_found",
+        "not_in_channel",
+        "is_archived",
+        "msg_too_long",
+        "invalid_arguments",
+        "thread_not_found",
+    ],
 )
 async def test_permanent_refusals_are_undeliverable(code: str) -> None:
     async with fake_slack() as fake:
@@ -59,9 +69,23 @@ async def test_permanent_refusals_are_undeliverable(code: str) -> None:
             await transport(fake.api_url).send(Reply(ROOM, "hi"))
 
 
+@pytest.mark.parametrize(
+    "code", ["invalid_auth", "token_revoked", "account_inactive", "missing_scope"]
+)
+async def test_a_refused_token_is_undeliverable_and_logged_loudly(
+    code: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The outbox would retry forever, holding up every later answer of the room."""
+    async with fake_slack() as fake:
+        fake.errors["chat.postMessage"] = [code]
+        with pytest.raises(Undeliverable, match=code):
+            await transport(fake.api_url).send(Reply(ROOM, "hi"))
+    assert [r.levelno for r in caplog.records if code in r.getMessage()] == [logging.ERROR]
+
+
 async def test_other_errors_are_transport_errors_to_retry() -> None:
     async with fake_slack() as fake:
-        fake.errors["chat.postMessage"] = ["invalid_auth"]
+        fake.errors["chat.postMessage"] = ["some_error_slack_adds_later"]
         with pytest.raises(TransportError) as caught:
             await transport(fake.api_url).send(Reply(ROOM, "hi"))
     assert not isinstance(caught.value, RateLimited | Undeliverable)

@@ -3,7 +3,8 @@
 Bolt verifies the signature and timestamp (``X-Slack-Signature``,
 ``X-Slack-Request-Timestamp``; stale or forged requests get 401), answers
 ``url_verification``, and, because the app processes before responding, only
-returns 200 after the listener has handed the message to the service.
+returns 200 after the listener has handed the message to the service. A 200
+from Bolt for an event no listener finished becomes a 500 (see ``settled``).
 """
 
 from __future__ import annotations
@@ -15,18 +16,27 @@ from collections.abc import Callable
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_bolt.app.async_app import AsyncApp
+from slack_bolt.request.async_request import AsyncBoltRequest
 
 log = logging.getLogger(__name__)
 
 EVENTS_PATH = "/slack/events"
 
 
-def events_application(app: AsyncApp) -> web.Application:
+Settled = Callable[[AsyncBoltRequest, int], bool]
+
+
+def events_application(app: AsyncApp, settled: Settled) -> web.Application:
     """An aiohttp application serving Bolt at :data:`EVENTS_PATH`."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
         bolt_request = await to_bolt_request(request)
         bolt_response = await app.async_dispatch(bolt_request)
+        if bolt_response.status == 200 and not settled(bolt_request, 200):
+            # A 200 for an event no listener handed over would be taken as
+            # delivered; a 500 makes Slack send it again.
+            log.warning("slack events: an event was not handed over; answering 500")
+            return web.Response(status=500)
         response: web.StreamResponse = await to_aiohttp_response(bolt_response)
         return response
 
@@ -36,10 +46,17 @@ def events_application(app: AsyncApp) -> web.Application:
 
 
 async def serve_events(
-    app: AsyncApp, host: str, port: int, on_listening: Callable[[int], None]
+    app: AsyncApp,
+    settled: Settled,
+    host: str,
+    port: int,
+    on_listening: Callable[[int], None],
 ) -> None:
-    """Serve the endpoint until cancelled; ``on_listening`` gets the bound port."""
-    runner = web.AppRunner(events_application(app), access_log=None)
+    """Serve the endpoint until cancelled; ``on_listening`` gets the bound port.
+
+    ``settled`` decides whether Bolt's 200 for a request may stand.
+    """
+    runner = web.AppRunner(events_application(app, settled), access_log=None)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)

@@ -36,6 +36,8 @@ HUMAN_SUBTYPES = frozenset({"thread_broadcast", "file_share", "me_message"})
 BOT_SUBTYPE = "bot_message"
 EDITED = "message_changed"
 DELETED = "message_deleted"
+TOMBSTONE = "tombstone"
+"""What a deleted thread parent with replies becomes (sent as ``message_changed``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,20 +127,35 @@ def to_event(
 
 def _edited(
     event: Mapping[str, Any], room: RoomKey, bot_user_id: str, bot_id: str | None
-) -> MessageEdited | None:
+) -> MessageEdited | MessageDeleted | None:
+    """An edit; or a deletion, when the edit leaves nothing of the message.
+
+    Slack reports deleting a thread parent that has replies as a change to a
+    ``tombstone`` (posted by Slackbot, "This message was deleted."), and an
+    edit can leave no text (``@bot do X`` edited to ``@bot``): both withdraw
+    the request, as a deletion does.
+    """
     message = event.get("message")
     if not isinstance(message, Mapping):
         return None
+    previous = event.get("previous_message")
+    previous = previous if isinstance(previous, Mapping) else {}
+    ts = message.get("ts")
+    if message.get("subtype") == TOMBSTONE:
+        if _by_bridge(previous, bot_user_id, bot_id) or _by_a_bot(previous):
+            return None
+        return MessageDeleted(room, ExternalMessageId(ts)) if isinstance(ts, str) else None
     if _by_bridge(message, bot_user_id, bot_id) or _by_a_bot(message):
         return None  # the bridge's own progress edits, above all
-    ts = message.get("ts")
     text = message.get("text")
     if not isinstance(ts, str) or not isinstance(text, str):
         return None
-    previous = event.get("previous_message")
-    if isinstance(previous, Mapping) and previous.get("text") == text:
+    if previous.get("text") == text:
         return None
-    return MessageEdited(room, ExternalMessageId(ts), strip_leading_mention(text, bot_user_id)[0])
+    stripped = strip_leading_mention(text, bot_user_id)[0]
+    if not stripped.strip():
+        return MessageDeleted(room, ExternalMessageId(ts))
+    return MessageEdited(room, ExternalMessageId(ts), stripped)
 
 
 def _deleted(

@@ -7,8 +7,9 @@ anything else :class:`TransportError`.
 Idempotent replies: a reply is split the same way on every attempt, and
 each posted part carries message metadata naming its delivery key and part
 index. When the outcome of an earlier attempt is unknown (the connection
-broke after the request went out, or the process restarted between posting
-a part and recording it) the channel's or thread's recent messages are
+broke after the request went out, the attempt was cancelled in flight, the
+outbox failed to record a part, or the process restarted between posting a
+part and recording it) the channel's or thread's recent messages are
 searched for the parts already posted before anything is posted again.
 """
 
@@ -77,12 +78,44 @@ PERMANENT_ERRORS = frozenset(
         "edit_window_closed",
         "file_uploads_disabled",
         "file_upload_size_restricted",
+        # A malformed call is malformed on every attempt.
+        "invalid_arguments",
+        "invalid_arg_name",
+        "invalid_array_arg",
+        "invalid_charset",
+        "invalid_form_data",
+        "invalid_post_type",
+        "missing_post_type",
+        "invalid_json",
+        "json_not_object",
+        "invalid_ts",
+        "thread_not_found",
     }
 )
+AUTH_ERRORS = frozenset(
+    {
+        "not_authed",
+        "invalid_auth",
+        "token_revoked",
+        "token_expired",
+        "account_inactive",
+        "missing_scope",
+        "no_permission",
+        "not_allowed_token_type",
+        "team_access_not_granted",
+        "ekm_access_denied",
+    }
+)
+"""The token (or the app's scopes) is refused: nothing can be posted anywhere
+until an operator changes the app or the token and restarts, so no retry helps.
+Retrying would also hold up every later answer of the room (the outbox
+delivers a room's answers in order)."""
 # Answers after which the call may still have taken effect.
 _UNSURE_ERRORS = frozenset(
     {"request_timeout", "internal_error", "fatal_error", "service_unavailable"}
 )
+_MIN_PIECE = 40
+"""No piece is split below this; five-fold escaping of it still fits any limit (>= 200)."""
 LOOKUP_PAGES = 5
 """Pages of history searched for parts of an unsure delivery (the residual window)."""
 
@@ -108,6 +141,15 @@ def translate(method: str, exc: Exception) -> TransportError:
         if status == 429 or code == "ratelimited":
             headers = getattr(response, "headers", None) or {}
             return RateLimited("slack", retry_after_seconds(headers), f"{method} rate limited")
+        if code in AUTH_ERRORS:
+            # Loud: every answer is being lost until someone fixes the app.
+            log.error(
+                "slack refused the bot's token for %s (%s): the bot cannot post until the"
+                " token or the app's scopes are fixed and the bridge restarted",
+                method,
+                code,
+            )
+            return Undeliverable("slack", f"{method} refused: {code}")
         if code in PERMANENT_ERRORS:
             return Undeliverable("slack", f"{method} refused: {code}")
         if status >= 500 or code in _UNSURE_ERRORS:
@@ -172,7 +214,26 @@ class SlackOutbound:
             and len(reply.text) > self._upload_threshold
         ):
             return [_Part(reply.text, upload=True)]
-        return [_Part(chunk) for chunk in split_markdown(reply.text, self._limit)]
+        return [_Part(chunk) for chunk in self._chunks(reply.text)]
+
+    def _chunks(self, text: str) -> list[str]:
+        """``text`` in pieces whose rendering (mrkdwn, escaped) fits the message limit.
+
+        Escaping grows text (``&`` is sent as ``&amp;``, five characters), so
+        a piece is measured as sent; one that does not fit is split again,
+        smaller by the growth it showed. Deterministic, like the split itself.
+        """
+        pending = split_markdown(text, self._limit)
+        chunks: list[str] = []
+        while pending:
+            chunk = pending.pop(0)
+            sent = len(to_mrkdwn(chunk))
+            if sent <= self._limit or len(chunk) <= _MIN_PIECE:
+                chunks.append(chunk)
+                continue
+            smaller = max(_MIN_PIECE, min(len(chunk) - 1, len(chunk) * self._limit // sent))
+            pending[:0] = split_markdown(chunk, smaller)
+        return chunks
 
     async def send(
         self, reply: Reply, delivery: Delivery | None = None
@@ -193,11 +254,26 @@ class SlackOutbound:
             found = await self._find_parts(channel, thread, delivery.key)
         last: ExternalMessageId | None = None
         for index in range(start, len(parts)):
+            if delivery is not None:
+                # From here until the outbox has recorded this part, the
+                # outcome is open: a post that fails unclearly, is cancelled
+                # (it may have reached Slack), or whose record fails leaves
+                # the key unsure, and the next attempt looks history up first.
+                self._tried_with(delivery.key, known=False)
             ts = found.get(index)
             if ts is None:
-                ts = await self._send_part(channel, thread, parts[index], delivery, index)
+                try:
+                    ts = await self._send_part(channel, thread, parts[index], delivery, index)
+                except OutcomeUnknown:
+                    raise
+                except TransportError:
+                    # Slack answered, refusing: nothing was posted.
+                    if delivery is not None:
+                        self._tried_with(delivery.key, known=True)
+                    raise
             if delivery is not None:
                 await delivery.part_sent(index, ts)
+                self._tried_with(delivery.key, known=True)
             last = ts
         return last
 
@@ -223,19 +299,10 @@ class SlackOutbound:
         delivery: Delivery | None,
         index: int,
     ) -> ExternalMessageId:
-        try:
-            if part.upload:
-                name = _upload_name(delivery.key if delivery is not None else None)
-                ts = await self._upload(channel, thread, part.text, name)
-            else:
-                ts = await self._post(channel, thread, to_mrkdwn(part.text), delivery, index)
-        except OutcomeUnknown:
-            if delivery is not None:
-                self._tried_with(delivery.key, known=False)
-            raise
-        if delivery is not None:
-            self._tried_with(delivery.key, known=True)
-        return ts
+        if part.upload:
+            name = _upload_name(delivery.key if delivery is not None else None)
+            return await self._upload(channel, thread, part.text, name)
+        return await self._post(channel, thread, to_mrkdwn(part.text), delivery, index)
 
     async def _post(
         self,
@@ -313,7 +380,7 @@ class SlackOutbound:
 
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         """Replace a posted message's text (cut to the message limit: an edit is one message)."""
-        chunks = split_markdown(text, self._limit) or [" "]
+        chunks = self._chunks(text) or [" "]
         await self._call(
             "chat.update",
             channel=room.room_id,

@@ -11,7 +11,8 @@ recognised by (channel, ts) and acknowledged without a second hand-over.
 
 Nothing on that path waits for more than it must: no lock is held while
 the sink runs (the store's idempotent accept settles concurrent
-redeliveries), display names are looked up with a short timeout, a ``429``
+redeliveries), display names are looked up within a short wait budget
+shared by all events (:mod:`.names`), a ``429``
 raises instead of sleeping, and answers the transport gives on its own
 (a file shared without text) are sent after the acknowledgement, from a
 task the transport owns.
@@ -31,6 +32,8 @@ from typing import Any
 
 import aiohttp
 from slack_bolt.app.async_app import AsyncApp
+from slack_bolt.authorization import AuthorizeResult
+from slack_bolt.context.async_context import AsyncBoltContext
 from slack_bolt.request.async_request import AsyncBoltRequest
 
 from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey
@@ -63,6 +66,25 @@ FILES_NOT_SUPPORTED = (
 )
 
 Sleep = Callable[[float], Awaitable[None]]
+
+
+HANDED_OVER = "chatbridge_handed_over"
+"""Set in a request's Bolt context once a listener has dealt with its event."""
+
+
+def settled(request: AsyncBoltRequest, status: int) -> bool:
+    """Whether Slack may be told the request was handled (socket ack, HTTP 2xx).
+
+    An event is settled only when one of the transport's listeners finished
+    with it: whatever else Bolt answers, even a 200 (its authorization
+    failing, a middleware cutting the chain short), means the event may not
+    have been handed over, and Slack must deliver it again. Anything that is
+    not an event (a slash command, an interaction: nothing the bridge serves)
+    is settled unless Bolt failed (5xx).
+    """
+    if request.body.get("type") == "event_callback":
+        return status == 200 and request.context.get(HANDED_OVER) is True
+    return status < 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +192,7 @@ class SlackTransport(Transport):
                 up()
 
             await serve_events(
-                app, self._settings.listen_host, self._settings.listen_port, listening
+                app, settled, self._settings.listen_host, self._settings.listen_port, listening
             )
             return
 
@@ -190,20 +212,44 @@ class SlackTransport(Transport):
 
     def _bolt_app(self, identity: BotIdentity, sink: InboundSink) -> AsyncApp:
         events = self._settings.mode == "events"
+        token = self._settings.bot_token.get_secret_value()
+
+        async def authorize(enterprise_id: str | None, team_id: str | None) -> AuthorizeResult:
+            # The identity is known from this connection's auth.test. Without
+            # this Bolt makes its own auth.test on the first event, and when
+            # that fails (a 429) it answers 200: the event would be
+            # acknowledged without ever reaching the listener.
+            return AuthorizeResult(
+                enterprise_id=enterprise_id,
+                team_id=team_id,
+                bot_user_id=identity.user_id,
+                bot_id=identity.bot_id,
+                bot_token=token,
+            )
+
         app = AsyncApp(
-            client=self._client,
+            # A client without a token: with one, Bolt would use its own
+            # single-team authorization (and its auth.test) instead of ours.
+            client=web_client(None, self._settings.api_url),
+            authorize=authorize,
             signing_secret=self._settings.signing_secret.get_secret_value() if events else None,
             request_verification_enabled=events,
+            # Bolt's filter answers 200 for the bot's own events without a
+            # listener; :func:`.inbound.to_event` drops them instead, so that
+            # every event reaches a listener and "handed over" means what it says.
+            ignoring_self_events_enabled=False,
             # Acknowledge only after the listener has handed the message over.
             process_before_response=True,
             logger=logging.getLogger("transports.slack.bolt"),
         )
 
-        async def on_message(event: dict[str, Any]) -> None:
+        async def on_message(event: dict[str, Any], context: AsyncBoltContext) -> None:
             await self._deliver(event, identity, sink)
+            context[HANDED_OVER] = True
 
-        async def on_other_event() -> None:
+        async def on_other_event(context: AsyncBoltContext) -> None:
             """Acknowledge events the bridge does not use, so Slack does not retry them."""
+            context[HANDED_OVER] = True
 
         app.event("message")(on_message)
         app.event("app_mention")(on_message)
@@ -265,8 +311,7 @@ class SlackTransport(Transport):
             headers["x-slack-retry-reason"] = [str(envelope.get("retry_reason", ""))]
         request = AsyncBoltRequest(mode="socket_mode", body=payload, headers=headers)
         response = await app.async_dispatch(request)
-        # Bolt answers 500 when the listener raised (e.g. the store is down).
-        return int(response.status) < 500
+        return settled(request, int(response.status))
 
     async def send(
         self, reply: Reply, delivery: Delivery | None = None

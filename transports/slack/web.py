@@ -34,6 +34,6 @@ def retry_after_seconds(headers: Mapping[str, object]) -> float:
     return DEFAULT_RETRY_AFTER_S
 
 
-def web_client(token: str, base_url: str, *, timeout_s: int = 30) -> AsyncWebClient:
+def web_client(token: str | None, base_url: str, *, timeout_s: int = 30) -> AsyncWebClient:
     """An ``AsyncWebClient`` without retries (an empty list: the library's default retries)."""
     return AsyncWebClient(token=token, base_url=base_url, timeout=timeout_s, retry_handlers=[])
