@@ -25,6 +25,10 @@ from dispatcher import Dispatcher
 
 log = logging.getLogger(__name__)
 
+FILES_NOT_SUPPORTED = (
+    "Files are not passed to Claude yet, so nothing was started. Please write your request as text."
+)
+
 
 @dataclass(slots=True)
 class Intake:
@@ -137,7 +141,9 @@ class Intake:
             self.metrics.messages.labels("duplicate").inc()
             log.debug("duplicate delivery of %s", inbound.external_id)
             return Accepted.DUPLICATE
-        if command is not None:
+        if not message.text.strip():
+            await self._files_only(message)
+        elif command is not None:
             self.metrics.messages.labels("command").inc()
             # One command of a room at a time, in the order they came (``!stop``
             # then ``!retry``), also when a transport hands events over at once.
@@ -149,6 +155,15 @@ class Intake:
             self.dispatcher.submit(message)
             self.on_accepted(message)
         return Accepted.ACCEPTED
+
+    async def _files_only(self, message: Message) -> None:
+        """Files without text (transports hand over no other empty message): answered, not run.
+
+        Settled like a command, so a crash never turns it into an empty run.
+        """
+        self.metrics.messages.labels("files").inc()
+        await self.commands.answer(message, FILES_NOT_SUPPORTED)
+        await self.store.complete_command(message.id)
 
     async def _command(self, command: Command, message: Message) -> None:
         try:
@@ -171,7 +186,7 @@ class Intake:
         resumed = 0
         prefix = self.settings.commands.prefix
         for message in pending:
-            if parse_command(message.text, prefix) is not None:
+            if parse_command(message.text, prefix) is not None or not message.text.strip():
                 await self.store.complete_command(message.id)
             elif self.settings.room(message.room) is None:
                 log.warning("pending message %s is for a room no longer configured", message.id)

@@ -58,6 +58,9 @@ class InboundMessage:
     """The transport knows the sender is a bot (or the bridge itself)."""
     mentions_bot: bool = False
     """The message mentions the bot (used by Slack's ``trigger = "mention"``)."""
+    files: int = 0
+    """Files shared with the message. They are not passed to claude yet: a
+    message of files without text is answered with a notice, never run."""
 
     def accepted(self, message_id: MessageId, received_at: float) -> Message:
         """This message as the store recorded it."""

@@ -188,9 +188,14 @@ def test_text_that_only_looks_like_a_leading_mention_stays(body: str) -> None:
     assert message({"msgtype": "m.text", "body": body}, name="Bridge").text == body
 
 
-def test_other_message_types_are_not_delivered() -> None:
+def test_files_are_handed_over_without_text_and_other_types_not_at_all() -> None:
+    # The body of a file event is its name, not a request: the core answers it.
     image = event({"msgtype": "m.image", "body": "cat.png", "url": "mxc://hs/x"})
-    assert to_inbound(image, "!r", BOT) is None
+    shared = to_inbound(image, "!r", BOT)
+    assert isinstance(shared, InboundMessage)
+    assert (shared.text, shared.files, shared.sender) == ("", 1, "@alice:hs")
+    emote = event({"msgtype": "m.emote", "body": "waves"})
+    assert to_inbound(emote, "!r", BOT) is None
 
 
 def member(membership: str, prev: str | None, state_key: str = "@bot:hs") -> Any:

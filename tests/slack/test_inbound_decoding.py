@@ -10,7 +10,7 @@ import pytest
 from bridge.core.model import ExternalMessageId, InboundMessage
 from bridge.core.transport import MessageDeleted, MessageEdited
 from transports.slack.decode import decode, mentioned_users, strip_leading_mention
-from transports.slack.inbound import FilesWithoutText, dedup_key, to_event
+from transports.slack.inbound import dedup_key, to_event
 from transports.slack.names import DisplayNames, WaitBudget
 
 BOT = "U0BOT"
@@ -69,12 +69,19 @@ def test_a_bare_mention_starts_nothing() -> None:
     assert to_event(message(text="<@U0BOT>"), BOT, "B0BOT", ROOMS) is None
 
 
-def test_files_without_text_are_told_apart() -> None:
-    files = [{"id": "F1", "name": "x.png"}]
+def test_files_are_counted_with_or_without_text() -> None:
+    files = [{"id": "F1", "name": "x.png"}, {"id": "F2", "name": "y.png"}]
     shared = to_event(message(subtype="file_share", text="", files=files), BOT, None, ROOMS)
-    assert isinstance(shared, FilesWithoutText)
+    assert isinstance(shared, InboundMessage)
+    assert (shared.text, shared.files) == ("", 2)
     with_text = to_event(message(subtype="file_share", text="look", files=files), BOT, None, ROOMS)
     assert isinstance(with_text, InboundMessage)
+    assert (with_text.text, with_text.files) == ("look", 2)
+    mention = to_event(
+        message(subtype="file_share", text="<@U0BOT>", files=files), BOT, None, ROOMS
+    )
+    assert isinstance(mention, InboundMessage)
+    assert (mention.text, mention.mentions_bot) == ("", True)
 
 
 def edited(text: str, previous: str = "old", **original: Any) -> dict[str, Any]:

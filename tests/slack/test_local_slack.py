@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -221,14 +220,9 @@ async def test_edits_and_deletions_become_events(env: Running) -> None:
     assert deleted == MessageDeleted(ROOM, ExternalMessageId(ts))
 
 
-async def test_a_file_without_text_starts_nothing_and_is_answered(env: Running) -> None:
+async def test_shared_files_are_handed_over_with_their_count(env: Running) -> None:
+    # The core answers files without text (it decides who may be answered).
     await env.slack.share_file(peer.ALICE, "notes.txt", b"some notes")
     await env.slack.share_file(peer.ALICE, "more.txt", b"more", text="summarise this")
-    assert env.sink.texts == ["summarise this"]
-
-    async def notice() -> list[str]:
-        return [str(m.get("text", "")) for m in await env.slack.bot_messages()]
-
-    async with asyncio.timeout(10):
-        while not any("Files are not passed" in t for t in await notice()):
-            await asyncio.sleep(0.05)
+    assert [(m.text, m.files) for m in env.sink.messages] == [("", 1), ("summarise this", 1)]
+    assert all(m.sender == peer.ALICE for m in env.sink.messages)

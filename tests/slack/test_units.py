@@ -8,7 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from bridge.core.model import InboundMessage
-from transports.slack.inbound import RecentKeys, SlackEvent, mentions, to_event
+from bridge.core.transport import InboundEvent
+from transports.slack.inbound import RecentKeys, mentions, to_event
 from transports.slack.mrkdwn import to_mrkdwn
 from transports.slack.settings import SlackSettings
 
@@ -68,7 +69,7 @@ def test_settings_normalise_the_api_url_and_split_listen() -> None:
 # --- inbound --------------------------------------------------------------------
 
 
-def inbound(parsed: SlackEvent | None) -> InboundMessage:
+def inbound(parsed: InboundEvent | None) -> InboundMessage:
     assert isinstance(parsed, InboundMessage), parsed
     return parsed
 

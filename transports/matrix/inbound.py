@@ -12,7 +12,13 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from nio import RedactionEvent, RoomMessageNotice, RoomMessageText
+from nio import (
+    RedactionEvent,
+    RoomEncryptedMedia,
+    RoomMessageMedia,
+    RoomMessageNotice,
+    RoomMessageText,
+)
 
 from bridge.core.model import (
     ExternalMessageId,
@@ -144,6 +150,8 @@ def to_inbound(
         if event.sender == bot.user_id or not event.redacts:
             return None
         return MessageDeleted(room, ExternalMessageId(event.redacts))
+    if isinstance(event, RoomMessageMedia | RoomEncryptedMedia):
+        return _files(event, room, bot)
     if not isinstance(event, RoomMessageText | RoomMessageNotice):
         return None
     if event.sender == bot.user_id:
@@ -166,6 +174,24 @@ def to_inbound(
         thread=thread_of(content),
         sender_is_bot=sender_is_bot,
         mentions_bot=mentioned or stripped is not None,
+    )
+
+
+def _files(
+    event: RoomMessageMedia | RoomEncryptedMedia, room: RoomKey, bot: InboundPolicy
+) -> InboundMessage | None:
+    """A file, image, audio or video: no text to run (its body is the file name)."""
+    if event.sender == bot.user_id:
+        return None
+    content = event.source.get("content", {})
+    return InboundMessage(
+        room=room,
+        sender=UserId(event.sender),
+        text="",
+        external_id=ExternalMessageId(event.event_id),
+        thread=thread_of(content) if isinstance(content, dict) else None,
+        sender_is_bot=event.sender in bot.ignore_users and bot.ignore_other_bots,
+        files=1,
     )
 
 

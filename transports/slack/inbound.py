@@ -13,7 +13,6 @@ import dataclasses
 import re
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from bridge.core.model import (
@@ -40,18 +39,6 @@ TOMBSTONE = "tombstone"
 """What a deleted thread parent with replies becomes (sent as ``message_changed``)."""
 
 
-@dataclass(frozen=True, slots=True)
-class FilesWithoutText:
-    """A person shared files and wrote nothing: nothing to run, but worth an answer."""
-
-    room: RoomKey
-    sender: UserId
-    thread: str | None
-
-
-SlackEvent = InboundEvent | FilesWithoutText
-
-
 def mentions(text: str, user_id: str) -> bool:
     """True if ``text`` contains Slack's mention markup for ``user_id`` (``<@U123>``)."""
     return re.search(rf"<@{re.escape(user_id)}(?:\|[^>]*)?>", text) is not None
@@ -69,7 +56,7 @@ def _by_a_bot(message: Mapping[str, Any]) -> bool:
 
 def to_event(
     event: Mapping[str, Any], bot_user_id: str, bot_id: str | None, rooms: frozenset[str]
-) -> SlackEvent | None:
+) -> InboundEvent | None:
     """What ``event`` means to the bridge, or None when it is not for the bridge.
 
     None for: other event types, rooms not configured, the bridge's own posts
@@ -110,9 +97,11 @@ def to_event(
     text, leading = strip_leading_mention(raw if isinstance(raw, str) else "", bot_user_id)
     thread = event.get("thread_ts")
     thread = thread if isinstance(thread, str) else None
-    if not text.strip():
-        if subtype == "file_share" or event.get("files"):
-            return FilesWithoutText(room, UserId(user), thread)
+    files = event.get("files")
+    count = len(files) if isinstance(files, list) else 0
+    if subtype == "file_share":
+        count = max(count, 1)
+    if not text.strip() and not count:
         return None  # a bare mention, or an empty post: nothing to run
     return InboundMessage(
         room=room,
@@ -122,6 +111,7 @@ def to_event(
         thread=thread,
         sender_is_bot=sender_bot_id is not None or subtype == BOT_SUBTYPE,
         mentions_bot=leading or event.get("type") == "app_mention" or mentions(text, bot_user_id),
+        files=count,
     )
 
 

@@ -36,14 +36,13 @@ from slack_bolt.authorization import AuthorizeResult
 from slack_bolt.context.async_context import AsyncBoltContext
 from slack_bolt.request.async_request import AsyncBoltRequest
 
-from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey
+from bridge.core.model import ExternalMessageId, Reply, RoomId, RoomKey
 from bridge.core.transport import Delivery, InboundSink, RoomBinding, RunPhase
 from transports.backoff import Backoff
 from transports.base import Transport
 from transports.slack.events_http import serve_events
 from transports.slack.inbound import (
     SLACK,
-    FilesWithoutText,
     RecentKeys,
     decoded,
     dedup_key,
@@ -60,10 +59,6 @@ log = logging.getLogger(__name__)
 
 HEALTHY_AFTER_S = 30.0
 """A connection up this long counts as healthy: the next reconnect starts the backoff over."""
-
-FILES_NOT_SUPPORTED = (
-    "Files are not passed to Claude yet, so nothing was started. Please write your request as text."
-)
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -127,7 +122,6 @@ class SlackTransport(Transport):
             upload_threshold=settings.upload_threshold,
         )
         self._recent = RecentKeys()
-        self._tasks: asyncio.TaskGroup | None = None
         self._socket: SocketModeConnection | None = None
         self._listening = False
         self.events_port: int | None = None
@@ -145,14 +139,6 @@ class SlackTransport(Transport):
 
     async def run(self, sink: InboundSink, ready: asyncio.Event) -> None:
         """Connect, set ``ready``, serve until cancelled; reconnect with backoff on errors."""
-        async with asyncio.TaskGroup() as tasks:
-            self._tasks = tasks
-            try:
-                await self._serve(sink, ready)
-            finally:
-                self._tasks = None
-
-    async def _serve(self, sink: InboundSink, ready: asyncio.Event) -> None:
         while True:
             try:
                 await self._serve_once(sink, ready)
@@ -266,31 +252,12 @@ class SlackTransport(Transport):
         if key in self._recent:
             log.debug("slack redelivered %s in %s; already handed over", key[1], key[0])
             return
-        if isinstance(parsed, FilesWithoutText):
-            self._recent.add(key)
-            self._answer_later(parsed)
-            return
         wanted = users_to_name(parsed)
         names = await self.names.resolve(wanted) if wanted else {}
         # No lock around the sink: it may take a while (the store, a command's
         # answer), and events of other channels must not wait behind it.
         await sink(decoded(parsed, names))
         self._recent.add(key)
-
-    def _answer_later(self, files: FilesWithoutText) -> None:
-        """Say that files are not supported, after this event is acknowledged."""
-        binding = self._rooms.get(files.room.room_id)
-        if binding is None or binding.trigger != "all" or self._tasks is None:
-            return  # a room that answers only mentions was not addressed
-        reply = Reply(files.room, FILES_NOT_SUPPORTED, ReplyKind.NOTICE, thread=files.thread)
-        self._tasks.create_task(self._say(reply), name="slack-files-notice")
-
-    async def _say(self, reply: Reply) -> None:
-        try:
-            await self._outbound.send(reply)
-        except Exception as exc:
-            # A notice is not worth a retry: the person sees no answer and asks again.
-            log.warning("slack could not post a notice in %s: %s", reply.room, exc)
 
     async def _display_name(self, user: str) -> str | None:
         response = await self._client.users_info(user=user)
