@@ -6,13 +6,12 @@ saved under ``store_path`` so every later start reuses that device.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from nio import AsyncClient, ErrorResponse, WhoamiResponse
 
 from bridge.core.transport import TransportError
-from transports.backoff import Backoff
+from transports.backoff import Backoff, retry
 from transports.matrix.client import REFUSED, Retryable, check
 from transports.matrix.settings import MatrixSettings
 from transports.matrix.state import SavedSession, SessionFile
@@ -27,20 +26,12 @@ async def log_in(client: AsyncClient, settings: MatrixSettings, backoff: Backoff
     which no retry can fix.
     """
     session_file = SessionFile(settings.store_path)
-    while True:
-        try:
-            await _log_in_once(client, settings, session_file)
-        except TransportError:
-            raise
-        except Exception as exc:
-            delay = backoff.next_delay()
-            log.warning(
-                "matrix login failed (%s: %s); retrying in %.1fs", type(exc).__name__, exc, delay
-            )
-            await asyncio.sleep(delay)
-        else:
-            backoff.reset()
-            return
+    await retry(
+        lambda: _log_in_once(client, settings, session_file),
+        what="matrix login",
+        backoff=backoff,
+        fatal=(TransportError,),
+    )
 
 
 async def _log_in_once(
