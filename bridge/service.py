@@ -40,14 +40,13 @@ from bridge.runs import RunExecutor
 from bridge.store.base import Store, StoreError
 from bridge.store.sql import SqlStore
 from dispatcher import Dispatcher, DispatchLimits
-from runner import kill_marked
+from runner import recover_run
 from transports.base import Transport
 
 log = logging.getLogger(__name__)
 
 PRUNE_INTERVAL_S = 3600.0
 READY_TIMEOUT_S = 60.0
-SWEEP_GRACE_S = 2.0
 ANSWER_GRACE_S = 5.0
 """At shutdown, how long queued command answers may still take to go out."""
 
@@ -182,9 +181,9 @@ class Service:
         notices: list[tuple[RoomKey, str]] = []
         prefix = self.settings.commands.prefix
         for run in await self.store.running_runs():
-            # A run's supervisor stops its run when the bridge dies; the marker
-            # sweep is the last resort for one that was killed itself.
-            killed = await kill_marked(run.id, SWEEP_GRACE_S)
+            # A run's supervisor stops its run when the bridge dies: wait for it;
+            # then the run's cgroup and the marker sweep (runner/recovery.py).
+            killed = await recover_run(run.id, self.settings.runner.cgroup_root)
             await self.store.finish_run(
                 run.id,
                 RunReport(RunStatus.INTERRUPTED, error="chatbridge restarted during the run"),

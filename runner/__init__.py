@@ -1,7 +1,7 @@
 """Runs ``claude -p`` for one batch and leaves no process of the run behind.
 
 Imports only core types from ``bridge.core.model``. Entry points: :func:`run_claude`
-for a run, :func:`kill_marked` for sweeping runs a crash left behind.
+for a run, :func:`recover_run` for stopping what a crash left of a run.
 """
 
 from runner.command import MARKER_ENV, build_argv, build_env
@@ -16,6 +16,7 @@ from runner.events import (
     ToolUse,
 )
 from runner.process import find_marked, kill_marked
+from runner.recovery import recover_run
 from runner.request import RunRequest
 from runner.run import EventCallback, run_claude
 
@@ -39,5 +40,6 @@ __all__ = [
     "build_env",
     "find_marked",
     "kill_marked",
+    "recover_run",
     "run_claude",
 ]

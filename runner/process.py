@@ -1,12 +1,20 @@
-"""The marker sweep: the last resort for processes of a run nobody supervises.
+"""Stopping a run's processes without its supervisor: the bridge's fallbacks.
 
 Each run is contained by its supervisor (``runner/supervisor.py``), which
-leaves nothing behind. The run's marker, an environment variable inherited
-by every descendant that does not clear its environment, is kept for the
-one case a supervisor cannot cover: crash recovery after the supervisor
-itself was killed (e.g. with SIGKILL). A scan of /proc finds the processes
-still carrying it; each is pinned with a pidfd before it is signalled, so a
-recycled pid is never hit.
+leaves nothing behind. When the supervisor cannot do it (it was killed,
+stopped, or the bridge restarted after a crash), the bridge stops the run
+itself with what it can still find, strongest first:
+
+- :func:`kill_tree`: a supervisor that is still alive (stopped, stuck) is
+  frozen, and every process re-parented to it is found by its parent link,
+  frozen and killed before the supervisor itself is; nothing escapes this;
+- :func:`kill_cgroup`: the run's cgroup, when it has one, holds every process
+  of the run, whatever its parent or environment (``cgroup.kill``);
+- :func:`kill_marked`: the run's marker, an environment variable inherited
+  by every descendant that does not clear its environment.
+
+Every process is pinned with a pidfd before it is signalled, so a recycled
+pid is never hit.
 """
 
 from __future__ import annotations
@@ -15,10 +23,12 @@ import asyncio
 import contextlib
 import logging
 import os
+import select
 import signal
 from pathlib import Path
 
 from runner.command import MARKER_ENV
+from runner.supervisor import KILL_DEADLINE_S, KILL_POLL_S, Cgroup, descendants, signal_all
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +144,8 @@ async def kill_marked(marker: str, grace_s: float) -> int:
 
     SIGTERM first; whatever still runs after ``grace_s`` gets SIGKILL, and the
     scan repeats (a process may fork while we kill) until none is left or
-    :data:`SWEEP_DEADLINE_S` passed. Used at startup to sweep runs a crash
-    left behind, and after a supervisor that had to be killed.
+    :data:`SWEEP_DEADLINE_S` passed. The last resort, after the stronger
+    means above: it misses processes that cleared their environment.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + grace_s + SWEEP_DEADLINE_S
@@ -163,3 +173,72 @@ async def kill_marked(marker: str, grace_s: float) -> int:
                 log.error("processes marked %s survived the sweep", marker)
             break
     return len(killed)
+
+
+def has_exited(pidfd: int) -> bool:
+    """Whether the process behind ``pidfd`` has exited (its pidfd turned readable)."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+async def kill_tree(pidfd: int, pid: int) -> int:
+    """Kill a live supervisor's whole run, then the supervisor; return how many processes.
+
+    The supervisor (``pid``, pinned by ``pidfd``) is frozen first so it reaps
+    nothing: every process of the run keeps its parent link to it (orphans
+    re-parent to it, a child subreaper), however it cleared its environment.
+    Each scan freezes all it finds before killing any, so a fork in flight is
+    found by the next scan. Once the supervisor has exited its orphans belong
+    to init and cannot be found this way: call this before killing it.
+    """
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(ProcessLookupError):
+        signal.pidfd_send_signal(pidfd, signal.SIGSTOP)
+    deadline = loop.time() + KILL_DEADLINE_S
+    killed: set[int] = set()
+    while not has_exited(pidfd):
+        tree = descendants(pid)  # killed ones stay zombies (nobody reaps): not listed
+        if not tree:
+            break
+        signal_all(tree, (signal.SIGSTOP, signal.SIGKILL), {pid, *tree})
+        killed.update(tree)
+        if loop.time() >= deadline:
+            log.error("processes of supervisor %d survived SIGKILL: %s", pid, tree)
+            break
+        await asyncio.sleep(KILL_POLL_S)
+    with contextlib.suppress(ProcessLookupError):
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    return len(killed)
+
+
+async def kill_cgroup(path: str) -> int:
+    """Kill every process in the cgroup v2 group ``path`` and remove it; return how many.
+
+    ``cgroup.kill`` is atomic: a process forking meanwhile lands in the group
+    and dies with it. A group that does not exist (any more) holds nothing.
+    """
+    loop = asyncio.get_running_loop()
+    group = Cgroup(os.path.dirname(path), os.path.basename(path))
+    held = _kill_group(group)
+    if held is None:
+        return 0
+    deadline = loop.time() + KILL_DEADLINE_S
+    # The group can be removed once the kernel let go of its last (exiting) member.
+    while not (not group.procs() and group.remove(0)):
+        if loop.time() >= deadline:
+            log.error("the cgroup %s is still busy after cgroup.kill: %s", path, group.procs())
+            break
+        await asyncio.sleep(KILL_POLL_S)
+    return len(held)
+
+
+def _kill_group(group: Cgroup) -> list[int] | None:
+    """``cgroup.kill`` the group; the pids it held, or None if there is no such group."""
+    if not os.path.isdir(group.path):
+        return None
+    held = group.procs()
+    if not group.kill():
+        log.error("cannot kill the cgroup %s (cgroup.kill needs Linux 5.14)", group.path)
+        return None
+    return held

@@ -16,12 +16,16 @@ A run ends in exactly one of these ways (an :data:`Ending`), each mapped to a
 - its output was not stream-json (bad JSON, a line over the cap): failed;
 - ``run_timeout_s`` passed, or ``idle_timeout_s`` without output: timed out /
   stalled;
+- the supervisor exited before claude did (something killed it): failed;
 - the task running ``run_claude`` was cancelled (``!stop``, shutdown): the stop
   sequence runs shielded, then ``CancelledError`` propagates.
 
 Whatever the ending, ``run_claude`` returns only once the supervisor is gone,
 and with it every process of the run, including tools that cleared their
-environment, double-forked or started their own session.
+environment, double-forked or started their own session. A supervisor that
+went without saying it stopped the run (its "done" line), or that does not
+finish in time, is replaced by the bridge's own fallbacks
+(:meth:`Supervised.contain`); docs/operations.md says what they can miss.
 """
 
 from __future__ import annotations
@@ -42,7 +46,6 @@ from runner import supervision
 from runner.command import build_argv, build_env
 from runner.errors import InvalidRequest, StreamError
 from runner.events import Init, Result, RunEvent, Spawned
-from runner.process import kill_marked
 from runner.request import RunRequest
 from runner.stream import LineFramer, parse_line
 from runner.supervision import Limits, SpawnFailed, Supervised
@@ -89,7 +92,12 @@ class Unreadable:
     reason: str
 
 
-Ending = Answered | Exited | Expired | Unreadable
+@dataclass(frozen=True)
+class Unsupervised:
+    """The supervisor exited while claude ran (killed: a tool, the OOM killer)."""
+
+
+Ending = Answered | Exited | Expired | Unreadable | Unsupervised
 
 
 def must_stop(ending: Ending) -> bool:
@@ -102,7 +110,7 @@ def must_stop(ending: Ending) -> bool:
             return lingering
         case Exited():
             return False
-        case Expired() | Unreadable():
+        case Expired() | Unreadable() | Unsupervised():
             return True
 
 
@@ -177,6 +185,8 @@ class _Run:
         self._init: Init | None = None
         self._result: Result | None = None
         self._stderr_task: asyncio.Task[None] | None = None
+        self._stdout_end: asyncio.Future[None] = self._loop.create_future()
+        """stdout was decoded up to the result or its end; or why not (StreamError...)."""
 
     def _task(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro)
@@ -186,34 +196,41 @@ class _Run:
     async def follow(self) -> Ending:
         """Follow the run until it ended one of the ways listed in the module doc."""
         request = self._request
+        supervised = self._supervised
         self._task(self._feed_stdin())
         self._stderr_task = self._task(self._collect_stderr())
-        await self._on_event(Spawned(self._supervised.claude_pid))
-        pump = self._task(self._pump_stdout())
-        exited = self._task(_wait_future(self._supervised.claude_exit))
-        expired = await self._wait_deadlines({pump, exited})
+        await self._on_event(Spawned(supervised.claude_pid))
+        self._task(self._pump_stdout())
+        decoded, exited, gone = self._stdout_end, supervised.claude_exit, supervised.gone
+        expired = await self._wait_deadlines({decoded, exited, gone})
         if expired is not None:
             return expired
-        if not pump.done():
+        if not decoded.done():
+            if not exited.done():
+                return Unsupervised()
             # claude is gone, but a process it left may hold stdout open: the
             # supervisor is stopping them; then read what claude wrote.
-            await self._supervised.wait(request.stop_grace_s + supervision.SUPERVISOR_KILL_S)
-            await asyncio.wait({pump}, timeout=DRAIN_S)
-            if not pump.done():
+            await supervised.wait(request.stop_grace_s + supervision.SUPERVISOR_KILL_S)
+            await asyncio.wait({decoded}, timeout=DRAIN_S)
+            if not decoded.done():
                 return Unreadable("stdout stayed open after claude exited")
         try:
-            pump.result()
+            decoded.result()
         except StreamError as exc:
             return Unreadable(str(exc))
         if self._result is not None:
             # Treat the result as done; a lingering process gets a bounded wait.
-            await asyncio.wait({exited}, timeout=request.stop_grace_s)
+            ending: set[asyncio.Future[Any]] = {exited, gone}
+            await asyncio.wait(ending, timeout=request.stop_grace_s)
             return Answered(lingering=not exited.done())
         # End of stdout without a result: claude should be exiting (stderr
         # says why; ``close`` reads it to the end).
-        return await self._wait_deadlines({exited}) or Exited()
+        expired = await self._wait_deadlines({exited, gone})
+        if expired is not None:
+            return expired
+        return Exited() if exited.done() else Unsupervised()
 
-    async def _wait_deadlines(self, tasks: set[asyncio.Task[Any]]) -> Expired | None:
+    async def _wait_deadlines(self, tasks: set[asyncio.Future[Any]]) -> Expired | None:
         """Wait for the first of ``tasks``; the expiry if a time limit passed first."""
         while True:
             now = self._loop.time()
@@ -250,8 +267,26 @@ class _Run:
             del self._stderr[:-STDERR_TAIL_BYTES]
 
     async def _pump_stdout(self) -> None:
-        """Frame and decode stdout into events, up to and including the result."""
+        """Decode stdout into events, up to the result; then read the rest unread.
+
+        Reading on to the end matters: an unread pipe blocks whatever still
+        writes to it (a tool claude left) and keeps the pipe, and with it
+        asyncio's view of the supervisor's exit, open.
+        """
         stream = self._supervised.stdout
+        try:
+            await self._decode_stdout(stream)
+        except StreamError as exc:
+            self._stdout_end.set_exception(exc)
+        except Exception as exc:  # on_event failed: follow raises it, the run stops
+            self._stdout_end.set_exception(exc)
+            return
+        else:
+            self._stdout_end.set_result(None)
+        while await stream.read(READ_CHUNK):
+            pass
+
+    async def _decode_stdout(self, stream: asyncio.StreamReader) -> None:
         framer = LineFramer(self._request.max_line_bytes)
         while chunk := await stream.read(READ_CHUNK):
             self._last_output = self._loop.time()
@@ -276,20 +311,24 @@ class _Run:
         """Stop the run if ``stop``; wait until nothing of it is left; finish the helper tasks.
 
         Without ``stop`` claude has exited and the supervisor is already
-        stopping whatever it left. Bounded: if the supervisor does not finish
-        in time it is killed, and the marker sweep gets what it can.
+        stopping whatever it left. Bounded: a supervisor that does not finish
+        in time, or went without saying it stopped the run, is replaced by the
+        bridge's own stop (:meth:`Supervised.contain`).
         """
         request = self._request
         supervised = self._supervised
         try:
             if stop:
                 supervised.stop()
-            if not await supervised.wait(request.stop_grace_s + supervision.SUPERVISOR_KILL_S):
-                log.error("run %s: its supervisor did not finish; killing it", request.run_id)
-                supervised.kill()
-                await supervised.wait(supervision.SUPERVISOR_KILL_S)
-                await kill_marked(request.run_id, grace_s=0)
-            if supervised.survivors:
+            finished = await supervised.wait(request.stop_grace_s + supervision.SUPERVISOR_KILL_S)
+            if not supervised.contained:
+                why = "exited without stopping the run" if finished else "did not finish"
+                killed = await supervised.contain()
+                log.error(
+                    "run %s: its supervisor %s; the bridge stopped the run (%d process(es))",
+                    request.run_id, why, killed,
+                )  # fmt: skip
+            elif supervised.survivors:
                 log.error(
                     "run %s: processes survived SIGKILL: %s", request.run_id, supervised.survivors
                 )
@@ -304,6 +343,8 @@ class _Run:
             for result in results:
                 if isinstance(result, Exception) and not isinstance(result, StreamError):
                     log.warning("run %s: helper task failed: %r", self._request.run_id, result)
+            if self._stdout_end.done() and not self._stdout_end.cancelled():
+                self._stdout_end.exception()  # retrieved: follow may have ended before
 
     def report(self, ending: Ending) -> RunReport:
         """How the run ended (call after ``close``)."""
@@ -334,6 +375,12 @@ class _Run:
             case Unreadable(reason=reason):
                 error = self._with_stderr(f"claude output unreadable: {reason}")
                 return RunReport(RunStatus.FAILED, error=error, **common)
+            case Unsupervised() if result is None or result.is_error:
+                error = self._with_stderr(
+                    "the run's supervisor was killed before claude finished; "
+                    "the bridge stopped the run"
+                )
+                return RunReport(RunStatus.FAILED, error=error, **common)
         if self._no_session and request.session_id:
             common["session_id"] = None
             return RunReport(
@@ -349,7 +396,7 @@ class _Run:
                 return RunReport(RunStatus.FAILED, error=error, **common)
             # A result with exit 0 is the normal case; a process we had to stop
             # after a successful result still delivered its answer.
-            if code == 0 or ending == Answered(lingering=True):
+            if code == 0 or ending in (Answered(lingering=True), Unsupervised()):
                 return RunReport(RunStatus.SUCCEEDED, **common)
             error = self._with_stderr(f"claude exited with {_describe_exit(code)} after its result")
             return RunReport(RunStatus.FAILED, error=error, **common)
@@ -363,10 +410,6 @@ class _Run:
         if len(tail) > ERROR_TAIL_CHARS:
             tail = "…" + tail[-ERROR_TAIL_CHARS:]
         return f"{message}; stderr: {tail}"
-
-
-async def _wait_future(future: asyncio.Future[int]) -> int:
-    return await asyncio.shield(future)
 
 
 def _describe_exit(code: int | None) -> str:

@@ -23,12 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runner.process import has_exited, kill_cgroup, kill_marked, kill_tree
+from runner.supervisor import KILL_DEADLINE_S
+
 log = logging.getLogger(__name__)
 
 SUPERVISOR = Path(__file__).with_name("supervisor.py")
 
-SUPERVISOR_KILL_S = 5.0 + 1.0
-"""The supervisor's own bound after its grace period (KILL_DEADLINE_S), plus slack."""
+SUPERVISOR_KILL_S = KILL_DEADLINE_S + 1.0
+"""The supervisor's own bound after its grace period, plus slack."""
+CLOSE_S = 1.0
+"""After the supervisor exited: how long asyncio may take to see claude's pipes end."""
 
 
 @dataclass(frozen=True)
@@ -53,31 +58,38 @@ class Supervised:
 
     def __init__(
         self,
+        run_id: str,
         proc: asyncio.subprocess.Process,
         control: int,
         status: asyncio.StreamReader,
         transport: asyncio.BaseTransport,
-        claude_pid: int,
+        *,
+        spawned: Mapping[str, Any],
     ) -> None:
         if proc.stdin is None or proc.stdout is None or proc.stderr is None:
             raise RuntimeError("the supervisor was started without pipes")
+        self.run_id = run_id
         self.proc = proc
         self.stdin: asyncio.StreamWriter = proc.stdin
         self.stdout: asyncio.StreamReader = proc.stdout
         self.stderr: asyncio.StreamReader = proc.stderr
-        self.claude_pid = claude_pid
+        self.claude_pid = int(spawned["spawned"])
+        self.cgroup: str | None = spawned.get("cgroup") or None
+        """The run's cgroup v2 group, if it has one."""
         self._control: int | None = control
         self._status = status
         self._status_transport = transport
-        self._pidfd: int | None = None
-        with contextlib.suppress(OSError):
-            self._pidfd = os.pidfd_open(proc.pid)
+        # Held from the start: after the supervisor's death these still name
+        # its process and claude's, never a recycled pid.
+        self._pidfd: int | None = _pin(proc.pid, parent=os.getpid())
+        self._claude_fd: int | None = _pin(self.claude_pid, parent=proc.pid)
         loop = asyncio.get_running_loop()
         self.claude_exit: asyncio.Future[int] = loop.create_future()
         """claude's return code (negative for a signal), once it exited."""
         self.survivors: list[int] | None = None
         """Pids that survived SIGKILL, from the supervisor's last word (None: no word)."""
-        self._reader = asyncio.create_task(self._read_status())
+        self.gone: asyncio.Task[None] = asyncio.create_task(self._read_status())
+        """Done once the status pipe ended: the supervisor exited (only it holds that pipe)."""
 
     async def _read_status(self) -> None:
         while line := await self._status.readline():
@@ -87,41 +99,88 @@ class Supervised:
             elif "done" in message:
                 self.survivors = [int(p) for p in message["done"].get("survivors", [])]
 
+    @property
+    def contained(self) -> bool:
+        """The supervisor said it stopped the whole run (its "done" line)."""
+        return self.survivors is not None
+
     def stop(self) -> None:
-        """Ask the supervisor to stop the run (TERM, grace, KILL); idempotent."""
+        """Ask the supervisor to stop the run (TERM, grace, KILL); idempotent.
+
+        A supervisor that is gone cannot: :meth:`wait` then returns at once
+        and :attr:`contained` tells that :meth:`contain` has to.
+        """
         if self._control is None:
             return
-        with contextlib.suppress(OSError):  # already gone: its run is stopped
+        with contextlib.suppress(OSError):
             os.write(self._control, b"stop\n")
 
     async def wait(self, within: float) -> bool:
-        """Wait up to ``within`` s for the supervisor, i.e. the whole run, to be gone."""
-        try:
-            await asyncio.wait_for(asyncio.shield(self.proc.wait()), within)
-        except TimeoutError:
-            return False
-        # Its last status line is read before it counts as done.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._reader), 1.0)
-        return True
+        """Wait up to ``within`` s for the supervisor to be gone; whether it is.
 
-    def kill(self) -> None:
-        """SIGKILL the supervisor itself (it failed to finish): a last resort."""
+        Its exit is the end of the status pipe, read to the last line: this
+        does not depend on claude's pipes ending (a tool may hold them).
+        """
+        await asyncio.wait({self.gone}, timeout=within)
+        return self.gone.done()
+
+    async def contain(self) -> int:
+        """Stop the run without its supervisor; return how many processes were killed.
+
+        For a supervisor that died (SIGKILL, the OOM killer) or did not finish
+        in time (stopped, stuck): first, while it is alive, its whole tree (see
+        :func:`kill_tree`); then the run's cgroup; claude by its pidfd; and the
+        marker sweep for whatever left the tree before.
+        """
+        killed = 0
         if self._pidfd is not None:
+            killed += await kill_tree(self._pidfd, self.proc.pid)
+        if self.cgroup is not None:
+            killed += await kill_cgroup(self.cgroup)
+        if self._claude_fd is not None and not has_exited(self._claude_fd):
             with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+                signal.pidfd_send_signal(self._claude_fd, signal.SIGKILL)
+                killed += 1
+        killed += await kill_marked(self.run_id, grace_s=0)
+        await self.wait(SUPERVISOR_KILL_S)
+        return killed
 
     async def close(self) -> None:
         """Release our ends; closing the control pipe alone stops a run still going."""
         if self._control is not None:
             os.close(self._control)
             self._control = None
-        if self._pidfd is not None:
-            os.close(self._pidfd)
-            self._pidfd = None
-        self._reader.cancel()
-        await asyncio.gather(self._reader, return_exceptions=True)
+        for fd in (self._pidfd, self._claude_fd):
+            if fd is not None:
+                os.close(fd)
+        self._pidfd = self._claude_fd = None
+        self.gone.cancel()
+        await asyncio.gather(self.gone, return_exceptions=True)
         self._status_transport.close()
+        if self.gone.cancelled():
+            return  # still running: asyncio reaps it once it exits
+        # Gone: let asyncio collect its exit status and close claude's pipes,
+        # unless a process that escaped the run still holds them.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.proc.wait(), CLOSE_S)
+
+
+def _pin(pid: int, *, parent: int) -> int | None:
+    """A pidfd for ``pid`` if it is still ``parent``'s child (else it is gone already)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        ppid = int(data[data.rfind(b")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        ppid = -1
+    if ppid != parent:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _decode(line: bytes) -> dict[str, Any]:
@@ -218,4 +277,4 @@ async def start(
         # Said once at start-up; worth a warning per run only when limits are lost.
         level = logging.WARNING if limits.memory_max or limits.pids_max else logging.DEBUG
         log.log(level, "run %s has no cgroup of its own: %s", run_id, first["cgroup_error"])
-    return Supervised(proc, control_w, status, transport, int(first["spawned"]))
+    return Supervised(run_id, proc, control_w, status, transport, spawned=first)

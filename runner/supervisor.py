@@ -164,11 +164,14 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-def _signal_all(pids: Iterable[int], sigs: tuple[signal.Signals, ...], mine: set[int]) -> int:
+def signal_all(pids: Iterable[int], sigs: tuple[signal.Signals, ...], mine: set[int]) -> int:
     """Send ``sigs`` in order to each pid that is still one of ``mine``; return how many.
 
     Each process is pinned with a pidfd first, then checked to still have a
-    parent in the run: a pid recycled since the scan is never signalled.
+    parent in the run: a pid recycled since the scan is never signalled. A
+    process we may not signal (another user's, after a setuid tool) is
+    skipped, not fatal: the stop goes on for the rest, and it is reported as
+    a survivor in the end.
     """
     pinned: list[int] = []
     try:
@@ -184,7 +187,7 @@ def _signal_all(pids: Iterable[int], sigs: tuple[signal.Signals, ...], mine: set
             pinned.append(fd)
         for sig in sigs:  # all get SIGSTOP before any gets SIGKILL: no fork slips through
             for fd in pinned:
-                with contextlib.suppress(ProcessLookupError):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     signal.pidfd_send_signal(fd, sig)
         return len(pinned)
     finally:
@@ -354,7 +357,7 @@ class Supervisor:
         if self.cgroup is not None:
             tree = list(dict.fromkeys([*tree, *self.cgroup.procs()]))
         mine = {self.me, *tree}
-        _signal_all(tree, sigs, mine)
+        signal_all(tree, sigs, mine)
 
     def survivors(self) -> list[int]:
         tree = descendants(self.me)
@@ -485,8 +488,19 @@ def main(args: list[str]) -> int:
 
     cgroup, cgroup_error = _make_cgroup(options)
     try:
-        claude = _spawn(options.argv, cgroup)
-    except (OSError, ValueError) as exc:
+        try:
+            claude = _spawn(options.argv, cgroup)
+        except subprocess.SubprocessError as exc:
+            # Only the preexec_fn raises this: claude's child could not enter the
+            # group and exited before exec. As when the group cannot be made, the
+            # run goes on without it (the subreaper still contains it).
+            if cgroup is None:
+                raise
+            cgroup_error = f"cannot move claude into {cgroup.path}: {exc}"
+            cgroup.remove(RMDIR_DEADLINE_S)
+            cgroup = None
+            claude = _spawn(options.argv, None)
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
         code = exc.errno if isinstance(exc, OSError) else None
         report({"spawn_failed": str(exc), "errno": code})
         if cgroup is not None:

@@ -65,6 +65,10 @@ Behaviour switches (environment variables; unset or empty means off):
 ``FAKE_CLAUDE_BACKGROUND=1``
     Start a ``sleep 300`` child in claude's own group that inherits stdout and
     stderr (holding the pipes open after claude exits), like ``cmd &``.
+``FAKE_CLAUDE_WRITE_AFTER_EXIT=N``
+    Start a child in claude's group that ignores SIGTERM, inherits stdout and,
+    once claude exited, writes N bytes of ``y`` to it and sleeps (a background
+    tool that keeps printing after the result).
 ``FAKE_CLAUDE_ESCAPE=DIR``
     Start three tool processes that no environment marker finds, each running
     ``sleep 300`` and writing its pid to a file in DIR before the first line
@@ -307,7 +311,34 @@ def _start_children() -> list[int]:
     if _env("FAKE_CLAUDE_BACKGROUND"):
         sleeper = subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL)
         pids.append(sleeper.pid)
+    if _env("FAKE_CLAUDE_WRITE_AFTER_EXIT"):
+        # The child waits for the end of a pipe only claude holds open: claude's
+        # exit; and says when it ignores SIGTERM, before claude goes on.
+        exit_r, _kept_open_until_exit = os.pipe()
+        ready_r, ready_w = os.pipe()
+        size = _env("FAKE_CLAUDE_WRITE_AFTER_EXIT")
+        writer = subprocess.Popen(
+            [sys.executable, "-c", _WRITE_AFTER_EXIT, str(exit_r), str(ready_w), size],
+            stdin=subprocess.DEVNULL,
+            pass_fds=(exit_r, ready_w),
+        )
+        os.close(exit_r)
+        os.close(ready_w)
+        os.read(ready_r, 1)
+        os.close(ready_r)
+        pids.append(writer.pid)
     return pids
+
+
+_WRITE_AFTER_EXIT = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+os.write(int(sys.argv[2]), b"!")
+os.read(int(sys.argv[1]), 1)
+for _ in range(int(sys.argv[3]) // 4096):
+    os.write(1, b"y" * 4096)
+time.sleep(300)
+"""
 
 
 def main() -> None:

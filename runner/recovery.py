@@ -1,0 +1,140 @@
+"""After a restart: stop what is left of a run the previous bridge did not finish.
+
+When the bridge dies, each run's supervisor sees its control pipe close and
+stops its run by itself (TERM, its grace period, KILL). A restarted bridge
+must not get in its way: killing a supervisor mid-stop orphans the tools it
+was about to kill. So recovery waits for a live old supervisor to finish
+(bounded by its own grace period and kill phase), and only one that does not
+finish is stopped by force together with its whole tree. Then the run's
+cgroup, which holds every process of the run whatever its environment, and
+last the marker sweep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from pathlib import Path
+
+from runner.command import MARKER_ENV
+from runner.process import has_exited, kill_cgroup, kill_marked, kill_tree
+from runner.supervision import SUPERVISOR, SUPERVISOR_KILL_S
+from runner.supervisor import cgroup_parent
+
+log = logging.getLogger(__name__)
+
+SWEEP_GRACE_S = 2.0
+"""The marker sweep's grace between SIGTERM and SIGKILL."""
+DEFAULT_GRACE_S = 30.0
+"""An old supervisor's grace period when its command line does not tell."""
+
+_PROC = Path("/proc")
+SUPERVISOR_NAME = f"/{SUPERVISOR.name}".encode()
+
+
+class _OldSupervisor:
+    """A previous bridge's supervisor of a run, pinned by a pidfd."""
+
+    def __init__(self, pid: int, fd: int, grace_s: float) -> None:
+        self.pid = pid
+        self.fd = fd
+        self.grace_s = grace_s
+
+
+async def recover_run(run_id: str, cgroup_root: str) -> int:
+    """Make sure nothing of run ``run_id`` is left; return how many processes were killed.
+
+    ``cgroup_root`` is the ``[runner] cgroup_root`` setting: the run's group,
+    if it had one, is ``<parent>/<run_id>`` (as the supervisor makes it).
+    """
+    killed = 0
+    supervisor = _find_supervisor(run_id)
+    if supervisor is not None:
+        try:
+            if not await _exited(supervisor.fd, supervisor.grace_s + SUPERVISOR_KILL_S):
+                log.error(
+                    "run %s: its old supervisor %d did not finish its stop; killing its tree",
+                    run_id, supervisor.pid,
+                )  # fmt: skip
+                killed += await kill_tree(supervisor.fd, supervisor.pid)
+        finally:
+            os.close(supervisor.fd)
+    path = _cgroup_path(run_id, cgroup_root)
+    if path:
+        killed += await kill_cgroup(path)
+    killed += await kill_marked(run_id, SWEEP_GRACE_S)
+    return killed
+
+
+def _cgroup_path(run_id: str, cgroup_root: str) -> str:
+    if cgroup_root == "off":
+        return ""
+    try:
+        return os.path.join(cgroup_parent(cgroup_root), run_id)
+    except OSError:
+        return ""  # no cgroup v2 here: the run had no group either
+
+
+def _find_supervisor(run_id: str) -> _OldSupervisor | None:
+    """The live supervisor of ``run_id`` (by its marker and command line), pinned."""
+    marker = f"{MARKER_ENV}={run_id}".encode()
+    option = f"--run-id={run_id}".encode()
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker not in environ or not _supervises(argv, option):
+            continue
+        try:
+            fd = os.pidfd_open(int(entry.name))
+        except OSError:
+            continue
+        # Pinned: check it is still the same process (not a recycled pid).
+        with contextlib.suppress(OSError):
+            if (entry / "cmdline").read_bytes().split(b"\0") == argv:
+                return _OldSupervisor(int(entry.name), fd, _grace(argv))
+        os.close(fd)
+    return None
+
+
+def _supervises(argv: list[bytes], option: bytes) -> bool:
+    """Whether ``argv`` is a supervisor's with ``option`` among its own options.
+
+    By file name, not full path: the previous bridge may have run from
+    another installation.
+    """
+    own = argv[: argv.index(b"--")] if b"--" in argv else []
+    return option in own and any(a.endswith(SUPERVISOR_NAME) for a in own)
+
+
+def _grace(argv: list[bytes]) -> float:
+    for arg in argv:
+        if arg.startswith(b"--grace-s="):
+            with contextlib.suppress(ValueError):
+                return float(arg.partition(b"=")[2])
+    return DEFAULT_GRACE_S
+
+
+async def _exited(pidfd: int, within: float) -> bool:
+    """Wait up to ``within`` s for the process behind ``pidfd`` to exit; whether it did."""
+    if has_exited(pidfd):
+        return True
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    loop.add_reader(pidfd, _finish, done)
+    try:
+        await asyncio.wait({done}, timeout=within)
+    finally:
+        loop.remove_reader(pidfd)
+    return done.done()
+
+
+def _finish(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)

@@ -1,0 +1,86 @@
+"""After a crash of the bridge: ``recover_run`` leaves nothing of the run, and
+never kills a supervisor that is still stopping its run.
+
+The "bridge" is a child process running ``run_claude``; it is killed with
+SIGKILL, as a crash or ``kill -9`` would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from bridge.core.model import RunId
+from runner import RunRequest, recover_run
+from tests.runner.test_cgroups import HERE
+from tests.runner.test_containment import (
+    RUN_IN_CHILD,
+    alive,
+    escaped,
+    escaping_request,
+    ppid,
+)
+from tests.runner.test_run_fake import record
+
+pytestmark = pytest.mark.slow
+
+
+async def crash_during(
+    request: RunRequest, tmp_path: Path, *, with_supervisor: bool = False
+) -> list[int]:
+    """Start the run in a child "bridge", kill it once the tools run; return the run's pids.
+
+    The tools ignore SIGTERM (inherited from claude). ``with_supervisor``: the
+    supervisor is killed too, before it could see the bridge die.
+    """
+    fields = {k: v for k, v in request.__dict__.items() if k != "cwd"}
+    fields["env"] = dict(fields["env"])
+    bridge = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", RUN_IN_CHILD, json.dumps(fields), str(tmp_path),
+        stdout=asyncio.subprocess.PIPE,
+        cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    assert bridge.stdout is not None
+    while (line := await bridge.stdout.readline()) != b"ToolResult\n":
+        assert line, "the run in the child ended early"
+    claude = record(tmp_path)["pid"]
+    pids = [claude, ppid(claude), *escaped(tmp_path)]
+    if with_supervisor:
+        bridge.send_signal(signal.SIGSTOP)  # it would stop the run itself otherwise
+        os.kill(pids[1], signal.SIGKILL)
+    bridge.send_signal(signal.SIGKILL)
+    await bridge.wait()
+    return pids
+
+
+async def test_recovery_lets_the_old_supervisor_finish_its_stop(
+    run_id: RunId, tmp_path: Path
+) -> None:
+    # claude ignores SIGTERM: the old supervisor needs its whole grace period
+    # and SIGKILL. Killed mid-stop (it carries the marker), it would leave the
+    # tools that cleared their environment to init.
+    request = escaping_request(run_id, tmp_path, sleep="300", ignore_term="1")
+    request = RunRequest(**{**request.__dict__, "stop_grace_s": 3.0})
+    pids = await crash_during(request, tmp_path)
+
+    await recover_run(run_id, "off")  # restarted at once
+    assert alive(pids) == []
+
+
+@pytest.mark.skipif(not HERE.groups, reason=f"no cgroup groups: {HERE.problem}")
+async def test_recovery_kills_the_run_cgroup_when_its_supervisor_died_too(
+    run_id: RunId, tmp_path: Path
+) -> None:
+    request = escaping_request(run_id, tmp_path, sleep="300", ignore_term="1")
+    request = RunRequest(**{**request.__dict__, "cgroup_parent": "auto", "stop_grace_s": 3.0})
+    pids = await crash_during(request, tmp_path, with_supervisor=True)
+
+    await recover_run(run_id, "auto")
+    assert alive(pids) == []
+    assert not (Path(HERE.parent) / run_id).exists()
