@@ -426,3 +426,24 @@ async def test_cancelling_serve_interrupts_begun_runs(env: Env) -> None:
         task.cancel()
         await env.execute.cancelled(call)
     assert call.run.end_reason is EndReason.INTERRUPTED
+
+
+async def test_a_stop_while_an_interrupted_run_winds_down_makes_it_stopped(env: Env) -> None:
+    d, clock = env.dispatcher, env.clock
+    env.execute.slow_cleanup = True
+    async with serving(d):
+        d.submit(env.make(A))
+        clock.advance(1.0)
+        call = await env.execute.started(A)
+        drained = asyncio.ensure_future(d.drain(5.0))
+        clock.advance(5.0)
+        await env.execute.cancelled(call)
+        assert call.run.end_reason is EndReason.INTERRUPTED
+        # Still winding down when the room says stop.
+        assert d.stop(A) == StopResult(stopped=None, dropped=())
+        assert call.run.end_reason is EndReason.STOPPED
+        assert call.cleanup_gate is not None
+        call.cleanup_gate.set()
+        async with asyncio.timeout(GUARD_S):
+            assert not await drained
+        assert call.run.end_reason is EndReason.STOPPED
