@@ -55,7 +55,7 @@ from bridge.replies import Replier, in_conversation
 from bridge.store.base import OutboxEntry, Store, StoreError
 from dispatcher import DispatchedRun, EndReason
 from runner import RunRequest, run_claude
-from runner.events import Init, RunEvent, Spawned, ToolUse
+from runner.events import Init, Result, RunEvent, Spawned, ToolUse
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +228,12 @@ class RunExecutor:
             )
         # A !stop landing while the end is reported must not cut the answer off.
         await self._settle(self._finalize(run, report))
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            # Cancelled after claude had printed its result: run_claude stopped
+            # the run and returned the answer instead of raising, and the
+            # answer is now recorded. The cancellation still propagates.
+            raise asyncio.CancelledError
 
     async def _start(self, run_id: RunId, batch: Batch, started: float) -> bool:
         """Record the run's start, retrying in order; False if the store kept failing.
@@ -316,6 +322,10 @@ class RunExecutor:
                     log.debug("the run writes to session %s", sid)
                 case ToolUse(name=name, input=tool_input):
                     progress.tool_used(name, tool_input)
+                case Result(is_error=is_error):
+                    # From here on the outcome is this result, even if a stop
+                    # comes while the process is reaped (see run_claude).
+                    log.info("claude printed its result (error=%s)", is_error)
                 case _:
                     pass
 
