@@ -27,7 +27,7 @@ from bridge.answers import OrderedAnswers
 from bridge.commands import CommandHandler
 from bridge.config import Settings
 from bridge.containment import report_containment
-from bridge.core.model import Batch, Message, RoomKey, RunReport, RunStatus
+from bridge.core.model import Batch, Message, Reply, ReplyKind, RunReport, RunStatus
 from bridge.core.transport import RoomBinding, RunPhase
 from bridge.delivery import Outbox
 from bridge.errors import StartupError
@@ -174,36 +174,36 @@ class Service:
             self._stop_now.set()
         self._stop.set()
 
-    async def recover(self) -> list[tuple[RoomKey, str]]:
+    async def recover(self) -> None:
         """Sweep runs a crash left behind and re-queue what never ran.
 
-        Returns notices for rooms, sent once the transports are connected.
+        An interrupted run's notice is recorded in the outbox with its outcome,
+        in one transaction: it goes out once a transport is connected, exactly
+        once, also if this start stops before that (the next start sends it).
         """
-        notices: list[tuple[RoomKey, str]] = []
         prefix = self.settings.commands.prefix
         for run in await self.store.running_runs():
             # A run's supervisor stops its run when the bridge dies; the marker
             # sweep is the last resort for one that was killed itself.
             killed = await kill_marked(run.id, SWEEP_GRACE_S)
+            notice = Reply(
+                room=run.room,
+                text=f"The last run (`{run.id}`) was interrupted by a restart of chatbridge. "
+                f"`{prefix}retry {run.id}` runs it again.",
+                kind=ReplyKind.NOTICE,
+            )
             await self.store.finish_run(
                 run.id,
                 RunReport(RunStatus.INTERRUPTED, error="chatbridge restarted during the run"),
                 time.time(),
+                [notice],
             )
             log.warning(
                 "run %s in %s was interrupted (killed %d process(es))", run.id, run.room, killed
             )
-            notices.append(
-                (
-                    run.room,
-                    f"The last run (`{run.id}`) was interrupted by a restart of chatbridge. "
-                    f"`{prefix}retry {run.id}` runs it again.",
-                )
-            )
         resumed = await self.intake.recover(await self.store.pending_messages())
         if resumed:
             log.info("re-queued %d message(s) accepted before the restart", resumed)
-        return notices
 
     def _show_received(self, message: Message) -> None:
         # In the service's task group, so the transport's acknowledgement does
@@ -220,7 +220,7 @@ class Service:
 
     async def _serve(self) -> None:
         report_containment(self.settings)
-        notices = await self.recover()
+        await self.recover()
         async with asyncio.TaskGroup() as tg:
             self._tasks = tg
             self.answers.attach(tg)
@@ -250,8 +250,6 @@ class Service:
                 dispatcher_task = tg.create_task(self.dispatcher.serve(), name="dispatcher")
                 log.info("chatbridge ready")
                 self.ready.set()
-                for room, text in notices:
-                    await self.replier.say(room, text)
                 await self._until_stopped_or_done(tg, input_ended)
                 await self._shutdown(dispatcher_task)
                 await self.answers.close(ANSWER_GRACE_S)
