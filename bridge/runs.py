@@ -50,6 +50,7 @@ from bridge.core.transport import RunPhase
 from bridge.delivery import Outbox
 from bridge.logs import log_context
 from bridge.metrics import Metrics
+from bridge.notices import Notices
 from bridge.progress import ProgressMessage
 from bridge.replies import Replier, in_conversation
 from bridge.store.base import OutboxEntry, Store, StoreError
@@ -177,6 +178,7 @@ class RunExecutor:
     replier: Replier
     metrics: Metrics
     outbox: Outbox
+    notices: Notices
     wall_clock: Callable[[], float] = time.time
     progress_interval_s: float = 2.0
     store_retry_delays_s: tuple[float, ...] = STORE_RETRY_DELAYS_S
@@ -255,7 +257,7 @@ class RunExecutor:
                 return True
             if not told:
                 told = True
-                await self.replier.say(
+                await self.notices.say(
                     batch.room,
                     "The database is failing; the run starts as soon as it answers again.",
                     about=batch,
@@ -264,7 +266,7 @@ class RunExecutor:
         # Nothing was recorded: the messages are still pending in the store and
         # run at the next start, in the order they were accepted.
         log.error("could not record the start of a run; its messages run after a restart")
-        await self.replier.say(
+        await self.notices.say(
             batch.room,
             "Could not start the run: the database kept failing. Your messages are kept"
             " and run when chatbridge restarts.",
@@ -333,7 +335,7 @@ class RunExecutor:
             run_request(self.settings, room, run_id, prompt, session), on_event
         )
         if report.session_not_found and session is not None:
-            await self.replier.say(
+            await self.notices.say(
                 batch.room,
                 f"Claude no longer has session `{session}`; continuing in a new session.",
                 about=batch,

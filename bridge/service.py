@@ -23,7 +23,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bridge.answers import OrderedAnswers
 from bridge.commands import CommandHandler
 from bridge.config import Settings
 from bridge.containment import report_containment
@@ -34,6 +33,7 @@ from bridge.errors import StartupError
 from bridge.http import serve_http
 from bridge.intake import Intake
 from bridge.metrics import Metrics
+from bridge.notices import Notices
 from bridge.pacing import Pacing
 from bridge.replies import Replier
 from bridge.runs import RunExecutor
@@ -48,8 +48,6 @@ log = logging.getLogger(__name__)
 PRUNE_INTERVAL_S = 3600.0
 READY_TIMEOUT_S = 60.0
 SWEEP_GRACE_S = 2.0
-ANSWER_GRACE_S = 5.0
-"""At shutdown, how long queued command answers may still take to go out."""
 
 
 def build_transports(settings: Settings) -> list[Transport]:
@@ -90,7 +88,7 @@ class Service:
     intake: Intake = field(init=False)
     replier: Replier = field(init=False)
     outbox: Outbox = field(init=False)
-    answers: OrderedAnswers = field(init=False)
+    notices: Notices = field(init=False)
     metrics: Metrics = field(init=False, default_factory=Metrics)
     _stop: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     _stop_now: asyncio.Event = field(init=False, default_factory=asyncio.Event)
@@ -117,7 +115,10 @@ class Service:
             on_rate_limited=self.replier.rate_limited,
             retry_cap_s=settings.delivery.retry_max_s,
         )
-        self.executor = RunExecutor(settings, self.store, self.replier, self.metrics, self.outbox)
+        self.notices = Notices(self.store, self.outbox, self.replier)
+        self.executor = RunExecutor(
+            settings, self.store, self.replier, self.metrics, self.outbox, self.notices
+        )
         d = settings.dispatcher
         self.dispatcher = Dispatcher(
             DispatchLimits(
@@ -128,13 +129,13 @@ class Service:
             ),
             self.executor.execute,
         )
-        # Command answers leave the sink: the transport acknowledges without waiting.
-        self.answers = OrderedAnswers(self.replier.answer)
+        # Command answers are recorded in the outbox and sent from its per-room
+        # worker: the transport's acknowledgement never waits for the network.
         commands = CommandHandler(
             self.dispatcher,
             self.store,
             settings.commands.prefix,
-            self.answers.answer,
+            self.notices.answer,
             self.executor.reset_session,
         )
         self.intake = Intake(
@@ -223,7 +224,6 @@ class Service:
         await self.recover()
         async with asyncio.TaskGroup() as tg:
             self._tasks = tg
-            self.answers.attach(tg)
             background = [tg.create_task(self._housekeeping(), name="housekeeping")]
             if self.settings.http.listen:
                 http = serve_http(
@@ -252,10 +252,9 @@ class Service:
                 self.ready.set()
                 await self._until_stopped_or_done(tg, input_ended)
                 await self._shutdown(dispatcher_task)
-                await self.answers.close(ANSWER_GRACE_S)
             else:
+                # What the outbox holds (notices, command answers) goes out after the restart.
                 log.info("stopped while starting")
-                await self.answers.close(0)
             for task in background:
                 task.cancel()
         log.info("chatbridge stopped")
