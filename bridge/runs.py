@@ -375,10 +375,6 @@ class RunExecutor:
         self.metrics.run_duration.observe(max(0.0, ended - run.started))
         if report.cost_usd:
             self.metrics.cost.inc(report.cost_usd)
-        if report.session_id is not None and self._generations.get(room_key, 0) == run.generation:
-            await self._best_effort(
-                "keep the session", self.store.set_session(room_key, report.session_id)
-            )
         log.info("run ended: %s", report.status.value)
         await self._cosmetic("clear typing", self.replier.typing(room_key, False))
         # The cosmetics come after the answer, never in front of it.
@@ -415,7 +411,14 @@ class RunExecutor:
             async with asyncio.timeout(RECORD_TIMEOUT_S):
                 while True:
                     try:
-                        return await self.store.finish_run(run.id, report, ended, replies)
+                        # The session is kept unless a !reset came during the run.
+                        return await self.store.finish_run(
+                            run.id,
+                            report,
+                            ended,
+                            replies,
+                            keep_session=self._generations.get(run.batch.room, 0) == run.generation,
+                        )
                     except Exception:
                         # Not only StoreError: whatever fails here, the run
                         # must end with an outcome if the store can take one.
@@ -441,9 +444,3 @@ class RunExecutor:
             log.info("gave up waiting to %s after %gs", what, self.cosmetic_timeout_s)
         except Exception:
             log.warning("could not %s", what, exc_info=True)
-
-    async def _best_effort(self, what: str, step: Awaitable[None]) -> None:
-        try:
-            await step
-        except StoreError:
-            log.exception("could not %s", what)

@@ -108,11 +108,11 @@ class FinishFailsOnce:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    async def finish_run(self, run_id: RunId, report: RunReport, *args: Any) -> Any:
+    async def finish_run(self, run_id: RunId, report: RunReport, *args: Any, **kw: Any) -> Any:
         if not self.failed:
             self.failed = True
             raise RuntimeError("a bug at the end of the run")
-        return await self._store.finish_run(run_id, report, *args)
+        return await self._store.finish_run(run_id, report, *args, **kw)
 
 
 async def test_an_unexpected_error_at_the_end_still_records_and_frees_the_room(
