@@ -15,7 +15,7 @@ from enum import StrEnum
 from bridge.core.model import Message, RoomKey
 from bridge.duration import format_duration
 from bridge.store.base import AuditAction, RunRecord, Store, StoreError
-from dispatcher import Dispatcher
+from dispatcher import Dispatcher, StopResult
 
 log = logging.getLogger(__name__)
 
@@ -100,17 +100,16 @@ class CommandHandler:
 
     async def handle(self, command: Command, message: Message) -> None:
         room = message.room
-        await self.store.audit(
-            AuditAction.COMMAND,
-            self.wall_clock(),
-            room=room,
-            actor=message.sender,
-            message_id=message.id,
-            detail=command.word,
-        )
+        if command.name is CommandName.STOP:
+            # Cancelling a run needs no write, so nothing that can fail comes
+            # before it: not even the audit row ("database is locked").
+            stopping = self.dispatcher.status(room).stopping
+            result = self.dispatcher.stop(room)
+            await self._audit_command(command, message)
+            await self._stopped(message, stopping, result)
+            return
+        await self._audit_command(command, message)
         match command.name:
-            case CommandName.STOP:
-                await self._stop(message)
             case CommandName.STATUS:
                 await self._status(message)
             case CommandName.RESET:
@@ -129,10 +128,28 @@ class CommandHandler:
                     f"Unknown command `{self.prefix}{command.word}`; try `{self.prefix}help`.",
                 )
 
-    async def _stop(self, message: Message) -> None:
-        """Cancel the run, drop what waits; the drop holds only once it is recorded.
+    async def _audit_command(self, command: Command, message: Message) -> None:
+        """The command's audit row, best effort: a failed audit write never blocks a command.
 
-        The dispatcher takes the waiting messages out at once, so none can
+        Not retried: the sink must not wait, and SQLite already waits out a
+        lock (``busy_timeout``) before failing; the log keeps the trace.
+        """
+        try:
+            await self.store.audit(
+                AuditAction.COMMAND,
+                self.wall_clock(),
+                room=message.room,
+                actor=message.sender,
+                message_id=message.id,
+                detail=command.word,
+            )
+        except StoreError:
+            log.exception("could not audit command %s from %s", command.word, message.sender)
+
+    async def _stopped(self, message: Message, stopping: bool, result: StopResult) -> None:
+        """Record the stop the dispatcher just made; the drop holds only once it is recorded.
+
+        The dispatcher took the waiting messages out at once, so none can
         start while the drop is written. If the write fails they go back in
         front of the queue (order kept), stay pending in the store, and the
         room is told: memory and store never disagree, so nothing dropped
@@ -141,8 +158,6 @@ class CommandHandler:
         """
         room = message.room
         now = self.wall_clock()
-        stopping = self.dispatcher.status(room).stopping
-        result = self.dispatcher.stop(room)
         if result.dropped:
             try:
                 await self.store.mark_dropped([m.id for m in result.dropped], message.sender, now)

@@ -147,7 +147,7 @@ class Intake:
             self.metrics.messages.labels("command").inc()
             # One command of a room at a time, in the order they came (``!stop``
             # then ``!retry``), also when a transport hands events over at once.
-            # Answers are only queued here (see bridge.answers): no network call.
+            # Answers are only recorded here (see bridge.notices): no network call.
             async with self._command_locks.setdefault(inbound.room, asyncio.Lock()):
                 await self._command(command, message)
         else:

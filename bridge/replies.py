@@ -2,8 +2,9 @@
 
 A failure to deliver is logged and swallowed: a chat server that is down
 must not fail a run or the service (the transports reconnect on their own).
-Answers and run outcomes do not come this way: they are recorded with the
-run's end and delivered from the outbox (:mod:`bridge.delivery`).
+Answers, run outcomes and notices do not come this way: they are recorded
+and delivered from the outbox (:mod:`bridge.delivery`, :mod:`bridge.notices`);
+:meth:`Replier.send` carries a notice only when the store could not record it.
 
 Progress, typing and phase reactions are cosmetic: they take their turn
 from the transport's :class:`~bridge.pacing.Pacing` and are dropped, not
@@ -21,7 +22,6 @@ from dataclasses import replace
 from bridge.core.model import (
     Batch,
     ExternalMessageId,
-    Message,
     Reply,
     ReplyKind,
     RoomKey,
@@ -87,7 +87,7 @@ class Replier:
         return transport
 
     async def send(self, reply: Reply) -> ExternalMessageId | None:
-        """Send a notice (or a progress message) once, best effort."""
+        """Send a progress message (or a notice the store could not record) once, best effort."""
         if reply.kind is ReplyKind.PROGRESS:
             transport = self._cosmetic(reply.room)
         else:
@@ -103,28 +103,6 @@ class Replier:
         except Exception:
             log.warning("could not send to %s", reply.room, exc_info=True)
             return None
-
-    async def say(self, room: RoomKey, text: str, *, about: Batch | None = None) -> None:
-        """A notice; ``about`` keeps it in the batch's conversation (thread)."""
-        if about is None:
-            await self.send(Reply(room=room, text=text, kind=ReplyKind.NOTICE))
-        else:
-            await self.send(in_conversation(about, text, ReplyKind.NOTICE))
-
-    async def answer(self, message: Message, text: str) -> None:
-        """A notice answering ``message`` (a command): in its thread if it was in one.
-
-        No anchor: a command's answer does not open a thread of its own.
-        """
-        await self.send(
-            Reply(
-                room=message.room,
-                text=text,
-                kind=ReplyKind.NOTICE,
-                in_reply_to=message.external_id,
-                thread=message.thread,
-            )
-        )
 
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> bool:
         """Edit a progress message if the transport's budget allows it now.

@@ -50,12 +50,13 @@ from bridge.core.transport import RunPhase
 from bridge.delivery import Outbox
 from bridge.logs import log_context
 from bridge.metrics import Metrics
+from bridge.notices import Notices
 from bridge.progress import ProgressMessage
 from bridge.replies import Replier, in_conversation
 from bridge.store.base import OutboxEntry, Store, StoreError
 from dispatcher import DispatchedRun, EndReason
 from runner import RunRequest, run_claude
-from runner.events import Init, RunEvent, Spawned, ToolUse
+from runner.events import Init, Result, RunEvent, Spawned, ToolUse
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +178,7 @@ class RunExecutor:
     replier: Replier
     metrics: Metrics
     outbox: Outbox
+    notices: Notices
     wall_clock: Callable[[], float] = time.time
     progress_interval_s: float = 2.0
     store_retry_delays_s: tuple[float, ...] = STORE_RETRY_DELAYS_S
@@ -228,6 +230,12 @@ class RunExecutor:
             )
         # A !stop landing while the end is reported must not cut the answer off.
         await self._settle(self._finalize(run, report))
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            # Cancelled after claude had printed its result: run_claude stopped
+            # the run and returned the answer instead of raising, and the
+            # answer is now recorded. The cancellation still propagates.
+            raise asyncio.CancelledError
 
     async def _start(self, run_id: RunId, batch: Batch, started: float) -> bool:
         """Record the run's start, retrying in order; False if the store kept failing.
@@ -249,7 +257,7 @@ class RunExecutor:
                 return True
             if not told:
                 told = True
-                await self.replier.say(
+                await self.notices.say(
                     batch.room,
                     "The database is failing; the run starts as soon as it answers again.",
                     about=batch,
@@ -258,7 +266,7 @@ class RunExecutor:
         # Nothing was recorded: the messages are still pending in the store and
         # run at the next start, in the order they were accepted.
         log.error("could not record the start of a run; its messages run after a restart")
-        await self.replier.say(
+        await self.notices.say(
             batch.room,
             "Could not start the run: the database kept failing. Your messages are kept"
             " and run when chatbridge restarts.",
@@ -316,6 +324,10 @@ class RunExecutor:
                     log.debug("the run writes to session %s", sid)
                 case ToolUse(name=name, input=tool_input):
                     progress.tool_used(name, tool_input)
+                case Result(is_error=is_error):
+                    # From here on the outcome is this result, even if a stop
+                    # comes while the process is reaped (see run_claude).
+                    log.info("claude printed its result (error=%s)", is_error)
                 case _:
                     pass
 
@@ -323,7 +335,7 @@ class RunExecutor:
             run_request(self.settings, room, run_id, prompt, session), on_event
         )
         if report.session_not_found and session is not None:
-            await self.replier.say(
+            await self.notices.say(
                 batch.room,
                 f"Claude no longer has session `{session}`; continuing in a new session.",
                 about=batch,
@@ -363,10 +375,6 @@ class RunExecutor:
         self.metrics.run_duration.observe(max(0.0, ended - run.started))
         if report.cost_usd:
             self.metrics.cost.inc(report.cost_usd)
-        if report.session_id is not None and self._generations.get(room_key, 0) == run.generation:
-            await self._best_effort(
-                "keep the session", self.store.set_session(room_key, report.session_id)
-            )
         log.info("run ended: %s", report.status.value)
         await self._cosmetic("clear typing", self.replier.typing(room_key, False))
         # The cosmetics come after the answer, never in front of it.
@@ -403,7 +411,14 @@ class RunExecutor:
             async with asyncio.timeout(RECORD_TIMEOUT_S):
                 while True:
                     try:
-                        return await self.store.finish_run(run.id, report, ended, replies)
+                        # The session is kept unless a !reset came during the run.
+                        return await self.store.finish_run(
+                            run.id,
+                            report,
+                            ended,
+                            replies,
+                            keep_session=self._generations.get(run.batch.room, 0) == run.generation,
+                        )
                     except Exception:
                         # Not only StoreError: whatever fails here, the run
                         # must end with an outcome if the store can take one.
@@ -429,9 +444,3 @@ class RunExecutor:
             log.info("gave up waiting to %s after %gs", what, self.cosmetic_timeout_s)
         except Exception:
             log.warning("could not %s", what, exc_info=True)
-
-    async def _best_effort(self, what: str, step: Awaitable[None]) -> None:
-        try:
-            await step
-        except StoreError:
-            log.exception("could not %s", what)

@@ -23,17 +23,17 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bridge.answers import OrderedAnswers
 from bridge.commands import CommandHandler
 from bridge.config import Settings
 from bridge.containment import report_containment
-from bridge.core.model import Batch, Message, RoomKey, RunReport, RunStatus
+from bridge.core.model import Batch, Message, Reply, ReplyKind, RunReport, RunStatus
 from bridge.core.transport import RoomBinding, RunPhase
 from bridge.delivery import Outbox
 from bridge.errors import StartupError
 from bridge.http import serve_http
 from bridge.intake import Intake
 from bridge.metrics import Metrics
+from bridge.notices import Notices
 from bridge.pacing import Pacing
 from bridge.replies import Replier
 from bridge.runs import RunExecutor
@@ -47,8 +47,6 @@ log = logging.getLogger(__name__)
 
 PRUNE_INTERVAL_S = 3600.0
 READY_TIMEOUT_S = 60.0
-ANSWER_GRACE_S = 5.0
-"""At shutdown, how long queued command answers may still take to go out."""
 
 
 def build_transports(settings: Settings) -> list[Transport]:
@@ -89,7 +87,7 @@ class Service:
     intake: Intake = field(init=False)
     replier: Replier = field(init=False)
     outbox: Outbox = field(init=False)
-    answers: OrderedAnswers = field(init=False)
+    notices: Notices = field(init=False)
     metrics: Metrics = field(init=False, default_factory=Metrics)
     _stop: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     _stop_now: asyncio.Event = field(init=False, default_factory=asyncio.Event)
@@ -116,7 +114,10 @@ class Service:
             on_rate_limited=self.replier.rate_limited,
             retry_cap_s=settings.delivery.retry_max_s,
         )
-        self.executor = RunExecutor(settings, self.store, self.replier, self.metrics, self.outbox)
+        self.notices = Notices(self.store, self.outbox, self.replier)
+        self.executor = RunExecutor(
+            settings, self.store, self.replier, self.metrics, self.outbox, self.notices
+        )
         d = settings.dispatcher
         self.dispatcher = Dispatcher(
             DispatchLimits(
@@ -127,13 +128,13 @@ class Service:
             ),
             self.executor.execute,
         )
-        # Command answers leave the sink: the transport acknowledges without waiting.
-        self.answers = OrderedAnswers(self.replier.answer)
+        # Command answers are recorded in the outbox and sent from its per-room
+        # worker: the transport's acknowledgement never waits for the network.
         commands = CommandHandler(
             self.dispatcher,
             self.store,
             settings.commands.prefix,
-            self.answers.answer,
+            self.notices.answer,
             self.executor.reset_session,
         )
         self.intake = Intake(
@@ -173,36 +174,36 @@ class Service:
             self._stop_now.set()
         self._stop.set()
 
-    async def recover(self) -> list[tuple[RoomKey, str]]:
+    async def recover(self) -> None:
         """Sweep runs a crash left behind and re-queue what never ran.
 
-        Returns notices for rooms, sent once the transports are connected.
+        An interrupted run's notice is recorded in the outbox with its outcome,
+        in one transaction: it goes out once a transport is connected, exactly
+        once, also if this start stops before that (the next start sends it).
         """
-        notices: list[tuple[RoomKey, str]] = []
         prefix = self.settings.commands.prefix
         for run in await self.store.running_runs():
             # A run's supervisor stops its run when the bridge dies: wait for it;
             # then the run's cgroup and the marker sweep (runner/recovery.py).
             killed = await recover_run(run.id, self.settings.runner.cgroup_root)
+            notice = Reply(
+                room=run.room,
+                text=f"The last run (`{run.id}`) was interrupted by a restart of chatbridge. "
+                f"`{prefix}retry {run.id}` runs it again.",
+                kind=ReplyKind.NOTICE,
+            )
             await self.store.finish_run(
                 run.id,
                 RunReport(RunStatus.INTERRUPTED, error="chatbridge restarted during the run"),
                 time.time(),
+                [notice],
             )
             log.warning(
                 "run %s in %s was interrupted (killed %d process(es))", run.id, run.room, killed
             )
-            notices.append(
-                (
-                    run.room,
-                    f"The last run (`{run.id}`) was interrupted by a restart of chatbridge. "
-                    f"`{prefix}retry {run.id}` runs it again.",
-                )
-            )
         resumed = await self.intake.recover(await self.store.pending_messages())
         if resumed:
             log.info("re-queued %d message(s) accepted before the restart", resumed)
-        return notices
 
     def _show_received(self, message: Message) -> None:
         # In the service's task group, so the transport's acknowledgement does
@@ -219,10 +220,9 @@ class Service:
 
     async def _serve(self) -> None:
         report_containment(self.settings)
-        notices = await self.recover()
+        await self.recover()
         async with asyncio.TaskGroup() as tg:
             self._tasks = tg
-            self.answers.attach(tg)
             background = [tg.create_task(self._housekeeping(), name="housekeeping")]
             if self.settings.http.listen:
                 http = serve_http(
@@ -249,14 +249,11 @@ class Service:
                 dispatcher_task = tg.create_task(self.dispatcher.serve(), name="dispatcher")
                 log.info("chatbridge ready")
                 self.ready.set()
-                for room, text in notices:
-                    await self.replier.say(room, text)
                 await self._until_stopped_or_done(tg, input_ended)
                 await self._shutdown(dispatcher_task)
-                await self.answers.close(ANSWER_GRACE_S)
             else:
+                # What the outbox holds (notices, command answers) goes out after the restart.
                 log.info("stopped while starting")
-                await self.answers.close(0)
             for task in background:
                 task.cancel()
         log.info("chatbridge stopped")

@@ -127,6 +127,10 @@ class Dispatcher:
         result = self._scheduler.stop(room)
         if result.stopped is not None:
             self._cancel(room, EndReason.STOPPED)
+        elif self._scheduler.cancel_reason(room) is EndReason.STOPPED and room in self._runs:
+            # An interrupted run still winding down: it now ends as stopped
+            # (see Room.stop); it is not cancelled a second time.
+            self._runs[room].end_reason = EndReason.STOPPED
         self._after(())
         return result
 

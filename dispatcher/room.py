@@ -19,7 +19,8 @@ A granted run has *begun* once its owner is about to carry it out
 its messages with the rest, and a drain (shutdown) puts them back in front
 of the queue, so they stay pending and run after a restart. A begun run is
 cancelled with a reason (:class:`~dispatcher.status.EndReason`): stopped by
-the room, or interrupted by shutdown.
+the room, or interrupted by shutdown; a stop that comes while an
+interrupted run winds down makes it stopped (the user's word wins).
 """
 
 from __future__ import annotations
@@ -70,6 +71,14 @@ class CancelRun:
 
 
 @dataclass(frozen=True, slots=True)
+class Restated:
+    """The run of ``batch``, already cancelled, now ends for ``reason`` (no new cancel)."""
+
+    batch: Batch
+    reason: EndReason
+
+
+@dataclass(frozen=True, slots=True)
 class SkipRun:
     """The granted run of ``batch`` must never begin; it still reports its end.
 
@@ -95,6 +104,7 @@ Effect = (
     | StartRun
     | ReleaseSlot
     | CancelRun
+    | Restated
     | SkipRun
     | Dropped
 )
@@ -330,6 +340,13 @@ class Room:
         """
         effects: list[Effect] = []
         dropped: list[Message] = []
+        if self._run is not None and self._cancel is EndReason.INTERRUPTED:
+            # Already being cancelled by the shutdown, and then the room said
+            # stop: the user's word wins. The run is recorded stopped and not
+            # offered for ``!retry`` (an interrupted one would be). No second
+            # cancellation: the owner reads the reason when the run has wound down.
+            self._cancel = EndReason.STOPPED
+            effects.append(Restated(self._run, EndReason.STOPPED))
         if self._run is not None and self._cancel is None:
             self._cancel = EndReason.STOPPED
             if self._began:

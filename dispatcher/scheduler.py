@@ -21,6 +21,7 @@ from dispatcher.room import (
     Effect,
     ReleaseSlot,
     RequestSlot,
+    Restated,
     Room,
     SkipRun,
     StartRun,
@@ -156,6 +157,8 @@ class Scheduler:
             match effect:
                 case CancelRun(batch):
                     stopped = batch
+                case Restated():
+                    pass  # the reason changed; cancel_reason tells it
                 case SkipRun(batch):
                     skipped = len(batch.messages)  # counted as running, not queued
                 case Dropped(messages):

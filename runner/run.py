@@ -18,7 +18,11 @@ A run ends in exactly one of these ways (an :data:`Ending`), each mapped to a
   stalled;
 - the supervisor exited before claude did (something killed it): failed;
 - the task running ``run_claude`` was cancelled (``!stop``, shutdown): the stop
-  sequence runs shielded, then ``CancelledError`` propagates.
+  sequence runs shielded, then ``CancelledError`` propagates; unless claude
+  had already printed its result: then the run is stopped all the same and
+  its report returned (the answer is not thrown away), with the task still
+  marked cancelling (``Task.cancelling()``), for the caller to re-raise once
+  it has recorded the report.
 
 Whatever the ending, ``run_claude`` returns only once the supervisor is gone,
 and with it every process of the run, including tools that cleared their
@@ -119,8 +123,9 @@ async def run_claude(request: RunRequest, on_event: EventCallback) -> RunReport:
 
     Never raises for a run that went wrong (missing binary, bad output,
     timeout): that is a failed report. Cancellation stops the run (no process
-    of it survives) and then propagates; so does an exception raised by
-    ``on_event``, after the same stop.
+    of it survives) and then propagates, except after claude's result line:
+    then the report is returned (see the module doc). An exception raised by
+    ``on_event`` propagates after the same stop.
     """
     try:
         argv = build_argv(request)
@@ -154,14 +159,20 @@ async def run_claude(request: RunRequest, on_event: EventCallback) -> RunReport:
         run = _Run(request, supervised, on_event)
         try:
             ending = await run.follow()
-        except BaseException:
+        except BaseException as exc:
             # Cancelled (a stop) or on_event failed: nothing of the run may survive.
             try:
                 await shielded(run.close(stop=True))
             except Exception:
                 log.exception("stopping run %s failed", request.run_id)
+            if isinstance(exc, asyncio.CancelledError) and run.answered:
+                return run.report(Answered(lingering=True))
             raise
-        await shielded(run.close(stop=must_stop(ending)))
+        try:
+            await shielded(run.close(stop=must_stop(ending)))
+        except asyncio.CancelledError:
+            if not run.answered:
+                raise
         return run.report(ending)
     finally:
         await shielded(supervised.close())
@@ -187,6 +198,11 @@ class _Run:
         self._stderr_task: asyncio.Task[None] | None = None
         self._stdout_end: asyncio.Future[None] = self._loop.create_future()
         """stdout was decoded up to the result or its end; or why not (StreamError...)."""
+
+    @property
+    def answered(self) -> bool:
+        """claude printed its result line: the run's outcome is that result."""
+        return self._result is not None
 
     def _task(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro)

@@ -145,14 +145,21 @@ class Store(Protocol):
     async def set_run_pid(self, run_id: RunId, pid: int) -> None: ...
 
     async def finish_run(
-        self, run_id: RunId, report: RunReport, at: float, replies: Sequence[Reply] = ()
+        self,
+        run_id: RunId,
+        report: RunReport,
+        at: float,
+        replies: Sequence[Reply] = (),
+        *,
+        keep_session: bool = False,
     ) -> list[OutboxEntry]:
         """Record how a run ended and the replies that tell the room, in one transaction.
 
         Its messages become done (succeeded), dropped (stopped) or failed. The
         ``replies`` go into the outbox, pending, in order; the new entries are
-        returned. Only the first report counts: finishing a run that already
-        ended records nothing and returns no entries.
+        returned. With ``keep_session`` the report's session (if any) becomes
+        the room's, in the same transaction. Only the first report counts:
+        finishing a run that already ended records nothing and returns no entries.
         """
         ...
 

@@ -269,7 +269,13 @@ class MemoryStore:
         self._runs[run_id] = replace(self._run(run_id), pid=pid)
 
     async def finish_run(
-        self, run_id: RunId, report: RunReport, at: float, replies: Sequence[Reply] = ()
+        self,
+        run_id: RunId,
+        report: RunReport,
+        at: float,
+        replies: Sequence[Reply] = (),
+        *,
+        keep_session: bool = False,
     ) -> list[OutboxEntry]:
         """Record how a run ended, settle its still-dispatched messages, enqueue ``replies``."""
         state = finished_message_state(report.status)
@@ -287,6 +293,8 @@ class MemoryStore:
         self._write_audit(
             AuditAction.RUN_FINISHED, at, room=run.room, run_id=run_id, detail=report.status.value
         )
+        if keep_session and report.session_id is not None:
+            self._sessions[run.room] = report.session_id
         return self._enqueue(replies, at, run_id)
 
     # Outbox

@@ -455,7 +455,13 @@ class SqlStore:
                 raise StoreError(f"no run {run_id}")
 
     async def finish_run(
-        self, run_id: RunId, report: RunReport, at: float, replies: Sequence[Reply] = ()
+        self,
+        run_id: RunId,
+        report: RunReport,
+        at: float,
+        replies: Sequence[Reply] = (),
+        *,
+        keep_session: bool = False,
     ) -> list[OutboxEntry]:
         """Record how a run ended, settle its still-dispatched messages, enqueue ``replies``.
 
@@ -499,6 +505,10 @@ class SqlStore:
                     detail=report.status.value,
                 )
             )
+            if keep_session and report.session_id is not None:
+                # The session in the same transaction: one disk sync for the end of a run.
+                room = _room(run.transport, run.room_id)
+                await s.execute(self._session_upsert(room, report.session_id))
             return await self._enqueue(s, replies, at, run_id)
 
     # Outbox
@@ -659,14 +669,16 @@ class SqlStore:
 
     async def set_session(self, room: RoomKey, session_id: SessionId | None) -> None:
         """Remember (or, with None, forget) the Claude session of a room."""
+        async with self._transaction() as s:
+            await s.execute(self._session_upsert(room, session_id))
+
+    def _session_upsert(self, room: RoomKey, session_id: SessionId | None) -> Any:
         upsert = self._insert(RoomRow).values(
             transport=room.transport, room_id=room.room_id, session_id=session_id
         )
-        upsert = upsert.on_conflict_do_update(
+        return upsert.on_conflict_do_update(
             index_elements=["transport", "room_id"], set_={"session_id": session_id}
         )
-        async with self._transaction() as s:
-            await s.execute(upsert)
 
     # Audit
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
 from pathlib import Path
@@ -18,7 +19,9 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.service import open_store
+from bridge.core.transport import InboundSink
+from bridge.service import Service, open_store
+from tests.bridge.chat_room import GUARD_S, ChatRoom, serving
 from tests.bridge.harness import ConsoleSession, run_console, write_config
 
 
@@ -108,4 +111,48 @@ async def test_retry_names_an_earlier_run_and_queues_behind_an_active_one(
     assert db_rows(tmp_path, "select text, state from messages where text not like '!%'") == [
         ("first", "done"),
         ("second", "done"),
+    ]
+
+
+class NeverConnects(ChatRoom):
+    """A chat server that cannot be reached: ``connecting`` is set once the service tries."""
+
+    def __init__(self, room: RoomKey, user: str) -> None:
+        super().__init__(room, user)
+        self.connecting = asyncio.Event()
+
+    async def run(self, sink: InboundSink, ready: asyncio.Event) -> None:
+        self.connecting.set()
+        await asyncio.Event().wait()
+
+
+async def test_the_interrupted_notice_survives_a_start_that_stops_after_recovery(
+    tmp_path: Path,
+) -> None:
+    """Recovery records the notice with the outcome; a later start sends it, once."""
+    settings = load_settings(write_config(tmp_path))
+    crashed = RunId("run-crashed")
+    await left_by_a_crash(settings, crashed)
+
+    # A start stopped (SIGTERM) after recovery, before its transport connected.
+    store = await open_store(settings)
+    try:
+        unreachable = NeverConnects(console_room(settings), settings.console.user)
+        service = Service(settings, store, [unreachable])
+        serving_task = asyncio.create_task(service.serve())
+        async with asyncio.timeout(GUARD_S):
+            await unreachable.connecting.wait()
+            service.request_stop()
+            await serving_task
+    finally:
+        await store.close()
+    assert db_rows(tmp_path, "select status from runs") == [("interrupted",)]
+    assert unreachable.replies == []
+
+    offer = f"The last run (`{crashed}`) was interrupted by a restart of chatbridge."
+    async with serving(settings) as (_, chat):
+        await chat.wait_until(lambda: any(offer in text for text in chat.texts()))
+    assert sum(offer in text for text in chat.texts()) == 1
+    assert db_rows(tmp_path, "select state from outbox where text like '%interrupted%'") == [
+        ("delivered",)
     ]

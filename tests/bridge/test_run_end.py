@@ -4,6 +4,7 @@ bad text, a failing step, a failing store at the start of a run."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -107,11 +108,11 @@ class FinishFailsOnce:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    async def finish_run(self, run_id: RunId, report: RunReport, *args: Any) -> Any:
+    async def finish_run(self, run_id: RunId, report: RunReport, *args: Any, **kw: Any) -> Any:
         if not self.failed:
             self.failed = True
             raise RuntimeError("a bug at the end of the run")
-        return await self._store.finish_run(run_id, report, *args)
+        return await self._store.finish_run(run_id, report, *args, **kw)
 
 
 async def test_an_unexpected_error_at_the_end_still_records_and_frees_the_room(
@@ -184,3 +185,48 @@ async def test_a_start_that_keeps_failing_is_told_and_kept_for_the_restart(
         async with asyncio.timeout(WAIT_S):
             await again.wait_for("\nfirst\n")
     assert rows(tmp_path, "select state from messages") == [("done",)]
+
+
+class LogSeen(logging.Handler):
+    """Sets ``seen`` once a record contains ``text`` (logging runs in the loop's thread)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(logging.INFO)
+        self.text = text
+        self.seen = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
+
+
+async def test_a_stop_after_claude_answered_keeps_the_answer_and_the_session(
+    tmp_path: Path,
+) -> None:
+    """claude printed its result and lingers: a !stop stops it, the answer still goes out."""
+    env = {"FAKE_CLAUDE_RESULT": "THE-ANSWER", "FAKE_CLAUDE_LINGER": "300"}
+    # The runner would wait this long for the lingering claude to exit by itself.
+    path = write_config(tmp_path, {"runner": {"stop_grace_s": 60.0}}, env=env)
+    answered = LogSeen("claude printed its result")
+    runs_log = logging.getLogger("bridge.runs")
+    level = runs_log.level
+    runs_log.setLevel(logging.INFO)
+    runs_log.addHandler(answered)
+    try:
+        async with ConsoleSession(load_settings(path)) as session:
+            session.send("compute it")
+            async with asyncio.timeout(WAIT_S):
+                await answered.seen.wait()
+                session.send("!stop")
+                await session.wait_for("Stopping the run of 1 message")
+                await session.wait_for("\nTHE-ANSWER\n")
+            await session.finish()
+    finally:
+        runs_log.removeHandler(answered)
+        runs_log.setLevel(level)
+    status, session_id, cost = rows(tmp_path, "select status, session_id, cost_usd from runs")[0]
+    assert status == "succeeded"
+    assert cost is not None
+    assert session_id is not None
+    assert rows(tmp_path, "select session_id from rooms") == [(session_id,)]
+    assert rows(tmp_path, "select state from messages where text = 'compute it'") == [("done",)]

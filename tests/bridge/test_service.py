@@ -346,3 +346,26 @@ async def test_stop_whose_drop_cannot_be_written_keeps_the_queue(tmp_path: Path)
         await session.wait_for("Stopping the run of 2 messages")
         await session.finish()
     assert db_rows(tmp_path, "select status from runs") == [("stopped",), ("stopped",)]
+
+
+async def test_stop_stops_the_run_even_when_the_audit_cannot_be_written(tmp_path: Path) -> None:
+    """Cancelling a run needs no write: a failing audit row never blocks the stop."""
+    path = write_config(tmp_path, env={"FAKE_CLAUDE_SLEEP": "60"})
+    flaky: list[FlakyStore] = []
+
+    def wrap(store: Store) -> Store:
+        flaky.append(FlakyStore(store))
+        return flaky[0].store
+
+    async with ConsoleSession(load_settings(path), wrap_store=wrap) as session:
+        session.send("long job")
+        await session.wait_for("Bash: echo hello")
+        flaky[0].fail("audit", times=None)
+        session.send("!stop")
+        await session.wait_for("Stopping the run of 1 message; dropped 0 waiting messages.")
+        await session.wait_for("Stopped")
+        flaky[0].heal()
+        await session.finish()
+        assert flaky[0].failures["audit"] >= 1
+    assert "Could not carry out" not in session.out.getvalue()
+    assert db_rows(tmp_path, "select status from runs") == [("stopped",)]

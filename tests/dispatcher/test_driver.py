@@ -15,7 +15,7 @@ from dispatcher import (
     MonotonicClock,
     StopResult,
 )
-from tests.dispatcher.fakes import GUARD_S, FakeExecute, Messages, room, serving
+from tests.dispatcher.fakes import GUARD_S, Call, FakeExecute, Messages, room, serving
 
 A, B, C = room("a"), room("b"), room("c")
 
@@ -426,3 +426,29 @@ async def test_cancelling_serve_interrupts_begun_runs(env: Env) -> None:
         task.cancel()
         await env.execute.cancelled(call)
     assert call.run.end_reason is EndReason.INTERRUPTED
+
+
+async def test_a_stop_while_an_interrupted_run_winds_down_makes_it_stopped(env: Env) -> None:
+    d, clock = env.dispatcher, env.clock
+    env.execute.slow_cleanup = True
+    async with serving(d):
+        d.submit(env.make(A))
+        clock.advance(1.0)
+        call = await env.execute.started(A)
+        drained = asyncio.ensure_future(d.drain(5.0))
+        clock.advance(5.0)
+        await env.execute.cancelled(call)
+        assert call.run.end_reason is EndReason.INTERRUPTED
+        # Still winding down when the room says stop.
+        assert d.stop(A) == StopResult(stopped=None, dropped=())
+        assert end_reason(call) is EndReason.STOPPED
+        assert call.cleanup_gate is not None
+        call.cleanup_gate.set()
+        async with asyncio.timeout(GUARD_S):
+            assert not await drained
+        assert end_reason(call) is EndReason.STOPPED
+
+
+def end_reason(call: Call) -> EndReason | None:
+    """Read afresh: mypy would keep the attribute narrowed across the stop."""
+    return call.run.end_reason

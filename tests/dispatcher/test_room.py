@@ -14,6 +14,7 @@ from dispatcher.room import (
     Phase,
     ReleaseSlot,
     RequestSlot,
+    Restated,
     Room,
     SkipRun,
     StartRun,
@@ -273,3 +274,20 @@ def test_removing_the_last_waiting_message_gives_up_the_slot_request(make: Messa
     assert r.remove(m) == (True, [WithdrawSlotRequest()])
     assert r.idle
     assert r.tick(2.0) == []
+
+
+def test_a_stop_while_an_interrupted_run_winds_down_makes_it_stopped(make: Messages) -> None:
+    """Shutdown cut the run off, then the room said stop: the user's word wins.
+
+    The run is not cancelled twice; it ends as stopped, so it is not offered
+    for ``!retry`` as an interrupted run would be.
+    """
+    r = Room(KEY, DispatchLimits(1.0, 5.0, max_batch=1, max_concurrent_runs=1))
+    r.message(make(KEY), now=0.0)
+    (batch,) = [e.batch for e in r.slot_granted(0.0) if isinstance(e, StartRun)]
+    assert r.begin()
+    assert r.interrupt() == [CancelRun(batch, EndReason.INTERRUPTED)]
+    assert r.stop() == [Restated(batch, EndReason.STOPPED)]
+    assert r.cancel_reason is EndReason.STOPPED
+    assert r.interrupt() == []
+    assert r.stop() == []

@@ -15,7 +15,8 @@ and stops rooms, and checks after every step:
   (first); a stop whose drop is undone (its write failed) puts them back in
   front; a drain begins nothing more, puts granted-but-not-begun batches back
   in front, and its interrupt cancels exactly the begun runs not already
-  stopping;
+  stopping; a stop after the interrupt makes the run stopped (not cancelled
+  again);
 - a gathering room's window has not closed yet (it flushes exactly when the
   window closes: ``min(last + coalesce, first + max_wait)``), and a room that
   left gathering did so only once its window closed or it held ``max_batch``.
@@ -147,7 +148,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         before = self.scheduler.status(key)
         result = self.scheduler.stop(key)
         unbegun = self.inflight[key]
-        if key in self.running and key not in self.stopping:
+        if key in self.running:
+            # A stop also wins over an interrupt that is still winding the run
+            # down: the user said stop, so the run is not offered for !retry.
             self.stopping[key] = EndReason.STOPPED
         expected = before.running if key in self.began and not before.stopping else None
         assert result.stopped == expected

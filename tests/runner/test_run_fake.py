@@ -396,3 +396,24 @@ async def test_process_lingering_after_result_is_stopped(
     # Signalling through Popen would reap claude behind asyncio's back (status 255).
     assert "Unknown child process" not in caplog.text
     assert_nothing_left(run_id, tmp_path)
+
+
+async def test_cancel_after_the_result_keeps_the_answer(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    """claude printed its result, then lingers: a stop then still stops it, but keeps the answer."""
+    request = make_request(
+        run_id,
+        tmp_path,
+        env=fake_env(tmp_path, result="THE-ANSWER", linger="300", no_tool="1"),
+        stop_grace_s=60.0,  # the runner would wait this long for claude to exit on its own
+    )
+    task = asyncio.create_task(run_claude(request, recorder))
+    await recorder.wait_for(Result)
+    task.cancel()
+    report = await task
+    assert report.status is RunStatus.SUCCEEDED
+    assert report.result_text == "THE-ANSWER"
+    assert report.session_id is not None
+    assert report.cost_usd is not None
+    assert_nothing_left(run_id, tmp_path)

@@ -619,6 +619,32 @@ async def test_finish_run_records_the_outcome_and_the_replies_together(
     assert await store.undelivered() == entries
 
 
+async def test_finish_run_keeps_the_session_in_the_same_transaction(
+    store: InspectableStore,
+) -> None:
+    messages = await accept_many(store, 3)
+
+    async def started(run_id: str, index: int) -> RunId:
+        await store.start_run(RunId(run_id), Batch(ROOM, (messages[index],)), 110.0)
+        return RunId(run_id)
+
+    first = await started("run-1", 0)
+    report = RunReport(RunStatus.SUCCEEDED, session_id=SessionId("s-1"))
+    await store.finish_run(first, report, 120.0, keep_session=True)
+    assert await store.get_session(ROOM) == SessionId("s-1")
+    # Not kept (a !reset came during the run), or no session: the room's stays as it is.
+    second = await started("run-2", 1)
+    other = RunReport(RunStatus.SUCCEEDED, session_id=SessionId("s-2"))
+    await store.finish_run(second, other, 130.0)
+    assert await store.get_session(ROOM) == SessionId("s-1")
+    third = await started("run-3", 2)
+    await store.finish_run(third, RunReport(RunStatus.FAILED), 140.0, keep_session=True)
+    assert await store.get_session(ROOM) == SessionId("s-1")
+    # Only the first report counts, the session too.
+    await store.finish_run(first, other, 150.0, keep_session=True)
+    assert await store.get_session(ROOM) == SessionId("s-1")
+
+
 async def test_a_run_outcome_with_unstorable_text_records_nothing(
     store: InspectableStore,
 ) -> None:
