@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from bridge.core.model import ExternalMessageId, InboundMessage, RoomId, RoomKey, TransportName
 from bridge.core.transport import MessageDeleted, MessageEdited
 from transports.matrix import MatrixSettings
-from transports.matrix.inbound import InboundPolicy, is_own_join, to_inbound
+from transports.matrix.inbound import InboundPolicy, history_before, to_inbound
 from transports.matrix.render import MarkdownRenderer
 from transports.matrix.state import SavedSession, SessionFile, SyncPosition
 
@@ -212,13 +212,32 @@ def member(membership: str, prev: str | None, state_key: str = "@bot:hs") -> Any
     return Event.parse_event(source)
 
 
-def test_own_join_marks_where_history_ends() -> None:
+def test_history_ends_at_the_bots_invite_not_its_join() -> None:
+    text = event({"msgtype": "m.text", "body": "x"})
     assert isinstance(member("join", "invite"), RoomMemberEvent)
-    assert is_own_join(member("join", "invite"), "@bot:hs")
-    assert is_own_join(member("join", None), "@bot:hs")
-    assert not is_own_join(member("join", "join"), "@bot:hs")  # a profile change
-    assert not is_own_join(member("join", "invite", "@alice:hs"), "@bot:hs")
-    assert not is_own_join(event({"msgtype": "m.text", "body": "x"}), "@bot:hs")
+    # Someone invites the bot and types before it joins: that message is for it.
+    assert (
+        history_before([text, member("invite", None), text, member("join", "invite")], BOT.user_id)
+        == 2
+    )
+    # The join's prev_content missing: the invite before it still marks the cut.
+    assert (
+        history_before([text, member("invite", None), text, member("join", None)], BOT.user_id) == 2
+    )
+    # A public room joined without an invite: history ends at the join.
+    assert history_before([text, member("join", None), text], BOT.user_id) == 2
+    # A profile change, or someone else's membership, is no cut.
+    assert history_before([text, member("join", "join"), text], BOT.user_id) == 0
+    assert history_before([text, member("invite", None, "@alice:hs"), text], BOT.user_id) == 0
+    # Invited again after leaving: the new invite is the cut.
+    events = [
+        member("invite", None),
+        text,
+        member("leave", "join"),
+        text,
+        member("invite", "leave"),
+    ]
+    assert history_before([*events, text], BOT.user_id) == 5
 
 
 @pytest.mark.parametrize(

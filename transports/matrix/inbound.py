@@ -28,6 +28,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
+from bridge.core.text import safe_text
 from bridge.core.transport import MessageDeleted, MessageEdited
 
 TRANSPORT = TransportName("matrix")
@@ -36,7 +37,13 @@ _FALLBACK_START = re.compile(r"> (?:\* )?<@[^>\s]+:[^>\s]+> ")
 """How a reply fallback opens: ``> <@user:server> quoted`` (``> * <@...>`` for emotes)."""
 _PILL = re.compile(r"\s*<a\s+href=\"https://matrix\.to/#/([^\"]+)\"\s*>(.*?)</a>", re.DOTALL)
 _AFTER_MENTION = re.compile(r"[:,]?\s+|[:,]$")
-"""What separates a leading mention from the text: ``Bot: hi``, ``@bot hi``, ``@bot,``."""
+"""What separates a mention that is surely one from the text: ``@bot hi``, ``@bot: hi``."""
+_AFTER_BARE_NAME = re.compile(r"\s*[:,]\s*|\s+(?=!)")
+"""What must follow a bare display name to make it a mention: ``Claude: hi``,
+``Claude, hi`` or a command (``Claude !stop``); ``Claude code keeps crashing``
+is a sentence about something else."""
+_INVISIBLE = "\u200b\u200c\u200d\u2060\ufeff"
+"""Zero-width characters that clients and pasting leave in front of a mention."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,26 +115,36 @@ def strip_leading_mention(
 ) -> str | None:
     """``body`` without a mention of the bot it starts with; None if it starts with none.
 
-    The mention is the bot's id, its display name, or the text of a pill
-    (a matrix.to link to the bot) that opens ``formatted_body``; so
-    ``@bot !stop`` and ``Bot: !stop`` read as the command ``!stop``.
+    Sure mentions are followed by a space, a colon or a comma: the bot's id,
+    ``@`` and its localpart or display name as typed (``@bot !stop``,
+    ``@Claude !stop``), and the text of a pill (a matrix.to link to the bot)
+    that opens ``formatted_body``. The bare display name counts only with a
+    colon or comma or a command after it (``Claude: hi``, ``Claude !stop``),
+    since a sentence may start with the same word. Zero-width characters in
+    front are ignored.
     """
-    names = [user_id]
+    localpart = user_id[1:].split(":", 1)[0]
+    sure = [user_id, f"@{localpart}"]
     formatted = content.get("formatted_body")
     if isinstance(formatted, str):
-        pill = _PILL.match(formatted)
+        pill = _PILL.match(formatted.lstrip(_INVISIBLE))
         if pill and pill.group(1) == user_id:
-            names.append(html.unescape(re.sub(r"<[^>]*>", "", pill.group(2))))
+            sure.append(html.unescape(re.sub(r"<[^>]*>", "", pill.group(2))))
+    bare = []
     if display_name:
-        names.append(display_name)
-    text = body.lstrip()
-    for name in sorted(filter(None, names), key=len, reverse=True):
-        if not text.startswith(name):
+        sure.append(f"@{display_name}")
+        bare.append(display_name)
+    candidates = [(name, _AFTER_MENTION) for name in sure] + [
+        (name, _AFTER_BARE_NAME) for name in bare
+    ]
+    text = body.lstrip(_INVISIBLE + " \t\n\r")
+    for name, separators in sorted(candidates, key=lambda c: len(c[0]), reverse=True):
+        if not name or not text.startswith(name):
             continue
         rest = text[len(name) :]
         if rest == "":
             return ""
-        separator = _AFTER_MENTION.match(rest)
+        separator = separators.match(rest)
         if separator:
             return rest[separator.end() :]
     return None
@@ -163,7 +180,7 @@ def to_inbound(
         return _edit(content, room, bot, display_name)
     is_notice = isinstance(event, RoomMessageNotice)
     sender_is_bot = bot.ignore_other_bots and (is_notice or event.sender in bot.ignore_users)
-    body = strip_reply_fallback(event.body, content)
+    body = strip_reply_fallback(safe_text(event.body), content)
     mentioned = mentions(content, body, bot.user_id)
     stripped = strip_leading_mention(body, content, bot.user_id, display_name)
     return InboundMessage(
@@ -205,20 +222,48 @@ def _edit(
     body = new.get("body")
     if not isinstance(body, str):
         return None
+    body = safe_text(body)
     stripped = strip_leading_mention(body, new, bot.user_id, display_name)
     return MessageEdited(room, ExternalMessageId(original), body if stripped is None else stripped)
 
 
-def is_own_join(event: object, user_id: str) -> bool:
-    """The bridge's own membership becoming ``join`` (what came before is history)."""
+def own_membership(event: object, user_id: str) -> tuple[str, str | None] | None:
+    """``(membership, previous membership)`` of an event changing the bot's own
+    membership; None for any other event."""
     source = getattr(event, "source", None)
     if not isinstance(source, dict) or source.get("type") != "m.room.member":
-        return False
+        return None
+    if source.get("state_key") != user_id:
+        return None
     content = source.get("content", {})
-    prev = source.get("unsigned", {}).get("prev_content", {}) or {}
+    unsigned = source.get("unsigned", {})
+    prev = unsigned.get("prev_content", {}) if isinstance(unsigned, dict) else {}
+    membership = content.get("membership") if isinstance(content, dict) else None
+    previous = prev.get("membership") if isinstance(prev, dict) else None
     return (
-        source.get("state_key") == user_id
-        and isinstance(content, dict)
-        and content.get("membership") == "join"
-        and prev.get("membership") != "join"
+        str(membership) if membership else "",
+        str(previous) if isinstance(previous, str) else None,
     )
+
+
+def history_before(events: list[Any], user_id: str) -> int:
+    """How many of ``events`` (oldest first) are history from before the bot was asked in.
+
+    The cut is at the bot's invite, not its join: a message sent between the
+    two (someone opens a DM with the bot and types at once) was meant for it.
+    A join without an invite before it (a public room) cuts at the join.
+    """
+    start = 0
+    invited = False
+    for index, event in enumerate(events):
+        change = own_membership(event, user_id)
+        if change is None:
+            continue
+        membership, previous = change
+        if membership == "invite" and previous not in ("invite", "join"):
+            start, invited = index + 1, True
+        elif membership == "join" and previous not in ("join", "invite") and not invited:
+            start = index + 1
+        elif membership in ("leave", "ban"):
+            invited = False
+    return start

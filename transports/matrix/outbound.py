@@ -57,7 +57,7 @@ class MatrixOutbound:
         """Set by the transport while logged in; None otherwise."""
 
     async def send(
-        self, reply: Reply, delivery: Delivery | None = None
+        self, reply: Reply, delivery: Delivery | None = None, *, wait_for_room: bool = True
     ) -> ExternalMessageId | None:
         """Post ``reply`` as one or more events; returns the id of the last one posted.
 
@@ -66,13 +66,18 @@ class MatrixOutbound:
         ``delivery`` makes the same parts: the first ``parts_done`` are skipped,
         and part ``i`` is sent with transaction id ``{key}.{i}``, which the
         homeserver posts at most once for this device however often it is sent.
+        Without ``wait_for_room`` a room no sync has shown yet is
+        :class:`Undeliverable` at once (the sync loop itself must not wait for a sync).
         """
         room_id = room_id_of(reply.room)
         client = self._logged_in()
         parts = self._parts(reply)
         key = delivery.key if delivery is not None else uuid4().hex
         first = delivery.parts_done if delivery is not None else 0
-        await self._known_room(client, room_id)
+        if wait_for_room:
+            await self._known_room(client, room_id)
+        elif room_id not in client.rooms:
+            raise Undeliverable("matrix", f"the bot is not in room {room_id}")
         last: ExternalMessageId | None = None
         for index in range(first, len(parts)):
             last = await self._room_send(client, room_id, parts[index], f"{key}.{index}")

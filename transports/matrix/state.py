@@ -4,20 +4,30 @@
   service durably accepted. Written after the sink returned, so a crash
   replays (the service drops duplicates) rather than loses.
 - ``undecryptable.json``: encrypted events whose keys have not arrived yet.
+- ``set_aside.json``: events the service failed to take again and again,
+  kept to be offered again later instead of blocking every other event.
 - ``session.json``: user, device and access token from a password login, so
   the same device (and its encryption keys) is reused on every start.
 
 All are written atomically (temp file, fsync, rename) and readable only by
-the owner, since the session holds a secret.
+the owner, since the session holds a secret. A damaged file (a disk fault,
+an edit by hand) never stops the bridge: it is moved aside and logged.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def _write_private(path: Path, data: str) -> None:
@@ -28,6 +38,43 @@ def _write_private(path: Path, data: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def _load_list(path: Path, parse: Callable[[Any], T]) -> list[T]:
+    """The items of the JSON list in ``path``; [] when absent or damaged.
+
+    A damaged file is renamed to ``<name>.damaged-<unix time>`` (kept for a
+    person to look at, and out of the way of the next save) and logged.
+    """
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        return _set_aside_damaged(path, exc)
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        return _set_aside_damaged(path, exc)
+    if not isinstance(data, list):
+        return _set_aside_damaged(path, TypeError(f"a list expected, not {type(data).__name__}"))
+    try:
+        return [parse(item) for item in data]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return _set_aside_damaged(path, exc)
+
+
+def _set_aside_damaged(path: Path, problem: Exception) -> list[Any]:
+    aside = path.with_name(f"{path.name}.damaged-{int(time.time())}")
+    try:
+        os.replace(path, aside)
+    except OSError as exc:
+        log.error("matrix: %s is damaged (%s) and cannot be moved: %s", path, problem, exc)
+    else:
+        log.error(
+            "matrix: %s is damaged (%s); moved to %s, starting without it", path, problem, aside
+        )
+    return []
 
 
 class SyncPosition:
@@ -119,19 +166,17 @@ class UndecryptableFile:
         self._path = store_path / "undecryptable.json"
 
     def load(self) -> list[Undecryptable]:
-        try:
-            data = json.loads(self._path.read_text(encoding="utf-8"))
-            return [
-                Undecryptable(
-                    room_id=str(item["room_id"]),
-                    source=dict(item["source"]),
-                    first_seen=float(item["first_seen"]),
-                    noticed=bool(item.get("noticed", False)),
-                )
-                for item in data
-            ]
-        except FileNotFoundError:
-            return []
+        """The saved events; [] when there are none or the file is damaged."""
+
+        def parse(item: Any) -> Undecryptable:
+            return Undecryptable(
+                room_id=str(item["room_id"]),
+                source=dict(item["source"]),
+                first_seen=float(item["first_seen"]),
+                noticed=bool(item.get("noticed", False)),
+            )
+
+        return _load_list(self._path, parse)
 
     def save(self, events: list[Undecryptable]) -> None:
         _write_private(
@@ -143,6 +188,70 @@ class UndecryptableFile:
                         "source": e.source,
                         "first_seen": e.first_seen,
                         "noticed": e.noticed,
+                    }
+                    for e in events
+                ]
+            ),
+        )
+
+
+@dataclass(slots=True)
+class SetAside:
+    """A readable event the service failed to take several times in a row."""
+
+    room_id: str
+    source: dict[str, Any]
+    """The event as readable JSON (decrypted, if it came encrypted)."""
+    decrypted: bool
+    """It came encrypted: ``source`` is the decrypted payload nio parsed."""
+    first_failed: float
+    failures: int
+    next_try: float
+    """Wall-clock time of the next attempt."""
+    problem: str
+    """The last error, for the log and a person reading the file."""
+
+    @property
+    def event_id(self) -> str:
+        return str(self.source.get("event_id", ""))
+
+
+class SetAsideFile:
+    """The events set aside so one the service cannot take does not block the others;
+    saved before the sync position moves past them."""
+
+    def __init__(self, store_path: Path) -> None:
+        self._path = store_path / "set_aside.json"
+
+    def load(self) -> list[SetAside]:
+        """The saved events; [] when there are none or the file is damaged."""
+
+        def parse(item: Any) -> SetAside:
+            return SetAside(
+                room_id=str(item["room_id"]),
+                source=dict(item["source"]),
+                decrypted=bool(item.get("decrypted", False)),
+                first_failed=float(item["first_failed"]),
+                failures=int(item["failures"]),
+                next_try=float(item["next_try"]),
+                problem=str(item.get("problem", "")),
+            )
+
+        return _load_list(self._path, parse)
+
+    def save(self, events: list[SetAside]) -> None:
+        _write_private(
+            self._path,
+            json.dumps(
+                [
+                    {
+                        "room_id": e.room_id,
+                        "source": e.source,
+                        "decrypted": e.decrypted,
+                        "first_failed": e.first_failed,
+                        "failures": e.failures,
+                        "next_try": e.next_try,
+                        "problem": e.problem,
                     }
                     for e in events
                 ]

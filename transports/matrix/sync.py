@@ -5,10 +5,12 @@ and has swallowed cancellation in the past, so this module owns the loop:
 
 1. ``sync`` from the persisted position (nio decrypts what it can);
 2. keep the encryption keys in shape (upload, query, claim, to-device);
-3. accept invites to configured rooms;
+3. accept invites to configured rooms (a join that fails is retried later,
+   as soon as the server allows);
 4. hand every new message of a configured room to the sink, in order (an
    encrypted one that cannot be read yet is saved to wait for its key, see
-   :mod:`.undecryptable`), and retry those whose keys may have arrived;
+   :mod:`.undecryptable`; one the sink keeps refusing is set aside, see
+   :mod:`.setaside`), and retry those whose keys may have arrived;
 5. only then persist the new position.
 
 A failure anywhere (a raised error or an error response) backs off with
@@ -22,7 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from nio import (
@@ -30,12 +34,14 @@ from nio import (
     JoinError,
     MegolmEvent,
     MessageDirection,
+    RedactionEvent,
     RoomGetEventResponse,
     SyncResponse,
 )
 
 from bridge.core.model import RoomId
 from bridge.core.transport import (
+    InboundEvent,
     InboundSink,
     MessageEdited,
     RoomBinding,
@@ -43,10 +49,11 @@ from bridge.core.transport import (
     TransportError,
 )
 from transports.backoff import Backoff
-from transports.matrix.client import Retryable, check
-from transports.matrix.inbound import InboundPolicy, is_own_join, to_inbound
+from transports.matrix.client import RATE_LIMITED, Retryable, check
+from transports.matrix.inbound import InboundPolicy, history_before, to_inbound
+from transports.matrix.setaside import SetAsideEvents, Translate
 from transports.matrix.settings import MatrixSettings
-from transports.matrix.state import SyncPosition, UndecryptableFile
+from transports.matrix.state import SetAsideFile, SyncPosition, UndecryptableFile
 from transports.matrix.undecryptable import TellRoom, WaitingForKeys
 
 log = logging.getLogger(__name__)
@@ -63,7 +70,11 @@ _SYNC_FILTER: dict[str, Any] = {
     },
 }
 _BACKFILL_PAGE = 100
-_BACKFILL_MAX_EVENTS = 2_000
+_BACKFILL_LOG_EVERY = 2_000
+_JOIN_BACKOFF_FIRST_S = 2.0
+_JOIN_BACKOFF_CAP_S = 300.0
+_NOT_JOINABLE = frozenset({"M_FORBIDDEN", "M_NOT_FOUND", "M_UNKNOWN", "M_BAD_JSON"})
+"""A join refused for good (the invite was withdrawn, the room is gone)."""
 
 
 class Synced:
@@ -90,18 +101,24 @@ class Syncer:
         policy: InboundPolicy,
         backoff: Backoff,
         tell_room: TellRoom,
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
         self._rooms = rooms
         self._policy = policy
         self._backoff = backoff
+        self._clock = clock
         self._position = SyncPosition(settings.store_path)
         self._waiting = WaitingForKeys(
             UndecryptableFile(settings.store_path),
-            policy,
+            self._hand_over,
             settings.undecryptable_notice_s,
             tell_room,
         )
+        self._set_aside = SetAsideEvents(SetAsideFile(settings.store_path))
+        self._joins: dict[str, _PendingJoin] = {}
+        """Invites to configured rooms not joined yet, by room."""
         self.connected = False
         """True after a successful sync, until the next failed one."""
         self._lost_connection = False
@@ -137,6 +154,7 @@ class Syncer:
                 if first_start:
                     self._warn_unjoined(client)
                 elif not self._inbound_closed:
+                    await self._set_aside.retry(sink, self._translator(client))
                     await self._deliver(client, response, token, sink)
                     await self._waiting.retry(client, sink)
             except SinkClosed:
@@ -183,9 +201,14 @@ class Syncer:
         # nio ignores a response whose next_batch equals the one it saw last;
         # a sync retried from an older position must be processed again.
         client.next_batch = token or ""
+        # Long-poll only once connected: the first sync should answer at once;
+        # and no longer than until a pending join may be tried again.
+        timeout_ms = self._settings.sync_timeout_ms if self.connected else 0
+        if self._joins:
+            due_in_s = min(j.due for j in self._joins.values()) - self._clock()
+            timeout_ms = max(0, min(timeout_ms, int(due_in_s * 1000)))
         response = await client.sync(
-            # Long-poll only once connected: the first sync should answer at once.
-            timeout=self._settings.sync_timeout_ms if self.connected else 0,
+            timeout=timeout_ms,
             sync_filter=_SYNC_FILTER,
             since=token,
             full_state=full or None,
@@ -207,15 +230,43 @@ class Syncer:
             check("to-device", response)
 
     async def _accept_invites(self, client: AsyncClient, response: SyncResponse) -> None:
-        for room_id in response.rooms.invite:
-            if self._settings.auto_join == "configured" and room_id in self._rooms:
-                joined = await client.join(room_id)
-                if isinstance(joined, JoinError):
-                    log.warning("matrix: could not join %s: %s", room_id, joined)
-                else:
-                    log.info("matrix: joined configured room %s", room_id)
-            else:
+        """Join configured rooms the bot is invited to; a failed join is tried again later.
+
+        The sync position moves past an invite, so an invite whose join
+        failed (rate limited, a server error) is kept here and retried with
+        backoff, at least as late as the server asks; one refused for good
+        (withdrawn, no such room) is dropped.
+        """
+        if self._settings.auto_join != "configured":
+            for room_id in response.rooms.invite:
+                log.info("matrix: ignoring invite to %s (auto_join is none)", room_id)
+            return
+        for room_id in (*response.rooms.invite, *client.invited_rooms):
+            if room_id in self._rooms:
+                self._joins.setdefault(room_id, _PendingJoin(due=0.0))
+            elif room_id in response.rooms.invite:
                 log.info("matrix: ignoring invite to unconfigured room %s", room_id)
+        for room_id, pending in list(self._joins.items()):
+            if pending.due > self._clock():
+                continue
+            joined = await client.join(room_id)
+            if not isinstance(joined, JoinError):
+                log.info("matrix: joined configured room %s", room_id)
+                del self._joins[room_id]
+            elif joined.status_code in _NOT_JOINABLE:
+                log.warning("matrix: cannot join %s: %s", room_id, joined)
+                del self._joins[room_id]
+            else:
+                pending.failures += 1
+                delay = min(
+                    _JOIN_BACKOFF_CAP_S, _JOIN_BACKOFF_FIRST_S * 2 ** (pending.failures - 1)
+                )
+                if joined.status_code in RATE_LIMITED and joined.retry_after_ms:
+                    delay = max(delay, joined.retry_after_ms / 1000)
+                pending.due = self._clock() + delay
+                log.warning(
+                    "matrix: could not join %s (%s); trying again in %.1fs", room_id, joined, delay
+                )
 
     def _warn_unjoined(self, client: AsyncClient) -> None:
         for room_id in self._rooms:
@@ -233,21 +284,44 @@ class Syncer:
                 # More arrived while we were away than one sync carries.
                 events = await self._backfill(client, room_id, info.timeline.prev_batch, since)
                 events += info.timeline.events
-            start = 0
-            for index, event in enumerate(events):
-                if is_own_join(event, self._policy.user_id):
-                    start = index + 1  # before our join is history we never saw
-            for event in events[start:]:
+            for event in events[history_before(events, self._policy.user_id) :]:
                 if isinstance(event, MegolmEvent):
                     await self._waiting.keep(client, room_id, event)
                     continue
-                inbound = to_inbound(event, room_id, self._policy, _own_name(client, room_id))
-                if isinstance(inbound, MessageEdited) and not await self._same_sender(
-                    client, room_id, inbound.external_id, event
-                ):
-                    continue
-                if inbound is not None:
-                    await sink(inbound)
+                await self._hand_over(client, room_id, event, sink)
+
+    async def _hand_over(
+        self, client: AsyncClient, room_id: str, event: object, sink: InboundSink
+    ) -> None:
+        """One readable event to the sink: live, decrypted late, or set aside, all alike.
+
+        An edit by anyone but the original sender is dropped; a redaction
+        also forgets the event it removes wherever it still waits here.
+        """
+        if getattr(event, "event_id", None) in self._set_aside:
+            return  # a replay of an event already set aside: it waits there
+        inbound = await self._translate(client, room_id, event)
+        if inbound is not None:
+            await self._set_aside.offer(sink, room_id, event, inbound)
+
+    def _translator(self, client: AsyncClient) -> Translate:
+        async def translate(room_id: str, event: object) -> InboundEvent | None:
+            return await self._translate(client, room_id, event)
+
+        return translate
+
+    async def _translate(
+        self, client: AsyncClient, room_id: str, event: object
+    ) -> InboundEvent | None:
+        if isinstance(event, RedactionEvent) and event.redacts:
+            self._waiting.forget(event.redacts)
+            self._set_aside.forget(event.redacts)
+        inbound = to_inbound(event, room_id, self._policy, _own_name(client, room_id))
+        if isinstance(inbound, MessageEdited) and not await self._same_sender(
+            client, room_id, inbound.external_id, event
+        ):
+            return None
+        return inbound
 
     async def _same_sender(
         self, client: AsyncClient, room_id: str, original: str, edit: object
@@ -271,10 +345,16 @@ class Syncer:
     async def _backfill(
         self, client: AsyncClient, room_id: str, prev_batch: str | None, since: str
     ) -> list[Any]:
-        """Events between ``since`` and a limited timeline's start, oldest first."""
+        """Events between ``since`` and a limited timeline's start, oldest first.
+
+        Pages until ``since`` is reached, however long the gap: the position
+        moves past all of them once handed over, so stopping early would lose
+        the oldest. A failed page fails the round (retried from ``since``).
+        """
         older: list[Any] = []
         cursor = prev_batch
-        while cursor and len(older) < _BACKFILL_MAX_EVENTS:
+        logged = 0
+        while cursor:
             page = await client.room_messages(
                 room_id,
                 start=cursor,
@@ -290,9 +370,21 @@ class Syncer:
             if not page.chunk:
                 break
             older.extend(page.chunk)
+            if len(older) - logged >= _BACKFILL_LOG_EVERY:
+                logged = len(older)
+                log.warning("matrix: catching up on %s: %d missed events so far", room_id, logged)
+            if page.end == cursor:
+                break  # no progress: the server has nothing older
             cursor = page.end
         older.reverse()
         return older
+
+
+@dataclass(slots=True)
+class _PendingJoin:
+    due: float
+    """Clock time of the next attempt."""
+    failures: int = 0
 
 
 def _own_name(client: AsyncClient, room_id: str) -> str | None:

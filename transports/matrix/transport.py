@@ -103,8 +103,10 @@ class MatrixTransport(Transport):
             self._outbound.client = None
             await client.close()
 
-    async def _tell_room(self, room_id: RoomId, text: str) -> None:
-        await self._outbound.send(Reply(RoomKey(self.name, room_id), text, ReplyKind.NOTICE))
+    async def _tell_room(self, room_id: RoomId, text: str, key: str) -> None:
+        """A notice from inside the sync loop: never waits for a sync, posted once per ``key``."""
+        reply = Reply(RoomKey(self.name, room_id), text, ReplyKind.NOTICE)
+        await self._outbound.send(reply, Delivery(key, 0, _nothing_to_record), wait_for_room=False)
 
     async def send(
         self, reply: Reply, delivery: Delivery | None = None
@@ -117,3 +119,7 @@ class MatrixTransport(Transport):
 
     async def set_typing(self, room: RoomKey, typing: bool) -> None:
         await self._outbound.set_typing(room, typing)
+
+
+async def _nothing_to_record(index: int, message_id: ExternalMessageId) -> None:
+    """A one-part notice needs no progress record: its key alone makes it idempotent."""

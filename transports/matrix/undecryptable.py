@@ -5,13 +5,16 @@ shared it late, or only another device of the bot has it). Such an event is
 saved (:class:`~transports.matrix.state.UndecryptableFile`) before the sync
 position moves past it, its key is requested from the bot's other devices
 (``m.room_key_request``), and decryption is retried after every sync. Once
-readable it is handed over like any message. If it stays unreadable for
-``undecryptable_notice_s``, the room is told once; after
+readable it is handed over exactly like a live message (the same checks: an
+edit by anyone but the original sender is dropped). A redaction of a kept
+event forgets it. If it stays unreadable for ``undecryptable_notice_s``, the
+room is told once (without waiting: this runs inside the sync loop); after
 :data:`KEEP_S` it is given up.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -20,8 +23,7 @@ from nio import AsyncClient, MegolmEvent
 from nio.exceptions import EncryptionError, LocalProtocolError
 
 from bridge.core.model import RoomId
-from bridge.core.transport import InboundSink, TransportError
-from transports.matrix.inbound import InboundPolicy, to_inbound
+from bridge.core.transport import InboundSink, TransportError, Undeliverable
 from transports.matrix.state import Undecryptable, UndecryptableFile
 
 log = logging.getLogger(__name__)
@@ -29,7 +31,11 @@ log = logging.getLogger(__name__)
 KEEP_S = 7 * 24 * 3600.0
 """After this long a key is not coming: the event is forgotten."""
 
-TellRoom = Callable[[RoomId, str], Awaitable[None]]
+TellRoom = Callable[[RoomId, str, str], Awaitable[None]]
+"""``tell(room, text, key)``: post a notice now, at most once per ``key``; raises
+:class:`Undeliverable` at once for a room the bot is not in (it never waits)."""
+HandOver = Callable[[AsyncClient, str, object, InboundSink], Awaitable[None]]
+"""How a readable event of a room reaches the sink (the sync loop's own path)."""
 
 
 class WaitingForKeys:
@@ -38,13 +44,13 @@ class WaitingForKeys:
     def __init__(
         self,
         file: UndecryptableFile,
-        policy: InboundPolicy,
+        hand_over: HandOver,
         notice_after_s: float,
         tell_room: TellRoom,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._file = file
-        self._policy = policy
+        self._hand_over = hand_over
         self._notice_after_s = notice_after_s
         self._tell_room = tell_room
         self._clock = clock
@@ -64,39 +70,63 @@ class WaitingForKeys:
         self._save()
         await _request_key(client, event)
 
+    def forget(self, event_id: str) -> None:
+        """Drop a kept event: it was redacted, so it must never run (nor be noticed)."""
+        if self._events.pop(event_id, None) is not None:
+            log.info("matrix: the undecryptable event %s was redacted; forgotten", event_id)
+            self._save()
+
     async def retry(self, client: AsyncClient, sink: InboundSink) -> None:
-        """Hand over what can be read now; tell rooms about what still cannot."""
+        """Hand over what can be read now; tell rooms about what still cannot.
+
+        A failure of the hand-over propagates (the sync loop retries); what
+        was settled before it is saved.
+        """
         changed = False
         now = self._clock()
-        for entry in list(self._events.values()):
-            event = _megolm(entry)
-            try:
-                decrypted = client.decrypt_event(event) if event is not None else None
-            except EncryptionError:
-                decrypted = None
-            if decrypted is not None:
-                inbound = to_inbound(decrypted, entry.room_id, self._policy)
-                if inbound is not None:
-                    await sink(inbound)
-                log.info("matrix: decrypted %s after its key arrived", entry.event_id)
-                del self._events[entry.event_id]
-                changed = True
-            elif now - entry.first_seen >= KEEP_S or event is None:
-                log.warning("matrix: giving up on decrypting %s", entry.event_id)
-                del self._events[entry.event_id]
-                changed = True
-            elif not entry.noticed and now - entry.first_seen >= self._notice_after_s:
+        try:
+            for entry in list(self._events.values()):
+                if entry.event_id not in self._events:
+                    continue  # a redaction handed over just now forgot it
+                event = _megolm(entry)
                 try:
-                    await self._tell_room(RoomId(entry.room_id), _notice(entry))
-                except TransportError as exc:
-                    log.warning(
-                        "matrix: could not tell %s about %s: %s", entry.room_id, entry.event_id, exc
-                    )
-                    continue
-                entry.noticed = True
-                changed = True
-        if changed:
-            self._save()
+                    decrypted = client.decrypt_event(event) if event is not None else None
+                except EncryptionError:
+                    decrypted = None
+                if decrypted is not None:
+                    await self._hand_over(client, entry.room_id, decrypted, sink)
+                    log.info("matrix: decrypted %s after its key arrived", entry.event_id)
+                    self._events.pop(entry.event_id, None)
+                    changed = True
+                elif now - entry.first_seen >= KEEP_S or event is None:
+                    log.warning("matrix: giving up on decrypting %s", entry.event_id)
+                    del self._events[entry.event_id]
+                    changed = True
+                elif not entry.noticed and now - entry.first_seen >= self._notice_after_s:
+                    changed |= await self._tell(entry)
+        finally:
+            if changed:
+                self._save()
+
+    async def _tell(self, entry: Undecryptable) -> bool:
+        """Tell the room once that ``entry`` cannot be read; whether it is settled."""
+        try:
+            await self._tell_room(RoomId(entry.room_id), _notice(entry), notice_key(entry))
+        except Undeliverable as exc:
+            # Not in the room (left, kicked) or refused for good: nobody to tell.
+            log.warning(
+                "matrix: cannot tell %s about %s (%s); not telling",
+                entry.room_id,
+                entry.event_id,
+                exc,
+            )
+        except TransportError as exc:
+            log.warning(
+                "matrix: could not tell %s about %s: %s", entry.room_id, entry.event_id, exc
+            )
+            return False  # try again after the next sync
+        entry.noticed = True
+        return True
 
     def _save(self) -> None:
         self._file.save(list(self._events.values()))
@@ -121,6 +151,13 @@ async def _request_key(client: AsyncClient, event: MegolmEvent) -> None:
         return
     if hasattr(response, "status_code"):
         log.info("matrix: key request for %s failed: %s", event.event_id, response)
+
+
+def notice_key(entry: Undecryptable) -> str:
+    """The notice's delivery key, derived from the event: a crash between posting it
+    and saving ``noticed`` cannot post it twice (the server dedupes the transaction)."""
+    digest = hashlib.sha256(entry.event_id.encode("utf-8", "replace")).hexdigest()[:32]
+    return f"undecryptable-{digest}"
 
 
 def _notice(entry: Undecryptable) -> str:

@@ -1,0 +1,170 @@
+"""Events the service fails to take: retried a few times, then set aside, never dropped.
+
+The sync position moves only after every event of a batch was handed over,
+so an event the sink keeps refusing would hold back every later event of
+every room for good. Which failure is which cannot be told from here (the
+sink's store errors are not the transport's types), so the rule is by count:
+
+- a failure is retried with the whole batch (the sync loop backs off), so
+  a store outage loses nothing and keeps the order;
+- once one event has failed :data:`ATTEMPTS` times in a row it is saved to
+  ``set_aside.json`` (before the position moves past it), logged as an
+  error, and the others go on. Set-aside events are offered again with a
+  backoff of their own, and at once whenever the sink takes an event again
+  (the store is back), until the sink takes them or they are redacted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from nio import Event
+
+from bridge.core.transport import InboundEvent, InboundSink, SinkClosed
+from transports.matrix.state import SetAside, SetAsideFile
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 5
+"""Consecutive failures of one event before it is set aside."""
+RETRY_FIRST_S = 30.0
+RETRY_CAP_S = 3600.0
+
+Translate = Callable[[str, object], Awaitable[InboundEvent | None]]
+"""The inbound event of a readable event of a room (checks included), or None."""
+
+
+class SetAsideEvents:
+    """Counts failures per event, and keeps the events that failed too often."""
+
+    def __init__(self, file: SetAsideFile, clock: Callable[[], float] = time.time) -> None:
+        self._file = file
+        self._clock = clock
+        self._failures: dict[str, int] = {}
+        self._events = {e.event_id: e for e in file.load()}
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def __contains__(self, event_id: object) -> bool:
+        return event_id in self._events
+
+    async def offer(
+        self, sink: InboundSink, room_id: str, event: object, inbound: InboundEvent
+    ) -> None:
+        """Hand ``inbound`` (of ``event``) to ``sink``; raise for a retry, or set it aside.
+
+        :class:`SinkClosed` always propagates. Any other failure propagates
+        (the caller retries the batch) until the event has failed
+        :data:`ATTEMPTS` times; then the event is saved here and this returns.
+        """
+        event_id = str(getattr(event, "event_id", ""))
+        try:
+            await sink(inbound)
+        except SinkClosed:
+            raise
+        except Exception as exc:
+            failures = self._failures.get(event_id, 0) + 1
+            if failures < ATTEMPTS or not event_id:
+                self._failures[event_id] = failures
+                raise
+            self._failures.pop(event_id, None)
+            self._keep(room_id, event, exc)
+            return
+        self._failures.pop(event_id, None)
+        self._wake()
+
+    def forget(self, event_id: str) -> None:
+        """Drop a set-aside event (it was redacted: it must not run later)."""
+        self._failures.pop(event_id, None)
+        if self._events.pop(event_id, None) is not None:
+            log.info("matrix: the set-aside event %s was redacted; dropped", event_id)
+            self._save()
+
+    async def retry(self, sink: InboundSink, translate: Translate) -> None:
+        """Offer the set-aside events that are due again, oldest first.
+
+        One still refused stays, with a longer wait; it does not stop the others.
+        """
+        now = self._clock()
+        changed = False
+        try:
+            for entry in sorted(self._events.values(), key=lambda e: e.first_failed):
+                if entry.next_try > now:
+                    continue
+                event = _parse(entry)
+                try:
+                    inbound = await translate(entry.room_id, event) if event else None
+                    if inbound is not None:
+                        await sink(inbound)
+                except SinkClosed:
+                    raise
+                except Exception as exc:
+                    entry.failures += 1
+                    entry.problem = f"{type(exc).__name__}: {exc}"
+                    delay = min(
+                        RETRY_CAP_S, RETRY_FIRST_S * 2 ** min(entry.failures - ATTEMPTS, 20)
+                    )
+                    entry.next_try = now + delay
+                    changed = True
+                    log.error(
+                        "matrix: the set-aside event %s in %s was refused again (%s); "
+                        "next try in %.0fs",
+                        entry.event_id,
+                        entry.room_id,
+                        entry.problem,
+                        delay,
+                    )
+                    continue
+                log.warning("matrix: the set-aside event %s was taken at last", entry.event_id)
+                del self._events[entry.event_id]
+                changed = True
+        finally:
+            if changed:
+                self._save()
+
+    def _keep(self, room_id: str, event: object, problem: Exception) -> None:
+        source = getattr(event, "source", None)
+        now = self._clock()
+        entry = SetAside(
+            room_id=room_id,
+            source=dict(source) if isinstance(source, dict) else {},
+            decrypted=bool(getattr(event, "decrypted", False)),
+            first_failed=now,
+            failures=ATTEMPTS,
+            next_try=now + RETRY_FIRST_S,
+            problem=f"{type(problem).__name__}: {problem}",
+        )
+        self._events[entry.event_id] = entry
+        self._save()
+        log.error(
+            "matrix: the service refused event %s in %s %d times (%s); set aside in %s "
+            "so the other events go on, and offered again later",
+            entry.event_id,
+            room_id,
+            ATTEMPTS,
+            entry.problem,
+            "set_aside.json",
+        )
+
+    def _wake(self) -> None:
+        """The sink takes events again: what waits here is due at once."""
+        for entry in self._events.values():
+            entry.next_try = 0.0
+
+    def _save(self) -> None:
+        self._file.save(list(self._events.values()))
+
+
+def _parse(entry: SetAside) -> object | None:
+    try:
+        if entry.decrypted:
+            event: object = Event.parse_decrypted_event(dict(entry.source))
+        else:
+            event = Event.parse_event(dict(entry.source))
+    except (KeyError, TypeError, ValueError) as exc:
+        log.error("matrix: the set-aside event %s cannot be read: %s", entry.event_id, exc)
+        return None
+    return event
