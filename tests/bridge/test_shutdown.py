@@ -14,66 +14,52 @@ from pathlib import Path
 from bridge.config import Settings, load_settings
 from bridge.core.model import (
     ExternalMessageId,
-    InboundMessage,
     Reply,
     ReplyKind,
     RoomId,
     RoomKey,
     TransportName,
-    UserId,
 )
 from bridge.core.transport import (
     Accepted,
     Delivery,
-    InboundEvent,
     InboundSink,
     RunPhase,
     SinkClosed,
     TransportError,
 )
 from bridge.service import Service, open_store
+from tests.bridge.chat_room import ChatRoom
 from tests.bridge.harness import write_config
-from transports.base import Transport
 
 GUARD_S = 30.0
 
 
-class ChatServer(Transport):
-    """A transport driven by the test: it hands events to the sink and records replies."""
-
-    name = TransportName("console")
+class ChatServer(ChatRoom):
+    """A chat room whose transport, like the Matrix transport before the fix,
+    drops its client when the sink refuses an event (``SinkClosed``), after
+    which every send fails."""
 
     def __init__(self, room: RoomKey, user: str) -> None:
-        self.room = room
-        self.user = UserId(user)
-        self.sink: InboundSink | None = None
+        super().__init__(room, user)
         self.client = True
         """The connection to the server; dropped when the sink refuses an event."""
-        self.replies: list[Reply] = []
         self.failed_sends: list[str] = []
         self.phases: list[RunPhase] = []
-        self.changed = asyncio.Event()
-        self._ids = 0
 
     async def run(self, sink: InboundSink, ready: asyncio.Event) -> None:
-        self.sink = sink
-        ready.set()
         try:
-            await asyncio.Event().wait()
+            await super().run(sink, ready)
         finally:
             self.client = False
 
     async def deliver(self, text: str) -> Accepted:
-        assert self.sink is not None
-        self._ids += 1
-        event: InboundEvent = InboundMessage(
-            self.room, self.user, text, ExternalMessageId(f"ev-{self._ids}")
-        )
         try:
-            return await self.sink(event)
+            _, accepted = await self.say(text)
         except SinkClosed:
             self.client = False  # what the Matrix transport did: stop syncing, drop the client
             raise
+        return accepted
 
     async def send(
         self, reply: Reply, delivery: Delivery | None = None
@@ -81,9 +67,7 @@ class ChatServer(Transport):
         if not self.client:
             self.failed_sends.append(reply.text)
             raise TransportError(self.name, "not connected")
-        self.replies.append(reply)
-        self.changed.set()
-        return ExternalMessageId(f"out-{len(self.replies)}")
+        return await super().send(reply, delivery)
 
     async def set_phase(
         self, room: RoomKey, message_ids: Sequence[ExternalMessageId], phase: RunPhase
@@ -91,15 +75,9 @@ class ChatServer(Transport):
         self.phases.append(phase)
         self.changed.set()
 
-    async def wait_until(self, done: object) -> None:
-        async with asyncio.timeout(GUARD_S):
-            while not (done() if callable(done) else done):
-                self.changed.clear()
-                await self.changed.wait()
-
     @property
     def results(self) -> list[str]:
-        return [r.text for r in self.replies if r.kind is ReplyKind.RESULT]
+        return self.texts(ReplyKind.RESULT)
 
 
 def settings(tmp_path: Path, env: Mapping[str, str]) -> Settings:
@@ -148,7 +126,7 @@ async def test_a_message_during_the_grace_period_waits_and_the_answer_still_goes
         server = console_server(config)
         service = Service(config, store, [server])
         serving = asyncio.create_task(service.serve())
-        await server.wait_until(lambda: server.results)
+        await server.wait_until(lambda: bool(server.results))
         assert server.results == ["late job"]
         service.request_stop()
         async with asyncio.timeout(GUARD_S):
