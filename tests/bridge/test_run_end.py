@@ -21,7 +21,7 @@ from bridge.core.model import (
     UserId,
 )
 from bridge.core.transport import Accepted, RateLimited
-from bridge.store.base import Store
+from bridge.store.base import Store, StoreError
 from tests.bridge.harness import ConsoleSession, write_config
 from tests.fakes.flaky_store import FlakyStore
 from transports.console import ConsoleTransport
@@ -129,6 +129,36 @@ async def test_an_unexpected_error_at_the_end_still_records_and_frees_the_room(
             await session.wait_for("\nsecond\n")
     assert rows(tmp_path, "select status from runs") == [("succeeded",), ("succeeded",)]
     assert rows(tmp_path, "select count(*) from outbox where state = 'delivered'") == [(2,)]
+
+
+class FinishAckLost(FinishFailsOnce):
+    """Recording a run's end commits, then the acknowledgement is lost once."""
+
+    async def finish_run(self, run_id: RunId, report: RunReport, *args: Any, **kw: Any) -> Any:
+        entries = await self._store.finish_run(run_id, report, *args, **kw)
+        if not self.failed:
+            self.failed = True
+            raise StoreError("connection lost after COMMIT")
+        return entries
+
+
+async def test_an_answer_whose_commit_was_not_acknowledged_goes_out_at_once(
+    tmp_path: Path,
+) -> None:
+    settings = load_settings(write_config(tmp_path))
+    async with ConsoleSession(settings, wrap_store=FinishAckLost) as session:
+        assert session.service is not None
+        session.service.executor.store_retry_delays_s = (0.01,)
+        session.send("first")
+        async with asyncio.timeout(WAIT_S):
+            # The retry finds the run ended and hands the recorded answer over.
+            await session.wait_for("\nfirst\n")
+            session.send("second")
+            await session.wait_for("\nsecond\n")
+    assert rows(tmp_path, "select text, state from outbox order by id") == [
+        ("first", "delivered"),
+        ("second", "delivered"),
+    ]
 
 
 async def test_a_failing_start_is_retried_in_order(tmp_path: Path) -> None:
