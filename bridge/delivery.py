@@ -39,7 +39,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from bridge.core.model import ExternalMessageId, RoomKey, TransportName
+from bridge.core.model import ExternalMessageId, Reply, RoomKey, TransportName
 from bridge.core.transport import Delivery, RateLimited, Undeliverable
 from bridge.metrics import Metrics
 from bridge.store.base import DeliveryState, OutboxEntry, Store
@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 RETRY_BASE_S = 1.0
 RETRY_CAP_S = 300.0
 FINISH_ATTEMPTS = 5
+UNRECORDED_TRIES = 5
+"""Tries of a reply the store could not record (see :meth:`Outbox.send_unrecorded`)."""
 SEND_TIMEOUT_S = 120.0
 """One delivery attempt that takes longer is given up and retried (a hung server)."""
 """Tries to record that an entry was delivered before leaving it to the next start."""
@@ -256,6 +258,44 @@ class Outbox:
                 # Bookkeeping only; not StoreError alone: nothing here may end the worker.
                 log.warning("could not record a delivery attempt", exc_info=True)
             await self.sleep(delay)
+
+    async def send_unrecorded(self, reply: Reply, key: str, tries: int = UNRECORDED_TRIES) -> bool:
+        """Send ``reply`` now, outside the outbox, when the store cannot record it.
+
+        The last resort: rate limits are waited out and other failures backed
+        off, ``tries`` times in all, with one idempotency key. True if it went out.
+        """
+        room = reply.room
+        transport = self.transports.get(room.transport)
+        if transport is None:
+            log.error("cannot send to %s: transport %s is not configured", room, room.transport)
+            return False
+        backoff = Backoff(self.retry_base_s, self.retry_cap_s)
+        parts_done = 0
+
+        async def part_sent(index: int, message_id: ExternalMessageId) -> None:
+            nonlocal parts_done
+            parts_done = max(parts_done, index + 1)
+
+        for attempt in range(tries):
+            try:
+                async with asyncio.timeout(self.send_timeout_s):
+                    await transport.send(reply, Delivery(key, parts_done, part_sent))
+            except Undeliverable as exc:
+                log.error("gave up sending a %s to %s: %s", reply.kind.value, room, exc)
+                return False
+            except RateLimited as exc:
+                delay = max(0.0, exc.retry_after_s)
+                self.on_rate_limited(room.transport, delay)
+            except Exception:
+                delay = backoff.next_delay()
+                log.warning("could not send to %s", room, exc_info=True)
+            else:
+                return True
+            if attempt + 1 < tries:
+                await self.sleep(delay)
+        log.error("gave up sending a %s to %s after %d tries", reply.kind.value, room, tries)
+        return False
 
     async def _send(self, entry: OutboxEntry, delivery: Delivery) -> None:
         room = entry.reply.room

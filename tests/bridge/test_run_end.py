@@ -9,10 +9,14 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bridge.config import load_settings
 from bridge.core.model import (
     ExternalMessageId,
     InboundMessage,
+    Reply,
+    ReplyKind,
     RoomId,
     RoomKey,
     RunId,
@@ -20,7 +24,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.core.transport import Accepted, RateLimited
+from bridge.core.transport import Accepted, Delivery, RateLimited
 from bridge.store.base import Store, StoreError
 from tests.bridge.harness import ConsoleSession, write_config
 from tests.fakes.flaky_store import FlakyStore
@@ -159,6 +163,51 @@ async def test_an_answer_whose_commit_was_not_acknowledged_goes_out_at_once(
         ("first", "delivered"),
         ("second", "delivered"),
     ]
+
+
+class AnswerRateLimitedOnce(ConsoleTransport):
+    """The server rate-limits the first answer (retry at once)."""
+
+    limited = False
+
+    async def send(
+        self, reply: Reply, delivery: Delivery | None = None
+    ) -> ExternalMessageId | None:
+        if reply.kind is ReplyKind.RESULT and not AnswerRateLimitedOnce.limited:
+            AnswerRateLimitedOnce.limited = True
+            raise RateLimited("console", 0.0)
+        return await super().send(reply, delivery)
+
+
+@pytest.mark.parametrize("failing", [("finish_run",), ("finish_run", "enqueue")])
+async def test_an_answer_whose_outcome_cannot_be_recorded_survives_a_rate_limit(
+    tmp_path: Path, failing: tuple[str, ...]
+) -> None:
+    """Outcome unrecorded: the answer goes into the outbox alone or, failing that,
+    directly, and a rate limit does not drop it; the next start words it honestly."""
+    flaky: list[FlakyStore] = []
+
+    def wrap(store: Store) -> Store:
+        flaky.append(FlakyStore(store))
+        return flaky[0].store
+
+    AnswerRateLimitedOnce.limited = False
+    settings = load_settings(write_config(tmp_path))
+    async with ConsoleSession(settings, wrap_store=wrap, console=AnswerRateLimitedOnce) as session:
+        assert session.service is not None
+        session.service.executor.store_retry_delays_s = (0.01,)
+        for method in failing:
+            flaky[0].fail(method, times=None)
+        session.send("precious")
+        async with asyncio.timeout(WAIT_S):
+            await session.wait_for("\nprecious\n")
+    assert AnswerRateLimitedOnce.limited
+    assert rows(tmp_path, "select status from runs") == [("running",)]
+    async with ConsoleSession(settings) as again:
+        async with asyncio.timeout(WAIT_S):
+            text = await again.wait_for("Unless its answer is above")
+    assert "did not record its end" in text
+    assert "was interrupted" not in text
 
 
 async def test_a_failing_start_is_retried_in_order(tmp_path: Path) -> None:

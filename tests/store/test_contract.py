@@ -633,9 +633,10 @@ async def test_finish_run_records_the_outcome_and_the_replies_together(
     assert all((e.parts_done, e.attempts, e.run_id) == (0, 0, run_id) for e in entries)
     assert len({e.key for e in entries}) == 2
     assert await store.undelivered() == entries
-    # Only the first report counts, replies included.
+    # Only the first report counts, replies included: a second call records
+    # nothing and hands back the first call's entries still pending.
     again = await store.finish_run(run_id, RunReport(RunStatus.FAILED), 130.0, [answer("x")])
-    assert again == []
+    assert again == entries
     assert await store.undelivered() == entries
 
 
