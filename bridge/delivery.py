@@ -10,30 +10,39 @@ restart left undelivered.
 
 Order and retries:
 
-- A room's entries go strictly one after another, in recording order: an
-  answer never overtakes an earlier one. Rooms are delivered in parallel.
+- A room's entries go strictly one after another, in recording order (entry
+  ids): an answer never overtakes an earlier one. Nothing is delivered until
+  the start-up read of what earlier runs left is done, so an answer recorded
+  meanwhile cannot overtake an older one still pending. Rooms are delivered
+  in parallel.
 - :class:`~bridge.core.transport.RateLimited`: wait what the server asked,
   then try the same entry again (and tell the pacing, so cosmetic updates
   back off too).
 - :class:`~bridge.core.transport.Undeliverable`: give up on that entry (it is
   marked failed, logged and counted) and go on with the room's next one.
-- Anything else (the server is down, the store failed to record a part):
-  exponential backoff, then the same entry again.
+- Anything else (the server is down, the store failed to record a part, an
+  attempt that hung for ``send_timeout_s``): exponential backoff, then the
+  same entry again; the delivery's idempotency makes the retry safe.
+- An entry for a transport that is not configured (any more) stays pending,
+  untouched, for a start that has it again; it is logged once.
+
+A room's worker never ends the service: whatever fails in it (a bug
+included) is logged and the entry tried again after a backoff.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from bridge.core.model import ExternalMessageId, RoomKey, TransportName
+from bridge.core.model import ExternalMessageId, Reply, RoomKey, TransportName
 from bridge.core.transport import Delivery, RateLimited, Undeliverable
 from bridge.metrics import Metrics
-from bridge.store.base import DeliveryState, OutboxEntry, Store, StoreError
+from bridge.store.base import DeliveryState, OutboxEntry, Store
 from transports.backoff import Backoff
 from transports.base import Transport
 
@@ -42,6 +51,10 @@ log = logging.getLogger(__name__)
 RETRY_BASE_S = 1.0
 RETRY_CAP_S = 300.0
 FINISH_ATTEMPTS = 5
+UNRECORDED_TRIES = 5
+"""Tries of a reply the store could not record (see :meth:`Outbox.send_unrecorded`)."""
+SEND_TIMEOUT_S = 120.0
+"""One delivery attempt that takes longer is given up and retried (a hung server)."""
 """Tries to record that an entry was delivered before leaving it to the next start."""
 
 Sleep = Callable[[float], Awaitable[None]]
@@ -65,7 +78,9 @@ class Outbox:
     sleep: Sleep = asyncio.sleep
     retry_base_s: float = RETRY_BASE_S
     retry_cap_s: float = RETRY_CAP_S
-    _queues: dict[RoomKey, deque[OutboxEntry]] = field(default_factory=dict)
+    send_timeout_s: float = SEND_TIMEOUT_S
+    _queues: dict[RoomKey, list[OutboxEntry]] = field(default_factory=dict)
+    """Each room's entries, sorted by id; the head is the one being delivered."""
     _known: set[int] = field(default_factory=set)
     _settled: dict[int, asyncio.Event] = field(default_factory=dict)
     _workers: asyncio.TaskGroup | None = None
@@ -73,9 +88,9 @@ class Outbox:
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once the start-up read is done and nothing is queued."""
     _loaded: bool = False
-    _settled_before_load: set[int] = field(default_factory=set)
-    """Entries settled while the start-up read was under way: that read may
-    still list them as pending, and must not queue them again."""
+    """The start-up read is done: until then no room worker starts."""
+    _unconfigured: set[TransportName] = field(default_factory=set)
+    """Transports whose entries were left pending (logged once each)."""
 
     @property
     def pending(self) -> int:
@@ -86,19 +101,29 @@ class Outbox:
         """Queue entries for delivery; returns a wait for all of them to settle.
 
         Entries already queued are not queued twice (the start-up pick-up
-        and a run's end may both hand over the same entry).
+        and a run's end may both hand over the same entry). An entry for a
+        transport not configured is left pending in the store, not waited for.
         """
         events = []
         for entry in entries:
-            if entry.state is not DeliveryState.PENDING or entry.id in self._settled_before_load:
+            if entry.state is not DeliveryState.PENDING:
+                continue
+            room = entry.reply.room
+            if room.transport not in self.transports:
+                if room.transport not in self._unconfigured:
+                    self._unconfigured.add(room.transport)
+                    log.warning(
+                        "answers for transport %s are kept pending: it is not configured",
+                        room.transport,
+                    )
                 continue
             events.append(self._settled.setdefault(entry.id, asyncio.Event()))
             if entry.id in self._known:
                 continue
             self._known.add(entry.id)
-            self._queues.setdefault(entry.reply.room, deque()).append(entry)
+            self._insert(entry)
             self._idle.clear()
-            self._start(entry.reply.room)
+            self._start(room)
 
         async def settled() -> None:
             for event in events:
@@ -106,8 +131,14 @@ class Outbox:
 
         return settled
 
+    def _insert(self, entry: OutboxEntry) -> None:
+        """Queue ``entry`` in id order, never in front of the entry in flight."""
+        queue = self._queues.setdefault(entry.reply.room, [])
+        first = 1 if entry.reply.room in self._running else 0
+        queue.insert(bisect.bisect(queue, entry.id, lo=first, key=lambda e: e.id), entry)
+
     def _start(self, room: RoomKey) -> None:
-        if self._workers is None or room in self._running:
+        if self._workers is None or not self._loaded or room in self._running:
             return
         try:
             self._workers.create_task(self._deliver_room(room), name=f"outbox {room}")
@@ -123,11 +154,12 @@ class Outbox:
         async with asyncio.TaskGroup() as workers:
             self._workers = workers
             try:
-                for room in list(self._queues):
-                    self._start(room)
+                # What runs record meanwhile waits in its room's queue, so the
+                # older entries this read finds still go first.
                 self.submit(await self._undelivered())
                 self._loaded = True
-                self._settled_before_load.clear()
+                for room in list(self._queues):
+                    self._start(room)
                 if not self._known:
                     self._idle.set()
                 await asyncio.Event().wait()  # the room workers do the rest
@@ -139,7 +171,7 @@ class Outbox:
         while True:
             try:
                 return await self.store.undelivered()
-            except StoreError:
+            except Exception:  # not StoreError alone: the service must not end here
                 log.warning("could not read the outbox; trying again", exc_info=True)
             await self.sleep(backoff.next_delay())
 
@@ -162,14 +194,20 @@ class Outbox:
 
     async def _deliver_room(self, room: RoomKey) -> None:
         queue = self._queues[room]
+        backoff = Backoff(self.retry_base_s, self.retry_cap_s)
         try:
             while queue:
                 entry = queue[0]
-                await self._deliver(entry)
-                queue.popleft()
+                try:
+                    await self._deliver(entry)
+                except Exception:
+                    # A bug must not end the worker (and with it the service):
+                    # the entry stays at the head and is tried again.
+                    log.exception("delivering outbox entry %d failed inside chatbridge", entry.id)
+                    await self.sleep(backoff.next_delay())
+                    continue
+                queue.pop(0)
                 self._known.discard(entry.id)
-                if not self._loaded:
-                    self._settled_before_load.add(entry.id)
                 self._settled.pop(entry.id, asyncio.Event()).set()
         finally:
             self._running.discard(room)
@@ -216,23 +254,63 @@ class Outbox:
                 return
             try:
                 await self.store.delivery_attempted(entry.id, self.clock() + delay)
-            except StoreError:
+            except Exception:
+                # Bookkeeping only; not StoreError alone: nothing here may end the worker.
                 log.warning("could not record a delivery attempt", exc_info=True)
             await self.sleep(delay)
 
-    async def _send(self, entry: OutboxEntry, delivery: Delivery) -> None:
-        room = entry.reply.room
+    async def send_unrecorded(self, reply: Reply, key: str, tries: int = UNRECORDED_TRIES) -> bool:
+        """Send ``reply`` now, outside the outbox, when the store cannot record it.
+
+        The last resort: rate limits are waited out and other failures backed
+        off, ``tries`` times in all, with one idempotency key. True if it went out.
+        """
+        room = reply.room
         transport = self.transports.get(room.transport)
         if transport is None:
-            raise Undeliverable(room.transport, "no such transport is configured")
-        await transport.send(entry.reply, delivery)
+            log.error("cannot send to %s: transport %s is not configured", room, room.transport)
+            return False
+        backoff = Backoff(self.retry_base_s, self.retry_cap_s)
+        parts_done = 0
+
+        async def part_sent(index: int, message_id: ExternalMessageId) -> None:
+            nonlocal parts_done
+            parts_done = max(parts_done, index + 1)
+
+        for attempt in range(tries):
+            try:
+                async with asyncio.timeout(self.send_timeout_s):
+                    await transport.send(reply, Delivery(key, parts_done, part_sent))
+            except Undeliverable as exc:
+                log.error("gave up sending a %s to %s: %s", reply.kind.value, room, exc)
+                return False
+            except RateLimited as exc:
+                delay = max(0.0, exc.retry_after_s)
+                self.on_rate_limited(room.transport, delay)
+            except Exception:
+                delay = backoff.next_delay()
+                log.warning("could not send to %s", room, exc_info=True)
+            else:
+                return True
+            if attempt + 1 < tries:
+                await self.sleep(delay)
+        log.error("gave up sending a %s to %s after %d tries", reply.kind.value, room, tries)
+        return False
+
+    async def _send(self, entry: OutboxEntry, delivery: Delivery) -> None:
+        room = entry.reply.room
+        transport = self.transports[room.transport]  # submit() keeps the others out
+        # A hung server must not hold the room forever; the retry skips the
+        # parts done, so giving up an attempt never posts a part twice.
+        async with asyncio.timeout(self.send_timeout_s):
+            await transport.send(entry.reply, delivery)
 
     async def _finish(self, entry: OutboxEntry, state: DeliveryState) -> None:
         backoff = Backoff(self.retry_base_s, self.retry_cap_s)
         for attempt in range(FINISH_ATTEMPTS):
             try:
                 await self.store.delivery_finished(entry.id, state, self.clock())
-            except StoreError:
+            except Exception:
                 if attempt + 1 == FINISH_ATTEMPTS:
                     # The transport's idempotency key keeps a resend after the
                     # restart from posting it twice where the server supports it.

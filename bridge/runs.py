@@ -54,6 +54,7 @@ from bridge.notices import Notices
 from bridge.progress import ProgressMessage
 from bridge.replies import Replier, in_conversation
 from bridge.store.base import OutboxEntry, Store, StoreError
+from bridge.store.rules import delivery_key
 from dispatcher import DispatchedRun, EndReason
 from runner import RunRequest, run_claude
 from runner.events import Init, Result, RunEvent, Spawned, ToolUse
@@ -402,9 +403,11 @@ class RunExecutor:
     ) -> list[OutboxEntry]:
         """Record the outcome and the replies together, retrying a failing store.
 
-        If it cannot be recorded, the replies still go out, once and without
-        the outbox's guarantees (the run stays marked running until the next
-        start's sweep calls it interrupted).
+        If the outcome cannot be recorded, the replies alone are put into the
+        outbox (a separate transaction), so the answer stays durable; if that
+        fails too, they are sent directly, waiting out rate limits a few
+        times. Either way the run stays marked running until the next start's
+        sweep, whose notice says the end may have gone unrecorded.
         """
         delays = iter(self.store_retry_delays_s)
         try:
@@ -430,9 +433,24 @@ class RunExecutor:
                         )
                     await asyncio.sleep(delay)
         except Exception:
-            log.exception("could not record the end of the run; replying without the outbox")
+            log.exception("could not record the end of the run; recording its replies alone")
+        return await self._record_replies_alone(replies)
+
+    async def _record_replies_alone(self, replies: list[Reply]) -> list[OutboxEntry]:
+        """The outcome could not be recorded: keep the answer durable if the store allows."""
+        if not replies:
+            return []
+        for delay in (*self.store_retry_delays_s, None):
+            try:
+                return await self.store.enqueue(replies, self.wall_clock())
+            except Exception:
+                if delay is None:
+                    break
+                log.warning("could not record the run's replies; trying again", exc_info=True)
+            await asyncio.sleep(delay)
+        log.error("could not record the run's replies either; sending them directly")
         for reply in replies:
-            await self._cosmetic("reply without the outbox", self.replier.send(reply))
+            await self.outbox.send_unrecorded(reply, delivery_key())
         return []
 
     async def _cosmetic(self, what: str, step: Awaitable[Any]) -> None:

@@ -188,8 +188,12 @@ class Service:
             killed = await recover_run(run.id, self.settings.runner.cgroup_root)
             notice = Reply(
                 room=run.room,
-                text=f"The last run (`{run.id}`) was interrupted by a restart of chatbridge. "
-                f"`{prefix}retry {run.id}` runs it again.",
+                # Honest for both ways a run stays "running": a crash or
+                # restart during it, or an end whose outcome the failing
+                # database could not take (its answer may have gone out).
+                text=f"The last run (`{run.id}`) did not record its end: chatbridge restarted"
+                " during it, or its database failed as it ended. Unless its answer is above,"
+                f" `{prefix}retry {run.id}` runs it again.",
                 kind=ReplyKind.NOTICE,
             )
             await self.store.finish_run(

@@ -159,7 +159,9 @@ class Store(Protocol):
         ``replies`` go into the outbox, pending, in order; the new entries are
         returned. With ``keep_session`` the report's session (if any) becomes
         the room's, in the same transaction. Only the first report counts:
-        finishing a run that already ended records nothing and returns no entries.
+        finishing a run that already ended records nothing and returns that
+        run's entries still pending, in order: a caller retrying after a lost
+        acknowledgement (the first try did commit) hands its answer over.
         """
         ...
 

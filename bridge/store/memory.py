@@ -281,7 +281,12 @@ class MemoryStore:
         state = finished_message_state(report.status)
         run = self._run(run_id)
         if run.status is not RunStatus.RUNNING:
-            return []
+            # A retry whose first try committed: hand back what is still to deliver.
+            return [
+                e
+                for e in self._outbox.values()
+                if e.run_id == run_id and e.state is DeliveryState.PENDING
+            ]
         # Checked before anything changes: the method stays atomic.
         for text in (report.result_text, report.error, *(r.text for r in replies)):
             require_storable(text)

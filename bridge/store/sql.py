@@ -467,7 +467,9 @@ class SqlStore:
 
         Succeeded -> done, stopped -> dropped, anything else -> failed (see
         :func:`bridge.store.rules.finished_message_state`). Only the first
-        report counts: finishing a run that already ended changes nothing.
+        report counts: finishing a run that already ended changes nothing and
+        returns that run's entries still pending (a retry after a lost
+        acknowledgement of the commit).
         Writes one ``run_finished`` audit row; the outcome and the replies
         share the transaction, so an answer is never lost between them.
         """
@@ -477,7 +479,15 @@ class SqlStore:
             if run is None:
                 raise StoreError(f"no run {run_id}")
             if run.status != RunStatus.RUNNING.value:
-                return []
+                rows = await s.scalars(
+                    select(OutboxRow)
+                    .where(
+                        OutboxRow.run_id == run_id,
+                        OutboxRow.state == DeliveryState.PENDING.value,
+                    )
+                    .order_by(OutboxRow.id)
+                )
+                return [_outbox_entry(r) for r in rows]
             run.status = report.status.value
             run.ended_at = at
             run.exit_code = report.exit_code

@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import cast
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -330,3 +331,97 @@ def test_per_room_order_and_exactly_once_under_any_faults(
         assert len(incomplete) <= sum(1 for f in used if f is refused)
 
     asyncio.run(scenario())
+
+
+async def test_an_answer_recorded_during_the_start_up_read_waits_for_older_ones() -> None:
+    flaky = FlakyStore(MemoryStore())
+    store = flaky.store
+    await store.enqueue([reply(ROOMS[0], "old")], 1.0)
+    flaky.fail("undelivered", times=1)  # the start-up read is retried after a pause
+    paused = asyncio.Event()
+    resume = asyncio.Event()
+
+    async def sleep(seconds: float) -> None:
+        paused.set()
+        await resume.wait()
+
+    transport = Scripted()
+    async with serving(new_outbox(store, transport, sleep=sleep)) as outbox:
+        await paused.wait()
+        # A run of the same room ends while the read waits to try again.
+        settled = outbox.submit(await store.enqueue([reply(ROOMS[0], "new")], 2.0))
+        resume.set()
+        await settled()
+    assert transport.posted == [(ROOMS[0], "old"), (ROOMS[0], "new")]
+
+
+async def test_an_answer_for_a_transport_not_configured_stays_pending() -> None:
+    store = MemoryStore()
+    elsewhere = RoomKey(TransportName("slack"), RoomId("C1"))
+    [kept] = await store.enqueue([reply(elsewhere, "for slack")], 1.0)
+    transport = Scripted()
+    async with serving(new_outbox(store, transport)) as outbox:
+        await outbox.submit(await store.enqueue([reply(ROOMS[0], "for matrix")], 2.0))()
+        assert await outbox.drain(10.0) is True
+    assert transport.posted == [(ROOMS[0], "for matrix")]
+    assert [e.id for e in await store.undelivered()] == [kept.id]
+
+
+class HangsOnce(Scripted):
+    """The first attempt hangs like a server that never answers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hung = asyncio.Event()
+
+    async def send(
+        self, reply: Reply, delivery: Delivery | None = None
+    ) -> ExternalMessageId | None:
+        if not self.hung.is_set():
+            self.hung.set()
+            await asyncio.Event().wait()
+        return await super().send(reply, delivery)
+
+
+async def test_a_hung_attempt_is_given_up_and_retried() -> None:
+    store = MemoryStore()
+    transport = HangsOnce()
+    metrics = Metrics()
+    outbox = new_outbox(store, transport, metrics=metrics)
+    outbox.send_timeout_s = 0.05
+    async with serving(outbox):
+        await outbox.submit(await store.enqueue([reply(ROOMS[0], "at last")], 1.0))()
+    assert transport.posted == [(ROOMS[0], "at last")]
+    assert 'chatbridge_deliveries_total{outcome="retried"} 1.0' in metrics.exposition().decode()
+
+
+class BuggyBookkeeping:
+    """The real store, except that recording attempts and ends raises a bug's error."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    async def delivery_attempted(self, entry_id: int, next_attempt_at: float) -> None:
+        raise RuntimeError("a bug recording an attempt")
+
+    async def delivery_finished(self, *args: object) -> None:
+        raise RuntimeError("a bug recording the end")
+
+
+async def test_a_bug_in_the_bookkeeping_does_not_end_the_outbox() -> None:
+    inner = MemoryStore()
+    store = cast(Store, BuggyBookkeeping(inner))
+    transport = Scripted([transient])
+    outbox = new_outbox(store, transport)
+    task = asyncio.create_task(outbox.serve())
+    try:
+        await outbox.submit(await store.enqueue([reply(ROOMS[0], "a")], 1.0))()
+        await outbox.submit(await store.enqueue([reply(ROOMS[1], "b")], 2.0))()
+        assert not task.done()
+    finally:
+        task.cancel()
+        await asyncio.wait({task})
+    assert transport.posted == [(ROOMS[0], "a"), (ROOMS[1], "b")]

@@ -57,8 +57,9 @@ async def test_the_offer_after_a_restart_survives_the_requeued_messages(tmp_path
     await left_by_a_crash(settings, crashed)
 
     async with ConsoleSession(settings) as session:
-        offer = f"The last run (`{crashed}`) was interrupted by a restart of chatbridge."
-        await session.wait_for(f"{offer} `!retry {crashed}` runs it again.")
+        offer = f"The last run (`{crashed}`) did not record its end: chatbridge restarted"
+        await session.wait_for(f"{offer}")
+        await session.wait_for(f"`!retry {crashed}` runs it again.")
         # The message that waited before the restart runs first, and succeeds.
         await session.wait_for("· Done after")
         await session.wait_for("queued one\n")
@@ -149,10 +150,9 @@ async def test_the_interrupted_notice_survives_a_start_that_stops_after_recovery
     assert db_rows(tmp_path, "select status from runs") == [("interrupted",)]
     assert unreachable.replies == []
 
-    offer = f"The last run (`{crashed}`) was interrupted by a restart of chatbridge."
+    offer = f"The last run (`{crashed}`) did not record its end: chatbridge restarted"
     async with serving(settings) as (_, chat):
         await chat.wait_until(lambda: any(offer in text for text in chat.texts()))
     assert sum(offer in text for text in chat.texts()) == 1
-    assert db_rows(tmp_path, "select state from outbox where text like '%interrupted%'") == [
-        ("delivered",)
-    ]
+    notices = "select state from outbox where text like '%did not record its end%'"
+    assert db_rows(tmp_path, notices) == [("delivered",)]

@@ -9,10 +9,14 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bridge.config import load_settings
 from bridge.core.model import (
     ExternalMessageId,
     InboundMessage,
+    Reply,
+    ReplyKind,
     RoomId,
     RoomKey,
     RunId,
@@ -20,8 +24,8 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.core.transport import Accepted, RateLimited
-from bridge.store.base import Store
+from bridge.core.transport import Accepted, Delivery, RateLimited
+from bridge.store.base import Store, StoreError
 from tests.bridge.harness import ConsoleSession, write_config
 from tests.fakes.flaky_store import FlakyStore
 from transports.console import ConsoleTransport
@@ -129,6 +133,81 @@ async def test_an_unexpected_error_at_the_end_still_records_and_frees_the_room(
             await session.wait_for("\nsecond\n")
     assert rows(tmp_path, "select status from runs") == [("succeeded",), ("succeeded",)]
     assert rows(tmp_path, "select count(*) from outbox where state = 'delivered'") == [(2,)]
+
+
+class FinishAckLost(FinishFailsOnce):
+    """Recording a run's end commits, then the acknowledgement is lost once."""
+
+    async def finish_run(self, run_id: RunId, report: RunReport, *args: Any, **kw: Any) -> Any:
+        entries = await self._store.finish_run(run_id, report, *args, **kw)
+        if not self.failed:
+            self.failed = True
+            raise StoreError("connection lost after COMMIT")
+        return entries
+
+
+async def test_an_answer_whose_commit_was_not_acknowledged_goes_out_at_once(
+    tmp_path: Path,
+) -> None:
+    settings = load_settings(write_config(tmp_path))
+    async with ConsoleSession(settings, wrap_store=FinishAckLost) as session:
+        assert session.service is not None
+        session.service.executor.store_retry_delays_s = (0.01,)
+        session.send("first")
+        async with asyncio.timeout(WAIT_S):
+            # The retry finds the run ended and hands the recorded answer over.
+            await session.wait_for("\nfirst\n")
+            session.send("second")
+            await session.wait_for("\nsecond\n")
+    assert rows(tmp_path, "select text, state from outbox order by id") == [
+        ("first", "delivered"),
+        ("second", "delivered"),
+    ]
+
+
+class AnswerRateLimitedOnce(ConsoleTransport):
+    """The server rate-limits the first answer (retry at once)."""
+
+    limited = False
+
+    async def send(
+        self, reply: Reply, delivery: Delivery | None = None
+    ) -> ExternalMessageId | None:
+        if reply.kind is ReplyKind.RESULT and not AnswerRateLimitedOnce.limited:
+            AnswerRateLimitedOnce.limited = True
+            raise RateLimited("console", 0.0)
+        return await super().send(reply, delivery)
+
+
+@pytest.mark.parametrize("failing", [("finish_run",), ("finish_run", "enqueue")])
+async def test_an_answer_whose_outcome_cannot_be_recorded_survives_a_rate_limit(
+    tmp_path: Path, failing: tuple[str, ...]
+) -> None:
+    """Outcome unrecorded: the answer goes into the outbox alone or, failing that,
+    directly, and a rate limit does not drop it; the next start words it honestly."""
+    flaky: list[FlakyStore] = []
+
+    def wrap(store: Store) -> Store:
+        flaky.append(FlakyStore(store))
+        return flaky[0].store
+
+    AnswerRateLimitedOnce.limited = False
+    settings = load_settings(write_config(tmp_path))
+    async with ConsoleSession(settings, wrap_store=wrap, console=AnswerRateLimitedOnce) as session:
+        assert session.service is not None
+        session.service.executor.store_retry_delays_s = (0.01,)
+        for method in failing:
+            flaky[0].fail(method, times=None)
+        session.send("precious")
+        async with asyncio.timeout(WAIT_S):
+            await session.wait_for("\nprecious\n")
+    assert AnswerRateLimitedOnce.limited
+    assert rows(tmp_path, "select status from runs") == [("running",)]
+    async with ConsoleSession(settings) as again:
+        async with asyncio.timeout(WAIT_S):
+            text = await again.wait_for("Unless its answer is above")
+    assert "did not record its end" in text
+    assert "was interrupted" not in text
 
 
 async def test_a_failing_start_is_retried_in_order(tmp_path: Path) -> None:

@@ -310,6 +310,26 @@ async def test_finish_run_only_first_report_counts(store: InspectableStore) -> N
     assert actions(await store.audit_trail(run_id=rid))[AuditAction.RUN_FINISHED] == 1
 
 
+async def test_finishing_an_ended_run_again_returns_its_pending_entries(
+    store: InspectableStore,
+) -> None:
+    """A retry after a lost acknowledgement of the commit gets the answer to hand over."""
+    rid = await start(store, "run-1", await accept_many(store, 1))
+    first = await store.finish_run(
+        rid, RunReport(status=RunStatus.SUCCEEDED), 300.0, [answer("a"), answer("b")]
+    )
+    [unrelated] = await store.enqueue([answer("notice")], 300.5)
+    await store.delivery_finished(first[0].id, DeliveryState.DELIVERED, 301.0)
+    again = await store.finish_run(
+        rid, RunReport(status=RunStatus.FAILED), 302.0, [answer("a"), answer("b")]
+    )
+    assert again == first[1:]
+    assert [e.id for e in await store.undelivered()] == [first[1].id, unrelated.id]
+    run = await store.get_run(rid)
+    assert run is not None
+    assert run.status is RunStatus.SUCCEEDED
+
+
 async def test_finish_unknown_run_is_an_error(store: InspectableStore) -> None:
     with pytest.raises(StoreError):
         await store.finish_run(RunId("nope"), RunReport(status=RunStatus.FAILED), 1.0)
@@ -613,9 +633,10 @@ async def test_finish_run_records_the_outcome_and_the_replies_together(
     assert all((e.parts_done, e.attempts, e.run_id) == (0, 0, run_id) for e in entries)
     assert len({e.key for e in entries}) == 2
     assert await store.undelivered() == entries
-    # Only the first report counts, replies included.
+    # Only the first report counts, replies included: a second call records
+    # nothing and hands back the first call's entries still pending.
     again = await store.finish_run(run_id, RunReport(RunStatus.FAILED), 130.0, [answer("x")])
-    assert again == []
+    assert again == entries
     assert await store.undelivered() == entries
 
 
