@@ -191,8 +191,8 @@ class Service:
                 # Honest for both ways a run stays "running": a crash or
                 # restart during it, or an end whose outcome the failing
                 # database could not take (its answer may have gone out).
-                text=f"The last run (`{run.id}`) did not record its end: chatbridge restarted"
-                " during it, or its database failed as it ended. Unless its answer is above,"
+                text=f"The last run (`{run.id}`) did not finish before chatbridge restarted"
+                " (or its end could not be recorded). If its answer is not above,"
                 f" `{prefix}retry {run.id}` runs it again.",
                 kind=ReplyKind.NOTICE,
             )

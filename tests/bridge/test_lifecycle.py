@@ -241,7 +241,7 @@ async def test_kill_9_during_a_run_loses_nothing(tmp_path: Path) -> None:
     await again.start()
     assert await again.end_input() == 0
     assert find_marked(old_run) == []
-    assert f"The last run (`{old_run}`) did not record its end" in again.out
+    assert f"The last run (`{old_run}`) did not finish before chatbridge restarted" in again.out
     assert "local wrote:\nqueued one\n\nlocal wrote:\nqueued two" in again.out
     runs = rows(tmp_path, "select id, status from runs order by started_at")
     assert [r[1] for r in runs] == ["interrupted", "succeeded"]

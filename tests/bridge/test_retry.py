@@ -57,7 +57,7 @@ async def test_the_offer_after_a_restart_survives_the_requeued_messages(tmp_path
     await left_by_a_crash(settings, crashed)
 
     async with ConsoleSession(settings) as session:
-        offer = f"The last run (`{crashed}`) did not record its end: chatbridge restarted"
+        offer = f"The last run (`{crashed}`) did not finish before chatbridge restarted"
         await session.wait_for(f"{offer}")
         await session.wait_for(f"`!retry {crashed}` runs it again.")
         # The message that waited before the restart runs first, and succeeds.
@@ -150,9 +150,9 @@ async def test_the_interrupted_notice_survives_a_start_that_stops_after_recovery
     assert db_rows(tmp_path, "select status from runs") == [("interrupted",)]
     assert unreachable.replies == []
 
-    offer = f"The last run (`{crashed}`) did not record its end: chatbridge restarted"
+    offer = f"The last run (`{crashed}`) did not finish before chatbridge restarted"
     async with serving(settings) as (_, chat):
         await chat.wait_until(lambda: any(offer in text for text in chat.texts()))
     assert sum(offer in text for text in chat.texts()) == 1
-    notices = "select state from outbox where text like '%did not record its end%'"
+    notices = "select state from outbox where text like '%did not finish before chatbridge%'"
     assert db_rows(tmp_path, notices) == [("delivered",)]

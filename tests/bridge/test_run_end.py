@@ -205,8 +205,8 @@ async def test_an_answer_whose_outcome_cannot_be_recorded_survives_a_rate_limit(
     assert rows(tmp_path, "select status from runs") == [("running",)]
     async with ConsoleSession(settings) as again:
         async with asyncio.timeout(WAIT_S):
-            text = await again.wait_for("Unless its answer is above")
-    assert "did not record its end" in text
+            text = await again.wait_for("If its answer is not above")
+    assert "did not finish before chatbridge restarted" in text
     assert "was interrupted" not in text
 
 
