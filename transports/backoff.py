@@ -61,6 +61,19 @@ class Backoff:
         self._failures = 0
 
 
+def _is_fatal(exc: Exception, fatal: tuple[type[Exception], ...]) -> bool:
+    """``fatal`` covers ``exc``; a rate limit only when it is named itself.
+
+    ``fatal=(TransportError,)`` means "refused for good", and a rate limit,
+    though a ``TransportError``, asks to wait, not to give up.
+    """
+    if not isinstance(exc, fatal):
+        return False
+    if isinstance(exc, RateLimited):
+        return any(issubclass(kind, RateLimited) for kind in fatal)
+    return True
+
+
 async def retry(
     attempt: Callable[[], Awaitable[T]],
     *,
@@ -74,9 +87,11 @@ async def retry(
 
     ``what`` names the operation in the log ("matrix login"). Errors that
     are ``fatal`` (no retry can help: revoked credentials, ``Undeliverable``)
-    propagate at once, and so does the last error once ``attempts`` calls
-    (None: no limit) have failed. After a :class:`RateLimited` the wait is
-    at least its ``retry_after_s``. A success resets ``backoff``.
+    propagate at once (a :class:`RateLimited` only if ``fatal`` names it or a
+    subclass of it, not merely ``TransportError``), and so does the last
+    error once ``attempts`` calls (None: no limit) have failed. After a
+    :class:`RateLimited` the wait is at least its ``retry_after_s``. A
+    success resets ``backoff``.
     Cancellation is no ``Exception``: it propagates from the attempt and
     from the wait alike.
     """
@@ -84,9 +99,9 @@ async def retry(
     while True:
         try:
             result = await attempt()
-        except fatal:
-            raise
         except Exception as exc:
+            if _is_fatal(exc, fatal):
+                raise
             failures += 1
             if attempts is not None and failures >= attempts:
                 raise

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from bridge.core.transport import RateLimited, Undeliverable
+from bridge.core.transport import RateLimited, TransportError, Undeliverable
 from transports.backoff import Backoff, retry
 
 
@@ -88,6 +88,24 @@ async def test_retry_gives_up_on_fatal_errors_at_once() -> None:
         await retry(attempt, what="x", backoff=backoff, fatal=(Undeliverable,), sleep=sleeps)
     assert attempt.calls == 2
     assert sleeps.delays == [1.0]
+
+
+async def test_a_rate_limit_is_waited_out_even_when_its_base_class_is_fatal() -> None:
+    # fatal=(TransportError,) means "refused for good"; a rate limit asks to wait.
+    attempt, sleeps = Attempts(RateLimited("matrix", 12.0)), Sleeps()
+    await retry(attempt, what="x", backoff=fixed_backoff(), fatal=(TransportError,), sleep=sleeps)
+    assert (attempt.calls, sleeps.delays) == (2, [12.0])
+    with pytest.raises(TransportError, match="refused"):
+        await retry(
+            Attempts(TransportError("matrix", "refused")),
+            what="x",
+            backoff=fixed_backoff(),
+            fatal=(TransportError,),
+            sleep=sleeps,
+        )
+    named = Attempts(RateLimited("matrix", 12.0))
+    with pytest.raises(RateLimited):
+        await retry(named, what="x", backoff=fixed_backoff(), fatal=(RateLimited,), sleep=sleeps)
 
 
 async def test_retry_raises_the_last_error_after_its_attempts() -> None:

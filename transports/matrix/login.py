@@ -6,12 +6,13 @@ saved under ``store_path`` so every later start reuses that device.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from nio import AsyncClient, ErrorResponse, WhoamiResponse
 
-from bridge.core.transport import TransportError
-from transports.backoff import Backoff, retry
+from bridge.core.transport import RateLimited, TransportError
+from transports.backoff import Backoff, Sleep, retry
 from transports.matrix.client import REFUSED, Retryable, check
 from transports.matrix.settings import MatrixSettings
 from transports.matrix.state import SavedSession, SessionFile
@@ -19,18 +20,34 @@ from transports.matrix.state import SavedSession, SessionFile
 log = logging.getLogger(__name__)
 
 
-async def log_in(client: AsyncClient, settings: MatrixSettings, backoff: Backoff) -> None:
+async def log_in(
+    client: AsyncClient,
+    settings: MatrixSettings,
+    backoff: Backoff,
+    sleep: Sleep = asyncio.sleep,
+) -> None:
     """Log ``client`` in, retrying with backoff until the server answers.
 
     Raises :class:`TransportError` when the server refuses the credentials,
     which no retry can fix.
     """
     session_file = SessionFile(settings.store_path)
+
+    async def attempt() -> None:
+        try:
+            await _log_in_once(client, settings, session_file)
+        except Retryable as exc:
+            if exc.retry_after_s:
+                # Wait as long as the server asks (retry() honours RateLimited).
+                raise RateLimited("matrix", exc.retry_after_s, str(exc)) from exc
+            raise
+
     await retry(
-        lambda: _log_in_once(client, settings, session_file),
+        attempt,
         what="matrix login",
         backoff=backoff,
         fatal=(TransportError,),
+        sleep=sleep,
     )
 
 
