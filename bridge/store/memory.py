@@ -178,38 +178,32 @@ class MemoryStore:
         self, message_id: MessageId, text: str, actor: UserId | None, at: float
     ) -> Message | None:
         """Replace a pending message's text and audit it; None if not pending or unchanged."""
-        self._check_open()
-        stored = self._messages.get(message_id)
-        if stored is None or stored.state is not MessageState.PENDING:
-            return None
-        if stored.message.text == text:
+        stored = self._pending(message_id)
+        if stored is None or stored.message.text == text:
             return None
         stored.message = replace(stored.message, text=text)
-        self._write_audit(
-            AuditAction.MESSAGE_EDITED,
-            at,
-            room=stored.message.room,
-            actor=actor,
-            message_id=message_id,
-        )
-        return stored.message
+        return self._changed(stored, AuditAction.MESSAGE_EDITED, actor, at)
 
     async def delete_pending(
         self, message_id: MessageId, actor: UserId | None, at: float
     ) -> Message | None:
         """Drop a pending message that was deleted and audit it; None if not pending."""
-        self._check_open()
-        stored = self._messages.get(message_id)
-        if stored is None or stored.state is not MessageState.PENDING:
+        stored = self._pending(message_id)
+        if stored is None:
             return None
         stored.state = MessageState.DROPPED
-        self._write_audit(
-            AuditAction.MESSAGE_DELETED,
-            at,
-            room=stored.message.room,
-            actor=actor,
-            message_id=message_id,
-        )
+        return self._changed(stored, AuditAction.MESSAGE_DELETED, actor, at)
+
+    def _pending(self, message_id: MessageId) -> _StoredMessage | None:
+        self._check_open()
+        stored = self._messages.get(message_id)
+        return stored if stored is not None and stored.state is MessageState.PENDING else None
+
+    def _changed(
+        self, stored: _StoredMessage, action: AuditAction, actor: UserId | None, at: float
+    ) -> Message:
+        room = stored.message.room
+        self._write_audit(action, at, room=room, actor=actor, message_id=stored.message.id)
         return stored.message
 
     async def messages(self, ids: Sequence[MessageId]) -> list[Message]:

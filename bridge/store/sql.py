@@ -324,57 +324,52 @@ class SqlStore:
         The UPDATE's condition decides, so an edit racing the message's
         dispatch either lands before it or changes nothing.
         """
-        async with self._transaction() as s:
-            row = await s.scalar(
-                update(MessageRow)
-                .where(
-                    MessageRow.id == message_id,
-                    MessageRow.state == MessageState.PENDING.value,
-                    MessageRow.text != text,
-                )
-                .values(text=text)
-                .returning(MessageRow)
-            )
-            if row is None:
-                return None
-            message = _message(row)
-            s.add(
-                _audit_row(
-                    AuditAction.MESSAGE_EDITED,
-                    at,
-                    room=message.room,
-                    actor=actor,
-                    message_id=row.id,
-                )
-            )
-            return message
+        return await self._change_pending(
+            message_id,
+            AuditAction.MESSAGE_EDITED,
+            actor,
+            at,
+            {"text": text},
+            MessageRow.text != text,
+        )
 
     async def delete_pending(
         self, message_id: MessageId, actor: UserId | None, at: float
     ) -> Message | None:
         """Drop a pending message that was deleted and audit it; None if not pending."""
+        return await self._change_pending(
+            message_id,
+            AuditAction.MESSAGE_DELETED,
+            actor,
+            at,
+            {"state": MessageState.DROPPED.value},
+        )
+
+    async def _change_pending(
+        self,
+        message_id: MessageId,
+        action: AuditAction,
+        actor: UserId | None,
+        at: float,
+        values: dict[str, str],
+        *conditions: ColumnElement[bool],
+    ) -> Message | None:
+        """Update a message only while it is pending and ``conditions`` hold; audit it."""
         async with self._transaction() as s:
             row = await s.scalar(
                 update(MessageRow)
                 .where(
                     MessageRow.id == message_id,
                     MessageRow.state == MessageState.PENDING.value,
+                    *conditions,
                 )
-                .values(state=MessageState.DROPPED.value)
+                .values(**values)
                 .returning(MessageRow)
             )
             if row is None:
                 return None
             message = _message(row)
-            s.add(
-                _audit_row(
-                    AuditAction.MESSAGE_DELETED,
-                    at,
-                    room=message.room,
-                    actor=actor,
-                    message_id=row.id,
-                )
-            )
+            s.add(_audit_row(action, at, room=message.room, actor=actor, message_id=row.id))
             return message
 
     async def messages(self, ids: Sequence[MessageId]) -> list[Message]:
