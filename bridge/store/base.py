@@ -130,10 +130,6 @@ class Store(Protocol):
         """Every pending message of every room, in acceptance order (recovery)."""
         ...
 
-    async def requeue(self, ids: Sequence[MessageId]) -> list[Message]:
-        """Mark these messages pending again (``!retry``); returns them in order."""
-        ...
-
     async def mark_dropped(self, ids: Sequence[MessageId], actor: UserId | None, at: float) -> None:
         """Mark messages dropped by ``!stop``, one audit row each."""
         ...
@@ -193,10 +189,6 @@ class Store(Protocol):
 
     async def last_run(self, room: RoomKey) -> RunRecord | None:
         """The room's most recently started run."""
-        ...
-
-    async def last_retryable_run(self, room: RoomKey) -> RunRecord | None:
-        """The room's most recent run whose status is retryable, if it is the last run."""
         ...
 
     async def retryable_runs(self, room: RoomKey) -> list[RunRecord]:

@@ -139,14 +139,6 @@ class MemoryStore:
             m.message for _, m in sorted(self._messages.items()) if m.state is MessageState.PENDING
         ]
 
-    async def requeue(self, ids: Sequence[MessageId]) -> list[Message]:
-        """Mark these messages pending again; returns those that exist, in order."""
-        self._check_open()
-        found = self._existing(ids)
-        for stored in found:
-            stored.state = MessageState.PENDING
-        return [s.message for s in found]
-
     async def mark_dropped(self, ids: Sequence[MessageId], actor: UserId | None, at: float) -> None:
         """Drop the pending or dispatched ones of these messages, one audit row each."""
         self._check_open()
@@ -378,11 +370,6 @@ class MemoryStore:
         """The room's most recently started run."""
         self._check_open()
         return next((r for r in reversed(self._runs.values()) if r.room == room), None)
-
-    async def last_retryable_run(self, room: RoomKey) -> RunRecord | None:
-        """The room's last run, if its status is retryable."""
-        run = await self.last_run(room)
-        return run if run is not None and run.status.retryable else None
 
     async def retryable_runs(self, room: RoomKey) -> list[RunRecord]:
         """The room's offered runs, oldest first (the rule is in the protocol)."""

@@ -257,23 +257,6 @@ class SqlStore:
             )
             return [_message(r) for r in rows]
 
-    async def requeue(self, ids: Sequence[MessageId]) -> list[Message]:
-        """Mark these messages pending again; returns those that exist, in order.
-
-        Whatever their state: the caller picks them (``!retry`` takes the last
-        retryable run's messages, which are no longer dispatched).
-        """
-        async with self._transaction() as s:
-            await s.execute(
-                update(MessageRow)
-                .where(MessageRow.id.in_(ids))
-                .values(state=MessageState.PENDING.value)
-            )
-            rows = await s.scalars(
-                select(MessageRow).where(MessageRow.id.in_(ids)).order_by(MessageRow.id)
-            )
-            return [_message(r) for r in rows]
-
     async def mark_dropped(self, ids: Sequence[MessageId], actor: UserId | None, at: float) -> None:
         """Drop the pending or dispatched ones of these messages, one audit row each.
 
@@ -583,12 +566,6 @@ class SqlStore:
         """The room's most recently started run."""
         async with self._transaction() as s:
             return await self._last_run(s, room)
-
-    async def last_retryable_run(self, room: RoomKey) -> RunRecord | None:
-        """The room's last run, if its status is retryable."""
-        async with self._transaction() as s:
-            run = await self._last_run(s, room)
-        return run if run is not None and run.status.retryable else None
 
     async def retryable_runs(self, room: RoomKey) -> list[RunRecord]:
         """The room's offered runs, oldest first (the rule is in the protocol)."""

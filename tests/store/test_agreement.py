@@ -117,8 +117,8 @@ async def apply(store: InspectableStore, op: tuple[Any, ...], history: History) 
             await store.mark_dropped(ids, USER, now)
             return None
         case "retry":
-            run = await store.last_retryable_run(ROOMS[args[0]])
-            return None if run is None else await store.requeue(run.message_ids)
+            offered = await store.retryable_runs(ROOMS[args[0]])
+            return None if not offered else await store.requeue_run(offered[-1].id)
         case "session":
             session = None if args[1] is None else SessionId(args[1])
             await store.set_session(ROOMS[args[0]], session)
@@ -137,7 +137,7 @@ async def snapshot(store: InspectableStore, history: History) -> object:
         await store.running_runs(),
         [await store.get_run(r) for r in history.run_ids],
         [await store.last_run(r) for r in ROOMS],
-        [await store.last_retryable_run(r) for r in ROOMS],
+        [await store.retryable_runs(r) for r in ROOMS],
         [await store.get_session(r) for r in ROOMS],
         await store.audit_trail(),
     )

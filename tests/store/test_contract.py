@@ -355,7 +355,7 @@ async def test_excerpts_are_bounded(store: InspectableStore) -> None:
 async def test_get_run_unknown_is_none(store: InspectableStore) -> None:
     assert await store.get_run(RunId("nope")) is None
     assert await store.last_run(ROOM) is None
-    assert await store.last_retryable_run(ROOM) is None
+    assert await store.retryable_runs(ROOM) == []
 
 
 async def test_running_runs_lists_only_running_oldest_first(store: InspectableStore) -> None:
@@ -383,30 +383,13 @@ async def test_last_run_is_per_room_and_latest(store: InspectableStore) -> None:
     assert await store.last_run(SLACK_ROOM) is None
 
 
-@pytest.mark.parametrize("status", list(RunStatus))
-async def test_last_retryable_run_only_if_last(store: InspectableStore, status: RunStatus) -> None:
-    a, b = await accept_many(store, 2)
-    first = await start(store, "r1", [a])
-    await store.finish_run(first, RunReport(status=RunStatus.FAILED), 1.0)
-    second = await start(store, "r2", [b])
-    if status is not RunStatus.RUNNING:
-        await store.finish_run(second, RunReport(status=status), 2.0)
-    found = await store.last_retryable_run(ROOM)
-    if status.retryable:
-        assert found is not None
-        assert found.id == second
-    else:
-        # r1 failed, but it is not the last run any more.
-        assert found is None
-
-
 async def test_requeue_after_failure_and_rerun(store: InspectableStore) -> None:
     msgs = await accept_many(store, 3)
     r1 = await start(store, "r1", msgs)
     await store.finish_run(r1, RunReport(status=RunStatus.TIMED_OUT), 1.0)
-    failed = await store.last_retryable_run(ROOM)
-    assert failed is not None
-    requeued = await store.requeue(list(reversed(failed.message_ids)))
+    [failed] = await store.retryable_runs(ROOM)
+    assert failed.id == r1
+    requeued = await store.requeue_run(failed.id)
     assert requeued == msgs
     assert await store.pending_messages() == msgs
 
@@ -425,8 +408,8 @@ async def test_requeue_after_failure_and_rerun(store: InspectableStore) -> None:
         }
 
 
-async def test_requeue_unknown_ids_returns_nothing(store: InspectableStore) -> None:
-    assert await store.requeue([MessageId(10_000)]) == []
+async def test_requeue_of_an_unknown_run_returns_nothing(store: InspectableStore) -> None:
+    assert await store.requeue_run(RunId("nope")) == []
 
 
 # Dropping
@@ -456,7 +439,7 @@ async def test_mark_dropped_audits_live_messages_only(store: InspectableStore) -
     # The stopped run ends afterwards; its dropped message stays dropped.
     await store.finish_run(r1, RunReport(status=RunStatus.STOPPED), 6.0)
     assert (await store.message_states([running.id]))[running.id] is MessageState.DROPPED
-    assert await store.last_retryable_run(ROOM) is None
+    assert await store.retryable_runs(ROOM) == []
 
 
 # Sessions
