@@ -25,6 +25,7 @@ import logging
 import os
 import select
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 
 from runner.command import MARKER_ENV
@@ -106,26 +107,32 @@ def _pin_marked(marker: str) -> list[_Pinned]:
     return pinned
 
 
-async def _wait_exited(procs: list[_Pinned], within: float) -> list[_Pinned]:
-    """Wait until every process exited, at most ``within`` s; return those still running.
+async def wait_exited(pidfds: Sequence[int], within: float) -> set[int]:
+    """Wait until every process behind ``pidfds`` exited, at most ``within`` s.
 
-    A pidfd becomes readable when its process exits, which works for
-    processes that are not our children.
+    Returns the pidfds whose process is still running. A pidfd becomes
+    readable when its process exits, which works for processes that are not
+    our children.
     """
     loop = asyncio.get_running_loop()
-    waiting: dict[int, tuple[_Pinned, asyncio.Future[None]]] = {}
-    for proc in procs:
+    waiting: dict[int, asyncio.Future[None]] = {}
+    for fd in pidfds:
         fut: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(proc.fd, _set_done, fut)
-        waiting[proc.fd] = (proc, fut)
+        loop.add_reader(fd, _set_done, fut)
+        waiting[fd] = fut
     try:
-        futures = [fut for _, fut in waiting.values()]
-        if futures:
-            await asyncio.wait(futures, timeout=within)
-        return [proc for proc, fut in waiting.values() if not fut.done()]
+        if waiting:
+            await asyncio.wait(waiting.values(), timeout=within)
+        return {fd for fd, fut in waiting.items() if not fut.done()}
     finally:
         for fd in waiting:
             loop.remove_reader(fd)
+
+
+async def _wait_exited(procs: list[_Pinned], within: float) -> list[_Pinned]:
+    """The pinned processes still running after waiting up to ``within`` s."""
+    running = await wait_exited([proc.fd for proc in procs], within)
+    return [proc for proc in procs if proc.fd in running]
 
 
 def _set_done(fut: asyncio.Future[None]) -> None:

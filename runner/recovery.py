@@ -12,14 +12,13 @@ last the marker sweep.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
 from pathlib import Path
 
 from runner.command import MARKER_ENV
-from runner.process import has_exited, kill_cgroup, kill_marked, kill_tree
+from runner.process import has_exited, kill_cgroup, kill_marked, kill_tree, wait_exited
 from runner.supervision import SUPERVISOR, SUPERVISOR_KILL_S
 from runner.supervisor import cgroup_parent
 
@@ -123,18 +122,4 @@ def _grace(argv: list[bytes]) -> float:
 
 async def _exited(pidfd: int, within: float) -> bool:
     """Wait up to ``within`` s for the process behind ``pidfd`` to exit; whether it did."""
-    if has_exited(pidfd):
-        return True
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
-    loop.add_reader(pidfd, _finish, done)
-    try:
-        await asyncio.wait({done}, timeout=within)
-    finally:
-        loop.remove_reader(pidfd)
-    return done.done()
-
-
-def _finish(done: asyncio.Future[None]) -> None:
-    if not done.done():
-        done.set_result(None)
+    return has_exited(pidfd) or not await wait_exited([pidfd], within)
