@@ -13,13 +13,13 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from bridge.core.model import RunId, RunStatus
 from runner import RunRequest, ToolResult, run_claude
+from runner.process import wait_exited
 from tests.runner.conftest import Recorder, is_alive
 from tests.runner.test_run_fake import fake_env, make_request, record
 
@@ -50,34 +50,20 @@ def ppid(pid: int) -> int:
 
 
 async def until_exited(pids: list[int], within: float = 30.0) -> None:
-    """Wait for processes that are not our children to exit (a pidfd turns readable)."""
-    loop = asyncio.get_running_loop()
-    waits = []
+    """Wait for processes that are not our children to exit; TimeoutError if some do not."""
     fds = []
     for pid in pids:
         try:
-            fd = os.pidfd_open(pid)
+            fds.append(os.pidfd_open(pid))
         except ProcessLookupError:
             continue
-        fds.append(fd)
-        done: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(fd, _finish(done))
-        waits.append(done)
     try:
-        async with asyncio.timeout(within):
-            await asyncio.gather(*waits)
+        running = await wait_exited(fds, within)
     finally:
         for fd in fds:
-            loop.remove_reader(fd)
             os.close(fd)
-
-
-def _finish(fut: asyncio.Future[None]) -> Callable[[], None]:
-    def done() -> None:
-        if not fut.done():
-            fut.set_result(None)
-
-    return done
+    if running:
+        raise TimeoutError(f"{len(running)} process(es) still running after {within:g}s")
 
 
 async def test_escaping_tools_are_stopped_with_the_run(
@@ -171,8 +157,11 @@ asyncio.run(main())
 """
 
 
-async def test_kill_9_of_the_bridge_stops_the_run(run_id: RunId, tmp_path: Path) -> None:
-    request = escaping_request(run_id, tmp_path, sleep="300", ignore_term="1")
+async def run_in_child_bridge(
+    request: RunRequest, tmp_path: Path
+) -> tuple[asyncio.subprocess.Process, list[int]]:
+    """Start ``request`` in a child process standing in for the bridge; once its tools run,
+    return that process and the run's pids (claude, its supervisor, the escaped tools)."""
     fields = {k: v for k, v in request.__dict__.items() if k != "cwd"}
     fields["env"] = dict(fields["env"])
     bridge = await asyncio.create_subprocess_exec(
@@ -184,7 +173,12 @@ async def test_kill_9_of_the_bridge_stops_the_run(run_id: RunId, tmp_path: Path)
     while (line := await bridge.stdout.readline()) != b"ToolResult\n":
         assert line, "the run in the child ended early"
     claude = record(tmp_path)["pid"]
-    pids = [claude, ppid(claude), *escaped(tmp_path)]
+    return bridge, [claude, ppid(claude), *escaped(tmp_path)]
+
+
+async def test_kill_9_of_the_bridge_stops_the_run(run_id: RunId, tmp_path: Path) -> None:
+    request = escaping_request(run_id, tmp_path, sleep="300", ignore_term="1")
+    bridge, pids = await run_in_child_bridge(request, tmp_path)
     assert alive(pids) == pids
 
     bridge.send_signal(signal.SIGKILL)

@@ -7,11 +7,8 @@ SIGKILL, as a crash or ``kill -9`` would.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import signal
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,13 +17,10 @@ from bridge.core.model import RunId
 from runner import RunRequest, recover_run
 from tests.runner.test_cgroups import HERE
 from tests.runner.test_containment import (
-    RUN_IN_CHILD,
     alive,
-    escaped,
     escaping_request,
-    ppid,
+    run_in_child_bridge,
 )
-from tests.runner.test_run_fake import record
 
 pytestmark = pytest.mark.slow
 
@@ -39,18 +33,7 @@ async def crash_during(
     The tools ignore SIGTERM (inherited from claude). ``with_supervisor``: the
     supervisor is killed too, before it could see the bridge die.
     """
-    fields = {k: v for k, v in request.__dict__.items() if k != "cwd"}
-    fields["env"] = dict(fields["env"])
-    bridge = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", RUN_IN_CHILD, json.dumps(fields), str(tmp_path),
-        stdout=asyncio.subprocess.PIPE,
-        cwd=Path(__file__).parents[2],
-    )  # fmt: skip
-    assert bridge.stdout is not None
-    while (line := await bridge.stdout.readline()) != b"ToolResult\n":
-        assert line, "the run in the child ended early"
-    claude = record(tmp_path)["pid"]
-    pids = [claude, ppid(claude), *escaped(tmp_path)]
+    bridge, pids = await run_in_child_bridge(request, tmp_path)
     if with_supervisor:
         bridge.send_signal(signal.SIGSTOP)  # it would stop the run itself otherwise
         os.kill(pids[1], signal.SIGKILL)
