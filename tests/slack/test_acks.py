@@ -19,7 +19,7 @@ from slack_sdk.signature import SignatureVerifier
 
 from bridge.core.model import Reply, ReplyKind, RoomId
 from bridge.core.transport import Accepted, InboundEvent, RoomBinding, TransportError
-from tests.slack.fake_slack import CHANNEL, HELLO, fake_slack, message_envelope
+from tests.slack.fake_slack import CHANNEL, HELLO, FakeSlack, fake_slack, message_envelope
 from tests.slack.peer import free_port
 from transports.backoff import Backoff
 from transports.slack.settings import SlackSettings
@@ -85,7 +85,10 @@ def signed(body: str) -> dict[str, str]:
 
 
 @asynccontextmanager
-async def events_transport(sink: CommandAnsweringSink) -> AsyncIterator[SlackTransport]:
+async def events_transport(
+    sink: CommandAnsweringSink,
+) -> AsyncIterator[tuple[SlackTransport, FakeSlack]]:
+    """An events-mode transport on a free port, listening, against the Slack stand-in."""
     async with fake_slack() as fake:
         settings = SlackSettings(
             mode="events",
@@ -101,7 +104,7 @@ async def events_transport(sink: CommandAnsweringSink) -> AsyncIterator[SlackTra
             async with asyncio.timeout(10):
                 await ready.wait()
             try:
-                yield transport
+                yield transport, fake
             finally:
                 task.cancel()
 
@@ -118,7 +121,7 @@ async def deliver(transport: SlackTransport, ts: str, text: str) -> int:
 
 async def test_one_slow_hand_over_does_not_hold_up_another_channel_event() -> None:
     sink = CommandAnsweringSink(hold={"slow": asyncio.Event()})
-    async with events_transport(sink) as transport, asyncio.TaskGroup() as tg:
+    async with events_transport(sink) as (transport, _), asyncio.TaskGroup() as tg:
         slow = tg.create_task(deliver(transport, "1.000001", "slow"))
         async with asyncio.timeout(10):
             assert await sink.entered.get() == "slow"
@@ -158,23 +161,9 @@ async def test_a_failing_auth_test_after_connecting_neither_acks_nor_drops() -> 
 
 async def test_events_api_a_failing_auth_test_does_not_answer_200_without_hand_over() -> None:
     sink = CommandAnsweringSink()
-    async with fake_slack() as fake:
-        settings = SlackSettings(
-            mode="events",
-            bot_token="b",
-            signing_secret=SECRET,
-            api_url=fake.api_url,
-            listen=f"127.0.0.1:{free_port()}",
-        )
-        transport = SlackTransport(settings, [RoomBinding(RoomId(CHANNEL))])
-        ready = asyncio.Event()
-        async with asyncio.TaskGroup() as tg:
-            task = tg.create_task(transport.run(sink, ready))
-            async with asyncio.timeout(10):
-                await ready.wait()
-            fake.rate_limited["auth.test"] = [1]
-            status = await deliver(transport, "1.000001", "please do X")
-            task.cancel()
+    async with events_transport(sink) as (transport, fake):
+        fake.rate_limited["auth.test"] = [1]
+        status = await deliver(transport, "1.000001", "please do X")
     assert status == 200
     assert sink.texts == ["please do X"]
 
