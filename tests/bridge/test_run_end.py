@@ -119,11 +119,10 @@ class FinishFailsOnce:
         return await self._store.finish_run(run_id, report, *args, **kw)
 
 
-async def test_an_unexpected_error_at_the_end_still_records_and_frees_the_room(
-    tmp_path: Path,
-) -> None:
+async def two_runs(tmp_path: Path, wrap_store: type[FinishFailsOnce]) -> None:
+    """Run "first", then "second" in the console room over a store that fails once."""
     settings = load_settings(write_config(tmp_path))
-    async with ConsoleSession(settings, wrap_store=FinishFailsOnce) as session:
+    async with ConsoleSession(settings, wrap_store=wrap_store) as session:
         assert session.service is not None
         session.service.executor.store_retry_delays_s = (0.01,)
         session.send("first")
@@ -131,6 +130,12 @@ async def test_an_unexpected_error_at_the_end_still_records_and_frees_the_room(
             await session.wait_for("\nfirst\n")
             session.send("second")
             await session.wait_for("\nsecond\n")
+
+
+async def test_an_unexpected_error_at_the_end_still_records_and_frees_the_room(
+    tmp_path: Path,
+) -> None:
+    await two_runs(tmp_path, FinishFailsOnce)
     assert rows(tmp_path, "select status from runs") == [("succeeded",), ("succeeded",)]
     assert rows(tmp_path, "select count(*) from outbox where state = 'delivered'") == [(2,)]
 
@@ -149,16 +154,9 @@ class FinishAckLost(FinishFailsOnce):
 async def test_an_answer_whose_commit_was_not_acknowledged_goes_out_at_once(
     tmp_path: Path,
 ) -> None:
-    settings = load_settings(write_config(tmp_path))
-    async with ConsoleSession(settings, wrap_store=FinishAckLost) as session:
-        assert session.service is not None
-        session.service.executor.store_retry_delays_s = (0.01,)
-        session.send("first")
-        async with asyncio.timeout(WAIT_S):
-            # The retry finds the run ended and hands the recorded answer over.
-            await session.wait_for("\nfirst\n")
-            session.send("second")
-            await session.wait_for("\nsecond\n")
+    # The retry finds the run ended and hands the recorded answer over: "first"
+    # goes out before "second" is asked (two_runs waits for it).
+    await two_runs(tmp_path, FinishAckLost)
     assert rows(tmp_path, "select text, state from outbox order by id") == [
         ("first", "delivered"),
         ("second", "delivered"),
