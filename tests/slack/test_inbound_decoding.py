@@ -9,6 +9,7 @@ import pytest
 
 from bridge.core.model import ExternalMessageId, InboundMessage
 from bridge.core.transport import MessageDeleted, MessageEdited
+from tests.slack.test_units import event
 from transports.slack.decode import decode, mentioned_users, strip_leading_mention
 from transports.slack.inbound import dedup_key, to_event
 from transports.slack.names import DisplayNames, WaitBudget
@@ -46,40 +47,26 @@ def test_mentioned_users_and_a_leading_mention() -> None:
     assert strip_leading_mention("<@U0BOTX> hi", BOT) == ("<@U0BOTX> hi", False)
 
 
-def message(**fields: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "type": "message",
-        "channel": "C1",
-        "user": "U0ALICE",
-        "text": "hi",
-        "ts": "1.000001",
-    }
-    base.update(fields)
-    return base
-
-
 def test_a_command_after_a_mention_of_the_bot_is_a_command() -> None:
-    parsed = to_event(message(text="<@U0BOT> !stop"), BOT, "B0BOT", ROOMS)
+    parsed = to_event(event(text="<@U0BOT> !stop"), BOT, "B0BOT", ROOMS)
     assert isinstance(parsed, InboundMessage)
     assert parsed.text == "!stop"
     assert parsed.mentions_bot
 
 
 def test_a_bare_mention_starts_nothing() -> None:
-    assert to_event(message(text="<@U0BOT>"), BOT, "B0BOT", ROOMS) is None
+    assert to_event(event(text="<@U0BOT>"), BOT, "B0BOT", ROOMS) is None
 
 
 def test_files_are_counted_with_or_without_text() -> None:
     files = [{"id": "F1", "name": "x.png"}, {"id": "F2", "name": "y.png"}]
-    shared = to_event(message(subtype="file_share", text="", files=files), BOT, None, ROOMS)
+    shared = to_event(event(subtype="file_share", text="", files=files), BOT, None, ROOMS)
     assert isinstance(shared, InboundMessage)
     assert (shared.text, shared.files) == ("", 2)
-    with_text = to_event(message(subtype="file_share", text="look", files=files), BOT, None, ROOMS)
+    with_text = to_event(event(subtype="file_share", text="look", files=files), BOT, None, ROOMS)
     assert isinstance(with_text, InboundMessage)
     assert (with_text.text, with_text.files) == ("look", 2)
-    mention = to_event(
-        message(subtype="file_share", text="<@U0BOT>", files=files), BOT, None, ROOMS
-    )
+    mention = to_event(event(subtype="file_share", text="<@U0BOT>", files=files), BOT, None, ROOMS)
     assert isinstance(mention, InboundMessage)
     assert (mention.text, mention.mentions_bot) == ("", True)
 
@@ -87,7 +74,7 @@ def test_files_are_counted_with_or_without_text() -> None:
 def edited(text: str, previous: str = "old", **original: Any) -> dict[str, Any]:
     inner = {"type": "message", "user": "U0ALICE", "text": text, "ts": "1.000001"}
     inner.update(original)
-    return message(
+    return event(
         subtype="message_changed",
         hidden=True,
         ts="2.000001",
@@ -110,7 +97,7 @@ def test_an_edit_names_the_original_message_and_its_new_text() -> None:
         edited("progress 2", user=BOT),  # the bridge's own progress edit
         edited("x", user=None, bot_id="B0BOT"),
         edited("unfurled", previous="unfurled"),  # a link preview, same text
-        message(subtype="message_deleted", deleted_ts="1.5", previous_message={"user": BOT}),
+        event(subtype="message_deleted", deleted_ts="1.5", previous_message={"user": BOT}),
     ],
 )
 def test_edits_and_deletions_that_are_not_a_persons_are_dropped(event: dict[str, Any]) -> None:
@@ -120,7 +107,7 @@ def test_edits_and_deletions_that_are_not_a_persons_are_dropped(event: dict[str,
 def tombstone(previous_user: str = "U0ALICE") -> dict[str, Any]:
     """Slack's event for deleting a thread parent that has replies."""
     thread = {"ts": "1.000001", "thread_ts": "1.000001", "reply_count": 1}
-    return message(
+    return event(
         subtype="message_changed",
         hidden=True,
         ts="3.000001",
@@ -158,17 +145,17 @@ def test_the_bridges_own_deleted_thread_parent_is_dropped() -> None:
 
 
 def test_a_deletion_names_the_deleted_message() -> None:
-    event = message(
+    deleted = event(
         subtype="message_deleted",
         hidden=True,
         ts="3.000001",
         deleted_ts="1.000001",
         previous_message={"user": "U0ALICE", "ts": "1.000001", "text": "hi"},
     )
-    parsed = to_event(event, BOT, "B0BOT", ROOMS)
+    parsed = to_event(deleted, BOT, "B0BOT", ROOMS)
     assert isinstance(parsed, MessageDeleted)
     assert parsed.external_id == "1.000001"
-    assert dedup_key(event) != dedup_key(message(ts="1.000001"))
+    assert dedup_key(deleted) != dedup_key(event(ts="1.000001"))
 
 
 class Lookup:
