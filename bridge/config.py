@@ -89,6 +89,13 @@ class DeliverySettings(_Section):
         return rates.get(transport, self.console_edits_per_minute)
 
 
+class ProgressSettings(_Section):
+    """The status message a run shows while it works."""
+
+    show_after_s: float = Field(3.0, ge=0)
+    """Posted only once a run has lasted this long: a quick run posts its answer alone."""
+
+
 class CommandSettings(_Section):
     prefix: str = Field("!", min_length=1)
 
@@ -247,6 +254,7 @@ class Settings(BaseSettings):
     runner: RunnerSettings = RunnerSettings()
     dispatcher: DispatcherSettings = DispatcherSettings()
     delivery: DeliverySettings = DeliverySettings()
+    progress: ProgressSettings = ProgressSettings()
     commands: CommandSettings = CommandSettings()
     defaults: RoomDefaults = RoomDefaults()
     console: ConsoleSettings = ConsoleSettings()

@@ -1,5 +1,11 @@
 """Live progress of a run: one status message, edited in place, throttled per room.
 
+The message is posted only once the run has lasted ``show_after_s``
+(``[progress]``): a quick run posts its answer alone. Once the answer
+exists (:meth:`ProgressMessage.close`) no status message is posted any more;
+one already posted is finished (:meth:`ProgressMessage.finish`) after the
+answer went out.
+
 Edits are also paced per transport (:class:`bridge.pacing.Pacing`): an edit
 the budget refuses is folded into a later one.
 """
@@ -7,6 +13,7 @@ the budget refuses is folded into a later one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,7 +58,9 @@ class ProgressMessage:
     edit: Edit
     clock: Callable[[], float]
     min_interval_s: float = 2.0
+    show_after_s: float = 0.0
     started_at: float = 0.0
+    """When the run started, on ``clock``."""
     tools: list[str] = field(default_factory=list)
     tool_count: int = 0
     _message_id: ExternalMessageId | None = None
@@ -59,6 +68,8 @@ class ProgressMessage:
     _dirty: bool = False
     _skipped: bool = False
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _closed: asyncio.Event = field(default_factory=asyncio.Event)
+    _posting: asyncio.Future[None] | None = None
 
     def text(self, now: float, finished: str | None = None) -> str:
         elapsed = format_duration(now - self.started_at)
@@ -67,9 +78,12 @@ class ProgressMessage:
             head += f" · {self.tool_count} tool use{'s' if self.tool_count != 1 else ''}"
         return "\n".join([head, *(f"- {t}" for t in self.tools)])
 
-    async def start(self) -> None:
-        self.started_at = self.clock()
-        self._message_id = await self.post(self.text(self.started_at))
+    def close(self) -> None:
+        """The run has its answer: never post the status message from now on."""
+        self._closed.set()
+
+    async def _show(self) -> None:
+        self._message_id = await self.post(self.text(self.clock()))
         self._last_sent = self.clock()
 
     def tool_used(self, name: str, tool_input: dict[str, Any]) -> None:
@@ -80,7 +94,20 @@ class ProgressMessage:
         self._wake.set()
 
     async def pump(self) -> None:
-        """Send folded edits until cancelled; runs beside the run."""
+        """Post the message once the run has lasted ``show_after_s``, then send folded
+        edits until cancelled; runs beside the run."""
+        delay = self.started_at + self.show_after_s - self.clock()
+        if delay > 0:
+            # Woken early only by close(): the answer makes the message pointless.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._closed.wait()
+        if self._closed.is_set():
+            return
+        # Shielded: a run that ends while the post is under way must not lose
+        # the message's id, or the message would never be finished.
+        self._posting = asyncio.ensure_future(self._show())
+        await asyncio.shield(self._posting)
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -105,6 +132,10 @@ class ProgressMessage:
             self._wake.set()
 
     async def finish(self, outcome: str) -> None:
+        """Edit the message to say how the run ended, if it was posted."""
+        self.close()
+        if self._posting is not None:
+            await self._posting
         if self._message_id is None:
             return
         await self.edit(self._message_id, self.text(self.clock(), finished=outcome))

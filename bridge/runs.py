@@ -56,7 +56,7 @@ from bridge.replies import Replier, in_conversation
 from bridge.store.base import OutboxEntry, Store, StoreError
 from bridge.store.rules import delivery_key
 from dispatcher import DispatchedRun, EndReason
-from runner import RunRequest, run_claude
+from runner import EventCallback, RunRequest, answer_report, run_claude
 from runner.events import Init, Result, RunEvent, Spawned, ToolUse
 
 log = logging.getLogger(__name__)
@@ -171,6 +171,24 @@ class _Run:
 
 
 @dataclass(slots=True)
+class _Live:
+    """What runs beside claude for one run; each task is awaited when the run ends."""
+
+    opening: asyncio.Task[None] | None = None
+    """Phase and typing, started once claude is spawned."""
+    pump: asyncio.Task[None] | None = None
+    """The progress message, posted once the run has lasted ``show_after_s``."""
+    answer: asyncio.Task[Callable[[], Awaitable[None]]] | None = None
+    """Records the answer and hands it to the outbox, from the moment claude printed it."""
+    init: Init | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    """Pid writes: kept off the path that reads claude's output."""
+
+    def own(self, work: Coroutine[Any, Any, None]) -> None:
+        self.tasks.append(asyncio.create_task(work))
+
+
+@dataclass(slots=True)
 class RunExecutor:
     """Runs batches for the dispatcher: one :meth:`execute` call per run."""
 
@@ -213,16 +231,16 @@ class RunExecutor:
         self.metrics.runs_started.inc()
         if len(batch.messages) > 1:
             self.metrics.coalesced.inc(len(batch.messages))
-        progress = self._progress(batch)
-        run = _Run(run_id, batch, started, generation, progress)
+        run = _Run(run_id, batch, started, generation, self._progress(batch))
+        live = _Live()
         try:
-            report = await self._drive(run_id, batch, progress)
+            report = await self._drive(run, live)
         except asyncio.CancelledError:
-            status = _cancelled_status(dispatched)
             # The runner has already killed the process tree; record and report
-            # the end even if we are cancelled again meanwhile.
-            report = RunReport(status)
-            await self._settle(self._finalize(run, report))
+            # the end even if we are cancelled again meanwhile. A run that had
+            # printed its answer keeps it (the answer task records it).
+            report = RunReport(_cancelled_status(dispatched))
+            await self._settle(self._finalize(run, live, report))
             raise
         except Exception as exc:
             log.exception("the run failed inside chatbridge")
@@ -230,7 +248,7 @@ class RunExecutor:
                 RunStatus.FAILED, error=f"internal error ({type(exc).__name__}); see the log"
             )
         # A !stop landing while the end is reported must not cut the answer off.
-        await self._settle(self._finalize(run, report))
+        await self._settle(self._finalize(run, live, report))
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             # Cancelled after claude had printed its result: run_claude stopped
@@ -292,50 +310,21 @@ class RunExecutor:
             await self.store.mark_dropped(batch.ids, None, self.wall_clock())
         # Interrupted and not recorded: the messages stay pending for the restart.
 
-    async def _drive(self, run_id: RunId, batch: Batch, progress: ProgressMessage) -> RunReport:
+    async def _drive(self, run: _Run, live: _Live) -> RunReport:
+        """Run claude (again without the session if claude lost it); its last report."""
+        batch = run.batch
         room = self.settings.room(batch.room)
         if room is None:
             return RunReport(RunStatus.FAILED, error="room not configured")
         log.info("run started with %d message(s)", len(batch.messages))
-        await self.replier.phase(batch, RunPhase.RUNNING)
-        await self.replier.typing(batch.room, True)
-        await progress.start()
-        pump = asyncio.create_task(progress.pump(), name=f"progress {run_id}")
-        try:
-            return await self._attempts(run_id, batch, room, progress)
-        finally:
-            pump.cancel()
-            await asyncio.wait({pump})
-
-    async def _attempts(
-        self, run_id: RunId, batch: Batch, room: RoomSettings, progress: ProgressMessage
-    ) -> RunReport:
         prompt = build_prompt(batch)
+        # A read, before the spawn: nothing else stands in front of claude.
         session = await self.store.get_session(batch.room)
-
-        async def on_event(event: RunEvent) -> None:
-            match event:
-                case Spawned(pid=pid):
-                    try:
-                        await self.store.set_run_pid(run_id, pid)
-                    except StoreError:
-                        # Informational only: the run goes on.
-                        log.warning("could not record the run's pid %d", pid, exc_info=True)
-                case Init(session_id=sid):
-                    log.debug("the run writes to session %s", sid)
-                case ToolUse(name=name, input=tool_input):
-                    progress.tool_used(name, tool_input)
-                case Result(is_error=is_error):
-                    # From here on the outcome is this result, even if a stop
-                    # comes while the process is reaped (see run_claude).
-                    log.info("claude printed its result (error=%s)", is_error)
-                case _:
-                    pass
-
+        on_event = self._on_event(run, live)
         report = await run_claude(
-            run_request(self.settings, room, run_id, prompt, session), on_event
+            run_request(self.settings, room, run.id, prompt, session), on_event
         )
-        if report.session_not_found and session is not None:
+        if report.session_not_found and session is not None and live.answer is None:
             await self.notices.say(
                 batch.room,
                 f"Claude no longer has session `{session}`; continuing in a new session.",
@@ -343,9 +332,59 @@ class RunExecutor:
             )
             await self.store.set_session(batch.room, None)
             report = await run_claude(
-                run_request(self.settings, room, run_id, prompt, None), on_event
+                run_request(self.settings, room, run.id, prompt, None), on_event
             )
         return report
+
+    def _on_event(self, run: _Run, live: _Live) -> EventCallback:
+        """What the run's events start; nothing here may hold up reading claude's output."""
+
+        async def on_event(event: RunEvent) -> None:
+            match event:
+                case Spawned(pid=pid):
+                    # claude runs: only now the room is shown that it does.
+                    live.own(self._record_pid(run.id, pid))
+                    if live.opening is None:
+                        live.opening = asyncio.create_task(
+                            self._opening(run), name=f"opening {run.id}"
+                        )
+                        live.pump = asyncio.create_task(
+                            run.progress.pump(), name=f"progress {run.id}"
+                        )
+                case Init(session_id=sid):
+                    live.init = event
+                    log.debug("the run writes to session %s", sid)
+                case ToolUse(name=name, input=tool_input):
+                    run.progress.tool_used(name, tool_input)
+                case Result(is_error=False) if live.answer is None:
+                    # The answer exists: record it and hand it over now, while
+                    # the runner reaps claude. From here on this is the outcome,
+                    # whatever comes next (a stop, a lingering process, an exit
+                    # status); see run_claude.
+                    log.info("claude printed its answer")
+                    run.progress.close()
+                    answer = answer_report(event, live.init)
+                    live.answer = asyncio.create_task(
+                        self._conclude(run, answer), name=f"answer {run.id}"
+                    )
+                case Result():
+                    log.info("claude printed an error result")
+                case _:
+                    pass
+
+        return on_event
+
+    async def _record_pid(self, run_id: RunId, pid: int) -> None:
+        try:
+            await self.store.set_run_pid(run_id, pid)
+        except StoreError:
+            # Informational only: the run goes on.
+            log.warning("could not record the run's pid %d", pid, exc_info=True)
+
+    async def _opening(self, run: _Run) -> None:
+        """Show the room that claude works (the progress message follows in time)."""
+        await self.replier.phase(run.batch, RunPhase.RUNNING)
+        await self.replier.typing(run.batch.room, True)
 
     def _progress(self, batch: Batch) -> ProgressMessage:
         async def post(text: str) -> ExternalMessageId | None:
@@ -359,12 +398,32 @@ class RunExecutor:
             edit=edit,
             clock=time.monotonic,
             min_interval_s=self.progress_interval_s,
+            show_after_s=self.settings.progress.show_after_s,
+            started_at=time.monotonic(),
         )
 
-    async def _finalize(self, run: _Run, report: RunReport) -> None:
-        """Record the run's end with its reply, hand the reply over, then the cosmetics."""
+    async def _finalize(self, run: _Run, live: _Live, report: RunReport) -> None:
+        """Record the run's end with its reply unless its answer did already, then the cosmetics."""
+        if live.answer is None:
+            settled = await self._conclude(run, report)
+        else:
+            settled = await live.answer
+            if report.status is not RunStatus.SUCCEEDED or report.exit_code != 0:
+                log.info(
+                    "after its answer the run ended %s (exit %s); the answer stands",
+                    report.status.value,
+                    report.exit_code,
+                )
+            report = replace(report, status=RunStatus.SUCCEEDED)
+        try:
+            await self._cosmetics(run, live, report.status, settled)
+        finally:
+            # Store writes, each bounded by the store; never left running.
+            await asyncio.gather(*live.tasks, return_exceptions=True)
+
+    async def _conclude(self, run: _Run, report: RunReport) -> Callable[[], Awaitable[None]]:
+        """Record the outcome with its replies and hand them to the outbox; a wait for them."""
         batch = run.batch
-        room_key = batch.room
         report = replace(
             report, result_text=safe_text(report.result_text), error=safe_text(report.error)
         )
@@ -377,14 +436,27 @@ class RunExecutor:
         if report.cost_usd:
             self.metrics.cost.inc(report.cost_usd)
         log.info("run ended: %s", report.status.value)
-        await self._cosmetic("clear typing", self.replier.typing(room_key, False))
+        return settled
+
+    async def _cosmetics(
+        self, run: _Run, live: _Live, status: RunStatus, settled: Callable[[], Awaitable[None]]
+    ) -> None:
+        """The end of the run as the room sees it beside the answer, after the answer."""
+        run.progress.close()
+        if live.pump is not None:
+            live.pump.cancel()  # a post under way is finished by progress.finish
+            await asyncio.wait({live.pump})
+        if live.opening is not None:
+            # Typing on before typing off.
+            await self._cosmetic("show that the run started", live.opening)
+        await self._cosmetic("clear typing", self.replier.typing(run.batch.room, False))
         # The cosmetics come after the answer, never in front of it.
         await self._cosmetic("wait for the answer", settled())
         await self._cosmetic(
-            "finish the progress message", run.progress.finish(_OUTCOME_WORDS[report.status])
+            "finish the progress message", run.progress.finish(_OUTCOME_WORDS[status])
         )
-        phase = _PHASES.get(report.status, RunPhase.FAILED)
-        await self._cosmetic("show the outcome", self.replier.phase(batch, phase))
+        phase = _PHASES.get(status, RunPhase.FAILED)
+        await self._cosmetic("show the outcome", self.replier.phase(run.batch, phase))
 
     def _replies(self, run_id: RunId, batch: Batch, report: RunReport) -> list[Reply]:
         """What tells the room how the run ended: the answer, or why there is none."""

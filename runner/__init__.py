@@ -18,7 +18,7 @@ from runner.events import (
 from runner.process import find_marked, kill_marked
 from runner.recovery import recover_run
 from runner.request import RunRequest
-from runner.run import EventCallback, run_claude
+from runner.run import EventCallback, answer_report, run_claude
 
 __all__ = [
     "MARKER_ENV",
@@ -36,6 +36,7 @@ __all__ = [
     "StreamError",
     "ToolResult",
     "ToolUse",
+    "answer_report",
     "build_argv",
     "build_env",
     "find_marked",

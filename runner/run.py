@@ -10,7 +10,11 @@ A run ends in exactly one of these ways (an :data:`Ending`), each mapped to a
 ``RunReport``:
 
 - claude printed its ``result`` line: done, whatever it does next (a process
-  that lingers after its result is given ``stop_grace_s`` and then stopped);
+  that lingers after its result is given ``stop_grace_s`` and then stopped;
+  a non-error result is the outcome even if claude then exits non-zero).
+  ``on_event`` gets the :class:`Result` before any of that: the caller can
+  answer the room at once (:func:`answer_report`) while this module stops
+  and reaps the run;
 - claude exited, or closed stdout, without a result: failed, with a stderr
   tail (and ``session_not_found`` when ``--resume`` named an unknown session);
 - its output was not stream-json (bad JSON, a line over the cap): failed;
@@ -41,7 +45,7 @@ import logging
 import os
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bridge.core.aio import shielded
@@ -373,6 +377,15 @@ class _Run:
             session = result.session_id
         elif self._init is not None and self._init.session_id:
             session = self._init.session_id
+        if result is not None and not result.is_error:
+            # The answer is the outcome, however claude went on (bridge.runs
+            # has already sent it); an odd exit only goes to the log.
+            if code != 0 or not isinstance(ending, Answered):
+                log.warning(
+                    "run %s: claude ended with %s (%s) after its answer; the answer stands",
+                    request.run_id, _describe_exit(code), type(ending).__name__,
+                )  # fmt: skip
+            return replace(answer_report(result, self._init), exit_code=code)
         common: dict[str, Any] = {
             "exit_code": code,
             "session_id": session,
@@ -406,15 +419,8 @@ class _Run:
                 **common,
             )
         if result is not None:
-            if result.is_error:
-                detail = "; ".join(result.errors) or result.text or "no detail"
-                error = self._with_stderr(f"claude reported an error ({result.subtype}): {detail}")
-                return RunReport(RunStatus.FAILED, error=error, **common)
-            # A result with exit 0 is the normal case; a process we had to stop
-            # after a successful result still delivered its answer.
-            if code == 0 or ending in (Answered(lingering=True), Unsupervised()):
-                return RunReport(RunStatus.SUCCEEDED, **common)
-            error = self._with_stderr(f"claude exited with {_describe_exit(code)} after its result")
+            detail = "; ".join(result.errors) or result.text or "no detail"
+            error = self._with_stderr(f"claude reported an error ({result.subtype}): {detail}")
             return RunReport(RunStatus.FAILED, error=error, **common)
         error = self._with_stderr(f"claude exited with {_describe_exit(code)} without a result")
         return RunReport(RunStatus.FAILED, error=error, **common)
@@ -426,6 +432,23 @@ class _Run:
         if len(tail) > ERROR_TAIL_CHARS:
             tail = "…" + tail[-ERROR_TAIL_CHARS:]
         return f"{message}; stderr: {tail}"
+
+
+def answer_report(result: Result, init: Init | None) -> RunReport:
+    """The outcome of a run whose ``result`` line is not an error: that answer.
+
+    Known as soon as the line is read, before claude exits (so without an
+    exit code): the caller may record and send the answer at once.
+    """
+    session = result.session_id or (init.session_id if init is not None else None)
+    return RunReport(
+        RunStatus.SUCCEEDED,
+        session_id=session or None,
+        cost_usd=result.cost_usd,
+        num_turns=result.num_turns,
+        duration_ms=result.duration_ms,
+        result_text=result.text,
+    )
 
 
 def _describe_exit(code: int | None) -> str:

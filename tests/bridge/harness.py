@@ -33,6 +33,8 @@ def write_config(
         "dispatcher": {"coalesce_ms": 200, "max_wait_ms": 2000},
         "database": {"url": f"sqlite+aiosqlite:///{tmp_path / 'bridge.db'}"},
         "http": {"listen": ""},
+        # Shown at once, as the tests that follow a run by its status message expect.
+        "progress": {"show_after_s": 0},
         "defaults": {"cwd": tmp_path, "env": dict(env)},
     }
     return write_toml(tmp_path / "chatbridge.toml", merged(base, config or {}))

@@ -284,7 +284,7 @@ async def test_a_stop_after_claude_answered_keeps_the_answer_and_the_session(
     env = {"FAKE_CLAUDE_RESULT": "THE-ANSWER", "FAKE_CLAUDE_LINGER": "300"}
     # The runner would wait this long for the lingering claude to exit by itself.
     path = write_config(tmp_path, {"runner": {"stop_grace_s": 60.0}}, env=env)
-    answered = LogSeen("claude printed its result")
+    answered = LogSeen("claude printed its answer")
     runs_log = logging.getLogger("bridge.runs")
     level = runs_log.level
     runs_log.setLevel(logging.INFO)
