@@ -96,10 +96,17 @@ class ChatRoom(Transport):
         return [r.text for r in self.replies if kind is None or r.kind is kind]
 
 
+def console_room(settings: Settings) -> RoomKey:
+    return RoomKey(TransportName("console"), RoomId(settings.console.room))
+
+
 @asynccontextmanager
-async def serving(settings: Settings) -> AsyncIterator[tuple[Service, ChatRoom]]:
-    """The service with a :class:`ChatRoom` as the console room, until the block ends."""
-    chat = ChatRoom(RoomKey(TransportName("console"), RoomId(settings.console.room)), "local")
+async def serving(
+    settings: Settings, chat: ChatRoom | None = None
+) -> AsyncIterator[tuple[Service, ChatRoom]]:
+    """The service with ``chat`` (default: a new :class:`ChatRoom`) as the console room."""
+    if chat is None:
+        chat = ChatRoom(console_room(settings), "local")
     store = await open_store(settings)
     try:
         service = Service(settings, store, [chat])

@@ -84,6 +84,13 @@ Behaviour switches (environment variables; unset or empty means off):
     with no result line.
 ``FAKE_CLAUDE_IS_ERROR=1``
     The result is ``error_during_execution`` with ``is_error`` true; exit 1.
+``FAKE_CLAUDE_WAIT_FOR=PATH``
+    Print nothing after the tool events until PATH exists (a trigger shared
+    by several runs: the test or benchmark creates the file).
+``FAKE_CLAUDE_TIMES=PATH``
+    Append one JSON line to PATH at exit: ``{"pid", "result", "exit"}``, the
+    ``time.monotonic()`` (system-wide on Linux) just after the result line was
+    flushed and just before exiting.
 ``FAKE_CLAUDE_LINGER=SECONDS``
     Stay alive this long after printing the result line.
 ``FAKE_CLAUDE_STDERR=TEXT``
@@ -503,6 +510,10 @@ def main() -> None:
             )
     if _env("FAKE_CLAUDE_SLEEP"):
         time.sleep(float(_env("FAKE_CLAUDE_SLEEP")))
+    if _env("FAKE_CLAUDE_WAIT_FOR"):
+        trigger = Path(_env("FAKE_CLAUDE_WAIT_FOR"))
+        while not trigger.exists():
+            time.sleep(0.002)
     if _env("FAKE_CLAUDE_EXIT"):
         _fail("fake claude failure", int(_env("FAKE_CLAUDE_EXIT")))
 
@@ -526,8 +537,13 @@ def main() -> None:
     else:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
+    printed = time.monotonic()
     if _env("FAKE_CLAUDE_LINGER"):
         time.sleep(float(_env("FAKE_CLAUDE_LINGER")))
+    if _env("FAKE_CLAUDE_TIMES"):
+        stamp = {"pid": os.getpid(), "result": printed, "exit": time.monotonic()}
+        with open(_env("FAKE_CLAUDE_TIMES"), "a") as times:
+            times.write(json.dumps(stamp) + "\n")
     sys.exit(1 if is_error else 0)
 
 

@@ -1,0 +1,157 @@
+"""The answer goes out on claude's result line: before claude exits, ahead of every
+cosmetic update, in one message when the run was quick; claude is spawned before
+the room is shown that it runs."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bridge.config import Settings, load_settings
+from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomKey
+from bridge.core.transport import Delivery, RunPhase
+from runner import MARKER_ENV
+from tests.bridge.chat_room import ChatRoom, console_room, serving
+from tests.bridge.harness import write_config
+from tests.config_files import Table
+
+
+def rows(tmp_path: Path, sql: str) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(tmp_path / "bridge.db") as db:
+        return db.execute(sql).fetchall()
+
+
+def alive(pid: int) -> bool:
+    """``pid`` runs (a zombie has exited already)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def claude_running(tmp_path: Path) -> bool:
+    """The fake claude of the room's running run is a live process now."""
+    running = rows(tmp_path, "select id from runs where status = 'running'")
+    if len(running) != 1:
+        return False
+    marker = f"{MARKER_ENV}={running[0][0]}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            marked = marker in (proc / "environ").read_bytes().split(b"\0")
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue  # gone, or not ours to read
+        if marked and b"fake_claude" in cmdline and alive(int(proc.name)):
+            return True
+    return False
+
+
+class Timeline(ChatRoom):
+    """A chat room that also records, in order, every edit, typing change and phase."""
+
+    def __init__(self, room: RoomKey, user: str) -> None:
+        super().__init__(room, user)
+        self.events: list[tuple[str, str]] = []
+        self.on_start: list[str] = []
+        """What showed the run had started (typing, phase) while claude did not run yet."""
+        self.tmp_path: Path | None = None
+
+    async def send(
+        self, reply: Reply, delivery: Delivery | None = None
+    ) -> ExternalMessageId | None:
+        sent = await super().send(reply, delivery)
+        self.events.append((f"send {reply.kind.value}", reply.text))
+        return sent
+
+    async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
+        self.events.append(("edit", text))
+        self.changed.set()
+
+    async def set_typing(self, room: RoomKey, typing: bool) -> None:
+        if typing and self.tmp_path is not None and not claude_running(self.tmp_path):
+            self.on_start.append("typing")
+        self.events.append(("typing", str(typing)))
+        self.changed.set()
+
+    async def set_phase(
+        self, room: RoomKey, message_ids: Sequence[ExternalMessageId], phase: RunPhase
+    ) -> None:
+        running = phase is RunPhase.RUNNING and self.tmp_path is not None
+        if running and self.tmp_path is not None and not claude_running(self.tmp_path):
+            self.on_start.append("phase")
+        self.events.append(("phase", phase.value))
+        self.changed.set()
+
+    def kinds(self) -> list[str]:
+        return [what for what, _ in self.events]
+
+
+def settings(tmp_path: Path, config: Table, env: dict[str, str]) -> Settings:
+    base: Table = {"dispatcher": {"coalesce_ms": 0}}
+    return load_settings(write_config(tmp_path, {**base, **config}, env=env))
+
+
+async def test_the_answer_goes_out_while_claude_still_runs(tmp_path: Path) -> None:
+    record = tmp_path / "claude.json"
+    env = {
+        "FAKE_CLAUDE_RESULT": "THE-ANSWER",
+        "FAKE_CLAUDE_LINGER": "300",
+        "FAKE_CLAUDE_RECORD": str(record),
+    }
+    # The runner would give the lingering claude a minute before stopping it;
+    # the service's stop at the end of the block does not wait for it.
+    config: Table = {"runner": {"stop_grace_s": 60.0, "shutdown_grace_s": 0}}
+    async with serving(settings(tmp_path, config, env)) as (_, chat):
+        await chat.say("compute it")
+        await chat.wait_until(lambda: "THE-ANSWER" in chat.texts(ReplyKind.RESULT))
+        pid = json.loads(record.read_text())["pid"]
+        assert alive(pid)
+        # Recorded with the answer, before claude ended.
+        assert rows(tmp_path, "select status from runs") == [("succeeded",)]
+        assert rows(tmp_path, "select state from messages") == [("done",)]
+    assert not alive(pid)
+    # The stop that ended the lingering process did not change the outcome.
+    assert rows(tmp_path, "select status from runs") == [("succeeded",)]
+    assert chat.texts(ReplyKind.RESULT) == ["THE-ANSWER"]
+
+
+async def test_a_quick_run_posts_only_its_answer(tmp_path: Path) -> None:
+    config: Table = {"progress": {"show_after_s": 60}}
+    chat = Timeline(console_room(settings(tmp_path, config, {})), "local")
+    chat.tmp_path = tmp_path
+    async with serving(settings(tmp_path, config, {"FAKE_CLAUDE_RESULT": "quick"}), chat):
+        await chat.say("hi")
+        await chat.wait_until(lambda: ("phase", RunPhase.DONE.value) in chat.events)
+    assert [(r.kind, r.text) for r in chat.replies] == [(ReplyKind.RESULT, "quick")]
+    assert "edit" not in chat.kinds()
+    # Shown running only once claude ran; the answer before typing went off.
+    assert chat.on_start == []
+    assert chat.kinds().index("send result") < chat.events.index(("typing", "False"))
+
+
+async def test_a_long_run_posts_progress_then_the_answer_then_finishes_progress(
+    tmp_path: Path,
+) -> None:
+    trigger = tmp_path / "answer-now"
+    env = {"FAKE_CLAUDE_RESULT": "slow", "FAKE_CLAUDE_WAIT_FOR": str(trigger)}
+    config: Table = {"progress": {"show_after_s": 0.05}}
+    chat = Timeline(console_room(settings(tmp_path, config, env)), "local")
+    chat.tmp_path = tmp_path
+    async with serving(settings(tmp_path, config, env), chat):
+        await chat.say("take your time")
+        await chat.wait_until(lambda: bool(chat.texts(ReplyKind.PROGRESS)))
+        trigger.touch()
+        await chat.wait_until(lambda: ("phase", RunPhase.DONE.value) in chat.events)
+    assert [r.kind for r in chat.replies] == [ReplyKind.PROGRESS, ReplyKind.RESULT]
+    assert chat.on_start == []
+    answer = chat.kinds().index("send result")
+    finished = [i for i, (_, text) in enumerate(chat.events) if text.startswith("Done after")]
+    assert finished
+    assert finished[0] > answer
+    assert chat.kinds().index("send progress") < answer
