@@ -88,7 +88,7 @@ Behaviour switches (environment variables; unset or empty means off):
     Print nothing after the tool events until PATH exists (a trigger shared
     by several runs: the test or benchmark creates the file).
 ``FAKE_CLAUDE_TIMES=PATH``
-    Append one JSON line to PATH at exit: ``{"pid", "result", "exit"}``, the
+    Append one JSON line to PATH at exit: ``{"prompt", "result", "exit"}``, the
     ``time.monotonic()`` (system-wide on Linux) just after the result line was
     flushed and just before exiting.
 ``FAKE_CLAUDE_LINGER=SECONDS``
@@ -541,7 +541,7 @@ def main() -> None:
     if _env("FAKE_CLAUDE_LINGER"):
         time.sleep(float(_env("FAKE_CLAUDE_LINGER")))
     if _env("FAKE_CLAUDE_TIMES"):
-        stamp = {"pid": os.getpid(), "result": printed, "exit": time.monotonic()}
+        stamp = {"prompt": prompt, "result": printed, "exit": time.monotonic()}
         with open(_env("FAKE_CLAUDE_TIMES"), "a") as times:
             times.write(json.dumps(stamp) + "\n")
     sys.exit(1 if is_error else 0)
