@@ -149,6 +149,10 @@ def settings(tmp: Path, rooms: int, trigger: Path, times: Path, linger_s: float)
     )
 
 
+def at_least(counts: dict[RoomKey, int], n: int) -> Callable[[], bool]:
+    return lambda: sum(counts.values()) >= n
+
+
 def room_key(i: int) -> RoomKey:
     return RoomKey(MATRIX, RoomId(f"!room-{i}"))
 
@@ -173,10 +177,10 @@ async def measure(
                 await transport.say(room_key(i), f"ping {n} room {i}")
             # Every claude spawned; give them a moment to reach the trigger (a
             # late one only ends a little later: each run is measured on its own).
-            await transport.until(lambda n=expected: sum(transport.running.values()) >= n)
+            await transport.until(at_least(transport.running, expected))
             await asyncio.sleep(0.5)
             trigger.touch()
-            await transport.until(lambda n=expected: sum(transport.done.values()) >= n)
+            await transport.until(at_least(transport.done, expected))
         service.request_stop()
         await serving
     for line in times.read_text().splitlines():
