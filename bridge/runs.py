@@ -7,13 +7,23 @@ and this module records the run as the dispatcher says it ended
 (``!stop``), otherwise interrupted (shutdown, a failing service), which
 ``!retry`` can run again.
 
-The end of a run, in this order: the outcome and the reply that tells the
-room (the answer, or why there is none) are recorded in one transaction,
-the reply goes to the outbox worker (:mod:`bridge.delivery`) at once, and
-only then come the cosmetic updates (typing off, the progress message's
-last edit, the phase reaction), each bounded in time, after the answer was
-delivered or its wait ran out. Whatever fails on the way, the run ends with
-an outcome and the room is free for its next batch.
+The start of a run: the room's session is read, claude is spawned, and only
+then is the room shown that it runs (phase, typing, and the progress message
+once the run has lasted ``[progress] show_after_s``); the pid is written
+beside the stream, never in front of it.
+
+The end of a run, in this order: the moment claude prints a non-error
+``result`` line, that answer is the outcome. It is recorded with the reply
+in one transaction (``Store.finish_run``) and handed to the outbox worker
+(:mod:`bridge.delivery`) at once, by a task the run owns, while the runner
+reaps claude (its exit status is only logged, a ``!stop`` from then on no
+longer changes the outcome). A run without such a result (an error result,
+no result, a stop, a time limit) is recorded the same way once the runner
+returned. Only then come the cosmetic updates (typing off, the progress
+message's last edit, the phase reaction), each bounded in time, after the
+answer was delivered or its wait ran out. The room stays busy until the
+run's processes are gone. Whatever fails on the way, the run ends with an
+outcome, recorded once, and the room is free for its next batch.
 
 Store errors on the way in: a failing ``start_run`` is retried in order
 while the batch keeps its room (newer messages cannot overtake it), for a
