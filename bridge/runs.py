@@ -414,22 +414,28 @@ class RunExecutor:
 
     async def _finalize(self, run: _Run, live: _Live, report: RunReport) -> None:
         """Record the run's end with its reply unless its answer did already, then the cosmetics."""
-        if live.answer is None:
-            settled = await self._conclude(run, report)
-        else:
-            settled = await live.answer
-            if report.status is not RunStatus.SUCCEEDED or report.exit_code != 0:
-                log.info(
-                    "after its answer the run ended %s (exit %s); the answer stands",
-                    report.status.value,
-                    report.exit_code,
-                )
-            report = replace(report, status=RunStatus.SUCCEEDED)
         try:
+            if live.answer is None:
+                settled = await self._conclude(run, report)
+            else:
+                settled = await live.answer
+                if report.status is not RunStatus.SUCCEEDED or report.exit_code != 0:
+                    log.info(
+                        "after its answer the run ended %s (exit %s); the answer stands",
+                        report.status.value,
+                        report.exit_code,
+                    )
+                report = replace(report, status=RunStatus.SUCCEEDED)
             await self._cosmetics(run, live, report.status, settled)
         finally:
-            # Store writes, each bounded by the store; never left running.
-            await asyncio.gather(*live.tasks, return_exceptions=True)
+            # Nothing the run started outlives it (after a failure above too).
+            for task in (live.opening, live.pump):
+                if task is not None:
+                    task.cancel()
+            # Pid writes: store writes, each bounded by the store.
+            await asyncio.gather(
+                *live.tasks, *filter(None, (live.opening, live.pump)), return_exceptions=True
+            )
 
     async def _conclude(self, run: _Run, report: RunReport) -> Callable[[], Awaitable[None]]:
         """Record the outcome with its replies and hand them to the outbox; a wait for them."""

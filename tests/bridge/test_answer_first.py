@@ -4,19 +4,36 @@ the room is shown that it runs."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+import pytest
 
 from bridge.config import Settings, load_settings
-from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomKey
+from bridge.core.model import (
+    ExternalMessageId,
+    Reply,
+    ReplyKind,
+    RoomKey,
+    RunId,
+    RunReport,
+    RunStatus,
+)
 from bridge.core.transport import Delivery, RunPhase
+from bridge.store.base import Store
 from runner import MARKER_ENV
 from tests.bridge.chat_room import ChatRoom, console_room, serving
-from tests.bridge.harness import write_config
+from tests.bridge.harness import ConsoleSession, write_config
+from tests.bridge.test_run_end import LogSeen
 from tests.config_files import Table
+
+WAIT_S = 30.0
+"""Generous: each wait ends on an event long before; the bound only turns a hang into a failure."""
 
 
 def rows(tmp_path: Path, sql: str) -> list[tuple[Any, ...]]:
@@ -155,3 +172,93 @@ async def test_a_long_run_posts_progress_then_the_answer_then_finishes_progress(
     assert finished
     assert finished[0] > answer
     assert chat.kinds().index("send progress") < answer
+
+
+class CountedFinishes:
+    """The real store, counting the calls that record a run's end."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.finishes: list[RunStatus] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def finish_run(self, run_id: RunId, report: RunReport, *args: Any, **kw: Any) -> Any:
+        self.finishes.append(report.status)
+        return await self._store.finish_run(run_id, report, *args, **kw)
+
+
+async def finished(session: ConsoleSession) -> None:
+    """Until the run's progress message says how it ended."""
+    while not any(end in session.out.getvalue() for end in ("· Done after", "· Stopped after")):
+        session.out.changed.clear()
+        await session.out.changed.wait()
+
+
+async def stop_at_the_end(
+    settings: Settings,
+    wrap: Callable[[Store], Store],
+    initialised: LogSeen,
+    trigger: Path,
+    order: str,
+) -> str:
+    """Run one message; once claude waits for ``trigger``, touch it and send !stop."""
+    async with ConsoleSession(settings, wrap_store=wrap) as session:
+        session.send("compute it")
+        async with asyncio.timeout(WAIT_S):
+            await initialised.seen.wait()  # claude printed its first line: it waits now
+            # The fake polls for the trigger every 2 ms; the stop takes a few ms
+            # through the console and the dispatcher. Either outcome is right.
+            if order == "stop, then result":
+                session.send("!stop")
+                await session.wait_for("Stopping the run")
+                trigger.touch()
+            elif order == "stop and result at once":
+                session.send("!stop")
+                trigger.touch()
+            else:
+                trigger.touch()
+                session.send("!stop")
+            await finished(session)
+        return await session.finish()
+
+
+@pytest.mark.parametrize(
+    "order", ["stop, then result", "stop and result at once", "result and stop at once"]
+)
+async def test_a_stop_racing_the_result_line_records_one_consistent_outcome(
+    tmp_path: Path, order: str
+) -> None:
+    """claude prints its result while a !stop arrives: whichever wins, the run is
+    recorded once, and the answer goes out exactly when the outcome is succeeded."""
+    trigger = tmp_path / "answer-now"
+    env = {"FAKE_CLAUDE_RESULT": "THE-ANSWER", "FAKE_CLAUDE_WAIT_FOR": str(trigger)}
+    counted: list[CountedFinishes] = []
+
+    def wrap(store: Store) -> Store:
+        counted.append(CountedFinishes(store))
+        return cast(Store, counted[0])
+
+    path = write_config(tmp_path, {"dispatcher": {"coalesce_ms": 0}}, env=env)
+    initialised = LogSeen("the run writes to session")  # logged at DEBUG
+    initialised.setLevel(logging.DEBUG)
+    runs_log = logging.getLogger("bridge.runs")
+    level = runs_log.level
+    runs_log.setLevel(logging.DEBUG)
+    runs_log.addHandler(initialised)
+    try:
+        out = await stop_at_the_end(load_settings(path), wrap, initialised, trigger, order)
+    finally:
+        runs_log.removeHandler(initialised)
+        runs_log.setLevel(level)
+    status = rows(tmp_path, "select status from runs")
+    assert len(counted[0].finishes) == 1
+    answers = rows(tmp_path, "select state from outbox where text = 'THE-ANSWER'")
+    if status == [("succeeded",)]:
+        assert answers == [("delivered",)]
+        assert "\nTHE-ANSWER\n" in out
+    else:
+        assert status == [("stopped",)]
+        assert answers == []
+        assert "THE-ANSWER" not in out
