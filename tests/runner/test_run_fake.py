@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from runner import (
     Spawned,
     ToolResult,
     ToolUse,
+    answer_report,
     run_claude,
 )
 from tests.fakes.fake_claude import install
@@ -393,6 +395,10 @@ async def test_process_lingering_after_result_is_stopped(
     assert report.status is RunStatus.SUCCEEDED
     assert report.result_text == "Done."
     assert report.exit_code == 143  # the fake exits like the real CLI on SIGTERM
+    # The outcome is what the result line alone said (what bridge.runs sends
+    # before claude exits), plus the exit status.
+    [init], [result] = recorder.of(Init), recorder.of(Result)
+    assert replace(report, exit_code=None) == answer_report(result, init)
     # Signalling through Popen would reap claude behind asyncio's back (status 255).
     assert "Unknown child process" not in caplog.text
     assert_nothing_left(run_id, tmp_path)
