@@ -3,13 +3,22 @@
 Every public method is one short transaction (:meth:`SqlStore._transaction`),
 and every SQLAlchemy or driver error leaves as :class:`StoreError`.
 Cancellation is not an error and propagates untouched.
+
+The cost of a run on the critical path is two commits synced to disk:
+``accept`` (the transport acknowledges upstream after it) and ``finish_run``
+(the outcome with the answer). ``start_run`` and ``set_run_pid`` commit
+without a sync (why that is safe: :meth:`SqlStore.start_run`). Reads run in
+read-only transactions on reader connections (:func:`create_reader`), never
+queued behind a write. Concurrent ``accept`` calls share one transaction, as
+do concurrent ``finish_run`` calls (group commit, :mod:`bridge.store.batching`).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from sqlalchemy import ColumnElement, Table, delete, exists, func, select, text, update
 from sqlalchemy import insert as insert_statement
@@ -45,7 +54,14 @@ from bridge.store.base import (
     StoreError,
 )
 from bridge.store.batching import Committing, Failed, GroupCommit
-from bridge.store.engine import DEFAULT_URL, create_engine, redacted
+from bridge.store.engine import (
+    DEFAULT_URL,
+    create_engine,
+    create_reader,
+    redacted,
+    shares_pool,
+    without_sync,
+)
 from bridge.store.migrate import head_revision, migrate, revision_of
 from bridge.store.rules import (
     LIVE_STATES,
@@ -73,6 +89,23 @@ _AUDIT: Table = AuditRow.__table__  # type: ignore[assignment]
 ACCEPT_GROUP_LIMIT = 256
 """Messages per group-commit transaction of :meth:`SqlStore.accept` at most."""
 
+FINISH_GROUP_LIMIT = 64
+"""Runs per group-commit transaction of :meth:`SqlStore.finish_run` at most."""
+
+_ItemT = TypeVar("_ItemT")
+_ResultT = TypeVar("_ResultT")
+
+
+@dataclass(frozen=True, slots=True)
+class _Finish:
+    """One :meth:`SqlStore.finish_run` call, queued for a shared transaction."""
+
+    run_id: RunId
+    report: RunReport
+    at: float
+    replies: tuple[Reply, ...]
+    keep_session: bool
+
 
 class SqlStore:
     """:class:`~bridge.store.base.Store` on SQLite (default) or PostgreSQL.
@@ -80,13 +113,23 @@ class SqlStore:
     Create it with :meth:`open`; :meth:`close` releases its connections.
     """
 
-    def __init__(self, engine: AsyncEngine) -> None:
-        """Wrap an engine from :func:`bridge.store.engine.create_engine`; prefer :meth:`open`."""
+    def __init__(self, engine: AsyncEngine, readers: AsyncEngine | None = None) -> None:
+        """Wrap an engine from :func:`bridge.store.engine.create_engine`; prefer :meth:`open`.
+
+        ``readers`` (default: :func:`~bridge.store.engine.create_reader` of
+        ``engine``) serves the read-only methods; the store disposes both.
+        """
         self._engine = engine
+        self._readers = create_reader(engine) if readers is None else readers
         self._sessions = async_sessionmaker(engine, expire_on_commit=False)
+        self._unsynced = async_sessionmaker(without_sync(engine), expire_on_commit=False)
+        self._reads = async_sessionmaker(self._readers, expire_on_commit=False)
         self._closed = False
         self._accepts: GroupCommit[tuple[InboundMessage, float], Message | None] = GroupCommit(
             self._accept_group, limit=ACCEPT_GROUP_LIMIT
+        )
+        self._finishes: GroupCommit[_Finish, list[OutboxEntry]] = GroupCommit(
+            self._finish_group, limit=FINISH_GROUP_LIMIT
         )
 
     @classmethod
@@ -111,13 +154,19 @@ class SqlStore:
         return cls(engine)
 
     @asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[AsyncSession]:
-        """One transaction, committed on success; errors become StoreError."""
+    async def _transaction(
+        self, sessions: async_sessionmaker[AsyncSession] | None = None
+    ) -> AsyncIterator[AsyncSession]:
+        """One write transaction, committed (and synced) on success; errors become StoreError.
+
+        ``sessions``: :attr:`_unsynced` for a commit without a disk sync,
+        :attr:`_reads` for a read-only transaction (see :meth:`_read`).
+        """
         if self._closed:
             # dispose() alone would let the pool quietly reconnect.
             raise StoreError("the store is closed")
         try:
-            async with self._sessions.begin() as session:
+            async with (sessions or self._sessions).begin() as session:
                 yield session
         except (SQLAlchemyError, OSError) as exc:  # OSError: a lost socket or file
             raise StoreError(str(exc)) from exc
@@ -125,6 +174,42 @@ class SqlStore:
             # The driver could not encode a text (a lone surrogate): the data
             # was refused, like any other, and must not escape as a crash.
             raise StoreError(f"text the database cannot store: {exc}") from exc
+
+    def _read(self) -> AbstractAsyncContextManager[AsyncSession]:
+        """A read-only transaction on a reader connection: takes no write lock.
+
+        It sees what was committed when it began; every write of this store
+        has committed before its method returned, so a caller reads its own
+        writes.
+        """
+        return self._transaction(self._reads)
+
+    async def _isolating(
+        self,
+        group: Sequence[_ItemT],
+        together: Callable[[Sequence[_ItemT], Committing], Awaitable[Sequence[_ResultT | Failed]]],
+        committing: Committing,
+    ) -> list[_ResultT | Failed]:
+        """Write ``group`` in one transaction through ``together``.
+
+        If the database refuses the group's data (not a lost connection or a
+        lock), each item goes again alone, so that an item it refuses fails
+        only its own caller, as without group commit.
+        """
+        try:
+            return list(await together(group, committing))
+        except StoreError as exc:
+            if len(group) == 1 or not _refused_data(exc):
+                raise
+        # Commits follow: from here on the leader must not cut this short.
+        committing()
+        outcomes: list[_ResultT | Failed] = []
+        for item in group:
+            try:
+                outcomes += await together([item], committing)
+            except StoreError as exc:
+                outcomes.append(Failed(exc))
+        return outcomes
 
     # Messages
 
@@ -145,26 +230,8 @@ class SqlStore:
     async def _accept_group(
         self, group: Sequence[tuple[InboundMessage, float]], committing: Committing
     ) -> list[Message | Failed | None]:
-        """Insert the messages not yet stored, in order, in one transaction.
-
-        If the database refuses the group's data (not a lost connection or a
-        lock), each message goes again alone, so that one message it refuses
-        fails only its own caller, as without group commit.
-        """
-        try:
-            return list(await self._accept_together(group, committing))
-        except StoreError as exc:
-            if len(group) == 1 or not _refused_data(exc):
-                raise
-        # Commits follow: from here on the leader must not cut this short.
-        committing()
-        outcomes: list[Message | Failed | None] = []
-        for item in group:
-            try:
-                outcomes += await self._accept_together([item], committing)
-            except StoreError as exc:
-                outcomes.append(Failed(exc))
-        return outcomes
+        """Insert the messages not yet stored, in order, in one transaction."""
+        return await self._isolating(group, self._accept_together, committing)
 
     async def _accept_together(
         self, group: Sequence[tuple[InboundMessage, float]], committing: Committing
@@ -249,7 +316,7 @@ class SqlStore:
 
     async def pending_messages(self) -> list[Message]:
         """Every pending message, in acceptance order."""
-        async with self._transaction() as s:
+        async with self._read() as s:
             rows = await s.scalars(
                 select(MessageRow)
                 .where(MessageRow.state == MessageState.PENDING.value)
@@ -288,7 +355,7 @@ class SqlStore:
         self, room: RoomKey, external_id: ExternalMessageId
     ) -> Message | None:
         """The pending message with this transport id in ``room``, or None."""
-        async with self._transaction() as s:
+        async with self._read() as s:
             row = await s.scalar(
                 select(MessageRow).where(
                     MessageRow.transport == room.transport,
@@ -357,7 +424,7 @@ class SqlStore:
 
     async def messages(self, ids: Sequence[MessageId]) -> list[Message]:
         """The messages with these ids that exist, in acceptance order."""
-        async with self._transaction() as s:
+        async with self._read() as s:
             rows = await s.scalars(
                 select(MessageRow).where(MessageRow.id.in_(ids)).order_by(MessageRow.id)
             )
@@ -368,7 +435,7 @@ class SqlStore:
 
         For operators and tests; not part of the :class:`Store` protocol.
         """
-        async with self._transaction() as s:
+        async with self._read() as s:
             rows = await s.execute(
                 select(MessageRow.id, MessageRow.state).where(MessageRow.id.in_(ids))
             )
@@ -381,9 +448,30 @@ class SqlStore:
 
         Writes one ``message_dispatched`` row per message and one
         ``run_started`` row, in the same transaction.
+
+        Committed without a disk sync, as it is on the critical path of
+        every run and nothing upstream waits for it to be durable:
+
+        - A crash of chatbridge loses nothing: the commit is in the database's
+          log (SQLite's WAL file in the OS's cache; PostgreSQL's server).
+        - A crash of the OS (or of the PostgreSQL server) can lose the most
+          recent unsynced commits, and only as a whole, newest first: both
+          logs are replayed in order up to the first commit missing. The
+          messages are then ``pending`` again, the run row and its
+          ``message_dispatched`` rows gone: recovery re-queues pending
+          messages and the run goes again (its process died with the OS).
+        - The run's end (:meth:`finish_run`) commits with a sync, which
+          writes the log up to and including this commit: a run whose answer
+          is in the outbox has its start on disk too.
+
+        One case differs on PostgreSQL only: if the server crashes and
+        restarts while chatbridge lives on, a run started in the last moments
+        (about three ``wal_writer_delay``, 0.6 s by default) is not there to
+        finish; :meth:`finish_run` fails for it, the caller keeps the answer
+        in the outbox alone, and the messages run again at the next start.
         """
         ids = list(batch.ids)
-        async with self._transaction() as s:
+        async with self._transaction(self._unsynced) as s:
             s.add(
                 RunRow(
                     id=run_id,
@@ -426,8 +514,12 @@ class SqlStore:
             )
 
     async def set_run_pid(self, run_id: RunId, pid: int) -> None:
-        """Record the process id of a run's ``claude`` process."""
-        async with self._transaction() as s:
+        """Record the process id of a run's ``claude`` process.
+
+        Committed without a disk sync, like :meth:`start_run`: an OS crash
+        that loses it also ended the process.
+        """
+        async with self._transaction(self._unsynced) as s:
             result = await s.execute(update(RunRow).where(RunRow.id == run_id).values(pid=pid))
             if _rowcount(result) == 0:
                 raise StoreError(f"no run {run_id}")
@@ -450,54 +542,84 @@ class SqlStore:
         acknowledgement of the commit).
         Writes one ``run_finished`` audit row; the outcome and the replies
         share the transaction, so an answer is never lost between them.
+
+        Concurrent calls share one transaction (group commit), each
+        returning once its run's end is committed, with a disk sync. An
+        unknown run fails only its own call; so does a reply the database
+        refuses. A lost connection or a lock timeout fails every call in the
+        transaction.
         """
-        state = finished_message_state(report.status)
+        if self._closed:
+            raise StoreError("the store is closed")
+        finish = _Finish(run_id, report, at, tuple(replies), keep_session)
+        return await self._finishes.submit(finish)
+
+    async def _finish_group(
+        self, group: Sequence[_Finish], committing: Committing
+    ) -> list[list[OutboxEntry] | Failed]:
+        """Record the ends of ``group``, in order, in one transaction."""
+        return await self._isolating(group, self._finish_together, committing)
+
+    async def _finish_together(
+        self, group: Sequence[_Finish], committing: Committing
+    ) -> list[list[OutboxEntry] | Failed]:
+        outcomes: list[list[OutboxEntry] | Failed] = []
         async with self._transaction() as s:
-            run = await s.scalar(select(RunRow).where(RunRow.id == run_id))
-            if run is None:
-                raise StoreError(f"no run {run_id}")
-            if run.status != RunStatus.RUNNING.value:
-                rows = await s.scalars(
-                    select(OutboxRow)
-                    .where(
-                        OutboxRow.run_id == run_id,
-                        OutboxRow.state == DeliveryState.PENDING.value,
-                    )
-                    .order_by(OutboxRow.id)
-                )
-                return [_outbox_entry(r) for r in rows]
-            run.status = report.status.value
-            run.ended_at = at
-            run.exit_code = report.exit_code
-            run.session_id = report.session_id
-            run.cost_usd = report.cost_usd
-            run.num_turns = report.num_turns
-            run.duration_ms = report.duration_ms
-            run.session_not_found = report.session_not_found
-            run.result_excerpt = excerpt(report.result_text)
-            run.error_excerpt = excerpt(report.error)
-            await s.execute(
-                update(MessageRow)
+            for finish in group:
+                outcomes.append(await self._finish_one(s, finish))
+            # Nothing awaits between here and the COMMIT on leaving the block.
+            committing()
+        return outcomes
+
+    async def _finish_one(self, s: AsyncSession, finish: _Finish) -> list[OutboxEntry] | Failed:
+        run_id, report, at = finish.run_id, finish.report, finish.at
+        # Through the session's identity map: a second call for the same run
+        # in one group sees the first one's status, as it would in sequence.
+        run = await s.scalar(select(RunRow).where(RunRow.id == run_id))
+        if run is None:
+            return Failed(StoreError(f"no run {run_id}"))
+        if run.status != RunStatus.RUNNING.value:
+            rows = await s.scalars(
+                select(OutboxRow)
                 .where(
-                    MessageRow.run_id == run_id,
-                    MessageRow.state == MessageState.DISPATCHED.value,
+                    OutboxRow.run_id == run_id,
+                    OutboxRow.state == DeliveryState.PENDING.value,
                 )
-                .values(state=state.value)
+                .order_by(OutboxRow.id)
             )
-            s.add(
-                _audit_row(
-                    AuditAction.RUN_FINISHED,
-                    at,
-                    room=_room(run.transport, run.room_id),
-                    run_id=run_id,
-                    detail=report.status.value,
-                )
+            return [_outbox_entry(r) for r in rows]
+        run.status = report.status.value
+        run.ended_at = at
+        run.exit_code = report.exit_code
+        run.session_id = report.session_id
+        run.cost_usd = report.cost_usd
+        run.num_turns = report.num_turns
+        run.duration_ms = report.duration_ms
+        run.session_not_found = report.session_not_found
+        run.result_excerpt = excerpt(report.result_text)
+        run.error_excerpt = excerpt(report.error)
+        await s.execute(
+            update(MessageRow)
+            .where(
+                MessageRow.run_id == run_id,
+                MessageRow.state == MessageState.DISPATCHED.value,
             )
-            if keep_session and report.session_id is not None:
-                # The session in the same transaction: one disk sync for the end of a run.
-                room = _room(run.transport, run.room_id)
-                await s.execute(self._session_upsert(room, report.session_id))
-            return await self._enqueue(s, replies, at, run_id)
+            .values(state=finished_message_state(report.status).value)
+        )
+        room = _room(run.transport, run.room_id)
+        s.add(
+            _audit_row(
+                AuditAction.RUN_FINISHED,
+                at,
+                room=room,
+                run_id=run_id,
+                detail=report.status.value,
+            )
+        )
+        if finish.keep_session and report.session_id is not None:
+            # The session in the same transaction: one disk sync for the end of a run.
+            await s.execute(self._session_upsert(room, report.session_id))
+        return await self._enqueue(s, finish.replies, at, run_id)
 
     # Outbox
 
@@ -517,7 +639,7 @@ class SqlStore:
 
     async def undelivered(self) -> list[OutboxEntry]:
         """Every pending outbox entry, in recording order."""
-        async with self._transaction() as s:
+        async with self._read() as s:
             rows = await s.scalars(
                 select(OutboxRow)
                 .where(OutboxRow.state == DeliveryState.PENDING.value)
@@ -553,18 +675,18 @@ class SqlStore:
 
     async def get_run(self, run_id: RunId) -> RunRecord | None:
         """The run with this id, or None."""
-        async with self._transaction() as s:
+        async with self._read() as s:
             runs = await self._records(s, RunRow.id == run_id)
             return runs[0] if runs else None
 
     async def running_runs(self) -> list[RunRecord]:
         """Runs still marked running, oldest first."""
-        async with self._transaction() as s:
+        async with self._read() as s:
             return await self._records(s, RunRow.status == RunStatus.RUNNING.value)
 
     async def last_run(self, room: RoomKey) -> RunRecord | None:
         """The room's most recently started run."""
-        async with self._transaction() as s:
+        async with self._read() as s:
             return await self._last_run(s, room)
 
     async def retryable_runs(self, room: RoomKey) -> list[RunRecord]:
@@ -586,7 +708,7 @@ class SqlStore:
             newer.received_at > func.coalesce(RunRow.ended_at, RunRow.started_at),
         )
         retryable = [str(status) for status in RunStatus if status.retryable]
-        async with self._transaction() as s:
+        async with self._read() as s:
             return await self._records(
                 s,
                 (RunRow.transport == room.transport)
@@ -645,7 +767,7 @@ class SqlStore:
 
     async def get_session(self, room: RoomKey) -> SessionId | None:
         """The Claude session the room resumes, if any."""
-        async with self._transaction() as s:
+        async with self._read() as s:
             row = await s.get(RoomRow, (room.transport, room.room_id))
             return None if row is None or row.session_id is None else SessionId(row.session_id)
 
@@ -704,7 +826,7 @@ class SqlStore:
             conditions.append(AuditRow.message_id == message_id)
         if run_id is not None:
             conditions.append(AuditRow.run_id == run_id)
-        async with self._transaction() as s:
+        async with self._read() as s:
             rows = await s.scalars(select(AuditRow).where(*conditions).order_by(AuditRow.id))
             return [_audit_record(r) for r in rows]
 
@@ -747,17 +869,21 @@ class SqlStore:
 
     async def ping(self) -> None:
         """Raise StoreError unless the database answers."""
-        async with self._transaction() as s:
+        async with self._read() as s:
             await s.execute(text("SELECT 1"))
 
     async def close(self) -> None:
         """Close every pooled connection and refuse further use."""
         self._closed = True
         self._accepts.fail_queued(lambda: StoreError("the store is closed"))
+        self._finishes.fail_queued(lambda: StoreError("the store is closed"))
         # A connection still checked out when the pool is disposed is never
-        # closed properly: let the accept transaction in flight end first.
+        # closed properly: let the transactions in flight end first.
         await self._accepts.idle()
+        await self._finishes.idle()
         await self._engine.dispose()
+        if not shares_pool(self._readers, self._engine):
+            await self._readers.dispose()
 
 
 def _require_head(url: str, found: str | None) -> None:
