@@ -160,6 +160,7 @@ async def test_reads_proceed_while_a_write_waits(watched: Watched, backend: str)
             write_begun.set()
 
     async def every_read() -> list[object]:
+        await store.ping()
         return [
             await store.get_session(ROOM),
             await store.get_run(RUN),
@@ -172,7 +173,6 @@ async def test_reads_proceed_while_a_write_waits(watched: Watched, backend: str)
             await store.message_states([msg.id]),
             await store.undelivered(),
             await store.audit_trail(room=ROOM),
-            await store.ping(),
         ]
 
     async with write_lock(backend) as lock:
