@@ -563,33 +563,66 @@ class SqlStore:
     async def _finish_together(
         self, group: Sequence[_Finish], committing: Committing
     ) -> list[list[OutboxEntry] | Failed]:
-        outcomes: list[list[OutboxEntry] | Failed] = []
+        """The ends of ``group`` in one transaction, in a few statements whatever its size.
+
+        One SELECT for the runs, one UPDATE of messages per outcome, one
+        upsert of the rooms' sessions, and one flush that writes the runs,
+        the audit rows and the outbox entries (batched by SQLAlchemy): per
+        statement overhead, not the commit, would otherwise bound a group.
+        """
+        outcomes: list[list[OutboxRow] | list[OutboxEntry] | Failed] = []
         async with self._transaction() as s:
+            wanted = {finish.run_id for finish in group}
+            runs = {
+                RunId(r.id): r for r in await s.scalars(select(RunRow).where(RunRow.id.in_(wanted)))
+            }
+            settle: dict[MessageState, list[RunId]] = {}
+            sessions: dict[RoomKey, SessionId] = {}
             for finish in group:
-                outcomes.append(await self._finish_one(s, finish))
+                run = runs.get(finish.run_id)
+                if run is None:
+                    outcomes.append(Failed(StoreError(f"no run {finish.run_id}")))
+                elif run.status != RunStatus.RUNNING.value:
+                    # Ended before, or earlier in this group (then its rows
+                    # must be written to be found): its entries still pending.
+                    await s.flush()
+                    outcomes.append(await self._pending_entries(s, finish.run_id))
+                else:
+                    state = finished_message_state(finish.report.status)
+                    settle.setdefault(state, []).append(finish.run_id)
+                    room = self._record_end(s, run, finish)
+                    if finish.keep_session and finish.report.session_id is not None:
+                        sessions[room] = finish.report.session_id
+                    rows = [_outbox_row(r, finish.at, finish.run_id) for r in finish.replies]
+                    s.add_all(rows)
+                    outcomes.append(rows)
+            for state, run_ids in settle.items():
+                await s.execute(
+                    update(MessageRow)
+                    .where(
+                        MessageRow.run_id.in_(run_ids),
+                        MessageRow.state == MessageState.DISPATCHED.value,
+                    )
+                    .values(state=state.value)
+                )
+            if sessions:
+                # The session in the same transaction: one disk sync for the end of a run.
+                await s.execute(self._sessions_upsert(sessions))
+            await s.flush()  # assigns the outbox ids, in order
             # Nothing awaits between here and the COMMIT on leaving the block.
             committing()
-        return outcomes
+        return [
+            [_outbox_entry(e) if isinstance(e, OutboxRow) else e for e in outcome]
+            if isinstance(outcome, list)
+            else outcome
+            for outcome in outcomes
+        ]
 
-    async def _finish_one(self, s: AsyncSession, finish: _Finish) -> list[OutboxEntry] | Failed:
-        run_id, report, at = finish.run_id, finish.report, finish.at
-        # Through the session's identity map: a second call for the same run
-        # in one group sees the first one's status, as it would in sequence.
-        run = await s.scalar(select(RunRow).where(RunRow.id == run_id))
-        if run is None:
-            return Failed(StoreError(f"no run {run_id}"))
-        if run.status != RunStatus.RUNNING.value:
-            rows = await s.scalars(
-                select(OutboxRow)
-                .where(
-                    OutboxRow.run_id == run_id,
-                    OutboxRow.state == DeliveryState.PENDING.value,
-                )
-                .order_by(OutboxRow.id)
-            )
-            return [_outbox_entry(r) for r in rows]
+    def _record_end(self, s: AsyncSession, run: RunRow, finish: _Finish) -> RoomKey:
+        """Set a running run's outcome and audit it (written at the next flush)."""
+        report = finish.report
         run.status = report.status.value
-        run.ended_at = at
+        run.ended_at = finish.at
         run.exit_code = report.exit_code
         run.session_id = report.session_id
         run.cost_usd = report.cost_usd
@@ -598,28 +631,28 @@ class SqlStore:
         run.session_not_found = report.session_not_found
         run.result_excerpt = excerpt(report.result_text)
         run.error_excerpt = excerpt(report.error)
-        await s.execute(
-            update(MessageRow)
-            .where(
-                MessageRow.run_id == run_id,
-                MessageRow.state == MessageState.DISPATCHED.value,
-            )
-            .values(state=finished_message_state(report.status).value)
-        )
         room = _room(run.transport, run.room_id)
         s.add(
             _audit_row(
                 AuditAction.RUN_FINISHED,
-                at,
+                finish.at,
                 room=room,
-                run_id=run_id,
+                run_id=run.id,
                 detail=report.status.value,
             )
         )
-        if finish.keep_session and report.session_id is not None:
-            # The session in the same transaction: one disk sync for the end of a run.
-            await s.execute(self._session_upsert(room, report.session_id))
-        return await self._enqueue(s, finish.replies, at, run_id)
+        return room
+
+    async def _pending_entries(self, s: AsyncSession, run_id: RunId) -> list[OutboxEntry]:
+        rows = await s.scalars(
+            select(OutboxRow)
+            .where(
+                OutboxRow.run_id == run_id,
+                OutboxRow.state == DeliveryState.PENDING.value,
+            )
+            .order_by(OutboxRow.id)
+        )
+        return [_outbox_entry(r) for r in rows]
 
     # Outbox
 
@@ -775,6 +808,19 @@ class SqlStore:
         """Remember (or, with None, forget) the Claude session of a room."""
         async with self._transaction() as s:
             await s.execute(self._session_upsert(room, session_id))
+
+    def _sessions_upsert(self, sessions: dict[RoomKey, SessionId]) -> Any:
+        """One statement setting several rooms' sessions (each room once)."""
+        upsert = self._insert(RoomRow).values(
+            [
+                {"transport": room.transport, "room_id": room.room_id, "session_id": session}
+                for room, session in sessions.items()
+            ]
+        )
+        return upsert.on_conflict_do_update(
+            index_elements=["transport", "room_id"],
+            set_={"session_id": upsert.excluded.session_id},
+        )
 
     def _session_upsert(self, room: RoomKey, session_id: SessionId | None) -> Any:
         upsert = self._insert(RoomRow).values(
