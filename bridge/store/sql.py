@@ -6,8 +6,9 @@ Cancellation is not an error and propagates untouched.
 
 The cost of a run on the critical path is two commits synced to disk:
 ``accept`` (the transport acknowledges upstream after it) and ``finish_run``
-(the outcome with the answer). ``start_run`` and ``set_run_pid`` commit
-without a sync (why that is safe: :meth:`SqlStore.start_run`). Reads run in
+(the outcome with the answer). ``start_run``, which claude's spawn waits
+for, commits without a sync; ``set_run_pid``, made beside the running
+process, syncs it (why: :meth:`SqlStore.start_run`). Reads run in
 read-only transactions on reader connections (:func:`create_reader`), never
 queued behind a write. Concurrent ``accept`` calls share one transaction, as
 do concurrent ``finish_run`` calls (group commit, :mod:`bridge.store.batching`).
@@ -449,8 +450,9 @@ class SqlStore:
         Writes one ``message_dispatched`` row per message and one
         ``run_started`` row, in the same transaction.
 
-        Committed without a disk sync, as it is on the critical path of
-        every run and nothing upstream waits for it to be durable:
+        Committed without a disk sync: claude's spawn waits for this commit
+        (recovery must find every run that may have started), not for the
+        disk. Why that is safe:
 
         - A crash of chatbridge loses nothing: the commit is in the database's
           log (SQLite's WAL file in the OS's cache; PostgreSQL's server).
@@ -459,16 +461,21 @@ class SqlStore:
           logs are replayed in order up to the first commit missing. The
           messages are then ``pending`` again, the run row and its
           ``message_dispatched`` rows gone: recovery re-queues pending
-          messages and the run goes again (its process died with the OS).
-        - The run's end (:meth:`finish_run`) commits with a sync, which
-          writes the log up to and including this commit: a run whose answer
-          is in the outbox has its start on disk too.
+          messages and they run again (the process died with the OS).
+        - The next synced commit on the writer writes the log up to and
+          including this one: :meth:`set_run_pid`, right after the spawn,
+          which is why that one syncs. So a re-run after an OS crash is
+          only possible for a run whose claude had started milliseconds
+          before, too early to have acted; any run that may have acted is
+          found by recovery, reported interrupted and offered to ``!retry``,
+          never run again unasked. (PostgreSQL's WAL writer also flushes
+          within about three ``wal_writer_delay``.)
 
         One case differs on PostgreSQL only: if the server crashes and
-        restarts while chatbridge lives on, a run started in the last moments
-        (about three ``wal_writer_delay``, 0.6 s by default) is not there to
-        finish; :meth:`finish_run` fails for it, the caller keeps the answer
-        in the outbox alone, and the messages run again at the next start.
+        restarts while chatbridge lives on, a run started in those
+        milliseconds is not there to finish; :meth:`finish_run` fails for
+        it, the caller keeps the answer in the outbox alone, and the
+        messages run again at the next start.
         """
         ids = list(batch.ids)
         async with self._transaction(self._unsynced) as s:
@@ -516,10 +523,13 @@ class SqlStore:
     async def set_run_pid(self, run_id: RunId, pid: int) -> None:
         """Record the process id of a run's ``claude`` process.
 
-        Committed without a disk sync, like :meth:`start_run`: an OS crash
-        that loses it also ended the process.
+        Committed with a disk sync, which makes the run's start (committed
+        without one, see :meth:`start_run`) durable as well: from here on an
+        OS crash leaves a run that recovery reports, never one that silently
+        runs again. The caller makes this write beside the running process,
+        so the sync is not on the answer's path.
         """
-        async with self._transaction(self._unsynced) as s:
+        async with self._transaction() as s:
             result = await s.execute(update(RunRow).where(RunRow.id == run_id).values(pid=pid))
             if _rowcount(result) == 0:
                 raise StoreError(f"no run {run_id}")

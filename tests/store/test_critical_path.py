@@ -1,9 +1,10 @@
 """The store's share of a run's critical path, on SQLite and PostgreSQL.
 
-Per run at most two commits wait for a disk sync (the message's acceptance,
-and the run's end with its answer); reads never queue behind a write; and
-what an OS crash can take (the unsynced start of a run) leaves messages that
-recovery runs again. Sync levels are read from the database inside each
+Per run at most two commits on the answer's path wait for a disk sync (the
+message's acceptance, and the run's end with its answer; the pid, written
+beside the running process, syncs the run's start); reads never queue behind
+a write; and what an OS crash can take (the unsynced start of a run) leaves
+messages that recovery runs again. Sync levels are read from the database inside each
 commit (``PRAGMA synchronous``, ``SHOW synchronous_commit``), not from the
 store's own flags.
 """
@@ -111,8 +112,11 @@ SQL = pytest.mark.parametrize("backend", SQL_BACKENDS, indirect=True)
 
 
 @SQL
-async def test_a_plain_run_syncs_twice(watched: Watched) -> None:
-    """Accept and finish sync; start, pid and every read do not touch the disk's sync."""
+async def test_a_plain_run_syncs_twice_on_the_answers_path(watched: Watched) -> None:
+    """Accept and finish sync; start and every read do not wait for the disk.
+
+    The pid's commit syncs, off the answer's path: it makes the start durable.
+    """
     store, writer = watched.store, watched.writer
     with writer.during("accept"):
         msg = await store.accept(inbound("$1"), 1.0)
@@ -128,8 +132,10 @@ async def test_a_plain_run_syncs_twice(watched: Watched) -> None:
         [answer] = await store.finish_run(
             RUN, report, 3.0, [Reply(ROOM, "the answer")], keep_session=True
         )
-    assert writer.synced == ["accept", "finish_run"]
-    assert writer.unsynced == ["start_run", "set_run_pid"]
+    assert writer.synced == ["accept", "set_run_pid", "finish_run"]
+    assert writer.unsynced == ["start_run"]
+    on_the_answers_path = ("accept", "get_session", "start_run", "finish_run")
+    assert [c for c in writer.synced if c in on_the_answers_path] == ["accept", "finish_run"]
 
     # What the unsynced commits wrote is there for the next reader.
     run = await store.get_run(RUN)
@@ -193,8 +199,9 @@ async def test_reads_proceed_while_a_write_waits(watched: Watched, backend: str)
 async def test_an_os_crash_loses_at_most_the_start_of_a_run(tmp_path: Path) -> None:
     """The disk after an OS crash holds the WAL up to the last synced commit.
 
-    Cutting the log there (the unsynced start_run and set_run_pid gone)
-    leaves the message pending and no run: recovery re-queues it.
+    Cutting the log there (the unsynced start_run gone) leaves the message
+    pending and no run: recovery re-queues it. Once the pid is recorded, a
+    synced commit, the start survives the same cut.
     """
     path = tmp_path / "live.db"
     store = await SqlStore.open(f"sqlite+aiosqlite:///{path}")
@@ -204,13 +211,11 @@ async def test_an_os_crash_loses_at_most_the_start_of_a_run(tmp_path: Path) -> N
         wal = path.with_name(path.name + "-wal")
         synced_size = wal.stat().st_size
         await store.start_run(RUN, Batch(ROOM, (msg,)), 2.0)
-        await store.set_run_pid(RUN, 4242)
         assert wal.stat().st_size > synced_size  # written, just not synced
         # Copied while the store is open: closing would checkpoint the log.
-        crashed = tmp_path / "crashed"
-        crashed.mkdir()
-        shutil.copy(path, crashed / path.name)
-        (crashed / wal.name).write_bytes(wal.read_bytes()[:synced_size])
+        crashed = crash_copy(path, synced_size, tmp_path / "crashed")
+        await store.set_run_pid(RUN, 4242)
+        pid_recorded = crash_copy(path, wal.stat().st_size, tmp_path / "pid")
     finally:
         await store.close()
     after = await SqlStore.open(f"sqlite+aiosqlite:///{crashed / path.name}", auto_migrate=False)
@@ -222,3 +227,18 @@ async def test_an_os_crash_loses_at_most_the_start_of_a_run(tmp_path: Path) -> N
         await after.start_run(RUN, Batch(ROOM, (msg,)), 5.0)
     finally:
         await after.close()
+    after = await SqlStore.open(f"sqlite+aiosqlite:///{pid_recorded / path.name}")
+    try:
+        assert await after.pending_messages() == []
+        assert [(r.id, r.pid) for r in await after.running_runs()] == [(RUN, 4242)]
+    finally:
+        await after.close()
+
+
+def crash_copy(path: Path, wal_size: int, into: Path) -> Path:
+    """The database at ``path`` as the disk holds it with ``wal_size`` bytes of its WAL."""
+    into.mkdir()
+    shutil.copy(path, into / path.name)
+    wal = path.with_name(path.name + "-wal")
+    (into / wal.name).write_bytes(wal.read_bytes()[:wal_size])
+    return into
