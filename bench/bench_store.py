@@ -15,6 +15,11 @@ is; "all synced" is the same store made to commit start_run and
 set_run_pid with a disk sync and to read on the writer connection, as it
 did before (the difference is what those choices save per run).
 
+Reads beside writes: a room's session read (``get_session``, before every
+run) over and over while ``--acceptors`` tasks accept messages, in slices
+taking turns between "as built" (reader connections) and "all synced"
+(reads on the writer, queued behind its commits).
+
 Runs ending together: ``--burst`` runs finish at once (``asyncio.gather``),
 ``--bursts`` times; latency is per ``finish_run`` call (the answer waits
 this long), "round" the time until the last one returned. "grouped" is the
@@ -153,6 +158,26 @@ def all_synced(store: SqlStore) -> None:
     store._reads = store._sessions
 
 
+async def reads_beside_writes(
+    store: SqlStore, ids: Ids, acceptors: int, seconds: float
+) -> list[float]:
+    """``get_session`` latencies while ``acceptors`` tasks accept for ``seconds``."""
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+
+    async def reader() -> None:
+        while time.perf_counter() < deadline:
+            began = time.perf_counter()
+            await store.get_session(ROOM)
+            latencies.append(time.perf_counter() - began)
+
+    async with asyncio.TaskGroup() as group:
+        for _ in range(acceptors):
+            group.create_task(acceptor(store, ids, [10**9], deadline, []))
+        group.create_task(reader())
+    return latencies
+
+
 @dataclass(frozen=True)
 class BurstResult:
     backend: str
@@ -238,6 +263,7 @@ class Measured:
     accepts: list[Result]
     paths: list[PathResult]
     bursts: list[BurstResult]
+    reads: list[tuple[str, str, list[float]]]
 
 
 async def bench_backend(backend: str, url: str, args: argparse.Namespace, into: Measured) -> None:
@@ -266,6 +292,13 @@ async def bench_backend(backend: str, url: str, args: argparse.Namespace, into: 
                     steps[step] += latencies
         into.paths.append(PathResult(backend, "as built", paths))
         into.paths.append(PathResult(backend, "all synced", synced_paths))
+        reads: dict[str, list[float]] = {"as built": [], "all synced": []}
+        for _ in range(4):
+            for store, variant in ((built, "as built"), (before, "all synced")):
+                reads[variant] += await reads_beside_writes(
+                    store, ids, args.acceptors, args.seconds / 8
+                )
+        into.reads += [(backend, variant, latencies) for variant, latencies in reads.items()]
         before._finishes = GroupCommit(before._finish_group, limit=1)
         grouped = BurstResult(backend, "grouped", [], [])
         alone = BurstResult(backend, "one by one", [], [])
@@ -281,7 +314,7 @@ async def bench_backend(backend: str, url: str, args: argparse.Namespace, into: 
 
 
 async def main(args: argparse.Namespace) -> None:
-    measured = Measured([], [], [])
+    measured = Measured([], [], [], [])
     async with sqlite_url() as url:
         await bench_backend("sqlite (file, WAL)", url, args, measured)
     try:
@@ -312,6 +345,16 @@ async def main(args: argparse.Namespace) -> None:
             for s in PATH_STEPS
         )
         print(f"{path.backend:<20} {path.variant:<11}{cells}")
+
+    print(f"\nget_session while {args.acceptors} acceptors write: ms")
+    header = f"{'backend':<20} {'variant':<11} {'reads':>7} {'p50':>8} {'p99':>8}"
+    print(header)
+    print("-" * len(header))
+    for backend, variant, latencies in measured.reads:
+        print(
+            f"{backend:<20} {variant:<11} {len(latencies):>7}"
+            f" {ms(latencies, 50):>8.2f} {ms(latencies, 99):>8.2f}"
+        )
 
     print(f"\n{args.burst} runs ending at once, {args.bursts} times: ms")
     header = (
