@@ -155,8 +155,9 @@ def _configure_sqlite(engine: AsyncEngine, *, reader: bool) -> None:
             # Deferred: takes no write lock, reads the last committed snapshot.
             conn.exec_driver_sql("BEGIN")
             return
-        # Each transaction states the level its commit needs; the pragma is
-        # sent only when it changes (it cannot change inside a transaction).
+        # Each transaction states the level its commit needs, before BEGIN so
+        # that it governs this transaction's commit; the pragma is sent only
+        # when the level changes (one round trip to the driver's thread).
         level = "NORMAL" if conn.get_execution_options().get(NO_SYNC) else "FULL"
         if conn.info.get(_SYNCHRONOUS) != level:
             conn.exec_driver_sql(f"PRAGMA synchronous={level}")
