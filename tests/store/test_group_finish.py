@@ -32,6 +32,7 @@ from bridge.core.model import (
     RunId,
     RunReport,
     RunStatus,
+    SessionId,
     TransportName,
     UserId,
 )
@@ -228,7 +229,9 @@ async def burst(
 
     async def finish(i: int, status: RunStatus, replies: int) -> list[OutboxEntry]:
         texts = [answer(ids[i], f"{status} {n}") for n in range(replies)]
-        return await store.finish_run(ids[i], RunReport(status), 3.0, texts)
+        # Every call hands over a session of its own: the last one kept wins.
+        report = RunReport(status, session_id=SessionId(f"session {i} {status} {replies}"))
+        return await store.finish_run(ids[i], report, 3.0, texts, keep_session=True)
 
     if together:
         results = await asyncio.gather(*(finish(*c) for c in calls), return_exceptions=True)
@@ -244,6 +247,7 @@ async def burst(
         [outcome(r) for r in results],
         [None if s is None else (s.status, s.ended_at) for s in states],
         [(e.run_id, e.reply.text) for e in await store.undelivered()],
+        await store.get_session(ROOM),
     ]
 
 
