@@ -86,6 +86,8 @@ _LIVE = tuple(str(s) for s in LIVE_STATES)
 # Core tables for executemany: plain rows, no ORM unit of work per message.
 _MESSAGES: Table = MessageRow.__table__  # type: ignore[assignment]
 _AUDIT: Table = AuditRow.__table__  # type: ignore[assignment]
+_RUNS: Table = RunRow.__table__  # type: ignore[assignment]
+_RUN_MESSAGES: Table = RunMessageRow.__table__  # type: ignore[assignment]
 
 ACCEPT_GROUP_LIMIT = 256
 """Messages per group-commit transaction of :meth:`SqlStore.accept` at most."""
@@ -478,12 +480,16 @@ class SqlStore:
         messages run again at the next start.
         """
         ids = list(batch.ids)
+        room = batch.room
+        # Core statements, four whatever the batch's size: on every run's path
+        # the ORM's unit of work cost more than the statements themselves
+        # (about 7 ms against 4 ms per start on SQLite, bench_store).
         async with self._transaction(self._unsynced) as s:
-            s.add(
-                RunRow(
+            await s.execute(
+                insert_statement(_RUNS).values(
                     id=run_id,
-                    transport=batch.room.transport,
-                    room_id=batch.room.room_id,
+                    transport=room.transport,
+                    room_id=room.room_id,
                     status=RunStatus.RUNNING.value,
                     started_at=at,
                     session_not_found=False,
@@ -491,34 +497,28 @@ class SqlStore:
                     error_excerpt="",
                 )
             )
-            await s.flush()  # the run row must exist before rows refer to it
             found = await s.execute(
-                update(MessageRow)
-                .where(MessageRow.id.in_(ids))
+                update(_MESSAGES)
+                .where(_MESSAGES.c.id.in_(ids))
                 .values(state=MessageState.DISPATCHED.value, run_id=run_id)
             )
             if _rowcount(found) != len(set(ids)):
                 raise StoreError(f"run {run_id}: some of messages {ids} do not exist")
-            for position, message_id in enumerate(ids):
-                s.add(RunMessageRow(run_id=run_id, message_id=message_id, position=position))
-                s.add(
-                    _audit_row(
-                        AuditAction.MESSAGE_DISPATCHED,
-                        at,
-                        room=batch.room,
-                        message_id=message_id,
-                        run_id=run_id,
-                    )
-                )
-            s.add(
-                _audit_row(
-                    AuditAction.RUN_STARTED,
-                    at,
-                    room=batch.room,
-                    run_id=run_id,
-                    detail=f"{len(ids)} message(s)",
-                )
+            await s.execute(
+                insert_statement(_RUN_MESSAGES),
+                [
+                    {"run_id": run_id, "message_id": message_id, "position": position}
+                    for position, message_id in enumerate(ids)
+                ],
             )
+            audit = [
+                _audit_values(AuditAction.MESSAGE_DISPATCHED, at, room, message_id=m, run_id=run_id)
+                for m in ids
+            ]
+            started = AuditAction.RUN_STARTED
+            detail = f"{len(ids)} message(s)"
+            audit.append(_audit_values(started, at, room, run_id=run_id, detail=detail))
+            await s.execute(insert_statement(_AUDIT), audit)
 
     async def set_run_pid(self, run_id: RunId, pid: int) -> None:
         """Record the process id of a run's ``claude`` process.
@@ -992,6 +992,28 @@ def _message_values(msg: InboundMessage, received_at: float) -> dict[str, Any]:
 def _key(msg: InboundMessage) -> tuple[str, str, str]:
     """What makes a message a redelivery: transport, room and external id."""
     return (msg.room.transport, msg.room.room_id, msg.external_id)
+
+
+def _audit_values(
+    action: AuditAction,
+    at: float,
+    room: RoomKey,
+    *,
+    message_id: int | None = None,
+    run_id: str | None = None,
+    detail: str = "",
+) -> dict[str, Any]:
+    """An audit row for a Core INSERT (no actor: the bridge itself acted)."""
+    return {
+        "at": at,
+        "action": action.value,
+        "transport": room.transport,
+        "room_id": room.room_id,
+        "actor": None,
+        "message_id": message_id,
+        "run_id": run_id,
+        "detail": detail,
+    }
 
 
 def _accepted_audit_values(
