@@ -160,10 +160,11 @@ class SqlStore:
     async def _transaction(
         self, sessions: async_sessionmaker[AsyncSession] | None = None
     ) -> AsyncIterator[AsyncSession]:
-        """One write transaction, committed (and synced) on success; errors become StoreError.
+        """One transaction, committed on success; errors become StoreError.
 
-        ``sessions``: :attr:`_unsynced` for a commit without a disk sync,
-        :attr:`_reads` for a read-only transaction (see :meth:`_read`).
+        On the writer with a synced commit, unless ``sessions`` is
+        :attr:`_unsynced` (a commit without a disk sync) or :attr:`_reads`
+        (a read-only transaction, see :meth:`_read`).
         """
         if self._closed:
             # dispose() alone would let the pool quietly reconnect.
@@ -187,33 +188,6 @@ class SqlStore:
         """
         return self._transaction(self._reads)
 
-    async def _isolating(
-        self,
-        group: Sequence[_ItemT],
-        together: Callable[[Sequence[_ItemT], Committing], Awaitable[Sequence[_ResultT | Failed]]],
-        committing: Committing,
-    ) -> list[_ResultT | Failed]:
-        """Write ``group`` in one transaction through ``together``.
-
-        If the database refuses the group's data (not a lost connection or a
-        lock), each item goes again alone, so that an item it refuses fails
-        only its own caller, as without group commit.
-        """
-        try:
-            return list(await together(group, committing))
-        except StoreError as exc:
-            if len(group) == 1 or not _refused_data(exc):
-                raise
-        # Commits follow: from here on the leader must not cut this short.
-        committing()
-        outcomes: list[_ResultT | Failed] = []
-        for item in group:
-            try:
-                outcomes += await together([item], committing)
-            except StoreError as exc:
-                outcomes.append(Failed(exc))
-        return outcomes
-
     # Messages
 
     async def accept(self, msg: InboundMessage, received_at: float) -> Message | None:
@@ -234,7 +208,7 @@ class SqlStore:
         self, group: Sequence[tuple[InboundMessage, float]], committing: Committing
     ) -> list[Message | Failed | None]:
         """Insert the messages not yet stored, in order, in one transaction."""
-        return await self._isolating(group, self._accept_together, committing)
+        return await _isolating(group, self._accept_together, committing)
 
     async def _accept_together(
         self, group: Sequence[tuple[InboundMessage, float]], committing: Committing
@@ -568,7 +542,7 @@ class SqlStore:
         self, group: Sequence[_Finish], committing: Committing
     ) -> list[list[OutboxEntry] | Failed]:
         """Record the ends of ``group``, in order, in one transaction."""
-        return await self._isolating(group, self._finish_together, committing)
+        return await _isolating(group, self._finish_together, committing)
 
     async def _finish_together(
         self, group: Sequence[_Finish], committing: Committing
@@ -940,6 +914,33 @@ class SqlStore:
         await self._engine.dispose()
         if not shares_pool(self._readers, self._engine):
             await self._readers.dispose()
+
+
+async def _isolating(
+    group: Sequence[_ItemT],
+    together: Callable[[Sequence[_ItemT], Committing], Awaitable[Sequence[_ResultT | Failed]]],
+    committing: Committing,
+) -> list[_ResultT | Failed]:
+    """Write ``group`` in one transaction through ``together``.
+
+    If the database refuses the group's data (not a lost connection or a
+    lock), each item goes again alone, so that an item it refuses fails
+    only its own caller, as without group commit.
+    """
+    try:
+        return list(await together(group, committing))
+    except StoreError as exc:
+        if len(group) == 1 or not _refused_data(exc):
+            raise
+    # Commits follow: from here on the leader must not cut this short.
+    committing()
+    outcomes: list[_ResultT | Failed] = []
+    for item in group:
+        try:
+            outcomes += await together([item], committing)
+        except StoreError as exc:
+            outcomes.append(Failed(exc))
+    return outcomes
 
 
 def _require_head(url: str, found: str | None) -> None:
