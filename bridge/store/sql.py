@@ -88,6 +88,7 @@ _MESSAGES: Table = MessageRow.__table__  # type: ignore[assignment]
 _AUDIT: Table = AuditRow.__table__  # type: ignore[assignment]
 _RUNS: Table = RunRow.__table__  # type: ignore[assignment]
 _RUN_MESSAGES: Table = RunMessageRow.__table__  # type: ignore[assignment]
+_OUTBOX: Table = OutboxRow.__table__  # type: ignore[assignment]
 
 ACCEPT_GROUP_LIMIT = 256
 """Messages per group-commit transaction of :meth:`SqlStore.accept` at most."""
@@ -549,83 +550,87 @@ class SqlStore:
     ) -> list[list[OutboxEntry] | Failed]:
         """The ends of ``group`` in one transaction, in a few statements whatever its size.
 
-        One SELECT for the runs, one UPDATE of messages per outcome, one
-        upsert of the rooms' sessions, and one flush that writes the runs,
-        the audit rows and the outbox entries (batched by SQLAlchemy): per
-        statement overhead, not the commit, would otherwise bound a group.
+        One SELECT of the runs, one UPDATE of the runs (executemany), one
+        UPDATE of messages per outcome, one upsert of the rooms' sessions,
+        one INSERT of audit rows and one of outbox entries: per-statement
+        overhead, not the commit, would otherwise bound a group. Core
+        statements, as for ``accept``: the ORM's unit of work cost more
+        than the statements on this, every answer's, path.
         """
-        outcomes: list[list[OutboxRow] | list[OutboxEntry] | Failed] = []
+        # Per call: its failure, its entries (a run ended before the group),
+        # or the slice of ``outbox`` it wrote (also for a second call of a
+        # run this group ends: a run's pending entries are those of its end).
+        placed: list[Failed | list[OutboxEntry] | tuple[int, int]] = []
         async with self._transaction() as s:
-            wanted = {finish.run_id for finish in group}
-            runs = {
-                RunId(r.id): r for r in await s.scalars(select(RunRow).where(RunRow.id.in_(wanted)))
-            }
+            rows = await s.execute(
+                select(
+                    _RUNS.c.seq, _RUNS.c.id, _RUNS.c.transport, _RUNS.c.room_id, _RUNS.c.status
+                ).where(_RUNS.c.id.in_({finish.run_id for finish in group}))
+            )
+            runs = {RunId(r.id): r for r in rows}
+            ended: dict[RunId, tuple[int, int]] = {}
+            run_values: list[dict[str, Any]] = []
+            audit: list[dict[str, Any]] = []
+            outbox: list[dict[str, Any]] = []
             settle: dict[MessageState, list[RunId]] = {}
             sessions: dict[RoomKey, SessionId] = {}
             for finish in group:
                 run = runs.get(finish.run_id)
                 if run is None:
-                    outcomes.append(Failed(StoreError(f"no run {finish.run_id}")))
+                    placed.append(Failed(StoreError(f"no run {finish.run_id}")))
+                elif finish.run_id in ended:
+                    placed.append(ended[finish.run_id])
                 elif run.status != RunStatus.RUNNING.value:
-                    # Ended before, or earlier in this group (then its rows
-                    # must be written to be found): its entries still pending.
-                    await s.flush()
-                    outcomes.append(await self._pending_entries(s, finish.run_id))
+                    placed.append(await self._pending_entries(s, finish.run_id))
                 else:
-                    state = finished_message_state(finish.report.status)
-                    settle.setdefault(state, []).append(finish.run_id)
-                    room = self._record_end(s, run, finish)
-                    if finish.keep_session and finish.report.session_id is not None:
-                        sessions[room] = finish.report.session_id
-                    rows = [_outbox_row(r, finish.at, finish.run_id) for r in finish.replies]
-                    s.add_all(rows)
-                    outcomes.append(rows)
+                    report, room = finish.report, _room(run.transport, run.room_id)
+                    run_values.append(_ended_run_values(run.seq, finish))
+                    settle.setdefault(finished_message_state(report.status), []).append(
+                        finish.run_id
+                    )
+                    audit.append(
+                        _audit_values(
+                            AuditAction.RUN_FINISHED,
+                            finish.at,
+                            room,
+                            run_id=finish.run_id,
+                            detail=report.status.value,
+                        )
+                    )
+                    if finish.keep_session and report.session_id is not None:
+                        sessions[room] = report.session_id
+                    first = len(outbox)
+                    outbox += [_outbox_values(r, finish.at, finish.run_id) for r in finish.replies]
+                    ended[finish.run_id] = (first, len(outbox))
+                    placed.append(ended[finish.run_id])
+            if run_values:
+                # ORM bulk UPDATE by primary key: one executemany.
+                await s.execute(update(RunRow), run_values)
             for state, run_ids in settle.items():
                 await s.execute(
-                    update(MessageRow)
+                    update(_MESSAGES)
                     .where(
-                        MessageRow.run_id.in_(run_ids),
-                        MessageRow.state == MessageState.DISPATCHED.value,
+                        _MESSAGES.c.run_id.in_(run_ids),
+                        _MESSAGES.c.state == MessageState.DISPATCHED.value,
                     )
                     .values(state=state.value)
                 )
             if sessions:
                 # The session in the same transaction: one disk sync for the end of a run.
                 await s.execute(self._sessions_upsert(sessions))
-            await s.flush()  # assigns the outbox ids, in order
+            if audit:
+                await s.execute(insert_statement(_AUDIT), audit)
+            ids: list[int] = []
+            if outbox:
+                # One multi-row INSERT; its ids come back in the rows' order.
+                returning = insert_statement(_OUTBOX).returning(
+                    _OUTBOX.c.id, sort_by_parameter_order=True
+                )
+                ids = [new_id for (new_id,) in await s.execute(returning, outbox)]
             # Nothing awaits between here and the COMMIT on leaving the block.
             committing()
-        return [
-            [_outbox_entry(e) if isinstance(e, OutboxRow) else e for e in outcome]
-            if isinstance(outcome, list)
-            else outcome
-            for outcome in outcomes
-        ]
-
-    def _record_end(self, s: AsyncSession, run: RunRow, finish: _Finish) -> RoomKey:
-        """Set a running run's outcome and audit it (written at the next flush)."""
-        report = finish.report
-        run.status = report.status.value
-        run.ended_at = finish.at
-        run.exit_code = report.exit_code
-        run.session_id = report.session_id
-        run.cost_usd = report.cost_usd
-        run.num_turns = report.num_turns
-        run.duration_ms = report.duration_ms
-        run.session_not_found = report.session_not_found
-        run.result_excerpt = excerpt(report.result_text)
-        run.error_excerpt = excerpt(report.error)
-        room = _room(run.transport, run.room_id)
-        s.add(
-            _audit_row(
-                AuditAction.RUN_FINISHED,
-                finish.at,
-                room=room,
-                run_id=run.id,
-                detail=report.status.value,
-            )
-        )
-        return room
+        entries = [_new_entry(values, new_id) for values, new_id in zip(outbox, ids, strict=True)]
+        return [entries[p[0] : p[1]] if isinstance(p, tuple) else p for p in placed]
 
     async def _pending_entries(self, s: AsyncSession, run_id: RunId) -> list[OutboxEntry]:
         rows = await s.scalars(
@@ -1049,6 +1054,49 @@ def _outbox_row(reply: Reply, at: float, run_id: RunId | None) -> OutboxRow:
         state=DeliveryState.PENDING.value,
         created=at,
     )
+
+
+def _ended_run_values(seq: int, finish: _Finish) -> dict[str, Any]:
+    """A run's outcome, for a bulk UPDATE by primary key."""
+    report = finish.report
+    return {
+        "seq": seq,
+        "status": report.status.value,
+        "ended_at": finish.at,
+        "exit_code": report.exit_code,
+        "session_id": report.session_id,
+        "cost_usd": report.cost_usd,
+        "num_turns": report.num_turns,
+        "duration_ms": report.duration_ms,
+        "session_not_found": report.session_not_found,
+        "result_excerpt": excerpt(report.result_text),
+        "error_excerpt": excerpt(report.error),
+    }
+
+
+def _outbox_values(reply: Reply, at: float, run_id: RunId | None) -> dict[str, Any]:
+    """A new, pending outbox entry, for a Core INSERT."""
+    return {
+        "transport": reply.room.transport,
+        "room_id": reply.room.room_id,
+        "run_id": run_id,
+        "text": reply.text,
+        "kind": reply.kind.value,
+        "in_reply_to": reply.in_reply_to,
+        "thread": reply.thread,
+        "anchor": reply.anchor,
+        "key": delivery_key(),
+        "parts_done": 0,
+        "attempts": 0,
+        "next_attempt_at": at,
+        "state": DeliveryState.PENDING.value,
+        "created": at,
+    }
+
+
+def _new_entry(values: dict[str, Any], new_id: int) -> OutboxEntry:
+    """The entry just inserted with ``values`` (from :func:`_outbox_values`)."""
+    return _outbox_entry(OutboxRow(id=new_id, **values))
 
 
 def _outbox_entry(row: OutboxRow) -> OutboxEntry:
