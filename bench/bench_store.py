@@ -1,14 +1,33 @@
-"""Throughput and commit latency of ``Store.accept`` on SQLite and PostgreSQL.
+"""The store on a run's critical path, on SQLite and PostgreSQL.
 
 Usage: ``python bench/bench_store.py [--postgres-url URL] [--seconds S]``
 
-Each phase accepts fresh messages until it has done ``--count`` or used
-``--seconds``, whichever comes first, so the whole run stays under a minute.
-"Sequential" is one acceptor awaiting each commit; "concurrent" is
+Accept: each phase accepts fresh messages until it has done ``--count`` or
+used ``--seconds``, whichever comes first, so the whole run stays under a
+minute. "Sequential" is one acceptor awaiting each commit; "concurrent" is
 ``--acceptors`` tasks doing the same at once. Latency is per ``accept`` call
 (the transport waits this long before acknowledging upstream).
 
-SQLite runs on a file in a temporary directory (WAL, synchronous=FULL).
+Per run: ``--runs`` runs one after another, each the store calls a plain
+run makes in order (accept, get_session, start_run, set_run_pid, finish_run
+with its answer), timed per step and in all. "as built" is the store as it
+is; "all synced" is the same store made to commit start_run and
+set_run_pid with a disk sync and to read on the writer connection, as it
+did before (the difference is what those choices save per run).
+
+Reads beside writes: a room's session read (``get_session``, before every
+run) over and over while ``--acceptors`` tasks accept messages, in slices
+taking turns between "as built" (reader connections) and "all synced"
+(reads on the writer, queued behind its commits).
+
+Runs ending together: ``--burst`` runs finish at once (``asyncio.gather``),
+``--bursts`` times; latency is per ``finish_run`` call (the answer waits
+this long), "round" the time until the last one returned. "grouped" is the
+store as built (one transaction for the runs queued behind the first);
+"one by one" limits its group commit to one run per transaction.
+
+SQLite runs on a file in a temporary directory (WAL; synchronous=FULL but for
+the start of a run, see bridge/store/sql.py).
 PostgreSQL runs in a temporary database created under the admin URL (default:
 ``$CHATBRIDGE_TEST_POSTGRES_URL`` or the local trust-auth server), dropped at
 the end; if the server cannot be reached that row is skipped.
@@ -18,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import statistics
 import tempfile
@@ -32,13 +52,20 @@ import asyncpg
 from sqlalchemy.engine import make_url
 
 from bridge.core.model import (
+    Batch,
     ExternalMessageId,
     InboundMessage,
+    Reply,
     RoomId,
     RoomKey,
+    RunId,
+    RunReport,
+    RunStatus,
+    SessionId,
     TransportName,
     UserId,
 )
+from bridge.store.batching import GroupCommit
 from bridge.store.sql import SqlStore
 
 DEFAULT_POSTGRES = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
@@ -72,6 +99,116 @@ class Ids:
     def take(self) -> ExternalMessageId:
         self._next += 1
         return ExternalMessageId(f"$bench-{self._next}")
+
+    def message(self) -> InboundMessage:
+        return InboundMessage(ROOM, UserId("bench"), "x" * 200, self.take())
+
+    def run(self) -> RunId:
+        self._next += 1
+        return RunId(f"run-{self._next}")
+
+
+def ms(latencies: list[float], p: float) -> float:
+    """The p-th percentile of ``latencies`` (seconds), in milliseconds."""
+    if len(latencies) < 2:
+        return latencies[0] * 1000 if latencies else float("nan")
+    cuts = statistics.quantiles(latencies, n=100, method="inclusive")
+    return cuts[round(p) - 1] * 1000
+
+
+PATH_STEPS = ("accept", "get_session", "start_run", "set_run_pid", "finish_run", "run")
+
+
+@dataclass(frozen=True)
+class PathResult:
+    backend: str
+    variant: str
+    steps: dict[str, list[float]]
+
+
+async def run_path(store: SqlStore, ids: Ids, runs: int) -> dict[str, list[float]]:
+    """``runs`` plain runs in sequence; the latency of each store call, and in all."""
+    steps: dict[str, list[float]] = {step: [] for step in PATH_STEPS}
+    for _ in range(runs):
+        run_id = ids.run()
+        began = time.perf_counter()
+        msg = await store.accept(ids.message(), time.time())
+        assert msg is not None
+        accepted = time.perf_counter()
+        await store.get_session(ROOM)
+        read = time.perf_counter()
+        await store.start_run(run_id, Batch(ROOM, (msg,)), time.time())
+        started = time.perf_counter()
+        await store.set_run_pid(run_id, 4242)
+        pid = time.perf_counter()
+        report = RunReport(RunStatus.SUCCEEDED, session_id=SessionId("bench"))
+        await store.finish_run(
+            run_id, report, time.time(), [Reply(ROOM, "the answer")], keep_session=True
+        )
+        ended = time.perf_counter()
+        marks = (began, accepted, read, started, pid, ended)
+        for step, (a, b) in zip(PATH_STEPS, itertools.pairwise(marks), strict=False):
+            steps[step].append(b - a)
+        steps["run"].append(ended - began)
+    return steps
+
+
+def all_synced(store: SqlStore) -> None:
+    """Make ``store`` behave as before: every commit synced, reads on the writer."""
+    store._unsynced = store._sessions
+    store._reads = store._sessions
+
+
+async def reads_beside_writes(
+    store: SqlStore, ids: Ids, acceptors: int, seconds: float
+) -> list[float]:
+    """``get_session`` latencies while ``acceptors`` tasks accept for ``seconds``."""
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+
+    async def reader() -> None:
+        while time.perf_counter() < deadline:
+            began = time.perf_counter()
+            await store.get_session(ROOM)
+            latencies.append(time.perf_counter() - began)
+
+    async with asyncio.TaskGroup() as group:
+        for _ in range(acceptors):
+            group.create_task(acceptor(store, ids, [10**9], deadline, []))
+        group.create_task(reader())
+    return latencies
+
+
+@dataclass(frozen=True)
+class BurstResult:
+    backend: str
+    variant: str
+    latencies: list[float]
+    rounds: list[float]
+
+
+async def finish_bursts(store: SqlStore, ids: Ids, size: int, bursts: int) -> BurstResult:
+    """``bursts`` times: start ``size`` runs, then finish them all at once."""
+    latencies: list[float] = []
+    rounds: list[float] = []
+    for _ in range(bursts):
+        runs = []
+        for _ in range(size):
+            msg = await store.accept(ids.message(), time.time())
+            assert msg is not None
+            run_id = ids.run()
+            await store.start_run(run_id, Batch(ROOM, (msg,)), time.time())
+            runs.append(run_id)
+
+        async def finish(run_id: RunId, began: float) -> None:
+            report = RunReport(RunStatus.SUCCEEDED)
+            await store.finish_run(run_id, report, time.time(), [Reply(ROOM, "the answer")])
+            latencies.append(time.perf_counter() - began)
+
+        began = time.perf_counter()
+        await asyncio.gather(*(finish(r, began) for r in runs))
+        rounds.append(time.perf_counter() - began)
+    return BurstResult("", "", latencies, rounds)
 
 
 async def acceptor(
@@ -122,32 +259,71 @@ async def postgres_url(admin_url: str) -> AsyncIterator[str]:
         await admin.close()
 
 
-async def bench_backend(backend: str, url: str, args: argparse.Namespace) -> list[Result]:
-    """The sequential and the concurrent phase on one fresh database."""
-    store = await SqlStore.open(url)
-    ids = Ids()  # shared by both phases: every message is new
-    results = []
+@dataclass
+class Measured:
+    accepts: list[Result]
+    paths: list[PathResult]
+    bursts: list[BurstResult]
+    reads: list[tuple[str, str, list[float]]]
+
+
+async def bench_backend(backend: str, url: str, args: argparse.Namespace, into: Measured) -> None:
+    """Every phase on one fresh database.
+
+    The variants take turns run by run (and burst by burst), each through a
+    store of its own on the same database, so that a drift of the machine
+    or of the database's size weighs on both alike.
+    """
+    ids = Ids()  # shared by every phase: every message and run is new
+    built = await SqlStore.open(url)
+    before = await SqlStore.open(url, auto_migrate=False)
     try:
         modes = (("sequential", 1), (f"{args.acceptors} concurrent", args.acceptors))
         for mode, acceptors in modes:
             elapsed, latencies = await phase(
-                store, ids, acceptors=acceptors, count=args.count, seconds=args.seconds
+                built, ids, acceptors=acceptors, count=args.count, seconds=args.seconds
             )
-            results.append(Result(backend, mode, len(latencies), elapsed, latencies))
+            into.accepts.append(Result(backend, mode, len(latencies), elapsed, latencies))
+        all_synced(before)
+        paths: dict[str, list[float]] = {step: [] for step in PATH_STEPS}
+        synced_paths: dict[str, list[float]] = {step: [] for step in PATH_STEPS}
+        for _ in range(args.runs):
+            for store, steps in ((built, paths), (before, synced_paths)):
+                for step, latencies in (await run_path(store, ids, 1)).items():
+                    steps[step] += latencies
+        into.paths.append(PathResult(backend, "as built", paths))
+        into.paths.append(PathResult(backend, "all synced", synced_paths))
+        reads: dict[str, list[float]] = {"as built": [], "all synced": []}
+        for _ in range(4):
+            for store, variant in ((built, "as built"), (before, "all synced")):
+                reads[variant] += await reads_beside_writes(
+                    store, ids, args.acceptors, args.seconds / 8
+                )
+        into.reads += [(backend, variant, latencies) for variant, latencies in reads.items()]
+        before._finishes = GroupCommit(before._finish_group, limit=1)
+        grouped = BurstResult(backend, "grouped", [], [])
+        alone = BurstResult(backend, "one by one", [], [])
+        for _ in range(args.bursts):
+            for store, into_burst in ((built, grouped), (before, alone)):
+                burst = await finish_bursts(store, ids, args.burst, 1)
+                into_burst.latencies.extend(burst.latencies)
+                into_burst.rounds.extend(burst.rounds)
+        into.bursts += [grouped, alone]
     finally:
-        await store.close()
-    return results
+        await built.close()
+        await before.close()
 
 
 async def main(args: argparse.Namespace) -> None:
-    results: list[Result] = []
+    measured = Measured([], [], [], [])
     async with sqlite_url() as url:
-        results += await bench_backend("sqlite (file, WAL)", url, args)
+        await bench_backend("sqlite (file, WAL)", url, args, measured)
     try:
         async with postgres_url(args.postgres_url) as url:
-            results += await bench_backend("postgresql", url, args)
+            await bench_backend("postgresql", url, args, measured)
     except (OSError, asyncpg.PostgresError) as exc:
         print(f"postgresql skipped: {exc}")
+    results = measured.accepts
 
     header = (
         f"{'backend':<20} {'mode':<15} {'messages':>8} {'msg/s':>8} {'p50 ms':>8} {'p99 ms':>8}"
@@ -158,6 +334,40 @@ async def main(args: argparse.Namespace) -> None:
         print(
             f"{r.backend:<20} {r.mode:<15} {r.messages:>8} {r.rate:>8.0f}"
             f" {r.percentile(50):>8.2f} {r.percentile(99):>8.2f}"
+        )
+
+    print(f"\nper run, {args.runs} runs in sequence: p50 (p99) ms of each store call")
+    header = f"{'backend':<20} {'variant':<11}" + "".join(f" {s:>15}" for s in PATH_STEPS)
+    print(header)
+    print("-" * len(header))
+    for path in measured.paths:
+        cells = "".join(
+            f" {f'{ms(path.steps[s], 50):.2f} ({ms(path.steps[s], 99):.2f})':>15}"
+            for s in PATH_STEPS
+        )
+        print(f"{path.backend:<20} {path.variant:<11}{cells}")
+
+    print(f"\nget_session while {args.acceptors} acceptors write: ms")
+    header = f"{'backend':<20} {'variant':<11} {'reads':>7} {'p50':>8} {'p99':>8}"
+    print(header)
+    print("-" * len(header))
+    for backend, variant, latencies in measured.reads:
+        print(
+            f"{backend:<20} {variant:<11} {len(latencies):>7}"
+            f" {ms(latencies, 50):>8.2f} {ms(latencies, 99):>8.2f}"
+        )
+
+    print(f"\n{args.burst} runs ending at once, {args.bursts} times: ms")
+    header = (
+        f"{'backend':<20} {'variant':<11} {'call p50':>9} {'call p99':>9}"
+        f" {'round p50':>10} {'round p99':>10}"
+    )
+    print(header)
+    print("-" * len(header))
+    for b in measured.bursts:
+        print(
+            f"{b.backend:<20} {b.variant:<11} {ms(b.latencies, 50):>9.2f}"
+            f" {ms(b.latencies, 99):>9.2f} {ms(b.rounds, 50):>10.2f} {ms(b.rounds, 99):>10.2f}"
         )
 
 
@@ -171,6 +381,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--count", type=int, default=3000, help="messages per phase at most")
     parser.add_argument("--seconds", type=float, default=8.0, help="time per phase at most")
     parser.add_argument("--acceptors", type=int, default=50, help="concurrent acceptors")
+    parser.add_argument("--runs", type=int, default=200, help="plain runs in sequence")
+    parser.add_argument("--burst", type=int, default=20, help="runs ending at once")
+    parser.add_argument("--bursts", type=int, default=30, help="times the burst is measured")
     return parser.parse_args()
 
 

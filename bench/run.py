@@ -5,7 +5,8 @@ bare echo bot on the same Synapse (bench_ping), claude's result line to the
 answer with 20 runs ending at once (bench_run_end), dispatcher overhead per flush
 and memory per idle room (bench_dispatcher), stop latency until the whole process tree is gone
 (bench_stop), messages/s accepted across 1,000 rooms through the whole accept
-path (bench_intake) and store commit rates and latencies (bench_store).
+path (bench_intake) and the store: accept rates, a run's store calls, reads beside
+writes and 20 runs ending at once (bench_store).
 Figures are recorded in docs/performance.md.
 """
 

@@ -5,6 +5,19 @@ SQLite connections get WAL (readers do not block the writer), a busy timeout
 default in SQLite) and ``BEGIN IMMEDIATE``: a deferred transaction that reads
 before it writes can fail with "database is locked" without waiting, an
 immediate one takes the write lock up front and so honours the timeout.
+
+Two kinds of engine: the *writer* (:func:`create_engine`; on a SQLite file
+one connection, since SQLite admits one writer anyway) and the *readers*
+(:func:`create_reader`) for read-only transactions, so that a read is never
+queued behind a write's disk sync: on a SQLite file a few connections of
+their own in deferred transactions (WAL lets them read beside the writer),
+on PostgreSQL the writer's pool in ``READ ONLY`` transactions.
+
+A writer transaction whose commit need not reach the disk runs on
+:func:`without_sync` (see ``SqlStore.start_run`` for why that is safe):
+SQLite commits it with ``synchronous=NORMAL`` (in WAL mode: written to the
+log, synced only by the next ``FULL`` commit or a checkpoint), PostgreSQL
+with ``SET LOCAL synchronous_commit = off``.
 """
 
 from __future__ import annotations
@@ -18,6 +31,14 @@ from sqlalchemy.pool import ConnectionPoolEntry
 
 DEFAULT_URL = "sqlite+aiosqlite:///chatbridge.db"
 SQLITE_BUSY_TIMEOUT_MS = 5000
+SQLITE_READERS = 3
+"""Reader connections per SQLite file: reads are short, and each is a thread."""
+
+NO_SYNC = "chatbridge_no_sync"
+"""Execution option: the transaction's commit need not be synced to disk."""
+
+_SYNCHRONOUS = "chatbridge_synchronous"
+"""Key in a SQLite connection's ``info``: its current ``PRAGMA synchronous``."""
 
 
 def is_sqlite(url: str) -> bool:
@@ -65,13 +86,51 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
     # error messages, which reach the logs.
     engine = create_async_engine(url, hide_parameters=True, **kwargs)
     if engine.dialect.name == "sqlite":
-        _configure_sqlite(engine)
+        _configure_sqlite(engine, reader=False)
+    else:
+
+        @event.listens_for(engine.sync_engine, "begin")
+        def _on_begin(conn: Connection) -> None:
+            if conn.get_execution_options().get(NO_SYNC):
+                # LOCAL: for this transaction only; the next commits sync again.
+                conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+
     return engine
 
 
-def _configure_sqlite(engine: AsyncEngine) -> None:
+def without_sync(writer: AsyncEngine) -> AsyncEngine:
+    """``writer`` (same connections) for transactions whose commit is not synced."""
+    return writer.execution_options(**{NO_SYNC: True})
+
+
+def create_reader(writer: AsyncEngine) -> AsyncEngine:
+    """An engine for read-only transactions beside ``writer``.
+
+    ``writer`` itself for an in-memory SQLite database: no other connection
+    can see it. The caller disposes a reader that is not ``writer``'s pool
+    (:func:`shares_pool`).
+    """
+    if writer.dialect.name != "sqlite":
+        # Its own connection from the pool; READ ONLY comes with BEGIN (no
+        # extra round trip) and refuses any write by mistake.
+        return writer.execution_options(postgresql_readonly=True)
+    if writer.url.database in (None, "", ":memory:"):
+        return writer
+    reader = create_async_engine(
+        writer.url, hide_parameters=True, pool_size=SQLITE_READERS, max_overflow=0
+    )
+    _configure_sqlite(reader, reader=True)
+    return reader
+
+
+def shares_pool(a: AsyncEngine, b: AsyncEngine) -> bool:
+    """Whether two engines draw on the same connections (dispose only one)."""
+    return a.sync_engine.pool is b.sync_engine.pool
+
+
+def _configure_sqlite(engine: AsyncEngine, *, reader: bool) -> None:
     @event.listens_for(engine.sync_engine, "connect")
-    def _on_connect(dbapi_connection: Any, _record: ConnectionPoolEntry) -> None:
+    def _on_connect(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
         # The driver must not open transactions itself; "begin" below does.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
@@ -81,11 +140,26 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
             cursor.execute("PRAGMA foreign_keys=ON")
             # FULL (not WAL's usual NORMAL): a transport acknowledges a message
             # upstream once accept() returns, so a commit must survive an OS
-            # crash, not only a process crash.
+            # crash, not only a process crash. Transactions that need less
+            # say so (NO_SYNC, below).
             cursor.execute("PRAGMA synchronous=FULL")
+            record.info[_SYNCHRONOUS] = "FULL"
+            if reader:
+                cursor.execute("PRAGMA query_only=ON")
         finally:
             cursor.close()
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Connection) -> None:
+        if reader:
+            # Deferred: takes no write lock, reads the last committed snapshot.
+            conn.exec_driver_sql("BEGIN")
+            return
+        # Each transaction states the level its commit needs, before BEGIN so
+        # that it governs this transaction's commit; the pragma is sent only
+        # when the level changes (one round trip to the driver's thread).
+        level = "NORMAL" if conn.get_execution_options().get(NO_SYNC) else "FULL"
+        if conn.info.get(_SYNCHRONOUS) != level:
+            conn.exec_driver_sql(f"PRAGMA synchronous={level}")
+            conn.info[_SYNCHRONOUS] = level
         conn.exec_driver_sql("BEGIN IMMEDIATE")

@@ -3,13 +3,23 @@
 Every public method is one short transaction (:meth:`SqlStore._transaction`),
 and every SQLAlchemy or driver error leaves as :class:`StoreError`.
 Cancellation is not an error and propagates untouched.
+
+The cost of a run on the critical path is two commits synced to disk:
+``accept`` (the transport acknowledges upstream after it) and ``finish_run``
+(the outcome with the answer). ``start_run``, which claude's spawn waits
+for, commits without a sync; ``set_run_pid``, made beside the running
+process, syncs it (why: :meth:`SqlStore.start_run`). Reads run in
+read-only transactions on reader connections (:func:`create_reader`), never
+queued behind a write. Concurrent ``accept`` calls share one transaction, as
+do concurrent ``finish_run`` calls (group commit, :mod:`bridge.store.batching`).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from sqlalchemy import ColumnElement, Table, delete, exists, func, select, text, update
 from sqlalchemy import insert as insert_statement
@@ -45,7 +55,14 @@ from bridge.store.base import (
     StoreError,
 )
 from bridge.store.batching import Committing, Failed, GroupCommit
-from bridge.store.engine import DEFAULT_URL, create_engine, redacted
+from bridge.store.engine import (
+    DEFAULT_URL,
+    create_engine,
+    create_reader,
+    redacted,
+    shares_pool,
+    without_sync,
+)
 from bridge.store.migrate import head_revision, migrate, revision_of
 from bridge.store.rules import (
     LIVE_STATES,
@@ -69,9 +86,29 @@ _LIVE = tuple(str(s) for s in LIVE_STATES)
 # Core tables for executemany: plain rows, no ORM unit of work per message.
 _MESSAGES: Table = MessageRow.__table__  # type: ignore[assignment]
 _AUDIT: Table = AuditRow.__table__  # type: ignore[assignment]
+_RUNS: Table = RunRow.__table__  # type: ignore[assignment]
+_RUN_MESSAGES: Table = RunMessageRow.__table__  # type: ignore[assignment]
+_OUTBOX: Table = OutboxRow.__table__  # type: ignore[assignment]
 
 ACCEPT_GROUP_LIMIT = 256
 """Messages per group-commit transaction of :meth:`SqlStore.accept` at most."""
+
+FINISH_GROUP_LIMIT = 64
+"""Runs per group-commit transaction of :meth:`SqlStore.finish_run` at most."""
+
+_ItemT = TypeVar("_ItemT")
+_ResultT = TypeVar("_ResultT")
+
+
+@dataclass(frozen=True, slots=True)
+class _Finish:
+    """One :meth:`SqlStore.finish_run` call, queued for a shared transaction."""
+
+    run_id: RunId
+    report: RunReport
+    at: float
+    replies: tuple[Reply, ...]
+    keep_session: bool
 
 
 class SqlStore:
@@ -80,13 +117,23 @@ class SqlStore:
     Create it with :meth:`open`; :meth:`close` releases its connections.
     """
 
-    def __init__(self, engine: AsyncEngine) -> None:
-        """Wrap an engine from :func:`bridge.store.engine.create_engine`; prefer :meth:`open`."""
+    def __init__(self, engine: AsyncEngine, readers: AsyncEngine | None = None) -> None:
+        """Wrap an engine from :func:`bridge.store.engine.create_engine`; prefer :meth:`open`.
+
+        ``readers`` (default: :func:`~bridge.store.engine.create_reader` of
+        ``engine``) serves the read-only methods; the store disposes both.
+        """
         self._engine = engine
+        self._readers = create_reader(engine) if readers is None else readers
         self._sessions = async_sessionmaker(engine, expire_on_commit=False)
+        self._unsynced = async_sessionmaker(without_sync(engine), expire_on_commit=False)
+        self._reads = async_sessionmaker(self._readers, expire_on_commit=False)
         self._closed = False
         self._accepts: GroupCommit[tuple[InboundMessage, float], Message | None] = GroupCommit(
             self._accept_group, limit=ACCEPT_GROUP_LIMIT
+        )
+        self._finishes: GroupCommit[_Finish, list[OutboxEntry]] = GroupCommit(
+            self._finish_group, limit=FINISH_GROUP_LIMIT
         )
 
     @classmethod
@@ -111,13 +158,20 @@ class SqlStore:
         return cls(engine)
 
     @asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[AsyncSession]:
-        """One transaction, committed on success; errors become StoreError."""
+    async def _transaction(
+        self, sessions: async_sessionmaker[AsyncSession] | None = None
+    ) -> AsyncIterator[AsyncSession]:
+        """One transaction, committed on success; errors become StoreError.
+
+        On the writer with a synced commit, unless ``sessions`` is
+        :attr:`_unsynced` (a commit without a disk sync) or :attr:`_reads`
+        (a read-only transaction, see :meth:`_read`).
+        """
         if self._closed:
             # dispose() alone would let the pool quietly reconnect.
             raise StoreError("the store is closed")
         try:
-            async with self._sessions.begin() as session:
+            async with (sessions or self._sessions).begin() as session:
                 yield session
         except (SQLAlchemyError, OSError) as exc:  # OSError: a lost socket or file
             raise StoreError(str(exc)) from exc
@@ -125,6 +179,15 @@ class SqlStore:
             # The driver could not encode a text (a lone surrogate): the data
             # was refused, like any other, and must not escape as a crash.
             raise StoreError(f"text the database cannot store: {exc}") from exc
+
+    def _read(self) -> AbstractAsyncContextManager[AsyncSession]:
+        """A read-only transaction on a reader connection: takes no write lock.
+
+        It sees what was committed when it began; every write of this store
+        has committed before its method returned, so a caller reads its own
+        writes.
+        """
+        return self._transaction(self._reads)
 
     # Messages
 
@@ -145,26 +208,8 @@ class SqlStore:
     async def _accept_group(
         self, group: Sequence[tuple[InboundMessage, float]], committing: Committing
     ) -> list[Message | Failed | None]:
-        """Insert the messages not yet stored, in order, in one transaction.
-
-        If the database refuses the group's data (not a lost connection or a
-        lock), each message goes again alone, so that one message it refuses
-        fails only its own caller, as without group commit.
-        """
-        try:
-            return list(await self._accept_together(group, committing))
-        except StoreError as exc:
-            if len(group) == 1 or not _refused_data(exc):
-                raise
-        # Commits follow: from here on the leader must not cut this short.
-        committing()
-        outcomes: list[Message | Failed | None] = []
-        for item in group:
-            try:
-                outcomes += await self._accept_together([item], committing)
-            except StoreError as exc:
-                outcomes.append(Failed(exc))
-        return outcomes
+        """Insert the messages not yet stored, in order, in one transaction."""
+        return await _isolating(group, self._accept_together, committing)
 
     async def _accept_together(
         self, group: Sequence[tuple[InboundMessage, float]], committing: Committing
@@ -249,7 +294,7 @@ class SqlStore:
 
     async def pending_messages(self) -> list[Message]:
         """Every pending message, in acceptance order."""
-        async with self._transaction() as s:
+        async with self._read() as s:
             rows = await s.scalars(
                 select(MessageRow)
                 .where(MessageRow.state == MessageState.PENDING.value)
@@ -288,7 +333,7 @@ class SqlStore:
         self, room: RoomKey, external_id: ExternalMessageId
     ) -> Message | None:
         """The pending message with this transport id in ``room``, or None."""
-        async with self._transaction() as s:
+        async with self._read() as s:
             row = await s.scalar(
                 select(MessageRow).where(
                     MessageRow.transport == room.transport,
@@ -357,7 +402,7 @@ class SqlStore:
 
     async def messages(self, ids: Sequence[MessageId]) -> list[Message]:
         """The messages with these ids that exist, in acceptance order."""
-        async with self._transaction() as s:
+        async with self._read() as s:
             rows = await s.scalars(
                 select(MessageRow).where(MessageRow.id.in_(ids)).order_by(MessageRow.id)
             )
@@ -368,7 +413,7 @@ class SqlStore:
 
         For operators and tests; not part of the :class:`Store` protocol.
         """
-        async with self._transaction() as s:
+        async with self._read() as s:
             rows = await s.execute(
                 select(MessageRow.id, MessageRow.state).where(MessageRow.id.in_(ids))
             )
@@ -381,14 +426,45 @@ class SqlStore:
 
         Writes one ``message_dispatched`` row per message and one
         ``run_started`` row, in the same transaction.
+
+        Committed without a disk sync: claude's spawn waits for this commit
+        (recovery must find every run that may have started), not for the
+        disk. Why that is safe:
+
+        - A crash of chatbridge loses nothing: the commit is in the database's
+          log (SQLite's WAL file in the OS's cache; PostgreSQL's server).
+        - A crash of the OS (or of the PostgreSQL server) can lose the most
+          recent unsynced commits, and only as a whole, newest first: both
+          logs are replayed in order up to the first commit missing. The
+          messages are then ``pending`` again, the run row and its
+          ``message_dispatched`` rows gone: recovery re-queues pending
+          messages and they run again (the process died with the OS).
+        - The next synced commit on the writer writes the log up to and
+          including this one: :meth:`set_run_pid`, right after the spawn,
+          which is why that one syncs. So a re-run after an OS crash is
+          only possible for a run whose claude had started milliseconds
+          before, too early to have acted; any run that may have acted is
+          found by recovery, reported interrupted and offered to ``!retry``,
+          never run again unasked. (PostgreSQL's WAL writer also flushes
+          within about three ``wal_writer_delay``.)
+
+        One case differs on PostgreSQL only: if the server crashes and
+        restarts while chatbridge lives on, a run started in those
+        milliseconds is not there to finish; :meth:`finish_run` fails for
+        it, the caller keeps the answer in the outbox alone, and the
+        messages run again at the next start.
         """
         ids = list(batch.ids)
-        async with self._transaction() as s:
-            s.add(
-                RunRow(
+        room = batch.room
+        # Core statements, four whatever the batch's size: on every run's path
+        # the ORM's unit of work cost more than the statements themselves
+        # (about 7 ms against 4 ms per start on SQLite, 2026-11-23).
+        async with self._transaction(self._unsynced) as s:
+            await s.execute(
+                insert_statement(_RUNS).values(
                     id=run_id,
-                    transport=batch.room.transport,
-                    room_id=batch.room.room_id,
+                    transport=room.transport,
+                    room_id=room.room_id,
                     status=RunStatus.RUNNING.value,
                     started_at=at,
                     session_not_found=False,
@@ -396,37 +472,38 @@ class SqlStore:
                     error_excerpt="",
                 )
             )
-            await s.flush()  # the run row must exist before rows refer to it
             found = await s.execute(
-                update(MessageRow)
-                .where(MessageRow.id.in_(ids))
+                update(_MESSAGES)
+                .where(_MESSAGES.c.id.in_(ids))
                 .values(state=MessageState.DISPATCHED.value, run_id=run_id)
             )
             if _rowcount(found) != len(set(ids)):
                 raise StoreError(f"run {run_id}: some of messages {ids} do not exist")
-            for position, message_id in enumerate(ids):
-                s.add(RunMessageRow(run_id=run_id, message_id=message_id, position=position))
-                s.add(
-                    _audit_row(
-                        AuditAction.MESSAGE_DISPATCHED,
-                        at,
-                        room=batch.room,
-                        message_id=message_id,
-                        run_id=run_id,
-                    )
-                )
-            s.add(
-                _audit_row(
-                    AuditAction.RUN_STARTED,
-                    at,
-                    room=batch.room,
-                    run_id=run_id,
-                    detail=f"{len(ids)} message(s)",
-                )
+            await s.execute(
+                insert_statement(_RUN_MESSAGES),
+                [
+                    {"run_id": run_id, "message_id": message_id, "position": position}
+                    for position, message_id in enumerate(ids)
+                ],
             )
+            audit = [
+                _audit_values(AuditAction.MESSAGE_DISPATCHED, at, room, message_id=m, run_id=run_id)
+                for m in ids
+            ]
+            started = AuditAction.RUN_STARTED
+            detail = f"{len(ids)} message(s)"
+            audit.append(_audit_values(started, at, room, run_id=run_id, detail=detail))
+            await s.execute(insert_statement(_AUDIT), audit)
 
     async def set_run_pid(self, run_id: RunId, pid: int) -> None:
-        """Record the process id of a run's ``claude`` process."""
+        """Record the process id of a run's ``claude`` process.
+
+        Committed with a disk sync, which makes the run's start (committed
+        without one, see :meth:`start_run`) durable as well: from here on an
+        OS crash leaves a run that recovery reports, never one that silently
+        runs again. The caller makes this write beside the running process,
+        so the sync is not on the answer's path.
+        """
         async with self._transaction() as s:
             result = await s.execute(update(RunRow).where(RunRow.id == run_id).values(pid=pid))
             if _rowcount(result) == 0:
@@ -450,54 +527,121 @@ class SqlStore:
         acknowledgement of the commit).
         Writes one ``run_finished`` audit row; the outcome and the replies
         share the transaction, so an answer is never lost between them.
+
+        Concurrent calls share one transaction (group commit), each
+        returning once its run's end is committed, with a disk sync. An
+        unknown run fails only its own call; so does a reply the database
+        refuses. A lost connection or a lock timeout fails every call in the
+        transaction.
         """
-        state = finished_message_state(report.status)
+        if self._closed:
+            raise StoreError("the store is closed")
+        finish = _Finish(run_id, report, at, tuple(replies), keep_session)
+        return await self._finishes.submit(finish)
+
+    async def _finish_group(
+        self, group: Sequence[_Finish], committing: Committing
+    ) -> list[list[OutboxEntry] | Failed]:
+        """Record the ends of ``group``, in order, in one transaction."""
+        return await _isolating(group, self._finish_together, committing)
+
+    async def _finish_together(
+        self, group: Sequence[_Finish], committing: Committing
+    ) -> list[list[OutboxEntry] | Failed]:
+        """The ends of ``group`` in one transaction, in a few statements whatever its size.
+
+        One SELECT of the runs, one UPDATE of the runs (executemany), one
+        UPDATE of messages per outcome, one upsert of the rooms' sessions,
+        one INSERT of audit rows and one of outbox entries: per-statement
+        overhead, not the commit, would otherwise bound a group. Core
+        statements, as for ``accept``: the ORM's unit of work cost more
+        than the statements on this, every answer's, path.
+        """
+        # Per call: its failure, its entries (a run ended before the group),
+        # or the slice of ``outbox`` it wrote (also for a second call of a
+        # run this group ends: a run's pending entries are those of its end).
+        placed: list[Failed | list[OutboxEntry] | tuple[int, int]] = []
         async with self._transaction() as s:
-            run = await s.scalar(select(RunRow).where(RunRow.id == run_id))
-            if run is None:
-                raise StoreError(f"no run {run_id}")
-            if run.status != RunStatus.RUNNING.value:
-                rows = await s.scalars(
-                    select(OutboxRow)
-                    .where(
-                        OutboxRow.run_id == run_id,
-                        OutboxRow.state == DeliveryState.PENDING.value,
+            rows = await s.execute(
+                select(
+                    _RUNS.c.seq, _RUNS.c.id, _RUNS.c.transport, _RUNS.c.room_id, _RUNS.c.status
+                ).where(_RUNS.c.id.in_({finish.run_id for finish in group}))
+            )
+            runs = {RunId(r.id): r for r in rows}
+            ended: dict[RunId, tuple[int, int]] = {}
+            run_values: list[dict[str, Any]] = []
+            audit: list[dict[str, Any]] = []
+            outbox: list[dict[str, Any]] = []
+            settle: dict[MessageState, list[RunId]] = {}
+            sessions: dict[RoomKey, SessionId] = {}
+            for finish in group:
+                run = runs.get(finish.run_id)
+                if run is None:
+                    placed.append(Failed(StoreError(f"no run {finish.run_id}")))
+                elif finish.run_id in ended:
+                    placed.append(ended[finish.run_id])
+                elif run.status != RunStatus.RUNNING.value:
+                    placed.append(await self._pending_entries(s, finish.run_id))
+                else:
+                    report, room = finish.report, _room(run.transport, run.room_id)
+                    run_values.append(_ended_run_values(run.seq, finish))
+                    settle.setdefault(finished_message_state(report.status), []).append(
+                        finish.run_id
                     )
-                    .order_by(OutboxRow.id)
+                    audit.append(
+                        _audit_values(
+                            AuditAction.RUN_FINISHED,
+                            finish.at,
+                            room,
+                            run_id=finish.run_id,
+                            detail=report.status.value,
+                        )
+                    )
+                    if finish.keep_session and report.session_id is not None:
+                        sessions[room] = report.session_id
+                    first = len(outbox)
+                    outbox += [_outbox_values(r, finish.at, finish.run_id) for r in finish.replies]
+                    ended[finish.run_id] = (first, len(outbox))
+                    placed.append(ended[finish.run_id])
+            if run_values:
+                # ORM bulk UPDATE by primary key: one executemany.
+                await s.execute(update(RunRow), run_values)
+            for state, run_ids in settle.items():
+                await s.execute(
+                    update(_MESSAGES)
+                    .where(
+                        _MESSAGES.c.run_id.in_(run_ids),
+                        _MESSAGES.c.state == MessageState.DISPATCHED.value,
+                    )
+                    .values(state=state.value)
                 )
-                return [_outbox_entry(r) for r in rows]
-            run.status = report.status.value
-            run.ended_at = at
-            run.exit_code = report.exit_code
-            run.session_id = report.session_id
-            run.cost_usd = report.cost_usd
-            run.num_turns = report.num_turns
-            run.duration_ms = report.duration_ms
-            run.session_not_found = report.session_not_found
-            run.result_excerpt = excerpt(report.result_text)
-            run.error_excerpt = excerpt(report.error)
-            await s.execute(
-                update(MessageRow)
-                .where(
-                    MessageRow.run_id == run_id,
-                    MessageRow.state == MessageState.DISPATCHED.value,
-                )
-                .values(state=state.value)
-            )
-            s.add(
-                _audit_row(
-                    AuditAction.RUN_FINISHED,
-                    at,
-                    room=_room(run.transport, run.room_id),
-                    run_id=run_id,
-                    detail=report.status.value,
-                )
-            )
-            if keep_session and report.session_id is not None:
+            if sessions:
                 # The session in the same transaction: one disk sync for the end of a run.
-                room = _room(run.transport, run.room_id)
-                await s.execute(self._session_upsert(room, report.session_id))
-            return await self._enqueue(s, replies, at, run_id)
+                await s.execute(self._sessions_upsert(sessions))
+            if audit:
+                await s.execute(insert_statement(_AUDIT), audit)
+            ids: list[int] = []
+            if outbox:
+                # One multi-row INSERT; its ids come back in the rows' order.
+                returning = insert_statement(_OUTBOX).returning(
+                    _OUTBOX.c.id, sort_by_parameter_order=True
+                )
+                ids = [new_id for (new_id,) in await s.execute(returning, outbox)]
+            # Nothing awaits between here and the COMMIT on leaving the block.
+            committing()
+        entries = [_new_entry(values, new_id) for values, new_id in zip(outbox, ids, strict=True)]
+        return [entries[p[0] : p[1]] if isinstance(p, tuple) else p for p in placed]
+
+    async def _pending_entries(self, s: AsyncSession, run_id: RunId) -> list[OutboxEntry]:
+        rows = await s.scalars(
+            select(OutboxRow)
+            .where(
+                OutboxRow.run_id == run_id,
+                OutboxRow.state == DeliveryState.PENDING.value,
+            )
+            .order_by(OutboxRow.id)
+        )
+        return [_outbox_entry(r) for r in rows]
 
     # Outbox
 
@@ -517,7 +661,7 @@ class SqlStore:
 
     async def undelivered(self) -> list[OutboxEntry]:
         """Every pending outbox entry, in recording order."""
-        async with self._transaction() as s:
+        async with self._read() as s:
             rows = await s.scalars(
                 select(OutboxRow)
                 .where(OutboxRow.state == DeliveryState.PENDING.value)
@@ -553,18 +697,18 @@ class SqlStore:
 
     async def get_run(self, run_id: RunId) -> RunRecord | None:
         """The run with this id, or None."""
-        async with self._transaction() as s:
+        async with self._read() as s:
             runs = await self._records(s, RunRow.id == run_id)
             return runs[0] if runs else None
 
     async def running_runs(self) -> list[RunRecord]:
         """Runs still marked running, oldest first."""
-        async with self._transaction() as s:
+        async with self._read() as s:
             return await self._records(s, RunRow.status == RunStatus.RUNNING.value)
 
     async def last_run(self, room: RoomKey) -> RunRecord | None:
         """The room's most recently started run."""
-        async with self._transaction() as s:
+        async with self._read() as s:
             return await self._last_run(s, room)
 
     async def retryable_runs(self, room: RoomKey) -> list[RunRecord]:
@@ -586,7 +730,7 @@ class SqlStore:
             newer.received_at > func.coalesce(RunRow.ended_at, RunRow.started_at),
         )
         retryable = [str(status) for status in RunStatus if status.retryable]
-        async with self._transaction() as s:
+        async with self._read() as s:
             return await self._records(
                 s,
                 (RunRow.transport == room.transport)
@@ -645,7 +789,7 @@ class SqlStore:
 
     async def get_session(self, room: RoomKey) -> SessionId | None:
         """The Claude session the room resumes, if any."""
-        async with self._transaction() as s:
+        async with self._read() as s:
             row = await s.get(RoomRow, (room.transport, room.room_id))
             return None if row is None or row.session_id is None else SessionId(row.session_id)
 
@@ -653,6 +797,19 @@ class SqlStore:
         """Remember (or, with None, forget) the Claude session of a room."""
         async with self._transaction() as s:
             await s.execute(self._session_upsert(room, session_id))
+
+    def _sessions_upsert(self, sessions: dict[RoomKey, SessionId]) -> Any:
+        """One statement setting several rooms' sessions (each room once)."""
+        upsert = self._insert(RoomRow).values(
+            [
+                {"transport": room.transport, "room_id": room.room_id, "session_id": session}
+                for room, session in sessions.items()
+            ]
+        )
+        return upsert.on_conflict_do_update(
+            index_elements=["transport", "room_id"],
+            set_={"session_id": upsert.excluded.session_id},
+        )
 
     def _session_upsert(self, room: RoomKey, session_id: SessionId | None) -> Any:
         upsert = self._insert(RoomRow).values(
@@ -704,7 +861,7 @@ class SqlStore:
             conditions.append(AuditRow.message_id == message_id)
         if run_id is not None:
             conditions.append(AuditRow.run_id == run_id)
-        async with self._transaction() as s:
+        async with self._read() as s:
             rows = await s.scalars(select(AuditRow).where(*conditions).order_by(AuditRow.id))
             return [_audit_record(r) for r in rows]
 
@@ -747,17 +904,48 @@ class SqlStore:
 
     async def ping(self) -> None:
         """Raise StoreError unless the database answers."""
-        async with self._transaction() as s:
+        async with self._read() as s:
             await s.execute(text("SELECT 1"))
 
     async def close(self) -> None:
         """Close every pooled connection and refuse further use."""
         self._closed = True
         self._accepts.fail_queued(lambda: StoreError("the store is closed"))
+        self._finishes.fail_queued(lambda: StoreError("the store is closed"))
         # A connection still checked out when the pool is disposed is never
-        # closed properly: let the accept transaction in flight end first.
+        # closed properly: let the transactions in flight end first.
         await self._accepts.idle()
+        await self._finishes.idle()
         await self._engine.dispose()
+        if not shares_pool(self._readers, self._engine):
+            await self._readers.dispose()
+
+
+async def _isolating(
+    group: Sequence[_ItemT],
+    together: Callable[[Sequence[_ItemT], Committing], Awaitable[Sequence[_ResultT | Failed]]],
+    committing: Committing,
+) -> list[_ResultT | Failed]:
+    """Write ``group`` in one transaction through ``together``.
+
+    If the database refuses the group's data (not a lost connection or a
+    lock), each item goes again alone, so that an item it refuses fails
+    only its own caller, as without group commit.
+    """
+    try:
+        return list(await together(group, committing))
+    except StoreError as exc:
+        if len(group) == 1 or not _refused_data(exc):
+            raise
+    # Commits follow: from here on the leader must not cut this short.
+    committing()
+    outcomes: list[_ResultT | Failed] = []
+    for item in group:
+        try:
+            outcomes += await together([item], committing)
+        except StoreError as exc:
+            outcomes.append(Failed(exc))
+    return outcomes
 
 
 def _require_head(url: str, found: str | None) -> None:
@@ -812,6 +1000,28 @@ def _key(msg: InboundMessage) -> tuple[str, str, str]:
     return (msg.room.transport, msg.room.room_id, msg.external_id)
 
 
+def _audit_values(
+    action: AuditAction,
+    at: float,
+    room: RoomKey,
+    *,
+    message_id: int | None = None,
+    run_id: str | None = None,
+    detail: str = "",
+) -> dict[str, Any]:
+    """An audit row for a Core INSERT (no actor: the bridge itself acted)."""
+    return {
+        "at": at,
+        "action": action.value,
+        "transport": room.transport,
+        "room_id": room.room_id,
+        "actor": None,
+        "message_id": message_id,
+        "run_id": run_id,
+        "detail": detail,
+    }
+
+
 def _accepted_audit_values(
     msg: InboundMessage, received_at: float, message_id: int
 ) -> dict[str, Any]:
@@ -844,6 +1054,49 @@ def _outbox_row(reply: Reply, at: float, run_id: RunId | None) -> OutboxRow:
         state=DeliveryState.PENDING.value,
         created=at,
     )
+
+
+def _ended_run_values(seq: int, finish: _Finish) -> dict[str, Any]:
+    """A run's outcome, for a bulk UPDATE by primary key."""
+    report = finish.report
+    return {
+        "seq": seq,
+        "status": report.status.value,
+        "ended_at": finish.at,
+        "exit_code": report.exit_code,
+        "session_id": report.session_id,
+        "cost_usd": report.cost_usd,
+        "num_turns": report.num_turns,
+        "duration_ms": report.duration_ms,
+        "session_not_found": report.session_not_found,
+        "result_excerpt": excerpt(report.result_text),
+        "error_excerpt": excerpt(report.error),
+    }
+
+
+def _outbox_values(reply: Reply, at: float, run_id: RunId | None) -> dict[str, Any]:
+    """A new, pending outbox entry, for a Core INSERT."""
+    return {
+        "transport": reply.room.transport,
+        "room_id": reply.room.room_id,
+        "run_id": run_id,
+        "text": reply.text,
+        "kind": reply.kind.value,
+        "in_reply_to": reply.in_reply_to,
+        "thread": reply.thread,
+        "anchor": reply.anchor,
+        "key": delivery_key(),
+        "parts_done": 0,
+        "attempts": 0,
+        "next_attempt_at": at,
+        "state": DeliveryState.PENDING.value,
+        "created": at,
+    }
+
+
+def _new_entry(values: dict[str, Any], new_id: int) -> OutboxEntry:
+    """The entry just inserted with ``values`` (from :func:`_outbox_values`)."""
+    return _outbox_entry(OutboxRow(id=new_id, **values))
 
 
 def _outbox_entry(row: OutboxRow) -> OutboxEntry:

@@ -14,7 +14,6 @@ import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 import asyncpg
 import pytest
@@ -34,6 +33,7 @@ from bridge.store.base import AuditAction, StoreError
 from bridge.store.engine import create_engine, is_sqlite
 from bridge.store.sql import ACCEPT_GROUP_LIMIT, SqlStore
 from tests.store.conftest import SQL_BACKENDS, open_backend
+from tests.store.locks import write_lock
 
 pytestmark = pytest.mark.parametrize("backend", SQL_BACKENDS, indirect=True)
 
@@ -112,46 +112,6 @@ async def observed(backend: str) -> AsyncIterator[Observed]:
             task.cancel()
         await asyncio.gather(*made.tasks, return_exceptions=True)
         await made.store.close()
-
-
-class WriteLock:
-    """Another connection holding the write lock, as another process could."""
-
-    def __init__(self, url: str) -> None:
-        self._url = url
-        self._sqlite: sqlite3.Connection | None = None
-        self._postgres: Any = None
-
-    async def acquire(self) -> None:
-        if is_sqlite(self._url):
-            self._sqlite = sqlite3.connect(str(make_url(self._url).database), isolation_level=None)
-            self._sqlite.execute("BEGIN IMMEDIATE")
-        else:
-            dsn = make_url(self._url).set(drivername="postgresql")
-            self._postgres = await asyncpg.connect(dsn.render_as_string(hide_password=False))
-            await self._postgres.execute("BEGIN")
-            await self._postgres.execute("LOCK TABLE messages IN EXCLUSIVE MODE")
-
-    async def release(self) -> None:
-        if self._sqlite is not None:
-            self._sqlite.execute("ROLLBACK")
-            self._sqlite.close()
-            self._sqlite = None
-        if self._postgres is not None:
-            await self._postgres.execute("ROLLBACK")
-            await self._postgres.close()
-            self._postgres = None
-
-
-@asynccontextmanager
-async def write_lock(url: str) -> AsyncIterator[WriteLock]:
-    """Hold the write lock until ``release()`` or the end of the block."""
-    lock = WriteLock(url)
-    await lock.acquire()
-    try:
-        yield lock
-    finally:
-        await lock.release()
 
 
 async def accepted_audit(store: SqlStore) -> list[int]:

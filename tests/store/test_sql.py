@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import event, text
+from sqlalchemy.exc import OperationalError
 
 from bridge.core.model import (
     ExternalMessageId,
@@ -19,7 +20,7 @@ from bridge.core.model import (
     UserId,
 )
 from bridge.store.base import StoreError
-from bridge.store.engine import SQLITE_BUSY_TIMEOUT_MS, create_engine, redacted
+from bridge.store.engine import SQLITE_BUSY_TIMEOUT_MS, create_engine, create_reader, redacted
 from bridge.store.migrate import current_revision, downgrade, head_revision
 from bridge.store.sql import SqlStore
 
@@ -163,3 +164,19 @@ async def test_cancelled_accept_leaves_nothing_behind(tmp_path: Path) -> None:
         assert await store.accept(inbound("$1"), 2.0) is not None
     finally:
         await store.close()
+
+
+async def test_sqlite_readers_cannot_write(tmp_path: Path) -> None:
+    """Reader connections are query-only: a write sent there by mistake fails."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'r.db'}"
+    await (await SqlStore.open(url)).close()
+    writer = create_engine(url)
+    reader = create_reader(writer)
+    try:
+        async with reader.connect() as conn:
+            assert (await conn.execute(text("PRAGMA query_only"))).scalar_one() == 1
+            with pytest.raises(OperationalError, match="readonly"):
+                await conn.execute(text("DELETE FROM messages"))
+    finally:
+        await reader.dispose()
+        await writer.dispose()
