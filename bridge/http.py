@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from bridge.core.hostport import HostPort
+from bridge.errors import StartupError
 
 Readiness = Callable[[], Awaitable[str | None]]
 """Returns None when ready, else the reason it is not."""
@@ -47,7 +49,12 @@ async def serve_http(
     await runner.setup()
     try:
         site = web.TCPSite(runner, listen.host, listen.port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            # The one line the operator sees: the setting, the address, the reason.
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise StartupError(f"http.listen = {listen}: cannot listen: {reason}") from None
         bound(runner.addresses[0][1])
         await asyncio.Event().wait()
     finally:
