@@ -160,7 +160,7 @@ class TestParse:
     @pytest.mark.parametrize(
         "obj",
         [
-            {"type": "system", "subtype": "api_retry", "attempt": 1},
+            {"type": "system", "subtype": "status", "status": "compacting"},
             {"type": "system", "subtype": "compact_boundary"},
             {"type": "stream_event", "event": {}},
             {"type": "something_new"},
