@@ -2,39 +2,44 @@
 
 Imports are deferred to the command that needs them: ``--version`` and
 ``--help`` load argparse alone, and ``run`` loads only the parts its
-configuration uses (tests/bridge/test_imports.py holds that line).
+configuration uses (tests/bridge/test_startup.py holds that line).
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from collections.abc import Coroutine, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from logging import Logger
+    from pathlib import Path
+
     from bridge.config import Settings
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_CONFIG = 2
 
-log = logging.getLogger("bridge")
+
+def _log() -> Logger:
+    import logging
+
+    return logging.getLogger("bridge")
 
 
 class _VersionAction(argparse.Action):
-    """``--version``, reading the installed version only when asked (importlib.metadata is slow)."""
+    """``--version`` from ``bridge.__version__``: importlib.metadata alone costs ~100 ms."""
 
     def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, nargs=0, help="show the version and exit")
 
     def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
-        from importlib.metadata import version
+        from bridge import __version__
 
-        print(f"{parser.prog} {version('chatbridge')}")
+        print(f"{parser.prog} {__version__}")
         parser.exit()
 
 
@@ -52,15 +57,15 @@ def _parser() -> argparse.ArgumentParser:
         ("migrate", "upgrade the database schema to the latest version"),
     ):
         cmd = sub.add_parser(name, help=text, description=text)
-        cmd.add_argument("--config", type=Path, metavar="PATH", help=config_help)
+        cmd.add_argument("--config", metavar="PATH", help=config_help)
     return parser
 
 
-def _config_path(arg: Path | None) -> Path | None:
-    if arg is not None:
-        return arg
-    env = os.environ.get("CHATBRIDGE_CONFIG")
-    return Path(env) if env else None
+def _config_path(arg: str | None) -> Path | None:
+    from pathlib import Path
+
+    path = arg if arg is not None else os.environ.get("CHATBRIDGE_CONFIG")
+    return Path(path) if path else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -103,7 +108,7 @@ async def _migrate(settings: Settings) -> None:
     from bridge.store.migrate import migrate
 
     await migrate(settings.database.url)
-    log.info("database is up to date")
+    _log().info("database is up to date")
 
 
 async def _serve(settings: Settings) -> None:
@@ -128,7 +133,7 @@ def _run(coro: Coroutine[Any, Any, None]) -> int:
     try:
         asyncio.run(coro)
     except operator_errors as exc:
-        log.error("%s", exc)
+        _log().error("%s", exc)
         return EXIT_FAILURE
     except BaseExceptionGroup as group:
         # What fails inside the service's task group arrives wrapped.
@@ -137,7 +142,7 @@ def _run(coro: Coroutine[Any, Any, None]) -> int:
             raise
         # A part that failed and the start-up it failed can carry one message twice.
         for line in dict.fromkeys(str(leaf) for leaf in _leaves(expected)):
-            log.error("%s", line)
+            _log().error("%s", line)
         return EXIT_FAILURE
     return EXIT_OK
 
