@@ -23,6 +23,7 @@ import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bridge.claude_check import credentials_warning
 from bridge.commands import CommandHandler
@@ -364,7 +365,37 @@ class Service:
             await asyncio.sleep(PRUNE_INTERVAL_S)
 
 
+def sqlite_file_problem(url: str) -> str | None:
+    """Why a SQLite database file at ``url`` cannot be opened for writing; None if it can.
+
+    Checked before connecting: the driver's own failure says only "unable to
+    open database file", and a connection that failed to open can outlive the
+    event loop (aiosqlite's worker thread) and print a traceback at exit.
+    """
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    path = Path(parsed.database or "")
+    if path.exists():
+        if path.is_dir():
+            return f"{path} is a directory"
+        if not os.access(path, os.R_OK | os.W_OK):
+            return f"{path} is not readable and writable by this user"
+        return None
+    parent = path.parent
+    if not parent.is_dir():
+        return f"cannot create {path}: {parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot create {path}: {parent} is not writable by this user"
+    return None
+
+
 async def open_store(settings: Settings) -> Store:
+    problem = sqlite_file_problem(settings.database.url)
+    if problem is not None:
+        raise StartupError(f"database.url: {problem}")
     try:
         return await SqlStore.open(
             settings.database.url, auto_migrate=settings.database.auto_migrate

@@ -77,7 +77,8 @@ def assert_one_clear_line(result: subprocess.CompletedProcess[str], *needles: st
 
 
 def test_console_start_imports_only_what_it_uses(tmp_path: Path) -> None:
-    path = str(config(tmp_path))
+    # HTTP on, as in the embedded defaults: its listener needs no aiohttp.
+    path = str(config(tmp_path, {"http": {"listen": "127.0.0.1:0"}}))
     # The first start creates the schema (Alembic is needed then, and only then).
     assert probe("run", "--config", path, cwd=tmp_path)[0] == 0
     code, loaded = probe("run", "--config", path, cwd=tmp_path)
@@ -125,7 +126,7 @@ def test_unwritable_database_path_is_one_line(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{blocker / 'bridge.db'}"
     path = config(tmp_path, {"database": {"url": url}})
     result = chatbridge("run", "--config", str(path), cwd=tmp_path)
-    assert_one_clear_line(result, "database.url", "unable to open database file")
+    assert_one_clear_line(result, "database.url", f"{blocker} is not a directory")
 
 
 def test_unknown_database_driver_is_a_configuration_error(tmp_path: Path) -> None:
@@ -135,3 +136,19 @@ def test_unknown_database_driver_is_a_configuration_error(tmp_path: Path) -> Non
     assert "database.url" in result.stderr
     assert "Traceback" not in result.stderr
     assert "hunter2" not in result.stderr
+
+
+def test_sqlite_file_problems_are_found_before_connecting(tmp_path: Path) -> None:
+    from bridge.service import sqlite_file_problem
+
+    def url(path: Path) -> str:
+        return f"sqlite+aiosqlite:///{path}"
+
+    assert sqlite_file_problem(url(tmp_path / "new.db")) is None
+    assert sqlite_file_problem(url(tmp_path)) == f"{tmp_path} is a directory"
+    missing = tmp_path / "missing" / "x.db"
+    assert sqlite_file_problem(url(missing)) == (
+        f"cannot create {missing}: {missing.parent} is not a directory"
+    )
+    assert sqlite_file_problem("sqlite+aiosqlite:///:memory:") is None
+    assert sqlite_file_problem("postgresql+asyncpg://u@127.0.0.1/db") is None
