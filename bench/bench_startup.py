@@ -56,8 +56,18 @@ def version_once() -> float:
     return (time.perf_counter() - start) * 1000
 
 
-def ready_once(args: list[str], env: Mapping[str, str], cwd: Path) -> float:
-    """Spawn ``chatbridge run ARGS``; ms until its ready line; then SIGTERM and reap it."""
+Sample = tuple[float, float]
+"""(wall ms, CPU ms of the process) until the ready line."""
+
+
+def cpu_ms(pid: int) -> float:
+    """User + system CPU ms of ``pid`` so far: less sensitive to a busy machine than wall time."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def ready_once(args: list[str], env: Mapping[str, str], cwd: Path) -> Sample:
+    """Spawn ``chatbridge run ARGS``; time until its ready line; then SIGTERM and reap it."""
     start = time.perf_counter()
     process = subprocess.Popen(
         [str(CHATBRIDGE), "run", *args],
@@ -69,11 +79,13 @@ def ready_once(args: list[str], env: Mapping[str, str], cwd: Path) -> float:
     )
     assert process.stderr is not None
     ready = None
+    cpu = 0.0
     log: list[bytes] = []
     for line in process.stderr:
         log.append(line)
         if READY_LINE in line:
             ready = time.perf_counter()
+            cpu = cpu_ms(process.pid)
             break
     process.send_signal(signal.SIGTERM)
     log.append(process.stderr.read())
@@ -81,10 +93,10 @@ def ready_once(args: list[str], env: Mapping[str, str], cwd: Path) -> float:
     if ready is None or code != 0:
         tail = b"".join(log[-10:]).decode(errors="replace")
         raise SystemExit(f"chatbridge run failed (exit {code}):\n{tail}")
-    return (ready - start) * 1000
+    return (ready - start) * 1000, cpu
 
 
-def console_samples(runs: int, tmp: Path) -> list[float]:
+def console_samples(runs: int, tmp: Path) -> list[Sample]:
     env = clean_env(
         CHATBRIDGE_DATABASE__URL=f"sqlite+aiosqlite:///{tmp / 'console.db'}",
         CHATBRIDGE_HTTP__LISTEN="127.0.0.1:0",
@@ -93,7 +105,7 @@ def console_samples(runs: int, tmp: Path) -> list[float]:
     return [ready_once([], env, tmp) for _ in range(runs)]
 
 
-def matrix_samples(runs: int, tmp: Path) -> list[float] | str:
+def matrix_samples(runs: int, tmp: Path) -> list[Sample] | str:
     python = synapse_python()
     if python is None:
         return "Synapse is not installed (make peers)"
@@ -125,7 +137,7 @@ def matrix_samples(runs: int, tmp: Path) -> list[float] | str:
         synapse.stop()
 
 
-def slack_samples(runs: int, tmp: Path) -> list[float] | str:
+def slack_samples(runs: int, tmp: Path) -> list[Sample] | str:
     if not peer.binary().is_file():
         return f"local-slack is not installed ({peer.INSTALL_HINT})"
     if reason := peer.private_network_reason():
@@ -133,7 +145,7 @@ def slack_samples(runs: int, tmp: Path) -> list[float] | str:
     work = tmp / "slack"
     work.mkdir()
 
-    async def measure() -> list[float]:
+    async def measure() -> list[Sample]:
         async with peer.run_local_slack(work, "socket") as slack:
             config = work / "chatbridge.toml"
             config.write_text(slack_config(work, slack, (peer.ALICE,), {}))
@@ -150,12 +162,17 @@ def slack_samples(runs: int, tmp: Path) -> list[float] | str:
     return asyncio.run(measure())
 
 
-def show(name: str, samples: list[float] | str) -> None:
+def show(name: str, samples: list[float] | list[Sample] | str) -> None:
     if isinstance(samples, str):
         print(f"{name:32} skipped: {samples}")
         return
-    cuts = statistics.quantiles(samples, n=100, method="inclusive")
-    print(f"{name:32} p50 {cuts[49]:7.1f}  p90 {cuts[89]:7.1f}  max {max(samples):7.1f}")
+    walls = [s if isinstance(s, float) else s[0] for s in samples]
+    cuts = statistics.quantiles(walls, n=100, method="inclusive")
+    line = f"{name:32} p50 {cuts[49]:7.1f}  p90 {cuts[89]:7.1f}  max {max(walls):7.1f}"
+    cpus = [s[1] for s in samples if not isinstance(s, float)]
+    if cpus:
+        line += f"  | CPU p50 {statistics.median(cpus):6.0f}"
+    print(line)
 
 
 def reexec_in_private_network() -> None:
@@ -174,7 +191,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=15)
     args = parser.parse_args()
     reexec_in_private_network()
-    print(f"start-up, ms ({args.runs} runs each)")
+    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"start-up, ms ({args.runs} runs each; load average {load})")
     show("chatbridge --version", [version_once() for _ in range(args.runs)])
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as name:
         tmp = Path(name)
