@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 
 PRUNE_INTERVAL_S = 3600.0
 READY_TIMEOUT_S = 60.0
+_REACHES = {"matrix": "matrix.homeserver", "slack": "slack.api_url"}
+"""The setting to check when a part does not connect in time (it keeps retrying meanwhile)."""
 
 
 def build_transports(settings: Settings) -> list[Transport]:
@@ -326,7 +328,11 @@ class Service:
                             name = task.get_name() if isinstance(task, asyncio.Task) else "a part"
                             raise StartupError(f"{name} failed to start: {error}")
         except TimeoutError:
-            late = ", ".join(name for name, ready in readies.items() if not ready.is_set())
+            late = ", ".join(
+                f"{name} (check {_REACHES.get(name, name)})"
+                for name, ready in readies.items()
+                if not ready.is_set()
+            )
             raise StartupError(f"not started within {READY_TIMEOUT_S:g}s: {late}") from None
         finally:
             waiter.cancel()

@@ -4,10 +4,13 @@ import asyncio
 from pathlib import Path
 
 import aiohttp
+import pytest
 
+from bridge import service as service_module
 from bridge.config import load_settings
 from bridge.core.hostport import HostPort
 from bridge.core.transport import InboundSink
+from bridge.errors import StartupError
 from bridge.http import serve_http
 from bridge.service import Service, open_store
 from tests.bridge.harness import write_config
@@ -106,3 +109,22 @@ async def test_unknown_paths_methods_and_oversized_heads_are_refused() -> None:
     finally:
         server.cancel()
         await asyncio.wait({server})
+
+
+async def test_a_transport_that_never_connects_fails_the_start_naming_what_to_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The real limit is a minute: the start-up's own clock is what is under test, not its length.
+    monkeypatch.setattr(service_module, "READY_TIMEOUT_S", 0.1)
+    settings = load_settings(write_config(tmp_path))
+    store = await open_store(settings)
+    try:
+        service = Service(settings, store, [Disconnected()])
+        with pytest.raises(ExceptionGroup) as caught:
+            await service.serve()
+    finally:
+        await store.close()
+    [error] = caught.value.exceptions
+    assert isinstance(error, StartupError)
+    assert str(error) == "not started within 0.1s: slack (check slack.api_url)"
+    assert not service.ready.is_set()
