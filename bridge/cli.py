@@ -105,9 +105,15 @@ def _check_config(settings: Settings) -> int:
 
 
 async def _migrate(settings: Settings) -> None:
+    from bridge.errors import StartupError
+    from bridge.store.base import StoreError
     from bridge.store.migrate import migrate
 
-    await migrate(settings.database.url)
+    try:
+        await migrate(settings.database.url)
+    except StoreError as exc:
+        # As at start-up: the setting, then the first line of the driver's message.
+        raise StartupError(f"database.url: {str(exc).splitlines()[0]}") from exc
     _log().info("database is up to date")
 
 
