@@ -1,29 +1,46 @@
-"""``chatbridge``: run the bridge, check its configuration, migrate its database."""
+"""``chatbridge``: run the bridge, check its configuration, migrate its database.
+
+Imports are deferred to the command that needs them: ``--version`` and
+``--help`` load argparse alone, and ``run`` loads only the parts its
+configuration uses (tests/bridge/test_startup.py holds that line).
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import logging
 import os
 import sys
 from collections.abc import Coroutine, Sequence
-from importlib.metadata import version
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bridge.config import Settings, load_settings
-from bridge.core.transport import TransportError
-from bridge.errors import ChatbridgeError, ConfigError
-from bridge.logs import setup_logging
-from bridge.store.base import StoreError
+if TYPE_CHECKING:
+    from logging import Logger
+    from pathlib import Path
+
+    from bridge.config import Settings
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_CONFIG = 2
 
-log = logging.getLogger("bridge")
+
+def _log() -> Logger:
+    import logging
+
+    return logging.getLogger("bridge")
+
+
+class _VersionAction(argparse.Action):
+    """``--version`` from ``bridge.__version__``: importlib.metadata alone costs ~100 ms."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        from bridge import __version__
+
+        print(f"{parser.prog} {__version__}")
+        parser.exit()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="chatbridge",
         description="Bridge team chat (Matrix, Slack, console) to Claude Code.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version('chatbridge')}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, text in (
         ("run", "run the bridge until SIGTERM/SIGINT (or end of console input)"),
@@ -40,19 +57,23 @@ def _parser() -> argparse.ArgumentParser:
         ("migrate", "upgrade the database schema to the latest version"),
     ):
         cmd = sub.add_parser(name, help=text, description=text)
-        cmd.add_argument("--config", type=Path, metavar="PATH", help=config_help)
+        cmd.add_argument("--config", metavar="PATH", help=config_help)
     return parser
 
 
-def _config_path(arg: Path | None) -> Path | None:
-    if arg is not None:
-        return arg
-    env = os.environ.get("CHATBRIDGE_CONFIG")
-    return Path(env) if env else None
+def _config_path(arg: str | None) -> Path | None:
+    from pathlib import Path
+
+    path = arg if arg is not None else os.environ.get("CHATBRIDGE_CONFIG")
+    return Path(path) if path else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from bridge.config import load_settings
+    from bridge.errors import ConfigError
+    from bridge.logs import setup_logging
+
     try:
         settings = load_settings(_config_path(args.config))
     except ConfigError as exc:
@@ -61,19 +82,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(settings.logging)
     match args.command:
         case "check-config":
-            print(json.dumps(settings.redacted(), indent=2, sort_keys=True))
-            return EXIT_OK
+            return _check_config(settings)
         case "migrate":
             return _run(_migrate(settings))
         case _:
             return _run(_serve(settings))
 
 
+def _check_config(settings: Settings) -> int:
+    """The effective configuration on stdout; on stderr the claude binary runs would use."""
+    import json
+
+    from bridge.claude_check import check_binary, credentials_warning
+
+    print(json.dumps(settings.redacted(), indent=2, sort_keys=True))
+    binary = check_binary(settings.runner.claude_bin, os.environ)
+    print(binary.describe(), file=sys.stderr)
+    warning = credentials_warning(settings, os.environ)
+    if warning is not None:
+        print(f"warning: {warning}", file=sys.stderr)
+    return EXIT_OK if binary.problem is None else EXIT_FAILURE
+
+
 async def _migrate(settings: Settings) -> None:
+    from bridge.errors import StartupError
+    from bridge.store.base import StoreError
     from bridge.store.migrate import migrate
 
-    await migrate(settings.database.url)
-    log.info("database is up to date")
+    try:
+        await migrate(settings.database.url)
+    except StoreError as exc:
+        # As at start-up: the setting, then the first line of the driver's message.
+        raise StartupError(f"database.url: {str(exc).splitlines()[0]}") from exc
+    _log().info("database is up to date")
 
 
 async def _serve(settings: Settings) -> None:
@@ -82,23 +123,32 @@ async def _serve(settings: Settings) -> None:
     await run_service(settings)
 
 
-_EXPECTED = (ChatbridgeError, StoreError, TransportError)
-"""Failures with a message meant for the operator: logged without a traceback."""
+def _expected() -> tuple[type[Exception], ...]:
+    """Failures with a message meant for the operator: logged without a traceback."""
+    from bridge.core.transport import TransportError
+    from bridge.errors import ChatbridgeError
+    from bridge.store.base import StoreError
+
+    return (ChatbridgeError, StoreError, TransportError)
 
 
 def _run(coro: Coroutine[Any, Any, None]) -> int:
+    import asyncio
+
+    operator_errors = _expected()
     try:
         asyncio.run(coro)
-    except _EXPECTED as exc:
-        log.error("%s", exc)
+    except operator_errors as exc:
+        _log().error("%s", exc)
         return EXIT_FAILURE
     except BaseExceptionGroup as group:
         # What fails inside the service's task group arrives wrapped.
-        expected, rest = group.split(_EXPECTED)
+        expected, rest = group.split(operator_errors)
         if rest is not None or expected is None:
             raise
-        for leaf in _leaves(expected):
-            log.error("%s", leaf)
+        # A part that failed and the start-up it failed can carry one message twice.
+        for line in dict.fromkeys(str(leaf) for leaf in _leaves(expected)):
+            _log().error("%s", line)
         return EXIT_FAILURE
     return EXIT_OK
 

@@ -217,10 +217,23 @@ class ConsoleSettings(_Section):
     user: str = Field("local", min_length=1)
 
 
+_DATABASE_SCHEMES = ("sqlite+aiosqlite://", "postgresql+asyncpg://")
+"""The async drivers the store is built and tested on."""
+
+
 class DatabaseSettings(_Section):
     url: str = "sqlite+aiosqlite:///chatbridge.db"
     auto_migrate: bool = True
     retention_days: float = Field(30, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _known_driver(cls, value: str) -> str:
+        # Checked here so a typo is a configuration error, not a driver traceback;
+        # the message never repeats the URL (it may hold a password).
+        if not value.startswith(_DATABASE_SCHEMES):
+            raise ValueError(f"must start with {' or '.join(_DATABASE_SCHEMES)}")
+        return value
 
 
 class LoggingSettings(_Section):

@@ -18,19 +18,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from bridge.claude_check import credentials_warning
 from bridge.commands import CommandHandler
 from bridge.config import Settings
 from bridge.containment import report_containment
 from bridge.core.model import Batch, Message, Reply, ReplyKind, RunReport, RunStatus
-from bridge.core.transport import RoomBinding, RunPhase
+from bridge.core.transport import RoomBinding, RunPhase, TransportError
 from bridge.delivery import Outbox
-from bridge.errors import StartupError
-from bridge.http import serve_http
+from bridge.errors import ChatbridgeError, StartupError
 from bridge.intake import Intake
 from bridge.metrics import Metrics
 from bridge.notices import Notices
@@ -47,6 +49,8 @@ log = logging.getLogger(__name__)
 
 PRUNE_INTERVAL_S = 3600.0
 READY_TIMEOUT_S = 60.0
+_REACHES = {"matrix": "matrix.homeserver", "slack": "slack.api_url"}
+"""The setting to check when a part does not connect in time (it keeps retrying meanwhile)."""
 
 
 def build_transports(settings: Settings) -> list[Transport]:
@@ -228,19 +232,27 @@ class Service:
         async with asyncio.TaskGroup() as tg:
             self._tasks = tg
             background = [tg.create_task(self._housekeeping(), name="housekeeping")]
+            readies: dict[str, asyncio.Event] = {}
             if self.settings.http.listen:
+                # Imported here: aiohttp's server costs start-up time only with HTTP on.
+                from bridge.http import serve_http
+
+                listening = readies["http"] = asyncio.Event()
+
+                def bound(port: int) -> None:
+                    self._http_bound(port)
+                    listening.set()
+
                 http = serve_http(
                     self.settings.http.listen,
                     self.readiness,
                     self.metrics.exposition,
-                    self._http_bound,
+                    bound,
                 )
                 background.append(tg.create_task(http, name="http"))
-            readies: list[asyncio.Event] = []
             input_ended = asyncio.Event()
             for transport in self.transports:
-                ready = asyncio.Event()
-                readies.append(ready)
+                ready = readies[transport.name] = asyncio.Event()
                 background.append(
                     tg.create_task(
                         self._run_transport(transport, ready, input_ended),
@@ -287,12 +299,16 @@ class Service:
         await self._stop.wait()
 
     async def _wait_ready(
-        self, readies: list[asyncio.Event], tasks: list[asyncio.Task[None]]
+        self, readies: dict[str, asyncio.Event], tasks: list[asyncio.Task[None]]
     ) -> bool:
-        """True once every transport is connected; False if a stop came first."""
+        """True once every part (HTTP, transports) has started; False if a stop came first.
+
+        A part that fails to start fails the start-up with its own message
+        (one line naming the setting): "ready" is never logged before.
+        """
 
         async def all_ready() -> None:
-            for ready in readies:
+            for ready in readies.values():
                 await ready.wait()
 
         waiter = asyncio.ensure_future(all_ready())
@@ -305,10 +321,19 @@ class Service:
                     if stop in done:
                         return False
                     for task in done - {waiter}:
-                        if not task.cancelled() and task.exception() is not None:
-                            raise StartupError(f"a transport failed to start: {task.exception()}")
+                        error = None if task.cancelled() else task.exception()
+                        if isinstance(error, ChatbridgeError | TransportError):
+                            raise StartupError(str(error)) from error
+                        if error is not None:
+                            name = task.get_name() if isinstance(task, asyncio.Task) else "a part"
+                            raise StartupError(f"{name} failed to start: {error}")
         except TimeoutError:
-            raise StartupError(f"transports not connected within {READY_TIMEOUT_S:g}s") from None
+            late = ", ".join(
+                f"{name} (check {_REACHES.get(name, name)})"
+                for name, ready in readies.items()
+                if not ready.is_set()
+            )
+            raise StartupError(f"not started within {READY_TIMEOUT_S:g}s: {late}") from None
         finally:
             waiter.cancel()
             stop.cancel()
@@ -346,17 +371,52 @@ class Service:
             await asyncio.sleep(PRUNE_INTERVAL_S)
 
 
+def sqlite_file_problem(url: str) -> str | None:
+    """Why a SQLite database file at ``url`` cannot be opened for writing; None if it can.
+
+    Checked before connecting: the driver's own failure says only "unable to
+    open database file", and a connection that failed to open can outlive the
+    event loop (aiosqlite's worker thread) and print a traceback at exit.
+    """
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    path = Path(parsed.database or "")
+    if path.exists():
+        if path.is_dir():
+            return f"{path} is a directory"
+        if not os.access(path, os.R_OK | os.W_OK):
+            return f"{path} is not readable and writable by this user"
+        return None
+    parent = path.parent
+    if not parent.is_dir():
+        return f"cannot create {path}: {parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot create {path}: {parent} is not writable by this user"
+    return None
+
+
 async def open_store(settings: Settings) -> Store:
+    problem = sqlite_file_problem(settings.database.url)
+    if problem is not None:
+        raise StartupError(f"database.url: {problem}")
     try:
         return await SqlStore.open(
             settings.database.url, auto_migrate=settings.database.auto_migrate
         )
     except StoreError as exc:
-        raise StartupError(f"database: {exc}") from exc
+        # SQLAlchemy appends a "Background on this error" link line: one line is enough.
+        raise StartupError(f"database.url: {str(exc).splitlines()[0]}") from exc
 
 
 async def run_service(settings: Settings) -> None:
     """Build, serve until stopped, close. Installs SIGTERM/SIGINT handlers."""
+    warning = credentials_warning(settings, os.environ)
+    if warning is not None:
+        # The service still starts: the login may be in a keychain this check cannot see.
+        log.warning("%s", warning)
     store = await open_store(settings)
     try:
         service = Service(settings, store, build_transports(settings))

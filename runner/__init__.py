@@ -7,6 +7,7 @@ for a run, :func:`recover_run` for stopping what a crash left of a run.
 from runner.command import MARKER_ENV, build_argv, build_env
 from runner.errors import InvalidRequest, LineTooLong, MalformedLine, RunnerError, StreamError
 from runner.events import (
+    ApiRetry,
     AssistantText,
     Init,
     Result,
@@ -22,6 +23,7 @@ from runner.run import EventCallback, answer_report, run_claude
 
 __all__ = [
     "MARKER_ENV",
+    "ApiRetry",
     "AssistantText",
     "EventCallback",
     "Init",

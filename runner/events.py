@@ -68,5 +68,34 @@ class Result:
     errors: tuple[str, ...]
 
 
-RunEvent = Spawned | Init | AssistantText | ToolUse | ToolResult | Result
+AUTH_STATUSES = frozenset({401, 403})
+"""HTTP statuses no retry can fix: the key or login was refused."""
+
+
+@dataclass(frozen=True, slots=True)
+class ApiRetry:
+    """A ``system/api_retry`` line: claude's API request failed and it will try again.
+
+    ``error_status`` is the HTTP status (None when no response came, e.g. a
+    connection error); ``error`` is claude's category of it
+    (``authentication_failed``, ``rate_limit``, ``overloaded``, ``server_error``...).
+    """
+
+    attempt: int | None
+    max_retries: int | None
+    retry_delay_ms: int | None
+    error_status: int | None
+    error: str
+
+    @property
+    def auth_failed(self) -> bool:
+        """Retrying cannot help: claude's credentials were refused (401/403)."""
+        return self.error_status in AUTH_STATUSES or self.error == "authentication_failed"
+
+    def describe(self) -> str:
+        status = f"HTTP {self.error_status}" if self.error_status is not None else "no response"
+        return f"{status}, {self.error}" if self.error else status
+
+
+RunEvent = Spawned | Init | AssistantText | ToolUse | ToolResult | ApiRetry | Result
 """Everything ``run_claude`` hands to its ``on_event`` callback."""

@@ -21,6 +21,8 @@ A run ends in exactly one of these ways (an :data:`Ending`), each mapped to a
 - ``run_timeout_s`` passed, or ``idle_timeout_s`` without output: timed out /
   stalled;
 - the supervisor exited before claude did (something killed it): failed;
+- claude's credentials were refused (an ``api_retry`` line with 401/403):
+  failed at once, stopped, instead of after its minutes of retries;
 - the task running ``run_claude`` was cancelled (``!stop``, shutdown): the stop
   sequence runs shielded, then ``CancelledError`` propagates; unless claude
   had already printed its result: then the run is stopped all the same and
@@ -53,7 +55,7 @@ from bridge.core.model import RunReport, RunStatus, SessionId
 from runner import supervision
 from runner.command import build_argv, build_env
 from runner.errors import InvalidRequest, StreamError
-from runner.events import Init, Result, RunEvent, Spawned
+from runner.events import ApiRetry, Init, Result, RunEvent, Spawned
 from runner.request import RunRequest
 from runner.stream import LineFramer, parse_line
 from runner.supervision import Limits, SpawnFailed, Supervised
@@ -105,7 +107,14 @@ class Unsupervised:
     """The supervisor exited while claude ran (killed: a tool, the OOM killer)."""
 
 
-Ending = Answered | Exited | Expired | Unreadable | Unsupervised
+@dataclass(frozen=True)
+class Unauthenticated:
+    """claude's API request was refused for its credentials; ``detail`` is from its retry line."""
+
+    detail: str
+
+
+Ending = Answered | Exited | Expired | Unreadable | Unsupervised | Unauthenticated
 
 
 def must_stop(ending: Ending) -> bool:
@@ -118,7 +127,7 @@ def must_stop(ending: Ending) -> bool:
             return lingering
         case Exited():
             return False
-        case Expired() | Unreadable() | Unsupervised():
+        case Expired() | Unreadable() | Unsupervised() | Unauthenticated():
             return True
 
 
@@ -199,6 +208,7 @@ class _Run:
         self._no_session = False
         self._init: Init | None = None
         self._result: Result | None = None
+        self._auth_refused: ApiRetry | None = None
         self._stderr_task: asyncio.Task[None] | None = None
         self._stdout_end: asyncio.Future[None] = self._loop.create_future()
         """stdout was decoded up to the result or its end; or why not (StreamError...)."""
@@ -238,6 +248,8 @@ class _Run:
             decoded.result()
         except StreamError as exc:
             return Unreadable(str(exc))
+        if self._auth_refused is not None:
+            return Unauthenticated(self._auth_refused.describe())
         if self._result is not None:
             # Treat the result as done; a lingering process gets a bounded wait.
             ending: set[asyncio.Future[Any]] = {exited, gone}
@@ -318,14 +330,23 @@ class _Run:
             await self._dispatch(last)
 
     async def _dispatch(self, line: bytes) -> bool:
-        """Hand the line's events on; True once the result line was seen."""
+        """Hand the line's events on; True once the result line (or a refused login) was seen."""
         for event in parse_line(line):
             if isinstance(event, Init):
                 self._init = event
             elif isinstance(event, Result):
                 self._result = event
+            elif isinstance(event, ApiRetry):
+                log.info(
+                    "run %s: claude retries its API request (%s)",
+                    self._request.run_id,
+                    event.describe(),
+                )
+                # Rate limits and overloads pass; refused credentials never will.
+                if event.auth_failed:
+                    self._auth_refused = event
             await self._on_event(event)
-        return self._result is not None
+        return self._result is not None or self._auth_refused is not None
 
     async def close(self, *, stop: bool) -> None:
         """Stop the run if ``stop``; wait until nothing of it is left; finish the helper tasks.
@@ -403,6 +424,9 @@ class _Run:
                 return RunReport(status, error=error, **common)
             case Unreadable(reason=reason):
                 error = self._with_stderr(f"claude output unreadable: {reason}")
+                return RunReport(RunStatus.FAILED, error=error, **common)
+            case Unauthenticated(detail=detail):
+                error = f"claude could not authenticate: {detail}"
                 return RunReport(RunStatus.FAILED, error=error, **common)
             case Unsupervised() if result is None or result.is_error:
                 error = self._with_stderr(

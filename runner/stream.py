@@ -14,7 +14,7 @@ from typing import Any
 
 from bridge.core.model import SessionId
 from runner.errors import LineTooLong, MalformedLine
-from runner.events import AssistantText, Init, Result, RunEvent, ToolResult, ToolUse
+from runner.events import ApiRetry, AssistantText, Init, Result, RunEvent, ToolResult, ToolUse
 
 
 class LineFramer:
@@ -77,6 +77,8 @@ def parse_line(line: bytes) -> list[RunEvent]:
     match obj.get("type"):
         case "system" if obj.get("subtype") == "init":
             return [_init(obj)]
+        case "system" if obj.get("subtype") == "api_retry":
+            return [_api_retry(obj)]
         case "assistant":
             return _assistant(obj)
         case "user":
@@ -123,6 +125,17 @@ def _init(obj: Mapping[str, Any]) -> Init:
         model=_str(obj.get("model")),
         cwd=_str(obj.get("cwd")),
         tools=tuple(t for t in tools if isinstance(t, str)) if isinstance(tools, list) else (),
+    )
+
+
+def _api_retry(obj: Mapping[str, Any]) -> ApiRetry:
+    # Field names as in the Agent SDK's SDKAPIRetryMessage.
+    return ApiRetry(
+        attempt=_int(obj.get("attempt")),
+        max_retries=_int(obj.get("max_retries")),
+        retry_delay_ms=_int(obj.get("retry_delay_ms")),
+        error_status=_int(obj.get("error_status")),
+        error=_str(obj.get("error")),
     )
 
 

@@ -4,17 +4,19 @@ The Alembic environment lives in the ``migrations`` package (shipped in the
 wheel); :func:`alembic_config` points Alembic at it. Each function here opens
 its own short-lived engine and hands Alembic that connection, so ``env.py``
 never builds an engine of its own when called from the service.
+
+Alembic is imported only when a migration really runs: a start-up whose
+database is already at :data:`migrations.HEAD` reads the revision with one
+plain query and never pays for Alembic's import.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
+from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -23,7 +25,12 @@ import migrations
 from bridge.store.base import StoreError
 from bridge.store.engine import create_engine, redacted
 
-_Step = Callable[[Config], None]
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+VERSION_TABLE = "alembic_version"
+
+_Step = Callable[["Config"], None]
 
 CONNECTION_ATTRIBUTE = "connection"
 """Key under which ``env.py`` finds the connection to migrate."""
@@ -31,6 +38,8 @@ CONNECTION_ATTRIBUTE = "connection"
 
 def alembic_config(url: str | None = None) -> Config:
     """An Alembic configuration for the installed ``migrations`` package."""
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(Path(migrations.__file__).parent))
     if url is not None:
@@ -40,21 +49,32 @@ def alembic_config(url: str | None = None) -> Config:
 
 
 def head_revision() -> str:
-    """The revision the code expects the database to be at."""
-    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    if head is None:  # pragma: no cover - the package always ships revisions
-        raise StoreError("the migrations package has no revisions")
-    return head
+    """The revision the code expects the database to be at (a test checks it is Alembic's head)."""
+    return migrations.HEAD
 
 
 async def migrate(url: str) -> None:
     """Upgrade the database at ``url`` to the newest revision (idempotent)."""
-    await _run(url, lambda config: command.upgrade(config, "head"))
+    if await current_revision(url) == head_revision():
+        return
+
+    def upgrade(config: Config) -> None:
+        from alembic import command
+
+        command.upgrade(config, "head")
+
+    await _run(url, upgrade)
 
 
 async def downgrade(url: str, revision: str = "base") -> None:
     """Downgrade the database at ``url`` to ``revision`` (default: empty)."""
-    await _run(url, lambda config: command.downgrade(config, revision))
+
+    def step(config: Config) -> None:
+        from alembic import command
+
+        command.downgrade(config, revision)
+
+    await _run(url, step)
 
 
 async def current_revision(url: str) -> str | None:
@@ -73,7 +93,13 @@ async def revision_of(conn: AsyncConnection) -> str | None:
     """The schema revision seen through an open connection."""
 
     def read(sync_conn: Connection) -> str | None:
-        return MigrationContext.configure(sync_conn).get_current_revision()
+        # What Alembic's MigrationContext reads, without importing Alembic.
+        if not inspect(sync_conn).has_table(VERSION_TABLE):
+            return None
+        rows = sync_conn.execute(text("SELECT version_num FROM alembic_version")).all()
+        if len(rows) > 1:
+            raise StoreError(f"the database has several schema heads: {[r[0] for r in rows]}")
+        return str(rows[0][0]) if rows else None
 
     return await conn.run_sync(read)
 

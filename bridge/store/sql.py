@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 
 from sqlalchemy import ColumnElement, Table, delete, exists, func, select, text, update
 from sqlalchemy import insert as insert_statement
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import aliased
@@ -263,8 +262,13 @@ class SqlStore:
 
     def _insert(self, table: type[Base] | Table) -> Any:
         # Both dialects spell ON CONFLICT the same way, through different classes.
+        # Imported here: a SQLite deployment never loads the PostgreSQL dialect.
         if self._engine.dialect.name == "postgresql":
+            from sqlalchemy.dialects import postgresql
+
             return postgresql.insert(table)
+        from sqlalchemy.dialects import sqlite
+
         return sqlite.insert(table)
 
     async def record_ignored(self, msg: InboundMessage, reason: str, at: float) -> None:

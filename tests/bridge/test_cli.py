@@ -94,7 +94,7 @@ def test_unreachable_database_exits_1_with_a_clear_message(tmp_path: Path) -> No
     path = config(tmp_path, {"database": {"url": unreachable}})
     result = chatbridge("run", "--config", str(path), stdin="hello\n")
     assert result.returncode == 1
-    assert "database:" in result.stderr
+    assert "database.url:" in result.stderr
     assert "Traceback" not in result.stderr
     assert "hunter2" not in result.stderr
 

@@ -348,7 +348,14 @@ time.sleep(300)
 """
 
 
+FAKE_VERSION = "0.0.0-fake (Claude Code)"
+"""What ``--version`` prints: the real CLI prints e.g. ``2.1.330 (Claude Code)``."""
+
+
 def main() -> None:
+    if sys.argv[1:] in (["--version"], ["-v"]):
+        print(FAKE_VERSION)
+        return
     opts, positional = _parse(sys.argv[1:])
     if _env("FAKE_CLAUDE_STDERR"):
         sys.stderr.write(_env("FAKE_CLAUDE_STDERR") + "\n")

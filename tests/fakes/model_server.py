@@ -96,7 +96,10 @@ class ModelServer:
         *,
         default: Turn = Turn(text="Nothing more to do."),
         side_reply: str = "ok",
+        refuse: int | None = None,
     ) -> None:
+        """``refuse``: answer every Messages request with this HTTP status (401: a bad key)."""
+        self._refuse = refuse
         self._script = list(script)
         self._default = default
         self._side_reply = side_reply
@@ -147,6 +150,8 @@ class ModelServer:
         if request.path.endswith("/messages/count_tokens"):
             return web.json_response({"input_tokens": 100})
         if request.path.endswith("/v1/messages") and request.method == "POST":
+            if self._refuse is not None:
+                return _api_error(self._refuse)
             if _is_agent(recorded):
                 turn = self._script.pop(0) if self._script else self._default
             else:
@@ -238,6 +243,21 @@ def _message(turn: Turn, model: str) -> dict[str, Any]:
             "cache_read_input_tokens": 0,
         },
     }
+
+
+_ERROR_TYPES = {
+    401: ("authentication_error", "invalid x-api-key"),
+    403: ("permission_error", "your API key does not have permission to use this resource"),
+    429: ("rate_limit_error", "rate limited"),
+    529: ("overloaded_error", "Overloaded"),
+}
+
+
+def _api_error(status: int) -> web.Response:
+    """An error as the Messages API sends it."""
+    kind, message = _ERROR_TYPES.get(status, ("api_error", "internal server error"))
+    body = {"type": "error", "error": {"type": kind, "message": message}}
+    return web.json_response(body, status=status)
 
 
 async def _sse(response: web.StreamResponse, event: str, data: dict[str, Any]) -> None:

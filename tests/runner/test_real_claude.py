@@ -7,14 +7,17 @@ shell commands through its Bash tool, offline.
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bridge.core.model import RunId, RunStatus
-from runner import Init, Result, RunRequest, ToolResult, ToolUse, run_claude
+from runner import ApiRetry, Init, Result, RunRequest, ToolResult, ToolUse, run_claude
 from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin, claude_env
 from tests.runner.conftest import Recorder, is_alive, pids_with_marker
 
@@ -178,3 +181,58 @@ async def test_resume_of_unknown_session(run_id: RunId, tmp_path: Path, recorder
     assert report.status is RunStatus.FAILED
     assert report.session_not_found, report.error
     assert server.agent_requests == []
+
+
+async def test_refused_key_fails_the_run_at_the_first_retry(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    """claude retries a refused key ~10 times (minutes); the run ends at its first retry line."""
+    async with ModelServer([], refuse=401) as server:
+        request = real_request(run_id, tmp_path, server, "hello")
+        # claude_env disables retries for speed; here they are what is tested.
+        request = replace(request, env={**request.env, "CLAUDE_CODE_MAX_RETRIES": "10"})
+        report = await run_claude(request, recorder)
+        tries = len([r for r in server.requests if r.path.endswith("/v1/messages")])
+    assert report.status is RunStatus.FAILED
+    assert report.error is not None
+    assert report.error.startswith("claude could not authenticate: HTTP 401")
+    # Stopped at the first retry line: claude had nine more tries to go.
+    assert tries < 10
+    assert [e.error_status for e in recorder.events if isinstance(e, ApiRetry)] == [401]
+    assert not pids_with_marker(run_id)
+
+
+async def test_overloaded_api_is_retried_to_claudes_own_end(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    async with ModelServer([], refuse=529) as server:
+        request = real_request(run_id, tmp_path, server, "hello")
+        request = replace(request, env={**request.env, "CLAUDE_CODE_MAX_RETRIES": "2"})
+        report = await run_claude(request, recorder)
+    assert report.status is RunStatus.FAILED
+    assert "could not authenticate" not in (report.error or "")
+    retries = [e for e in recorder.events if isinstance(e, ApiRetry)]
+    assert [e.attempt for e in retries] == [1, 2]
+    assert any(isinstance(e, Result) for e in recorder.events)
+
+
+async def test_room_is_told_at_once_when_claude_cannot_authenticate(tmp_path: Path) -> None:
+    """The whole path: ``chatbridge run`` (console), the real claude, an API refusing its key."""
+    from tests.bridge.harness import write_config
+
+    async with ModelServer([], refuse=401) as server:
+        env = {**claude_env(server.url, tmp_path / "home"), "CLAUDE_CODE_MAX_RETRIES": "10"}
+        config = write_config(tmp_path, {"runner": {"claude_bin": str(claude_bin())}}, env=env)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bridge", "run", "--config", str(config),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=tmp_path,
+            env={k: v for k, v in os.environ.items() if not k.startswith("CHATBRIDGE_")},
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(process.communicate(b"hello\n"), timeout=120)
+        tries = len([r for r in server.requests if r.path.endswith("/v1/messages")])
+    assert process.returncode == 0, err.decode()
+    assert "claude could not authenticate: HTTP 401" in out.decode()
+    assert tries < 10  # the room was told before claude's retries ran out

@@ -9,6 +9,7 @@ import pytest
 
 from bridge.core.model import SessionId
 from runner import (
+    ApiRetry,
     AssistantText,
     Init,
     LineTooLong,
@@ -159,7 +160,7 @@ class TestParse:
     @pytest.mark.parametrize(
         "obj",
         [
-            {"type": "system", "subtype": "api_retry", "attempt": 1},
+            {"type": "system", "subtype": "status", "status": "compacting"},
             {"type": "system", "subtype": "compact_boundary"},
             {"type": "stream_event", "event": {}},
             {"type": "something_new"},
@@ -178,3 +179,43 @@ class TestParse:
     def test_garbage_is_an_error(self, raw: bytes) -> None:
         with pytest.raises(MalformedLine, match="malformed output line"):
             parse_line(raw)
+
+
+class TestApiRetry:
+    """``system/api_retry`` lines, with the fields claude 2.1 prints (seen against a 401)."""
+
+    @staticmethod
+    def retry(status: int | None, error: str) -> ApiRetry:
+        obj = {
+            "type": "system",
+            "subtype": "api_retry",
+            "attempt": 1,
+            "max_retries": 10,
+            "retry_delay_ms": 551,
+            "error_status": status,
+            "error": error,
+            "session_id": "s",
+            "uuid": "u",
+        }
+        [event] = parse_line(line(obj))
+        assert isinstance(event, ApiRetry)
+        return event
+
+    def test_fields(self) -> None:
+        assert self.retry(401, "authentication_failed") == ApiRetry(
+            1, 10, 551, 401, "authentication_failed"
+        )
+
+    @pytest.mark.parametrize(
+        ("status", "error"),
+        [(401, "authentication_failed"), (403, ""), (None, "authentication_failed")],
+    )
+    def test_refused_credentials_are_auth_failures(self, status: int | None, error: str) -> None:
+        assert self.retry(status, error).auth_failed
+
+    @pytest.mark.parametrize(
+        ("status", "error"),
+        [(429, "rate_limit"), (529, "overloaded"), (500, "server_error"), (None, "unknown")],
+    )
+    def test_other_retries_are_not(self, status: int | None, error: str) -> None:
+        assert not self.retry(status, error).auth_failed

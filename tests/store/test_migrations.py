@@ -9,6 +9,7 @@ from typing import Any
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import inspect
 from sqlalchemy.engine import Connection
 
@@ -65,6 +66,11 @@ async def test_upgrade_matches_models_and_downgrade_empties(empty_sql_url: str) 
     # And back up again: the downgrade left nothing behind that blocks it.
     await migrate(empty_sql_url)
     assert await schema_diff(empty_sql_url) == []
+
+
+def test_head_constant_is_alembics_head() -> None:
+    """Start-up compares against ``migrations.HEAD`` so it need not import Alembic."""
+    assert ScriptDirectory.from_config(alembic_config()).get_current_head() == head_revision()
 
 
 def test_env_builds_its_own_engine_from_the_url(tmp_path: Path) -> None:
