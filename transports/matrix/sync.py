@@ -39,7 +39,7 @@ from nio import (
     SyncResponse,
 )
 
-from bridge.core.model import RoomId
+from bridge.core.model import InboundMessage, RoomId
 from bridge.core.transport import (
     InboundEvent,
     InboundSink,
@@ -51,7 +51,7 @@ from bridge.core.transport import (
 from transports.backoff import Backoff
 from transports.matrix.client import RATE_LIMITED, Retryable, check
 from transports.matrix.inbound import InboundPolicy, history_before, to_inbound
-from transports.matrix.setaside import SetAsideEvents, Translate
+from transports.matrix.setaside import Offer, SetAsideEvents, Translate
 from transports.matrix.settings import MatrixSettings
 from transports.matrix.state import SetAsideFile, SyncPosition, UndecryptableFile
 from transports.matrix.undecryptable import TellRoom, WaitingForKeys
@@ -276,6 +276,14 @@ class Syncer:
     async def _deliver(
         self, client: AsyncClient, response: SyncResponse, since: str | None, sink: InboundSink
     ) -> None:
+        """Hand the response's new events of configured rooms to the sink, in order.
+
+        Consecutive messages go together (see :meth:`SetAsideEvents.offer_together`),
+        so the store records a response's messages in one transaction rather
+        than one commit after another; an edit or a deletion, which acts on
+        what is already recorded, first waits for the messages before it.
+        """
+        together: list[Offer] = []
         for room_id, info in response.rooms.join.items():
             if room_id not in self._rooms:
                 continue
@@ -288,12 +296,25 @@ class Syncer:
                 if isinstance(event, MegolmEvent):
                     await self._waiting.keep(client, room_id, event)
                     continue
-                await self._hand_over(client, room_id, event, sink)
+                if getattr(event, "event_id", None) in self._set_aside:
+                    continue  # a replay of an event already set aside: it waits there
+                inbound = await self._translate(client, room_id, event)
+                if inbound is None:
+                    continue
+                if isinstance(inbound, InboundMessage):
+                    together.append((room_id, event, inbound))
+                    continue
+                if together:
+                    await self._set_aside.offer_together(sink, together)
+                    together = []
+                await self._set_aside.offer(sink, room_id, event, inbound)
+        if together:
+            await self._set_aside.offer_together(sink, together)
 
     async def _hand_over(
         self, client: AsyncClient, room_id: str, event: object, sink: InboundSink
     ) -> None:
-        """One readable event to the sink: live, decrypted late, or set aside, all alike.
+        """One readable event to the sink, decrypted late; as :meth:`_deliver` hands them.
 
         An edit by anyone but the original sender is dropped; a redaction
         also forgets the event it removes wherever it still waits here.
