@@ -11,7 +11,8 @@ and has swallowed cancellation in the past, so this module owns the loop:
    encrypted one that cannot be read yet is saved to wait for its key, see
    :mod:`.undecryptable`; one the sink keeps refusing is set aside, see
    :mod:`.setaside`), and retry those whose keys may have arrived;
-5. only then persist the new position.
+5. only then persist the new position (written off the loop, newest
+   first, by :mod:`.position`).
 
 A failure anywhere (a raised error or an error response) backs off with
 jitter and retries from the last persisted position, so a crash or a lost
@@ -51,6 +52,7 @@ from bridge.core.transport import (
 from transports.backoff import Backoff
 from transports.matrix.client import RATE_LIMITED, Retryable, check
 from transports.matrix.inbound import InboundPolicy, history_before, to_inbound
+from transports.matrix.position import PositionSaver
 from transports.matrix.setaside import Offer, SetAsideEvents, Translate
 from transports.matrix.settings import MatrixSettings
 from transports.matrix.state import SetAsideFile, SyncPosition, UndecryptableFile
@@ -110,6 +112,7 @@ class Syncer:
         self._backoff = backoff
         self._clock = clock
         self._position = SyncPosition(settings.store_path)
+        self._saver = PositionSaver(self._position)
         self._waiting = WaitingForKeys(
             UndecryptableFile(settings.store_path),
             self._hand_over,
@@ -135,10 +138,14 @@ class Syncer:
         client can still send) until cancelled. Raises :class:`TransportError`
         when the server refuses the credentials.
         """
+        saver = asyncio.create_task(self._saver.run(), name="matrix-sync-position")
         try:
             await self._loop(client, sink, ready)
         finally:
             self.connected = False
+            saver.cancel()
+            # Lets its last write finish; the saver logs its own failures.
+            await asyncio.wait([saver])
 
     async def _loop(self, client: AsyncClient, sink: InboundSink, ready: asyncio.Event) -> None:
         token = self._position.load()
@@ -184,8 +191,9 @@ class Syncer:
                 await asyncio.sleep(delay)
                 continue
             if not self._inbound_closed:
-                # Everything in this response was accepted: only now move the position.
-                self._position.save(response.next_batch)
+                # Everything in this response was accepted: only now may the
+                # position move (saved off the loop, see .position).
+                self._saver.note(response.next_batch)
             token, first_start, full_state = response.next_batch, False, False
             if not self.connected:
                 log.info("matrix connected as %s (device %s)", client.user_id, client.device_id)
