@@ -1,7 +1,8 @@
 """Every benchmark in one run: ``python bench/run.py``.
 
 Prints start-up time (bench_startup), a Matrix ping to its answer against a
-bare echo bot on the same Synapse (bench_ping), dispatcher overhead per flush
+bare echo bot on the same Synapse (bench_ping), the same for Slack Socket Mode
+on local-slack (bench_slack_ping), dispatcher overhead per flush
 and memory per idle room (bench_dispatcher), stop latency until the whole process tree is gone
 (bench_stop), messages/s accepted across 1,000 rooms through the whole accept
 path (bench_intake) and store commit rates and latencies (bench_store).
@@ -19,6 +20,7 @@ HERE = Path(__file__).parent
 BENCHES = [
     "bench_startup.py",
     "bench_ping.py",
+    "bench_slack_ping.py",
     "bench_dispatcher.py",
     "bench_stop.py",
     "bench_intake.py",
