@@ -11,8 +11,8 @@ and has swallowed cancellation in the past, so this module owns the loop:
    encrypted one that cannot be read yet is saved to wait for its key, see
    :mod:`.undecryptable`; one the sink keeps refusing is set aside, see
    :mod:`.setaside`), and retry those whose keys may have arrived;
-5. only then persist the new position (written off the loop, newest
-   first, by :mod:`.position`).
+5. only then persist the new position (written off the loop, the newest
+   noted winning, by :mod:`.position`).
 
 A failure anywhere (a raised error or an error response) backs off with
 jitter and retries from the last persisted position, so a crash or a lost
@@ -144,8 +144,10 @@ class Syncer:
         finally:
             self.connected = False
             saver.cancel()
-            # Lets its last write finish; the saver logs its own failures.
+            # Lets its last write finish (a failed write costs only a replay).
             await asyncio.wait([saver])
+            if not saver.cancelled() and (problem := saver.exception()) is not None:
+                log.error("matrix: saving the sync position failed: %r", problem)
 
     async def _loop(self, client: AsyncClient, sink: InboundSink, ready: asyncio.Event) -> None:
         token = self._position.load()
