@@ -158,6 +158,11 @@ class Syncer:
         while True:
             try:
                 response = await self._sync_once(client, token, full_state)
+                if self._lost_connection:
+                    # The server answers again: counted now, not after the
+                    # response is handed over (which may take a while).
+                    self.reconnects += 1
+                    self._lost_connection = False
                 await self._maintain_keys(client)
                 await self._accept_invites(client, response)
                 if first_start:
@@ -199,9 +204,6 @@ class Syncer:
             token, first_start, full_state = response.next_batch, False, False
             if not self.connected:
                 log.info("matrix connected as %s (device %s)", client.user_id, client.device_id)
-                if self._lost_connection:
-                    self.reconnects += 1
-                    self._lost_connection = False
             self.connected = True
             self._backoff.reset()
             ready.set()
