@@ -1,8 +1,9 @@
 """Every benchmark in one run: ``python bench/run.py``.
 
 Prints start-up time (bench_startup), a Matrix ping to its answer against a
-bare echo bot on the same Synapse (bench_ping), claude's result line to the
-answer with 20 runs ending at once (bench_run_end), dispatcher overhead per flush
+bare echo bot on the same Synapse (bench_ping), the same for Slack Socket Mode
+on local-slack (bench_slack_ping), claude's result line to the answer with 20
+runs ending at once (bench_run_end), dispatcher overhead per flush
 and memory per idle room (bench_dispatcher), stop latency until the whole process tree is gone
 (bench_stop), messages/s accepted across 1,000 rooms through the whole accept
 path (bench_intake) and the store: accept rates, a run's store calls, reads beside
@@ -22,6 +23,7 @@ BENCHES = [
     "bench_startup.py",
     "bench_ping.py",
     "bench_run_end.py",
+    "bench_slack_ping.py",
     "bench_dispatcher.py",
     "bench_stop.py",
     "bench_intake.py",

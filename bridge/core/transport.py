@@ -61,7 +61,10 @@ InboundEvent = InboundMessage | MessageEdited | MessageDeleted
 InboundSink = Callable[[InboundEvent], Awaitable[Accepted]]
 """The service's entry point. Returns only after the event is durably recorded,
 so a transport acknowledges upstream (Slack ack, Matrix sync position) after it.
-Raises :class:`SinkClosed` when it cannot take the event: do not acknowledge it."""
+Raises :class:`SinkClosed` when it cannot take the event: do not acknowledge it.
+A message reaches the store's queue before the sink's first wait, so a
+transport may start several calls one after the other without awaiting them
+and they are recorded in that order (and together, see bridge.store.batching)."""
 
 
 class RunPhase(StrEnum):

@@ -15,6 +15,8 @@ and one transaction runs at a time.
 Cancellation:
 
 - A follower cancelled while still queued is removed: nothing is written.
+  So is a leader cancelled in the one turn of the loop it lets pass before
+  taking the queue (so that callers submitting together share a transaction).
   Cancelled once its item is in a transaction, it may still be committed;
   the others are unaffected (the same as a cancellation that lands right
   after a lone commit).
@@ -120,6 +122,16 @@ class GroupCommit(Generic[ItemT, ResultT]):
         self._queue.append(waiter)
         if self._leader is None:
             self._leader = waiter
+            try:
+                # One turn of the loop before taking the queue: callers that
+                # submit together (a transport handing over one sync
+                # response's messages at once) share this transaction instead
+                # of the first going alone.
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                self._queue.remove(waiter)
+                self._hand_over()
+                raise
             return await self._lead(waiter)
         try:
             turn = await waiter.turn

@@ -7,6 +7,8 @@ client-server API; each test scripts its ``/sync`` answers.
 from __future__ import annotations
 
 import asyncio
+import signal
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -153,9 +155,10 @@ async def test_error_responses_back_off_and_recover(
     assert bridge.connected
     assert backoff.total >= 3  # each error object was answered with a backoff
     assert backoff.failures == 0  # and the success reset it
-    assert (tmp_path / "sync_position").read_text() == "s1"
     await cancel(task)
     assert not bridge.connected
+    # Written off the loop, and at the latest when the transport stops.
+    assert (tmp_path / "sync_position").read_text() == "s1"
 
 
 async def test_unreachable_server_retries_until_cancelled(tmp_path: Path) -> None:
@@ -256,3 +259,69 @@ async def test_revoked_token_during_sync_ends_the_transport(
         async with asyncio.timeout(30):
             await bridge.run(RecordingSink(), asyncio.Event())
     assert backoff.total == 0  # no retry can bring a revoked token back
+
+
+RESPONSES = {"s0": ("s1", ["m1", "m2"]), "s1": ("s2", ["m3", "m4"]), "s2": ("s3", ["m5"])}
+"""The scripted history: a sync from each position, and the messages it brings."""
+
+
+async def crash_child(url: str, store: Path, record: Path, step: str) -> int:
+    """Run :mod:`tests.matrix.crash_child` to its end (a crash or position s3); its status."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.matrix.crash_child",
+        url,
+        str(store),
+        str(record),
+        step,
+        "s3",
+        cwd=Path(__file__).parents[2],
+    )
+    try:
+        async with asyncio.timeout(60):
+            return await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "step",
+    [
+        *("accepting:m1", "accepted:m2", "accepting:m4", "accepted:m4"),
+        *("saving:1", "saved:1", "saving:2", "saved:2"),
+    ],
+)
+async def test_a_crash_at_any_step_loses_no_message_and_the_position_is_never_ahead(
+    homeserver: Callable[[SyncScript], Awaitable[str]], tmp_path: Path, step: str
+) -> None:
+    """A process killed (SIGKILL) while accepting, after accepting, while saving the
+    position or after: the saved position never passes a message not yet recorded,
+    and the restarted process delivers every message, in order."""
+    store, record = tmp_path / "store", tmp_path / "recorded"
+    store.mkdir()
+    (store / "sync_position").write_text("s0")
+    since: list[str | None] = []
+
+    async def script(call: int, request: web.Request) -> web.StreamResponse:
+        token = request.query.get("since")
+        since.append(token)
+        if token not in RESPONSES:
+            return await hold(request)
+        batch, texts = RESPONSES[token]
+        return sync_body(batch, [text_event(f"${t}", t) for t in texts])
+
+    url = await homeserver(script)
+    assert await crash_child(url, store, record, step) == -signal.SIGKILL
+    recorded = record.read_text().split() if record.exists() else []
+    saved = (store / "sync_position").read_text()
+    behind = [t for token, (batch, texts) in RESPONSES.items() if batch <= saved for t in texts]
+    assert set(behind) <= set(recorded), f"position {saved} is ahead of {recorded}"
+
+    since.clear()
+    assert await crash_child(url, store, record, "none") == 0
+    assert since[0] == saved  # the restart resumes from the saved position
+    assert list(dict.fromkeys(record.read_text().split())) == ["m1", "m2", "m3", "m4", "m5"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -16,6 +17,7 @@ from typing import Any, cast
 import pytest
 from nio import AsyncClient, Event, MegolmEvent, RoomGetEventResponse
 from nio.exceptions import EncryptionError
+from sqlalchemy import event
 
 from bridge.core.model import InboundMessage, RoomId
 from bridge.core.transport import (
@@ -26,6 +28,7 @@ from bridge.core.transport import (
     RoomBinding,
     SinkClosed,
 )
+from bridge.store.sql import SqlStore
 from transports.backoff import Backoff
 from transports.matrix import MatrixSettings, MatrixTransport
 from transports.matrix.inbound import InboundPolicy, to_inbound
@@ -270,10 +273,11 @@ async def test_one_event_the_sink_refuses_is_set_aside_and_the_rest_go_on(
     syncer = make_syncer(tmp_path)
     batch = sync_response(text("$a", "before"), text("$p", "poison"), text("$b", "after"))
     for _ in range(ATTEMPTS - 1):
-        # Like a store outage at first: the batch is retried, nothing is skipped.
+        # At first the batch is retried, nothing is skipped (the messages taken
+        # with it come again: the service drops them as duplicates).
         with pytest.raises(ValueError, match="cannot take"):
             await syncer._deliver(as_client(client), batch, "s1", sink)
-        assert "after" not in sink.texts()
+        assert len(syncer._set_aside) == 0
     await syncer._deliver(as_client(client), batch, "s1", sink)
     assert sink.texts()[-1] == "after"
     assert sink.refused == ATTEMPTS
@@ -368,3 +372,80 @@ def test_nul_and_lone_surrogates_are_replaced_at_the_edge() -> None:
     msg = message("a\x00b \ud83d end")
     assert msg.text == "a\ufffdb \ufffd end"
     msg.text.encode("utf-8")
+
+
+class StoreSink:
+    """Records messages in a real SQLite store (the service's sink does so first), counting
+    commits; an edit checks that every message before it in the response is recorded."""
+
+    def __init__(self, store: SqlStore) -> None:
+        self.store = store
+        self.commits = 0
+        self.edits_saw: list[list[str]] = []
+
+        @event.listens_for(store._engine.sync_engine, "commit")
+        def _commit(_conn: object) -> None:
+            self.commits += 1
+
+    async def __call__(self, inbound: InboundEvent) -> Accepted:
+        if isinstance(inbound, InboundMessage):
+            taken = await self.store.accept(inbound, 1.0)
+            return Accepted.ACCEPTED if taken is not None else Accepted.DUPLICATE
+        self.edits_saw.append(await self.recorded())
+        return Accepted.ACCEPTED
+
+    async def recorded(self) -> list[str]:
+        return [m.text for m in await self.store.pending_messages()]
+
+
+@pytest.fixture
+async def store_sink(tmp_path: Path) -> AsyncIterator[StoreSink]:
+    store = await SqlStore.open(f"sqlite+aiosqlite:///{tmp_path / 'store.db'}")
+    try:
+        yield StoreSink(store)
+    finally:
+        await store.close()
+
+
+async def test_one_sync_responses_messages_are_recorded_in_one_commit_in_order(
+    tmp_path: Path, store_sink: StoreSink
+) -> None:
+    texts = [f"m{i}" for i in range(30)]
+    response = sync_response(*(text(f"${t}", t) for t in texts))
+    syncer = make_syncer(tmp_path)
+    store_sink.commits = 0
+    await syncer._deliver(as_client(StandInClient()), response, "s1", store_sink)
+    assert store_sink.commits == 1
+    assert await store_sink.recorded() == texts
+    # The replay after a crash before the position was saved: all duplicates, one commit.
+    store_sink.commits = 0
+    await syncer._deliver(as_client(StandInClient()), response, "s1", store_sink)
+    assert store_sink.commits == 1
+    assert await store_sink.recorded() == texts
+
+
+async def test_an_edit_waits_for_the_messages_before_it_and_splits_the_group(
+    tmp_path: Path, store_sink: StoreSink
+) -> None:
+    client = StandInClient()
+    client.senders["$a1"] = "@alice:hs"
+    edit = Event.parse_event(
+        source(
+            "$edit",
+            {
+                "msgtype": "m.text",
+                "body": "* a1 fixed",
+                "m.new_content": {"msgtype": "m.text", "body": "a1 fixed"},
+                "m.relates_to": {"rel_type": "m.replace", "event_id": "$a1"},
+            },
+        )
+    )
+    before = [text(f"$a{i}", f"a{i}") for i in range(5)]
+    after = [text(f"$b{i}", f"b{i}") for i in range(5)]
+    syncer = make_syncer(tmp_path)
+    store_sink.commits = 0
+    await syncer._deliver(as_client(client), sync_response(*before, edit, *after), "s1", store_sink)
+    # The messages before the edit, its check, then the messages after it.
+    assert store_sink.commits == 3
+    assert store_sink.edits_saw == [[f"a{i}" for i in range(5)]]
+    assert await store_sink.recorded() == [f"a{i}" for i in range(5)] + [f"b{i}" for i in range(5)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import stat
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +12,22 @@ import pytest
 from nio import Event, RedactionEvent, RoomMemberEvent, RoomMessageNotice, RoomMessageText
 from pydantic import ValidationError
 
-from bridge.core.model import ExternalMessageId, InboundMessage, RoomId, RoomKey, TransportName
+from bridge.core.model import (
+    ExternalMessageId,
+    InboundMessage,
+    Reply,
+    ReplyKind,
+    RoomId,
+    RoomKey,
+    TransportName,
+)
 from bridge.core.transport import MessageDeleted, MessageEdited
 from transports.matrix import MatrixSettings
 from transports.matrix.inbound import InboundPolicy, history_before, to_inbound
+from transports.matrix.outbound import MatrixOutbound
 from transports.matrix.render import MarkdownRenderer
 from transports.matrix.state import SavedSession, SessionFile, SyncPosition
+from transports.matrix.sync import Synced
 
 BOT = InboundPolicy("@bot:hs", ignore_other_bots=True, ignore_users=frozenset({"@ci:hs"}))
 
@@ -308,3 +319,44 @@ def test_settings_need_a_credential_and_reject_unknown_keys() -> None:
     with pytest.raises(ValidationError, match="user_id"):
         settings(password="x", user_id="bot")
     assert settings(password="x").auto_join == "configured"
+
+
+class CountingRenderer(MarkdownRenderer):
+    """Counts how often each text is rendered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rendered: Counter[str] = Counter()
+
+    def html(self, markdown: str) -> str:
+        self.rendered[markdown] += 1
+        return super().html(markdown)
+
+
+@pytest.mark.parametrize(
+    ("text", "max_event_chars"),
+    [
+        ("a short **answer**", 4_000),
+        ("\n\n".join(f"Paragraph {p}: " + "lorem ipsum " * 60 for p in range(8)), 1_000),
+        # Only the size check splits: oversized pieces are measured, then halved.
+        ("\n\n".join(f"Paragraph {p}: " + "<&> ipsum " * 400 for p in range(10)), 200_000),
+    ],
+)
+def test_markdown_is_rendered_once_per_chunk(text: str, max_event_chars: int) -> None:
+    settings = MatrixSettings.model_validate(
+        {
+            "homeserver": "http://127.0.0.1:9",
+            "user_id": "@bot:hs",
+            "access_token": "t",
+            "max_event_chars": max_event_chars,
+        }
+    )
+    outbound = MatrixOutbound(settings, Synced(), typing_refresh_s=1.0, send_attempts=1)
+    outbound._renderer = renderer = CountingRenderer()
+    room = RoomKey(TransportName("matrix"), RoomId("!r"))
+    parts = outbound._parts(
+        Reply(room, text, ReplyKind.RESULT, in_reply_to=ExternalMessageId("$q"))
+    )
+    assert parts
+    assert all(renderer.rendered[part["body"]] == 1 for part in parts)
+    assert max(renderer.rendered.values()) == 1  # nothing, sent or measured, twice

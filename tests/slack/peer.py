@@ -189,13 +189,19 @@ class LocalSlack:
 
 @contextlib.asynccontextmanager
 async def run_local_slack(
-    tmp: Path, mode: str, events_port: int | None = None
+    tmp: Path,
+    mode: str,
+    events_port: int | None = None,
+    workspace: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[LocalSlack]:
-    """Start local-slack on a free loopback port; stop it (and wait for it) on exit."""
+    """Start local-slack on a free loopback port; stop it (and wait for it) on exit.
+
+    ``workspace`` replaces the configuration :func:`config` makes (apps, users, channels).
+    """
     port = free_port()
     request_url = f"http://127.0.0.1:{events_port}/slack/events" if events_port else None
     cfg = tmp / "local-slack.json"
-    cfg.write_text(json.dumps(config(mode, request_url)))
+    cfg.write_text(json.dumps(workspace if workspace is not None else config(mode, request_url)))
     files = tmp / "local-slack-files"
     files.mkdir(exist_ok=True)
     proc = await asyncio.create_subprocess_exec(

@@ -69,7 +69,8 @@ async def test_a_rate_limited_command_answer_does_not_delay_later_acks() -> None
             async with asyncio.timeout(10):  # not 30 s behind the Retry-After
                 acks = [await fake.acks.get(), await fake.acks.get()]
             task.cancel()
-    assert acks == ["E1", "E2"]
+    # Envelopes settle concurrently: "next" need not even wait for the command.
+    assert sorted(acks) == ["E1", "E2"]
     assert sink.texts == ["!status", "next"]
     assert fake.calls_to("chat.postMessage") == 1
 

@@ -7,14 +7,18 @@ run against :mod:`tests.slack.fake_slack`, which speaks Slack's documented frame
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from aiohttp import web
+from sqlalchemy import event
 
-from bridge.core.model import RoomId
-from bridge.core.transport import RoomBinding
+from bridge.core.model import InboundMessage, RoomId
+from bridge.core.transport import Accepted, InboundEvent, RoomBinding
+from bridge.store.sql import SqlStore
 from tests.slack.fake_slack import (
     BOT_USER,
     CHANNEL,
@@ -102,7 +106,7 @@ async def test_disconnect_envelope_reconnects_without_loss_or_doubling() -> None
         # Slack redelivers what it has no ack for; here E1 again, as if the ack was lost.
         await second.send_json(message_envelope("E1", "1.000001", "before", retry_attempt=1))
         await second.send_json(message_envelope("E2", "1.000002", "after"))
-        assert [await s.ack(), await s.ack()] == ["E1", "E2"]
+        assert sorted([await s.ack(), await s.ack()]) == ["E1", "E2"]  # settled concurrently
         assert s.sink.texts == ["before", "after"]
         assert s.fake.calls_to("apps.connections.open") == 2
         assert s.transport.connections == 2
@@ -115,7 +119,8 @@ async def test_unsettled_envelope_is_not_acked_and_is_taken_on_redelivery() -> N
         s.sink.fail_next = 1
         await first.send_json(message_envelope("E1", "1.000001", "store down"))
         await first.send_json(message_envelope("E2", "1.000002", "store back"))
-        # Envelopes are handled in order: E2's ack means E1 was handled, unacked.
+        # E1 goes to the sink before E2 (see transports.slack.turns): E2's ack
+        # means E1's hand-over has failed; E1 stays unacknowledged.
         assert await s.ack() == "E2"
         await first.close()  # the socket drops: reconnect with backoff
         second = await s.next_socket()
@@ -135,7 +140,7 @@ async def test_own_messages_and_other_events_are_acked_and_dropped() -> None:
         edit["payload"]["event"].update(subtype="message_changed", message={"text": "edited"})
         await ws.send_json(edit)
         await ws.send_json(message_envelope("E4", "1.000004", "real"))
-        assert [await s.ack() for _ in range(4)] == ["E1", "E2", "E3", "E4"]
+        assert sorted([await s.ack() for _ in range(4)]) == ["E1", "E2", "E3", "E4"]
         assert s.sink.texts == ["real"]
 
 
@@ -180,3 +185,81 @@ async def test_only_a_connection_that_held_up_resets_the_backoff() -> None:
         await third.close()
         await s.next_socket()
         assert backoff.failures == 2
+
+
+class StoreSink:
+    """The service's first step for a message: record it in a real SQLite store.
+
+    Counts the hand-overs and the store's commits; an edit checks what is
+    recorded when it arrives.
+    """
+
+    def __init__(self, store: SqlStore, expected: int) -> None:
+        self.store = store
+        self.calls = 0
+        self.commits = 0
+        self.all_handed = asyncio.Event()
+        self.expected = expected
+        self.edit_saw: list[str] = []
+
+        @event.listens_for(store._engine.sync_engine, "commit")
+        def _commit(_conn: object) -> None:
+            self.commits += 1
+
+    async def __call__(self, inbound: InboundEvent) -> Accepted:
+        self.calls += 1
+        if self.calls == self.expected:
+            self.all_handed.set()
+        if isinstance(inbound, InboundMessage):
+            await self.store.accept(inbound, 1.0)
+        else:
+            self.edit_saw = [m.text for m in await self.store.pending_messages()]
+        return Accepted.ACCEPTED
+
+
+async def test_a_burst_is_recorded_in_one_commit_in_order_and_an_edit_waits_for_it(
+    tmp_path: Path,
+) -> None:
+    """Envelopes do not wait for the ones before to be recorded: a burst that arrives while
+    the store is busy goes in one transaction, in order; an edit after it sees it all."""
+    database = tmp_path / "store.db"
+    store = await SqlStore.open(f"sqlite+aiosqlite:///{database}")
+    texts = [f"m{i}" for i in range(12)]
+    sink = StoreSink(store, expected=len(texts))
+    busy = sqlite3.connect(database, isolation_level=None)  # another writer, as a process could be
+    try:
+        async with fake_slack() as fake:
+            settings = SlackSettings(bot_token="b", app_token="a", api_url=fake.api_url)
+            transport = SlackTransport(
+                settings, [RoomBinding(RoomId(CHANNEL))], backoff=Backoff(base=0.01, cap=0.05)
+            )
+            async with asyncio.TaskGroup() as tg:
+                task = tg.create_task(transport.run(sink, asyncio.Event()))
+                async with asyncio.timeout(10):
+                    ws = await fake.sockets.get()
+                await ws.send_json(HELLO)
+                busy.execute("BEGIN IMMEDIATE")
+                for i, text in enumerate(texts):
+                    await ws.send_json(message_envelope(f"E{i}", f"1.{i:06d}", text))
+                edit = message_envelope("EDIT", "2.000000", "")
+                edit["payload"]["event"].update(
+                    subtype="message_changed",
+                    message={"ts": "1.000000", "text": "m0 fixed", "user": "U0ALICE"},
+                    previous_message={"ts": "1.000000", "text": "m0", "user": "U0ALICE"},
+                )
+                await ws.send_json(edit)
+                async with asyncio.timeout(10):
+                    # Every message handed over while the first one's commit waits.
+                    await sink.all_handed.wait()
+                busy.execute("ROLLBACK")
+                async with asyncio.timeout(10):
+                    acks = [await fake.acks.get() for _ in range(len(texts) + 1)]
+                task.cancel()
+        recorded = [m.text for m in await store.pending_messages()]
+    finally:
+        busy.close()
+        await store.close()
+    assert sorted(acks) == sorted([f"E{i}" for i in range(len(texts))] + ["EDIT"])
+    assert recorded == texts
+    assert sink.edit_saw == texts  # the edit went after every message before it
+    assert sink.commits <= 3  # the first message alone, the others together (+ the edit's read)

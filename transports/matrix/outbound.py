@@ -87,9 +87,8 @@ class MatrixOutbound:
 
     def _parts(self, reply: Reply) -> list[dict[str, Any]]:
         msgtype = "m.text" if reply.kind is ReplyKind.RESULT else "m.notice"
-        parts: list[dict[str, Any]] = []
-        for index, chunk in enumerate(self._fit(reply.text, lambda c: self._content(msgtype, c))):
-            content = self._content(msgtype, chunk)
+        parts = self._fit(reply.text, lambda chunk: self._content(msgtype, chunk))
+        for index, content in enumerate(parts):
             reply_to = reply.in_reply_to if index == 0 else None
             if reply.thread:
                 content["m.relates_to"] = {
@@ -100,7 +99,6 @@ class MatrixOutbound:
                 }
             elif reply_to:
                 content["m.relates_to"] = {"m.in_reply_to": {"event_id": reply_to}}
-            parts.append(content)
         return parts
 
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
@@ -109,15 +107,19 @@ class MatrixOutbound:
         client = self._logged_in()
 
         def edit_of(chunk: str) -> dict[str, Any]:
+            new = self._content("m.notice", chunk)
+            # The fallback for clients without edits shows the same HTML behind
+            # a "* ": rendered once, not again for the starred text.
+            fallback = {**new, "body": f"* {chunk}", "formatted_body": f"* {new['formatted_body']}"}
             return {
-                **self._content("m.notice", f"* {chunk}"),
-                "m.new_content": self._content("m.notice", chunk),
+                **fallback,
+                "m.new_content": new,
                 "m.relates_to": {"rel_type": "m.replace", "event_id": message_id},
             }
 
-        chunks = self._fit(text, edit_of) or [""]
+        parts = self._fit(text, edit_of) or [edit_of("")]
         await self._known_room(client, room_id)
-        await self._room_send(client, room_id, edit_of(chunks[0]), uuid4().hex)
+        await self._room_send(client, room_id, parts[0], uuid4().hex)
 
     async def set_typing(self, room: RoomKey, typing: bool) -> None:
         """Show the bot typing while a run is active; renewed until cleared."""
@@ -159,14 +161,20 @@ class MatrixOutbound:
             "m.mentions": {},
         }
 
-    def _fit(self, text: str, build: Callable[[str], dict[str, Any]]) -> list[str]:
-        """Pieces of ``text`` whose events fit, whatever HTML, JSON and encryption make of them."""
+    def _fit(self, text: str, build: Callable[[str], dict[str, Any]]) -> list[dict[str, Any]]:
+        """The events for the pieces of ``text``, each small enough whatever HTML, JSON and
+        encryption make of it.
+
+        Each piece is built (its Markdown rendered) once: the event measured
+        is the event sent.
+        """
         pending = split_markdown(text, self._settings.max_event_chars)
-        fitted: list[str] = []
+        fitted: list[dict[str, Any]] = []
         while pending:
             chunk = pending.pop(0)
-            if fits("m.room.message", build(chunk)) or len(chunk) < 256:
-                fitted.append(chunk)
+            content = build(chunk)
+            if fits("m.room.message", content) or len(chunk) < 256:
+                fitted.append(content)
             else:
                 pending[:0] = split_markdown(chunk, max(len(chunk) // 2, 64))
         return fitted

@@ -6,7 +6,9 @@ every room for good. Which failure is which cannot be told from here (the
 sink's store errors are not the transport's types), so the rule is by count:
 
 - a failure is retried with the whole batch (the sync loop backs off), so
-  a store outage loses nothing and keeps the order;
+  a store outage loses nothing and keeps the order (consecutive messages
+  are offered together and fail together when the store is down; one the
+  store refuses fails alone, and the others of its group stay taken);
 - once one event has failed :data:`ATTEMPTS` times in a row it is saved to
   ``set_aside.json`` (before the position moves past it), logged as an
   error, and the others go on. Set-aside events are offered again with a
@@ -16,9 +18,10 @@ sink's store errors are not the transport's types), so the rule is by count:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from nio import Event
 
@@ -34,6 +37,8 @@ RETRY_CAP_S = 3600.0
 
 Translate = Callable[[str, object], Awaitable[InboundEvent | None]]
 """The inbound event of a readable event of a room (checks included), or None."""
+Offer = tuple[str, object, InboundEvent]
+"""An event to hand over: its room, the event itself, and what it carries."""
 
 
 class SetAsideEvents:
@@ -60,21 +65,52 @@ class SetAsideEvents:
         (the caller retries the batch) until the event has failed
         :data:`ATTEMPTS` times; then the event is saved here and this returns.
         """
+        await self.offer_together(sink, [(room_id, event, inbound)])
+
+    async def offer_together(self, sink: InboundSink, offers: Sequence[Offer]) -> None:
+        """Hand several events to ``sink`` at once, in order, like :meth:`offer` each.
+
+        The sink is called for all of them concurrently, in this order, so
+        its store can record them in one transaction (a group commit keeps
+        the order of the calls); only messages, which start nothing before
+        they are recorded, may go together. Failures are then handled in
+        order, as if offered one by one: the first failing event is counted
+        (its error propagates for a retry of the batch) or set aside, and the
+        events after it that the sink took stay taken (a replay is dropped
+        as a duplicate).
+        """
+        outcomes: list[BaseException | None] = []
+        if len(offers) == 1:
+            try:
+                await sink(offers[0][2])
+            except Exception as exc:
+                outcomes.append(exc)
+            else:
+                outcomes.append(None)
+        else:
+            taken = await asyncio.gather(*(sink(o[2]) for o in offers), return_exceptions=True)
+            outcomes = [t if isinstance(t, BaseException) else None for t in taken]
+        for (_, event, _), outcome in zip(offers, outcomes, strict=True):
+            if outcome is None:
+                self._failures.pop(str(getattr(event, "event_id", "")), None)
+        if any(outcome is None for outcome in outcomes):
+            self._wake()
+        for outcome in outcomes:
+            if isinstance(outcome, SinkClosed) or not isinstance(outcome, Exception | None):
+                raise outcome  # closed, or cancelled: never counted as a refusal
+        for (room_id, event, _), outcome in zip(offers, outcomes, strict=True):
+            if outcome is not None:
+                self._refused(room_id, event, outcome)
+
+    def _refused(self, room_id: str, event: object, problem: BaseException) -> None:
+        """Count a refusal of ``event``: raise ``problem`` for a retry, or set the event aside."""
         event_id = str(getattr(event, "event_id", ""))
-        try:
-            await sink(inbound)
-        except SinkClosed:
-            raise
-        except Exception as exc:
-            failures = self._failures.get(event_id, 0) + 1
-            if failures < ATTEMPTS or not event_id:
-                self._failures[event_id] = failures
-                raise
-            self._failures.pop(event_id, None)
-            self._keep(room_id, event, exc)
-            return
+        failures = self._failures.get(event_id, 0) + 1
+        if failures < ATTEMPTS or not event_id:
+            self._failures[event_id] = failures
+            raise problem
         self._failures.pop(event_id, None)
-        self._wake()
+        self._keep(room_id, event, problem)
 
     def forget(self, event_id: str) -> None:
         """Drop a set-aside event (it was redacted: it must not run later)."""
@@ -125,7 +161,7 @@ class SetAsideEvents:
             if changed:
                 self._save()
 
-    def _keep(self, room_id: str, event: object, problem: Exception) -> None:
+    def _keep(self, room_id: str, event: object, problem: BaseException) -> None:
         source = getattr(event, "source", None)
         now = self._clock()
         entry = SetAside(

@@ -1,8 +1,9 @@
 """What the transport keeps under ``store_path`` besides nio's device keys.
 
 - ``sync_position``: the sync token after the last batch of events that the
-  service durably accepted. Written after the sink returned, so a crash
-  replays (the service drops duplicates) rather than loses.
+  service durably accepted. Written after the sink returned (from a worker
+  thread, newest first: see :mod:`.position`), so a crash replays (the
+  service drops duplicates) rather than loses.
 - ``undecryptable.json``: encrypted events whose keys have not arrived yet.
 - ``set_aside.json``: events the service failed to take again and again,
   kept to be offered again later instead of blocking every other event.

@@ -11,7 +11,8 @@ and has swallowed cancellation in the past, so this module owns the loop:
    encrypted one that cannot be read yet is saved to wait for its key, see
    :mod:`.undecryptable`; one the sink keeps refusing is set aside, see
    :mod:`.setaside`), and retry those whose keys may have arrived;
-5. only then persist the new position.
+5. only then persist the new position (written off the loop, the newest
+   noted winning, by :mod:`.position`).
 
 A failure anywhere (a raised error or an error response) backs off with
 jitter and retries from the last persisted position, so a crash or a lost
@@ -39,7 +40,7 @@ from nio import (
     SyncResponse,
 )
 
-from bridge.core.model import RoomId
+from bridge.core.model import InboundMessage, RoomId
 from bridge.core.transport import (
     InboundEvent,
     InboundSink,
@@ -51,7 +52,8 @@ from bridge.core.transport import (
 from transports.backoff import Backoff
 from transports.matrix.client import RATE_LIMITED, Retryable, check
 from transports.matrix.inbound import InboundPolicy, history_before, to_inbound
-from transports.matrix.setaside import SetAsideEvents, Translate
+from transports.matrix.position import PositionSaver
+from transports.matrix.setaside import Offer, SetAsideEvents, Translate
 from transports.matrix.settings import MatrixSettings
 from transports.matrix.state import SetAsideFile, SyncPosition, UndecryptableFile
 from transports.matrix.undecryptable import TellRoom, WaitingForKeys
@@ -110,6 +112,7 @@ class Syncer:
         self._backoff = backoff
         self._clock = clock
         self._position = SyncPosition(settings.store_path)
+        self._saver = PositionSaver(self._position)
         self._waiting = WaitingForKeys(
             UndecryptableFile(settings.store_path),
             self._hand_over,
@@ -135,10 +138,16 @@ class Syncer:
         client can still send) until cancelled. Raises :class:`TransportError`
         when the server refuses the credentials.
         """
+        saver = asyncio.create_task(self._saver.run(), name="matrix-sync-position")
         try:
             await self._loop(client, sink, ready)
         finally:
             self.connected = False
+            saver.cancel()
+            # Lets its last write finish (a failed write costs only a replay).
+            await asyncio.wait([saver])
+            if not saver.cancelled() and (problem := saver.exception()) is not None:
+                log.error("matrix: saving the sync position failed: %r", problem)
 
     async def _loop(self, client: AsyncClient, sink: InboundSink, ready: asyncio.Event) -> None:
         token = self._position.load()
@@ -149,6 +158,11 @@ class Syncer:
         while True:
             try:
                 response = await self._sync_once(client, token, full_state)
+                if self._lost_connection:
+                    # The server answers again: counted now, not after the
+                    # response is handed over (which may take a while).
+                    self.reconnects += 1
+                    self._lost_connection = False
                 await self._maintain_keys(client)
                 await self._accept_invites(client, response)
                 if first_start:
@@ -184,14 +198,12 @@ class Syncer:
                 await asyncio.sleep(delay)
                 continue
             if not self._inbound_closed:
-                # Everything in this response was accepted: only now move the position.
-                self._position.save(response.next_batch)
+                # Everything in this response was accepted: only now may the
+                # position move (saved off the loop, see .position).
+                self._saver.note(response.next_batch)
             token, first_start, full_state = response.next_batch, False, False
             if not self.connected:
                 log.info("matrix connected as %s (device %s)", client.user_id, client.device_id)
-                if self._lost_connection:
-                    self.reconnects += 1
-                    self._lost_connection = False
             self.connected = True
             self._backoff.reset()
             ready.set()
@@ -276,6 +288,14 @@ class Syncer:
     async def _deliver(
         self, client: AsyncClient, response: SyncResponse, since: str | None, sink: InboundSink
     ) -> None:
+        """Hand the response's new events of configured rooms to the sink, in order.
+
+        Consecutive messages go together (see :meth:`SetAsideEvents.offer_together`),
+        so the store records a response's messages in one transaction rather
+        than one commit after another; an edit or a deletion, which acts on
+        what is already recorded, first waits for the messages before it.
+        """
+        together: list[Offer] = []
         for room_id, info in response.rooms.join.items():
             if room_id not in self._rooms:
                 continue
@@ -288,12 +308,25 @@ class Syncer:
                 if isinstance(event, MegolmEvent):
                     await self._waiting.keep(client, room_id, event)
                     continue
-                await self._hand_over(client, room_id, event, sink)
+                if getattr(event, "event_id", None) in self._set_aside:
+                    continue  # a replay of an event already set aside: it waits there
+                inbound = await self._translate(client, room_id, event)
+                if inbound is None:
+                    continue
+                if isinstance(inbound, InboundMessage):
+                    together.append((room_id, event, inbound))
+                    continue
+                if together:
+                    await self._set_aside.offer_together(sink, together)
+                    together = []
+                await self._set_aside.offer(sink, room_id, event, inbound)
+        if together:
+            await self._set_aside.offer_together(sink, together)
 
     async def _hand_over(
         self, client: AsyncClient, room_id: str, event: object, sink: InboundSink
     ) -> None:
-        """One readable event to the sink: live, decrypted late, or set aside, all alike.
+        """One readable event to the sink, decrypted late; as :meth:`_deliver` hands them.
 
         An edit by anyone but the original sender is dropped; a redaction
         also forgets the event it removes wherever it still waits here.

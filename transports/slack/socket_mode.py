@@ -16,6 +16,7 @@ closes a connection. An envelope without acknowledgement is delivered again.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -56,27 +57,41 @@ class SocketModeConnection:
         """True between ``hello`` and the end of the connection."""
 
     async def serve(self, on_hello: Callable[[], None]) -> None:
-        """Connect and serve envelopes one at a time, in order.
+        """Connect and serve envelopes as they arrive, each acknowledged once settled.
 
-        Returns when Slack sends ``disconnect`` asking for a fresh connection;
-        raises :class:`SocketModeError` when the socket drops or Slack
-        disabled Socket Mode, and Web API errors when no URL can be had.
+        Envelopes are handled concurrently (at most :data:`IN_FLIGHT` at a
+        time; the handler keeps their order where it matters). Returns when
+        Slack sends ``disconnect`` asking for a fresh connection, once the
+        envelopes under way are settled; raises :class:`SocketModeError` when
+        the socket drops or Slack disabled Socket Mode (envelopes under way
+        are cancelled: unacknowledged, Slack delivers them again), and Web
+        API errors when no URL can be had.
         """
         response = await self._client.apps_connections_open(app_token=self._app_token)
         url = str(response["url"])
         try:
             async with self._session.ws_connect(url, heartbeat=HEARTBEAT_S) as ws:
-                async for frame in ws:
-                    if frame.type is not aiohttp.WSMsgType.TEXT:
-                        continue  # closing frames end the iteration
-                    if not await self._frame(ws, frame.data, on_hello):
-                        return
-                raise SocketModeError(f"socket closed (code {ws.close_code})")
+                envelopes = _Envelopes(ws, self._handle)
+                try:
+                    async with asyncio.TaskGroup() as tasks:
+                        async for frame in ws:
+                            if frame.type is not aiohttp.WSMsgType.TEXT:
+                                continue  # closing frames end the iteration
+                            if not await self._frame(envelopes, tasks, frame.data, on_hello):
+                                return
+                        raise SocketModeError(f"socket closed (code {ws.close_code})")
+                except ExceptionGroup as group:
+                    # The loop's own error, or a handler's: callers expect it as itself.
+                    raise group.exceptions[0] from None
         finally:
             self.connected = False
 
     async def _frame(
-        self, ws: aiohttp.ClientWebSocketResponse, data: str, on_hello: Callable[[], None]
+        self,
+        envelopes: _Envelopes,
+        tasks: asyncio.TaskGroup,
+        data: str,
+        on_hello: Callable[[], None],
     ) -> bool:
         """Handle one text frame; False once this connection should be given up."""
         try:
@@ -100,9 +115,35 @@ class SocketModeConnection:
         envelope_id = frame.get("envelope_id")
         if not isinstance(envelope_id, str):
             return True
-        if await self._handle(frame):
-            await ws.send_str(json.dumps({"envelope_id": envelope_id}))
-        else:
-            # No ack: Slack delivers the envelope again, here or on the next connection.
-            log.warning("slack socket mode: envelope %s not settled, left unacknowledged", kind)
+        await envelopes.slot.acquire()
+        tasks.create_task(envelopes.settle(frame, envelope_id), name=f"slack-envelope-{kind}")
         return True
+
+
+IN_FLIGHT = 64
+"""Envelopes handled at once at most; reading waits for a free place beyond that."""
+
+
+class _Envelopes:
+    """Handles envelopes of one connection concurrently; acknowledges each once settled."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse, handle: EnvelopeHandler) -> None:
+        self._ws = ws
+        self._handle = handle
+        self._sending = asyncio.Lock()
+        self.slot = asyncio.Semaphore(IN_FLIGHT)
+
+    async def settle(self, frame: Mapping[str, Any], envelope_id: str) -> None:
+        try:
+            if await self._handle(frame):
+                # One frame at a time on the socket, whatever order envelopes settle in.
+                async with self._sending:
+                    await self._ws.send_str(json.dumps({"envelope_id": envelope_id}))
+            else:
+                # No ack: Slack delivers the envelope again, here or on the next connection.
+                log.warning(
+                    "slack socket mode: envelope %s not settled, left unacknowledged",
+                    frame.get("type"),
+                )
+        finally:
+            self.slot.release()

@@ -9,6 +9,10 @@ message is durably recorded; if the sink fails, no acknowledgement is sent
 and Slack delivers the event again. Redeliveries already handled are
 recognised by (channel, ts) and acknowledged without a second hand-over.
 
+Socket Mode envelopes are handled as they arrive, without waiting for the
+ones before (a burst is recorded in one commit), yet handed to the sink in
+their order (:mod:`.turns`).
+
 Nothing on that path waits for more than it must: no lock is held while
 the sink runs (the store's idempotent accept settles concurrent
 redeliveries), display names are looked up within a short wait budget
@@ -36,7 +40,7 @@ from slack_bolt.authorization import AuthorizeResult
 from slack_bolt.context.async_context import AsyncBoltContext
 from slack_bolt.request.async_request import AsyncBoltRequest
 
-from bridge.core.model import ExternalMessageId, Reply, RoomId, RoomKey
+from bridge.core.model import ExternalMessageId, InboundMessage, Reply, RoomId, RoomKey
 from bridge.core.transport import Delivery, InboundSink, RoomBinding, RunPhase
 from transports.backoff import Backoff
 from transports.base import Transport
@@ -53,6 +57,7 @@ from transports.slack.names import DisplayNames
 from transports.slack.outbound import SlackOutbound
 from transports.slack.settings import SlackSettings
 from transports.slack.socket_mode import SocketModeConnection
+from transports.slack.turns import Turns
 from transports.slack.web import web_client
 
 log = logging.getLogger(__name__)
@@ -65,6 +70,8 @@ Sleep = Callable[[float], Awaitable[None]]
 
 HANDED_OVER = "chatbridge_handed_over"
 """Set in a request's Bolt context once a listener has dealt with its event."""
+TICKET = "chatbridge_ticket"
+"""In a Socket Mode request's Bolt context: its envelope's place in the order (see .turns)."""
 
 
 def settled(request: AsyncBoltRequest, status: int) -> bool:
@@ -182,8 +189,10 @@ class SlackTransport(Transport):
             )
             return
 
+        turns = Turns()
+
         async def handle(envelope: Mapping[str, Any]) -> bool:
-            return await self._dispatch_envelope(app, envelope)
+            return await self._dispatch_envelope(app, envelope, turns)
 
         async with aiohttp.ClientSession() as session:
             self._socket = SocketModeConnection(
@@ -230,7 +239,7 @@ class SlackTransport(Transport):
         )
 
         async def on_message(event: dict[str, Any], context: AsyncBoltContext) -> None:
-            await self._deliver(event, identity, sink)
+            await self._deliver(event, identity, sink, context.get(TICKET))
             context[HANDED_OVER] = True
 
         async def on_other_event(context: AsyncBoltContext) -> None:
@@ -243,8 +252,13 @@ class SlackTransport(Transport):
         return app
 
     async def _deliver(
-        self, event: Mapping[str, Any], identity: BotIdentity, sink: InboundSink
+        self,
+        event: Mapping[str, Any],
+        identity: BotIdentity,
+        sink: InboundSink,
+        ticket: tuple[Turns, int] | None,
     ) -> None:
+        """Hand ``event`` over; with a ``ticket`` (Socket Mode), in the envelopes' order."""
         parsed = to_event(event, identity.user_id, identity.bot_id, self._room_ids)
         if parsed is None:
             return
@@ -254,6 +268,15 @@ class SlackTransport(Transport):
             return
         wanted = users_to_name(parsed)
         names = await self.names.resolve(wanted) if wanted else {}
+        if ticket is not None:
+            turns, number = ticket
+            if isinstance(parsed, InboundMessage):
+                await turns.message(number)
+            else:
+                await turns.change(number)
+            # The sink records a message before its first wait: the next
+            # envelope's message, let go now, reaches the store after this one.
+            turns.handed(number)
         # No lock around the sink: it may take a while (the store, a command's
         # answer), and events of other channels must not wait behind it.
         await sink(decoded(parsed, names))
@@ -268,17 +291,29 @@ class SlackTransport(Transport):
                 return name
         return None
 
-    async def _dispatch_envelope(self, app: AsyncApp, envelope: Mapping[str, Any]) -> bool:
-        payload = envelope.get("payload")
-        if not isinstance(payload, dict):
-            return True  # nothing to process; acknowledge so it is not resent
-        headers: dict[str, str | Sequence[str]] = {}
-        if envelope.get("retry_attempt"):
-            headers["x-slack-retry-num"] = [str(envelope["retry_attempt"])]
-            headers["x-slack-retry-reason"] = [str(envelope.get("retry_reason", ""))]
-        request = AsyncBoltRequest(mode="socket_mode", body=payload, headers=headers)
-        response = await app.async_dispatch(request)
-        return settled(request, int(response.status))
+    async def _dispatch_envelope(
+        self, app: AsyncApp, envelope: Mapping[str, Any], turns: Turns
+    ) -> bool:
+        """Handle one envelope; called as envelopes arrive, before the previous are done."""
+        number = turns.take()  # before any wait: tickets follow the envelopes' order
+        try:
+            payload = envelope.get("payload")
+            if not isinstance(payload, dict):
+                return True  # nothing to process; acknowledge so it is not resent
+            headers: dict[str, str | Sequence[str]] = {}
+            if envelope.get("retry_attempt"):
+                headers["x-slack-retry-num"] = [str(envelope["retry_attempt"])]
+                headers["x-slack-retry-reason"] = [str(envelope.get("retry_reason", ""))]
+            request = AsyncBoltRequest(
+                mode="socket_mode",
+                body=payload,
+                headers=headers,
+                context={TICKET: (turns, number)},
+            )
+            response = await app.async_dispatch(request)
+            return settled(request, int(response.status))
+        finally:
+            turns.finish(number)
 
     async def send(
         self, reply: Reply, delivery: Delivery | None = None
