@@ -2,9 +2,11 @@
 
 Prints start-up time (bench_startup), a Matrix ping to its answer against a
 bare echo bot on the same Synapse (bench_ping), dispatcher overhead per flush
-and memory per idle room (bench_dispatcher), stop latency until the whole process tree is gone
-(bench_stop), messages/s accepted across 1,000 rooms through the whole accept
-path (bench_intake) and store commit rates and latencies (bench_store).
+(from the window's deadline) and memory per room, idle and at its busy peak
+(bench_dispatcher), stop latency until the whole process tree is gone with
+~100 and ~1,100 processes on the host (bench_stop), messages/s accepted
+across 1,000 rooms through the whole accept path, acceptors interleaving
+(bench_intake) and store commit rates and latencies (bench_store).
 Figures are recorded in docs/performance.md.
 """
 
