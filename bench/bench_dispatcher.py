@@ -1,6 +1,11 @@
 """Dispatcher micro-benchmarks: flush overhead, memory per room, submit throughput.
 
-Run: ``python bench/bench_dispatcher.py`` (about 10 s). Prints one table.
+Flush overhead is measured from where a room's wait ends (its batch filled,
+or its window's deadline) to ``execute`` called, the timer's own lateness
+included. Memory per room is measured in each state a room can hold, at its
+peak with every room busy, and after going idle.
+
+Run: ``python bench/bench_dispatcher.py`` (about 30 s). Prints one table.
 The figures are for this machine and Python; compare runs, not absolutes.
 """
 
@@ -103,12 +108,15 @@ async def flush_overhead_max_batch(samples: int, idle_gap: float = 0.0) -> None:
 
 
 class RecordingClock(MonotonicClock):
-    """The real clock, noting when each timer callback actually fired."""
+    """The real clock, noting the deadline each timer was set for and when it fired."""
 
     def __init__(self) -> None:
+        self.asked_for = 0.0
         self.fired_at = 0.0
 
     def call_at(self, when: float, callback: Callable[[], None]) -> TimerHandle:
+        self.asked_for = when
+
         def fire() -> None:
             self.fired_at = time.monotonic()
             callback()
@@ -116,9 +124,14 @@ class RecordingClock(MonotonicClock):
         return super().call_at(when, fire)
 
 
-async def flush_overhead_timer(samples: int) -> None:
-    """Window closes -> execute called; split into the loop's timer latency and ours."""
-    coalesce = 0.001
+async def flush_overhead_timer(samples: int, coalesce: float) -> None:
+    """Window closes -> execute called: what a room waits beyond its window.
+
+    The deadline is the one the dispatcher set its timer for (the window's
+    end); the total is split into the loop's timer lateness (deadline ->
+    callback: the epoll timeout is rounded to whole milliseconds, and a busy
+    loop runs the callback later still) and ours (callback -> execute).
+    """
     called: asyncio.Future[float] | None = None
 
     async def execute(run: DispatchedRun) -> None:
@@ -128,19 +141,23 @@ async def flush_overhead_timer(samples: int) -> None:
     limits = DispatchLimits(coalesce, max_wait_s=1.0, max_batch=10, max_concurrent_runs=64)
     clock = RecordingClock()
     d = Dispatcher(limits, execute, clock)
+    total: list[float] = []
     loop_late: list[float] = []
     ours: list[float] = []
     async with serving(d):
         for message in messages(samples, rooms=100):
             called = asyncio.get_running_loop().create_future()
-            deadline = clock.now() + coalesce
             d.submit(message)
+            deadline = clock.asked_for
             at = await called
+            total.append((at - deadline) * 1e9)
             loop_late.append((clock.fired_at - deadline) * 1e9)
             ours.append((at - clock.fired_at) * 1e9)
         await d.wait_idle()
-    row("flush overhead, window closed: timer callback -> execute", percentiles(ours))
-    row("  (asyncio timer lateness: deadline -> timer callback)", percentiles(loop_late))
+    window = f"{coalesce * 1000:g} ms window"
+    row(f"flush overhead, {window} closed: deadline -> execute", percentiles(total))
+    row("  of which asyncio timer lateness: deadline -> timer callback", percentiles(loop_late))
+    row("  of which the dispatcher: timer callback -> execute", percentiles(ours))
 
 
 async def measure(setup: Callable[[], Awaitable[None]]) -> int:
@@ -166,9 +183,12 @@ async def memory_per_room(rooms: int) -> None:
                     used.submit(m)
                 await used.wait_idle()
 
-        # Serve once first so one-time allocations are not charged to rooms.
-        async with serving(used):
-            pass
+        # A first dispatcher serves one run so one-time allocations are not
+        # charged to rooms (a dispatcher serves once: its end drains it).
+        warm = Dispatcher(used_limits, no_op, MonotonicClock())
+        async with serving(warm):
+            warm.submit(pending[0])
+            await warm.wait_idle()
         grown = await measure(use_and_go_idle)
         assert used.tracked_rooms == 0
         row(f"memory per room that ran and went idle ({rooms} rooms)", f"{grown / rooms:7.1f} B")
@@ -199,6 +219,72 @@ async def memory_per_room(rooms: int) -> None:
         tracemalloc.stop()
 
 
+async def memory_per_room_busy(rooms: int) -> None:
+    """Memory per room at its peak: every room running a batch, the next message queued.
+
+    Every room gets a run at once (one slot per room), each run holds until
+    all are going, and meanwhile each room gets a second message, which waits
+    behind its run. Measured at that point, as tracemalloc's peak over the
+    whole cycle (submit, run, next batch, idle), and after going idle. The
+    run's task is counted (the dispatcher creates it); its ``execute`` does
+    nothing but wait.
+    """
+    first = list(messages(rooms, rooms))
+    second = [
+        Message(
+            id=MessageId(rooms + m.id),
+            room=m.room,
+            sender=m.sender,
+            text=m.text,
+            external_id=ExternalMessageId(f"$next{m.id}"),
+            received_at=0.0,
+        )
+        for m in first
+    ]
+    release = asyncio.Event()
+    all_running = asyncio.Event()
+    started = 0
+
+    async def execute(run: DispatchedRun) -> None:
+        nonlocal started
+        started += 1
+        if started == rooms:
+            all_running.set()
+        await release.wait()
+
+    limits = DispatchLimits(60.0, 60.0, max_batch=1, max_concurrent_runs=rooms)
+    warm = Dispatcher(limits, no_op, MonotonicClock())
+    async with serving(warm):  # one-time allocations, as in memory_per_room
+        warm.submit(first[0])
+        await warm.wait_idle()
+    d = Dispatcher(limits, execute, MonotonicClock())
+    tracemalloc.start()
+    try:
+        async with serving(d):
+            gc.collect()
+            before = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            for m in first:
+                d.submit(m)
+            await all_running.wait()
+            for m in second:
+                d.submit(m)
+            gc.collect()
+            busy = tracemalloc.get_traced_memory()[0] - before
+            assert d.active_runs == rooms
+            release.set()
+            await d.wait_idle()
+            peak = tracemalloc.get_traced_memory()[1] - before
+            gc.collect()
+            left = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert started == 2 * rooms
+    row(f"memory per room, busy: a run going + 1 queued ({rooms})", f"{busy / rooms:7.1f} B")
+    row(f"memory per room, peak over the busy cycle ({rooms})", f"{peak / rooms:7.1f} B")
+    row(f"memory per room, left after that cycle went idle ({rooms})", f"{left / rooms:7.1f} B")
+
+
 async def throughput(count: int, rooms: int) -> None:
     limits = DispatchLimits(coalesce_s=0.05, max_wait_s=0.5, max_batch=10, max_concurrent_runs=8)
     d = Dispatcher(limits, no_op, MonotonicClock())
@@ -221,8 +307,10 @@ async def main() -> None:
     print(f"dispatcher bench, Python {sys.version.split()[0]}")
     await flush_overhead_max_batch(20_000)
     await flush_overhead_max_batch(2_000, idle_gap=0.001)
-    await flush_overhead_timer(2_000)
+    await flush_overhead_timer(2_000, coalesce=0.001)
+    await flush_overhead_timer(200, coalesce=0.05)
     await memory_per_room(10_000)
+    await memory_per_room_busy(10_000)
     await throughput(200_000, 1_000)
 
 

@@ -4,6 +4,12 @@ authorize -> commit to the store -> dispatcher.submit, with a no-op run, on
 the in-memory store (the service's own overhead), SQLite (file, WAL) and,
 when CHATBRIDGE_TEST_POSTGRES_URL is set, PostgreSQL.
 
+The in-memory store never waits, so its acceptors would run one after
+another (the first one would take every message before the others start):
+the bench's memory store yields to the loop once per accept, as a real
+store's commit does. Every run reports how many accepts were in flight at
+once at most, which shows whether the acceptors interleaved.
+
     python bench/bench_intake.py [--messages N] [--rooms N]
 """
 
@@ -28,6 +34,7 @@ from bridge.config import Settings
 from bridge.core.model import (
     ExternalMessageId,
     InboundMessage,
+    Message,
     RoomId,
     RoomKey,
     TransportName,
@@ -39,6 +46,29 @@ from bridge.store.base import Store
 from bridge.store.memory import MemoryStore
 from bridge.store.sql import SqlStore
 from dispatcher import DispatchedRun, Dispatcher, DispatchLimits
+
+
+class YieldingMemoryStore(MemoryStore):
+    """The in-memory store with one await point per accept, as a commit has."""
+
+    async def accept(self, msg: InboundMessage, received_at: float) -> Message | None:
+        await asyncio.sleep(0)
+        return await super().accept(msg, received_at)
+
+
+class InFlight:
+    """Counts accepts under way; ``most`` is the largest number at once."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.most = 0
+
+    def __enter__(self) -> None:
+        self.now += 1
+        self.most = max(self.most, self.now)
+
+    def __exit__(self, *exc: object) -> None:
+        self.now -= 1
 
 
 def settings(rooms: int) -> Settings:
@@ -74,7 +104,7 @@ async def postgres_store(admin_url: str) -> AsyncIterator[Store]:
 
 async def measure(
     store: Store, rooms: int, messages: int, concurrency: int
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, int]:
     config = settings(rooms)
 
     async def execute(run: DispatchedRun) -> None:
@@ -100,11 +130,13 @@ async def measure(
     ]
     latencies: list[float] = []
     queue = iter(inbound)
+    in_flight = InFlight()
 
     async def worker() -> None:
         for message in queue:
             t0 = time.perf_counter()
-            await intake.accept(message)
+            with in_flight:
+                await intake.accept(message)
             latencies.append(time.perf_counter() - t0)
 
     async with asyncio.TaskGroup() as tg:
@@ -116,7 +148,7 @@ async def measure(
         elapsed = time.perf_counter() - start
         serve.cancel()
     qs = statistics.quantiles(latencies, n=100)
-    return messages / elapsed, qs[49] * 1e3, qs[98] * 1e3
+    return messages / elapsed, qs[49] * 1e3, qs[98] * 1e3, in_flight.most
 
 
 async def main() -> None:
@@ -125,7 +157,10 @@ async def main() -> None:
     parser.add_argument("--rooms", type=int, default=1000)
     args = parser.parse_args()
     print(f"accept path, {args.messages} messages over {args.rooms} rooms")
-    print(f"{'store':<12} {'acceptors':>9} {'msg/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
+    print(
+        f"{'store':<12} {'acceptors':>9} {'msg/s':>9} {'p50 ms':>8} {'p99 ms':>8}"
+        f" {'most at once':>12}"
+    )
     backends: list[tuple[str, object]] = [("memory", None), ("sqlite", None)]
     pg = os.environ.get("CHATBRIDGE_TEST_POSTGRES_URL")
     if pg:
@@ -134,7 +169,7 @@ async def main() -> None:
         for concurrency in (1, 50):
             with tempfile.TemporaryDirectory() as tmp:
                 if name == "memory":
-                    store: Store = MemoryStore()
+                    store: Store = YieldingMemoryStore()
                     result = await measure(store, args.rooms, args.messages, concurrency)
                 elif name == "sqlite":
                     store = await SqlStore.open(f"sqlite+aiosqlite:///{tmp}/bench.db")
@@ -145,8 +180,11 @@ async def main() -> None:
                 else:
                     async with postgres_store(str(url)) as store:
                         result = await measure(store, args.rooms, args.messages, concurrency)
-            rate, p50, p99 = result
-            print(f"{name:<12} {concurrency:>9} {rate:>9.0f} {p50:>8.2f} {p99:>8.2f}")
+            rate, p50, p99, most = result
+            print(
+                f"{name:<12} {concurrency:>9} {rate:>9.0f} {p50:>8.2f} {p99:>8.2f} {most:>12}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

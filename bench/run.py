@@ -3,10 +3,12 @@
 Prints start-up time (bench_startup), a Matrix ping to its answer against a
 bare echo bot on the same Synapse (bench_ping), the same for Slack Socket Mode
 on local-slack (bench_slack_ping), claude's result line to the answer with 20
-runs ending at once (bench_run_end), dispatcher overhead per flush
-and memory per idle room (bench_dispatcher), stop latency until the whole process tree is gone
-(bench_stop), messages/s accepted across 1,000 rooms through the whole accept
-path (bench_intake) and the store: accept rates, a run's store calls, reads beside
+runs ending at once (bench_run_end), dispatcher overhead per flush (from the
+window's deadline) and memory per room, idle and at its busy peak
+(bench_dispatcher), stop latency until the whole process tree is gone with
+~100 and ~1,100 processes on the host (bench_stop), messages/s accepted
+across 1,000 rooms through the whole accept path, acceptors interleaving
+(bench_intake) and the store: accept rates, a run's store calls, reads beside
 writes and 20 runs ending at once (bench_store).
 Figures are recorded in docs/performance.md.
 """

@@ -14,7 +14,11 @@ itself with what it can still find, strongest first:
   by every descendant that does not clear its environment.
 
 Every process is pinned with a pidfd before it is signalled, so a recycled
-pid is never hit.
+pid is never hit. Finding processes by their parent link or their marker
+means reading every process of the host in /proc (tens of milliseconds
+with a thousand processes, and a read can stall behind a process in
+uninterruptible sleep): those scans run in a worker thread, never on the
+event loop. Only a cgroup lists a run's processes without a scan.
 """
 
 from __future__ import annotations
@@ -71,6 +75,11 @@ def find_marked(marker: str) -> list[int]:
     return found
 
 
+async def find_marked_off_loop(marker: str) -> list[int]:
+    """:func:`find_marked` in a worker thread: the event loop goes on meanwhile."""
+    return await asyncio.to_thread(find_marked, marker)
+
+
 class _Pinned:
     """A process held by a pidfd: signals go to it, never to a reused pid."""
 
@@ -90,11 +99,15 @@ class _Pinned:
         os.close(self.fd)
 
 
-def _pin_marked(marker: str) -> list[_Pinned]:
-    """Pin every process carrying ``marker``, checking the marker again once pinned."""
+async def _pin_marked(marker: str) -> list[_Pinned]:
+    """Pin every process carrying ``marker``, checking the marker again once pinned.
+
+    The scan runs in a worker thread and returns pids only: pidfds are opened
+    here, so a cancelled sweep never leaves one open in a thread's result.
+    """
     entry = _marker_entry(marker)
     pinned: list[_Pinned] = []
-    for pid in find_marked(marker):
+    for pid in await find_marked_off_loop(marker):
         try:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:
@@ -159,7 +172,7 @@ async def kill_marked(marker: str, grace_s: float) -> int:
     killed: set[int] = set()
     sig = signal.SIGTERM if grace_s > 0 else signal.SIGKILL
     while True:
-        procs = _pin_marked(marker)
+        procs = await _pin_marked(marker)
         if not procs:
             break
         try:
@@ -176,7 +189,7 @@ async def kill_marked(marker: str, grace_s: float) -> int:
                 proc.close()
         sig = signal.SIGKILL
         if loop.time() >= deadline:
-            if find_marked(marker):
+            if await find_marked_off_loop(marker):
                 log.error("processes marked %s survived the sweep", marker)
             break
     return len(killed)
@@ -205,10 +218,10 @@ async def kill_tree(pidfd: int, pid: int) -> int:
     deadline = loop.time() + KILL_DEADLINE_S
     killed: set[int] = set()
     while not has_exited(pidfd):
-        tree = descendants(pid)  # killed ones stay zombies (nobody reaps): not listed
+        # Killed ones stay zombies (nobody reaps): not listed.
+        tree = await asyncio.to_thread(_freeze_and_kill_descendants, pid)
         if not tree:
             break
-        signal_all(tree, (signal.SIGSTOP, signal.SIGKILL), {pid, *tree})
         killed.update(tree)
         if loop.time() >= deadline:
             log.error("processes of supervisor %d survived SIGKILL: %s", pid, tree)
@@ -217,6 +230,17 @@ async def kill_tree(pidfd: int, pid: int) -> int:
     with contextlib.suppress(ProcessLookupError):
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
     return len(killed)
+
+
+def _freeze_and_kill_descendants(pid: int) -> list[int]:
+    """One scan of ``pid``'s tree, every process found frozen then killed; the pids found.
+
+    Blocking (a whole /proc scan): run it in a worker thread.
+    """
+    tree = descendants(pid)
+    if tree:
+        signal_all(tree, (signal.SIGSTOP, signal.SIGKILL), {pid, *tree})
+    return tree
 
 
 async def kill_cgroup(path: str) -> int:

@@ -7,11 +7,15 @@ was about to kill. So recovery waits for a live old supervisor to finish
 (bounded by its own grace period and kill phase), and only one that does not
 finish is stopped by force together with its whole tree. Then the run's
 cgroup, which holds every process of the run whatever its environment, and
-last the marker sweep.
+last the marker sweep. Finding the old supervisor and the marker sweep read
+every process of the host in /proc: both run in a worker thread, so the
+restarted bridge's event loop (transports connecting, other rooms' runs)
+goes on meanwhile.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -49,7 +53,7 @@ async def recover_run(run_id: str, cgroup_root: str) -> int:
     if it had one, is ``<parent>/<run_id>`` (as the supervisor makes it).
     """
     killed = 0
-    supervisor = _find_supervisor(run_id)
+    supervisor = await _find_supervisor(run_id)
     if supervisor is not None:
         try:
             if not await _exited(supervisor.fd, supervisor.grace_s + SUPERVISOR_KILL_S):
@@ -76,10 +80,33 @@ def _cgroup_path(run_id: str, cgroup_root: str) -> str:
         return ""  # no cgroup v2 here: the run had no group either
 
 
-def _find_supervisor(run_id: str) -> _OldSupervisor | None:
-    """The live supervisor of ``run_id`` (by its marker and command line), pinned."""
+async def _find_supervisor(run_id: str) -> _OldSupervisor | None:
+    """The live supervisor of ``run_id`` (by its marker and command line), pinned.
+
+    The scan runs in a worker thread and returns candidates only: pidfds are
+    opened here, so a cancelled recovery never leaves one open.
+    """
+    for pid, argv in await asyncio.to_thread(_supervisor_candidates, run_id):
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            continue
+        # Pinned: check it is still the same process (not a recycled pid).
+        with contextlib.suppress(OSError):
+            if (_PROC / str(pid) / "cmdline").read_bytes().split(b"\0") == argv:
+                return _OldSupervisor(pid, fd, _grace(argv))
+        os.close(fd)
+    return None
+
+
+def _supervisor_candidates(run_id: str) -> list[tuple[int, list[bytes]]]:
+    """Pids and command lines of processes that look like ``run_id``'s supervisor.
+
+    Blocking (reads every process of the host in /proc): a worker thread's job.
+    """
     marker = f"{MARKER_ENV}={run_id}".encode()
     option = f"--run-id={run_id}".encode()
+    found: list[tuple[int, list[bytes]]] = []
     for entry in _PROC.iterdir():
         if not entry.name.isdigit():
             continue
@@ -88,18 +115,9 @@ def _find_supervisor(run_id: str) -> _OldSupervisor | None:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if marker not in environ or not _supervises(argv, option):
-            continue
-        try:
-            fd = os.pidfd_open(int(entry.name))
-        except OSError:
-            continue
-        # Pinned: check it is still the same process (not a recycled pid).
-        with contextlib.suppress(OSError):
-            if (entry / "cmdline").read_bytes().split(b"\0") == argv:
-                return _OldSupervisor(int(entry.name), fd, _grace(argv))
-        os.close(fd)
-    return None
+        if marker in environ and _supervises(argv, option):
+            found.append((int(entry.name), argv))
+    return found
 
 
 def _supervises(argv: list[bytes], option: bytes) -> bool:

@@ -130,7 +130,8 @@ class Supervised:
         For a supervisor that died (SIGKILL, the OOM killer) or did not finish
         in time (stopped, stuck): first, while it is alive, its whole tree (see
         :func:`kill_tree`); then the run's cgroup; claude by its pidfd; and the
-        marker sweep for whatever left the tree before.
+        marker sweep for whatever left the tree before. The /proc scans of
+        the tree and the sweep run in a worker thread, off the event loop.
         """
         killed = 0
         if self._pidfd is not None:

@@ -323,6 +323,8 @@ class Supervisor:
         self.report = report
         self.me = os.getpid()
         self.claude_running = True
+        self.has_children = True
+        """As of the last :meth:`reap`: False once no child is left, hence no descendant."""
         self.stop_deadline: float | None = None
         """Set once the stop began: when the grace period ends."""
 
@@ -332,6 +334,7 @@ class Supervisor:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
+                self.has_children = False
                 return False
             if pid == 0:
                 return True
@@ -353,11 +356,27 @@ class Supervisor:
         self._signal_tree((signal.SIGSTOP, signal.SIGKILL))
 
     def _signal_tree(self, sigs: tuple[signal.Signals, ...]) -> None:
-        tree = descendants(self.me)
-        if self.cgroup is not None:
-            tree = list(dict.fromkeys([*tree, *self.cgroup.procs()]))
+        tree = self._tree()
         mine = {self.me, *tree}
         signal_all(tree, sigs, mine)
+
+    def _tree(self) -> list[int]:
+        """The run's live processes, found as cheaply as is sound.
+
+        A scan of /proc reads every process of the host (tens of ms with a
+        thousand), so it is the last resort. A subreaper without a child has
+        no descendant at all (the usual end: claude exited and left nothing).
+        The run's cgroup lists its processes; only when it lists none while a
+        child is left (a process moved itself out of the group) is /proc
+        scanned. Such a process misses the SIGTERM but not the kill phase.
+        """
+        if not self.has_children:
+            return []
+        if self.cgroup is not None:
+            members = self.cgroup.procs()
+            if members:
+                return members
+        return self.survivors()
 
     def survivors(self) -> list[int]:
         tree = descendants(self.me)

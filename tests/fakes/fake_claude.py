@@ -272,9 +272,9 @@ if os.fork():
 os.setsid()
 if os.fork():
     os._exit(0)
-with open(sys.argv[1], "w") as f:
-    f.write(str(os.getpid()))
-os.execve("/bin/sleep", ["sleep", "300"], {})
+# The pid is written once the environment is cleared (after the exec), so
+# whoever reads the file never sees this process still carrying the marker.
+os.execve("/bin/sh", ["sh", "-c", 'echo $$ > "$0"; exec sleep 300', sys.argv[1]], {})
 """
 
 

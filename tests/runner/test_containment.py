@@ -19,6 +19,7 @@ import pytest
 
 from bridge.core.model import RunId, RunStatus
 from runner import RunRequest, ToolResult, run_claude
+from runner.cgroups import probe
 from runner.process import wait_exited
 from tests.runner.conftest import Recorder, is_alive
 from tests.runner.test_run_fake import fake_env, make_request, record
@@ -27,12 +28,22 @@ pytestmark = pytest.mark.slow
 
 ESCAPES = ("env-i", "double-fork", "background")
 
+HERE = probe("auto", limits=False)
+needs_cgroups = pytest.mark.skipif(not HERE.groups, reason=f"no cgroup groups: {HERE.problem}")
+CGROUP_PARENTS = [
+    pytest.param("", id="subreaper-only"),
+    # The supervisor then finds the run's processes through the group, not /proc.
+    pytest.param("auto", id="cgroup", marks=needs_cgroups),
+]
 
-def escaping_request(run_id: RunId, tmp_path: Path, **switches: str) -> RunRequest:
+
+def escaping_request(
+    run_id: RunId, tmp_path: Path, cgroup_parent: str = "", **switches: str
+) -> RunRequest:
     escape_dir = tmp_path / "escape"
     escape_dir.mkdir(exist_ok=True)
     env = fake_env(tmp_path, escape=str(escape_dir), **switches)
-    return make_request(run_id, tmp_path, env=env, stop_grace_s=0.5)
+    return make_request(run_id, tmp_path, env=env, stop_grace_s=0.5, cgroup_parent=cgroup_parent)
 
 
 def escaped(tmp_path: Path) -> list[int]:
@@ -66,11 +77,12 @@ async def until_exited(pids: list[int], within: float = 30.0) -> None:
         raise TimeoutError(f"{len(running)} process(es) still running after {within:g}s")
 
 
+@pytest.mark.parametrize("cgroup_parent", CGROUP_PARENTS)
 async def test_escaping_tools_are_stopped_with_the_run(
-    run_id: RunId, tmp_path: Path, recorder: Recorder
+    run_id: RunId, tmp_path: Path, recorder: Recorder, cgroup_parent: str
 ) -> None:
     task = asyncio.create_task(
-        run_claude(escaping_request(run_id, tmp_path, sleep="300"), recorder)
+        run_claude(escaping_request(run_id, tmp_path, cgroup_parent, sleep="300"), recorder)
     )
     await recorder.wait_for(ToolResult)  # the escapes started before the first line
     pids = escaped(tmp_path)
@@ -85,20 +97,22 @@ async def test_escaping_tools_are_stopped_with_the_run(
     assert alive([record(tmp_path)["pid"], *pids]) == []
 
 
+@pytest.mark.parametrize("cgroup_parent", CGROUP_PARENTS)
 async def test_escaping_tools_are_stopped_at_the_time_limit(
-    run_id: RunId, tmp_path: Path, recorder: Recorder
+    run_id: RunId, tmp_path: Path, recorder: Recorder, cgroup_parent: str
 ) -> None:
-    request = escaping_request(run_id, tmp_path, sleep="300")
+    request = escaping_request(run_id, tmp_path, cgroup_parent, sleep="300")
     report = await run_claude(RunRequest(**{**request.__dict__, "run_timeout_s": 3.0}), recorder)
     assert report.status is RunStatus.TIMED_OUT
     assert alive([record(tmp_path)["pid"], *escaped(tmp_path)]) == []
 
 
+@pytest.mark.parametrize("cgroup_parent", CGROUP_PARENTS)
 async def test_escaping_tools_end_with_a_normal_run(
-    run_id: RunId, tmp_path: Path, recorder: Recorder
+    run_id: RunId, tmp_path: Path, recorder: Recorder, cgroup_parent: str
 ) -> None:
     # claude prints its result and exits 0, leaving its tools running.
-    report = await run_claude(escaping_request(run_id, tmp_path), recorder)
+    report = await run_claude(escaping_request(run_id, tmp_path, cgroup_parent), recorder)
     assert report.status is RunStatus.SUCCEEDED
     assert report.exit_code == 0
     assert alive(escaped(tmp_path)) == []

@@ -18,19 +18,18 @@ import pytest
 
 from bridge.core.model import RunId, RunStatus
 from runner import Result, ToolResult, run_claude
-from runner.cgroups import probe
 from tests.runner.conftest import Recorder
-from tests.runner.test_containment import alive, escaped, escaping_request, ppid
+from tests.runner.test_containment import (
+    CGROUP_PARENTS,
+    alive,
+    escaped,
+    escaping_request,
+    needs_cgroups,
+    ppid,
+)
 from tests.runner.test_run_fake import fake_env, make_request, record
 
 pytestmark = pytest.mark.slow
-
-HERE = probe("auto", limits=False)
-needs_cgroups = pytest.mark.skipif(not HERE.groups, reason=f"no cgroup groups: {HERE.problem}")
-CGROUP_PARENTS = [
-    pytest.param("", id="subreaper-only"),
-    pytest.param("auto", id="cgroup", marks=needs_cgroups),
-]
 
 
 def supervisor(tmp_path: Path) -> int:
