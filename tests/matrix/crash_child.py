@@ -13,7 +13,8 @@ clean-up of any kind:
   depends on timing: positions noted during a write are coalesced);
 - ``none``: no crash.
 
-The process exits with status 0 once position FINAL is saved.
+The process exits with status 0 once position FINAL is saved (at once if it
+already was).
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ def die() -> None:
 
 
 async def main(url: str, store: Path, record: Path, step: str, final: str) -> None:
+    position = store / "sync_position"
+    if position.exists() and position.read_text() == final:
+        # A crash right after saving FINAL (saves coalesce, so the last write
+        # may be FINAL itself): there is nothing left to sync, and syncing from
+        # FINAL would wait forever for a next save.
+        return
     save = SyncPosition.save
     writes = 0
 

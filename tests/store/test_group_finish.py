@@ -99,8 +99,9 @@ async def test_runs_ending_together_share_one_commit(counted: Counted) -> None:
     results = await asyncio.gather(
         *(store.finish_run(r, RunReport(RunStatus.SUCCEEDED), 3.0, [answer(r)]) for r in runs)
     )
-    # The first call led alone; the others queued meanwhile: one full group, then the rest.
-    assert counted.commits - before == 3
+    # The leader lets the loop turn once before taking the queue, so the calls
+    # made together fill one full group; then the rest.
+    assert counted.commits - before == 2
     for run, entries in zip(runs, results, strict=True):
         assert [(e.run_id, e.reply.text) for e in entries] == [(run, f"answer of {run}")]
     ids = [e.id for entries in results for e in entries]
