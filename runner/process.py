@@ -174,7 +174,13 @@ async def kill_marked(marker: str, grace_s: float) -> int:
     while True:
         procs = await _pin_marked(marker)
         if not procs:
-            break
+            # Only an empty scan ends the sweep early: a scan whose processes
+            # all exited before they were pinned may have missed their
+            # children (a process that keeps forking and exiting), so scan
+            # again, still bounded by the deadline.
+            if not await find_marked_off_loop(marker) or loop.time() >= deadline:
+                break
+            continue
         try:
             for proc in procs:
                 if proc.signal(sig):

@@ -8,9 +8,8 @@ was about to kill. So recovery waits for a live old supervisor to finish
 finish is stopped by force together with its whole tree. Then the run's
 cgroup, which holds every process of the run whatever its environment, and
 last the marker sweep. Finding the old supervisor and the marker sweep read
-every process of the host in /proc: both run in a worker thread, so the
-restarted bridge's event loop (transports connecting, other rooms' runs)
-goes on meanwhile.
+every process of the host in /proc: both run in a worker thread, off the
+event loop (recovery itself runs before the transports start).
 """
 
 from __future__ import annotations

@@ -361,21 +361,17 @@ class Supervisor:
         signal_all(tree, sigs, mine)
 
     def _tree(self) -> list[int]:
-        """The run's live processes, found as cheaply as is sound.
+        """The run's live processes; none without a scan once no child is left.
 
-        A scan of /proc reads every process of the host (tens of ms with a
-        thousand), so it is the last resort. A subreaper without a child has
-        no descendant at all (the usual end: claude exited and left nothing).
-        The run's cgroup lists its processes; only when it lists none while a
-        child is left (a process moved itself out of the group) is /proc
-        scanned. Such a process misses the SIGTERM but not the kill phase.
+        A subreaper without a child has no descendant at all (the usual end:
+        claude exited and left nothing), so /proc is not read then. Otherwise
+        the scan of descendants joins the cgroup's list: a process that moved
+        itself out of the group is still a descendant and still gets the
+        SIGTERM. (This process is the run's own, so a scan here never holds up
+        the bridge's event loop.)
         """
         if not self.has_children:
             return []
-        if self.cgroup is not None:
-            members = self.cgroup.procs()
-            if members:
-                return members
         return self.survivors()
 
     def survivors(self) -> list[int]:
