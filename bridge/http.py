@@ -3,17 +3,28 @@
 Three read-only GET endpoints need no web framework, and the one this project
 has (aiohttp) costs more to import than the whole rest of a console start-up
 spends on its HTTP listener; ``[http] listen`` is on by default, so that
-import would be paid by every start. Each connection gets one response and
-is closed (``Connection: close``, which every scraper and probe handles); a
-request head is bounded in size and time, so a slow or oversized client
-cannot hold a handler.
+import would be paid by every start.
+
+Each connection gets one response and is closed (``Connection: close``, which
+every scraper and probe handles). What a client can hold is bounded, so that
+a slow, idle or hostile client cannot starve the rest of the bridge of file
+descriptors or keep probes out:
+
+- a connection lives at most ``connection_timeout`` seconds (its head, the answer and
+  the close together), then it is cut off;
+- at most ``max_connections`` are open; one more makes room by closing the
+  oldest that is not being answered (still sending its head, or done), so a
+  probe that sends its request at once is answered even behind a flood of
+  idle connections; with every one being answered, the newcomer is closed;
+- a request head is at most ``HEAD_LIMIT`` bytes (431 beyond).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import os
+import socket
 from collections.abc import Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -21,13 +32,21 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from bridge.core.hostport import HostPort
 from bridge.errors import StartupError
 
+log = logging.getLogger(__name__)
+
 Readiness = Callable[[], Awaitable[str | None]]
 """Returns None when ready, else the reason it is not."""
 
 HEAD_LIMIT = 8192
 """Bytes of request line plus headers accepted; more is answered 431 and closed."""
-HEAD_TIMEOUT_S = 10.0
-"""A client must send its request head within this time."""
+TIMEOUT_S = 5.0
+"""A connection's whole life: a client slower to send its head or to read the answer is cut off."""
+MAX_CONNECTIONS = 64
+"""Connections open at once; probes and a scraper need a handful."""
+DISCARD_LIMIT = 1 << 20
+"""Bytes a client may still send after its head (a body, pipelined requests) that are read and
+dropped before closing: closing with unread data resets the connection, which can destroy the
+answer before the client has read it."""
 
 _REASONS = {
     200: "OK",
@@ -48,6 +67,9 @@ class _Endpoints:
         self._exposition = exposition
 
     async def answer(self, method: str, target: str) -> Response:
+        if not target.startswith("/"):
+            # Absolute form (``http://host/healthz``, from proxies): the path follows the host.
+            target = "/" + target.partition("://")[2].partition("/")[2]
         path = target.partition("?")[0]
         if path not in ("/healthz", "/readyz", "/metrics"):
             return 404, b"not found\n", "text/plain"
@@ -64,13 +86,24 @@ class _Endpoints:
 
 
 async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str] | int:
-    """The request's method and target, or the status to refuse it with."""
+    """The request's method and target, or the status to refuse it with.
+
+    Lines may end in a bare LF as well as CRLF (RFC 9112 allows accepting both).
+    """
+    request_line = b""
+    size = 0
     try:
-        async with asyncio.timeout(HEAD_TIMEOUT_S):
-            head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.LimitOverrunError:
+        while True:
+            line = await reader.readuntil(b"\n")
+            size += len(line)
+            if size > HEAD_LIMIT:
+                return 431
+            if line in (b"\r\n", b"\n"):
+                break
+            request_line = request_line or line
+    except asyncio.LimitOverrunError:  # one line longer than the reader's limit (HEAD_LIMIT)
         return 431
-    parts = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
+    parts = request_line.rstrip(b"\r\n").decode("latin-1").split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
         return 400
     return parts[0], parts[1]
@@ -86,54 +119,112 @@ def _encode(status: int, body: bytes, content_type: str, *, with_body: bool) -> 
     return head + body if with_body else head
 
 
+class _Server:
+    """The open connections of one listener, each served by a task of ``tasks``."""
+
+    tasks: asyncio.TaskGroup | None = None
+    """Where connection tasks run; set once the listener serves."""
+
+    def __init__(self, endpoints: _Endpoints, *, timeout: float, max_connections: int) -> None:
+        self._endpoints = endpoints
+        self._timeout = timeout
+        self._max = max_connections
+        # Oldest first; True while its answer is being prepared or written.
+        self._open: dict[asyncio.StreamWriter, bool] = {}
+        self._closed = False
+
+    def accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The streams' connection callback: admit the connection or close it at once."""
+        if not self._closed and len(self._open) >= self._max:
+            idle = next((w for w, answering in self._open.items() if not answering), None)
+            if idle is not None:
+                # Its task then sees the end of the stream and ends.
+                del self._open[idle]
+                idle.transport.abort()
+        if self.tasks is None or self._closed or len(self._open) >= self._max:
+            writer.transport.abort()
+            return
+        # A zero high-water mark makes drain() wait until the whole answer is in the kernel's hands,
+        # so the final abort() loses none of it.
+        writer.transport.set_write_buffer_limits(high=0)
+        self._open[writer] = False
+        self.tasks.create_task(self._serve(reader, writer))
+
+    def close(self) -> None:
+        """Refuse connections from now on (the listener may still hand over accepted ones)."""
+        self._closed = True
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._exchange(reader, writer)
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+            pass  # the client went away, or was too slow
+        except Exception:
+            # A bug in an endpoint costs that one answer, not the bridge.
+            log.exception("http: answering a request failed")
+        finally:
+            self._open.pop(writer, None)
+            writer.transport.abort()  # frees the socket now; the answer, if any, is out already
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await _read_head(reader)
+        if writer not in self._open:
+            return  # closed to make room while its head was arriving
+        self._open[writer] = True
+        if isinstance(request, int):
+            status, body, kind, method = request, b"", "text/plain", "GET"
+        else:
+            method = request[0]
+            status, body, kind = await self._endpoints.answer(*request)
+        writer.write(_encode(status, body, kind, with_body=method != "HEAD"))
+        writer.write_eof()
+        await writer.drain()
+        self._open[writer] = False
+        # Wait for the client to close, dropping what else it sends: see DISCARD_LIMIT.
+        discarded = 0
+        while discarded <= DISCARD_LIMIT and (data := await reader.read(65536)):
+            discarded += len(data)
+
+
 async def serve_http(
     listen: HostPort,
     readiness: Readiness,
     exposition: Callable[[], bytes],
     bound: Callable[[int], None],
+    *,
+    connection_timeout: float = TIMEOUT_S,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> None:
     """Serve until cancelled; calls ``bound`` with the port once it listens (port 0: any).
 
     A port that cannot be bound is a :class:`StartupError` naming ``http.listen``.
     """
     endpoints = _Endpoints(readiness, exposition)
-    handlers: set[asyncio.Task[object]] = set()
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()  # always set: asyncio runs each connection in a task
-        if task is not None:
-            handlers.add(task)
-        try:
-            request = await _read_head(reader)
-            if isinstance(request, int):
-                status, body, kind, method = request, b"", "text/plain", "GET"
-            else:
-                method = request[0]
-                status, body, kind = await endpoints.answer(*request)
-            writer.write(_encode(status, body, kind, with_body=method != "HEAD"))
-            await writer.drain()
-        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
-            pass  # the client went away or never finished its request
-        finally:
-            if task is not None:
-                handlers.discard(task)
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-
+    server = _Server(endpoints, timeout=connection_timeout, max_connections=max_connections)
     try:
-        server = await asyncio.start_server(handle, listen.host, listen.port, limit=HEAD_LIMIT)
+        # Bound here, served below: the accept callback needs the task group.
+        listener = await asyncio.start_server(
+            server.accept, listen.host, listen.port, limit=HEAD_LIMIT, start_serving=False
+        )
     except OSError as exc:
-        # The one line the operator sees: the setting, the address, the reason.
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise StartupError(f"http.listen = {listen}: cannot listen: {reason}") from None
-    try:
-        bound(server.sockets[0].getsockname()[1])
-        await server.serve_forever()
-    finally:
-        server.close()
-        # Connections in flight are this server's tasks: they end with it.
-        for task in list(handlers):
-            task.cancel()
-        await asyncio.gather(*handlers, return_exceptions=True)
-        await server.wait_closed()
+        raise StartupError(f"http.listen = {listen}: cannot listen: {_reason(exc)}") from None
+    async with asyncio.TaskGroup() as tasks:
+        server.tasks = tasks
+        try:
+            await listener.start_serving()
+            bound(listener.sockets[0].getsockname()[1])
+            await asyncio.Event().wait()  # until cancelled
+        finally:
+            listener.close()
+            server.close()
+            # The task group now cancels the connection tasks, each closing its socket. They are
+            # this group's, not the streams' own: a cancelled streams callback task logs an error.
+
+
+def _reason(exc: OSError) -> str:
+    """The one line the operator sees after the setting and the address."""
+    if isinstance(exc, socket.gaierror):
+        return exc.strerror or str(exc)  # its errno is getaddrinfo's, unknown to os.strerror
+    # asyncio words a bind error as "error while attempting to bind on address ...: ..."
+    return os.strerror(exc.errno) if exc.errno else str(exc)
