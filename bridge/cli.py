@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_CONFIG = 2
+EXIT_INTERRUPTED = 130
+"""128 + SIGINT, as a shell reports a command that Ctrl-C ended."""
 
 
 def _log() -> Logger:
@@ -138,6 +140,11 @@ def _run(coro: Coroutine[Any, Any, None]) -> int:
     operator_errors = _expected()
     try:
         asyncio.run(coro)
+    except KeyboardInterrupt:
+        # Ctrl-C before the service's own signal handlers are in place (while
+        # the store opens): asyncio.run cancelled the start-up, nothing to add.
+        _log().info("interrupted while starting")
+        return EXIT_INTERRUPTED
     except operator_errors as exc:
         _log().error("%s", exc)
         return EXIT_FAILURE

@@ -220,6 +220,9 @@ class ConsoleSettings(_Section):
 _DATABASE_SCHEMES = ("sqlite+aiosqlite://", "postgresql+asyncpg://")
 """The async drivers the store is built and tested on."""
 
+_SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+"""libpq's ``sslmode`` values, which asyncpg's ``ssl`` parameter takes as well."""
+
 
 class DatabaseSettings(_Section):
     url: str = "sqlite+aiosqlite:///chatbridge.db"
@@ -233,6 +236,22 @@ class DatabaseSettings(_Section):
         # the message never repeats the URL (it may hold a password).
         if not value.startswith(_DATABASE_SCHEMES):
             raise ValueError(f"must start with {' or '.join(_DATABASE_SCHEMES)}")
+        # Parsed as the engine will parse it: a bad port would otherwise crash
+        # the start-up. SQLAlchemy is needed by every command that loads settings.
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            parsed = make_url(value)
+        except (ArgumentError, ValueError):  # never repeated: they may quote the URL
+            raise ValueError("is not a valid URL (is the port a number?)") from None
+        mode = parsed.query.get("sslmode")
+        if mode is not None and parsed.get_backend_name() == "postgresql":
+            # libpq's name; the engine hands it to asyncpg as ``ssl`` (same modes).
+            if not isinstance(mode, str) or mode not in _SSL_MODES:
+                raise ValueError(f"sslmode must be one of {', '.join(_SSL_MODES)}")
+            if "ssl" in parsed.query:
+                raise ValueError("give ssl or sslmode, not both")
         return value
 
 

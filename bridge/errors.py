@@ -21,3 +21,13 @@ class ConfigError(ChatbridgeError):
 
 class StartupError(ChatbridgeError):
     """A part of the service could not start."""
+
+
+def reason(exc: BaseException) -> str:
+    """The first line of ``exc``'s message, or its type's name when it has none.
+
+    Some failures carry no text at all (a bare ``TimeoutError``): a line
+    ending in "failed: " tells the operator nothing.
+    """
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

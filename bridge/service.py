@@ -21,7 +21,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,11 +32,12 @@ from bridge.containment import report_containment
 from bridge.core.model import Batch, Message, Reply, ReplyKind, RunReport, RunStatus
 from bridge.core.transport import RoomBinding, RunPhase, TransportError
 from bridge.delivery import Outbox
-from bridge.errors import ChatbridgeError, StartupError
+from bridge.errors import ChatbridgeError, StartupError, reason
 from bridge.intake import Intake
 from bridge.metrics import Metrics
 from bridge.notices import Notices
 from bridge.pacing import Pacing
+from bridge.preflight import run_problems
 from bridge.replies import Replier
 from bridge.runs import RunExecutor
 from bridge.store.base import Store, StoreError
@@ -249,16 +250,13 @@ class Service:
                     self.metrics.exposition,
                     bound,
                 )
-                background.append(tg.create_task(http, name="http"))
+                background.append(tg.create_task(self._part("http", http), name="http"))
             input_ended = asyncio.Event()
             for transport in self.transports:
                 ready = readies[transport.name] = asyncio.Event()
-                background.append(
-                    tg.create_task(
-                        self._run_transport(transport, ready, input_ended),
-                        name=f"transport-{transport.name}",
-                    )
-                )
+                name = f"transport-{transport.name}"
+                part = self._run_transport(transport, ready, input_ended)
+                background.append(tg.create_task(self._part(name, part), name=name))
             if await self._wait_ready(readies, background):
                 # Runs start only now: a recovered run's replies need a connected transport.
                 background.append(tg.create_task(self.outbox.serve(), name="outbox"))
@@ -288,6 +286,25 @@ class Service:
             idle.cancel()
         stop_wait.cancel()
         eof_wait.cancel()
+
+    async def _part(self, name: str, part: Awaitable[None]) -> None:
+        """Run one part (HTTP, a transport); a crash before "ready" becomes a StartupError.
+
+        A task that fails makes the task group cancel the start-up and raise
+        what the task raised: the start-up cannot catch it on the way. So the
+        part itself sums up an unexpected exception in one line naming it (the
+        traceback goes to the DEBUG log); an operator's error (a setting's
+        problem) already is such a line. After "ready" a crash stays a crash.
+        """
+        try:
+            await part
+        except (ChatbridgeError, TransportError):
+            raise
+        except Exception as exc:
+            if self.ready.is_set():
+                raise
+            log.debug("%s failed to start", name, exc_info=True)
+            raise StartupError(f"{name} failed to start: {reason(exc)}") from exc
 
     async def _run_transport(
         self, transport: Transport, ready: asyncio.Event, input_ended: asyncio.Event
@@ -321,12 +338,11 @@ class Service:
                     if stop in done:
                         return False
                     for task in done - {waiter}:
+                        # Usually the task group cancels this wait first and
+                        # raises the part's own error (see _part).
                         error = None if task.cancelled() else task.exception()
-                        if isinstance(error, ChatbridgeError | TransportError):
-                            raise StartupError(str(error)) from error
                         if error is not None:
-                            name = task.get_name() if isinstance(task, asyncio.Task) else "a part"
-                            raise StartupError(f"{name} failed to start: {error}")
+                            raise StartupError(reason(error)) from error
         except TimeoutError:
             late = ", ".join(
                 f"{name} (check {_REACHES.get(name, name)})"
@@ -417,8 +433,17 @@ async def run_service(settings: Settings) -> None:
     if warning is not None:
         # The service still starts: the login may be in a keychain this check cannot see.
         log.warning("%s", warning)
-    store = await open_store(settings)
+    # `claude --version` takes a moment: in a thread, while the store opens.
+    checking = asyncio.ensure_future(asyncio.to_thread(run_problems, settings, dict(os.environ)))
     try:
+        store = await open_store(settings)
+    except BaseException:
+        checking.cancel()  # the thread ends on its own, within claude_check's timeout
+        raise
+    try:
+        for problem in await checking:
+            # Warnings, not failures: the directory or binary may appear later.
+            log.warning("%s", problem)
         service = Service(settings, store, build_transports(settings))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

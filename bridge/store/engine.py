@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import event
-from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
@@ -73,6 +73,19 @@ def redacted(url: str) -> str:
         return MASK
 
 
+def asyncpg_ssl(url: str) -> URL | str:
+    """``url`` with libpq's ``sslmode`` renamed to asyncpg's ``ssl`` (same values).
+
+    Operators copy PostgreSQL URLs from libpq tools; asyncpg would refuse
+    ``sslmode`` as an unknown argument (a TypeError at connect).
+    """
+    parsed = make_url(url)
+    mode = parsed.query.get("sslmode")
+    if mode is None or parsed.get_backend_name() != "postgresql" or "ssl" in parsed.query:
+        return url
+    return parsed.difference_update_query(["sslmode"]).update_query_dict({"ssl": mode})
+
+
 def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
     """An async engine for ``url``, with the SQLite settings above applied."""
     if is_sqlite(url) and make_url(url).database not in (None, "", ":memory:"):
@@ -84,7 +97,7 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
         kwargs = {"pool_size": 1, "max_overflow": 0, **kwargs}
     # Statement parameters are message texts and run excerpts: keep them out of
     # error messages, which reach the logs.
-    engine = create_async_engine(url, hide_parameters=True, **kwargs)
+    engine = create_async_engine(asyncpg_ssl(url), hide_parameters=True, **kwargs)
     if engine.dialect.name == "sqlite":
         _configure_sqlite(engine, reader=False)
     else:

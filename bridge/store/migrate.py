@@ -7,11 +7,15 @@ never builds an engine of its own when called from the service.
 
 Alembic is imported only when a migration really runs: a start-up whose
 database is already at :data:`migrations.HEAD` reads the revision with one
-plain query and never pays for Alembic's import.
+plain query and never pays for Alembic's import. Revision ids begin with a
+four-digit sequence number (``0001_initial``, ``0002``), so a database that a
+newer chatbridge migrated (after a rollback of the code) is recognised the same
+way, without Alembic: its revision's number is above the head's.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -53,10 +57,51 @@ def head_revision() -> str:
     return migrations.HEAD
 
 
+def sequence_number(revision: str) -> int | None:
+    """The sequence number a revision id begins with; None for an id without one."""
+    digits = revision[:4]
+    return int(digits) if len(digits) == 4 and digits.isdigit() else None
+
+
+def newer_schema(found: str | None) -> str | None:
+    """Why a database at revision ``found`` is beyond this code; None if it is not.
+
+    A newer chatbridge migrated it and this one was rolled back: neither
+    ``run`` nor ``migrate`` can work with it (the rollback's own downgrade
+    step is not in this code).
+    """
+    head = head_revision()
+    number, head_number = sequence_number(found or ""), sequence_number(head)
+    if number is None or head_number is None or number <= head_number:
+        return None
+    return (
+        f"the schema is at revision {found}, newer than this chatbridge (head {head});"
+        " upgrade chatbridge or restore a backup"
+    )
+
+
+def connect_failure(exc: BaseException, started: float) -> str:
+    """The reason a connection failed, for one line; a timeout carries no text of its own."""
+    text = str(exc).strip()
+    if text:
+        return text
+    if isinstance(exc, TimeoutError):
+        return f"no answer, timed out after {time.monotonic() - started:.0f}s"
+    return type(exc).__name__
+
+
 async def migrate(url: str) -> None:
-    """Upgrade the database at ``url`` to the newest revision (idempotent)."""
-    if await current_revision(url) == head_revision():
+    """Upgrade the database at ``url`` to the newest revision (idempotent).
+
+    A database at a revision newer than this code's head is refused with a
+    :class:`StoreError` saying so, before Alembic is loaded.
+    """
+    found = await current_revision(url)
+    if found == head_revision():
         return
+    problem = newer_schema(found)
+    if problem is not None:
+        raise StoreError(problem)
 
     def upgrade(config: Config) -> None:
         from alembic import command
@@ -80,11 +125,13 @@ async def downgrade(url: str, revision: str = "base") -> None:
 async def current_revision(url: str) -> str | None:
     """The revision the database at ``url`` is at; None if never migrated."""
     engine = create_engine(url)
+    started = time.monotonic()
     try:
         async with engine.connect() as conn:
             return await revision_of(conn)
     except (SQLAlchemyError, OSError) as exc:
-        raise StoreError(f"cannot read the schema revision of {redacted(url)}: {exc}") from exc
+        why = connect_failure(exc, started)
+        raise StoreError(f"cannot read the schema revision of {redacted(url)}: {why}") from exc
     finally:
         await engine.dispose()
 
@@ -105,7 +152,12 @@ async def revision_of(conn: AsyncConnection) -> str | None:
 
 
 async def _run(url: str, step: _Step) -> None:
+    # Loaded by the step anyway; its CommandError says, e.g., that the
+    # database's revision is not one of this code's.
+    from alembic.util import CommandError
+
     engine = create_engine(url)
+    started = time.monotonic()
     try:
         async with engine.begin() as conn:
 
@@ -115,7 +167,8 @@ async def _run(url: str, step: _Step) -> None:
                 step(config)
 
             await conn.run_sync(run)
-    except (SQLAlchemyError, OSError) as exc:
-        raise StoreError(f"migrating {redacted(url)} failed: {exc}") from exc
+    except (SQLAlchemyError, OSError, CommandError) as exc:
+        why = connect_failure(exc, started)
+        raise StoreError(f"migrating {redacted(url)} failed: {why}") from exc
     finally:
         await engine.dispose()

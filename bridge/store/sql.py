@@ -16,6 +16,7 @@ do concurrent ``finish_run`` calls (group commit, :mod:`bridge.store.batching`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -62,7 +63,13 @@ from bridge.store.engine import (
     shares_pool,
     without_sync,
 )
-from bridge.store.migrate import head_revision, migrate, revision_of
+from bridge.store.migrate import (
+    connect_failure,
+    head_revision,
+    migrate,
+    newer_schema,
+    revision_of,
+)
 from bridge.store.rules import (
     LIVE_STATES,
     delivery_key,
@@ -145,12 +152,14 @@ class SqlStore:
         if auto_migrate:
             await migrate(url)
         engine = create_engine(url)
+        started = time.monotonic()
         try:
             async with engine.connect() as conn:
                 _require_head(url, await revision_of(conn))
         except (SQLAlchemyError, OSError) as exc:
             await engine.dispose()
-            raise StoreError(f"cannot open the store at {redacted(url)}: {exc}") from exc
+            why = connect_failure(exc, started)
+            raise StoreError(f"cannot open the store at {redacted(url)}: {why}") from exc
         except BaseException:
             await engine.dispose()
             raise
@@ -954,6 +963,10 @@ async def _isolating(
 
 def _require_head(url: str, found: str | None) -> None:
     expected = head_revision()
+    newer = newer_schema(found)
+    if newer is not None:
+        # `chatbridge migrate` cannot help: it would refuse the same way.
+        raise StoreError(newer)
     if found != expected:
         raise StoreError(
             f"the database at {redacted(url)} is at schema revision {found or 'none'},"

@@ -117,6 +117,40 @@ def test_invalid_configuration_names_the_key(tmp_path: Path, text: str, expected
     assert expected in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("postgresql+asyncpg://bob:S3cretPw@127.0.0.1:abc/db", "is not a valid URL"),
+        ("postgresql+asyncpg://bob:S3cretPw@db/x?sslmode=required", "sslmode must be one of"),
+        (
+            "postgresql+asyncpg://bob:S3cretPw@db/x?sslmode=require&ssl=prefer",
+            "give ssl or sslmode, not both",
+        ),
+    ],
+)
+def test_database_urls_that_would_crash_the_driver_are_config_errors(
+    tmp_path: Path, url: str, expected: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, f"[database]\nurl = '{url}'\n"))
+    assert f"database.url: {expected}" in str(info.value)
+    assert "S3cretPw" not in str(info.value)
+
+
+def test_libpq_sslmode_is_accepted_and_given_to_asyncpg_as_ssl(tmp_path: Path) -> None:
+    from sqlalchemy.engine import make_url
+
+    from bridge.store.engine import asyncpg_ssl
+
+    url = "postgresql+asyncpg://bob:p%40ss@db:5433/x?sslmode=verify-full&application_name=cb"
+    assert load_settings(write(tmp_path, f"[database]\nurl = '{url}'\n")).database.url == url
+    given = make_url(asyncpg_ssl(url))
+    assert dict(given.query) == {"ssl": "verify-full", "application_name": "cb"}
+    assert (given.password, given.port) == ("p@ss", 5433)
+    sqlite = "sqlite+aiosqlite:///x.db"
+    assert asyncpg_ssl(sqlite) == sqlite
+
+
 def test_unknown_key_from_environment_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CHATBRIDGE_RUNNER__NOPE", "1")
     with pytest.raises(ConfigError, match=r"runner\.nope"):

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -66,11 +68,14 @@ def chatbridge(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def assert_one_clear_line(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+def assert_one_clear_line(
+    result: subprocess.CompletedProcess[str], *needles: str, logger: str = ""
+) -> None:
+    """Exit 1, no traceback, no "ready", one ERROR line (of ``logger``) with ``needles``."""
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     assert "chatbridge ready" not in result.stderr
-    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    errors = [line for line in result.stderr.splitlines() if f" ERROR {logger}" in line]
     assert len(errors) == 1, result.stderr
     for needle in needles:
         assert needle in errors[0]
@@ -152,3 +157,110 @@ def test_sqlite_file_problems_are_found_before_connecting(tmp_path: Path) -> Non
     )
     assert sqlite_file_problem("sqlite+aiosqlite:///:memory:") is None
     assert sqlite_file_problem("postgresql+asyncpg://u@127.0.0.1/db") is None
+
+
+def test_a_part_that_crashes_while_starting_is_one_line_naming_it(tmp_path: Path) -> None:
+    """An exception no part expects (here from mkdir) fails the start-up like a setting's error.
+
+    The task group used to re-raise it raw: a 45-line exception-group traceback.
+    """
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    matrix = {
+        # Never reached: the store directory is made before logging in.
+        "homeserver": "http://127.0.0.1:9",
+        "user_id": "@bot:localhost",
+        "password": "hunter2",
+        "store_path": str(blocker / "store"),
+    }
+    path = config(
+        tmp_path,
+        {
+            "console": {"enabled": False},
+            "matrix": matrix,
+            "rooms": [{"transport": "matrix", "id": "!r:localhost"}],
+        },
+    )
+    result = chatbridge("run", "--config", str(path), cwd=tmp_path)
+    # The Matrix transport's state files log their own complaint when it is built.
+    assert_one_clear_line(
+        result, "transport-matrix failed to start", "Not a directory", logger="bridge:"
+    )
+    assert "hunter2" not in result.stderr
+
+
+def test_a_database_newer_than_the_code_is_one_line_for_run_and_migrate(tmp_path: Path) -> None:
+    """After a rollback of chatbridge to a version that does not know the schema."""
+    database = tmp_path / "bridge.db"
+    path = str(config(tmp_path))
+    assert chatbridge("migrate", "--config", path, cwd=tmp_path).returncode == 0
+    with sqlite3.connect(database) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '9999'")
+    for args in (("run", "--config", path), ("migrate", "--config", path)):
+        result = chatbridge(*args, cwd=tmp_path)
+        assert_one_clear_line(
+            result, "database.url: the schema is at revision 9999, newer than this chatbridge"
+        )
+
+
+@pytest.fixture
+def silent_server() -> Iterator[socket.socket]:
+    """A TCP port that accepts connections and never answers (a hung database)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        sock.settimeout(60)
+        yield sock
+
+
+def test_ctrl_c_while_the_database_does_not_answer_is_a_clean_exit(
+    tmp_path: Path, silent_server: socket.socket
+) -> None:
+    port = silent_server.getsockname()[1]
+    url = f"postgresql+asyncpg://bob:hunter2@127.0.0.1:{port}/db"
+    path = config(tmp_path, {"database": {"url": url}})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bridge", "run", "--config", str(path)],
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=clean_env(),
+    )
+    try:
+        # Connected: the start-up now waits for the database's answer.
+        connection, _ = silent_server.accept()
+        with connection:
+            process.send_signal(signal.SIGINT)
+            _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert "interrupted while starting" in stderr
+    assert "hunter2" not in stderr
+
+
+def test_what_fails_every_run_is_a_warning_naming_the_setting(tmp_path: Path) -> None:
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_text("")
+    path = config(
+        tmp_path,
+        {
+            "runner": {"claude_bin": str(tmp_path / "no-claude")},
+            "rooms": [{"transport": "console", "id": "console", "cwd": str(not_a_directory)}],
+        },
+    )
+    result = chatbridge("run", "--config", str(path), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    ready = next(n for n, line in enumerate(lines) if "chatbridge ready" in line)
+    for needle in (
+        f"WARNING bridge.service: runner.claude_bin = '{tmp_path / 'no-claude'}': not found",
+        f"WARNING bridge.service: rooms[0].cwd = '{not_a_directory}': is not a directory",
+    ):
+        found = [n for n, line in enumerate(lines) if needle in line]
+        assert len(found) == 1, result.stderr
+        assert found[0] < ready

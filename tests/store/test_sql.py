@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,27 @@ async def test_sqlite_readers_cannot_write(tmp_path: Path) -> None:
     finally:
         await reader.dispose()
         await writer.dispose()
+
+
+@pytest.fixture
+def fresh_postgres_url(postgres_database: Callable[[str], str]) -> str:
+    """Synchronous: the session fixture runs its own event loop."""
+    return postgres_database("sslmode")
+
+
+@pytest.mark.postgres
+async def test_libpq_sslmode_in_the_url_reaches_postgresql(fresh_postgres_url: str) -> None:
+    """``?sslmode=`` as libpq tools write it: asyncpg alone would refuse the argument."""
+    url = fresh_postgres_url
+    store = await SqlStore.open(f"{url}?sslmode=disable")
+    try:
+        assert await store.accept(inbound("$1"), 1.0) is not None
+    finally:
+        await store.close()
+    # The mode reached asyncpg: the server either speaks TLS or says it does not.
+    try:
+        await (await SqlStore.open(f"{url}?sslmode=require")).close()
+        outcome = "opened over TLS"
+    except StoreError as exc:
+        outcome = str(exc)
+    assert outcome == "opened over TLS" or "SSL" in outcome, outcome
