@@ -235,7 +235,7 @@ class Service:
             background = [tg.create_task(self._housekeeping(), name="housekeeping")]
             readies: dict[str, asyncio.Event] = {}
             if self.settings.http.listen:
-                # Imported here: aiohttp's server costs start-up time only with HTTP on.
+                # Imported here: a start with HTTP off loads nothing of the endpoint.
                 from bridge.http import serve_http
 
                 listening = readies["http"] = asyncio.Event()
