@@ -337,3 +337,48 @@ def test_a_burst_agrees_with_one_by_one(
 
     memory, sql = asyncio.run(both())
     assert sql == memory
+
+
+# Hypothesis: finish_run(keep_session=True) calls and resets made together, with
+# the loop turning between some of them: the room ends with the session of the
+# last call made (a reset's None, or that run's session).
+
+session_call = st.tuples(st.booleans(), st.booleans())  # (a reset, not a run's end), a loop turn
+
+
+async def sessions_race(store: SqlStore, calls: list[tuple[bool, bool]]) -> SessionId | None:
+    runs = iter(await started(store, len(calls)))
+    made: list[asyncio.Task[object]] = []
+    expected: SessionId | None = None
+    for reset, turn in calls:
+        if reset:
+            made.append(asyncio.create_task(store.set_session(ROOM, None)))
+            expected = None
+        else:
+            run = next(runs)
+            expected = SessionId(f"session of {run}")
+            report = RunReport(RunStatus.SUCCEEDED, session_id=expected)
+            made.append(asyncio.create_task(store.finish_run(run, report, 3.0, keep_session=True)))
+        if turn:  # else the calls begin in the same loop turn (tasks start in order)
+            await asyncio.sleep(0)
+    await asyncio.gather(*made)
+    return expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(session_call, min_size=1, max_size=10))
+def test_the_last_call_decides_the_rooms_session(
+    sqlite_template: Path, calls: list[tuple[bool, bool]]
+) -> None:
+    async def race() -> None:
+        with tempfile.TemporaryDirectory() as directory:
+            path = Path(directory) / "store.db"
+            shutil.copy(sqlite_template, path)
+            sql = await SqlStore.open(f"sqlite+aiosqlite:///{path}", auto_migrate=False)
+            try:
+                expected = await sessions_race(sql, calls)
+                assert await sql.get_session(ROOM) == expected
+            finally:
+                await sql.close()
+
+    asyncio.run(race())
