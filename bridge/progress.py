@@ -3,11 +3,13 @@
 The message is posted only once the run has lasted ``show_after_s``
 (``[progress]``): a quick run posts its answer alone. Once the answer
 exists (:meth:`ProgressMessage.close`) no status message is posted any more;
-one already posted is finished (:meth:`ProgressMessage.finish`) after the
+a post already under way is completed, never cut off (:meth:`ProgressMessage.posted`),
+and the message is finished (:meth:`ProgressMessage.finish`) after the
 answer went out.
 
 Edits are also paced per transport (:class:`bridge.pacing.Pacing`): an edit
-the budget refuses is folded into a later one.
+the budget refuses is folded into a later one; the last edit, which says
+how the run ended, is tried again until the budget allows it.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class ProgressMessage:
     post: Post
     edit: Edit
     clock: Callable[[], float]
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    """Waits before a skipped last edit is tried again."""
     min_interval_s: float = 2.0
     show_after_s: float = 0.0
     started_at: float = 0.0
@@ -131,11 +135,36 @@ class ProgressMessage:
             self._dirty = True
             self._wake.set()
 
-    async def finish(self, outcome: str) -> None:
-        """Edit the message to say how the run ended, if it was posted."""
-        self.close()
+    @property
+    def posting(self) -> bool:
+        """The message's post is under way."""
+        return self._posting is not None and not self._posting.done()
+
+    async def posted(self) -> None:
+        """Until a post under way is done; a caller giving up does not cancel it."""
         if self._posting is not None:
-            await self._posting
+            await asyncio.shield(self._posting)
+
+    async def finish(self, outcome: str) -> None:
+        """Edit the message to say how the run ended, if it was posted.
+
+        Waits for a post under way, then makes the edit, trying again every
+        ``SKIPPED_RETRY_S`` while the edit budget skips it: the budget is
+        shared by every room of the transport, so runs ending together can
+        spend it. The caller bounds the wait (then calls :meth:`abandon`).
+        """
+        self.close()
+        ended = self.clock()
+        await self.posted()
         if self._message_id is None:
             return
-        await self.edit(self._message_id, self.text(self.clock(), finished=outcome))
+        text = self.text(ended, finished=outcome)
+        while not await self.edit(self._message_id, text):
+            await self.sleep(SKIPPED_RETRY_S)
+
+    async def abandon(self) -> None:
+        """Cancel a post still under way and wait for it: nothing of the message outlives this."""
+        if self._posting is not None and not self._posting.done():
+            self._posting.cancel()
+        if self._posting is not None:
+            await asyncio.wait({self._posting})

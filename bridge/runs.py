@@ -21,9 +21,16 @@ longer changes the outcome). A run without such a result (an error result,
 no result, a stop, a time limit) is recorded the same way once the runner
 returned. Only then come the cosmetic updates (typing off, the progress
 message's last edit, the phase reaction), each bounded in time, after the
-answer was delivered or its wait ran out. The room stays busy until the
-run's processes are gone. Whatever fails on the way, the run ends with an
-outcome, recorded once, and the room is free for its next batch.
+answer was delivered or its wait ran out. The progress message's last edit
+may have to wait for the transport's edit budget: it is made by a task the
+executor owns, beside the room, which is free for its next batch meanwhile
+(:meth:`RunExecutor.drain` waits for these at shutdown). The room stays busy
+until the run's processes are gone. Whatever fails on the way, the run ends
+with an outcome, recorded once, and the room is free for its next batch.
+
+No progress message is posted once the outcome exists; a post already under
+way then is waited for (bounded) before the answer is handed to the outbox,
+so "Working…" lands above the answer, and it is finished after the answer.
 
 Store errors on the way in: a failing ``start_run`` is retried in order
 while the batch keeps its room (newer messages cannot overtake it), for a
@@ -79,6 +86,9 @@ START_RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 """Pauses between tries of a failing ``start_run`` (about a minute in all)."""
 COSMETIC_TIMEOUT_S = 10.0
 """Each cosmetic update at a run's end, and the wait for the answer before them."""
+PROGRESS_FINISH_TIMEOUT_S = 120.0
+"""The progress message's last edit waits this long at most for the transport's edit budget
+(Matrix's 6 edits a minute, slowed to an eighth by rate limits, give one in 80 s)."""
 
 
 def new_run_id() -> RunId:
@@ -213,6 +223,9 @@ class RunExecutor:
     store_retry_delays_s: tuple[float, ...] = STORE_RETRY_DELAYS_S
     start_retry_delays_s: tuple[float, ...] = START_RETRY_DELAYS_S
     cosmetic_timeout_s: float = COSMETIC_TIMEOUT_S
+    progress_finish_timeout_s: float = PROGRESS_FINISH_TIMEOUT_S
+    _finishing: set[asyncio.Task[None]] = field(default_factory=set)
+    """The progress messages' last edits still under way (see :meth:`drain`)."""
     _generations: dict[RoomKey, int] = field(default_factory=dict)
     """Bumped by ``!reset``: a run that began before keeps its session to itself."""
 
@@ -220,6 +233,20 @@ class RunExecutor:
         """Forget the room's Claude session, also for the run active now."""
         self._generations[room] = self._generations.get(room, 0) + 1
         await self.store.set_session(room, None)
+
+    async def drain(self, timeout_s: float) -> None:
+        """At shutdown, while the transports still run: the progress messages' last
+        edits under way get ``timeout_s``; those still waiting are then given up."""
+        if not self._finishing:
+            return
+        log.info(
+            "waiting up to %gs to finish %d progress message(s)", timeout_s, len(self._finishing)
+        )
+        _, late = await asyncio.wait(set(self._finishing), timeout=timeout_s)
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.wait(late)
 
     async def execute(self, dispatched: DispatchedRun) -> None:
         """The dispatcher's ``execute``: it never calls this while shutting down."""
@@ -440,12 +467,18 @@ class RunExecutor:
     async def _conclude(self, run: _Run, report: RunReport) -> Callable[[], Awaitable[None]]:
         """Record the outcome with its replies and hand them to the outbox; a wait for them."""
         batch = run.batch
+        # The outcome exists: no status message is posted from now on.
+        run.progress.close()
         report = replace(
             report, result_text=safe_text(report.result_text), error=safe_text(report.error)
         )
         replies = self._replies(run.id, batch, report)
         ended = self.wall_clock()
         entries = await self._record_end(run, report, ended, replies)
+        if run.progress.posting:
+            # Posted straight to the transport, while the answer goes through the
+            # outbox: waited for, or "Working…" could land below the answer.
+            await self._cosmetic("post the progress message first", run.progress.posted())
         settled = self.outbox.submit(entries)
         self.metrics.runs_finished.labels(report.status.value).inc()
         self.metrics.run_duration.observe(max(0.0, ended - run.started))
@@ -468,11 +501,29 @@ class RunExecutor:
         await self._cosmetic("clear typing", self.replier.typing(run.batch.room, False))
         # The cosmetics come after the answer, never in front of it.
         await self._cosmetic("wait for the answer", settled())
-        await self._cosmetic(
-            "finish the progress message", run.progress.finish(_OUTCOME_WORDS[status])
+        finishing = asyncio.create_task(
+            self._finish_progress(run.progress, _OUTCOME_WORDS[status]),
+            name=f"finish progress {run.id}",
         )
+        self._finishing.add(finishing)
+        finishing.add_done_callback(self._finishing.discard)
         phase = _PHASES.get(status, RunPhase.FAILED)
         await self._cosmetic("show the outcome", self.replier.phase(run.batch, phase))
+
+    async def _finish_progress(self, progress: ProgressMessage, outcome: str) -> None:
+        """The progress message's last edit, beside the room: it may wait for the edit budget."""
+        try:
+            async with asyncio.timeout(self.progress_finish_timeout_s):
+                await progress.finish(outcome)
+        except TimeoutError:
+            log.warning(
+                "gave up finishing the progress message after %gs",
+                self.progress_finish_timeout_s,
+            )
+        except Exception:
+            log.warning("could not finish the progress message", exc_info=True)
+        finally:
+            await progress.abandon()
 
     def _replies(self, run_id: RunId, batch: Batch, report: RunReport) -> list[Reply]:
         """What tells the room how the run ended: the answer, or why there is none."""

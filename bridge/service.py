@@ -373,7 +373,12 @@ class Service:
         await asyncio.wait({dispatcher_task})
         # The runs' answers and notices go out while the transports still run;
         # what cannot be delivered in time stays in the outbox for the restart.
-        await self.outbox.drain(self.settings.delivery.drain_timeout_s)
+        # The progress messages' last edits (tasks under way, each after its
+        # answer) share that time.
+        drain_s = self.settings.delivery.drain_timeout_s
+        deadline = time.monotonic() + drain_s
+        await self.outbox.drain(drain_s)
+        await self.executor.drain(max(0.0, deadline - time.monotonic()))
 
     async def _housekeeping(self) -> None:
         retention_s = self.settings.database.retention_days * 86400

@@ -154,7 +154,9 @@ class Store(Protocol):
         Its messages become done (succeeded), dropped (stopped) or failed. The
         ``replies`` go into the outbox, pending, in order; the new entries are
         returned. With ``keep_session`` the report's session (if any) becomes
-        the room's, in the same transaction. Only the first report counts:
+        the room's, in the same transaction, unless ``set_session`` was called
+        for the room after this call (a ``!reset`` answered while the end
+        waited for its commit is not undone). Only the first report counts:
         finishing a run that already ended records nothing and returns that
         run's entries still pending, in order: a caller retrying after a lost
         acknowledgement (the first try did commit) hands its answer over.

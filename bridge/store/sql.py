@@ -16,6 +16,7 @@ do concurrent ``finish_run`` calls (group commit, :mod:`bridge.store.batching`).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -115,6 +116,8 @@ class _Finish:
     at: float
     replies: tuple[Reply, ...]
     keep_session: bool
+    sessions_set: int
+    """:attr:`SqlStore._sessions_set` when the call was made: a later ``set_session`` wins."""
 
 
 class SqlStore:
@@ -135,6 +138,15 @@ class SqlStore:
         self._unsynced = async_sessionmaker(without_sync(engine), expire_on_commit=False)
         self._reads = async_sessionmaker(self._readers, expire_on_commit=False)
         self._closed = False
+        # Session keeping: a set_session (a !reset) made while a run's end
+        # waits for its group commit must not be undone by that commit.
+        self._sessions_set = 0
+        """``set_session`` calls so far."""
+        self._session_set_at: dict[RoomKey, int] = {}
+        """Per room, the number of its latest ``set_session`` call."""
+        self._session_writes = asyncio.Lock()
+        """Held from deciding which sessions a group keeps until its commit, and by
+        ``set_session``: the two never interleave."""
         self._accepts: GroupCommit[tuple[InboundMessage, float], Message | None] = GroupCommit(
             self._accept_group, limit=ACCEPT_GROUP_LIMIT
         )
@@ -541,6 +553,11 @@ class SqlStore:
         Writes one ``run_finished`` audit row; the outcome and the replies
         share the transaction, so an answer is never lost between them.
 
+        With ``keep_session`` the report's session (if any) becomes the
+        room's, unless :meth:`set_session` was called for the room after this
+        call: a ``!reset`` answered while this end waited for its group
+        commit is not undone by it.
+
         Concurrent calls share one transaction (group commit), each
         returning once its run's end is committed, with a disk sync. An
         unknown run fails only its own call; so does a reply the database
@@ -549,14 +566,20 @@ class SqlStore:
         """
         if self._closed:
             raise StoreError("the store is closed")
-        finish = _Finish(run_id, report, at, tuple(replies), keep_session)
+        finish = _Finish(run_id, report, at, tuple(replies), keep_session, self._sessions_set)
         return await self._finishes.submit(finish)
 
     async def _finish_group(
         self, group: Sequence[_Finish], committing: Committing
     ) -> list[list[OutboxEntry] | Failed]:
         """Record the ends of ``group``, in order, in one transaction."""
-        return await _isolating(group, self._finish_together, committing)
+        if not any(f.keep_session and f.report.session_id is not None for f in group):
+            return await _isolating(group, self._finish_together, committing)
+        # Which sessions are kept is decided in the transaction (see
+        # _finish_together); no set_session may commit between that and the
+        # group's commit, or its value would be overwritten by an older one.
+        async with self._session_writes:
+            return await _isolating(group, self._finish_together, committing)
 
     async def _finish_together(
         self, group: Sequence[_Finish], committing: Committing
@@ -610,8 +633,9 @@ class SqlStore:
                             detail=report.status.value,
                         )
                     )
-                    if finish.keep_session and report.session_id is not None:
-                        sessions[room] = report.session_id
+                    kept = self._kept_session(finish, room)
+                    if kept is not None:
+                        sessions[room] = kept
                     first = len(outbox)
                     outbox += [_outbox_values(r, finish.at, finish.run_id) for r in finish.replies]
                     ended[finish.run_id] = (first, len(outbox))
@@ -644,6 +668,12 @@ class SqlStore:
             committing()
         entries = [_new_entry(values, new_id) for values, new_id in zip(outbox, ids, strict=True)]
         return [entries[p[0] : p[1]] if isinstance(p, tuple) else p for p in placed]
+
+    def _kept_session(self, finish: _Finish, room: RoomKey) -> SessionId | None:
+        """The run's session, to become the room's: asked for, and not set anew since the call."""
+        if not finish.keep_session or self._session_set_at.get(room, 0) > finish.sessions_set:
+            return None
+        return finish.report.session_id
 
     async def _pending_entries(self, s: AsyncSession, run_id: RunId) -> list[OutboxEntry]:
         rows = await s.scalars(
@@ -807,8 +837,15 @@ class SqlStore:
             return None if row is None or row.session_id is None else SessionId(row.session_id)
 
     async def set_session(self, room: RoomKey, session_id: SessionId | None) -> None:
-        """Remember (or, with None, forget) the Claude session of a room."""
-        async with self._transaction() as s:
+        """Remember (or, with None, forget) the Claude session of a room.
+
+        It wins over the session of a run whose :meth:`finish_run` was called
+        before and has not committed yet (see there).
+        """
+        # Counted before any await: a finish_run called from now on sees it.
+        self._sessions_set += 1
+        self._session_set_at[room] = self._sessions_set
+        async with self._session_writes, self._transaction() as s:
             await s.execute(self._session_upsert(room, session_id))
 
     def _sessions_upsert(self, sessions: dict[RoomKey, SessionId]) -> Any:

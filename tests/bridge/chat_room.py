@@ -31,6 +31,7 @@ from bridge.core.transport import (
     RunPhase,
 )
 from bridge.service import Service, open_store
+from bridge.store.base import Store
 from transports.base import Transport
 
 GUARD_S = 30.0
@@ -102,14 +103,16 @@ def console_room(settings: Settings) -> RoomKey:
 
 @asynccontextmanager
 async def serving(
-    settings: Settings, chat: ChatRoom | None = None
+    settings: Settings,
+    chat: ChatRoom | None = None,
+    wrap_store: Callable[[Store], Store] | None = None,
 ) -> AsyncIterator[tuple[Service, ChatRoom]]:
     """The service with ``chat`` (default: a new :class:`ChatRoom`) as the console room."""
     if chat is None:
         chat = ChatRoom(console_room(settings), "local")
     store = await open_store(settings)
     try:
-        service = Service(settings, store, [chat])
+        service = Service(settings, wrap_store(store) if wrap_store else store, [chat])
         async with asyncio.TaskGroup() as tg:
             task = tg.create_task(service.serve())
             await service.ready.wait()

@@ -165,6 +165,8 @@ async def test_a_long_run_posts_progress_then_the_answer_then_finishes_progress(
         await chat.wait_until(lambda: bool(chat.texts(ReplyKind.PROGRESS)))
         trigger.touch()
         await chat.wait_until(lambda: ("phase", RunPhase.DONE.value) in chat.events)
+        # The last edit is made beside the room, once the edit budget allows.
+        await chat.wait_until(lambda: any(text.startswith("Done after") for _, text in chat.events))
     assert [r.kind for r in chat.replies] == [ReplyKind.PROGRESS, ReplyKind.RESULT]
     assert chat.on_start == []
     answer = chat.kinds().index("send result")
@@ -172,6 +174,83 @@ async def test_a_long_run_posts_progress_then_the_answer_then_finishes_progress(
     assert finished
     assert finished[0] > answer
     assert chat.kinds().index("send progress") < answer
+
+
+class SlowProgressPosts(Timeline):
+    """A chat server that takes the progress message's post slowly (until ``posts`` is set)."""
+
+    def __init__(self, room: RoomKey, user: str) -> None:
+        super().__init__(room, user)
+        self.progress_posting = asyncio.Event()
+        self.posts = asyncio.Event()
+
+    async def send(
+        self, reply: Reply, delivery: Delivery | None = None
+    ) -> ExternalMessageId | None:
+        if reply.kind is ReplyKind.PROGRESS:
+            self.progress_posting.set()
+            await self.posts.wait()
+        return await super().send(reply, delivery)
+
+    def finished(self) -> bool:
+        return any(what == "edit" and text.startswith("Done after") for what, text in self.events)
+
+
+class EndRecorded:
+    """The real store, telling when a run's end is committed."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.recorded = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def finish_run(self, run_id: RunId, report: RunReport, *args: Any, **kw: Any) -> Any:
+        entries = await self._store.finish_run(run_id, report, *args, **kw)
+        self.recorded.set()
+        return entries
+
+
+async def test_a_progress_post_under_way_at_the_answer_lands_above_it(tmp_path: Path) -> None:
+    env = {"FAKE_CLAUDE_RESULT": "THE-ANSWER"}
+    given = settings(tmp_path, {}, env)  # show_after_s 0: posted as claude starts
+    chat = SlowProgressPosts(console_room(given), "local")
+    ends: list[EndRecorded] = []
+
+    def wrap(store: Store) -> Store:
+        ends.append(EndRecorded(store))
+        return cast(Store, ends[0])
+
+    async with serving(given, chat, wrap):
+        await chat.say("quick")
+        async with asyncio.timeout(WAIT_S):
+            await chat.progress_posting.wait()
+            await ends[0].recorded.wait()  # the answer is recorded, its post under way
+            chat.posts.set()
+        await chat.wait_until(chat.finished)
+    kinds = chat.kinds()
+    done = next(i for i, (what, text) in enumerate(chat.events) if text.startswith("Done after"))
+    assert kinds.index("send progress") < kinds.index("send result") < done
+
+
+async def test_a_progress_post_slower_than_the_cosmetic_bound_is_still_finished(
+    tmp_path: Path,
+) -> None:
+    env = {"FAKE_CLAUDE_RESULT": "THE-ANSWER"}
+    given = settings(tmp_path, {}, env)
+    chat = SlowProgressPosts(console_room(given), "local")
+    async with serving(given, chat) as (service, _):
+        service.executor.cosmetic_timeout_s = 0.2  # the answer waits this long for the post
+        await chat.say("quick")
+        async with asyncio.timeout(WAIT_S):
+            await chat.progress_posting.wait()
+            await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
+            await chat.wait_until(lambda: ("phase", RunPhase.DONE.value) in chat.events)
+            chat.posts.set()  # long after the bound: the post must not have been cut off
+        await chat.wait_until(chat.finished)
+    kinds = chat.kinds()
+    assert kinds.index("send result") < kinds.index("send progress") < kinds.index("edit")
 
 
 class CountedFinishes:

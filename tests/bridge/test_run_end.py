@@ -55,11 +55,9 @@ class RateLimitedEdits(ConsoleTransport):
 
 
 async def test_an_answer_is_not_held_up_by_a_hanging_progress_edit(tmp_path: Path) -> None:
-    settings = load_settings(write_config(tmp_path))
+    # The last edit hangs beside the room until the shutdown gives it up after this.
+    settings = load_settings(write_config(tmp_path, {"delivery": {"drain_timeout_s": 0.2}}))
     async with ConsoleSession(settings, console=HangingEdits) as session:
-        assert session.service is not None
-        # The progress message's last edit hangs: it is given up after this.
-        session.service.executor.cosmetic_timeout_s = 0.2
         session.send("the answer")
         async with asyncio.timeout(WAIT_S):
             await session.wait_for("\nthe answer\n")
@@ -68,13 +66,15 @@ async def test_an_answer_is_not_held_up_by_a_hanging_progress_edit(tmp_path: Pat
 
 
 async def test_an_answer_survives_a_rate_limited_progress_edit(tmp_path: Path) -> None:
-    settings = load_settings(write_config(tmp_path))
+    # The "Done" edit waits for the budget, beside the room, until the shutdown
+    # gives it up after this.
+    settings = load_settings(write_config(tmp_path, {"delivery": {"drain_timeout_s": 0.2}}))
     async with ConsoleSession(settings, console=RateLimitedEdits) as session:
         session.send("the answer")
         async with asyncio.timeout(WAIT_S):
             await session.wait_for("\nthe answer\n")
         out = await session.finish()
-    # Rate-limited: the cosmetic "Done" edit is dropped, the answer is not.
+    # Rate-limited: the cosmetic "Done" edit is given up, the answer is not.
     assert "· Done after" not in out
     assert rows(tmp_path, "select status from runs") == [("succeeded",)]
     assert rows(tmp_path, "select state from outbox") == [("delivered",)]

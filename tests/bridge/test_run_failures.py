@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,13 @@ from bridge.core.model import RunId
 from bridge.core.transport import InboundSink, TransportError
 from bridge.service import Service, open_store
 from bridge.store.base import Store, StoreError
+from bridge.store.sql import SqlStore
 from runner.process import find_marked
 from tests.bridge.harness import ConsoleSession, write_config
 from transports.base import Transport
+
+WAIT_S = 30.0
+"""Generous: each wait ends on an event long before; the bound only turns a hang into a failure."""
 
 
 def rows(tmp_path: Path, sql: str) -> list[tuple[Any, ...]]:
@@ -64,24 +69,83 @@ async def test_reset_during_a_run_is_not_undone_when_the_run_ends(tmp_path: Path
     sessions = tmp_path / "sessions"
     sessions.mkdir()
     record = tmp_path / "record.json"
+    trigger = tmp_path / "answer-now"
     path = write_config(
         tmp_path,
         env={
-            "FAKE_CLAUDE_SLEEP": "1",
+            "FAKE_CLAUDE_WAIT_FOR": str(trigger),
             "FAKE_CLAUDE_SESSIONS_DIR": str(sessions),
             "FAKE_CLAUDE_RECORD": str(record),
         },
     )
     async with ConsoleSession(load_settings(path)) as session:
         session.send("first")
-        await session.wait_for("Bash: echo hello")
-        session.send("!reset")
-        await session.wait_for("new Claude session")
-        await session.wait_for("· Done after")
-        session.send("second")
-        await session.wait_for("· Done after", count=2)
+        async with asyncio.timeout(WAIT_S):
+            await session.wait_for("Working…")
+            assert not trigger.exists()  # claude waits for it: the run is going
+            session.send("!reset")
+            await session.wait_for("new Claude session")
+            trigger.touch()
+            await session.wait_for("· Done after")
+            session.send("second")
+            await session.wait_for("· Done after", count=2)
     assert json.loads(record.read_text())["prompt"] == "second"
     assert not any(a.startswith("--resume") for a in json.loads(record.read_text())["argv"])
+
+
+class HeldGroup:
+    """The real store; the first run's end, once handed to ``finish_run``, waits
+    for ``release`` before its group commit: as behind another group in flight."""
+
+    def __init__(self, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+        assert isinstance(store, SqlStore)
+        self.queued = asyncio.Event()
+        self.release = asyncio.Event()
+        finishes = store._finishes
+        write = finishes._write
+
+        async def held(group: Sequence[Any], committing: Any) -> Any:
+            finishes._write = write  # the first group only
+            self.queued.set()
+            await self.release.wait()
+            return await write(group, committing)
+
+        monkeypatch.setattr(finishes, "_write", held)
+
+
+async def test_reset_right_after_the_answer_starts_a_new_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answer's end is recorded (keep_session decided) but not committed yet."""
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    record = tmp_path / "record.json"
+    env = {
+        "FAKE_CLAUDE_RESULT": "THE-ANSWER",
+        "FAKE_CLAUDE_RECORD": str(record),
+        "FAKE_CLAUDE_SESSIONS_DIR": str(sessions),
+    }
+    held: list[HeldGroup] = []
+
+    def wrap(store: Store) -> Store:
+        held.append(HeldGroup(store, monkeypatch))
+        return store
+
+    path = write_config(tmp_path, {"dispatcher": {"coalesce_ms": 0}}, env=env)
+    async with ConsoleSession(load_settings(path), wrap_store=wrap) as session:
+        session.send("first")
+        async with asyncio.timeout(WAIT_S):
+            await held[0].queued.wait()
+            session.send("!reset")
+            await session.wait_for("The next run starts a new Claude session")
+            held[0].release.set()
+            await session.wait_for("THE-ANSWER")
+            first = json.loads(record.read_text())["argv"]
+            record.unlink()
+            session.send("second")
+            await session.wait_for("THE-ANSWER", count=2)
+    argv = json.loads(record.read_text())["argv"]
+    assert not [a for a in argv if a.startswith("--resume")], f"resumed: {argv} (first: {first})"
 
 
 class FailsOnCue(Transport):

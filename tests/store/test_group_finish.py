@@ -204,6 +204,73 @@ async def test_closing_fails_queued_finishes(counted: Counted, backend: str) -> 
         await reopened.close()
 
 
+# Session keeping against !reset (set_session(room, None)): the reset wins over
+# any run's end that was not committed when the reset was made.
+
+
+def with_session(run: RunId, session: str) -> RunReport:
+    return RunReport(RunStatus.SUCCEEDED, session_id=SessionId(session), result_text="hi")
+
+
+@SQL
+async def test_a_reset_while_the_end_waits_for_its_group_is_not_undone(counted: Counted) -> None:
+    store = counted.store
+    [run] = await started(store, 1)
+    await store.set_session(ROOM, SessionId("old-session"))
+    finishing = asyncio.create_task(
+        store.finish_run(
+            run, with_session(run, "old-session"), 3.0, [answer(run)], keep_session=True
+        )
+    )
+    await asyncio.sleep(0)  # in finish_run: queued, the leader lets the loop turn once
+    await store.set_session(ROOM, None)  # the !reset, answered
+    await finishing
+    assert await store.get_session(ROOM) is None
+
+
+@SQL
+async def test_a_reset_while_the_group_writes_commits_after_it(
+    counted: Counted, backend: str
+) -> None:
+    """The group's transaction is under way (held at a lock) when the reset comes."""
+    store = counted.store
+    [run] = await started(store, 1)
+    write_begun = asyncio.Event()
+    blocking = "BEGIN IMMEDIATE" if is_sqlite(backend) else "UPDATE messages"
+
+    @event.listens_for(store._engine.sync_engine, "before_cursor_execute")
+    def _statement(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        if statement.startswith(blocking):
+            write_begun.set()
+
+    async with write_lock(backend) as lock:
+        finishing = asyncio.create_task(
+            store.finish_run(run, with_session(run, "s1"), 3.0, [answer(run)], keep_session=True)
+        )
+        await write_begun.wait()
+        resetting = asyncio.create_task(store.set_session(ROOM, None))
+        # Nothing to wait on: a store that lets the reset commit now (PostgreSQL
+        # does not lock ``rooms`` here) gets the time to, and fails below.
+        await asyncio.sleep(0.05)
+        await lock.release()
+        await finishing
+        await resetting
+    assert await store.get_session(ROOM) is None
+
+
+@SQL
+async def test_a_session_set_before_the_call_is_replaced_by_the_runs(counted: Counted) -> None:
+    store = counted.store
+    first, second = await started(store, 2)
+    await store.set_session(ROOM, None)  # a reset before the run's end was handed over
+    await store.set_session(RoomKey(TransportName("slack"), RoomId("C1")), None)  # another room
+    await store.finish_run(first, with_session(first, "s1"), 3.0, keep_session=True)
+    assert await store.get_session(ROOM) == SessionId("s1")
+    # keep_session=False (a reset during the run, seen by the executor) keeps nothing.
+    await store.finish_run(second, with_session(second, "s2"), 4.0, keep_session=False)
+    assert await store.get_session(ROOM) == SessionId("s1")
+
+
 # Hypothesis: a burst of finish_run calls on SQLite agrees with the memory store
 # doing them one after the other.
 
@@ -270,3 +337,48 @@ def test_a_burst_agrees_with_one_by_one(
 
     memory, sql = asyncio.run(both())
     assert sql == memory
+
+
+# Hypothesis: finish_run(keep_session=True) calls and resets made together, with
+# the loop turning between some of them: the room ends with the session of the
+# last call made (a reset's None, or that run's session).
+
+session_call = st.tuples(st.booleans(), st.booleans())  # (a reset, not a run's end), a loop turn
+
+
+async def sessions_race(store: SqlStore, calls: list[tuple[bool, bool]]) -> SessionId | None:
+    runs = iter(await started(store, len(calls)))
+    made: list[asyncio.Task[object]] = []
+    expected: SessionId | None = None
+    for reset, turn in calls:
+        if reset:
+            made.append(asyncio.create_task(store.set_session(ROOM, None)))
+            expected = None
+        else:
+            run = next(runs)
+            expected = SessionId(f"session of {run}")
+            report = RunReport(RunStatus.SUCCEEDED, session_id=expected)
+            made.append(asyncio.create_task(store.finish_run(run, report, 3.0, keep_session=True)))
+        if turn:  # else the calls begin in the same loop turn (tasks start in order)
+            await asyncio.sleep(0)
+    await asyncio.gather(*made)
+    return expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(session_call, min_size=1, max_size=10))
+def test_the_last_call_decides_the_rooms_session(
+    sqlite_template: Path, calls: list[tuple[bool, bool]]
+) -> None:
+    async def race() -> None:
+        with tempfile.TemporaryDirectory() as directory:
+            path = Path(directory) / "store.db"
+            shutil.copy(sqlite_template, path)
+            sql = await SqlStore.open(f"sqlite+aiosqlite:///{path}", auto_migrate=False)
+            try:
+                expected = await sessions_race(sql, calls)
+                assert await sql.get_session(ROOM) == expected
+            finally:
+                await sql.close()
+
+    asyncio.run(race())
