@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from bridge.core.model import RoomId
 from bridge.core.transport import RoomBinding
@@ -158,8 +159,14 @@ def service_config(tmp: Path, slack: Mapping[str, Any]) -> Path:
     return config
 
 
-async def failed_start(config: Path) -> list[str]:
-    """Run ``chatbridge run``; its log once it ended, which it must do with exit status 1."""
+async def failed_service(
+    config: Path, when_ready: Callable[[], Awaitable[None]] | None = None
+) -> list[str]:
+    """Run ``chatbridge run`` until it ends, which it must do with exit status 1; its log.
+
+    Without ``when_ready`` it must never be ready; with it, it must be, and
+    ``when_ready`` is awaited then.
+    """
     require_service()
     secrets = {
         "CHATBRIDGE_SLACK__BOT_TOKEN": BOT_TOKEN,
@@ -174,20 +181,26 @@ async def failed_start(config: Path) -> list[str]:
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
+    log: list[str] = []
     try:
         # A safety net only: well within the 60 s the old retrying took.
         async with asyncio.timeout(50):
-            _, err = await process.communicate()
+            assert process.stderr is not None
+            async for raw in process.stderr:
+                log.append(raw.decode(errors="replace").rstrip())
+                if "chatbridge ready" in log[-1] and when_ready is not None:
+                    await when_ready()
+            await process.wait()
     finally:
         if process.returncode is None:
             process.kill()
             await process.wait()
-    log = err.decode(errors="replace").splitlines()
-    assert process.returncode == 1, "\n".join(log)
     text = "\n".join(log)
+    assert process.returncode == 1, text
     assert "Traceback" not in text
-    assert "chatbridge ready" not in text
-    assert "reconnecting" not in text
+    assert ("chatbridge ready" in text) == (when_ready is not None)
+    if when_ready is None:
+        assert "reconnecting" not in text  # refused on the first attempt, not retried
     assert not any(secret in text for secret in secrets.values())
     return log
 
@@ -204,7 +217,7 @@ async def test_service_with_a_refused_bot_token_fails_at_once(tmp_path: Path, mo
     async with fake_slack() as fake:
         fake.errors["auth.test"] = ["invalid_auth"]
         slack = {"mode": mode, "api_url": fake.api_url, "listen": "127.0.0.1:0"}
-        line = one_error(await failed_start(service_config(tmp_path, slack)))
+        line = one_error(await failed_service(service_config(tmp_path, slack)))
         assert line.endswith("slack: slack.bot_token refused by Slack (auth.test: invalid_auth)")
         assert fake.calls == ["auth.test"]
 
@@ -214,7 +227,7 @@ async def test_service_with_a_refused_app_token_fails_at_once(tmp_path: Path) ->
     async with fake_slack() as fake:
         fake.errors["apps.connections.open"] = ["invalid_auth"]
         slack = {"mode": "socket", "api_url": fake.api_url}
-        line = one_error(await failed_start(service_config(tmp_path, slack)))
+        line = one_error(await failed_service(service_config(tmp_path, slack)))
         assert "slack.app_token refused by Slack (apps.connections.open: invalid_auth)" in line
         assert fake.calls_to("apps.connections.open") == 1
 
@@ -225,7 +238,30 @@ async def test_service_with_its_events_port_taken_fails_at_once(
 ) -> None:
     async with fake_slack() as fake:
         slack = {"mode": "events", "api_url": fake.api_url, "listen": f"127.0.0.1:{taken_port}"}
-        line = one_error(await failed_start(service_config(tmp_path, slack)))
+        line = one_error(await failed_service(service_config(tmp_path, slack)))
         assert line.endswith(
             f"slack.listen = 127.0.0.1:{taken_port}: cannot listen: Address already in use"
         )
+
+
+@pytest.mark.slow
+async def test_service_ends_when_its_token_is_revoked_while_serving(tmp_path: Path) -> None:
+    async with fake_slack() as fake:
+        socket: list[web.WebSocketResponse] = []
+
+        async def greet() -> None:
+            socket.append(await fake.sockets.get())
+            await socket[0].send_json(HELLO)
+
+        async def revoke() -> None:
+            fake.errors["auth.test"] = ["token_revoked"]
+            await socket[0].close()
+
+        greeting = asyncio.create_task(greet())
+        try:
+            config = service_config(tmp_path, {"mode": "socket", "api_url": fake.api_url})
+            line = one_error(await failed_service(config, when_ready=revoke))
+        finally:
+            greeting.cancel()
+        assert line.endswith("slack: slack.bot_token refused by Slack (auth.test: token_revoked)")
+        assert fake.calls_to("auth.test") == 2
