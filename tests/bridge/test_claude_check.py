@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from bridge.claude_check import check_binary, credentials_source
+from bridge.claude_check import (
+    VERSION_SHOWN,
+    check_binary,
+    credentials_source,
+    shown_line,
+    switched_on,
+)
 from tests.bridge.harness import write_config as config
 from tests.fakes.fake_claude import FAKE_CLAUDE, FAKE_VERSION
 
@@ -62,6 +69,53 @@ def test_unreadable_or_empty_files_are_no_login(home: Path) -> None:
     assert credentials_source({"HOME": str(home)}) is None
 
 
+# claude 2.1.330's provider switches, by the names its code reads.
+SWITCHES = (
+    "CLAUDE_CODE_USE_BEDROCK",
+    "CLAUDE_CODE_USE_VERTEX",
+    "CLAUDE_CODE_USE_FOUNDRY",
+    "CLAUDE_CODE_USE_ANTHROPIC_AWS",
+    "CLAUDE_CODE_USE_ANTHROPIC_GOOGLE_CLOUD",
+    "CLAUDE_CODE_USE_MANTLE",
+    "CLAUDE_CODE_USE_GATEWAY",
+)
+# claude turns a switch on for "1", "true", "yes", "on" (trimmed, any case), and nothing else.
+ON = ("1", "true", "TRUE", " yes ", "On")
+OFF = ("", "0", "false", "no", "off", "2", "enabled", "y")
+
+
+@pytest.mark.parametrize("name", SWITCHES)
+@pytest.mark.parametrize("value", ON)
+def test_a_provider_switch_turned_on_counts(home: Path, name: str, value: str) -> None:
+    assert credentials_source({"HOME": str(home), name: value}) == f"${name}"
+
+
+@pytest.mark.parametrize("name", SWITCHES)
+@pytest.mark.parametrize("value", OFF)
+def test_a_provider_switch_claude_reads_as_off_is_no_credentials(
+    home: Path, name: str, value: str
+) -> None:
+    assert credentials_source({"HOME": str(home), name: value}) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "counts"),
+    [("0", False), ("false", False), ("1", True), ("yes", True), (True, True), (False, False)],
+)
+def test_a_provider_switch_in_settings_env_is_read_as_claude_reads_it(
+    home: Path, value: object, counts: bool
+) -> None:
+    (home / ".claude").mkdir()
+    settings = home / ".claude" / "settings.json"
+    settings.write_text(json.dumps({"env": {"CLAUDE_CODE_USE_BEDROCK": value}}))
+    assert credentials_source({"HOME": str(home)}) == (str(settings) if counts else None)
+
+
+def test_switched_on_follows_claude() -> None:
+    assert [switched_on(v) for v in (*ON, True, 1)] == [True] * (len(ON) + 2)
+    assert [switched_on(v) for v in (*OFF, None, False, 0)] == [False] * (len(OFF) + 3)
+
+
 def test_binary_found_on_path_with_its_version() -> None:
     # The fake is a script: its interpreter must stay findable too.
     path = f"{FAKE_CLAUDE.parent}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -83,6 +137,100 @@ def test_binary_that_fails_version_is_a_problem(tmp_path: Path) -> None:
     broken.chmod(0o755)
     binary = check_binary(str(broken), {"PATH": ""})
     assert binary.problem == f"{broken} --version failed: cannot start"
+
+
+def script(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
+def assert_ended(pid_file: Path) -> None:
+    """The process whose pid ``pid_file`` holds has ended (waiting on its pidfd, not a clock)."""
+    pid = int(pid_file.read_text())
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        # SIGKILL was sent before check_binary returned; the exit follows promptly.
+        assert select.select([fd], [], [], 10)[0], f"process {pid} still running"
+    finally:
+        os.close(fd)
+
+
+def test_the_real_claude_looks_like_claude_code() -> None:
+    real = Path(sys.executable).parent / "claude"
+    if not real.is_file():
+        pytest.skip(f"no claude binary at {real}")
+    binary = check_binary(str(real), {"PATH": os.environ.get("PATH", "")})
+    assert binary.problem is None
+    assert binary.looks_like_claude, binary.version
+    assert binary.describe() == f"claude: {real}, version {binary.version}"
+
+
+def test_a_hung_binary_is_killed_with_its_children(tmp_path: Path) -> None:
+    hang = script(tmp_path, "claude", f"sleep 300 & echo $! > {tmp_path}/child; exec sleep 300")
+    binary = check_binary(str(hang), {"PATH": "/usr/bin:/bin"}, timeout_s=0.5)
+    assert binary.problem == f"{hang} --version gave no answer in 0.5s"
+    assert_ended(tmp_path / "child")
+
+
+def test_a_child_left_behind_is_killed_and_does_not_hold_up_the_answer(tmp_path: Path) -> None:
+    # The child inherits stdout: waiting for its end of the pipe would wait for the child.
+    body = f'sleep 300 & echo $! > {tmp_path}/child; echo "2.1.0 (Claude Code)"'
+    binary = check_binary(str(script(tmp_path, "claude", body)), {"PATH": "/usr/bin:/bin"}, 60)
+    assert binary.problem is None
+    assert binary.version == "2.1.0 (Claude Code)"
+    assert_ended(tmp_path / "child")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        'head -c 3000000 /dev/zero | tr "\\0" x',  # 3 MB on one line
+        "exec yes 2.1.0",  # endless: cut short, not waited for
+    ],
+)
+def test_a_flood_is_cut_short_and_shown_bounded(tmp_path: Path, body: str) -> None:
+    binary = check_binary(str(script(tmp_path, "claude", body)), {"PATH": "/usr/bin:/bin"}, 60)
+    assert binary.problem is None
+    assert binary.version is not None
+    assert len(binary.version) <= VERSION_SHOWN
+    assert not binary.looks_like_claude
+    assert "does not look like Claude Code's version" in binary.describe()
+
+
+def test_terminal_escapes_never_reach_the_operator(tmp_path: Path) -> None:
+    esc = script(tmp_path, "claude", r"printf '\033[2J\033]0;pwned\007 2.1.0 (Claude Code)\r\n'")
+    binary = check_binary(str(esc), {"PATH": "/usr/bin:/bin"})
+    assert binary.version == "2.1.0 (Claude Code)"
+    assert binary.looks_like_claude
+    failing = script(tmp_path, "failing", r"printf '\033[31mbroken\033[0m\a\n' >&2; exit 2")
+    assert check_binary(str(failing), {}).problem == f"{failing} --version failed: broken"
+
+
+def test_a_version_unlike_claude_codes_is_pointed_out(tmp_path: Path) -> None:
+    other = script(tmp_path, "claude", "echo 1.0")
+    binary = check_binary(str(other), {"PATH": "/usr/bin:/bin"})
+    assert binary.problem is None
+    assert binary.describe() == (
+        f"claude: {other}, version '1.0': this does not look like Claude Code's version"
+        " (such as '2.1.330 (Claude Code)'); check runner.claude_bin"
+    )
+
+
+def test_shown_line_is_the_first_line_printable_and_bounded() -> None:
+    assert shown_line(b"\n\n  2.1.330 (Claude Code)\nmore\n") == "2.1.330 (Claude Code)"
+    # Bidirectional overrides and other format characters go too.
+    assert shown_line("a\u202eb\x00c\x7f\x9bd".encode()) == "abcd"
+    assert shown_line(b"\x1bc\x1b(Bok") == "ok"  # two-byte escapes (reset, charset)
+    assert shown_line(b"\xff\xfe") == "\ufffd\ufffd"
+    long = shown_line(b"y" * 1000)
+    assert len(long) == VERSION_SHOWN
+    assert long.endswith("\u2026")
+    assert shown_line(b"") == ""
 
 
 def run_chatbridge(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -140,3 +288,16 @@ def test_run_warns_without_credentials_and_still_starts(tmp_path: Path, home: Pa
     assert keyed.returncode == 0, keyed.stderr
     assert "no credentials" not in keyed.stderr
     assert "sk-x" not in keyed.stderr
+
+
+@pytest.mark.slow
+def test_check_config_prints_no_escape_of_the_binary(tmp_path: Path, home: Path) -> None:
+    esc = script(tmp_path, "claude", r"printf '\033[2J\033]0;pwned\007 1.0\n'")
+    path = config(tmp_path, {"runner": {"claude_bin": str(esc)}})
+    result = run_chatbridge(
+        "check-config", "--config", str(path), env={"HOME": str(home)}, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stderr
+    assert "\x07" not in result.stderr
+    assert f"claude: {esc}, version '1.0': this does not look like" in result.stderr

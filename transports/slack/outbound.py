@@ -36,7 +36,7 @@ from bridge.core.transport import (
     Undeliverable,
 )
 from transports.slack.mrkdwn import to_mrkdwn
-from transports.slack.web import retry_after_seconds
+from transports.slack.web import AUTH_ERRORS, error_code, retry_after_seconds
 from transports.text import split_markdown
 
 log = logging.getLogger(__name__)
@@ -92,24 +92,6 @@ PERMANENT_ERRORS = frozenset(
         "thread_not_found",
     }
 )
-AUTH_ERRORS = frozenset(
-    {
-        "not_authed",
-        "invalid_auth",
-        "token_revoked",
-        "token_expired",
-        "account_inactive",
-        "missing_scope",
-        "no_permission",
-        "not_allowed_token_type",
-        "team_access_not_granted",
-        "ekm_access_denied",
-    }
-)
-"""The token (or the app's scopes) is refused: nothing can be posted anywhere
-until an operator changes the app or the token and restarts, so no retry helps.
-Retrying would also hold up every later answer of the room (the outbox
-delivers a room's answers in order)."""
 # Answers after which the call may still have taken effect.
 _UNSURE_ERRORS = frozenset(
     {"request_timeout", "internal_error", "fatal_error", "service_unavailable"}
@@ -118,14 +100,6 @@ _MIN_PIECE = 40
 """No piece is split below this; five-fold escaping of it still fits any limit (>= 200)."""
 LOOKUP_PAGES = 5
 """Pages of history searched for parts of an unsure delivery (the residual window)."""
-
-
-def _error_code(exc: SlackApiError) -> str:
-    response: Any = exc.response
-    try:
-        return str(response.get("error", "unknown"))
-    except AttributeError:
-        return "unknown"
 
 
 class OutcomeUnknown(TransportError):
@@ -137,7 +111,7 @@ def translate(method: str, exc: Exception) -> TransportError:
     if isinstance(exc, SlackApiError):
         response: Any = exc.response
         status = getattr(response, "status_code", 200)
-        code = _error_code(exc)
+        code = error_code(exc)
         if status == 429 or code == "ratelimited":
             headers = getattr(response, "headers", None) or {}
             return RateLimited("slack", retry_after_seconds(headers), f"{method} rate limited")
@@ -414,7 +388,7 @@ class SlackOutbound:
                 method, json={"channel": channel, "timestamp": ts, "name": name}
             )
         except SlackApiError as exc:
-            if _error_code(exc) in _HARMLESS_REACTION_ERRORS:
+            if error_code(exc) in _HARMLESS_REACTION_ERRORS:
                 return
             raise translate(method, exc) from exc
         except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:

@@ -23,7 +23,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
+from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
+
+from transports.slack.web import check_token
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +67,15 @@ class SocketModeConnection:
         Slack sends ``disconnect`` asking for a fresh connection, once the
         envelopes under way are settled; raises :class:`SocketModeError` when
         the socket drops or Slack disabled Socket Mode (envelopes under way
-        are cancelled: unacknowledged, Slack delivers them again), and Web
-        API errors when no URL can be had.
+        are cancelled: unacknowledged, Slack delivers them again),
+        :class:`~.web.SettingRefused` when Slack refuses the app token, and
+        other Web API errors when no URL can be had.
         """
-        response = await self._client.apps_connections_open(app_token=self._app_token)
+        try:
+            response = await self._client.apps_connections_open(app_token=self._app_token)
+        except SlackApiError as exc:
+            check_token(exc, "slack.app_token", "apps.connections.open")
+            raise
         url = str(response["url"])
         try:
             async with self._session.ws_connect(url, heartbeat=HEARTBEAT_S) as ws:

@@ -39,6 +39,7 @@ from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.authorization import AuthorizeResult
 from slack_bolt.context.async_context import AsyncBoltContext
 from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_sdk.errors import SlackApiError
 
 from bridge.core.model import ExternalMessageId, InboundMessage, Reply, RoomId, RoomKey
 from bridge.core.transport import Delivery, InboundSink, RoomBinding, RunPhase
@@ -58,7 +59,7 @@ from transports.slack.outbound import SlackOutbound
 from transports.slack.settings import SlackSettings
 from transports.slack.socket_mode import SocketModeConnection
 from transports.slack.turns import Turns
-from transports.slack.web import web_client
+from transports.slack.web import SettingRefused, check_token, web_client
 
 log = logging.getLogger(__name__)
 
@@ -145,11 +146,17 @@ class SlackTransport(Transport):
         return self._socket is not None and self._socket.connected
 
     async def run(self, sink: InboundSink, ready: asyncio.Event) -> None:
-        """Connect, set ``ready``, serve until cancelled; reconnect with backoff on errors."""
+        """Connect, set ``ready``, serve until cancelled; reconnect with backoff on errors.
+
+        Raises :class:`~.web.SettingRefused` when Slack refuses a token or
+        the events endpoint cannot listen: no retry can fix a setting, so a
+        start-up fails at once naming it (and so does a later reconnect, as
+        the Matrix transport does when its token is revoked).
+        """
         while True:
             try:
                 await self._serve_once(sink, ready)
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, SettingRefused):
                 raise
             except Exception as exc:
                 # The message is the library's; tokens are never part of it.
@@ -184,9 +191,7 @@ class SlackTransport(Transport):
                 self._listening = True
                 up()
 
-            await serve_events(
-                app, settled, self._settings.listen_host, self._settings.listen_port, listening
-            )
+            await serve_events(app, settled, self._settings.listen, listening)
             return
 
         turns = Turns()
@@ -201,7 +206,11 @@ class SlackTransport(Transport):
             await self._socket.serve(up)
 
     async def _identify(self) -> BotIdentity:
-        response = await self._client.auth_test()
+        try:
+            response = await self._client.auth_test()
+        except SlackApiError as exc:
+            check_token(exc, "slack.bot_token", "auth.test")
+            raise
         bot_id = response.get("bot_id")
         return BotIdentity(str(response["user_id"]), str(bot_id) if bot_id else None)
 
