@@ -36,6 +36,7 @@ MILESTONES = (
     ("outcome_recorded", "finish_run committed"),
     ("sending_result", "the outbox hands the answer to the transport"),
     ("history_looked_up", "Slack: history searched for parts already posted"),
+    ("request_started", "Matrix: rendered, the PUT starts"),
     ("sent_result", "answer sent (HTTP request done)"),
     ("seen", "the answer in the user's sync"),
 )
