@@ -8,8 +8,10 @@ only by what it does itself, plus the debounce window the configuration asks
 for (``coalesce_ms``).
 
 Prints p50/p90/p99 of both, and chatbridge's time above echo + window.
+With ``--breakdown`` the service logs its stage stamps (DEBUG) and the table
+of where chatbridge's pings spent their time follows (see ``breakdown.py``).
 
-    python bench/bench_ping.py [--pings 60] [--coalesce-ms 50]
+    python bench/bench_ping.py [--pings 60] [--coalesce-ms 50] [--breakdown]
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ from pathlib import Path
 from nio import AsyncClient, RoomCreateResponse, RoomMessageText, SyncResponse
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
+
+from breakdown import Ping, per_ping, stamps
+from breakdown import report as report_breakdown
 
 from tests.matrix.matrix_service import service
 from tests.matrix.synapse_peer import MatrixUser, SynapseServer, synapse_python
@@ -65,7 +70,7 @@ async def sync_loop(c: AsyncClient, arrivals: Arrivals | None, on_message: objec
     assert isinstance(first, SyncResponse), first
     while True:
         response = await c.sync(timeout=30_000, sync_filter=SYNC_FILTER)
-        now = time.perf_counter()
+        now = time.monotonic()
         if not isinstance(response, SyncResponse):
             await asyncio.sleep(0.1)
             continue
@@ -115,7 +120,7 @@ def percentiles(samples: list[float]) -> tuple[float, float, float]:
     return cuts[49], cuts[89], cuts[98]
 
 
-async def bench(pings: int, coalesce_ms: int) -> None:
+async def bench(pings: int, coalesce_ms: int, breakdown: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-ping-") as tmp_name:
         tmp = Path(tmp_name)
         async with homeserver(tmp) as synapse:
@@ -126,13 +131,21 @@ async def bench(pings: int, coalesce_ms: int) -> None:
             echo = client(synapse, echo_user)
             users = Users(human_user, bridge_user, echo_user)
             try:
-                timings = await measure(
-                    tmp, synapse, users, (human, echo), pings=pings, coalesce_ms=coalesce_ms
+                timings, rows = await measure(
+                    tmp,
+                    synapse,
+                    users,
+                    (human, echo),
+                    pings=pings,
+                    coalesce_ms=coalesce_ms,
+                    breakdown=breakdown,
                 )
             finally:
                 await human.close()
                 await echo.close()
     report(timings, coalesce_ms)
+    if breakdown:
+        report_breakdown(rows)
 
 
 @dataclass(frozen=True)
@@ -150,7 +163,8 @@ async def measure(
     *,
     pings: int,
     coalesce_ms: int,
-) -> dict[str, list[float]]:
+    breakdown: bool,
+) -> tuple[dict[str, list[float]], list[dict[str, float]]]:
     """Join both bots, start chatbridge, then ping each bot ``pings`` times, alternating."""
     human_user, bridge_user, echo_user = users.human, users.bridge, users.echo
     human, echo = clients
@@ -163,6 +177,12 @@ async def measure(
     await join_all(echo, [echo_room])
     work = tmp / "bridge"
     work.mkdir()
+    fake_times = tmp / "fake-claude-times.jsonl"
+    stage_env = (
+        {"CHATBRIDGE_LOGGING__LEVEL": "DEBUG", "FAKE_CLAUDE_TIMES": str(fake_times)}
+        if breakdown
+        else {}
+    )
     async with service(
         work,
         synapse,
@@ -175,8 +195,9 @@ async def measure(
             # The environment overrides the file (as in production).
             "CHATBRIDGE_DISPATCHER__COALESCE_MS": str(coalesce_ms),
             "CHATBRIDGE_MATRIX__SYNC_TIMEOUT_MS": "30000",
+            **stage_env,
         },
-    ):
+    ) as running:
         arrivals = Arrivals()
         async with asyncio.TaskGroup() as tasks:
             listener = tasks.create_task(sync_loop(human, arrivals))
@@ -185,25 +206,35 @@ async def measure(
             await ping(human, arrivals, bridge_room, bridge_user.user_id, limit_s=60)
             await ping(human, arrivals, echo_room, echo_user.user_id, limit_s=60)
             timings: dict[str, list[float]] = {"echo": [], "chatbridge": []}
+            marks: list[Ping] = []
             for _ in range(pings):
                 timings["echo"].append(await ping(human, arrivals, echo_room, echo_user.user_id))
                 timings["chatbridge"].append(
-                    await ping(human, arrivals, bridge_room, bridge_user.user_id)
+                    await ping(human, arrivals, bridge_room, bridge_user.user_id, marks=marks)
                 )
             listener.cancel()
             echoing.cancel()
-    return timings
+        rows = per_ping(marks, stamps(running.log, fake_times)) if breakdown else []
+    return timings, rows
 
 
 async def ping(
-    human: AsyncClient, arrivals: Arrivals, room: str, bot: str, limit_s: float = 30
+    human: AsyncClient,
+    arrivals: Arrivals,
+    room: str,
+    bot: str,
+    *,
+    limit_s: float = 30,
+    marks: list[Ping] | None = None,
 ) -> float:
     nonce = f"ping {uuid.uuid4().hex[:12]}"
     after = len(arrivals.seen)
-    start = time.perf_counter()
+    start = time.monotonic()
     await human.room_send(room, "m.room.message", {"msgtype": "m.text", "body": nonce})
     async with asyncio.timeout(limit_s):
         answered = await arrivals.first(room, bot, nonce, after)
+    if marks is not None:
+        marks.append(Ping(start, answered))
     return (answered - start) * 1000
 
 
@@ -226,8 +257,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pings", type=int, default=60)
     parser.add_argument("--coalesce-ms", type=int, default=50)
+    parser.add_argument(
+        "--breakdown", action="store_true", help="log stage stamps and print where the time goes"
+    )
     args = parser.parse_args()
-    asyncio.run(bench(args.pings, args.coalesce_ms))
+    asyncio.run(bench(args.pings, args.coalesce_ms, args.breakdown))
 
 
 if __name__ == "__main__":

@@ -10,9 +10,10 @@ by what it does itself, plus the debounce window (``coalesce_ms``).
 
 Prints p50/p90/p99 of both, chatbridge's time above echo + window, and how
 many messages chatbridge posted per run (a quick run should post one: its
-answer, with no status message first).
+answer, with no status message first). ``--breakdown``: where chatbridge's
+pings spent their time, from the service's stage stamps (see ``breakdown.py``).
 
-    python bench/bench_slack_ping.py [--pings 60] [--coalesce-ms 50]
+    python bench/bench_slack_ping.py [--pings 60] [--coalesce-ms 50] [--breakdown]
 
 local-slack binds every interface, so the benchmark runs itself inside a
 private network namespace (``unshare -n``, loopback only) when it is not in one.
@@ -37,6 +38,9 @@ from typing import Any
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
+
+from breakdown import Ping, per_ping, stamps
+from breakdown import report as report_breakdown
 
 from tests.config_files import merged, toml_text
 from tests.service_process import base_config, run_service
@@ -91,7 +95,7 @@ class Client:
 
     async def listen(self) -> None:
         async for frame in self.ws:
-            now = time.perf_counter()
+            now = time.monotonic()
             if frame.type is not aiohttp.WSMsgType.TEXT:
                 continue
             data = json.loads(frame.data)
@@ -156,18 +160,31 @@ def service_config(tmp: Path, slack: peer.LocalSlack) -> Path:
     return config
 
 
-async def ping(client: Client, channel: str, bot: str, limit_s: float = 30) -> float:
+async def ping(
+    client: Client,
+    channel: str,
+    bot: str,
+    *,
+    limit_s: float = 30,
+    marks: list[Ping] | None = None,
+) -> float:
     nonce = f"ping {uuid.uuid4().hex[:12]}"
     after = len(client.seen)
-    start = time.perf_counter()
+    start = time.monotonic()
     await client.post(channel, nonce)
     async with asyncio.timeout(limit_s):
         answered = await client.first(channel, bot, nonce, after)
+    if marks is not None:
+        marks.append(Ping(start, answered))
     return (answered - start) * 1000
 
 
-async def measure(tmp: Path, pings: int, coalesce_ms: int) -> tuple[dict[str, list[float]], float]:
-    """Ping each bot ``pings`` times, alternating; also chatbridge's messages per run."""
+async def measure(
+    tmp: Path, pings: int, coalesce_ms: int, breakdown: bool
+) -> tuple[dict[str, list[float]], float, list[dict[str, float]]]:
+    """Ping each bot ``pings`` times, alternating; also chatbridge's messages per run,
+    and with ``breakdown`` each ping's stage stamps."""
+    fake_times = tmp / "fake-claude-times.jsonl"
     async with peer.run_local_slack(tmp, "socket", workspace=workspace()) as slack:
         secrets = {
             "CHATBRIDGE_SLACK__BOT_TOKEN": peer.BOT_TOKEN,
@@ -180,11 +197,13 @@ async def measure(tmp: Path, pings: int, coalesce_ms: int) -> tuple[dict[str, li
             # The environment overrides the file (as in production).
             "CHATBRIDGE_DISPATCHER__COALESCE_MS": str(coalesce_ms),
         }
+        if breakdown:
+            env |= {"CHATBRIDGE_LOGGING__LEVEL": "DEBUG", "FAKE_CLAUDE_TIMES": str(fake_times)}
         work = tmp / "bridge"
         work.mkdir()
         config = service_config(work, slack)
         async with (
-            run_service(config, env, secrets=tuple(secrets.values())),
+            run_service(config, env, secrets=tuple(secrets.values())) as running,
             slack.http.ws_connect(f"ws://127.0.0.1:{slack.port}/ui") as ws,
         ):
             client = Client(ws)
@@ -196,14 +215,18 @@ async def measure(tmp: Path, pings: int, coalesce_ms: int) -> tuple[dict[str, li
                 await ping(client, ECHO_CHANNEL, ECHO_USER, limit_s=60)
                 before = client.posted_by(peer.BOT_USER, BRIDGE_CHANNEL)
                 timings: dict[str, list[float]] = {"echo": [], "chatbridge": []}
+                marks: list[Ping] = []
                 for _ in range(pings):
                     timings["echo"].append(await ping(client, ECHO_CHANNEL, ECHO_USER))
-                    timings["chatbridge"].append(await ping(client, BRIDGE_CHANNEL, peer.BOT_USER))
+                    timings["chatbridge"].append(
+                        await ping(client, BRIDGE_CHANNEL, peer.BOT_USER, marks=marks)
+                    )
                 # A run's status message, if any, comes before its answer: all counted.
                 posted = client.posted_by(peer.BOT_USER, BRIDGE_CHANNEL) - before
                 listening.cancel()
                 echoing.cancel()
-    return timings, posted / pings
+        rows = per_ping(marks, stamps(running.log, fake_times)) if breakdown else []
+    return timings, posted / pings, rows
 
 
 def percentiles(samples: list[float]) -> tuple[float, float, float]:
@@ -240,13 +263,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pings", type=int, default=60)
     parser.add_argument("--coalesce-ms", type=int, default=50)
+    parser.add_argument(
+        "--breakdown", action="store_true", help="log stage stamps and print where the time goes"
+    )
     args = parser.parse_args()
     if not peer.binary().is_file():
         raise SystemExit(f"local-slack is not installed: {peer.INSTALL_HINT}")
     in_private_network()
     with tempfile.TemporaryDirectory(prefix="bench-slack-ping-") as tmp:
-        timings, per_run = asyncio.run(measure(Path(tmp), args.pings, args.coalesce_ms))
+        timings, per_run, rows = asyncio.run(
+            measure(Path(tmp), args.pings, args.coalesce_ms, args.breakdown)
+        )
     report(timings, per_run, args.coalesce_ms)
+    if args.breakdown:
+        report_breakdown(rows)
 
 
 if __name__ == "__main__":

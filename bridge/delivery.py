@@ -39,6 +39,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from bridge.core import stages
 from bridge.core.model import ExternalMessageId, Reply, RoomKey, TransportName
 from bridge.core.transport import Delivery, RateLimited, Undeliverable
 from bridge.metrics import Metrics
@@ -224,6 +225,7 @@ class Outbox:
 
         async def part_sent(index: int, message_id: ExternalMessageId) -> None:
             nonlocal parts_done
+            stages.stamp(f"sent_{entry.reply.kind.value}")
             # Counted before it is recorded: a retry in this process never
             # repeats the part even if recording it failed.
             parts_done = max(parts_done, index + 1)
@@ -300,6 +302,7 @@ class Outbox:
     async def _send(self, entry: OutboxEntry, delivery: Delivery) -> None:
         room = entry.reply.room
         transport = self.transports[room.transport]  # submit() keeps the others out
+        stages.stamp(f"sending_{entry.reply.kind.value}")
         # A hung server must not hold the room forever; the retry skips the
         # parts done, so giving up an attempt never posts a part twice.
         async with asyncio.timeout(self.send_timeout_s):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from bridge.commands import Command, CommandHandler, parse_command
 from bridge.config import Settings
+from bridge.core import stages
 from bridge.core.model import InboundMessage, Message, RoomKey
 from bridge.core.text import safe_text
 from bridge.core.transport import Accepted, InboundEvent, MessageDeleted, MessageEdited
@@ -137,6 +138,7 @@ class Intake:
             return Accepted.IGNORED
 
         message = await self.store.accept(inbound, now)
+        stages.stamp("accepted")
         if message is None:
             self.metrics.messages.labels("duplicate").inc()
             log.debug("duplicate delivery of %s", inbound.external_id)

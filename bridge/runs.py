@@ -50,6 +50,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bridge.config import RoomSettings, Settings
+from bridge.core import stages
 from bridge.core.aio import shielded
 from bridge.core.model import (
     Batch,
@@ -255,6 +256,7 @@ class RunExecutor:
             await self._execute(run_id, dispatched)
 
     async def _execute(self, run_id: RunId, dispatched: DispatchedRun) -> None:
+        stages.stamp("dispatched")
         batch = dispatched.batch
         started = self.wall_clock()
         generation = self._generations.get(batch.room, 0)
@@ -265,6 +267,7 @@ class RunExecutor:
             raise
         if not recorded:
             return
+        stages.stamp("start_recorded")
         self.metrics.runs_started.inc()
         if len(batch.messages) > 1:
             self.metrics.coalesced.inc(len(batch.messages))
@@ -398,6 +401,7 @@ class RunExecutor:
                     # the runner reaps claude. From here on this is the outcome,
                     # whatever comes next (a stop, a lingering process, an exit
                     # status); see run_claude.
+                    stages.stamp("result_read")
                     log.info("claude printed its answer")
                     run.progress.close()
                     answer = answer_report(event, live.init)
@@ -475,6 +479,7 @@ class RunExecutor:
         replies = self._replies(run.id, batch, report)
         ended = self.wall_clock()
         entries = await self._record_end(run, report, ended, replies)
+        stages.stamp("outcome_recorded")
         if run.progress.posting:
             # Posted straight to the transport, while the answer goes through the
             # outbox: waited for, or "Working…" could land below the answer.

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bridge.core import stages
 from runner.process import has_exited, kill_cgroup, kill_marked, kill_tree
 from runner.supervisor import KILL_DEADLINE_S
 
@@ -228,6 +229,7 @@ async def start(
     loop = asyncio.get_running_loop()
     control_r, control_w = os.pipe()
     status_r, status_w = os.pipe()
+    stages.stamp("spawn")
     try:
         proc = await asyncio.create_subprocess_exec(
             *supervisor_argv(
@@ -256,12 +258,14 @@ async def start(
         # Only the supervisor may hold these ends: its death must close them.
         os.close(control_r)
         os.close(status_w)
+    stages.stamp("supervisor_forked")
     status = asyncio.StreamReader()
     try:
         transport, _ = await loop.connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(status), os.fdopen(status_r, "rb", buffering=0)
         )
         first = _decode(await status.readline())
+        stages.stamp("claude_spawned")
     except BaseException:
         # Closing the control pipe stops whatever started; then wait for it to be gone.
         os.close(control_w)

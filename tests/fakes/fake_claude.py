@@ -88,9 +88,9 @@ Behaviour switches (environment variables; unset or empty means off):
     Print nothing after the tool events until PATH exists (a trigger shared
     by several runs: the test or benchmark creates the file).
 ``FAKE_CLAUDE_TIMES=PATH``
-    Append one JSON line to PATH at exit: ``{"prompt", "result", "exit"}``, the
-    ``time.monotonic()`` (system-wide on Linux) just after the result line was
-    flushed and just before exiting.
+    Append one JSON line to PATH at exit: ``{"prompt", "start", "result", "exit"}``,
+    the ``time.monotonic()`` (system-wide on Linux) once this script's imports
+    are done, just after the result line was flushed and just before exiting.
 ``FAKE_CLAUDE_LINGER=SECONDS``
     Stay alive this long after printing the result line.
 ``FAKE_CLAUDE_STDERR=TEXT``
@@ -111,6 +111,9 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any, NoReturn
+
+# Python's own start-up is over here: what a run's breakdown calls "claude started".
+_STARTED = time.monotonic()
 
 FAKE_CLAUDE = Path(__file__).resolve()
 """This script, to use as ``RunRequest.claude_bin``."""
@@ -548,7 +551,12 @@ def main() -> None:
     if _env("FAKE_CLAUDE_LINGER"):
         time.sleep(float(_env("FAKE_CLAUDE_LINGER")))
     if _env("FAKE_CLAUDE_TIMES"):
-        stamp = {"prompt": prompt, "result": printed, "exit": time.monotonic()}
+        stamp = {
+            "prompt": prompt,
+            "start": _STARTED,
+            "result": printed,
+            "exit": time.monotonic(),
+        }
         with open(_env("FAKE_CLAUDE_TIMES"), "a") as times:
             times.write(json.dumps(stamp) + "\n")
     sys.exit(1 if is_error else 0)

@@ -16,6 +16,7 @@ from uuid import uuid4
 from nio import AsyncClient, ErrorResponse, RoomSendResponse
 from nio.exceptions import LocalProtocolError, OlmTrustError
 
+from bridge.core import stages
 from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey
 from bridge.core.transport import Delivery, RateLimited, TransportError, Undeliverable
 from transports.backoff import Backoff
@@ -78,6 +79,8 @@ class MatrixOutbound:
             await self._known_room(client, room_id)
         elif room_id not in client.rooms:
             raise Undeliverable("matrix", f"the bot is not in room {room_id}")
+        # Rendered and the room known: what follows is the homeserver's.
+        stages.stamp("request_started")
         last: ExternalMessageId | None = None
         for index in range(first, len(parts)):
             last = await self._room_send(client, room_id, parts[index], f"{key}.{index}")

@@ -40,6 +40,7 @@ from nio import (
     SyncResponse,
 )
 
+from bridge.core import stages
 from bridge.core.model import InboundMessage, RoomId
 from bridge.core.transport import (
     InboundEvent,
@@ -158,6 +159,10 @@ class Syncer:
         while True:
             try:
                 response = await self._sync_once(client, token, full_state)
+                if stages.enabled() and any(
+                    info.timeline.events for info in response.rooms.join.values()
+                ):
+                    stages.stamp("received")
                 if self._lost_connection:
                     # The server answers again: counted now, not after the
                     # response is handed over (which may take a while).

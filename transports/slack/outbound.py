@@ -26,6 +26,7 @@ import aiohttp
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bridge.core import stages
 from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey
 from bridge.core.transport import (
     Delivery,
@@ -226,6 +227,7 @@ class SlackOutbound:
         found: dict[int, ExternalMessageId] = {}
         if delivery is not None and start < len(parts) and self._unsure(delivery.key):
             found = await self._find_parts(channel, thread, delivery.key)
+            stages.stamp("history_looked_up")
         last: ExternalMessageId | None = None
         for index in range(start, len(parts)):
             if delivery is not None:

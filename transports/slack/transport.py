@@ -41,6 +41,7 @@ from slack_bolt.context.async_context import AsyncBoltContext
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.errors import SlackApiError
 
+from bridge.core import stages
 from bridge.core.model import ExternalMessageId, InboundMessage, Reply, RoomId, RoomKey
 from bridge.core.transport import Delivery, InboundSink, RoomBinding, RunPhase
 from transports.backoff import Backoff
@@ -268,6 +269,7 @@ class SlackTransport(Transport):
         ticket: tuple[Turns, int] | None,
     ) -> None:
         """Hand ``event`` over; with a ``ticket`` (Socket Mode), in the envelopes' order."""
+        stages.stamp("received")
         parsed = to_event(event, identity.user_id, identity.bot_id, self._room_ids)
         if parsed is None:
             return
