@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.fake_claude import FAKE_CLAUDE
+from tests.fakes.fake_claude import FAKE_CLAUDE, install
 
 CHATBRIDGE = Path(sys.executable).parent / "chatbridge"
 READY_LINE = "chatbridge ready"
@@ -41,8 +41,13 @@ def base_config(tmp: Path) -> dict[str, Any]:
 
     Tests lay their transport's tables over it (``tests.config_files.merged``).
     """
+    # Through a launcher that names this interpreter: the script's own
+    # ``env python3`` may be a slow shim (pyenv), whose start-up the ping
+    # benchmarks would otherwise count as chatbridge's.
+    launchers = tmp / "bin"
+    launchers.mkdir(exist_ok=True)
     return {
-        "runner": {"claude_bin": FAKE_CLAUDE, "stop_grace_s": 1},
+        "runner": {"claude_bin": install(launchers), "stop_grace_s": 1},
         "dispatcher": {"coalesce_ms": 300},
         "database": {"url": f"sqlite+aiosqlite:///{tmp / 'chatbridge.db'}"},
         "console": {"enabled": False},
