@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from bridge.commands import Command, CommandHandler, parse_command
 from bridge.config import Settings
 from bridge.core import stages
-from bridge.core.model import InboundMessage, Message, MessageId
+from bridge.core.model import ExternalMessageId, InboundMessage, Message, RoomKey
 from bridge.core.text import safe_text
 from bridge.core.transport import Accepted, InboundEvent, MessageDeleted, MessageEdited
 from bridge.logs import log_context
@@ -42,8 +43,10 @@ class Intake:
     """Called for each message that will go to a run (shows it as received)."""
     wall_clock: Callable[[], float] = time.time
     _order: RoomOrder = field(default_factory=RoomOrder, init=False)
-    _not_handed: set[MessageId] = field(default_factory=set, init=False)
-    """Recorded, waiting for the events called before them: later than any edit now."""
+    _not_handed: Counter[tuple[RoomKey, ExternalMessageId]] = field(
+        default_factory=Counter, init=False
+    )
+    """Messages being accepted, before their hand-over: called after any edit now acting."""
 
     async def accept(self, event: InboundEvent) -> Accepted:
         """The transports' sink. Returns once the event is durably recorded.
@@ -87,9 +90,9 @@ class Intake:
         message = await self.store.pending_message(event.room, event.external_id)
         if message is None:
             return self._ignored_change(event, "no such waiting message")
-        if message.id in self._not_handed:
-            # Called after this edit (it waits for every event called before
-            # it): recorded already, but the edit still came first.
+        if self._not_handed[event.room, event.external_id]:
+            # Called after this edit (which waits for every event called before
+            # it): recorded already, maybe, but the edit still came first.
             return self._ignored_change(event, "came before the message")
         prefix = self.settings.commands.prefix
         if parse_command(message.text, prefix) is not None:
@@ -155,23 +158,26 @@ class Intake:
                 await self.store.record_ignored(inbound, reason, now)
             return Accepted.IGNORED
 
-        # The record is the store's first call: concurrent accepts reach the
-        # store in call order, and its group commit takes them together.
-        message = await self.store.accept(inbound, now)
-        stages.stamp("accepted")
-        if message is None:
-            self.metrics.messages.labels("duplicate").inc()
-            log.debug("duplicate delivery of %s", inbound.external_id)
-            return Accepted.DUPLICATE
-        # Recorded; what follows waits for the events of the room called before
-        # this one: after ``!retry`` its messages are queued first, after
-        # ``!stop`` nothing of this message is dropped, after ``!reset`` it runs
-        # in the new session.
-        self._not_handed.add(message.id)
+        key = (inbound.room, inbound.external_id)
+        self._not_handed[key] += 1
         try:
+            # The record is the store's first call: concurrent accepts reach the
+            # store in call order, and its group commit takes them together.
+            message = await self.store.accept(inbound, now)
+            stages.stamp("accepted")
+            if message is None:
+                self.metrics.messages.labels("duplicate").inc()
+                log.debug("duplicate delivery of %s", inbound.external_id)
+                return Accepted.DUPLICATE
+            # Recorded; what follows waits for the events of the room called
+            # before this one: after ``!retry`` its messages are queued first,
+            # after ``!stop`` nothing of this message is dropped, after
+            # ``!reset`` it runs in the new session.
             await turn.wait()
         finally:
-            self._not_handed.discard(message.id)
+            self._not_handed[key] -= 1
+            if not self._not_handed[key]:
+                del self._not_handed[key]
         if not message.text.strip():
             await self._files_only(message)
         elif command is not None:
