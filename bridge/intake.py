@@ -7,20 +7,21 @@ returns, and a crash after that point loses nothing.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from bridge.commands import Command, CommandHandler, parse_command
 from bridge.config import Settings
 from bridge.core import stages
-from bridge.core.model import InboundMessage, Message, RoomKey
+from bridge.core.model import ExternalMessageId, InboundMessage, Message, RoomKey
 from bridge.core.text import safe_text
 from bridge.core.transport import Accepted, InboundEvent, MessageDeleted, MessageEdited
 from bridge.logs import log_context
 from bridge.metrics import Metrics
+from bridge.room_order import RoomOrder, Turn
 from bridge.store.base import Store, StoreError
 from dispatcher import Dispatcher
 
@@ -41,21 +42,37 @@ class Intake:
     on_accepted: Callable[[Message], None] = lambda message: None
     """Called for each message that will go to a run (shows it as received)."""
     wall_clock: Callable[[], float] = time.time
-    _command_locks: dict[RoomKey, asyncio.Lock] = field(default_factory=dict, init=False)
+    _order: RoomOrder = field(default_factory=RoomOrder, init=False)
+    _not_handed: Counter[tuple[RoomKey, ExternalMessageId]] = field(
+        default_factory=Counter, init=False
+    )
+    """Messages being accepted, before their hand-over: called after any edit now acting."""
 
     async def accept(self, event: InboundEvent) -> Accepted:
         """The transports' sink. Returns once the event is durably recorded.
 
         Also while the service shuts down: the dispatcher then begins no run,
         so a message accepted now stays pending and runs after the restart.
+
+        Calls may overlap (a transport hands a burst over at once): each
+        records at once, but what it does then (queue, command, edit,
+        deletion) happens in the order of the calls in its room, so it
+        returns once that is done too (see :mod:`bridge.room_order`).
         """
-        with log_context(room=event.room):
-            if isinstance(event, InboundMessage):
-                # Chat text is made storable here, once (a lone surrogate, NUL).
-                return await self._accept(replace(event, text=safe_text(event.text)))
-            if isinstance(event, MessageEdited):
-                event = replace(event, text=safe_text(event.text))
-            return await self._change(event)
+        # Before the first wait: the turn follows the order of the calls.
+        turn = self._order.take(event.room)
+        try:
+            with log_context(room=event.room):
+                if isinstance(event, InboundMessage):
+                    # Chat text is made storable here, once (a lone surrogate, NUL).
+                    return await self._accept(replace(event, text=safe_text(event.text)), turn)
+                if isinstance(event, MessageEdited):
+                    event = replace(event, text=safe_text(event.text))
+                # It acts on what the turns before it recorded and queued.
+                await turn.wait()
+                return await self._change(event)
+        finally:
+            turn.end()
 
     async def _change(self, event: MessageEdited | MessageDeleted) -> Accepted:
         """An edit or deletion: only of a message still waiting; nothing else starts.
@@ -73,6 +90,10 @@ class Intake:
         message = await self.store.pending_message(event.room, event.external_id)
         if message is None:
             return self._ignored_change(event, "no such waiting message")
+        if self._not_handed[event.room, event.external_id]:
+            # Called after this edit (which waits for every event called before
+            # it): recorded already, maybe, but the edit still came first.
+            return self._ignored_change(event, "came before the message")
         prefix = self.settings.commands.prefix
         if parse_command(message.text, prefix) is not None:
             return self._ignored_change(event, "a command")
@@ -111,7 +132,7 @@ class Intake:
         log.debug("ignored %s of %s: %s", kind, event.external_id, reason)
         return Accepted.IGNORED
 
-    async def _accept(self, inbound: InboundMessage) -> Accepted:
+    async def _accept(self, inbound: InboundMessage, turn: Turn) -> Accepted:
         room = self.settings.room(inbound.room)
         now = self.wall_clock()
         reason = None
@@ -137,21 +158,33 @@ class Intake:
                 await self.store.record_ignored(inbound, reason, now)
             return Accepted.IGNORED
 
-        message = await self.store.accept(inbound, now)
-        stages.stamp("accepted")
-        if message is None:
-            self.metrics.messages.labels("duplicate").inc()
-            log.debug("duplicate delivery of %s", inbound.external_id)
-            return Accepted.DUPLICATE
+        key = (inbound.room, inbound.external_id)
+        self._not_handed[key] += 1
+        try:
+            # The record is the store's first call: concurrent accepts reach the
+            # store in call order, and its group commit takes them together.
+            message = await self.store.accept(inbound, now)
+            stages.stamp("accepted")
+            if message is None:
+                self.metrics.messages.labels("duplicate").inc()
+                log.debug("duplicate delivery of %s", inbound.external_id)
+                return Accepted.DUPLICATE
+            # Recorded; what follows waits for the events of the room called
+            # before this one: after ``!retry`` its messages are queued first,
+            # after ``!stop`` nothing of this message is dropped, after
+            # ``!reset`` it runs in the new session.
+            await turn.wait()
+        finally:
+            self._not_handed[key] -= 1
+            if not self._not_handed[key]:
+                del self._not_handed[key]
         if not message.text.strip():
             await self._files_only(message)
         elif command is not None:
             self.metrics.messages.labels("command").inc()
-            # One command of a room at a time, in the order they came (``!stop``
-            # then ``!retry``), also when a transport hands events over at once.
-            # Answers are only recorded here (see bridge.notices): no network call.
-            async with self._command_locks.setdefault(inbound.room, asyncio.Lock()):
-                await self._command(command, message)
+            # The room's next events wait for it: answers are only recorded
+            # here (see bridge.notices), so that costs no network call.
+            await self._command(command, message)
         else:
             self.metrics.messages.labels("accepted").inc()
             self.dispatcher.submit(message)

@@ -64,7 +64,9 @@ so a transport acknowledges upstream (Slack ack, Matrix sync position) after it.
 Raises :class:`SinkClosed` when it cannot take the event: do not acknowledge it.
 A message reaches the store's queue before the sink's first wait, so a
 transport may start several calls one after the other without awaiting them
-and they are recorded in that order (and together, see bridge.store.batching)."""
+and they are recorded in that order (and together, see bridge.store.batching);
+within a room they also take effect in that order (queued, a command carried
+out, an edit made), each call returning once its own has (bridge.room_order)."""
 
 
 class RunPhase(StrEnum):

@@ -6,6 +6,7 @@ a run has lasted that long; the fake claude answers at once.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -34,3 +35,49 @@ async def test_a_quick_run_posts_one_message(
     assert [c.get("msgtype") for c in posted] == ["m.text", "m.notice"]
     assert "quick one" in posted[0]["body"]
     assert not any("m.new_content" in c for c in posted)  # no edit of a status message
+
+
+HOSTILE_ROW = (
+    "| <script>alert(1)</script> | @room <img src=x onerror=alert(1)> [x](javascript:alert(1)) |\n"
+)
+
+
+async def test_a_long_hostile_quick_answer_is_its_chunks_only_and_safe(
+    tmp_path: Path, synapse: SynapseServer, bot: MatrixUser, alice: Human
+) -> None:
+    room = await alice.create_room([bot.user_id])
+    text = "| a | b |\n|---|---|\n" + HOSTILE_ROW * 500 + "\n\nEND-MARKER"
+    async with service(tmp_path, synapse, bot, room, allowed=(ALICE,), claude_env=ECHO):
+        await alice.wait_for(joined(bot.user_id, room))
+        await alice.send(room, text)
+        await alice.wait_for(
+            lambda s: message_from(bot.user_id, room)(s) and "END-MARKER" in str(s.content["body"])
+        )
+        await alice.send(room, "!status")
+        await alice.wait_for(notice_in(bot, room, "waiting:"))
+    posted = [s.content for s in alice.seen if message_from(bot.user_id, room)(s)]
+    kinds = [c.get("msgtype") for c in posted]
+    assert kinds[-1] == "m.notice"
+    assert set(kinds[:-1]) == {"m.text"}
+    assert len(posted) > 2  # the answer was split: chunks, then the notice
+    assert not any("m.new_content" in c for c in posted)
+    for content in posted:
+        html = str(content.get("formatted_body", ""))
+        assert not re.search(r"<(script|img)|href=\"javascript", html), html[:300]
+        assert content.get("m.mentions") == {}
+
+
+async def test_a_failed_quick_run_posts_one_message(
+    tmp_path: Path, synapse: SynapseServer, bot: MatrixUser, alice: Human
+) -> None:
+    room = await alice.create_room([bot.user_id])
+    env = {**ECHO, "FAKE_CLAUDE_EXIT": "3"}
+    async with service(tmp_path, synapse, bot, room, allowed=(ALICE,), claude_env=env):
+        await alice.wait_for(joined(bot.user_id, room))
+        await alice.send(room, "quick but failing")
+        await alice.wait_for(message_from(bot.user_id, room))
+        await alice.send(room, "!status")
+        await alice.wait_for(notice_in(bot, room, "waiting:"))
+    posted = [s.content for s in alice.seen if message_from(bot.user_id, room)(s)]
+    assert len(posted) == 2  # the failure, then !status's answer
+    assert not any("m.new_content" in c for c in posted)

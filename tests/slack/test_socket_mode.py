@@ -190,16 +190,18 @@ async def test_only_a_connection_that_held_up_resets_the_backoff() -> None:
 class StoreSink:
     """The service's first step for a message: record it in a real SQLite store.
 
-    Counts the hand-overs and the store's commits; an edit checks what is
-    recorded when it arrives.
+    Counts the messages handed over, those recorded, and the store's commits;
+    an edit notes how many messages were recorded when it was handed over.
     """
 
     def __init__(self, store: SqlStore, expected: int) -> None:
         self.store = store
-        self.calls = 0
+        self.messages = 0
+        self.recorded = 0
         self.commits = 0
         self.all_handed = asyncio.Event()
         self.expected = expected
+        self.edit_after: list[int] = []
         self.edit_saw: list[str] = []
 
         @event.listens_for(store._engine.sync_engine, "commit")
@@ -207,12 +209,14 @@ class StoreSink:
             self.commits += 1
 
     async def __call__(self, inbound: InboundEvent) -> Accepted:
-        self.calls += 1
-        if self.calls == self.expected:
-            self.all_handed.set()
         if isinstance(inbound, InboundMessage):
+            self.messages += 1
+            if self.messages == self.expected:
+                self.all_handed.set()
             await self.store.accept(inbound, 1.0)
+            self.recorded += 1
         else:
+            self.edit_after.append(self.recorded)
             self.edit_saw = [m.text for m in await self.store.pending_messages()]
         return Accepted.ACCEPTED
 
@@ -221,7 +225,7 @@ async def test_a_burst_is_recorded_in_one_commit_in_order_and_an_edit_waits_for_
     tmp_path: Path,
 ) -> None:
     """Envelopes do not wait for the ones before to be recorded: a burst that arrives while
-    the store is busy goes in one transaction, in order; an edit after it sees it all."""
+    the store is busy goes in one transaction, in order; an edit after it waits for it all."""
     database = tmp_path / "store.db"
     store = await SqlStore.open(f"sqlite+aiosqlite:///{database}")
     texts = [f"m{i}" for i in range(12)]
@@ -248,9 +252,18 @@ async def test_a_burst_is_recorded_in_one_commit_in_order_and_an_edit_waits_for_
                     previous_message={"ts": "1.000000", "text": "m0", "user": "U0ALICE"},
                 )
                 await ws.send_json(edit)
+                # An event the bridge does not use: handled without waiting for the
+                # envelopes before it, along the edit's path up to its wait. Its ack
+                # means the edit has reached its wait (or, were it not to wait, the sink).
+                other = message_envelope("OTHER", "3.000000", "")
+                other["payload"]["event"] = {"type": "reaction_added", "user": "U0ALICE"}
+                await ws.send_json(other)
                 async with asyncio.timeout(10):
                     # Every message handed over while the first one's commit waits.
                     await sink.all_handed.wait()
+                    assert await fake.acks.get() == "OTHER"
+                assert sink.recorded == 0
+                assert sink.edit_after == []  # the edit waits for them
                 busy.execute("ROLLBACK")
                 async with asyncio.timeout(10):
                     acks = [await fake.acks.get() for _ in range(len(texts) + 1)]
@@ -261,5 +274,6 @@ async def test_a_burst_is_recorded_in_one_commit_in_order_and_an_edit_waits_for_
         await store.close()
     assert sorted(acks) == sorted([f"E{i}" for i in range(len(texts))] + ["EDIT"])
     assert recorded == texts
-    assert sink.edit_saw == texts  # the edit went after every message before it
+    assert sink.edit_after == [len(texts)]  # the edit went after every message before it
+    assert sink.edit_saw == texts
     assert sink.commits <= 3  # the first message alone, the others together (+ the edit's read)
