@@ -58,6 +58,10 @@ class Arrivals:
             await self.changed.wait()
 
 
+RUN_END_PAUSE_S = 0.3
+"""Pause after each chatbridge ping: its run ends (claude exits, is swept) meanwhile."""
+
+
 def client(synapse: SynapseServer, user: MatrixUser) -> AsyncClient:
     c = AsyncClient(synapse.url, user.user_id, device_id=user.device_id)
     c.restore_login(user.user_id, user.device_id, user.access_token)
@@ -212,6 +216,10 @@ async def measure(
                 timings["chatbridge"].append(
                     await ping(human, arrivals, bridge_room, bridge_user.user_id, marks=marks)
                 )
+                # The answer comes on claude's result line, before the run has ended:
+                # a ping sent while it ends would join the room's follow-up batch,
+                # which starts at the run's end without a window. Let it end first.
+                await asyncio.sleep(RUN_END_PAUSE_S)
             listener.cancel()
             echoing.cancel()
         rows = per_ping(marks, stamps(running.log, fake_times)) if breakdown else []

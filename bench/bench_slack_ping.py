@@ -54,6 +54,10 @@ ECHO_BOT_TOKEN = "xoxb-bench-echo"  # noqa: S105 - the emulator's made-up token
 ECHO_APP_TOKEN = "xapp-bench-echo"  # noqa: S105 - the emulator's made-up token
 
 
+RUN_END_PAUSE_S = 0.3
+"""Pause after each chatbridge ping: its run ends (claude exits, is swept) meanwhile."""
+
+
 def workspace() -> dict[str, Any]:
     """Two Socket Mode apps (chatbridge and the echo bot), each with a channel of its own."""
 
@@ -221,6 +225,10 @@ async def measure(
                     timings["chatbridge"].append(
                         await ping(client, BRIDGE_CHANNEL, peer.BOT_USER, marks=marks)
                     )
+                    # The answer comes on claude's result line, before the run has ended:
+                    # a ping sent while it ends would join the room's follow-up batch,
+                    # which starts at the run's end without a window. Let it end first.
+                    await asyncio.sleep(RUN_END_PAUSE_S)
                 # A run's status message, if any, comes before its answer: all counted.
                 posted = client.posted_by(peer.BOT_USER, BRIDGE_CHANNEL) - before
                 listening.cancel()
