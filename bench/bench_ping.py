@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from breakdown import Ping, per_ping, stamps
 from breakdown import report as report_breakdown
+from versus import report as report_versus
 
 from tests.matrix.matrix_service import service
 from tests.matrix.synapse_peer import MatrixUser, SynapseServer, synapse_python
@@ -117,11 +117,6 @@ async def homeserver(tmp: Path) -> AsyncIterator[SynapseServer]:
         yield server
     finally:
         server.stop()
-
-
-def percentiles(samples: list[float]) -> tuple[float, float, float]:
-    cuts = statistics.quantiles(samples, n=100, method="inclusive")
-    return cuts[49], cuts[89], cuts[98]
 
 
 async def bench(pings: int, coalesce_ms: int, breakdown: bool) -> None:
@@ -247,18 +242,7 @@ async def ping(
 
 
 def report(timings: dict[str, list[float]], coalesce_ms: int) -> None:
-    print(f"ping → answer in the user's /sync, ms ({len(timings['echo'])} pings each, alternating)")
-    print(f"{'':12} {'p50':>8} {'p90':>8} {'p99':>8}")
-    rows = {name: percentiles(samples) for name, samples in timings.items()}
-    for name, (p50, p90, p99) in rows.items():
-        print(f"{name:12} {p50:8.1f} {p90:8.1f} {p99:8.1f}")
-    echo50 = rows["echo"][0]
-    bridge50 = rows["chatbridge"][0]
-    print(f"chatbridge / echo (p50): {bridge50 / echo50:.2f}x")
-    print(
-        f"chatbridge above echo + window ({coalesce_ms} ms), p50: "
-        f"{bridge50 - echo50 - coalesce_ms:.1f} ms"
-    )
+    report_versus("ping → answer in the user's /sync", timings, coalesce_ms)
 
 
 def main() -> None:

@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -41,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from breakdown import Ping, per_ping, stamps
 from breakdown import report as report_breakdown
+from versus import report as report_versus
 
 from tests.config_files import merged, toml_text
 from tests.service_process import base_config, run_service
@@ -237,24 +237,8 @@ async def measure(
     return timings, posted / pings, rows
 
 
-def percentiles(samples: list[float]) -> tuple[float, float, float]:
-    cuts = statistics.quantiles(samples, n=100, method="inclusive")
-    return cuts[49], cuts[89], cuts[98]
-
-
 def report(timings: dict[str, list[float]], per_run: float, coalesce_ms: int) -> None:
-    count = len(timings["echo"])
-    print(f"Slack Socket Mode ping → answer seen by the user, ms ({count} pings each, alternating)")
-    print(f"{'':12} {'p50':>8} {'p90':>8} {'p99':>8}")
-    rows = {name: percentiles(samples) for name, samples in timings.items()}
-    for name, (p50, p90, p99) in rows.items():
-        print(f"{name:12} {p50:8.1f} {p90:8.1f} {p99:8.1f}")
-    echo50, bridge50 = rows["echo"][0], rows["chatbridge"][0]
-    print(f"chatbridge / echo (p50): {bridge50 / echo50:.2f}x")
-    print(
-        f"chatbridge above echo + window ({coalesce_ms} ms), p50: "
-        f"{bridge50 - echo50 - coalesce_ms:.1f} ms"
-    )
+    report_versus("Slack Socket Mode ping → answer seen by the user", timings, coalesce_ms)
     print(f"chatbridge messages posted per run: {per_run:.2f} (1 = the answer alone)")
 
 
