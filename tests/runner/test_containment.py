@@ -22,6 +22,7 @@ from runner import RunRequest, ToolResult, run_claude
 from runner.cgroups import probe
 from runner.process import wait_exited
 from tests.runner.conftest import Recorder, is_alive
+from tests.fakes.fake_claude import FAKE_CLAUDE
 from tests.runner.test_run_fake import fake_env, make_request, record
 
 pytestmark = pytest.mark.slow
@@ -201,3 +202,44 @@ async def test_kill_9_of_the_bridge_stops_the_run(run_id: RunId, tmp_path: Path)
     # (claude ignores SIGTERM here: it takes the grace period and SIGKILL).
     await until_exited(pids)
     assert alive(pids) == []
+
+
+@needs_cgroups
+async def test_a_tool_that_left_the_runs_cgroup_still_gets_the_stop_signal(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    """Root can move a process out of the run's group: the supervisor's SIGTERM
+    reaches it all the same (it is still a descendant), not only the kill phase."""
+    from runner.supervisor import own_cgroup
+
+    told, started = tmp_path / "told", tmp_path / "started"
+    os.mkfifo(started)
+    tool = (
+        f"echo $$ > {own_cgroup()}/cgroup.procs; "
+        f'trap "echo TERM > {told}; exit 0" TERM; echo $$ > {started}; '
+        "while :; do sleep 0.05; done"
+    )
+    wrapper = tmp_path / "claude-with-tool"
+    wrapper.write_text(
+        f"#!/bin/sh\nsh -c '{tool}' </dev/null >/dev/null 2>&1 &\n"
+        f'exec "{sys.executable}" "{FAKE_CLAUDE}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    request = make_request(
+        run_id,
+        tmp_path,
+        claude_bin=str(wrapper),
+        env=fake_env(tmp_path, sleep="300"),
+        stop_grace_s=30.0,  # far longer than the test: only the SIGTERM can end the tool in time
+        cgroup_parent="auto",
+    )
+    task = asyncio.create_task(run_claude(request, recorder))
+    # The FIFO's open blocks until the tool has left the group and writes its pid.
+    pid = int(await asyncio.to_thread(started.read_text))
+    assert run_id not in Path(f"/proc/{pid}/cgroup").read_text()  # out of the run's group
+    await recorder.wait_for(ToolResult)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert told.read_text().strip() == "TERM"
+    assert alive([pid]) == []
