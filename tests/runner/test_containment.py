@@ -21,8 +21,8 @@ from bridge.core.model import RunId, RunStatus
 from runner import RunRequest, ToolResult, run_claude
 from runner.cgroups import probe
 from runner.process import wait_exited
-from tests.runner.conftest import Recorder, is_alive
 from tests.fakes.fake_claude import FAKE_CLAUDE
+from tests.runner.conftest import Recorder, is_alive
 from tests.runner.test_run_fake import fake_env, make_request, record
 
 pytestmark = pytest.mark.slow
