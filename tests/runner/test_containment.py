@@ -21,6 +21,7 @@ from bridge.core.model import RunId, RunStatus
 from runner import RunRequest, ToolResult, run_claude
 from runner.cgroups import probe
 from runner.process import wait_exited
+from runner.supervisor import own_cgroup
 from tests.fakes.fake_claude import FAKE_CLAUDE
 from tests.runner.conftest import Recorder, is_alive
 from tests.runner.test_run_fake import fake_env, make_request, record
@@ -210,8 +211,6 @@ async def test_a_tool_that_left_the_runs_cgroup_still_gets_the_stop_signal(
 ) -> None:
     """Root can move a process out of the run's group: the supervisor's SIGTERM
     reaches it all the same (it is still a descendant), not only the kill phase."""
-    from runner.supervisor import own_cgroup
-
     told, started = tmp_path / "told", tmp_path / "started"
     os.mkfifo(started)
     tool = (
