@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
+from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
 from bridge.store.engine import is_sqlite
+from bridge.store.sql import SqlStore
 
 
 class WriteLock:
@@ -51,3 +54,20 @@ async def write_lock(url: str) -> AsyncIterator[WriteLock]:
         yield lock
     finally:
         await lock.release()
+
+
+def write_begins(store: SqlStore, url: str, postgres_stops_at: str) -> asyncio.Event:
+    """Set once ``store``'s next write reaches the statement a held write lock stops.
+
+    SQLite waits at ``BEGIN IMMEDIATE``; PostgreSQL at the first statement
+    that touches a locked row or table (``postgres_stops_at``, its start).
+    """
+    begun = asyncio.Event()
+    blocking = "BEGIN IMMEDIATE" if is_sqlite(url) else postgres_stops_at
+
+    @event.listens_for(store._engine.sync_engine, "before_cursor_execute")
+    def _statement(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        if statement.startswith(blocking):
+            begun.set()
+
+    return begun

@@ -36,10 +36,10 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.store.engine import create_engine, is_sqlite
+from bridge.store.engine import create_engine
 from bridge.store.sql import SqlStore
 from tests.store.conftest import SQL_BACKENDS, open_backend
-from tests.store.locks import write_lock
+from tests.store.locks import write_begins, write_lock
 
 ROOM = RoomKey(TransportName("console"), RoomId("local"))
 RUN = RunId("run-1")
@@ -156,14 +156,7 @@ async def test_reads_proceed_while_a_write_waits(watched: Watched, backend: str)
     msg = await store.accept(inbound("$1"), 1.0)
     assert msg is not None
     await store.start_run(RUN, Batch(ROOM, (msg,)), 2.0)
-    write_begun = asyncio.Event()
-    # SQLite waits at BEGIN IMMEDIATE for a held lock, PostgreSQL at the INSERT.
-    blocking = "BEGIN IMMEDIATE" if is_sqlite(backend) else "INSERT INTO messages"
-
-    @event.listens_for(store._engine.sync_engine, "before_cursor_execute")
-    def _statement(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
-        if statement.startswith(blocking):
-            write_begun.set()
+    write_begun = write_begins(store, backend, "INSERT INTO messages")
 
     async def every_read() -> list[object]:
         await store.ping()

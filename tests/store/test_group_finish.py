@@ -37,11 +37,11 @@ from bridge.core.model import (
     UserId,
 )
 from bridge.store.base import OutboxEntry, StoreError
-from bridge.store.engine import create_engine, is_sqlite
+from bridge.store.engine import create_engine
 from bridge.store.memory import MemoryStore
 from bridge.store.sql import FINISH_GROUP_LIMIT, SqlStore
 from tests.store.conftest import SQL_BACKENDS, InspectableStore, open_backend
-from tests.store.locks import write_lock
+from tests.store.locks import write_begins, write_lock
 
 ROOM = RoomKey(TransportName("console"), RoomId("local"))
 ENDINGS = [s for s in RunStatus if s is not RunStatus.RUNNING]
@@ -178,14 +178,7 @@ async def test_closing_fails_queued_finishes(counted: Counted, backend: str) -> 
     """The queued call fails at once; the transaction under way ends first."""
     store = counted.store
     a, b = await started(store, 2)
-    write_begun = asyncio.Event()
-    # SQLite waits at BEGIN IMMEDIATE for a held lock, PostgreSQL at the UPDATE.
-    blocking = "BEGIN IMMEDIATE" if is_sqlite(backend) else "UPDATE messages"
-
-    @event.listens_for(store._engine.sync_engine, "before_cursor_execute")
-    def _statement(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
-        if statement.startswith(blocking):
-            write_begun.set()
+    write_begun = write_begins(store, backend, "UPDATE messages")
 
     async with write_lock(backend) as lock:
         leader = asyncio.create_task(store.finish_run(a, RunReport(RunStatus.SUCCEEDED), 3.0))
@@ -235,13 +228,7 @@ async def test_a_reset_while_the_group_writes_commits_after_it(
     """The group's transaction is under way (held at a lock) when the reset comes."""
     store = counted.store
     [run] = await started(store, 1)
-    write_begun = asyncio.Event()
-    blocking = "BEGIN IMMEDIATE" if is_sqlite(backend) else "UPDATE messages"
-
-    @event.listens_for(store._engine.sync_engine, "before_cursor_execute")
-    def _statement(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
-        if statement.startswith(blocking):
-            write_begun.set()
+    write_begun = write_begins(store, backend, "UPDATE messages")
 
     async with write_lock(backend) as lock:
         finishing = asyncio.create_task(
