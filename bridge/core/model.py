@@ -178,3 +178,23 @@ class RunReport:
     """Short, human-readable reason when the run did not succeed."""
     session_not_found: bool = False
     """``--resume`` named a session claude does not know; run again without it."""
+
+
+@dataclass(frozen=True, slots=True)
+class LiveRun:
+    """Where a run's detached supervisor is reached: what the registry of live runs keeps.
+
+    The supervisor outlives the bridge (docs/detached-runs.md); a restarted
+    bridge finds it again through this, on the same host.
+    """
+
+    run_id: RunId
+    supervisor_pid: int
+    supervisor_start: int
+    """The supervisor's start time (``/proc/PID/stat`` field 22, clock ticks after
+    boot): a pid that was recycled since has another, so it is never mistaken."""
+    claude_pid: int
+    run_dir: str
+    """The run's private directory: its socket (``sock``) and journal (``journal``)."""
+    host: str
+    """The host the supervisor runs on; only a bridge there can reach it."""
