@@ -48,6 +48,16 @@ class RunnerSettings(_Section):
     max_line_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     cgroup_root: str = "auto"
     """Where runs get cgroup v2 groups: ``auto`` (chatbridge's own group), ``off``, or a path."""
+    state_dir: Path = Path("chatbridge-state")
+    """Where each run's supervisor keeps its socket and journal (``runs/<run>/``, mode 0700);
+    relative to the working directory. Keep it across restarts: it is how runs are found again."""
+    on_shutdown: Literal["detach", "stop"] = "detach"
+    """On SIGTERM: ``detach`` leaves active runs to their supervisors and exits at once (a
+    restarted chatbridge reattaches); ``stop`` gives them ``shutdown_grace_s``, then stops them."""
+    orphan_timeout_s: float = Field(600.0, gt=0)
+    """A run with no chatbridge attached for this long is stopped by its supervisor."""
+    spool_max_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024)
+    """A run's journal stops taking progress at this size (its answer is always kept)."""
 
     @field_validator("cgroup_root")
     @classmethod

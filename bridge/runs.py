@@ -55,6 +55,7 @@ from bridge.core.aio import shielded
 from bridge.core.model import (
     Batch,
     ExternalMessageId,
+    LiveRun,
     Reply,
     ReplyKind,
     RoomKey,
@@ -71,10 +72,17 @@ from bridge.metrics import Metrics
 from bridge.notices import Notices
 from bridge.progress import ProgressMessage
 from bridge.replies import Replier, in_conversation
-from bridge.store.base import OutboxEntry, Store, StoreError
+from bridge.store.base import OutboxEntry, RegisteredRun, Store, StoreError
 from bridge.store.rules import delivery_key
-from dispatcher import DispatchedRun, EndReason
-from runner import EventCallback, RunRequest, answer_report, run_claude
+from dispatcher import DispatchedRun, EndReason, Execute
+from runner import (
+    EventCallback,
+    RunRequest,
+    answer_report,
+    attach_claude,
+    remove_run_dir,
+    run_claude,
+)
 from runner.events import Init, Result, RunEvent, Spawned, ToolUse
 
 log = logging.getLogger(__name__)
@@ -87,6 +95,8 @@ START_RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 """Pauses between tries of a failing ``start_run`` (about a minute in all)."""
 COSMETIC_TIMEOUT_S = 10.0
 """Each cosmetic update at a run's end, and the wait for the answer before them."""
+OFFSET_WRITE_INTERVAL_S = 1.0
+"""The registry's delivered offset is written at most this often per run (not synced)."""
 PROGRESS_FINISH_TIMEOUT_S = 120.0
 """The progress message's last edit waits this long at most for the transport's edit budget
 (Matrix's 6 edits a minute, slowed to an eighth by rate limits, give one in 80 s)."""
@@ -127,6 +137,9 @@ def run_request(
         cgroup_parent=settings.runner.cgroup_root,
         memory_max=room.memory_max,
         pids_max=room.pids_max,
+        state_dir=settings.runner.state_dir,
+        orphan_timeout_s=settings.runner.orphan_timeout_s,
+        spool_max_bytes=settings.runner.spool_max_bytes,
     )
 
 
@@ -189,14 +202,30 @@ class _Run:
     generation: int
     """The room's ``!reset`` generation when the run started."""
     progress: ProgressMessage
+    recorded: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the outcome is in the store: the run's journal is no longer needed."""
 
 
 @dataclass(slots=True)
 class _Live:
     """What runs beside claude for one run; each task is awaited when the run ends."""
 
+    shown: int = -1
+    """The journal offset up to which the room has seen the run's progress: a run
+    reattached after a restart does not show its earlier tool uses again."""
+    position: int = 0
+    """The journal offset just past the line whose events are being handled."""
+    supervisor: LiveRun | None = None
+    """Where the run's detached supervisor is reached, once claude was spawned."""
+    registered: asyncio.Task[bool] | None = None
+    """Writes the run into the registry of live runs; True once it is there (synced)."""
+    offsets: asyncio.Task[None] | None = None
+    """Keeps the registry's delivered offset up with what the room was shown."""
+    shown_moved: asyncio.Event = field(default_factory=asyncio.Event)
+    detached: bool = False
+    """The run was left to its supervisor at shutdown (see :meth:`detach`)."""
     opening: asyncio.Task[None] | None = None
-    """Phase and typing, started once claude is spawned."""
+    """Phase and typing, started once claude is spawned (and registered)."""
     pump: asyncio.Task[None] | None = None
     """The progress message, posted once the run has lasted ``show_after_s``."""
     answer: asyncio.Task[Callable[[], Awaitable[None]]] | None = None
@@ -207,6 +236,27 @@ class _Live:
 
     def own(self, work: Coroutine[Any, Any, None]) -> None:
         self.tasks.append(asyncio.create_task(work))
+
+    def at(self, offset: int) -> None:
+        """The runner's ``on_position``: the next events are those of the line ending here."""
+        self.position = offset
+
+    def detach(self) -> bool:
+        """Leave the run to its supervisor? Asked by the runner when a shutdown cancels it.
+
+        Only a run in the registry (a restart must find it) and not answered
+        yet (an answer already read is recorded by this process, not replayed
+        by the next); the decision is kept, so the executor acts on the same.
+        """
+        registered = self.registered
+        self.detached = (
+            registered is not None
+            and registered.done()
+            and not registered.cancelled()
+            and registered.result()
+            and self.answer is None
+        )
+        return self.detached
 
 
 @dataclass(slots=True)
@@ -273,9 +323,54 @@ class RunExecutor:
             self.metrics.coalesced.inc(len(batch.messages))
         run = _Run(run_id, batch, started, generation, self._progress(batch))
         live = _Live()
+        await self._follow(run, live, dispatched, self._drive(run, live))
+
+    def reattach(self, entry: RegisteredRun, started: float) -> Execute:
+        """The dispatcher's ``execute`` for a run a previous process started and left
+        running (see :meth:`Dispatcher.adopt`): attach to its supervisor and carry on.
+
+        The journal is replayed from its start (the session, the answer), but
+        tool uses the room was already shown are not shown again.
+        """
+        run_id = entry.live.run_id
+
+        async def execute(dispatched: DispatchedRun) -> None:
+            batch = dispatched.batch
+            with log_context(room=batch.room, run=run_id):
+                room = self.settings.room(batch.room)
+                if room is None:
+                    raise RuntimeError(f"room {batch.room} is not configured")
+                generation = self._generations.get(batch.room, 0)
+                run = _Run(run_id, batch, started, generation, self._progress(batch))
+                live = _Live(shown=entry.delivered_offset, supervisor=entry.live)
+                log.info("reattaching to the run (journal shown up to %d)", entry.delivered_offset)
+                request = run_request(self.settings, room, run_id, "", None)
+                drive = attach_claude(
+                    request,
+                    entry.live,
+                    self._on_event(run, live),
+                    on_position=live.at,
+                    detach=live.detach,
+                )
+                await self._follow(run, live, dispatched, drive)
+
+        return execute
+
+    async def _follow(
+        self,
+        run: _Run,
+        live: _Live,
+        dispatched: DispatchedRun,
+        drive: Coroutine[Any, Any, RunReport],
+    ) -> None:
+        """Drive the run to its report, record and report its end (or leave it, detached)."""
         try:
-            report = await self._drive(run, live)
+            report = await drive
         except asyncio.CancelledError:
+            if live.detached:
+                # Left to its supervisor: the next start reattaches; nothing ends here.
+                await self._settle(self._leave(run, live))
+                raise
             # The runner has already killed the process tree; record and report
             # the end even if we are cancelled again meanwhile. A run that had
             # printed its answer keeps it (the answer task records it).
@@ -362,7 +457,10 @@ class RunExecutor:
         session = await self.store.get_session(batch.room)
         on_event = self._on_event(run, live)
         report = await run_claude(
-            run_request(self.settings, room, run.id, prompt, session), on_event
+            run_request(self.settings, room, run.id, prompt, session),
+            on_event,
+            on_position=live.at,
+            detach=live.detach,
         )
         if report.session_not_found and session is not None and live.answer is None:
             await self.notices.say(
@@ -371,8 +469,14 @@ class RunExecutor:
                 about=batch,
             )
             await self.store.set_session(batch.room, None)
+            # The same run id, so the same run directory: the first try's journal goes.
+            self._remove_journal(live)
+            live.registered = None
             report = await run_claude(
-                run_request(self.settings, room, run.id, prompt, None), on_event
+                run_request(self.settings, room, run.id, prompt, None),
+                on_event,
+                on_position=live.at,
+                detach=live.detach,
             )
         return report
 
@@ -381,12 +485,23 @@ class RunExecutor:
 
         async def on_event(event: RunEvent) -> None:
             match event:
-                case Spawned(pid=pid):
-                    # claude runs: only now the room is shown that it does.
-                    live.own(self._record_pid(run.id, pid))
+                case Spawned(pid=pid, live=supervisor):
+                    # claude runs: only now the room is shown that it does, once
+                    # the registry can find the run again after a restart.
+                    if supervisor is None:
+                        live.own(self._record_pid(run.id, pid))
+                    else:
+                        live.supervisor = supervisor
+                        live.registered = asyncio.create_task(
+                            self._register(run.id, supervisor), name=f"register {run.id}"
+                        )
+                        if live.offsets is None:
+                            live.offsets = asyncio.create_task(
+                                self._keep_offsets(run.id, live), name=f"offsets {run.id}"
+                            )
                     if live.opening is None:
                         live.opening = asyncio.create_task(
-                            self._opening(run), name=f"opening {run.id}"
+                            self._opening(run, live), name=f"opening {run.id}"
                         )
                         live.pump = asyncio.create_task(
                             run.progress.pump(), name=f"progress {run.id}"
@@ -394,8 +509,11 @@ class RunExecutor:
                 case Init(session_id=sid):
                     live.init = event
                     log.debug("the run writes to session %s", sid)
-                case ToolUse(name=name, input=tool_input):
+                case ToolUse(name=name, input=tool_input) if live.position > live.shown:
+                    # (A reattached run replays its journal: what the room saw is not shown again.)
                     run.progress.tool_used(name, tool_input)
+                    live.shown = live.position
+                    live.shown_moved.set()
                 case Result(is_error=False) if live.answer is None:
                     # The answer exists: record it and hand it over now, while
                     # the runner reaps claude. From here on this is the outcome,
@@ -406,7 +524,7 @@ class RunExecutor:
                     run.progress.close()
                     answer = answer_report(event, live.init)
                     live.answer = asyncio.create_task(
-                        self._conclude(run, answer), name=f"answer {run.id}"
+                        self._conclude(run, live, answer), name=f"answer {run.id}"
                     )
                 case Result():
                     log.info("claude printed an error result")
@@ -422,8 +540,58 @@ class RunExecutor:
             # Informational only: the run goes on.
             log.warning("could not record the run's pid %d", pid, exc_info=True)
 
-    async def _opening(self, run: _Run) -> None:
+    async def _register(self, run_id: RunId, supervisor: LiveRun) -> bool:
+        """Put the run into the registry of live runs (synced); whether it is there."""
+        try:
+            await self.store.register_live_run(supervisor, self.wall_clock())
+        except StoreError:
+            # The run goes on; only a restart during it cannot reattach (it is
+            # then stopped and reported interrupted, as before runs outlived us).
+            log.warning("could not register the run; a restart would interrupt it", exc_info=True)
+            return False
+        stages.stamp("registered")
+        return True
+
+    async def _keep_offsets(self, run_id: RunId, live: _Live) -> None:
+        """Keep the registry's delivered offset up with what the room was shown (not synced)."""
+        written = live.shown
+        while True:
+            await live.shown_moved.wait()
+            live.shown_moved.clear()
+            if live.registered is not None and await live.registered and live.shown > written:
+                try:
+                    await self.store.set_delivered_offset(run_id, live.shown)
+                    written = live.shown
+                except StoreError:
+                    log.debug("could not record the run's delivered offset", exc_info=True)
+            await asyncio.sleep(OFFSET_WRITE_INTERVAL_S)
+
+    async def _leave(self, run: _Run, live: _Live) -> None:
+        """At a detaching shutdown: the run goes on without us; its progress so far is noted."""
+        for task in (live.opening, live.pump, live.offsets):
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(
+            *live.tasks,
+            *filter(None, (live.opening, live.pump, live.offsets)),
+            return_exceptions=True,
+        )
+        if live.shown >= 0:
+            try:
+                await self.store.set_delivered_offset(run.id, live.shown)
+            except StoreError:
+                log.debug("could not record the run's delivered offset", exc_info=True)
+        log.info("left the run to its supervisor; the next start reattaches it")
+
+    def _remove_journal(self, live: _Live) -> None:
+        if live.supervisor is not None:
+            remove_run_dir(live.supervisor.run_dir)
+            live.supervisor = None
+
+    async def _opening(self, run: _Run, live: _Live) -> None:
         """Show the room that claude works (the progress message follows in time)."""
+        if live.registered is not None:
+            await live.registered  # "running" only once a restart would find the run
         await self.replier.phase(run.batch, RunPhase.RUNNING)
         await self.replier.typing(run.batch.room, True)
 
@@ -447,7 +615,7 @@ class RunExecutor:
         """Record the run's end with its reply unless its answer did already, then the cosmetics."""
         try:
             if live.answer is None:
-                settled = await self._conclude(run, report)
+                settled = await self._conclude(run, live, report)
             else:
                 settled = await live.answer
                 if report.status is not RunStatus.SUCCEEDED or report.exit_code != 0:
@@ -460,17 +628,29 @@ class RunExecutor:
             await self._cosmetics(run, live, report.status, settled)
         finally:
             # Nothing the run started outlives it (after a failure above too).
-            for task in (live.opening, live.pump):
+            for task in (live.opening, live.pump, live.offsets):
                 if task is not None:
                     task.cancel()
-            # Pid writes: store writes, each bounded by the store.
+            # Pid writes and the registration: store writes, each bounded by the store.
             await asyncio.gather(
-                *live.tasks, *filter(None, (live.opening, live.pump)), return_exceptions=True
+                *live.tasks,
+                *filter(None, (live.registered, live.opening, live.pump, live.offsets)),
+                return_exceptions=True,
             )
+            if run.recorded.is_set():
+                # The outcome and its replies are in the store: the journal has
+                # served (kept otherwise: the next start replays it).
+                self._remove_journal(live)
 
-    async def _conclude(self, run: _Run, report: RunReport) -> Callable[[], Awaitable[None]]:
+    async def _conclude(
+        self, run: _Run, live: _Live, report: RunReport
+    ) -> Callable[[], Awaitable[None]]:
         """Record the outcome with its replies and hand them to the outbox; a wait for them."""
         batch = run.batch
+        if live.registered is not None:
+            # Begun at the spawn, so done long before claude answers: the outcome
+            # takes the run out of the registry, which must not come after.
+            await asyncio.wait({live.registered})
         # The outcome exists: no status message is posted from now on.
         run.progress.close()
         report = replace(
@@ -559,13 +739,15 @@ class RunExecutor:
                 while True:
                     try:
                         # The session is kept unless a !reset came during the run.
-                        return await self.store.finish_run(
+                        entries = await self.store.finish_run(
                             run.id,
                             report,
                             ended,
                             replies,
                             keep_session=self._generations.get(run.batch.room, 0) == run.generation,
                         )
+                        run.recorded.set()
+                        return entries
                     except Exception:
                         # Not only StoreError: whatever fails here, the run
                         # must end with an outcome if the store can take one.

@@ -20,6 +20,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from bridge.claude_check import credentials_warning
 from bridge.commands import CommandHandler
 from bridge.config import Settings
 from bridge.containment import report_containment
-from bridge.core.model import Batch, Message, Reply, ReplyKind, RunReport, RunStatus
+from bridge.core.model import Batch, Message, Reply, ReplyKind, RunId, RunReport, RunStatus
 from bridge.core.transport import RoomBinding, RunPhase, TransportError
 from bridge.delivery import Outbox
 from bridge.errors import ChatbridgeError, StartupError, reason
@@ -42,8 +43,8 @@ from bridge.replies import Replier
 from bridge.runs import RunExecutor
 from bridge.store.base import Store, StoreError
 from bridge.store.sql import SqlStore
-from dispatcher import Dispatcher, DispatchLimits
-from runner import recover_run
+from dispatcher import Dispatcher, DispatchLimits, EndReason
+from runner import clean_stray_runs, recover_run, remove_run_dir
 from transports.base import Transport
 
 log = logging.getLogger(__name__)
@@ -180,14 +181,38 @@ class Service:
         self._stop.set()
 
     async def recover(self) -> None:
-        """Sweep runs a crash left behind and re-queue what never ran.
+        """Reattach the runs a previous process left running, sweep the rest, re-queue
+        what never ran.
 
-        An interrupted run's notice is recorded in the outbox with its outcome,
-        in one transaction: it goes out once a transport is connected, exactly
-        once, also if this start stops before that (the next start sends it).
+        A run in the registry of live runs on this host goes back to its room
+        as that room's active run (:meth:`Dispatcher.adopt`), before the room's
+        waiting messages, which become its follow-up batch; whether its
+        supervisor is still there is the runner's to find out (a run that
+        ended meanwhile is reported from its journal, one whose supervisor was
+        killed as interrupted). Any other run still marked running is
+        interrupted: an interrupted run's notice is recorded in the outbox with
+        its outcome, in one transaction: it goes out once a transport is
+        connected, exactly once, also if this start stops before that (the
+        next start sends it).
         """
         prefix = self.settings.commands.prefix
+        registered = {entry.live.run_id: entry for entry in await self.store.live_runs()}
+        host = socket.gethostname()
+        adopted: set[RunId] = set()
         for run in await self.store.running_runs():
+            entry = registered.get(run.id)
+            messages = await self.store.messages(run.message_ids)
+            if (
+                entry is not None
+                and entry.live.host == host
+                and messages
+                and self.settings.room(run.room) is not None
+            ):
+                batch = Batch(run.room, tuple(messages))
+                self.dispatcher.adopt(batch, self.executor.reattach(entry, run.started_at))
+                log.info("run %s in %s: reattaching to its supervisor", run.id, run.room)
+                adopted.add(run.id)
+                continue
             # A run's supervisor stops its run when the bridge dies: wait for it;
             # then the run's cgroup and the marker sweep (runner/recovery.py).
             killed = await recover_run(run.id, self.settings.runner.cgroup_root)
@@ -210,6 +235,13 @@ class Service:
             log.warning(
                 "run %s in %s was interrupted (killed %d process(es))", run.id, run.room, killed
             )
+            if entry is not None:
+                remove_run_dir(entry.live.run_dir)
+        # Run directories of runs that are no longer running (their outcome is
+        # recorded, or they never got registered): whatever is left of them goes.
+        swept = await clean_stray_runs(self.settings.runner.state_dir, adopted)
+        if swept:
+            log.info("removed %d run director(ies) left from earlier runs", swept)
         resumed = await self.intake.recover(await self.store.pending_messages())
         if resumed:
             log.info("re-queued %d message(s) accepted before the restart", resumed)
@@ -358,15 +390,25 @@ class Service:
     async def _shutdown(self, dispatcher_task: asyncio.Task[None]) -> None:
         """Steps 1-3 of the shutdown path; the caller then closes the transports."""
         self.shutting_down.set()
-        grace = 0.0 if self._stop_now.is_set() else self.settings.runner.shutdown_grace_s
-        if self.dispatcher.active_runs:
-            log.info("waiting up to %gs for %d active run(s)", grace, self.dispatcher.active_runs)
         # From here no run begins; transports keep delivering inbound messages,
-        # which are recorded and wait for the restart. Runs cut off at the end
-        # of the grace are interrupted: the runner leaves no process behind
-        # and the executor records and reports them while transports still send.
-        if not await self.dispatcher.drain(grace, cut_off=self._stop_now):
-            log.info("interrupted the runs still active after the grace period")
+        # which are recorded and wait for the restart.
+        if self.settings.runner.on_shutdown == "detach" and not self._stop_now.is_set():
+            # Runs go on under their supervisors; the next start reattaches them.
+            # (One not yet registered, or already answered, ends here as usual.)
+            if self.dispatcher.active_runs:
+                log.info("leaving %d active run(s) to their supervisors", self.dispatcher.active_runs)
+            await self.dispatcher.drain(0.0, reason=EndReason.DETACHED)
+        else:
+            grace = 0.0 if self._stop_now.is_set() else self.settings.runner.shutdown_grace_s
+            if self.dispatcher.active_runs:
+                log.info(
+                    "waiting up to %gs for %d active run(s)", grace, self.dispatcher.active_runs
+                )
+            # Runs cut off at the end of the grace are interrupted: the runner
+            # leaves no process behind and the executor records and reports
+            # them while transports still send.
+            if not await self.dispatcher.drain(grace, cut_off=self._stop_now):
+                log.info("interrupted the runs still active after the grace period")
         dispatcher_task.cancel()
         # wait(), not await: the task's own CancelledError is expected, but a
         # cancellation of this shutdown must still propagate.

@@ -27,3 +27,18 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     path = config.stash.get(_OWN_BASETEMP, None)
     if path is not None:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _private_state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test's service keeps its runs' sockets and journals in a directory of its own.
+
+    The default ``[runner] state_dir`` is relative to the working directory:
+    two tests (or two sessions) sharing it would see each other's runs as
+    strays to clean up. Set from the environment, it reaches services started
+    as subprocesses too (those that strip ``CHATBRIDGE_*`` set it in their
+    configuration file).
+    """
+    monkeypatch.setenv(
+        "CHATBRIDGE_RUNNER__STATE_DIR", str(tmp_path_factory.mktemp("state", numbered=True))
+    )

@@ -47,7 +47,14 @@ def base_config(tmp: Path) -> dict[str, Any]:
     launchers = tmp / "bin"
     launchers.mkdir(exist_ok=True)
     return {
-        "runner": {"claude_bin": install(launchers), "stop_grace_s": 1},
+        # "stop": a test's service that ends during a run leaves no run behind
+        # (the tests of detached runs kill the service instead).
+        "runner": {
+            "claude_bin": install(launchers),
+            "stop_grace_s": 1,
+            "state_dir": tmp / "state",
+            "on_shutdown": "stop",
+        },
         "dispatcher": {"coalesce_ms": 300},
         "database": {"url": f"sqlite+aiosqlite:///{tmp / 'chatbridge.db'}"},
         "console": {"enabled": False},

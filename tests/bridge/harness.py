@@ -29,7 +29,11 @@ def write_config(
     environment for the fake claude.
     """
     base = {
-        "runner": {"claude_bin": FAKE_CLAUDE, "stop_grace_s": 1.0},
+        "runner": {
+            "claude_bin": FAKE_CLAUDE,
+            "stop_grace_s": 1.0,
+            "state_dir": tmp_path / "state",
+        },
         "dispatcher": {"coalesce_ms": 200, "max_wait_ms": 2000},
         "database": {"url": f"sqlite+aiosqlite:///{tmp_path / 'bridge.db'}"},
         "http": {"listen": ""},

@@ -204,3 +204,33 @@ async def test_bridge_recovers_when_synapse_restarts(
         assert svc.process.returncode is None
     bodies = " ".join(s.content["body"] for s in alice.seen if answer_in(bot, room)(s))
     assert "just before the outage" in bodies
+
+
+async def test_a_run_survives_a_crash_of_the_bridge_and_answers_once_in_its_room(
+    tmp_path: Path, synapse: SynapseServer, bot: MatrixUser, alice: Human
+) -> None:
+    room = await alice.create_room([bot.user_id])
+    other = await alice.create_room([bot.user_id])
+    go = tmp_path / "go"
+    env = {**ECHO, "FAKE_CLAUDE_WAIT_FOR": str(go), "FAKE_CLAUDE_TIMES": str(tmp_path / "times")}
+    async with service(tmp_path, synapse, bot, room, allowed=(ALICE,), claude_env=env) as svc:
+        await alice.wait_for(joined(bot.user_id, room))
+        asked = await alice.send(room, "the long task")
+        await alice.wait_for(typing_in(bot, room, on=True))  # registered, then shown
+        svc.process.kill()
+        await svc.process.wait()
+    async with service(tmp_path, synapse, bot, room, allowed=(ALICE,), claude_env=env):
+        go.touch()
+        answer = await alice.wait_for(answer_in(bot, room))
+        # A later message: its answer is the barrier after which a second
+        # answer to the first task would have shown up.
+        await alice.send(room, "after the restart")
+        await alice.wait_for_all(answer_in(bot, room), count=2)
+    answers = [s for s in alice.seen if answer_in(bot, room)(s)]
+    assert [("the long task" in a.content["body"]) for a in answers] == [True, False]
+    assert answer.content["m.relates_to"] == {"m.in_reply_to": {"event_id": asked}}
+    assert not [s for s in alice.seen if message_from(bot.user_id, other)(s)]
+    # One claude process answered the first task: the one started before the crash.
+    times = (tmp_path / "times").read_text().splitlines()
+    prompts = [json.loads(line)["prompt"] for line in times]
+    assert prompts == ["the long task", "after the restart"]

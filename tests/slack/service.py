@@ -35,6 +35,18 @@ class Bridged:
     slack: peer.LocalSlack
     process: asyncio.subprocess.Process
     log: list[str]
+    config: Path
+    env: Mapping[str, str]
+    secrets: tuple[str, ...]
+
+    @contextlib.asynccontextmanager
+    async def restarted(self) -> AsyncIterator[Bridged]:
+        """The service started again with the same configuration, against the same local-slack
+        (the previous process must have ended)."""
+        async with run_service(self.config, self.env, secrets=self.secrets) as running:
+            yield Bridged(
+                self.slack, running.process, running.log, self.config, self.env, self.secrets
+            )
 
     async def wait_until(
         self, check: Callable[[], Awaitable[bool]], what: str, timeout: float = 20
@@ -85,5 +97,6 @@ async def bridged(
             "CHATBRIDGE_SLACK__SIGNING_SECRET": peer.SIGNING_SECRET,
         }
         env = {**(claude_env or {}), **secrets}
-        async with run_service(cfg, env, secrets=tuple(secrets.values())) as running:
-            yield Bridged(slack, running.process, running.log)
+        hidden = tuple(secrets.values())
+        async with run_service(cfg, env, secrets=hidden) as running:
+            yield Bridged(slack, running.process, running.log, cfg, env, hidden)

@@ -149,3 +149,30 @@ async def test_commands_are_answered_in_the_channel(tmp_path: Path) -> None:
 
 async def _started_twice(b: Bridged) -> bool:
     return sum("room=slack:" in line and "run started" in line for line in b.log) >= 2
+
+
+@pytest.mark.parametrize("mode", ["socket", "events"])
+async def test_a_run_survives_a_crash_of_the_bridge_and_answers_once_in_its_thread(
+    tmp_path: Path, mode: str
+) -> None:
+    go = tmp_path / "go"
+    env = {**ECHO, "FAKE_CLAUDE_WAIT_FOR": str(go), "FAKE_CLAUDE_TIMES": str(tmp_path / "times")}
+    async with bridged(tmp_path, mode, env) as b:
+        task = await b.slack.post_message(peer.ALICE, "the long task")
+        # The reaction comes once the run is registered: a restart finds it.
+        await b.wait_for_reaction(task, "hourglass_flowing_sand")
+        b.process.kill()
+        await b.process.wait()
+        async with b.restarted() as again:
+            go.touch()
+            [answer] = await wait_for_answers(again, 1)
+            await again.wait_for_reaction(task, "white_check_mark")
+            # A later task: once it is answered, a second answer to the first would be there.
+            later = await again.slack.post_message(peer.ALICE, "after the restart")
+            await wait_for_answers(again, 2)
+            await again.wait_for_reaction(later, "white_check_mark")
+            found = await answers(again)
+    assert answer["thread_ts"] == task
+    assert ["the long task" in str(m["text"]) for m in found] == [True, False]
+    times = (tmp_path / "times").read_text().splitlines()
+    assert [json.loads(line)["prompt"] for line in times] == ["the long task", "after the restart"]

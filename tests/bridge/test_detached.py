@@ -1,0 +1,222 @@
+"""Runs outlive the bridge: the real ``chatbridge`` process killed or stopped during a run.
+
+A run's supervisor goes on without the bridge; the next start reattaches to
+it through the registry of live runs and the room gets the answer once. The
+fake claude waits for a trigger file before it answers, so each test decides
+when a run ends. After every test no process of any run survives (checked by
+marker).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from runner.process import find_marked
+from tests.bridge.harness import write_config
+from tests.bridge.test_lifecycle import (
+    Bridge,
+    alive,
+    escaping_tree,
+    rows,
+    run_pids,
+    wait_rows,
+)
+from tests.runner.test_containment import until_exited
+
+pytestmark = pytest.mark.slow
+
+
+def waiting(tmp_path: Path, **more: str) -> dict[str, str]:
+    """A run that answers (its prompt, echoed) once ``tmp_path/go`` exists; one line per
+    claude process that ran to its end in ``tmp_path/times``."""
+    return {
+        "FAKE_CLAUDE_ECHO": "1",
+        "FAKE_CLAUDE_WAIT_FOR": str(tmp_path / "go"),
+        "FAKE_CLAUDE_TIMES": str(tmp_path / "times"),
+        **escaping_tree(tmp_path),
+        "FAKE_CLAUDE_SLEEP": "0",
+        **more,
+    }
+
+
+def finished_claudes(tmp_path: Path) -> list[str]:
+    """The prompts of the claude processes that ran to their end."""
+    path = tmp_path / "times"
+    if not path.exists():
+        return []
+    return [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line]
+
+
+async def started_run(bridge: Bridge, tmp_path: Path, text: str = "long job") -> str:
+    """Send ``text``, wait until its run shows progress and is registered; its id."""
+    bridge.send(text)
+    await bridge.wait_for("Bash: echo hello")
+    run_id = str(rows(tmp_path, "select id from runs")[0][0])
+    # Registered before the room is shown the run; the shown offset follows within a second.
+    await wait_for_offset(tmp_path, run_id)
+    return run_id
+
+
+async def wait_for_offset(tmp_path: Path, run_id: str) -> None:
+    await wait_rows(
+        tmp_path, f"select delivered_offset > 0 from live_runs where run_id = '{run_id}'", [(1,)]
+    )
+
+
+@pytest.mark.usefixtures("no_leftovers")
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+async def test_the_same_claude_answers_once_after_a_restart(
+    tmp_path: Path, how: signal.Signals
+) -> None:
+    config = write_config(tmp_path, env=waiting(tmp_path))
+    bridge = Bridge(config)
+    await bridge.start()
+    run_id = await started_run(bridge, tmp_path)
+    pids = run_pids(tmp_path)
+    bridge.send("queued one")
+    bridge.send("queued two")
+    await wait_rows(
+        tmp_path,
+        "select text from messages where state = 'pending' order by id",
+        [("queued one",), ("queued two",)],
+    )
+    bridge.signal(how)
+    code = await bridge.exit_code()
+    assert code == (0 if how == signal.SIGTERM else -signal.SIGKILL)
+    # The run goes on without the bridge: claude and its tools are still there.
+    assert alive(pids) == pids
+    assert "long job" not in bridge.out.splitlines()
+
+    again = Bridge(config)
+    await again.start()
+    (tmp_path / "go").touch()
+    await again.wait_for("local wrote:\nqueued one\n\nlocal wrote:\nqueued two")
+    assert await again.end_input() == 0
+
+    # The same claude process answered, once; the waiting messages became one
+    # follow-up batch after it.
+    assert finished_claudes(tmp_path) == [
+        "long job",
+        "local wrote:\nqueued one\n\nlocal wrote:\nqueued two",
+    ]
+    assert again.out.splitlines().count("long job") == 1
+    # What the room was shown before the restart is not shown again.
+    assert "Bash: echo hello" not in again.out.split("long job")[0]
+    assert rows(tmp_path, "select id, status from runs order by started_at")[0] == (
+        run_id,
+        "succeeded",
+    )
+    assert [r[0] for r in rows(tmp_path, "select status from runs")] == ["succeeded"] * 2
+    assert rows(tmp_path, "select count(*) from live_runs") == [(0,)]
+    assert not (tmp_path / "state" / "runs" / run_id).exists()
+    assert alive(pids) == []
+
+
+@pytest.mark.usefixtures("no_leftovers")
+async def test_stop_after_a_reattach_stops_the_whole_tree(tmp_path: Path) -> None:
+    config = write_config(tmp_path, env=waiting(tmp_path))
+    bridge = Bridge(config)
+    await bridge.start()
+    run_id = await started_run(bridge, tmp_path)
+    pids = run_pids(tmp_path)
+    bridge.signal(signal.SIGKILL)
+    await bridge.exit_code()
+
+    again = Bridge(config)
+    await again.start()
+    await wait_rows(tmp_path, "select count(*) from runs where status = 'running'", [(1,)])
+    again.send("!status")
+    await again.wait_for(run_id)
+    again.send("!stop")
+    await again.wait_for("Stopped")
+    assert alive(pids) == []
+    assert find_marked(run_id) == []
+    assert await again.end_input() == 0
+    assert rows(tmp_path, "select status from runs") == [("stopped",)]
+    assert finished_claudes(tmp_path) == []
+
+
+@pytest.mark.usefixtures("no_leftovers")
+async def test_a_time_limit_that_passes_while_the_bridge_is_down_is_told_after_the_restart(
+    tmp_path: Path,
+) -> None:
+    config = write_config(tmp_path, {"defaults": {"run_timeout_s": 3}}, env=waiting(tmp_path))
+    bridge = Bridge(config)
+    await bridge.start()
+    run_id = await started_run(bridge, tmp_path)
+    pids = run_pids(tmp_path)
+    bridge.signal(signal.SIGKILL)
+    await bridge.exit_code()
+    # The supervisor keeps the limit alone: the run is stopped with nobody attached.
+    await until_exited(pids)
+
+    again = Bridge(config)
+    await again.start()
+    await again.wait_for("The run was stopped after its time limit of 3s.")
+    assert await again.end_input() == 0
+    assert again.out.count("time limit") == 1
+    assert rows(tmp_path, "select status from runs") == [("timed_out",)]
+    assert find_marked(run_id) == []
+
+
+@pytest.mark.usefixtures("no_leftovers")
+async def test_a_bridge_that_never_comes_back_leaves_no_runaway_agent(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {"runner": {"orphan_timeout_s": 1}}, env=waiting(tmp_path))
+    bridge = Bridge(config)
+    await bridge.start()
+    run_id = await started_run(bridge, tmp_path)
+    pids = run_pids(tmp_path)
+    supervisor = int(rows(tmp_path, "select supervisor_pid from live_runs")[0][0])
+    bridge.signal(signal.SIGKILL)
+    await bridge.exit_code()
+    await until_exited([*pids, supervisor])
+    assert find_marked(run_id) == []
+
+
+@pytest.mark.usefixtures("no_leftovers")
+async def test_a_killed_supervisor_interrupts_the_run_and_its_tree_is_swept(
+    tmp_path: Path,
+) -> None:
+    config = write_config(tmp_path, env=waiting(tmp_path))
+    bridge = Bridge(config)
+    await bridge.start()
+    run_id = await started_run(bridge, tmp_path)
+    pids = run_pids(tmp_path)
+    supervisor = int(rows(tmp_path, "select supervisor_pid from live_runs")[0][0])
+    os.kill(supervisor, signal.SIGKILL)
+    await bridge.wait_for(f"`!retry {run_id}` runs it again.")
+    assert alive(pids) == []
+    assert find_marked(run_id) == []
+    assert await bridge.end_input() == 0
+    assert rows(tmp_path, "select status from runs") == [("failed",)]
+
+
+@pytest.mark.usefixtures("no_leftovers")
+async def test_a_supervisor_killed_while_the_bridge_was_down_is_reported_interrupted(
+    tmp_path: Path,
+) -> None:
+    config = write_config(tmp_path, env=waiting(tmp_path))
+    bridge = Bridge(config)
+    await bridge.start()
+    run_id = await started_run(bridge, tmp_path)
+    pids = run_pids(tmp_path)
+    supervisor = int(rows(tmp_path, "select supervisor_pid from live_runs")[0][0])
+    bridge.signal(signal.SIGKILL)
+    await bridge.exit_code()
+    os.kill(supervisor, signal.SIGKILL)
+    await until_exited([supervisor])
+
+    write_config(tmp_path)  # the same configuration, now with a claude that answers
+    again = Bridge(config)
+    await again.start()
+    await again.wait_for(f"`!retry {run_id}` runs it again.")
+    assert await again.end_input() == 0
+    assert alive(pids) == []
+    assert rows(tmp_path, "select status from runs") == [("interrupted",)]
+    assert rows(tmp_path, "select count(*) from live_runs") == [(0,)]
+    assert not (tmp_path / "state" / "runs" / run_id).exists()
