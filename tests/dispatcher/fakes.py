@@ -79,7 +79,8 @@ class FakeExecute:
     ) -> None:
         self.cap = cap
         self.log = log
-        """If given, each call appends its room and messages (tests add drops in between)."""
+        """If given, each call appends its room and messages (tests add drops in between);
+        calls of adopted runs do not: their messages came from an earlier process."""
         self.auto = auto
         """Calls end at once, without waiting for a release."""
         self.slow_cleanup = False
@@ -106,7 +107,7 @@ class FakeExecute:
         if self.slow_cleanup:
             call.cleanup_gate = asyncio.Event()
         self.calls.append(call)
-        if self.log is not None:
+        if self.log is not None and not adopted:
             self.log.append((batch.room, batch.messages))
         if batch.room in self.active:
             self.violations.append(f"two runs in {batch.room}")
