@@ -7,6 +7,11 @@ callbacks and run ends feed the scheduler synchronously, so with a
 deadline when ``advance`` returns. Every rule (which run begins, what a stop
 drops, why a run was cancelled, what a drain keeps) is the scheduler's; this
 module only carries its decisions out.
+
+Runs may outlive the process. A drain may leave the runs it cuts off to
+their supervisors (``reason=DETACHED``) instead of interrupting them, and a
+restarted bridge hands the runs it reattached to :meth:`Dispatcher.adopt`,
+each with the ``execute`` that carries it on.
 """
 
 from __future__ import annotations
@@ -36,18 +41,19 @@ class DispatchedRun:
         self.batch = batch
         self.end_reason: EndReason | None = None
         """Set before the dispatcher cancels the run: stopped by the room, or
-        interrupted by shutdown. None while the run was not cancelled."""
+        interrupted or detached by shutdown. None while the run was not cancelled."""
 
 
 Execute = Callable[[DispatchedRun], Awaitable[None]]
-"""Carries out one run; cancelled (with ``end_reason`` set) to stop or interrupt it."""
+"""Carries out one run; cancelled (with ``end_reason`` set) to stop, interrupt or detach it."""
 
 
 class Dispatcher:
     """Decides when each room's messages go to a run, and starts the runs.
 
-    Messages may be submitted before :meth:`serve` runs; they wait (and
-    their windows close) until it does, then ready rooms start in order.
+    Messages may be submitted, and runs adopted, before :meth:`serve` runs;
+    they wait (and their windows close) until it does, then adopted runs
+    start, then ready rooms in order.
     """
 
     def __init__(
@@ -59,6 +65,12 @@ class Dispatcher:
         # No slots until serve() opens them: a run needs the task group.
         self._scheduler = Scheduler(limits, capacity=0)
         self._runs: dict[RoomKey, DispatchedRun] = {}
+        self._adopted: list[tuple[DispatchedRun, Execute]] = []
+        """Runs adopted before serving: their tasks start when serve opens the group."""
+        self._entered: set[DispatchedRun] = set()
+        """Runs whose task has taken its first step: only those can hear a cancel."""
+        self._shutdown_reason = EndReason.INTERRUPTED
+        """Why a cancelled serve cuts off the begun runs: the last drain's reason."""
         self._group: asyncio.TaskGroup | None = None
         self._timer: TimerHandle | None = None
         self._timer_at: float | None = None
@@ -74,8 +86,9 @@ class Dispatcher:
         """Run the dispatcher until cancelled; set ``ready`` once runs can start.
 
         On cancellation it drains (no new run begins; messages not in a
-        begun run stay queued), interrupts the begun runs and awaits them
-        (their cleanup is theirs), then ``CancelledError`` propagates. For a
+        begun run stay queued), cancels the begun runs as the last
+        :meth:`drain` said (interrupted without one) and awaits them (their
+        cleanup is theirs), then ``CancelledError`` propagates. For a
         graceful end, :meth:`drain` first.
         """
         if self._group is not None:
@@ -84,6 +97,10 @@ class Dispatcher:
         try:
             async with asyncio.TaskGroup() as group:
                 self._group = group
+                # Adopted runs hold their slots already; they start first.
+                for run, execute in self._adopted:
+                    self._spawn(run, execute)
+                self._adopted.clear()
                 now = self._clock.now()
                 started = self._scheduler.set_capacity(self._limits.max_concurrent_runs, now)
                 # Deadlines that passed before serving (recovered messages).
@@ -98,7 +115,7 @@ class Dispatcher:
                     # during shutdown do not start queued batches, and tell the
                     # begun ones why they end.
                     self._scheduler.drain()
-                    self._interrupt()
+                    self._interrupt(self._shutdown_reason)
         finally:
             self._group = None
             self._fault = None
@@ -128,11 +145,36 @@ class Dispatcher:
         if result.stopped is not None:
             self._cancel(room, EndReason.STOPPED)
         elif self._scheduler.cancel_reason(room) is EndReason.STOPPED and room in self._runs:
-            # An interrupted run still winding down: it now ends as stopped
+            # A run cut off by shutdown, still winding down: it now ends as stopped
             # (see Room.stop); it is not cancelled a second time.
             self._runs[room].end_reason = EndReason.STOPPED
         self._after(())
         return result
+
+    def adopt(self, batch: Batch, execute: Execute) -> None:
+        """Make a run that is already going (reattached after a restart) the room's run.
+
+        ``execute`` carries it on instead of the dispatcher's own; it gets a
+        :class:`DispatchedRun` of ``batch`` and is cancelled like any run: by
+        :meth:`stop` (STOPPED; waiting messages are dropped), by a drain (its
+        reason) or by cancelling :meth:`serve`. The run holds a slot at once,
+        even beyond ``max_concurrent_runs``: other rooms wait until the runs are
+        below the cap again. Messages of the room, submitted before or after,
+        wait behind it and are ready at once when it ends, as behind any run.
+
+        Before :meth:`serve`, the run's task starts when serving does, ahead of
+        the room's other runs. Raises ValueError if the room has a run (begun
+        or granted), RuntimeError once draining: the run stays with its
+        supervisor.
+        """
+        self._scheduler.adopt(batch, self._clock.now())
+        run = DispatchedRun(batch)
+        self._runs[batch.room] = run
+        if self._group is None:
+            self._adopted.append((run, execute))
+        else:
+            self._spawn(run, execute)
+        self._after(())
 
     def restore(self, room: RoomKey, dropped: tuple[Message, ...]) -> None:
         """Undo a stop's drop (its write failed): the messages queue again, in front."""
@@ -148,25 +190,41 @@ class Dispatcher:
         self._after(())
         return removed
 
-    def drain(self, grace_s: float, cut_off: asyncio.Event | None = None) -> Awaitable[bool]:
+    def drain(
+        self,
+        grace_s: float,
+        cut_off: asyncio.Event | None = None,
+        *,
+        reason: EndReason = EndReason.INTERRUPTED,
+    ) -> Awaitable[bool]:
         """Shut down gracefully: no run begins from this call on; begun runs may finish.
 
         Messages not in a begun run stay queued (the store keeps them
         pending: they run after a restart). The returned awaitable waits
         until no run is active, at most ``grace_s`` on the dispatcher's clock
-        or until ``cut_off`` is set; then interrupts the runs still active
-        (``end_reason`` INTERRUPTED) and waits for them to wind down. It
-        gives True if every run ended on its own. Submitting afterwards only
-        queues.
+        or until ``cut_off`` is set; then cancels the runs still active with
+        ``end_reason`` ``reason`` and waits for them to wind down. It gives
+        True if every run ended on its own. Submitting afterwards only queues.
+
+        ``reason`` is INTERRUPTED, or DETACHED to leave the runs to their
+        supervisors; cancelling :meth:`serve` afterwards uses it too. A
+        :meth:`stop` of a run being cut off still makes it STOPPED.
         """
+        if not reason.by_shutdown:
+            raise ValueError(f"a drain does not cancel runs as {reason}")
+        self._shutdown_reason = reason
         self._scheduler.drain()
         self._after(())
         expired = asyncio.Event()
         timer = self._clock.call_at(self._clock.now() + grace_s, expired.set)
-        return self._drained(timer, expired, cut_off)
+        return self._drained(timer, expired, cut_off, reason)
 
     async def _drained(
-        self, timer: TimerHandle, expired: asyncio.Event, cut_off: asyncio.Event | None
+        self,
+        timer: TimerHandle,
+        expired: asyncio.Event,
+        cut_off: asyncio.Event | None,
+        reason: EndReason,
     ) -> bool:
         waits = [asyncio.ensure_future(self._no_runs.wait()), asyncio.ensure_future(expired.wait())]
         if cut_off is not None:
@@ -179,7 +237,7 @@ class Dispatcher:
                 wait.cancel()
         graceful = self._no_runs.is_set()
         if not graceful:
-            self._interrupt()
+            self._interrupt(reason)
             await self._no_runs.wait()
         return graceful
 
@@ -202,7 +260,7 @@ class Dispatcher:
 
     @property
     def active_runs(self) -> int:
-        """Runs started and not yet ended (stopped ones winding down included)."""
+        """Runs started or adopted and not yet ended (stopped ones winding down included)."""
         return self._scheduler.active_runs
 
     @property
@@ -232,26 +290,40 @@ class Dispatcher:
             self._no_runs.set()
 
     def _start(self, batch: Batch) -> None:
-        if self._group is None:
-            raise RuntimeError("a run was granted while not serving")
         run = DispatchedRun(batch)
         self._runs[batch.room] = run
-        run.task = self._group.create_task(self._run(run), name=f"dispatch {batch.room}")
+        self._spawn(run, self._execute)
+
+    def _spawn(self, run: DispatchedRun, execute: Execute) -> None:
+        if self._group is None:
+            raise RuntimeError("a run was granted while not serving")
+        run.task = self._group.create_task(
+            self._run(run, execute), name=f"dispatch {run.batch.room}"
+        )
 
     def _cancel(self, room: RoomKey, reason: EndReason) -> None:
         run = self._runs[room]
         run.end_reason = reason
-        run.task.cancel()
+        # A task cancelled before its first step never runs its coroutine, so
+        # execute would never hear of it. Only an adopted run is begun before
+        # then; _run cancels it itself once it has entered.
+        if run in self._entered:
+            run.task.cancel()
 
-    def _interrupt(self) -> None:
-        for batch in self._scheduler.interrupt():
-            self._cancel(batch.room, EndReason.INTERRUPTED)
+    def _interrupt(self, reason: EndReason) -> None:
+        for batch in self._scheduler.interrupt(reason):
+            self._cancel(batch.room, reason)
 
-    async def _run(self, run: DispatchedRun) -> None:
+    async def _run(self, run: DispatchedRun, execute: Execute) -> None:
+        self._entered.add(run)
         try:
             # The scheduler says no if the run was stopped or drained since its grant.
             if self._scheduler.begin(run.batch.room):
-                await self._execute(run)
+                if run.end_reason is not None:
+                    # Cancelled before this first step (an adopted run stopped or
+                    # cut off at once): execute hears it at its first await.
+                    run.task.cancel()
+                await execute(run)
         except Exception:
             # A failed run is the run's problem, never the dispatcher's.
             logger.exception("run in room %s failed", run.batch.room)
@@ -262,6 +334,7 @@ class Dispatcher:
         if self._runs.get(run.batch.room) is not run:
             return  # already finished (shutdown reconciliation)
         del self._runs[run.batch.room]
+        self._entered.discard(run)
         self._after(self._scheduler.run_finished(run.batch.room, self._clock.now()))
 
     def _arm(self) -> None:

@@ -11,16 +11,22 @@ A room is in one of four phases:
 - gathering: an open batch waits for its window to close (timer armed).
 - ready: the batch is due and the room waits for a run slot; it keeps
   gathering messages meanwhile.
-- running: a run was granted; new messages queue behind it. When it ends,
-  queued messages are ready at once (no new debounce).
+- running: a run was granted (or adopted); new messages queue behind it.
+  When it ends, queued messages are ready at once (no new debounce).
 
 A granted run has *begun* once its owner is about to carry it out
 (:meth:`Room.begin`). Until then nothing has happened outside: a stop drops
 its messages with the rest, and a drain (shutdown) puts them back in front
 of the queue, so they stay pending and run after a restart. A begun run is
 cancelled with a reason (:class:`~dispatcher.status.EndReason`): stopped by
-the room, or interrupted by shutdown; a stop that comes while an
-interrupted run winds down makes it stopped (the user's word wins).
+the room, or interrupted or detached by shutdown (the drain says which); a
+stop that comes while a run cut off by shutdown winds down makes it stopped
+(the user's word wins).
+
+A run that is already going (an earlier process started it and a restarted
+one reattached to it) is *adopted* (:meth:`Room.adopt`): it becomes the
+room's run, begun from the start, and takes a run slot even beyond the cap,
+since it cannot wait for one. From then on it is a run like any other.
 """
 
 from __future__ import annotations
@@ -55,6 +61,11 @@ class StartRun:
     """Start a run of ``batch``; report its end with :meth:`Room.run_finished`."""
 
     batch: Batch
+
+
+@dataclass(frozen=True, slots=True)
+class TakeSlot:
+    """An adopted run holds a slot from now on, even beyond the cap."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +113,7 @@ Effect = (
     | RequestSlot
     | WithdrawSlotRequest
     | StartRun
+    | TakeSlot
     | ReleaseSlot
     | CancelRun
     | Restated
@@ -112,6 +124,7 @@ Effect = (
 # The effects without fields are shared: a busy room allocates none per event.
 REQUEST_SLOT = RequestSlot()
 WITHDRAW_SLOT_REQUEST = WithdrawSlotRequest()
+TAKE_SLOT = TakeSlot()
 RELEASE_SLOT = ReleaseSlot()
 
 
@@ -304,6 +317,30 @@ class Room:
         self._cancel = None
         return [StartRun(self._run)]
 
+    def adopt(self, batch: Batch, now: float) -> list[Effect]:
+        """A run already going (reattached after a restart) becomes this room's run.
+
+        It has begun. Messages not yet in a run queue behind it, as behind any
+        run: an open batch's window no longer matters and a slot request is
+        given up. Raises ValueError if the room has a run (granted or begun).
+        """
+        if batch.room != self.key:
+            raise ValueError(f"a batch of room {batch.room} adopted by room {self.key}")
+        if self._run is not None:
+            raise ValueError(f"room {self.key} already has a run")
+        effects: list[Effect] = []
+        if self._ready:
+            self._ready = False
+            effects.append(WITHDRAW_SLOT_REQUEST)
+        self._timer_at = None
+        self._run = batch
+        self._run_since = now
+        self._began = True
+        self._skipped = False
+        self._cancel = None
+        effects.append(TAKE_SLOT)
+        return effects
+
     def begin(self) -> bool:
         """The owner is about to carry out the granted run: True if it may.
 
@@ -340,10 +377,11 @@ class Room:
         """
         effects: list[Effect] = []
         dropped: list[Message] = []
-        if self._run is not None and self._cancel is EndReason.INTERRUPTED:
+        if self._run is not None and self._cancel is not None and self._cancel.by_shutdown:
             # Already being cancelled by the shutdown, and then the room said
             # stop: the user's word wins. The run is recorded stopped and not
-            # offered for ``!retry`` (an interrupted one would be). No second
+            # offered for ``!retry`` (an interrupted one would be), nor left
+            # to its supervisor (a detached one would be). No second
             # cancellation: the owner reads the reason when the run has wound down.
             self._cancel = EndReason.STOPPED
             effects.append(Restated(self._run, EndReason.STOPPED))
@@ -373,12 +411,17 @@ class Room:
         self._pending[:0] = self._run.messages
         return [SkipRun(self._run, dropped=False)]
 
-    def interrupt(self) -> list[Effect]:
-        """Shutdown cut-off: cancel the begun run unless it is already ending."""
+    def interrupt(self, reason: EndReason = EndReason.INTERRUPTED) -> list[Effect]:
+        """Shutdown cut-off: cancel the begun run for ``reason`` unless it is already ending.
+
+        ``reason`` is INTERRUPTED or DETACHED (the run is left to its supervisor).
+        """
+        if not reason.by_shutdown:
+            raise ValueError(f"a shutdown does not cancel a run as {reason}")
         if self._run is None or not self._began or self._cancel is not None:
             return []
-        self._cancel = EndReason.INTERRUPTED
-        return [CancelRun(self._run, EndReason.INTERRUPTED)]
+        self._cancel = reason
+        return [CancelRun(self._run, reason)]
 
     # -- internals -----------------------------------------------------------
 

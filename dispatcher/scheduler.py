@@ -5,6 +5,12 @@ with the global :class:`~dispatcher.slots.SlotPool` and keeps one heap of
 deadlines for all rooms. Its methods take ``now`` and return the batches to
 start; the asyncio driver only carries those out and tells it when timers
 fire and runs end. Rooms with nothing to do are forgotten.
+
+A run already going when this process started is adopted (:meth:`adopt`):
+it holds a slot at once, even beyond the cap, and rooms ready to run then
+wait until the runs are below the cap again. So only runs this scheduler
+grants itself are bounded by the cap. A shutdown cancels the begun runs
+(:meth:`interrupt`) as interrupted or as detached (left to their supervisors).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from dispatcher.room import (
     Room,
     SkipRun,
     StartRun,
+    TakeSlot,
     WithdrawSlotRequest,
 )
 from dispatcher.slots import SlotPool
@@ -133,6 +140,28 @@ class Scheduler:
         self._running -= 1
         return self._apply(room, room.run_finished(now), now)
 
+    def adopt(self, batch: Batch, now: float) -> None:
+        """A run already going (reattached after a restart) becomes its room's run.
+
+        It has begun and holds a slot, beyond the cap if need be. Messages of
+        the room not yet in a run wait behind it; when it ends (report it with
+        :meth:`run_finished`) they are ready at once, as behind any run.
+        Raises ValueError if the room has a run, RuntimeError once draining
+        (the run stays with its supervisor).
+        """
+        if self._draining:
+            raise RuntimeError("no run is adopted while draining")
+        room = self._room(batch.room)  # only a room that has a run refuses
+        for effect in room.adopt(batch, now):
+            match effect:
+                case WithdrawSlotRequest():
+                    self._slots.withdraw(room.key)
+                case TakeSlot():
+                    self._slots.take(room.key)
+                    self._running += 1
+                case _:
+                    raise AssertionError(f"unexpected effect of an adoption: {effect}")
+
     def begin(self, key: RoomKey) -> bool:
         """The owner is about to carry out the room's granted run: True if it may."""
         room = self._rooms.get(key)
@@ -218,13 +247,17 @@ class Scheduler:
                     case _:
                         raise AssertionError(f"unexpected effect of a drain: {effect}")
 
-    def interrupt(self) -> list[Batch]:
-        """Shutdown cut-off: the begun runs to cancel (as interrupted), in room order."""
+    def interrupt(self, reason: EndReason = EndReason.INTERRUPTED) -> list[Batch]:
+        """Shutdown cut-off: the begun runs to cancel for ``reason``, in room order.
+
+        ``reason`` is INTERRUPTED, or DETACHED when the shutdown leaves the runs
+        to their supervisors. Runs already being cancelled keep their reason.
+        """
         cancelled: list[Batch] = []
         for key in sorted(self._rooms):
-            for effect in self._rooms[key].interrupt():
+            for effect in self._rooms[key].interrupt(reason):
                 match effect:
-                    case CancelRun(batch, EndReason.INTERRUPTED):
+                    case CancelRun(batch, why) if why is reason:
                         cancelled.append(batch)
                     case _:
                         raise AssertionError(f"unexpected effect of an interrupt: {effect}")

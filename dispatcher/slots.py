@@ -9,7 +9,9 @@ class SlotPool:
     """At most ``capacity`` rooms hold a slot; the others wait in FIFO order.
 
     Every operation returns the rooms granted a slot by it, in grant order.
-    After every operation, a free slot implies that no room waits.
+    After every operation, a free slot implies that no room waits. Holders may
+    outnumber the capacity (:meth:`take`, :meth:`resize`): then nothing is
+    granted until enough slots are released.
     """
 
     __slots__ = ("_capacity", "_holders", "_waiting")
@@ -46,6 +48,16 @@ class SlotPool:
             raise RuntimeError(f"room {room} already holds or waits for a slot")
         self._waiting[room] = None
         return self._grant()
+
+    def take(self, room: RoomKey) -> None:
+        """``room`` holds a slot at once, beyond the capacity if need be.
+
+        For a run that is already going (adopted after a restart): it cannot
+        wait for a slot, so the others wait until holders are below capacity.
+        """
+        if room in self._holders or room in self._waiting:
+            raise RuntimeError(f"room {room} already holds or waits for a slot")
+        self._holders.add(room)
 
     def release(self, room: RoomKey) -> list[RoomKey]:
         """``room`` gives its slot back; the longest waiting room gets it."""

@@ -15,6 +15,14 @@ class EndReason(StrEnum):
     """The room asked (``!stop``): its messages are not run again."""
     INTERRUPTED = "interrupted"
     """Shutdown cut it off: ``!retry`` may run it again."""
+    DETACHED = "detached"
+    """Shutdown left it to its supervisor: it goes on without this process, and a
+    restarted bridge reattaches to it. Its ``execute`` records no end."""
+
+    @property
+    def by_shutdown(self) -> bool:
+        """A reason a shutdown cancels runs for; a stop that comes later overrides it."""
+        return self is not EndReason.STOPPED
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,9 +48,11 @@ class Messages:
 class Call:
     """One call of the fake execute."""
 
-    def __init__(self, run: DispatchedRun) -> None:
+    def __init__(self, run: DispatchedRun, *, adopted: bool) -> None:
         self.run = run
         self.batch = run.batch
+        self.adopted = adopted
+        """Called through :meth:`FakeExecute.adopted` (a run reattached after a restart)."""
         self.release = asyncio.Event()
         self.error: Exception | None = None
         self.cancelled = asyncio.Event()
@@ -64,7 +66,8 @@ class FakeExecute:
     """An ``execute`` that records batches and runs until the test releases it.
 
     It also checks, at every call, that its room has no other call active
-    and that no more than ``cap`` calls are active.
+    and that no more than ``cap`` calls the dispatcher started itself are
+    active (adopted runs may go beyond it).
     """
 
     def __init__(
@@ -76,7 +79,8 @@ class FakeExecute:
     ) -> None:
         self.cap = cap
         self.log = log
-        """If given, each call appends its room and messages (tests add drops in between)."""
+        """If given, each call appends its room and messages (tests add drops in between);
+        calls of adopted runs do not: their messages came from an earlier process."""
         self.auto = auto
         """Calls end at once, without waiting for a release."""
         self.slow_cleanup = False
@@ -91,18 +95,26 @@ class FakeExecute:
         return [call.batch for call in self.calls]
 
     async def __call__(self, run: DispatchedRun) -> None:
+        await self._call(run, adopted=False)
+
+    async def adopted(self, run: DispatchedRun) -> None:
+        """The ``execute`` to hand to :meth:`Dispatcher.adopt`: recorded alike."""
+        await self._call(run, adopted=True)
+
+    async def _call(self, run: DispatchedRun, *, adopted: bool) -> None:
         batch = run.batch
-        call = Call(run)
+        call = Call(run, adopted=adopted)
         if self.slow_cleanup:
             call.cleanup_gate = asyncio.Event()
         self.calls.append(call)
-        if self.log is not None:
+        if self.log is not None and not adopted:
             self.log.append((batch.room, batch.messages))
         if batch.room in self.active:
             self.violations.append(f"two runs in {batch.room}")
         self.active[batch.room] = call
-        if self.cap is not None and len(self.active) > self.cap:
-            self.violations.append(f"{len(self.active)} runs active, cap {self.cap}")
+        own = sum(not c.adopted for c in self.active.values())
+        if self.cap is not None and not adopted and own > self.cap:
+            self.violations.append(f"{own} runs active, cap {self.cap}")
         self._new_call.set()
         try:
             if not self.auto:

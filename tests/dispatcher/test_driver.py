@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from bridge.core.model import Batch, RoomKey
 from dispatcher import (
     Dispatcher,
     DispatchLimits,
@@ -452,3 +453,231 @@ async def test_a_stop_while_an_interrupted_run_winds_down_makes_it_stopped(env: 
 def end_reason(call: Call) -> EndReason | None:
     """Read afresh: mypy would keep the attribute narrowed across the stop."""
     return call.run.end_reason
+
+
+# -- detaching shutdowns -------------------------------------------------------
+
+
+async def test_a_drain_may_detach_the_runs_it_cuts_off(env: Env) -> None:
+    d, clock = env.dispatcher, env.clock
+    async with serving(d):
+        d.submit(env.make(A))
+        clock.advance(1.0)
+        call = await env.execute.started(A)
+        drained = asyncio.ensure_future(d.drain(5.0, reason=EndReason.DETACHED))
+        clock.advance(5.0)
+        await env.execute.cancelled(call)
+        async with asyncio.timeout(GUARD_S):
+            assert not await drained
+        assert call.run.end_reason is EndReason.DETACHED
+        assert d.active_runs == 0
+
+
+async def test_a_cut_off_detaches_at_once(env: Env) -> None:
+    d, clock = env.dispatcher, env.clock
+    async with serving(d):
+        d.submit(env.make(A))
+        clock.advance(1.0)
+        call = await env.execute.started(A)
+        cut_off = asyncio.Event()
+        drained = asyncio.ensure_future(d.drain(30.0, cut_off, reason=EndReason.DETACHED))
+        cut_off.set()
+        await env.execute.cancelled(call)
+        async with asyncio.timeout(GUARD_S):
+            assert not await drained
+        assert call.run.end_reason is EndReason.DETACHED
+
+
+async def test_cancelling_serve_after_a_detaching_drain_detaches(env: Env) -> None:
+    d, clock = env.dispatcher, env.clock
+    async with serving(d) as task:
+        d.submit(env.make(A))
+        clock.advance(1.0)
+        call = await env.execute.started(A)
+        drained = asyncio.ensure_future(d.drain(30.0, reason=EndReason.DETACHED))
+        task.cancel()  # before the grace ends
+        await env.execute.cancelled(call)
+    assert call.run.end_reason is EndReason.DETACHED
+    async with asyncio.timeout(GUARD_S):
+        await drained
+
+
+async def test_a_stop_while_a_detached_run_winds_down_makes_it_stopped(env: Env) -> None:
+    d, clock = env.dispatcher, env.clock
+    env.execute.slow_cleanup = True
+    async with serving(d):
+        d.submit(env.make(A))
+        clock.advance(1.0)
+        call = await env.execute.started(A)
+        drained = asyncio.ensure_future(d.drain(5.0, reason=EndReason.DETACHED))
+        clock.advance(5.0)
+        await env.execute.cancelled(call)
+        assert call.run.end_reason is EndReason.DETACHED
+        assert d.stop(A) == StopResult(stopped=None, dropped=())
+        assert end_reason(call) is EndReason.STOPPED
+        assert call.cleanup_gate is not None
+        call.cleanup_gate.set()
+        async with asyncio.timeout(GUARD_S):
+            assert not await drained
+        assert end_reason(call) is EndReason.STOPPED
+
+
+def test_a_drain_does_not_stop_runs(env: Env) -> None:
+    with pytest.raises(ValueError, match="stopped"):
+        env.dispatcher.drain(1.0, reason=EndReason.STOPPED)
+    assert not env.dispatcher.draining
+
+
+# -- adopted runs --------------------------------------------------------------
+
+
+def reattached(env: Env, key: RoomKey) -> Batch:
+    """The batch of a run an earlier process started."""
+    return Batch(key, (env.make(key),))
+
+
+async def test_an_adopted_run_is_carried_on_by_its_own_execute(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    d = env.dispatcher
+    async with serving(d):
+        batch = reattached(env, A)
+        d.adopt(batch, env.execute.adopted)
+        assert d.status(A).running == batch
+        assert d.active_runs == 1
+        call = await env.execute.started(A)
+        assert call.adopted
+        assert call.batch == batch
+        queued = env.make(A)
+        d.submit(queued)
+        with caplog.at_level(logging.ERROR, logger="dispatcher.driver"):
+            await env.execute.finish(A, error=ValueError("supervisor gone"))
+        assert "supervisor gone" in caplog.text  # a failed run, like any
+        follow_up = await env.execute.started(A)
+        assert not follow_up.adopted  # the dispatcher's own execute from here on
+        assert follow_up.batch.messages == (queued,)
+        await env.execute.finish(A)
+        assert d.tracked_rooms == 0
+        assert d.active_runs == 0
+    assert env.execute.violations == []
+
+
+async def test_a_run_adopted_before_serving_starts_with_serving_ahead_of_the_room() -> None:
+    env = Env(limits(cap=1))
+    d, clock = env.dispatcher, env.clock
+    gathered = env.make(A)
+    d.submit(gathered)
+    clock.advance(5.0)  # its window closed before serving
+    batch = reattached(env, A)
+    d.adopt(batch, env.execute.adopted)
+    late = env.make(A)
+    d.submit(late)
+    status = d.status(A)
+    assert (status.running, status.waiting, status.waiting_for_slot) == (batch, 2, False)
+    assert env.execute.calls == []
+    async with serving(d):
+        call = await env.execute.started(A)
+        assert call.batch == batch
+        await env.execute.finish(A)
+        follow_up = await env.execute.started(A)
+        assert follow_up.batch.messages == (gathered, late)  # one batch, at once
+        await env.execute.finish(A)
+    assert env.execute.batches == [batch, follow_up.batch]
+
+
+async def test_an_adopted_run_may_exceed_the_cap_and_others_wait_below_it() -> None:
+    env = Env(limits(cap=1))
+    d, clock = env.dispatcher, env.clock
+    async with serving(d):
+        d.submit(env.make(A))
+        clock.advance(1.0)
+        await env.execute.started(A)
+        d.adopt(reattached(env, B), env.execute.adopted)
+        await env.execute.started(B)
+        assert d.active_runs == 2
+        d.submit(env.make(C))
+        clock.advance(1.0)
+        assert d.status(C).waiting_for_slot
+        await env.execute.finish(A)
+        assert d.status(C).waiting_for_slot  # one run active: still at the cap
+        await env.execute.finish(B)
+        await env.execute.finish(C)
+    assert [call.batch.room for call in env.execute.calls] == [A, B, C]
+    assert env.execute.violations == []
+
+
+async def test_stop_cancels_an_adopted_run_and_drops_the_queue(env: Env) -> None:
+    d = env.dispatcher
+    async with serving(d):
+        batch = reattached(env, A)
+        d.adopt(batch, env.execute.adopted)
+        call = await env.execute.started(A)
+        queued = env.make(A)
+        d.submit(queued)
+        assert d.stop(A) == StopResult(stopped=batch, dropped=(queued,))
+        await env.execute.ended(call)
+        assert call.cancelled.is_set()
+        assert call.run.end_reason is EndReason.STOPPED
+        assert d.tracked_rooms == 0
+        assert d.active_runs == 0
+
+
+async def test_an_adopted_run_stopped_before_its_task_ran_still_hears_it(env: Env) -> None:
+    d = env.dispatcher
+    async with serving(d):
+        batch = reattached(env, A)
+        d.adopt(batch, env.execute.adopted)
+        assert d.stop(A) == StopResult(stopped=batch, dropped=())  # in the same step
+        async with asyncio.timeout(GUARD_S):
+            await d.wait_idle()
+    [call] = env.execute.calls
+    assert call.cancelled.is_set()
+    assert call.run.end_reason is EndReason.STOPPED
+
+
+async def test_an_adopted_run_stopped_before_serving_hears_it_once_serving(env: Env) -> None:
+    d = env.dispatcher
+    batch = reattached(env, A)
+    d.adopt(batch, env.execute.adopted)
+    queued = env.make(A)
+    d.submit(queued)
+    assert d.stop(A) == StopResult(stopped=batch, dropped=(queued,))
+    assert d.status(A).stopping
+    async with serving(d):
+        async with asyncio.timeout(GUARD_S):
+            await d.wait_idle()
+    [call] = env.execute.calls
+    assert call.cancelled.is_set()
+    assert call.run.end_reason is EndReason.STOPPED
+
+
+async def test_a_drain_cuts_an_adopted_run_off_for_its_reason(env: Env) -> None:
+    d = env.dispatcher
+    async with serving(d):
+        d.adopt(reattached(env, A), env.execute.adopted)
+        call = await env.execute.started(A)
+        drained = asyncio.ensure_future(d.drain(5.0, reason=EndReason.DETACHED))
+        env.clock.advance(5.0)
+        await env.execute.cancelled(call)
+        async with asyncio.timeout(GUARD_S):
+            assert not await drained
+        assert call.run.end_reason is EndReason.DETACHED
+
+
+async def test_adopt_is_refused_for_a_room_with_a_run_and_while_draining(env: Env) -> None:
+    d = env.dispatcher
+    async with serving(d):
+        for _ in range(3):
+            d.submit(env.make(A))  # max_batch: granted at once, not begun yet
+        with pytest.raises(ValueError, match="already has a run"):
+            d.adopt(reattached(env, A), env.execute.adopted)
+        await env.execute.started(A)
+        with pytest.raises(ValueError, match="already has a run"):
+            d.adopt(reattached(env, A), env.execute.adopted)
+        drained = asyncio.ensure_future(d.drain(5.0))
+        with pytest.raises(RuntimeError, match="draining"):
+            d.adopt(reattached(env, B), env.execute.adopted)
+        await env.execute.finish(A)
+        async with asyncio.timeout(GUARD_S):
+            assert await drained
+    assert len(env.execute.calls) == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.core.model import Message
+from bridge.core.model import Batch, Message
 from dispatcher.limits import DispatchLimits
 from dispatcher.room import (
     REQUEST_SLOT,
@@ -18,6 +18,7 @@ from dispatcher.room import (
     Room,
     SkipRun,
     StartRun,
+    TakeSlot,
     WithdrawSlotRequest,
 )
 from dispatcher.status import EndReason
@@ -30,6 +31,11 @@ KEY = room("a")
 def phase(r: Room) -> Phase:
     """Read afresh: mypy would keep ``r.phase`` narrowed across events."""
     return r.phase
+
+
+def cancel_reason(r: Room) -> EndReason | None:
+    """Read afresh, as :func:`phase`."""
+    return r.cancel_reason
 
 
 @pytest.fixture
@@ -291,3 +297,89 @@ def test_a_stop_while_an_interrupted_run_winds_down_makes_it_stopped(make: Messa
     assert r.cancel_reason is EndReason.STOPPED
     assert r.interrupt() == []
     assert r.stop() == []
+
+
+def test_a_stop_while_a_detached_run_winds_down_makes_it_stopped(make: Messages) -> None:
+    """A shutdown that leaves the run to its supervisor, then the room says stop:
+    the run is stopped after all, not left running."""
+    r = Room(KEY, LIMITS)
+    start = granted(r, make)
+    assert r.begin()
+    assert r.interrupt(EndReason.DETACHED) == [CancelRun(start.batch, EndReason.DETACHED)]
+    assert r.interrupt(EndReason.INTERRUPTED) == []  # cut off once, for the first reason
+    assert cancel_reason(r) is EndReason.DETACHED
+    assert r.stop() == [Restated(start.batch, EndReason.STOPPED)]
+    assert cancel_reason(r) is EndReason.STOPPED
+
+
+def test_a_shutdown_does_not_stop_runs(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    granted(r, make)
+    assert r.begin()
+    with pytest.raises(ValueError, match="stopped"):
+        r.interrupt(EndReason.STOPPED)
+    assert r.cancel_reason is None
+
+
+def adopted_batch(make: Messages, n: int = 1) -> Batch:
+    """The batch of a run an earlier process started."""
+    return Batch(KEY, tuple(make(KEY) for _ in range(n)))
+
+
+def test_an_adopted_run_has_begun_and_takes_a_slot(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    batch = adopted_batch(make, 2)
+    assert r.adopt(batch, now=3.0) == [TakeSlot()]
+    assert phase(r) is Phase.RUNNING
+    assert (r.run, r.run_since, r.began) == (batch, 3.0, True)
+    assert r.begin()  # its task may carry it on
+    assert r.drain() == []  # a drain does not put it back: it is going
+    assert r.interrupt(EndReason.DETACHED) == [CancelRun(batch, EndReason.DETACHED)]
+
+
+def test_messages_waiting_when_a_run_is_adopted_queue_behind_it(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    gathered = make(KEY)
+    r.message(gathered, now=0.0)  # window armed for 1.0
+    batch = adopted_batch(make)
+    assert r.adopt(batch, now=0.5) == [TakeSlot()]
+    assert r.tick(1.0) == []  # the window no longer matters
+    later = make(KEY)
+    assert r.message(later, now=2.0) == []
+    assert r.run_finished(now=9.0) == [ReleaseSlot(), RequestSlot()]
+    [follow_up] = r.slot_granted(now=9.0)
+    assert follow_up == StartRun(Batch(KEY, (gathered, later)))
+
+
+def test_adopting_gives_up_a_slot_request(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    waiting = [make(KEY) for _ in range(3)]  # max_batch: ready at once
+    for m in waiting:
+        r.message(m, now=0.0)
+    assert r.ready
+    assert r.adopt(adopted_batch(make), now=0.0) == [WithdrawSlotRequest(), TakeSlot()]
+    assert not r.ready
+    assert r.pending == 3
+
+
+def test_an_adopted_run_is_stopped_like_any_run(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    batch = adopted_batch(make)
+    r.adopt(batch, now=0.0)
+    queued = make(KEY)
+    r.message(queued, now=1.0)
+    assert r.stop() == [CancelRun(batch, EndReason.STOPPED), Dropped((queued,))]
+    assert r.run_finished(now=2.0) == [ReleaseSlot()]
+    assert r.idle
+
+
+def test_a_room_with_a_run_adopts_none(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    granted(r, make)  # granted, not begun
+    with pytest.raises(ValueError, match="already has a run"):
+        r.adopt(adopted_batch(make), now=6.0)
+    assert r.begin()
+    with pytest.raises(ValueError, match="already has a run"):
+        r.adopt(adopted_batch(make), now=6.0)
+    with pytest.raises(ValueError, match="adopted by room"):
+        Room(KEY, LIMITS).adopt(Batch(room("b"), (make(room("b")),)), now=6.0)

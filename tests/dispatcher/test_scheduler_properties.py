@@ -1,9 +1,14 @@
 """Property tests: random schedules against the pure scheduler (rooms + slots + timers).
 
-A hypothesis state machine submits, re-submits, moves time, finishes runs
-and stops rooms, and checks after every step:
+A hypothesis state machine submits, re-submits, moves time, finishes runs,
+stops rooms, adopts runs already going (before the scheduler serves, as at a
+restart, and while it serves) and drains (interrupting or detaching), and
+checks after every step:
 
-- never two runs in one room; the cap is never exceeded;
+- never two runs in one room; the cap is never exceeded by the runs the
+  scheduler grants itself, counting adopted runs as running (an adoption
+  alone may go beyond it); a room with a run adopts none, and nothing is
+  adopted while draining;
 - no room waits for a slot while a slot is free, and slots go to waiting
   rooms in the order they became ready (rooms that became ready at the same
   step may go in either order);
@@ -14,9 +19,12 @@ and stops rooms, and checks after every step:
 - a run stopped before it began never begins and its messages are dropped
   (first); a stop whose drop is undone (its write failed) puts them back in
   front; a drain begins nothing more, puts granted-but-not-begun batches back
-  in front, and its interrupt cancels exactly the begun runs not already
-  stopping; a stop after the interrupt makes the run stopped (not cancelled
+  in front, and its interrupt cancels exactly the begun runs (adopted ones
+  too) not already stopping, for the drain's reason (interrupted or
+  detached); a stop after the interrupt makes the run stopped (not cancelled
   again);
+- an adopted run has begun; messages waiting in its room, or arriving while
+  it goes, queue behind it and follow it as any run's queue;
 - a gathering room's window has not closed yet (it flushes exactly when the
   window closes: ``min(last + coalesce, first + max_wait)``), and a room that
   left gathering did so only once its window closed or it held ``max_batch``.
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -75,6 +84,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.submitted: dict[RoomKey, list[Message]] = {r: [] for r in ROOMS}
         self.outputs: dict[RoomKey, list[Message]] = {r: [] for r in ROOMS}
         self.running: dict[RoomKey, Batch] = {}
+        self.adopted: set[RoomKey] = set()
+        """Rooms whose running run was adopted (its messages came from an earlier process)."""
+        self.serving = False
         self.inflight: dict[RoomKey, list[Message]] = {r: [] for r in ROOMS}
         """The granted batch that has not begun (nor been skipped)."""
         self.begin_asked: set[RoomKey] = set()
@@ -92,10 +104,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_wait=st.sampled_from([0.0, 1.0, 3.0]),
         max_batch=st.integers(1, 4),
         cap=st.integers(1, 3),
+        serving=st.booleans(),
     )
-    def setup(self, coalesce: float, max_wait: float, max_batch: int, cap: int) -> None:
+    def setup(
+        self, coalesce: float, max_wait: float, max_batch: int, cap: int, serving: bool
+    ) -> None:
         self.limits = DispatchLimits(coalesce, max_wait, max_batch, cap)
-        self.scheduler = Scheduler(self.limits)
+        # Not serving yet, as the driver starts: no slots, so runs can only be adopted.
+        self.scheduler = Scheduler(self.limits, capacity=None if serving else 0)
+        self.serving = serving
 
     # -- rules ---------------------------------------------------------------
 
@@ -109,6 +126,44 @@ class SchedulerMachine(RuleBasedStateMachine):
         """``!retry``: an accepted message comes again."""
         earlier = [m for msgs in self.submitted.values() for m in msgs]
         self._submit(data.draw(st.sampled_from(earlier)))
+
+    @precondition(lambda self: not self.serving)
+    @rule()
+    def serve(self) -> None:
+        """The driver opens the slots (none once draining)."""
+        self.serving = True
+        self._started(self.scheduler.set_capacity(self.limits.max_concurrent_runs, self.now))
+        self._check_windows()
+
+    @rule(index=st.integers(0, len(ROOMS) - 1), size=st.integers(1, 3))
+    def adopt(self, index: int, size: int) -> None:
+        """A run an earlier process started, reattached: it becomes the room's run."""
+        key = ROOMS[index]
+        batch = Batch(key, tuple(self.make(key) for _ in range(size)))
+        before = self.scheduler.status(key)
+        if self.draining:
+            with pytest.raises(RuntimeError, match="draining"):
+                self.scheduler.adopt(batch, self.now)
+            assert self.scheduler.status(key) == before
+            return
+        if key in self.running:
+            with pytest.raises(ValueError, match="already has a run"):
+                self.scheduler.adopt(batch, self.now)
+            assert self.scheduler.status(key) == before
+            return
+        self.scheduler.adopt(batch, self.now)
+        self.running[key] = batch
+        self.adopted.add(key)
+        self.began.add(key)
+        # What waited (gathering or ready) now waits behind the run.
+        self.windows.pop(key, None)
+        for tier in self.slot_queue:
+            tier.discard(key)
+        after = self.scheduler.status(key)
+        assert after.running == batch
+        assert after.waiting == before.waiting
+        assert not after.waiting_for_slot
+        self._check_windows()
 
     @rule(step=STEPS)
     def advance(self, step: float) -> None:
@@ -129,7 +184,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         """The driver's task reaches ``execute``: only a run still granted may begin."""
         key = data.draw(st.sampled_from(sorted(set(self.running) - self.begin_asked)))
         self.begin_asked.add(key)
-        expected = bool(self.inflight[key])
+        expected = bool(self.inflight[key]) or key in self.adopted
         assert self.scheduler.begin(key) == expected
         if expected:
             self.began.add(key)
@@ -177,6 +232,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             self._started(self.scheduler.restore(key, result.dropped, self.now))
             self._check_windows()
 
+    @precondition(lambda self: any(r.by_shutdown for r in self.stopping.values()))
+    @rule(data=st.data(), write_fails=st.booleans())
+    def stop_a_run_cut_off(self, data: st.DataObject, write_fails: bool) -> None:
+        """``!stop`` of a run a drain is interrupting or detaching (rare by chance alone)."""
+        cut_off = sorted(k for k, r in self.stopping.items() if r.by_shutdown)
+        self.stop(ROOMS.index(data.draw(st.sampled_from(cut_off))), write_fails)
+
     @rule()
     def drain(self) -> None:
         self.draining = True
@@ -187,15 +249,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         self._check_windows()
 
     @precondition(lambda self: self.draining)
-    @rule()
-    def interrupt(self) -> None:
-        cancelled = self.scheduler.interrupt()
+    @rule(reason=st.sampled_from([EndReason.INTERRUPTED, EndReason.DETACHED]))
+    def interrupt(self, reason: EndReason) -> None:
+        """The grace ended: cut the begun runs off, interrupting or detaching them."""
+        cancelled = self.scheduler.interrupt(reason)
         expected = sorted(k for k in self.began if k in self.running and k not in self.stopping)
         assert [b.room for b in cancelled] == expected
         for key in expected:
-            self.stopping[key] = EndReason.INTERRUPTED
-        for key, reason in self.stopping.items():
-            assert self.scheduler.cancel_reason(key) is reason
+            self.stopping[key] = reason
+        for key, why in self.stopping.items():
+            assert self.scheduler.cancel_reason(key) is why
 
     @rule(data=st.data(), index=st.integers(0, len(ROOMS) - 1))
     def edit(self, data: st.DataObject, index: int) -> None:
@@ -251,7 +314,8 @@ class SchedulerMachine(RuleBasedStateMachine):
     def cap_and_serial_lock(self) -> None:
         if not hasattr(self, "scheduler"):
             return
-        assert len(self.running) <= self.limits.max_concurrent_runs
+        # Granted only below the cap, counting adopted runs: see _started.
+        assert len(self.running) - len(self.adopted) <= self.limits.max_concurrent_runs
         assert self.scheduler.active_runs == len(self.running)
         for key in ROOMS:
             assert self.scheduler.status(key).running == self.running.get(key)
@@ -261,7 +325,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         if not hasattr(self, "scheduler") or self.draining:
             return
         if any(self.scheduler.status(k).waiting_for_slot for k in ROOMS):
-            assert len(self.running) == self.limits.max_concurrent_runs
+            # Adopted runs may hold more slots than the cap; before serving there are none.
+            capacity = self.limits.max_concurrent_runs if self.serving else 0
+            assert len(self.running) >= capacity
 
     @invariant()
     def exactly_once_in_order(self) -> None:
@@ -292,6 +358,8 @@ class SchedulerMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         if not hasattr(self, "scheduler"):
             return
+        if not self.serving:
+            self.serve()
         for _ in range(10_000):
             if self.scheduler.room_count == 0:
                 break
@@ -326,6 +394,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def _finish(self, key: RoomKey) -> None:
         del self.running[key]
+        self.adopted.discard(key)
         self.begin_asked.discard(key)
         self.began.discard(key)
         self.stopping.pop(key, None)
@@ -357,6 +426,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert 1 <= len(batch.messages) <= self.limits.max_batch
             self.running[batch.room] = batch
             self.inflight[batch.room] = list(batch.messages)
+        if batches:
+            # Runs are granted only below the cap, adopted ones counted as running.
+            assert len(self.running) <= self.limits.max_concurrent_runs
 
     def _check_fifo(self, key: RoomKey) -> None:
         """``key`` got a slot: nobody who has waited longer may still be waiting."""

@@ -45,6 +45,18 @@ def test_resize_opens_and_closes_slots() -> None:
     assert pool.resize(3) == [B]
 
 
+def test_take_holds_a_slot_beyond_the_capacity_and_grants_wait_below_it() -> None:
+    pool = SlotPool(1)
+    assert pool.request(A) == [A]
+    pool.take(B)  # an adopted run: it is going already
+    assert (pool.in_use, pool.capacity) == (2, 1)
+    assert pool.request(C) == []
+    assert pool.release(A) == []  # still at the cap
+    assert pool.release(B) == [C]
+    with pytest.raises(RuntimeError, match="already"):
+        pool.take(C)
+
+
 def test_misuse_is_reported() -> None:
     pool = SlotPool(1)
     pool.request(A)
