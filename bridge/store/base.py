@@ -16,6 +16,7 @@ from bridge.core.model import (
     Batch,
     ExternalMessageId,
     InboundMessage,
+    LiveRun,
     Message,
     MessageId,
     Reply,
@@ -103,6 +104,17 @@ class OutboxEntry:
     run_id: RunId | None
 
 
+@dataclass(frozen=True, slots=True)
+class RegisteredRun:
+    """A run in the registry of live runs: where its supervisor is, what the room saw."""
+
+    live: LiveRun
+    room: RoomKey
+    delivered_offset: int
+    """Journal offset up to which the room has been shown the run's output."""
+    registered_at: float
+
+
 class StoreError(Exception):
     """The store could not do what was asked (connection lost, schema missing...)."""
 
@@ -140,6 +152,36 @@ class Store(Protocol):
 
     async def set_run_pid(self, run_id: RunId, pid: int) -> None: ...
 
+    async def register_live_run(self, live: LiveRun, at: float) -> None:
+        """Record where the run's supervisor is reached, and claude's pid, durably.
+
+        Inserts the run's registry row, or replaces the one it has (a reattach
+        re-registers): the supervisor's whereabouts, claude's pid and
+        ``registered_at`` become these; the delivered offset is kept (it is
+        the room's progress, which a reattach must not show again). The
+        run's pid becomes ``live.claude_pid`` (as :meth:`set_run_pid`). One
+        transaction, synced to disk before this returns: the bridge reports
+        the run as started only after it. The room comes from the run's row.
+        A run that is not running (unknown, or already finished) raises
+        :class:`StoreError` and records nothing.
+        """
+        ...
+
+    async def live_runs(self) -> list[RegisteredRun]:
+        """Every registered run, oldest registration first (recovery reattaches them).
+
+        Runs registered at the same time come in start order.
+        """
+        ...
+
+    async def set_delivered_offset(self, run_id: RunId, offset: int) -> None:
+        """Raise the run's delivered offset to ``offset`` (never lowers it).
+
+        A run not in the registry is ignored. Not synced: losing the last few
+        on a crash only repeats a little progress.
+        """
+        ...
+
     async def finish_run(
         self,
         run_id: RunId,
@@ -151,7 +193,8 @@ class Store(Protocol):
     ) -> list[OutboxEntry]:
         """Record how a run ended and the replies that tell the room, in one transaction.
 
-        Its messages become done (succeeded), dropped (stopped) or failed. The
+        Its messages become done (succeeded), dropped (stopped) or failed, and
+        its row in the registry of live runs goes (it is no longer live). The
         ``replies`` go into the outbox, pending, in order; the new entries are
         returned. With ``keep_session`` the report's session (if any) becomes
         the room's, in the same transaction, unless ``set_session`` was called
@@ -269,7 +312,8 @@ class Store(Protocol):
         """Delete audit rows, finished messages and finished runs older than ``older_than``.
 
         Also outbox entries delivered or given up before then. Never touches
-        pending or dispatched messages, running runs or pending deliveries.
+        pending or dispatched messages, running runs or pending deliveries
+        (registered runs are running; a registry row would go with its run).
         Returns how many rows were deleted.
         """
         ...

@@ -14,6 +14,7 @@ from bridge.core.model import (
     Batch,
     ExternalMessageId,
     InboundMessage,
+    LiveRun,
     Message,
     MessageId,
     MessageState,
@@ -30,6 +31,7 @@ from bridge.store.base import (
     AuditRecord,
     DeliveryState,
     OutboxEntry,
+    RegisteredRun,
     RunRecord,
     StoreError,
 )
@@ -61,6 +63,7 @@ class MemoryStore:
         self._seen: set[_DedupKey] = set()
         # Insertion order is start order, as ``seq`` is in the SQL store.
         self._runs: dict[RunId, RunRecord] = {}
+        self._live: dict[RunId, RegisteredRun] = {}
         self._sessions: dict[RoomKey, SessionId] = {}
         self._audit: list[AuditRecord] = []
         self._outbox: dict[int, OutboxEntry] = {}
@@ -254,6 +257,30 @@ class MemoryStore:
         """Record the process id of a run's ``claude`` process."""
         self._runs[run_id] = replace(self._run(run_id), pid=pid)
 
+    async def register_live_run(self, live: LiveRun, at: float) -> None:
+        """Record (or replace) where the run's supervisor is, and claude's pid."""
+        run = self._run(live.run_id)
+        if run.status is not RunStatus.RUNNING:
+            raise StoreError(f"run {live.run_id} is not running")
+        previous = self._live.get(live.run_id)
+        # A reattach keeps what the room was already shown.
+        offset = 0 if previous is None else previous.delivered_offset
+        self._runs[live.run_id] = replace(run, pid=live.claude_pid)
+        self._live[live.run_id] = RegisteredRun(live, run.room, offset, at)
+
+    async def live_runs(self) -> list[RegisteredRun]:
+        """Every registered run, oldest registration first, then in start order."""
+        self._check_open()
+        started = {run_id: position for position, run_id in enumerate(self._runs)}
+        return sorted(self._live.values(), key=lambda r: (r.registered_at, started[r.live.run_id]))
+
+    async def set_delivered_offset(self, run_id: RunId, offset: int) -> None:
+        """Raise the run's delivered offset; ignored for a run not in the registry."""
+        self._check_open()
+        registered = self._live.get(run_id)
+        if registered is not None and offset > registered.delivered_offset:
+            self._live[run_id] = replace(registered, delivered_offset=offset)
+
     async def finish_run(
         self,
         run_id: RunId,
@@ -268,6 +295,7 @@ class MemoryStore:
         run = self._run(run_id)
         if run.status is not RunStatus.RUNNING:
             # A retry whose first try committed: hand back what is still to deliver.
+            # (Its registry row went with the first try.)
             return [
                 e
                 for e in self._outbox.values()
@@ -278,6 +306,7 @@ class MemoryStore:
             require_storable(text)
         kept = replace(report, result_text=excerpt(report.result_text), error=excerpt(report.error))
         self._runs[run_id] = replace(run, status=report.status, ended_at=at, report=kept)
+        self._live.pop(run_id, None)
         for stored in self._messages.values():
             if stored.run_id == run_id and stored.state is MessageState.DISPATCHED:
                 stored.state = state
@@ -498,6 +527,7 @@ class MemoryStore:
                 and run.ended_at < older_than
             ):
                 del self._runs[run_id]
+                self._live.pop(run_id, None)  # as ON DELETE CASCADE does
                 deleted += 1
             elif remaining != run.message_ids:
                 self._runs[run_id] = replace(run, message_ids=remaining)

@@ -7,8 +7,10 @@ Cancellation is not an error and propagates untouched.
 The cost of a run on the critical path is two commits synced to disk:
 ``accept`` (the transport acknowledges upstream after it) and ``finish_run``
 (the outcome with the answer). ``start_run``, which claude's spawn waits
-for, commits without a sync; ``set_run_pid``, made beside the running
-process, syncs it (why: :meth:`SqlStore.start_run`). Reads run in
+for, commits without a sync; ``set_run_pid`` or ``register_live_run``,
+made beside the running process, syncs it (why: :meth:`SqlStore.start_run`).
+``set_delivered_offset``, the room's progress through a run's journal, is
+not synced: losing the last few only repeats a little progress. Reads run in
 read-only transactions on reader connections (:func:`create_reader`), never
 queued behind a write. Concurrent ``accept`` calls share one transaction, as
 do concurrent ``finish_run`` calls (group commit, :mod:`bridge.store.batching`).
@@ -33,6 +35,7 @@ from bridge.core.model import (
     Batch,
     ExternalMessageId,
     InboundMessage,
+    LiveRun,
     Message,
     MessageId,
     MessageState,
@@ -52,6 +55,7 @@ from bridge.store.base import (
     AuditRecord,
     DeliveryState,
     OutboxEntry,
+    RegisteredRun,
     RunRecord,
     StoreError,
 )
@@ -81,6 +85,7 @@ from bridge.store.rules import (
 from bridge.store.tables import (
     AuditRow,
     Base,
+    LiveRunRow,
     MessageRow,
     OutboxRow,
     RoomRow,
@@ -96,6 +101,7 @@ _AUDIT: Table = AuditRow.__table__  # type: ignore[assignment]
 _RUNS: Table = RunRow.__table__  # type: ignore[assignment]
 _RUN_MESSAGES: Table = RunMessageRow.__table__  # type: ignore[assignment]
 _OUTBOX: Table = OutboxRow.__table__  # type: ignore[assignment]
+_LIVE_RUNS: Table = LiveRunRow.__table__  # type: ignore[assignment]
 
 ACCEPT_GROUP_LIMIT = 256
 """Messages per group-commit transaction of :meth:`SqlStore.accept` at most."""
@@ -280,6 +286,12 @@ class SqlStore:
             None if new_id is None else msg.accepted(MessageId(new_id), received_at)
             for new_id, (msg, received_at) in zip(ids, group, strict=True)
         ]
+
+    def _larger(self, a: Any, b: Any) -> Any:
+        """The larger of two values, in SQL."""
+        # SQLite's two-argument max() is PostgreSQL's greatest().
+        larger = func.max if self._engine.dialect.name == "sqlite" else func.greatest
+        return larger(a, b)
 
     def _insert(self, table: type[Base] | Table) -> Any:
         # Both dialects spell ON CONFLICT the same way, through different classes.
@@ -534,6 +546,72 @@ class SqlStore:
             if _rowcount(result) == 0:
                 raise StoreError(f"no run {run_id}")
 
+    async def register_live_run(self, live: LiveRun, at: float) -> None:
+        """Record (or replace) where the run's supervisor is reached, and claude's pid.
+
+        Committed with a disk sync, like :meth:`set_run_pid`, whose place it
+        takes for a detached run: it makes the run's start durable too, and
+        the bridge reports the run as started only after it.
+
+        The run's row is updated first, on the condition that it is running:
+        that row lock orders this against a concurrent :meth:`finish_run` on
+        PostgreSQL too (whichever comes second sees the other's commit), so
+        no registry row outlives its run's end.
+        """
+        async with self._transaction() as s:
+            run = (
+                await s.execute(
+                    update(_RUNS)
+                    .where(_RUNS.c.id == live.run_id, _RUNS.c.status == RunStatus.RUNNING.value)
+                    .values(pid=live.claude_pid)
+                    .returning(_RUNS.c.transport, _RUNS.c.room_id)
+                )
+            ).one_or_none()
+            if run is None:
+                raise StoreError(f"no running run {live.run_id}")
+            whereabouts = {
+                "transport": run.transport,
+                "room_id": run.room_id,
+                "supervisor_pid": live.supervisor_pid,
+                "supervisor_start": live.supervisor_start,
+                "claude_pid": live.claude_pid,
+                "run_dir": live.run_dir,
+                "host": live.host,
+                "registered_at": at,
+            }
+            upsert = self._insert(_LIVE_RUNS).values(run_id=live.run_id, **whereabouts)
+            # delivered_offset is left out: a reattach keeps what the room saw.
+            await s.execute(
+                upsert.on_conflict_do_update(
+                    index_elements=["run_id"],
+                    set_={name: upsert.excluded[name] for name in whereabouts},
+                )
+            )
+
+    async def live_runs(self) -> list[RegisteredRun]:
+        """Every registered run, oldest registration first, then in start order."""
+        async with self._read() as s:
+            rows = await s.scalars(
+                select(LiveRunRow)
+                .join(RunRow, RunRow.id == LiveRunRow.run_id)
+                # Start order breaks ties, not the run id: PostgreSQL would
+                # order text by its collation, the memory store by code point.
+                .order_by(LiveRunRow.registered_at, RunRow.seq)
+            )
+            return [_registered_run(r) for r in rows]
+
+    async def set_delivered_offset(self, run_id: RunId, offset: int) -> None:
+        """Raise the run's delivered offset; a run not in the registry is ignored.
+
+        Committed without a disk sync (see the module's docstring).
+        """
+        async with self._transaction(self._unsynced) as s:
+            await s.execute(
+                update(_LIVE_RUNS)
+                .where(_LIVE_RUNS.c.run_id == run_id)
+                .values(delivered_offset=self._larger(_LIVE_RUNS.c.delivered_offset, offset))
+            )
+
     async def finish_run(
         self,
         run_id: RunId,
@@ -546,7 +624,8 @@ class SqlStore:
         """Record how a run ended, settle its still-dispatched messages, enqueue ``replies``.
 
         Succeeded -> done, stopped -> dropped, anything else -> failed (see
-        :func:`bridge.store.rules.finished_message_state`). Only the first
+        :func:`bridge.store.rules.finished_message_state`). The run's row in
+        the registry of live runs is deleted. Only the first
         report counts: finishing a run that already ended changes nothing and
         returns that run's entries still pending (a retry after a lost
         acknowledgement of the commit).
@@ -587,9 +666,10 @@ class SqlStore:
         """The ends of ``group`` in one transaction, in a few statements whatever its size.
 
         One SELECT of the runs, one UPDATE of the runs (executemany), one
-        UPDATE of messages per outcome, one upsert of the rooms' sessions,
-        one INSERT of audit rows and one of outbox entries: per-statement
-        overhead, not the commit, would otherwise bound a group. Core
+        DELETE of their registry rows, one UPDATE of messages per outcome,
+        one upsert of the rooms' sessions, one INSERT of audit rows and one
+        of outbox entries: per-statement overhead, not the commit, would
+        otherwise bound a group. Core
         statements, as for ``accept``: the ORM's unit of work cost more
         than the statements on this, every answer's, path.
         """
@@ -643,6 +723,9 @@ class SqlStore:
             if run_values:
                 # ORM bulk UPDATE by primary key: one executemany.
                 await s.execute(update(RunRow), run_values)
+                # After the runs' UPDATE, which waits for a concurrent
+                # register_live_run's lock: this then sees its row.
+                await s.execute(delete(_LIVE_RUNS).where(_LIVE_RUNS.c.run_id.in_(list(ended))))
             for state, run_ids in settle.items():
                 await s.execute(
                     update(_MESSAGES)
@@ -722,9 +805,9 @@ class SqlStore:
 
     async def delivery_progress(self, entry_id: int, parts_done: int) -> None:
         """Record the parts of an entry delivered so far (never fewer than before)."""
-        # SQLite's two-argument max() is PostgreSQL's greatest().
-        larger = func.max if self._engine.dialect.name == "sqlite" else func.greatest
-        await self._update_entry(entry_id, parts_done=larger(OutboxRow.parts_done, parts_done))
+        await self._update_entry(
+            entry_id, parts_done=self._larger(OutboxRow.parts_done, parts_done)
+        )
 
     async def delivery_attempted(self, entry_id: int, next_attempt_at: float) -> None:
         """Count a failed attempt and when the next is due."""
@@ -936,7 +1019,9 @@ class SqlStore:
                 delete(RunRow).where(
                     RunRow.status != RunStatus.RUNNING.value,
                     RunRow.ended_at < older_than,
-                    # run_messages rows vanish with their messages (ON DELETE CASCADE).
+                    # run_messages rows vanish with their messages (ON DELETE CASCADE);
+                    # a live_runs row, which a run that ended no longer has,
+                    # would vanish with its run.
                     ~exists().where(RunMessageRow.run_id == RunRow.id),
                 )
             )
@@ -1211,6 +1296,23 @@ def _run_record(row: RunRow, message_ids: tuple[MessageId, ...]) -> RunRecord:
         pid=row.pid,
         message_ids=message_ids,
         report=report,
+    )
+
+
+def _registered_run(row: LiveRunRow) -> RegisteredRun:
+    live = LiveRun(
+        run_id=RunId(row.run_id),
+        supervisor_pid=row.supervisor_pid,
+        supervisor_start=row.supervisor_start,
+        claude_pid=row.claude_pid,
+        run_dir=row.run_dir,
+        host=row.host,
+    )
+    return RegisteredRun(
+        live=live,
+        room=_room(row.transport, row.room_id),
+        delivered_offset=row.delivered_offset,
+        registered_at=row.registered_at,
     )
 
 

@@ -9,13 +9,14 @@ Surrogate keys never repeat (``sqlite_autoincrement``; PostgreSQL sequences
 never do): audit rows outlive pruned messages and must not come to name a
 newer message that reused a deleted id.
 
-The migrations (``0001_initial``, ``0002``) create exactly this schema; a test
+The migrations (``0001_initial``, ``0002``, ``0003``) create exactly this schema; a test
 compares the two with Alembic's autogenerate.
 """
 
 from __future__ import annotations
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     Double,
     ForeignKey,
@@ -25,6 +26,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -179,3 +181,28 @@ class OutboxRow(Base):
     created: Mapped[float] = mapped_column(Double)
 
     __table_args__ = ({"sqlite_autoincrement": True},)
+
+
+class LiveRunRow(Base):
+    """The registry of live runs: where a running run's detached supervisor is reached.
+
+    Written when the supervisor is started or reattached, deleted with the
+    run's outcome; a restarted bridge reattaches to every row
+    (docs/detached-runs.md). The room is copied from the run, as the outbox
+    keeps it, so recovery reads one table.
+    """
+
+    __tablename__ = "live_runs"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    transport: Mapped[str] = mapped_column(String(32))
+    room_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    supervisor_pid: Mapped[int] = mapped_column(Integer)
+    supervisor_start: Mapped[int] = mapped_column(BigInteger)
+    """Clock ticks after boot: beyond 32 bits after a long uptime at a high tick rate."""
+    claude_pid: Mapped[int] = mapped_column(Integer)
+    run_dir: Mapped[str] = mapped_column(Text)
+    host: Mapped[str] = mapped_column(Text)
+    delivered_offset: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    """Journal byte offset the room has been shown up to; a journal may pass 2 GiB."""
+    registered_at: Mapped[float] = mapped_column(Double)

@@ -11,6 +11,7 @@ from bridge.core.model import (
     Batch,
     ExternalMessageId,
     InboundMessage,
+    LiveRun,
     Message,
     MessageId,
     MessageState,
@@ -25,7 +26,13 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.store.base import AuditAction, AuditRecord, DeliveryState, StoreError
+from bridge.store.base import (
+    AuditAction,
+    AuditRecord,
+    DeliveryState,
+    RegisteredRun,
+    StoreError,
+)
 from bridge.store.rules import EXCERPT_LIMIT_BYTES
 from tests.store.conftest import InspectableStore
 
@@ -828,3 +835,168 @@ async def test_delete_pending_drops_it_once(store: InspectableStore) -> None:
     ]
     # A redelivery of the deleted message is still a duplicate: it never comes back.
     assert await store.accept(inbound(str(a.external_id)), 160.0) is None
+
+
+# The registry of live runs
+
+BEYOND_32_BITS = 2**40
+"""Supervisor start times and journal offsets are big integers on every backend."""
+
+
+def live(run_id: RunId, n: int = 1) -> LiveRun:
+    """A supervisor's whereabouts; ``n`` tells one registration from another."""
+    return LiveRun(
+        run_id=run_id,
+        supervisor_pid=1000 + n,
+        supervisor_start=BEYOND_32_BITS + n,
+        claude_pid=2000 + n,
+        run_dir=f"/var/lib/chatbridge/runs/{run_id}/{n}",
+        host=f"host-{n}",
+    )
+
+
+async def test_a_registered_run_is_listed_with_its_room_and_pid(store: InspectableStore) -> None:
+    [message] = await accept_many(store, 1)
+    other = await accept(store, "$s", room=SLACK_ROOM)
+    first = await start(store, "run-1", [message])
+    second = await start(store, "run-2", [other])
+    await store.register_live_run(live(first), 210.0)
+    await store.register_live_run(live(second, 2), 211.0)
+    assert await store.live_runs() == [
+        RegisteredRun(live(first), ROOM, 0, 210.0),
+        # The room is the run's, told apart from ROOM by its transport alone.
+        RegisteredRun(live(second, 2), SLACK_ROOM, 0, 211.0),
+    ]
+    run = await store.get_run(first)
+    assert run is not None
+    assert (run.pid, run.status) == (2001, RunStatus.RUNNING)
+
+
+async def test_a_reattach_replaces_the_row_and_keeps_the_delivered_offset(
+    store: InspectableStore,
+) -> None:
+    rid = await started_run(store)
+    await store.register_live_run(live(rid, 1), 210.0)
+    await store.set_delivered_offset(rid, 500)
+    await store.register_live_run(live(rid, 2), 300.0)
+    # What the room saw stays seen: a reattach must not show it again.
+    assert await store.live_runs() == [RegisteredRun(live(rid, 2), ROOM, 500, 300.0)]
+    run = await store.get_run(rid)
+    assert run is not None
+    assert run.pid == live(rid, 2).claude_pid
+
+
+async def test_registering_a_run_that_is_not_running_raises_and_records_nothing(
+    store: InspectableStore,
+) -> None:
+    with pytest.raises(StoreError):
+        await store.register_live_run(live(RunId("nope")), 210.0)
+    assert await store.get_run(RunId("nope")) is None
+    finished = await started_run(store)
+    await store.finish_run(finished, RunReport(RunStatus.SUCCEEDED), 220.0)
+    with pytest.raises(StoreError):
+        await store.register_live_run(live(finished), 230.0)
+    assert await store.live_runs() == []
+    run = await store.get_run(finished)
+    assert run is not None
+    assert (run.pid, run.status) == (None, RunStatus.SUCCEEDED)
+
+
+async def test_registering_again_after_the_end_raises(store: InspectableStore) -> None:
+    """A reattach that lost the race with the run's end must not bring its row back."""
+    rid = await started_run(store)
+    await store.register_live_run(live(rid, 1), 210.0)
+    await store.finish_run(rid, RunReport(RunStatus.SUCCEEDED), 220.0)
+    with pytest.raises(StoreError):
+        await store.register_live_run(live(rid, 2), 230.0)
+    assert await store.live_runs() == []
+    run = await store.get_run(rid)
+    assert run is not None
+    assert run.pid == live(rid, 1).claude_pid
+
+
+async def test_the_delivered_offset_only_rises(store: InspectableStore) -> None:
+    rid = await started_run(store)
+    await store.register_live_run(live(rid), 210.0)
+    await store.set_delivered_offset(rid, 100)
+    await store.set_delivered_offset(rid, 50)  # a late report never goes back
+    [registered] = await store.live_runs()
+    assert registered.delivered_offset == 100
+    await store.set_delivered_offset(rid, BEYOND_32_BITS)
+    [registered] = await store.live_runs()
+    assert registered.delivered_offset == BEYOND_32_BITS
+
+
+async def test_the_delivered_offset_of_a_run_not_registered_is_ignored(
+    store: InspectableStore,
+) -> None:
+    running = await started_run(store)  # running, never registered
+    await store.set_delivered_offset(running, 100)
+    await store.set_delivered_offset(RunId("nope"), 100)
+    assert await store.live_runs() == []
+    # Nor does it linger to be picked up by a later registration.
+    await store.register_live_run(live(running), 210.0)
+    [registered] = await store.live_runs()
+    assert registered.delivered_offset == 0
+
+
+async def test_finish_run_removes_the_row_also_when_retried(store: InspectableStore) -> None:
+    messages = await accept_many(store, 2)
+    interrupted = await start(store, "run-1", [messages[0]])
+    going_on = await start(store, "run-2", [messages[1]])
+    await store.register_live_run(live(interrupted, 1), 210.0)
+    await store.register_live_run(live(going_on, 2), 211.0)
+    # Recovery reports a run whose supervisor is gone as interrupted.
+    entries = await store.finish_run(
+        interrupted, RunReport(RunStatus.INTERRUPTED), 220.0, [answer("cut short")]
+    )
+    assert [r.live.run_id for r in await store.live_runs()] == [going_on]
+    # A retry after a lost acknowledgement: the same answer, the registry as it was.
+    again = await store.finish_run(interrupted, RunReport(RunStatus.INTERRUPTED), 221.0)
+    assert again == entries
+    assert [r.live.run_id for r in await store.live_runs()] == [going_on]
+    await store.finish_run(going_on, RunReport(RunStatus.SUCCEEDED), 230.0)
+    assert await store.live_runs() == []
+
+
+async def test_runs_ending_together_all_leave_the_registry(store: InspectableStore) -> None:
+    """On the SQL stores these ends share one transaction (group commit)."""
+    messages = await accept_many(store, 5)
+    runs = [await start(store, f"run-{i}", [m]) for i, m in enumerate(messages)]
+    for i, rid in enumerate(runs):
+        await store.register_live_run(live(rid, i), 210.0 + i)
+    await asyncio.gather(
+        *(store.finish_run(rid, RunReport(RunStatus.SUCCEEDED), 220.0) for rid in runs[:4])
+    )
+    assert [r.live.run_id for r in await store.live_runs()] == [runs[4]]
+
+
+async def test_live_runs_come_oldest_registration_first(store: InspectableStore) -> None:
+    messages = await accept_many(store, 4)
+    a, b, c, d = [await start(store, f"run-{i}", [m]) for i, m in enumerate(messages)]
+    # Registered out of start order; b and c at the same time.
+    await store.register_live_run(live(d), 230.0)
+    await store.register_live_run(live(c), 220.0)
+    await store.register_live_run(live(b), 220.0)
+    await store.register_live_run(live(a), 240.0)
+
+    async def order() -> list[RunId]:
+        return [r.live.run_id for r in await store.live_runs()]
+
+    # A tie goes by start order.
+    assert await order() == [b, c, d, a]
+    # A reattach is a registration of its own.
+    await store.register_live_run(live(b, 2), 250.0)
+    assert await order() == [c, d, a, b]
+
+
+async def test_prune_keeps_registered_runs(store: InspectableStore) -> None:
+    old = await accept(store, "$old", at=10.0)
+    rid = await start(store, "run-1", [old], at=11.0)
+    await store.register_live_run(live(rid), 12.0)
+    await store.prune(older_than=500.0)
+    assert [r.live.run_id for r in await store.live_runs()] == [rid]
+    await store.finish_run(rid, RunReport(RunStatus.SUCCEEDED), 13.0)
+    await store.prune(older_than=500.0)
+    assert await store.get_run(rid) is None
+    assert await store.live_runs() == []

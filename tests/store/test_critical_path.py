@@ -1,12 +1,13 @@
 """The store's share of a run's critical path, on SQLite and PostgreSQL.
 
 Per run at most two commits on the answer's path wait for a disk sync (the
-message's acceptance, and the run's end with its answer; the pid, written
-beside the running process, syncs the run's start); reads never queue behind
-a write; and what an OS crash can take (the unsynced start of a run) leaves
-messages that recovery runs again. Sync levels are read from the database inside each
-commit (``PRAGMA synchronous``, ``SHOW synchronous_commit``), not from the
-store's own flags.
+message's acceptance, and the run's end with its answer; the pid, or a
+detached run's registration, written beside the running process, syncs the
+run's start); reads never queue behind a write; and what an OS crash can take
+(the unsynced start of a run, the room's latest progress through a run's
+journal) leaves messages that recovery runs again, or progress shown again.
+Sync levels are read from the database inside each commit (``PRAGMA
+synchronous``, ``SHOW synchronous_commit``), not from the store's own flags.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from bridge.core.model import (
     Batch,
     ExternalMessageId,
     InboundMessage,
+    LiveRun,
     Reply,
     RoomId,
     RoomKey,
@@ -43,6 +45,7 @@ from tests.store.locks import write_begins, write_lock
 
 ROOM = RoomKey(TransportName("console"), RoomId("local"))
 RUN = RunId("run-1")
+LIVE = LiveRun(RUN, 4240, 2**40, 4242, "/var/lib/chatbridge/runs/run-1", "host")
 
 
 def inbound(external_id: str) -> InboundMessage:
@@ -150,6 +153,32 @@ async def test_a_plain_run_syncs_twice_on_the_answers_path(watched: Watched) -> 
 
 
 @SQL
+async def test_a_detached_run_syncs_its_registration_not_its_progress(watched: Watched) -> None:
+    """The registration takes the pid's place: synced, off the answer's path.
+
+    The room's progress through the journal commits without a sync; the end
+    removes the registration within its own synced commit.
+    """
+    store, writer = watched.store, watched.writer
+    with writer.during("accept"):
+        msg = await store.accept(inbound("$1"), 1.0)
+    assert msg is not None
+    with writer.during("start_run"):
+        await store.start_run(RUN, Batch(ROOM, (msg,)), 2.0)
+    with writer.during("register_live_run"):
+        await store.register_live_run(LIVE, 2.5)
+    with writer.during("set_delivered_offset"):
+        await store.set_delivered_offset(RUN, 4096)
+    [registered] = await store.live_runs()
+    assert (registered.live, registered.delivered_offset) == (LIVE, 4096)
+    with writer.during("finish_run"):
+        await store.finish_run(RUN, RunReport(RunStatus.SUCCEEDED), 3.0, [Reply(ROOM, "done")])
+    assert writer.synced == ["accept", "register_live_run", "finish_run"]
+    assert writer.unsynced == ["start_run", "set_delivered_offset"]
+    assert await store.live_runs() == []
+
+
+@SQL
 async def test_reads_proceed_while_a_write_waits(watched: Watched, backend: str) -> None:
     """Another connection holds the write lock; the store's write waits, its reads do not."""
     store = watched.store
@@ -164,6 +193,7 @@ async def test_reads_proceed_while_a_write_waits(watched: Watched, backend: str)
             await store.get_session(ROOM),
             await store.get_run(RUN),
             await store.running_runs(),
+            await store.live_runs(),
             await store.last_run(ROOM),
             await store.retryable_runs(ROOM),
             await store.pending_messages(),
@@ -185,7 +215,7 @@ async def test_reads_proceed_while_a_write_waits(watched: Watched, backend: str)
         await lock.release()
         assert await write is not None
     results = reads.result()
-    assert results[5] == []  # dispatched
+    assert results[6] == []  # dispatched
     assert results[2] != []  # running
 
 
@@ -224,6 +254,32 @@ async def test_an_os_crash_loses_at_most_the_start_of_a_run(tmp_path: Path) -> N
     try:
         assert await after.pending_messages() == []
         assert [(r.id, r.pid) for r in await after.running_runs()] == [(RUN, 4242)]
+    finally:
+        await after.close()
+
+
+async def test_an_os_crash_keeps_the_registration_and_may_lose_progress(tmp_path: Path) -> None:
+    """The registration is synced: the run is found again. The offset is not:
+    cut back to the last synced commit, the room is shown a little again."""
+    path = tmp_path / "live.db"
+    store = await SqlStore.open(f"sqlite+aiosqlite:///{path}")
+    try:
+        msg = await store.accept(inbound("$1"), 1.0)
+        assert msg is not None
+        await store.start_run(RUN, Batch(ROOM, (msg,)), 2.0)
+        await store.register_live_run(LIVE, 2.5)
+        wal = path.with_name(path.name + "-wal")
+        synced_size = wal.stat().st_size
+        await store.set_delivered_offset(RUN, 4096)
+        assert wal.stat().st_size > synced_size  # written, just not synced
+        crashed = crash_copy(path, synced_size, tmp_path / "crashed")
+    finally:
+        await store.close()
+    after = await SqlStore.open(f"sqlite+aiosqlite:///{crashed / path.name}", auto_migrate=False)
+    try:
+        [registered] = await after.live_runs()
+        assert (registered.live, registered.delivered_offset) == (LIVE, 0)
+        assert [(r.id, r.pid) for r in await after.running_runs()] == [(RUN, LIVE.claude_pid)]
     finally:
         await after.close()
 
