@@ -221,19 +221,38 @@ class Supervised:
                 await self._writer.wait_closed()
             self._writer = None
         pidfd, self._pidfd = self._pidfd, None
+        proc, self._proc = self._proc, None
         try:
-            if pidfd is not None and self._proc is not None and not self.detached:
+            if pidfd is not None and proc is not None:
+                if self.detached and not has_exited(pidfd):
+                    _reap_later(proc, pidfd)  # it takes the pidfd over
+                    pidfd = None
+                    return
                 # Our child, gone or about to be (its journal ended): reap it.
                 if self.gone.done():
                     await wait_exited([pidfd], CLOSE_S)
-                self._proc.poll()
+                proc.poll()
         finally:
-            # Not reaped yet (a detach): subprocess reaps it at a later Popen.
-            self._proc = None
             for fd in (pidfd, self._claude_fd):
                 if fd is not None:
                     os.close(fd)
             self._claude_fd = None
+
+
+def _reap_later(proc: subprocess.Popen[bytes], pidfd: int) -> None:
+    """Reap a detached supervisor (our child) once it exits, from the event loop.
+
+    The loop's reader holds the process until then; a bridge that exits
+    first leaves it to init (the usual case: a detach is a shutdown).
+    """
+    loop = asyncio.get_running_loop()
+
+    def reap() -> None:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+        proc.poll()
+
+    loop.add_reader(pidfd, reap)
 
 
 def _pin(pid: int, *, parent: int) -> int | None:
