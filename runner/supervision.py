@@ -392,7 +392,9 @@ async def start(
         reader, writer = await asyncio.open_unix_connection(sock=ours)
         writer.write(attach_record(0) + stdin_records(request.prompt))
         first = await _welcome(reader)
-        supervised = await _spawned(request.run_id, reader, writer, run_dir, proc, pidfd, first)
+        supervised = await _spawned(
+            request.run_id, reader, writer, run_dir, proc, pidfd, first, limits=limits
+        )
     except BaseException:
         if writer is not None:
             writer.close()
@@ -412,6 +414,8 @@ async def _spawned(  # noqa: PLR0917
     proc: subprocess.Popen[bytes],
     pidfd: int,
     welcome: dict[str, Any] | None,
+    *,
+    limits: Limits,
 ) -> Supervised:
     """Read the journal's ``hello`` and ``spawned``; the run as a :class:`Supervised`."""
     hello: dict[str, Any] = {}
@@ -441,7 +445,10 @@ async def _spawned(  # noqa: PLR0917
             supervised._note(Record(kind, fields, b"", offset))
             if fields.get("cgroup_error"):
                 # Said once at start-up; worth a warning per run only when limits are lost.
-                log.debug("run %s has no cgroup of its own: %s", run_id, fields["cgroup_error"])
+                level = logging.WARNING if limits.memory_max or limits.pids_max else logging.DEBUG
+                log.log(
+                    level, "run %s has no cgroup of its own: %s", run_id, fields["cgroup_error"]
+                )
             return supervised
         elif kind == "spawn_failed":
             raise SpawnFailed(str(fields.get("error")), fields.get("errno"))
