@@ -223,15 +223,16 @@ class Supervised:
         pidfd, self._pidfd = self._pidfd, None
         proc, self._proc = self._proc, None
         try:
-            if pidfd is not None and proc is not None:
-                if self.detached and not has_exited(pidfd):
+            if pidfd is not None and self.detached and not has_exited(pidfd):
+                if proc is not None:
                     _reap_later(proc, pidfd)  # it takes the pidfd over
                     pidfd = None
-                    return
-                # Our child, gone or about to be (its journal ended): reap it.
-                if self.gone.done():
-                    await wait_exited([pidfd], CLOSE_S)
-                proc.poll()
+                return
+            if pidfd is not None and self.gone.done():
+                # Its journal ended: it is exiting. Once it has, nothing of the run is left.
+                await wait_exited([pidfd], CLOSE_S)
+            if proc is not None:
+                proc.poll()  # our child: reap it
         finally:
             for fd in (pidfd, self._claude_fd):
                 if fd is not None:
