@@ -932,6 +932,11 @@ class Supervisor:
 
     def _exit(self) -> int:
         for client in list(self.clients.values()):
+            # Read what it sent last (a late ``stop``): closing a Unix socket with
+            # unread data makes the peer's next read fail, not end.
+            with contextlib.suppress(OSError):
+                while os.read(client.fd, READ_CHUNK):
+                    pass
             self.drop(client)
         return EXIT_CLEAN if self.exit_code is None else self.exit_code
 

@@ -42,9 +42,7 @@ async def crash_during(
     return pids
 
 
-async def test_recovery_has_the_old_supervisor_stop_its_run(
-    run_id: RunId, tmp_path: Path
-) -> None:
+async def test_recovery_has_the_old_supervisor_stop_its_run(run_id: RunId, tmp_path: Path) -> None:
     # The run outlives the crashed bridge. claude ignores SIGTERM: the old
     # supervisor needs its whole grace period and SIGKILL. Killed mid-stop (it
     # carries the marker), it would leave the tools that cleared their
