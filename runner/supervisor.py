@@ -2,7 +2,9 @@
 
 The runner starts it detached (a session of its own, not a child the bridge's
 death affects), by path and with ``-I -S`` so it imports only the standard
-library and no room setting (``PYTHONPATH``...) changes what runs::
+library and no room setting (``PYTHONPATH``...) changes what runs (the runner
+imports it as a module from its path, whose compiled form is cached, rather
+than running it as a script: ``runner.supervision.BOOTSTRAP``)::
 
     python -I -S runner/supervisor.py --run-id=ID --run-dir=DIR --cwd=DIR
         --conn-fd=N --grace-s=S --run-timeout-s=S --idle-timeout-s=S
@@ -806,7 +808,6 @@ class Supervisor:
         self.flush_dropped()
         self.close_stdin()
         self.journal.append(header("exited", code=code))
-        self.stop("exited")
 
     def stop(self, why: str) -> None:
         """Begin the stop, once: SIGTERM to the whole tree; the grace period starts now."""
@@ -883,6 +884,9 @@ class Supervisor:
                 has_children = self.reap()
                 if self.stop_signalled:
                     self.stop("signal")
+                elif self.claude and not self.claude_running:
+                    # After the reaping: with no child left the stop scans nothing.
+                    self.stop("exited")
                 now = time.monotonic()
                 if self.stop_deadline is None:
                     if now >= self.run_deadline:
