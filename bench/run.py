@@ -9,7 +9,8 @@ window's deadline) and memory per room, idle and at its busy peak
 ~100 and ~1,100 processes on the host (bench_stop), messages/s accepted
 across 1,000 rooms through the whole accept path, acceptors interleaving
 (bench_intake) and the store: accept rates, a run's store calls, reads beside
-writes and 20 runs ending at once (bench_store).
+writes and 20 runs ending at once (bench_store), and claude's output relayed
+through the run's supervisor against a direct pipe (bench_relay).
 Figures are recorded in docs/performance.md.
 """
 
@@ -30,6 +31,7 @@ BENCHES = [
     "bench_stop.py",
     "bench_intake.py",
     "bench_store.py",
+    "bench_relay.py",
 ]
 
 

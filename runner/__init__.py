@@ -1,7 +1,11 @@
 """Runs ``claude -p`` for one batch and leaves no process of the run behind.
 
-Imports only core types from ``bridge.core.model``. Entry points: :func:`run_claude`
-for a run, :func:`recover_run` for stopping what a crash left of a run.
+Imports only core types from ``bridge.core``. Entry points: :func:`run_claude`
+for a run, :func:`attach_claude` to follow again a run a previous bridge
+started (runs outlive the bridge: docs/detached-runs.md),
+:func:`remove_run_dir` once a run's outcome is recorded, and at start-up
+:func:`clean_stray_runs` and :func:`recover_run` for runs no bridge will
+follow again.
 """
 
 from runner.command import MARKER_ENV, build_argv, build_env
@@ -17,9 +21,10 @@ from runner.events import (
     ToolUse,
 )
 from runner.process import find_marked, kill_marked
-from runner.recovery import recover_run
+from runner.recovery import clean_stray_runs, recover_run
 from runner.request import RunRequest
-from runner.run import EventCallback, answer_report, run_claude
+from runner.run import EventCallback, PositionCallback, answer_report, attach_claude, run_claude
+from runner.rundir import remove_run_dir, stray_runs
 
 __all__ = [
     "MARKER_ENV",
@@ -30,6 +35,7 @@ __all__ = [
     "InvalidRequest",
     "LineTooLong",
     "MalformedLine",
+    "PositionCallback",
     "Result",
     "RunEvent",
     "RunRequest",
@@ -39,10 +45,14 @@ __all__ = [
     "ToolResult",
     "ToolUse",
     "answer_report",
+    "attach_claude",
     "build_argv",
     "build_env",
+    "clean_stray_runs",
     "find_marked",
     "kill_marked",
     "recover_run",
+    "remove_run_dir",
     "run_claude",
+    "stray_runs",
 ]

@@ -9,14 +9,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge.core.model import SessionId
+from bridge.core.model import LiveRun, SessionId
 
 
 @dataclass(frozen=True, slots=True)
 class Spawned:
-    """The claude process started; ``pid`` is its process id."""
+    """The claude process started (or, re-attached, runs); ``pid`` is its process id.
+
+    ``live`` says where its supervisor is reached: what the bridge keeps to
+    attach again after a restart.
+    """
 
     pid: int
+    live: LiveRun | None = None
 
 
 @dataclass(frozen=True, slots=True)

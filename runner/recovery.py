@@ -1,15 +1,17 @@
-"""After a restart: stop what is left of a run the previous bridge did not finish.
+"""After a restart: stop what is left of a run the bridge will not attach to again.
 
-When the bridge dies, each run's supervisor sees its control pipe close and
-stops its run by itself (TERM, its grace period, KILL). A restarted bridge
-must not get in its way: killing a supervisor mid-stop orphans the tools it
-was about to kill. So recovery waits for a live old supervisor to finish
-(bounded by its own grace period and kill phase), and only one that does not
-finish is stopped by force together with its whole tree. Then the run's
-cgroup, which holds every process of the run whatever its environment, and
-last the marker sweep. Finding the old supervisor and the marker sweep read
-every process of the host in /proc: both run in a worker thread, off the
-event loop (recovery itself runs before the transports start).
+A run's supervisor outlives the bridge (docs/detached-runs.md): a restarted
+bridge attaches to the runs its registry knows (``attach_claude``). The
+others (a crash between spawn and registration, a run of the previous
+version, a run directory no registry row names) are stopped here: a live
+old supervisor is asked to stop (SIGTERM, pinned with a pidfd) and given its
+grace period and kill phase to finish, never killed mid-stop, since that
+would orphan the tools it was about to kill; only one that does not finish
+is stopped by force together with its whole tree. Then the run's cgroup,
+which holds every process of the run whatever its environment, and last the
+marker sweep. Finding the old supervisor and the marker sweep read every
+process of the host in /proc: both run in a worker thread, off the event
+loop (recovery itself runs before the transports start).
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 from pathlib import Path
 
 from runner.command import MARKER_ENV
 from runner.process import has_exited, kill_cgroup, kill_marked, kill_tree, wait_exited
+from runner.rundir import remove_run_dir, stray_runs
 from runner.supervision import SUPERVISOR, SUPERVISOR_KILL_S
 from runner.supervisor import cgroup_parent
 
@@ -55,6 +59,10 @@ async def recover_run(run_id: str, cgroup_root: str) -> int:
     supervisor = await _find_supervisor(run_id)
     if supervisor is not None:
         try:
+            # A stop signal is a stop for every version of the supervisor: the
+            # same TERM, grace and KILL as any other stop of the run.
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(supervisor.fd, signal.SIGTERM)
             if not await _exited(supervisor.fd, supervisor.grace_s + SUPERVISOR_KILL_S):
                 log.error(
                     "run %s: its old supervisor %d did not finish its stop; killing its tree",
@@ -67,6 +75,22 @@ async def recover_run(run_id: str, cgroup_root: str) -> int:
     if path:
         killed += await kill_cgroup(path)
     killed += await kill_marked(run_id, SWEEP_GRACE_S)
+    return killed
+
+
+async def clean_stray_runs(state_dir: Path, known: set[str], cgroup_root: str = "off") -> int:
+    """Stop and remove the runs under ``state_dir`` whose id is not in ``known``.
+
+    For start-up: a run directory no registry row names belongs to no room
+    (a crash between spawn and registration, or its outcome was recorded and
+    only the removal was lost). Its run is stopped with :func:`recover_run`
+    if anything of it is left; then the directory goes. Returns how many
+    processes were killed.
+    """
+    killed = 0
+    for run_dir in stray_runs(state_dir, known):
+        killed += await recover_run(run_dir.name, cgroup_root)
+        remove_run_dir(run_dir)
     return killed
 
 

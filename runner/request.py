@@ -44,3 +44,10 @@ class RunRequest:
     """The run's ``memory.max`` in bytes (needs ``cgroup_parent``)."""
     pids_max: int | None = None
     """The run's ``pids.max`` (needs ``cgroup_parent``)."""
+    state_dir: Path | None = None
+    """Where the run's directory goes (``<state_dir>/runs/<run_id>``, docs/detached-runs.md);
+    None: a fresh temporary directory, removed after the run (for tests)."""
+    orphan_timeout_s: float = 600.0
+    """No bridge attached to the run for this long: its supervisor stops it."""
+    spool_max_bytes: int = 64 * 1024 * 1024
+    """The journal's cap: beyond it only ``result`` lines and the end of stderr are kept."""

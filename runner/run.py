@@ -1,10 +1,13 @@
-"""``run_claude``: one run of ``claude -p`` from spawn to the last process gone.
+"""``run_claude`` and ``attach_claude``: one run of ``claude -p``, followed to its end.
 
-claude runs under a supervisor process of its own (``runner/supervisor.py``):
-a child subreaper that every process of the run re-parents to, which stops
-the whole tree and exits only once nothing of it is left, and which stops
-the run by itself when the bridge dies. This module reads claude's output,
-keeps the time limits, and decides whether to stop.
+claude runs under a supervisor process of its own (``runner/supervisor.py``),
+started detached: a child subreaper that every process of the run re-parents
+to, which owns claude's pipes and journals them, keeps the run's time limits,
+stops the whole tree and exits only once nothing of it is left. The bridge's
+death does not stop it; no bridge attached for ``orphan_timeout_s`` does. This
+module reads the journal (over the supervisor's socket, or from its file once
+the supervisor is gone), hands claude's output on as events, and decides
+whether to stop.
 
 A run ends in exactly one of these ways (an :data:`Ending`), each mapped to a
 ``RunReport``:
@@ -15,12 +18,16 @@ A run ends in exactly one of these ways (an :data:`Ending`), each mapped to a
   ``on_event`` gets the :class:`Result` before any of that: the caller can
   answer the room at once (:func:`answer_report`) while this module stops
   and reaps the run;
-- claude exited, or closed stdout, without a result: failed, with a stderr
-  tail (and ``session_not_found`` when ``--resume`` named an unknown session);
+- claude exited without a result: failed, with a stderr tail (and
+  ``session_not_found`` when ``--resume`` named an unknown session);
 - its output was not stream-json (bad JSON, a line over the cap): failed;
-- ``run_timeout_s`` passed, or ``idle_timeout_s`` without output: timed out /
-  stalled;
-- the supervisor exited before claude did (something killed it): failed;
+- the supervisor's ``expired`` record: ``run_timeout_s`` passed, or
+  ``idle_timeout_s`` without output (timed out / stalled), or no bridge was
+  attached for ``orphan_timeout_s`` (interrupted);
+- the supervisor exited before claude did (something killed it): failed; or,
+  found so at a restart, interrupted;
+- the supervisor stopped answering (frozen, stuck) well past the run's time
+  limit: failed, the bridge stops the run itself;
 - claude's credentials were refused (an ``api_retry`` line with 401/403):
   failed at once, stopped, instead of after its minutes of retries;
 - the task running ``run_claude`` was cancelled (``!stop``, shutdown): the stop
@@ -28,20 +35,22 @@ A run ends in exactly one of these ways (an :data:`Ending`), each mapped to a
   had already printed its result: then the run is stopped all the same and
   its report returned (the answer is not thrown away), with the task still
   marked cancelling (``Task.cancelling()``), for the caller to re-raise once
-  it has recorded the report.
+  it has recorded the report. With ``detach`` saying so, a cancellation
+  instead leaves the run to its supervisor (a shutdown that a restart
+  attaches to again).
 
-Whatever the ending, ``run_claude`` returns only once the supervisor is gone,
-and with it every process of the run, including tools that cleared their
-environment, double-forked or started their own session. A supervisor that
-went without saying it stopped the run (its "done" line), or that does not
-finish in time, is replaced by the bridge's own fallbacks
-(:meth:`Supervised.contain`); docs/operations.md says what they can miss.
+Whatever the ending (but a detach), ``run_claude`` returns only once the
+supervisor is gone, and with it every process of the run, including tools
+that cleared their environment, double-forked or started their own session.
+A supervisor that went without saying it stopped the run (its ``done``
+record), or that does not finish in time, is replaced by the bridge's own
+fallbacks (:meth:`Supervised.contain`); docs/operations.md says what they can
+miss.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import logging
 import os
@@ -51,28 +60,26 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from bridge.core.aio import shielded
-from bridge.core.model import RunReport, RunStatus, SessionId
+from bridge.core.model import LiveRun, RunReport, RunStatus, SessionId
 from runner import supervision
 from runner.command import build_argv, build_env
 from runner.errors import InvalidRequest, StreamError
 from runner.events import ApiRetry, Init, Result, RunEvent, Spawned
 from runner.request import RunRequest
+from runner.rundir import make_run_dir, remove_run_dir
 from runner.stream import LineFramer, parse_line
-from runner.supervision import Limits, SpawnFailed, Supervised
+from runner.supervision import Limits, Refused, SpawnFailed, Supervised
 
 log = logging.getLogger(__name__)
 
 EventCallback = Callable[[RunEvent], Awaitable[None]]
+PositionCallback = Callable[[int], None]
+"""Told the journal offset just past each stdout line, before that line's events."""
 
-READ_CHUNK = 256 * 1024
 STDERR_TAIL_BYTES = 8 * 1024
 """How much of the end of stderr is kept (the error message is at the end)."""
 ERROR_TAIL_CHARS = 500
 """How much stderr goes into ``RunReport.error``."""
-DRAIN_S = 5.0
-"""After the run's processes are gone: how long to keep reading what is left in stdout."""
-STDERR_DRAIN_S = 1.0
-"""After the run: how long to wait for the end of stderr (it explains failures)."""
 NO_SESSION_MARK = b"No conversation found with session ID"
 
 
@@ -85,7 +92,7 @@ class Answered:
 
 @dataclass(frozen=True)
 class Exited:
-    """claude exited (or closed stdout) without a result."""
+    """claude exited without a result."""
 
 
 @dataclass(frozen=True)
@@ -108,36 +115,85 @@ class Unsupervised:
 
 
 @dataclass(frozen=True)
+class Orphaned:
+    """The supervisor stopped the run: no bridge was attached for ``orphan_timeout_s``."""
+
+
+@dataclass(frozen=True)
+class Unresponsive:
+    """The supervisor said nothing of the run's end well past its time limit (frozen, stuck)."""
+
+
+@dataclass(frozen=True)
 class Unauthenticated:
     """claude's API request was refused for its credentials; ``detail`` is from its retry line."""
 
     detail: str
 
 
-Ending = Answered | Exited | Expired | Unreadable | Unsupervised | Unauthenticated
+Ending = (
+    Answered
+    | Exited
+    | Expired
+    | Orphaned
+    | Unreadable
+    | Unsupervised
+    | Unresponsive
+    | Unauthenticated
+)
 
 
 def must_stop(ending: Ending) -> bool:
     """Whether the run has to be stopped, or ends on its own (claude already exited).
 
-    Either way the supervisor stops whatever claude left behind.
+    Either way the supervisor stops whatever claude left behind; after an
+    expiry it is stopping the run already (asking again changes nothing).
     """
     match ending:
         case Answered(lingering=lingering):
             return lingering
         case Exited():
             return False
-        case Expired() | Unreadable() | Unsupervised() | Unauthenticated():
+        case Expired() | Orphaned() | Unreadable() | Unsupervised() | Unresponsive():
+            return True
+        case Unauthenticated():
             return True
 
 
-async def run_claude(request: RunRequest, on_event: EventCallback) -> RunReport:
+@dataclass(frozen=True)
+class _ResultSeen:
+    """The ``result`` line was read; whether claude lingers is known a grace period later."""
+
+
+_RESULT_SEEN = _ResultSeen()
+
+EXPIRIES: dict[str, Ending] = {
+    "timed_out": Expired(RunStatus.TIMED_OUT),
+    "stalled": Expired(RunStatus.STALLED),
+    "orphaned": Orphaned(),
+}
+"""The supervisor's ``expired`` statuses."""
+
+GONE_AT_RESTART = "the run's supervisor was gone when chatbridge restarted"
+
+
+async def run_claude(
+    request: RunRequest,
+    on_event: EventCallback,
+    *,
+    on_position: PositionCallback | None = None,
+    detach: Callable[[], bool] | None = None,
+) -> RunReport:
     """Run claude for ``request``, passing each event to ``on_event``; return how it ended.
 
     Never raises for a run that went wrong (missing binary, bad output,
-    timeout): that is a failed report. Cancellation stops the run (no process
-    of it survives) and then propagates, except after claude's result line:
-    then the report is returned (see the module doc). An exception raised by
+    timeout): that is a failed report. ``on_position`` is called, before the
+    events of each stdout line, with the journal offset just past that line.
+    Cancellation stops the run (no process of it survives) and then
+    propagates, except after claude's result line: then the report is
+    returned (see the module doc); and except when ``detach()`` is true: then
+    the run is left to its supervisor (``Spawned.live`` says where) and
+    ``CancelledError`` propagates at once. An exception raised by
     ``on_event`` propagates after the same stop.
     """
     try:
@@ -147,32 +203,103 @@ async def run_claude(request: RunRequest, on_event: EventCallback) -> RunReport:
         return RunReport(RunStatus.FAILED, error=str(exc))
     limits = Limits(request.cgroup_parent, request.memory_max, request.pids_max)
     try:
-        supervised = await supervision.start(
-            request.run_id,
-            argv,
-            env=env,
-            cwd=request.cwd,
-            grace_s=request.stop_grace_s,
-            limits=limits,
-        )
-    except SpawnFailed as exc:
-        if exc.errno == errno.ENOENT:
-            return RunReport(
-                RunStatus.FAILED, error=f"claude binary not found: {request.claude_bin} ({exc})"
-            )
-        return RunReport(RunStatus.FAILED, error=f"cannot start claude {request.claude_bin}: {exc}")
-    except FileNotFoundError as exc:
-        if not request.cwd.is_dir():
-            return RunReport(RunStatus.FAILED, error=f"working directory not found: {request.cwd}")
-        return RunReport(RunStatus.FAILED, error=f"cannot start the run's supervisor: {exc}")
-    except (OSError, ValueError) as exc:  # ValueError: a NUL or "=" where exec refuses it
-        return RunReport(RunStatus.FAILED, error=f"cannot start claude {request.claude_bin}: {exc}")
-
+        run_dir = make_run_dir(request.state_dir, request.run_id)
+    except OSError as exc:
+        return RunReport(RunStatus.FAILED, error=f"cannot create the run's directory: {exc}")
+    detached = False
     try:
-        run = _Run(request, supervised, on_event)
+        try:
+            supervised = await supervision.start(
+                request, argv, env=env, run_dir=run_dir, limits=limits
+            )
+        except SpawnFailed as exc:
+            if not request.cwd.is_dir():
+                return RunReport(
+                    RunStatus.FAILED, error=f"working directory not found: {request.cwd}"
+                )
+            if exc.errno == errno.ENOENT:
+                return RunReport(
+                    RunStatus.FAILED,
+                    error=f"claude binary not found: {request.claude_bin} ({exc})",
+                )
+            return RunReport(
+                RunStatus.FAILED, error=f"cannot start claude {request.claude_bin}: {exc}"
+            )
+        except (OSError, ValueError) as exc:  # ValueError: a NUL where exec refuses it
+            return RunReport(RunStatus.FAILED, error=f"cannot start the run's supervisor: {exc}")
+        try:
+            return await _follow(request, supervised, on_event, on_position, detach)
+        finally:
+            detached = supervised.detached
+    finally:
+        if request.state_dir is None and not detached:
+            remove_run_dir(run_dir)  # a temporary one nobody else knows of
+
+
+async def attach_claude(
+    request: RunRequest,
+    live: LiveRun,
+    on_event: EventCallback,
+    *,
+    on_position: PositionCallback | None = None,
+    detach: Callable[[], bool] | None = None,
+) -> RunReport:
+    """Follow a run a previous bridge started (``live``), from its journal's start.
+
+    ``request`` is rebuilt from the room's settings (its prompt is not used).
+    Like :func:`run_claude` from ``Spawned`` on: every event of the journal
+    is handed on again (``on_position`` tells the ones already shown), the
+    report is the run's. A live supervisor is attached to; one that is gone
+    leaves its journal: a complete one is reported as it says, an incomplete
+    one (the supervisor was killed) means the run is stopped with the
+    fallbacks and reported interrupted. Never raises for a run that went
+    wrong.
+    """
+    try:
+        supervised = await supervision.attach(request.run_id, live)
+    except Refused as exc:
+        # A newer supervisor: leave it alone, a newer bridge can still attach.
+        return RunReport(RunStatus.INTERRUPTED, error=str(exc))
+    replayed = supervised is None
+    if supervised is None:
+        supervised = supervision.replay(request.run_id, live)
+    if supervised is None:
+        killed = await Supervised(request.run_id, _ended(), None, live=live).contain()
+        log.warning(
+            "run %s: its journal is unreadable; the bridge stopped the run (%d process(es))",
+            request.run_id, killed,
+        )  # fmt: skip
+        return RunReport(RunStatus.INTERRUPTED, error=GONE_AT_RESTART)
+    return await _follow(request, supervised, on_event, on_position, detach, replayed=replayed)
+
+
+def _ended() -> asyncio.StreamReader:
+    """A journal with nothing in it (for a run whose journal could not be read)."""
+    reader = asyncio.StreamReader()
+    reader.feed_eof()
+    return reader
+
+
+async def _follow(
+    request: RunRequest,
+    supervised: Supervised,
+    on_event: EventCallback,
+    on_position: PositionCallback | None,
+    detach: Callable[[], bool] | None,
+    *,
+    replayed: bool = False,
+) -> RunReport:
+    """Follow a started (or re-attached) run to its report; see :func:`run_claude`."""
+    try:
+        run = _Run(request, supervised, on_event, on_position, replayed=replayed)
         try:
             ending = await run.follow()
         except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError) and detach is not None and detach():
+                # Shutting down: the supervisor carries on alone; a restart attaches again.
+                supervised.detach()
+                await shielded(run.abandon())
+                raise
             # Cancelled (a stop) or on_event failed: nothing of the run may survive.
             try:
                 await shielded(run.close(stop=True))
@@ -195,23 +322,27 @@ class _Run:
     """One started run: ``follow`` gives its ending, ``close`` stops, ``report`` tells."""
 
     def __init__(
-        self, request: RunRequest, supervised: Supervised, on_event: EventCallback
+        self,
+        request: RunRequest,
+        supervised: Supervised,
+        on_event: EventCallback,
+        on_position: PositionCallback | None,
+        *,
+        replayed: bool,
     ) -> None:
         self._request = request
         self._supervised = supervised
         self._on_event = on_event
+        self._on_position = on_position
+        self._replayed = replayed
         self._loop = asyncio.get_running_loop()
-        self._last_output = self._loop.time()
-        self._run_deadline = self._last_output + request.run_timeout_s
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stderr = bytearray()
         self._no_session = False
         self._init: Init | None = None
         self._result: Result | None = None
-        self._auth_refused: ApiRetry | None = None
-        self._stderr_task: asyncio.Task[None] | None = None
-        self._stdout_end: asyncio.Future[None] = self._loop.create_future()
-        """stdout was decoded up to the result or its end; or why not (StreamError...)."""
+        self._ending: asyncio.Future[Ending | _ResultSeen] = self._loop.create_future()
+        """The first ending the journal tells, in its order (or the error of ``on_event``)."""
 
     @property
     def answered(self) -> bool:
@@ -223,111 +354,99 @@ class _Run:
         self._tasks.add(task)
         return task
 
+    def _end(self, ending: Ending | _ResultSeen) -> None:
+        if not self._ending.done():
+            self._ending.set_result(ending)
+
     async def follow(self) -> Ending:
         """Follow the run until it ended one of the ways listed in the module doc."""
         request = self._request
         supervised = self._supervised
+        await self._on_event(Spawned(supervised.claude_pid, supervised.live))
         self._task(self._feed_stdin())
-        self._stderr_task = self._task(self._collect_stderr())
-        await self._on_event(Spawned(supervised.claude_pid))
-        self._task(self._pump_stdout())
-        decoded, exited, gone = self._stdout_end, supervised.claude_exit, supervised.gone
-        expired = await self._wait_deadlines({decoded, exited, gone})
-        if expired is not None:
-            return expired
-        if not decoded.done():
-            if not exited.done():
-                return Unsupervised()
-            # claude is gone, but a process it left may hold stdout open: the
-            # supervisor is stopping them; then read what claude wrote.
-            await supervised.wait(request.stop_grace_s + supervision.SUPERVISOR_KILL_S)
-            await asyncio.wait({decoded}, timeout=DRAIN_S)
-            if not decoded.done():
-                return Unreadable("stdout stayed open after claude exited")
-        try:
-            decoded.result()
-        except StreamError as exc:
-            return Unreadable(str(exc))
-        if self._auth_refused is not None:
-            return Unauthenticated(self._auth_refused.describe())
-        if self._result is not None:
+        self._task(self._pump())
+        # The supervisor keeps the time limits; this only catches one that froze.
+        backstop = request.run_timeout_s + request.stop_grace_s + supervision.SUPERVISOR_KILL_S
+        await asyncio.wait({self._ending}, timeout=backstop)
+        if not self._ending.done():
+            return Unresponsive()
+        ending = self._ending.result()  # the error of on_event, if it failed
+        if isinstance(ending, _ResultSeen):
             # Treat the result as done; a lingering process gets a bounded wait.
-            ending: set[asyncio.Future[Any]] = {exited, gone}
-            await asyncio.wait(ending, timeout=request.stop_grace_s)
+            exited = supervised.claude_exit
+            both: set[asyncio.Future[Any]] = {exited, supervised.gone}
+            await asyncio.wait(both, timeout=request.stop_grace_s)
             return Answered(lingering=not exited.done())
-        # End of stdout without a result: claude should be exiting (stderr
-        # says why; ``close`` reads it to the end).
-        expired = await self._wait_deadlines({exited, gone})
-        if expired is not None:
-            return expired
-        return Exited() if exited.done() else Unsupervised()
-
-    async def _wait_deadlines(self, tasks: set[asyncio.Future[Any]]) -> Expired | None:
-        """Wait for the first of ``tasks``; the expiry if a time limit passed first."""
-        while True:
-            now = self._loop.time()
-            if now >= self._run_deadline:
-                return Expired(RunStatus.TIMED_OUT)
-            if now >= self._last_output + self._request.idle_timeout_s:
-                return Expired(RunStatus.STALLED)
-            deadline = min(self._run_deadline, self._last_output + self._request.idle_timeout_s)
-            done, _ = await asyncio.wait(
-                tasks, timeout=deadline - now, return_when=asyncio.FIRST_COMPLETED
-            )
-            if done:
-                return None
+        return ending
 
     async def _feed_stdin(self) -> None:
-        stdin = self._supervised.stdin
-        try:
-            stdin.write(self._request.prompt.encode())
-            await stdin.drain()
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # claude exited without reading it; its exit status tells why
-        finally:
-            stdin.close()
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                await stdin.wait_closed()
+        # The prompt went with the first records; this only waits for it to be sent.
+        await self._supervised.drain()
 
-    async def _collect_stderr(self) -> None:
-        stream = self._supervised.stderr
-        while chunk := await stream.read(READ_CHUNK):
-            self._stderr += chunk
-            # Checked while the tail still holds the whole message.
-            if NO_SESSION_MARK in self._stderr:
-                self._no_session = True
-            del self._stderr[:-STDERR_TAIL_BYTES]
+    async def _pump(self) -> None:
+        """Read the journal to its end: claude's output into events, the rest into the ending.
 
-    async def _pump_stdout(self) -> None:
-        """Decode stdout into events, up to the result; then read the rest unread.
-
-        Reading on to the end matters: an unread pipe blocks whatever still
-        writes to it (a tool claude left) and keeps the pipe, and with it
-        asyncio's view of the supervisor's exit, open.
+        Reading on after the result matters: the ``exited`` and ``done``
+        records come after it, and the end of the journal is how the run's
+        end is known.
         """
-        stream = self._supervised.stdout
-        try:
-            await self._decode_stdout(stream)
-        except StreamError as exc:
-            self._stdout_end.set_exception(exc)
-        except Exception as exc:  # on_event failed: follow raises it, the run stops
-            self._stdout_end.set_exception(exc)
-            return
-        else:
-            self._stdout_end.set_result(None)
-        while await stream.read(READ_CHUNK):
-            pass
-
-    async def _decode_stdout(self, stream: asyncio.StreamReader) -> None:
+        supervised = self._supervised
         framer = LineFramer(self._request.max_line_bytes)
-        while chunk := await stream.read(READ_CHUNK):
-            self._last_output = self._loop.time()
-            for line in framer.feed(chunk):
-                if await self._dispatch(line):
-                    return
-        last = framer.finish()
-        if last is not None:
-            await self._dispatch(last)
+        decoding = True
+        last_out = 0
+        while (record := await supervised.read()) is not None:
+            match record.kind:
+                case "out":
+                    last_out = record.end
+                    if decoding:
+                        decoding = await self._decode(framer, record.payload, record.end)
+                case "err":
+                    self._add_stderr(record.payload)
+                case "exited":
+                    # Everything claude wrote comes before this record: a last line
+                    # without a newline is complete now.
+                    last = framer.finish() if decoding else None
+                    if last is not None:
+                        decoding = await self._decode_line(last, last_out)
+                    decoding = False
+                    self._end(Exited())
+                case "expired":
+                    self._end(EXPIRIES.get(str(record.fields.get("status")), Orphaned()))
+        # The journal ended: after ``done`` the ending was told before; without
+        # it the supervisor died before claude did.
+        self._end(Unsupervised())
+
+    async def _decode(self, framer: LineFramer, payload: bytes, end: int) -> bool:
+        """Hand on the events of the lines ``payload`` completes; False once decoding is over."""
+        start = end - len(payload)
+        try:
+            lines = framer.feed_ends(payload)
+        except StreamError as exc:
+            self._end(Unreadable(str(exc)))
+            return False
+        for line, line_end in lines:
+            if not await self._decode_line(line, start + line_end):
+                return False
+        return True
+
+    async def _decode_line(self, line: bytes, position: int) -> bool:
+        try:
+            if self._on_position is not None:
+                self._on_position(position)
+            return not await self._dispatch(line)
+        except StreamError as exc:
+            self._end(Unreadable(str(exc)))
+        except Exception as exc:  # on_event failed: follow raises it, the run stops
+            if not self._ending.done():
+                self._ending.set_exception(exc)
+        return False
+
+    def _add_stderr(self, chunk: bytes) -> None:
+        self._stderr += chunk
+        # Checked while the tail still holds the whole message.
+        if NO_SESSION_MARK in self._stderr:
+            self._no_session = True
+        del self._stderr[:-STDERR_TAIL_BYTES]
 
     async def _dispatch(self, line: bytes) -> bool:
         """Hand the line's events on; True once the result line (or a refused login) was seen."""
@@ -344,9 +463,12 @@ class _Run:
                 )
                 # Rate limits and overloads pass; refused credentials never will.
                 if event.auth_failed:
-                    self._auth_refused = event
+                    self._end(Unauthenticated(event.describe()))
             await self._on_event(event)
-        return self._result is not None or self._auth_refused is not None
+        if self._result is not None:
+            self._end(_RESULT_SEEN)
+            return True
+        return self._ending.done()
 
     async def close(self, *, stop: bool) -> None:
         """Stop the run if ``stop``; wait until nothing of it is left; finish the helper tasks.
@@ -364,6 +486,8 @@ class _Run:
             finished = await supervised.wait(request.stop_grace_s + supervision.SUPERVISOR_KILL_S)
             if not supervised.contained:
                 why = "exited without stopping the run" if finished else "did not finish"
+                if self._replayed:
+                    why = "was gone before the bridge restarted"
                 killed = await supervised.contain()
                 log.error(
                     "run %s: its supervisor %s; the bridge stopped the run (%d process(es))",
@@ -373,19 +497,19 @@ class _Run:
                 log.error(
                     "run %s: processes survived SIGKILL: %s", request.run_id, supervised.survivors
                 )
-            if self._stderr_task is not None:
-                # Once nothing of the run is left, stderr ends: read its last words
-                # (e.g. "No conversation found") before giving up on it.
-                await asyncio.wait({self._stderr_task}, timeout=STDERR_DRAIN_S)
         finally:
-            for task in self._tasks:
-                task.cancel()
-            results = await asyncio.gather(*self._tasks, return_exceptions=True)
-            for result in results:
-                if isinstance(result, Exception) and not isinstance(result, StreamError):
-                    log.warning("run %s: helper task failed: %r", self._request.run_id, result)
-            if self._stdout_end.done() and not self._stdout_end.cancelled():
-                self._stdout_end.exception()  # retrieved: follow may have ended before
+            await self.abandon()
+
+    async def abandon(self) -> None:
+        """Finish the helper tasks (the run itself is left as it is)."""
+        for task in self._tasks:
+            task.cancel()
+        results = await asyncio.gather(*self._tasks, return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception):
+                log.warning("run %s: helper task failed: %r", self._request.run_id, result)
+        if self._ending.done() and not self._ending.cancelled():
+            self._ending.exception()  # retrieved: follow may have ended before
 
     def report(self, ending: Ending) -> RunReport:
         """How the run ended (call after ``close``)."""
@@ -422,13 +546,24 @@ class _Run:
             case Expired(status=status):
                 error = f"no output from claude for {request.idle_timeout_s:g} s"
                 return RunReport(status, error=error, **common)
+            case Orphaned():
+                error = (
+                    "the run was stopped: no chatbridge was attached to it for "
+                    f"{request.orphan_timeout_s:g} s"
+                )
+                return RunReport(RunStatus.INTERRUPTED, error=error, **common)
             case Unreadable(reason=reason):
                 error = self._with_stderr(f"claude output unreadable: {reason}")
                 return RunReport(RunStatus.FAILED, error=error, **common)
             case Unauthenticated(detail=detail):
                 error = f"claude could not authenticate: {detail}"
                 return RunReport(RunStatus.FAILED, error=error, **common)
-            case Unsupervised() if result is None or result.is_error:
+            case Unresponsive():
+                error = "the run's supervisor stopped responding; the bridge stopped the run"
+                return RunReport(RunStatus.FAILED, error=error, **common)
+            case Unsupervised() if self._replayed:
+                return RunReport(RunStatus.INTERRUPTED, error=GONE_AT_RESTART, **common)
+            case Unsupervised():
                 error = self._with_stderr(
                     "the run's supervisor was killed before claude finished; "
                     "the bridge stopped the run"

@@ -31,7 +31,11 @@ class LineFramer:
 
     def feed(self, chunk: bytes) -> list[bytes]:
         """Add ``chunk``; return the lines it completed, newline stripped."""
-        lines: list[bytes] = []
+        return [line for line, _ in self.feed_ends(chunk)]
+
+    def feed_ends(self, chunk: bytes) -> list[tuple[bytes, int]]:
+        """Like :meth:`feed`, each line with where it ends in ``chunk`` (just past its newline)."""
+        lines: list[tuple[bytes, int]] = []
         start = 0
         # Only the new chunk needs searching: the buffer holds no newline.
         while (nl := chunk.find(b"\n", start)) != -1:
@@ -40,10 +44,10 @@ class LineFramer:
                 raise LineTooLong(self._max)
             if self._buf:
                 self._buf += piece
-                lines.append(bytes(self._buf))
+                lines.append((bytes(self._buf), nl + 1))
                 self._buf.clear()
             else:
-                lines.append(piece)
+                lines.append((piece, nl + 1))
             start = nl + 1
         rest = chunk[start:]
         if len(self._buf) + len(rest) > self._max:

@@ -1,35 +1,43 @@
-"""The supervisor of one run: claude's parent, and the reaper of everything claude starts.
+"""The supervisor of one run: claude's parent, its pipes' owner, the run's journal and guard.
 
-The runner starts it in a session of its own, by path and with ``-I -S`` so
-it imports only the standard library and no room setting (``PYTHONPATH``...)
-changes what runs::
+The runner starts it detached (a session of its own, not a child the bridge's
+death affects), by path and with ``-I -S`` so it imports only the standard
+library and no room setting (``PYTHONPATH``...) changes what runs (the runner
+imports it as a module from its path, whose compiled form is cached, rather
+than running it as a script: ``runner.supervision.BOOTSTRAP``)::
 
-    python -I -S runner/supervisor.py --run-id=ID --control-fd=N --status-fd=M
-        --grace-s=S [--cgroup=DIR [--memory-max=BYTES] [--pids-max=N]] -- CLAUDE_ARGV...
+    python -I -S runner/supervisor.py --run-id=ID --run-dir=DIR --cwd=DIR
+        --conn-fd=N --grace-s=S --run-timeout-s=S --idle-timeout-s=S
+        --orphan-timeout-s=S --spool-max-bytes=N --max-line-bytes=N
+        [--cgroup=DIR [--memory-max=BYTES] [--pids-max=N]] -- CLAUDE_ARGV...
 
-with claude's environment, working directory and stdin/stdout/stderr pipes,
-which claude inherits (the supervisor itself lets go of them). It is a child
-subreaper, so a tool that double-forks, clears its environment or starts its
-own session still re-parents to it, never to init: "no child left" means
-nothing of the run is left. With ``--cgroup`` claude also runs in its own
-cgroup v2 group under DIR, killed at once with ``cgroup.kill``.
+with claude's environment; it starts claude in ``--cwd`` and works in
+``--run-dir`` (mode 0700), where it writes the run's journal (``journal``) and
+serves a Unix socket (``sock``), as docs/detached-runs.md specifies: claude's
+stdout and stderr go to the journal, the attached bridge gets the journal
+(replay and live are one ``sendfile`` from its offset), and sends claude's
+stdin and a ``stop``. The first connection is inherited (``--conn-fd``).
 
-Control fd (read): ``stop`` ends the run; end of file means the bridge is
-gone (even after ``kill -9``: the kernel closes its end), which ends the run
-too. SIGTERM, SIGINT and SIGHUP do the same.
+It is a child subreaper, so a tool that double-forks, clears its environment
+or starts its own session still re-parents to it, never to init: "no child
+left" means nothing of the run is left. With ``--cgroup`` claude also runs in
+its own cgroup v2 group under DIR, killed at once with ``cgroup.kill``.
 
-Status fd (write), one JSON object a line:
-``{"spawned": PID, "cgroup": DIR or null, "cgroup_error": TEXT}`` or
-``{"spawn_failed": TEXT, "errno": N}``,
-then ``{"exited": STATUS}`` (claude's return code, negative for a signal),
-then ``{"done": {"survivors": [PID...]}}``.
+The run is stopped when the bridge says ``stop``; on SIGTERM, SIGINT or
+SIGHUP; when a time limit passes (``--run-timeout-s``, ``--idle-timeout-s``
+without stdout: an ``expired`` record first); when no bridge has been
+attached for ``--orphan-timeout-s``; and, for what claude left, when claude
+exits. The bridge's death alone does not stop it: a restarted bridge attaches
+again. The stop, whatever asked for it: SIGTERM to claude and to every
+descendant, up to the grace period for them to go, then freeze (SIGSTOP, or
+``cgroup.kill``) and SIGKILL whatever is left, reaping, until there is no
+child; then the ``done`` record. Exit status: 0 when nothing is left, 1 when
+something survived SIGKILL, 2 for bad arguments, 3 when claude could not be
+started.
 
-The stop, whatever asked for it (a stop, the bridge's death, claude's own
-exit): SIGTERM to claude and to every descendant, up to the grace period for
-them to go, then freeze (SIGSTOP, or ``cgroup.kill``) and SIGKILL whatever is
-left, reaping, until there is no child. Exit status: 0 when nothing is left,
-1 when something survived SIGKILL, 2 for bad arguments, 3 when claude could
-not be started.
+Start-up cost matters (every run waits for it): standard library modules that
+``-I -S`` Python loads anyway, plus ctypes (prctl), json, socket and
+subprocess (which brings contextlib); no dataclasses, no inspect.
 """
 
 from __future__ import annotations
@@ -41,10 +49,16 @@ import json
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+
+PROTOCOL_VERSIONS = (1,)
+"""The journal and socket protocol versions this supervisor speaks (docs/detached-runs.md)."""
+JOURNAL = "journal"
+SOCK = "sock"
 
 KILL_DEADLINE_S = 5.0
 """After SIGKILL: how long to keep killing and reaping before giving up (D state)."""
@@ -52,15 +66,22 @@ KILL_POLL_S = 0.02
 """In the kill phase, how often to look for processes a fork in flight created."""
 RMDIR_DEADLINE_S = 1.0
 """How long an emptied cgroup may stay busy before it is left behind."""
+DONE_LINGER_S = 10.0
+"""After ``done``: how long the attached bridge has to read the rest (the journal keeps it)."""
+READ_CHUNK = 256 * 1024
+STDERR_TAIL_BYTES = 8 * 1024
+"""Over the spool cap: how much of the end of stderr is still journaled when claude exits."""
+MAX_HEADER_BYTES = 64 * 1024
+"""A bridge's record header longer than this is not one: the connection is dropped."""
 
 EXIT_CLEAN = 0
 EXIT_SURVIVORS = 1
 EXIT_USAGE = 2
 EXIT_SPAWN_FAILED = 3
 
-_PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_WRITE = selectors.EVENT_WRITE
 
 
 class Options:
@@ -70,38 +91,56 @@ class Options:
     __slots__ = (
         "argv",
         "cgroup",
-        "control_fd",
+        "conn_fd",
+        "cwd",
         "grace_s",
+        "idle_timeout_s",
+        "max_line_bytes",
         "memory_max",
+        "orphan_timeout_s",
         "pids_max",
+        "run_dir",
         "run_id",
-        "status_fd",
+        "run_timeout_s",
+        "spool_max_bytes",
     )
 
     def __init__(
         self,
         *,
         run_id: str,
-        control_fd: int,
-        status_fd: int,
+        run_dir: str,
+        cwd: str,
         grace_s: float,
         argv: list[str],
+        conn_fd: int = -1,
+        run_timeout_s: float = 1800.0,
+        idle_timeout_s: float = 600.0,
+        orphan_timeout_s: float = 600.0,
+        spool_max_bytes: int = 64 * 1024 * 1024,
+        max_line_bytes: int = 16 * 1024 * 1024,
         cgroup: str = "",
         memory_max: int | None = None,
         pids_max: int | None = None,
     ) -> None:
         self.run_id = run_id
-        self.control_fd = control_fd
-        self.status_fd = status_fd
+        self.run_dir = run_dir
+        self.cwd = cwd
         self.grace_s = grace_s
         self.argv = argv
+        self.conn_fd = conn_fd
+        self.run_timeout_s = run_timeout_s
+        self.idle_timeout_s = idle_timeout_s
+        self.orphan_timeout_s = orphan_timeout_s
+        self.spool_max_bytes = spool_max_bytes
+        self.max_line_bytes = max_line_bytes
         self.cgroup = cgroup
         self.memory_max = memory_max
         self.pids_max = pids_max
 
 
 def parse(args: list[str]) -> Options:
-    """``--name=value`` options, ``--``, then claude's argv. Raises ValueError."""
+    """``--name=value`` options, ``--``, then claude's argv. Raises ValueError, KeyError."""
     if "--" not in args:
         raise ValueError("missing -- before claude's argv")
     split = args.index("--")
@@ -116,20 +155,25 @@ def parse(args: list[str]) -> Options:
         raise ValueError("no claude argv")
 
     def optional_int(name: str) -> int | None:
-        return int(values.pop(name)) if values.get(name) else None
+        value = values.pop(name, "")
+        return int(value) if value else None
 
     options = Options(
         run_id=values.pop("run-id"),
-        control_fd=int(values.pop("control-fd")),
-        status_fd=int(values.pop("status-fd")),
+        run_dir=values.pop("run-dir"),
+        cwd=values.pop("cwd"),
         grace_s=float(values.pop("grace-s")),
         argv=argv,
+        conn_fd=int(values.pop("conn-fd", "-1")),
+        run_timeout_s=float(values.pop("run-timeout-s")),
+        idle_timeout_s=float(values.pop("idle-timeout-s")),
+        orphan_timeout_s=float(values.pop("orphan-timeout-s")),
+        spool_max_bytes=int(values.pop("spool-max-bytes")),
+        max_line_bytes=int(values.pop("max-line-bytes")),
         cgroup=values.pop("cgroup", ""),
         memory_max=optional_int("memory-max"),
         pids_max=optional_int("pids-max"),
     )
-    values.pop("memory-max", None)
-    values.pop("pids-max", None)
     if values:
         raise ValueError(f"unknown options {sorted(values)}")
     if not options.run_id or "/" in options.run_id or options.run_id.startswith("."):
@@ -143,6 +187,13 @@ def _prctl(option: int, value: int) -> bool:
         return bool(libc.prctl(option, value, 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
+
+
+def start_time(pid: int | str = "self") -> int:
+    """The process's start time (``/proc/PID/stat`` field 22); pins a pid against reuse."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    return int(data[data.rfind(b")") + 2 :].split()[19])
 
 
 # --- the processes of the run -------------------------------------------------
@@ -332,25 +383,403 @@ def enable_controllers(parent: str, names: Iterable[str]) -> None:
         ) from exc
 
 
+# --- the journal and the bridge's connections ---------------------------------
+
+
+def header(kind: str, **fields: object) -> bytes:
+    """A record's header line (docs/detached-runs.md)."""
+    return json.dumps({"t": kind, **fields}, separators=(",", ":")).encode() + b"\n"
+
+
+class Journal:
+    """The run's journal: records appended with ``write(2)``, read back by ``sendfile``."""
+
+    def __init__(self, path: str) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC
+        self.fd = os.open(path, flags, 0o600)
+        self.read_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.size = 0
+
+    def append(self, head: bytes, payload: bytes = b"") -> None:
+        """Append one record. A full disk loses the record, never the run (nor the format)."""
+        total = len(head) + len(payload)
+        try:
+            written = os.writev(self.fd, (head, payload) if payload else (head,))
+            while 0 < written < total:  # a regular file writes short only when out of space
+                step = os.write(self.fd, (head + payload)[written:])
+                written = written + step if step else 0
+        except OSError:
+            written = 0
+        if written != total:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, self.size)  # no half record for a reader to choke on
+            return
+        self.size += total
+
+
+class Client:
+    """A bridge's connection: its records in, the journal out from its offset."""
+
+    __slots__ = ("attached", "closing", "events", "fd", "head", "inbox", "offset", "out")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.inbox = bytearray()
+        self.head: dict[str, object] | None = None
+        """A header whose payload has not fully arrived."""
+        self.out = bytearray()
+        """Lines of our own (``welcome``, ``refused``) that go before the journal."""
+        self.offset = 0
+        self.attached = False
+        self.closing = False
+        """Close once ``out`` is sent (after ``refused``)."""
+        self.events = 0
+        """What the selector watches this connection for."""
+
+
 # --- the supervisor -----------------------------------------------------------
 
 
 class Supervisor:
-    """Reaps, and stops the tree once asked or once claude exits."""
+    """Journals, relays and reaps; stops the tree once asked, expired, orphaned or claude exited."""
 
-    def __init__(
-        self, options: Options, claude: int, cgroup: Cgroup | None, report: Callable[[object], None]
-    ) -> None:
+    def __init__(self, options: Options, journal: Journal, listener: socket.socket | None) -> None:
         self.options = options
-        self.claude = claude
-        self.cgroup = cgroup
-        self.report = report
+        self.journal = journal
+        self.listener = listener
         self.me = os.getpid()
-        self.claude_running = True
+        self.selector = selectors.DefaultSelector()
+        self.claude = 0
+        self.cgroup: Cgroup | None = None
+        self.claude_running = False
         self.has_children = True
         """As of the last :meth:`reap`: False once no child is left, hence no descendant."""
+        self.stop_signalled = False
         self.stop_deadline: float | None = None
         """Set once the stop began: when the grace period ends."""
+        self.kill_deadline: float | None = None
+        self.exit_code: int | None = None
+        """Set once ``done`` is written: the run is over."""
+        self.done_deadline = 0.0
+        now = time.monotonic()
+        self.run_deadline = now + options.run_timeout_s
+        self.last_output = now
+        self.orphan_since: float | None = now
+        """Since when no bridge is attached (None while one is)."""
+        self.clients: dict[int, Client] = {}
+        self.stdin = -1
+        self.stdin_buf = bytearray()
+        self.stdin_eof = False
+        self.stdin_events = 0
+        self.stdout = -1
+        self.stderr = -1
+        self.partial = bytearray()
+        """The start of a stdout line whose newline has not come yet."""
+        self.skipping = False
+        """Over the cap: the rest of a dropped over-long line is dropped too."""
+        self.dropped_out = 0
+        self.dropped_err = 0
+        self.err_tail = bytearray()
+        if listener is not None:
+            self.selector.register(listener, selectors.EVENT_READ, self.accept)
+
+    # -- claude's pipes --
+
+    def attach_claude(
+        self, pid: int, cgroup: Cgroup | None, stdin: int, stdout: int, stderr: int
+    ) -> None:
+        self.claude = pid
+        self.cgroup = cgroup
+        self.claude_running = True
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        for fd in (stdin, stdout, stderr):
+            os.set_blocking(fd, False)
+        self.selector.register(stdout, selectors.EVENT_READ, self.read_stdout)
+        self.selector.register(stderr, selectors.EVENT_READ, self.read_stderr)
+
+    def read_stdout(self, fd: int, mask: int) -> bool:
+        """Journal what claude printed; whether there was anything to read."""
+        try:
+            data = os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            self._close_stdout()
+            return False
+        self.last_output = time.monotonic()
+        nl = data.rfind(b"\n")
+        if nl < 0:
+            self.partial += data
+        else:
+            if self.partial:
+                self.partial += data[: nl + 1]
+                lines = bytes(self.partial)
+                self.partial.clear()
+            else:
+                lines = data[: nl + 1]
+            self.partial += data[nl + 1 :]
+            self.journal_out(lines, whole=True)
+        if len(self.partial) > self.options.max_line_bytes:
+            # The bridge fails such a line anyway; memory stays bounded here.
+            self.journal_out(bytes(self.partial), whole=False)
+            self.partial.clear()
+        return True
+
+    def _close_stdout(self) -> None:
+        if self.stdout < 0:
+            return
+        if self.partial:  # a last line without newline stands alone
+            self.journal_out(bytes(self.partial), whole=False)
+            self.partial.clear()
+        self.selector.unregister(self.stdout)
+        os.close(self.stdout)
+        self.stdout = -1
+
+    def journal_out(self, data: bytes, *, whole: bool) -> None:
+        """Journal stdout bytes; over the cap only ``result`` lines (whole lines, never a part)."""
+        if self.journal.size < self.options.spool_max_bytes:
+            self.skipping = False
+            self.journal.append(b'{"t":"out","n":%d}\n' % len(data), data)
+            return
+        lines = data.split(b"\n")
+        if whole:
+            lines.pop()  # the empty piece after the last newline
+        elif len(lines) == 1 and not self.skipping:
+            self.dropped_out += len(data)
+            self.skipping = True
+            return
+        kept = []
+        for i, line in enumerate(lines):
+            if (i == 0 and self.skipping) or not _is_result(line):
+                self.dropped_out += len(line) + 1
+            else:
+                kept.append(line)
+        self.skipping = not whole and (self.skipping or len(lines) > 1)
+        if kept:
+            self.flush_dropped()
+            out = b"\n".join(kept) + b"\n"
+            self.journal.append(b'{"t":"out","n":%d}\n' % len(out), out)
+
+    def read_stderr(self, fd: int, mask: int) -> bool:
+        """Journal what claude wrote to stderr; whether there was anything to read."""
+        try:
+            data = os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            self.selector.unregister(fd)
+            os.close(fd)
+            self.stderr = -1
+            return False
+        if self.journal.size < self.options.spool_max_bytes:
+            self.journal.append(b'{"t":"err","n":%d}\n' % len(data), data)
+        else:
+            self.dropped_err += len(data)
+            self.err_tail += data
+            del self.err_tail[:-STDERR_TAIL_BYTES]
+        return True
+
+    def flush_dropped(self) -> None:
+        """Journal what the cap left out: its counts, and stderr's end (the why of a failure)."""
+        if self.err_tail:
+            tail = bytes(self.err_tail)
+            self.err_tail.clear()
+            self.journal.append(b'{"t":"err","n":%d}\n' % len(tail), tail)
+        if self.dropped_out or self.dropped_err:
+            self.journal.append(header("dropped", out=self.dropped_out, err=self.dropped_err))
+            self.dropped_out = self.dropped_err = 0
+
+    def write_stdin(self, fd: int = -1, mask: int = 0) -> None:
+        if self.stdin < 0:
+            self.stdin_buf.clear()
+            return
+        try:
+            while self.stdin_buf:
+                del self.stdin_buf[: os.write(self.stdin, self.stdin_buf)]
+        except BlockingIOError:
+            self._watch_stdin(selectors.EVENT_WRITE)
+            return
+        except OSError:  # claude closed it (exited): what is left cannot be delivered
+            self.stdin_buf.clear()
+            self.close_stdin()
+            return
+        self._watch_stdin(0)
+        if self.stdin_eof:
+            self.close_stdin()
+
+    def _watch_stdin(self, events: int) -> None:
+        if events == self.stdin_events:
+            return
+        if self.stdin_events and events:
+            self.selector.modify(self.stdin, events, self.write_stdin)
+        elif events:
+            self.selector.register(self.stdin, events, self.write_stdin)
+        else:
+            self.selector.unregister(self.stdin)
+        self.stdin_events = events
+
+    def close_stdin(self) -> None:
+        if self.stdin < 0:
+            return
+        self._watch_stdin(0)
+        os.close(self.stdin)
+        self.stdin = -1
+        self.journal.append(header("stdin_closed"))
+
+    # -- the bridge's connections --
+
+    def take_inherited(self) -> None:
+        """The first connection, inherited: it already holds the prompt for claude."""
+        if self.options.conn_fd >= 0:
+            self.add_client(self.options.conn_fd)
+            self.read_client(self.options.conn_fd, selectors.EVENT_READ)
+
+    def accept(self, fd: int, mask: int) -> None:
+        if self.listener is None:
+            return
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        self.add_client(conn.detach())
+
+    def add_client(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        client = Client(fd)
+        self.clients[fd] = client
+        client.events = selectors.EVENT_READ
+        self.selector.register(fd, client.events, self.read_client)
+
+    def drop(self, client: Client) -> None:
+        if self.clients.pop(client.fd, None) is None:
+            return
+        self.selector.unregister(client.fd)
+        os.close(client.fd)
+        if client.attached and not any(c.attached for c in self.clients.values()):
+            self.orphan_since = time.monotonic()
+
+    def read_client(self, fd: int, mask: int) -> None:
+        client = self.clients[fd]
+        if mask & selectors.EVENT_WRITE:
+            self.send(client)
+            if fd not in self.clients or not mask & selectors.EVENT_READ:
+                return
+        try:
+            data = os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.drop(client)
+            return
+        client.inbox += data
+        inbox = client.inbox
+        while fd in self.clients:
+            head = client.head
+            if head is None:
+                nl = inbox.find(b"\n")
+                if nl < 0:
+                    if len(inbox) > MAX_HEADER_BYTES:
+                        self.drop(client)
+                    return
+                try:
+                    head = json.loads(inbox[:nl])
+                except ValueError:
+                    head = None
+                del inbox[: nl + 1]
+                if not isinstance(head, dict):
+                    self.drop(client)
+                    return
+            n = head.get("n", 0)
+            if not isinstance(n, int) or n < 0:
+                self.drop(client)
+                return
+            if len(inbox) < n:
+                client.head = head
+                return
+            payload = bytes(inbox[:n])
+            del inbox[:n]
+            client.head = None
+            self.on_message(client, head, payload)
+
+    def on_message(self, client: Client, head: dict[str, object], payload: bytes) -> None:
+        kind = head.get("t")
+        if kind == "attach":
+            self.on_attach(client, head)
+        elif not client.attached:
+            self.drop(client)  # nothing before attach
+        elif kind == "stdin":
+            if self.stdin >= 0 and not self.stdin_eof:
+                self.stdin_buf += payload
+                self.write_stdin()
+        elif kind == "eof":
+            self.stdin_eof = True
+            self.write_stdin()
+        elif kind == "stop":
+            self.stop("asked")
+        # Anything else is from a later version: ignored.
+
+    def on_attach(self, client: Client, head: dict[str, object]) -> None:
+        wanted = head.get("v")
+        versions = [v for v in wanted if v in PROTOCOL_VERSIONS] if isinstance(wanted, list) else []
+        if not versions:
+            client.out += header("refused", v=list(PROTOCOL_VERSIONS))
+            client.closing = True
+            self.send(client)
+            return
+        for other in list(self.clients.values()):
+            if other is not client and other.attached:
+                self.drop(other)  # one bridge at a time: the newer takes over
+        offset = head.get("offset", 0)
+        size = self.journal.size
+        client.offset = min(max(offset, 0), size) if isinstance(offset, int) else 0
+        client.attached = True
+        self.orphan_since = None
+        client.out += header("welcome", v=max(versions), size=size)
+        self.send(client)
+
+    def send(self, client: Client) -> None:
+        """Send what the client has not got yet, as far as its socket takes it now."""
+        journal = self.journal
+        try:
+            while client.out:
+                del client.out[: os.write(client.fd, client.out)]
+            if client.closing:
+                self.drop(client)
+                return
+            if client.attached:
+                while client.offset < journal.size:
+                    sent = os.sendfile(
+                        client.fd, journal.read_fd, client.offset, journal.size - client.offset
+                    )
+                    if sent == 0:
+                        break
+                    client.offset += sent
+        except BlockingIOError:
+            pass
+        except OSError:
+            self.drop(client)
+            return
+        behind = bool(client.out) or (client.attached and client.offset < journal.size)
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if behind else 0)
+        if events != client.events:
+            client.events = events
+            self.selector.modify(client.fd, events, self.read_client)
+
+    def relay(self) -> None:
+        """Bring every attached bridge up to the journal's end (after it grew)."""
+        size = self.journal.size
+        for client in list(self.clients.values()):
+            # One that waits for its socket to drain is sent to when it does.
+            if client.attached and client.offset < size and not client.events & _WRITE:
+                self.send(client)
+
+    # -- the run's processes --
 
     def reap(self) -> bool:
         """Collect every exited child; False once there is no child left at all."""
@@ -362,16 +791,35 @@ class Supervisor:
                 return False
             if pid == 0:
                 return True
-            if pid == self.claude:
+            if pid == self.claude and self.claude_running:
                 self.claude_running = False
-                self.report({"exited": os.waitstatus_to_exitcode(status)})
+                self.claude_exited(os.waitstatus_to_exitcode(status))
 
-    def begin_stop(self) -> None:
-        """SIGTERM to the whole tree, once; the grace period starts now."""
+    def claude_exited(self, code: int) -> None:
+        # Everything claude wrote is in its pipes now: journal it before ``exited``,
+        # so a reader has all of claude's own output first.
+        while self.stdout >= 0 and self.read_stdout(self.stdout, selectors.EVENT_READ):
+            pass
+        while self.stderr >= 0 and self.read_stderr(self.stderr, selectors.EVENT_READ):
+            pass
+        if self.partial:
+            self.journal_out(bytes(self.partial), whole=False)
+            self.partial.clear()
+        self.flush_dropped()
+        self.close_stdin()
+        self.journal.append(header("exited", code=code))
+
+    def stop(self, why: str) -> None:
+        """Begin the stop, once: SIGTERM to the whole tree; the grace period starts now."""
         if self.stop_deadline is not None:
             return
+        self.journal.append(header("stopping", why=why))
         self.stop_deadline = time.monotonic() + self.options.grace_s
         self._signal_tree((signal.SIGTERM,))
+
+    def expire(self, status: str) -> None:
+        self.journal.append(header("expired", status=status))
+        self.stop("expired")
 
     def kill_tree(self) -> None:
         """Freeze and kill whatever of the run is left."""
@@ -404,76 +852,136 @@ class Supervisor:
             tree = list(dict.fromkeys([*tree, *self.cgroup.procs()]))
         return tree
 
-    def serve(self, control: int, wakeup: int, stop_signalled: _StopFlag) -> int:
-        """The event loop: signals (through the wakeup fd) and the control fd."""
-        selector = selectors.DefaultSelector()
-        selector.register(wakeup, selectors.EVENT_READ)
-        selector.register(control, selectors.EVENT_READ)
-        kill_deadline: float | None = None
+    def finish(self, survivors: list[int], code: int | None = None) -> None:
+        """The run is over: the last records; from now on only the bridge is served."""
+        if self.cgroup is not None and not survivors:
+            self.cgroup.remove(RMDIR_DEADLINE_S)
+        for fd in (self.stdout, self.stderr):
+            if fd >= 0:
+                self.selector.unregister(fd)
+                os.close(fd)
+        self.stdout = self.stderr = -1
+        self.flush_dropped()
+        self.close_stdin()
+        self.journal.append(header("done", survivors=survivors))
+        if self.listener is not None:
+            # A bridge that comes now reads the journal instead.
+            self.selector.unregister(self.listener)
+            self.listener.close()
+            self.listener = None
+            with contextlib.suppress(OSError):
+                os.unlink(SOCK)
+        if code is None:
+            code = EXIT_SURVIVORS if survivors else EXIT_CLEAN
+        self.exit_code = code
+        self.done_deadline = time.monotonic() + DONE_LINGER_S
+
+    def serve(self) -> int:
+        """The event loop: claude's pipes, the bridge's connections, signals, deadlines."""
+        options = self.options
         while True:
-            has_children = self.reap()
-            if stop_signalled.value or not self.claude_running:
-                self.begin_stop()
+            if self.exit_code is None:
+                has_children = self.reap()
+                if self.stop_signalled:
+                    self.stop("signal")
+                elif self.claude and not self.claude_running:
+                    # After the reaping: with no child left the stop scans nothing.
+                    self.stop("exited")
+                now = time.monotonic()
+                if self.stop_deadline is None:
+                    if now >= self.run_deadline:
+                        self.expire("timed_out")
+                    elif now >= self.last_output + options.idle_timeout_s:
+                        self.expire("stalled")
+                    elif (
+                        self.orphan_since is not None
+                        and now >= self.orphan_since + options.orphan_timeout_s
+                    ):
+                        self.expire("orphaned")
             now = time.monotonic()
-            if self.stop_deadline is not None:
+            timeout: float | None
+            if self.exit_code is not None:
+                self.relay()
+                if not any(
+                    c.attached and c.events & selectors.EVENT_WRITE for c in self.clients.values()
+                ):
+                    return self._exit()
+                if now >= self.done_deadline:
+                    return self._exit()
+                timeout = self.done_deadline - now
+            elif self.stop_deadline is not None:
                 empty = not has_children and not (self.cgroup and self.cgroup.procs())
                 if empty:
-                    return self._done([])
+                    self.finish([])
+                    continue
                 if now >= self.stop_deadline:
-                    if kill_deadline is None:
-                        kill_deadline = now + KILL_DEADLINE_S
-                    elif now >= kill_deadline:
-                        return self._done(self.survivors())
+                    if self.kill_deadline is None:
+                        self.kill_deadline = now + KILL_DEADLINE_S
+                    elif now >= self.kill_deadline:
+                        self.finish(self.survivors())
+                        continue
                     self.kill_tree()
-                    timeout: float | None = KILL_POLL_S
+                    timeout = KILL_POLL_S
                 else:
                     timeout = self.stop_deadline - now
             else:
-                timeout = None
-            for key, _ in selector.select(timeout):
-                if key.fd == wakeup:
-                    with contextlib.suppress(BlockingIOError):
-                        while os.read(wakeup, 512):
-                            pass
-                else:
-                    try:
-                        data = os.read(control, 512)
-                    except OSError:
-                        data = b""
-                    if not data or b"stop" in data:
-                        # End of file: the bridge is gone; a run nobody reads must end.
-                        if not data:
-                            selector.unregister(control)
-                        self.begin_stop()
+                deadline = min(self.run_deadline, self.last_output + options.idle_timeout_s)
+                if self.orphan_since is not None:
+                    deadline = min(deadline, self.orphan_since + options.orphan_timeout_s)
+                timeout = max(0.0, deadline - now)
+            self.relay()
+            for key, mask in self.selector.select(timeout):
+                key.data(key.fd, mask)
+            self.relay()
 
-    def _done(self, survivors: list[int]) -> int:
-        if self.cgroup is not None and not survivors:
-            self.cgroup.remove(RMDIR_DEADLINE_S)
-        self.report({"done": {"survivors": survivors}})
-        return EXIT_SURVIVORS if survivors else EXIT_CLEAN
+    def _exit(self) -> int:
+        for client in list(self.clients.values()):
+            # Read what it sent last (a late ``stop``): closing a Unix socket with
+            # unread data makes the peer's next read fail, not end.
+            with contextlib.suppress(OSError):
+                while os.read(client.fd, READ_CHUNK):
+                    pass
+            self.drop(client)
+        return EXIT_CLEAN if self.exit_code is None else self.exit_code
 
 
-class _StopFlag:
-    def __init__(self) -> None:
-        self.value = False
-
-    def set(self, signum: int, frame: object) -> None:
-        self.value = True
-
-
-def _reporter(fd: int) -> Callable[[object], None]:
-    def report(message: object) -> None:
-        # The bridge may be gone: the run still has to be stopped, so never fail here.
-        with contextlib.suppress(OSError):
-            os.write(fd, json.dumps(message).encode() + b"\n")
-
-    return report
+def _is_result(line: bytes) -> bool:
+    """Whether a stdout line is claude's ``result`` line (parsed only if it may be one)."""
+    if b'"result"' not in line:
+        return False
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and obj.get("type") == "result"
 
 
-def _spawn(argv: list[str], cgroup: Cgroup | None) -> int:
-    """Start claude in a session of its own, on our stdin/stdout/stderr. Raises OSError."""
+class _Wakeup:
+    """Signals arrive through the wakeup fd; a stop signal sets the supervisor's flag."""
+
+    def __init__(self, supervisor: Supervisor, fd: int) -> None:
+        self.supervisor = supervisor
+        supervisor.selector.register(fd, selectors.EVENT_READ, self.drain)
+
+    def drain(self, fd: int, mask: int) -> None:
+        try:
+            while os.read(fd, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def stop(self, signum: int, frame: object) -> None:
+        self.supervisor.stop_signalled = True
+
+
+def _spawn(options: Options, cgroup: Cgroup | None, fds: tuple[int, int, int]) -> int:
+    """Start claude in a session of its own on the given pipe ends. Raises OSError."""
     proc = subprocess.Popen(
-        argv,
+        options.argv,
+        stdin=fds[0],
+        stdout=fds[1],
+        stderr=fds[2],
+        cwd=options.cwd,
         start_new_session=True,
         close_fds=True,
         # Only with a cgroup: a preexec_fn rules out the faster vfork path. Safe
@@ -502,33 +1010,17 @@ def _make_cgroup(options: Options) -> tuple[Cgroup | None, str]:
     return cgroup, ""
 
 
-def main(args: list[str]) -> int:
-    try:
-        options = parse(args)
-    except (ValueError, KeyError) as exc:
-        sys.stderr.write(f"supervisor: {exc}\n")
-        return EXIT_USAGE
-    report = _reporter(options.status_fd)
-    os.set_blocking(options.status_fd, True)
-    if not _prctl(_PR_SET_CHILD_SUBREAPER, 1):
-        report({"spawn_failed": "cannot become a child subreaper", "errno": None})
-        return EXIT_SPAWN_FAILED
-    # A second guard beside the control fd: our parent's death stops the run.
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(wake_w)
-    # A handler (not SIG_DFL) so SIGCHLD reaches the wakeup fd; a stop signal
-    # only sets the flag, so even one before claude started stops the run.
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    stop_signalled = _StopFlag()
-    for sig in _STOP_SIGNALS:
-        signal.signal(sig, stop_signalled.set)
-
+def _start_claude(options: Options, supervisor: Supervisor) -> str | None:
+    """Spawn claude under the supervisor; None, or why it could not (journaled)."""
+    journal = supervisor.journal
     cgroup, cgroup_error = _make_cgroup(options)
+    stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
+    stdout_r, stdout_w = os.pipe2(os.O_CLOEXEC)
+    stderr_r, stderr_w = os.pipe2(os.O_CLOEXEC)
+    theirs = (stdin_r, stdout_w, stderr_w)
     try:
         try:
-            claude = _spawn(options.argv, cgroup)
+            claude = _spawn(options, cgroup, theirs)
         except subprocess.SubprocessError as exc:
             # Only the preexec_fn raises this: claude's child could not enter the
             # group and exited before exec. As when the group cannot be made, the
@@ -538,23 +1030,76 @@ def main(args: list[str]) -> int:
             cgroup_error = f"cannot move claude into {cgroup.path}: {exc}"
             cgroup.remove(RMDIR_DEADLINE_S)
             cgroup = None
-            claude = _spawn(options.argv, None)
+            claude = _spawn(options, None, theirs)
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
         code = exc.errno if isinstance(exc, OSError) else None
-        report({"spawn_failed": str(exc), "errno": code})
+        journal.append(header("spawn_failed", error=str(exc), errno=code))
         if cgroup is not None:
             cgroup.remove(0)
-        return EXIT_SPAWN_FAILED
-    # Only claude and its descendants hold the pipes now: their end is the run's end.
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(devnull, fd)
-    os.close(devnull)
-    report(
-        {"spawned": claude, "cgroup": cgroup.path if cgroup else None, "cgroup_error": cgroup_error}
+        for fd in (*theirs, stdin_w, stdout_r, stderr_r):
+            os.close(fd)
+        return str(exc)
+    # Only claude and its descendants hold these ends now: their end is the run's end.
+    for fd in theirs:
+        os.close(fd)
+    journal.append(
+        header(
+            "spawned", pid=claude, cgroup=cgroup.path if cgroup else None, cgroup_error=cgroup_error
+        )
     )
-    supervisor = Supervisor(options, claude, cgroup, report)
-    return supervisor.serve(options.control_fd, wake_r, stop_signalled)
+    supervisor.attach_claude(claude, cgroup, stdin_w, stdout_r, stderr_r)
+    return None
+
+
+def _listen() -> socket.socket | None:
+    """The run's socket, bound relative to the run directory (a socket path may not
+    exceed 107 bytes); None if it cannot be: the inherited connection still works."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(SOCK)
+        listener.bind(SOCK)
+        listener.listen(8)
+        listener.setblocking(False)
+    except OSError:
+        listener.close()
+        return None
+    return listener
+
+
+def main(args: list[str]) -> int:
+    try:
+        options = parse(args)
+        os.chdir(options.run_dir)
+    except (ValueError, KeyError, OSError) as exc:
+        sys.stderr.write(f"supervisor: {exc}\n")
+        return EXIT_USAGE
+    # The wakeup fd first: a stop signal from now on stops the run, even one
+    # before claude started. A handler (not SIG_DFL) so SIGCHLD reaches it too.
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    journal = Journal(JOURNAL)
+    journal.append(
+        header(
+            "hello",
+            v=PROTOCOL_VERSIONS[-1],
+            run=options.run_id,
+            pid=os.getpid(),
+            start=start_time(),
+        )
+    )
+    supervisor = Supervisor(options, journal, _listen())
+    wakeup = _Wakeup(supervisor, wake_r)
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, wakeup.stop)
+    if not _prctl(_PR_SET_CHILD_SUBREAPER, 1):
+        journal.append(header("spawn_failed", error="cannot become a child subreaper", errno=None))
+        supervisor.finish([], EXIT_SPAWN_FAILED)
+    elif _start_claude(options, supervisor) is not None:
+        supervisor.finish([], EXIT_SPAWN_FAILED)
+    supervisor.take_inherited()  # after the spawn: claude's stdin is there now
+    return supervisor.serve()
 
 
 if __name__ == "__main__":

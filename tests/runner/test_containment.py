@@ -192,15 +192,21 @@ async def run_in_child_bridge(
     return bridge, [claude, ppid(claude), *escaped(tmp_path)]
 
 
-async def test_kill_9_of_the_bridge_stops_the_run(run_id: RunId, tmp_path: Path) -> None:
+async def test_kill_9_of_the_bridge_leaves_the_run_to_its_orphan_timeout(
+    run_id: RunId, tmp_path: Path
+) -> None:
     request = escaping_request(run_id, tmp_path, sleep="300", ignore_term="1")
+    request = RunRequest(**{**request.__dict__, "orphan_timeout_s": 3.0})
     bridge, pids = await run_in_child_bridge(request, tmp_path)
     assert alive(pids) == pids
 
     bridge.send_signal(signal.SIGKILL)
     await bridge.wait()
-    # The supervisor sees its control pipe close and stops the run by itself
-    # (claude ignores SIGTERM here: it takes the grace period and SIGKILL).
+    # The run is detached from the bridge: it goes on (a restarted bridge would
+    # attach again) ...
+    assert alive(pids) == pids
+    # ... until no bridge came for the orphan timeout: then the supervisor stops
+    # it by itself (claude ignores SIGTERM here: the grace period and SIGKILL).
     await until_exited(pids)
     assert alive(pids) == []
 

@@ -1,4 +1,4 @@
-"""The real claude binary against the scripted model server: stop and resume.
+"""The real claude binary against the scripted model server: stop, resume, detach and attach.
 
 The model server scripts the model's answers, so the real CLI runs real
 shell commands through its Bash tool, offline.
@@ -17,7 +17,17 @@ from typing import Any
 import pytest
 
 from bridge.core.model import RunId, RunStatus
-from runner import ApiRetry, Init, Result, RunRequest, ToolResult, ToolUse, run_claude
+from runner import (
+    ApiRetry,
+    Init,
+    Result,
+    RunRequest,
+    Spawned,
+    ToolResult,
+    ToolUse,
+    attach_claude,
+    run_claude,
+)
 from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin, claude_env
 from tests.runner.conftest import Recorder, is_alive, pids_with_marker
 
@@ -236,3 +246,42 @@ async def test_room_is_told_at_once_when_claude_cannot_authenticate(tmp_path: Pa
     assert process.returncode == 0, err.decode()
     assert "claude could not authenticate: HTTP 401" in out.decode()
     assert tries < 10  # the room was told before claude's retries ran out
+
+
+async def test_detach_mid_tool_then_attach_gets_the_answer(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    """The bridge goes away while claude's Bash tool runs; a new one attaches and answers."""
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    command = f"cat {gate}"
+    script = [
+        Turn(tools=(ToolCall("Bash", {"command": command}),)),
+        Turn(text="The gate said open."),
+    ]
+    async with ModelServer(script) as server:
+        request = real_request(
+            run_id, tmp_path, server, "open the gate", state_dir=tmp_path / "state"
+        )
+        task = asyncio.create_task(run_claude(request, recorder, detach=lambda: True))
+        await until(lambda: bool(marked_with(run_id, command)))
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        (spawned,) = recorder.of(Spawned)
+        live = spawned.live
+        assert live is not None
+        assert is_alive(live.claude_pid)
+        assert not recorder.of(Result)
+
+        again = Recorder()
+        attached = asyncio.create_task(attach_claude(replace(request, prompt=""), live, again))
+        await again.wait_for(ToolUse)  # re-emitted from the journal
+        await asyncio.to_thread(gate.write_text, "open\n")  # the tool ends now
+        report = await attached
+    assert report.status is RunStatus.SUCCEEDED, report.error
+    assert report.result_text == "The gate said open."
+    assert again.events[0] == Spawned(live.claude_pid, live)
+    assert any(isinstance(e, ToolResult) and "open" in e.content for e in again.events)
+    assert len(again.of(Result)) == 1
+    assert pids_with_marker(run_id) == []

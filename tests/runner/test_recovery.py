@@ -1,5 +1,6 @@
-"""After a crash of the bridge: ``recover_run`` leaves nothing of the run, and
-never kills a supervisor that is still stopping its run.
+"""After a crash of the bridge, for a run it will not attach to again:
+``recover_run`` asks the old supervisor to stop its run (never killing it
+mid-stop) and leaves nothing of the run.
 
 The "bridge" is a child process running ``run_claude``; it is killed with
 SIGKILL, as a crash or ``kill -9`` would.
@@ -31,23 +32,21 @@ async def crash_during(
     """Start the run in a child "bridge", kill it once the tools run; return the run's pids.
 
     The tools ignore SIGTERM (inherited from claude). ``with_supervisor``: the
-    supervisor is killed too, before it could see the bridge die.
+    supervisor is killed too (the run's processes are left to their own).
     """
     bridge, pids = await run_in_child_bridge(request, tmp_path)
     if with_supervisor:
-        bridge.send_signal(signal.SIGSTOP)  # it would stop the run itself otherwise
         os.kill(pids[1], signal.SIGKILL)
     bridge.send_signal(signal.SIGKILL)
     await bridge.wait()
     return pids
 
 
-async def test_recovery_lets_the_old_supervisor_finish_its_stop(
-    run_id: RunId, tmp_path: Path
-) -> None:
-    # claude ignores SIGTERM: the old supervisor needs its whole grace period
-    # and SIGKILL. Killed mid-stop (it carries the marker), it would leave the
-    # tools that cleared their environment to init.
+async def test_recovery_has_the_old_supervisor_stop_its_run(run_id: RunId, tmp_path: Path) -> None:
+    # The run outlives the crashed bridge. claude ignores SIGTERM: the old
+    # supervisor needs its whole grace period and SIGKILL. Killed mid-stop (it
+    # carries the marker), it would leave the tools that cleared their
+    # environment to init.
     request = escaping_request(run_id, tmp_path, sleep="300", ignore_term="1")
     request = RunRequest(**{**request.__dict__, "stop_grace_s": 3.0})
     pids = await crash_during(request, tmp_path)

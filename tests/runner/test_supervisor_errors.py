@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -75,30 +76,41 @@ def test_a_process_it_may_not_signal_does_not_end_the_stop() -> None:
 def test_a_cgroup_claude_cannot_enter_runs_without_it(nobodys_dir: Path) -> None:
     # With umask 277 the run's group directory is read-only for its owner:
     # moving claude into it fails in the child, before exec.
-    status_r, status_w = os.pipe()
-    control_r, control_w = os.pipe()
-    try:
-        result = as_nobody(
-            "sys.exit(supervisor.main(sys.argv[2:]))",
-            "--run-id=run-enter",
-            f"--control-fd={control_r}",
-            f"--status-fd={status_w}",
-            "--grace-s=1",
-            f"--cgroup={nobodys_dir}",
-            "--",
-            "/bin/true",
-            pass_fds=(control_r, status_w),
-        )
-        os.close(status_w)
-        with os.fdopen(status_r, "rb") as status:
-            lines = [json.loads(line) for line in status]
-    finally:
-        os.close(control_r)
-        os.close(control_w)
+    cgroups, run_dir = nobodys_dir / "cgroups", nobodys_dir / "run"
+    for path in (cgroups, run_dir):
+        path.mkdir(mode=0o700)
+        os.chown(path, NOBODY, NOBODY)
+    ours, theirs = socket.socketpair()
+    with ours:
+        ours.sendall(b'{"t":"attach","v":[1],"offset":0}\n{"t":"eof"}\n')
+        with theirs:
+            result = as_nobody(
+                "sys.exit(supervisor.main(sys.argv[2:]))",
+                "--run-id=run-enter",
+                f"--run-dir={run_dir}",
+                f"--cwd={run_dir}",
+                f"--conn-fd={theirs.fileno()}",
+                "--grace-s=1",
+                "--run-timeout-s=60",
+                "--idle-timeout-s=60",
+                "--orphan-timeout-s=60",
+                "--spool-max-bytes=1000000",
+                "--max-line-bytes=1000000",
+                f"--cgroup={cgroups}",
+                "--",
+                "/bin/true",
+                pass_fds=(theirs.fileno(),),
+            )
+        received = b""
+        while chunk := ours.recv(65536):
+            received += chunk
     assert result.returncode == 0, result.stderr
-    spawned = lines[0]
+    welcome, *lines = [json.loads(line) for line in received.splitlines()]
+    assert welcome["t"] == "welcome"
+    records = {line["t"]: line for line in lines}
+    spawned = records["spawned"]
     assert spawned["cgroup"] is None
     assert "cannot move claude into" in spawned["cgroup_error"]
-    assert lines[1] == {"exited": 0}
-    assert lines[-1] == {"done": {"survivors": []}}
-    assert list(nobodys_dir.iterdir()) == []  # the group's directory was removed
+    assert records["exited"] == {"t": "exited", "code": 0}
+    assert lines[-1] == {"t": "done", "survivors": []}
+    assert list(cgroups.iterdir()) == []  # the group's directory was removed
