@@ -29,7 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
-from bench.bench_run_end import Rooms, at_least, room_key, settings
+from bench_run_end import Rooms, at_least, room_key, settings
+
 from bridge.config import Settings
 from bridge.service import Service
 from bridge.store.sql import SqlStore

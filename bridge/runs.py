@@ -746,8 +746,6 @@ class RunExecutor:
                             replies,
                             keep_session=self._generations.get(run.batch.room, 0) == run.generation,
                         )
-                        run.recorded.set()
-                        return entries
                     except Exception:
                         # Not only StoreError: whatever fails here, the run
                         # must end with an outcome if the store can take one.
@@ -757,6 +755,9 @@ class RunExecutor:
                         log.warning(
                             "could not record the end of the run; trying again", exc_info=True
                         )
+                    else:
+                        run.recorded.set()
+                        return entries
                     await asyncio.sleep(delay)
         except Exception:
             log.exception("could not record the end of the run; recording its replies alone")

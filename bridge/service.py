@@ -239,9 +239,11 @@ class Service:
                 remove_run_dir(entry.live.run_dir)
         # Run directories of runs that are no longer running (their outcome is
         # recorded, or they never got registered): whatever is left of them goes.
-        swept = await clean_stray_runs(self.settings.runner.state_dir, adopted)
-        if swept:
-            log.info("removed %d run director(ies) left from earlier runs", swept)
+        killed = await clean_stray_runs(
+            self.settings.runner.state_dir, set(adopted), self.settings.runner.cgroup_root
+        )
+        if killed:
+            log.warning("stopped %d process(es) of runs no record names", killed)
         resumed = await self.intake.recover(await self.store.pending_messages())
         if resumed:
             log.info("re-queued %d message(s) accepted before the restart", resumed)
@@ -396,7 +398,9 @@ class Service:
             # Runs go on under their supervisors; the next start reattaches them.
             # (One not yet registered, or already answered, ends here as usual.)
             if self.dispatcher.active_runs:
-                log.info("leaving %d active run(s) to their supervisors", self.dispatcher.active_runs)
+                log.info(
+                    "leaving %d active run(s) to their supervisors", self.dispatcher.active_runs
+                )
             await self.dispatcher.drain(0.0, reason=EndReason.DETACHED)
         else:
             grace = 0.0 if self._stop_now.is_set() else self.settings.runner.shutdown_grace_s

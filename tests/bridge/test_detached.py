@@ -22,6 +22,7 @@ from tests.bridge.test_lifecycle import (
     Bridge,
     alive,
     escaping_tree,
+    no_leftovers,
     rows,
     run_pids,
     wait_rows,
@@ -63,9 +64,8 @@ async def started_run(bridge: Bridge, tmp_path: Path, text: str = "long job") ->
 
 
 async def wait_for_offset(tmp_path: Path, run_id: str) -> None:
-    await wait_rows(
-        tmp_path, f"select delivered_offset > 0 from live_runs where run_id = '{run_id}'", [(1,)]
-    )
+    # (The tests have one run at a time.)
+    await wait_rows(tmp_path, "select run_id, delivered_offset > 0 from live_runs", [(run_id, 1)])
 
 
 @pytest.mark.usefixtures("no_leftovers")
@@ -171,7 +171,7 @@ async def test_a_bridge_that_never_comes_back_leaves_no_runaway_agent(tmp_path: 
     await bridge.start()
     run_id = await started_run(bridge, tmp_path)
     pids = run_pids(tmp_path)
-    supervisor = int(rows(tmp_path, "select supervisor_pid from live_runs")[0][0])
+    supervisor = int(str(rows(tmp_path, "select supervisor_pid from live_runs")[0][0]))
     bridge.signal(signal.SIGKILL)
     await bridge.exit_code()
     await until_exited([*pids, supervisor])
@@ -187,7 +187,7 @@ async def test_a_killed_supervisor_interrupts_the_run_and_its_tree_is_swept(
     await bridge.start()
     run_id = await started_run(bridge, tmp_path)
     pids = run_pids(tmp_path)
-    supervisor = int(rows(tmp_path, "select supervisor_pid from live_runs")[0][0])
+    supervisor = int(str(rows(tmp_path, "select supervisor_pid from live_runs")[0][0]))
     os.kill(supervisor, signal.SIGKILL)
     await bridge.wait_for(f"`!retry {run_id}` runs it again.")
     assert alive(pids) == []
@@ -205,7 +205,7 @@ async def test_a_supervisor_killed_while_the_bridge_was_down_is_reported_interru
     await bridge.start()
     run_id = await started_run(bridge, tmp_path)
     pids = run_pids(tmp_path)
-    supervisor = int(rows(tmp_path, "select supervisor_pid from live_runs")[0][0])
+    supervisor = int(str(rows(tmp_path, "select supervisor_pid from live_runs")[0][0]))
     bridge.signal(signal.SIGKILL)
     await bridge.exit_code()
     os.kill(supervisor, signal.SIGKILL)

@@ -19,7 +19,6 @@ import pytest
 from runner.process import find_marked, kill_marked
 from tests.bridge.harness import write_config
 from tests.runner.conftest import is_alive
-from tests.runner.test_containment import until_exited
 
 pytestmark = pytest.mark.slow
 
