@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.core import stages
+from bridge.core.aio import shielded
 from bridge.core.model import LiveRun, RunId
 from runner.process import has_exited, kill_cgroup, kill_marked, kill_tree, wait_exited
 from runner.request import RunRequest
@@ -415,7 +416,7 @@ async def start(
             writer.close()
         else:
             ours.close()
-        await asyncio.shield(_abandon(proc, pidfd, request.stop_grace_s))
+        await shielded(_abandon(proc, pidfd, request.stop_grace_s))
         raise
     stages.stamp("claude_spawned")
     return supervised
