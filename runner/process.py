@@ -1,9 +1,10 @@
 """Stopping a run's processes without its supervisor: the bridge's fallbacks.
 
 Each run is contained by its supervisor (``runner/supervisor.py``), which
-leaves nothing behind. When the supervisor cannot do it (it was killed,
-stopped, or the bridge restarted after a crash), the bridge stops the run
-itself with what it can still find, strongest first:
+leaves nothing behind. When the supervisor cannot do it (it was killed or
+stopped; or a restarted bridge found it gone with the run's journal cut
+short), the bridge stops the run itself with what it can still find,
+strongest first:
 
 - :func:`kill_tree`: a supervisor that is still alive (stopped, stuck) is
   frozen, and every process re-parented to it is found by its parent link,

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.core import stages
+from bridge.core.aio import shielded
 from bridge.core.model import LiveRun, RunId
 from runner.process import has_exited, kill_cgroup, kill_marked, kill_tree, wait_exited
 from runner.request import RunRequest
@@ -149,7 +150,13 @@ class Supervised:
             fields = json.loads(line)
             n = fields.get("n", 0) if isinstance(fields, dict) else 0
             payload = await self._reader.readexactly(n) if n else b""
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, OSError):
+        except (
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            ValueError,
+            TypeError,
+            OSError,
+        ):
             # The end, a torn last record, or a broken connection: the journal ends here.
             if not self.gone.done():
                 self.gone.set_result(None)
@@ -409,7 +416,7 @@ async def start(
             writer.close()
         else:
             ours.close()
-        await asyncio.shield(_abandon(proc, pidfd, request.stop_grace_s))
+        await shielded(_abandon(proc, pidfd, request.stop_grace_s))
         raise
     stages.stamp("claude_spawned")
     return supervised
@@ -488,26 +495,26 @@ async def attach(run_id: RunId, live: LiveRun) -> Supervised | None:
     pidfd = pin_started(live.supervisor_pid, live.supervisor_start)
     if pidfd is None:
         return None
+    writer: asyncio.StreamWriter | None = None
+    supervised: Supervised | None = None
     try:
         sock = await _connect(live.run_dir)
-        if sock is None:
-            # Alive but not listening: it is finishing (or stuck); its journal tells.
-            if await wait_exited([pidfd], FINISH_S):
-                log.error("run %s: its supervisor neither serves nor exits; killing it", run_id)
-                await kill_tree(pidfd, live.supervisor_pid)
+        if sock is not None:
+            reader, writer = await asyncio.open_unix_connection(sock=sock)
+            writer.write(attach_record(0))
+            if await _welcome(reader) is not None:
+                supervised = Supervised(run_id, reader, writer, live=live, pidfd=pidfd)
+                return supervised
+        # Alive but not serving: it is finishing (or stuck); its journal tells.
+        if await wait_exited([pidfd], FINISH_S):
+            log.error("run %s: its supervisor neither serves nor exits; killing it", run_id)
+            await kill_tree(pidfd, live.supervisor_pid)
+        return None
+    finally:
+        if supervised is None:  # else it owns the connection and the pidfd
+            if writer is not None:
+                writer.close()
             os.close(pidfd)
-            return None
-        reader, writer = await asyncio.open_unix_connection(sock=sock)
-        writer.write(attach_record(0))
-        if await _welcome(reader) is None:
-            writer.close()
-            await wait_exited([pidfd], FINISH_S)
-            os.close(pidfd)
-            return None
-    except BaseException:
-        os.close(pidfd)
-        raise
-    return Supervised(run_id, reader, writer, live=live, pidfd=pidfd)
 
 
 async def _connect(run_dir: str) -> socket.socket | None:

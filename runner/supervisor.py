@@ -543,20 +543,17 @@ class Supervisor:
             self.skipping = False
             self.journal.append(b'{"t":"out","n":%d}\n' % len(data), data)
             return
-        lines = data.split(b"\n")
-        if whole:
-            lines.pop()  # the empty piece after the last newline
-        elif len(lines) == 1 and not self.skipping:
+        if not whole:  # a piece of a line, never a whole result line: the rest goes too
             self.dropped_out += len(data)
             self.skipping = True
             return
         kept = []
-        for i, line in enumerate(lines):
+        for i, line in enumerate(data.split(b"\n")[:-1]):
             if (i == 0 and self.skipping) or not _is_result(line):
                 self.dropped_out += len(line) + 1
             else:
                 kept.append(line)
-        self.skipping = not whole and (self.skipping or len(lines) > 1)
+        self.skipping = False
         if kept:
             self.flush_dropped()
             out = b"\n".join(kept) + b"\n"

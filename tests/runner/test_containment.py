@@ -164,7 +164,8 @@ from pathlib import Path
 from runner import RunRequest, run_claude
 
 async def main() -> None:
-    request = RunRequest(**json.loads(sys.argv[1]), cwd=Path(sys.argv[2]))
+    cwd = Path(sys.argv[2])
+    request = RunRequest(**json.loads(sys.argv[1]), cwd=cwd, state_dir=cwd / "state")
     async def on_event(event: object) -> None:
         print(type(event).__name__, flush=True)
     await run_claude(request, on_event)
@@ -178,7 +179,8 @@ async def run_in_child_bridge(
 ) -> tuple[asyncio.subprocess.Process, list[int]]:
     """Start ``request`` in a child process standing in for the bridge; once its tools run,
     return that process and the run's pids (claude, its supervisor, the escaped tools)."""
-    fields = {k: v for k, v in request.__dict__.items() if k != "cwd"}
+    # The run's directory under the test's own: a killed bridge leaves it behind.
+    fields = {k: v for k, v in request.__dict__.items() if k not in {"cwd", "state_dir"}}
     fields["env"] = dict(fields["env"])
     bridge = await asyncio.create_subprocess_exec(
         sys.executable, "-c", RUN_IN_CHILD, json.dumps(fields), str(tmp_path),

@@ -456,3 +456,21 @@ async def test_stray_runs_are_stopped_and_removed(
     assert known.exists()
     await until_exited([live.supervisor_pid])
     assert_nothing_left(run_id, tmp_path)
+
+
+async def test_a_stop_signal_to_the_supervisor_stops_the_run(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    request = waiting_request(run_id, tmp_path, switches={"grandchild": "1"})
+    live = await detached(request, recorder)
+    run = record(tmp_path)
+    os.kill(live.supervisor_pid, signal.SIGHUP)
+    await until_exited([live.supervisor_pid, run["pid"], *run["children"]])
+    assert_nothing_left(run_id, tmp_path)
+    heads = [head for head, _, _ in records(journal(live))]
+    assert {"t": "stopping", "why": "signal"} in heads
+    assert heads[-1] == {"t": "done", "survivors": []}
+
+    report = await attach_claude(request, live, Recorder())
+    assert report.status is RunStatus.FAILED
+    assert report.exit_code == 143  # claude's own SIGTERM exit, as the real one

@@ -1,6 +1,7 @@
 """The supervisor itself killed or stopped (a tool, ``pkill -9 python``, the
-OOM killer): the bridge notices at once, stops the run by itself and reports
-it honestly; a run whose stdout nobody reads any more still ends cleanly.
+OOM killer): the bridge notices at once (or, frozen, by its backstop), stops
+the run by itself and reports it honestly; a run whose stdout nobody reads
+any more still ends cleanly.
 
 The processes are followed by pid (the fake claude records them) and waited
 for through the run's own end, never a sleep.
@@ -121,3 +122,21 @@ async def test_output_after_the_result_is_drained_without_a_false_alarm(
     assert report.status is RunStatus.SUCCEEDED
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert alive(record(tmp_path)["children"]) == []
+
+
+async def test_a_frozen_supervisor_is_caught_by_the_bridges_backstop(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    # The supervisor keeps the time limits; frozen, it cannot. The bridge's
+    # coarse backstop (time limit + grace + kill phase) stops the run itself.
+    env = fake_env(tmp_path, sleep="300", grandchild="1")
+    request = make_request(run_id, tmp_path, env=env, run_timeout_s=1.0, stop_grace_s=0.2)
+    task = asyncio.create_task(run_claude(request, recorder))
+    await recorder.wait_for(ToolResult)
+    run = record(tmp_path)
+    os.kill(supervisor(tmp_path), signal.SIGSTOP)
+
+    report = await task
+    assert report.status is RunStatus.FAILED
+    assert "supervisor stopped responding" in report.error
+    assert alive([run["pid"], *run["children"]]) == []
