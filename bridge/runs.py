@@ -210,6 +210,8 @@ class _Run:
 class _Live:
     """What runs beside claude for one run; each task is awaited when the run ends."""
 
+    dispatched: DispatchedRun | None = None
+    """The dispatcher's handle: its ``end_reason`` says whether a cancellation detaches."""
     shown: int = -1
     """The journal offset up to which the room has seen the run's progress: a run
     reattached after a restart does not show its earlier tool uses again."""
@@ -250,7 +252,9 @@ class _Live:
         """
         registered = self.registered
         self.detached = (
-            registered is not None
+            self.dispatched is not None
+            and self.dispatched.end_reason is EndReason.DETACHED
+            and registered is not None
             and registered.done()
             and not registered.cancelled()
             and registered.result()
@@ -322,7 +326,7 @@ class RunExecutor:
         if len(batch.messages) > 1:
             self.metrics.coalesced.inc(len(batch.messages))
         run = _Run(run_id, batch, started, generation, self._progress(batch))
-        live = _Live()
+        live = _Live(dispatched)
         await self._follow(run, live, dispatched, self._drive(run, live))
 
     def reattach(self, entry: RegisteredRun, started: float) -> Execute:
@@ -342,7 +346,7 @@ class RunExecutor:
                     raise RuntimeError(f"room {batch.room} is not configured")
                 generation = self._generations.get(batch.room, 0)
                 run = _Run(run_id, batch, started, generation, self._progress(batch))
-                live = _Live(shown=entry.delivered_offset, supervisor=entry.live)
+                live = _Live(dispatched, shown=entry.delivered_offset, supervisor=entry.live)
                 log.info("reattaching to the run (journal shown up to %d)", entry.delivered_offset)
                 request = run_request(self.settings, room, run_id, "", None)
                 drive = attach_claude(
