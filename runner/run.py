@@ -65,6 +65,7 @@ from runner import supervision
 from runner.command import build_argv, build_env
 from runner.errors import InvalidRequest, StreamError
 from runner.events import ApiRetry, Init, Result, RunEvent, Spawned
+from runner.recovery import recover_run
 from runner.request import RunRequest
 from runner.rundir import make_run_dir, remove_run_dir
 from runner.stream import LineFramer, parse_line
@@ -260,6 +261,12 @@ async def attach_claude(
     except Refused as exc:
         # A newer supervisor: leave it alone, a newer bridge can still attach.
         return RunReport(RunStatus.INTERRUPTED, error=str(exc))
+    except asyncio.CancelledError:
+        if detach is None or not detach():
+            # A stop that came before the run was attached to still stops it:
+            # its supervisor is asked to, and what it leaves is swept.
+            await shielded(recover_run(request.run_id, request.cgroup_parent or "off"))
+        raise
     replayed = supervised is None
     if supervised is None:
         supervised = supervision.replay(request.run_id, live)

@@ -22,7 +22,7 @@ from tests.bridge.test_lifecycle import (
     Bridge,
     alive,
     escaping_tree,
-    no_leftovers,
+    no_leftovers,  # noqa: F401  (a fixture the tests use by name)
     rows,
     run_pids,
     wait_rows,

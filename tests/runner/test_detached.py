@@ -288,6 +288,27 @@ async def test_attach_to_a_run_that_finished_while_detached(
     assert_nothing_left(run_id, tmp_path)
 
 
+@pytest.mark.parametrize("steps", [1, 2, 3, 5, 8])
+async def test_a_stop_during_the_attach_stops_the_run(
+    run_id: RunId, tmp_path: Path, recorder: Recorder, steps: int
+) -> None:
+    # A !stop right after a restart can cancel the attach while it connects,
+    # reads the welcome or replays: wherever it lands, the run is stopped.
+    request = waiting_request(run_id, tmp_path, switches={"grandchild": "1"})
+    live = await detached(request, recorder)
+    run = record(tmp_path)
+    pids = [live.supervisor_pid, run["pid"], *run["children"]]
+    task = asyncio.create_task(attach_claude(request, live, Recorder(), detach=lambda: False))
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert alive(pids) == []
+    assert pids_with_marker(run_id) == []
+    assert not (tmp_path / "times").exists()  # claude never got to its end
+
+
 async def test_a_killed_supervisor_is_reported_interrupted_and_its_run_swept(
     run_id: RunId, tmp_path: Path, recorder: Recorder
 ) -> None:
