@@ -35,6 +35,7 @@ from runner import (
     run_claude,
     stray_runs,
 )
+from runner import supervision
 from runner.supervision import SUPERVISOR
 from tests.runner.conftest import Recorder, pids_with_marker
 from tests.runner.test_containment import alive, until_exited
@@ -220,6 +221,25 @@ async def test_a_second_attach_takes_over_and_an_unknown_version_is_refused(
             data = await read_to_end(second)
     assert [head["t"] for head, _, _ in records(data)][-1] == "done"
     await until_exited([live.supervisor_pid])
+
+
+async def test_a_later_bridge_attaches_to_a_supervisor_of_this_version(
+    run_id: RunId, tmp_path: Path, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Version skew after an upgrade: the bridge speaks a version 2 as well, the
+    # supervisor started by the previous bridge only 1; they settle on 1.
+    live = await detached(waiting_request(run_id, tmp_path), recorder)
+    with connect(live, versions=(1, 2)) as raw:
+        assert (await read_line(raw))["v"] == 1
+    monkeypatch.setattr(supervision, "PROTOCOL_VERSIONS", (1, 2))
+
+    async def on_event(event: RunEvent) -> None:
+        if isinstance(event, ToolResult):
+            release(tmp_path)
+
+    report = await attach_claude(waiting_request(run_id, tmp_path), live, on_event)
+    assert report.status is RunStatus.SUCCEEDED
+    assert claude_starts(tmp_path) == 1
 
 
 async def test_detach_then_attach_follows_the_same_claude_to_its_answer(
