@@ -34,8 +34,8 @@ from runner import (
     remove_run_dir,
     run_claude,
     stray_runs,
+    supervision,
 )
-from runner import supervision
 from runner.supervision import SUPERVISOR
 from tests.runner.conftest import Recorder, pids_with_marker
 from tests.runner.test_containment import alive, until_exited
