@@ -202,8 +202,6 @@ class _Run:
     generation: int
     """The room's ``!reset`` generation when the run started."""
     progress: ProgressMessage
-    recorded: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set once the outcome is in the store: the run's journal is no longer needed."""
 
 
 @dataclass(slots=True)
@@ -641,10 +639,10 @@ class RunExecutor:
                 *filter(None, (live.registered, live.opening, live.pump, live.offsets)),
                 return_exceptions=True,
             )
-            if run.recorded.is_set():
-                # The outcome and its replies are in the store: the journal has
-                # served (kept otherwise: the next start replays it).
-                self._remove_journal(live)
+            # The run is over and the room was told, through the store or (when
+            # the outcome could not be recorded) around it: the journal has
+            # served. Were it kept, a restart would replay the answer again.
+            self._remove_journal(live)
 
     async def _conclude(
         self, run: _Run, live: _Live, report: RunReport
@@ -760,7 +758,6 @@ class RunExecutor:
                             "could not record the end of the run; trying again", exc_info=True
                         )
                     else:
-                        run.recorded.set()
                         return entries
                     await asyncio.sleep(delay)
         except Exception:

@@ -44,7 +44,7 @@ from bridge.runs import RunExecutor
 from bridge.store.base import Store, StoreError
 from bridge.store.sql import SqlStore
 from dispatcher import Dispatcher, DispatchLimits, EndReason
-from runner import clean_stray_runs, recover_run, remove_run_dir
+from runner import clean_stray_runs, journal_exists, recover_run, remove_run_dir
 from transports.base import Transport
 
 log = logging.getLogger(__name__)
@@ -207,6 +207,8 @@ class Service:
                 and entry.live.host == host
                 and messages
                 and self.settings.room(run.room) is not None
+                # No journal: the run ended here but its end could not be recorded.
+                and journal_exists(entry.live)
             ):
                 batch = Batch(run.room, tuple(messages))
                 self.dispatcher.adopt(batch, self.executor.reattach(entry, run.started_at))

@@ -24,7 +24,7 @@ from runner.process import find_marked, kill_marked
 from runner.recovery import clean_stray_runs, recover_run
 from runner.request import RunRequest
 from runner.run import EventCallback, PositionCallback, answer_report, attach_claude, run_claude
-from runner.rundir import remove_run_dir, stray_runs
+from runner.rundir import journal_exists, remove_run_dir, stray_runs
 
 __all__ = [
     "MARKER_ENV",
@@ -50,6 +50,7 @@ __all__ = [
     "build_env",
     "clean_stray_runs",
     "find_marked",
+    "journal_exists",
     "kill_marked",
     "recover_run",
     "remove_run_dir",

@@ -265,7 +265,7 @@ async def attach_claude(
         if detach is None or not detach():
             # A stop that came before the run was attached to still stops it:
             # its supervisor is asked to, and what it leaves is swept.
-            await shielded(recover_run(request.run_id, request.cgroup_parent or "off"))
+            await shielded(_stop_unattached(request))
         raise
     replayed = supervised is None
     if supervised is None:
@@ -278,6 +278,11 @@ async def attach_claude(
         )  # fmt: skip
         return RunReport(RunStatus.INTERRUPTED, error=GONE_AT_RESTART)
     return await _follow(request, supervised, on_event, on_position, detach, replayed=replayed)
+
+
+async def _stop_unattached(request: RunRequest) -> None:
+    killed = await recover_run(request.run_id, request.cgroup_parent or "off")
+    log.info("run %s: stopped before it was attached to (%d process(es))", request.run_id, killed)
 
 
 def _ended() -> asyncio.StreamReader:

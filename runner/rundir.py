@@ -1,7 +1,7 @@
 """Runs' private directories: ``<state_dir>/runs/<run id>/`` (docs/detached-runs.md).
 
 Each holds the supervisor's socket and the run's journal. The bridge creates
-it before the run, and removes it once the run's outcome is recorded.
+it before the run, and removes it once the run ended and the room was told.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 from bridge.core.model import LiveRun, RunId
+from runner.supervisor import JOURNAL
 
 RUNS = "runs"
 TEMP_PREFIX = "chatbridge-runs-"
@@ -30,6 +31,11 @@ def make_run_dir(state_dir: Path | None, run_id: RunId) -> Path:
     run_dir = runs / run_id
     run_dir.mkdir(mode=0o700, exist_ok=True)
     return run_dir
+
+
+def journal_exists(run: LiveRun) -> bool:
+    """Whether the run's journal is still there (the bridge removes it once the run ended)."""
+    return (Path(run.run_dir) / JOURNAL).is_file()
 
 
 def remove_run_dir(run: LiveRun | Path | str) -> None:
