@@ -73,7 +73,9 @@ async def wait_for_offset(tmp_path: Path, run_id: str) -> None:
 async def test_the_same_claude_answers_once_after_a_restart(
     tmp_path: Path, how: signal.Signals
 ) -> None:
-    config = write_config(tmp_path, env=waiting(tmp_path))
+    config = write_config(
+        tmp_path, env=waiting(tmp_path, FAKE_CLAUDE_THEN_TOOL="echo after the restart")
+    )
     bridge = Bridge(config)
     await bridge.start()
     run_id = await started_run(bridge, tmp_path)
@@ -95,6 +97,9 @@ async def test_the_same_claude_answers_once_after_a_restart(
     again = Bridge(config)
     await again.start()
     (tmp_path / "go").touch()
+    # Progress goes on after the restart: the run's next tool use is shown.
+    await again.wait_for("Bash: echo after the restart")
+    (tmp_path / "go.2").touch()
     await again.wait_for("local wrote:\nqueued one\n\nlocal wrote:\nqueued two")
     assert await again.end_input() == 0
 

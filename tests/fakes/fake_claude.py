@@ -87,6 +87,10 @@ Behaviour switches (environment variables; unset or empty means off):
 ``FAKE_CLAUDE_WAIT_FOR=PATH``
     Print nothing after the tool events until PATH exists (a trigger shared
     by several runs: the test or benchmark creates the file).
+``FAKE_CLAUDE_THEN_TOOL=CMD``
+    Once ``FAKE_CLAUDE_WAIT_FOR`` is there, run a second Bash tool showing CMD,
+    then wait again until ``FAKE_CLAUDE_WAIT_FOR`` + ``.2`` exists (progress
+    after a restart, step by step).
 ``FAKE_CLAUDE_TIMES=PATH``
     Append one JSON line to PATH at exit: ``{"prompt", "start", "result", "exit"}``,
     the ``time.monotonic()`` (system-wide on Linux) once this script's imports
@@ -248,6 +252,46 @@ def _result(
     else:
         result["errors"] = errors
     return result
+
+
+def _tool_pair(session_id: str, command: str) -> None:
+    """A Bash tool_use and its tool_result, as the real CLI prints them."""
+    tool_id = "toolu_" + uuid.uuid4().hex[:20]
+    _line(
+        _assistant(
+            session_id,
+            {
+                "type": "tool_use",
+                "id": tool_id,
+                "name": "Bash",
+                "input": {"command": command},
+            },
+        )
+    )
+    _line(
+        {
+            "type": "user",
+            "message": {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": tool_id,
+                        "content": "hello",
+                        "is_error": False,
+                    }
+                ],
+            },
+            "parent_tool_use_id": None,
+            "session_id": session_id,
+            "uuid": str(uuid.uuid4()),
+        }
+    )
+
+
+def _wait_for(trigger: Path) -> None:
+    while not trigger.exists():
+        time.sleep(0.002)
 
 
 def _assistant(session_id: str, block: dict[str, Any]) -> dict[str, Any]:
@@ -486,44 +530,14 @@ def main() -> None:
                 )
             )
         if not _env("FAKE_CLAUDE_NO_TOOL"):
-            command = _env("FAKE_CLAUDE_TOOL_COMMAND") or "echo hello"
-            tool_id = "toolu_" + uuid.uuid4().hex[:20]
-            _line(
-                _assistant(
-                    session_id,
-                    {
-                        "type": "tool_use",
-                        "id": tool_id,
-                        "name": "Bash",
-                        "input": {"command": command},
-                    },
-                )
-            )
-            _line(
-                {
-                    "type": "user",
-                    "message": {
-                        "role": "user",
-                        "content": [
-                            {
-                                "type": "tool_result",
-                                "tool_use_id": tool_id,
-                                "content": "hello",
-                                "is_error": False,
-                            }
-                        ],
-                    },
-                    "parent_tool_use_id": None,
-                    "session_id": session_id,
-                    "uuid": str(uuid.uuid4()),
-                }
-            )
+            _tool_pair(session_id, _env("FAKE_CLAUDE_TOOL_COMMAND") or "echo hello")
     if _env("FAKE_CLAUDE_SLEEP"):
         time.sleep(float(_env("FAKE_CLAUDE_SLEEP")))
     if _env("FAKE_CLAUDE_WAIT_FOR"):
-        trigger = Path(_env("FAKE_CLAUDE_WAIT_FOR"))
-        while not trigger.exists():
-            time.sleep(0.002)
+        _wait_for(Path(_env("FAKE_CLAUDE_WAIT_FOR")))
+        if _env("FAKE_CLAUDE_THEN_TOOL") and stream:
+            _tool_pair(session_id, _env("FAKE_CLAUDE_THEN_TOOL"))
+            _wait_for(Path(_env("FAKE_CLAUDE_WAIT_FOR") + ".2"))
     if _env("FAKE_CLAUDE_EXIT"):
         _fail("fake claude failure", int(_env("FAKE_CLAUDE_EXIT")))
 
