@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from bridge.config import load_settings
-from bridge.core.model import RunId
+from bridge.core.model import LiveRun
 from bridge.core.transport import InboundSink, TransportError
 from bridge.service import Service, open_store
 from bridge.store.base import Store, StoreError
@@ -30,8 +30,8 @@ def rows(tmp_path: Path, sql: str) -> list[tuple[Any, ...]]:
         return db.execute(sql).fetchall()
 
 
-class FailingPid:
-    """The real store, except that recording the first run's pid fails."""
+class FailingRegistration:
+    """The real store, except that registering the first run (with its pid) fails."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -40,16 +40,17 @@ class FailingPid:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    async def set_run_pid(self, run_id: RunId, pid: int) -> None:
+    async def register_live_run(self, live: LiveRun, at: float) -> None:
         if not self.failed:
             self.failed = True
             raise StoreError("database is gone")
-        await self._store.set_run_pid(run_id, pid)
+        await self._store.register_live_run(live, at)
 
 
-async def test_a_failed_pid_write_does_not_kill_a_healthy_run(tmp_path: Path) -> None:
+async def test_a_failed_registration_does_not_kill_a_healthy_run(tmp_path: Path) -> None:
+    # Only a restart during that run could not reattach it.
     settings = load_settings(write_config(tmp_path))
-    async with ConsoleSession(settings, wrap_store=FailingPid) as session:
+    async with ConsoleSession(settings, wrap_store=FailingRegistration) as session:
         session.send("first")
         await session.wait_for("· Done after")
         session.send("second")

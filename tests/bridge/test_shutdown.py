@@ -81,7 +81,9 @@ class ChatServer(ChatRoom):
 
 
 def settings(tmp_path: Path, env: Mapping[str, str]) -> Settings:
-    return load_settings(write_config(tmp_path, {"runner": {"shutdown_grace_s": 60}}, env=env))
+    return load_settings(
+        write_config(tmp_path, {"runner": {"shutdown_grace_s": 60, "on_shutdown": "stop"}}, env=env)
+    )
 
 
 def console_server(s: Settings) -> ChatServer:
