@@ -72,7 +72,7 @@ from bridge.metrics import Metrics
 from bridge.notices import Notices
 from bridge.progress import ProgressMessage
 from bridge.replies import Replier, in_conversation
-from bridge.store.base import OutboxEntry, RegisteredRun, Store, StoreError
+from bridge.store.base import AuditAction, OutboxEntry, RegisteredRun, Store, StoreError
 from bridge.store.rules import delivery_key
 from dispatcher import DispatchedRun, EndReason, Execute
 from runner import (
@@ -151,6 +151,10 @@ _OUTCOME_WORDS: dict[RunStatus, str] = {
     RunStatus.STALLED: "Stalled",
     RunStatus.INTERRUPTED: "Interrupted",
 }
+
+LEFT_RUNNING = "Left running at a restart"
+"""The progress message's last words from a process that leaves its run at shutdown
+(the next start posts a message of its own)."""
 
 _PHASES: dict[RunStatus, RunPhase] = {
     RunStatus.SUCCEEDED: RunPhase.DONE,
@@ -343,7 +347,11 @@ class RunExecutor:
                 if room is None:
                     raise RuntimeError(f"room {batch.room} is not configured")
                 generation = self._generations.get(batch.room, 0)
-                run = _Run(run_id, batch, started, generation, self._progress(batch))
+                if await self._reset_since(batch.room, started):
+                    # A !reset answered before the restart: the run's session is
+                    # not to become the room's (a generation before the current).
+                    generation -= 1
+                run = _Run(run_id, batch, started, generation, self._progress(batch, started))
                 live = _Live(dispatched, shown=entry.delivered_offset, supervisor=entry.live)
                 log.info("reattaching to the run (journal shown up to %d)", entry.delivered_offset)
                 request = run_request(self.settings, room, run_id, "", None)
@@ -357,6 +365,15 @@ class RunExecutor:
                 await self._follow(run, live, dispatched, drive)
 
         return execute
+
+    async def _reset_since(self, room: RoomKey, started: float) -> bool:
+        """Whether the room's session was reset since ``started`` (by the audit trail: a
+        process before this one may have answered the ``!reset``)."""
+        try:
+            trail = await self.store.audit_trail(room=room)
+        except StoreError:
+            return False
+        return any(a.action is AuditAction.SESSION_RESET and a.at >= started for a in trail)
 
     async def _follow(
         self,
@@ -583,6 +600,8 @@ class RunExecutor:
                 await self.store.set_delivered_offset(run.id, live.shown)
             except StoreError:
                 log.debug("could not record the run's delivered offset", exc_info=True)
+        # The next start posts a message of its own: this one says why it stopped.
+        self._finish_later(run, LEFT_RUNNING)
         log.info("left the run to its supervisor; the next start reattaches it")
 
     def _remove_journal(self, live: _Live) -> None:
@@ -597,7 +616,10 @@ class RunExecutor:
         await self.replier.phase(run.batch, RunPhase.RUNNING)
         await self.replier.typing(run.batch.room, True)
 
-    def _progress(self, batch: Batch) -> ProgressMessage:
+    def _progress(self, batch: Batch, started: float | None = None) -> ProgressMessage:
+        """The run's status message; ``started`` (wall clock) for a run begun before now."""
+        elapsed = 0.0 if started is None else max(0.0, self.wall_clock() - started)
+
         async def post(text: str) -> ExternalMessageId | None:
             return await self.replier.send(in_conversation(batch, text, ReplyKind.PROGRESS))
 
@@ -610,7 +632,7 @@ class RunExecutor:
             clock=time.monotonic,
             min_interval_s=self.progress_interval_s,
             show_after_s=self.settings.progress.show_after_s,
-            started_at=time.monotonic(),
+            started_at=time.monotonic() - elapsed,
         )
 
     async def _finalize(self, run: _Run, live: _Live, report: RunReport) -> None:
@@ -688,14 +710,17 @@ class RunExecutor:
         await self._cosmetic("clear typing", self.replier.typing(run.batch.room, False))
         # The cosmetics come after the answer, never in front of it.
         await self._cosmetic("wait for the answer", settled())
+        self._finish_later(run, _OUTCOME_WORDS[status])
+        phase = _PHASES.get(status, RunPhase.FAILED)
+        await self._cosmetic("show the outcome", self.replier.phase(run.batch, phase))
+
+    def _finish_later(self, run: _Run, outcome: str) -> None:
+        """The progress message's last edit, by a task of the executor's (see :meth:`drain`)."""
         finishing = asyncio.create_task(
-            self._finish_progress(run.progress, _OUTCOME_WORDS[status]),
-            name=f"finish progress {run.id}",
+            self._finish_progress(run.progress, outcome), name=f"finish progress {run.id}"
         )
         self._finishing.add(finishing)
         finishing.add_done_callback(self._finishing.discard)
-        phase = _PHASES.get(status, RunPhase.FAILED)
-        await self._cosmetic("show the outcome", self.replier.phase(run.batch, phase))
 
     async def _finish_progress(self, progress: ProgressMessage, outcome: str) -> None:
         """The progress message's last edit, beside the room: it may wait for the edit budget."""

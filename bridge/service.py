@@ -41,6 +41,7 @@ from bridge.pacing import Pacing
 from bridge.preflight import run_problems
 from bridge.replies import Replier
 from bridge.runs import RunExecutor
+from bridge.state_lock import state_dir_lock
 from bridge.store.base import Store, StoreError
 from bridge.store.sql import SqlStore
 from dispatcher import Dispatcher, DispatchLimits, EndReason
@@ -264,6 +265,10 @@ class Service:
             self._tasks = None
 
     async def _serve(self) -> None:
+        with state_dir_lock(self.settings.runner.state_dir):
+            await self._serve_locked()
+
+    async def _serve_locked(self) -> None:
         report_containment(self.settings)
         await self.recover()
         async with asyncio.TaskGroup() as tg:

@@ -9,6 +9,7 @@ marker).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -93,6 +94,8 @@ async def test_the_same_claude_answers_once_after_a_restart(
     # The run goes on without the bridge: claude and its tools are still there.
     assert alive(pids) == pids
     assert "long job" not in bridge.out.splitlines()
+    if how == signal.SIGTERM:  # (a killed bridge cannot say it)
+        assert "· Left running at a restart after" in bridge.out
 
     again = Bridge(config)
     await again.start()
@@ -225,3 +228,47 @@ async def test_a_supervisor_killed_while_the_bridge_was_down_is_reported_interru
     assert rows(tmp_path, "select status from runs") == [("interrupted",)]
     assert rows(tmp_path, "select count(*) from live_runs") == [(0,)]
     assert not (tmp_path / "state" / "runs" / run_id).exists()
+
+
+@pytest.mark.usefixtures("no_leftovers")
+async def test_a_reset_answered_before_the_restart_is_not_undone_by_the_run(
+    tmp_path: Path,
+) -> None:
+    env = waiting(tmp_path, FAKE_CLAUDE_SESSIONS_DIR=str(tmp_path / "sessions"))
+    config = write_config(tmp_path, env=env)
+    bridge = Bridge(config)
+    await bridge.start()
+    await started_run(bridge, tmp_path)
+    bridge.send("!reset")
+    await bridge.wait_for("The next run starts a new Claude session.")
+    bridge.signal(signal.SIGTERM)
+    assert await bridge.exit_code() == 0
+
+    again = Bridge(config)
+    await again.start()
+    (tmp_path / "go").touch()
+    await again.wait_for("\nlong job\n")
+    again.send("!status")
+    await again.wait_for("Session:")
+    assert await again.end_input() == 0
+    assert "Session: none (next run starts fresh)." in again.out
+
+
+async def test_a_second_bridge_on_the_same_state_dir_refuses_to_start(tmp_path: Path) -> None:
+    # Each would take the other's runs (and their supervisors' connections).
+    config = write_config(tmp_path)
+    first = Bridge(config)
+    await first.start()
+    assert first.proc is not None
+    lock = tmp_path / "state" / "lock"
+    # Another process writes it: no event to wait on, only its state.
+    async with asyncio.timeout(30):
+        while not (lock.exists() and lock.read_text().strip() == str(first.proc.pid)):
+            await asyncio.sleep(0.05)
+    second = Bridge(config)
+    await second.start()
+    assert await second.exit_code() == 1
+    errors = await second.stderr()
+    assert f"runner.state_dir: {tmp_path / 'state'} is in use by another chatbridge" in errors
+    assert "Traceback" not in errors
+    assert await first.end_input() == 0

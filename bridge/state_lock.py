@@ -1,0 +1,52 @@
+"""One chatbridge per state directory: its runs are that process's to follow.
+
+Two bridges on one ``[runner] state_dir`` would each reattach the other's
+runs at start-up and take their supervisors' connections from each other
+(a supervisor serves one bridge at a time), and each would clean up the
+other's run directories as strays. An exclusive ``flock`` on
+``<state_dir>/lock``, held for the service's life, rules that out: the
+second start fails with one line naming the setting and the holder's pid.
+The kernel drops the lock when the process dies, however it dies, so a
+crash never leaves a stale lock. The lock's descriptor is close-on-exec:
+runs' supervisors, which outlive the bridge, never hold it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from bridge.errors import StartupError
+
+LOCK = "lock"
+
+
+@contextlib.contextmanager
+def state_dir_lock(state_dir: Path) -> Iterator[None]:
+    """Hold ``state_dir``'s lock for the block (the directory is created, mode 0700).
+
+    Raises :class:`StartupError` when the directory cannot be made or another
+    process holds the lock.
+    """
+    try:
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(state_dir / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise StartupError(f"runner.state_dir: cannot use {state_dir}: {exc.strerror}") from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise StartupError(
+                f"runner.state_dir: {state_dir} is in use by another chatbridge (pid {holder});"
+                " give each chatbridge a state directory of its own"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
