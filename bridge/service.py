@@ -216,7 +216,8 @@ class Service:
                 log.info("run %s in %s: reattaching to its supervisor", run.id, run.room)
                 adopted.add(run.id)
                 continue
-            # A run's supervisor stops its run when the bridge dies: wait for it;
+            # Not to be followed (no registry entry, no journal, its room gone):
+            # its supervisor, if still there, is asked to stop and waited for;
             # then the run's cgroup and the marker sweep (runner/recovery.py).
             killed = await recover_run(run.id, self.settings.runner.cgroup_root)
             notice = Reply(
@@ -238,8 +239,8 @@ class Service:
             log.warning(
                 "run %s in %s was interrupted (killed %d process(es))", run.id, run.room, killed
             )
-            if entry is not None:
-                remove_run_dir(entry.live.run_dir)
+            if entry is not None and entry.live.host == host:
+                remove_run_dir(entry.live.run_dir)  # (another host's is not ours to touch)
         # Run directories of runs that are no longer running (their outcome is
         # recorded, or they never got registered): whatever is left of them goes.
         killed = await clean_stray_runs(
