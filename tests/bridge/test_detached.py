@@ -28,6 +28,7 @@ from tests.bridge.test_lifecycle import (
     run_pids,
     wait_rows,
 )
+from tests.config_files import Table
 from tests.runner.test_containment import until_exited
 
 pytestmark = pytest.mark.slow
@@ -62,6 +63,18 @@ async def started_run(bridge: Bridge, tmp_path: Path, text: str = "long job") ->
     # Registered before the room is shown the run; the shown offset follows within a second.
     await wait_for_offset(tmp_path, run_id)
     return run_id
+
+
+def supervisor_pid(tmp_path: Path) -> int:
+    return int(str(rows(tmp_path, "select supervisor_pid from live_runs")[0][0]))
+
+
+async def running(tmp_path: Path, config: Table | None = None) -> tuple[Bridge, str, list[int]]:
+    """A bridge with a run in flight (waiting for ``go``): the bridge, the run, its pids."""
+    bridge = Bridge(write_config(tmp_path, config, env=waiting(tmp_path)))
+    await bridge.start()
+    run_id = await started_run(bridge, tmp_path)
+    return bridge, run_id, run_pids(tmp_path)
 
 
 async def wait_for_offset(tmp_path: Path, run_id: str) -> None:
@@ -127,11 +140,8 @@ async def test_the_same_claude_answers_once_after_a_restart(
 
 @pytest.mark.usefixtures("no_leftovers")
 async def test_stop_after_a_reattach_stops_the_whole_tree(tmp_path: Path) -> None:
-    config = write_config(tmp_path, env=waiting(tmp_path))
-    bridge = Bridge(config)
-    await bridge.start()
-    run_id = await started_run(bridge, tmp_path)
-    pids = run_pids(tmp_path)
+    bridge, run_id, pids = await running(tmp_path)
+    config = bridge.config
     bridge.signal(signal.SIGKILL)
     await bridge.exit_code()
 
@@ -153,11 +163,8 @@ async def test_stop_after_a_reattach_stops_the_whole_tree(tmp_path: Path) -> Non
 async def test_a_time_limit_that_passes_while_the_bridge_is_down_is_told_after_the_restart(
     tmp_path: Path,
 ) -> None:
-    config = write_config(tmp_path, {"defaults": {"run_timeout_s": 3}}, env=waiting(tmp_path))
-    bridge = Bridge(config)
-    await bridge.start()
-    run_id = await started_run(bridge, tmp_path)
-    pids = run_pids(tmp_path)
+    bridge, run_id, pids = await running(tmp_path, {"defaults": {"run_timeout_s": 3}})
+    config = bridge.config
     bridge.signal(signal.SIGKILL)
     await bridge.exit_code()
     # The supervisor keeps the limit alone: the run is stopped with nobody attached.
@@ -174,12 +181,8 @@ async def test_a_time_limit_that_passes_while_the_bridge_is_down_is_told_after_t
 
 @pytest.mark.usefixtures("no_leftovers")
 async def test_a_bridge_that_never_comes_back_leaves_no_runaway_agent(tmp_path: Path) -> None:
-    config = write_config(tmp_path, {"runner": {"orphan_timeout_s": 1}}, env=waiting(tmp_path))
-    bridge = Bridge(config)
-    await bridge.start()
-    run_id = await started_run(bridge, tmp_path)
-    pids = run_pids(tmp_path)
-    supervisor = int(str(rows(tmp_path, "select supervisor_pid from live_runs")[0][0]))
+    bridge, run_id, pids = await running(tmp_path, {"runner": {"orphan_timeout_s": 1}})
+    supervisor = supervisor_pid(tmp_path)
     bridge.signal(signal.SIGKILL)
     await bridge.exit_code()
     await until_exited([*pids, supervisor])
@@ -190,13 +193,8 @@ async def test_a_bridge_that_never_comes_back_leaves_no_runaway_agent(tmp_path: 
 async def test_a_killed_supervisor_interrupts_the_run_and_its_tree_is_swept(
     tmp_path: Path,
 ) -> None:
-    config = write_config(tmp_path, env=waiting(tmp_path))
-    bridge = Bridge(config)
-    await bridge.start()
-    run_id = await started_run(bridge, tmp_path)
-    pids = run_pids(tmp_path)
-    supervisor = int(str(rows(tmp_path, "select supervisor_pid from live_runs")[0][0]))
-    os.kill(supervisor, signal.SIGKILL)
+    bridge, run_id, pids = await running(tmp_path)
+    os.kill(supervisor_pid(tmp_path), signal.SIGKILL)
     await bridge.wait_for(f"`!retry {run_id}` runs it again.")
     assert alive(pids) == []
     assert find_marked(run_id) == []
@@ -208,12 +206,9 @@ async def test_a_killed_supervisor_interrupts_the_run_and_its_tree_is_swept(
 async def test_a_supervisor_killed_while_the_bridge_was_down_is_reported_interrupted(
     tmp_path: Path,
 ) -> None:
-    config = write_config(tmp_path, env=waiting(tmp_path))
-    bridge = Bridge(config)
-    await bridge.start()
-    run_id = await started_run(bridge, tmp_path)
-    pids = run_pids(tmp_path)
-    supervisor = int(str(rows(tmp_path, "select supervisor_pid from live_runs")[0][0]))
+    bridge, run_id, pids = await running(tmp_path)
+    config = bridge.config
+    supervisor = supervisor_pid(tmp_path)
     bridge.signal(signal.SIGKILL)
     await bridge.exit_code()
     os.kill(supervisor, signal.SIGKILL)

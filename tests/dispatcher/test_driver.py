@@ -429,17 +429,20 @@ async def test_cancelling_serve_interrupts_begun_runs(env: Env) -> None:
     assert call.run.end_reason is EndReason.INTERRUPTED
 
 
-async def test_a_stop_while_an_interrupted_run_winds_down_makes_it_stopped(env: Env) -> None:
+@pytest.mark.parametrize("reason", [EndReason.INTERRUPTED, EndReason.DETACHED])
+async def test_a_stop_while_a_cut_off_run_winds_down_makes_it_stopped(
+    env: Env, reason: EndReason
+) -> None:
     d, clock = env.dispatcher, env.clock
     env.execute.slow_cleanup = True
     async with serving(d):
         d.submit(env.make(A))
         clock.advance(1.0)
         call = await env.execute.started(A)
-        drained = asyncio.ensure_future(d.drain(5.0))
+        drained = asyncio.ensure_future(d.drain(5.0, reason=reason))
         clock.advance(5.0)
         await env.execute.cancelled(call)
-        assert call.run.end_reason is EndReason.INTERRUPTED
+        assert call.run.end_reason is reason
         # Still winding down when the room says stop.
         assert d.stop(A) == StopResult(stopped=None, dropped=())
         assert end_reason(call) is EndReason.STOPPED
@@ -500,26 +503,6 @@ async def test_cancelling_serve_after_a_detaching_drain_detaches(env: Env) -> No
     assert call.run.end_reason is EndReason.DETACHED
     async with asyncio.timeout(GUARD_S):
         await drained
-
-
-async def test_a_stop_while_a_detached_run_winds_down_makes_it_stopped(env: Env) -> None:
-    d, clock = env.dispatcher, env.clock
-    env.execute.slow_cleanup = True
-    async with serving(d):
-        d.submit(env.make(A))
-        clock.advance(1.0)
-        call = await env.execute.started(A)
-        drained = asyncio.ensure_future(d.drain(5.0, reason=EndReason.DETACHED))
-        clock.advance(5.0)
-        await env.execute.cancelled(call)
-        assert call.run.end_reason is EndReason.DETACHED
-        assert d.stop(A) == StopResult(stopped=None, dropped=())
-        assert end_reason(call) is EndReason.STOPPED
-        assert call.cleanup_gate is not None
-        call.cleanup_gate.set()
-        async with asyncio.timeout(GUARD_S):
-            assert not await drained
-        assert end_reason(call) is EndReason.STOPPED
 
 
 def test_a_drain_does_not_stop_runs(env: Env) -> None:
