@@ -69,7 +69,7 @@ from runner.recovery import recover_run
 from runner.request import RunRequest
 from runner.rundir import make_run_dir, remove_run_dir
 from runner.stream import LineFramer, parse_line
-from runner.supervision import Limits, Refused, SpawnFailed, Supervised
+from runner.supervision import Limits, Refused, SpawnFailed, Supervised, Unanswered
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +226,8 @@ async def run_claude(
             return RunReport(
                 RunStatus.FAILED, error=f"cannot start claude {request.claude_bin}: {exc}"
             )
+        except Unanswered as exc:
+            return RunReport(RunStatus.FAILED, error=str(exc))
         except (OSError, ValueError) as exc:  # ValueError: a NUL where exec refuses it
             return RunReport(RunStatus.FAILED, error=f"cannot start the run's supervisor: {exc}")
         try:
@@ -253,13 +255,19 @@ async def attach_claude(
     report is the run's. A live supervisor is attached to; one that is gone
     leaves its journal: a complete one is reported as it says, an incomplete
     one (the supervisor was killed) means the run is stopped with the
-    fallbacks and reported interrupted. Never raises for a run that went
-    wrong.
+    fallbacks and reported interrupted. A supervisor that does not answer
+    (frozen) has its run killed, one that refuses this bridge's protocol
+    versions (a newer one, after a downgrade) has it stopped: both are
+    reported interrupted, since the room may start another run after this
+    report and must not have two. Never raises for a run that went wrong.
     """
     try:
         supervised = await supervision.attach(request.run_id, live)
     except Refused as exc:
-        # A newer supervisor: leave it alone, a newer bridge can still attach.
+        # Nobody would follow the run after this report: stop it, as every version can.
+        await shielded(_stop_unattached(request))
+        return RunReport(RunStatus.INTERRUPTED, error=f"{exc}, so the run was stopped")
+    except Unanswered as exc:
         return RunReport(RunStatus.INTERRUPTED, error=str(exc))
     except asyncio.CancelledError:
         if detach is None or not detach():
@@ -379,6 +387,8 @@ class _Run:
         self._task(self._pump())
         # The supervisor keeps the time limits; this only catches one that froze.
         backstop = request.run_timeout_s + request.stop_grace_s + supervision.SUPERVISOR_KILL_S
+        # A supervisor whose connection ended early is waited for as long, no longer.
+        supervised.deadline = self._loop.time() + backstop
         await asyncio.wait({self._ending}, timeout=backstop)
         if not self._ending.done():
             return Unresponsive()

@@ -6,7 +6,11 @@ it before the run, and removes it once the run ended and the room was told.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -20,17 +24,44 @@ TEMP_PREFIX = "chatbridge-runs-"
 def make_run_dir(state_dir: Path | None, run_id: RunId) -> Path:
     """Create the run's directory (and ``state_dir``, ``runs/``) mode 0700; return it.
 
-    ``state_dir`` None: a fresh temporary directory stands in for it (tests).
-    Raises OSError.
+    ``state_dir`` and ``runs/`` may exist already, but must then be
+    directories of this user's, not symlinks: they are made mode 0700 (a lax
+    mode lets others plant a symlink or read the journals). The run's own
+    directory is always new (an existing one, or a symlink there, is
+    refused). ``state_dir`` None: a fresh temporary directory stands in for it
+    (tests). Raises OSError.
     """
     if state_dir is None:
         state_dir = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
-    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    state_dir.parent.mkdir(parents=True, exist_ok=True)
+    _private_dir(state_dir)
     runs = state_dir / RUNS
-    runs.mkdir(mode=0o700, exist_ok=True)
+    _private_dir(runs)
     run_dir = runs / run_id
-    run_dir.mkdir(mode=0o700, exist_ok=True)
+    run_dir.mkdir(mode=0o700)
     return run_dir
+
+
+def _private_dir(path: Path) -> None:
+    """Make sure ``path`` is a directory of ours (not a symlink), mode 0700. Raises OSError."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    # Opened without following a symlink, then checked and changed through the fd:
+    # what is checked is what is changed.
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise OSError(exc.errno, f"{path} is not a directory (a symlink?)") from exc
+        raise
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise OSError(errno.EPERM, f"{path} is owned by uid {st.st_uid}, not by this user")
+        if stat.S_IMODE(st.st_mode) != 0o700:
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
 
 
 def journal_exists(run: LiveRun) -> bool:

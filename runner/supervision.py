@@ -8,10 +8,14 @@ connection (docs/detached-runs.md), from offset 0 whether the run is new,
 re-attached after a restart, or over and only its journal is left: one
 reader (:class:`Supervised`) for all three.
 
-The connection's end after the ``done`` record is the run's end; an end
-before it means the supervisor died. Closing our end without ``stop``
-leaves the run to the supervisor (a detach): it goes on journaling and a
-later bridge attaches again.
+The connection's end after the ``done`` record is the run's end. An end
+before it is not yet the run's: a supervisor still alive is attached to
+again (once: our connection may have been taken over), or waited for; then
+the rest of the journal is read from its file, from where the connection
+left off. Only a journal whose file has no ``done`` either means the
+supervisor died. Closing our end without ``stop`` leaves the run to the
+supervisor (a detach): it goes on journaling and a later bridge attaches
+again.
 """
 
 from __future__ import annotations
@@ -57,6 +61,11 @@ CLOSE_S = 1.0
 """After the connection ended: how long the supervisor may take to exit (to be reaped)."""
 FINISH_S = DONE_LINGER_S + 1.0
 """A supervisor that no longer accepts connections is finishing: how long it may take."""
+WELCOME_S = 10.0
+"""How long a supervisor may take to answer an ``attach`` (its ``welcome``) and, at a start,
+to journal that claude runs (``spawned``). It answers from its event loop at once (a
+start takes milliseconds); one that does not within this is frozen (SIGSTOP) or stuck, and
+waiting on would hang the room: the bridge stops the run itself instead."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,14 @@ class Refused(Exception):
     """The supervisor speaks none of this bridge's protocol versions (it is newer)."""
 
 
+class Unanswered(Exception):
+    """The supervisor did not answer within :data:`WELCOME_S`; the bridge stopped the run."""
+
+
+class Malformed(ValueError):
+    """A journal record that is not one of the protocol's (docs/detached-runs.md)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     """One journal record: ``kind`` is its ``t``; ``end`` the journal offset just past it."""
@@ -95,6 +112,38 @@ def header(kind: str, **fields: object) -> bytes:
 
 
 STOP = header("stop")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_header(line: bytes) -> dict[str, Any]:
+    """A record's header, checked as far as the bridge relies on its fields. Raises Malformed."""
+    try:
+        fields = json.loads(line)
+    except ValueError as exc:
+        raise Malformed(f"not JSON: {line[:80]!r}") from exc
+    if not isinstance(fields, dict) or not isinstance(fields.get("t"), str):
+        raise Malformed(f"not a record: {line[:80]!r}")
+    n = fields.get("n", 0)
+    ok = _is_int(n) and n >= 0
+    match fields["t"]:
+        case "hello":
+            ok = ok and _is_int(fields.get("pid")) and _is_int(fields.get("start"))
+        case "spawned":
+            cgroup = fields.get("cgroup")
+            ok = ok and _is_int(fields.get("pid")) and (cgroup is None or isinstance(cgroup, str))
+        case "spawn_failed":
+            ok = ok and (fields.get("errno") is None or _is_int(fields.get("errno")))
+        case "exited":
+            ok = ok and _is_int(fields.get("code"))
+        case "done":
+            survivors = fields.get("survivors")
+            ok = ok and isinstance(survivors, list) and all(_is_int(p) for p in survivors)
+    if not ok:
+        raise Malformed(f"bad {fields['t']} record: {line[:80]!r}")
+    return fields
 
 
 class Supervised:
@@ -126,6 +175,10 @@ class Supervised:
         self._proc = proc
         self._pidfd = pidfd
         """Pins the supervisor: after its death this still names it, never a recycled pid."""
+        self._reattached = False
+        self._stop_asked = False
+        self.deadline: float | None = None
+        """(Loop time) how long to wait at most for a supervisor whose connection ended early."""
         self._claude_fd: int | None = None
         self.cgroup: str | None = None
         """The run's cgroup v2 group, if it has one (from the ``spawned`` record)."""
@@ -144,27 +197,102 @@ class Supervised:
         return self.survivors is not None
 
     async def read(self) -> Record | None:
-        """The next record, or None once the journal (or the connection) ended."""
+        """The next record, or None once the journal ended.
+
+        The journal ends after ``done``; at a malformed record (it is
+        unreadable from there); or where its file ends. A connection that
+        ends or breaks before ``done`` does not end it (see :meth:`_resume`).
+        """
+        while not self.gone.done():
+            try:
+                record = await self._next()
+            except Malformed as exc:
+                log.error("run %s: journal unreadable at %d: %s", self.run_id, self._offset, exc)
+                break
+            if record is not None:
+                return record
+            if self.survivors is not None or not await self._resume():
+                break
+        if not self.gone.done():
+            self.gone.set_result(None)
+        return None
+
+    async def _next(self) -> Record | None:
+        """The next record from the current source; None where it ends or breaks."""
         try:
             line = await self._reader.readuntil(b"\n")
-            fields = json.loads(line)
-            n = fields.get("n", 0) if isinstance(fields, dict) else 0
-            payload = await self._reader.readexactly(n) if n else b""
-        except (
-            asyncio.IncompleteReadError,
-            asyncio.LimitOverrunError,
-            ValueError,
-            TypeError,
-            OSError,
-        ):
-            # The end, a torn last record, or a broken connection: the journal ends here.
-            if not self.gone.done():
-                self.gone.set_result(None)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
             return None
+        fields = parse_header(line)
+        n = fields.get("n", 0)
+        try:
+            payload = await self._reader.readexactly(n) if n else b""
+        except (asyncio.IncompleteReadError, OSError):
+            return None  # a torn last record: read again from its start
         self._offset += len(line) + len(payload)
-        record = Record(str(fields.get("t")), fields, payload, self._offset)
+        record = Record(fields["t"], fields, payload, self._offset)
         self._note(record)
         return record
+
+    async def _resume(self) -> bool:
+        """The connection ended before ``done``: whether the journal goes on from another source.
+
+        The supervisor may well have finished (it closed with part of the
+        prompt unread, or a slow bridge outlasted its linger), or our
+        connection was taken over by another ``attach``: neither is its
+        death. So, never killing a live supervisor for it: one still alive is
+        attached to again, once, from the offset read so far; else it is
+        given until :attr:`deadline` to exit; then the rest of the journal
+        comes from its file. The file's end is the journal's end.
+        """
+        if self._writer is None:
+            return False  # the file (or a replay) already
+        await self._drop_connection()
+        pidfd = self._pidfd
+        if pidfd is not None and not has_exited(pidfd):
+            if not self._reattached:
+                self._reattached = True
+                if await self._reattach():
+                    return True
+            loop = asyncio.get_running_loop()
+            within = FINISH_S if self.deadline is None else max(0.0, self.deadline - loop.time())
+            await wait_exited([pidfd], within)
+        reader = journal_from(self.live.run_dir, self._offset)
+        if reader is None:
+            return False
+        log.info("run %s: reading its journal's file from %d", self.run_id, self._offset)
+        self._reader = reader
+        return True
+
+    async def _reattach(self) -> bool:
+        """Attach again from the offset read so far; whether the supervisor took us."""
+        writer: asyncio.StreamWriter | None = None
+        try:
+            async with asyncio.timeout(WELCOME_S):
+                sock = await _connect(self.live.run_dir)
+                if sock is None:
+                    return False
+                reader, writer = await asyncio.open_unix_connection(sock=sock)
+                writer.write(attach_record(self._offset))
+                welcome = await _welcome(reader)
+        except (TimeoutError, Refused, OSError):
+            welcome = None
+        if welcome is None or writer is None:
+            if writer is not None:
+                writer.close()
+            return False
+        log.info("run %s: connection ended early; attached again at %d", self.run_id, self._offset)
+        self._reader, self._writer = reader, writer
+        if self._stop_asked:
+            writer.write(STOP)  # the one asked on the lost connection may not have arrived
+        return True
+
+    async def _drop_connection(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
 
     def _note(self, record: Record) -> None:
         match record.kind:
@@ -173,9 +301,9 @@ class Supervised:
                 if self._pidfd is not None and self._claude_fd is None:
                     self._claude_fd = _pin(self.claude_pid, parent=self.live.supervisor_pid)
             case "exited" if not self.claude_exit.done():
-                self.claude_exit.set_result(int(record.fields.get("code", -1)))
+                self.claude_exit.set_result(record.fields["code"])
             case "done":
-                self.survivors = [int(p) for p in record.fields.get("survivors", [])]
+                self.survivors = list(record.fields["survivors"])
 
     def send(self, data: bytes) -> None:
         """Send records to the supervisor (none once it is gone or we detached)."""
@@ -190,10 +318,17 @@ class Supervised:
     def stop(self) -> None:
         """Ask the supervisor to stop the run (TERM, grace, KILL); idempotent.
 
-        A supervisor that is gone cannot: :meth:`wait` then returns at once
-        and :attr:`contained` tells that :meth:`contain` has to.
+        Without a connection (it broke: the supervisor is waited for), a
+        SIGTERM asks the same. A supervisor that is gone cannot: :meth:`wait`
+        then returns at once and :attr:`contained` tells that :meth:`contain`
+        has to.
         """
-        self.send(STOP)
+        self._stop_asked = True
+        if self._writer is not None and not self._writer.is_closing():
+            self._writer.write(STOP)
+        elif self._pidfd is not None and not has_exited(self._pidfd):
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGTERM)
 
     async def wait(self, within: float) -> bool:
         """Wait up to ``within`` s for the journal's end; whether it came."""
@@ -341,14 +476,23 @@ def attach_record(offset: int) -> bytes:
     return header("attach", v=list(PROTOCOL_VERSIONS), offset=offset)
 
 
+async def _line(reader: asyncio.StreamReader) -> bytes | None:
+    """The next line; None if the connection ended or broke first."""
+    try:
+        return await reader.readuntil(b"\n")
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+        return None
+
+
 async def _welcome(reader: asyncio.StreamReader) -> dict[str, Any] | None:
     """The supervisor's first line (``welcome``); None if the connection ended first.
 
     Raises :class:`Refused` for a supervisor that speaks none of our versions.
     """
+    line = await _line(reader)
     try:
-        first = json.loads(await reader.readuntil(b"\n"))
-    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, OSError):
+        first = json.loads(line) if line is not None else None
+    except ValueError:
         return None
     if not isinstance(first, dict):
         return None
@@ -407,10 +551,7 @@ async def start(
         ours.setblocking(False)
         reader, writer = await asyncio.open_unix_connection(sock=ours)
         writer.write(attach_record(0) + stdin_records(request.prompt))
-        first = await _welcome(reader)
-        supervised = await _spawned(
-            request.run_id, reader, writer, run_dir, proc, pidfd, first, limits=limits
-        )
+        supervised = await _spawned(request.run_id, reader, writer, run_dir, proc, pidfd, limits)
     except BaseException:
         if writer is not None:
             writer.close()
@@ -429,47 +570,109 @@ async def _spawned(  # noqa: PLR0917
     run_dir: Path,
     proc: subprocess.Popen[bytes],
     pidfd: int,
-    welcome: dict[str, Any] | None,
-    *,
     limits: Limits,
 ) -> Supervised:
-    """Read the journal's ``hello`` and ``spawned``; the run as a :class:`Supervised`."""
+    """Read ``welcome``, the journal's ``hello`` and ``spawned``: the run as a :class:`Supervised`.
+
+    A connection that ends or breaks first is not the start's failure: the
+    supervisor may have finished already (claude exited without reading all
+    of the prompt, and the rest of it broke the connection). The supervisor
+    is given its kill phase to exit and the journal's file read from where
+    the connection left off. Raises :class:`Unanswered` (having stopped the
+    run) for a supervisor that says nothing of claude within :data:`WELCOME_S`.
+    """
     hello: dict[str, Any] = {}
+    fields: dict[str, Any] = {}
     offset = 0
-    while welcome is not None:
-        try:
-            line = await reader.readuntil(b"\n")
-            fields = json.loads(line)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, OSError):
-            break
-        offset += len(line)
-        kind = fields.get("t") if isinstance(fields, dict) else None
-        if kind == "hello":
-            hello = fields
-        elif kind == "spawned":
-            live = LiveRun(
-                run_id=run_id,
-                supervisor_pid=proc.pid,
-                supervisor_start=int(hello.get("start", 0)),
-                claude_pid=int(fields["pid"]),
-                run_dir=str(run_dir),
-                host=socket.gethostname(),
-            )
-            supervised = Supervised(
-                run_id, reader, writer, live=live, offset=offset, proc=proc, pidfd=pidfd
-            )
-            supervised._note(Record(kind, fields, b"", offset))
-            if fields.get("cgroup_error"):
-                # Said once at start-up; worth a warning per run only when limits are lost.
-                level = logging.WARNING if limits.memory_max or limits.pids_max else logging.DEBUG
-                log.log(
-                    level, "run %s has no cgroup of its own: %s", run_id, fields["cgroup_error"]
-                )
-            return supervised
-        elif kind == "spawn_failed":
-            raise SpawnFailed(str(fields.get("error")), fields.get("errno"))
+    source: asyncio.StreamReader | None = None
+    from_file = False
+    try:
+        async with asyncio.timeout(WELCOME_S):
+            if await _welcome(reader) is not None:
+                source = reader
+            while source is reader:
+                line = await _line(reader)
+                if line is None:
+                    source = None
+                    break
+                fields = parse_header(line)
+                offset += len(line)
+                if fields["t"] == "hello":
+                    hello = fields
+                elif fields["t"] in ("spawned", "spawn_failed"):
+                    break
+    except TimeoutError:
+        killed = await _kill_unanswered(run_id, str(run_dir), pidfd, proc.pid)
+        raise Unanswered(
+            f"the run's supervisor did not say claude runs within {WELCOME_S:g} s; "
+            f"the bridge stopped the run ({killed} process(es))"
+        ) from None
+    if source is None:
+        writer.close()
+        await wait_exited([pidfd], SUPERVISOR_KILL_S)
+        source = journal_from(run_dir, offset)
+        from_file = True
+        while source is not None and (line := await _line(source)) is not None:
+            fields = parse_header(line)
+            offset += len(line)
+            if fields["t"] == "hello":
+                hello = fields
+            elif fields["t"] in ("spawned", "spawn_failed"):
+                break
+    if source is None or fields.get("t") not in ("spawned", "spawn_failed"):
+        await wait_exited([pidfd], SUPERVISOR_KILL_S)
+        raise SpawnFailed(f"the run's supervisor exited with {proc.poll()}", None)
+    if fields["t"] == "spawn_failed":
+        raise SpawnFailed(str(fields.get("error")), fields.get("errno"))
+    live = LiveRun(
+        run_id=run_id,
+        supervisor_pid=proc.pid,
+        supervisor_start=int(hello.get("start", 0)),
+        claude_pid=fields["pid"],
+        run_dir=str(run_dir),
+        host=socket.gethostname(),
+    )
+    supervised = Supervised(
+        run_id,
+        source,
+        None if from_file else writer,
+        live=live,
+        offset=offset,
+        proc=proc,
+        pidfd=pidfd,
+    )
+    supervised._note(Record("spawned", fields, b"", offset))
+    if fields.get("cgroup_error"):
+        # Said once at start-up; worth a warning per run only when limits are lost.
+        level = logging.WARNING if limits.memory_max or limits.pids_max else logging.DEBUG
+        log.log(level, "run %s has no cgroup of its own: %s", run_id, fields["cgroup_error"])
+    return supervised
+
+
+async def _kill_unanswered(run_id: RunId, run_dir: str, pidfd: int, pid: int) -> int:
+    """Stop the run of a supervisor that does not answer: its tree, its cgroup, the sweep."""
+    log.error("run %s: its supervisor %d does not answer; killing its tree", run_id, pid)
+    killed = await kill_tree(pidfd, pid)
+    cgroup = _journal_cgroup(run_dir)
+    if cgroup:
+        killed += await kill_cgroup(cgroup)
+    killed += await kill_marked(run_id, grace_s=0)
     await wait_exited([pidfd], SUPERVISOR_KILL_S)
-    raise SpawnFailed(f"the run's supervisor exited with {proc.poll()}", None)
+    return killed
+
+
+def _journal_cgroup(run_dir: str) -> str | None:
+    """The run's cgroup from its journal's ``spawned`` record, if it is there."""
+    try:
+        with open(os.path.join(run_dir, JOURNAL), "rb") as f:
+            for _ in range(4):  # hello, spawned: at the start
+                fields = parse_header(f.readline())
+                if fields["t"] == "spawned":
+                    cgroup: str | None = fields.get("cgroup")
+                    return cgroup
+    except (OSError, Malformed):
+        pass
+    return None
 
 
 async def _abandon(proc: subprocess.Popen[bytes], pidfd: int, grace_s: float) -> None:
@@ -488,7 +691,9 @@ async def _abandon(proc: subprocess.Popen[bytes], pidfd: int, grace_s: float) ->
 async def attach(run_id: RunId, live: LiveRun) -> Supervised | None:
     """Attach to a live supervisor of ``live`` at offset 0; None if it is gone.
 
-    Raises :class:`Refused` for a supervisor that speaks none of our versions.
+    Raises :class:`Refused` for a supervisor that speaks none of our versions,
+    :class:`Unanswered` for one that does not answer within :data:`WELCOME_S`
+    (frozen, stuck: the run is stopped without it first).
     """
     if live.host != socket.gethostname():
         return None
@@ -498,13 +703,21 @@ async def attach(run_id: RunId, live: LiveRun) -> Supervised | None:
     writer: asyncio.StreamWriter | None = None
     supervised: Supervised | None = None
     try:
-        sock = await _connect(live.run_dir)
-        if sock is not None:
-            reader, writer = await asyncio.open_unix_connection(sock=sock)
-            writer.write(attach_record(0))
-            if await _welcome(reader) is not None:
-                supervised = Supervised(run_id, reader, writer, live=live, pidfd=pidfd)
-                return supervised
+        try:
+            async with asyncio.timeout(WELCOME_S):  # a connect too waits on a frozen one
+                sock = await _connect(live.run_dir)
+                if sock is not None:
+                    reader, writer = await asyncio.open_unix_connection(sock=sock)
+                    writer.write(attach_record(0))
+                    if await _welcome(reader) is not None:
+                        supervised = Supervised(run_id, reader, writer, live=live, pidfd=pidfd)
+                        return supervised
+        except TimeoutError:
+            killed = await _kill_unanswered(run_id, live.run_dir, pidfd, live.supervisor_pid)
+            raise Unanswered(
+                f"the run's supervisor did not answer within {WELCOME_S:g} s; "
+                f"the bridge stopped the run ({killed} process(es))"
+            ) from None
         # Alive but not serving: it is finishing (or stuck); its journal tells.
         if await wait_exited([pidfd], FINISH_S):
             log.error("run %s: its supervisor neither serves nor exits; killing it", run_id)
@@ -540,15 +753,22 @@ async def _connect(run_dir: str) -> socket.socket | None:
 
 def replay(run_id: RunId, live: LiveRun) -> Supervised | None:
     """The run's journal from its file, for a supervisor that is gone; None if unreadable."""
+    reader = journal_from(live.run_dir, 0)
+    return None if reader is None else Supervised(run_id, reader, None, live=live)
+
+
+def journal_from(run_dir: str | Path, offset: int) -> asyncio.StreamReader | None:
+    """The run's journal file from ``offset`` on, as it is now; None if unreadable."""
     try:
-        with open(os.path.join(live.run_dir, JOURNAL), "rb") as f:
+        with open(os.path.join(run_dir, JOURNAL), "rb") as f:
+            f.seek(offset)
             data = f.read()
     except OSError:
         return None
     reader = asyncio.StreamReader(limit=max(len(data), 2**16))
     reader.feed_data(data)
     reader.feed_eof()
-    return Supervised(run_id, reader, None, live=live)
+    return reader
 
 
 def journal_start(run_dir: Path) -> tuple[int, int] | None:

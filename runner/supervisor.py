@@ -68,6 +68,9 @@ RMDIR_DEADLINE_S = 1.0
 """How long an emptied cgroup may stay busy before it is left behind."""
 DONE_LINGER_S = 10.0
 """After ``done``: how long the attached bridge has to read the rest (the journal keeps it)."""
+CLOSE_DRAIN_S = 2.0
+"""At exit, after our side of a connection is shut: how long the bridge has to close its own
+(what it still sends is read meanwhile, so the close is an end for it, never a reset)."""
 READ_CHUNK = 256 * 1024
 STDERR_TAIL_BYTES = 8 * 1024
 """Over the spool cap: how much of the end of stderr is still journaled when claude exits."""
@@ -531,16 +534,24 @@ class Supervisor:
         if self.stdout < 0:
             return
         if self.partial:  # a last line without newline stands alone
-            self.journal_out(bytes(self.partial), whole=False)
+            self.journal_out(bytes(self.partial), whole=False, last=True)
             self.partial.clear()
         self.selector.unregister(self.stdout)
         os.close(self.stdout)
         self.stdout = -1
 
-    def journal_out(self, data: bytes, *, whole: bool) -> None:
-        """Journal stdout bytes; over the cap only ``result`` lines (whole lines, never a part)."""
+    def journal_out(self, data: bytes, *, whole: bool, last: bool = False) -> None:
+        """Journal stdout bytes; over the cap only ``result`` lines (whole lines, never a part).
+
+        ``last``: ``data`` is what claude wrote after its last newline, and stdout
+        ended: a line of its own (the bridge frames it at ``exited``), kept if a result.
+        """
         if self.journal.size < self.options.spool_max_bytes:
             self.skipping = False
+            self.journal.append(b'{"t":"out","n":%d}\n' % len(data), data)
+            return
+        if last and not self.skipping and _is_result(data):
+            self.flush_dropped()
             self.journal.append(b'{"t":"out","n":%d}\n' % len(data), data)
             return
         if not whole:  # a piece of a line, never a whole result line: the rest goes too
@@ -799,8 +810,8 @@ class Supervisor:
             pass
         while self.stderr >= 0 and self.read_stderr(self.stderr, selectors.EVENT_READ):
             pass
-        if self.partial:
-            self.journal_out(bytes(self.partial), whole=False)
+        if self.partial:  # stdout may still be open (a tool holds it): the line ended all the same
+            self.journal_out(bytes(self.partial), whole=False, last=True)
             self.partial.clear()
         self.flush_dropped()
         self.close_stdin()
@@ -932,12 +943,39 @@ class Supervisor:
             self.relay()
 
     def _exit(self) -> int:
-        for client in list(self.clients.values()):
-            # Read what it sent last (a late ``stop``): closing a Unix socket with
-            # unread data makes the peer's next read fail, not end.
+        """Close the connections gracefully, then exit.
+
+        Closing a Unix socket with unread data (a late ``stop``, the rest of a
+        prompt claude never read) makes the peer's reads fail, not end, and
+        asyncio then drops what the bridge had received but not read yet. So
+        our side is shut first (the bridge reads an end after the journal) and
+        what the bridge still sends is read until it closes its side, for at
+        most :data:`CLOSE_DRAIN_S`. (The bridge does not depend on it: a
+        connection that ends before ``done`` sends it to the journal's file.)
+        """
+        clients = list(self.clients.values())
+        draining = selectors.DefaultSelector()
+        for client in clients:
             with contextlib.suppress(OSError):
-                while os.read(client.fd, READ_CHUNK):
-                    pass
+                sock = socket.socket(fileno=client.fd)
+                try:
+                    sock.shutdown(socket.SHUT_WR)
+                finally:
+                    sock.detach()
+                draining.register(client.fd, selectors.EVENT_READ)
+        deadline = time.monotonic() + CLOSE_DRAIN_S
+        while draining.get_map() and (left := deadline - time.monotonic()) > 0:
+            for key, _ in draining.select(left):
+                try:
+                    data = os.read(key.fd, READ_CHUNK)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:
+                    draining.unregister(key.fd)
+        draining.close()
+        for client in clients:
             self.drop(client)
         return EXIT_CLEAN if self.exit_code is None else self.exit_code
 
