@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from runner.supervisor import cgroup_parent, enable_controllers
+from runner.proctree import cgroup_parent, enable_controllers
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from runner.command import MARKER_ENV
-from runner.supervisor import KILL_DEADLINE_S, KILL_POLL_S, Cgroup, descendants, signal_all
+from runner.proctree import KILL_POLL_S, Cgroup, descendants, signal_all
+from runner.supervisor import KILL_DEADLINE_S
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ from pathlib import Path
 
 from runner.command import MARKER_ENV
 from runner.process import has_exited, kill_cgroup, kill_marked, kill_tree, wait_exited
+from runner.proctree import cgroup_parent
 from runner.rundir import remove_run_dir, stray_runs
 from runner.supervision import SUPERVISOR, SUPERVISOR_KILL_S
-from runner.supervisor import cgroup_parent
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from bridge.core.model import LiveRun, RunId
-from runner.supervisor import JOURNAL
+from runner.journal import JOURNAL
 
 RUNS = "runs"
 TEMP_PREFIX = "chatbridge-runs-"

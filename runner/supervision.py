@@ -37,21 +37,25 @@ from typing import Any
 from bridge.core import stages
 from bridge.core.aio import shielded
 from bridge.core.model import LiveRun, RunId
+from runner.journal import JOURNAL, SOCK, header
 from runner.process import has_exited, kill_cgroup, kill_marked, kill_tree, wait_exited
 from runner.request import RunRequest
-from runner.supervisor import DONE_LINGER_S, JOURNAL, KILL_DEADLINE_S, SOCK
+from runner.supervisor import DONE_LINGER_S, KILL_DEADLINE_S
 
 log = logging.getLogger(__name__)
 
 SUPERVISOR = Path(__file__).with_name("supervisor.py")
 BOOTSTRAP = (
-    "import sys; sys.path.append(sys.argv[1].rpartition('/')[0]); "
-    "import supervisor; sys.exit(supervisor.main(sys.argv[2:]))"
+    "import sys; r = type(sys)('runner'); r.__path__ = [sys.argv[1].rpartition('/')[0]]; "
+    "sys.modules['runner'] = r; from runner import supervisor; "
+    "sys.exit(supervisor.main(sys.argv[2:]))"
 )
 """Runs the supervisor by its path as a module, not as a script: a script is compiled
 at every start (about 6 ms for this one, more than all its imports), a module's
-compiled form is cached beside it (the bridge's own import keeps it fresh). Its
-directory goes last on the path, after the standard library it imports."""
+compiled form is cached beside it (the bridge's own import keeps it fresh). The
+``runner`` package stands there bare, without its ``__init__`` (which imports
+asyncio and the bridge's core): the supervisor and the standard-library modules
+it imports (``runner.journal``, ``runner.proctree``) are all that load."""
 PROTOCOL_VERSIONS = (1,)
 """The journal and socket protocol versions this bridge reads."""
 
@@ -105,10 +109,6 @@ class Record:
     fields: dict[str, Any]
     payload: bytes
     end: int
-
-
-def header(kind: str, **fields: object) -> bytes:
-    return json.dumps({"t": kind, **fields}, separators=(",", ":")).encode() + b"\n"
 
 
 STOP = header("stop")

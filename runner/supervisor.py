@@ -2,11 +2,13 @@
 
 The runner starts it detached (a session of its own, not a child the bridge's
 death affects), by path and with ``-I -S`` so it imports only the standard
-library and no room setting (``PYTHONPATH``...) changes what runs (the runner
-imports it as a module from its path, whose compiled form is cached, rather
-than running it as a script: ``runner.supervision.BOOTSTRAP``)::
+library and no room setting (``PYTHONPATH``...) changes what runs. It is
+imported as a module of a bare ``runner`` package (no ``__init__``: only this
+module, ``runner.journal`` and ``runner.proctree``, which need nothing but the
+standard library), whose compiled form is cached, rather than run as a
+script (``runner.supervision.BOOTSTRAP``)::
 
-    python -I -S runner/supervisor.py --run-id=ID --run-dir=DIR --cwd=DIR
+    python -I -S -c BOOTSTRAP .../runner/supervisor.py --run-id=ID --run-dir=DIR --cwd=DIR
         --conn-fd=N --grace-s=S --run-timeout-s=S --idle-timeout-s=S
         --orphan-timeout-s=S --spool-max-bytes=N --max-line-bytes=N
         [--cgroup=DIR [--memory-max=BYTES] [--pids-max=N]] -- CLAUDE_ARGV...
@@ -44,7 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import json
 import os
 import selectors
@@ -53,17 +54,19 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
 
-PROTOCOL_VERSIONS = (1,)
-"""The journal and socket protocol versions this supervisor speaks (docs/detached-runs.md)."""
-JOURNAL = "journal"
-SOCK = "sock"
+from runner.journal import JOURNAL, PROTOCOL_VERSIONS, SOCK, Journal, header, is_result
+from runner.proctree import (
+    KILL_POLL_S,
+    Cgroup,
+    cgroup_parent,
+    descendants,
+    signal_all,
+    start_time,
+)
 
 KILL_DEADLINE_S = 5.0
 """After SIGKILL: how long to keep killing and reaping before giving up (D state)."""
-KILL_POLL_S = 0.02
-"""In the kill phase, how often to look for processes a fork in flight created."""
 RMDIR_DEADLINE_S = 1.0
 """How long an emptied cgroup may stay busy before it is left behind."""
 DONE_LINGER_S = 10.0
@@ -192,232 +195,7 @@ def _prctl(option: int, value: int) -> bool:
         return False
 
 
-def start_time(pid: int | str = "self") -> int:
-    """The process's start time (``/proc/PID/stat`` field 22); pins a pid against reuse."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        data = f.read()
-    return int(data[data.rfind(b")") + 2 :].split()[19])
-
-
-# --- the processes of the run -------------------------------------------------
-
-
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, ppid) of ``pid`` from /proc, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    fields = data[data.rfind(b")") + 2 :].split()
-    return fields[0].decode(), int(fields[1])
-
-
-def descendants(root: int) -> list[int]:
-    """Live (non-zombie) descendants of ``root``, found through the ppid links in /proc.
-
-    /proc/PID/task/TID/children would be cheaper but needs CONFIG_PROC_CHILDREN,
-    which many kernels lack; a stop is rare enough for one scan of /proc.
-    """
-    children: dict[int, list[int]] = {}
-    zombies: set[int] = set()
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        pid = int(name)
-        stat = _stat(pid)
-        if stat is None:
-            continue
-        state, ppid = stat
-        children.setdefault(ppid, []).append(pid)
-        if state in ("Z", "X"):
-            zombies.add(pid)
-    found: list[int] = []
-    todo = list(children.get(root, ()))
-    while todo:
-        pid = todo.pop()
-        if pid not in zombies:
-            found.append(pid)
-        todo.extend(children.get(pid, ()))
-    return found
-
-
-def signal_all(pids: Iterable[int], sigs: tuple[signal.Signals, ...], mine: set[int]) -> int:
-    """Send ``sigs`` in order to each pid that is still one of ``mine``; return how many.
-
-    Each process is pinned with a pidfd first, then checked to still have a
-    parent in the run: a pid recycled since the scan is never signalled. A
-    process we may not signal (another user's, after a setuid tool) is
-    skipped, not fatal: the stop goes on for the rest, and it is reported as
-    a survivor in the end.
-    """
-    pinned: list[int] = []
-    try:
-        for pid in pids:
-            try:
-                fd = os.pidfd_open(pid)
-            except OSError:
-                continue
-            stat = _stat(pid)
-            if stat is None or stat[1] not in mine:
-                os.close(fd)
-                continue
-            pinned.append(fd)
-        for sig in sigs:  # all get SIGSTOP before any gets SIGKILL: no fork slips through
-            for fd in pinned:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    signal.pidfd_send_signal(fd, sig)
-        return len(pinned)
-    finally:
-        for fd in pinned:
-            os.close(fd)
-
-
-class Cgroup:
-    """The run's own cgroup v2 group: created before claude starts, removed when empty."""
-
-    def __init__(self, parent: str, run_id: str) -> None:
-        self.path = os.path.join(parent, run_id)
-
-    def create(self, memory_max: int | None, pids_max: int | None) -> None:
-        """Create the group and set its limits. Raises OSError."""
-        wanted = [n for n, v in (("memory", memory_max), ("pids", pids_max)) if v is not None]
-        if wanted:
-            enable_controllers(os.path.dirname(self.path), wanted)
-        os.mkdir(self.path)
-        try:
-            if memory_max is not None:
-                self._write("memory.max", str(memory_max))
-                # No swap beyond the limit, or the limit would only slow a run down.
-                with contextlib.suppress(OSError):
-                    self._write("memory.swap.max", "0")
-            if pids_max is not None:
-                self._write("pids.max", str(pids_max))
-        except OSError:
-            self.remove(0)
-            raise
-
-    def _write(self, name: str, value: str) -> None:
-        with open(os.path.join(self.path, name), "w") as f:
-            f.write(value)
-
-    def enter(self) -> None:
-        """Move the calling process into the group (in claude's child before exec)."""
-        self._write("cgroup.procs", "0")
-
-    def procs(self) -> list[int]:
-        try:
-            with open(os.path.join(self.path, "cgroup.procs")) as f:
-                return [int(line) for line in f if line.strip()]
-        except OSError:
-            return []
-
-    def kill(self) -> bool:
-        """Kill every process in the group at once (Linux 5.14+); False if unsupported."""
-        try:
-            self._write("cgroup.kill", "1")
-        except OSError:
-            return False
-        return True
-
-    def remove(self, within: float) -> bool:
-        """Remove the group, retrying while the kernel still counts exiting members."""
-        deadline = time.monotonic() + within
-        while True:
-            try:
-                os.rmdir(self.path)
-            except FileNotFoundError:
-                return True
-            except OSError:
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(KILL_POLL_S)
-            else:
-                return True
-
-
-def own_cgroup() -> str:
-    """The cgroup v2 directory this process is in. Raises OSError if there is none.
-
-    Works on a pure v2 host and on a hybrid one (v2 mounted beside v1, e.g. at
-    /sys/fs/cgroup/unified).
-    """
-    mount = ""
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            # ... mount point (5th) ... " - " fstype source options
-            if fields[fields.index("-") + 1] == "cgroup2":
-                mount = fields[4]
-                break
-    if not mount:
-        raise OSError(errno.ENOENT, "no cgroup v2 hierarchy is mounted")
-    with open("/proc/self/cgroup") as f:
-        for line in f:
-            if line.startswith("0::"):
-                return os.path.join(mount, line[3:].strip().lstrip("/"))
-    raise OSError(errno.ENOENT, "this process is in no cgroup v2 group")
-
-
-def cgroup_parent(root: str) -> str:
-    """Where runs' groups go: ``root``, or our own group for ``auto``. Raises OSError."""
-    return own_cgroup() if root == "auto" else root
-
-
-def enable_controllers(parent: str, names: Iterable[str]) -> None:
-    """Make ``names`` (memory, pids) available to groups under ``parent``. Raises OSError.
-
-    Fails with EBUSY when ``parent`` has processes of its own and is not the
-    root (cgroup v2's "no internal processes" rule): give chatbridge a
-    delegated group whose processes live in a leaf below it.
-    """
-    with open(os.path.join(parent, "cgroup.subtree_control")) as f:
-        enabled = set(f.read().split())
-    missing = [name for name in names if name not in enabled]
-    if not missing:
-        return
-    try:
-        with open(os.path.join(parent, "cgroup.subtree_control"), "w") as f:
-            f.write(" ".join(f"+{name}" for name in missing))
-    except OSError as exc:
-        raise OSError(
-            exc.errno,
-            f"cannot enable the {', '.join(missing)} controller(s) in {parent}: {exc.strerror}",
-        ) from exc
-
-
-# --- the journal and the bridge's connections ---------------------------------
-
-
-def header(kind: str, **fields: object) -> bytes:
-    """A record's header line (docs/detached-runs.md)."""
-    return json.dumps({"t": kind, **fields}, separators=(",", ":")).encode() + b"\n"
-
-
-class Journal:
-    """The run's journal: records appended with ``write(2)``, read back by ``sendfile``."""
-
-    def __init__(self, path: str) -> None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC
-        self.fd = os.open(path, flags, 0o600)
-        self.read_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        self.size = 0
-
-    def append(self, head: bytes, payload: bytes = b"") -> None:
-        """Append one record. A full disk loses the record, never the run (nor the format)."""
-        total = len(head) + len(payload)
-        try:
-            written = os.writev(self.fd, (head, payload) if payload else (head,))
-            while 0 < written < total:  # a regular file writes short only when out of space
-                step = os.write(self.fd, (head + payload)[written:])
-                written = written + step if step else 0
-        except OSError:
-            written = 0
-        if written != total:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self.fd, self.size)  # no half record for a reader to choke on
-            return
-        self.size += total
+# --- the bridge's connections -------------------------------------------------
 
 
 class Client:
@@ -550,7 +328,7 @@ class Supervisor:
             self.skipping = False
             self.journal.append(b'{"t":"out","n":%d}\n' % len(data), data)
             return
-        if last and not self.skipping and _is_result(data):
+        if last and not self.skipping and is_result(data):
             self.flush_dropped()
             self.journal.append(b'{"t":"out","n":%d}\n' % len(data), data)
             return
@@ -560,7 +338,7 @@ class Supervisor:
             return
         kept = []
         for i, line in enumerate(data.split(b"\n")[:-1]):
-            if (i == 0 and self.skipping) or not _is_result(line):
+            if (i == 0 and self.skipping) or not is_result(line):
                 self.dropped_out += len(line) + 1
             else:
                 kept.append(line)
@@ -978,17 +756,6 @@ class Supervisor:
         for client in clients:
             self.drop(client)
         return EXIT_CLEAN if self.exit_code is None else self.exit_code
-
-
-def _is_result(line: bytes) -> bool:
-    """Whether a stdout line is claude's ``result`` line (parsed only if it may be one)."""
-    if b'"result"' not in line:
-        return False
-    try:
-        obj = json.loads(line)
-    except ValueError:
-        return False
-    return isinstance(obj, dict) and obj.get("type") == "result"
 
 
 class _Wakeup:

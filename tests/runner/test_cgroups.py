@@ -14,7 +14,7 @@ from bridge.containment import report_containment
 from bridge.core.model import RunId, RunStatus
 from runner import ToolResult, run_claude
 from runner.cgroups import probe
-from runner.supervisor import own_cgroup
+from runner.proctree import own_cgroup
 from tests.runner.conftest import Recorder, is_alive
 from tests.runner.test_run_fake import fake_env, make_request, record
 

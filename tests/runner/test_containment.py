@@ -21,7 +21,7 @@ from bridge.core.model import RunId, RunStatus
 from runner import RunRequest, ToolResult, run_claude
 from runner.cgroups import probe
 from runner.process import wait_exited
-from runner.supervisor import own_cgroup
+from runner.proctree import own_cgroup
 from tests.fakes.fake_claude import FAKE_CLAUDE
 from tests.runner.conftest import Recorder, is_alive
 from tests.runner.test_run_fake import fake_env, make_request, record

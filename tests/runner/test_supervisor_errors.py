@@ -24,8 +24,10 @@ NOBODY = 65534
 # Imports the supervisor as root, then becomes nobody: no file access needed after.
 AS_NOBODY = """
 import os, sys
-sys.path.insert(0, sys.argv[1])
-import supervisor
+runner = type(sys)("runner")
+runner.__path__ = [sys.argv[1]]
+sys.modules["runner"] = runner
+from runner import supervisor
 os.setgroups([])
 os.setgid({uid})
 os.setuid({uid})
