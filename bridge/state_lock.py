@@ -20,22 +20,26 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bridge.errors import StartupError
+from runner import prepare_state_dir
 
 LOCK = "lock"
 
 
 @contextlib.contextmanager
 def state_dir_lock(state_dir: Path) -> Iterator[None]:
-    """Hold ``state_dir``'s lock for the block (the directory is created, mode 0700).
+    """Hold ``state_dir``'s lock for the block (the directory is prepared as runs need it).
 
     Raises :class:`StartupError` when the directory cannot be made or another
     process holds the lock.
     """
     try:
-        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Checked as every run's directory will be: a problem is one line now,
+        # not a failure of every run later.
+        state_dir = prepare_state_dir(state_dir)
         fd = os.open(state_dir / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
-        raise StartupError(f"runner.state_dir: cannot use {state_dir}: {exc.strerror}") from exc
+        detail = exc.strerror or str(exc)
+        raise StartupError(f"runner.state_dir: cannot use {state_dir}: {detail}") from exc
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

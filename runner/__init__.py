@@ -24,7 +24,7 @@ from runner.process import find_marked, kill_marked
 from runner.recovery import clean_stray_runs, recover_run
 from runner.request import RunRequest
 from runner.run import EventCallback, PositionCallback, answer_report, attach_claude, run_claude
-from runner.rundir import journal_exists, remove_run_dir, stray_runs
+from runner.rundir import journal_exists, prepare_state_dir, remove_run_dir, stray_runs
 
 __all__ = [
     "MARKER_ENV",
@@ -52,6 +52,7 @@ __all__ = [
     "find_marked",
     "journal_exists",
     "kill_marked",
+    "prepare_state_dir",
     "recover_run",
     "remove_run_dir",
     "run_claude",

@@ -21,23 +21,33 @@ RUNS = "runs"
 TEMP_PREFIX = "chatbridge-runs-"
 
 
-def make_run_dir(state_dir: Path | None, run_id: RunId) -> Path:
-    """Create the run's directory (and ``state_dir``, ``runs/``) mode 0700; return it.
+def prepare_state_dir(state_dir: Path) -> Path:
+    """Create ``state_dir`` and its ``runs/``, mode 0700; return ``state_dir`` resolved.
 
-    ``state_dir`` and ``runs/`` may exist already, but must then be
-    directories of this user's, not symlinks: they are made mode 0700 (a lax
-    mode lets others plant a symlink or read the journals). The run's own
-    directory is always new (an existing one, or a symlink there, is
-    refused). ``state_dir`` None: a fresh temporary directory stands in for it
-    (tests). Raises OSError.
+    Resolved first: a relative ``state_dir`` is the working directory's (the
+    supervisor, which works in the run's directory, is given absolute paths),
+    and a symlink the operator made to place it elsewhere is followed. Both
+    may exist already, but must then be directories of this user's (``runs/``
+    not a symlink): they are made mode 0700 (a lax mode lets others plant a
+    symlink or read the journals). Raises OSError.
+    """
+    state_dir = state_dir.resolve()
+    state_dir.parent.mkdir(parents=True, exist_ok=True)
+    _private_dir(state_dir)
+    _private_dir(state_dir / RUNS)
+    return state_dir
+
+
+def make_run_dir(state_dir: Path | None, run_id: RunId) -> Path:
+    """Create the run's directory mode 0700 (see :func:`prepare_state_dir`); return it.
+
+    The run's own directory is always new (an existing one, or a symlink
+    there, is refused). ``state_dir`` None: a fresh temporary directory stands
+    in for it (tests). Raises OSError.
     """
     if state_dir is None:
         state_dir = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
-    state_dir.parent.mkdir(parents=True, exist_ok=True)
-    _private_dir(state_dir)
-    runs = state_dir / RUNS
-    _private_dir(runs)
-    run_dir = runs / run_id
+    run_dir = prepare_state_dir(state_dir) / RUNS / run_id
     run_dir.mkdir(mode=0o700)
     return run_dir
 

@@ -182,6 +182,20 @@ async def test_the_journal_holds_the_run_and_ends_with_done(
     assert not Path(live.run_dir).exists()
 
 
+async def test_a_relative_state_dir_is_the_working_directorys(
+    run_id: RunId, tmp_path: Path, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The default ([runner] state_dir = "chatbridge-state") is relative; the
+    # supervisor works inside the run's directory, where it would not resolve.
+    monkeypatch.chdir(tmp_path)
+    request = make_request(run_id, tmp_path, env=fake_env(tmp_path), state_dir=Path("rel"))
+    report = await run_claude(request, recorder)
+    assert report.status is RunStatus.SUCCEEDED, report.error
+    (spawned,) = recorder.of(Spawned)
+    assert spawned.live is not None
+    assert spawned.live.run_dir == str(tmp_path / "rel" / "runs" / run_id)
+
+
 async def test_replay_from_an_offset_then_live(
     run_id: RunId, tmp_path: Path, recorder: Recorder
 ) -> None:
