@@ -29,7 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -408,24 +408,19 @@ def _reap_later(proc: subprocess.Popen[bytes], pidfd: int) -> None:
 
 def _pin(pid: int, *, parent: int) -> int | None:
     """A pidfd for ``pid`` if it is still ``parent``'s child (else it is gone already)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except OSError:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        ppid = int(data[data.rfind(b")") + 2 :].split()[1])
-    except (OSError, ValueError, IndexError):
-        ppid = -1
-    if ppid != parent:
-        os.close(fd)
-        return None
-    return fd
+    return _pin_if(pid, lambda fields: int(fields[1]) == parent)
 
 
 def pin_started(pid: int, start: int) -> int | None:
     """A pidfd for ``pid`` if it is the process that started at ``start`` and is not a zombie."""
+    return _pin_if(pid, lambda fields: fields[0] not in (b"Z", b"X") and int(fields[19]) == start)
+
+
+def _pin_if(pid: int, holds: Callable[[list[bytes]], bool]) -> int | None:
+    """A pidfd for ``pid`` if its ``/proc/PID/stat`` fields (after the name) satisfy ``holds``.
+
+    Pinned first, checked after: a pid recycled in between fails the check.
+    """
     try:
         fd = os.pidfd_open(pid)
     except OSError:
@@ -433,8 +428,7 @@ def pin_started(pid: int, start: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
-        fields = data[data.rfind(b")") + 2 :].split()
-        same = fields[0] not in (b"Z", b"X") and int(fields[19]) == start
+        same = holds(data[data.rfind(b")") + 2 :].split())
     except (OSError, ValueError, IndexError):
         same = False
     if not same:

@@ -390,18 +390,23 @@ async def test_drain_lets_runs_finish_and_starts_nothing_new(env: Env) -> None:
         assert d.queued == 2
 
 
-async def test_drain_interrupts_runs_still_active_when_the_grace_ends(env: Env) -> None:
+@pytest.mark.parametrize("reason", [EndReason.INTERRUPTED, EndReason.DETACHED])
+async def test_drain_cuts_off_runs_still_active_when_the_grace_ends(
+    env: Env, reason: EndReason
+) -> None:
+    # INTERRUPTED by default; a detaching shutdown leaves them to their supervisors.
     d, clock = env.dispatcher, env.clock
     async with serving(d):
         d.submit(env.make(A))
         clock.advance(1.0)
         call = await env.execute.started(A)
-        drained = asyncio.ensure_future(d.drain(5.0))
+        cut = d.drain(5.0) if reason is EndReason.INTERRUPTED else d.drain(5.0, reason=reason)
+        drained = asyncio.ensure_future(cut)
         clock.advance(5.0)
         await env.execute.cancelled(call)
         async with asyncio.timeout(GUARD_S):
             assert not await drained
-        assert call.run.end_reason is EndReason.INTERRUPTED
+        assert call.run.end_reason is reason
         assert d.active_runs == 0
 
 
@@ -459,21 +464,6 @@ def end_reason(call: Call) -> EndReason | None:
 
 
 # -- detaching shutdowns -------------------------------------------------------
-
-
-async def test_a_drain_may_detach_the_runs_it_cuts_off(env: Env) -> None:
-    d, clock = env.dispatcher, env.clock
-    async with serving(d):
-        d.submit(env.make(A))
-        clock.advance(1.0)
-        call = await env.execute.started(A)
-        drained = asyncio.ensure_future(d.drain(5.0, reason=EndReason.DETACHED))
-        clock.advance(5.0)
-        await env.execute.cancelled(call)
-        async with asyncio.timeout(GUARD_S):
-            assert not await drained
-        assert call.run.end_reason is EndReason.DETACHED
-        assert d.active_runs == 0
 
 
 async def test_a_cut_off_detaches_at_once(env: Env) -> None:
