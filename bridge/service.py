@@ -202,15 +202,15 @@ class Service:
         adopted: set[RunId] = set()
         for run in await self.store.running_runs():
             entry = registered.get(run.id)
-            messages = await self.store.messages(run.message_ids)
-            if (
+            followable = (
                 entry is not None
                 and entry.live.host == host
-                and messages
                 and self.settings.room(run.room) is not None
                 # No journal: the run ended here but its end could not be recorded.
                 and journal_exists(entry.live)
-            ):
+            )
+            messages = await self.store.messages(run.message_ids) if followable else []
+            if entry is not None and messages:
                 batch = Batch(run.room, tuple(messages))
                 self.dispatcher.adopt(batch, self.executor.reattach(entry, run.started_at))
                 log.info("run %s in %s: reattaching to its supervisor", run.id, run.room)

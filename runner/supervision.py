@@ -576,25 +576,15 @@ async def _spawned(  # noqa: PLR0917
     run) for a supervisor that says nothing of claude within :data:`WELCOME_S`.
     """
     hello: dict[str, Any] = {}
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] | None = None
     offset = 0
     source: asyncio.StreamReader | None = None
     from_file = False
     try:
         async with asyncio.timeout(WELCOME_S):
             if await _welcome(reader) is not None:
-                source = reader
-            while source is reader:
-                line = await _line(reader)
-                if line is None:
-                    source = None
-                    break
-                fields = parse_header(line)
-                offset += len(line)
-                if fields["t"] == "hello":
-                    hello = fields
-                elif fields["t"] in ("spawned", "spawn_failed"):
-                    break
+                fields, offset = await _until_spawned(reader, offset, hello)
+                source = reader if fields is not None else None
     except TimeoutError:
         killed = await _kill_unanswered(run_id, str(run_dir), pidfd, proc.pid)
         raise Unanswered(
@@ -606,14 +596,9 @@ async def _spawned(  # noqa: PLR0917
         await wait_exited([pidfd], SUPERVISOR_KILL_S)
         source = journal_from(run_dir, offset)
         from_file = True
-        while source is not None and (line := await _line(source)) is not None:
-            fields = parse_header(line)
-            offset += len(line)
-            if fields["t"] == "hello":
-                hello = fields
-            elif fields["t"] in ("spawned", "spawn_failed"):
-                break
-    if source is None or fields.get("t") not in ("spawned", "spawn_failed"):
+        if source is not None:
+            fields, offset = await _until_spawned(source, offset, hello)
+    if source is None or fields is None:
         await wait_exited([pidfd], SUPERVISOR_KILL_S)
         raise SpawnFailed(f"the run's supervisor exited with {proc.poll()}", None)
     if fields["t"] == "spawn_failed":
@@ -641,6 +626,21 @@ async def _spawned(  # noqa: PLR0917
         level = logging.WARNING if limits.memory_max or limits.pids_max else logging.DEBUG
         log.log(level, "run %s has no cgroup of its own: %s", run_id, fields["cgroup_error"])
     return supervised
+
+
+async def _until_spawned(
+    source: asyncio.StreamReader, offset: int, hello: dict[str, Any]
+) -> tuple[dict[str, Any] | None, int]:
+    """Read records up to ``spawned`` or ``spawn_failed`` (``hello`` is filled on the way):
+    that record, or None if the stream ended first; and the offset just past it."""
+    while (line := await _line(source)) is not None:
+        fields = parse_header(line)
+        offset += len(line)
+        if fields["t"] == "hello":
+            hello.update(fields)
+        elif fields["t"] in ("spawned", "spawn_failed"):
+            return fields, offset
+    return None, offset
 
 
 async def _kill_unanswered(run_id: RunId, run_dir: str, pidfd: int, pid: int) -> int:
