@@ -9,11 +9,11 @@ minute. "Sequential" is one acceptor awaiting each commit; "concurrent" is
 (the transport waits this long before acknowledging upstream).
 
 Per run: ``--runs`` runs one after another, each the store calls a plain
-run makes in order (accept, get_session, start_run, set_run_pid, finish_run
-with its answer), timed per step and in all. "as built" is the store as it
-is; "all synced" is the same store made to commit start_run and
-set_run_pid with a disk sync and to read on the writer connection, as it
-did before (the difference is what those choices save per run).
+run makes in order (accept, get_session, start_run, register_live_run,
+finish_run with its answer), timed per step and in all. "as built" is the
+store as it is; "all synced" is the same store made to commit every write
+with a disk sync and to read on the writer connection, as it did before
+(the difference is what those choices save per run).
 
 Reads beside writes: a room's session read (``get_session``, before every
 run) over and over while ``--acceptors`` tasks accept messages, in slices
@@ -55,6 +55,7 @@ from bridge.core.model import (
     Batch,
     ExternalMessageId,
     InboundMessage,
+    LiveRun,
     Reply,
     RoomId,
     RoomKey,
@@ -116,7 +117,7 @@ def ms(latencies: list[float], p: float) -> float:
     return cuts[round(p) - 1] * 1000
 
 
-PATH_STEPS = ("accept", "get_session", "start_run", "set_run_pid", "finish_run", "run")
+PATH_STEPS = ("accept", "get_session", "start_run", "register_live_run", "finish_run", "run")
 
 
 @dataclass(frozen=True)
@@ -139,14 +140,15 @@ async def run_path(store: SqlStore, ids: Ids, runs: int) -> dict[str, list[float
         read = time.perf_counter()
         await store.start_run(run_id, Batch(ROOM, (msg,)), time.time())
         started = time.perf_counter()
-        await store.set_run_pid(run_id, 4242)
-        pid = time.perf_counter()
+        where = LiveRun(run_id, 4240, 2**40, 4242, f"/var/lib/chatbridge/runs/{run_id}", "host")
+        await store.register_live_run(where, time.time())
+        registered = time.perf_counter()
         report = RunReport(RunStatus.SUCCEEDED, session_id=SessionId("bench"))
         await store.finish_run(
             run_id, report, time.time(), [Reply(ROOM, "the answer")], keep_session=True
         )
         ended = time.perf_counter()
-        marks = (began, accepted, read, started, pid, ended)
+        marks = (began, accepted, read, started, registered, ended)
         for step, (a, b) in zip(PATH_STEPS, itertools.pairwise(marks), strict=False):
             steps[step].append(b - a)
         steps["run"].append(ended - began)

@@ -9,8 +9,11 @@ and this module records the run as the dispatcher says it ended
 
 The start of a run: the room's session is read, claude is spawned, and only
 then is the room shown that it runs (phase, typing, and the progress message
-once the run has lasted ``[progress] show_after_s``); the pid is written
-beside the stream, never in front of it.
+once the run has lasted ``[progress] show_after_s``), and that only after
+the run is in the registry of live runs (where its detached supervisor is
+reached, and claude's pid), written beside the stream, never in front of it.
+A run still running at a detaching shutdown is left to its supervisor; the
+next start reattaches it (:meth:`RunExecutor.reattach`).
 
 The end of a run, in this order: the moment claude prints a non-error
 ``result`` line, that answer is the outcome. It is recorded with the reply
@@ -35,8 +38,8 @@ so "Working…" lands above the answer, and it is finished after the answer.
 Store errors on the way in: a failing ``start_run`` is retried in order
 while the batch keeps its room (newer messages cannot overtake it), for a
 bounded time; then the room is told and the messages stay pending for the
-next start. A failing pid write is only logged: the run goes on (the crash
-sweep finds a run's processes by their marker, not by the pid).
+next start. A failing registration is only logged: the run goes on (a
+restart during it cannot reattach it, and stops and reports it instead).
 """
 
 from __future__ import annotations
@@ -235,11 +238,6 @@ class _Live:
     answer: asyncio.Task[Callable[[], Awaitable[None]]] | None = None
     """Records the answer and hands it to the outbox, from the moment claude printed it."""
     init: Init | None = None
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    """Pid writes: kept off the path that reads claude's output."""
-
-    def own(self, work: Coroutine[Any, Any, None]) -> None:
-        self.tasks.append(asyncio.create_task(work))
 
     def at(self, offset: int) -> None:
         """The runner's ``on_position``: the next events are those of the line ending here."""
@@ -263,6 +261,15 @@ class _Live:
             and self.answer is None
         )
         return self.detached
+
+
+async def _wind_down(live: _Live) -> None:
+    """Cancel what runs beside the run (opening, progress, offsets) and wait for it all,
+    the registration included (a store write, bounded by the store)."""
+    beside = [t for t in (live.opening, live.pump, live.offsets) if t is not None]
+    for task in beside:
+        task.cancel()
+    await asyncio.gather(*filter(None, (live.registered,)), *beside, return_exceptions=True)
 
 
 @dataclass(slots=True)
@@ -504,20 +511,18 @@ class RunExecutor:
 
         async def on_event(event: RunEvent) -> None:
             match event:
-                case Spawned(pid=pid, live=supervisor):
+                case Spawned(live=supervisor):
                     # claude runs: only now the room is shown that it does, once
-                    # the registry can find the run again after a restart.
-                    if supervisor is None:
-                        live.own(self._record_pid(run.id, pid))
-                    else:
-                        live.supervisor = supervisor
-                        live.registered = asyncio.create_task(
-                            self._register(run.id, supervisor), name=f"register {run.id}"
+                    # the registry (which takes claude's pid too) can find the
+                    # run again after a restart.
+                    live.supervisor = supervisor
+                    live.registered = asyncio.create_task(
+                        self._register(run.id, supervisor), name=f"register {run.id}"
+                    )
+                    if live.offsets is None:
+                        live.offsets = asyncio.create_task(
+                            self._keep_offsets(run.id, live), name=f"offsets {run.id}"
                         )
-                        if live.offsets is None:
-                            live.offsets = asyncio.create_task(
-                                self._keep_offsets(run.id, live), name=f"offsets {run.id}"
-                            )
                     if live.opening is None:
                         live.opening = asyncio.create_task(
                             self._opening(run, live), name=f"opening {run.id}"
@@ -552,13 +557,6 @@ class RunExecutor:
 
         return on_event
 
-    async def _record_pid(self, run_id: RunId, pid: int) -> None:
-        try:
-            await self.store.set_run_pid(run_id, pid)
-        except StoreError:
-            # Informational only: the run goes on.
-            log.warning("could not record the run's pid %d", pid, exc_info=True)
-
     async def _register(self, run_id: RunId, supervisor: LiveRun) -> bool:
         """Put the run into the registry of live runs (synced); whether it is there."""
         try:
@@ -577,29 +575,31 @@ class RunExecutor:
         while True:
             await live.shown_moved.wait()
             live.shown_moved.clear()
-            if live.registered is not None and await live.registered and live.shown > written:
-                try:
-                    await self.store.set_delivered_offset(run_id, live.shown)
-                    written = live.shown
-                except StoreError:
-                    log.debug("could not record the run's delivered offset", exc_info=True)
+            shown = live.shown
+            if (
+                live.registered is not None
+                and await live.registered
+                and shown > written
+                and await self._note_shown(run_id, shown)
+            ):
+                written = shown
             await asyncio.sleep(OFFSET_WRITE_INTERVAL_S)
+
+    async def _note_shown(self, run_id: RunId, offset: int) -> bool:
+        """Record the room's progress through the run's journal; whether it was recorded
+        (a failure costs only a repeat of that progress after a restart)."""
+        try:
+            await self.store.set_delivered_offset(run_id, offset)
+        except StoreError:
+            log.debug("could not record the run's delivered offset", exc_info=True)
+            return False
+        return True
 
     async def _leave(self, run: _Run, live: _Live) -> None:
         """At a detaching shutdown: the run goes on without us; its progress so far is noted."""
-        for task in (live.opening, live.pump, live.offsets):
-            if task is not None:
-                task.cancel()
-        await asyncio.gather(
-            *live.tasks,
-            *filter(None, (live.opening, live.pump, live.offsets)),
-            return_exceptions=True,
-        )
+        await _wind_down(live)
         if live.shown >= 0:
-            try:
-                await self.store.set_delivered_offset(run.id, live.shown)
-            except StoreError:
-                log.debug("could not record the run's delivered offset", exc_info=True)
+            await self._note_shown(run.id, live.shown)
         # The next start posts a message of its own: this one says why it stopped.
         self._finish_later(run, LEFT_RUNNING)
         log.info("left the run to its supervisor; the next start reattaches it")
@@ -652,15 +652,7 @@ class RunExecutor:
             await self._cosmetics(run, live, report.status, settled)
         finally:
             # Nothing the run started outlives it (after a failure above too).
-            for task in (live.opening, live.pump, live.offsets):
-                if task is not None:
-                    task.cancel()
-            # Pid writes and the registration: store writes, each bounded by the store.
-            await asyncio.gather(
-                *live.tasks,
-                *filter(None, (live.registered, live.opening, live.pump, live.offsets)),
-                return_exceptions=True,
-            )
+            await _wind_down(live)
             # The run is over and the room was told, through the store or (when
             # the outcome could not be recorded) around it: the journal has
             # served. Were it kept, a restart would replay the answer again.

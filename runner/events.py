@@ -21,7 +21,7 @@ class Spawned:
     """
 
     pid: int
-    live: LiveRun | None = None
+    live: LiveRun
 
 
 @dataclass(frozen=True, slots=True)

@@ -150,8 +150,6 @@ class Store(Protocol):
         """Record a running run and mark its messages dispatched into it, atomically."""
         ...
 
-    async def set_run_pid(self, run_id: RunId, pid: int) -> None: ...
-
     async def register_live_run(self, live: LiveRun, at: float) -> None:
         """Record where the run's supervisor is reached, and claude's pid, durably.
 
@@ -159,7 +157,7 @@ class Store(Protocol):
         re-registers): the supervisor's whereabouts, claude's pid and
         ``registered_at`` become these; the delivered offset is kept (it is
         the room's progress, which a reattach must not show again). The
-        run's pid becomes ``live.claude_pid`` (as :meth:`set_run_pid`). One
+        run's pid becomes ``live.claude_pid``. One
         transaction, synced to disk before this returns: the bridge reports
         the run as started only after it. The room comes from the run's row.
         A run that is not running (unknown, or already finished) raises

@@ -253,10 +253,6 @@ class MemoryStore:
             detail=f"{len(batch.ids)} message(s)",
         )
 
-    async def set_run_pid(self, run_id: RunId, pid: int) -> None:
-        """Record the process id of a run's ``claude`` process."""
-        self._runs[run_id] = replace(self._run(run_id), pid=pid)
-
     async def register_live_run(self, live: LiveRun, at: float) -> None:
         """Record (or replace) where the run's supervisor is, and claude's pid."""
         run = self._run(live.run_id)

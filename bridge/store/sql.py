@@ -7,8 +7,9 @@ Cancellation is not an error and propagates untouched.
 The cost of a run on the critical path is two commits synced to disk:
 ``accept`` (the transport acknowledges upstream after it) and ``finish_run``
 (the outcome with the answer). ``start_run``, which claude's spawn waits
-for, commits without a sync; ``set_run_pid`` or ``register_live_run``,
-made beside the running process, syncs it (why: :meth:`SqlStore.start_run`).
+for, commits without a sync; ``register_live_run`` (where the run's
+supervisor is reached, and claude's pid), made beside the running process,
+syncs it (why: :meth:`SqlStore.start_run`).
 ``set_delivered_offset``, the room's progress through a run's journal, is
 not synced: losing the last few only repeats a little progress. Reads run in
 read-only transactions on reader connections (:func:`create_reader`), never
@@ -477,7 +478,7 @@ class SqlStore:
           ``message_dispatched`` rows gone: recovery re-queues pending
           messages and they run again (the process died with the OS).
         - The next synced commit on the writer writes the log up to and
-          including this one: :meth:`set_run_pid`, right after the spawn,
+          including this one: :meth:`register_live_run`, right after the spawn,
           which is why that one syncs. So a re-run after an OS crash is
           only possible for a run whose claude had started milliseconds
           before, too early to have acted; any run that may have acted is
@@ -532,26 +533,15 @@ class SqlStore:
             audit.append(_audit_values(started, at, room, run_id=run_id, detail=detail))
             await s.execute(insert_statement(_AUDIT), audit)
 
-    async def set_run_pid(self, run_id: RunId, pid: int) -> None:
-        """Record the process id of a run's ``claude`` process.
+    async def register_live_run(self, live: LiveRun, at: float) -> None:
+        """Record (or replace) where the run's supervisor is reached, and claude's pid.
 
         Committed with a disk sync, which makes the run's start (committed
         without one, see :meth:`start_run`) durable as well: from here on an
         OS crash leaves a run that recovery reports, never one that silently
-        runs again. The caller makes this write beside the running process,
-        so the sync is not on the answer's path.
-        """
-        async with self._transaction() as s:
-            result = await s.execute(update(RunRow).where(RunRow.id == run_id).values(pid=pid))
-            if _rowcount(result) == 0:
-                raise StoreError(f"no run {run_id}")
-
-    async def register_live_run(self, live: LiveRun, at: float) -> None:
-        """Record (or replace) where the run's supervisor is reached, and claude's pid.
-
-        Committed with a disk sync, like :meth:`set_run_pid`, whose place it
-        takes for a detached run: it makes the run's start durable too, and
-        the bridge reports the run as started only after it.
+        runs again. The bridge makes this write beside the running process,
+        so the sync is not on the answer's path, and reports the run as
+        started only after it.
 
         The run's row is updated first, on the condition that it is running:
         that row lock orders this against a concurrent :meth:`finish_run` on

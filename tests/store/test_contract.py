@@ -247,16 +247,6 @@ async def test_duplicate_run_id_is_an_error(store: InspectableStore) -> None:
     assert await store.pending_messages() == [b]
 
 
-async def test_set_run_pid(store: InspectableStore) -> None:
-    rid = await start(store, "run-1", await accept_many(store, 1))
-    await store.set_run_pid(rid, 4242)
-    run = await store.get_run(rid)
-    assert run is not None
-    assert run.pid == 4242
-    with pytest.raises(StoreError):
-        await store.set_run_pid(RunId("nope"), 1)
-
-
 async def test_finish_run_records_report(store: InspectableStore) -> None:
     msgs = await accept_many(store, 2)
     rid = await start(store, "run-1", msgs, at=200.0)

@@ -118,7 +118,8 @@ SQL = pytest.mark.parametrize("backend", SQL_BACKENDS, indirect=True)
 async def test_a_plain_run_syncs_twice_on_the_answers_path(watched: Watched) -> None:
     """Accept and finish sync; start and every read do not wait for the disk.
 
-    The pid's commit syncs, off the answer's path: it makes the start durable.
+    The registration's commit (with claude's pid) syncs, off the answer's
+    path: it makes the start durable.
     """
     store, writer = watched.store, watched.writer
     with writer.during("accept"):
@@ -128,14 +129,14 @@ async def test_a_plain_run_syncs_twice_on_the_answers_path(watched: Watched) -> 
         assert await store.get_session(ROOM) is None
     with writer.during("start_run"):
         await store.start_run(RUN, Batch(ROOM, (msg,)), 2.0)
-    with writer.during("set_run_pid"):
-        await store.set_run_pid(RUN, 4242)
+    with writer.during("register_live_run"):
+        await store.register_live_run(LIVE, 2.5)
     with writer.during("finish_run"):
         report = RunReport(RunStatus.SUCCEEDED, session_id=SessionId("s1"))
         [answer] = await store.finish_run(
             RUN, report, 3.0, [Reply(ROOM, "the answer")], keep_session=True
         )
-    assert writer.synced == ["accept", "set_run_pid", "finish_run"]
+    assert writer.synced == ["accept", "register_live_run", "finish_run"]
     assert writer.unsynced == ["start_run"]
     on_the_answers_path = ("accept", "get_session", "start_run", "finish_run")
     assert [c for c in writer.synced if c in on_the_answers_path] == ["accept", "finish_run"]
@@ -237,7 +238,7 @@ async def test_an_os_crash_loses_at_most_the_start_of_a_run(tmp_path: Path) -> N
         assert wal.stat().st_size > synced_size  # written, just not synced
         # Copied while the store is open: closing would checkpoint the log.
         crashed = crash_copy(path, synced_size, tmp_path / "crashed")
-        await store.set_run_pid(RUN, 4242)
+        await store.register_live_run(LIVE, 2.5)  # with claude's pid, 4242
         pid_recorded = crash_copy(path, wal.stat().st_size, tmp_path / "pid")
     finally:
         await store.close()
