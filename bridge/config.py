@@ -12,7 +12,7 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, get_args
 
 from pydantic import (
     BaseModel,
@@ -58,6 +58,17 @@ class RunnerSettings(_Section):
     """A run with no chatbridge attached for this long is stopped by its supervisor."""
     spool_max_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024)
     """A run's journal stops taking progress at this size (its answer is always kept)."""
+    prestart: bool = False
+    """Start claude when a batch opens in an idle room, so the run skips the cold start."""
+    max_prestarts: int | None = Field(None, ge=0)
+    """Prestarted claudes at once; None: as many as ``max_concurrent_runs``."""
+
+    @property
+    def prestart_limit(self) -> int:
+        """How many prestarts may wait at once (0 when prestart is off)."""
+        if not self.prestart:
+            return 0
+        return self.max_concurrent_runs if self.max_prestarts is None else self.max_prestarts
 
     @field_validator("cgroup_root")
     @classmethod
@@ -65,6 +76,16 @@ class RunnerSettings(_Section):
         if value not in ("auto", "off") and not value.startswith("/"):
             raise ValueError('must be "auto", "off" or an absolute path')
         return value
+
+    @model_validator(mode="after")
+    def _prestarts_fit(self) -> Self:
+        # A prestart holds a run slot's worth of claude: more than the slots is a typo.
+        if self.max_prestarts is not None and self.max_prestarts > self.max_concurrent_runs:
+            raise ValueError(
+                f"max_prestarts ({self.max_prestarts}) must not exceed"
+                f" max_concurrent_runs ({self.max_concurrent_runs})"
+            )
+        return self
 
 
 _MEMORY_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
@@ -120,14 +141,25 @@ class CommandSettings(_Section):
         return value
 
 
+PermissionModeSetting = Literal[
+    "", "acceptEdits", "auto", "bypassPermissions", "default", "dontAsk", "plan"
+]
+"""claude's ``--permission-mode`` values; empty: claude's default. One literal, so a
+typo gets one error listing them all."""
+
+PERMISSION_MODES: tuple[str, ...] = tuple(m for m in get_args(PermissionModeSetting) if m)
+"""The modes ``!mode`` takes."""
+
+DuringRun = Literal["queue", "steer", "interrupt"]
+"""What messages arriving while a room's run is going do (docs/live-runs.md)."""
+
+
 class RoomDefaults(_Section):
     """What every room inherits; a ``[[rooms]]`` entry may override any key."""
 
     cwd: Path = Path()
     model: str = ""
-    permission_mode: Literal[
-        "", "acceptEdits", "auto", "bypassPermissions", "default", "dontAsk", "plan"
-    ] = ""
+    permission_mode: PermissionModeSetting = ""
     allowed_tools: tuple[str, ...] = ()
     disallowed_tools: tuple[str, ...] = ()
     append_system_prompt: str = ""
@@ -142,6 +174,16 @@ class RoomDefaults(_Section):
     """A run's memory limit in bytes (``"512M"``, ``"2G"`` accepted); needs cgroup v2."""
     pids_max: int | None = Field(None, ge=1)
     """A run's limit on processes and threads; needs cgroup v2."""
+    approve_tools: bool = False
+    """Tool uses claude's own rules do not decide are asked in the room, not refused."""
+    approvers: tuple[str, ...] = ()
+    """Who may answer those requests (and use ``!model``/``!mode``); empty: ``allowed_users``."""
+    require_other_approver: bool = False
+    """A request cannot be approved by a sender of the messages the run is working on."""
+    approval_timeout_s: float = Field(900, gt=0)
+    """A request unanswered this long is denied (claude is told it timed out)."""
+    during_run: DuringRun = "queue"
+    """Messages during a run: ``queue`` (a follow-up run), ``steer`` (into it), ``interrupt``."""
 
     @field_validator("memory_max", mode="before")
     @classmethod
@@ -153,6 +195,14 @@ class RoomDefaults(_Section):
                 raise ValueError(f"{value!r} is not a size like 512M or 2G")
             return int(number) * _MEMORY_UNITS[unit]
         return value
+
+    @field_validator("approvers")
+    @classmethod
+    def _approvers_are_ids(cls, approvers: tuple[str, ...]) -> tuple[str, ...]:
+        for approver in approvers:
+            if not approver.strip() or approver != approver.strip():
+                raise ValueError(f"{approver!r} is not a sender id")
+        return approvers
 
     @field_validator("allowed_tools", "disallowed_tools")
     @classmethod
@@ -218,6 +268,11 @@ class RoomSettings(RoomDefaults):
 
     def allows(self, sender: UserId) -> bool:
         return "*" in self.allowed_users or sender in self.allowed_users
+
+    def approves(self, sender: UserId) -> bool:
+        """Whether ``sender`` is one of the room's approvers (by default its allowed users)."""
+        approvers = self.approvers or self.allowed_users
+        return "*" in approvers or sender in approvers
 
 
 class ConsoleSettings(_Section):

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
-from bridge.config import load_settings
-from bridge.core.model import RoomId, RoomKey, TransportName
+from bridge.config import PERMISSION_MODES, PermissionModeSetting, load_settings
+from bridge.core.model import RoomId, RoomKey, TransportName, UserId
 from bridge.errors import ConfigError
 
 MATRIX_ROOM = RoomKey(TransportName("matrix"), RoomId("!abc:example.org"))
@@ -109,6 +110,16 @@ def test_environment_overrides_file_values(tmp_path: Path, monkeypatch: pytest.M
         ),
         ("[[rooms]]\ntransport = 'console'\nid = 'other'\n", "console room's id"),
         ("[commands]\nprefix = 'c'\n", "commands.prefix"),
+        ("[defaults]\napproval_timeout_s = 0\n", "defaults.approval_timeout_s"),
+        ("[defaults]\nduring_run = 'later'\n", "defaults.during_run"),
+        ("[defaults]\napprovers = ['']\n", "defaults.approvers"),
+        ("[defaults]\napprove_tools = 'maybe'\n", "defaults.approve_tools"),
+        (
+            "[[rooms]]\ntransport = 'console'\nid = 'console'\nrequire_other_approver = 2\n",
+            "rooms[0].require_other_approver",
+        ),
+        ("[runner]\nmax_prestarts = -1\n", "runner.max_prestarts"),
+        ("[runner]\nmax_concurrent_runs = 2\nmax_prestarts = 3\n", "must not exceed"),
     ],
 )
 def test_invalid_configuration_names_the_key(tmp_path: Path, text: str, expected: str) -> None:
@@ -248,3 +259,70 @@ extra_args = ["--mcp-config", "sk-room-secret"]
         "--verbose",
         "--settings=**********",
     ]
+
+
+def test_approval_settings_default_off_and_rooms_override_them(tmp_path: Path) -> None:
+    settings = load_settings(
+        write(
+            tmp_path,
+            """
+[defaults]
+allowed_users = ["@a:x", "@b:x"]
+approval_timeout_s = 60
+
+[[rooms]]
+transport = "console"
+id = "console"
+approve_tools = true
+approvers = ["@b:x"]
+require_other_approver = true
+during_run = "steer"
+""",
+        )
+    )
+    defaults = settings.defaults
+    assert (defaults.approve_tools, defaults.approvers, defaults.during_run) == (False, (), "queue")
+    assert not defaults.require_other_approver
+    room = settings.room(RoomKey(TransportName("console"), RoomId("console")))
+    assert room is not None
+    assert (room.approve_tools, room.approvers, room.during_run) == (True, ("@b:x",), "steer")
+    assert room.require_other_approver
+    assert room.approval_timeout_s == 60
+    assert room.approves(UserId("@b:x"))
+    assert not room.approves(UserId("@a:x"))
+
+
+def test_without_approvers_the_allowed_users_approve(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, "[defaults]\nallowed_users = ['@a:x']\n"))
+    room = settings.room(RoomKey(TransportName("console"), RoomId("console")))
+    assert room is not None
+    assert room.approves(UserId("@a:x"))
+    assert not room.approves(UserId("@z:x"))
+
+
+@pytest.mark.parametrize(
+    ("text", "limit"),
+    [
+        ("", 0),
+        ("[runner]\nprestart = true\n", 4),
+        ("[runner]\nprestart = true\nmax_prestarts = 1\n", 1),
+        ("[runner]\nprestart = true\nmax_prestarts = 0\n", 0),
+        ("[runner]\nmax_prestarts = 2\n", 0),
+    ],
+)
+def test_prestart_limit_defaults_to_the_run_slots(tmp_path: Path, text: str, limit: int) -> None:
+    assert load_settings(write(tmp_path, text)).runner.prestart_limit == limit
+
+
+def test_approval_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHATBRIDGE_DEFAULTS__APPROVERS", '["@c:x"]')
+    monkeypatch.setenv("CHATBRIDGE_DEFAULTS__DURING_RUN", "interrupt")
+    monkeypatch.setenv("CHATBRIDGE_RUNNER__MAX_PRESTARTS", "2")
+    settings = load_settings(None)
+    assert settings.defaults.approvers == ("@c:x",)
+    assert settings.defaults.during_run == "interrupt"
+    assert settings.runner.max_prestarts == 2
+
+
+def test_mode_command_takes_the_permission_modes_of_the_setting() -> None:
+    assert set(PERMISSION_MODES) == set(get_args(PermissionModeSetting)) - {""}
