@@ -49,6 +49,18 @@ class AuditAction(StrEnum):
     STOP_REQUESTED = "stop_requested"
     RETRY_REQUESTED = "retry_requested"
     SESSION_RESET = "session_reset"
+    APPROVAL_ASKED = "approval_asked"
+    """claude asked to use a tool; the room was asked (detail: number and tool)."""
+    APPROVAL_ALLOWED = "approval_allowed"
+    """Allowed by the actor, once or for the session (detail says which)."""
+    APPROVAL_DENIED = "approval_denied"
+    """Denied by the actor (detail: the reason)."""
+    APPROVAL_EXPIRED = "approval_expired"
+    """Nobody answered in time: denied, claude was told it timed out."""
+    APPROVAL_CANCELLED = "approval_cancelled"
+    """The run ended (or was stopped) while the request waited."""
+    ROOM_OVERRIDE_SET = "room_override_set"
+    """``!model`` or ``!mode`` changed what the room's runs use (detail: which, to what)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +125,55 @@ class RegisteredRun:
     delivered_offset: int
     """Journal offset up to which the room has been shown the run's output."""
     registered_at: float
+
+
+class ApprovalState(StrEnum):
+    """Where a tool-use request stands; only ``pending`` ever changes."""
+
+    PENDING = "pending"
+    ALLOWED = "allowed"
+    ALLOWED_SESSION = "allowed_session"
+    """Allowed, with claude's suggested rules for the rest of the session."""
+    DENIED = "denied"
+    EXPIRED = "expired"
+    """Not answered before ``expires_at``: denied as timed out."""
+    CANCELLED = "cancelled"
+    """Its run ended while it waited: nobody can answer it any more."""
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    """A request of a run's claude to use a tool, asked in the run's room."""
+
+    id: int
+    """The store's id; increases in asking order."""
+    room: RoomKey
+    number: int
+    """Short per-room number people type (``!approve #3``): never reused in a room."""
+    run_id: RunId
+    request_id: str
+    """The CLI's ``control_request`` id, which the answer must carry."""
+    tool_name: str
+    input_json: str
+    """The tool's input as claude sent it (a JSON object)."""
+    asked_at: float
+    expires_at: float
+    message_id: ExternalMessageId | None
+    """The room message that asks (buttons, reactions), once it was posted."""
+    state: ApprovalState
+    decided_by: UserId | None
+    """None while pending, and for decisions nobody made (expiry, cancellation)."""
+    decided_at: float | None
+    reason: str
+    """Why it was denied or cancelled; empty otherwise."""
+
+
+@dataclass(frozen=True, slots=True)
+class RoomOverrides:
+    """What ``!model`` and ``!mode`` set for a room's next runs; None: the configured value."""
+
+    model: str | None = None
+    permission_mode: str | None = None
 
 
 class StoreError(Exception):
@@ -284,6 +345,82 @@ class Store(Protocol):
 
     async def set_session(self, room: RoomKey, session_id: SessionId | None) -> None: ...
 
+    async def room_overrides(self, room: RoomKey) -> RoomOverrides:
+        """The room's model and permission mode set by command (none set: both None)."""
+        ...
+
+    async def set_room_model(self, room: RoomKey, model: str | None) -> None:
+        """Set (None: clear) the model the room's next runs use; kept across ``!reset``."""
+        ...
+
+    async def set_room_mode(self, room: RoomKey, mode: str | None) -> None:
+        """Set (None: clear) the permission mode the room's next runs use."""
+        ...
+
+    # Approvals
+
+    async def add_approval(
+        self,
+        room: RoomKey,
+        run_id: RunId,
+        request_id: str,
+        *,
+        tool_name: str,
+        input_json: str,
+        asked_at: float,
+        expires_at: float,
+    ) -> Approval:
+        """Record a pending request under the room's next number, audited, atomically.
+
+        Idempotent on (``run_id``, ``request_id``): a reattached run replays
+        its unanswered requests, and the one already recorded (whatever its
+        state) is returned unchanged. Numbers increase per room and are never
+        reused, not even after pruning.
+        """
+        ...
+
+    async def set_approval_message(self, approval: Approval, message_id: ExternalMessageId) -> None:
+        """Remember the room message that asks (reactions and buttons find it by this)."""
+        ...
+
+    async def pending_approvals(self, room: RoomKey | None = None) -> list[Approval]:
+        """Pending requests (of one room, or of all), oldest first."""
+        ...
+
+    async def approval_by_number(self, room: RoomKey, number: int) -> Approval | None: ...
+
+    async def approval_by_message(
+        self, room: RoomKey, message_id: ExternalMessageId
+    ) -> Approval | None: ...
+
+    async def decide_approval(
+        self,
+        approval: Approval,
+        state: ApprovalState,
+        decided_by: UserId | None,
+        decided_at: float,
+        reason: str = "",
+    ) -> bool:
+        """Decide a pending request (allowed, allowed_session, denied, expired), audited.
+
+        Compare-and-set: only a request still pending changes, so of two
+        approvers answering at once exactly one call returns True; the
+        other changes nothing, audits nothing and returns False.
+        """
+        ...
+
+    async def cancel_approvals(self, run_id: RunId, why: str, at: float) -> list[Approval]:
+        """Cancel the run's pending requests (it ended), audited; returns them as cancelled."""
+        ...
+
+    async def expired_approvals(self, now: float) -> list[Approval]:
+        """Pending requests whose ``expires_at`` is not after ``now``, oldest first.
+
+        They stay pending: the caller denies each with ``decide_approval``
+        (state ``expired``) and tells its run.
+        """
+        ...
+
     async def audit(
         self,
         action: AuditAction,
@@ -309,7 +446,8 @@ class Store(Protocol):
     async def prune(self, older_than: float) -> int:
         """Delete audit rows, finished messages and finished runs older than ``older_than``.
 
-        Also outbox entries delivered or given up before then. Never touches
+        Also outbox entries delivered or given up before then, and
+        approvals decided before then (pending ones are kept). Never touches
         pending or dispatched messages, running runs or pending deliveries
         (registered runs are running; a registry row would go with its run).
         Returns how many rows were deleted.

@@ -27,20 +27,27 @@ from bridge.core.model import (
     UserId,
 )
 from bridge.store.base import (
+    Approval,
+    ApprovalState,
     AuditAction,
     AuditRecord,
     DeliveryState,
     OutboxEntry,
     RegisteredRun,
+    RoomOverrides,
     RunRecord,
     StoreError,
 )
 from bridge.store.rules import (
+    APPROVAL_ACTIONS,
     LIVE_STATES,
+    approval_detail,
+    approval_reason,
     delivery_key,
     excerpt,
     finished_message_state,
     ignored_detail,
+    require_decision,
     require_storable,
 )
 
@@ -65,6 +72,11 @@ class MemoryStore:
         self._runs: dict[RunId, RunRecord] = {}
         self._live: dict[RunId, RegisteredRun] = {}
         self._sessions: dict[RoomKey, SessionId] = {}
+        self._overrides: dict[RoomKey, RoomOverrides] = {}
+        # By id, which is asking order; numbers count per room and never go back.
+        self._approvals: dict[int, Approval] = {}
+        self._last_number: dict[RoomKey, int] = {}
+        self._next_approval = 1
         self._audit: list[AuditRecord] = []
         self._outbox: dict[int, OutboxEntry] = {}
         self._next_outbox = 1
@@ -448,6 +460,168 @@ class MemoryStore:
 
     # Audit
 
+    # Room overrides
+
+    async def room_overrides(self, room: RoomKey) -> RoomOverrides:
+        """The model and permission mode set by command for the room, if any."""
+        self._check_open()
+        return self._overrides.get(room, RoomOverrides())
+
+    async def set_room_model(self, room: RoomKey, model: str | None) -> None:
+        """Set (None: clear) the model of the room's next runs."""
+        self._check_open()
+        if model is not None:
+            require_storable(model)
+        self._overrides[room] = replace(await self.room_overrides(room), model=model)
+
+    async def set_room_mode(self, room: RoomKey, mode: str | None) -> None:
+        """Set (None: clear) the permission mode of the room's next runs."""
+        self._check_open()
+        if mode is not None:
+            require_storable(mode)
+        self._overrides[room] = replace(await self.room_overrides(room), permission_mode=mode)
+
+    # Approvals
+
+    async def add_approval(
+        self,
+        room: RoomKey,
+        run_id: RunId,
+        request_id: str,
+        *,
+        tool_name: str,
+        input_json: str,
+        asked_at: float,
+        expires_at: float,
+    ) -> Approval:
+        """Record a pending request under the room's next number; a replay returns the first."""
+        self._check_open()
+        for approval in self._approvals.values():
+            if approval.run_id == run_id and approval.request_id == request_id:
+                return approval
+        for text in (request_id, tool_name, input_json):
+            require_storable(text)
+        number = self._last_number.get(room, 0) + 1
+        self._last_number[room] = number
+        approval = Approval(
+            id=self._next_approval,
+            room=room,
+            number=number,
+            run_id=run_id,
+            request_id=request_id,
+            tool_name=tool_name,
+            input_json=input_json,
+            asked_at=asked_at,
+            expires_at=expires_at,
+            message_id=None,
+            state=ApprovalState.PENDING,
+            decided_by=None,
+            decided_at=None,
+            reason="",
+        )
+        self._next_approval += 1
+        self._approvals[approval.id] = approval
+        self._write_audit(
+            AuditAction.APPROVAL_ASKED,
+            asked_at,
+            room=room,
+            run_id=run_id,
+            detail=approval_detail(approval, ApprovalState.PENDING),
+        )
+        return approval
+
+    async def set_approval_message(self, approval: Approval, message_id: ExternalMessageId) -> None:
+        """Remember the room message that asks."""
+        self._check_open()
+        stored = self._approvals.get(approval.id)
+        if stored is not None:
+            self._approvals[approval.id] = replace(stored, message_id=message_id)
+
+    async def pending_approvals(self, room: RoomKey | None = None) -> list[Approval]:
+        """Pending requests, of one room or of all, oldest first."""
+        self._check_open()
+        return [
+            a
+            for a in self._approvals.values()
+            if a.state is ApprovalState.PENDING and (room is None or a.room == room)
+        ]
+
+    async def approval_by_number(self, room: RoomKey, number: int) -> Approval | None:
+        """The room's request with this number, whatever its state."""
+        self._check_open()
+        return next(
+            (a for a in self._approvals.values() if a.room == room and a.number == number), None
+        )
+
+    async def approval_by_message(
+        self, room: RoomKey, message_id: ExternalMessageId
+    ) -> Approval | None:
+        """The room's request asked by this message, whatever its state."""
+        self._check_open()
+        return next(
+            (a for a in self._approvals.values() if a.room == room and a.message_id == message_id),
+            None,
+        )
+
+    async def decide_approval(
+        self,
+        approval: Approval,
+        state: ApprovalState,
+        decided_by: UserId | None,
+        decided_at: float,
+        reason: str = "",
+    ) -> bool:
+        """Decide the request if it is still pending, audited."""
+        self._check_open()
+        require_decision(state)
+        require_storable(reason)
+        reason = approval_reason(reason)
+        stored = self._approvals.get(approval.id)
+        if stored is None or stored.state is not ApprovalState.PENDING:
+            return False
+        self._approvals[approval.id] = replace(
+            stored, state=state, decided_by=decided_by, decided_at=decided_at, reason=reason
+        )
+        self._write_audit(
+            APPROVAL_ACTIONS[state],
+            decided_at,
+            room=stored.room,
+            actor=decided_by,
+            run_id=stored.run_id,
+            detail=approval_detail(stored, state, reason),
+        )
+        return True
+
+    async def cancel_approvals(self, run_id: RunId, why: str, at: float) -> list[Approval]:
+        """Cancel the run's pending requests, one audit row each."""
+        self._check_open()
+        require_storable(why)
+        why = approval_reason(why)
+        cancelled = []
+        for approval in list(self._approvals.values()):
+            if approval.run_id != run_id or approval.state is not ApprovalState.PENDING:
+                continue
+            done = replace(approval, state=ApprovalState.CANCELLED, decided_at=at, reason=why)
+            self._approvals[approval.id] = done
+            cancelled.append(done)
+            self._write_audit(
+                AuditAction.APPROVAL_CANCELLED,
+                at,
+                room=approval.room,
+                run_id=run_id,
+                detail=approval_detail(approval, ApprovalState.CANCELLED, why),
+            )
+        return cancelled
+
+    async def expired_approvals(self, now: float) -> list[Approval]:
+        """Pending requests due to expire, oldest first (they stay pending)."""
+        self._check_open()
+        return [
+            a
+            for a in self._approvals.values()
+            if a.state is ApprovalState.PENDING and a.expires_at <= now
+        ]
+
     async def audit(
         self,
         action: AuditAction,
@@ -513,6 +687,17 @@ class MemoryStore:
         for entry_id in done:
             del self._outbox[entry_id]
         deleted += len(done)
+
+        finished = [
+            approval_id
+            for approval_id, a in self._approvals.items()
+            if a.state is not ApprovalState.PENDING
+            and a.decided_at is not None
+            and a.decided_at < older_than
+        ]
+        for approval_id in finished:
+            del self._approvals[approval_id]
+        deleted += len(finished)
 
         for run_id, run in list(self._runs.items()):
             remaining = tuple(i for i in run.message_ids if i not in gone)

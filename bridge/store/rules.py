@@ -9,7 +9,7 @@ from __future__ import annotations
 import secrets
 
 from bridge.core.model import MessageState, RunStatus
-from bridge.store.base import StoreError
+from bridge.store.base import Approval, ApprovalState, AuditAction, StoreError
 
 EXCERPT_LIMIT_BYTES = 4096
 """Upper bound, in UTF-8 bytes, of the result and error text kept per run."""
@@ -71,3 +71,35 @@ def ignored_detail(reason: str, external_id: str) -> str:
 def delivery_key() -> str:
     """A new outbox entry's idempotency key: unique, and short enough for every transport."""
     return f"cb-{secrets.token_hex(12)}"
+
+
+APPROVAL_ACTIONS = {
+    ApprovalState.ALLOWED: AuditAction.APPROVAL_ALLOWED,
+    ApprovalState.ALLOWED_SESSION: AuditAction.APPROVAL_ALLOWED,
+    ApprovalState.DENIED: AuditAction.APPROVAL_DENIED,
+    ApprovalState.EXPIRED: AuditAction.APPROVAL_EXPIRED,
+    ApprovalState.CANCELLED: AuditAction.APPROVAL_CANCELLED,
+}
+"""The audit action recording a request's end in each state."""
+
+DECISIONS = frozenset(APPROVAL_ACTIONS) - {ApprovalState.CANCELLED}
+"""What ``decide_approval`` may set (cancelling is ``cancel_approvals``: a run's end)."""
+
+_REASON_LIMIT_BYTES = 1024
+
+
+def require_decision(state: ApprovalState) -> None:
+    """Refuse a state ``decide_approval`` does not set: a caller's bug, not data."""
+    if state not in DECISIONS:
+        raise ValueError(f"an approval cannot be decided as {state.value!r}")
+
+
+def approval_reason(reason: str) -> str:
+    """The reason as kept: bounded, like every other free text the store keeps."""
+    return excerpt(reason, _REASON_LIMIT_BYTES)
+
+
+def approval_detail(approval: Approval, state: ApprovalState, reason: str = "") -> str:
+    """Audit detail of a request's step: which request, which tool, what became of it."""
+    detail = f"#{approval.number} {approval.tool_name} {state.value}"
+    return f"{detail}: {reason}" if reason else detail

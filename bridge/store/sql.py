@@ -52,11 +52,14 @@ from bridge.core.model import (
     UserId,
 )
 from bridge.store.base import (
+    Approval,
+    ApprovalState,
     AuditAction,
     AuditRecord,
     DeliveryState,
     OutboxEntry,
     RegisteredRun,
+    RoomOverrides,
     RunRecord,
     StoreError,
 )
@@ -77,13 +80,18 @@ from bridge.store.migrate import (
     revision_of,
 )
 from bridge.store.rules import (
+    APPROVAL_ACTIONS,
     LIVE_STATES,
+    approval_detail,
+    approval_reason,
     delivery_key,
     excerpt,
     finished_message_state,
     ignored_detail,
+    require_decision,
 )
 from bridge.store.tables import (
+    ApprovalRow,
     AuditRow,
     Base,
     LiveRunRow,
@@ -103,6 +111,9 @@ _RUNS: Table = RunRow.__table__  # type: ignore[assignment]
 _RUN_MESSAGES: Table = RunMessageRow.__table__  # type: ignore[assignment]
 _OUTBOX: Table = OutboxRow.__table__  # type: ignore[assignment]
 _LIVE_RUNS: Table = LiveRunRow.__table__  # type: ignore[assignment]
+
+_MAX_NUMBER = 2**31 - 1
+"""The largest approval number an ``Integer`` column holds on every backend."""
 
 ACCEPT_GROUP_LIMIT = 256
 """Messages per group-commit transaction of :meth:`SqlStore.accept` at most."""
@@ -942,6 +953,229 @@ class SqlStore:
             index_elements=["transport", "room_id"], set_={"session_id": session_id}
         )
 
+    # Room overrides
+
+    async def room_overrides(self, room: RoomKey) -> RoomOverrides:
+        """The model and permission mode set by command for the room, if any."""
+        async with self._read() as s:
+            row = await s.get(RoomRow, (room.transport, room.room_id))
+            if row is None:
+                return RoomOverrides()
+            return RoomOverrides(row.model, row.permission_mode)
+
+    async def set_room_model(self, room: RoomKey, model: str | None) -> None:
+        """Set (None: clear) the model of the room's next runs."""
+        async with self._transaction() as s:
+            await s.execute(self._room_upsert(room, model=model))
+
+    async def set_room_mode(self, room: RoomKey, mode: str | None) -> None:
+        """Set (None: clear) the permission mode of the room's next runs."""
+        async with self._transaction() as s:
+            await s.execute(self._room_upsert(room, permission_mode=mode))
+
+    def _room_upsert(self, room: RoomKey, **values: Any) -> Any:
+        """The room's row with ``values`` set, created if missing; its other columns kept."""
+        upsert = self._insert(RoomRow).values(
+            transport=room.transport, room_id=room.room_id, **values
+        )
+        return upsert.on_conflict_do_update(index_elements=["transport", "room_id"], set_=values)
+
+    # Approvals
+
+    async def add_approval(
+        self,
+        room: RoomKey,
+        run_id: RunId,
+        request_id: str,
+        *,
+        tool_name: str,
+        input_json: str,
+        asked_at: float,
+        expires_at: float,
+    ) -> Approval:
+        """Record a pending request under the room's next number; a replay returns the first.
+
+        The number comes from the room's counter, raised in the same
+        transaction: the upsert locks the room's row, so concurrent requests
+        of a room (even from two stores) get distinct numbers.
+        """
+        async with self._transaction() as s:
+            existing = await self._approval_of_request(s, run_id, request_id)
+            if existing is not None:
+                return existing
+            counter = self._insert(RoomRow).values(
+                transport=room.transport, room_id=room.room_id, last_approval=1
+            )
+            number = await s.scalar(
+                counter.on_conflict_do_update(
+                    index_elements=["transport", "room_id"],
+                    set_={"last_approval": RoomRow.last_approval + 1},
+                ).returning(RoomRow.last_approval)
+            )
+            if number is None:  # an upsert returns its row; never seen
+                raise StoreError("the room's approval counter returned nothing")
+            # DO NOTHING: the same request recorded meanwhile (another store
+            # replaying it) is found below, not an integrity error.
+            inserted = await s.scalar(
+                self._insert(ApprovalRow)
+                .values(
+                    transport=room.transport,
+                    room_id=room.room_id,
+                    number=number,
+                    run_id=run_id,
+                    request_id=request_id,
+                    tool_name=tool_name,
+                    input_json=input_json,
+                    asked_at=asked_at,
+                    expires_at=expires_at,
+                    state=ApprovalState.PENDING.value,
+                    reason="",
+                )
+                .on_conflict_do_nothing(index_elements=["run_id", "request_id"])
+                .returning(ApprovalRow.id)
+            )
+            approval = await self._approval_of_request(s, run_id, request_id)
+            if approval is None:  # inserted, or found by the insert: never seen
+                raise StoreError(f"approval request {request_id} vanished")
+            if inserted is not None:
+                s.add(
+                    _audit_row(
+                        AuditAction.APPROVAL_ASKED,
+                        asked_at,
+                        room=room,
+                        run_id=run_id,
+                        detail=approval_detail(approval, ApprovalState.PENDING),
+                    )
+                )
+            return approval
+
+    async def _approval_of_request(
+        self, s: AsyncSession, run_id: RunId, request_id: str
+    ) -> Approval | None:
+        row = await s.scalar(
+            select(ApprovalRow).where(
+                ApprovalRow.run_id == run_id, ApprovalRow.request_id == request_id
+            )
+        )
+        return None if row is None else _approval(row)
+
+    async def set_approval_message(self, approval: Approval, message_id: ExternalMessageId) -> None:
+        """Remember the room message that asks."""
+        async with self._transaction() as s:
+            await s.execute(
+                update(ApprovalRow)
+                .where(ApprovalRow.id == approval.id)
+                .values(message_id=message_id)
+            )
+
+    async def pending_approvals(self, room: RoomKey | None = None) -> list[Approval]:
+        """Pending requests, of one room or of all, oldest first."""
+        where = [ApprovalRow.state == ApprovalState.PENDING.value]
+        if room is not None:
+            where += [ApprovalRow.transport == room.transport, ApprovalRow.room_id == room.room_id]
+        return await self._approvals(*where)
+
+    async def approval_by_number(self, room: RoomKey, number: int) -> Approval | None:
+        """The room's request with this number, whatever its state."""
+        if not 0 < number <= _MAX_NUMBER:
+            return None  # no such row, and a bound parameter PostgreSQL could not take
+        found = await self._approvals(
+            ApprovalRow.transport == room.transport,
+            ApprovalRow.room_id == room.room_id,
+            ApprovalRow.number == number,
+        )
+        return found[0] if found else None
+
+    async def approval_by_message(
+        self, room: RoomKey, message_id: ExternalMessageId
+    ) -> Approval | None:
+        """The room's request asked by this message, whatever its state."""
+        found = await self._approvals(
+            ApprovalRow.transport == room.transport,
+            ApprovalRow.room_id == room.room_id,
+            ApprovalRow.message_id == message_id,
+        )
+        return found[0] if found else None
+
+    async def _approvals(self, *where: ColumnElement[bool]) -> list[Approval]:
+        async with self._read() as s:
+            rows = await s.scalars(select(ApprovalRow).where(*where).order_by(ApprovalRow.id))
+            return [_approval(r) for r in rows]
+
+    async def decide_approval(
+        self,
+        approval: Approval,
+        state: ApprovalState,
+        decided_by: UserId | None,
+        decided_at: float,
+        reason: str = "",
+    ) -> bool:
+        """Decide the request if it is still pending (one conditional UPDATE), audited."""
+        require_decision(state)
+        reason = approval_reason(reason)
+        async with self._transaction() as s:
+            decided = await s.scalar(
+                update(ApprovalRow)
+                .where(
+                    ApprovalRow.id == approval.id,
+                    ApprovalRow.state == ApprovalState.PENDING.value,
+                )
+                .values(
+                    state=state.value,
+                    decided_by=decided_by,
+                    decided_at=decided_at,
+                    reason=reason,
+                )
+                .returning(ApprovalRow.id)
+            )
+            if decided is None:
+                return False
+            s.add(
+                _audit_row(
+                    APPROVAL_ACTIONS[state],
+                    decided_at,
+                    room=approval.room,
+                    actor=decided_by,
+                    run_id=approval.run_id,
+                    detail=approval_detail(approval, state, reason),
+                )
+            )
+            return True
+
+    async def cancel_approvals(self, run_id: RunId, why: str, at: float) -> list[Approval]:
+        """Cancel the run's pending requests, one audit row each."""
+        why = approval_reason(why)
+        async with self._transaction() as s:
+            rows = (
+                await s.scalars(
+                    update(ApprovalRow)
+                    .where(
+                        ApprovalRow.run_id == run_id,
+                        ApprovalRow.state == ApprovalState.PENDING.value,
+                    )
+                    .values(state=ApprovalState.CANCELLED.value, decided_at=at, reason=why)
+                    .returning(ApprovalRow)
+                )
+            ).all()
+            cancelled = [_approval(r) for r in sorted(rows, key=lambda r: r.id)]
+            for approval in cancelled:
+                s.add(
+                    _audit_row(
+                        AuditAction.APPROVAL_CANCELLED,
+                        at,
+                        room=approval.room,
+                        run_id=run_id,
+                        detail=approval_detail(approval, ApprovalState.CANCELLED, why),
+                    )
+                )
+            return cancelled
+
+    async def expired_approvals(self, now: float) -> list[Approval]:
+        """Pending requests due to expire, oldest first (they stay pending)."""
+        return await self._approvals(
+            ApprovalRow.state == ApprovalState.PENDING.value, ApprovalRow.expires_at <= now
+        )
+
     # Audit
 
     async def audit(
@@ -995,8 +1229,9 @@ class SqlStore:
 
         Messages still pending or dispatched and running runs are kept
         whatever their age. A finished run is deleted once it ended before
-        the cutoff and none of its messages remain. Returns the number of
-        audit, message and run rows deleted.
+        the cutoff and none of its messages remain. Outbox entries and
+        approvals finished before the cutoff go too. Returns the number of
+        rows deleted.
         """
         async with self._transaction() as s:
             audit = await s.execute(delete(AuditRow).where(AuditRow.at < older_than))
@@ -1022,7 +1257,13 @@ class SqlStore:
                     OutboxRow.next_attempt_at < older_than,
                 )
             )
-            counts = (audit, messages, runs, outbox)
+            approvals = await s.execute(
+                delete(ApprovalRow).where(
+                    ApprovalRow.state != ApprovalState.PENDING.value,
+                    ApprovalRow.decided_at < older_than,
+                )
+            )
+            counts = (audit, messages, runs, outbox, approvals)
             return sum(_rowcount(c) for c in counts)
 
     # Lifecycle
@@ -1341,4 +1582,23 @@ def _audit_record(row: AuditRow) -> AuditRecord:
         message_id=None if row.message_id is None else MessageId(row.message_id),
         run_id=None if row.run_id is None else RunId(row.run_id),
         detail=row.detail,
+    )
+
+
+def _approval(row: ApprovalRow) -> Approval:
+    return Approval(
+        id=row.id,
+        room=_room(row.transport, row.room_id),
+        number=row.number,
+        run_id=RunId(row.run_id),
+        request_id=row.request_id,
+        tool_name=row.tool_name,
+        input_json=row.input_json,
+        asked_at=row.asked_at,
+        expires_at=row.expires_at,
+        message_id=None if row.message_id is None else ExternalMessageId(row.message_id),
+        state=ApprovalState(row.state),
+        decided_by=None if row.decided_by is None else UserId(row.decided_by),
+        decided_at=row.decided_at,
+        reason=row.reason,
     )

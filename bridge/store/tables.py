@@ -9,7 +9,7 @@ Surrogate keys never repeat (``sqlite_autoincrement``; PostgreSQL sequences
 never do): audit rows outlive pruned messages and must not come to name a
 newer message that reused a deleted id.
 
-The migrations (``0001_initial``, ``0002``, ``0003``) create exactly this schema; a test
+The migrations (``0001_initial`` to ``0004``) create exactly this schema; a test
 compares the two with Alembic's autogenerate.
 """
 
@@ -123,13 +123,18 @@ class RunMessageRow(Base):
 
 
 class RoomRow(Base):
-    """Per-room state that outlives a process: the Claude session to resume."""
+    """Per-room state that outlives a process: the Claude session to resume,
+    the model and mode set by command, the last approval number handed out."""
 
     __tablename__ = "rooms"
 
     transport: Mapped[str] = mapped_column(String(32), primary_key=True)
     room_id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
     session_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    model: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    permission_mode: Mapped[str | None] = mapped_column(String(32))
+    last_approval: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    """Kept here, not derived from ``approvals``: pruning must not make numbers repeat."""
 
 
 class AuditRow(Base):
@@ -206,3 +211,40 @@ class LiveRunRow(Base):
     delivered_offset: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     """Journal byte offset the room has been shown up to; a journal may pass 2 GiB."""
     registered_at: Mapped[float] = mapped_column(Double)
+
+
+class ApprovalRow(Base):
+    """A tool-use request asked in a room (docs/live-runs.md).
+
+    No foreign key to the run, like the audit: the record of who allowed
+    what outlives the run's pruning until it is pruned itself.
+    """
+
+    __tablename__ = "approvals"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    transport: Mapped[str] = mapped_column(String(32))
+    room_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    number: Mapped[int] = mapped_column(Integer)
+    run_id: Mapped[str] = mapped_column(String(64))
+    request_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    tool_name: Mapped[str] = mapped_column(Text)
+    input_json: Mapped[str] = mapped_column(Text)
+    asked_at: Mapped[float] = mapped_column(Double)
+    expires_at: Mapped[float] = mapped_column(Double)
+    message_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    state: Mapped[str] = mapped_column(String(16))
+    decided_by: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    decided_at: Mapped[float | None] = mapped_column(Double)
+    reason: Mapped[str] = mapped_column(Text, default="")
+
+    __table_args__ = (
+        # A replayed request (reattach) finds its row; also a run's requests.
+        UniqueConstraint("run_id", "request_id", name="uq_approvals_run_request"),
+        UniqueConstraint("transport", "room_id", "number", name="uq_approvals_room_number"),
+        # Pending ones by age (the expiry sweep, !status); few rows are pending.
+        Index("ix_approvals_state_expires", "state", "expires_at"),
+        # A reaction or button names the request's message.
+        Index("ix_approvals_message", "transport", "room_id", "message_id"),
+        {"sqlite_autoincrement": True},
+    )
