@@ -1,0 +1,38 @@
+"""What commands may ask of a room's live run, without knowing the runner.
+
+The bridge implements :class:`LiveControls` over the runner's ``RunControl``
+(docs/live-runs.md); the command handler and the approval desk only call it,
+so they are tested with a fake.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from bridge.approvals import Choice
+from bridge.core.model import RoomKey, UserId
+from bridge.store.base import Approval
+
+
+class LiveControls(Protocol):
+    async def decide(
+        self, approval: Approval, choice: Choice, sender: UserId | None, reason: str
+    ) -> str:
+        """Hand a decision the store has just recorded to the run that asked.
+
+        Called once per request (after the store's compare-and-set). For a
+        denial ``reason`` is the message claude gets (``deny_message`` or
+        ``timeout_message``); ``sender`` is None for an expiry. Returns a
+        note for the room ("" when there is nothing to add, e.g. "the run
+        had already ended").
+        """
+        ...
+
+    async def set_model(self, room: RoomKey, name: str) -> str:
+        """Switch the room's running run, if any, to model ``name`` (the store keeps it
+        for the next runs). Returns a note for the room, "" for none."""
+        ...
+
+    async def set_mode(self, room: RoomKey, mode: str) -> str:
+        """Switch the room's running run, if any, to permission mode ``mode``. Returns a note."""
+        ...
