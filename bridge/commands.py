@@ -1,4 +1,5 @@
-"""Chat commands: ``!stop``, ``!status``, ``!reset``, ``!retry``, ``!help``.
+"""Chat commands: ``!stop``, ``!status``, ``!reset``, ``!retry``, ``!help``, and for live
+runs ``!approve``, ``!deny``, ``!model``, ``!mode``.
 
 Commands are handled the moment they arrive, even during a run, and never
 become part of a batch.
@@ -7,13 +8,20 @@ become part of a batch.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from bridge.approval_desk import ApprovalDesk
+from bridge.approval_text import code_span, status_line
+from bridge.approvals import Choice, Verdict, refusal
+from bridge.config import PERMISSION_MODES, RoomSettings
 from bridge.core.model import Message, RoomKey
+from bridge.core.text import safe_text
 from bridge.duration import format_duration
+from bridge.live_controls import LiveControls
 from bridge.store.base import AuditAction, RunRecord, Store, StoreError
 from dispatcher import Dispatcher, StopResult
 
@@ -25,6 +33,10 @@ class CommandName(StrEnum):
     STATUS = "status"
     RESET = "reset"
     RETRY = "retry"
+    APPROVE = "approve"
+    DENY = "deny"
+    MODEL = "model"
+    MODE = "mode"
     HELP = "help"
 
 
@@ -36,8 +48,25 @@ _SUMMARY: dict[CommandName, str] = {
         "run the messages of the last failed or interrupted run again"
         " (`retry RUN` names an earlier one; `status` lists them)"
     ),
+    CommandName.APPROVE: (
+        "allow a tool request: `approve #N`, or `approve session #N` to allow uses"
+        " like it for the rest of the session; without `#N` the oldest waiting one"
+    ),
+    CommandName.DENY: "deny a tool request: `deny #N reason` (reason and `#N` optional)",
+    CommandName.MODEL: "`model NAME`: the model of this room's runs, from now on (approvers)",
+    CommandName.MODE: (
+        f"`mode MODE`: the permission mode of this room's runs ({', '.join(PERMISSION_MODES)};"
+        " approvers)"
+    ),
     CommandName.HELP: "list the commands",
 }
+
+REASON_LIMIT = 500
+"""Characters of a denial reason kept (it goes to claude and the audit)."""
+
+_NUMBER = re.compile(r"#([0-9]+)")
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@\[\]-]{0,199}")
+"""Aliases (``opus``, ``sonnet[1m]``), full names, Bedrock/Vertex ids and ARNs; never a flag."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +76,52 @@ class Command:
     word: str
     argument: str = ""
     """The first word after the command (``!retry RUN``), if any."""
+    rest: str = ""
+    """Everything after the command word, as written (``!deny #3 too risky``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What ``!approve`` / ``!deny`` asked: which request (None: the oldest), how, why."""
+
+    choice: Choice
+    number: int | None
+    reason: str = ""
+
+
+def parse_decision(command: Command) -> Decision | None:
+    """The answer in an ``!approve`` or ``!deny`` command; None when it is malformed.
+
+    Ids start with ``#``: ``!deny 3 tries is enough`` denies the oldest
+    request with that reason, never request 3. ``!approve`` takes only
+    ``session`` and an id, in either order.
+    """
+    if command.name is CommandName.DENY:
+        first, _, after = command.rest.partition(" ")
+        if first.startswith("#"):
+            match = _NUMBER.fullmatch(first)
+            if match is None:
+                return None
+            return Decision(Choice.DENY, int(match[1]), _reason(after))
+        return Decision(Choice.DENY, None, _reason(command.rest))
+    if command.name is not CommandName.APPROVE:
+        return None
+    number: int | None = None
+    session = False
+    for word in command.rest.split():
+        match = _NUMBER.fullmatch(word)
+        if word.lower() == "session" and not session:
+            session = True
+        elif match is not None and number is None:
+            number = int(match[1])
+        else:
+            return None
+    return Decision(Choice.ALLOW_SESSION if session else Choice.ALLOW, number)
+
+
+def _reason(text: str) -> str:
+    reason = " ".join(safe_text(text).split())
+    return reason if len(reason) <= REASON_LIMIT else reason[: REASON_LIMIT - 1] + "…"
 
 
 def parse_command(text: str, prefix: str) -> Command | None:
@@ -63,12 +138,13 @@ def parse_command(text: str, prefix: str) -> Command | None:
     word = words[0] if words else ""
     if not word or not word[0].isalpha() or stripped[len(prefix)].isspace():
         return None
-    word = word.lower()
     argument = words[1] if len(words) > 1 else ""
+    rest = stripped[len(prefix) + len(word) :].strip()
+    word = word.lower()
     try:
-        return Command(CommandName(word), word, argument)
+        return Command(CommandName(word), word, argument, rest)
     except ValueError:
-        return Command(None, word, argument)
+        return Command(None, word, argument, rest)
 
 
 def help_text(prefix: str) -> str:
@@ -97,6 +173,12 @@ class CommandHandler:
     reset_session: Callable[[RoomKey], Awaitable[None]]
     """Forgets the room's Claude session, so that not even an active run restores it."""
     wall_clock: Callable[[], float] = time.time
+    rooms: Callable[[RoomKey], RoomSettings | None] = lambda _room: None
+    """The room's settings (approvers, the configured model and mode)."""
+    live: LiveControls | None = None
+    """The live runs; None until the bridge wires them: requests cannot be answered then."""
+    refused: Callable[[Verdict], None] = lambda _verdict: None
+    """Counts an answer or command refused for want of approval rights."""
 
     async def handle(self, command: Command, message: Message) -> None:
         room = message.room
@@ -120,6 +202,12 @@ class CommandHandler:
                 await self.answer(message, "The next run starts a new Claude session.")
             case CommandName.RETRY:
                 await self._retry(message, command.argument)
+            case CommandName.APPROVE | CommandName.DENY:
+                await self._decide(command, message)
+            case CommandName.MODEL:
+                await self._model(message, command.argument)
+            case CommandName.MODE:
+                await self._mode(message, command.argument)
             case CommandName.HELP:
                 await self.answer(message, help_text(self.prefix))
             case None:
@@ -224,8 +312,127 @@ class CommandHandler:
             if report.cost_usd is not None:
                 parts.append(f"cost ${report.cost_usd:.4f}")
             lines.append(", ".join(parts) + ".")
+        lines += await self._model_lines(room)
         lines += self._retryable_lines(await self.store.retryable_runs(room), now)
+        pending = await self.store.pending_approvals(room)
+        if pending:
+            lines.append(
+                f"Tool requests waiting (`{self.prefix}approve #N`, `{self.prefix}deny #N`):"
+            )
+            lines += [status_line(a, now) for a in pending]
         await self.answer(message, "\n".join(lines))
+
+    async def _model_lines(self, room: RoomKey) -> list[str]:
+        overrides = await self.store.room_overrides(room)
+        settings = self.rooms(room)
+        lines = []
+        for what, chosen, configured in (
+            ("Model", overrides.model, settings.model if settings else ""),
+            ("Mode", overrides.permission_mode, settings.permission_mode if settings else ""),
+        ):
+            if chosen is not None:
+                lines.append(f"{what}: {code_span(chosen)} (set by command).")
+            elif configured:
+                lines.append(f"{what}: {code_span(configured)}.")
+            else:
+                lines.append(f"{what}: claude's default.")
+        return lines
+
+    # Live runs
+
+    async def _approver(self, message: Message) -> bool:
+        """Whether the sender is one of the room's approvers; if not, it is counted, and
+        an allowed user is told why (anyone else hears nothing)."""
+        settings = self.rooms(message.room)
+        if settings is not None and settings.approves(message.sender):
+            return True
+        verdict = Verdict.STRANGER
+        if settings is not None and settings.allows(message.sender):
+            verdict = Verdict.NOT_APPROVER
+        self.refused(verdict)
+        text = refusal(verdict)
+        if text is not None:
+            await self.answer(message, text)
+        return False
+
+    async def _decide(self, command: Command, message: Message) -> None:
+        """``!approve`` / ``!deny``: judged, recorded once, then handed to the run."""
+        if not await self._approver(message):
+            return
+        decision = parse_decision(command)
+        if decision is None:
+            p = self.prefix
+            await self.answer(
+                message,
+                f"Say `{p}approve #N`, `{p}approve session #N` or `{p}deny #N reason`"
+                " (ids start with `#`; without one, the oldest waiting request).",
+            )
+            return
+        if self.live is None:
+            await self.answer(message, "Tool requests cannot be answered: no live runs here.")
+            return
+        room = message.room
+        if decision.number is None:
+            pending = await self.store.pending_approvals(room)
+            if not pending:
+                await self.answer(message, "No tool request is waiting.")
+                return
+            approval = pending[0]
+        else:
+            found = await self.store.approval_by_number(room, decision.number)
+            if found is None:
+                await self.answer(message, f"There is no request `#{decision.number}` here.")
+                return
+            approval = found
+        desk = ApprovalDesk(self.store, self.rooms, self.live, self.refused, self.wall_clock)
+        text = await desk.answer(message.sender, approval, decision.choice, decision.reason)
+        if text is not None:
+            await self.answer(message, text)
+
+    async def _model(self, message: Message, name: str) -> None:
+        if not name:
+            await self.answer(message, (await self._model_lines(message.room))[0])
+            return
+        if not await self._approver(message):
+            return
+        if _MODEL_NAME.fullmatch(name) is None:
+            await self.answer(message, f"{code_span(name)} is not a model name.")
+            return
+        await self.store.set_room_model(message.room, name)
+        await self._override_set(message, f"model={name}")
+        note = await self.live.set_model(message.room, name) if self.live else ""
+        text = f"This room's runs use model {code_span(name)} from now on."
+        await self.answer(message, f"{text} {note}".rstrip())
+
+    async def _mode(self, message: Message, mode: str) -> None:
+        if not mode:
+            await self.answer(message, (await self._model_lines(message.room))[1])
+            return
+        if not await self._approver(message):
+            return
+        known = {m.lower(): m for m in PERMISSION_MODES}
+        canonical = known.get(mode.lower())
+        if canonical is None:
+            await self.answer(
+                message,
+                f"{code_span(mode)} is not a permission mode: {', '.join(PERMISSION_MODES)}.",
+            )
+            return
+        await self.store.set_room_mode(message.room, canonical)
+        await self._override_set(message, f"permission_mode={canonical}")
+        note = await self.live.set_mode(message.room, canonical) if self.live else ""
+        text = f"This room's runs use permission mode `{canonical}` from now on."
+        await self.answer(message, f"{text} {note}".rstrip())
+
+    async def _override_set(self, message: Message, detail: str) -> None:
+        await self.store.audit(
+            AuditAction.ROOM_OVERRIDE_SET,
+            self.wall_clock(),
+            room=message.room,
+            actor=message.sender,
+            message_id=message.id,
+            detail=detail,
+        )
 
     def _retryable_lines(self, runs: list[RunRecord], now: float) -> list[str]:
         if not runs:

@@ -66,6 +66,13 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.answers_refused = Counter(
+            "chatbridge_approval_answers_refused",
+            "Answers to tool requests (and !model, !mode) refused, by reason"
+            " (not_approver, own_run, stranger)",
+            ["reason"],
+            registry=r,
+        )
         self.active_runs = Gauge("chatbridge_active_runs", "Runs active now", registry=r)
         self.queued = Gauge(
             "chatbridge_queued_messages", "Accepted messages not yet in a run", registry=r

@@ -143,6 +143,8 @@ class Service:
             settings.commands.prefix,
             self.notices.answer,
             self.executor.reset_session,
+            rooms=settings.room,
+            refused=lambda verdict: self.metrics.answers_refused.labels(verdict.value).inc(),
         )
         self.intake = Intake(
             settings,
