@@ -97,12 +97,12 @@ def parse_decision(command: Command) -> Decision | None:
     ``session`` and an id, in either order.
     """
     if command.name is CommandName.DENY:
-        first, _, after = command.rest.partition(" ")
+        first, *after = command.rest.split(maxsplit=1) or [""]
         if first.startswith("#"):
             match = _NUMBER.fullmatch(first)
             if match is None:
                 return None
-            return Decision(Choice.DENY, int(match[1]), _reason(after))
+            return Decision(Choice.DENY, int(match[1]), _reason(" ".join(after)))
         return Decision(Choice.DENY, None, _reason(command.rest))
     if command.name is not CommandName.APPROVE:
         return None

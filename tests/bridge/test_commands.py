@@ -1,8 +1,18 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from bridge.commands import CommandName, help_text, parse_command
+from bridge.approvals import Choice
+from bridge.commands import (
+    REASON_LIMIT,
+    CommandName,
+    Decision,
+    help_text,
+    parse_command,
+    parse_decision,
+)
 
 
 @pytest.mark.parametrize(
@@ -53,3 +63,85 @@ def test_the_first_word_after_a_command_is_its_argument() -> None:
     assert bare is not None
     assert (named.name, named.argument) == (CommandName.RETRY, "run-0123abcd")
     assert (bare.name, bare.argument) == (CommandName.RETRY, "")
+
+
+@pytest.mark.parametrize(
+    ("text", "choice", "number", "reason"),
+    [
+        ("!approve", Choice.ALLOW, None, ""),
+        ("!approve #3", Choice.ALLOW, 3, ""),
+        ("!APPROVE session", Choice.ALLOW_SESSION, None, ""),
+        ("!approve session #12", Choice.ALLOW_SESSION, 12, ""),
+        ("!approve #12 Session", Choice.ALLOW_SESSION, 12, ""),
+        ("!deny", Choice.DENY, None, ""),
+        ("!deny #4", Choice.DENY, 4, ""),
+        ("!deny #4 Too  risky,\n really", Choice.DENY, 4, "Too risky, really"),
+        ("!deny #4\nno", Choice.DENY, 4, "no"),
+        ("!deny 4 tries is enough", Choice.DENY, None, "4 tries is enough"),
+        ("!deny not #4", Choice.DENY, None, "not #4"),
+    ],
+)
+def test_answers_to_tool_requests(
+    text: str, choice: Choice, number: int | None, reason: str
+) -> None:
+    command = parse_command(text, "!")
+    assert command is not None
+    assert parse_decision(command) == Decision(choice, number, reason)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["!approve 3", "!approve #3 #4", "!approve please", "!deny #x why", "!deny #", "!approve #-1"],
+)
+def test_malformed_answers_are_refused_not_guessed(text: str) -> None:
+    command = parse_command(text, "!")
+    assert command is not None
+    assert parse_decision(command) is None
+
+
+def test_a_long_reason_is_cut() -> None:
+    command = parse_command("!deny #1 " + "x" * 2000, "!")
+    assert command is not None
+    decision = parse_decision(command)
+    assert decision is not None
+    assert len(decision.reason) == REASON_LIMIT
+
+
+_WORD = st.text(st.characters(blacklist_categories=("Cs", "Zs", "Cc")), min_size=1, max_size=12)
+
+
+@given(
+    number=st.none() | st.integers(min_value=0, max_value=10**12),
+    words=st.lists(_WORD, max_size=6),
+)
+def test_a_reason_is_never_taken_for_an_id(number: int | None, words: list[str]) -> None:
+    """Only a first word starting with ``#`` is an id; every other word is the reason."""
+    words = [w for w in words if w.strip()]
+    if words and number is None:
+        words[0] = words[0].lstrip("#") or "why"
+    head = [f"#{number}"] if number is not None else []
+    command = parse_command(" ".join(["!deny", *head, *words]), "!")
+    assert command is not None
+    decision = parse_decision(command)
+    assert decision is not None
+    assert decision.number == number
+    assert decision.reason == " ".join(" ".join(words).split())
+
+
+@given(st.text(max_size=40))
+def test_whatever_follows_deny_parses_or_is_refused(rest: str) -> None:
+    command = parse_command(f"!deny {rest}", "!")
+    if command is None:
+        return
+    decision = parse_decision(command)
+    if decision is None:
+        assert command.rest.startswith("#")
+    else:
+        assert decision.choice is Choice.DENY
+        assert (decision.number is None) != command.rest.startswith("#")
+
+
+def test_rest_keeps_what_follows_the_command_word() -> None:
+    command = parse_command("  !Deny   #2 Not THIS  ", "!")
+    assert command is not None
+    assert (command.word, command.argument, command.rest) == ("deny", "#2", "#2 Not THIS")
