@@ -1,0 +1,308 @@
+"""!approve, !deny, !model, !mode and !status against the memory store and fake live runs."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import pytest
+
+from bridge.approval_desk import ApprovalDesk
+from bridge.approvals import DEFAULT_DENIAL, Choice, Verdict
+from bridge.commands import CommandHandler, parse_command
+from bridge.config import RoomSettings
+from bridge.core.model import (
+    Batch,
+    ExternalMessageId,
+    InboundMessage,
+    Message,
+    RoomId,
+    RoomKey,
+    RunId,
+    TransportName,
+    UserId,
+)
+from bridge.store.base import Approval, ApprovalState, AuditAction, RoomOverrides
+from bridge.store.memory import MemoryStore
+from dispatcher import DispatchedRun, Dispatcher, DispatchLimits
+
+ROOM = RoomKey(TransportName("matrix"), RoomId("!r:x"))
+ALICE, BOB, CAROL, EVE = (UserId(u) for u in ("@alice:x", "@bob:x", "@carol:x", "@eve:x"))
+RUN = RunId("run-1")
+
+
+@dataclass
+class FakeLive:
+    decisions: list[tuple[int, Choice, UserId | None, str]] = field(default_factory=list)
+    models: list[tuple[RoomKey, str]] = field(default_factory=list)
+    modes: list[tuple[RoomKey, str]] = field(default_factory=list)
+
+    async def decide(
+        self, approval: Approval, choice: Choice, sender: UserId | None, reason: str
+    ) -> str:
+        self.decisions.append((approval.number, choice, sender, reason))
+        return ""
+
+    async def set_model(self, room: RoomKey, name: str) -> str:
+        self.models.append((room, name))
+        return "The running run switched too."
+
+    async def set_mode(self, room: RoomKey, mode: str) -> str:
+        self.modes.append((room, mode))
+        return ""
+
+
+async def _never_runs(_run: DispatchedRun) -> None:
+    raise AssertionError("no run in these tests")
+
+
+@dataclass
+class Room:
+    store: MemoryStore
+    live: FakeLive
+    handler: CommandHandler
+    answers: list[tuple[UserId, str]]
+    refused: list[Verdict]
+    now: list[float]
+    seq: list[int] = field(default_factory=lambda: [0])
+
+    async def say(self, sender: UserId, text: str) -> str | None:
+        """Send a command; the handler's answer to it, if any."""
+        self.seq[0] += 1
+        inbound = InboundMessage(ROOM, sender, text, ExternalMessageId(f"$c{self.seq[0]}"))
+        message = await self.store.accept(inbound, self.now[0])
+        assert message is not None
+        command = parse_command(text, "!")
+        assert command is not None
+        before = len(self.answers)
+        await self.handler.handle(command, message)
+        return self.answers[-1][1] if len(self.answers) > before else None
+
+    async def ask(self, request_id: str, tool: str = "Bash", run_id: RunId = RUN) -> Approval:
+        return await self.store.add_approval(
+            ROOM,
+            run_id,
+            request_id,
+            tool_name=tool,
+            input_json='{"command": "make deploy"}',
+            asked_at=self.now[0],
+            expires_at=self.now[0] + 900,
+        )
+
+
+def make_room(**overrides: object) -> Room:
+    settings = RoomSettings.model_validate(
+        {"key": ROOM, "allowed_users": [ALICE, BOB, CAROL], "model": "sonnet", **overrides}
+    )
+    store = MemoryStore()
+    live = FakeLive()
+    answers: list[tuple[UserId, str]] = []
+    refused: list[Verdict] = []
+    now = [1000.0]
+
+    async def answer(message: Message, text: str) -> None:
+        answers.append((message.sender, text))
+
+    async def reset_session(_room: RoomKey) -> None:
+        pass
+
+    handler = CommandHandler(
+        Dispatcher(DispatchLimits(1.0, 10.0, 100, 1), _never_runs),
+        store,
+        "!",
+        answer,
+        reset_session,
+        wall_clock=lambda: now[0],
+        rooms=lambda key: settings if key == ROOM else None,
+        live=live,
+        refused=refused.append,
+    )
+    return Room(store, live, handler, answers, refused, now)
+
+
+async def start_run_of(room: Room, *senders: UserId) -> None:
+    messages = []
+    for i, sender in enumerate(senders):
+        inbound = InboundMessage(ROOM, sender, "do it", ExternalMessageId(f"$m{i}"))
+        message = await room.store.accept(inbound, 900.0)
+        assert message is not None
+        messages.append(message)
+    await room.store.start_run(RUN, Batch(ROOM, tuple(messages)), 950.0)
+
+
+async def test_approve_without_id_takes_the_oldest_waiting_request() -> None:
+    room = make_room()
+    await room.ask("r1")
+    await room.ask("r2")
+    answer = await room.say(BOB, "!approve")
+    assert answer == "Request `#1` (`Bash`): allowed by `@bob:x`."
+    assert room.live.decisions == [(1, Choice.ALLOW, BOB, "")]
+    assert [a.number for a in await room.store.pending_approvals(ROOM)] == [2]
+    audit = (await room.store.audit_trail(run_id=RUN))[-1]
+    assert (audit.action, audit.actor, audit.at) == (AuditAction.APPROVAL_ALLOWED, BOB, 1000.0)
+
+
+async def test_approve_session_and_deny_with_a_reason_by_number() -> None:
+    room = make_room()
+    await room.ask("r1")
+    await room.ask("r2")
+    await room.say(BOB, "!deny #2 not on a Friday")
+    await room.say(ALICE, "!approve session #1")
+    assert room.live.decisions == [
+        (2, Choice.DENY, BOB, "The user denied this tool use: not on a Friday"),
+        (1, Choice.ALLOW_SESSION, ALICE, ""),
+    ]
+    first = await room.store.approval_by_number(ROOM, 1)
+    second = await room.store.approval_by_number(ROOM, 2)
+    assert first is not None
+    assert first.state is ApprovalState.ALLOWED_SESSION
+    assert second is not None
+    assert (second.state, second.reason) == (
+        ApprovalState.DENIED,
+        "not on a Friday",
+    )
+
+
+async def test_deny_without_reason_tells_claude_the_default() -> None:
+    room = make_room()
+    await room.ask("r1")
+    await room.say(BOB, "!deny")
+    assert room.live.decisions == [(1, Choice.DENY, BOB, DEFAULT_DENIAL)]
+
+
+async def test_a_second_answer_is_told_the_first_and_reaches_no_run() -> None:
+    room = make_room()
+    await room.ask("r1")
+    await room.say(BOB, "!approve #1")
+    answer = await room.say(ALICE, "!deny #1")
+    assert answer == "Already answered. Request `#1` (`Bash`): allowed by `@bob:x`."
+    assert len(room.live.decisions) == 1
+
+
+async def test_racing_answers_reach_the_run_once() -> None:
+    room = make_room()
+    await room.ask("r1")
+    await asyncio.gather(room.say(BOB, "!approve #1"), room.say(ALICE, "!deny #1"))
+    assert len(room.live.decisions) == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ("!approve", "No tool request is waiting."),
+        ("!approve #9", "There is no request `#9` here."),
+        ("!approve now", "Say `!approve #N`"),
+    ],
+)
+async def test_nothing_to_answer(text: str, answer: str) -> None:
+    room = make_room()
+    assert (await room.say(BOB, text) or "").startswith(answer)
+    assert room.live.decisions == []
+
+
+async def test_an_allowed_user_who_is_not_an_approver_is_told_and_counted() -> None:
+    room = make_room(approvers=[BOB])
+    await room.ask("r1")
+    answer = await room.say(ALICE, "!approve #1")
+    assert answer is not None
+    assert "not an approver" in answer
+    assert room.refused == [Verdict.NOT_APPROVER]
+    assert room.live.decisions == []
+    assert len(await room.store.pending_approvals(ROOM)) == 1
+
+
+async def test_a_stranger_hears_nothing_and_is_counted() -> None:
+    room = make_room()
+    await room.ask("r1")
+    assert await room.say(EVE, "!approve #1") is None
+    assert room.refused == [Verdict.STRANGER]
+    assert room.live.decisions == []
+
+
+async def test_require_other_approver_refuses_the_runs_own_senders() -> None:
+    room = make_room(require_other_approver=True)
+    await start_run_of(room, ALICE, CAROL)
+    await room.ask("r1")
+    answer = await room.say(ALICE, "!approve")
+    assert answer is not None
+    assert "another approver" in answer
+    assert room.refused == [Verdict.OWN_RUN]
+    assert await room.say(BOB, "!approve") == "Request `#1` (`Bash`): allowed by `@bob:x`."
+
+
+async def test_expiry_denies_and_tells_claude_it_timed_out() -> None:
+    room = make_room()
+    await room.ask("r1")
+    desk = ApprovalDesk(
+        room.store, room.handler.rooms, room.live, room.refused.append, lambda: room.now[0]
+    )
+    assert await desk.expire_due() == []
+    room.now[0] += 900
+    [expired] = await desk.expire_due()
+    assert (expired.state, expired.decided_by) == (ApprovalState.EXPIRED, None)
+    [(number, choice, sender, told)] = room.live.decisions
+    assert (number, choice, sender) == (1, Choice.DENY, None)
+    assert "timed out" in told
+    assert await room.say(BOB, "!approve #1") == (
+        "Already answered. Request `#1` (`Bash`): denied: nobody answered in time."
+    )
+
+
+async def test_model_and_mode_persist_for_the_next_runs() -> None:
+    room = make_room()
+    answer = await room.say(BOB, "!model opus")
+    assert answer == "This room's runs use model `opus` from now on. The running run switched too."
+    await room.say(BOB, "!mode acceptedits")
+    assert await room.store.room_overrides(ROOM) == RoomOverrides("opus", "acceptEdits")
+    assert room.live.models == [(ROOM, "opus")]
+    assert room.live.modes == [(ROOM, "acceptEdits")]
+    trail = await room.store.audit_trail(room=ROOM)
+    assert [a.detail for a in trail if a.action is AuditAction.ROOM_OVERRIDE_SET] == [
+        "model=opus",
+        "permission_mode=acceptEdits",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ("!model --dangerously-skip-permissions", "is not a model name"),
+        ("!mode yolo", "is not a permission mode"),
+        ("!model", "Model: `sonnet`."),
+        ("!mode", "Mode: claude's default."),
+    ],
+)
+async def test_model_and_mode_refuse_nonsense_and_show_the_current(text: str, answer: str) -> None:
+    room = make_room()
+    assert answer in (await room.say(BOB, text) or "")
+    assert await room.store.room_overrides(ROOM) == RoomOverrides()
+
+
+async def test_only_approvers_change_the_model() -> None:
+    room = make_room(approvers=[BOB])
+    answer = await room.say(ALICE, "!model opus")
+    assert answer is not None
+    assert "not an approver" in answer
+    assert room.refused == [Verdict.NOT_APPROVER]
+    assert await room.say(EVE, "!mode plan") is None
+    assert await room.store.room_overrides(ROOM) == RoomOverrides()
+    assert room.live.models == room.live.modes == []
+
+
+async def test_status_shows_model_mode_and_waiting_requests() -> None:
+    room = make_room()
+    await room.say(BOB, "!mode plan")
+    await room.ask("r1", tool="WebFetch")
+    room.now[0] += 125
+    status = await room.say(ALICE, "!status") or ""
+    assert "Model: `sonnet`." in status
+    assert "Mode: `plan` (set by command)." in status
+    assert "- `#1` `WebFetch`, asked 2m05s ago" in status
+
+
+async def test_without_live_runs_requests_cannot_be_answered() -> None:
+    room = make_room()
+    room.handler.live = None
+    await room.ask("r1")
+    assert "cannot be answered" in (await room.say(BOB, "!approve") or "")
+    assert len(await room.store.pending_approvals(ROOM)) == 1
