@@ -758,7 +758,8 @@ class _Session:
                 sys.stdout.flush()
         if _env("FAKE_CLAUDE_HUGE"):
             _line(_assistant(sid, {"type": "text", "text": "x" * int(_env("FAKE_CLAUDE_HUGE"))}))
-        if not _env("FAKE_CLAUDE_NO_TOOL"):
+        tool_turns = _env("FAKE_CLAUDE_TOOL_TURNS")
+        if not _env("FAKE_CLAUDE_NO_TOOL") and (not tool_turns or self._turns <= int(tool_turns)):
             self._tool(_env("FAKE_CLAUDE_TOOL_COMMAND") or "echo hello")
         # The model is at work from here on: an interrupt aborts its streaming.
         self._pause("aborted_streaming", seconds=float(_env("FAKE_CLAUDE_SLEEP") or 0))
