@@ -672,7 +672,11 @@ class _Session:
     # -- turns (main thread) --
 
     def serve(self) -> int:
-        """Run a turn per message taken while idle; the exit code once stdin is done."""
+        """Run a turn per message taken while idle; the exit code once stdin is done.
+
+        Like the real CLI: 1 when the last result was an error (an interrupted
+        turn too), else 0.
+        """
         threading.Thread(target=self._read, daemon=True).start()
         error = False
         printed = time.monotonic()
@@ -723,7 +727,7 @@ class _Session:
                     errors=["interrupted"],
                 )
             )
-            return False
+            return True
         if _env("FAKE_CLAUDE_EXIT"):
             _fail("fake claude failure", int(_env("FAKE_CLAUDE_EXIT")))
         text = "\n".join(self._prompts) if _env("FAKE_CLAUDE_ECHO") else ""
