@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A fake ``claude`` CLI for tests: print mode with stream-json, no network.
+"""A fake ``claude`` CLI for tests: print mode with stream-json, both ways, no network.
 
 Faithful to /work/shared/claude-cli.md where the runner can tell: same flags,
 same stream-json lines, same exit codes and stderr messages, prompt from
@@ -102,6 +102,52 @@ Behaviour switches (environment variables; unset or empty means off):
 
 Children started by the switches above are listed in the record file.
 SIGINT prints an interrupted ``error_during_execution`` result and exits 0.
+
+Two-way protocol (``--input-format stream-json``), as docs/live-runs.md
+describes the real CLI: nothing is printed before the first stdin line.
+Control requests are answered at once, even mid-turn: ``initialize``,
+``interrupt`` (``{"still_queued": []}``), ``set_model`` (``{"model"}``; none
+given: back to the default) and ``set_permission_mode`` (``{"mode"}`` and a
+``system/status`` line; an unknown mode is an error); any other subtype gets
+``Unsupported control request subtype: X``. Each user message (given a uuid
+if it has none) prints ``command_lifecycle`` ``queued`` when read,
+``started`` when taken and ``completed`` after its turn's result; with
+``--replay-user-messages`` it is echoed (same uuid, ``isReplay``) when taken.
+A message read while idle starts a turn: ``init`` (current model and mode),
+then the print-mode steps above, ending in a result with
+``terminal_reason: "completed"``. A message read during a turn is taken
+after the turn's next tool_result and folded into it (one result). With
+``--permission-prompt-tool stdio`` each tool use asks the host
+(``can_use_tool``) unless the mode is ``bypassPermissions`` or
+``--allowedTools`` names the tool; ``allow`` runs it with ``updatedInput``,
+``deny`` makes an ``is_error`` tool_result of the message (listed in
+``permission_denials``) and the turn goes on; stdin closing while it asks
+refuses the tool the same way. Control responses are echoed when replaying.
+``interrupt`` during a turn withdraws a pending question
+(``control_cancel_request``), abandons the tool (a rejected tool_result and
+``[Request interrupted by user for tool use]``) and ends the turn with an
+``error_during_execution`` result, ``terminal_reason`` ``aborted_tools``
+(``aborted_streaming`` during ``FAKE_CLAUDE_SLEEP`` / ``WAIT_FOR``, the model's
+time); a message that came meanwhile waits for the next turn. At stdin's EOF,
+once no turn runs, it exits 1 if the last result was an error, else 0
+(after ``FAKE_CLAUDE_LINGER``). ``FAKE_CLAUDE_EXIT`` exits at the first
+turn's end; ``FAKE_CLAUDE_RECORD`` is written when the first message
+arrives (``prompt`` is its text); ``FAKE_CLAUDE_ECHO`` answers the turn's
+messages joined by newlines. The extra knobs:
+
+``FAKE_CLAUDE_TOOL_SECONDS=SECONDS``
+    The simulated tool runs this long (an interrupt cuts it short).
+``FAKE_CLAUDE_TOOL_WAIT_FOR=PATH``
+    The simulated tool runs until PATH exists (a gate the test opens).
+``FAKE_CLAUDE_TOOL_OUTPUT=TEXT``
+    The tool_result's content (default ``hello``); nothing is executed.
+``FAKE_CLAUDE_TOOL_LOG=PATH``
+    Append the input each tool use ran with (after approval) as a JSON line.
+``FAKE_CLAUDE_TOOL_TURNS=N``
+    Only the first N turns use the tool; later ones answer in text.
+
+Unlike the real CLI, the fake asks for every Bash command: the real one runs
+read-only commands (``echo``, ``cat``, ``sleep``) without asking.
 """
 
 from __future__ import annotations
