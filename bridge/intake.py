@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from bridge.commands import Command, CommandHandler, parse_command
@@ -18,7 +18,13 @@ from bridge.config import Settings
 from bridge.core import stages
 from bridge.core.model import ExternalMessageId, InboundMessage, Message, RoomKey
 from bridge.core.text import safe_text
-from bridge.core.transport import Accepted, InboundEvent, MessageDeleted, MessageEdited
+from bridge.core.transport import (
+    Accepted,
+    ApprovalAction,
+    InboundEvent,
+    MessageDeleted,
+    MessageEdited,
+)
 from bridge.logs import log_context
 from bridge.metrics import Metrics
 from bridge.room_order import RoomOrder, Turn
@@ -41,6 +47,9 @@ class Intake:
     metrics: Metrics
     on_accepted: Callable[[Message], None] = lambda message: None
     """Called for each message that will go to a run (shows it as received)."""
+    on_approval_action: Callable[[ApprovalAction], Awaitable[Accepted]] | None = None
+    """Decides a transport's approval action (a button, a reaction); None: not wired yet,
+    each action is logged and ignored."""
     wall_clock: Callable[[], float] = time.time
     _order: RoomOrder = field(default_factory=RoomOrder, init=False)
     _not_handed: Counter[tuple[RoomKey, ExternalMessageId]] = field(
@@ -70,6 +79,8 @@ class Intake:
                     event = replace(event, text=safe_text(event.text))
                 # It acts on what the turns before it recorded and queued.
                 await turn.wait()
+                if isinstance(event, ApprovalAction):
+                    return await self._approval(event)
                 return await self._change(event)
         finally:
             turn.end()
@@ -126,6 +137,21 @@ class Intake:
         self.metrics.messages.labels("edited").inc()
         log.info("message %s was edited before it ran", message.id)
         return Accepted.ACCEPTED
+
+    async def _approval(self, action: ApprovalAction) -> Accepted:
+        """An answer to an approval request: the approvals handler decides (and authorizes)."""
+        if self.settings.room(action.room) is None:
+            log.debug("ignored an approval action in %s: room not configured", action.room)
+            return Accepted.IGNORED
+        if self.on_approval_action is None:
+            log.info(
+                "approval action %s by %s on %s: no approvals handler; ignored",
+                action.choice,
+                action.sender,
+                action.message_id,
+            )
+            return Accepted.IGNORED
+        return await self.on_approval_action(action)
 
     def _ignored_change(self, event: MessageEdited | MessageDeleted, reason: str) -> Accepted:
         kind = "an edit" if isinstance(event, MessageEdited) else "a deletion"

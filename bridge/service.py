@@ -70,7 +70,13 @@ def build_transports(settings: Settings) -> list[Transport]:
     if settings.console_active:
         from transports.console import ConsoleTransport
 
-        transports.append(ConsoleTransport(settings.console.room, settings.console.user))
+        transports.append(
+            ConsoleTransport(
+                settings.console.room,
+                settings.console.user,
+                command_prefix=settings.commands.prefix,
+            )
+        )
     if settings.matrix is not None:
         from transports.matrix import MatrixTransport
 

@@ -47,6 +47,26 @@ class Transport:
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         """Replace the text of a message the bridge sent (live progress)."""
 
+    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
+        """Post an approval request with the actions that answer it; returns its message id.
+
+        ``request`` says where (room, thread, the message answered) and what
+        (the text, Markdown); ``ref`` names the approval as commands name it
+        (``#3``). A transport with actions of its own (Slack buttons, Matrix
+        reactions) attaches them and later hands each use of one to the sink
+        as an :class:`~bridge.core.transport.ApprovalAction` carrying the id
+        returned here. By default the request is a plain reply, answered
+        through commands only. Raises as :meth:`send` does.
+        """
+        return await self.send(request)
+
+    async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
+        """Show an approval request as decided (``text``: its outcome); its actions go.
+
+        By default an :meth:`edit` of the request message.
+        """
+        await self.edit(room, message_id, text)
+
     async def set_typing(self, room: RoomKey, typing: bool) -> None:
         """Show or clear a typing indicator while a run is active."""
 

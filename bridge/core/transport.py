@@ -1,7 +1,9 @@
 """What a transport and the service exchange, in core types only.
 
 Inbound, a transport hands the sink one :data:`InboundEvent` at a time: a new
-message, or an edit or deletion of one it handed over before. Outbound, the
+message, an edit or deletion of one it handed over before, or a person's
+answer to an approval request (:class:`ApprovalAction`: a Slack button, a
+Matrix reaction). Outbound, the
 service calls the transport (``transports.base.Transport``) with a
 :class:`~bridge.core.model.Reply` and, for answers from the durable outbox, a
 :class:`Delivery` that makes sending idempotent across retries and restarts.
@@ -56,7 +58,33 @@ class MessageDeleted:
     """Who deleted it, when the transport knows (may be an admin, not the author)."""
 
 
-InboundEvent = InboundMessage | MessageEdited | MessageDeleted
+class ApprovalChoice(StrEnum):
+    """What a person answered to a tool-use approval request."""
+
+    ALLOW = "allow"
+    """Allow this one tool use."""
+    ALLOW_SESSION = "allow_session"
+    """Allow it, and the like of it for the rest of the session."""
+    DENY = "deny"
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalAction:
+    """A person acted on an approval request the bridge posted (a button, a reaction).
+
+    The transport only says who chose what on which message; whether the
+    sender may decide, and which approval the message is, is the service's
+    business (it records the posted message's id with the approval).
+    """
+
+    room: RoomKey
+    sender: UserId
+    message_id: ExternalMessageId
+    """The transport's id of the approval request message (as ``post_approval`` returned it)."""
+    choice: ApprovalChoice
+
+
+InboundEvent = InboundMessage | MessageEdited | MessageDeleted | ApprovalAction
 
 InboundSink = Callable[[InboundEvent], Awaitable[Accepted]]
 """The service's entry point. Returns only after the event is durably recorded,

@@ -167,6 +167,18 @@ class LocalSlack:
             data = await resp.json()
         assert data["ok"], data
 
+    async def click(
+        self, user: str, ts: str, action: Mapping[str, Any], channel: str = CHANNEL
+    ) -> None:
+        """Click a button of message ``ts`` as a person (a ``block_actions`` interaction).
+
+        Returns once the app answered (its socket ack, or its HTTP response).
+        """
+        body = {"channel": channel, "messageTs": ts, "user": user, "action": dict(action)}
+        async with self.http.post(f"{self.base}/_control/interact", json=body) as resp:
+            data = await resp.json()
+        assert data["ok"], data
+
     async def messages(self, channel: str = CHANNEL) -> list[dict[str, Any]]:
         async with self.http.get(f"{self.base}/_control/messages/{channel}") as resp:
             data = await resp.json()

@@ -63,7 +63,7 @@ async def test_own_messages_and_unconfigured_rooms_are_dropped(env: Running) -> 
 
 async def test_a_burst_arrives_complete_and_in_order(env: Running) -> None:
     sent = [await env.slack.post_message(peer.ALICE, f"part {i}") for i in range(6)]
-    assert [m.external_id for m in env.sink.received] == sent
+    assert [m.external_id for m in env.sink.messages] == sent
     assert env.sink.texts == [f"part {i}" for i in range(6)]
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nio import (
+    ReactionEvent,
     RedactionEvent,
     RoomEncryptedMedia,
     RoomMessageMedia,
@@ -29,7 +30,8 @@ from bridge.core.model import (
     UserId,
 )
 from bridge.core.text import safe_text
-from bridge.core.transport import MessageDeleted, MessageEdited
+from bridge.core.transport import ApprovalAction, MessageDeleted, MessageEdited
+from transports.matrix.approvals import choice_of
 
 TRANSPORT = TransportName("matrix")
 
@@ -152,7 +154,7 @@ def strip_leading_mention(
 
 def to_inbound(
     event: object, room_id: str, bot: InboundPolicy, display_name: str | None = None
-) -> InboundMessage | MessageEdited | MessageDeleted | None:
+) -> InboundMessage | MessageEdited | MessageDeleted | ApprovalAction | None:
     """The inbound event ``event`` carries, or None if it carries none for the bridge.
 
     Messages: ``m.text``/``m.notice`` from anyone but the bridge. Notices and
@@ -160,6 +162,10 @@ def to_inbound(
     is set, so the service can record them. An edit (``m.replace``) becomes
     :class:`MessageEdited` of the original, a redaction :class:`MessageDeleted`:
     the service applies them to messages not yet run and ignores the rest.
+    A reaction ✅ 🔁 ❌ by anyone but the bridge (and, with
+    ``ignore_other_bots``, but ``ignore_users``) becomes an
+    :class:`ApprovalAction` on the event it annotates; whether that event is
+    an approval request is for the caller to check (it takes a lookup).
     ``display_name`` is the bot's name in the room, for leading mentions.
     """
     room = RoomKey(TRANSPORT, RoomId(room_id))
@@ -167,6 +173,8 @@ def to_inbound(
         if event.sender == bot.user_id or not event.redacts:
             return None
         return MessageDeleted(room, ExternalMessageId(event.redacts))
+    if isinstance(event, ReactionEvent):
+        return _reaction(event, room, bot)
     if isinstance(event, RoomMessageMedia | RoomEncryptedMedia):
         return _files(event, room, bot)
     if not isinstance(event, RoomMessageText | RoomMessageNotice):
@@ -192,6 +200,17 @@ def to_inbound(
         sender_is_bot=sender_is_bot,
         mentions_bot=mentioned or stripped is not None,
     )
+
+
+def _reaction(event: ReactionEvent, room: RoomKey, bot: InboundPolicy) -> ApprovalAction | None:
+    if event.sender == bot.user_id:
+        return None  # the bot's own reactions: the buttons it offers
+    if bot.ignore_other_bots and event.sender in bot.ignore_users:
+        return None
+    choice = choice_of(event.key)
+    if choice is None or not event.reacts_to:
+        return None
+    return ApprovalAction(room, UserId(event.sender), ExternalMessageId(event.reacts_to), choice)
 
 
 def _files(

@@ -10,6 +10,7 @@ import asyncio
 import copy
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 from uuid import uuid4
 
@@ -20,6 +21,7 @@ from bridge.core import stages
 from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey
 from bridge.core.transport import Delivery, RateLimited, TransportError, Undeliverable
 from transports.backoff import Backoff
+from transports.matrix.approvals import HOWTO, MARKER, REACTIONS, KnownRequests
 from transports.matrix.client import AUTH_ERRORS, RATE_LIMITED
 from transports.matrix.inbound import TRANSPORT
 from transports.matrix.render import MarkdownRenderer
@@ -47,8 +49,11 @@ class MatrixOutbound:
         *,
         typing_refresh_s: float,
         send_attempts: int,
+        requests: KnownRequests | None = None,
     ) -> None:
+        """``requests``: where the approval requests posted are noted (the sync side reads it)."""
         self._settings = settings
+        self._requests = requests if requests is not None else KnownRequests()
         self._synced = synced
         self._typing_refresh_s = typing_refresh_s
         self._send_attempts = send_attempts
@@ -123,6 +128,57 @@ class MatrixOutbound:
         parts = self._fit(text, edit_of) or [edit_of("")]
         await self._known_room(client, room_id)
         await self._room_send(client, room_id, parts[0], uuid4().hex)
+
+    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId:
+        """Post an approval request as one message, then react ✅ 🔁 ❌ to it as the bot.
+
+        One event whatever the length (the reactions belong to one): a long
+        text is cut. The reactions are offered for convenience: one that
+        cannot be added is logged, not raised (the request is posted; a
+        person can still react or answer by command), so that the caller
+        does not post the request again.
+        """
+        room_id = room_id_of(request.room)
+        client = self._logged_in()
+        parts = self._parts(replace(request, text=f"{request.text}\n\n{HOWTO}"))
+        content = parts[0]
+        if len(parts) > 1:
+            content["body"] += "\n…"
+            content["formatted_body"] += "<p>…</p>"
+        content[MARKER] = {"ref": ref}
+        await self._known_room(client, room_id)
+        event_id = await self._room_send(client, room_id, content, uuid4().hex)
+        self._requests.note(event_id, True)
+        reactions: list[str] = []
+        # In an encrypted room nio sends reactions in the clear (it never
+        # encrypts m.reaction); they only show which emoji to click.
+        for key in REACTIONS:
+            annotation = {
+                "m.relates_to": {"rel_type": "m.annotation", "event_id": event_id, "key": key}
+            }
+            try:
+                reactions.append(
+                    await self._room_send(
+                        client, room_id, annotation, uuid4().hex, event_type="m.reaction"
+                    )
+                )
+            except TransportError as exc:
+                log.warning("matrix: could not offer %s on approval %s: %s", key, ref, exc)
+        self._requests.reactions[event_id] = reactions
+        return event_id
+
+    async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
+        """Edit the request into its outcome and take the bot's reactions back (known ones)."""
+        await self.edit(room, message_id, text)
+        client = self._logged_in()
+        for reaction in self._requests.reactions.pop(message_id, []):
+            try:
+                response = await client.room_redact(room_id_of(room), reaction)
+            except Exception as exc:
+                response = exc
+            if isinstance(response, ErrorResponse | Exception):
+                # Cosmetic: the outcome is shown; a late reaction is answered "decided".
+                log.info("matrix: could not take back reaction %s: %s", reaction, response)
 
     async def set_typing(self, room: RoomKey, typing: bool) -> None:
         """Show the bot typing while a run is active; renewed until cleared."""
@@ -202,7 +258,13 @@ class MatrixOutbound:
             raise TransportError("matrix", f"the bot is not in room {room_id}") from None
 
     async def _room_send(
-        self, client: AsyncClient, room_id: RoomId, content: dict[str, Any], tx_id: str
+        self,
+        client: AsyncClient,
+        room_id: RoomId,
+        content: dict[str, Any],
+        tx_id: str,
+        *,
+        event_type: str = "m.room.message",
     ) -> ExternalMessageId:
         """Send one event; connection errors and server errors are retried a few times.
 
@@ -217,7 +279,7 @@ class MatrixOutbound:
             try:
                 response = await client.room_send(
                     room_id,
-                    "m.room.message",
+                    event_type,
                     copy.deepcopy(content),
                     tx_id=tx_id,
                     ignore_unverified_devices=True,

@@ -39,10 +39,12 @@ from nio import (
     RoomGetEventResponse,
     SyncResponse,
 )
+from nio.exceptions import EncryptionError, LocalProtocolError
 
 from bridge.core import stages
 from bridge.core.model import InboundMessage, RoomId
 from bridge.core.transport import (
+    ApprovalAction,
     InboundEvent,
     InboundSink,
     MessageEdited,
@@ -51,6 +53,7 @@ from bridge.core.transport import (
     TransportError,
 )
 from transports.backoff import Backoff
+from transports.matrix.approvals import MARKER, KnownRequests
 from transports.matrix.client import RATE_LIMITED, Retryable, check
 from transports.matrix.inbound import InboundPolicy, history_before, to_inbound
 from transports.matrix.position import PositionSaver
@@ -105,9 +108,12 @@ class Syncer:
         backoff: Backoff,
         tell_room: TellRoom,
         *,
+        requests: KnownRequests | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``requests``: which events are approval requests (the outbound side notes its own)."""
         self._settings = settings
+        self._requests = requests if requests is not None else KnownRequests()
         self._rooms = rooms
         self._policy = policy
         self._backoff = backoff
@@ -359,7 +365,46 @@ class Syncer:
             client, room_id, inbound.external_id, event
         ):
             return None
+        if isinstance(inbound, ApprovalAction) and not await self._is_request(
+            client, room_id, inbound.message_id
+        ):
+            return None  # a ✅ on anything else is just a reaction
         return inbound
+
+    async def _is_request(self, client: AsyncClient, room_id: str, event_id: str) -> bool:
+        """Whether ``event_id`` is an approval request the bot posted (marked, see .approvals).
+
+        Known for the requests this process posted; otherwise the event is
+        fetched (and decrypted: the bot can read its own messages) once and
+        the answer remembered.
+        """
+        known = self._requests.get(event_id)
+        if known is not None:
+            return known
+        response = await client.room_get_event(room_id, event_id)
+        if not isinstance(response, RoomGetEventResponse):
+            if getattr(response, "status_code", None) in ("M_NOT_FOUND", "M_FORBIDDEN"):
+                self._requests.note(event_id, False)
+                return False
+            check("fetch reacted-to event", response)
+            return False
+        event: object = response.event
+        if isinstance(event, MegolmEvent) and client.olm is not None:
+            try:
+                event = client.decrypt_event(event)
+            except (EncryptionError, LocalProtocolError) as exc:
+                # Not remembered: the key may still come (unlikely for the bot's own).
+                log.warning("matrix: cannot read %s to check a reaction: %s", event_id, exc)
+                return False
+        source = getattr(event, "source", None)
+        content = source.get("content") if isinstance(source, dict) else None
+        is_request = (
+            getattr(event, "sender", None) == self._policy.user_id
+            and isinstance(content, dict)
+            and isinstance(content.get(MARKER), dict)
+        )
+        self._requests.note(event_id, is_request)
+        return is_request
 
     async def _same_sender(
         self, client: AsyncClient, room_id: str, original: str, edit: object

@@ -14,6 +14,7 @@ from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomK
 from bridge.core.transport import Delivery, InboundSink, RoomBinding
 from transports.backoff import Backoff
 from transports.base import Transport
+from transports.matrix.approvals import KnownRequests
 from transports.matrix.client import new_client
 from transports.matrix.inbound import InboundPolicy
 from transports.matrix.login import log_in
@@ -47,18 +48,22 @@ class MatrixTransport(Transport):
             ignore_other_bots=settings.ignore_other_bots,
             ignore_users=frozenset(settings.ignore_users),
         )
+        # Posted by the outbound side, recognised by the sync side (reactions to them).
+        requests = KnownRequests()
         self._syncer = Syncer(
             settings,
             {binding.room_id: binding for binding in rooms},
             policy,
             self._backoff,
             self._tell_room,
+            requests=requests,
         )
         self._outbound = MatrixOutbound(
             settings,
             self._syncer.synced,
             typing_refresh_s=typing_refresh_s,
             send_attempts=send_attempts,
+            requests=requests,
         )
 
     @property
@@ -116,6 +121,14 @@ class MatrixTransport(Transport):
 
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         await self._outbound.edit(room, message_id, text)
+
+    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
+        """Post the request and react ✅ 🔁 ❌ to it, for people to click (see .approvals)."""
+        return await self._outbound.post_approval(request, ref)
+
+    async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
+        """Edit the request into its outcome; the bot's reactions go."""
+        await self._outbound.close_approval(room, message_id, text)
 
     async def set_typing(self, room: RoomKey, typing: bool) -> None:
         await self._outbound.set_typing(room, typing)

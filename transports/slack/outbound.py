@@ -36,6 +36,7 @@ from bridge.core.transport import (
     TransportError,
     Undeliverable,
 )
+from transports.slack.approvals import closed_blocks, fitted, request_blocks
 from transports.slack.mrkdwn import to_mrkdwn
 from transports.slack.web import AUTH_ERRORS, error_code, retry_after_seconds
 from transports.text import split_markdown
@@ -362,6 +363,44 @@ class SlackOutbound:
             channel=room.room_id,
             ts=message_id,
             text=to_mrkdwn(chunks[0]),
+            parse="none",
+            link_names=False,
+        )
+
+    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId:
+        """Post an approval request with its buttons (see :mod:`.approvals`); returns its ts.
+
+        One message, whatever the length (the buttons belong to one): a long
+        text is cut to what a section holds.
+        """
+        text = fitted(request.text)
+        args: dict[str, Any] = {
+            "channel": request.room.room_id,
+            # The notification's text: the same safe rendering as the section's.
+            "text": text,
+            "blocks": request_blocks(text, ref),
+            "mrkdwn": True,
+            "parse": "none",
+            "link_names": False,
+        }
+        thread = self.thread_for(request)
+        if thread:
+            args["thread_ts"] = thread
+        response = await self._call("chat.postMessage", **args)
+        return ExternalMessageId(str(response["ts"]))
+
+    async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
+        """Replace an approval request by its outcome; the buttons go with the old blocks.
+
+        (``chat.update`` without ``blocks`` would keep the old ones, buttons included.)
+        """
+        rendered = fitted(text)
+        await self._call(
+            "chat.update",
+            channel=room.room_id,
+            ts=message_id,
+            text=rendered,
+            blocks=closed_blocks(rendered),
             parse="none",
             link_names=False,
         )

@@ -43,9 +43,17 @@ from slack_sdk.errors import SlackApiError
 
 from bridge.core import stages
 from bridge.core.model import ExternalMessageId, InboundMessage, Reply, RoomId, RoomKey
-from bridge.core.transport import Delivery, InboundSink, RoomBinding, RunPhase
+from bridge.core.transport import (
+    ApprovalAction,
+    Delivery,
+    InboundSink,
+    RoomBinding,
+    RunPhase,
+    SinkClosed,
+)
 from transports.backoff import Backoff
 from transports.base import Transport
+from transports.slack.approvals import ACTION_PREFIX, to_action
 from transports.slack.events_http import serve_events
 from transports.slack.inbound import (
     SLACK,
@@ -83,8 +91,9 @@ def settled(request: AsyncBoltRequest, status: int) -> bool:
     with it: whatever else Bolt answers, even a 200 (its authorization
     failing, a middleware cutting the chain short), means the event may not
     have been handed over, and Slack must deliver it again. Anything that is
-    not an event (a slash command, an interaction: nothing the bridge serves)
-    is settled unless Bolt failed (5xx).
+    not an event (a slash command, an interaction: Slack never sends those
+    again, and an approval click is acknowledged at once, see
+    :meth:`SlackTransport._on_approval`) is settled unless Bolt failed (5xx).
     """
     if request.body.get("type") == "event_callback":
         return status == 200 and request.context.get(HANDED_OVER) is True
@@ -139,6 +148,8 @@ class SlackTransport(Transport):
         """How many times a connection came up (a Socket Mode ``hello``, or the endpoint)."""
         self.reconnects = 0
         """Connections after the first (a metric)."""
+        self._handing: set[asyncio.Task[None]] = set()
+        """Approval actions on their way to the sink, after their acknowledgement."""
 
     @property
     def connected(self) -> bool:
@@ -154,6 +165,13 @@ class SlackTransport(Transport):
         start-up fails at once naming it (and so does a later reconnect, as
         the Matrix transport does when its token is revoked).
         """
+        try:
+            await self._serve(sink, ready)
+        finally:
+            for task in self._handing:
+                task.cancel()
+
+    async def _serve(self, sink: InboundSink, ready: asyncio.Event) -> None:
         while True:
             try:
                 await self._serve_once(sink, ready)
@@ -256,10 +274,40 @@ class SlackTransport(Transport):
             """Acknowledge events the bridge does not use, so Slack does not retry them."""
             context[HANDED_OVER] = True
 
+        async def on_approval(ack: Callable[[], Awaitable[None]], body: dict[str, Any]) -> None:
+            await ack()
+            action = to_action(body, identity.user_id, self._room_ids)
+            if action is not None:
+                self._on_approval(action, sink)
+
         app.event("message")(on_message)
         app.event("app_mention")(on_message)
         app.event(re.compile(".*"))(on_other_event)
+        app.action(re.compile(f"^{re.escape(ACTION_PREFIX)}"))(on_approval)
         return app
+
+    def _on_approval(self, action: ApprovalAction, sink: InboundSink) -> None:
+        """Hand an approval click to the sink after its acknowledgement, not before.
+
+        Slack wants an interaction acknowledged within 3 seconds and never
+        sends one again, so holding the acknowledgement until the sink has
+        recorded the click gains nothing (a lost click shows the person an
+        error they can only answer by clicking again) and risks the timeout.
+        """
+        task = asyncio.create_task(self._hand_over_action(action, sink), name="slack-approval")
+        self._handing.add(task)
+        task.add_done_callback(self._handing.discard)
+
+    async def _hand_over_action(self, action: ApprovalAction, sink: InboundSink) -> None:
+        try:
+            await sink(action)
+        except SinkClosed:
+            log.info("slack: an approval click came while shutting down; not taken")
+        except Exception:
+            # Nothing sends the click again: say so, the person can click again.
+            log.exception(
+                "slack: the approval click of %s on %s was lost", action.sender, action.message_id
+            )
 
     async def _deliver(
         self,
@@ -334,6 +382,14 @@ class SlackTransport(Transport):
 
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         await self._outbound.edit(room, message_id, text)
+
+    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
+        """Post the request with Allow once · Allow for this session · Deny buttons."""
+        return await self._outbound.post_approval(request, ref)
+
+    async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
+        """Replace the request by its outcome, without buttons."""
+        await self._outbound.close_approval(room, message_id, text)
 
     async def set_typing(self, room: RoomKey, typing: bool) -> None:
         """Slack has no typing indicator for bots; the ``running`` reaction shows activity."""
