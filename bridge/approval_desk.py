@@ -12,9 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bridge.approval_text import outcome_text
-from bridge.approvals import Choice, Verdict, deny_message, judge, refusal, timeout_message
+from bridge.approvals import Verdict, deny_message, judge, refusal, state_of, timeout_message
 from bridge.config import RoomSettings
 from bridge.core.model import RoomKey, UserId
+from bridge.core.transport import ApprovalChoice
 from bridge.live_controls import LiveControls
 from bridge.store.base import Approval, ApprovalState, Store
 
@@ -29,7 +30,7 @@ class ApprovalDesk:
     wall_clock: Callable[[], float] = time.time
 
     async def answer(
-        self, sender: UserId, approval: Approval, choice: Choice, reason: str = ""
+        self, sender: UserId, approval: Approval, choice: ApprovalChoice, reason: str = ""
     ) -> str | None:
         """Take ``sender``'s answer to ``approval``; returns what to tell them (None: nothing)."""
         settings = self.rooms(approval.room)
@@ -41,11 +42,11 @@ class ApprovalDesk:
             return refusal(verdict)
         if approval.state is ApprovalState.PENDING:
             decided = await self.store.decide_approval(
-                approval, choice.state, sender, self.wall_clock(), reason
+                approval, state_of(choice), sender, self.wall_clock(), reason
             )
             if decided:
                 current = await self._current(approval)
-                told = deny_message(reason) if choice is Choice.DENY else ""
+                told = deny_message(reason) if choice is ApprovalChoice.DENY else ""
                 note = await self.live.decide(current, choice, sender, told)
                 return f"{outcome_text(current)} {note}".rstrip()
         # Someone else answered first (or it had ended): say how it stands.
@@ -63,7 +64,7 @@ class ApprovalDesk:
                 approval, ApprovalState.EXPIRED, None, now, "timed out"
             ):
                 current = await self._current(approval)
-                await self.live.decide(current, Choice.DENY, None, message)
+                await self.live.decide(current, ApprovalChoice.DENY, None, message)
                 expired.append(current)
         return expired
 

@@ -8,32 +8,24 @@ judged the same way whichever way the answer came.
 from __future__ import annotations
 
 from collections.abc import Collection
-from enum import Enum, StrEnum
+from enum import Enum
 
 from bridge.config import RoomSettings
 from bridge.core.model import UserId
+from bridge.core.transport import ApprovalChoice
 from bridge.duration import format_duration
 from bridge.store.base import ApprovalState
 
 
-class Choice(StrEnum):
-    """An answer to a request, however it was given (command, button, reaction)."""
-
-    ALLOW = "allow"
-    ALLOW_SESSION = "allow_session"
-    """Allow, and let claude add its suggested rules for the rest of the session."""
-    DENY = "deny"
-
-    @property
-    def state(self) -> ApprovalState:
-        """The state a request answered this way takes."""
-        return _STATES[self]
+def state_of(choice: ApprovalChoice) -> ApprovalState:
+    """The state a request answered with ``choice`` takes."""
+    return _STATES[choice]
 
 
 _STATES = {
-    Choice.ALLOW: ApprovalState.ALLOWED,
-    Choice.ALLOW_SESSION: ApprovalState.ALLOWED_SESSION,
-    Choice.DENY: ApprovalState.DENIED,
+    ApprovalChoice.ALLOW: ApprovalState.ALLOWED,
+    ApprovalChoice.ALLOW_SESSION: ApprovalState.ALLOWED_SESSION,
+    ApprovalChoice.DENY: ApprovalState.DENIED,
 }
 
 

@@ -16,10 +16,11 @@ from enum import StrEnum
 
 from bridge.approval_desk import ApprovalDesk
 from bridge.approval_text import code_span, status_line
-from bridge.approvals import Choice, Verdict, refusal
+from bridge.approvals import Verdict, refusal
 from bridge.config import PERMISSION_MODES, RoomSettings
 from bridge.core.model import Message, RoomKey
 from bridge.core.text import safe_text
+from bridge.core.transport import ApprovalChoice
 from bridge.duration import format_duration
 from bridge.live_controls import LiveControls
 from bridge.store.base import AuditAction, RunRecord, Store, StoreError
@@ -84,7 +85,7 @@ class Command:
 class Decision:
     """What ``!approve`` / ``!deny`` asked: which request (None: the oldest), how, why."""
 
-    choice: Choice
+    choice: ApprovalChoice
     number: int | None
     reason: str = ""
 
@@ -102,8 +103,8 @@ def parse_decision(command: Command) -> Decision | None:
             match = _NUMBER.fullmatch(first)
             if match is None:
                 return None
-            return Decision(Choice.DENY, int(match[1]), _reason(" ".join(after)))
-        return Decision(Choice.DENY, None, _reason(command.rest))
+            return Decision(ApprovalChoice.DENY, int(match[1]), _reason(" ".join(after)))
+        return Decision(ApprovalChoice.DENY, None, _reason(command.rest))
     if command.name is not CommandName.APPROVE:
         return None
     number: int | None = None
@@ -116,7 +117,7 @@ def parse_decision(command: Command) -> Decision | None:
             number = int(match[1])
         else:
             return None
-    return Decision(Choice.ALLOW_SESSION if session else Choice.ALLOW, number)
+    return Decision(ApprovalChoice.ALLOW_SESSION if session else ApprovalChoice.ALLOW, number)
 
 
 def _reason(text: str) -> str:

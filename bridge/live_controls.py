@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from bridge.approvals import Choice
 from bridge.core.model import RoomKey, UserId
+from bridge.core.transport import ApprovalChoice
 from bridge.store.base import Approval
 
 
 class LiveControls(Protocol):
     async def decide(
-        self, approval: Approval, choice: Choice, sender: UserId | None, reason: str
+        self, approval: Approval, choice: ApprovalChoice, sender: UserId | None, reason: str
     ) -> str:
         """Hand a decision the store has just recorded to the run that asked.
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from bridge.approval_desk import ApprovalDesk
-from bridge.approvals import DEFAULT_DENIAL, Choice, Verdict
+from bridge.approvals import DEFAULT_DENIAL, Verdict
 from bridge.commands import CommandHandler, parse_command
 from bridge.config import RoomSettings
 from bridge.core.model import (
@@ -22,6 +22,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
+from bridge.core.transport import ApprovalChoice
 from bridge.store.base import Approval, ApprovalState, AuditAction, RoomOverrides
 from bridge.store.memory import MemoryStore
 from dispatcher import DispatchedRun, Dispatcher, DispatchLimits
@@ -33,12 +34,12 @@ RUN = RunId("run-1")
 
 @dataclass
 class FakeLive:
-    decisions: list[tuple[int, Choice, UserId | None, str]] = field(default_factory=list)
+    decisions: list[tuple[int, ApprovalChoice, UserId | None, str]] = field(default_factory=list)
     models: list[tuple[RoomKey, str]] = field(default_factory=list)
     modes: list[tuple[RoomKey, str]] = field(default_factory=list)
 
     async def decide(
-        self, approval: Approval, choice: Choice, sender: UserId | None, reason: str
+        self, approval: Approval, choice: ApprovalChoice, sender: UserId | None, reason: str
     ) -> str:
         self.decisions.append((approval.number, choice, sender, reason))
         return ""
@@ -136,7 +137,7 @@ async def test_approve_without_id_takes_the_oldest_waiting_request() -> None:
     await room.ask("r2")
     answer = await room.say(BOB, "!approve")
     assert answer == "Request `#1` (`Bash`): allowed by `@bob:x`."
-    assert room.live.decisions == [(1, Choice.ALLOW, BOB, "")]
+    assert room.live.decisions == [(1, ApprovalChoice.ALLOW, BOB, "")]
     assert [a.number for a in await room.store.pending_approvals(ROOM)] == [2]
     audit = (await room.store.audit_trail(run_id=RUN))[-1]
     assert (audit.action, audit.actor, audit.at) == (AuditAction.APPROVAL_ALLOWED, BOB, 1000.0)
@@ -149,8 +150,8 @@ async def test_approve_session_and_deny_with_a_reason_by_number() -> None:
     await room.say(BOB, "!deny #2 not on a Friday")
     await room.say(ALICE, "!approve session #1")
     assert room.live.decisions == [
-        (2, Choice.DENY, BOB, "The user denied this tool use: not on a Friday"),
-        (1, Choice.ALLOW_SESSION, ALICE, ""),
+        (2, ApprovalChoice.DENY, BOB, "The user denied this tool use: not on a Friday"),
+        (1, ApprovalChoice.ALLOW_SESSION, ALICE, ""),
     ]
     first = await room.store.approval_by_number(ROOM, 1)
     second = await room.store.approval_by_number(ROOM, 2)
@@ -167,7 +168,7 @@ async def test_deny_without_reason_tells_claude_the_default() -> None:
     room = make_room()
     await room.ask("r1")
     await room.say(BOB, "!deny")
-    assert room.live.decisions == [(1, Choice.DENY, BOB, DEFAULT_DENIAL)]
+    assert room.live.decisions == [(1, ApprovalChoice.DENY, BOB, DEFAULT_DENIAL)]
 
 
 async def test_a_second_answer_is_told_the_first_and_reaches_no_run() -> None:
@@ -241,7 +242,7 @@ async def test_expiry_denies_and_tells_claude_it_timed_out() -> None:
     [expired] = await desk.expire_due()
     assert (expired.state, expired.decided_by) == (ApprovalState.EXPIRED, None)
     [(number, choice, sender, told)] = room.live.decisions
-    assert (number, choice, sender) == (1, Choice.DENY, None)
+    assert (number, choice, sender) == (1, ApprovalChoice.DENY, None)
     assert "timed out" in told
     assert await room.say(BOB, "!approve #1") == (
         "Already answered. Request `#1` (`Bash`): denied: nobody answered in time."

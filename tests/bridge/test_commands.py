@@ -4,7 +4,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.approvals import Choice
 from bridge.commands import (
     REASON_LIMIT,
     CommandName,
@@ -13,6 +12,7 @@ from bridge.commands import (
     parse_command,
     parse_decision,
 )
+from bridge.core.transport import ApprovalChoice
 
 
 @pytest.mark.parametrize(
@@ -68,21 +68,21 @@ def test_the_first_word_after_a_command_is_its_argument() -> None:
 @pytest.mark.parametrize(
     ("text", "choice", "number", "reason"),
     [
-        ("!approve", Choice.ALLOW, None, ""),
-        ("!approve #3", Choice.ALLOW, 3, ""),
-        ("!APPROVE session", Choice.ALLOW_SESSION, None, ""),
-        ("!approve session #12", Choice.ALLOW_SESSION, 12, ""),
-        ("!approve #12 Session", Choice.ALLOW_SESSION, 12, ""),
-        ("!deny", Choice.DENY, None, ""),
-        ("!deny #4", Choice.DENY, 4, ""),
-        ("!deny #4 Too  risky,\n really", Choice.DENY, 4, "Too risky, really"),
-        ("!deny #4\nno", Choice.DENY, 4, "no"),
-        ("!deny 4 tries is enough", Choice.DENY, None, "4 tries is enough"),
-        ("!deny not #4", Choice.DENY, None, "not #4"),
+        ("!approve", ApprovalChoice.ALLOW, None, ""),
+        ("!approve #3", ApprovalChoice.ALLOW, 3, ""),
+        ("!APPROVE session", ApprovalChoice.ALLOW_SESSION, None, ""),
+        ("!approve session #12", ApprovalChoice.ALLOW_SESSION, 12, ""),
+        ("!approve #12 Session", ApprovalChoice.ALLOW_SESSION, 12, ""),
+        ("!deny", ApprovalChoice.DENY, None, ""),
+        ("!deny #4", ApprovalChoice.DENY, 4, ""),
+        ("!deny #4 Too  risky,\n really", ApprovalChoice.DENY, 4, "Too risky, really"),
+        ("!deny #4\nno", ApprovalChoice.DENY, 4, "no"),
+        ("!deny 4 tries is enough", ApprovalChoice.DENY, None, "4 tries is enough"),
+        ("!deny not #4", ApprovalChoice.DENY, None, "not #4"),
     ],
 )
 def test_answers_to_tool_requests(
-    text: str, choice: Choice, number: int | None, reason: str
+    text: str, choice: ApprovalChoice, number: int | None, reason: str
 ) -> None:
     command = parse_command(text, "!")
     assert command is not None
@@ -137,7 +137,7 @@ def test_whatever_follows_deny_parses_or_is_refused(rest: str) -> None:
     if decision is None:
         assert command.rest.startswith("#")
     else:
-        assert decision.choice is Choice.DENY
+        assert decision.choice is ApprovalChoice.DENY
         assert (decision.number is None) != command.rest.startswith("#")
 
 
