@@ -14,6 +14,7 @@ front of an answer. Outgoing text is made safe (:func:`~bridge.core.text.safe_te
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -48,6 +49,8 @@ def in_conversation(batch: Batch, text: str, kind: ReplyKind) -> Reply:
 
 
 DEFAULT_EDITS_PER_MINUTE = 60.0
+APPROVAL_TRIES = 4
+"""Posting (or closing) a tool request waits out this many rate limits before giving up."""
 
 
 class Replier:
@@ -145,3 +148,40 @@ class Replier:
             self.rate_limited(batch.room.transport, exc.retry_after_s)
         except Exception:
             log.debug("could not show phase %s in %s", phase, batch.room, exc_info=True)
+
+    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
+        """Post a tool-use request with its actions; None if it could not be posted.
+
+        Not cosmetic: claude waits on it. A rate limit is waited out (a few
+        times); the request stays answerable by command whatever happens.
+        """
+        transport = self._transport(request.room)
+        if transport is None:
+            return None
+        safe = replace(request, text=safe_text(request.text))
+        for _ in range(APPROVAL_TRIES):
+            try:
+                return await transport.post_approval(safe, ref)
+            except RateLimited as exc:
+                self.rate_limited(request.room.transport, exc.retry_after_s)
+                await asyncio.sleep(exc.retry_after_s)
+            except Exception:
+                log.warning("could not post a tool request to %s", request.room, exc_info=True)
+                return None
+        return None
+
+    async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
+        """Show a request as decided (its buttons go); best effort, rate limits waited out."""
+        transport = self._transport(room)
+        if transport is None:
+            return
+        for _ in range(APPROVAL_TRIES):
+            try:
+                await transport.close_approval(room, message_id, safe_text(text))
+            except RateLimited as exc:
+                self.rate_limited(room.transport, exc.retry_after_s)
+                await asyncio.sleep(exc.retry_after_s)
+                continue
+            except Exception:
+                log.warning("could not close a tool request in %s", room, exc_info=True)
+            return

@@ -211,6 +211,12 @@ class Store(Protocol):
         """Record a running run and mark its messages dispatched into it, atomically."""
         ...
 
+    async def steer_into_run(self, run_id: RunId, batch: Batch, at: float) -> None:
+        """Add ``batch``'s messages to a running run (they were sent into its session):
+        dispatched into it after its own messages, audited (detail ``steered``), atomically.
+        A run that is not running raises :class:`StoreError`."""
+        ...
+
     async def register_live_run(self, live: LiveRun, at: float) -> None:
         """Record where the run's supervisor is reached, and claude's pid, durably.
 

@@ -265,6 +265,29 @@ class MemoryStore:
             detail=f"{len(batch.ids)} message(s)",
         )
 
+    async def steer_into_run(self, run_id: RunId, batch: Batch, at: float) -> None:
+        """Add messages sent into a running run's session to that run."""
+        self._check_open()
+        run = self._runs.get(run_id)
+        if run is None or run.status is not RunStatus.RUNNING:
+            raise StoreError(f"run {run_id} is not running")
+        missing = [i for i in batch.ids if i not in self._messages]
+        if missing:
+            raise StoreError(f"run {run_id}: messages {missing} do not exist")
+        self._runs[run_id] = replace(run, message_ids=run.message_ids + batch.ids)
+        for message_id in batch.ids:
+            stored = self._messages[message_id]
+            stored.state = MessageState.DISPATCHED
+            stored.run_id = run_id
+            self._write_audit(
+                AuditAction.MESSAGE_DISPATCHED,
+                at,
+                room=batch.room,
+                message_id=message_id,
+                run_id=run_id,
+                detail="steered",
+            )
+
     async def register_live_run(self, live: LiveRun, at: float) -> None:
         """Record (or replace) where the run's supervisor is, and claude's pid."""
         run = self._run(live.run_id)

@@ -544,6 +544,48 @@ class SqlStore:
             audit.append(_audit_values(started, at, room, run_id=run_id, detail=detail))
             await s.execute(insert_statement(_AUDIT), audit)
 
+    async def steer_into_run(self, run_id: RunId, batch: Batch, at: float) -> None:
+        """Add messages sent into a running run's session to that run (see the protocol)."""
+        ids = list(batch.ids)
+        async with self._transaction(self._unsynced) as s:
+            running = await s.execute(
+                update(_RUNS)
+                .where(_RUNS.c.id == run_id, _RUNS.c.status == RunStatus.RUNNING.value)
+                .values(status=RunStatus.RUNNING.value)
+            )
+            if _rowcount(running) != 1:
+                raise StoreError(f"run {run_id} is not running")
+            last = await s.scalar(
+                select(func.max(_RUN_MESSAGES.c.position)).where(_RUN_MESSAGES.c.run_id == run_id)
+            )
+            found = await s.execute(
+                update(_MESSAGES)
+                .where(_MESSAGES.c.id.in_(ids))
+                .values(state=MessageState.DISPATCHED.value, run_id=run_id)
+            )
+            if _rowcount(found) != len(set(ids)):
+                raise StoreError(f"run {run_id}: some of messages {ids} do not exist")
+            start = -1 if last is None else int(last)
+            await s.execute(
+                insert_statement(_RUN_MESSAGES),
+                [
+                    {"run_id": run_id, "message_id": message_id, "position": start + 1 + i}
+                    for i, message_id in enumerate(ids)
+                ],
+            )
+            audit = [
+                _audit_values(
+                    AuditAction.MESSAGE_DISPATCHED,
+                    at,
+                    batch.room,
+                    message_id=m,
+                    run_id=run_id,
+                    detail="steered",
+                )
+                for m in ids
+            ]
+            await s.execute(insert_statement(_AUDIT), audit)
+
     async def register_live_run(self, live: LiveRun, at: float) -> None:
         """Record (or replace) where the run's supervisor is reached, and claude's pid.
 

@@ -229,6 +229,37 @@ async def test_batch_order_is_kept(store: InspectableStore) -> None:
     assert run.message_ids == (b.id, a.id)
 
 
+async def test_steer_into_run_appends_messages_to_the_running_run(
+    store: InspectableStore,
+) -> None:
+    a, b, c = await accept_many(store, 3)
+    rid = await start(store, "run-1", [a])
+    await store.steer_into_run(rid, Batch(ROOM, (b, c)), 300.0)
+    run = await store.get_run(rid)
+    assert run is not None
+    assert run.message_ids == (a.id, b.id, c.id)
+    assert await store.pending_messages() == []
+    steered = [
+        a.message_id
+        for a in await store.audit_trail(run_id=rid)
+        if a.action is AuditAction.MESSAGE_DISPATCHED and a.detail == "steered"
+    ]
+    assert steered == [b.id, c.id]
+    # Finishing the run finishes the steered messages with it.
+    await store.finish_run(rid, RunReport(RunStatus.SUCCEEDED), 400.0)
+    states = await store.message_states([b.id, c.id])
+    assert set(states.values()) == {MessageState.DONE}
+
+
+async def test_steer_into_a_finished_run_is_refused(store: InspectableStore) -> None:
+    a, b = await accept_many(store, 2)
+    rid = await start(store, "run-1", [a])
+    await store.finish_run(rid, RunReport(RunStatus.SUCCEEDED), 400.0)
+    with pytest.raises(StoreError):
+        await store.steer_into_run(rid, Batch(ROOM, (b,)), 500.0)
+    assert await store.pending_messages() == [b]
+
+
 async def test_start_run_is_atomic(store: InspectableStore) -> None:
     [msg] = await accept_many(store, 1)
     ghost = Message(MessageId(10_000), ROOM, ALICE, "x", ExternalMessageId("$g"), 1.0)
