@@ -11,8 +11,9 @@ A room is in one of four phases:
 - gathering: an open batch waits for its window to close (timer armed).
 - ready: the batch is due and the room waits for a run slot; it keeps
   gathering messages meanwhile.
-- running: a run was granted (or adopted); new messages queue behind it.
-  When it ends, queued messages are ready at once (no new debounce).
+- running: a run was granted (or adopted); new messages queue behind it
+  (or steer it, see below). When it ends, queued messages are ready at
+  once (no new debounce).
 
 A granted run has *begun* once its owner is about to carry it out
 (:meth:`Room.begin`). Until then nothing has happened outside: a stop drops
@@ -340,7 +341,7 @@ class Room:
         False (nothing changes) if it is not pending: it went into a run, or
         was dropped, or never came.
         """
-        for waiting in (self._pending, self._steer):
+        for waiting in (self._steer, self._pending):  # oldest first, as remove()
             for index, queued in enumerate(waiting):
                 if queued.id == message.id:
                     waiting[index] = message

@@ -277,3 +277,23 @@ def test_a_run_granted_but_skipped_is_not_steered(make: Messages) -> None:
     assert r.stop() == [SkipRun(batch, dropped=True), Dropped(batch.messages)]
     assert r.message(make(KEY), now=2.0, mode=STEER) == []
     assert r.steering == 0
+
+
+def test_an_edit_of_a_message_waiting_twice_reaches_the_older_copy(make: Messages) -> None:
+    """``!retry`` may queue a message again while its first copy gathers to steer."""
+    r, _ = running(make)
+    m = make(KEY)
+    r.message(m, now=2.0, mode=STEER)
+    r.message(m, now=2.1)  # queue mode now: queued behind the steer batch
+    edited = Message(
+        id=m.id,
+        room=KEY,
+        sender=m.sender,
+        text="edited",
+        external_id=m.external_id,
+        received_at=0.0,
+    )
+    assert r.replace(edited)
+    assert offered(r.tick(3.1)).messages == (edited,)
+    assert r.remove(m) == (True, [])  # the queued copy
+    assert r.pending == 1  # the offer
