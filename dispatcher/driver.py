@@ -8,6 +8,14 @@ deadline when ``advance`` returns. Every rule (which run begins, what a stop
 drops, why a run was cancelled, what a drain keeps) is the scheduler's; this
 module only carries its decisions out.
 
+Steering and prestarts are the scheduler's decisions too; the driver hands
+a :class:`~dispatcher.room.SteerRun` to the room's run
+(:attr:`DispatchedRun.steer`, synchronously, and feeds the answer straight
+back) and calls the :class:`~dispatcher.policy.Prestarter` where it applies
+the other decisions. A failing hook is logged: a steer hook that raises
+counts as a refusal (the messages queue for the next run rather than being
+lost), a prestarter that raises is otherwise ignored.
+
 Runs may outlive the process. A drain may leave the runs it cuts off to
 their supervisors (``reason=DETACHED``) instead of interrupting them, and a
 restarted bridge hands the runs it reattached to :meth:`Dispatcher.adopt`,
@@ -18,30 +26,50 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 
 from bridge.core.model import Batch, Message, RoomKey
 from dispatcher.clock import Clock, MonotonicClock, TimerHandle
 from dispatcher.limits import DispatchLimits
-from dispatcher.scheduler import Scheduler
+from dispatcher.policy import DuringRun, Prestarter
+from dispatcher.room import BeginPrestart, CancelPrestart, StartRun, SteerRun
+from dispatcher.scheduler import Action, Scheduler
 from dispatcher.status import EndReason, RoomStatus, StopResult
 
 logger = logging.getLogger(__name__)
 
 
-class DispatchedRun:
-    """One run as ``execute`` sees it: its batch, and why it was cancelled."""
+SteerHook = Callable[[Batch, bool], bool]
+"""``steer(batch, interrupt)``: hand ``batch`` to the running run; True if it took it."""
 
-    __slots__ = ("batch", "end_reason", "task")
+
+class DispatchedRun:
+    """One run as ``execute`` sees it: its batch, why it was cancelled, its hooks."""
+
+    __slots__ = ("batch", "end_reason", "prestarted", "steer", "task")
 
     task: asyncio.Task[None]
     """Set right after construction: the task needs the run to exist first."""
 
-    def __init__(self, batch: Batch) -> None:
+    def __init__(self, batch: Batch, *, prestarted: bool = False) -> None:
         self.batch = batch
         self.end_reason: EndReason | None = None
         """Set before the dispatcher cancels the run: stopped by the room, or
         interrupted or detached by shutdown. None while the run was not cancelled."""
+        self.prestarted = prestarted
+        """The prestarter was told to ``begin`` for this room and this run takes
+        that prestart over (``execute`` finds it where the prestarter keeps it;
+        it may have failed or died meanwhile)."""
+        self.steer: SteerHook | None = None
+        """Set by ``execute`` once the run takes input (None: it cannot be
+        steered). Called synchronously, from the dispatcher's event handling,
+        with a steer batch of the room (``interrupt``: the room's mode asks to
+        interrupt the current turn for it). True: the run took the messages
+        (they are the run's from then on, whatever becomes of it: a stop or a
+        shutdown does not give them back). False: they queue for the room's
+        next run, and so does everything arriving after them while this run
+        goes. Must not block; an exception counts as False."""
 
 
 Execute = Callable[[DispatchedRun], Awaitable[None]]
@@ -57,13 +85,29 @@ class Dispatcher:
     """
 
     def __init__(
-        self, limits: DispatchLimits, execute: Execute, clock: Clock | None = None
+        self,
+        limits: DispatchLimits,
+        execute: Execute,
+        clock: Clock | None = None,
+        *,
+        mode_of: Callable[[RoomKey], DuringRun] | None = None,
+        prestarter: Prestarter | None = None,
+        max_prestarts: int = 0,
     ) -> None:
+        """``mode_of`` gives a room's :class:`DuringRun` mode (None: ``queue``
+        everywhere); it is asked at each message. ``prestarter`` gets up to
+        ``max_prestarts`` prestarts at once (none without a prestarter)."""
         self._limits = limits
         self._execute = execute
         self._clock: Clock = clock if clock is not None else MonotonicClock()
+        self._prestarter = prestarter
         # No slots until serve() opens them: a run needs the task group.
-        self._scheduler = Scheduler(limits, capacity=0)
+        self._scheduler = Scheduler(
+            limits,
+            capacity=0,
+            mode_of=mode_of,
+            max_prestarts=max_prestarts if prestarter is not None else 0,
+        )
         self._runs: dict[RoomKey, DispatchedRun] = {}
         self._adopted: list[tuple[DispatchedRun, Execute]] = []
         """Runs adopted before serving: their tasks start when serve opens the group."""
@@ -116,6 +160,7 @@ class Dispatcher:
                     # begun ones why they end.
                     self._scheduler.drain()
                     self._interrupt(self._shutdown_reason)
+                    self._after(self._scheduler.take_actions())  # prestarts cancelled
         finally:
             self._group = None
             self._fault = None
@@ -148,7 +193,7 @@ class Dispatcher:
             # A run cut off by shutdown, still winding down: it now ends as stopped
             # (see Room.stop); it is not cancelled a second time.
             self._runs[room].end_reason = EndReason.STOPPED
-        self._after(())
+        self._after(self._scheduler.take_actions())
         return result
 
     def adopt(self, batch: Batch, execute: Execute) -> None:
@@ -174,7 +219,7 @@ class Dispatcher:
             self._adopted.append((run, execute))
         else:
             self._spawn(run, execute)
-        self._after(())
+        self._after(self._scheduler.take_actions())
 
     def restore(self, room: RoomKey, dropped: tuple[Message, ...]) -> None:
         """Undo a stop's drop (its write failed): the messages queue again, in front."""
@@ -187,7 +232,7 @@ class Dispatcher:
     def remove(self, message: Message) -> bool:
         """A deleted message not yet in a run never runs; False if it is not waiting."""
         removed = self._scheduler.remove(message, self._clock.now())
-        self._after(())
+        self._after(self._scheduler.take_actions())
         return removed
 
     def drain(
@@ -214,7 +259,7 @@ class Dispatcher:
             raise ValueError(f"a drain does not cancel runs as {reason}")
         self._shutdown_reason = reason
         self._scheduler.drain()
-        self._after(())
+        self._after(self._scheduler.take_actions())
         expired = asyncio.Event()
         timer = self._clock.call_at(self._clock.now() + grace_s, expired.set)
         return self._drained(timer, expired, cut_off, reason)
@@ -254,6 +299,11 @@ class Dispatcher:
         return self._scheduler.cancel_reason(room)
 
     @property
+    def prestarts(self) -> int:
+        """Prestarts held for rooms whose run was not granted yet."""
+        return self._scheduler.prestarts
+
+    @property
     def draining(self) -> bool:
         """:meth:`drain` was called (or serving ended): no run begins any more."""
         return self._scheduler.draining
@@ -275,10 +325,20 @@ class Dispatcher:
 
     # -- internals -----------------------------------------------------------
 
-    def _after(self, started: Iterable[Batch]) -> None:
-        """Carry out what an event decided: start runs, re-arm the timer, signal idleness."""
-        for batch in started:
-            self._start(batch)
+    def _after(self, actions: Iterable[Action]) -> None:
+        """Carry out what an event decided, in order (a steer answer may decide more),
+        then re-arm the timer and signal idleness."""
+        todo = deque(actions)
+        while todo:
+            match todo.popleft():
+                case StartRun(batch, prestarted):
+                    self._start(batch, prestarted=prestarted)
+                case SteerRun(batch, interrupt):
+                    todo.extend(self._steer(batch, interrupt=interrupt))
+                case BeginPrestart(room):
+                    self._call_prestarter("begin", room)
+                case CancelPrestart(room, why):
+                    self._call_prestarter("cancel", room, why)
         self._arm()
         if self._scheduler.room_count:
             self._idle.clear()
@@ -289,10 +349,35 @@ class Dispatcher:
         else:
             self._no_runs.set()
 
-    def _start(self, batch: Batch) -> None:
-        run = DispatchedRun(batch)
+    def _start(self, batch: Batch, *, prestarted: bool) -> None:
+        run = DispatchedRun(batch, prestarted=prestarted)
         self._runs[batch.room] = run
         self._spawn(run, self._execute)
+
+    def _steer(self, batch: Batch, *, interrupt: bool) -> list[Action]:
+        """Offer ``batch`` to the room's run; the scheduler hears the answer at once."""
+        run = self._runs.get(batch.room)
+        taken = False
+        if run is not None and run.steer is not None:
+            try:
+                taken = run.steer(batch, interrupt) is True
+            except Exception:
+                # Refused rather than lost: the messages queue for the next run.
+                logger.exception("steering the run in room %s failed", batch.room)
+        return self._scheduler.steer_answered(batch.room, batch, taken, self._clock.now())
+
+    def _call_prestarter(self, what: str, room: RoomKey, why: str = "") -> None:
+        prestarter = self._prestarter
+        if prestarter is None:
+            return
+        try:
+            if what == "begin":
+                prestarter.begin(room)
+            else:
+                prestarter.cancel(room, why)
+        except Exception:
+            # The prestart is an optimisation: its failure must not wedge the rooms.
+            logger.exception("prestarter %s failed for room %s", what, room)
 
     def _spawn(self, run: DispatchedRun, execute: Execute) -> None:
         if self._group is None:

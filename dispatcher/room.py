@@ -11,8 +11,9 @@ A room is in one of four phases:
 - gathering: an open batch waits for its window to close (timer armed).
 - ready: the batch is due and the room waits for a run slot; it keeps
   gathering messages meanwhile.
-- running: a run was granted (or adopted); new messages queue behind it.
-  When it ends, queued messages are ready at once (no new debounce).
+- running: a run was granted (or adopted); new messages queue behind it
+  (or steer it, see below). When it ends, queued messages are ready at
+  once (no new debounce).
 
 A granted run has *begun* once its owner is about to carry it out
 (:meth:`Room.begin`). Until then nothing has happened outside: a stop drops
@@ -22,6 +23,24 @@ cancelled with a reason (:class:`~dispatcher.status.EndReason`): stopped by
 the room, or interrupted or detached by shutdown (the drain says which); a
 stop that comes while a run cut off by shutdown winds down makes it stopped
 (the user's word wins).
+
+Steering (:class:`~dispatcher.policy.DuringRun` ``steer`` / ``interrupt``,
+given per message by the owner): while a begun run goes (not being
+cancelled) and nothing is queued behind it, arriving messages gather into a
+*steer batch* under the same window rules as a batch (the window restarts
+per message, capped by max wait and max batch). When it is due the room
+offers it (:class:`SteerRun`) and waits for the answer
+(:meth:`Room.steer_answered`); messages arriving meanwhile gather into the
+next steer batch, offered after the answer. Taken: its messages are the
+run's (a stop of the run does not give them back; a shutdown neither: they
+were sent into claude). Refused: it becomes the room's queue, ahead of
+whatever queued since, exactly as if the room were in ``queue`` mode; from
+then on messages queue behind it (a steered message would overtake them).
+So the room's messages not in a run are always, oldest first: the offered
+steer batch, the gathering one, the queue. A run that ends, is cancelled or
+drained with steer messages not taken puts them in front of its queue; a
+stop drops them, the offered batch too (an answer that comes later is
+ignored, as any answer to an offer the room no longer has).
 
 A run that is already going (an earlier process started it and a restarted
 one reattached to it) is *adopted* (:meth:`Room.adopt`): it becomes the
@@ -36,6 +55,7 @@ from enum import StrEnum
 
 from bridge.core.model import Batch, Message, RoomKey
 from dispatcher.limits import DispatchLimits
+from dispatcher.policy import DuringRun
 from dispatcher.status import EndReason
 
 
@@ -58,9 +78,40 @@ class WithdrawSlotRequest:
 
 @dataclass(frozen=True, slots=True)
 class StartRun:
-    """Start a run of ``batch``; report its end with :meth:`Room.run_finished`."""
+    """Start a run of ``batch``; report its end with :meth:`Room.run_finished`.
+
+    ``prestarted``: a prestart was begun for the room and goes with this run
+    (set by the scheduler; the room knows nothing of prestarts).
+    """
 
     batch: Batch
+    prestarted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SteerRun:
+    """Hand ``batch`` to the room's running run; answer with :meth:`Room.steer_answered`.
+
+    ``interrupt``: the run should interrupt its current turn for it.
+    """
+
+    batch: Batch
+    interrupt: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BeginPrestart:
+    """Start a run's process for ``room`` ahead of its prompt (a scheduler decision)."""
+
+    room: RoomKey
+
+
+@dataclass(frozen=True, slots=True)
+class CancelPrestart:
+    """Cancel the prestart of ``room``, for ``why`` (a scheduler decision)."""
+
+    room: RoomKey
+    why: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +164,7 @@ Effect = (
     | RequestSlot
     | WithdrawSlotRequest
     | StartRun
+    | SteerRun
     | TakeSlot
     | ReleaseSlot
     | CancelRun
@@ -142,13 +194,18 @@ class Room:
         "_began",
         "_cancel",
         "_first_at",
+        "_interrupt",
         "_last_at",
         "_limits",
+        "_offered",
         "_pending",
         "_ready",
         "_run",
         "_run_since",
         "_skipped",
+        "_steer",
+        "_steer_due",
+        "_steered",
         "_timer_at",
         "key",
     )
@@ -158,12 +215,24 @@ class Room:
         self._limits = limits
         self._pending: list[Message] = []
         """Messages not yet in a run, in arrival order."""
+        self._steer: list[Message] = []
+        """Messages gathering into the next steer batch, in arrival order (running only)."""
+        self._offered: Batch | None = None
+        """The steer batch handed to the run, awaiting its answer."""
+        self._steer_due = False
+        """The gathering steer batch is due; it is offered once the offer out is answered."""
+        self._interrupt = False
+        """The last steer message came in ``interrupt`` mode."""
+        self._steered = 0
+        """Messages the current run took by steering."""
+        # The window fields serve the open batch while gathering and the steer
+        # batch while running: a room never has both.
         self._first_at = 0.0
-        """Arrival of the open batch's first message (gathering only)."""
+        """Arrival of the open (or steer) batch's first message."""
         self._last_at = 0.0
-        """Arrival of the open batch's last message (gathering only)."""
+        """Arrival of the open (or steer) batch's last message."""
         self._timer_at: float | None = None
-        """The tick asked for; earlier ticks are stale (gathering only)."""
+        """The tick asked for; earlier ticks are stale."""
         self._ready = False
         self._run: Batch | None = None
         self._run_since: float | None = None
@@ -193,8 +262,23 @@ class Room:
 
     @property
     def pending(self) -> int:
-        """Messages not yet in a run."""
-        return len(self._pending)
+        """Messages not yet in a run: queued, or gathering or offered for steering."""
+        return len(self._pending) + self.steering
+
+    @property
+    def steering(self) -> int:
+        """Messages gathering into a steer batch or offered to the run, not taken yet."""
+        return len(self._steer) + (0 if self._offered is None else len(self._offered.messages))
+
+    @property
+    def steered(self) -> int:
+        """Messages the current run took by steering (besides its batch)."""
+        return self._steered
+
+    @property
+    def offered(self) -> Batch | None:
+        """The steer batch handed to the run and not answered yet."""
+        return self._offered
 
     @property
     def run(self) -> Batch | None:
@@ -230,8 +314,12 @@ class Room:
 
     # -- events --------------------------------------------------------------
 
-    def message(self, message: Message, now: float) -> list[Effect]:
-        """A message for this room arrived at ``now``."""
+    def message(
+        self, message: Message, now: float, mode: DuringRun = DuringRun.QUEUE
+    ) -> list[Effect]:
+        """A message for this room arrived at ``now``; ``mode`` is the room's during-run mode."""
+        if mode is not DuringRun.QUEUE and self._steers():
+            return self._steer_arrived(message, now, interrupt=mode is DuringRun.INTERRUPT)
         self._pending.append(message)
         return self._arrived(len(self._pending) == 1, now)
 
@@ -242,6 +330,7 @@ class Room:
         """
         if not messages:
             return []
+        self._unsteer()  # what gathers to steer is newer: it queues behind them
         opens = not self._pending
         self._pending[:0] = messages
         return self._arrived(opens, now)
@@ -252,10 +341,11 @@ class Room:
         False (nothing changes) if it is not pending: it went into a run, or
         was dropped, or never came.
         """
-        for index, queued in enumerate(self._pending):
-            if queued.id == message.id:
-                self._pending[index] = message
-                return True
+        for waiting in (self._steer, self._pending):  # oldest first, as remove()
+            for index, queued in enumerate(waiting):
+                if queued.id == message.id:
+                    waiting[index] = message
+                    return True
         return False
 
     def remove(self, message: Message) -> tuple[bool, list[Effect]]:
@@ -264,6 +354,13 @@ class Room:
         False if it is not pending. A room left with nothing gives up its
         slot request and goes idle; the window of the rest is not moved.
         """
+        for index, queued in enumerate(self._steer):
+            if queued.id == message.id:
+                del self._steer[index]
+                if not self._steer:
+                    self._timer_at = None
+                    self._steer_due = False
+                return True, []
         for index, queued in enumerate(self._pending):
             if queued.id == message.id:
                 del self._pending[index]
@@ -299,9 +396,29 @@ class Room:
             return []
         deadline = self._deadline()
         if now >= deadline:
-            return self._become_ready()
+            return self._steer_ready() if self._run is not None else self._become_ready()
         self._timer_at = deadline
         return [ArmTimer(deadline)]
+
+    def steer_answered(self, batch: Batch, taken: bool) -> tuple[bool, list[Effect]]:
+        """The run answered the offer of ``batch``: ``taken`` into it, or refused.
+
+        False (nothing changes) if ``batch`` is not the room's offer any more
+        (the run ended or the room was stopped since). A refused batch
+        becomes the queue's head; a taken one lets the next steer batch be
+        offered if it is due.
+        """
+        if self._offered is not batch:
+            return False, []
+        self._offered = None
+        if taken:
+            self._steered += len(batch.messages)
+            return True, self._offer() if self._steer_due else []
+        # The run takes no more input: everything not taken is its follow-up,
+        # oldest first, exactly as it would have queued in ``queue`` mode.
+        self._unsteer()
+        self._pending[:0] = batch.messages
+        return True, []
 
     def slot_granted(self, now: float) -> list[Effect]:
         """The room got the run slot it asked for: the first ``max_batch`` messages run."""
@@ -315,6 +432,7 @@ class Room:
         self._began = False
         self._skipped = False
         self._cancel = None
+        self._steered = 0
         return [StartRun(self._run)]
 
     def adopt(self, batch: Batch, now: float) -> list[Effect]:
@@ -338,6 +456,7 @@ class Room:
         self._began = True
         self._skipped = False
         self._cancel = None
+        self._steered = 0
         effects.append(TAKE_SLOT)
         return effects
 
@@ -358,11 +477,15 @@ class Room:
         """The active run ended (whatever the outcome); queued messages are ready at once."""
         if self._run is None:
             raise RuntimeError(f"room {self.key} has no run to finish")
+        # Steer messages not taken are the head of the queue, the offer out first.
+        self._unsteer()
+        self._unoffer()
         self._run = None
         self._run_since = None
         self._began = False
         self._skipped = False
         self._cancel = None
+        self._steered = 0
         if not self._pending:
             return [RELEASE_SLOT]
         # Releasing first lets a room that has waited longer take the slot (FIFO).
@@ -396,6 +519,13 @@ class Room:
         if self._ready:
             self._ready = False
             effects.append(WITHDRAW_SLOT_REQUEST)
+        # Oldest first: the offer out (its answer will be ignored), the steer batch, the queue.
+        if self._offered is not None:
+            dropped += self._offered.messages
+            self._offered = None
+        dropped += self._steer
+        self._steer = []
+        self._steer_due = False
         dropped += self._pending
         if dropped:
             effects.append(Dropped(tuple(dropped)))
@@ -404,7 +534,13 @@ class Room:
         return effects
 
     def drain(self) -> list[Effect]:
-        """Shutdown: a granted run that has not begun never will; its messages queue again."""
+        """Shutdown: a granted run that has not begun never will; its messages queue again.
+
+        A begun run is offered no more steer batches (the owner passes
+        ``queue`` from now on): what gathers to steer queues, to stay
+        pending for the restart. An offer out is still answered.
+        """
+        self._unsteer()
         if self._run is None or self._began or self._skipped:
             return []
         self._skipped = True
@@ -420,6 +556,7 @@ class Room:
             raise ValueError(f"a shutdown does not cancel a run as {reason}")
         if self._run is None or not self._began or self._cancel is not None:
             return []
+        self._unsteer()
         self._cancel = reason
         return [CancelRun(self._run, reason)]
 
@@ -429,6 +566,60 @@ class Room:
         return min(
             self._last_at + self._limits.coalesce_s, self._first_at + self._limits.max_wait_s
         )
+
+    def _steers(self) -> bool:
+        """Whether an arriving message may steer the run.
+
+        Only a run that has begun and is not being cancelled takes input, and
+        only while nothing is queued: a steered message would overtake it.
+        """
+        return self._run is not None and self._began and self._cancel is None and not self._pending
+
+    def _steer_arrived(self, message: Message, now: float, *, interrupt: bool) -> list[Effect]:
+        self._steer.append(message)
+        self._interrupt = interrupt
+        if self._steer_due:
+            return []  # due already: offered when the offer out is answered
+        if len(self._steer) == 1:
+            self._first_at = now
+        self._last_at = now
+        if len(self._steer) >= self._limits.max_batch or now >= self._deadline():
+            return self._steer_ready()
+        if self._timer_at is None:
+            self._timer_at = self._deadline()
+            return [ArmTimer(self._timer_at)]
+        return []
+
+    def _steer_ready(self) -> list[Effect]:
+        self._timer_at = None
+        if self._offered is not None:
+            # One offer at a time keeps the order: the run answers this one first.
+            self._steer_due = True
+            return []
+        return self._offer()
+
+    def _offer(self) -> list[Effect]:
+        size = self._limits.max_batch
+        self._offered = Batch(self.key, tuple(self._steer[:size]))
+        del self._steer[:size]
+        # Messages over max_batch waited through the closed window: due at once.
+        self._steer_due = bool(self._steer)
+        return [SteerRun(self._offered, self._interrupt)]
+
+    def _unoffer(self) -> None:
+        """The offer out will not be taken (the run ended): it heads the queue."""
+        if self._offered is not None:
+            self._pending[:0] = self._offered.messages
+            self._offered = None
+
+    def _unsteer(self) -> None:
+        """The gathering steer batch queues instead, ahead of what queued since."""
+        if self._steer:
+            self._pending[:0] = self._steer
+            self._steer = []
+        if self._run is not None:
+            self._timer_at = None  # only the steer window is armed while running
+        self._steer_due = False
 
     def _become_ready(self) -> list[Effect]:
         self._ready = True

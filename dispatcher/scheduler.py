@@ -2,9 +2,27 @@
 
 :class:`Scheduler` composes :class:`~dispatcher.room.Room` state machines
 with the global :class:`~dispatcher.slots.SlotPool` and keeps one heap of
-deadlines for all rooms. Its methods take ``now`` and return the batches to
-start; the asyncio driver only carries those out and tells it when timers
-fire and runs end. Rooms with nothing to do are forgotten.
+deadlines for all rooms. Its methods take ``now`` and return the
+:data:`Action` s to carry out, in the order decided (methods that answer
+something else leave theirs for :meth:`Scheduler.take_actions`); the asyncio
+driver only carries those out and tells it when timers fire, runs end and
+runs answer steer offers. Rooms with nothing to do are forgotten.
+
+Steering: each message's room mode comes from ``mode_of`` (``queue`` once
+draining); the rooms decide (see :mod:`dispatcher.room`).
+
+Prestarts (``max_prestarts`` > 0): when a batch opens in a room without a
+run and stays open (gathering), a prestart begins for the room
+(:class:`BeginPrestart`) if fewer than ``max_prestarts`` are held, the runs
+plus the prestarts held are below the slot capacity, and no room waits for
+a slot. The room's next grant carries it (``StartRun.prestarted``); it is
+consumed when that run begins. It is cancelled (:class:`CancelPrestart`)
+when the room's batch is dropped by a stop (also a granted run that never
+began), when the room goes idle, when a room adopts a run, at a drain (also
+for a granted run the drain keeps from beginning), and when some room has
+to wait for a slot: then every prestart of a room not itself waiting gives
+way, since the process budget belongs to the runs then. Prestarts never
+enter the slot pool: runs are granted exactly as without them.
 
 A run already going when this process started is adopted (:meth:`adopt`):
 it holds a slot at once, even beyond the cap, and rooms ready to run then
@@ -17,25 +35,38 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 
 from bridge.core.model import Batch, Message, RoomKey
 from dispatcher.limits import DispatchLimits
+from dispatcher.policy import DuringRun, PrestartCancel
 from dispatcher.room import (
     ArmTimer,
+    BeginPrestart,
+    CancelPrestart,
     CancelRun,
     Dropped,
     Effect,
+    Phase,
     ReleaseSlot,
     RequestSlot,
     Restated,
     Room,
     SkipRun,
     StartRun,
+    SteerRun,
     TakeSlot,
     WithdrawSlotRequest,
 )
 from dispatcher.slots import SlotPool
 from dispatcher.status import IDLE, EndReason, RoomStatus, StopResult
+
+Action = StartRun | SteerRun | BeginPrestart | CancelPrestart
+"""What the scheduler asks its owner to do."""
+
+
+def _queue_everywhere(room: RoomKey) -> DuringRun:
+    return DuringRun.QUEUE
 
 
 class Scheduler:
@@ -45,8 +76,25 @@ class Scheduler:
     unless given; the driver starts with 0 so nothing runs before it serves.
     """
 
-    def __init__(self, limits: DispatchLimits, capacity: int | None = None) -> None:
+    def __init__(
+        self,
+        limits: DispatchLimits,
+        capacity: int | None = None,
+        *,
+        mode_of: Callable[[RoomKey], DuringRun] | None = None,
+        max_prestarts: int = 0,
+    ) -> None:
+        if max_prestarts < 0:
+            raise ValueError("max_prestarts must not be negative")
         self._limits = limits
+        self._mode_of = mode_of if mode_of is not None else _queue_everywhere
+        self._max_prestarts = max_prestarts
+        self._prestarts: dict[RoomKey, None] = {}
+        """Rooms holding a prestart, without a granted run yet (in the order begun)."""
+        self._carried: set[RoomKey] = set()
+        """Rooms whose granted run, not begun yet, carries a prestart."""
+        self._actions: list[Action] = []
+        """Decided by the event being handled, not yet handed out."""
         self._rooms: dict[RoomKey, Room] = {}
         self._rooms_peak = 0
         self._slots = SlotPool(limits.max_concurrent_runs if capacity is None else capacity)
@@ -89,6 +137,20 @@ class Scheduler:
         return self._queued
 
     @property
+    def prestarts(self) -> int:
+        """Prestarts held for rooms without a granted run."""
+        return len(self._prestarts)
+
+    def holds_prestart(self, room: RoomKey) -> bool:
+        """``room`` holds a prestart, alone or carried by its granted run not begun yet."""
+        return room in self._prestarts or room in self._carried
+
+    def offered(self, room: RoomKey) -> Batch | None:
+        """The steer batch offered to the room's run and not answered yet."""
+        state = self._rooms.get(room)
+        return None if state is None else state.offered
+
+    @property
     def waiting_for_slot(self) -> int:
         """Rooms ready to run that wait for a slot."""
         return self._slots.waiting
@@ -112,33 +174,63 @@ class Scheduler:
             waiting=state.pending,
             waiting_for_slot=state.ready,
             stopping=state.stopping,
+            steering=state.steering,
+            steered=state.steered,
         )
+
+    def take_actions(self) -> list[Action]:
+        """What the last events decided and did not return (stop, remove, drain, adopt)."""
+        actions, self._actions = self._actions, []
+        return actions
 
     # -- events --------------------------------------------------------------
 
-    def submit(self, message: Message, now: float) -> list[Batch]:
+    def submit(self, message: Message, now: float) -> list[Action]:
         """Accept a message (new or re-submitted) for its room."""
-        room = self._room(message.room)
+        key = message.room
+        # Asked before anything changes: the mode comes from outside and may raise.
+        mode = DuringRun.QUEUE if self._draining else self._mode_of(key)
+        opens = self._opens(key)
+        room = self._room(key)
         self._queued += 1
-        return self._apply(room, room.message(message, now), now)
+        self._apply(room, room.message(message, now, mode), now)
+        if opens:
+            self._maybe_prestart(room)
+        return self.take_actions()
 
-    def fire_timers(self, now: float) -> list[Batch]:
+    def fire_timers(self, now: float) -> list[Action]:
         """Process every deadline reached at ``now``, earliest first."""
-        started: list[Batch] = []
         while self._timers and self._timers[0][0] <= now:
             _, _, key = heapq.heappop(self._timers)
             room = self._rooms.get(key)
             if room is not None:
-                started += self._apply(room, room.tick(now), now)
-        return started
+                self._apply(room, room.tick(now), now)
+        return self.take_actions()
 
-    def run_finished(self, key: RoomKey, now: float) -> list[Batch]:
+    def steer_answered(self, key: RoomKey, batch: Batch, taken: bool, now: float) -> list[Action]:
+        """The room's run answered the :class:`SteerRun` of ``batch``.
+
+        ``taken``: its messages are the run's now. Refused: they queue for the
+        room's next run. An answer to an offer the room no longer has (its run
+        ended, or it was stopped, since) changes nothing.
+        """
+        room = self._rooms.get(key)
+        if room is None:
+            return []
+        answered, effects = room.steer_answered(batch, taken)
+        if answered and taken:
+            self._queued -= len(batch.messages)
+        self._apply(room, effects, now)
+        return self.take_actions()
+
+    def run_finished(self, key: RoomKey, now: float) -> list[Action]:
         """The room's run ended; its slot goes to the next room in line."""
         room = self._rooms.get(key)
         if room is None or room.run is None:
             raise RuntimeError(f"room {key} has no run to finish")
         self._running -= 1
-        return self._apply(room, room.run_finished(now), now)
+        self._apply(room, room.run_finished(now), now)
+        return self.take_actions()
 
     def adopt(self, batch: Batch, now: float) -> None:
         """A run already going (reattached after a restart) becomes its room's run.
@@ -152,7 +244,10 @@ class Scheduler:
         if self._draining:
             raise RuntimeError("no run is adopted while draining")
         room = self._room(batch.room)  # only a room that has a run refuses
-        for effect in room.adopt(batch, now):
+        effects = room.adopt(batch, now)
+        # Its batch will not start: the adopted run stands in for it.
+        self._cancel_prestart(room.key, PrestartCancel.ADOPTED)
+        for effect in effects:
             match effect:
                 case WithdrawSlotRequest():
                     self._slots.withdraw(room.key)
@@ -163,11 +258,17 @@ class Scheduler:
                     raise AssertionError(f"unexpected effect of an adoption: {effect}")
 
     def begin(self, key: RoomKey) -> bool:
-        """The owner is about to carry out the room's granted run: True if it may."""
+        """The owner is about to carry out the room's granted run: True if it may.
+
+        A prestart the run carries is consumed by it then (``execute`` takes it).
+        """
         room = self._rooms.get(key)
         if room is None or room.run is None:
             raise RuntimeError(f"room {key} has no run to begin")
-        return room.begin()
+        began = room.begin()
+        if began:
+            self._carried.discard(key)
+        return began
 
     def stop(self, key: RoomKey) -> StopResult:
         """Cancel the room's begun run and drop its messages not yet in a run.
@@ -190,6 +291,7 @@ class Scheduler:
                     pass  # the reason changed; cancel_reason tells it
                 case SkipRun(batch):
                     skipped = len(batch.messages)  # counted as running, not queued
+                    self._cancel_prestart(key, PrestartCancel.DROPPED)
                 case Dropped(messages):
                     dropped = messages
                     self._queued -= len(messages) - skipped
@@ -197,16 +299,22 @@ class Scheduler:
                     self._slots.withdraw(key)
                 case _:
                     raise AssertionError(f"unexpected effect of stop: {effect}")
+        if room.run is None:
+            self._cancel_prestart(key, PrestartCancel.DROPPED)  # its open batch is gone
         self._forget_if_idle(room)
         return StopResult(stopped=stopped, dropped=dropped)
 
-    def restore(self, key: RoomKey, messages: tuple[Message, ...], now: float) -> list[Batch]:
+    def restore(self, key: RoomKey, messages: tuple[Message, ...], now: float) -> list[Action]:
         """Undo a stop's drop: ``messages`` go back in front of the room's queue."""
         if not messages:
             return []
+        opens = self._opens(key)
         room = self._room(key)
         self._queued += len(messages)
-        return self._apply(room, room.restore(messages, now), now)
+        self._apply(room, room.restore(messages, now), now)
+        if opens:
+            self._maybe_prestart(room)
+        return self.take_actions()
 
     def replace(self, message: Message) -> bool:
         """An edit of a message not yet in a run; False if it is not waiting."""
@@ -246,6 +354,10 @@ class Scheduler:
                         self._queued += len(batch.messages)
                     case _:
                         raise AssertionError(f"unexpected effect of a drain: {effect}")
+        # No run begins any more: no prestart will be taken (those carried by
+        # runs the drain keeps from beginning included).
+        for key in [*self._prestarts, *sorted(self._carried)]:
+            self._cancel_prestart(key, PrestartCancel.SHUTDOWN)
 
     def interrupt(self, reason: EndReason = EndReason.INTERRUPTED) -> list[Batch]:
         """Shutdown cut-off: the begun runs to cancel for ``reason``, in room order.
@@ -268,17 +380,16 @@ class Scheduler:
         room = self._rooms.get(key)
         return None if room is None else room.cancel_reason
 
-    def set_capacity(self, capacity: int, now: float) -> list[Batch]:
+    def set_capacity(self, capacity: int, now: float) -> list[Action]:
         """Open (or close, with 0) run slots; waiting rooms get new ones in order.
 
         Once draining, slots stay closed.
         """
         if self._draining:
             capacity = 0
-        started: list[Batch] = []
         for key in self._slots.resize(capacity):
-            started += self._grant(key, now)
-        return started
+            self._grant(key, now)
+        return self.take_actions()
 
     # -- internals -----------------------------------------------------------
 
@@ -289,38 +400,82 @@ class Scheduler:
             self._rooms_peak = max(self._rooms_peak, len(self._rooms))
         return room
 
-    def _apply(self, room: Room, effects: list[Effect], now: float) -> list[Batch]:
-        started: list[Batch] = []
+    def _apply(self, room: Room, effects: list[Effect], now: float) -> None:
         for effect in effects:
             match effect:
                 case ArmTimer(at):
                     heapq.heappush(self._timers, (at, next(self._seq), room.key))
                 case RequestSlot():
                     for key in self._slots.request(room.key):
-                        started += self._grant(key, now)
+                        self._grant(key, now)
+                    if self._slots.is_waiting(room.key):
+                        self._give_way()
                 case ReleaseSlot():
                     for key in self._slots.release(room.key):
-                        started += self._grant(key, now)
+                        self._grant(key, now)
+                case SteerRun():
+                    self._actions.append(effect)
                 case _:
                     raise AssertionError(f"unexpected effect: {effect}")
         self._forget_if_idle(room)
-        return started
 
-    def _grant(self, key: RoomKey, now: float) -> list[Batch]:
-        started: list[Batch] = []
+    def _grant(self, key: RoomKey, now: float) -> None:
         for effect in self._rooms[key].slot_granted(now):
             match effect:
                 case StartRun(batch):
-                    started.append(batch)
                     self._running += 1
                     self._queued -= len(batch.messages)
+                    prestarted = key in self._prestarts
+                    if prestarted:
+                        del self._prestarts[key]
+                        self._carried.add(key)
+                    self._actions.append(StartRun(batch, prestarted=prestarted))
                 case _:
                     raise AssertionError(f"unexpected effect of a grant: {effect}")
-        return started
+
+    def _opens(self, key: RoomKey) -> bool:
+        """A message for ``key`` now would open a batch in a room without a run."""
+        room = self._rooms.get(key)
+        return room is None or room.idle
+
+    def _maybe_prestart(self, room: Room) -> None:
+        """A batch opened in ``room``: begin a prestart for it if one is allowed.
+
+        Only for a batch still gathering: one granted at once starts cold
+        anyway, and one waiting for a slot means no budget is spare.
+        """
+        if (
+            room.phase is Phase.GATHERING
+            and room.key not in self._prestarts
+            and len(self._prestarts) < self._max_prestarts
+            and self._running + len(self._prestarts) < self._slots.capacity
+            and not self._slots.waiting
+        ):
+            self._prestarts[room.key] = None
+            self._actions.append(BeginPrestart(room.key))
+
+    def _give_way(self) -> None:
+        """A room waits for a slot: prestarts of rooms not waiting themselves are cancelled.
+
+        The waiting rooms' own prestarts stay: each is taken by its room's
+        run, the next ones to start.
+        """
+        for key in [k for k in self._prestarts if not self._slots.is_waiting(k)]:
+            self._cancel_prestart(key, PrestartCancel.SLOT_NEEDED)
+
+    def _cancel_prestart(self, key: RoomKey, why: PrestartCancel) -> None:
+        if key in self._prestarts:
+            del self._prestarts[key]
+        elif key in self._carried:
+            self._carried.discard(key)
+        else:
+            return
+        self._actions.append(CancelPrestart(key, why))
 
     def _forget_if_idle(self, room: Room) -> None:
         if not room.idle:
             return
+        self._cancel_prestart(room.key, PrestartCancel.IDLE)
         del self._rooms[room.key]
         # A dict never shrinks on deletion: after a burst of rooms its table
         # would stay at the peak size forever. Rebuild it once mostly empty

@@ -46,11 +46,16 @@ class RoomStatus:
     running_since: float | None = None
     """Clock time the active run started."""
     waiting: int = 0
-    """Messages accepted but not yet in a run (open batch and queue)."""
+    """Messages accepted but not yet in a run (open batch, queue, and those
+    gathering or offered to steer the active run)."""
     waiting_for_slot: bool = False
     """The room is ready to run and waits for a free run slot."""
     stopping: bool = False
     """The active run was stopped and is winding down."""
+    steering: int = 0
+    """Of ``waiting``: messages gathering into a steer batch or offered to the active run."""
+    steered: int = 0
+    """Messages the active run took by steering, besides its batch (not in ``running``)."""
 
 
 IDLE = RoomStatus()

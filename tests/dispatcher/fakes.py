@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from bridge.core.model import (
@@ -85,6 +85,9 @@ class FakeExecute:
         """Calls end at once, without waiting for a release."""
         self.slow_cleanup = False
         """Cancelled calls wait for their ``cleanup_gate`` before ending."""
+        self.steer_answer: Callable[[], bool] | None = None
+        """If set, runs (not adopted ones) take steer batches when it says so; the
+        batches taken go to ``log`` too."""
         self.calls: list[Call] = []
         self.active: dict[RoomKey, Call] = {}
         self.violations: list[str] = []
@@ -109,6 +112,19 @@ class FakeExecute:
         self.calls.append(call)
         if self.log is not None and not adopted:
             self.log.append((batch.room, batch.messages))
+        answer = self.steer_answer
+        if answer is not None and not adopted:
+            log = self.log
+
+            def steer(offered: Batch, interrupt: bool) -> bool:
+                if offered.room != batch.room or batch.room not in self.active:
+                    self.violations.append(f"{offered.room} steered outside its run")
+                taken = answer()
+                if taken and log is not None:
+                    log.append((offered.room, offered.messages))
+                return taken
+
+            run.steer = steer
         if batch.room in self.active:
             self.violations.append(f"two runs in {batch.room}")
         self.active[batch.room] = call

@@ -9,15 +9,16 @@ from collections import defaultdict
 import pytest
 
 from bridge.core.model import Batch, Message, RoomKey
-from dispatcher import Dispatcher, DispatchLimits, ManualClock
+from dispatcher import DispatchedRun, Dispatcher, DispatchLimits, DuringRun, ManualClock
 from tests.dispatcher.fakes import GUARD_S, FakeExecute, Messages, room, serving
 
 
 @pytest.mark.parametrize("seed", range(6))
 async def test_random_schedules_keep_the_invariants(seed: int) -> None:
     """Never two runs per room, cap kept (adopted runs count, and may go beyond
-    it), no idle slot while a room waits, every message run or dropped exactly
-    once and in order, also behind adopted runs."""
+    it), no idle slot while a room waits, every message run, taken by steering
+    or dropped exactly once and in order, also behind adopted runs; every
+    prestart begun is taken by its run or cancelled once."""
     rng = random.Random(seed)
     limits = DispatchLimits(
         coalesce_s=rng.choice([0.0, 0.5, 1.0]),
@@ -28,9 +29,25 @@ async def test_random_schedules_keep_the_invariants(seed: int) -> None:
     log: list[tuple[RoomKey, tuple[Message, ...]]] = []
     clock = ManualClock()
     execute = FakeExecute(cap=limits.max_concurrent_runs, log=log)
-    d = Dispatcher(limits, execute, clock)
-    make = Messages()
+    execute.steer_answer = lambda: rng.random() < 0.7
     rooms = [room(i) for i in range(30)]
+    modes = {k: rng.choice(list(DuringRun)) for k in rooms}
+    prestarter = BalancedPrestarter()
+
+    async def taking_prestarts(run: DispatchedRun) -> None:
+        if run.prestarted:
+            prestarter.take(run.batch.room)  # as the bridge's execute does, first
+        await execute(run)
+
+    d = Dispatcher(
+        limits,
+        taking_prestarts,
+        clock,
+        mode_of=modes.__getitem__,
+        prestarter=prestarter,
+        max_prestarts=rng.randint(1, 3),
+    )
+    make = Messages()
     submitted: dict[RoomKey, list[Message]] = defaultdict(list)
     adopted: set[Batch] = set()
 
@@ -98,6 +115,34 @@ async def test_random_schedules_keep_the_invariants(seed: int) -> None:
         ran_or_dropped = [m for k, msgs in log if k == key for m in msgs]
         assert ran_or_dropped == submitted[key]
     assert d.tracked_rooms == 0
+    assert execute.violations == []
+    assert prestarter.held == set()
+    assert prestarter.errors == []
+
+
+class BalancedPrestarter:
+    """Checks that each begun prestart ends once (cancelled, or taken by its run)."""
+
+    def __init__(self) -> None:
+        self.held: set[RoomKey] = set()
+        self.errors: list[str] = []
+        self.begun = 0
+
+    def begin(self, room: RoomKey) -> None:
+        self.begun += 1
+        if room in self.held:
+            self.errors.append(f"two prestarts for {room}")
+        self.held.add(room)
+
+    def cancel(self, room: RoomKey, why: str) -> None:
+        if room not in self.held:
+            self.errors.append(f"cancelled a prestart {room} does not hold ({why})")
+        self.held.discard(room)
+
+    def take(self, room: RoomKey) -> None:
+        if room not in self.held:
+            self.errors.append(f"a run of {room} took a prestart not held")
+        self.held.discard(room)
 
 
 async def test_rooms_that_went_idle_leave_no_state() -> None:

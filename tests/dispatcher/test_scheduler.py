@@ -6,7 +6,8 @@ import pytest
 
 from bridge.core.model import Batch
 from dispatcher.limits import DispatchLimits
-from dispatcher.scheduler import Scheduler
+from dispatcher.room import StartRun
+from dispatcher.scheduler import Action, Scheduler
 from dispatcher.status import EndReason, StopResult
 from tests.dispatcher.fakes import Messages, room
 
@@ -19,6 +20,11 @@ def limits(cap: int = 1, max_batch: int = 3) -> DispatchLimits:
     )
 
 
+def starts(actions: list[Action]) -> list[Batch]:
+    """The batches of the runs started, in order."""
+    return [a.batch for a in actions if isinstance(a, StartRun)]
+
+
 @pytest.fixture
 def make() -> Messages:
     return Messages()
@@ -27,7 +33,7 @@ def make() -> Messages:
 def test_an_adopted_run_counts_beyond_the_cap_and_others_wait_below_it(make: Messages) -> None:
     s = Scheduler(limits(cap=1))
     s.submit(make(A), now=0.0)
-    [run_a] = s.fire_timers(now=1.0)
+    [run_a] = starts(s.fire_timers(now=1.0))
     adopted = Batch(B, (make(B),))
     s.adopt(adopted, now=1.0)
     assert s.active_runs == 2  # over the cap: it was going already
@@ -36,7 +42,7 @@ def test_an_adopted_run_counts_beyond_the_cap_and_others_wait_below_it(make: Mes
     assert s.fire_timers(now=2.0) == []
     assert s.status(C).waiting_for_slot
     assert s.run_finished(A, now=3.0) == []  # one run left: still at the cap
-    [run_c] = s.run_finished(B, now=4.0)
+    [run_c] = starts(s.run_finished(B, now=4.0))
     assert run_c.room == C
     assert run_a.room == A
 
@@ -48,7 +54,7 @@ def test_adopting_before_serving_holds_a_slot_of_the_cap(make: Messages) -> None
     s.submit(make(B), now=0.0)
     s.submit(make(C), now=0.0)
     s.fire_timers(now=1.0)
-    [started] = s.set_capacity(2, now=1.0)
+    [started] = starts(s.set_capacity(2, now=1.0))
     assert started.room == B
     assert s.status(C).waiting_for_slot
     assert s.active_runs == 2
@@ -64,9 +70,9 @@ def test_messages_queue_behind_an_adopted_run_and_follow_it(make: Messages) -> N
         s.submit(m, now=3.0)
     assert s.fire_timers(now=10.0) == []  # no window runs out behind a run
     assert s.queued == 3
-    [follow_up] = s.run_finished(A, now=11.0)
+    [follow_up] = starts(s.run_finished(A, now=11.0))
     assert follow_up.messages == (gathering, after[0])  # at once, up to max_batch
-    [rest] = s.run_finished(A, now=12.0)
+    [rest] = starts(s.run_finished(A, now=12.0))
     assert rest.messages == (after[1],)
     assert s.queued == 0
 
@@ -91,7 +97,7 @@ def test_an_adopted_run_is_stopped_and_interrupted_like_any_run(make: Messages) 
 
 def test_a_detaching_shutdown_cancels_only_begun_runs_not_yet_ending(make: Messages) -> None:
     s = Scheduler(limits(cap=3, max_batch=1))
-    [run_a] = s.submit(make(A), now=0.0)  # max_batch: granted at once
+    [run_a] = starts(s.submit(make(A), now=0.0))  # max_batch: granted at once
     s.submit(make(B), now=0.0)
     s.submit(make(C), now=0.0)
     assert s.begin(A)

@@ -29,13 +29,35 @@ checks after every step:
   window closes: ``min(last + coalesce, first + max_wait)``), and a room that
   left gathering did so only once its window closed or it held ``max_batch``.
 
-At the end it finishes everything and checks every message ran or was
-dropped, or (after a drain) still waits.
+Rooms have during-run modes (``queue``, ``steer``, ``interrupt``, changed
+at random too), and the machine answers steer offers at random (taken or
+refused, also stale answers to offers the room no longer has). It checks:
+
+- a steer batch is offered only to a begun run not being cancelled, one at
+  a time, at most ``max_batch`` messages, and always the room's oldest
+  messages not in a run; a taken batch counts as delivered (so every message
+  ends in exactly one started batch, taken steer batch or drop, in order);
+  a refused one, or one whose run ended first, queues in front; a stop drops
+  an offer out; a stale answer changes nothing;
+- prestarts: begun only for a gathering room while no room waits for a slot,
+  never more held than ``max_prestarts``, runs plus prestarts held within the
+  capacity; a grant carries the room's prestart (``StartRun.prestarted``);
+  each begun prestart is consumed (its run begins) or cancelled exactly once,
+  for the reason its event allows; while a room waits for a slot only waiting
+  rooms hold prestarts;
+- a twin scheduler without prestarts, fed the same events, starts the same
+  runs and offers the same steer batches at every step: a prestart never
+  delays (or changes) a run.
+
+At the end it finishes everything and checks every message ran, was taken
+by steering or dropped, or (after a drain) still waits, and that no prestart
+is left.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -50,7 +72,9 @@ from hypothesis.stateful import (
 
 from bridge.core.model import Batch, Message, RoomKey
 from dispatcher.limits import DispatchLimits
-from dispatcher.scheduler import Scheduler
+from dispatcher.policy import DuringRun, PrestartCancel
+from dispatcher.room import BeginPrestart, CancelPrestart, StartRun, SteerRun
+from dispatcher.scheduler import Action, Scheduler
 from dispatcher.status import EndReason, RoomStatus
 from tests.dispatcher.fakes import Messages, room
 
@@ -58,6 +82,30 @@ ROOMS = [room(i) for i in range(4)]
 # Multiples of 1/4 add up exactly in binary floating point, so the test's
 # deadlines and the scheduler's are the same numbers.
 STEPS = st.sampled_from([0.0, 0.25, 0.5, 1.0, 1.5, 3.0])
+
+
+MODES = st.sampled_from(list(DuringRun))
+
+# Why each event may cancel a prestart.
+CANCELS: dict[str, set[PrestartCancel]] = {
+    "submit": {PrestartCancel.SLOT_NEEDED},
+    "fire_timers": {PrestartCancel.SLOT_NEEDED},
+    "run_finished": {PrestartCancel.SLOT_NEEDED},
+    "restore": {PrestartCancel.SLOT_NEEDED},
+    "stop": {PrestartCancel.DROPPED},
+    "remove": {PrestartCancel.IDLE},
+    "drain": {PrestartCancel.SHUTDOWN},
+    "adopt": {PrestartCancel.ADOPTED},
+}
+
+
+def runs_and_steers(actions: list[Action]) -> list[tuple[object, ...]]:
+    """What a twin without prestarts must decide alike."""
+    return [
+        ("start", a.batch) if isinstance(a, StartRun) else ("steer", a.batch, a.interrupt)
+        for a in actions
+        if isinstance(a, StartRun | SteerRun)
+    ]
 
 
 def gathering(status: RoomStatus) -> bool:
@@ -98,6 +146,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.windows: dict[RoomKey, Window] = {}
         self.slot_queue: list[set[RoomKey]] = []
         """Rooms seen waiting for a slot, grouped by the step they were first seen in."""
+        self.modes: dict[RoomKey, DuringRun] = {}
+        self.offered: dict[RoomKey, Batch] = {}
+        """The steer batch offered to the room's run, not answered yet."""
+        self.stale: list[tuple[RoomKey, Batch]] = []
+        """Offers the rooms no longer have (run ended, stopped): answers are ignored."""
+        self.held: set[RoomKey] = set()
+        """Prestarts begun, not carried by a grant yet."""
+        self.carried: set[RoomKey] = set()
+        """Prestarts carried by a granted run that has not begun."""
+        self.prestarts_begun = 0
+        self.prestarts_ended = 0
 
     @initialize(
         coalesce=st.sampled_from([0.0, 0.5, 1.0, 2.0]),
@@ -105,13 +164,28 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_batch=st.integers(1, 4),
         cap=st.integers(1, 3),
         serving=st.booleans(),
+        modes=st.lists(MODES, min_size=len(ROOMS), max_size=len(ROOMS)),
+        max_prestarts=st.integers(0, 3),
     )
-    def setup(
-        self, coalesce: float, max_wait: float, max_batch: int, cap: int, serving: bool
+    def setup(  # noqa: PLR0917 (hypothesis passes the strategies by name)
+        self,
+        coalesce: float,
+        max_wait: float,
+        max_batch: int,
+        cap: int,
+        serving: bool,
+        modes: list[DuringRun],
+        max_prestarts: int,
     ) -> None:
         self.limits = DispatchLimits(coalesce, max_wait, max_batch, cap)
+        self.modes = dict(zip(ROOMS, modes, strict=True))
+        self.max_prestarts = max_prestarts
         # Not serving yet, as the driver starts: no slots, so runs can only be adopted.
-        self.scheduler = Scheduler(self.limits, capacity=None if serving else 0)
+        capacity = None if serving else 0
+        self.scheduler = Scheduler(
+            self.limits, capacity, mode_of=self.modes.__getitem__, max_prestarts=max_prestarts
+        )
+        self.twin = Scheduler(self.limits, capacity, mode_of=self.modes.__getitem__)
         self.serving = serving
 
     # -- rules ---------------------------------------------------------------
@@ -132,7 +206,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def serve(self) -> None:
         """The driver opens the slots (none once draining)."""
         self.serving = True
-        self._started(self.scheduler.set_capacity(self.limits.max_concurrent_runs, self.now))
+        self._do("set_capacity", self.limits.max_concurrent_runs, self.now)
         self._check_windows()
 
     @rule(index=st.integers(0, len(ROOMS) - 1), size=st.integers(1, 3))
@@ -142,16 +216,18 @@ class SchedulerMachine(RuleBasedStateMachine):
         batch = Batch(key, tuple(self.make(key) for _ in range(size)))
         before = self.scheduler.status(key)
         if self.draining:
-            with pytest.raises(RuntimeError, match="draining"):
-                self.scheduler.adopt(batch, self.now)
+            for scheduler in (self.scheduler, self.twin):
+                with pytest.raises(RuntimeError, match="draining"):
+                    scheduler.adopt(batch, self.now)
             assert self.scheduler.status(key) == before
             return
         if key in self.running:
-            with pytest.raises(ValueError, match="already has a run"):
-                self.scheduler.adopt(batch, self.now)
+            for scheduler in (self.scheduler, self.twin):
+                with pytest.raises(ValueError, match="already has a run"):
+                    scheduler.adopt(batch, self.now)
             assert self.scheduler.status(key) == before
             return
-        self.scheduler.adopt(batch, self.now)
+        self._do("adopt", batch, self.now)
         self.running[key] = batch
         self.adopted.add(key)
         self.began.add(key)
@@ -173,7 +249,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             # Never called back for a time already passed.
             assert deadline >= self.now
             self.now = deadline
-            self._started(self.scheduler.fire_timers(self.now))
+            self._do("fire_timers", self.now)
             self._check_windows()
             deadline = self.scheduler.next_deadline()
         self.now = target
@@ -185,11 +261,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         key = data.draw(st.sampled_from(sorted(set(self.running) - self.begin_asked)))
         self.begin_asked.add(key)
         expected = bool(self.inflight[key]) or key in self.adopted
-        assert self.scheduler.begin(key) == expected
+        assert self._do("begin", key) == expected
         if expected:
-            self.began.add(key)
-            self.outputs[key] += self.inflight[key]
-            self.inflight[key] = []
+            self._began(key)
 
     @precondition(lambda self: self.begin_asked)
     @rule(data=st.data())
@@ -201,8 +275,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         """``!stop``; if recording the drop fails, the service puts the messages back."""
         key = ROOMS[index]
         before = self.scheduler.status(key)
-        result = self.scheduler.stop(key)
+        result = self._do("stop", key)
         unbegun = self.inflight[key]
+        if key in self.offered:
+            self.stale.append((key, self.offered.pop(key)))  # dropped with the rest
         if key in self.running:
             # A stop also wins over an interrupt that is still winding the run
             # down: the user said stop, so the run is not offered for !retry.
@@ -229,7 +305,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             if key not in self.running:
                 window = self.windows[key] = Window(self.now)
                 window.count = n
-            self._started(self.scheduler.restore(key, result.dropped, self.now))
+            self._do("restore", key, result.dropped, self.now)
             self._check_windows()
 
     @precondition(lambda self: any(r.by_shutdown for r in self.stopping.values()))
@@ -242,7 +318,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule()
     def drain(self) -> None:
         self.draining = True
-        self.scheduler.drain()
+        self._do("drain")
         for key in ROOMS:
             if self.inflight[key]:
                 self.inflight[key] = []  # back in front of the queue
@@ -252,7 +328,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(reason=st.sampled_from([EndReason.INTERRUPTED, EndReason.DETACHED]))
     def interrupt(self, reason: EndReason) -> None:
         """The grace ended: cut the begun runs off, interrupting or detaching them."""
-        cancelled = self.scheduler.interrupt(reason)
+        cancelled = self._do("interrupt", reason)
         expected = sorted(k for k in self.began if k in self.running and k not in self.stopping)
         assert [b.room for b in cancelled] == expected
         for key in expected:
@@ -277,7 +353,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             ),
             None,
         )
-        assert self.scheduler.replace(edited) == (position is not None)
+        assert self._do("replace", edited) == (position is not None)
         if position is not None:
             self.submitted[key][position] = edited
 
@@ -296,7 +372,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             ),
             None,
         )
-        assert self.scheduler.remove(target, self.now) == (position is not None)
+        assert self._do("remove", target, self.now) == (position is not None)
         if position is not None:
             del self.submitted[key][position]
             if key in self.windows:
@@ -307,6 +383,44 @@ class SchedulerMachine(RuleBasedStateMachine):
             if not status.waiting_for_slot:
                 for tier in self.slot_queue:
                     tier.discard(key)
+
+    @rule(index=st.integers(0, len(ROOMS) - 1), mode=MODES)
+    def set_mode(self, index: int, mode: DuringRun) -> None:
+        """The room's configuration changes between messages."""
+        self.modes[ROOMS[index]] = mode
+
+    @precondition(lambda self: self.offered)
+    @rule(data=st.data(), taken=st.booleans())
+    def answer(self, data: st.DataObject, taken: bool) -> None:
+        """The run answers the steer offer: it took the messages, or takes no input."""
+        key = data.draw(st.sampled_from(sorted(self.offered)))
+        batch = self.offered.pop(key)
+        twin_batch = self.twin.offered(key)
+        assert twin_batch == batch
+        assert self.scheduler.offered(key) is batch
+        before = self.scheduler.status(key)
+        actions = self.scheduler.steer_answered(key, batch, taken, self.now)
+        assert twin_batch is not None
+        twin = self.twin.steer_answered(key, twin_batch, taken, self.now)
+        assert runs_and_steers(actions) == runs_and_steers(twin)
+        after = self.scheduler.status(key)
+        if taken:
+            self.outputs[key] += batch.messages
+            assert after.steered == before.steered + len(batch.messages)
+            assert after.waiting == before.waiting - len(batch.messages)
+        else:
+            assert after.waiting == before.waiting
+            assert after.steering == 0  # everything not taken queues now
+        self._actions("steer_answered", actions)
+
+    @precondition(lambda self: self.stale)
+    @rule(data=st.data(), taken=st.booleans())
+    def answer_too_late(self, data: st.DataObject, taken: bool) -> None:
+        """An answer to an offer the room no longer has changes nothing."""
+        key, batch = data.draw(st.sampled_from(self.stale))
+        before = self.scheduler.status(key)
+        assert self.scheduler.steer_answered(key, batch, taken, self.now) == []
+        assert self.scheduler.status(key) == before
 
     # -- invariants ----------------------------------------------------------
 
@@ -355,6 +469,24 @@ class SchedulerMachine(RuleBasedStateMachine):
             if is_gathering:
                 assert self.now < self.windows[key].closes(self.limits)
 
+    @invariant()
+    def prestarts_are_accounted_for(self) -> None:
+        if not hasattr(self, "scheduler"):
+            return
+        assert self.scheduler.prestarts == len(self.held) <= self.max_prestarts
+        assert self.prestarts_begun == self.prestarts_ended + len(self.held) + len(self.carried)
+        for key in ROOMS:
+            assert self.scheduler.holds_prestart(key) == (key in self.held | self.carried)
+            assert self.scheduler.offered(key) == self.offered.get(key)
+        assert not self.held & set(self.running)
+        assert self.carried <= set(self.running) - self.began
+        waiting = {k for k in ROOMS if self.scheduler.status(k).waiting_for_slot}
+        if waiting and not self.draining:
+            assert self.held <= waiting, "a prestart holds budget while a room waits"
+        if self.draining:
+            assert not self.held
+            assert not self.carried
+
     def teardown(self) -> None:
         if not hasattr(self, "scheduler"):
             return
@@ -378,6 +510,9 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert out == sub
         if not self.draining:
             assert self.scheduler.queued == 0
+        assert not self.held
+        assert not self.carried
+        assert self.prestarts_begun == self.prestarts_ended
 
     # -- helpers -------------------------------------------------------------
 
@@ -386,10 +521,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             if key in self.running:
                 if key not in self.begin_asked:
                     self.begin_asked.add(key)
-                    if self.scheduler.begin(key):
-                        self.began.add(key)
-                        self.outputs[key] += self.inflight[key]
-                        self.inflight[key] = []
+                    if self._do("begin", key):
+                        self._began(key)
+                for offered in list(self.offered):
+                    self.answer_offer(offered)
                 self._finish(key)
 
     def _finish(self, key: RoomKey) -> None:
@@ -398,12 +533,55 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.begin_asked.discard(key)
         self.began.discard(key)
         self.stopping.pop(key, None)
-        self._started(self.scheduler.run_finished(key, self.now))
+        if key in self.offered:
+            self.stale.append((key, self.offered.pop(key)))  # queued again, in front
+        self._do("run_finished", key, self.now)
         self._check_windows()
 
+    def answer_offer(self, key: RoomKey) -> None:
+        """Teardown: the run takes what it is offered."""
+        batch = self.offered.pop(key)
+        self.outputs[key] += batch.messages
+        twin_batch = self.twin.offered(key)
+        assert twin_batch is not None
+        actions = self.scheduler.steer_answered(key, batch, True, self.now)
+        assert runs_and_steers(actions) == runs_and_steers(
+            self.twin.steer_answered(key, twin_batch, True, self.now)
+        )
+        self._actions("steer_answered", actions)
+
+    def _began(self, key: RoomKey) -> None:
+        self.began.add(key)
+        self.outputs[key] += self.inflight[key]
+        self.inflight[key] = []
+        if key in self.carried:
+            self.carried.discard(key)  # consumed: execute takes it
+            self.prestarts_ended += 1
+
+    def _do(self, name: str, *args: Any) -> Any:
+        """Call the scheduler and its twin without prestarts alike; carry out the actions."""
+        result = getattr(self.scheduler, name)(*args)
+        twin = getattr(self.twin, name)(*args)
+        if name in CANCELS or name in ("set_capacity", "steer_answered"):
+            actions: list[Action] = result if isinstance(result, list) else []
+            twin_actions: list[Action] = twin if isinstance(twin, list) else []
+            actions = actions + self.scheduler.take_actions()
+            twin_actions = twin_actions + self.twin.take_actions()
+            assert runs_and_steers(actions) == runs_and_steers(twin_actions)
+            self._actions(name, actions)
+        if not isinstance(result, list) or name == "interrupt":
+            assert result == twin
+        return result
+
     def _waiting_from(self, key: RoomKey) -> int:
-        """Index in ``submitted`` of the room's first waiting message."""
-        return len(self.outputs[key]) + len(self.inflight[key])
+        """Index in ``submitted`` of the room's first message that can change (edit, delete):
+        offered steer messages are with the run already."""
+        offered = self.offered.get(key)
+        return (
+            len(self.outputs[key])
+            + len(self.inflight[key])
+            + (0 if offered is None else len(offered.messages))
+        )
 
     def _submit(self, message: Message) -> None:
         key = message.room
@@ -415,8 +593,57 @@ class SchedulerMachine(RuleBasedStateMachine):
             window.last = self.now
             window.count += 1
         self.submitted[key].append(message)
-        self._started(self.scheduler.submit(message, self.now))
+        self._do("submit", message, self.now)
         self._check_windows()
+
+    def _actions(self, event: str, actions: list[Action]) -> None:
+        """Check and record what ``event`` decided, in order."""
+        started: list[Batch] = []
+        for action in actions:
+            match action:
+                case StartRun(batch, prestarted):
+                    assert prestarted == (batch.room in self.held)
+                    if prestarted:
+                        self.held.discard(batch.room)
+                        self.carried.add(batch.room)
+                    started.append(batch)
+                case SteerRun(batch):
+                    self._offered(batch)
+                case BeginPrestart(key):
+                    assert key not in self.held | self.carried
+                    assert gathering(self.scheduler.status(key))
+                    assert not any(self.scheduler.status(k).waiting_for_slot for k in ROOMS)
+                    self.held.add(key)
+                    self.prestarts_begun += 1
+                    assert len(self.held) <= self.max_prestarts
+                    assert len(self.running) + len(started) + len(self.held) <= (
+                        self.scheduler.capacity
+                    )
+                case CancelPrestart(key, why):
+                    assert why in CANCELS.get(event, set()), f"{why} cancelled at {event}"
+                    assert key in self.held | self.carried
+                    self.held.discard(key)
+                    self.carried.discard(key)
+                    self.prestarts_ended += 1
+                    if why is PrestartCancel.SLOT_NEEDED:
+                        assert not self.scheduler.status(key).waiting_for_slot
+                        assert self.scheduler.waiting_for_slot
+                    if why is PrestartCancel.IDLE:
+                        assert self.scheduler.status(key) == RoomStatus()
+        self._started(started)
+
+    def _offered(self, batch: Batch) -> None:
+        """A steer batch: the room's oldest messages not in a run, for its begun run."""
+        key = batch.room
+        assert key not in self.offered, "two steer offers at once"
+        assert key in self.began
+        assert key not in self.stopping
+        assert not self.draining
+        assert not self.inflight[key]
+        assert 1 <= len(batch.messages) <= self.limits.max_batch
+        start = len(self.outputs[key])
+        assert list(batch.messages) == self.submitted[key][start : start + len(batch.messages)]
+        self.offered[key] = batch
 
     def _started(self, batches: list[Batch]) -> None:
         for batch in batches:
