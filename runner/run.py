@@ -62,7 +62,7 @@ from typing import Any
 from bridge.core.aio import shielded
 from bridge.core.model import LiveRun, RunReport, RunStatus, SessionId
 from runner import supervision
-from runner.command import build_argv, build_env
+from runner.command import build_argv, build_env, new_uuid, user_message
 from runner.errors import InvalidRequest, StreamError
 from runner.events import ApiRetry, Init, Result, RunEvent, Spawned
 from runner.recovery import recover_run
@@ -210,8 +210,9 @@ async def run_claude(
     detached = False
     try:
         try:
+            first = user_message(request.prompt, new_uuid())
             supervised = await supervision.start(
-                request, argv, env=env, run_dir=run_dir, limits=limits
+                request, argv, env=env, run_dir=run_dir, limits=limits, first=first
             )
         except SpawnFailed as exc:
             if not request.cwd.is_dir():
@@ -488,6 +489,7 @@ class _Run:
                     self._end(Unauthenticated(event.describe()))
             await self._on_event(event)
         if self._result is not None:
+            self._supervised.send(supervision.EOF_RECORD)  # the answer came: claude may exit
             self._end(_RESULT_SEEN)
             return True
         return self._ending.done()

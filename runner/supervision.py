@@ -460,10 +460,12 @@ def supervisor_argv(
     return [*command, "--", *argv]
 
 
-def stdin_records(prompt: str) -> bytes:
-    """The prompt as claude's whole stdin: a ``stdin`` record, then ``eof``."""
-    data = prompt.encode()
-    return b'{"t":"stdin","n":%d}\n%s{"t":"eof"}\n' % (len(data), data)
+def stdin_record(data: bytes) -> bytes:
+    """``data`` (whole lines) for claude's stdin, as a ``stdin`` record."""
+    return b'{"t":"stdin","n":%d}\n%s' % (len(data), data)
+
+
+EOF_RECORD = header("eof")
 
 
 def attach_record(offset: int) -> bytes:
@@ -505,8 +507,11 @@ async def start(
     env: Mapping[str, str],
     run_dir: Path,
     limits: Limits,
+    first: bytes,
 ) -> Supervised:
-    """Start the supervisor, hand it the prompt, and wait until claude runs under it.
+    """Start the supervisor, hand it ``first`` for claude's stdin (whole lines: the
+    prompt's user message, or a prestart's ``initialize``), and wait until claude
+    runs under it.
 
     Raises :class:`SpawnFailed` when claude could not be started (the
     supervisor has then exited), ``OSError`` when the supervisor itself could
@@ -544,7 +549,7 @@ async def start(
     try:
         ours.setblocking(False)
         reader, writer = await asyncio.open_unix_connection(sock=ours)
-        writer.write(attach_record(0) + stdin_records(request.prompt))
+        writer.write(attach_record(0) + stdin_record(first))
         supervised = await _spawned(request.run_id, reader, writer, run_dir, proc, pidfd, limits)
     except BaseException:
         if writer is not None:

@@ -141,6 +141,7 @@ _VALUE_FLAGS = {
     "--output-format",
     "--model",
     "--permission-mode",
+    "--permission-prompt-tool",
     "--max-turns",
     "--append-system-prompt",
     "--system-prompt",
@@ -159,6 +160,7 @@ _BOOL_FLAGS = {
     "-c",
     "--fork-session",
     "--include-partial-messages",
+    "--replay-user-messages",
     "--dangerously-skip-permissions",
 }
 
@@ -395,6 +397,20 @@ time.sleep(300)
 """
 
 
+def _first_user_message(replay: bool) -> tuple[str, dict[str, Any] | None]:
+    """``--input-format stream-json``: the first user message's text (and the line to
+    echo with ``--replay-user-messages``); control requests before it get a bare success."""
+    for raw in sys.stdin:
+        obj = json.loads(raw)
+        if obj.get("type") == "control_request":
+            response = {"subtype": "success", "request_id": obj["request_id"], "response": {}}
+            _line({"type": "control_response", "response": response})
+        elif obj.get("type") == "user":
+            content = obj["message"]["content"]
+            return str(content), (obj if replay else None)
+    return "", None
+
+
 FAKE_VERSION = "0.0.0-fake (Claude Code)"
 """What ``--version`` prints: the real CLI prints e.g. ``2.1.330 (Claude Code)``."""
 
@@ -420,7 +436,11 @@ def main() -> None:
     if output_format == "stream-json" and not opts.get("--verbose"):
         _fail("Error: When using --print, --output-format=stream-json requires --verbose")
 
-    stdin_text = "" if sys.stdin.isatty() else sys.stdin.read()
+    replay: dict[str, Any] | None = None
+    if opts.get("--input-format") == "stream-json":
+        stdin_text, replay = _first_user_message(bool(opts.get("--replay-user-messages")))
+    else:
+        stdin_text = "" if sys.stdin.isatty() else sys.stdin.read()
     parts = [" ".join(positional)] if positional else []
     if stdin_text:
         parts.append(stdin_text)
@@ -514,6 +534,8 @@ def main() -> None:
                 "uuid": str(uuid.uuid4()),
             }
         )
+        if replay is not None:
+            _line({**replay, "session_id": session_id, "isReplay": True})
         if _env("FAKE_CLAUDE_UNKNOWN"):
             _line({"type": "system", "subtype": "status", "status": "thinking"})
             _line({"type": "stream_event", "event": {"type": "content_block_delta"}})
