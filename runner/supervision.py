@@ -56,8 +56,9 @@ compiled form is cached beside it (the bridge's own import keeps it fresh). The
 ``runner`` package stands there bare, without its ``__init__`` (which imports
 asyncio and the bridge's core): the supervisor and the standard-library modules
 it imports (``runner.journal``, ``runner.proctree``) are all that load."""
-PROTOCOL_VERSIONS = (1,)
-"""The journal and socket protocol versions this bridge reads."""
+PROTOCOL_VERSIONS = (1, 2)
+"""The journal and socket protocol versions this bridge reads (2: streaming input,
+``in`` records, the supervisor's own eof; docs/detached-runs.md)."""
 
 SUPERVISOR_KILL_S = KILL_DEADLINE_S + 1.0
 """The supervisor's own bound after its grace period, plus slack."""

@@ -55,7 +55,16 @@ import subprocess
 import sys
 import time
 
-from runner.journal import JOURNAL, PROTOCOL_VERSIONS, SOCK, Journal, header, is_result
+from runner.journal import (
+    JOURNAL,
+    PROTOCOL_VERSIONS,
+    SOCK,
+    Journal,
+    header,
+    is_result,
+    replayed_uuid,
+    sent_uuid,
+)
 from runner.proctree import (
     KILL_POLL_S,
     Cgroup,
@@ -261,6 +270,11 @@ class Supervisor:
         self.dropped_out = 0
         self.dropped_err = 0
         self.err_tail = bytearray()
+        self.unechoed: set[str] = set()
+        """User messages written to claude's stdin that it has not echoed (taken) yet."""
+        self.settled = False
+        """A ``result`` came after every user message written was echoed: claude is idle
+        with nothing pending, so while no bridge is attached its stdin is closed."""
         if listener is not None:
             self.selector.register(listener, selectors.EVENT_READ, self.accept)
 
@@ -302,6 +316,7 @@ class Supervisor:
                 lines = data[: nl + 1]
             self.partial += data[nl + 1 :]
             self.journal_out(lines, whole=True)
+            self.note_out(lines)  # after: a stdin_closed it causes follows the result
         if len(self.partial) > self.options.max_line_bytes:
             # The bridge fails such a line anyway; memory stays bounded here.
             self.journal_out(bytes(self.partial), whole=False)
@@ -347,6 +362,42 @@ class Supervisor:
             self.flush_dropped()
             out = b"\n".join(kept) + b"\n"
             self.journal.append(b'{"t":"out","n":%d}\n' % len(out), out)
+
+    def note_out(self, lines: bytes) -> None:
+        """Follow claude's whole stdout lines for the end rule: echoes and results.
+
+        Cheap: two substring searches per read; a line is parsed only if it may
+        be an echo or a result (docs/detached-runs.md, protocol version 2).
+        """
+        if b'"isReplay"' not in lines and b'"result"' not in lines:
+            return
+        for line in lines.split(b"\n"):
+            uid = replayed_uuid(line)
+            if uid is not None:
+                self.unechoed.discard(uid)
+            elif not self.unechoed and is_result(line):
+                self.settled = True
+        self.auto_eof()
+
+    def note_in(self, payload: bytes) -> None:
+        """A user message written to claude's stdin is pending until claude echoes it."""
+        if b'"user"' not in payload:
+            return
+        for line in payload.split(b"\n"):
+            uid = sent_uuid(line)
+            if uid is not None:
+                self.unechoed.add(uid)
+                self.settled = False
+
+    def auto_eof(self) -> None:
+        """With no bridge attached to say ``eof``, close claude's stdin once it is settled:
+        a detached run ends as it would have with a bridge."""
+        if not self.settled or self.stdin < 0 or self.stdin_eof:
+            return
+        if any(c.attached for c in self.clients.values()):
+            return
+        self.stdin_eof = True
+        self.write_stdin()
 
     def read_stderr(self, fd: int, mask: int) -> bool:
         """Journal what claude wrote to stderr; whether there was anything to read."""
@@ -447,6 +498,7 @@ class Supervisor:
         os.close(client.fd)
         if client.attached and not any(c.attached for c in self.clients.values()):
             self.orphan_since = time.monotonic()
+            self.auto_eof()
 
     def read_client(self, fd: int, mask: int) -> None:
         client = self.clients[fd]
@@ -501,6 +553,10 @@ class Supervisor:
             self.drop(client)  # nothing before attach
         elif kind == "stdin":
             if self.stdin >= 0 and not self.stdin_eof:
+                # Journaled as written (whole lines): a restarted bridge rebuilds from
+                # it which messages were sent and which requests were answered.
+                self.journal.append(b'{"t":"in","n":%d}\n' % len(payload), payload)
+                self.note_in(payload)
                 self.stdin_buf += payload
                 self.write_stdin()
         elif kind == "eof":

@@ -225,7 +225,7 @@ async def test_a_second_attach_takes_over_and_an_unknown_version_is_refused(
     with connect(live) as first:
         assert (await read_line(first))["t"] == "welcome"
         with connect(live, versions=(99,)) as newer:
-            assert await read_line(newer) == {"t": "refused", "v": [1]}
+            assert await read_line(newer) == {"t": "refused", "v": [1, 2]}
             assert await read_to_end(newer) == b""
         with connect(live) as second:
             assert (await read_line(second))["t"] == "welcome"
@@ -240,12 +240,12 @@ async def test_a_second_attach_takes_over_and_an_unknown_version_is_refused(
 async def test_a_later_bridge_attaches_to_a_supervisor_of_this_version(
     run_id: RunId, tmp_path: Path, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Version skew after an upgrade: the bridge speaks a version 2 as well, the
-    # supervisor started by the previous bridge only 1; they settle on 1.
+    # Version skew after an upgrade: the bridge speaks a version 3 as well, the
+    # supervisor started by the previous bridge only up to 2; they settle on 2.
     live = await detached(waiting_request(run_id, tmp_path), recorder)
-    with connect(live, versions=(1, 2)) as raw:
-        assert (await read_line(raw))["v"] == 1
-    monkeypatch.setattr(supervision, "PROTOCOL_VERSIONS", (1, 2))
+    with connect(live, versions=(1, 2, 3)) as raw:
+        assert (await read_line(raw))["v"] == 2
+    monkeypatch.setattr(supervision, "PROTOCOL_VERSIONS", (1, 2, 3))
 
     async def on_event(event: RunEvent) -> None:
         if isinstance(event, ToolResult):

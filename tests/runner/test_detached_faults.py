@@ -116,7 +116,7 @@ async def test_a_bridge_slower_than_the_done_linger_still_gets_the_answer(
         tmp_path,
         f"""
         import sys
-        sys.stdin.read()
+        sys.stdin.readline()  # the prompt: one user message
         sys.stdout.write(({assistant_line("x" * 4000)!r} + "\\n") * 1000)
         sys.stdout.write({result_line()!r} + "\\n")
     """,
@@ -233,7 +233,7 @@ async def test_a_supervisor_refusing_our_protocol_is_stopped(
     report = await attach_claude(request, live, Recorder())
     assert report.status is RunStatus.INTERRUPTED
     assert report.error == (
-        "the run's supervisor speaks protocol version(s) [1], this bridge [99], "
+        "the run's supervisor speaks protocol version(s) [1, 2], this bridge [99], "
         "so the run was stopped"
     )
     await until_exited([live.supervisor_pid, live.claude_pid])
@@ -252,7 +252,7 @@ async def test_a_last_result_line_without_newline_is_kept_over_the_cap(
         tmp_path,
         f"""
         import sys
-        sys.stdin.read()
+        sys.stdin.readline()  # the prompt: one user message
         sys.stdout.write(({assistant_line("x" * 1000)!r} + "\\n") * 200)
         sys.stdout.write({result_line()!r})  # no newline: then claude exits
     """,
