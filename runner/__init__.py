@@ -9,11 +9,14 @@ follow again.
 """
 
 from runner.command import MARKER_ENV, build_argv, build_env
+from runner.control import Allow, ControlError, Decision, Deny, InputClosed, RunControl
 from runner.errors import InvalidRequest, LineTooLong, MalformedLine, RunnerError, StreamError
 from runner.events import (
     ApiRetry,
     AssistantText,
     Init,
+    MessageTaken,
+    PermissionAsked,
     Result,
     RunEvent,
     Spawned,
@@ -28,15 +31,23 @@ from runner.rundir import journal_exists, prepare_state_dir, remove_run_dir, str
 
 __all__ = [
     "MARKER_ENV",
+    "Allow",
     "ApiRetry",
     "AssistantText",
+    "ControlError",
+    "Decision",
+    "Deny",
     "EventCallback",
     "Init",
+    "InputClosed",
     "InvalidRequest",
     "LineTooLong",
     "MalformedLine",
+    "MessageTaken",
+    "PermissionAsked",
     "PositionCallback",
     "Result",
+    "RunControl",
     "RunEvent",
     "RunRequest",
     "RunnerError",

@@ -191,6 +191,11 @@ class Supervised:
         self.gone: asyncio.Future[None] = loop.create_future()
         """Done once the journal ended: after ``done``, or because the supervisor died."""
         self.detached = False
+        self.version = 1
+        """The run's protocol version (its journal's ``hello``); 2: streaming input."""
+        self.history_end = 0
+        """The journal's length when we attached: records before it are history, whose
+        state a restarted bridge rebuilds before it acts on it (the end rule)."""
 
     @property
     def contained(self) -> bool:
@@ -297,6 +302,8 @@ class Supervised:
 
     def _note(self, record: Record) -> None:
         match record.kind:
+            case "hello" if _is_int(record.fields.get("v")):
+                self.version = record.fields["v"]
             case "spawned":
                 self.cgroup = record.fields.get("cgroup") or None
                 if self._pidfd is not None and self._claude_fd is None:
@@ -306,10 +313,20 @@ class Supervised:
             case "done":
                 self.survivors = list(record.fields["survivors"])
 
-    def send(self, data: bytes) -> None:
-        """Send records to the supervisor (none once it is gone or we detached)."""
+    def send(self, data: bytes) -> bool:
+        """Send records to the supervisor; False once it is gone or we detached."""
         if self._writer is not None and not self._writer.is_closing():
             self._writer.write(data)
+            return True
+        return False
+
+    def write_stdin(self, lines: bytes) -> bool:
+        """Whole lines for claude's stdin; False if they cannot be sent (no connection)."""
+        return self.send(stdin_record(lines))
+
+    def close_stdin(self) -> None:
+        """``eof``: claude's stdin is closed once what was sent before is written."""
+        self.send(EOF_RECORD)
 
     async def drain(self) -> None:
         if self._writer is not None and not self._writer.is_closing():
@@ -627,6 +644,8 @@ async def _spawned(  # noqa: PLR0917
         pidfd=pidfd,
     )
     supervised._note(Record("spawned", fields, b"", offset))
+    if _is_int(hello.get("v")):
+        supervised.version = hello["v"]
     if fields.get("cgroup_error"):
         # Said once at start-up; worth a warning per run only when limits are lost.
         level = logging.WARNING if limits.memory_max or limits.pids_max else logging.DEBUG
@@ -709,8 +728,11 @@ async def attach(run_id: RunId, live: LiveRun) -> Supervised | None:
                 if sock is not None:
                     reader, writer = await asyncio.open_unix_connection(sock=sock)
                     writer.write(attach_record(0))
-                    if await _welcome(reader) is not None:
+                    welcome = await _welcome(reader)
+                    if welcome is not None:
                         supervised = Supervised(run_id, reader, writer, live=live, pidfd=pidfd)
+                        size = welcome.get("size")
+                        supervised.history_end = size if isinstance(size, int) else 0
                         return supervised
         except TimeoutError:
             killed = await _kill_unanswered(run_id, live.run_dir, pidfd, live.supervisor_pid)
@@ -754,7 +776,12 @@ async def _connect(run_dir: str) -> socket.socket | None:
 def replay(run_id: RunId, live: LiveRun) -> Supervised | None:
     """The run's journal from its file, for a supervisor that is gone; None if unreadable."""
     reader = journal_from(live.run_dir, 0)
-    return None if reader is None else Supervised(run_id, reader, None, live=live)
+    if reader is None:
+        return None
+    supervised = Supervised(run_id, reader, None, live=live)
+    with contextlib.suppress(OSError):  # its supervisor is gone: the file no longer grows
+        supervised.history_end = os.path.getsize(os.path.join(live.run_dir, JOURNAL))
+    return supervised
 
 
 def journal_from(run_dir: str | Path, offset: int) -> asyncio.StreamReader | None:
