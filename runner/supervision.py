@@ -302,8 +302,8 @@ class Supervised:
 
     def _note(self, record: Record) -> None:
         match record.kind:
-            case "hello" if _is_int(record.fields.get("v")):
-                self.version = record.fields["v"]
+            case "hello" if self._writer is None and _is_int(record.fields.get("v")):
+                self.version = record.fields["v"]  # a journal's file: attached, welcome told
             case "spawned":
                 self.cgroup = record.fields.get("cgroup") or None
                 if self._pidfd is not None and self._claude_fd is None:
@@ -731,8 +731,9 @@ async def attach(run_id: RunId, live: LiveRun) -> Supervised | None:
                     welcome = await _welcome(reader)
                     if welcome is not None:
                         supervised = Supervised(run_id, reader, writer, live=live, pidfd=pidfd)
-                        size = welcome.get("size")
+                        size, version = welcome.get("size"), welcome.get("v")
                         supervised.history_end = size if isinstance(size, int) else 0
+                        supervised.version = version if isinstance(version, int) else 1
                         return supervised
         except TimeoutError:
             killed = await _kill_unanswered(run_id, live.run_dir, pidfd, live.supervisor_pid)
