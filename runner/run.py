@@ -57,6 +57,7 @@ import os
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from bridge.core.aio import shielded
@@ -66,6 +67,7 @@ from runner.command import build_argv, build_env, new_uuid, user_message
 from runner.control import ControlError, InputClosed, RunControl
 from runner.errors import InvalidRequest, StreamError
 from runner.events import ApiRetry, ControlAnswer, Init, Result, RunEvent, Spawned
+from runner.prestart import Prestarted
 from runner.recovery import recover_run
 from runner.request import RunRequest
 from runner.rundir import make_run_dir, remove_run_dir
@@ -186,6 +188,7 @@ async def run_claude(
     on_position: PositionCallback | None = None,
     detach: Callable[[], bool] | None = None,
     control: RunControl | None = None,
+    prestarted: Prestarted | None = None,
 ) -> RunReport:
     """Run claude for ``request``, passing each event to ``on_event``; return how it ended.
 
@@ -198,9 +201,19 @@ async def run_claude(
     the run is left to its supervisor (``Spawned.live`` says where) and
     ``CancelledError`` propagates at once. An exception raised by
     ``on_event`` propagates after the same stop. ``control`` is bound to the
-    run before ``Spawned`` is handed on (docs/live-runs.md).
+    run before ``Spawned`` is handed on (docs/live-runs.md). With
+    ``prestarted`` (runner.prestart) the prompt goes into that claude, unless
+    it does not match ``request``, died or never got ready: then it is
+    cancelled and the run starts cold.
     """
     control = control if control is not None else RunControl()
+    if prestarted is not None:
+        supervised = await prestarted.take(request)
+        if supervised is not None:
+            return await _follow_prestarted(
+                request, supervised, prestarted.run_dir, on_event, on_position, detach, control
+            )
+        await prestarted.cancel()
     try:
         argv = build_argv(request)
         env = build_env(request, os.environ)
@@ -214,8 +227,7 @@ async def run_claude(
     detached = False
     try:
         try:
-            uid = new_uuid()
-            first = user_message(request.prompt, uid)
+            first = user_message(request.prompt, new_uuid())
             supervised = await supervision.start(
                 request, argv, env=env, run_dir=run_dir, limits=limits, first=first
             )
@@ -243,6 +255,25 @@ async def run_claude(
     finally:
         if request.state_dir is None and not detached:
             remove_run_dir(run_dir)  # a temporary one nobody else knows of
+
+
+async def _follow_prestarted(  # noqa: PLR0917
+    request: RunRequest,
+    supervised: Supervised,
+    run_dir: Path,
+    on_event: EventCallback,
+    on_position: PositionCallback | None,
+    detach: Callable[[], bool] | None,
+    control: RunControl,
+) -> RunReport:
+    """A prestarted claude gets the prompt as its first user message, then as a cold start."""
+    try:
+        if not supervised.write_stdin(user_message(request.prompt, new_uuid())):
+            supervised.stop()  # its connection is gone: the run cannot be given its prompt
+        return await _follow(request, supervised, on_event, on_position, detach, control)
+    finally:
+        if request.state_dir is None and not supervised.detached:
+            remove_run_dir(run_dir)
 
 
 async def attach_claude(

@@ -193,6 +193,7 @@ class Supervised:
         self.detached = False
         self.version = 1
         """The run's protocol version (its journal's ``hello``); 2: streaming input."""
+        self._unread: list[Record] = []
         self.history_end = 0
         """The journal's length when we attached: records before it are history, whose
         state a restarted bridge rebuilds before it acts on it (the end rule)."""
@@ -209,6 +210,8 @@ class Supervised:
         unreadable from there); or where its file ends. A connection that
         ends or breaks before ``done`` does not end it (see :meth:`_resume`).
         """
+        if self._unread:
+            return self._unread.pop(0)
         while not self.gone.done():
             try:
                 record = await self._next()
@@ -312,6 +315,10 @@ class Supervised:
                 self.claude_exit.set_result(record.fields["code"])
             case "done":
                 self.survivors = list(record.fields["survivors"])
+
+    def unread(self, records: list[Record]) -> None:
+        """Hand records read already (by a prestart's wait) back to the next reader."""
+        self._unread = [*records, *self._unread]
 
     def send(self, data: bytes) -> bool:
         """Send records to the supervisor; False once it is gone or we detached."""
