@@ -97,11 +97,10 @@ async def main() -> None:
                     p50, p90 = quantiles(samples)
                     p50s[warm] = p50
                     label = (
-                        f"{'prestarted' if warm else 'cold':10} {'MCP 1 s' if mcp else 'no MCP':8}"
+                        f"{'prestarted' if warm else 'cold':10} {'MCP 1 s' if mcp else 'no MCP'}"
                     )
-                    print(
-                        f"{label} flush -> first model request: p50 {p50:7.0f} ms  p90 {p90:7.0f} ms"
-                    )
+                    figures = f"p50 {p50:5.0f} ms  p90 {p90:5.0f} ms"
+                    print(f"{label:19} flush -> first model request: {figures}")
                 print(f"{'':19} cold/prestarted (p50): {p50s[False] / p50s[True]:.1f}x")
 
 
