@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A fake ``claude`` CLI for tests: print mode with stream-json, no network.
+"""A fake ``claude`` CLI for tests: print mode with stream-json, both ways, no network.
 
 Faithful to /work/shared/claude-cli.md where the runner can tell: same flags,
 same stream-json lines, same exit codes and stderr messages, prompt from
@@ -102,6 +102,52 @@ Behaviour switches (environment variables; unset or empty means off):
 
 Children started by the switches above are listed in the record file.
 SIGINT prints an interrupted ``error_during_execution`` result and exits 0.
+
+Two-way protocol (``--input-format stream-json``), as docs/live-runs.md
+describes the real CLI: nothing is printed before the first stdin line.
+Control requests are answered at once, even mid-turn: ``initialize``,
+``interrupt`` (``{"still_queued": []}``), ``set_model`` (``{"model"}``; none
+given: back to the default) and ``set_permission_mode`` (``{"mode"}`` and a
+``system/status`` line; an unknown mode is an error); any other subtype gets
+``Unsupported control request subtype: X``. Each user message (given a uuid
+if it has none) prints ``command_lifecycle`` ``queued`` when read,
+``started`` when taken and ``completed`` after its turn's result; with
+``--replay-user-messages`` it is echoed (same uuid, ``isReplay``) when taken.
+A message read while idle starts a turn: ``init`` (current model and mode),
+then the print-mode steps above, ending in a result with
+``terminal_reason: "completed"``. A message read during a turn is taken
+after the turn's next tool_result and folded into it (one result). With
+``--permission-prompt-tool stdio`` each tool use asks the host
+(``can_use_tool``) unless the mode is ``bypassPermissions`` or
+``--allowedTools`` names the tool; ``allow`` runs it with ``updatedInput``,
+``deny`` makes an ``is_error`` tool_result of the message (listed in
+``permission_denials``) and the turn goes on; stdin closing while it asks
+refuses the tool the same way. Control responses are echoed when replaying.
+``interrupt`` during a turn withdraws a pending question
+(``control_cancel_request``), abandons the tool (a rejected tool_result and
+``[Request interrupted by user for tool use]``) and ends the turn with an
+``error_during_execution`` result, ``terminal_reason`` ``aborted_tools``
+(``aborted_streaming`` during ``FAKE_CLAUDE_SLEEP`` / ``WAIT_FOR``, the model's
+time); a message that came meanwhile waits for the next turn. At stdin's EOF,
+once no turn runs, it exits 1 if the last result was an error, else 0
+(after ``FAKE_CLAUDE_LINGER``). ``FAKE_CLAUDE_EXIT`` exits at the first
+turn's end; ``FAKE_CLAUDE_RECORD`` is written when the first message
+arrives (``prompt`` is its text); ``FAKE_CLAUDE_ECHO`` answers the turn's
+messages joined by newlines. The extra knobs:
+
+``FAKE_CLAUDE_TOOL_SECONDS=SECONDS``
+    The simulated tool runs this long (an interrupt cuts it short).
+``FAKE_CLAUDE_TOOL_WAIT_FOR=PATH``
+    The simulated tool runs until PATH exists (a gate the test opens).
+``FAKE_CLAUDE_TOOL_OUTPUT=TEXT``
+    The tool_result's content (default ``hello``); nothing is executed.
+``FAKE_CLAUDE_TOOL_LOG=PATH``
+    Append the input each tool use ran with (after approval) as a JSON line.
+``FAKE_CLAUDE_TOOL_TURNS=N``
+    Only the first N turns use the tool; later ones answer in text.
+
+Unlike the real CLI, the fake asks for every Bash command: the real one runs
+read-only commands (``echo``, ``cat``, ``sleep``) without asking.
 """
 
 from __future__ import annotations
@@ -111,6 +157,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -141,7 +188,6 @@ _VALUE_FLAGS = {
     "--output-format",
     "--model",
     "--permission-mode",
-    "--permission-prompt-tool",
     "--max-turns",
     "--append-system-prompt",
     "--system-prompt",
@@ -150,6 +196,7 @@ _VALUE_FLAGS = {
     "--max-budget-usd",
     "--input-format",
     "--settings",
+    "--permission-prompt-tool",
 }
 _VARIADIC_FLAGS = {"--allowedTools", "--allowed-tools", "--disallowedTools", "--disallowed-tools"}
 _BOOL_FLAGS = {
@@ -160,8 +207,8 @@ _BOOL_FLAGS = {
     "-c",
     "--fork-session",
     "--include-partial-messages",
-    "--replay-user-messages",
     "--dangerously-skip-permissions",
+    "--replay-user-messages",
 }
 
 
@@ -223,13 +270,42 @@ def _parse(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
     return opts, positional
 
 
+def _read_prompt(positional: list[str]) -> str:
+    stdin_text = "" if sys.stdin.isatty() else sys.stdin.read()
+    parts = [" ".join(positional)] if positional else []
+    if stdin_text:
+        parts.append(stdin_text)
+    prompt = "\n".join(parts)
+    if not prompt:
+        _fail(
+            "Error: Input must be provided either through stdin or as a prompt argument "
+            "when using --print"
+        )
+    return prompt
+
+
+def _keep(sessions: Path | None, cwd: str, session_id: str, prompt: str) -> None:
+    """Add a prompt to the session's file (with FAKE_CLAUDE_SESSIONS_DIR)."""
+    if sessions is None:
+        return
+    project = _project_dir(sessions, cwd)
+    project.mkdir(parents=True, exist_ok=True)
+    with (project / f"{session_id}.jsonl").open("a") as f:
+        f.write(json.dumps({"prompt": prompt}) + "\n")
+
+
 def _project_dir(sessions: Path, cwd: str) -> Path:
     return sessions / cwd.replace("/", "-")
 
 
+_OUT = threading.Lock()
+"""Held for each line: with stream-json input, stdin's reader thread writes too."""
+
+
 def _line(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
+    with _OUT:
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
 
 
 def _result(
@@ -254,6 +330,28 @@ def _result(
     else:
         result["errors"] = errors
     return result
+
+
+def _mode(opts: dict[str, Any]) -> str:
+    return str(opts.get("--permission-mode", "default"))
+
+
+def _init(session_id: str, cwd: str, model: str, mode: str) -> dict[str, Any]:
+    return {
+        "type": "system",
+        "subtype": "init",
+        "cwd": cwd,
+        "session_id": session_id,
+        "tools": TOOLS,
+        "mcp_servers": [],
+        "model": model,
+        "permissionMode": mode,
+        "slash_commands": [],
+        "apiKeySource": "ANTHROPIC_API_KEY",
+        "claude_code_version": "0.0.0-fake",
+        "output_style": "default",
+        "uuid": str(uuid.uuid4()),
+    }
 
 
 def _tool_pair(session_id: str, command: str) -> None:
@@ -397,18 +495,485 @@ time.sleep(300)
 """
 
 
-def _first_user_message(replay: bool) -> tuple[str, dict[str, Any] | None]:
-    """``--input-format stream-json``: the first user message's text (and the line to
-    echo with ``--replay-user-messages``); control requests before it get a bare success."""
-    for raw in sys.stdin:
-        obj = json.loads(raw)
-        if obj.get("type") == "control_request":
-            response = {"subtype": "success", "request_id": obj["request_id"], "response": {}}
-            _line({"type": "control_response", "response": response})
-        elif obj.get("type") == "user":
-            content = obj["message"]["content"]
-            return str(content), (obj if replay else None)
-    return "", None
+def _record(cwd: str, prompt: str, children: list[int], escaped: list[int]) -> None:
+    if not _env("FAKE_CLAUDE_RECORD"):
+        return
+    record = {
+        "argv": sys.argv,
+        "cwd": cwd,
+        "env": dict(os.environ),
+        "prompt": prompt,
+        "pid": os.getpid(),
+        "children": children,
+        "escaped": escaped,
+    }
+    tmp = Path(_env("FAKE_CLAUDE_RECORD") + ".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(_env("FAKE_CLAUDE_RECORD"))
+
+
+def _times(prompt: str, printed: float) -> None:
+    if _env("FAKE_CLAUDE_TIMES"):
+        stamp = {"prompt": prompt, "start": _STARTED, "result": printed, "exit": time.monotonic()}
+        with open(_env("FAKE_CLAUDE_TIMES"), "a") as times:
+            times.write(json.dumps(stamp) + "\n")
+
+
+PERMISSION_MODES = ("acceptEdits", "auto", "bypassPermissions", "default", "dontAsk", "plan")
+
+# What the real CLI puts in the tool_result of a tool use an interrupt cut off.
+_REJECTED = (
+    "The user doesn't want to proceed with this tool use. The tool use was rejected (eg. if it"
+    " was a file edit, the new_string was NOT written to the file). STOP what you are doing and"
+    " wait for the user to tell you how to proceed."
+)
+_STREAM_CLOSED = (
+    "Tool permission request failed: AbortError: Tool permission stream closed before response"
+    " received"
+)
+
+
+def _text_of(message: dict[str, Any]) -> str:
+    """The text of a user message (content is a string or a list of blocks)."""
+    content = message.get("message", {}).get("content", "")
+    if isinstance(content, str):
+        return content
+    return "\n".join(b.get("text", "") for b in content if b.get("type") == "text")
+
+
+def _user_text(session_id: str, text: str) -> dict[str, Any]:
+    return {
+        "type": "user",
+        "message": {"role": "user", "content": [{"type": "text", "text": text}]},
+        "parent_tool_use_id": None,
+        "session_id": session_id,
+        "uuid": str(uuid.uuid4()),
+    }
+
+
+def _tool_result(session_id: str, tool_id: str, content: str, is_error: bool) -> dict[str, Any]:
+    return {
+        "type": "user",
+        "message": {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": tool_id,
+                    "content": content,
+                    "is_error": is_error,
+                }
+            ],
+        },
+        "parent_tool_use_id": None,
+        "session_id": session_id,
+        "uuid": str(uuid.uuid4()),
+    }
+
+
+class _Aborted(Exception):
+    """An ``interrupt`` ended the turn; ``reason`` is its ``terminal_reason``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _Session:
+    """The two-way protocol of ``--input-format stream-json``.
+
+    A reader thread takes stdin's lines as they come: control requests are
+    answered there at once (as the real CLI does, even mid-tool), user
+    messages and control responses are handed to the main thread, which runs
+    the turns. Everything shared is guarded by ``self._cond``.
+    """
+
+    def __init__(
+        self,
+        opts: dict[str, Any],
+        cwd: str,
+        session_id: str,
+        sessions: Path | None,
+        history: list[str],
+    ) -> None:
+        self._cwd = cwd
+        self._session_id = session_id
+        self._sessions = sessions
+        self._history = history
+        self._replay = bool(opts.get("--replay-user-messages"))
+        self._ask = opts.get("--permission-prompt-tool") == "stdio"
+        self._allowed = {
+            rule.strip() for arg in opts["allowed"] for rule in arg.replace(",", " ").split()
+        }
+        self._model = str(opts.get("--model", MODEL))
+        skip = opts.get("--dangerously-skip-permissions")
+        self._mode = "bypassPermissions" if skip else _mode(opts)
+        self._cond = threading.Condition()
+        self._inbox: list[dict[str, Any]] = []  # user messages read, not taken yet
+        self._answers: dict[str, dict[str, Any]] = {}  # can_use_tool request id -> response
+        self._asking: str | None = None  # the can_use_tool request waiting for its answer
+        self._running = False
+        self._interrupted = False
+        self._eof = False
+        self._turns = 0
+        self._prompts: list[str] = []  # the messages the running turn took
+        self._taken: list[str] = []  # and their uuids
+        self._denials: list[dict[str, Any]] = []
+
+    # -- stdin (reader thread) --
+
+    def _read(self) -> None:
+        for raw in sys.stdin:
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(obj, dict):
+                continue
+            kind = obj.get("type")
+            if kind == "user":
+                # The real CLI gives a message sent without a uuid one of its own.
+                obj.setdefault("uuid", str(uuid.uuid4()))
+                self._lifecycle(obj["uuid"], "queued")
+                with self._cond:
+                    self._inbox.append(obj)
+                    self._cond.notify_all()
+            elif kind == "control_request":
+                self._control(obj.get("request_id", ""), obj.get("request") or {})
+            elif kind == "control_response":
+                if self._replay:
+                    _line(obj)
+                response = obj.get("response") or {}
+                with self._cond:
+                    self._answers[str(response.get("request_id"))] = response
+                    self._cond.notify_all()
+        with self._cond:
+            self._eof = True
+            self._cond.notify_all()
+
+    def _control(self, request_id: str, request: dict[str, Any]) -> None:
+        subtype = request.get("subtype")
+        answer: dict[str, Any] | None = None
+        error = ""
+        if subtype == "initialize":
+            answer = {
+                "commands": [],
+                "output_style": "default",
+                "available_output_styles": ["default"],
+                "models": [{"value": MODEL, "displayName": "Fake", "description": "fake"}],
+                "account": {},
+            }
+        elif subtype == "interrupt":
+            with self._cond:
+                if self._asking is not None:
+                    # The real CLI withdraws its pending question first.
+                    _line({"type": "control_cancel_request", "request_id": self._asking})
+                if self._running:
+                    self._interrupted = True
+                    self._cond.notify_all()
+            answer = {"still_queued": []}
+        elif subtype == "set_model":
+            # No model given: back to the default, as the real CLI does.
+            with self._cond:
+                self._model = str(request.get("model") or MODEL)
+                answer = {"model": self._model}
+        elif subtype == "set_permission_mode":
+            mode = request.get("mode")
+            if mode in PERMISSION_MODES:
+                with self._cond:
+                    self._mode = str(mode)
+                answer = {"mode": mode}
+                _line(
+                    {
+                        "type": "system",
+                        "subtype": "status",
+                        "status": None,
+                        "permissionMode": mode,
+                        "uuid": str(uuid.uuid4()),
+                        "session_id": self._session_id,
+                    }
+                )
+            else:
+                error = "Cannot set permission mode: must be one of " + ", ".join(PERMISSION_MODES)
+        else:
+            error = f"Unsupported control request subtype: {subtype}"
+        response: dict[str, Any] = {"request_id": request_id}
+        if answer is not None:
+            response.update(subtype="success", response=answer)
+        else:
+            response.update(subtype="error", error=error)
+        _line({"type": "control_response", "response": response})
+
+    def _lifecycle(self, message_uuid: str, state: str) -> None:
+        _line(
+            {
+                "type": "command_lifecycle",
+                "command_uuid": message_uuid,
+                "state": state,
+                "uuid": str(uuid.uuid4()),
+                "session_id": self._session_id,
+            }
+        )
+
+    # -- turns (main thread) --
+
+    def serve(self) -> int:
+        """Run a turn per message taken while idle; the exit code once stdin is done.
+
+        Like the real CLI: 1 when the last result was an error (an interrupted
+        turn too), else 0.
+        """
+        threading.Thread(target=self._read, daemon=True).start()
+        error = False
+        printed = time.monotonic()
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: bool(self._inbox) or self._eof)
+                if not self._inbox:
+                    break
+                first = self._inbox.pop(0)
+                self._running = True
+                self._interrupted = False
+            error = self._turn(first)
+            printed = time.monotonic()
+            with self._cond:
+                self._running = False
+        if _env("FAKE_CLAUDE_LINGER"):
+            time.sleep(float(_env("FAKE_CLAUDE_LINGER")))
+        _times(self._history[0] if self._history else "", printed)
+        return 1 if error else 0
+
+    def _turn(self, first: dict[str, Any]) -> bool:
+        """One turn, to its result line; True if that result is an error."""
+        sid = self._session_id
+        self._turns += 1
+        self._prompts = []
+        self._taken = []
+        self._denials = []
+        if self._turns == 1:
+            if _env("FAKE_CLAUDE_SLEEP_BEFORE_INIT"):
+                time.sleep(float(_env("FAKE_CLAUDE_SLEEP_BEFORE_INIT")))
+            children = _start_children()
+            escape = _env("FAKE_CLAUDE_ESCAPE")
+            escaped = _start_escapes(Path(escape)) if escape else []
+            _record(self._cwd, _text_of(first), children, escaped)
+        self._lifecycle(first["uuid"], "started")
+        with self._cond:
+            _line(_init(sid, self._cwd, self._model, self._mode))
+        self._take(first, started=True)
+        try:
+            self._script()
+        except _Aborted as aborted:
+            self._finish(
+                self._end(
+                    subtype="error_during_execution",
+                    is_error=True,
+                    text="",
+                    reason=aborted.reason,
+                    errors=["interrupted"],
+                )
+            )
+            return True
+        if _env("FAKE_CLAUDE_EXIT"):
+            _fail("fake claude failure", int(_env("FAKE_CLAUDE_EXIT")))
+        text = "\n".join(self._prompts) if _env("FAKE_CLAUDE_ECHO") else ""
+        text = text or _env("FAKE_CLAUDE_RESULT") or "Done."
+        if _env("FAKE_CLAUDE_CUT_EMOJI"):
+            text += " \ud83d"
+        is_error = bool(_env("FAKE_CLAUDE_IS_ERROR"))
+        _line(_assistant(sid, {"type": "text", "text": text}))
+        self._finish(
+            self._end(
+                subtype="error_during_execution" if is_error else "success",
+                is_error=is_error,
+                text=text,
+                reason="completed",
+                errors=["fake error"] if is_error else [],
+            )
+        )
+        return is_error
+
+    def _script(self) -> None:
+        """The scripted steps of a turn, as in print mode; raises _Aborted."""
+        sid = self._session_id
+        if _env("FAKE_CLAUDE_UNKNOWN"):
+            _line({"type": "system", "subtype": "status", "status": "thinking"})
+            _line({"type": "stream_event", "event": {"type": "content_block_delta"}})
+            _line({"type": "rate_limit_event", "session_id": sid})
+            _line(_assistant(sid, {"type": "thinking", "thinking": "hmm"}))
+        _line(_assistant(sid, {"type": "text", "text": "Working on it."}))
+        if _env("FAKE_CLAUDE_GARBAGE"):
+            with _OUT:
+                sys.stdout.write("this is not json {\n")
+                sys.stdout.flush()
+        if _env("FAKE_CLAUDE_HUGE"):
+            _line(_assistant(sid, {"type": "text", "text": "x" * int(_env("FAKE_CLAUDE_HUGE"))}))
+        tool_turns = _env("FAKE_CLAUDE_TOOL_TURNS")
+        if not _env("FAKE_CLAUDE_NO_TOOL") and (not tool_turns or self._turns <= int(tool_turns)):
+            self._tool(_env("FAKE_CLAUDE_TOOL_COMMAND") or "echo hello")
+        # The model is at work from here on: an interrupt aborts its streaming.
+        self._pause("aborted_streaming", seconds=float(_env("FAKE_CLAUDE_SLEEP") or 0))
+        if _env("FAKE_CLAUDE_WAIT_FOR"):
+            self._pause("aborted_streaming", path=Path(_env("FAKE_CLAUDE_WAIT_FOR")))
+            if _env("FAKE_CLAUDE_THEN_TOOL"):
+                self._tool(_env("FAKE_CLAUDE_THEN_TOOL"))
+                self._pause("aborted_streaming", path=Path(_env("FAKE_CLAUDE_WAIT_FOR") + ".2"))
+
+    def _take(self, message: dict[str, Any], *, started: bool = False) -> None:
+        """Take a user message into the conversation: echo it, keep it."""
+        if not started:
+            self._lifecycle(message["uuid"], "started")
+        self._taken.append(message["uuid"])
+        if self._replay:
+            _line(
+                {
+                    "type": "user",
+                    "message": message.get("message", {}),
+                    "session_id": self._session_id,
+                    "parent_tool_use_id": None,
+                    "uuid": message["uuid"],
+                    "isReplay": True,
+                }
+            )
+        text = _text_of(message)
+        self._prompts.append(text)
+        self._history.append(text)
+        _keep(self._sessions, self._cwd, self._session_id, text)
+
+    def _take_waiting(self) -> None:
+        """The turn's next step: messages sent meanwhile join this turn."""
+        with self._cond:
+            waiting, self._inbox = self._inbox, []
+        for message in waiting:
+            self._take(message)
+
+    def _pause(self, reason: str, *, seconds: float = 0, path: Path | None = None) -> None:
+        """Wait ``seconds``, or until ``path`` exists; an interrupt raises _Aborted(reason)."""
+        deadline = time.monotonic() + seconds
+        with self._cond:
+            while not self._interrupted:
+                if path is not None:
+                    if path.exists():
+                        return
+                    self._cond.wait(0.002)  # a file has no event to wait on: poll
+                elif (left := deadline - time.monotonic()) > 0:
+                    self._cond.wait(left)
+                else:
+                    return
+        raise _Aborted(reason)
+
+    def _asks(self, tool: str) -> bool:
+        """Whether a use of ``tool`` goes to the host (rules decide the rest)."""
+        if not self._ask:
+            return False
+        with self._cond:
+            if self._mode == "bypassPermissions":
+                return False
+        return not any(rule == tool or rule.startswith(tool + "(") for rule in self._allowed)
+
+    def _tool(self, command: str) -> None:
+        """A Bash tool use: asked for if need be, then run, then its result; next step."""
+        sid = self._session_id
+        tool_id = "toolu_" + uuid.uuid4().hex[:20]
+        tool_input: dict[str, Any] = {"command": command}
+        block = {"type": "tool_use", "id": tool_id, "name": "Bash", "input": tool_input}
+        _line(_assistant(sid, block))
+        if self._asks("Bash"):
+            refusal = self._permission(tool_id, tool_input)
+            if isinstance(refusal, str):
+                self._denials.append(
+                    {"tool_name": "Bash", "tool_use_id": tool_id, "tool_input": tool_input}
+                )
+                _line(_tool_result(sid, tool_id, refusal, True))
+                self._take_waiting()
+                return
+            tool_input = refusal
+        if _env("FAKE_CLAUDE_TOOL_LOG"):
+            with open(_env("FAKE_CLAUDE_TOOL_LOG"), "a") as log:
+                log.write(json.dumps(tool_input) + "\n")
+        try:
+            self._pause("aborted_tools", seconds=float(_env("FAKE_CLAUDE_TOOL_SECONDS") or 0))
+            if _env("FAKE_CLAUDE_TOOL_WAIT_FOR"):
+                self._pause("aborted_tools", path=Path(_env("FAKE_CLAUDE_TOOL_WAIT_FOR")))
+        except _Aborted:
+            self._abandon(tool_id)
+            raise
+        output = _env("FAKE_CLAUDE_TOOL_OUTPUT") or "hello"
+        _line(_tool_result(sid, tool_id, output, False))
+        self._take_waiting()
+
+    def _permission(self, tool_id: str, tool_input: dict[str, Any]) -> dict[str, Any] | str:
+        """Ask the host (``can_use_tool``): the input to run with, or why not."""
+        request_id = str(uuid.uuid4())
+        command = str(tool_input.get("command", ""))
+        with self._cond:
+            self._asking = request_id
+        _line(
+            {
+                "type": "control_request",
+                "request_id": request_id,
+                "request": {
+                    "subtype": "can_use_tool",
+                    "tool_name": "Bash",
+                    "display_name": "Bash",
+                    "input": tool_input,
+                    "description": command,
+                    "permission_suggestions": [
+                        {
+                            "type": "addRules",
+                            "rules": [{"toolName": "Bash", "ruleContent": command}],
+                            "behavior": "allow",
+                            "destination": "localSettings",
+                        }
+                    ],
+                    "tool_use_id": tool_id,
+                },
+            }
+        )
+        with self._cond:
+            self._cond.wait_for(
+                lambda: request_id in self._answers or self._interrupted or self._eof
+            )
+            self._asking = None
+            answer = self._answers.pop(request_id, None)
+            interrupted = self._interrupted
+        if interrupted:
+            self._abandon(tool_id)
+            raise _Aborted("aborted_tools")
+        if answer is None:
+            return _STREAM_CLOSED
+        if answer.get("subtype") != "success":
+            return str(answer.get("error", ""))
+        decision = answer.get("response") or {}
+        if decision.get("behavior") == "allow":
+            return dict(decision.get("updatedInput") or tool_input)
+        return str(decision.get("message", ""))
+
+    def _abandon(self, tool_id: str) -> None:
+        """The lines of a tool use an interrupt cut off."""
+        _line(_tool_result(self._session_id, tool_id, _REJECTED, True))
+        _line(_user_text(self._session_id, "[Request interrupted by user for tool use]"))
+
+    def _end(
+        self, *, subtype: str, is_error: bool, text: str, reason: str, errors: list[str]
+    ) -> dict[str, Any]:
+        """The turn's result line."""
+        result = _result(
+            self._session_id,
+            subtype=subtype,
+            is_error=is_error,
+            text=text,
+            turns=len(self._history),
+            errors=errors,
+        )
+        result["terminal_reason"] = reason
+        result["permission_denials"] = self._denials
+        return result
+
+    def _finish(self, result: dict[str, Any]) -> None:
+        _line(result)
+        for message_uuid in self._taken:
+            self._lifecycle(message_uuid, "completed")
 
 
 FAKE_VERSION = "0.0.0-fake (Claude Code)"
@@ -436,20 +1001,11 @@ def main() -> None:
     if output_format == "stream-json" and not opts.get("--verbose"):
         _fail("Error: When using --print, --output-format=stream-json requires --verbose")
 
-    replay: dict[str, Any] | None = None
-    if opts.get("--input-format") == "stream-json":
-        stdin_text, replay = _first_user_message(bool(opts.get("--replay-user-messages")))
-    else:
-        stdin_text = "" if sys.stdin.isatty() else sys.stdin.read()
-    parts = [" ".join(positional)] if positional else []
-    if stdin_text:
-        parts.append(stdin_text)
-    prompt = "\n".join(parts)
-    if not prompt:
-        _fail(
-            "Error: Input must be provided either through stdin or as a prompt argument "
-            "when using --print"
-        )
+    streaming = opts.get("--input-format") == "stream-json"
+    if streaming and output_format != "stream-json":
+        _fail("Error: --input-format=stream-json requires output-format=stream-json.")
+    # With stream-json input the prompts are the user messages read later on.
+    prompt = "" if streaming else _read_prompt(positional)
 
     cwd = os.getcwd()
     sessions = Path(_env("FAKE_CLAUDE_SESSIONS_DIR")) if _env("FAKE_CLAUDE_SESSIONS_DIR") else None
@@ -475,12 +1031,9 @@ def main() -> None:
             history = [json.loads(x)["prompt"] for x in path.read_text().splitlines() if x]
     else:
         session_id = str(uuid.uuid4())
-    if sessions is not None:
-        project = _project_dir(sessions, cwd)
-        project.mkdir(parents=True, exist_ok=True)
-        with (project / f"{session_id}.jsonl").open("a") as f:
-            f.write(json.dumps({"prompt": prompt}) + "\n")
-    history.append(prompt)
+    if not streaming:
+        _keep(sessions, cwd, session_id, prompt)
+        history.append(prompt)
 
     def on_interrupt(*_: object) -> None:
         _line(
@@ -496,46 +1049,18 @@ def main() -> None:
         os._exit(0)
 
     signal.signal(signal.SIGINT, on_interrupt)
+    if streaming:
+        sys.exit(_Session(opts, cwd, session_id, sessions, history).serve())
 
     if _env("FAKE_CLAUDE_SLEEP_BEFORE_INIT"):
         time.sleep(float(_env("FAKE_CLAUDE_SLEEP_BEFORE_INIT")))
     children = _start_children()
     escaped = _start_escapes(Path(_env("FAKE_CLAUDE_ESCAPE"))) if _env("FAKE_CLAUDE_ESCAPE") else []
-    if _env("FAKE_CLAUDE_RECORD"):
-        record = {
-            "argv": sys.argv,
-            "cwd": cwd,
-            "env": dict(os.environ),
-            "prompt": prompt,
-            "pid": os.getpid(),
-            "children": children,
-            "escaped": escaped,
-        }
-        tmp = Path(_env("FAKE_CLAUDE_RECORD") + ".tmp")
-        tmp.write_text(json.dumps(record))
-        tmp.replace(_env("FAKE_CLAUDE_RECORD"))
+    _record(cwd, prompt, children, escaped)
 
     stream = output_format == "stream-json"
     if stream:
-        _line(
-            {
-                "type": "system",
-                "subtype": "init",
-                "cwd": cwd,
-                "session_id": session_id,
-                "tools": TOOLS,
-                "mcp_servers": [],
-                "model": opts.get("--model", MODEL),
-                "permissionMode": opts.get("--permission-mode", "default"),
-                "slash_commands": [],
-                "apiKeySource": "ANTHROPIC_API_KEY",
-                "claude_code_version": "0.0.0-fake",
-                "output_style": "default",
-                "uuid": str(uuid.uuid4()),
-            }
-        )
-        if replay is not None:
-            _line({**replay, "session_id": session_id, "isReplay": True})
+        _line(_init(session_id, cwd, opts.get("--model", MODEL), _mode(opts)))
         if _env("FAKE_CLAUDE_UNKNOWN"):
             _line({"type": "system", "subtype": "status", "status": "thinking"})
             _line({"type": "stream_event", "event": {"type": "content_block_delta"}})
@@ -586,15 +1111,7 @@ def main() -> None:
     printed = time.monotonic()
     if _env("FAKE_CLAUDE_LINGER"):
         time.sleep(float(_env("FAKE_CLAUDE_LINGER")))
-    if _env("FAKE_CLAUDE_TIMES"):
-        stamp = {
-            "prompt": prompt,
-            "start": _STARTED,
-            "result": printed,
-            "exit": time.monotonic(),
-        }
-        with open(_env("FAKE_CLAUDE_TIMES"), "a") as times:
-            times.write(json.dumps(stamp) + "\n")
+    _times(prompt, printed)
     sys.exit(1 if is_error else 0)
 
 
