@@ -30,7 +30,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runner.command import control_request, control_response, new_uuid, user_message
-from runner.events import ControlAnswer, MessageTaken, PermissionAsked, Result, StreamEvent
+from runner.events import (
+    ControlAnswer,
+    MessageTaken,
+    PermissionAsked,
+    PermissionCancelled,
+    Result,
+    StreamEvent,
+)
 
 CONTROL_TIMEOUT_S = 10.0
 """How long a control request waits for claude's answer (``initialize`` takes ~270 ms cold)."""
@@ -228,6 +235,8 @@ class RunControl:
                 self._settled = self._sent <= self._taken
             case PermissionAsked(request_id=request_id):
                 self._asked[request_id] = event
+            case PermissionCancelled(request_id=request_id):
+                self._answered.add(request_id)  # withdrawn: nothing to answer any more
             case ControlAnswer(request_id=request_id) if request_id in self._waiting:
                 future = self._waiting[request_id]
                 if not future.done():

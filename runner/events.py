@@ -120,6 +120,14 @@ class PermissionAsked:
 
 
 @dataclass(frozen=True, slots=True)
+class PermissionCancelled:
+    """claude no longer waits on permission request ``request_id`` (an interrupt
+    withdrew it: ``control_cancel_request``); an answer to it is not sent."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class MessageTaken:
     """claude took the user message ``uuid`` into the conversation (its echo)."""
 
@@ -146,6 +154,7 @@ RunEvent = (
     | ApiRetry
     | Result
     | PermissionAsked
+    | PermissionCancelled
     | MessageTaken
 )
 """Everything ``run_claude`` hands to its ``on_event`` callback."""

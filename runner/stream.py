@@ -21,6 +21,7 @@ from runner.events import (
     Init,
     MessageTaken,
     PermissionAsked,
+    PermissionCancelled,
     Result,
     StreamEvent,
     ToolResult,
@@ -107,6 +108,8 @@ def parse_line(line: bytes) -> list[StreamEvent]:
             return _control_request(obj)
         case "control_response":
             return _control_response(obj)
+        case "control_cancel_request" if _str(obj.get("request_id")):
+            return [PermissionCancelled(_str(obj.get("request_id")))]
         case _:
             return []
 
