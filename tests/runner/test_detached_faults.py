@@ -35,6 +35,7 @@ from runner.rundir import make_run_dir
 from tests.runner.conftest import Recorder, pids_with_marker
 from tests.runner.test_containment import alive, until_exited
 from tests.runner.test_detached import (
+    EOF,
     connect,
     detached,
     journal,
@@ -180,6 +181,7 @@ async def test_a_taken_over_connection_waits_for_the_run_when_it_cannot_attach_a
         os.unlink(Path(live.run_dir) / "sock")
         second.sendall(b'{"t":"attach","v":[1],"offset":0}\n')
         assert (await read_line(second))["t"] == "welcome"
+        second.sendall(EOF)  # claude's input ends (the attached bridge's part)
         release(tmp_path)
         data = await read_to_end(second)
     assert [head["t"] for head, _, _ in records(data)][-1] == "done"
