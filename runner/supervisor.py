@@ -196,6 +196,14 @@ def parse(args: list[str]) -> Options:
     return options
 
 
+def _object(line: bytes) -> dict[str, object]:
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
 def _prctl(option: int, value: int) -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -275,6 +283,9 @@ class Supervisor:
         self.settled = False
         """A ``result`` came after every user message written was echoed: claude is idle
         with nothing pending, so while no bridge is attached its stdin is closed."""
+        self.asking: set[str] = set()
+        """claude's permission requests (``can_use_tool``) not answered yet: while it
+        waits on its host (a person deciding in chat) it is not stalled."""
         if listener is not None:
             self.selector.register(listener, selectors.EVENT_READ, self.accept)
 
@@ -369,7 +380,8 @@ class Supervisor:
         Cheap: two substring searches per read; a line is parsed only if it may
         be an echo or a result (docs/detached-runs.md, protocol version 2).
         """
-        if b'"isReplay"' not in lines and b'"result"' not in lines:
+        asks = b'"can_use_tool"' in lines or b'"control_cancel_request"' in lines
+        if not asks and b'"isReplay"' not in lines and b'"result"' not in lines:
             return
         for line in lines.split(b"\n"):
             uid = replayed_uuid(line)
@@ -377,17 +389,49 @@ class Supervisor:
                 self.unechoed.discard(uid)
             elif not self.unechoed and is_result(line):
                 self.settled = True
+            elif asks:
+                self.note_asking(line)
         self.auto_eof()
 
+    def note_asking(self, line: bytes) -> None:
+        """Follow which permission requests claude waits on (asked, withdrawn)."""
+        if b'"can_use_tool"' not in line and b'"control_cancel_request"' not in line:
+            return
+        obj = _object(line)
+        request = obj.get("request")
+        request_id = obj.get("request_id")
+        if not isinstance(request_id, str):
+            return
+        if obj.get("type") == "control_cancel_request":
+            self.answered(request_id)
+        elif (
+            obj.get("type") == "control_request"
+            and isinstance(request, dict)
+            and request.get("subtype") == "can_use_tool"
+        ):
+            self.asking.add(request_id)
+
+    def answered(self, request_id: str) -> None:
+        if request_id in self.asking:
+            self.asking.discard(request_id)
+            if not self.asking:
+                self.last_output = time.monotonic()  # claude works again: its idle clock too
+
     def note_in(self, payload: bytes) -> None:
-        """A user message written to claude's stdin is pending until claude echoes it."""
-        if b'"user"' not in payload:
+        """A user message written to claude's stdin is pending until claude echoes it;
+        an answer to a permission request ends claude's wait on its host."""
+        answers = b'"control_response"' in payload and bool(self.asking)
+        if b'"user"' not in payload and not answers:
             return
         for line in payload.split(b"\n"):
             uid = sent_uuid(line)
             if uid is not None:
                 self.unechoed.add(uid)
                 self.settled = False
+            elif answers and b'"control_response"' in line:
+                response = _object(line).get("response")
+                if isinstance(response, dict) and isinstance(response.get("request_id"), str):
+                    self.answered(response["request_id"])
 
     def auto_eof(self) -> None:
         """With no bridge attached to say ``eof``, close claude's stdin once it is settled:
@@ -733,7 +777,7 @@ class Supervisor:
                 if self.stop_deadline is None:
                     if now >= self.run_deadline:
                         self.expire("timed_out")
-                    elif now >= self.last_output + options.idle_timeout_s:
+                    elif not self.asking and now >= self.last_output + options.idle_timeout_s:
                         self.expire("stalled")
                     elif (
                         self.orphan_since is not None
@@ -767,7 +811,9 @@ class Supervisor:
                 else:
                     timeout = self.stop_deadline - now
             else:
-                deadline = min(self.run_deadline, self.last_output + options.idle_timeout_s)
+                deadline = self.run_deadline
+                if not self.asking:
+                    deadline = min(deadline, self.last_output + options.idle_timeout_s)
                 if self.orphan_since is not None:
                     deadline = min(deadline, self.orphan_since + options.orphan_timeout_s)
                 timeout = max(0.0, deadline - now)

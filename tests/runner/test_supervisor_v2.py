@@ -47,16 +47,34 @@ def stdin(data: bytes) -> bytes:
     return b'{"t":"stdin","n":%d}\n%s' % (len(data), data)
 
 
-async def start_supervisor(tmp_path: Path, theirs: socket.socket) -> asyncio.subprocess.Process:
+# Asks its host once, waits for the answer (however long), then answers.
+ASKING_CLAUDE = """
+import json, sys
+def out(obj):
+    sys.stdout.write(json.dumps(obj) + "\\n")
+    sys.stdout.flush()
+msg = json.loads(sys.stdin.readline())
+out({**msg, "isReplay": True})
+request = {"subtype": "can_use_tool", "tool_name": "Bash", "input": {}}
+out({"type": "control_request", "request_id": "ask-1", "request": request})
+answer = json.loads(sys.stdin.readline())
+out({"type": "result", "subtype": "success", "result": answer["response"]["response"]["behavior"]})
+sys.stdin.read()
+"""
+
+
+async def start_supervisor(
+    tmp_path: Path, theirs: socket.socket, claude: str = STREAMING_CLAUDE, idle_s: float = 60
+) -> asyncio.subprocess.Process:
     run_dir = tmp_path / "run"
     run_dir.mkdir(mode=0o700)
     script = tmp_path / "claude.py"
-    script.write_text(STREAMING_CLAUDE)
+    script.write_text(claude)
     return await asyncio.create_subprocess_exec(
         sys.executable, "-I", "-S", "-c", BOOTSTRAP, str(SUPERVISOR),
         "--run-id=v2-test", f"--run-dir={run_dir}", f"--cwd={tmp_path}",
         f"--conn-fd={theirs.fileno()}", "--grace-s=1", "--run-timeout-s=60",
-        "--idle-timeout-s=60", "--orphan-timeout-s=60",
+        f"--idle-timeout-s={idle_s}", "--orphan-timeout-s=60",
         "--spool-max-bytes=1000000", "--max-line-bytes=1000000",
         "--", sys.executable, "-I", str(script),
         pass_fds=(theirs.fileno(),),
@@ -123,3 +141,23 @@ async def test_a_result_before_the_echo_does_not_close_stdin(tmp_path: Path) -> 
     # Closed only after the result that followed the echo, not after the earlier one.
     assert out_before.endswith(b'"result": "answer"}\n')
     assert b"isReplay" in out_before
+
+
+async def test_claude_waiting_on_its_host_is_not_stalled(tmp_path: Path) -> None:
+    ours, theirs = socket.socketpair()
+    with ours:
+        ours.sendall(b'{"t":"attach","v":[2],"offset":0}\n' + stdin(user("go", "u-1")))
+        with theirs:
+            proc = await start_supervisor(tmp_path, theirs, ASKING_CLAUDE, idle_s=0.5)
+        reader = JournalReader(ours)
+        await reader.until(b'"can_use_tool"')
+        await asyncio.sleep(1.5)  # a person deciding: three idle limits pass
+        answer = {"subtype": "success", "request_id": "ask-1", "response": {"behavior": "allow"}}
+        line = json.dumps({"type": "control_response", "response": answer}).encode() + b"\n"
+        ours.sendall(stdin(line))
+        await reader.until(b'"result": "allow"')
+        ours.sendall(b'{"t":"eof"}\n')
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+    heads = [head for head, _, _ in records((tmp_path / "run" / "journal").read_bytes())]
+    assert {"t": "exited", "code": 0} in heads
+    assert not [head for head in heads if head["t"] == "expired"]
