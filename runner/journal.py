@@ -90,3 +90,20 @@ def replayed_uuid(line: bytes) -> str | None:
         return None
     uid = obj.get("uuid")
     return uid if isinstance(uid, str) and uid else None
+
+
+def is_kept(line: bytes) -> bool:
+    """Whether a stdout line is journaled over the spool cap: the ``result``, and
+    (version 2) the protocol's lines the run's end and its control depend on:
+    user message echoes and control requests and responses (all small but a
+    permission request's tool input)."""
+    if is_result(line) or replayed_uuid(line) is not None:
+        return True
+    if b'"control_' not in line:
+        return False
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return False
+    kind = obj.get("type") if isinstance(obj, dict) else None
+    return isinstance(kind, str) and kind.startswith("control_")

@@ -61,6 +61,7 @@ from runner.journal import (
     SOCK,
     Journal,
     header,
+    is_kept,
     is_result,
     replayed_uuid,
     sent_uuid,
@@ -345,16 +346,17 @@ class Supervisor:
         self.stdout = -1
 
     def journal_out(self, data: bytes, *, whole: bool, last: bool = False) -> None:
-        """Journal stdout bytes; over the cap only ``result`` lines (whole lines, never a part).
+        """Journal stdout bytes; over the cap only the lines :func:`is_kept` keeps (the
+        result, echoes, control lines: what the run's end depends on), whole lines only.
 
         ``last``: ``data`` is what claude wrote after its last newline, and stdout
-        ended: a line of its own (the bridge frames it at ``exited``), kept if a result.
+        ended: a line of its own (the bridge frames it at ``exited``), kept if kept.
         """
         if self.journal.size < self.options.spool_max_bytes:
             self.skipping = False
             self.journal.append(b'{"t":"out","n":%d}\n' % len(data), data)
             return
-        if last and not self.skipping and is_result(data):
+        if last and not self.skipping and is_kept(data):
             self.flush_dropped()
             self.journal.append(b'{"t":"out","n":%d}\n' % len(data), data)
             return
@@ -364,7 +366,7 @@ class Supervisor:
             return
         kept = []
         for i, line in enumerate(data.split(b"\n")[:-1]):
-            if (i == 0 and self.skipping) or not is_result(line):
+            if (i == 0 and self.skipping) or not is_kept(line):
                 self.dropped_out += len(line) + 1
             else:
                 kept.append(line)

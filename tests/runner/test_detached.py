@@ -449,6 +449,10 @@ async def test_the_spool_cap_keeps_the_result_line(
     assert sum(head["out"] for head in dropped) > 200_000
     assert len(data) < cap + 20_000 + 8192 + 4096  # the cap, one chunk past it, the tail
     assert heads[-1]["t"] == "done"
+    # stderr filled the cap early: the prompt's echo, which the run's end waits
+    # for, was kept all the same.
+    assert sum(head["err"] for head in dropped) > 0
+    assert b'"isReplay": true' in data
 
 
 async def test_the_spool_cap_keeps_the_end_of_stderr(
