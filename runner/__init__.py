@@ -1,8 +1,10 @@
 """Runs ``claude -p`` for one batch and leaves no process of the run behind.
 
 Imports only core types from ``bridge.core``. Entry points: :func:`run_claude`
-for a run, :func:`attach_claude` to follow again a run a previous bridge
-started (runs outlive the bridge: docs/detached-runs.md),
+for a run (with a :class:`RunControl` to talk to it while it runs, and a
+:func:`prestart` to have claude started before its prompt is known),
+:func:`attach_claude` to follow again a run a previous bridge started (runs
+outlive the bridge: docs/detached-runs.md),
 :func:`remove_run_dir` once a run's outcome is recorded, and at start-up
 :func:`clean_stray_runs` and :func:`recover_run` for runs no bridge will
 follow again.
@@ -24,6 +26,7 @@ from runner.events import (
     ToolResult,
     ToolUse,
 )
+from runner.prestart import Prestarted, prestart
 from runner.process import find_marked, kill_marked
 from runner.recovery import clean_stray_runs, recover_run
 from runner.request import RunRequest
@@ -48,6 +51,7 @@ __all__ = [
     "PermissionAsked",
     "PermissionCancelled",
     "PositionCallback",
+    "Prestarted",
     "Result",
     "RunControl",
     "RunEvent",
@@ -66,6 +70,7 @@ __all__ = [
     "journal_exists",
     "kill_marked",
     "prepare_state_dir",
+    "prestart",
     "recover_run",
     "remove_run_dir",
     "run_claude",

@@ -9,15 +9,22 @@ module reads the journal (over the supervisor's socket, or from its file once
 the supervisor is gone), hands claude's output on as events, and decides
 whether to stop.
 
+claude is started streaming (docs/live-runs.md): the prompt is its first user
+message, and a :class:`~runner.control.RunControl` may send more, answer
+permission requests and make control requests while it runs. Each turn ends
+with a ``result``; the end rule (runner.control) says which is the final
+one: a result after every user message sent was taken. Then this module
+closes claude's stdin (``eof``), and claude exits.
+
 A run ends in exactly one of these ways (an :data:`Ending`), each mapped to a
 ``RunReport``:
 
-- claude printed its ``result`` line: done, whatever it does next (a process
-  that lingers after its result is given ``stop_grace_s`` and then stopped;
+- claude printed its final ``result`` line: done, whatever it does next (a
+  process that lingers after it is given ``stop_grace_s`` and then stopped;
   a non-error result is the outcome even if claude then exits non-zero).
-  ``on_event`` gets the :class:`Result` before any of that: the caller can
+  ``on_event`` gets every :class:`Result` before any of that: the caller can
   answer the room at once (:func:`answer_report`) while this module stops
-  and reaps the run;
+  and reaps the run; the report is built from the last one;
 - claude exited without a result: failed, with a stderr tail (and
   ``session_not_found`` when ``--resume`` named an unknown session);
 - its output was not stream-json (bad JSON, a line over the cap): failed;
@@ -31,8 +38,10 @@ A run ends in exactly one of these ways (an :data:`Ending`), each mapped to a
 - claude's credentials were refused (an ``api_retry`` line with 401/403):
   failed at once, stopped, instead of after its minutes of retries;
 - the task running ``run_claude`` was cancelled (``!stop``, shutdown): the stop
-  sequence runs shielded, then ``CancelledError`` propagates; unless claude
-  had already printed its result: then the run is stopped all the same and
+  sequence runs shielded (first claude is interrupted and let exit on its
+  own, keeping its session resumable; then the hard stop), then
+  ``CancelledError`` propagates; unless claude had already printed its final
+  result: then the run is stopped all the same and
   its report returned (the answer is not thrown away), with the task still
   marked cancelling (``Task.cancelling()``), for the caller to re-raise once
   it has recorded the report. With ``detach`` saying so, a cancellation
@@ -89,7 +98,8 @@ NO_SESSION_MARK = b"No conversation found with session ID"
 
 @dataclass(frozen=True)
 class Answered:
-    """claude printed its result; ``lingering``: it had not exited ``stop_grace_s`` later."""
+    """claude printed its final result; ``lingering``: it had not exited ``stop_grace_s``
+    after it (and the ``eof`` the end rule sent)."""
 
     lingering: bool
 
@@ -166,7 +176,8 @@ def must_stop(ending: Ending) -> bool:
 
 @dataclass(frozen=True)
 class _ResultSeen:
-    """The ``result`` line was read; whether claude lingers is known a grace period later."""
+    """The final ``result`` line was read (the end rule held); whether claude lingers is
+    known a grace period later."""
 
 
 _RESULT_SEEN = _ResultSeen()
