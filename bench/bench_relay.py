@@ -94,7 +94,12 @@ async def via_supervisor(argv: list[str], state_dir: Path) -> AsyncIterator[byte
     )
     run_dir = make_run_dir(state_dir, run_id)
     supervised = await supervision.start(
-        request, argv, env=dict(os.environ), run_dir=run_dir, limits=supervision.Limits()
+        request,
+        argv,
+        env=dict(os.environ),
+        run_dir=run_dir,
+        limits=supervision.Limits(),
+        first=b"",
     )
     try:
         while (record := await supervised.read()) is not None:

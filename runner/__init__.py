@@ -1,25 +1,32 @@
 """Runs ``claude -p`` for one batch and leaves no process of the run behind.
 
 Imports only core types from ``bridge.core``. Entry points: :func:`run_claude`
-for a run, :func:`attach_claude` to follow again a run a previous bridge
-started (runs outlive the bridge: docs/detached-runs.md),
+for a run (with a :class:`RunControl` to talk to it while it runs, and a
+:func:`prestart` to have claude started before its prompt is known),
+:func:`attach_claude` to follow again a run a previous bridge started (runs
+outlive the bridge: docs/detached-runs.md),
 :func:`remove_run_dir` once a run's outcome is recorded, and at start-up
 :func:`clean_stray_runs` and :func:`recover_run` for runs no bridge will
 follow again.
 """
 
 from runner.command import MARKER_ENV, build_argv, build_env
+from runner.control import Allow, ControlError, Decision, Deny, InputClosed, RunControl
 from runner.errors import InvalidRequest, LineTooLong, MalformedLine, RunnerError, StreamError
 from runner.events import (
     ApiRetry,
     AssistantText,
     Init,
+    MessageTaken,
+    PermissionAsked,
+    PermissionCancelled,
     Result,
     RunEvent,
     Spawned,
     ToolResult,
     ToolUse,
 )
+from runner.prestart import Prestarted, prestart
 from runner.process import find_marked, kill_marked
 from runner.recovery import clean_stray_runs, recover_run
 from runner.request import RunRequest
@@ -28,15 +35,25 @@ from runner.rundir import journal_exists, prepare_state_dir, remove_run_dir, str
 
 __all__ = [
     "MARKER_ENV",
+    "Allow",
     "ApiRetry",
     "AssistantText",
+    "ControlError",
+    "Decision",
+    "Deny",
     "EventCallback",
     "Init",
+    "InputClosed",
     "InvalidRequest",
     "LineTooLong",
     "MalformedLine",
+    "MessageTaken",
+    "PermissionAsked",
+    "PermissionCancelled",
     "PositionCallback",
+    "Prestarted",
     "Result",
+    "RunControl",
     "RunEvent",
     "RunRequest",
     "RunnerError",
@@ -53,6 +70,7 @@ __all__ = [
     "journal_exists",
     "kill_marked",
     "prepare_state_dir",
+    "prestart",
     "recover_run",
     "remove_run_dir",
     "run_claude",

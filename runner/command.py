@@ -1,14 +1,20 @@
-"""The command line and environment of one run. Pure: no I/O.
+"""The command line, environment and stdin lines of one run. Pure: no I/O.
 
-The prompt never appears in argv (it goes to stdin), so chat text stays out
-of process listings and no quoting question arises. ``--allowedTools`` and
+The prompt never appears in argv: every run is started streaming
+(``--input-format stream-json``) and the prompt is its first user message on
+stdin, so chat text stays out of process listings, no quoting question
+arises, and the run can take more messages and control requests
+(docs/live-runs.md). ``--allowedTools`` and
 ``--disallowedTools`` are variadic and would swallow a following positional
 argument, so argv always ends with ``--``.
 """
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import Mapping
+from typing import Any
 
 from runner.errors import InvalidRequest
 from runner.request import RunRequest
@@ -29,6 +35,11 @@ def build_argv(request: RunRequest) -> list[str]:
     (it would be parsed as an option) or a negative ``max_turns``.
     """
     argv = [request.claude_bin, "-p", "--output-format", "stream-json", "--verbose"]
+    # Streaming input, with each user message echoed when claude takes it: how the
+    # runner knows a message was answered (docs/live-runs.md, the end rule).
+    argv += ["--input-format", "stream-json", "--replay-user-messages"]
+    if request.approve_tools:
+        argv += ["--permission-prompt-tool", "stdio"]
     if request.session_id:
         # The "=" form: a session id can never be mistaken for another argument.
         argv.append(f"--resume={request.session_id}")
@@ -55,6 +66,37 @@ def build_argv(request: RunRequest) -> list[str]:
     argv += request.extra_args
     argv.append("--")
     return argv
+
+
+def _line(obj: Mapping[str, Any]) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+def new_uuid() -> str:
+    return str(uuid.uuid4())
+
+
+def user_message(text: str, message_uuid: str) -> bytes:
+    """A user message line for claude's stdin; claude echoes it with the same ``uuid``."""
+    return _line(
+        {"type": "user", "message": {"role": "user", "content": text}, "uuid": message_uuid}
+    )
+
+
+def control_request(request_id: str, subtype: str, **fields: object) -> bytes:
+    """A control request line (``initialize``, ``interrupt``, ``set_model``...)."""
+    request = {"subtype": subtype, **fields}
+    return _line({"type": "control_request", "request_id": request_id, "request": request})
+
+
+def control_response(request_id: str, response: Mapping[str, Any]) -> bytes:
+    """The success answer to claude's control request ``request_id`` (``can_use_tool``)."""
+    return _line(
+        {
+            "type": "control_response",
+            "response": {"subtype": "success", "request_id": request_id, "response": response},
+        }
+    )
 
 
 def build_env(request: RunRequest, base_env: Mapping[str, str]) -> dict[str, str]:

@@ -71,6 +71,9 @@ class Result:
     num_turns: int | None
     duration_ms: int | None
     errors: tuple[str, ...]
+    terminal_reason: str = ""
+    """Why the turn ended: ``completed``, ``aborted_tools`` / ``aborted_streaming``
+    (an interrupt)...; empty when claude did not say."""
 
 
 AUTH_STATUSES = frozenset({401, 403})
@@ -102,5 +105,59 @@ class ApiRetry:
         return f"{status}, {self.error}" if self.error else status
 
 
-RunEvent = Spawned | Init | AssistantText | ToolUse | ToolResult | ApiRetry | Result
+@dataclass(frozen=True, slots=True)
+class PermissionAsked:
+    """claude asks before a tool use its rules do not decide (``can_use_tool``, with
+    ``RunRequest.approve_tools``); it waits for ``RunControl.answer(request_id, ...)``."""
+
+    request_id: str
+    tool_name: str
+    input: dict[str, Any] = field(hash=False)
+    tool_use_id: str
+    description: str
+    suggestions: tuple[dict[str, Any], ...] = field(hash=False)
+    """claude's ``permission_suggestions``: what an "allow for this session" would add."""
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionCancelled:
+    """claude no longer waits on permission request ``request_id`` (an interrupt
+    withdrew it: ``control_cancel_request``); an answer to it is not sent."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class MessageTaken:
+    """claude took the user message ``uuid`` into the conversation (its echo)."""
+
+    uuid: str
+
+
+@dataclass(frozen=True, slots=True)
+class ControlAnswer:
+    """claude's ``control_response`` to a control request (ours, or echoed: the runner
+    matches ``request_id``). Not handed to ``on_event``."""
+
+    request_id: str
+    ok: bool
+    response: dict[str, Any] = field(hash=False)
+    error: str
+
+
+RunEvent = (
+    Spawned
+    | Init
+    | AssistantText
+    | ToolUse
+    | ToolResult
+    | ApiRetry
+    | Result
+    | PermissionAsked
+    | PermissionCancelled
+    | MessageTaken
+)
 """Everything ``run_claude`` hands to its ``on_event`` callback."""
+
+StreamEvent = RunEvent | ControlAnswer
+"""What a stdout line decodes to."""

@@ -19,7 +19,7 @@ class RunRequest:
     """A name looked up on PATH, or a path."""
     cwd: Path
     prompt: str
-    """Written to stdin, then stdin is closed; never in argv, never through a shell."""
+    """The first user message on stdin; never in argv, never through a shell."""
     session_id: SessionId | None
     """Passed as ``--resume=<id>``; None starts a new session."""
     model: str = ""
@@ -32,6 +32,9 @@ class RunRequest:
     env: Mapping[str, str] = field(default_factory=dict)
     """Extra environment, on top of the service's own minus ``CLAUDECODE``."""
     extra_args: tuple[str, ...] = ()
+    approve_tools: bool = False
+    """Ask the run's host before a tool use claude's rules do not decide
+    (``--permission-prompt-tool stdio``: ``PermissionAsked`` events)."""
     run_timeout_s: float = 1800
     idle_timeout_s: float = 600
     """No stdout output for this long: the run is stalled."""

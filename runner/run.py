@@ -9,15 +9,22 @@ module reads the journal (over the supervisor's socket, or from its file once
 the supervisor is gone), hands claude's output on as events, and decides
 whether to stop.
 
+claude is started streaming (docs/live-runs.md): the prompt is its first user
+message, and a :class:`~runner.control.RunControl` may send more, answer
+permission requests and make control requests while it runs. Each turn ends
+with a ``result``; the end rule (runner.control) says which is the final
+one: a result after every user message sent was taken. Then this module
+closes claude's stdin (``eof``), and claude exits.
+
 A run ends in exactly one of these ways (an :data:`Ending`), each mapped to a
 ``RunReport``:
 
-- claude printed its ``result`` line: done, whatever it does next (a process
-  that lingers after its result is given ``stop_grace_s`` and then stopped;
+- claude printed its final ``result`` line: done, whatever it does next (a
+  process that lingers after it is given ``stop_grace_s`` and then stopped;
   a non-error result is the outcome even if claude then exits non-zero).
-  ``on_event`` gets the :class:`Result` before any of that: the caller can
+  ``on_event`` gets every :class:`Result` before any of that: the caller can
   answer the room at once (:func:`answer_report`) while this module stops
-  and reaps the run;
+  and reaps the run; the report is built from the last one;
 - claude exited without a result: failed, with a stderr tail (and
   ``session_not_found`` when ``--resume`` named an unknown session);
 - its output was not stream-json (bad JSON, a line over the cap): failed;
@@ -31,8 +38,10 @@ A run ends in exactly one of these ways (an :data:`Ending`), each mapped to a
 - claude's credentials were refused (an ``api_retry`` line with 401/403):
   failed at once, stopped, instead of after its minutes of retries;
 - the task running ``run_claude`` was cancelled (``!stop``, shutdown): the stop
-  sequence runs shielded, then ``CancelledError`` propagates; unless claude
-  had already printed its result: then the run is stopped all the same and
+  sequence runs shielded (first claude is interrupted and let exit on its
+  own, keeping its session resumable; then the hard stop), then
+  ``CancelledError`` propagates; unless claude had already printed its final
+  result: then the run is stopped all the same and
   its report returned (the answer is not thrown away), with the task still
   marked cancelling (``Task.cancelling()``), for the caller to re-raise once
   it has recorded the report. With ``detach`` saying so, a cancellation
@@ -57,14 +66,17 @@ import os
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from bridge.core.aio import shielded
 from bridge.core.model import LiveRun, RunReport, RunStatus, SessionId
 from runner import supervision
-from runner.command import build_argv, build_env
+from runner.command import build_argv, build_env, new_uuid, user_message
+from runner.control import ControlError, InputClosed, RunControl
 from runner.errors import InvalidRequest, StreamError
-from runner.events import ApiRetry, Init, Result, RunEvent, Spawned
+from runner.events import ApiRetry, ControlAnswer, Init, Result, RunEvent, Spawned
+from runner.prestart import Prestarted
 from runner.recovery import recover_run
 from runner.request import RunRequest
 from runner.rundir import make_run_dir, remove_run_dir
@@ -86,7 +98,8 @@ NO_SESSION_MARK = b"No conversation found with session ID"
 
 @dataclass(frozen=True)
 class Answered:
-    """claude printed its result; ``lingering``: it had not exited ``stop_grace_s`` later."""
+    """claude printed its final result; ``lingering``: it had not exited ``stop_grace_s``
+    after it (and the ``eof`` the end rule sent)."""
 
     lingering: bool
 
@@ -163,7 +176,8 @@ def must_stop(ending: Ending) -> bool:
 
 @dataclass(frozen=True)
 class _ResultSeen:
-    """The ``result`` line was read; whether claude lingers is known a grace period later."""
+    """The final ``result`` line was read (the end rule held); whether claude lingers is
+    known a grace period later."""
 
 
 _RESULT_SEEN = _ResultSeen()
@@ -184,6 +198,8 @@ async def run_claude(
     *,
     on_position: PositionCallback | None = None,
     detach: Callable[[], bool] | None = None,
+    control: RunControl | None = None,
+    prestarted: Prestarted | None = None,
 ) -> RunReport:
     """Run claude for ``request``, passing each event to ``on_event``; return how it ended.
 
@@ -195,8 +211,20 @@ async def run_claude(
     returned (see the module doc); and except when ``detach()`` is true: then
     the run is left to its supervisor (``Spawned.live`` says where) and
     ``CancelledError`` propagates at once. An exception raised by
-    ``on_event`` propagates after the same stop.
+    ``on_event`` propagates after the same stop. ``control`` is bound to the
+    run before ``Spawned`` is handed on (docs/live-runs.md). With
+    ``prestarted`` (runner.prestart) the prompt goes into that claude, unless
+    it does not match ``request``, died or never got ready: then it is
+    cancelled and the run starts cold.
     """
+    control = control if control is not None else RunControl()
+    if prestarted is not None:
+        supervised = await prestarted.take(request)
+        if supervised is not None:
+            return await _follow_prestarted(
+                request, supervised, prestarted.run_dir, on_event, on_position, detach, control
+            )
+        await prestarted.cancel()
     try:
         argv = build_argv(request)
         env = build_env(request, os.environ)
@@ -210,8 +238,9 @@ async def run_claude(
     detached = False
     try:
         try:
+            first = user_message(request.prompt, new_uuid())
             supervised = await supervision.start(
-                request, argv, env=env, run_dir=run_dir, limits=limits
+                request, argv, env=env, run_dir=run_dir, limits=limits, first=first
             )
         except SpawnFailed as exc:
             if not request.cwd.is_dir():
@@ -231,12 +260,31 @@ async def run_claude(
         except (OSError, ValueError) as exc:  # ValueError: a NUL where exec refuses it
             return RunReport(RunStatus.FAILED, error=f"cannot start the run's supervisor: {exc}")
         try:
-            return await _follow(request, supervised, on_event, on_position, detach)
+            return await _follow(request, supervised, on_event, on_position, detach, control)
         finally:
             detached = supervised.detached
     finally:
         if request.state_dir is None and not detached:
             remove_run_dir(run_dir)  # a temporary one nobody else knows of
+
+
+async def _follow_prestarted(  # noqa: PLR0917
+    request: RunRequest,
+    supervised: Supervised,
+    run_dir: Path,
+    on_event: EventCallback,
+    on_position: PositionCallback | None,
+    detach: Callable[[], bool] | None,
+    control: RunControl,
+) -> RunReport:
+    """A prestarted claude gets the prompt as its first user message, then as a cold start."""
+    try:
+        if not supervised.write_stdin(user_message(request.prompt, new_uuid())):
+            supervised.stop()  # its connection is gone: the run cannot be given its prompt
+        return await _follow(request, supervised, on_event, on_position, detach, control)
+    finally:
+        if request.state_dir is None and not supervised.detached:
+            remove_run_dir(run_dir)
 
 
 async def attach_claude(
@@ -246,6 +294,7 @@ async def attach_claude(
     *,
     on_position: PositionCallback | None = None,
     detach: Callable[[], bool] | None = None,
+    control: RunControl | None = None,
 ) -> RunReport:
     """Follow a run a previous bridge started (``live``), from its journal's start.
 
@@ -260,7 +309,11 @@ async def attach_claude(
     versions (a newer one, after a downgrade) has it stopped: both are
     reported interrupted, since the room may start another run after this
     report and must not have two. Never raises for a run that went wrong.
+    ``control`` is rebuilt from the journal (messages sent and taken,
+    permission requests pending) and bound once the replay caught up with
+    the live run; a version 1 run takes no input.
     """
+    control = control if control is not None else RunControl()
     try:
         supervised = await supervision.attach(request.run_id, live)
     except Refused as exc:
@@ -285,7 +338,9 @@ async def attach_claude(
             request.run_id, killed,
         )  # fmt: skip
         return RunReport(RunStatus.INTERRUPTED, error=GONE_AT_RESTART)
-    return await _follow(request, supervised, on_event, on_position, detach, replayed=replayed)
+    return await _follow(
+        request, supervised, on_event, on_position, detach, control, replayed=replayed
+    )
 
 
 async def _stop_unattached(request: RunRequest) -> None:
@@ -300,32 +355,37 @@ def _ended() -> asyncio.StreamReader:
     return reader
 
 
-async def _follow(
+async def _follow(  # noqa: PLR0917
     request: RunRequest,
     supervised: Supervised,
     on_event: EventCallback,
     on_position: PositionCallback | None,
     detach: Callable[[], bool] | None,
+    control: RunControl,
     *,
     replayed: bool = False,
 ) -> RunReport:
     """Follow a started (or re-attached) run to its report; see :func:`run_claude`."""
     try:
-        run = _Run(request, supervised, on_event, on_position, replayed=replayed)
+        run = _Run(request, supervised, on_event, on_position, control, replayed=replayed)
         try:
             ending = await run.follow()
         except BaseException as exc:
+            answered = run.answered  # before the stop: its interrupted turn is no answer
             if isinstance(exc, asyncio.CancelledError) and detach is not None and detach():
                 # Shutting down: the supervisor carries on alone; a restart attaches again.
+                control.unbind()
                 supervised.detach()
                 await shielded(run.abandon())
                 raise
             # Cancelled (a stop) or on_event failed: nothing of the run may survive.
             try:
-                await shielded(run.close(stop=True))
+                # A stop keeps the conversation: claude ends its turn and exits itself first.
+                gently = isinstance(exc, asyncio.CancelledError) and not answered
+                await shielded(run.stop(gently=gently))
             except Exception:
                 log.exception("stopping run %s failed", request.run_id)
-            if isinstance(exc, asyncio.CancelledError) and run.answered:
+            if isinstance(exc, asyncio.CancelledError) and answered:
                 return run.report(Answered(lingering=True))
             raise
         try:
@@ -335,6 +395,7 @@ async def _follow(
                 raise
         return run.report(ending)
     finally:
+        control.unbind()
         await shielded(supervised.close())
 
 
@@ -347,11 +408,17 @@ class _Run:
         supervised: Supervised,
         on_event: EventCallback,
         on_position: PositionCallback | None,
+        control: RunControl,
         *,
         replayed: bool,
     ) -> None:
         self._request = request
         self._supervised = supervised
+        self._control = control
+        self._final = False
+        """The end rule held (a result after every message was taken): the answer is in."""
+        self._results = asyncio.Event()
+        """Set at each result (the stop waits for the one its interrupt causes)."""
         self._on_event = on_event
         self._on_position = on_position
         self._replayed = replayed
@@ -366,8 +433,8 @@ class _Run:
 
     @property
     def answered(self) -> bool:
-        """claude printed its result line: the run's outcome is that result."""
-        return self._result is not None
+        """claude printed its final result (the end rule held): the run's outcome is that."""
+        return self._final
 
     def _task(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro)
@@ -382,6 +449,10 @@ class _Run:
         """Follow the run until it ended one of the ways listed in the module doc."""
         request = self._request
         supervised = self._supervised
+        if supervised.version >= 2:
+            # Input goes to the supervisor from now on; a reattached control only
+            # acts on the end rule once its replay of the journal caught up.
+            self._control.bind(supervised.write_stdin, supervised.close_stdin)
         await self._on_event(Spawned(supervised.claude_pid, supervised.live))
         self._task(self._feed_stdin())
         self._task(self._pump())
@@ -422,6 +493,10 @@ class _Run:
                     last_out = record.end
                     if decoding:
                         decoding = await self._decode(framer, record.payload, record.end)
+                case "in":
+                    self._control.note_in(record.payload)
+                case "stdin_closed":
+                    self._control.note_closed()
                 case "err":
                     self._add_stderr(record.payload)
                 case "exited":
@@ -434,6 +509,8 @@ class _Run:
                     self._end(Exited())
                 case "expired":
                     self._end(EXPIRIES.get(str(record.fields.get("status")), Orphaned()))
+            if decoding and self._check_end(record.end):
+                decoding = False
         # The journal ended: after ``done`` the ending was told before; without
         # it the supervisor died before claude did.
         self._end(Unsupervised())
@@ -455,7 +532,7 @@ class _Run:
         try:
             if self._on_position is not None:
                 self._on_position(position)
-            return not await self._dispatch(line)
+            return not await self._dispatch(line, position)
         except StreamError as exc:
             self._end(Unreadable(str(exc)))
         except Exception as exc:  # on_event failed: follow raises it, the run stops
@@ -470,13 +547,17 @@ class _Run:
             self._no_session = True
         del self._stderr[:-STDERR_TAIL_BYTES]
 
-    async def _dispatch(self, line: bytes) -> bool:
-        """Hand the line's events on; True once the result line (or a refused login) was seen."""
+    async def _dispatch(self, line: bytes, position: int) -> bool:
+        """Hand the line's events on; True once the final result (or a refused login) was seen."""
         for event in parse_line(line):
+            self._control.note(event)
+            if isinstance(event, ControlAnswer):
+                continue  # the control's business, not the caller's
             if isinstance(event, Init):
                 self._init = event
             elif isinstance(event, Result):
-                self._result = event
+                self._result = event  # the report is built from the last one
+                self._results.set()
             elif isinstance(event, ApiRetry):
                 log.info(
                     "run %s: claude retries its API request (%s)",
@@ -487,10 +568,52 @@ class _Run:
                 if event.auth_failed:
                     self._end(Unauthenticated(event.describe()))
             await self._on_event(event)
-        if self._result is not None:
-            self._end(_RESULT_SEEN)
+        return self._check_end(position) or self._ending.done()
+
+    def _check_end(self, position: int) -> bool:
+        """The end rule (runner.control): once it holds, and the journal's history was
+        read (a reattach rebuilt what was sent since), claude's stdin is closed and the
+        last result is the answer. True once it held."""
+        if self._final:
             return True
-        return self._ending.done()
+        control = self._control
+        if not control.settled or position < self._supervised.history_end:
+            return False
+        control.close_input()  # eof (a version 1 run had its eof with the prompt)
+        self._final = True
+        self._end(_RESULT_SEEN)
+        return True
+
+    async def stop(self, *, gently: bool) -> None:
+        """Stop the run, first with :meth:`stop_gently` if ``gently``; one shielded whole."""
+        if gently:
+            await self.stop_gently()
+        await self.close(stop=True)
+
+    async def stop_gently(self) -> None:
+        """A stop that keeps the conversation resumable (before the hard one, :meth:`close`).
+
+        claude is asked to end its turn (``interrupt``: its tools are abandoned,
+        the session is written), given ``stop_grace_s`` for that turn's result,
+        then its stdin is closed and it is given as long to exit. Bounded; what
+        does not work out is left to the hard stop (TERM, grace, KILL, sweep).
+        """
+        supervised = self._supervised
+        control = self._control
+        grace = self._request.stop_grace_s
+        if supervised.version < 2 or supervised.claude_exit.done() or not control.accepting:
+            return
+        try:
+            if not control.settled:  # a turn runs (or a message waits): end it
+                self._results.clear()
+                async with asyncio.timeout(grace):
+                    await control.interrupt()
+                    await self._results.wait()
+        except (TimeoutError, ControlError, InputClosed) as exc:
+            log.info("run %s: the interrupt did not end the turn: %r", self._request.run_id, exc)
+        control.close_input()
+        exited: set[asyncio.Future[Any]] = {supervised.claude_exit, supervised.gone}
+        await asyncio.wait(exited, timeout=grace)
 
     async def close(self, *, stop: bool) -> None:
         """Stop the run if ``stop``; wait until nothing of it is left; finish the helper tasks.

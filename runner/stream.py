@@ -14,7 +14,19 @@ from typing import Any
 
 from bridge.core.model import SessionId
 from runner.errors import LineTooLong, MalformedLine
-from runner.events import ApiRetry, AssistantText, Init, Result, RunEvent, ToolResult, ToolUse
+from runner.events import (
+    ApiRetry,
+    AssistantText,
+    ControlAnswer,
+    Init,
+    MessageTaken,
+    PermissionAsked,
+    PermissionCancelled,
+    Result,
+    StreamEvent,
+    ToolResult,
+    ToolUse,
+)
 
 
 class LineFramer:
@@ -64,7 +76,7 @@ class LineFramer:
         return last
 
 
-def parse_line(line: bytes) -> list[RunEvent]:
+def parse_line(line: bytes) -> list[StreamEvent]:
     """Decode one stream-json line into zero or more events.
 
     Blank lines and unknown ``type``/``subtype`` values give no event; a line
@@ -85,10 +97,19 @@ def parse_line(line: bytes) -> list[RunEvent]:
             return [_api_retry(obj)]
         case "assistant":
             return _assistant(obj)
+        case "user" if obj.get("isReplay") is True:
+            uid = _str(obj.get("uuid"))
+            return [MessageTaken(uid)] if uid else []
         case "user":
             return _tool_results(obj)
         case "result":
             return [_result(obj)]
+        case "control_request":
+            return _control_request(obj)
+        case "control_response":
+            return _control_response(obj)
+        case "control_cancel_request" if _str(obj.get("request_id")):
+            return [PermissionCancelled(_str(obj.get("request_id")))]
         case _:
             return []
 
@@ -143,8 +164,49 @@ def _api_retry(obj: Mapping[str, Any]) -> ApiRetry:
     )
 
 
-def _assistant(obj: Mapping[str, Any]) -> list[RunEvent]:
-    events: list[RunEvent] = []
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _control_request(obj: Mapping[str, Any]) -> list[StreamEvent]:
+    """claude asks its host; only ``can_use_tool`` is ever asked of us (no hooks, no
+    SDK MCP servers are configured), other subtypes are ignored."""
+    request = _dict(obj.get("request"))
+    request_id = _str(obj.get("request_id"))
+    if request.get("subtype") != "can_use_tool" or not request_id:
+        return []
+    suggestions = request.get("permission_suggestions")
+    return [
+        PermissionAsked(
+            request_id=request_id,
+            tool_name=_str(request.get("tool_name")),
+            input=_dict(request.get("input")),
+            tool_use_id=_str(request.get("tool_use_id")),
+            description=_str(request.get("description")),
+            suggestions=tuple(s for s in suggestions if isinstance(s, dict))
+            if isinstance(suggestions, list)
+            else (),
+        )
+    ]
+
+
+def _control_response(obj: Mapping[str, Any]) -> list[StreamEvent]:
+    response = _dict(obj.get("response"))
+    request_id = _str(response.get("request_id"))
+    if not request_id:
+        return []
+    return [
+        ControlAnswer(
+            request_id=request_id,
+            ok=response.get("subtype") == "success",
+            response=_dict(response.get("response")),
+            error=_str(response.get("error")),
+        )
+    ]
+
+
+def _assistant(obj: Mapping[str, Any]) -> list[StreamEvent]:
+    events: list[StreamEvent] = []
     for block in _blocks(obj):
         match block.get("type"):
             case "text":
@@ -163,7 +225,7 @@ def _assistant(obj: Mapping[str, Any]) -> list[RunEvent]:
     return events
 
 
-def _tool_results(obj: Mapping[str, Any]) -> list[RunEvent]:
+def _tool_results(obj: Mapping[str, Any]) -> list[StreamEvent]:
     return [
         ToolResult(
             tool_use_id=_str(block.get("tool_use_id")),
@@ -200,4 +262,5 @@ def _result(obj: Mapping[str, Any]) -> Result:
         errors=tuple(e if isinstance(e, str) else json.dumps(e) for e in errors)
         if isinstance(errors, list)
         else (),
+        terminal_reason=_str(obj.get("terminal_reason")),
     )

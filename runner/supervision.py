@@ -56,8 +56,9 @@ compiled form is cached beside it (the bridge's own import keeps it fresh). The
 ``runner`` package stands there bare, without its ``__init__`` (which imports
 asyncio and the bridge's core): the supervisor and the standard-library modules
 it imports (``runner.journal``, ``runner.proctree``) are all that load."""
-PROTOCOL_VERSIONS = (1,)
-"""The journal and socket protocol versions this bridge reads."""
+PROTOCOL_VERSIONS = (1, 2)
+"""The journal and socket protocol versions this bridge reads (2: streaming input,
+``in`` records, the supervisor's own eof; docs/detached-runs.md)."""
 
 SUPERVISOR_KILL_S = KILL_DEADLINE_S + 1.0
 """The supervisor's own bound after its grace period, plus slack."""
@@ -190,6 +191,12 @@ class Supervised:
         self.gone: asyncio.Future[None] = loop.create_future()
         """Done once the journal ended: after ``done``, or because the supervisor died."""
         self.detached = False
+        self.version = 1
+        """The run's protocol version (its journal's ``hello``); 2: streaming input."""
+        self._unread: list[Record] = []
+        self.history_end = 0
+        """The journal's length when we attached: records before it are history, whose
+        state a restarted bridge rebuilds before it acts on it (the end rule)."""
 
     @property
     def contained(self) -> bool:
@@ -203,6 +210,8 @@ class Supervised:
         unreadable from there); or where its file ends. A connection that
         ends or breaks before ``done`` does not end it (see :meth:`_resume`).
         """
+        if self._unread:
+            return self._unread.pop(0)
         while not self.gone.done():
             try:
                 record = await self._next()
@@ -296,6 +305,8 @@ class Supervised:
 
     def _note(self, record: Record) -> None:
         match record.kind:
+            case "hello" if self._writer is None and _is_int(record.fields.get("v")):
+                self.version = record.fields["v"]  # a journal's file: attached, welcome told
             case "spawned":
                 self.cgroup = record.fields.get("cgroup") or None
                 if self._pidfd is not None and self._claude_fd is None:
@@ -305,10 +316,24 @@ class Supervised:
             case "done":
                 self.survivors = list(record.fields["survivors"])
 
-    def send(self, data: bytes) -> None:
-        """Send records to the supervisor (none once it is gone or we detached)."""
+    def unread(self, records: list[Record]) -> None:
+        """Hand records read already (by a prestart's wait) back to the next reader."""
+        self._unread = [*records, *self._unread]
+
+    def send(self, data: bytes) -> bool:
+        """Send records to the supervisor; False once it is gone or we detached."""
         if self._writer is not None and not self._writer.is_closing():
             self._writer.write(data)
+            return True
+        return False
+
+    def write_stdin(self, lines: bytes) -> bool:
+        """Whole lines for claude's stdin; False if they cannot be sent (no connection)."""
+        return self.send(stdin_record(lines))
+
+    def close_stdin(self) -> None:
+        """``eof``: claude's stdin is closed once what was sent before is written."""
+        self.send(EOF_RECORD)
 
     async def drain(self) -> None:
         if self._writer is not None and not self._writer.is_closing():
@@ -460,10 +485,12 @@ def supervisor_argv(
     return [*command, "--", *argv]
 
 
-def stdin_records(prompt: str) -> bytes:
-    """The prompt as claude's whole stdin: a ``stdin`` record, then ``eof``."""
-    data = prompt.encode()
-    return b'{"t":"stdin","n":%d}\n%s{"t":"eof"}\n' % (len(data), data)
+def stdin_record(data: bytes) -> bytes:
+    """``data`` (whole lines) for claude's stdin, as a ``stdin`` record."""
+    return b'{"t":"stdin","n":%d}\n%s' % (len(data), data)
+
+
+EOF_RECORD = header("eof")
 
 
 def attach_record(offset: int) -> bytes:
@@ -505,8 +532,11 @@ async def start(
     env: Mapping[str, str],
     run_dir: Path,
     limits: Limits,
+    first: bytes,
 ) -> Supervised:
-    """Start the supervisor, hand it the prompt, and wait until claude runs under it.
+    """Start the supervisor, hand it ``first`` for claude's stdin (whole lines: the
+    prompt's user message, or a prestart's ``initialize``), and wait until claude
+    runs under it.
 
     Raises :class:`SpawnFailed` when claude could not be started (the
     supervisor has then exited), ``OSError`` when the supervisor itself could
@@ -544,7 +574,7 @@ async def start(
     try:
         ours.setblocking(False)
         reader, writer = await asyncio.open_unix_connection(sock=ours)
-        writer.write(attach_record(0) + stdin_records(request.prompt))
+        writer.write(attach_record(0) + stdin_record(first))
         supervised = await _spawned(request.run_id, reader, writer, run_dir, proc, pidfd, limits)
     except BaseException:
         if writer is not None:
@@ -621,6 +651,8 @@ async def _spawned(  # noqa: PLR0917
         pidfd=pidfd,
     )
     supervised._note(Record("spawned", fields, b"", offset))
+    if _is_int(hello.get("v")):
+        supervised.version = hello["v"]
     if fields.get("cgroup_error"):
         # Said once at start-up; worth a warning per run only when limits are lost.
         level = logging.WARNING if limits.memory_max or limits.pids_max else logging.DEBUG
@@ -703,8 +735,12 @@ async def attach(run_id: RunId, live: LiveRun) -> Supervised | None:
                 if sock is not None:
                     reader, writer = await asyncio.open_unix_connection(sock=sock)
                     writer.write(attach_record(0))
-                    if await _welcome(reader) is not None:
+                    welcome = await _welcome(reader)
+                    if welcome is not None:
                         supervised = Supervised(run_id, reader, writer, live=live, pidfd=pidfd)
+                        size, version = welcome.get("size"), welcome.get("v")
+                        supervised.history_end = size if isinstance(size, int) else 0
+                        supervised.version = version if isinstance(version, int) else 1
                         return supervised
         except TimeoutError:
             killed = await _kill_unanswered(run_id, live.run_dir, pidfd, live.supervisor_pid)
@@ -748,7 +784,12 @@ async def _connect(run_dir: str) -> socket.socket | None:
 def replay(run_id: RunId, live: LiveRun) -> Supervised | None:
     """The run's journal from its file, for a supervisor that is gone; None if unreadable."""
     reader = journal_from(live.run_dir, 0)
-    return None if reader is None else Supervised(run_id, reader, None, live=live)
+    if reader is None:
+        return None
+    supervised = Supervised(run_id, reader, None, live=live)
+    with contextlib.suppress(OSError):  # its supervisor is gone: the file no longer grows
+        supervised.history_end = os.path.getsize(os.path.join(live.run_dir, JOURNAL))
+    return supervised
 
 
 def journal_from(run_dir: str | Path, offset: int) -> asyncio.StreamReader | None:

@@ -55,7 +55,17 @@ import subprocess
 import sys
 import time
 
-from runner.journal import JOURNAL, PROTOCOL_VERSIONS, SOCK, Journal, header, is_result
+from runner.journal import (
+    JOURNAL,
+    PROTOCOL_VERSIONS,
+    SOCK,
+    Journal,
+    header,
+    is_kept,
+    is_result,
+    replayed_uuid,
+    sent_uuid,
+)
 from runner.proctree import (
     KILL_POLL_S,
     Cgroup,
@@ -187,6 +197,14 @@ def parse(args: list[str]) -> Options:
     return options
 
 
+def _object(line: bytes) -> dict[str, object]:
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
 def _prctl(option: int, value: int) -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -261,6 +279,14 @@ class Supervisor:
         self.dropped_out = 0
         self.dropped_err = 0
         self.err_tail = bytearray()
+        self.unechoed: set[str] = set()
+        """User messages written to claude's stdin that it has not echoed (taken) yet."""
+        self.settled = False
+        """A ``result`` came after every user message written was echoed: claude is idle
+        with nothing pending, so while no bridge is attached its stdin is closed."""
+        self.asking: set[str] = set()
+        """claude's permission requests (``can_use_tool``) not answered yet: while it
+        waits on its host (a person deciding in chat) it is not stalled."""
         if listener is not None:
             self.selector.register(listener, selectors.EVENT_READ, self.accept)
 
@@ -302,6 +328,7 @@ class Supervisor:
                 lines = data[: nl + 1]
             self.partial += data[nl + 1 :]
             self.journal_out(lines, whole=True)
+            self.note_out(lines)  # after: a stdin_closed it causes follows the result
         if len(self.partial) > self.options.max_line_bytes:
             # The bridge fails such a line anyway; memory stays bounded here.
             self.journal_out(bytes(self.partial), whole=False)
@@ -319,16 +346,17 @@ class Supervisor:
         self.stdout = -1
 
     def journal_out(self, data: bytes, *, whole: bool, last: bool = False) -> None:
-        """Journal stdout bytes; over the cap only ``result`` lines (whole lines, never a part).
+        """Journal stdout bytes; over the cap only the lines :func:`is_kept` keeps (the
+        result, echoes, control lines: what the run's end depends on), whole lines only.
 
         ``last``: ``data`` is what claude wrote after its last newline, and stdout
-        ended: a line of its own (the bridge frames it at ``exited``), kept if a result.
+        ended: a line of its own (the bridge frames it at ``exited``), kept if kept.
         """
         if self.journal.size < self.options.spool_max_bytes:
             self.skipping = False
             self.journal.append(b'{"t":"out","n":%d}\n' % len(data), data)
             return
-        if last and not self.skipping and is_result(data):
+        if last and not self.skipping and is_kept(data):
             self.flush_dropped()
             self.journal.append(b'{"t":"out","n":%d}\n' % len(data), data)
             return
@@ -338,7 +366,7 @@ class Supervisor:
             return
         kept = []
         for i, line in enumerate(data.split(b"\n")[:-1]):
-            if (i == 0 and self.skipping) or not is_result(line):
+            if (i == 0 and self.skipping) or not is_kept(line):
                 self.dropped_out += len(line) + 1
             else:
                 kept.append(line)
@@ -347,6 +375,75 @@ class Supervisor:
             self.flush_dropped()
             out = b"\n".join(kept) + b"\n"
             self.journal.append(b'{"t":"out","n":%d}\n' % len(out), out)
+
+    def note_out(self, lines: bytes) -> None:
+        """Follow claude's whole stdout lines for the end rule: echoes and results.
+
+        Cheap: two substring searches per read; a line is parsed only if it may
+        be an echo or a result (docs/detached-runs.md, protocol version 2).
+        """
+        asks = b'"can_use_tool"' in lines or b'"control_cancel_request"' in lines
+        if not asks and b'"isReplay"' not in lines and b'"result"' not in lines:
+            return
+        for line in lines.split(b"\n"):
+            uid = replayed_uuid(line)
+            if uid is not None:
+                self.unechoed.discard(uid)
+            elif not self.unechoed and is_result(line):
+                self.settled = True
+            elif asks:
+                self.note_asking(line)
+        self.auto_eof()
+
+    def note_asking(self, line: bytes) -> None:
+        """Follow which permission requests claude waits on (asked, withdrawn)."""
+        if b'"can_use_tool"' not in line and b'"control_cancel_request"' not in line:
+            return
+        obj = _object(line)
+        request = obj.get("request")
+        request_id = obj.get("request_id")
+        if not isinstance(request_id, str):
+            return
+        if obj.get("type") == "control_cancel_request":
+            self.answered(request_id)
+        elif (
+            obj.get("type") == "control_request"
+            and isinstance(request, dict)
+            and request.get("subtype") == "can_use_tool"
+        ):
+            self.asking.add(request_id)
+
+    def answered(self, request_id: str) -> None:
+        if request_id in self.asking:
+            self.asking.discard(request_id)
+            if not self.asking:
+                self.last_output = time.monotonic()  # claude works again: its idle clock too
+
+    def note_in(self, payload: bytes) -> None:
+        """A user message written to claude's stdin is pending until claude echoes it;
+        an answer to a permission request ends claude's wait on its host."""
+        answers = b'"control_response"' in payload and bool(self.asking)
+        if b'"user"' not in payload and not answers:
+            return
+        for line in payload.split(b"\n"):
+            uid = sent_uuid(line)
+            if uid is not None:
+                self.unechoed.add(uid)
+                self.settled = False
+            elif answers and b'"control_response"' in line:
+                response = _object(line).get("response")
+                if isinstance(response, dict) and isinstance(response.get("request_id"), str):
+                    self.answered(response["request_id"])
+
+    def auto_eof(self) -> None:
+        """With no bridge attached to say ``eof``, close claude's stdin once it is settled:
+        a detached run ends as it would have with a bridge."""
+        if not self.settled or self.stdin < 0 or self.stdin_eof:
+            return
+        if any(c.attached for c in self.clients.values()):
+            return
+        self.stdin_eof = True
+        self.write_stdin()
 
     def read_stderr(self, fd: int, mask: int) -> bool:
         """Journal what claude wrote to stderr; whether there was anything to read."""
@@ -447,6 +544,7 @@ class Supervisor:
         os.close(client.fd)
         if client.attached and not any(c.attached for c in self.clients.values()):
             self.orphan_since = time.monotonic()
+            self.auto_eof()
 
     def read_client(self, fd: int, mask: int) -> None:
         client = self.clients[fd]
@@ -501,6 +599,10 @@ class Supervisor:
             self.drop(client)  # nothing before attach
         elif kind == "stdin":
             if self.stdin >= 0 and not self.stdin_eof:
+                # Journaled as written (whole lines): a restarted bridge rebuilds from
+                # it which messages were sent and which requests were answered.
+                self.journal.append(b'{"t":"in","n":%d}\n' % len(payload), payload)
+                self.note_in(payload)
                 self.stdin_buf += payload
                 self.write_stdin()
         elif kind == "eof":
@@ -677,7 +779,7 @@ class Supervisor:
                 if self.stop_deadline is None:
                     if now >= self.run_deadline:
                         self.expire("timed_out")
-                    elif now >= self.last_output + options.idle_timeout_s:
+                    elif not self.asking and now >= self.last_output + options.idle_timeout_s:
                         self.expire("stalled")
                     elif (
                         self.orphan_since is not None
@@ -711,7 +813,9 @@ class Supervisor:
                 else:
                     timeout = self.stop_deadline - now
             else:
-                deadline = min(self.run_deadline, self.last_output + options.idle_timeout_s)
+                deadline = self.run_deadline
+                if not self.asking:
+                    deadline = min(deadline, self.last_output + options.idle_timeout_s)
                 if self.orphan_since is not None:
                     deadline = min(deadline, self.orphan_since + options.orphan_timeout_s)
                 timeout = max(0.0, deadline - now)

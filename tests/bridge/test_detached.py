@@ -156,7 +156,10 @@ async def test_stop_after_a_reattach_stops_the_whole_tree(tmp_path: Path) -> Non
     assert find_marked(run_id) == []
     assert await again.end_input() == 0
     assert rows(tmp_path, "select status from runs") == [("stopped",)]
-    assert finished_claudes(tmp_path) == []
+    # A stop interrupts claude's turn and lets it exit on its own (its session stays
+    # resumable, docs/live-runs.md): it ends, but with no answer for the room.
+    assert finished_claudes(tmp_path) in ([], ["long job"])
+    assert "Done." not in again.out
 
 
 @pytest.mark.usefixtures("no_leftovers")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,6 +60,8 @@ class RecordedRequest:
     headers: dict[str, str]
     body: Any
     """Decoded JSON, or None."""
+    at: float = 0.0
+    """``time.monotonic()`` when it arrived (for latency measurements)."""
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -141,7 +144,9 @@ class ModelServer:
             body = json.loads(raw) if raw else None
         except json.JSONDecodeError:
             body = None
-        recorded = RecordedRequest(request.method, request.path, dict(request.headers), body)
+        recorded = RecordedRequest(
+            request.method, request.path, dict(request.headers), body, at=time.monotonic()
+        )
         self.requests.append(recorded)
         async with self._changed:
             self._changed.notify_all()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from bridge.core.model import RunId, SessionId
 from runner import MARKER_ENV, InvalidRequest, RunRequest, build_argv, build_env
+from runner.command import control_request, control_response, user_message
 
 PROMPT = "rm -rf / ; $(whoami) `id` | & \n 'quoted' \"double\" ✓"
 
@@ -31,8 +33,39 @@ def test_minimal_argv() -> None:
         "--output-format",
         "stream-json",
         "--verbose",
+        "--input-format",
+        "stream-json",
+        "--replay-user-messages",
         "--",
     ]
+
+
+def test_approve_tools_asks_over_stdio() -> None:
+    argv = build_argv(request(approve_tools=True))
+    assert argv[argv.index("--permission-prompt-tool") + 1] == "stdio"
+    assert "--permission-prompt-tool" not in build_argv(request())
+
+
+def test_stdin_lines_are_one_json_object_each() -> None:
+    line = user_message(PROMPT, "u-1")
+    assert line.endswith(b"\n")
+    assert line.count(b"\n") == 1
+    assert json.loads(line) == {
+        "type": "user",
+        "message": {"role": "user", "content": PROMPT},
+        "uuid": "u-1",
+    }
+    assert json.loads(control_request("r-1", "set_model", model="opus")) == {
+        "type": "control_request",
+        "request_id": "r-1",
+        "request": {"subtype": "set_model", "model": "opus"},
+    }
+    allow = json.loads(control_response("r-2", {"behavior": "allow", "updatedInput": {}}))
+    assert allow["response"] == {
+        "subtype": "success",
+        "request_id": "r-2",
+        "response": {"behavior": "allow", "updatedInput": {}},
+    }
 
 
 def test_every_option_in_order() -> None:
@@ -54,6 +87,9 @@ def test_every_option_in_order() -> None:
         "--output-format",
         "stream-json",
         "--verbose",
+        "--input-format",
+        "stream-json",
+        "--replay-user-messages",
         "--resume=abc-123",
         "--model",
         "sonnet",

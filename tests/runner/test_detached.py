@@ -82,6 +82,9 @@ async def detached(request: RunRequest, recorder: Recorder) -> LiveRun:
     return spawned.live
 
 
+EOF = b'{"t":"eof"}\n'
+
+
 def connect(live: LiveRun, offset: int = 0, versions: tuple[int, ...] = (1,)) -> socket.socket:
     """A raw bridge connection (through the run directory's fd: paths may be long)."""
     dirfd = os.open(live.run_dir, os.O_PATH | os.O_DIRECTORY)
@@ -169,8 +172,11 @@ async def test_the_journal_holds_the_run_and_ends_with_done(
     out = b"".join(payload for head, payload, _ in records(data) if head["t"] == "out")
     err = b"".join(payload for head, payload, _ in records(data) if head["t"] == "err")
     assert b"warming up" in err
-    # Each position is just past a line: the journal's byte there is a newline.
-    assert len(positions.offsets) == len(out.splitlines())
+    # Each position is just past a line: the journal's byte there is a newline. Lines
+    # are decoded up to the final result (what claude prints after it is not shown).
+    lines = out.splitlines()
+    last_result = max(i for i, line in enumerate(lines) if b'"type": "result"' in line)
+    assert len(positions.offsets) == last_result + 1
     assert all(data[offset - 1 : offset] == b"\n" for offset in positions.offsets)
     assert positions.offsets == sorted(positions.offsets)
     # Told before the line's events were handed on: the result line's comes last.
@@ -207,6 +213,7 @@ async def test_replay_from_an_offset_then_live(
     with sock:
         welcome = await read_line(sock)
         assert welcome == {"t": "welcome", "v": 1, "size": len(before)}
+        sock.sendall(EOF)  # claude's input ends (an attached bridge's part)
         release(tmp_path)
         received = await read_to_end(sock)
     # From the offset on, byte for byte: the replay and what came live after it.
@@ -225,12 +232,13 @@ async def test_a_second_attach_takes_over_and_an_unknown_version_is_refused(
     with connect(live) as first:
         assert (await read_line(first))["t"] == "welcome"
         with connect(live, versions=(99,)) as newer:
-            assert await read_line(newer) == {"t": "refused", "v": [1]}
+            assert await read_line(newer) == {"t": "refused", "v": [1, 2]}
             assert await read_to_end(newer) == b""
         with connect(live) as second:
             assert (await read_line(second))["t"] == "welcome"
             # The first one is closed (after what it had been sent).
             await read_to_end(first)
+            second.sendall(EOF)  # claude's input ends (an attached bridge's part)
             release(tmp_path)
             data = await read_to_end(second)
     assert [head["t"] for head, _, _ in records(data)][-1] == "done"
@@ -240,12 +248,12 @@ async def test_a_second_attach_takes_over_and_an_unknown_version_is_refused(
 async def test_a_later_bridge_attaches_to_a_supervisor_of_this_version(
     run_id: RunId, tmp_path: Path, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Version skew after an upgrade: the bridge speaks a version 2 as well, the
-    # supervisor started by the previous bridge only 1; they settle on 1.
+    # Version skew after an upgrade: the bridge speaks a version 3 as well, the
+    # supervisor started by the previous bridge only up to 2; they settle on 2.
     live = await detached(waiting_request(run_id, tmp_path), recorder)
-    with connect(live, versions=(1, 2)) as raw:
-        assert (await read_line(raw))["v"] == 1
-    monkeypatch.setattr(supervision, "PROTOCOL_VERSIONS", (1, 2))
+    with connect(live, versions=(1, 2, 3)) as raw:
+        assert (await read_line(raw))["v"] == 2
+    monkeypatch.setattr(supervision, "PROTOCOL_VERSIONS", (1, 2, 3))
 
     async def on_event(event: RunEvent) -> None:
         if isinstance(event, ToolResult):
@@ -441,6 +449,10 @@ async def test_the_spool_cap_keeps_the_result_line(
     assert sum(head["out"] for head in dropped) > 200_000
     assert len(data) < cap + 20_000 + 8192 + 4096  # the cap, one chunk past it, the tail
     assert heads[-1]["t"] == "done"
+    # stderr filled the cap early: the prompt's echo, which the run's end waits
+    # for, came after and was kept all the same.
+    (echo_end,) = [end for h, p, end in records(data) if h["t"] == "out" and b"isReplay" in p]
+    assert echo_end > cap
 
 
 async def test_the_spool_cap_keeps_the_end_of_stderr(

@@ -35,6 +35,7 @@ from runner.rundir import make_run_dir
 from tests.runner.conftest import Recorder, pids_with_marker
 from tests.runner.test_containment import alive, until_exited
 from tests.runner.test_detached import (
+    EOF,
     connect,
     detached,
     journal,
@@ -116,7 +117,7 @@ async def test_a_bridge_slower_than_the_done_linger_still_gets_the_answer(
         tmp_path,
         f"""
         import sys
-        sys.stdin.read()
+        sys.stdin.readline()  # the prompt: one user message
         sys.stdout.write(({assistant_line("x" * 4000)!r} + "\\n") * 1000)
         sys.stdout.write({result_line()!r} + "\\n")
     """,
@@ -180,6 +181,7 @@ async def test_a_taken_over_connection_waits_for_the_run_when_it_cannot_attach_a
         os.unlink(Path(live.run_dir) / "sock")
         second.sendall(b'{"t":"attach","v":[1],"offset":0}\n')
         assert (await read_line(second))["t"] == "welcome"
+        second.sendall(EOF)  # claude's input ends (the attached bridge's part)
         release(tmp_path)
         data = await read_to_end(second)
     assert [head["t"] for head, _, _ in records(data)][-1] == "done"
@@ -233,7 +235,7 @@ async def test_a_supervisor_refusing_our_protocol_is_stopped(
     report = await attach_claude(request, live, Recorder())
     assert report.status is RunStatus.INTERRUPTED
     assert report.error == (
-        "the run's supervisor speaks protocol version(s) [1], this bridge [99], "
+        "the run's supervisor speaks protocol version(s) [1, 2], this bridge [99], "
         "so the run was stopped"
     )
     await until_exited([live.supervisor_pid, live.claude_pid])
@@ -252,7 +254,7 @@ async def test_a_last_result_line_without_newline_is_kept_over_the_cap(
         tmp_path,
         f"""
         import sys
-        sys.stdin.read()
+        sys.stdin.readline()  # the prompt: one user message
         sys.stdout.write(({assistant_line("x" * 1000)!r} + "\\n") * 200)
         sys.stdout.write({result_line()!r})  # no newline: then claude exits
     """,

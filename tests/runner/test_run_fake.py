@@ -14,6 +14,7 @@ from bridge.core.model import RunId, RunStatus, SessionId
 from runner import (
     AssistantText,
     Init,
+    MessageTaken,
     Result,
     RunEvent,
     RunRequest,
@@ -72,9 +73,12 @@ async def test_success_events_in_order(run_id: RunId, tmp_path: Path, recorder: 
     assert report.status is RunStatus.SUCCEEDED
     assert report.exit_code == 0
     assert report.error == ""
-    kinds = [type(e) for e in recorder.events]
+    # The prompt's echo (MessageTaken) comes where claude takes it: checked alone.
+    shown = [e for e in recorder.events if not isinstance(e, MessageTaken)]
+    kinds = [type(e) for e in shown]
     assert kinds == [Spawned, Init, AssistantText, ToolUse, ToolResult, AssistantText, Result]
-    spawned, init, _, tool_use, tool_result, _, result = recorder.events
+    assert len(recorder.of(MessageTaken)) == 1
+    spawned, init, _, tool_use, tool_result, _, result = shown
     assert isinstance(spawned, Spawned)
     assert spawned.pid == record(tmp_path)["pid"]
     assert isinstance(init, Init)
@@ -264,7 +268,7 @@ async def test_unknown_line_types_are_ignored(
         make_request(run_id, tmp_path, env=fake_env(tmp_path, unknown="1")), recorder
     )
     assert report.status is RunStatus.SUCCEEDED
-    kinds = [type(e) for e in recorder.events]
+    kinds = [type(e) for e in recorder.events if not isinstance(e, MessageTaken)]
     assert kinds == [Spawned, Init, AssistantText, ToolUse, ToolResult, AssistantText, Result]
 
 

@@ -18,6 +18,7 @@ from runner import (
     ToolResult,
     ToolUse,
 )
+from runner.events import ControlAnswer, MessageTaken, PermissionAsked, PermissionCancelled
 from runner.stream import LineFramer, parse_line
 
 
@@ -219,3 +220,44 @@ class TestApiRetry:
     )
     def test_other_retries_are_not(self, status: int | None, error: str) -> None:
         assert not self.retry(status, error).auth_failed
+
+
+def test_two_way_protocol_lines() -> None:
+    replay = {"type": "user", "message": {"role": "user", "content": "hi"}, "uuid": "u-1"}
+    assert parse_line(json.dumps({**replay, "isReplay": True}).encode()) == [MessageTaken("u-1")]
+    ask = {
+        "type": "control_request",
+        "request_id": "r-1",
+        "request": {
+            "subtype": "can_use_tool",
+            "tool_name": "Bash",
+            "input": {"command": "touch x"},
+            "tool_use_id": "toolu_1",
+            "description": "Create x",
+            "permission_suggestions": [{"type": "addRules"}, "junk"],
+        },
+    }
+    assert parse_line(json.dumps(ask).encode()) == [
+        PermissionAsked(
+            "r-1", "Bash", {"command": "touch x"}, "toolu_1", "Create x", ({"type": "addRules"},)
+        )
+    ]
+    other = {
+        "type": "control_request",
+        "request_id": "r-2",
+        "request": {"subtype": "hook_callback"},
+    }
+    assert parse_line(json.dumps(other).encode()) == []
+    answer = {
+        "type": "control_response",
+        "response": {"subtype": "error", "request_id": "cb-1", "error": "invalid_mode"},
+    }
+    assert parse_line(json.dumps(answer).encode()) == [
+        ControlAnswer("cb-1", False, {}, "invalid_mode")
+    ]
+    cancel = {"type": "control_cancel_request", "request_id": "r-1"}
+    assert parse_line(json.dumps(cancel).encode()) == [PermissionCancelled("r-1")]
+    result = {"type": "result", "subtype": "success", "terminal_reason": "aborted_tools"}
+    (parsed,) = parse_line(json.dumps(result).encode())
+    assert isinstance(parsed, Result)
+    assert parsed.terminal_reason == "aborted_tools"

@@ -1,0 +1,253 @@
+"""``RunControl``: talking to a running claude, and the run's end rule (docs/live-runs.md).
+
+A run is started streaming: its stdin stays open through the supervisor, and
+the caller may send more user messages, answer claude's permission requests,
+and make control requests (interrupt, model, permission mode). The caller
+creates a ``RunControl`` and hands it to ``run_claude`` / ``attach_claude``,
+which bind it to the run once the supervisor is reached.
+
+The end rule lives here too, since it is a matter of what was sent and what
+claude took: a run is over when a ``result`` came and every user message sent
+had been taken (echoed) before it. The runner then closes claude's stdin
+(``eof``); from that moment :meth:`RunControl.send` raises
+:class:`InputClosed`, in the same event loop turn, so a ``send`` that
+returned was counted and its message is answered by this run.
+
+The state is fed from the journal in its order (``in`` records: what was
+written to stdin; ``out`` lines: echoes, results, permission requests), so a
+restarted bridge that attaches to a run rebuilds it (messages sent and taken,
+permission requests pending or answered) by reading the journal from its start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from runner.command import control_request, control_response, new_uuid, user_message
+from runner.events import (
+    ControlAnswer,
+    MessageTaken,
+    PermissionAsked,
+    PermissionCancelled,
+    Result,
+    StreamEvent,
+)
+
+CONTROL_TIMEOUT_S = 10.0
+"""How long a control request waits for claude's answer (``initialize`` takes ~270 ms cold)."""
+
+
+class InputClosed(Exception):
+    """The run takes no more input: its stdin was closed (the last result came with
+    nothing pending, or claude exited), or it was never bound (a version 1 run)."""
+
+
+class ControlError(Exception):
+    """claude answered a control request with an error, or not in time."""
+
+
+@dataclass(frozen=True)
+class Allow:
+    """Let the tool run with ``updated_input``; ``permissions``: rules to add for the
+    session (claude's ``suggestions``: "allow for this session")."""
+
+    updated_input: Mapping[str, Any]
+    permissions: Sequence[Mapping[str, Any]] = field(default=())
+
+
+@dataclass(frozen=True)
+class Deny:
+    """Refuse the tool use; claude sees ``message``."""
+
+    message: str
+
+
+Decision = Allow | Deny
+
+Writer = Callable[[bytes], bool]
+"""Writes whole lines to claude's stdin (through the supervisor); False if it cannot."""
+
+
+class RunControl:
+    """One run's input side: see the module doc. Not thread-safe: use it from the run's loop."""
+
+    def __init__(self, *, timeout_s: float = CONTROL_TIMEOUT_S) -> None:
+        self._timeout_s = timeout_s
+        self._write: Writer | None = None
+        self._close: Callable[[], None] | None = None
+        self._sent: set[str] = set()
+        self._taken: set[str] = set()
+        self._settled = False
+        self._closed = False
+        self._asked: dict[str, PermissionAsked] = {}
+        self._answered: set[str] = set()
+        self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        # Our request ids are told apart from claude's (and from an earlier bridge's).
+        self._prefix = f"cb-{uuid.uuid4().hex[:12]}-"
+        self._ids = itertools.count(1)
+
+    # -- the caller's side --
+
+    @property
+    def accepting(self) -> bool:
+        """Whether the run takes input now (bound, stdin still open)."""
+        return self._write is not None and not self._closed
+
+    @property
+    def pending(self) -> tuple[PermissionAsked, ...]:
+        """Permission requests claude waits on, oldest first (rebuilt on a reattach)."""
+        return tuple(a for rid, a in self._asked.items() if rid not in self._answered)
+
+    def send(self, text: str) -> str:
+        """Send a user message into the running session; return its uuid.
+
+        claude folds it into the running turn (one result answers both) or
+        starts a new turn with it. Raises :class:`InputClosed` once the run
+        takes no more input: the caller makes a follow-up run of it instead.
+        """
+        uid = new_uuid()
+        self._put(user_message(text, uid))
+        self._note_sent(uid)
+        return uid
+
+    def answer(self, request_id: str, decision: Decision) -> bool:
+        """Answer claude's permission request; False if it was answered already (or is unknown).
+
+        Raises :class:`InputClosed` if the run takes no more input.
+        """
+        if request_id not in self._asked or request_id in self._answered:
+            return False
+        response: dict[str, Any]
+        match decision:
+            case Allow(updated_input=updated, permissions=permissions):
+                response = {"behavior": "allow", "updatedInput": dict(updated)}
+                if permissions:
+                    response["updatedPermissions"] = [dict(p) for p in permissions]
+            case Deny(message=message):
+                response = {"behavior": "deny", "message": message}
+        self._put(control_response(request_id, response))
+        self._answered.add(request_id)
+        return True
+
+    async def interrupt(self) -> bool:
+        """Abort claude's running turn (it ends with a ``result``, ``terminal_reason``
+        ``aborted_tools`` / ``aborted_streaming``); False if the run takes no input."""
+        if not self.accepting:
+            return False
+        await self.request("interrupt")
+        return True
+
+    async def set_model(self, name: str) -> None:
+        """Switch the session's model from the next request on."""
+        await self.request("set_model", model=name)
+
+    async def set_permission_mode(self, mode: str) -> None:
+        """Switch the session's permission mode (``default``, ``acceptEdits``, ``plan``...)."""
+        await self.request("set_permission_mode", mode=mode)
+
+    async def request(self, subtype: str, **fields: object) -> dict[str, Any]:
+        """A control request; claude's answer. Raises :class:`ControlError` on an error
+        answer or none within the timeout, :class:`InputClosed` if the run takes no input."""
+        request_id = f"{self._prefix}{next(self._ids)}"
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._put(control_request(request_id, subtype, **fields))
+        self._waiting[request_id] = future
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return await future
+        except TimeoutError:
+            raise ControlError(
+                f"claude did not answer {subtype} within {self._timeout_s:g} s"
+            ) from None
+        finally:
+            self._waiting.pop(request_id, None)
+
+    def _put(self, line: bytes) -> None:
+        if self._write is None or self._closed or not self._write(line):
+            raise InputClosed("the run takes no more input")
+
+    # -- the runner's side --
+
+    def bind(self, write: Writer, close: Callable[[], None]) -> None:
+        """The runner reached the run's supervisor (protocol version 2): input goes there."""
+        self._write, self._close = write, close
+
+    def unbind(self) -> None:
+        """The run is over (or left to its supervisor): no more input, nobody answers."""
+        self._closed = True
+        self._write = self._close = None
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(ControlError("the run ended"))
+
+    @property
+    def settled(self) -> bool:
+        """A result came after every message sent was taken, and stdin is still open."""
+        return self._settled and not self._closed
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close_input(self) -> None:
+        """End the run's input (the end rule held): ``eof`` to claude."""
+        close = self._close
+        self._closed = True
+        if close is not None:
+            close()
+
+    def note_closed(self) -> None:
+        """claude's stdin was closed (``stdin_closed``: ours, the supervisor's, or its exit)."""
+        self._closed = True
+
+    def note_in(self, payload: bytes) -> None:
+        """Lines written to claude's stdin, from the journal (``in``): ours again, or an
+        earlier bridge's, which rebuilds what it sent and answered."""
+        for line in payload.split(b"\n"):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(obj, dict):
+                continue
+            kind = obj.get("type")
+            if kind == "user" and isinstance(obj.get("uuid"), str):
+                self._note_sent(obj["uuid"])
+            elif kind == "control_response":
+                response = obj.get("response")
+                if isinstance(response, dict) and isinstance(response.get("request_id"), str):
+                    self._answered.add(response["request_id"])
+
+    def note(self, event: StreamEvent) -> None:
+        """An event of claude's stdout, in the journal's order."""
+        match event:
+            case MessageTaken(uuid=uid):
+                self._taken.add(uid)
+            case Result():
+                self._settled = self._sent <= self._taken
+            case PermissionAsked(request_id=request_id):
+                self._asked[request_id] = event
+            case PermissionCancelled(request_id=request_id):
+                self._answered.add(request_id)  # withdrawn: nothing to answer any more
+            case ControlAnswer(request_id=request_id) if request_id in self._waiting:
+                future = self._waiting[request_id]
+                if not future.done():
+                    if event.ok:
+                        future.set_result(event.response)
+                    else:
+                        future.set_exception(ControlError(event.error or "error"))
+            case _:
+                pass  # an echo of an answer of ours, or of an earlier bridge's request
+
+    def _note_sent(self, uid: str) -> None:
+        if uid not in self._sent:
+            self._sent.add(uid)
+            self._settled = False

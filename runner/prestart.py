@@ -1,0 +1,145 @@
+"""Prestart: claude started (supervisor and all) before the prompt is known.
+
+claude's start-up (its own, and its MCP servers') is most of a short run's
+latency; a streaming claude idles until its first user message. So while a
+batch is still being debounced, the bridge can :func:`prestart` its run:
+the supervisor starts claude and sends ``initialize``; ``Prestarted.ready``
+says claude answered it. When the batch is flushed, ``run_claude(request,
+..., prestarted=p)`` sends the prompt as the first user message into it, or,
+if it does not match the request, died or never got ready, cancels it and
+starts cold. ``await p.cancel()`` (the batch was dropped, the slot is
+needed) stops it and leaves nothing: no process, no run directory.
+
+The run id: it is the run's marker (in claude's environment) and its
+directory's name, so it is fixed when claude starts. A prestart is created
+with the run id the run will use (the bridge allots the run id when it
+prestarts, and builds the run's request with it); :meth:`Prestarted.matches`
+compares the whole request but its prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from dataclasses import replace
+from pathlib import Path
+
+from bridge.core.aio import shielded
+from runner import supervision
+from runner.command import build_argv, build_env, control_request
+from runner.errors import StreamError
+from runner.events import ControlAnswer
+from runner.request import RunRequest
+from runner.rundir import make_run_dir, remove_run_dir
+from runner.stream import LineFramer, parse_line
+from runner.supervision import Limits, Record, Supervised
+
+log = logging.getLogger(__name__)
+
+READY_S = 30.0
+"""How long claude may take to answer ``initialize`` (MCP servers start first)."""
+INITIALIZE_ID = "cb-prestart-initialize"
+
+
+class Prestarted:
+    """A claude started for a request whose prompt is not known yet (see the module doc)."""
+
+    def __init__(self, request: RunRequest, supervised: Supervised, run_dir: Path) -> None:
+        self.request = replace(request, prompt="")
+        self.run_dir = run_dir
+        self.live = supervised.live
+        """Where its supervisor is reached (as in ``Spawned``)."""
+        self._supervised: Supervised | None = supervised
+        self._read: list[Record] = []
+        """Records the wait for ``initialize``'s answer read: handed back to the run."""
+        self.ready: asyncio.Task[bool] = asyncio.create_task(self._until_ready(supervised))
+        """True once claude answered ``initialize`` (bounded by :data:`READY_S`)."""
+
+    def matches(self, request: RunRequest) -> bool:
+        """Whether ``request`` is the one this was started for, but for its prompt."""
+        return replace(request, prompt="") == self.request
+
+    async def _until_ready(self, supervised: Supervised) -> bool:
+        framer = LineFramer(self.request.max_line_bytes)
+        try:
+            async with asyncio.timeout(READY_S):
+                while (record := await supervised.read()) is not None:
+                    self._read.append(record)
+                    if record.kind == "exited":
+                        return False
+                    if record.kind == "out" and _answers_initialize(framer, record.payload):
+                        return True
+        except (TimeoutError, StreamError):
+            pass
+        return False
+
+    async def take(self, request: RunRequest) -> Supervised | None:
+        """The started run for ``request`` (its records read so far handed back), or None
+        if it does not match, died or did not get ready: then :meth:`cancel` it."""
+        supervised = self._supervised
+        if supervised is None or not self.matches(request):
+            return None
+        if not await self.ready or supervised.claude_exit.done() or supervised.gone.done():
+            return None
+        supervised.unread(self._read)
+        self._supervised = None  # the run owns it now; cancel leaves it alone
+        return supervised
+
+    async def cancel(self) -> None:
+        """Stop it and leave nothing (no-op once a run took it). Shielded."""
+        supervised, self._supervised = self._supervised, None
+        if supervised is None:
+            return
+        await shielded(self._stop(supervised))
+
+    async def _stop(self, supervised: Supervised) -> None:
+        self.ready.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.ready
+        try:
+            supervised.stop()
+            bound = self.request.stop_grace_s + supervision.SUPERVISOR_KILL_S
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(bound):
+                    while await supervised.read() is not None:
+                        pass  # to the journal's end: the supervisor's done
+            if not supervised.contained:
+                killed = await supervised.contain()
+                log.warning("prestart %s: stopped without its supervisor (%d process(es))",
+                            self.request.run_id, killed)  # fmt: skip
+        finally:
+            await supervised.close()
+            remove_run_dir(self.run_dir)
+
+
+def _answers_initialize(framer: LineFramer, payload: bytes) -> bool:
+    for line in framer.feed(payload):
+        for event in parse_line(line):
+            if isinstance(event, ControlAnswer) and event.request_id == INITIALIZE_ID:
+                return event.ok
+    return False
+
+
+async def prestart(request: RunRequest) -> Prestarted:
+    """Start the supervisor and claude for ``request`` (its prompt is not used) and send
+    ``initialize``. Raises what starting raises (``OSError``, ``SpawnFailed``,
+    ``Unanswered``, ``InvalidRequest``); cancelled, it leaves nothing."""
+    argv = build_argv(request)
+    env = build_env(request, os.environ)
+    limits = Limits(request.cgroup_parent, request.memory_max, request.pids_max)
+    run_dir = make_run_dir(request.state_dir, request.run_id)
+    try:
+        supervised = await supervision.start(
+            request,
+            argv,
+            env=env,
+            run_dir=run_dir,
+            limits=limits,
+            first=control_request(INITIALIZE_ID, "initialize"),
+        )
+    except BaseException:
+        remove_run_dir(run_dir)
+        raise
+    return Prestarted(request, supervised, run_dir)
