@@ -66,6 +66,18 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.prestarts = Counter(
+            "chatbridge_prestarts",
+            "Prestarted claudes by outcome (used, wasted) and why one was wasted"
+            " (dropped, shutdown, slot needed, idle, adopted, failed)",
+            ["outcome", "why"],
+            registry=r,
+        )
+        self.prestart_saved = Counter(
+            "chatbridge_prestart_saved_seconds",
+            "Start-up time of claude that prestarts took off runs' paths",
+            registry=r,
+        )
         self.answers_refused = Counter(
             "chatbridge_approval_answers_refused",
             "Answers to tool requests (and !model, !mode) refused, by reason"

@@ -52,6 +52,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from bridge.approval_flow import ApprovalFlow
 from bridge.config import RoomSettings, Settings
 from bridge.core import stages
 from bridge.core.aio import shielded
@@ -70,12 +71,21 @@ from bridge.core.model import (
 from bridge.core.text import safe_text
 from bridge.core.transport import RunPhase
 from bridge.delivery import Outbox
+from bridge.live_runs import LiveRuns
 from bridge.logs import log_context
 from bridge.metrics import Metrics
 from bridge.notices import Notices
+from bridge.prestarts import Prestarts, Taken
 from bridge.progress import ProgressMessage
 from bridge.replies import Replier, in_conversation
-from bridge.store.base import AuditAction, OutboxEntry, RegisteredRun, Store, StoreError
+from bridge.store.base import (
+    AuditAction,
+    OutboxEntry,
+    RegisteredRun,
+    RoomOverrides,
+    Store,
+    StoreError,
+)
 from bridge.store.rules import delivery_key
 from dispatcher import DispatchedRun, EndReason, Execute
 from runner import (
@@ -86,7 +96,8 @@ from runner import (
     remove_run_dir,
     run_claude,
 )
-from runner.events import Init, Result, RunEvent, Spawned, ToolUse
+from runner.control import InputClosed, RunControl
+from runner.events import Init, PermissionAsked, Result, RunEvent, Spawned, ToolUse
 
 log = logging.getLogger(__name__)
 
@@ -116,17 +127,29 @@ def build_prompt(batch: Batch) -> str:
     return "\n\n".join(f"{m.sender} wrote:\n{m.text}" for m in batch.messages)
 
 
-def run_request(
-    settings: Settings, room: RoomSettings, run_id: RunId, prompt: str, session: SessionId | None
+def run_request(  # noqa: PLR0917 (the run's parts, in order)
+    settings: Settings,
+    room: RoomSettings,
+    run_id: RunId,
+    prompt: str,
+    session: SessionId | None,
+    overrides: RoomOverrides | None = None,
 ) -> RunRequest:
+    """The request for a run of ``room``; ``overrides``: what ``!model`` / ``!mode`` set."""
+    overrides = overrides or RoomOverrides()
     return RunRequest(
         run_id=run_id,
         claude_bin=settings.runner.claude_bin,
         cwd=room.cwd,
         prompt=prompt,
         session_id=session,
-        model=room.model,
-        permission_mode=room.permission_mode,
+        model=overrides.model if overrides.model is not None else room.model,
+        permission_mode=(
+            overrides.permission_mode
+            if overrides.permission_mode is not None
+            else room.permission_mode
+        ),
+        approve_tools=room.approve_tools,
         allowed_tools=room.allowed_tools,
         disallowed_tools=room.disallowed_tools,
         append_system_prompt=room.append_system_prompt,
@@ -238,6 +261,19 @@ class _Live:
     answer: asyncio.Task[Callable[[], Awaitable[None]]] | None = None
     """Records the answer and hands it to the outbox, from the moment claude printed it."""
     init: Init | None = None
+    control: RunControl = field(default_factory=RunControl)
+    """The run's input side: steering, answers to tool requests, model and mode."""
+    final: bool = False
+    """claude printed the run's last result (the end rule held): nothing more goes in."""
+    side: set[asyncio.Task[None]] = field(default_factory=set)
+    """Tool requests being asked in the room, steered messages being recorded."""
+    before_end: list[asyncio.Task[None]] = field(default_factory=list)
+    """Steered messages being recorded into the run, earlier turns' answers being put
+    into the outbox: both come before the run's end is recorded."""
+
+    def beside(self, task: asyncio.Task[None]) -> None:
+        self.side.add(task)
+        task.add_done_callback(self.side.discard)
 
     def at(self, offset: int) -> None:
         """The runner's ``on_position``: the next events are those of the line ending here."""
@@ -267,6 +303,7 @@ async def _wind_down(live: _Live) -> None:
     """Cancel what runs beside the run (opening, progress, offsets) and wait for it all,
     the registration included (a store write, bounded by the store)."""
     beside = [t for t in (live.opening, live.pump, live.offsets) if t is not None]
+    beside += live.side
     for task in beside:
         task.cancel()
     await asyncio.gather(*filter(None, (live.registered,)), *beside, return_exceptions=True)
@@ -288,6 +325,12 @@ class RunExecutor:
     start_retry_delays_s: tuple[float, ...] = START_RETRY_DELAYS_S
     cosmetic_timeout_s: float = COSMETIC_TIMEOUT_S
     progress_finish_timeout_s: float = PROGRESS_FINISH_TIMEOUT_S
+    live_runs: LiveRuns = field(default_factory=LiveRuns)
+    """The runs going on now, by room (commands, buttons and steering reach them)."""
+    approvals: ApprovalFlow | None = None
+    """Asks the room about tool uses (``approve_tools``); None: requests are not asked."""
+    prestarts: Prestarts | None = None
+    """Claudes started while their batch gathered (``[runner] prestart``)."""
     _finishing: set[asyncio.Task[None]] = field(default_factory=set)
     """The progress messages' last edits still under way (see :meth:`drain`)."""
     _generations: dict[RoomKey, int] = field(default_factory=dict)
@@ -314,11 +357,19 @@ class RunExecutor:
 
     async def execute(self, dispatched: DispatchedRun) -> None:
         """The dispatcher's ``execute``: it never calls this while shutting down."""
-        run_id = new_run_id()
+        taken = None
+        if dispatched.prestarted and self.prestarts is not None:
+            taken = self.prestarts.take(dispatched.batch.room)
+        run_id = taken.run_id if taken is not None else new_run_id()
+        live = _Live(dispatched)
+        # Set before the first await: a steer batch may come due at any time.
+        dispatched.steer = self._steer_hook(run_id, live)
         with log_context(room=dispatched.batch.room, run=run_id):
-            await self._execute(run_id, dispatched)
+            await self._execute(run_id, dispatched, live, taken)
 
-    async def _execute(self, run_id: RunId, dispatched: DispatchedRun) -> None:
+    async def _execute(
+        self, run_id: RunId, dispatched: DispatchedRun, live: _Live, taken: Taken | None
+    ) -> None:
         stages.stamp("dispatched")
         batch = dispatched.batch
         started = self.wall_clock()
@@ -326,17 +377,17 @@ class RunExecutor:
         try:
             recorded = await self._start(run_id, batch, started)
         except asyncio.CancelledError:
-            await self._settle(self._cancelled_at_start(run_id, dispatched))
+            await self._settle(self._cancelled_at_start(run_id, dispatched, taken))
             raise
         if not recorded:
+            await self._settle(self._give_up(taken))
             return
         stages.stamp("start_recorded")
         self.metrics.runs_started.inc()
         if len(batch.messages) > 1:
             self.metrics.coalesced.inc(len(batch.messages))
         run = _Run(run_id, batch, started, generation, self._progress(batch))
-        live = _Live(dispatched)
-        await self._follow(run, live, dispatched, self._drive(run, live))
+        await self._follow(run, live, dispatched, self._drive(run, live, taken))
 
     def reattach(self, entry: RegisteredRun, started: float) -> Execute:
         """The dispatcher's ``execute`` for a run a previous process started and left
@@ -360,6 +411,7 @@ class RunExecutor:
                     generation -= 1
                 run = _Run(run_id, batch, started, generation, self._progress(batch, started))
                 live = _Live(dispatched, shown=entry.delivered_offset, supervisor=entry.live)
+                dispatched.steer = self._steer_hook(run_id, live)
                 log.info("reattaching to the run (journal shown up to %d)", entry.delivered_offset)
                 request = run_request(self.settings, room, run_id, "", None)
                 drive = attach_claude(
@@ -368,6 +420,7 @@ class RunExecutor:
                     self._on_event(run, live),
                     on_position=live.at,
                     detach=live.detach,
+                    control=live.control,
                 )
                 await self._follow(run, live, dispatched, drive)
 
@@ -400,7 +453,9 @@ class RunExecutor:
             # The runner has already killed the process tree; record and report
             # the end even if we are cancelled again meanwhile. A run that had
             # printed its answer keeps it (the answer task records it).
-            report = RunReport(_cancelled_status(dispatched))
+            # A stop interrupts claude's turn first: its session stays resumable.
+            session = live.init.session_id if live.init is not None else None
+            report = RunReport(_cancelled_status(dispatched), session_id=session)
             await self._settle(self._finalize(run, live, report))
             raise
         except Exception as exc:
@@ -462,7 +517,17 @@ class RunExecutor:
             # A bug at the end of a run must not leave the room busy forever.
             log.exception("the end of the run failed inside chatbridge")
 
-    async def _cancelled_at_start(self, run_id: RunId, dispatched: DispatchedRun) -> None:
+    async def _give_up(self, taken: Taken | None) -> None:
+        """The run never started: its prestart, if any, goes (nothing of it is left)."""
+        if taken is not None:
+            started = await taken.prestarted()
+            if started is not None:
+                await started.cancel()
+
+    async def _cancelled_at_start(
+        self, run_id: RunId, dispatched: DispatchedRun, taken: Taken | None
+    ) -> None:
+        await self._give_up(taken)
         batch = dispatched.batch
         status = _cancelled_status(dispatched)
         if await self.store.get_run(run_id) is not None:
@@ -471,22 +536,27 @@ class RunExecutor:
             await self.store.mark_dropped(batch.ids, None, self.wall_clock())
         # Interrupted and not recorded: the messages stay pending for the restart.
 
-    async def _drive(self, run: _Run, live: _Live) -> RunReport:
+    async def _drive(self, run: _Run, live: _Live, taken: Taken | None) -> RunReport:
         """Run claude (again without the session if claude lost it); its last report."""
         batch = run.batch
         room = self.settings.room(batch.room)
         if room is None:
+            await self._give_up(taken)
             return RunReport(RunStatus.FAILED, error="room not configured")
         log.info("run started with %d message(s)", len(batch.messages))
         prompt = build_prompt(batch)
-        # A read, before the spawn: nothing else stands in front of claude.
+        # Reads, before the spawn: nothing else stands in front of claude.
         session = await self.store.get_session(batch.room)
+        overrides = await self.store.room_overrides(batch.room)
+        prestarted = await taken.prestarted() if taken is not None else None
         on_event = self._on_event(run, live)
         report = await run_claude(
-            run_request(self.settings, room, run.id, prompt, session),
+            run_request(self.settings, room, run.id, prompt, session, overrides),
             on_event,
             on_position=live.at,
             detach=live.detach,
+            control=live.control,
+            prestarted=prestarted,
         )
         if report.session_not_found and session is not None and live.answer is None:
             await self.notices.say(
@@ -498,11 +568,13 @@ class RunExecutor:
             # The same run id, so the same run directory: the first try's journal goes.
             self._remove_journal(live)
             live.registered = None
+            live.control = RunControl()
             report = await run_claude(
-                run_request(self.settings, room, run.id, prompt, None),
+                run_request(self.settings, room, run.id, prompt, None, overrides),
                 on_event,
                 on_position=live.at,
                 detach=live.detach,
+                control=live.control,
             )
         return report
 
@@ -515,6 +587,7 @@ class RunExecutor:
                     # claude runs: only now the room is shown that it does, once
                     # the registry (which takes claude's pid too) can find the
                     # run again after a restart.
+                    self.live_runs.bind(run.batch.room, run.id, live.control)
                     live.supervisor = supervisor
                     live.registered = asyncio.create_task(
                         self._register(run.id, supervisor), name=f"register {run.id}"
@@ -538,12 +611,30 @@ class RunExecutor:
                     run.progress.tool_used(name, tool_input)
                     live.shown = live.position
                     live.shown_moved.set()
+                case PermissionAsked() if self.approvals is not None:
+                    live.beside(
+                        asyncio.create_task(
+                            self.approvals.ask(run.id, run.batch, event), name=f"ask {run.id}"
+                        )
+                    )
+                case Result() if not (live.control.settled or live.control.closed):
+                    # An earlier turn's result: messages steered into the run came
+                    # after it. A success answers what the run had so far.
+                    if not event.is_error and live.position > live.shown:
+                        live.shown = live.position
+                        live.shown_moved.set()
+                        live.before_end.append(
+                            asyncio.create_task(
+                                self._answer_turn(run, event.text), name=f"turn {run.id}"
+                            )
+                        )
                 case Result(is_error=False) if live.answer is None:
                     # The answer exists: record it and hand it over now, while
                     # the runner reaps claude. From here on this is the outcome,
                     # whatever comes next (a stop, a lingering process, an exit
                     # status); see run_claude.
                     stages.stamp("result_read")
+                    live.final = True  # (before the runner closes claude's input: no steering)
                     log.info("claude printed its answer")
                     run.progress.close()
                     answer = answer_report(event, live.init)
@@ -551,11 +642,66 @@ class RunExecutor:
                         self._conclude(run, live, answer), name=f"answer {run.id}"
                     )
                 case Result():
+                    live.final = True
                     log.info("claude printed an error result")
                 case _:
                     pass
 
         return on_event
+
+    def _steer_hook(self, run_id: RunId, live: _Live) -> Callable[[Batch, bool], bool]:
+        """The dispatcher's steer hook for this run: the batch goes into claude's session
+        (after an interrupt of the running turn, in ``interrupt`` mode), or, once the run
+        takes no more input, back to the dispatcher, which queues it (False)."""
+
+        def steer(batch: Batch, interrupt: bool) -> bool:
+            control = live.control
+            if live.final or not control.accepting:
+                return False
+            try:
+                if interrupt:
+                    control.interrupt_now()
+                control.send(build_prompt(batch))
+            except InputClosed:
+                return False
+            log.info("%d message(s) steered into the run", len(batch.messages))
+            live.before_end.append(
+                asyncio.create_task(self._record_steered(run_id, batch), name=f"steer {run_id}")
+            )
+            return True
+
+        return steer
+
+    async def _record_steered(self, run_id: RunId, batch: Batch) -> None:
+        """The steered messages belong to the run from now on (retried; a failure leaves
+        them pending, to run again after a restart)."""
+        for delay in (*self.store_retry_delays_s, None):
+            try:
+                await self.store.steer_into_run(run_id, batch, self.wall_clock())
+                break
+            except StoreError:
+                if delay is None:
+                    log.error("could not record the messages steered into the run")
+                    return
+                await asyncio.sleep(delay)
+        await self._cosmetic(
+            "show the steered messages", self.replier.phase(batch, RunPhase.RUNNING)
+        )
+
+    async def _answer_turn(self, run: _Run, text: str) -> None:
+        """An earlier turn's answer, through the outbox like the run's last one."""
+        reply = in_conversation(
+            run.batch,
+            safe_text(text).strip() or "(Claude finished without a reply.)",
+            ReplyKind.RESULT,
+        )
+        try:
+            entries = await self.store.enqueue([reply], self.wall_clock())
+        except StoreError:
+            log.warning("could not record a turn's answer; sending it directly", exc_info=True)
+            await self.outbox.send_unrecorded(reply, delivery_key())
+            return
+        self.outbox.submit(entries)
 
     async def _register(self, run_id: RunId, supervisor: LiveRun) -> bool:
         """Put the run into the registry of live runs (synced); whether it is there."""
@@ -597,6 +743,7 @@ class RunExecutor:
 
     async def _leave(self, run: _Run, live: _Live) -> None:
         """At a detaching shutdown: the run goes on without us; its progress so far is noted."""
+        self.live_runs.unbind(run.batch.room, run.id)
         await _wind_down(live)
         if live.shown >= 0:
             await self._note_shown(run.id, live.shown)
@@ -637,6 +784,7 @@ class RunExecutor:
 
     async def _finalize(self, run: _Run, live: _Live, report: RunReport) -> None:
         """Record the run's end with its reply unless its answer did already, then the cosmetics."""
+        self.live_runs.unbind(run.batch.room, run.id)
         try:
             if live.answer is None:
                 settled = await self._conclude(run, live, report)
@@ -650,6 +798,9 @@ class RunExecutor:
                     )
                 report = replace(report, status=RunStatus.SUCCEEDED)
             await self._cosmetics(run, live, report.status, settled)
+            if self.approvals is not None:
+                ended = self.approvals.run_ended(run.batch.room, run.id, report.status.value)
+                await self._cosmetic("close the run's tool requests", ended)
         finally:
             # Nothing the run started outlives it (after a failure above too).
             await _wind_down(live)
@@ -667,6 +818,9 @@ class RunExecutor:
             # Begun at the spawn, so done long before claude answers: the outcome
             # takes the run out of the registry, which must not come after.
             await asyncio.wait({live.registered})
+        if live.before_end:
+            # Steered messages are the run's, earlier answers come first.
+            await asyncio.gather(*live.before_end, return_exceptions=True)
         # The outcome exists: no status message is posted from now on.
         run.progress.close()
         report = replace(

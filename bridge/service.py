@@ -26,11 +26,22 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bridge.approval_flow import ApprovalFlow
+from bridge.approvals import Verdict
 from bridge.claude_check import credentials_warning
 from bridge.commands import CommandHandler
 from bridge.config import Settings
 from bridge.containment import report_containment
-from bridge.core.model import Batch, Message, Reply, ReplyKind, RunId, RunReport, RunStatus
+from bridge.core.model import (
+    Batch,
+    Message,
+    Reply,
+    ReplyKind,
+    RoomKey,
+    RunId,
+    RunReport,
+    RunStatus,
+)
 from bridge.core.transport import RoomBinding, RunPhase, TransportError
 from bridge.delivery import Outbox
 from bridge.errors import ChatbridgeError, StartupError, reason
@@ -39,13 +50,20 @@ from bridge.metrics import Metrics
 from bridge.notices import Notices
 from bridge.pacing import Pacing
 from bridge.preflight import run_problems
+from bridge.prestarts import Prestarts
 from bridge.replies import Replier
-from bridge.runs import RunExecutor
+from bridge.runs import RunExecutor, new_run_id, run_request
 from bridge.state_lock import state_dir_lock
 from bridge.store.base import Store, StoreError
 from bridge.store.sql import SqlStore
-from dispatcher import Dispatcher, DispatchLimits, EndReason
-from runner import clean_stray_runs, journal_exists, recover_run, remove_run_dir
+from dispatcher import Dispatcher, DispatchLimits, DuringRun, EndReason
+from runner import (
+    RunRequest,
+    clean_stray_runs,
+    journal_exists,
+    recover_run,
+    remove_run_dir,
+)
 from transports.base import Transport
 
 log = logging.getLogger(__name__)
@@ -101,6 +119,7 @@ class Service:
     replier: Replier = field(init=False)
     outbox: Outbox = field(init=False)
     notices: Notices = field(init=False)
+    approvals: ApprovalFlow = field(init=False)
     metrics: Metrics = field(init=False, default_factory=Metrics)
     _stop: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     _stop_now: asyncio.Event = field(init=False, default_factory=asyncio.Event)
@@ -131,6 +150,12 @@ class Service:
         self.executor = RunExecutor(
             settings, self.store, self.replier, self.metrics, self.outbox, self.notices
         )
+        self.approvals = ApprovalFlow(
+            settings, self.store, self.replier, self.executor.live_runs, self._refused
+        )
+        self.executor.approvals = self.approvals
+        if settings.runner.prestart:
+            self.executor.prestarts = Prestarts(self._prestart_request, self.metrics, new_run_id)
         d = settings.dispatcher
         self.dispatcher = Dispatcher(
             DispatchLimits(
@@ -140,6 +165,9 @@ class Service:
                 max_concurrent_runs=settings.runner.max_concurrent_runs,
             ),
             self.executor.execute,
+            mode_of=self._during_run,
+            prestarter=self.executor.prestarts,
+            max_prestarts=settings.runner.prestart_limit,
         )
         # Command answers are recorded in the outbox and sent from its per-room
         # worker: the transport's acknowledgement never waits for the network.
@@ -150,7 +178,8 @@ class Service:
             self.notices.answer,
             self.executor.reset_session,
             rooms=settings.room,
-            refused=lambda verdict: self.metrics.answers_refused.labels(verdict.value).inc(),
+            live=self.approvals,
+            refused=self._refused,
         )
         self.intake = Intake(
             settings,
@@ -159,12 +188,29 @@ class Service:
             commands,
             self.metrics,
             on_accepted=self._show_received,
+            on_approval_action=self.approvals.on_action,
         )
         self.metrics.watch(
             lambda: self.dispatcher.active_runs,
             lambda: self.dispatcher.queued,
             self.transports,
         )
+
+    def _refused(self, verdict: Verdict) -> None:
+        self.metrics.answers_refused.labels(verdict.value).inc()
+
+    def _during_run(self, room: RoomKey) -> DuringRun:
+        settings = self.settings.room(room)
+        return DuringRun.QUEUE if settings is None else DuringRun(settings.during_run)
+
+    async def _prestart_request(self, room: RoomKey, run_id: RunId) -> RunRequest | None:
+        """What a run of ``room`` would start with now, its prompt still unknown."""
+        settings = self.settings.room(room)
+        if settings is None:
+            return None
+        session = await self.store.get_session(room)
+        overrides = await self.store.room_overrides(room)
+        return run_request(self.settings, settings, run_id, "", session, overrides)
 
     async def readiness(self) -> str | None:
         """None when the store answers and every transport is connected."""
@@ -282,7 +328,10 @@ class Service:
         await self.recover()
         async with asyncio.TaskGroup() as tg:
             self._tasks = tg
-            background = [tg.create_task(self._housekeeping(), name="housekeeping")]
+            background = [
+                tg.create_task(self._housekeeping(), name="housekeeping"),
+                tg.create_task(self.approvals.expire_forever(), name="approval expiry"),
+            ]
             readies: dict[str, asyncio.Event] = {}
             if self.settings.http.listen:
                 # Imported here: a start with HTTP off loads nothing of the endpoint.
@@ -433,6 +482,8 @@ class Service:
         # wait(), not await: the task's own CancelledError is expected, but a
         # cancellation of this shutdown must still propagate.
         await asyncio.wait({dispatcher_task})
+        if self.executor.prestarts is not None:
+            await self.executor.prestarts.close()  # (the drain cancelled each; this waits)
         # The runs' answers and notices go out while the transports still run;
         # what cannot be delivered in time stays in the outbox for the restart.
         # The progress messages' last edits (tasks under way, each after its

@@ -154,10 +154,7 @@ class RunControl:
     async def request(self, subtype: str, **fields: object) -> dict[str, Any]:
         """A control request; claude's answer. Raises :class:`ControlError` on an error
         answer or none within the timeout, :class:`InputClosed` if the run takes no input."""
-        request_id = f"{self._prefix}{next(self._ids)}"
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._put(control_request(request_id, subtype, **fields))
-        self._waiting[request_id] = future
+        request_id, future = self._begin(subtype, **fields)
         try:
             async with asyncio.timeout(self._timeout_s):
                 return await future
@@ -167,6 +164,26 @@ class RunControl:
             ) from None
         finally:
             self._waiting.pop(request_id, None)
+
+    def interrupt_now(self) -> None:
+        """Write an ``interrupt`` at once, without waiting for its answer: what is sent
+        next goes in after it (claude ends the running turn, then takes that as a new
+        one). Raises :class:`InputClosed` if the run takes no input."""
+        request_id, future = self._begin("interrupt")
+
+        def forget(done: asyncio.Future[dict[str, Any]]) -> None:
+            self._waiting.pop(request_id, None)
+            if not done.cancelled():
+                done.exception()  # an error answer only means there was no turn to end
+
+        future.add_done_callback(forget)
+
+    def _begin(self, subtype: str, **fields: object) -> tuple[str, asyncio.Future[dict[str, Any]]]:
+        request_id = f"{self._prefix}{next(self._ids)}"
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._put(control_request(request_id, subtype, **fields))
+        self._waiting[request_id] = future
+        return request_id, future
 
     def _put(self, line: bytes) -> None:
         if self._write is None or self._closed or not self._write(line):

@@ -1,0 +1,191 @@
+"""Tool-use requests from a run to the room and answers back (docs/live-runs.md).
+
+claude asks (``PermissionAsked``, with ``approve_tools``): the request is
+recorded (idempotent on the run and claude's request id, so a reattach that
+replays the journal finds it again), posted once with its actions (Slack
+buttons, Matrix reactions; commands everywhere), and then waits for an
+answer: a command, a button, a reaction, its expiry, or its run's end. Every
+answer goes through :class:`~bridge.approval_desk.ApprovalDesk` (judged,
+recorded by compare-and-set) and reaches claude here (:meth:`decide`), which
+also shows the request as decided.
+
+A request already decided when it is asked again (the decision was recorded
+but the bridge stopped before claude got it) is answered again from the
+record: claude never waits on an answer the room already gave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from bridge.approval_desk import ApprovalDesk
+from bridge.approval_text import outcome_text, parse_input, request_text
+from bridge.approvals import Verdict, cancel_reason, deny_message, timeout_message
+from bridge.config import Settings
+from bridge.core.model import Batch, ReplyKind, RoomKey, RunId, UserId
+from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
+from bridge.live_runs import LiveRuns
+from bridge.replies import Replier, in_conversation
+from bridge.store.base import Approval, ApprovalState, Store, StoreError
+from runner.control import Allow, ControlError, Deny, InputClosed
+from runner.events import PermissionAsked
+
+log = logging.getLogger(__name__)
+
+EXPIRY_CHECK_S = 5.0
+"""How often waiting requests are checked for their expiry (a 900 s default wait)."""
+
+_CHOICES = {
+    ApprovalState.ALLOWED: ApprovalChoice.ALLOW,
+    ApprovalState.ALLOWED_SESSION: ApprovalChoice.ALLOW_SESSION,
+    ApprovalState.DENIED: ApprovalChoice.DENY,
+    ApprovalState.EXPIRED: ApprovalChoice.DENY,
+}
+
+
+@dataclass(slots=True)
+class ApprovalFlow:
+    """Implements :class:`~bridge.live_controls.LiveControls` over the live runs."""
+
+    settings: Settings
+    store: Store
+    replier: Replier
+    runs: LiveRuns
+    refused: Callable[[Verdict], None]
+    wall_clock: Callable[[], float] = time.time
+
+    def desk(self) -> ApprovalDesk:
+        return ApprovalDesk(self.store, self.settings.room, self, self.refused, self.wall_clock)
+
+    # -- from the run --
+
+    async def ask(self, run_id: RunId, batch: Batch, event: PermissionAsked) -> None:
+        """claude asks to use a tool: record, post (once), or answer again from the record."""
+        room = self.settings.room(batch.room)
+        if room is None:
+            return
+        self.runs.asked(batch.room, run_id, event)
+        now = self.wall_clock()
+        approval = await self.store.add_approval(
+            batch.room,
+            run_id,
+            event.request_id,
+            tool_name=event.tool_name,
+            input_json=json.dumps(event.input, ensure_ascii=False),
+            asked_at=now,
+            expires_at=now + room.approval_timeout_s,
+        )
+        choice = _CHOICES.get(approval.state)
+        if choice is not None:
+            # Decided before a restart, never received: say it again.
+            told = approval.reason if choice is ApprovalChoice.DENY else ""
+            if approval.state is ApprovalState.EXPIRED:
+                told = timeout_message(approval.expires_at - approval.asked_at)
+            elif choice is ApprovalChoice.DENY:
+                told = deny_message(approval.reason)
+            await self._answer(approval, choice, told)
+            return
+        if approval.state is not ApprovalState.PENDING or approval.message_id is not None:
+            return
+        text = request_text(approval, self.settings.commands.prefix, room.approval_timeout_s)
+        posted = await self.replier.post_approval(
+            in_conversation(batch, text, ReplyKind.NOTICE), f"#{approval.number}"
+        )
+        if posted is not None:
+            await self.store.set_approval_message(approval, posted)
+
+    async def run_ended(self, room: RoomKey, run_id: RunId, how: str) -> None:
+        """The run is over: what it still waited on can no longer be answered."""
+        try:
+            cancelled = await self.store.cancel_approvals(
+                run_id, cancel_reason(how), self.wall_clock()
+            )
+        except StoreError:
+            log.warning("could not cancel the tool requests of run %s", run_id, exc_info=True)
+            return
+        for approval in cancelled:
+            await self._show(approval)
+
+    # -- from the room --
+
+    async def on_action(self, action: ApprovalAction) -> Accepted:
+        """A button or reaction on a request message."""
+        approval = await self.store.approval_by_message(action.room, action.message_id)
+        if approval is None:
+            return Accepted.IGNORED
+        text = await self.desk().answer(action.sender, approval, action.choice)
+        log.info(
+            "request #%d in %s: %s by %s: %s",
+            approval.number, action.room, action.choice.value, action.sender, text,
+        )  # fmt: skip
+        return Accepted.ACCEPTED
+
+    async def expire_due(self) -> int:
+        """Deny the requests nobody answered in time; how many."""
+        return len(await self.desk().expire_due())
+
+    async def expire_forever(self) -> None:
+        while True:
+            try:
+                await self.expire_due()
+            except StoreError:
+                log.warning("checking tool requests for expiry failed", exc_info=True)
+            await asyncio.sleep(EXPIRY_CHECK_S)
+
+    # -- LiveControls --
+
+    async def decide(
+        self, approval: Approval, choice: ApprovalChoice, sender: UserId | None, reason: str
+    ) -> str:
+        note = await self._answer(approval, choice, reason)
+        await self._show(approval)
+        return note
+
+    async def set_model(self, room: RoomKey, name: str) -> str:
+        control = self.runs.control(room)
+        if control is None or not control.accepting:
+            return ""
+        try:
+            await control.set_model(name)
+        except (ControlError, InputClosed) as exc:
+            return f"The running run keeps its model ({exc}); the next runs use it."
+        return "The running run uses it from its next step."
+
+    async def set_mode(self, room: RoomKey, mode: str) -> str:
+        control = self.runs.control(room)
+        if control is None or not control.accepting:
+            return ""
+        try:
+            await control.set_permission_mode(mode)
+        except (ControlError, InputClosed) as exc:
+            return f"The running run keeps its mode ({exc}); the next runs use it."
+        return "The running run uses it from its next step."
+
+    async def _answer(self, approval: Approval, choice: ApprovalChoice, told: str) -> str:
+        control = self.runs.control(approval.room, approval.run_id)
+        if control is None:
+            return "(The run had already ended.)"
+        asked = self.runs.request(approval.room, approval.run_id, approval.request_id)
+        decision: Allow | Deny
+        if choice is ApprovalChoice.DENY:
+            decision = Deny(told)
+        else:
+            tool_input = asked.input if asked is not None else parse_input(approval.input_json)
+            session = choice is ApprovalChoice.ALLOW_SESSION and asked is not None
+            decision = Allow(tool_input, asked.suggestions if session and asked else ())
+        try:
+            control.answer(approval.request_id, decision)
+        except InputClosed:
+            return "(The run had already ended.)"
+        return ""
+
+    async def _show(self, approval: Approval) -> None:
+        current = await self.store.approval_by_number(approval.room, approval.number)
+        shown = current or approval
+        if shown.message_id is not None:
+            await self.replier.close_approval(shown.room, shown.message_id, outcome_text(shown))

@@ -1,0 +1,62 @@
+"""The runs going on now, by room: what chat reaches while claude works.
+
+The executor binds each run's :class:`~runner.control.RunControl` here once
+claude is spawned (also after a reattach) and unbinds it when the run ends;
+commands, buttons, reactions, expiry and steering find the run through it.
+At most one run per room is bound (the dispatcher's rule), so a room names
+its run.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from bridge.core.model import RoomKey, RunId
+from runner.control import RunControl
+from runner.events import PermissionAsked
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Bound:
+    run_id: RunId
+    control: RunControl
+    asked: dict[str, PermissionAsked] = field(default_factory=dict)
+    """claude's requests by id: an "allow for this session" sends back their suggestions."""
+
+
+@dataclass(slots=True)
+class LiveRuns:
+    _rooms: dict[RoomKey, _Bound] = field(default_factory=dict)
+
+    def bind(self, room: RoomKey, run_id: RunId, control: RunControl) -> None:
+        self._rooms[room] = _Bound(run_id, control)
+
+    def unbind(self, room: RoomKey, run_id: RunId) -> None:
+        bound = self._rooms.get(room)
+        if bound is not None and bound.run_id == run_id:
+            del self._rooms[room]
+
+    def control(self, room: RoomKey, run_id: RunId | None = None) -> RunControl | None:
+        """The room's running run's control (only if it is ``run_id``, when given)."""
+        bound = self._rooms.get(room)
+        if bound is None or (run_id is not None and bound.run_id != run_id):
+            return None
+        return bound.control
+
+    def asked(self, room: RoomKey, run_id: RunId, event: PermissionAsked) -> None:
+        bound = self._rooms.get(room)
+        if bound is not None and bound.run_id == run_id:
+            bound.asked[event.request_id] = event
+
+    def request(self, room: RoomKey, run_id: RunId, request_id: str) -> PermissionAsked | None:
+        bound = self._rooms.get(room)
+        if bound is None or bound.run_id != run_id:
+            return None
+        return bound.asked.get(request_id)
+
+    def run_id(self, room: RoomKey) -> RunId | None:
+        bound = self._rooms.get(room)
+        return None if bound is None else bound.run_id
