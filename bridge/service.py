@@ -92,7 +92,6 @@ def build_transports(settings: Settings) -> list[Transport]:
             ConsoleTransport(
                 settings.console.room,
                 settings.console.user,
-                command_prefix=settings.commands.prefix,
             )
         )
     if settings.matrix is not None:

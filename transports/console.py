@@ -13,6 +13,7 @@ import selectors
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import BinaryIO, TextIO
 
 from bridge.core.model import (
@@ -51,14 +52,11 @@ class ConsoleTransport(Transport):
         *,
         stdin: BinaryIO | None = None,
         stdout: TextIO | None = None,
-        command_prefix: str = "!",
     ) -> None:
-        """``command_prefix`` is the commands' (for the how-to under an approval request)."""
         self.room = RoomKey(NAME, RoomId(room))
         self.user = UserId(user)
         self._stdin = stdin if stdin is not None else sys.stdin.buffer
         self._stdout = stdout if stdout is not None else sys.stdout
-        self._command_prefix = command_prefix
         # Ids must stay unique across restarts: the store ignores a repeated id.
         self._prefix = uuid.uuid4().hex[:12]
         self._sent = 0
@@ -130,10 +128,6 @@ class ConsoleTransport(Transport):
         self._print("· " + " | ".join(text.splitlines()))
 
     async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
-        """The request, and how to answer it: a terminal has no buttons, only commands."""
-        p = self._command_prefix
-        howto = (
-            f"Answer with `{p}approve {ref}`, `{p}approve session {ref}`"
-            f" or `{p}deny {ref} [reason]`."
-        )
-        return await self.send(Reply(request.room, f"{request.text}\n{howto}", ReplyKind.NOTICE))
+        """The request as a notice: a terminal has no buttons; its text says which
+        commands answer it."""
+        return await self.send(replace(request, kind=ReplyKind.NOTICE))

@@ -1,0 +1,206 @@
+"""Live runs through the whole service (console room, fake claude speaking the two-way
+protocol): tools approved, denied, expired and cancelled from chat; messages steered into
+a running run or interrupting it; a prestarted claude; a stop that keeps the session."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.config import load_settings
+from bridge.store.base import ApprovalState, AuditAction
+from tests.bridge.harness import ConsoleSession, write_config
+from tests.config_files import Table
+
+pytestmark = pytest.mark.slow
+
+WAIT_S = 30.0
+"""Each wait ends on an event long before; the bound only turns a hang into a failure."""
+
+
+def rows(tmp_path: Path, sql: str) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(tmp_path / "bridge.db") as db:
+        return db.execute(sql).fetchall()
+
+
+def tool_log(tmp_path: Path) -> list[dict[str, Any]]:
+    path = tmp_path / "tools.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def session(tmp_path: Path, config: Table, **env: str) -> ConsoleSession:
+    base_env = {"FAKE_CLAUDE_ECHO": "1", "FAKE_CLAUDE_TOOL_LOG": str(tmp_path / "tools.jsonl")}
+    path = write_config(tmp_path, config, env={**base_env, **env})
+    return ConsoleSession(load_settings(path))
+
+
+APPROVING: Table = {"defaults": {"approve_tools": True}}
+
+
+async def test_a_tool_use_approved_from_chat_runs_and_the_run_answers(tmp_path: Path) -> None:
+    async with asyncio.timeout(WAIT_S), session(tmp_path, APPROVING) as bridge:
+        bridge.send("list the files")
+        await bridge.wait_for("Claude asks to use")
+        assert tool_log(tmp_path) == []  # it waits for the room
+        assert "`#1`" in bridge.out.getvalue()
+        bridge.send("!approve")
+        out = await bridge.wait_for("list the files")
+        assert "allowed by" in out
+    assert [t["command"] for t in tool_log(tmp_path)] == ["echo hello"]
+    [(state, decided_by)] = rows(tmp_path, "select state, decided_by from approvals")
+    assert state == ApprovalState.ALLOWED.value
+    assert decided_by
+    actions = {a for (a,) in rows(tmp_path, "select action from audit")}
+    assert {AuditAction.APPROVAL_ASKED.value, AuditAction.APPROVAL_ALLOWED.value} <= actions
+
+
+async def test_a_denied_tool_use_does_not_run_and_claude_gets_the_reason(tmp_path: Path) -> None:
+    async with asyncio.timeout(WAIT_S), session(tmp_path, APPROVING) as bridge:
+        bridge.send("delete everything")
+        await bridge.wait_for("Claude asks to use")
+        bridge.send("!deny #1 not on a Friday")
+        await bridge.wait_for("delete everything")
+    assert tool_log(tmp_path) == []
+    [(state, reason)] = rows(tmp_path, "select state, reason from approvals")
+    assert (state, reason) == (ApprovalState.DENIED.value, "not on a Friday")
+    [(status,)] = rows(tmp_path, "select status from runs")
+    assert status == "succeeded"  # the turn went on without the tool
+
+
+async def test_an_unanswered_request_expires_as_a_denial(tmp_path: Path) -> None:
+    async with asyncio.timeout(WAIT_S), session(tmp_path, APPROVING) as bridge:
+        bridge.send("wait for me")
+        await bridge.wait_for("Claude asks to use")
+        assert bridge.service is not None
+        flow = bridge.service.approvals
+        # The expiry is the wall clock's: move it past the request's wait.
+        flow.wall_clock = lambda: time.time() + 10_000
+        assert await flow.expire_due() == 1
+        out = await bridge.wait_for("wait for me")
+        assert "nobody answered in time" in out
+    assert tool_log(tmp_path) == []
+    [(state,)] = rows(tmp_path, "select state from approvals")
+    assert state == ApprovalState.EXPIRED.value
+
+
+async def test_a_stop_cancels_the_waiting_request(tmp_path: Path) -> None:
+    async with asyncio.timeout(WAIT_S), session(tmp_path, APPROVING) as bridge:
+        bridge.send("something risky")
+        await bridge.wait_for("Claude asks to use")
+        bridge.send("!stop")
+        await bridge.wait_for("cancelled: the run ended")
+        bridge.send("!approve #1")
+        await bridge.wait_for("Already answered")
+    assert tool_log(tmp_path) == []
+    [(state,)] = rows(tmp_path, "select state from approvals")
+    assert state == ApprovalState.CANCELLED.value
+
+
+async def test_an_approver_must_not_approve_their_own_run_when_asked_not_to(
+    tmp_path: Path,
+) -> None:
+    config: Table = {"defaults": {"approve_tools": True, "require_other_approver": True}}
+    async with asyncio.timeout(WAIT_S), session(tmp_path, config) as bridge:
+        bridge.send("my own job")
+        await bridge.wait_for("Claude asks to use")
+        bridge.send("!approve")
+        await bridge.wait_for("another approver must answer")
+        bridge.send("!stop")
+        await bridge.wait_for("cancelled: the run ended")
+    assert tool_log(tmp_path) == []
+
+
+def gated(tmp_path: Path) -> dict[str, str]:
+    """The fake's tool runs until the test opens the gate."""
+    return {"FAKE_CLAUDE_TOOL_WAIT_FOR": str(tmp_path / "gate")}
+
+
+async def until_tool_runs(bridge: ConsoleSession, tmp_path: Path) -> None:
+    """The run's tool started (it logs its input once it runs)."""
+    while not tool_log(tmp_path):
+        bridge.out.changed.clear()
+        # The progress line of the tool use is printed when claude announces it;
+        # the log follows at once: wait on output, then on the file.
+        try:
+            async with asyncio.timeout(0.1):
+                await bridge.out.changed.wait()
+        except TimeoutError:
+            pass
+
+
+async def test_steer_folds_messages_into_the_running_run(tmp_path: Path) -> None:
+    config: Table = {
+        "defaults": {"during_run": "steer"},
+        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
+    }
+    async with asyncio.timeout(WAIT_S), session(tmp_path, config, **gated(tmp_path)) as bridge:
+        bridge.send("first")
+        await until_tool_runs(bridge, tmp_path)
+        bridge.send("second")
+        assert bridge.service is not None
+        service = bridge.service
+        while not rows(tmp_path, "select 1 from audit where detail = 'steered'"):
+            await asyncio.sleep(0.02)  # (a store row: nothing to await on)
+        (tmp_path / "gate").touch()
+        out = await bridge.wait_for("first\nsecond")
+        assert service.dispatcher.active_runs in (0, 1)
+    [(run_id, status)] = rows(tmp_path, "select id, status from runs")
+    assert status == "succeeded"
+    assert rows(tmp_path, "select run_id from run_messages") == [(run_id,), (run_id,)]
+    assert out.count("first") == 1  # one answer for both
+
+
+async def test_interrupt_ends_the_turn_and_takes_the_new_message(tmp_path: Path) -> None:
+    config: Table = {
+        "defaults": {"during_run": "interrupt"},
+        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
+    }
+    # Only the first turn uses the (never finishing) tool; the new message's turn answers.
+    env = {**gated(tmp_path), "FAKE_CLAUDE_TOOL_TURNS": "1"}
+    async with asyncio.timeout(WAIT_S), session(tmp_path, config, **env) as bridge:
+        bridge.send("long job")
+        await until_tool_runs(bridge, tmp_path)
+        bridge.send("never mind, do this")
+        await bridge.wait_for("never mind, do this")
+    [(status,)] = rows(tmp_path, "select status from runs")
+    assert status == "succeeded"
+    assert not (tmp_path / "gate").exists()  # the tool never finished: it was interrupted
+
+
+async def test_a_prestarted_claude_answers_and_is_counted(tmp_path: Path) -> None:
+    config: Table = {"runner": {"prestart": True}, "dispatcher": {"coalesce_ms": 300}}
+    async with asyncio.timeout(WAIT_S), session(tmp_path, config) as bridge:
+        bridge.send("hello there")
+        await bridge.wait_for("hello there")
+        assert bridge.service is not None
+        used = bridge.service.metrics.prestarts.labels("used", "")._value.get()
+        assert used == 1
+
+
+async def test_a_stop_keeps_the_session_for_the_next_run(tmp_path: Path) -> None:
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    env = {**gated(tmp_path), "FAKE_CLAUDE_SESSIONS_DIR": str(sessions)}
+    env["FAKE_CLAUDE_RECORD"] = str(tmp_path / "record.json")
+    async with asyncio.timeout(WAIT_S), session(tmp_path, {}, **env) as bridge:
+        bridge.send("first job")
+        await until_tool_runs(bridge, tmp_path)
+        bridge.send("!stop")
+        await bridge.wait_for("Stopped")
+        while rows(tmp_path, "select 1 from runs where status = 'running'"):
+            await asyncio.sleep(0.02)
+        [(kept,)] = rows(tmp_path, "select session_id from rooms")
+        assert kept
+        (tmp_path / "gate").touch()
+        bridge.send("second job")
+        await bridge.wait_for("second job")
+    argv = json.loads((tmp_path / "record.json").read_text())["argv"]
+    assert f"--resume={kept}" in argv
