@@ -11,7 +11,10 @@ Prints p50/p90/p99 of both, and chatbridge's time above echo + window.
 With ``--breakdown`` the service logs its stage stamps (DEBUG) and the table
 of where chatbridge's pings spent their time follows (see ``breakdown.py``).
 
-    python bench/bench_ping.py [--pings 60] [--coalesce-ms 50] [--breakdown]
+With ``--prestart`` chatbridge runs with ``[runner] prestart = true``: the
+room's claude is started when the ping opens its batch, inside the window.
+
+    python bench/bench_ping.py [--pings 60] [--coalesce-ms 50] [--prestart] [--breakdown]
 """
 
 from __future__ import annotations
@@ -119,7 +122,7 @@ async def homeserver(tmp: Path) -> AsyncIterator[SynapseServer]:
         server.stop()
 
 
-async def bench(pings: int, coalesce_ms: int, breakdown: bool) -> None:
+async def bench(pings: int, coalesce_ms: int, breakdown: bool, prestart: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-ping-") as tmp_name:
         tmp = Path(tmp_name)
         async with homeserver(tmp) as synapse:
@@ -138,6 +141,7 @@ async def bench(pings: int, coalesce_ms: int, breakdown: bool) -> None:
                     pings=pings,
                     coalesce_ms=coalesce_ms,
                     breakdown=breakdown,
+                    prestart=prestart,
                 )
             finally:
                 await human.close()
@@ -163,6 +167,7 @@ async def measure(
     pings: int,
     coalesce_ms: int,
     breakdown: bool,
+    prestart: bool = False,
 ) -> tuple[dict[str, list[float]], list[dict[str, float]]]:
     """Join both bots, start chatbridge, then ping each bot ``pings`` times, alternating."""
     human_user, bridge_user, echo_user = users.human, users.bridge, users.echo
@@ -194,6 +199,7 @@ async def measure(
             # The environment overrides the file (as in production).
             "CHATBRIDGE_DISPATCHER__COALESCE_MS": str(coalesce_ms),
             "CHATBRIDGE_MATRIX__SYNC_TIMEOUT_MS": "30000",
+            "CHATBRIDGE_RUNNER__PRESTART": "true" if prestart else "false",
             **stage_env,
         },
     ) as running:
@@ -252,8 +258,11 @@ def main() -> None:
     parser.add_argument(
         "--breakdown", action="store_true", help="log stage stamps and print where the time goes"
     )
+    parser.add_argument(
+        "--prestart", action="store_true", help="start claude inside the window ([runner] prestart)"
+    )
     args = parser.parse_args()
-    asyncio.run(bench(args.pings, args.coalesce_ms, args.breakdown))
+    asyncio.run(bench(args.pings, args.coalesce_ms, args.breakdown, args.prestart))
 
 
 if __name__ == "__main__":
