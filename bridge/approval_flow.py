@@ -99,6 +99,27 @@ class ApprovalFlow:
         if posted is not None:
             await self.store.set_approval_message(approval, posted)
 
+    async def withdrawn(self, room: RoomKey, run_id: RunId, request_id: str) -> None:
+        """claude no longer waits for this request (an interrupt withdrew it)."""
+        asked = self.runs.request(room, run_id, request_id)
+        if asked is None:
+            return
+        now = self.wall_clock()
+        # Looked up by (run, request): recorded now if its ask has not got that far.
+        approval = await self.store.add_approval(
+            room,
+            run_id,
+            request_id,
+            tool_name=asked.tool_name,
+            input_json=json.dumps(asked.input, ensure_ascii=False),
+            asked_at=now,
+            expires_at=now,
+        )
+        if await self.store.decide_approval(
+            approval, ApprovalState.CANCELLED, None, now, "claude withdrew it"
+        ):
+            await self._show(approval)
+
     async def run_ended(self, room: RoomKey, run_id: RunId, how: str) -> None:
         """The run is over: what it still waited on can no longer be answered."""
         try:
@@ -179,10 +200,10 @@ class ApprovalFlow:
             session = choice is ApprovalChoice.ALLOW_SESSION and asked is not None
             decision = Allow(tool_input, asked.suggestions if session and asked else ())
         try:
-            control.answer(approval.request_id, decision)
+            sent = control.answer(approval.request_id, decision)
         except InputClosed:
             return "(The run had already ended.)"
-        return ""
+        return "" if sent else "(claude no longer waits for it.)"
 
     async def _show(self, approval: Approval) -> None:
         current = await self.store.approval_by_number(approval.room, approval.number)

@@ -161,6 +161,8 @@ def outcome_text(approval: Approval) -> str:
         line += f" by {code_span(approval.decided_by, 100)}"
     if approval.state is ApprovalState.DENIED and approval.reason:
         line += f" ({code_span(approval.reason)})"
+    elif approval.state is ApprovalState.CANCELLED and approval.reason:
+        line = line.removesuffix("the run ended") + approval.reason  # (our own words)
     return line + "."
 
 

@@ -97,7 +97,15 @@ from runner import (
     run_claude,
 )
 from runner.control import InputClosed, RunControl
-from runner.events import Init, PermissionAsked, Result, RunEvent, Spawned, ToolUse
+from runner.events import (
+    Init,
+    PermissionAsked,
+    PermissionCancelled,
+    Result,
+    RunEvent,
+    Spawned,
+    ToolUse,
+)
 
 log = logging.getLogger(__name__)
 
@@ -297,6 +305,11 @@ class _Live:
             and self.answer is None
         )
         return self.detached
+
+
+def _stopping(live: _Live) -> bool:
+    """The dispatcher is cancelling the run (a stop, a shutdown)."""
+    return live.dispatched is not None and live.dispatched.end_reason is not None
 
 
 async def _wind_down(live: _Live) -> None:
@@ -617,6 +630,12 @@ class RunExecutor:
                             self.approvals.ask(run.id, run.batch, event), name=f"ask {run.id}"
                         )
                     )
+                case PermissionCancelled(request_id=request_id) if (
+                    self.approvals is not None and not _stopping(live)
+                ):
+                    # (A stop's interrupt withdraws it too: the run's end says why.)
+                    withdrawn = self.approvals.withdrawn(run.batch.room, run.id, request_id)
+                    live.beside(asyncio.create_task(withdrawn, name=f"withdrawn {run.id}"))
                 case Result() if not (live.control.settled or live.control.closed):
                     # An earlier turn's result: messages steered into the run came
                     # after it. A success answers what the run had so far.

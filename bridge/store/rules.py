@@ -82,8 +82,9 @@ APPROVAL_ACTIONS = {
 }
 """The audit action recording a request's end in each state."""
 
-DECISIONS = frozenset(APPROVAL_ACTIONS) - {ApprovalState.CANCELLED}
-"""What ``decide_approval`` may set (cancelling is ``cancel_approvals``: a run's end)."""
+DECISIONS = frozenset(APPROVAL_ACTIONS)
+"""What ``decide_approval`` may set: every end, cancelled included (claude withdrew one
+request); a run's end cancels all of its at once (``cancel_approvals``)."""
 
 _REASON_LIMIT_BYTES = 1024
 

@@ -204,3 +204,24 @@ async def test_a_stop_keeps_the_session_for_the_next_run(tmp_path: Path) -> None
         await bridge.wait_for("second job")
     argv = json.loads((tmp_path / "record.json").read_text())["argv"]
     assert f"--resume={kept}" in argv
+
+
+async def test_an_interrupt_withdraws_the_waiting_request(tmp_path: Path) -> None:
+    config: Table = {
+        "defaults": {"approve_tools": True, "during_run": "interrupt"},
+        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
+    }
+    async with (
+        asyncio.timeout(WAIT_S),
+        session(tmp_path, config, FAKE_CLAUDE_TOOL_TURNS="1") as bridge,
+    ):
+        bridge.send("risky job")
+        await bridge.wait_for("Claude asks to use")
+        bridge.send("rather this")
+        await bridge.wait_for("cancelled: claude withdrew it")
+        await bridge.wait_for("rather this")
+        bridge.send("!approve #1")
+        await bridge.wait_for("Already answered")
+    assert tool_log(tmp_path) == []
+    [(state,)] = rows(tmp_path, "select state from approvals")
+    assert state == ApprovalState.CANCELLED.value

@@ -179,14 +179,22 @@ async def test_expiry_is_a_decision_nobody_made(store: InspectableStore) -> None
     assert (last.action, last.actor) == (AuditAction.APPROVAL_EXPIRED, None)
 
 
-@pytest.mark.parametrize("state", [ApprovalState.PENDING, ApprovalState.CANCELLED])
-async def test_decide_refuses_states_that_are_not_decisions(
-    store: InspectableStore, state: ApprovalState
-) -> None:
+async def test_decide_refuses_pending_as_a_decision(store: InspectableStore) -> None:
     approval = await ask(store, "r1")
     with pytest.raises(ValueError, match="cannot be decided"):
-        await store.decide_approval(approval, state, ALICE, 120.0)
+        await store.decide_approval(approval, ApprovalState.PENDING, ALICE, 120.0)
     assert await store.pending_approvals() == [approval]
+
+
+async def test_one_request_can_be_cancelled_alone(store: InspectableStore) -> None:
+    """claude withdrew it (an interrupt): the run's other requests still wait."""
+    first, second = await ask(store, "r1"), await ask(store, "r2")
+    assert await store.decide_approval(
+        first, ApprovalState.CANCELLED, None, 120.0, "claude withdrew it"
+    )
+    assert await store.pending_approvals() == [second]
+    last = (await store.audit_trail(run_id=RUN))[-1]
+    assert last.action is AuditAction.APPROVAL_CANCELLED
 
 
 async def test_a_runs_end_cancels_its_pending_requests(store: InspectableStore) -> None:
