@@ -1,0 +1,55 @@
+"""Live runs broken the way chat text, processes and restarts break them (review b)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bridge.core.model import RunId, RunStatus
+from runner import MessageTaken, Result, RunControl, RunEvent, run_claude
+from runner.prestart import prestart
+from tests.runner.conftest import Recorder, pids_with_marker
+from tests.runner.test_run_fake import fake_env, make_request
+
+pytestmark = pytest.mark.slow
+
+HALF_EMOJI = "cut \ud83d here"
+"""A lone UTF-16 surrogate: what a chat's JSON (``"\\ud83d"``) decodes to, and valid JSON."""
+
+
+async def test_a_lone_surrogate_reaches_claude_as_one_line(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    control = RunControl()
+    sent: list[str] = []
+
+    async def on_event(event: RunEvent) -> None:
+        await recorder(event)
+        if isinstance(event, Result) and not sent:
+            sent.append(control.send(HALF_EMOJI + " again"))
+
+    env = fake_env(tmp_path, echo="1", no_tool="1")
+    report = await run_claude(
+        make_request(run_id, tmp_path, HALF_EMOJI, env=env), on_event, control=control
+    )
+    assert report.status is RunStatus.SUCCEEDED, report.error
+    first, second = recorder.of(Result)
+    assert first.text == HALF_EMOJI
+    assert second.text == HALF_EMOJI + " again"
+    assert pids_with_marker(run_id) == []
+
+
+async def test_a_lone_surrogate_into_a_prestarted_claude(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    request = make_request(run_id, tmp_path, HALF_EMOJI, env=fake_env(tmp_path, echo="1"))
+    started = await prestart(request)
+    assert await started.ready
+    async with asyncio.timeout(30):
+        report = await run_claude(request, recorder, prestarted=started)
+    assert report.status is RunStatus.SUCCEEDED, report.error
+    assert report.result_text == HALF_EMOJI
+    assert pids_with_marker(run_id) == []
