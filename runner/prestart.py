@@ -31,10 +31,11 @@ from runner import supervision
 from runner.command import build_argv, build_env, control_request
 from runner.errors import StreamError
 from runner.events import ControlAnswer
+from runner.journal import JOURNAL
 from runner.request import RunRequest
 from runner.rundir import make_run_dir, remove_run_dir
 from runner.stream import LineFramer, parse_line
-from runner.supervision import Limits, Record, Supervised
+from runner.supervision import Limits, Malformed, Record, Supervised, parse_header
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,12 @@ class Prestarted:
             return None
         if not await self.ready or supervised.claude_exit.done() or supervised.gone.done():
             return None
+        # Nothing reads the journal between ``ready`` and now: a claude that died
+        # meanwhile, or that its supervisor stopped (idle past ``idle_timeout_s`` through
+        # a long debounce), is only known from the journal's file. Taken, the run would
+        # report that end (failed, stalled) instead of starting cold.
+        if _ended(self.run_dir, self._read[-1].end if self._read else 0):
+            return None
         supervised.unread(self._read)
         self._supervised = None  # the run owns it now; cancel leaves it alone
         return supervised
@@ -112,6 +119,26 @@ class Prestarted:
         finally:
             await supervised.close()
             remove_run_dir(self.run_dir)
+
+
+_ENDING = frozenset({"stopping", "expired", "exited", "stdin_closed", "done"})
+"""Records that say a run is over or being stopped: nothing to give a prompt to."""
+
+
+def _ended(run_dir: Path, offset: int) -> bool:
+    """Whether the run's journal says, past ``offset``, that it ended or is being stopped
+    (or cannot be read: then it is not trusted with the prompt either)."""
+    try:
+        with (run_dir / JOURNAL).open("rb") as journal:
+            journal.seek(offset)
+            while (line := journal.readline()).endswith(b"\n"):
+                fields = parse_header(line)
+                if fields["t"] in _ENDING:
+                    return True
+                journal.seek(fields.get("n", 0), os.SEEK_CUR)
+    except (OSError, Malformed):
+        return True
+    return False
 
 
 def _answers_initialize(framer: LineFramer, payload: bytes) -> bool:

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
+import os
+import signal
 from pathlib import Path
 
 import pytest
 
 from bridge.core.model import RunId, RunStatus
-from runner import MessageTaken, Result, RunControl, RunEvent, run_claude
+from runner import Result, RunControl, RunEvent, run_claude
 from runner.prestart import prestart
-from tests.runner.conftest import Recorder, pids_with_marker
+from tests.runner.conftest import Recorder, is_alive, pids_with_marker
 from tests.runner.test_run_fake import fake_env, make_request
 
 pytestmark = pytest.mark.slow
@@ -52,4 +53,39 @@ async def test_a_lone_surrogate_into_a_prestarted_claude(
         report = await run_claude(request, recorder, prestarted=started)
     assert report.status is RunStatus.SUCCEEDED, report.error
     assert report.result_text == HALF_EMOJI
+    assert pids_with_marker(run_id) == []
+
+
+async def test_a_prestarted_claude_that_died_after_ready_falls_back_to_a_cold_start(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    request = make_request(run_id, tmp_path, "cold", env=fake_env(tmp_path, echo="1"))
+    started = await prestart(request)
+    assert await started.ready
+    os.kill(started.live.claude_pid, signal.SIGKILL)
+    async with asyncio.timeout(10):  # its supervisor journals the exit and finishes
+        while is_alive(started.live.supervisor_pid):
+            await asyncio.sleep(0.05)
+    async with asyncio.timeout(30):
+        report = await run_claude(request, recorder, prestarted=started)
+    assert report.status is RunStatus.SUCCEEDED, report.error
+    assert report.result_text == "cold"
+    assert pids_with_marker(run_id) == []
+
+
+async def test_a_prestart_its_supervisor_expired_falls_back_to_a_cold_start(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    # Idle longer than idle_timeout_s (a long debounce): the supervisor stopped it.
+    env = fake_env(tmp_path, echo="1")
+    request = make_request(run_id, tmp_path, "cold", env=env, idle_timeout_s=0.5)
+    started = await prestart(request)
+    assert await started.ready
+    async with asyncio.timeout(10):
+        while is_alive(started.live.claude_pid):
+            await asyncio.sleep(0.05)
+    async with asyncio.timeout(30):
+        report = await run_claude(request, recorder, prestarted=started)
+    assert report.status is RunStatus.SUCCEEDED, report.error
+    assert report.result_text == "cold"
     assert pids_with_marker(run_id) == []
