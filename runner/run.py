@@ -73,7 +73,7 @@ from bridge.core.aio import shielded
 from bridge.core.model import LiveRun, RunReport, RunStatus, SessionId
 from runner import supervision
 from runner.command import build_argv, build_env, new_uuid, user_message
-from runner.control import ControlError, InputClosed, RunControl
+from runner.control import ControlError, InputClosed, RunControl, too_long
 from runner.errors import InvalidRequest, StreamError
 from runner.events import ApiRetry, ControlAnswer, Init, Result, RunEvent, Spawned
 from runner.prestart import Prestarted
@@ -218,11 +218,25 @@ async def run_claude(
     cancelled and the run starts cold.
     """
     control = control if control is not None else RunControl()
+    first = user_message(request.prompt, new_uuid())
+    if too_long(first, request.max_line_bytes):
+        # claude would take it, and its echo would end the run unreadable, unanswered.
+        if prestarted is not None:
+            await prestarted.cancel()
+        error = f"the message is too long for claude's stream ({len(first)} bytes)"
+        return RunReport(RunStatus.FAILED, error=error)
     if prestarted is not None:
         supervised = await prestarted.take(request)
         if supervised is not None:
             return await _follow_prestarted(
-                request, supervised, prestarted.run_dir, on_event, on_position, detach, control
+                request,
+                supervised,
+                prestarted.run_dir,
+                first,
+                on_event,
+                on_position,
+                detach,
+                control,
             )
         await prestarted.cancel()
     try:
@@ -238,7 +252,6 @@ async def run_claude(
     detached = False
     try:
         try:
-            first = user_message(request.prompt, new_uuid())
             supervised = await supervision.start(
                 request, argv, env=env, run_dir=run_dir, limits=limits, first=first
             )
@@ -272,14 +285,16 @@ async def _follow_prestarted(  # noqa: PLR0917
     request: RunRequest,
     supervised: Supervised,
     run_dir: Path,
+    first: bytes,
     on_event: EventCallback,
     on_position: PositionCallback | None,
     detach: Callable[[], bool] | None,
     control: RunControl,
 ) -> RunReport:
-    """A prestarted claude gets the prompt as its first user message, then as a cold start."""
+    """A prestarted claude gets the prompt (``first``) as its first user message, then as
+    a cold start."""
     try:
-        if not supervised.write_stdin(user_message(request.prompt, new_uuid())):
+        if not supervised.write_stdin(first):
             supervised.stop()  # its connection is gone: the run cannot be given its prompt
         return await _follow(request, supervised, on_event, on_position, detach, control)
     finally:
@@ -452,7 +467,11 @@ class _Run:
         if supervised.version >= 2:
             # Input goes to the supervisor from now on; a reattached control only
             # acts on the end rule once its replay of the journal caught up.
-            self._control.bind(supervised.write_stdin, supervised.close_stdin)
+            self._control.bind(
+                supervised.write_stdin,
+                supervised.close_stdin,
+                max_line_bytes=request.max_line_bytes,
+            )
         await self._on_event(Spawned(supervised.claude_pid, supervised.live))
         self._task(self._feed_stdin())
         self._task(self._pump())

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from bridge.core.model import RunId, RunStatus
-from runner import Result, RunControl, RunEvent, run_claude
+from runner import InputClosed, MessageTooLong, Result, RunControl, RunEvent, run_claude
 from runner.prestart import prestart
 from tests.runner.conftest import Recorder, is_alive, pids_with_marker
 from tests.runner.test_run_fake import fake_env, make_request
@@ -88,4 +89,41 @@ async def test_a_prestart_its_supervisor_expired_falls_back_to_a_cold_start(
         report = await run_claude(request, recorder, prestarted=started)
     assert report.status is RunStatus.SUCCEEDED, report.error
     assert report.result_text == "cold"
+    assert pids_with_marker(run_id) == []
+
+
+async def test_a_message_too_long_for_the_run_is_refused_not_lost(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    # claude echoes a message whole: an echo over max_line_bytes would end the run
+    # unreadable, its answer the earlier turn's, the message silently unanswered.
+    control = RunControl()
+    refused: list[Exception] = []
+
+    async def on_event(event: RunEvent) -> None:
+        await recorder(event)
+        if isinstance(event, Result) and not refused:
+            try:
+                control.send("y" * 100_000)
+            except MessageTooLong as exc:
+                refused.append(exc)
+
+    env = fake_env(tmp_path, echo="1", no_tool="1")
+    request = make_request(run_id, tmp_path, "short", env=env, max_line_bytes=64 * 1024)
+    report = await run_claude(request, on_event, control=control)
+    assert report.status is RunStatus.SUCCEEDED, report.error
+    assert report.exit_code == 0  # claude ended on the end rule's eof, not stopped
+    assert len(refused) == 1
+    assert isinstance(refused[0], InputClosed)  # the caller's follow-up run says why
+
+    long = replace(request, prompt="y" * 100_000)
+    report = await run_claude(long, Recorder())
+    assert report.status is RunStatus.FAILED
+    assert "too long" in report.error
+    started = await prestart(request)
+    assert await started.ready
+    report = await run_claude(long, Recorder(), prestarted=started)
+    assert report.status is RunStatus.FAILED
+    assert "too long" in report.error
+    assert not is_alive(started.live.supervisor_pid)
     assert pids_with_marker(run_id) == []
