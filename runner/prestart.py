@@ -53,6 +53,8 @@ class Prestarted:
         self.live = supervised.live
         """Where its supervisor is reached (as in ``Spawned``)."""
         self._supervised: Supervised | None = supervised
+        self._stopping: asyncio.Task[None] | None = None
+        """The stop :meth:`cancel` began."""
         self._read: list[Record] = []
         """Records the wait for ``initialize``'s answer read: handed back to the run."""
         self.ready: asyncio.Task[bool] = asyncio.create_task(self._until_ready(supervised))
@@ -82,7 +84,12 @@ class Prestarted:
         supervised = self._supervised
         if supervised is None or not self.matches(request):
             return None
-        if not await self.ready or supervised.claude_exit.done() or supervised.gone.done():
+        # Not ``await self.ready``: a cancel meanwhile (the batch was dropped) cancels that
+        # task, and awaiting it would cancel the run that waits here, which nobody stopped.
+        await asyncio.wait({self.ready})
+        if self._supervised is not supervised or self.ready.cancelled():
+            return None  # cancelled meanwhile: the run starts cold
+        if not self.ready.result() or supervised.claude_exit.done() or supervised.gone.done():
             return None
         # Nothing reads the journal between ``ready`` and now: a claude that died
         # meanwhile, or that its supervisor stopped (idle past ``idle_timeout_s`` through
@@ -95,11 +102,17 @@ class Prestarted:
         return supervised
 
     async def cancel(self) -> None:
-        """Stop it and leave nothing (no-op once a run took it). Shielded."""
+        """Stop it and leave nothing (no-op once a run took it). Shielded.
+
+        A second call waits for the first one's stop: a run that found its prestart
+        cancelled meanwhile starts cold only once that stop is over, since both use
+        the run's id (its marker, its directory).
+        """
         supervised, self._supervised = self._supervised, None
-        if supervised is None:
-            return
-        await shielded(self._stop(supervised))
+        if supervised is not None:
+            self._stopping = asyncio.create_task(self._stop(supervised))
+        if self._stopping is not None:
+            await shielded(_finished(self._stopping))
 
     async def _stop(self, supervised: Supervised) -> None:
         self.ready.cancel()
@@ -119,6 +132,10 @@ class Prestarted:
         finally:
             await supervised.close()
             remove_run_dir(self.run_dir)
+
+
+async def _finished(task: asyncio.Task[None]) -> None:
+    await task
 
 
 _ENDING = frozenset({"stopping", "expired", "exited", "stdin_closed", "done"})

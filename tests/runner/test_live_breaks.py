@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 from bridge.core.model import RunId, RunStatus
-from runner import InputClosed, MessageTooLong, Result, RunControl, RunEvent, run_claude
+from runner import (
+    InputClosed,
+    MessageTooLong,
+    Result,
+    RunControl,
+    RunEvent,
+    Spawned,
+    run_claude,
+)
 from runner.prestart import prestart
 from tests.runner.conftest import Recorder, is_alive, pids_with_marker
 from tests.runner.test_run_fake import fake_env, make_request
@@ -125,5 +133,29 @@ async def test_a_message_too_long_for_the_run_is_refused_not_lost(
     report = await run_claude(long, Recorder(), prestarted=started)
     assert report.status is RunStatus.FAILED
     assert "too long" in report.error
+    assert not is_alive(started.live.supervisor_pid)
+    assert pids_with_marker(run_id) == []
+
+
+async def test_a_prestart_cancelled_while_its_run_takes_it(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    # Cancelled (the batch was dropped) while run_claude waits for it to be ready: the
+    # run is not cancelled by it (nobody cancelled the run), it starts cold.
+    # The cold start waits for the cancel's stop: same run id, same run directory.
+    env = fake_env(tmp_path, echo="1")
+    request = make_request(run_id, tmp_path, "cold", env=env, state_dir=tmp_path / "state")
+    started = await prestart(request)
+    run = asyncio.create_task(run_claude(request, recorder, prestarted=started))
+    await asyncio.sleep(0)  # run_claude waits for ready (initialize is not answered yet)
+    assert not started.ready.done()
+    await started.cancel()
+    async with asyncio.timeout(30):
+        report = await run
+    assert report.status is RunStatus.SUCCEEDED, report.error
+    assert report.result_text == "cold"
+    (spawned,) = recorder.of(Spawned)
+    assert spawned.pid != started.live.claude_pid
+    assert Path(spawned.live.run_dir, "journal").exists()  # the cancel removed only its own
     assert not is_alive(started.live.supervisor_pid)
     assert pids_with_marker(run_id) == []
