@@ -431,6 +431,8 @@ class _Run:
         self._supervised = supervised
         self._control = control
         self._final = False
+        self._bound = False
+        """The control was bound (see :meth:`_bind`)."""
         """The end rule held (a result after every message was taken): the answer is in."""
         self._results = asyncio.Event()
         """Set at each result (the stop waits for the one its interrupt causes)."""
@@ -464,14 +466,8 @@ class _Run:
         """Follow the run until it ended one of the ways listed in the module doc."""
         request = self._request
         supervised = self._supervised
-        if supervised.version >= 2:
-            # Input goes to the supervisor from now on; a reattached control only
-            # acts on the end rule once its replay of the journal caught up.
-            self._control.bind(
-                supervised.write_stdin,
-                supervised.close_stdin,
-                max_line_bytes=request.max_line_bytes,
-            )
+        if not supervised.history_end:
+            self._bind()  # a new run: no history to replay first
         await self._on_event(Spawned(supervised.claude_pid, supervised.live))
         self._task(self._feed_stdin())
         self._task(self._pump())
@@ -491,6 +487,23 @@ class _Run:
             return Answered(lingering=not exited.done())
         return ending
 
+    def _bind(self) -> None:
+        """Input goes to the supervisor from now on (protocol version 2).
+
+        A reattached control is bound only once its replay reached the journal's
+        length at the attach: until then it does not know whether the run still
+        takes input (a ``stdin_closed`` may come), and the supervisor drops what it
+        is sent after that, while ``send`` would have returned as if it was counted.
+        """
+        if self._bound or self._supervised.version < 2:
+            return
+        self._bound = True
+        self._control.bind(
+            self._supervised.write_stdin,
+            self._supervised.close_stdin,
+            max_line_bytes=self._request.max_line_bytes,
+        )
+
     async def _feed_stdin(self) -> None:
         # The prompt went with the first records; this only waits for it to be sent.
         await self._supervised.drain()
@@ -507,6 +520,8 @@ class _Run:
         decoding = True
         last_out = 0
         while (record := await supervised.read()) is not None:
+            if record.end >= supervised.history_end:
+                self._bind()  # the replay caught up (this record's events are live)
             match record.kind:
                 case "out":
                     last_out = record.end

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,11 +14,13 @@ import pytest
 from bridge.core.model import RunId, RunStatus
 from runner import (
     InputClosed,
+    MessageTaken,
     MessageTooLong,
     Result,
     RunControl,
     RunEvent,
     Spawned,
+    attach_claude,
     run_claude,
 )
 from runner.prestart import prestart
@@ -158,4 +161,75 @@ async def test_a_prestart_cancelled_while_its_run_takes_it(
     assert spawned.pid != started.live.claude_pid
     assert Path(spawned.live.run_dir, "journal").exists()  # the cancel removed only its own
     assert not is_alive(started.live.supervisor_pid)
+    assert pids_with_marker(run_id) == []
+
+
+DEAF_CLAUDE = """
+import json, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+first = json.loads(sys.stdin.readline())
+sys.stdout.write(json.dumps({**first, "isReplay": True}) + "\\n")
+sys.stdout.flush()
+while True:  # never reads stdin again: no interrupt answered, no eof seen
+    time.sleep(1)
+"""
+
+
+async def test_a_stop_of_a_claude_deaf_to_interrupt_and_term_is_bounded(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    script = tmp_path / "deaf-claude"
+    script.write_text(f"#!{sys.executable}\n{DEAF_CLAUDE}")
+    script.chmod(0o755)
+    request = make_request(run_id, tmp_path, claude_bin=str(script), stop_grace_s=0.5)
+    task = asyncio.create_task(run_claude(request, recorder))
+    async with asyncio.timeout(10):
+        await recorder.wait_for(MessageTaken)
+    task.cancel()
+    async with asyncio.timeout(30):  # gentle (interrupt, eof) then TERM, then KILL
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert pids_with_marker(run_id) == []
+
+
+async def test_a_reattached_control_takes_no_input_its_journal_closed(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    # Detached, the run's turn ended and its supervisor closed claude's stdin (claude
+    # lingers). A restarted bridge that sends before its replay reached that record
+    # would have the message dropped by the supervisor, and its send() returned a uuid.
+    gate = tmp_path / "gate"
+    env = fake_env(tmp_path, tool_wait_for=str(gate), linger="3")
+    request = make_request(run_id, tmp_path, env=env, state_dir=tmp_path / "state")
+    task = asyncio.create_task(run_claude(request, recorder, detach=lambda: True))
+    await recorder.wait_for(MessageTaken)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    (spawned,) = recorder.of(Spawned)
+    journal = Path(spawned.live.run_dir, "journal")
+    gate.touch()
+    async with asyncio.timeout(10):
+        while b'"stdin_closed"' not in journal.read_bytes():
+            await asyncio.sleep(0.05)
+    assert is_alive(spawned.live.supervisor_pid)
+
+    control = RunControl()
+    refused: list[bool] = []
+
+    async def on_event(event: RunEvent) -> None:
+        if isinstance(event, Spawned | Result):
+            try:
+                control.send("too late")
+            except InputClosed:
+                refused.append(True)
+            else:
+                refused.append(False)
+
+    async with asyncio.timeout(30):
+        report = await attach_claude(
+            replace(request, prompt=""), spawned.live, on_event, control=control
+        )
+    assert report.status is RunStatus.SUCCEEDED, report.error
+    assert refused == [True, True]
     assert pids_with_marker(run_id) == []
