@@ -13,9 +13,11 @@ import pytest
 
 from bridge.core.model import RunId, RunStatus
 from runner import (
+    Allow,
     InputClosed,
     MessageTaken,
     MessageTooLong,
+    PermissionAsked,
     Result,
     RunControl,
     RunEvent,
@@ -232,4 +234,29 @@ async def test_a_reattached_control_takes_no_input_its_journal_closed(
         )
     assert report.status is RunStatus.SUCCEEDED, report.error
     assert refused == [True, True]
+    assert pids_with_marker(run_id) == []
+
+
+async def test_over_the_spool_cap_approvals_and_steering_still_work(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    control = RunControl()
+    sent: list[str] = []
+
+    async def on_event(event: RunEvent) -> None:
+        await recorder(event)
+        if isinstance(event, PermissionAsked):
+            assert control.answer(event.request_id, Allow(event.input))
+        if isinstance(event, Result) and not sent:
+            sent.append(control.send("more"))
+
+    env = fake_env(tmp_path, huge="200000", result="fine")
+    request = make_request(run_id, tmp_path, env=env, approve_tools=True, spool_max_bytes=50_000)
+    async with asyncio.timeout(30):
+        report = await run_claude(request, on_event, control=control)
+    assert report.status is RunStatus.SUCCEEDED, report.error
+    assert len(recorder.of(Result)) == 2
+    assert len(recorder.of(PermissionAsked)) == 2
+    assert sent[0] in [t.uuid for t in recorder.of(MessageTaken)]
+    assert report.exit_code == 0
     assert pids_with_marker(run_id) == []
