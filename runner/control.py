@@ -99,6 +99,8 @@ class RunControl:
         self._sent: set[str] = set()
         self._taken: set[str] = set()
         self._settled = False
+        self._after_result = False
+        """A message was sent or taken since the last result (see :attr:`last_result_answers`)."""
         self._closed = False
         self._asked: dict[str, PermissionAsked] = {}
         self._answered: set[str] = set()
@@ -232,6 +234,13 @@ class RunControl:
         return self._settled and not self._closed
 
     @property
+    def last_result_answers(self) -> bool:
+        """No message was sent, nor taken by claude, after the last result: that result
+        answers all the run was given (a message taken after it began a turn whose
+        result did not come; one sent after it was not answered)."""
+        return not self._after_result
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -271,8 +280,10 @@ class RunControl:
         match event:
             case MessageTaken(uuid=uid):
                 self._taken.add(uid)
+                self._after_result = True
             case Result():
                 self._settled = self._sent <= self._taken
+                self._after_result = False
             case PermissionAsked(request_id=request_id):
                 self._asked[request_id] = event
             case PermissionCancelled(request_id=request_id):
@@ -291,3 +302,4 @@ class RunControl:
         if uid not in self._sent:
             self._sent.add(uid)
             self._settled = False
+            self._after_result = True

@@ -24,7 +24,9 @@ A run ends in exactly one of these ways (an :data:`Ending`), each mapped to a
   a non-error result is the outcome even if claude then exits non-zero).
   ``on_event`` gets every :class:`Result` before any of that: the caller can
   answer the room at once (:func:`answer_report`) while this module stops
-  and reaps the run; the report is built from the last one;
+  and reaps the run; the report is built from the last one (a success
+  stands only if it answered every message sent: claude dying in a later
+  turn fails the run);
 - claude exited without a result: failed, with a stderr tail (and
   ``session_not_found`` when ``--resume`` named an unknown session);
 - its output was not stream-json (bad JSON, a line over the cap): failed;
@@ -701,7 +703,7 @@ class _Run:
             session = result.session_id
         elif self._init is not None and self._init.session_id:
             session = self._init.session_id
-        if result is not None and not result.is_error:
+        if result is not None and not result.is_error and self._control.last_result_answers:
             # The answer is the outcome, however claude went on (bridge.runs
             # has already sent it); an odd exit only goes to the log.
             if code != 0 or not isinstance(ending, Answered):
@@ -756,9 +758,17 @@ class _Run:
                 session_not_found=True,
                 **common,
             )
-        if result is not None:
+        if result is not None and result.is_error:
             detail = "; ".join(result.errors) or result.text or "no detail"
             error = self._with_stderr(f"claude reported an error ({result.subtype}): {detail}")
+            return RunReport(RunStatus.FAILED, error=error, **common)
+        if result is not None:
+            # An earlier turn's answer (handed on already): a message sent after it
+            # was not answered, and that answer is not this run's outcome.
+            error = self._with_stderr(
+                f"claude exited with {_describe_exit(code)} before it answered "
+                "the message(s) sent after its last answer"
+            )
             return RunReport(RunStatus.FAILED, error=error, **common)
         error = self._with_stderr(f"claude exited with {_describe_exit(code)} without a result")
         return RunReport(RunStatus.FAILED, error=error, **common)

@@ -260,3 +260,28 @@ async def test_over_the_spool_cap_approvals_and_steering_still_work(
     assert sent[0] in [t.uuid for t in recorder.of(MessageTaken)]
     assert report.exit_code == 0
     assert pids_with_marker(run_id) == []
+
+
+async def test_claude_dying_before_it_answered_a_later_message_fails_the_run(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    # The first turn's answer was handed on (and shown); the run's report must not
+    # be that answer again, as if the message sent after it had been answered.
+    control = RunControl()
+    sent: list[str] = []
+
+    async def on_event(event: RunEvent) -> None:
+        await recorder(event)
+        if isinstance(event, Result) and not sent:
+            sent.append(control.send("second"))
+        if isinstance(event, MessageTaken) and event.uuid in sent:
+            os.kill(recorder.of(Spawned)[0].pid, signal.SIGKILL)
+
+    env = fake_env(tmp_path, result="first answer", no_tool="1", sleep="1")  # each turn
+    request = make_request(run_id, tmp_path, env=env)
+    async with asyncio.timeout(30):
+        report = await run_claude(request, on_event, control=control)
+    assert len(recorder.of(Result)) == 1
+    assert report.status is RunStatus.FAILED
+    assert "SIGKILL" in report.error
+    assert pids_with_marker(run_id) == []

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bridge.core.model import RunId, RunStatus
-from runner import MessageTaken, PermissionAsked, Result, RunControl, run_claude
+from runner import MessageTaken, PermissionAsked, Result, RunControl, RunEvent, run_claude
 from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin
 from tests.runner.conftest import Recorder, pids_with_marker
 from tests.runner.test_live_real import asking, gate
@@ -61,4 +61,33 @@ async def test_a_stop_during_a_permission_request_leaves_nothing(
     (result,) = recorder.of(Result)
     assert result.terminal_reason == "aborted_tools"
     assert not (tmp_path / "x").exists()
+    assert pids_with_marker(run_id) == []
+
+
+HOSTILE = 'line\nbreak\r\x00nul \u2028sep\u2029par \x85nel "quote" \\ \ud83d half \U0001f600'
+
+
+async def test_a_hostile_message_reaches_claude_whole(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    control = RunControl()
+    sent: list[str] = []
+
+    async def on_event(event: RunEvent) -> None:
+        await recorder(event)
+        if isinstance(event, Result) and not sent:
+            sent.append(control.send(HOSTILE + " again"))
+
+    script = [Turn(text="First."), Turn(text="Second.")]
+    async with ModelServer(script) as server:
+        async with asyncio.timeout(60):
+            report = await run_claude(
+                real_request(run_id, tmp_path, server, HOSTILE), on_event, control=control
+            )
+        texts = ["\n".join(r.texts()) for r in server.agent_requests]
+    assert report.status is RunStatus.SUCCEEDED, report.error
+    assert [r.text for r in recorder.of(Result)] == ["First.", "Second."]
+    assert sent[0] in [t.uuid for t in recorder.of(MessageTaken)]
+    assert "nul \u2028sep\u2029par \x85nel" in texts[0]
+    assert "\U0001f600 again" in texts[-1]
     assert pids_with_marker(run_id) == []
