@@ -285,3 +285,30 @@ async def test_claude_dying_before_it_answered_a_later_message_fails_the_run(
     assert report.status is RunStatus.FAILED
     assert "SIGKILL" in report.error
     assert pids_with_marker(run_id) == []
+
+
+async def test_a_detached_run_with_folded_messages_ends_by_the_supervisors_eof(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    gate = tmp_path / "gate"
+    control = RunControl()
+    env = fake_env(tmp_path, tool_wait_for=str(gate), echo="1")
+    request = make_request(run_id, tmp_path, "one", env=env, state_dir=tmp_path / "state")
+    task = asyncio.create_task(run_claude(request, recorder, control=control, detach=lambda: True))
+    await recorder.wait_for(MessageTaken)
+    control.send("two")
+    control.send("three")
+    await asyncio.sleep(0.2)  # written (an in record each) before the bridge goes
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    (spawned,) = recorder.of(Spawned)
+    gate.touch()
+    async with asyncio.timeout(20):
+        while is_alive(spawned.live.supervisor_pid):
+            await asyncio.sleep(0.05)
+    report = await attach_claude(replace(request, prompt=""), spawned.live, Recorder())
+    assert report.status is RunStatus.SUCCEEDED, report.error
+    assert all(word in report.result_text for word in ("one", "two", "three"))
+    assert report.exit_code == 0
+    assert pids_with_marker(run_id) == []
