@@ -11,7 +11,15 @@ follow again.
 """
 
 from runner.command import MARKER_ENV, build_argv, build_env
-from runner.control import Allow, ControlError, Decision, Deny, InputClosed, RunControl
+from runner.control import (
+    Allow,
+    ControlError,
+    Decision,
+    Deny,
+    InputClosed,
+    MessageTooLong,
+    RunControl,
+)
 from runner.errors import InvalidRequest, LineTooLong, MalformedLine, RunnerError, StreamError
 from runner.events import (
     ApiRetry,
@@ -48,6 +56,7 @@ __all__ = [
     "LineTooLong",
     "MalformedLine",
     "MessageTaken",
+    "MessageTooLong",
     "PermissionAsked",
     "PermissionCancelled",
     "PositionCallback",

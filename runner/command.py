@@ -69,7 +69,15 @@ def build_argv(request: RunRequest) -> list[str]:
 
 
 def _line(obj: Mapping[str, Any]) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode() + b"\n"
+    except UnicodeEncodeError:
+        # A lone UTF-16 surrogate (a chat's JSON may carry half an emoji, ``"\ud83d"``)
+        # has no UTF-8: escaped, it is still valid JSON, which claude (Node) reads as
+        # the same string. Raising here instead failed the run, or, into a prestarted
+        # claude, raised out of run_claude and left that run running.
+        return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
 
 def new_uuid() -> str:

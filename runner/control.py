@@ -48,6 +48,20 @@ class InputClosed(Exception):
     nothing pending, or claude exited), or it was never bound (a version 1 run)."""
 
 
+class MessageTooLong(InputClosed):
+    """A user message whose line is too long for the run: claude echoes it whole, and an
+    echo over ``max_line_bytes`` is unreadable (the run would fail, the message unanswered)."""
+
+
+ECHO_SLACK_BYTES = 16 * 1024
+"""What claude's echo of a user message adds to its line (session id, flags...), with room."""
+
+
+def too_long(line: bytes, max_line_bytes: int) -> bool:
+    """Whether claude's echo of the user message ``line`` may exceed ``max_line_bytes``."""
+    return len(line) + ECHO_SLACK_BYTES > max_line_bytes
+
+
 class ControlError(Exception):
     """claude answered a control request with an error, or not in time."""
 
@@ -81,9 +95,12 @@ class RunControl:
         self._timeout_s = timeout_s
         self._write: Writer | None = None
         self._close: Callable[[], None] | None = None
+        self._max_line_bytes: int | None = None
         self._sent: set[str] = set()
         self._taken: set[str] = set()
         self._settled = False
+        self._after_result = False
+        """A message was sent or taken since the last result (see :attr:`last_result_answers`)."""
         self._closed = False
         self._asked: dict[str, PermissionAsked] = {}
         self._answered: set[str] = set()
@@ -112,7 +129,11 @@ class RunControl:
         takes no more input: the caller makes a follow-up run of it instead.
         """
         uid = new_uuid()
-        self._put(user_message(text, uid))
+        line = user_message(text, uid)
+        if self._max_line_bytes is not None and too_long(line, self._max_line_bytes):
+            # Sent, it would end the run unreadable, this message never answered.
+            raise MessageTooLong(f"the message is too long for the run ({len(line)} bytes)")
+        self._put(line)
         self._note_sent(uid)
         return uid
 
@@ -191,9 +212,13 @@ class RunControl:
 
     # -- the runner's side --
 
-    def bind(self, write: Writer, close: Callable[[], None]) -> None:
-        """The runner reached the run's supervisor (protocol version 2): input goes there."""
+    def bind(
+        self, write: Writer, close: Callable[[], None], *, max_line_bytes: int | None = None
+    ) -> None:
+        """The runner reached the run's supervisor (protocol version 2): input goes there.
+        ``max_line_bytes``: the run's cap on a stdout line (a message's echo is one)."""
         self._write, self._close = write, close
+        self._max_line_bytes = max_line_bytes
 
     def unbind(self) -> None:
         """The run is over (or left to its supervisor): no more input, nobody answers."""
@@ -207,6 +232,13 @@ class RunControl:
     def settled(self) -> bool:
         """A result came after every message sent was taken, and stdin is still open."""
         return self._settled and not self._closed
+
+    @property
+    def last_result_answers(self) -> bool:
+        """No message was sent, nor taken by claude, after the last result: that result
+        answers all the run was given (a message taken after it began a turn whose
+        result did not come; one sent after it was not answered)."""
+        return not self._after_result
 
     @property
     def closed(self) -> bool:
@@ -248,8 +280,10 @@ class RunControl:
         match event:
             case MessageTaken(uuid=uid):
                 self._taken.add(uid)
+                self._after_result = True
             case Result():
                 self._settled = self._sent <= self._taken
+                self._after_result = False
             case PermissionAsked(request_id=request_id):
                 self._asked[request_id] = event
             case PermissionCancelled(request_id=request_id):
@@ -268,3 +302,4 @@ class RunControl:
         if uid not in self._sent:
             self._sent.add(uid)
             self._settled = False
+            self._after_result = True

@@ -31,10 +31,11 @@ from runner import supervision
 from runner.command import build_argv, build_env, control_request
 from runner.errors import StreamError
 from runner.events import ControlAnswer
+from runner.journal import JOURNAL
 from runner.request import RunRequest
 from runner.rundir import make_run_dir, remove_run_dir
 from runner.stream import LineFramer, parse_line
-from runner.supervision import Limits, Record, Supervised
+from runner.supervision import Limits, Malformed, Record, Supervised, parse_header
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,8 @@ class Prestarted:
         self.live = supervised.live
         """Where its supervisor is reached (as in ``Spawned``)."""
         self._supervised: Supervised | None = supervised
+        self._stopping: asyncio.Task[None] | None = None
+        """The stop :meth:`cancel` began."""
         self._read: list[Record] = []
         """Records the wait for ``initialize``'s answer read: handed back to the run."""
         self.ready: asyncio.Task[bool] = asyncio.create_task(self._until_ready(supervised))
@@ -81,18 +84,35 @@ class Prestarted:
         supervised = self._supervised
         if supervised is None or not self.matches(request):
             return None
-        if not await self.ready or supervised.claude_exit.done() or supervised.gone.done():
+        # Not ``await self.ready``: a cancel meanwhile (the batch was dropped) cancels that
+        # task, and awaiting it would cancel the run that waits here, which nobody stopped.
+        await asyncio.wait({self.ready})
+        if self._supervised is not supervised or self.ready.cancelled():
+            return None  # cancelled meanwhile: the run starts cold
+        if not self.ready.result() or supervised.claude_exit.done() or supervised.gone.done():
+            return None
+        # Nothing reads the journal between ``ready`` and now: a claude that died
+        # meanwhile, or that its supervisor stopped (idle past ``idle_timeout_s`` through
+        # a long debounce), is only known from the journal's file. Taken, the run would
+        # report that end (failed, stalled) instead of starting cold.
+        if _ended(self.run_dir, self._read[-1].end if self._read else 0):
             return None
         supervised.unread(self._read)
         self._supervised = None  # the run owns it now; cancel leaves it alone
         return supervised
 
     async def cancel(self) -> None:
-        """Stop it and leave nothing (no-op once a run took it). Shielded."""
+        """Stop it and leave nothing (no-op once a run took it). Shielded.
+
+        A second call waits for the first one's stop: a run that found its prestart
+        cancelled meanwhile starts cold only once that stop is over, since both use
+        the run's id (its marker, its directory).
+        """
         supervised, self._supervised = self._supervised, None
-        if supervised is None:
-            return
-        await shielded(self._stop(supervised))
+        if supervised is not None:
+            self._stopping = asyncio.create_task(self._stop(supervised))
+        if self._stopping is not None:
+            await shielded(_finished(self._stopping))
 
     async def _stop(self, supervised: Supervised) -> None:
         self.ready.cancel()
@@ -112,6 +132,30 @@ class Prestarted:
         finally:
             await supervised.close()
             remove_run_dir(self.run_dir)
+
+
+async def _finished(task: asyncio.Task[None]) -> None:
+    await task
+
+
+_ENDING = frozenset({"stopping", "expired", "exited", "stdin_closed", "done"})
+"""Records that say a run is over or being stopped: nothing to give a prompt to."""
+
+
+def _ended(run_dir: Path, offset: int) -> bool:
+    """Whether the run's journal says, past ``offset``, that it ended or is being stopped
+    (or cannot be read: then it is not trusted with the prompt either)."""
+    try:
+        with (run_dir / JOURNAL).open("rb") as journal:
+            journal.seek(offset)
+            while (line := journal.readline()).endswith(b"\n"):
+                fields = parse_header(line)
+                if fields["t"] in _ENDING:
+                    return True
+                journal.seek(fields.get("n", 0), os.SEEK_CUR)
+    except (OSError, Malformed):
+        return True
+    return False
 
 
 def _answers_initialize(framer: LineFramer, payload: bytes) -> bool:

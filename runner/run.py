@@ -24,7 +24,9 @@ A run ends in exactly one of these ways (an :data:`Ending`), each mapped to a
   a non-error result is the outcome even if claude then exits non-zero).
   ``on_event`` gets every :class:`Result` before any of that: the caller can
   answer the room at once (:func:`answer_report`) while this module stops
-  and reaps the run; the report is built from the last one;
+  and reaps the run; the report is built from the last one (a success
+  stands only if it answered every message sent: claude dying in a later
+  turn fails the run);
 - claude exited without a result: failed, with a stderr tail (and
   ``session_not_found`` when ``--resume`` named an unknown session);
 - its output was not stream-json (bad JSON, a line over the cap): failed;
@@ -73,7 +75,7 @@ from bridge.core.aio import shielded
 from bridge.core.model import LiveRun, RunReport, RunStatus, SessionId
 from runner import supervision
 from runner.command import build_argv, build_env, new_uuid, user_message
-from runner.control import ControlError, InputClosed, RunControl
+from runner.control import ControlError, InputClosed, RunControl, too_long
 from runner.errors import InvalidRequest, StreamError
 from runner.events import ApiRetry, ControlAnswer, Init, Result, RunEvent, Spawned
 from runner.prestart import Prestarted
@@ -218,11 +220,25 @@ async def run_claude(
     cancelled and the run starts cold.
     """
     control = control if control is not None else RunControl()
+    first = user_message(request.prompt, new_uuid())
+    if too_long(first, request.max_line_bytes):
+        # claude would take it, and its echo would end the run unreadable, unanswered.
+        if prestarted is not None:
+            await prestarted.cancel()
+        error = f"the message is too long for claude's stream ({len(first)} bytes)"
+        return RunReport(RunStatus.FAILED, error=error)
     if prestarted is not None:
         supervised = await prestarted.take(request)
         if supervised is not None:
             return await _follow_prestarted(
-                request, supervised, prestarted.run_dir, on_event, on_position, detach, control
+                request,
+                supervised,
+                prestarted.run_dir,
+                first,
+                on_event,
+                on_position,
+                detach,
+                control,
             )
         await prestarted.cancel()
     try:
@@ -238,7 +254,6 @@ async def run_claude(
     detached = False
     try:
         try:
-            first = user_message(request.prompt, new_uuid())
             supervised = await supervision.start(
                 request, argv, env=env, run_dir=run_dir, limits=limits, first=first
             )
@@ -272,14 +287,16 @@ async def _follow_prestarted(  # noqa: PLR0917
     request: RunRequest,
     supervised: Supervised,
     run_dir: Path,
+    first: bytes,
     on_event: EventCallback,
     on_position: PositionCallback | None,
     detach: Callable[[], bool] | None,
     control: RunControl,
 ) -> RunReport:
-    """A prestarted claude gets the prompt as its first user message, then as a cold start."""
+    """A prestarted claude gets the prompt (``first``) as its first user message, then as
+    a cold start."""
     try:
-        if not supervised.write_stdin(user_message(request.prompt, new_uuid())):
+        if not supervised.write_stdin(first):
             supervised.stop()  # its connection is gone: the run cannot be given its prompt
         return await _follow(request, supervised, on_event, on_position, detach, control)
     finally:
@@ -416,6 +433,8 @@ class _Run:
         self._supervised = supervised
         self._control = control
         self._final = False
+        self._bound = False
+        """The control was bound (see :meth:`_bind`)."""
         """The end rule held (a result after every message was taken): the answer is in."""
         self._results = asyncio.Event()
         """Set at each result (the stop waits for the one its interrupt causes)."""
@@ -449,10 +468,8 @@ class _Run:
         """Follow the run until it ended one of the ways listed in the module doc."""
         request = self._request
         supervised = self._supervised
-        if supervised.version >= 2:
-            # Input goes to the supervisor from now on; a reattached control only
-            # acts on the end rule once its replay of the journal caught up.
-            self._control.bind(supervised.write_stdin, supervised.close_stdin)
+        if not supervised.history_end:
+            self._bind()  # a new run: no history to replay first
         await self._on_event(Spawned(supervised.claude_pid, supervised.live))
         self._task(self._feed_stdin())
         self._task(self._pump())
@@ -472,6 +489,23 @@ class _Run:
             return Answered(lingering=not exited.done())
         return ending
 
+    def _bind(self) -> None:
+        """Input goes to the supervisor from now on (protocol version 2).
+
+        A reattached control is bound only once its replay reached the journal's
+        length at the attach: until then it does not know whether the run still
+        takes input (a ``stdin_closed`` may come), and the supervisor drops what it
+        is sent after that, while ``send`` would have returned as if it was counted.
+        """
+        if self._bound or self._supervised.version < 2:
+            return
+        self._bound = True
+        self._control.bind(
+            self._supervised.write_stdin,
+            self._supervised.close_stdin,
+            max_line_bytes=self._request.max_line_bytes,
+        )
+
     async def _feed_stdin(self) -> None:
         # The prompt went with the first records; this only waits for it to be sent.
         await self._supervised.drain()
@@ -488,6 +522,8 @@ class _Run:
         decoding = True
         last_out = 0
         while (record := await supervised.read()) is not None:
+            if record.end >= supervised.history_end:
+                self._bind()  # the replay caught up (this record's events are live)
             match record.kind:
                 case "out":
                     last_out = record.end
@@ -667,7 +703,7 @@ class _Run:
             session = result.session_id
         elif self._init is not None and self._init.session_id:
             session = self._init.session_id
-        if result is not None and not result.is_error:
+        if result is not None and not result.is_error and self._control.last_result_answers:
             # The answer is the outcome, however claude went on (bridge.runs
             # has already sent it); an odd exit only goes to the log.
             if code != 0 or not isinstance(ending, Answered):
@@ -722,9 +758,17 @@ class _Run:
                 session_not_found=True,
                 **common,
             )
-        if result is not None:
+        if result is not None and result.is_error:
             detail = "; ".join(result.errors) or result.text or "no detail"
             error = self._with_stderr(f"claude reported an error ({result.subtype}): {detail}")
+            return RunReport(RunStatus.FAILED, error=error, **common)
+        if result is not None:
+            # An earlier turn's answer (handed on already): a message sent after it
+            # was not answered, and that answer is not this run's outcome.
+            error = self._with_stderr(
+                f"claude exited with {_describe_exit(code)} before it answered "
+                "the message(s) sent after its last answer"
+            )
             return RunReport(RunStatus.FAILED, error=error, **common)
         error = self._with_stderr(f"claude exited with {_describe_exit(code)} without a result")
         return RunReport(RunStatus.FAILED, error=error, **common)
