@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 EXPIRY_CHECK_S = 5.0
 """How often waiting requests are checked for their expiry (a 900 s default wait)."""
 
+WITHDRAWN = "claude withdrew it (its turn was interrupted)"
+
 _CHOICES = {
     ApprovalState.ALLOWED: ApprovalChoice.ALLOW,
     ApprovalState.ALLOWED_SESSION: ApprovalChoice.ALLOW_SESSION,
@@ -107,6 +109,18 @@ class ApprovalFlow:
             )
         except StoreError:
             log.warning("could not cancel the tool requests of run %s", run_id, exc_info=True)
+            return
+        for approval in cancelled:
+            await self._show(approval)
+
+    async def withdrawn(self, room: RoomKey, run_id: RunId, request_id: str) -> None:
+        """claude withdrew a request (an interrupt while it asked): nobody answers it now."""
+        try:
+            cancelled = await self.store.cancel_approvals(
+                run_id, WITHDRAWN, self.wall_clock(), (request_id,)
+            )
+        except StoreError:
+            log.warning("could not cancel a withdrawn request of run %s", run_id, exc_info=True)
             return
         for approval in cancelled:
             await self._show(approval)
@@ -179,10 +193,11 @@ class ApprovalFlow:
             session = choice is ApprovalChoice.ALLOW_SESSION and asked is not None
             decision = Allow(tool_input, asked.suggestions if session and asked else ())
         try:
-            control.answer(approval.request_id, decision)
+            delivered = control.answer(approval.request_id, decision)
         except InputClosed:
             return "(The run had already ended.)"
-        return ""
+        # False: answered already (a replay after a restart), or withdrawn by claude.
+        return "" if delivered else "(claude no longer waits on it.)"
 
     async def _show(self, approval: Approval) -> None:
         current = await self.store.approval_by_number(approval.room, approval.number)

@@ -149,7 +149,7 @@ _OUTCOMES = {
     ApprovalState.ALLOWED_SESSION: "allowed for the session",
     ApprovalState.DENIED: "denied",
     ApprovalState.EXPIRED: "denied: nobody answered in time",
-    ApprovalState.CANCELLED: "cancelled: the run ended",
+    ApprovalState.CANCELLED: "cancelled",
 }
 
 
@@ -161,6 +161,9 @@ def outcome_text(approval: Approval) -> str:
         line += f" by {code_span(approval.decided_by, 100)}"
     if approval.state is ApprovalState.DENIED and approval.reason:
         line += f" ({code_span(approval.reason)})"
+    elif approval.state is ApprovalState.CANCELLED:
+        # The bridge's own words: the run ended (how), or claude withdrew it.
+        line += f": {approval.reason or 'the run ended'}"
     return line + "."
 
 

@@ -97,7 +97,15 @@ from runner import (
     run_claude,
 )
 from runner.control import InputClosed, RunControl
-from runner.events import Init, PermissionAsked, Result, RunEvent, Spawned, ToolUse
+from runner.events import (
+    Init,
+    PermissionAsked,
+    PermissionCancelled,
+    Result,
+    RunEvent,
+    Spawned,
+    ToolUse,
+)
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +275,9 @@ class _Live:
     """claude printed the run's last result (the end rule held): nothing more goes in."""
     side: set[asyncio.Task[None]] = field(default_factory=set)
     """Tool requests being asked in the room, steered messages being recorded."""
+    asking: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    """The task asking the room each of claude's requests, by request id: a withdrawal
+    is recorded only after its request was (else the request would be posted after it)."""
     before_end: list[asyncio.Task[None]] = field(default_factory=list)
     """Steered messages being recorded into the run, earlier turns' answers being put
     into the outbox: both come before the run's end is recorded."""
@@ -612,9 +623,19 @@ class RunExecutor:
                     live.shown = live.position
                     live.shown_moved.set()
                 case PermissionAsked() if self.approvals is not None:
+                    asking = asyncio.create_task(
+                        self.approvals.ask(run.id, run.batch, event), name=f"ask {run.id}"
+                    )
+                    live.asking[event.request_id] = asking
+                    live.beside(asking)
+                case PermissionCancelled(request_id=request_id) if self.approvals is not None:
+                    # claude no longer waits on it (an interrupt while it asked): left
+                    # pending, it would be taken by the next `!approve` in place of the
+                    # request claude asks next, and its answer would reach nobody.
                     live.beside(
                         asyncio.create_task(
-                            self.approvals.ask(run.id, run.batch, event), name=f"ask {run.id}"
+                            self._withdraw(run, live.asking.get(request_id), request_id),
+                            name=f"withdraw {run.id}",
                         )
                     )
                 case Result() if not (live.control.settled or live.control.closed):
@@ -648,6 +669,15 @@ class RunExecutor:
                     pass
 
         return on_event
+
+    async def _withdraw(
+        self, run: _Run, asking: asyncio.Task[None] | None, request_id: str
+    ) -> None:
+        """Record that claude withdrew a request, once the request itself was recorded."""
+        if asking is not None:
+            await asyncio.wait({asking})
+        if self.approvals is not None:
+            await self.approvals.withdrawn(run.batch.room, run.id, request_id)
 
     def _steer_hook(self, run_id: RunId, live: _Live) -> Callable[[Batch, bool], bool]:
         """The dispatcher's steer hook for this run: the batch goes into claude's session

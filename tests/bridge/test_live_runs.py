@@ -96,7 +96,7 @@ async def test_a_stop_cancels_the_waiting_request(tmp_path: Path) -> None:
         bridge.send("something risky")
         await bridge.wait_for("Claude asks to use")
         bridge.send("!stop")
-        await bridge.wait_for("cancelled: the run ended")
+        await bridge.wait_for("(`Bash`): cancelled: ")
         bridge.send("!approve #1")
         await bridge.wait_for("Already answered")
     assert tool_log(tmp_path) == []
@@ -114,7 +114,7 @@ async def test_an_approver_must_not_approve_their_own_run_when_asked_not_to(
         bridge.send("!approve")
         await bridge.wait_for("another approver must answer")
         bridge.send("!stop")
-        await bridge.wait_for("cancelled: the run ended")
+        await bridge.wait_for("(`Bash`): cancelled: ")
     assert tool_log(tmp_path) == []
 
 
