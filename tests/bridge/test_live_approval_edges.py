@@ -13,23 +13,32 @@ from typing import Any
 import pytest
 
 from bridge.store.base import ApprovalState
-from tests.bridge.test_live_runs import WAIT_S, rows, session, tool_log
+from tests.bridge.test_live_runs import (
+    APPROVING,
+    WAIT_S,
+    gated,
+    rows,
+    session,
+    tool_log,
+    until_tool_runs,
+)
 from tests.config_files import Table
 
 pytestmark = pytest.mark.slow
 
 
-def journal_in(tmp_path: Path) -> list[dict[str, Any]]:
+def journal_in(state_dir: Path) -> list[dict[str, Any]]:
     """What the bridge wrote to claude's stdin, from the runs' journals (``in`` records)."""
     written = []
-    for journal in (tmp_path / "state").rglob("journal"):
-        for line in journal.read_bytes().splitlines():
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(obj, dict):
-                written.append(obj)
+    for journal in state_dir.rglob("journal"):
+        data = journal.read_bytes()
+        at = 0
+        while (end := data.find(b"\n", at)) >= 0:
+            head = json.loads(data[at:end])
+            at = end + 1 + int(head.get("n", 0))
+            if head["t"] == "in":
+                payload = data[end + 1 : at]
+                written += [json.loads(line) for line in payload.splitlines() if line.strip()]
     return written
 
 
@@ -54,3 +63,70 @@ async def test_a_request_claude_withdrew_is_no_longer_answered_in_place_of_the_n
     assert [t["command"] for t in tool_log(tmp_path)] == ["echo hello"]
     states = rows(tmp_path, "select number, state from approvals order by number")
     assert states == [(1, ApprovalState.CANCELLED.value), (2, ApprovalState.ALLOWED.value)]
+
+
+def answers_sent(state_dir: Path) -> list[dict[str, Any]]:
+    """The control_responses to claude's permission requests in the journals' ``in`` records."""
+    return [
+        o["response"]
+        for o in journal_in(state_dir)
+        if o.get("type") == "control_response" and "behavior" in o["response"].get("response", {})
+    ]
+
+
+async def test_allow_for_the_session_sends_claudes_suggestions_and_racing_answers_send_one(
+    tmp_path: Path,
+) -> None:
+    async with asyncio.timeout(WAIT_S), session(tmp_path, APPROVING, **gated(tmp_path)) as bridge:
+        bridge.send("build it")
+        await bridge.wait_for("(request `#1`")
+        # Two answers at once (as a button and a command would race): one reaches claude.
+        bridge.send("!approve session #1")
+        bridge.send("!deny #1 changed my mind")
+        await bridge.wait_for("Already answered")
+        await until_tool_runs(bridge, tmp_path)
+        # (Read while the run goes on: its journal goes with its end. The supervisor
+        # journals what it wrote to claude just after writing it: a moment after, maybe.)
+        state_dir = bridge.settings.runner.state_dir
+        while not answers_sent(state_dir):
+            await asyncio.sleep(0.05)
+        [sent] = answers_sent(state_dir)
+        (tmp_path / "gate").touch()
+        await bridge.wait_for("\nbuild it\n")
+    decision = sent["response"]
+    assert decision["behavior"] == "allow"
+    assert decision["updatedInput"] == {"command": "echo hello"}
+    assert decision["updatedPermissions"] == [
+        {
+            "type": "addRules",
+            "rules": [{"toolName": "Bash", "ruleContent": "echo hello"}],
+            "behavior": "allow",
+            "destination": "localSettings",
+        }
+    ]
+    [(state,)] = rows(tmp_path, "select state from approvals")
+    assert state == ApprovalState.ALLOWED_SESSION.value
+
+
+async def test_status_lists_the_waiting_request_and_deny_takes_its_id_and_whole_reason(
+    tmp_path: Path,
+) -> None:
+    async with asyncio.timeout(WAIT_S), session(tmp_path, APPROVING) as bridge:
+        bridge.send("first")
+        await bridge.wait_for("(request `#1`")
+        bridge.send("!approve")
+        await bridge.wait_for("\nfirst\n")
+        bridge.send("second")
+        await bridge.wait_for("(request `#2`")
+        bridge.send("!status")
+        out = await bridge.wait_for("Tool requests waiting")
+        assert "- `#2` `Bash`, asked" in out
+        assert "- `#1`" not in out
+        bridge.send("!deny #2 reason with #3 in it")
+        await bridge.wait_for("\nsecond\n")
+    states = rows(tmp_path, "select number, state, reason from approvals order by number")
+    assert states == [
+        (1, ApprovalState.ALLOWED.value, ""),
+        (2, ApprovalState.DENIED.value, "reason with #3 in it"),
+    ]
+    assert [t["command"] for t in tool_log(tmp_path)] == ["echo hello"]
