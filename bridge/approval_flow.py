@@ -90,7 +90,10 @@ class ApprovalFlow:
                 told = timeout_message(approval.expires_at - approval.asked_at)
             elif choice is ApprovalChoice.DENY:
                 told = deny_message(approval.reason)
-            await self._answer(approval, choice, told)
+            if not await self._answer(approval, choice, told):
+                # Delivered only now: the bridge stopped before showing the outcome too
+                # (a request still showing its buttons would be clicked in vain).
+                await self._show(approval)
             return
         if approval.state is not ApprovalState.PENDING or approval.message_id is not None:
             return
