@@ -150,3 +150,29 @@ async def test_buttons_allow_and_deny_and_only_approvers_clicks_count(
             assert "<!channel>" not in str(m.get("text"))
             assert "<!here>" not in str(m.get("text"))
     assert len(tool_log(tmp_path)) == 1  # the denied tool never ran; the repeat ran nothing
+
+
+async def test_an_approver_who_may_not_start_runs_answers_by_command_too(tmp_path: Path) -> None:
+    # docs/live-runs.md: only approvers answer. Bob is one without being an allowed user:
+    # his buttons count, and so must his `!approve` (on the console it is the only way);
+    # anything else of his (a task, `!stop`) is still ignored.
+    env = {"FAKE_CLAUDE_ECHO": "1", "FAKE_CLAUDE_TOOL_LOG": str(tmp_path / "tools.jsonl")}
+    async with bridged(
+        tmp_path,
+        "socket",
+        env,
+        allowed=(peer.ALICE,),
+        room_extra={"approvers": [peer.BOB]},
+        extra=APPROVING,
+    ) as b:
+        await b.slack.post_message(peer.ALICE, "first task")
+        request = await wait_for_request(b, 1)
+        await b.slack.post_message(peer.BOB, "!stop")
+        await b.slack.post_message(peer.BOB, "bob's own task")
+        await b.slack.post_message(peer.BOB, "!approve #1")
+        await wait_for_answer(b, "first task")
+        await wait_closed(b, str(request["ts"]), "allowed by")
+        texts = [str(m.get("text")) for m in await b.results()]
+    assert [t["command"] for t in tool_log(tmp_path)] == ["echo hello"]
+    assert not any("bob's own task" in t for t in texts)
+    assert not any("Stopping" in t for t in texts)
