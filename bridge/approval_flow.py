@@ -106,14 +106,19 @@ class ApprovalFlow:
 
     async def run_ended(self, room: RoomKey, run_id: RunId, how: str) -> None:
         """The run is over: what it still waited on can no longer be answered."""
+        await self.show(await self.cancel_run(run_id, how))
+
+    async def cancel_run(self, run_id: RunId, how: str) -> list[Approval]:
+        """Cancel the ended run's waiting requests in the store (not shown yet); them."""
         try:
-            cancelled = await self.store.cancel_approvals(
-                run_id, cancel_reason(how), self.wall_clock()
-            )
+            return await self.store.cancel_approvals(run_id, cancel_reason(how), self.wall_clock())
         except StoreError:
             log.warning("could not cancel the tool requests of run %s", run_id, exc_info=True)
-            return
-        for approval in cancelled:
+            return []
+
+    async def show(self, approvals: list[Approval]) -> None:
+        """Show the requests as decided (their messages lose their actions)."""
+        for approval in approvals:
             await self._show(approval)
 
     async def withdrawn(self, room: RoomKey, run_id: RunId, request_id: str) -> None:

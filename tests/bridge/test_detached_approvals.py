@@ -106,3 +106,26 @@ async def test_a_request_that_ran_out_of_time_while_the_bridge_was_down_is_denie
         await finish(again, tmp_path)
     assert rows(tmp_path, "select state from approvals") == [("expired",)]
     assert tool_log(tmp_path) == []
+
+
+async def test_the_requests_of_a_run_interrupted_at_the_restart_are_cancelled(
+    tmp_path: Path,
+) -> None:
+    async with asyncio.timeout(WAIT_S):
+        config = await asked_then_left(tmp_path, signal.SIGKILL)
+        # Not to be followed after the restart (here: its journal is gone): the run is
+        # reported interrupted, so nothing can answer its request any more.
+        [journal] = (tmp_path / "state").rglob("journal")
+        journal.unlink()
+        again = Bridge(config)
+        await again.start()
+        await again.wait_for("did not finish before chatbridge restarted")
+        await again.wait_for("· Request `#1` (`Bash`): cancelled: the run ended (interrupted)")
+        again.send("!status")
+        await again.wait_for("Session:")
+        again.send("!approve")
+        await again.wait_for("No tool request is waiting.")
+        assert await again.end_input() == 0
+    assert "Tool requests waiting" not in again.out
+    assert rows(tmp_path, "select state from approvals") == [("cancelled",)]
+    assert tool_log(tmp_path) == []
