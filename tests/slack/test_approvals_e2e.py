@@ -146,9 +146,11 @@ async def test_buttons_allow_and_deny_and_only_approvers_clicks_count(
         await wait_for_answer(b, "second task")
         await wait_closed(b, str(second["ts"]), "denied")
         # No broadcast of any kind reached the channel through the bridge's messages.
+        # The progress message shows the command too: as escaped as the request.
         for m in await b.results():
             assert "<!channel>" not in str(m.get("text"))
             assert "<!here>" not in str(m.get("text"))
+            assert "\u202e" not in str(m.get("text"))
     assert len(tool_log(tmp_path)) == 1  # the denied tool never ran; the repeat ran nothing
 
 
