@@ -69,6 +69,7 @@ async def test_a_request_waiting_at_a_restart_is_answered_after_it(tmp_path: Pat
         await again.wait_for("Request `#1` (`Bash`): allowed by")
         await finish(again, tmp_path)
     assert "Claude asks to use" not in again.out  # not asked twice
+    assert "had already ended" not in again.out  # (answered before the run was reattached)
     assert rows(tmp_path, "select number, state from approvals") == [(1, "allowed")]
     assert [t["command"] for t in tool_log(tmp_path)] == ["echo hello"]
 

@@ -8,7 +8,9 @@ who is not an approver changes nothing; a decided request loses its buttons.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -178,3 +180,25 @@ async def test_an_approver_who_may_not_start_runs_answers_by_command_too(tmp_pat
     assert [t["command"] for t in tool_log(tmp_path)] == ["echo hello"]
     assert not any("bob's own task" in t for t in texts)
     assert not any("Stopping" in t for t in texts)
+
+
+@pytest.mark.parametrize("mode", ["socket", "events"])
+async def test_a_click_and_a_command_at_once_make_one_decision(tmp_path: Path, mode: str) -> None:
+    env = {"FAKE_CLAUDE_ECHO": "1", "FAKE_CLAUDE_TOOL_LOG": str(tmp_path / "tools.jsonl")}
+    async with bridged(tmp_path, mode, env, allowed=(peer.ALICE, peer.BOB), extra=APPROVING) as b:
+        await b.slack.post_message(peer.ALICE, "racy task")
+        request = await wait_for_request(b, 1)
+        await asyncio.gather(
+            b.slack.click(peer.BOB, str(request["ts"]), buttons(request)["allow"]),
+            b.slack.post_message(peer.ALICE, "!deny #1 no"),
+        )
+        await wait_for_answer(b, "racy task")
+
+        async def both_answered() -> bool:
+            return sum("request #1" in line or "Already answered" in line for line in b.log) >= 1
+
+        await b.wait_until(both_answered, "the answers")
+    with sqlite3.connect(tmp_path / "chatbridge.db") as db:
+        [(state,)] = db.execute("select state from approvals").fetchall()
+    ran = [t["command"] for t in tool_log(tmp_path)]
+    assert (state, ran) in (("allowed", ["echo hello"]), ("denied", []))
