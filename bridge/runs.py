@@ -829,6 +829,13 @@ class RunExecutor:
                 report = replace(report, status=RunStatus.SUCCEEDED)
             await self._cosmetics(run, live, report.status, settled)
             if self.approvals is not None:
+                # A request still being recorded (claude asked as the run ended) is
+                # cancelled too: cancelled before its record lands, it would stay
+                # pending for !status and the next !approve (bounded: a store write
+                # and a post).
+                asking = [t for t in live.asking.values() if not t.done()]
+                if asking:
+                    await asyncio.wait(asking, timeout=self.cosmetic_timeout_s)
                 ended = self.approvals.run_ended(run.batch.room, run.id, report.status.value)
                 await self._cosmetic("close the run's tool requests", ended)
         finally:

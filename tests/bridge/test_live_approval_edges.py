@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from bridge.store.base import ApprovalState
+from bridge.config import load_settings
+from bridge.store.base import Approval, ApprovalState, Store
+from tests.bridge.harness import ConsoleSession, write_config
 from tests.bridge.test_live_runs import (
     APPROVING,
     WAIT_S,
@@ -130,3 +132,42 @@ async def test_status_lists_the_waiting_request_and_deny_takes_its_id_and_whole_
         (2, ApprovalState.DENIED.value, "reason with #3 in it"),
     ]
     assert [t["command"] for t in tool_log(tmp_path)] == ["echo hello"]
+
+
+class SlowAsking:
+    """A store whose ``add_approval`` commits only after ``delay_s``, whatever happens to
+    its caller meanwhile (a commit under way in the database's thread is not undone by
+    cancelling the task that waits for it)."""
+
+    def __init__(self, inner: Store, delay_s: float) -> None:
+        self.inner = inner
+        self.delay_s = delay_s
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def add_approval(self, *args: Any, **kwargs: Any) -> Approval:
+        async def later() -> Approval:
+            await asyncio.sleep(self.delay_s)
+            return await self.inner.add_approval(*args, **kwargs)
+
+        return await asyncio.shield(asyncio.ensure_future(later()))
+
+
+async def test_a_request_still_being_asked_when_its_run_ends_is_cancelled_with_it(
+    tmp_path: Path,
+) -> None:
+    # A stop just as claude asks: the run ends before the request is posted. Left
+    # pending, it would be listed by !status and taken by the next !approve.
+    path = write_config(tmp_path, APPROVING, env={"FAKE_CLAUDE_ECHO": "1"})
+    wrap = lambda store: cast(Store, SlowAsking(store, 3.0))  # noqa: E731
+    async with asyncio.timeout(WAIT_S), ConsoleSession(load_settings(path), wrap_store=wrap) as b:
+        b.send("risky")
+        await b.wait_for("Bash: echo hello")  # claude announced the tool, and asks
+        b.send("!stop")
+        await b.wait_for("Stopped")
+        while not rows(tmp_path, "select 1 from approvals"):
+            await asyncio.sleep(0.02)
+        b.send("!approve")
+        await b.wait_for("No tool request is waiting.")
+    assert rows(tmp_path, "select state from approvals") == [(ApprovalState.CANCELLED.value,)]
