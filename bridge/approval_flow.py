@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 EXPIRY_CHECK_S = 5.0
 """How often waiting requests are checked for their expiry (a 900 s default wait)."""
 
+WITHDRAWN = "claude withdrew it (its turn was interrupted)"
+
 _CHOICES = {
     ApprovalState.ALLOWED: ApprovalChoice.ALLOW,
     ApprovalState.ALLOWED_SESSION: ApprovalChoice.ALLOW_SESSION,
@@ -88,7 +90,10 @@ class ApprovalFlow:
                 told = timeout_message(approval.expires_at - approval.asked_at)
             elif choice is ApprovalChoice.DENY:
                 told = deny_message(approval.reason)
-            await self._answer(approval, choice, told)
+            if not await self._answer(approval, choice, told):
+                # Delivered only now: the bridge stopped before showing the outcome too
+                # (a request still showing its buttons would be clicked in vain).
+                await self._show(approval)
             return
         if approval.state is not ApprovalState.PENDING or approval.message_id is not None:
             return
@@ -99,35 +104,31 @@ class ApprovalFlow:
         if posted is not None:
             await self.store.set_approval_message(approval, posted)
 
-    async def withdrawn(self, room: RoomKey, run_id: RunId, request_id: str) -> None:
-        """claude no longer waits for this request (an interrupt withdrew it)."""
-        asked = self.runs.request(room, run_id, request_id)
-        if asked is None:
-            return
-        now = self.wall_clock()
-        # Looked up by (run, request): recorded now if its ask has not got that far.
-        approval = await self.store.add_approval(
-            room,
-            run_id,
-            request_id,
-            tool_name=asked.tool_name,
-            input_json=json.dumps(asked.input, ensure_ascii=False),
-            asked_at=now,
-            expires_at=now,
-        )
-        if await self.store.decide_approval(
-            approval, ApprovalState.CANCELLED, None, now, "claude withdrew it"
-        ):
-            await self._show(approval)
-
     async def run_ended(self, room: RoomKey, run_id: RunId, how: str) -> None:
         """The run is over: what it still waited on can no longer be answered."""
+        await self.show(await self.cancel_run(run_id, how))
+
+    async def cancel_run(self, run_id: RunId, how: str) -> list[Approval]:
+        """Cancel the ended run's waiting requests in the store (not shown yet); them."""
         try:
-            cancelled = await self.store.cancel_approvals(
-                run_id, cancel_reason(how), self.wall_clock()
-            )
+            return await self.store.cancel_approvals(run_id, cancel_reason(how), self.wall_clock())
         except StoreError:
             log.warning("could not cancel the tool requests of run %s", run_id, exc_info=True)
+            return []
+
+    async def show(self, approvals: list[Approval]) -> None:
+        """Show the requests as decided (their messages lose their actions)."""
+        for approval in approvals:
+            await self._show(approval)
+
+    async def withdrawn(self, room: RoomKey, run_id: RunId, request_id: str) -> None:
+        """claude withdrew a request (an interrupt while it asked): nobody answers it now."""
+        try:
+            cancelled = await self.store.cancel_approvals(
+                run_id, WITHDRAWN, self.wall_clock(), (request_id,)
+            )
+        except StoreError:
+            log.warning("could not cancel a withdrawn request of run %s", run_id, exc_info=True)
             return
         for approval in cancelled:
             await self._show(approval)
@@ -200,10 +201,11 @@ class ApprovalFlow:
             session = choice is ApprovalChoice.ALLOW_SESSION and asked is not None
             decision = Allow(tool_input, asked.suggestions if session and asked else ())
         try:
-            sent = control.answer(approval.request_id, decision)
+            delivered = control.answer(approval.request_id, decision)
         except InputClosed:
             return "(The run had already ended.)"
-        return "" if sent else "(claude no longer waits for it.)"
+        # False: answered already (a replay after a restart), or withdrawn by claude.
+        return "" if delivered else "(claude no longer waits on it.)"
 
     async def _show(self, approval: Approval) -> None:
         current = await self.store.approval_by_number(approval.room, approval.number)

@@ -15,11 +15,10 @@ from __future__ import annotations
 import difflib
 import json
 import re
-import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
-from bridge.core.text import safe_text
+from bridge.core.text import visible
 from bridge.duration import format_duration
 from bridge.store.base import Approval, ApprovalState
 
@@ -33,24 +32,6 @@ FIELD_LIMIT = 300
 
 _EDIT_TOOLS = frozenset({"Edit", "MultiEdit", "Write"})
 _BACKTICKS = re.compile(r"`+")
-
-
-def visible(text: str, *, keep_newlines: bool = False) -> str:
-    """``text`` with what would not show (or would show misleadingly) escaped.
-
-    Control characters and Unicode format characters (``Cf``: bidi
-    overrides, zero-width joiners) become ``\\u{…}``; a newline stays only
-    with ``keep_newlines`` (in a block), a tab stays.
-    """
-    out = []
-    for char in safe_text(text):
-        if (char == "\n" and keep_newlines) or char == "\t":
-            out.append(char)
-        elif unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp"):
-            out.append(f"\\u{{{ord(char):04x}}}")
-        else:
-            out.append(char)
-    return "".join(out)
 
 
 def clip(text: str, limit: int) -> str:
@@ -149,7 +130,7 @@ _OUTCOMES = {
     ApprovalState.ALLOWED_SESSION: "allowed for the session",
     ApprovalState.DENIED: "denied",
     ApprovalState.EXPIRED: "denied: nobody answered in time",
-    ApprovalState.CANCELLED: "cancelled: the run ended",
+    ApprovalState.CANCELLED: "cancelled",
 }
 
 
@@ -161,8 +142,9 @@ def outcome_text(approval: Approval) -> str:
         line += f" by {code_span(approval.decided_by, 100)}"
     if approval.state is ApprovalState.DENIED and approval.reason:
         line += f" ({code_span(approval.reason)})"
-    elif approval.state is ApprovalState.CANCELLED and approval.reason:
-        line = line.removesuffix("the run ended") + approval.reason  # (our own words)
+    elif approval.state is ApprovalState.CANCELLED:
+        # The bridge's own words: the run ended (how), or claude withdrew it.
+        line += f": {approval.reason or 'the run ended'}"
     return line + "."
 
 

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
-from bridge.commands import Command, CommandHandler, parse_command
+from bridge.commands import Command, CommandHandler, CommandName, parse_command
 from bridge.config import Settings
 from bridge.core import stages
 from bridge.core.model import ExternalMessageId, InboundMessage, Message, RoomKey
@@ -32,6 +32,9 @@ from bridge.store.base import Store, StoreError
 from dispatcher import Dispatcher
 
 log = logging.getLogger(__name__)
+
+_ANSWERS = frozenset({CommandName.APPROVE, CommandName.DENY})
+"""The commands of approvers who are not allowed users (answers to tool requests)."""
 
 FILES_NOT_SUPPORTED = (
     "Files are not passed to Claude yet, so nothing was started. Please write your request as text."
@@ -166,9 +169,13 @@ class Intake:
             reason = "room not configured"
         elif inbound.sender_is_bot:
             reason = "sender is a bot"
-        elif not room.allows(inbound.sender):
-            reason = "sender not allowed"
         command = parse_command(inbound.text, self.settings.commands.prefix)
+        if reason is None and room is not None and not room.allows(inbound.sender):
+            # An approver need not be an allowed user (docs/live-runs.md: only approvers
+            # answer): their answers count by command as by button or reaction.
+            answering = command is not None and command.name in _ANSWERS
+            if not (answering and room.approves(inbound.sender)):
+                reason = "sender not allowed"
         if (
             reason is None
             and room is not None

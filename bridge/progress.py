@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.core.model import ExternalMessageId
+from bridge.core.text import visible
 from bridge.duration import format_duration
 
 MAX_RECENT_TOOLS = 3
@@ -34,7 +35,8 @@ def describe_tool_use(name: str, tool_input: dict[str, Any]) -> str:
     for key in ("command", "file_path", "path", "pattern", "url", "query", "description"):
         value = tool_input.get(key)
         if isinstance(value, str) and value.strip():
-            detail = value.strip().splitlines()[0]
+            # Escaped like a request's text: the line sits next to the approval request.
+            detail = visible(value.strip().splitlines()[0])
             if len(detail) > _DETAIL_LIMIT:
                 detail = detail[: _DETAIL_LIMIT - 1] + "…"
             return f"{name}: {detail}"

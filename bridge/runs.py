@@ -275,6 +275,9 @@ class _Live:
     """claude printed the run's last result (the end rule held): nothing more goes in."""
     side: set[asyncio.Task[None]] = field(default_factory=set)
     """Tool requests being asked in the room, steered messages being recorded."""
+    asking: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    """The task asking the room each of claude's requests, by request id: a withdrawal
+    is recorded only after its request was (else the request would be posted after it)."""
     before_end: list[asyncio.Task[None]] = field(default_factory=list)
     """Steered messages being recorded into the run, earlier turns' answers being put
     into the outbox: both come before the run's end is recorded."""
@@ -625,17 +628,24 @@ class RunExecutor:
                     live.shown = live.position
                     live.shown_moved.set()
                 case PermissionAsked() if self.approvals is not None:
-                    live.beside(
-                        asyncio.create_task(
-                            self.approvals.ask(run.id, run.batch, event), name=f"ask {run.id}"
-                        )
+                    asking = asyncio.create_task(
+                        self.approvals.ask(run.id, run.batch, event), name=f"ask {run.id}"
                     )
+                    live.asking[event.request_id] = asking
+                    live.beside(asking)
                 case PermissionCancelled(request_id=request_id) if (
                     self.approvals is not None and not _stopping(live)
                 ):
+                    # claude no longer waits on it (an interrupt while it asked): left
+                    # pending, it would be taken by the next `!approve` in place of the
+                    # request claude asks next, and its answer would reach nobody.
                     # (A stop's interrupt withdraws it too: the run's end says why.)
-                    withdrawn = self.approvals.withdrawn(run.batch.room, run.id, request_id)
-                    live.beside(asyncio.create_task(withdrawn, name=f"withdrawn {run.id}"))
+                    live.beside(
+                        asyncio.create_task(
+                            self._withdraw(run, live.asking.get(request_id), request_id),
+                            name=f"withdraw {run.id}",
+                        )
+                    )
                 case Result() if not (live.control.settled or live.control.closed):
                     # An earlier turn's result: messages steered into the run came
                     # after it. A success answers what the run had so far.
@@ -667,6 +677,15 @@ class RunExecutor:
                     pass
 
         return on_event
+
+    async def _withdraw(
+        self, run: _Run, asking: asyncio.Task[None] | None, request_id: str
+    ) -> None:
+        """Record that claude withdrew a request, once the request itself was recorded."""
+        if asking is not None:
+            await asyncio.wait({asking})
+        if self.approvals is not None:
+            await self.approvals.withdrawn(run.batch.room, run.id, request_id)
 
     def _steer_hook(self, run_id: RunId, live: _Live) -> Callable[[Batch, bool], bool]:
         """The dispatcher's steer hook for this run: the batch goes into claude's session
@@ -818,6 +837,13 @@ class RunExecutor:
                 report = replace(report, status=RunStatus.SUCCEEDED)
             await self._cosmetics(run, live, report.status, settled)
             if self.approvals is not None:
+                # A request still being recorded (claude asked as the run ended) is
+                # cancelled too: cancelled before its record lands, it would stay
+                # pending for !status and the next !approve (bounded: a store write
+                # and a post).
+                asking = [t for t in live.asking.values() if not t.done()]
+                if asking:
+                    await asyncio.wait(asking, timeout=self.cosmetic_timeout_s)
                 ended = self.approvals.run_ended(run.batch.room, run.id, report.status.value)
                 await self._cosmetic("close the run's tool requests", ended)
         finally:

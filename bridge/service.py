@@ -54,7 +54,7 @@ from bridge.prestarts import Prestarts
 from bridge.replies import Replier
 from bridge.runs import RunExecutor, new_run_id, run_request
 from bridge.state_lock import state_dir_lock
-from bridge.store.base import Store, StoreError
+from bridge.store.base import Approval, Store, StoreError
 from bridge.store.sql import SqlStore
 from dispatcher import Dispatcher, DispatchLimits, DuringRun, EndReason
 from runner import (
@@ -119,6 +119,8 @@ class Service:
     outbox: Outbox = field(init=False)
     notices: Notices = field(init=False)
     approvals: ApprovalFlow = field(init=False)
+    _closed_at_start: list[Approval] = field(default_factory=list, init=False)
+    """Tool requests of runs interrupted by the restart: shown closed once connected."""
     metrics: Metrics = field(init=False, default_factory=Metrics)
     _stop: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     _stop_now: asyncio.Event = field(init=False, default_factory=asyncio.Event)
@@ -289,6 +291,11 @@ class Service:
                 time.time(),
                 [notice],
             )
+            # Its waiting tool requests can no longer be answered: out of `!status` and
+            # out of reach of an `!approve` meant for a live run (shown once connected).
+            self._closed_at_start += await self.approvals.cancel_run(
+                run.id, RunStatus.INTERRUPTED.value
+            )
             log.warning(
                 "run %s in %s was interrupted (killed %d process(es))", run.id, run.room, killed
             )
@@ -361,6 +368,9 @@ class Service:
                 dispatcher_task = tg.create_task(self.dispatcher.serve(), name="dispatcher")
                 log.info("chatbridge ready")
                 self.ready.set()
+                if self._closed_at_start:
+                    closed, self._closed_at_start = self._closed_at_start, []
+                    tg.create_task(self.approvals.show(closed), name="close requests")
                 await self._until_stopped_or_done(tg, input_ended)
                 await self._shutdown(dispatcher_task)
             else:

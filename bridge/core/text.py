@@ -10,6 +10,8 @@ text is made safe where it enters, replacing what cannot be encoded.
 
 from __future__ import annotations
 
+import unicodedata
+
 REPLACEMENT = "\ufffd"
 
 
@@ -27,3 +29,21 @@ def safe_text(text: str) -> str:
     if "\0" in text:
         text = text.replace("\0", REPLACEMENT)
     return text
+
+
+def visible(text: str, *, keep_newlines: bool = False) -> str:
+    """``text`` with what would not show (or would show misleadingly) escaped.
+
+    Control characters and Unicode format characters (``Cf``: bidi
+    overrides, zero-width joiners) become ``\\u{…}``; a newline stays only
+    with ``keep_newlines`` (in a block), a tab stays.
+    """
+    out = []
+    for char in safe_text(text):
+        if (char == "\n" and keep_newlines) or char == "\t":
+            out.append(char)
+        elif unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp"):
+            out.append(f"\\u{{{ord(char):04x}}}")
+        else:
+            out.append(char)
+    return "".join(out)

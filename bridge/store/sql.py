@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -1184,17 +1184,19 @@ class SqlStore:
             )
             return True
 
-    async def cancel_approvals(self, run_id: RunId, why: str, at: float) -> list[Approval]:
-        """Cancel the run's pending requests, one audit row each."""
+    async def cancel_approvals(
+        self, run_id: RunId, why: str, at: float, request_ids: Collection[str] | None = None
+    ) -> list[Approval]:
+        """Cancel the run's pending requests (or those of ``request_ids``), one audit row each."""
         why = approval_reason(why)
+        which = [ApprovalRow.run_id == run_id, ApprovalRow.state == ApprovalState.PENDING.value]
+        if request_ids is not None:
+            which.append(ApprovalRow.request_id.in_(list(request_ids)))
         async with self._transaction() as s:
             rows = (
                 await s.scalars(
                     update(ApprovalRow)
-                    .where(
-                        ApprovalRow.run_id == run_id,
-                        ApprovalRow.state == ApprovalState.PENDING.value,
-                    )
+                    .where(*which)
                     .values(state=ApprovalState.CANCELLED.value, decided_at=at, reason=why)
                     .returning(ApprovalRow)
                 )

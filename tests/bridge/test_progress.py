@@ -231,3 +231,10 @@ async def test_abandon_cancels_a_post_under_way() -> None:
     progress = await answered_while_posting(server)
     await progress.abandon()
     assert not progress.posting
+
+
+def test_a_tool_use_shows_hidden_characters_as_escapes() -> None:
+    # Shown next to an approval request of the same command: a bidi override would make
+    # the line read otherwise than the request (and than what runs).
+    shown = describe_tool_use("Bash", {"command": "cat \u202etxt.exe\u200b"})
+    assert shown == "Bash: cat \\u{202e}txt.exe\\u{200b}"

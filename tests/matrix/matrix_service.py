@@ -19,6 +19,8 @@ def config_toml(
     room_id: str,
     allowed: tuple[str, ...],
     matrix_extra: Mapping[str, object],
+    room_extra: Mapping[str, object] | None = None,
+    extra: Mapping[str, object] | None = None,
 ) -> str:
     """A service configuration with only the Matrix transport and the fake claude."""
     matrix = {
@@ -28,8 +30,14 @@ def config_toml(
         "sync_timeout_ms": 5000,
         **matrix_extra,
     }
-    room = {"transport": "matrix", "id": room_id, "allowed_users": list(allowed)}
-    return toml_text(merged(base_config(tmp), {"matrix": matrix, "rooms": [room]}))
+    room = {
+        "transport": "matrix",
+        "id": room_id,
+        "allowed_users": list(allowed),
+        **(room_extra or {}),
+    }
+    config = merged(base_config(tmp), extra or {})
+    return toml_text(merged(config, {"matrix": matrix, "rooms": [room]}))
 
 
 @asynccontextmanager
@@ -42,6 +50,8 @@ async def service(
     allowed: tuple[str, ...],
     claude_env: Mapping[str, str] | None = None,
     matrix_extra: Mapping[str, object] | None = None,
+    room_extra: Mapping[str, object] | None = None,
+    extra: Mapping[str, object] | None = None,
 ) -> AsyncIterator[RunningService]:
     """``chatbridge run`` until the block ends (SIGTERM, then KILL); the bot's password
     comes from the environment, as in production, and must never reach the log."""
@@ -54,6 +64,8 @@ async def service(
             room_id=room_id,
             allowed=allowed,
             matrix_extra=matrix_extra or {},
+            room_extra=room_extra,
+            extra=extra,
         )
     )
     # The bot's password comes from the environment, as in production.

@@ -16,7 +16,13 @@ from tests.slack.harness import require_local_slack
 
 
 def config_toml(
-    tmp: Path, slack: peer.LocalSlack, allowed: tuple[str, ...], slack_extra: Mapping[str, Any]
+    tmp: Path,
+    slack: peer.LocalSlack,
+    allowed: tuple[str, ...],
+    slack_extra: Mapping[str, Any],
+    *,
+    room_extra: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> str:
     table: dict[str, Any] = {"mode": slack.mode, "api_url": slack.api_url}
     if slack.events_port is not None:
@@ -26,8 +32,10 @@ def config_toml(
         "id": peer.CHANNEL,
         "reply_in_thread": True,
         "allowed_users": list(allowed),
+        **(room_extra or {}),
     }
-    return toml_text(merged(base_config(tmp), {"slack": {**table, **slack_extra}, "rooms": [room]}))
+    config = merged(base_config(tmp), extra or {})
+    return toml_text(merged(config, {"slack": {**table, **slack_extra}, "rooms": [room]}))
 
 
 @dataclass
@@ -83,13 +91,22 @@ async def bridged(
     claude_env: Mapping[str, str] | None = None,
     allowed: tuple[str, ...] = (peer.ALICE,),
     slack_extra: Mapping[str, Any] | None = None,
+    *,
+    room_extra: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[Bridged]:
-    """local-slack plus ``chatbridge run`` configured for it; both stopped on exit."""
+    """local-slack plus ``chatbridge run`` configured for it; both stopped on exit.
+
+    ``room_extra``: more settings of the room; ``extra``: tables laid over the base
+    configuration (``{"defaults": {"approve_tools": True}}``)."""
     require_local_slack()
     events_port = peer.free_port() if mode == "events" else None
     async with peer.run_local_slack(tmp, mode, events_port) as slack:
         cfg = tmp / "chatbridge.toml"
-        cfg.write_text(config_toml(tmp, slack, allowed, slack_extra or {}))
+        text = config_toml(
+            tmp, slack, allowed, slack_extra or {}, room_extra=room_extra, extra=extra
+        )
+        cfg.write_text(text)
         # Secrets from the environment, as in production.
         secrets = {
             "CHATBRIDGE_SLACK__BOT_TOKEN": peer.BOT_TOKEN,

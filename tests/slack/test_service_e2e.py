@@ -16,7 +16,6 @@ import pytest
 from tests.slack import peer
 from tests.slack.service import Bridged, bridged
 from tests.slack.test_events_endpoint import signed
-from transports.slack.approvals import request_blocks
 
 pytestmark = [pytest.mark.slack, pytest.mark.slow]
 
@@ -177,24 +176,3 @@ async def test_a_run_survives_a_crash_of_the_bridge_and_answers_once_in_its_thre
     assert ["the long task" in str(m["text"]) for m in found] == [True, False]
     times = (tmp_path / "times").read_text().splitlines()
     assert [json.loads(line)["prompt"] for line in times] == ["the long task", "after the restart"]
-
-
-@pytest.mark.parametrize("mode", ["socket", "events"])
-async def test_an_approval_click_reaches_the_services_sink(tmp_path: Path, mode: str) -> None:
-    # The service posts no requests yet: the bot's message with the buttons is
-    # made the way the transport makes it, and clicked.
-    async with bridged(tmp_path, mode, ECHO) as b:
-        posted = await b.slack.api(
-            "chat.postMessage",
-            channel=peer.CHANNEL,
-            text="may I?",
-            blocks=request_blocks("may I?", "#1"),
-        )
-        ts = str(posted["ts"])
-        deny = {"action_id": "chatbridge_approval_deny", "value": "#1", "type": "button"}
-        await b.slack.click(peer.ALICE, ts, deny)
-
-        async def logged() -> bool:
-            return any("approval action deny by U0ALICE on " + ts in line for line in b.log)
-
-        await b.wait_until(logged, "the approval action in the service's log")

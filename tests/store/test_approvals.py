@@ -237,3 +237,14 @@ async def test_the_approval_counter_survives_a_session_reset(store: InspectableS
     await store.set_room_model(ROOM, "opus")
     assert (await ask(store, "r2")).number == 2
     assert await store.get_session(ROOM) == "s1"
+
+
+async def test_a_withdrawn_request_is_cancelled_alone(store: InspectableStore) -> None:
+    withdrawn = await ask(store, "r1")
+    waiting = await ask(store, "r2")
+    cancelled = await store.cancel_approvals(RUN, "claude withdrew it", 130.0, ("r1",))
+    assert [(a.id, a.state, a.reason) for a in cancelled] == [
+        (withdrawn.id, ApprovalState.CANCELLED, "claude withdrew it")
+    ]
+    assert await store.pending_approvals() == [waiting]
+    assert await store.cancel_approvals(RUN, "again", 140.0, ("r1", "unknown")) == []
