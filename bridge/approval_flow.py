@@ -20,7 +20,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from bridge.approval_desk import ApprovalDesk
@@ -32,7 +32,7 @@ from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
 from bridge.live_runs import LiveRuns
 from bridge.replies import Replier, in_conversation
 from bridge.store.base import Approval, ApprovalState, Store, StoreError
-from runner.control import Allow, ControlError, Deny, InputClosed
+from runner.control import Allow, ControlError, Deny, InputClosed, RunControl
 from runner.events import PermissionAsked
 
 log = logging.getLogger(__name__)
@@ -169,23 +169,22 @@ class ApprovalFlow:
         return note
 
     async def set_model(self, room: RoomKey, name: str) -> str:
-        control = self.runs.control(room)
-        if control is None or not control.accepting:
-            return ""
-        try:
-            await control.set_model(name)
-        except (ControlError, InputClosed) as exc:
-            return f"The running run keeps its model ({exc}); the next runs use it."
-        return "The running run uses it from its next step."
+        return await self._switch(room, "model", lambda control: control.set_model(name))
 
     async def set_mode(self, room: RoomKey, mode: str) -> str:
+        return await self._switch(room, "mode", lambda control: control.set_permission_mode(mode))
+
+    async def _switch(
+        self, room: RoomKey, what: str, change: Callable[[RunControl], Awaitable[None]]
+    ) -> str:
+        """Apply ``change`` to the room's running run, if any; a note for the room."""
         control = self.runs.control(room)
         if control is None or not control.accepting:
             return ""
         try:
-            await control.set_permission_mode(mode)
+            await change(control)
         except (ControlError, InputClosed) as exc:
-            return f"The running run keeps its mode ({exc}); the next runs use it."
+            return f"The running run keeps its {what} ({exc}); the next runs use it."
         return "The running run uses it from its next step."
 
     async def _answer(self, approval: Approval, choice: ApprovalChoice, told: str) -> str:

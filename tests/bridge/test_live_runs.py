@@ -225,3 +225,21 @@ async def test_an_interrupt_withdraws_the_waiting_request(tmp_path: Path) -> Non
     assert tool_log(tmp_path) == []
     [(state,)] = rows(tmp_path, "select state from approvals")
     assert state == ApprovalState.CANCELLED.value
+
+
+async def test_model_and_mode_switch_the_running_run_and_the_next(tmp_path: Path) -> None:
+    env = {**gated(tmp_path), "FAKE_CLAUDE_RECORD": str(tmp_path / "record.json")}
+    async with asyncio.timeout(WAIT_S), session(tmp_path, {}, **env) as bridge:
+        bridge.send("first job")
+        await until_tool_runs(bridge, tmp_path)
+        bridge.send("!model sonnet")
+        await bridge.wait_for("The running run uses it from its next step.")
+        bridge.send("!mode plan")
+        await bridge.wait_for("The running run uses it from its next step.", 2)
+        (tmp_path / "gate").touch()
+        await bridge.wait_for("first job")
+        bridge.send("second job")
+        await bridge.wait_for("second job")
+    argv = json.loads((tmp_path / "record.json").read_text())["argv"]
+    assert argv[argv.index("--model") + 1] == "sonnet"
+    assert argv[argv.index("--permission-mode") + 1] == "plan"
