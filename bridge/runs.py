@@ -520,9 +520,7 @@ class RunExecutor:
     async def _give_up(self, taken: Taken | None) -> None:
         """The run never started: its prestart, if any, goes (nothing of it is left)."""
         if taken is not None:
-            started = await taken.prestarted()
-            if started is not None:
-                await started.cancel()
+            await taken.give_up()
 
     async def _cancelled_at_start(
         self, run_id: RunId, dispatched: DispatchedRun, taken: Taken | None
@@ -548,10 +546,11 @@ class RunExecutor:
         # Reads, before the spawn: nothing else stands in front of claude.
         session = await self.store.get_session(batch.room)
         overrides = await self.store.room_overrides(batch.room)
-        prestarted = await taken.prestarted() if taken is not None else None
+        request = run_request(self.settings, room, run.id, prompt, session, overrides)
+        prestarted = await taken.prestarted(request) if taken is not None else None
         on_event = self._on_event(run, live)
         report = await run_claude(
-            run_request(self.settings, room, run.id, prompt, session, overrides),
+            request,
             on_event,
             on_position=live.at,
             detach=live.detach,

@@ -204,3 +204,21 @@ async def test_a_stop_keeps_the_session_for_the_next_run(tmp_path: Path) -> None
         await bridge.wait_for("second job")
     argv = json.loads((tmp_path / "record.json").read_text())["argv"]
     assert f"--resume={kept}" in argv
+
+
+async def test_a_prestart_the_settings_outdated_is_counted_wasted_not_used(
+    tmp_path: Path,
+) -> None:
+    config: Table = {"runner": {"prestart": True}, "dispatcher": {"coalesce_ms": 300}}
+    env = {"FAKE_CLAUDE_RECORD": str(tmp_path / "record.json")}
+    async with asyncio.timeout(WAIT_S), session(tmp_path, config, **env) as bridge:
+        bridge.send("hello there")
+        bridge.send("!model opus")  # during the window: the prestart has the old settings
+        await bridge.wait_for("hello there")
+        assert bridge.service is not None
+        prestarts = bridge.service.metrics.prestarts
+        assert prestarts.labels("used", "")._value.get() == 0
+        assert prestarts.labels("wasted", "changed")._value.get() == 1
+        assert bridge.service.metrics.prestart_saved._value.get() == 0
+    argv = json.loads((tmp_path / "record.json").read_text())["argv"]
+    assert argv[argv.index("--model") + 1] == "opus"  # started cold, with the new model
