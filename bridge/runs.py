@@ -263,6 +263,9 @@ class _Live:
     init: Init | None = None
     control: RunControl = field(default_factory=RunControl)
     """The run's input side: steering, answers to tool requests, model and mode."""
+    held: tuple[Result, int] | None = None
+    """A replayed result (and its offset) nothing was pending at: the run's answer, or an
+    earlier turn's if another result follows (see :meth:`RunExecutor._on_result`)."""
     final: bool = False
     """claude printed the run's last result (the end rule held): nothing more goes in."""
     side: set[asyncio.Task[None]] = field(default_factory=set)
@@ -616,37 +619,51 @@ class RunExecutor:
                             self.approvals.ask(run.id, run.batch, event), name=f"ask {run.id}"
                         )
                     )
-                case Result() if not (live.control.settled or live.control.closed):
-                    # An earlier turn's result: messages steered into the run came
-                    # after it. A success answers what the run had so far.
-                    if not event.is_error and live.position > live.shown:
-                        live.shown = live.position
-                        live.shown_moved.set()
-                        live.before_end.append(
-                            asyncio.create_task(
-                                self._answer_turn(run, event.text), name=f"turn {run.id}"
-                            )
-                        )
-                case Result(is_error=False) if live.answer is None:
-                    # The answer exists: record it and hand it over now, while
-                    # the runner reaps claude. From here on this is the outcome,
-                    # whatever comes next (a stop, a lingering process, an exit
-                    # status); see run_claude.
-                    stages.stamp("result_read")
-                    live.final = True  # (before the runner closes claude's input: no steering)
-                    log.info("claude printed its answer")
-                    run.progress.close()
-                    answer = answer_report(event, live.init)
-                    live.answer = asyncio.create_task(
-                        self._conclude(run, live, answer), name=f"answer {run.id}"
-                    )
                 case Result():
-                    live.final = True
-                    log.info("claude printed an error result")
+                    self._on_result(run, live, event)
                 case _:
                     pass
 
         return on_event
+
+    def _on_result(self, run: _Run, live: _Live, event: Result) -> None:
+        """A turn's result: an earlier turn's answer, or the run's (the end rule held)."""
+        control = live.control
+        held, live.held = live.held, None
+        if held is not None:
+            self._turn_answered(run, live, *held)  # a later result came: an earlier turn's
+        if control.settled and live.position < control.history_end:
+            # Replayed history (a reattach): a message steered in as claude printed this
+            # may come after it in the journal; the next result (or the end) tells.
+            live.held = (event, live.position)
+        elif not (control.settled or control.closed):
+            # An earlier turn's result: messages steered into the run came after it.
+            self._turn_answered(run, live, event, live.position)
+        elif not event.is_error and live.answer is None:
+            # The answer exists: record it and hand it over now, while the runner reaps
+            # claude. From here on this is the outcome, whatever comes next (a stop, a
+            # lingering process, an exit status); see run_claude.
+            stages.stamp("result_read")
+            live.final = True  # (before the runner closes claude's input: no steering)
+            log.info("claude printed its answer")
+            run.progress.close()
+            answer = answer_report(event, live.init)
+            live.answer = asyncio.create_task(
+                self._conclude(run, live, answer), name=f"answer {run.id}"
+            )
+        else:
+            live.final = True
+            log.info("claude printed an error result")
+
+    def _turn_answered(self, run: _Run, live: _Live, event: Result, position: int) -> None:
+        """A success answers what the run had so far (not again after a reattach)."""
+        if event.is_error or position <= live.shown:
+            return
+        live.shown = position
+        live.shown_moved.set()
+        live.before_end.append(
+            asyncio.create_task(self._answer_turn(run, event.text), name=f"turn {run.id}")
+        )
 
     def _steer_hook(self, run_id: RunId, live: _Live) -> Callable[[Batch, bool], bool]:
         """The dispatcher's steer hook for this run: the batch goes into claude's session

@@ -91,6 +91,10 @@ class RunControl:
         # Our request ids are told apart from claude's (and from an earlier bridge's).
         self._prefix = f"cb-{uuid.uuid4().hex[:12]}-"
         self._ids = itertools.count(1)
+        self.history_end = 0
+        """The journal offset up to which a reattach replays history (0: a run started
+        here): the end rule is not acted on before it, so a result there that nothing
+        was pending at may still be followed by a message (sent as claude printed it)."""
 
     # -- the caller's side --
 
@@ -191,9 +195,11 @@ class RunControl:
 
     # -- the runner's side --
 
-    def bind(self, write: Writer, close: Callable[[], None]) -> None:
-        """The runner reached the run's supervisor (protocol version 2): input goes there."""
+    def bind(self, write: Writer, close: Callable[[], None], history_end: int = 0) -> None:
+        """The runner reached the run's supervisor (protocol version 2): input goes there;
+        ``history_end``: the journal's length at a reattach."""
         self._write, self._close = write, close
+        self.history_end = history_end
 
     def unbind(self) -> None:
         """The run is over (or left to its supervisor): no more input, nobody answers."""

@@ -452,7 +452,9 @@ class _Run:
         if supervised.version >= 2:
             # Input goes to the supervisor from now on; a reattached control only
             # acts on the end rule once its replay of the journal caught up.
-            self._control.bind(supervised.write_stdin, supervised.close_stdin)
+            self._control.bind(
+                supervised.write_stdin, supervised.close_stdin, supervised.history_end
+            )
         await self._on_event(Spawned(supervised.claude_pid, supervised.live))
         self._task(self._feed_stdin())
         self._task(self._pump())

@@ -15,6 +15,7 @@ import pytest
 
 from bridge.config import load_settings
 from bridge.store.base import ApprovalState, AuditAction
+from runner import run as runner_run
 from tests.bridge.harness import ConsoleSession, write_config
 from tests.config_files import Table
 
@@ -222,3 +223,54 @@ async def test_a_prestart_the_settings_outdated_is_counted_wasted_not_used(
         assert bridge.service.metrics.prestart_saved._value.get() == 0
     argv = json.loads((tmp_path / "record.json").read_text())["argv"]
     assert argv[argv.index("--model") + 1] == "opus"  # started cold, with the new model
+
+
+async def test_a_message_steered_as_the_result_came_is_answered_once_after_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config: Table = {
+        "defaults": {"during_run": "steer", "approve_tools": True},
+        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
+        "runner": {"shutdown_grace_s": 0},
+    }
+    # The journal has the steered message after the first result (the supervisor wrote
+    # that result before the message came), while the bridge had sent it before it read
+    # the result: a turn of its own. The restart replays the journal: the first result
+    # is then an earlier turn's too, already answered, and the second is the run's answer.
+    result_read = asyncio.Event()
+    release = asyncio.Event()
+    dispatch = runner_run._Run._dispatch
+
+    async def slow_reader(self: runner_run._Run, line: bytes, position: int) -> bool:
+        if b'"type":"result"' in line.replace(b" ", b"") and not result_read.is_set():
+            result_read.set()  # claude printed it; the bridge reads it late
+            await release.wait()
+        return await dispatch(self, line, position)
+
+    monkeypatch.setattr(runner_run._Run, "_dispatch", slow_reader)
+    async with asyncio.timeout(WAIT_S), session(tmp_path, config) as bridge:
+        bridge.send("first")
+        await bridge.wait_for("Claude asks to use")
+        bridge.send("!approve")
+        await result_read.wait()
+        bridge.send("second")
+        while not rows(tmp_path, "select 1 from audit where detail = 'steered'"):
+            await asyncio.sleep(0.02)
+        release.set()
+        await bridge.wait_for("Claude asks to use", 2)
+        assert bridge.service is not None
+        bridge.service.request_stop()  # the run is left to its supervisor
+        before = await bridge.finish()
+    monkeypatch.undo()
+    assert before.count("\nfirst\n") == 1
+    async with asyncio.timeout(WAIT_S), session(tmp_path, config) as bridge:
+        await bridge.wait_for("Working")
+        bridge.send("!approve #2")
+        await bridge.wait_for("Done after")
+        after = bridge.out.getvalue()
+    assert "\nfirst\n" not in after
+    assert after.count("\nsecond\n") == 1
+    assert rows(tmp_path, "select text from outbox where kind = 'result' order by id") == [
+        ("first",),
+        ("second",),
+    ]
