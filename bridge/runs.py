@@ -760,6 +760,10 @@ class RunExecutor:
     async def _leave(self, run: _Run, live: _Live) -> None:
         """At a detaching shutdown: the run goes on without us; its progress so far is noted."""
         self.live_runs.unbind(run.batch.room, run.id)
+        if live.before_end:
+            # Steered messages are the run's (else the next start runs them again), and
+            # earlier turns' answers are in the outbox before their offset is noted.
+            await asyncio.gather(*live.before_end, return_exceptions=True)
         await _wind_down(live)
         if live.shown >= 0:
             await self._note_shown(run.id, live.shown)

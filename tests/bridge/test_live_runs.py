@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 
 from bridge.config import load_settings
-from bridge.store.base import ApprovalState, AuditAction
+from bridge.store.base import ApprovalState, AuditAction, Store
 from runner import run as runner_run
 from tests.bridge.harness import ConsoleSession, write_config
 from tests.config_files import Table
+from tests.fakes.flaky_store import FlakyStore
 
 pytestmark = pytest.mark.slow
 
@@ -274,3 +275,45 @@ async def test_a_message_steered_as_the_result_came_is_answered_once_after_a_res
         ("first",),
         ("second",),
     ]
+
+
+async def test_messages_steered_just_before_a_restart_are_not_run_again(tmp_path: Path) -> None:
+    config: Table = {
+        "defaults": {"during_run": "steer"},
+        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
+        "runner": {"shutdown_grace_s": 0},
+    }
+    path = write_config(
+        tmp_path,
+        config,
+        env={
+            "FAKE_CLAUDE_ECHO": "1",
+            "FAKE_CLAUDE_TOOL_LOG": str(tmp_path / "tools.jsonl"),
+            **gated(tmp_path),
+        },
+    )
+    flaky: list[FlakyStore] = []
+
+    def wrap(store: Store) -> Store:
+        flaky.append(FlakyStore(store))
+        return flaky[-1].store
+
+    async with (
+        asyncio.timeout(WAIT_S),
+        ConsoleSession(load_settings(path), wrap_store=wrap) as bridge,
+    ):
+        bridge.send("first")
+        await until_tool_runs(bridge, tmp_path)
+        flaky[0].fail("steer_into_run", times=2)  # recorded after two retries
+        bridge.send("second")
+        while not flaky[0].failures["steer_into_run"]:
+            await asyncio.sleep(0.01)
+        assert bridge.service is not None
+        bridge.service.request_stop()  # the run is left to its supervisor
+        await bridge.finish()
+    async with asyncio.timeout(WAIT_S), ConsoleSession(load_settings(path)) as bridge:
+        await bridge.wait_for("Working")
+        (tmp_path / "gate").touch()
+        after = await bridge.wait_for("Done after")
+    assert after.count("second") == 1  # answered with the first, never run again
+    assert len(rows(tmp_path, "select id from runs")) == 1
