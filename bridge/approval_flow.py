@@ -25,7 +25,13 @@ from dataclasses import dataclass
 
 from bridge.approval_desk import ApprovalDesk
 from bridge.approval_text import outcome_text, parse_input, request_text
-from bridge.approvals import Verdict, cancel_reason, deny_message, timeout_message
+from bridge.approvals import (
+    WITHDRAWN,
+    Verdict,
+    cancel_reason,
+    deny_message,
+    timeout_message,
+)
 from bridge.config import Settings
 from bridge.core.model import Batch, ReplyKind, RoomKey, RunId, UserId
 from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
@@ -107,6 +113,18 @@ class ApprovalFlow:
             )
         except StoreError:
             log.warning("could not cancel the tool requests of run %s", run_id, exc_info=True)
+            return
+        for approval in cancelled:
+            await self._show(approval)
+
+    async def withdrawn(self, room: RoomKey, run_id: RunId, request_id: str) -> None:
+        """claude withdrew its request (its turn was interrupted): nobody answers it now."""
+        try:
+            cancelled = await self.store.cancel_approvals(
+                run_id, WITHDRAWN, self.wall_clock(), request_id
+            )
+        except StoreError:
+            log.warning("could not cancel a withdrawn tool request", exc_info=True)
             return
         for approval in cancelled:
             await self._show(approval)

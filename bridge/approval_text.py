@@ -19,6 +19,7 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
+from bridge.approvals import WITHDRAWN
 from bridge.core.text import safe_text
 from bridge.duration import format_duration
 from bridge.store.base import Approval, ApprovalState
@@ -156,7 +157,10 @@ _OUTCOMES = {
 def outcome_text(approval: Approval) -> str:
     """One line on what became of a request (its message's edit, a command's answer)."""
     line = f"Request `#{approval.number}` ({code_span(approval.tool_name, 100)}):"
-    line += f" {_OUTCOMES[approval.state]}"
+    if approval.state is ApprovalState.CANCELLED and approval.reason == WITHDRAWN:
+        line += f" cancelled: {WITHDRAWN}"
+    else:
+        line += f" {_OUTCOMES[approval.state]}"
     if approval.decided_by is not None:
         line += f" by {code_span(approval.decided_by, 100)}"
     if approval.state is ApprovalState.DENIED and approval.reason:

@@ -97,7 +97,15 @@ from runner import (
     run_claude,
 )
 from runner.control import InputClosed, RunControl
-from runner.events import Init, PermissionAsked, Result, RunEvent, Spawned, ToolUse
+from runner.events import (
+    Init,
+    PermissionAsked,
+    PermissionCancelled,
+    Result,
+    RunEvent,
+    Spawned,
+    ToolUse,
+)
 
 log = logging.getLogger(__name__)
 
@@ -617,6 +625,13 @@ class RunExecutor:
                     live.beside(
                         asyncio.create_task(
                             self.approvals.ask(run.id, run.batch, event), name=f"ask {run.id}"
+                        )
+                    )
+                case PermissionCancelled(request_id=request_id) if self.approvals is not None:
+                    live.beside(
+                        asyncio.create_task(
+                            self.approvals.withdrawn(run.batch.room, run.id, request_id),
+                            name=f"withdrawn {run.id}",
                         )
                     )
                 case Result():

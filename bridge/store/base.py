@@ -415,8 +415,13 @@ class Store(Protocol):
         """
         ...
 
-    async def cancel_approvals(self, run_id: RunId, why: str, at: float) -> list[Approval]:
-        """Cancel the run's pending requests (it ended), audited; returns them as cancelled."""
+    async def cancel_approvals(
+        self, run_id: RunId, why: str, at: float, request_id: str | None = None
+    ) -> list[Approval]:
+        """Cancel the run's pending requests (it ended), audited; returns them as cancelled.
+
+        With ``request_id`` only that one (claude withdrew it: its turn was interrupted).
+        """
         ...
 
     async def expired_approvals(self, now: float) -> list[Approval]:

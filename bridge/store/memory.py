@@ -615,14 +615,18 @@ class MemoryStore:
         )
         return True
 
-    async def cancel_approvals(self, run_id: RunId, why: str, at: float) -> list[Approval]:
-        """Cancel the run's pending requests, one audit row each."""
+    async def cancel_approvals(
+        self, run_id: RunId, why: str, at: float, request_id: str | None = None
+    ) -> list[Approval]:
+        """Cancel the run's pending requests (or one), one audit row each."""
         self._check_open()
         require_storable(why)
         why = approval_reason(why)
         cancelled = []
         for approval in list(self._approvals.values()):
             if approval.run_id != run_id or approval.state is not ApprovalState.PENDING:
+                continue
+            if request_id is not None and approval.request_id != request_id:
                 continue
             done = replace(approval, state=ApprovalState.CANCELLED, decided_at=at, reason=why)
             self._approvals[approval.id] = done

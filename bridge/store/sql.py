@@ -1184,17 +1184,19 @@ class SqlStore:
             )
             return True
 
-    async def cancel_approvals(self, run_id: RunId, why: str, at: float) -> list[Approval]:
-        """Cancel the run's pending requests, one audit row each."""
+    async def cancel_approvals(
+        self, run_id: RunId, why: str, at: float, request_id: str | None = None
+    ) -> list[Approval]:
+        """Cancel the run's pending requests (or one), one audit row each."""
         why = approval_reason(why)
+        which = [ApprovalRow.run_id == run_id, ApprovalRow.state == ApprovalState.PENDING.value]
+        if request_id is not None:
+            which.append(ApprovalRow.request_id == request_id)
         async with self._transaction() as s:
             rows = (
                 await s.scalars(
                     update(ApprovalRow)
-                    .where(
-                        ApprovalRow.run_id == run_id,
-                        ApprovalRow.state == ApprovalState.PENDING.value,
-                    )
+                    .where(*which)
                     .values(state=ApprovalState.CANCELLED.value, decided_at=at, reason=why)
                     .returning(ApprovalRow)
                 )

@@ -317,3 +317,24 @@ async def test_messages_steered_just_before_a_restart_are_not_run_again(tmp_path
         after = await bridge.wait_for("Done after")
     assert after.count("second") == 1  # answered with the first, never run again
     assert len(rows(tmp_path, "select id from runs")) == 1
+
+
+async def test_a_request_withdrawn_by_an_interrupt_no_longer_waits(tmp_path: Path) -> None:
+    config: Table = {
+        "defaults": {"during_run": "interrupt", "approve_tools": True},
+        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
+    }
+    async with asyncio.timeout(WAIT_S), session(tmp_path, config) as bridge:
+        bridge.send("first")
+        await bridge.wait_for("Claude asks to use")
+        bridge.send("second")  # interrupts the turn: claude withdraws request #1
+        await bridge.wait_for("`#1` (`Bash`): cancelled: claude withdrew it")
+        await bridge.wait_for("Claude asks to use", 2)
+        bridge.send("!approve")  # the oldest waiting request: the second turn's
+        out = await bridge.wait_for("\nsecond\n")
+    assert "Request `#1` (`Bash`): allowed" not in out
+    assert rows(tmp_path, "select number, state from approvals order by number") == [
+        (1, ApprovalState.CANCELLED.value),
+        (2, ApprovalState.ALLOWED.value),
+    ]
+    assert [t["command"] for t in tool_log(tmp_path)] == ["echo hello"]
