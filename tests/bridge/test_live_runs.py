@@ -338,3 +338,21 @@ async def test_a_request_withdrawn_by_an_interrupt_no_longer_waits(tmp_path: Pat
         (2, ApprovalState.ALLOWED.value),
     ]
     assert [t["command"] for t in tool_log(tmp_path)] == ["echo hello"]
+
+
+async def test_status_counts_the_messages_steered_into_the_run(tmp_path: Path) -> None:
+    config: Table = {
+        "defaults": {"during_run": "steer"},
+        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
+    }
+    async with asyncio.timeout(WAIT_S), session(tmp_path, config, **gated(tmp_path)) as bridge:
+        bridge.send("first")
+        await until_tool_runs(bridge, tmp_path)
+        bridge.send("second")
+        while not rows(tmp_path, "select 1 from audit where detail = 'steered'"):
+            await asyncio.sleep(0.02)
+        bridge.send("!status")
+        out = await bridge.wait_for("Waiting:")
+        assert "(1 message + 1 steered in, run `run-" in out
+        (tmp_path / "gate").touch()
+        await bridge.wait_for("first\nsecond")
