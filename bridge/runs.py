@@ -627,7 +627,10 @@ class RunExecutor:
                             self.approvals.ask(run.id, run.batch, event), name=f"ask {run.id}"
                         )
                     )
-                case PermissionCancelled(request_id=request_id) if self.approvals is not None:
+                case PermissionCancelled(request_id=request_id) if (
+                    self.approvals is not None and not self._ending(live)
+                ):
+                    # (A stop's interrupt withdraws it too: the run's end cancels it then.)
                     live.beside(
                         asyncio.create_task(
                             self.approvals.withdrawn(run.batch.room, run.id, request_id),
@@ -640,6 +643,11 @@ class RunExecutor:
                     pass
 
         return on_event
+
+    @staticmethod
+    def _ending(live: _Live) -> bool:
+        """The run is being cancelled (stopped, or cut off by a shutdown)."""
+        return live.dispatched is not None and live.dispatched.end_reason is not None
 
     def _on_result(self, run: _Run, live: _Live, event: Result) -> None:
         """A turn's result: an earlier turn's answer, or the run's (the end rule held)."""
