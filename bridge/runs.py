@@ -695,7 +695,9 @@ class RunExecutor:
 
         def steer(batch: Batch, interrupt: bool) -> bool:
             control = live.control
-            if live.final or not control.accepting:
+            # (A reattach takes nothing before its replay caught up: the run may have
+            # taken its last input while no bridge was there.)
+            if live.final or not control.accepting or control.replaying:
                 return False
             try:
                 if interrupt:

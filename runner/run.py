@@ -511,6 +511,7 @@ class _Run:
                     self._end(Exited())
                 case "expired":
                     self._end(EXPIRIES.get(str(record.fields.get("status")), Orphaned()))
+            self._control.note_read(record.end)
             if decoding and self._check_end(record.end):
                 decoding = False
         # The journal ended: after ``done`` the ending was told before; without

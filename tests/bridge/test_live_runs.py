@@ -356,3 +356,48 @@ async def test_status_counts_the_messages_steered_into_the_run(tmp_path: Path) -
         assert "(1 message + 1 steered in, run `run-" in out
         (tmp_path / "gate").touch()
         await bridge.wait_for("first\nsecond")
+
+
+async def test_a_message_during_the_replay_of_a_run_that_took_no_more_input_is_not_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The run answered while no bridge was there: its supervisor closed claude's stdin.
+    # The restarted bridge replays the journal; a message steered before the replay read
+    # that far would go to a claude that takes no more input.
+    config: Table = {
+        "defaults": {"during_run": "steer"},
+        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
+        "runner": {"shutdown_grace_s": 0},
+    }
+    env = {"FAKE_CLAUDE_WAIT_FOR": str(tmp_path / "go"), "FAKE_CLAUDE_LINGER": "3"}
+    async with asyncio.timeout(WAIT_S), session(tmp_path, config, **env) as bridge:
+        bridge.send("first")
+        await bridge.wait_for("Bash: echo hello")
+        assert bridge.service is not None
+        bridge.service.request_stop()  # the run is left to its supervisor
+        await bridge.finish()
+    (tmp_path / "go").touch()
+    [(run_dir,)] = rows(tmp_path, "select run_dir from live_runs")
+    journal = Path(run_dir) / "journal"
+    while b'"stdin_closed"' not in journal.read_bytes():
+        await asyncio.sleep(0.02)
+
+    replaying = asyncio.Event()
+    release = asyncio.Event()
+    dispatch = runner_run._Run._dispatch
+
+    async def slow_replay(self: runner_run._Run, line: bytes, position: int) -> bool:
+        if b'"type":"result"' in line.replace(b" ", b"") and not replaying.is_set():
+            replaying.set()
+            await release.wait()
+        return await dispatch(self, line, position)
+
+    monkeypatch.setattr(runner_run._Run, "_dispatch", slow_replay)
+    async with asyncio.timeout(WAIT_S), session(tmp_path, config, **env) as bridge:
+        await replaying.wait()
+        bridge.send("second")
+        await asyncio.sleep(0.3)  # its steer batch is due meanwhile
+        release.set()
+        out = await bridge.wait_for("\nsecond\n")
+    assert out.count("\nfirst\n") == 1
+    assert [s for (s,) in rows(tmp_path, "select status from runs")] == ["succeeded"] * 2
