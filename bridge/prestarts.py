@@ -79,10 +79,10 @@ class Taken:
             await started.cancel()
         return None
 
-    async def give_up(self) -> None:
-        """The run never started: its prestart goes, counted wasted (dropped)."""
+    async def give_up(self, why: str) -> None:
+        """The run never started: its prestart goes, counted wasted for ``why``."""
         started = await self._started()
-        self._prestarts.metrics.prestarts.labels("wasted", "dropped").inc()
+        self._prestarts.metrics.prestarts.labels("wasted", why).inc()
         if started is not None:
             await started.cancel()
 

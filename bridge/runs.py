@@ -391,7 +391,7 @@ class RunExecutor:
             await self._settle(self._cancelled_at_start(run_id, dispatched, taken))
             raise
         if not recorded:
-            await self._settle(self._give_up(taken))
+            await self._settle(self._give_up(taken, "failed"))
             return
         stages.stamp("start_recorded")
         self.metrics.runs_started.inc()
@@ -528,17 +528,17 @@ class RunExecutor:
             # A bug at the end of a run must not leave the room busy forever.
             log.exception("the end of the run failed inside chatbridge")
 
-    async def _give_up(self, taken: Taken | None) -> None:
+    async def _give_up(self, taken: Taken | None, why: str) -> None:
         """The run never started: its prestart, if any, goes (nothing of it is left)."""
         if taken is not None:
-            await taken.give_up()
+            await taken.give_up(why)
 
     async def _cancelled_at_start(
         self, run_id: RunId, dispatched: DispatchedRun, taken: Taken | None
     ) -> None:
-        await self._give_up(taken)
-        batch = dispatched.batch
         status = _cancelled_status(dispatched)
+        await self._give_up(taken, "dropped" if status is RunStatus.STOPPED else "shutdown")
+        batch = dispatched.batch
         if await self.store.get_run(run_id) is not None:
             await self.store.finish_run(run_id, RunReport(status), self.wall_clock())
         elif status is RunStatus.STOPPED:
@@ -550,7 +550,7 @@ class RunExecutor:
         batch = run.batch
         room = self.settings.room(batch.room)
         if room is None:
-            await self._give_up(taken)
+            await self._give_up(taken, "failed")
             return RunReport(RunStatus.FAILED, error="room not configured")
         log.info("run started with %d message(s)", len(batch.messages))
         prompt = build_prompt(batch)

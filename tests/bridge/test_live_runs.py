@@ -401,3 +401,37 @@ async def test_a_message_during_the_replay_of_a_run_that_took_no_more_input_is_n
         out = await bridge.wait_for("\nsecond\n")
     assert out.count("\nfirst\n") == 1
     assert [s for (s,) in rows(tmp_path, "select status from runs")] == ["succeeded"] * 2
+
+
+@pytest.mark.parametrize(("how", "why"), [("!stop", "dropped"), ("shutdown", "shutdown")])
+async def test_a_prestart_of_a_run_that_never_started_is_wasted(
+    tmp_path: Path, how: str, why: str
+) -> None:
+    config: Table = {
+        "runner": {"prestart": True, "shutdown_grace_s": 0},
+        "dispatcher": {"coalesce_ms": 300},
+    }
+    path = write_config(tmp_path, config)
+    flaky: list[FlakyStore] = []
+
+    def wrap(store: Store) -> Store:
+        flaky.append(FlakyStore(store))
+        flaky[-1].fail("start_run", times=None)  # the run waits for the database
+        return flaky[-1].store
+
+    settings = load_settings(path)
+    async with asyncio.timeout(WAIT_S), ConsoleSession(settings, wrap_store=wrap) as bridge:
+        bridge.send("hello there")
+        await bridge.wait_for("The database is failing")
+        assert bridge.service is not None
+        metrics = bridge.service.metrics
+        if how == "!stop":
+            bridge.send("!stop")
+            await bridge.wait_for("Stopping the run")
+            while not metrics.prestarts.labels("wasted", why)._value.get():
+                await asyncio.sleep(0.02)
+        else:
+            bridge.service.request_stop()
+            await bridge.finish()
+        assert metrics.prestarts.labels("used", "")._value.get() == 0
+        assert metrics.prestarts.labels("wasted", why)._value.get() == 1
