@@ -597,7 +597,8 @@ class _Run:
         """A stop that keeps the conversation resumable (before the hard one, :meth:`close`).
 
         claude is asked to end its turn (``interrupt``: its tools are abandoned,
-        the session is written), given ``stop_grace_s`` for that turn's result,
+        the session is written), and the turn of each message sent and not taken
+        yet, given ``stop_grace_s`` for those turns' results,
         then its stdin is closed and it is given as long to exit. Bounded; what
         does not work out is left to the hard stop (TERM, grace, KILL, sweep).
         """
@@ -607,10 +608,14 @@ class _Run:
         if supervised.version < 2 or supervised.claude_exit.done() or not control.accepting:
             return
         try:
-            if not control.settled:  # a turn runs (or a message waits): end it
-                self._results.clear()
-                async with asyncio.timeout(grace):
-                    await control.interrupt()
+            async with asyncio.timeout(grace):
+                # A turn runs (or a message waits): end it. A message sent into the run
+                # and not taken yet starts a turn of its own once the interrupted one
+                # ended: that one is interrupted too, so claude does not work on it.
+                while not control.settled:
+                    self._results.clear()
+                    if not await control.interrupt():
+                        break
                     await self._results.wait()
         except (TimeoutError, ControlError, InputClosed) as exc:
             log.info("run %s: the interrupt did not end the turn: %r", self._request.run_id, exc)

@@ -435,3 +435,27 @@ async def test_a_prestart_of_a_run_that_never_started_is_wasted(
             await bridge.finish()
         assert metrics.prestarts.labels("used", "")._value.get() == 0
         assert metrics.prestarts.labels("wasted", why)._value.get() == 1
+
+
+async def test_a_stop_after_a_steer_does_not_let_claude_work_on_the_steered_message(
+    tmp_path: Path,
+) -> None:
+    config: Table = {
+        "defaults": {"during_run": "steer"},
+        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
+    }
+    env = {**gated(tmp_path), "FAKE_CLAUDE_TIMES": str(tmp_path / "times")}
+    async with asyncio.timeout(WAIT_S), session(tmp_path, config, **env) as bridge:
+        bridge.send("first")
+        await until_tool_runs(bridge, tmp_path)
+        bridge.send("second")  # waits in claude for the tool's end
+        while not rows(tmp_path, "select 1 from audit where detail = 'steered'"):
+            await asyncio.sleep(0.02)
+        bridge.send("!stop")
+        await bridge.wait_for("Stopped")
+    # The interrupt ended the first turn; the turn the steered message started then was
+    # interrupted too, and claude exited on its own (it is not left working on that
+    # message until the stop's grace runs out and it is killed).
+    assert (tmp_path / "times").exists()
+    [(status,)] = rows(tmp_path, "select status from runs")
+    assert status == "stopped"
