@@ -25,7 +25,13 @@ from dataclasses import dataclass
 
 from bridge.approval_desk import ApprovalDesk
 from bridge.approval_text import outcome_text, parse_input, request_text
-from bridge.approvals import Verdict, cancel_reason, deny_message, timeout_message
+from bridge.approvals import (
+    WITHDRAWN,
+    Verdict,
+    cancel_reason,
+    deny_message,
+    timeout_message,
+)
 from bridge.config import Settings
 from bridge.core.model import Batch, ReplyKind, RoomKey, RunId, UserId
 from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
@@ -39,8 +45,6 @@ log = logging.getLogger(__name__)
 
 EXPIRY_CHECK_S = 5.0
 """How often waiting requests are checked for their expiry (a 900 s default wait)."""
-
-WITHDRAWN = "claude withdrew it (its turn was interrupted)"
 
 _CHOICES = {
     ApprovalState.ALLOWED: ApprovalChoice.ALLOW,

@@ -91,6 +91,10 @@ def timeout_message(timeout_s: float) -> str:
     )
 
 
+WITHDRAWN = "claude withdrew it: its turn was interrupted"
+"""The reason a request claude withdrew (``PermissionCancelled``) is cancelled with."""
+
+
 def cancel_reason(run_ended: str) -> str:
     """The reason a request of a run that ended is kept with."""
     return f"the run ended ({run_ended})" if run_ended else "the run ended"

@@ -291,13 +291,16 @@ class CommandHandler:
         now = self.wall_clock()
         lines = []
         last = await self.store.last_run(room)
+        if status.running is not None:
+            size = _plural(len(status.running.messages), "message")
+            if status.steered:
+                size += f" + {status.steered} steered in"
         if status.running is not None and last is not None and last.report is None:
             lines.append(
-                f"Running for {format_duration(now - last.started_at)} "
-                f"({_plural(len(status.running.messages), 'message')}, run `{last.id}`)."
+                f"Running for {format_duration(now - last.started_at)} ({size}, run `{last.id}`)."
             )
         elif status.running is not None:
-            lines.append(f"Running ({_plural(len(status.running.messages), 'message')}).")
+            lines.append(f"Running ({size}).")
         else:
             lines.append("Idle.")
         lines.append(f"Waiting: {_plural(status.waiting, 'message')}.")

@@ -69,7 +69,7 @@ class Metrics:
         self.prestarts = Counter(
             "chatbridge_prestarts",
             "Prestarted claudes by outcome (used, wasted) and why one was wasted"
-            " (dropped, shutdown, slot needed, idle, adopted, failed)",
+            " (dropped, shutdown, slot needed, idle, adopted, changed, failed)",
             ["outcome", "why"],
             registry=r,
         )

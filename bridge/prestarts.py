@@ -6,9 +6,10 @@ run); this module does it. ``begin`` allots the run id the run will use and
 starts the room's claude in a task (the room's session and settings are read
 first, as for a run); the run takes it (:meth:`Prestarts.take`) when the
 batch is flushed; ``cancel`` stops it and leaves nothing. A prestart that no
-longer matches the run's request (the settings or the session changed) or
-that died is given up and the run starts cold (``runner.run_claude`` does
-that).
+longer matches the run's request (the settings or the session changed:
+wasted, ``changed``) or that failed or died (``failed``) is given up and the
+run starts cold (:meth:`Taken.prestarted` decides, ``runner.run_claude``
+also falls back for one that died since).
 
 Metrics: prestarts used, wasted (by why) and the start-up time they saved:
 the part of claude's start (spawn to ``initialize`` answered) that lay
@@ -50,28 +51,56 @@ class Taken:
     run_id: RunId
     _pending: _Pending
     _prestarts: Prestarts
+    _at: float
+    """When the run took it (its batch was flushed)."""
 
-    async def prestarted(self) -> Prestarted | None:
-        """The prestarted claude (None: it failed; the run starts cold, same run id).
+    async def prestarted(self, request: RunRequest) -> Prestarted | None:
+        """The prestarted claude for ``request`` (None: the run starts cold, same run id).
 
-        Cancelled meanwhile, the prestart is stopped (the run never got it).
+        One started for other settings or another session (a ``!model``, a
+        ``!reset`` during the window), or that failed or never got ready, is
+        counted wasted and stopped. Cancelled meanwhile, the prestart is
+        stopped (the run never got it).
         """
+        started = await self._started()
+        metrics = self._prestarts.metrics
+        why = "failed"
+        if started is not None and not started.matches(request):
+            why = "changed"
+        elif started is not None and await self._ready(started):
+            metrics.prestarts.labels("used", "").inc()
+            # The part of its start that lay before the batch was flushed.
+            ready_at = self._pending.ready_at
+            done = self._at if ready_at is None else min(ready_at, self._at)
+            metrics.prestart_saved.inc(max(0.0, done - self._pending.began))
+            return started
+        metrics.prestarts.labels("wasted", why).inc()
+        if started is not None:
+            await started.cancel()
+        return None
+
+    async def give_up(self, why: str) -> None:
+        """The run never started: its prestart goes, counted wasted for ``why``."""
+        started = await self._started()
+        self._prestarts.metrics.prestarts.labels("wasted", why).inc()
+        if started is not None:
+            await started.cancel()
+
+    async def _ready(self, started: Prestarted) -> bool:
         try:
-            started = await asyncio.shield(self._pending.task)
+            return await asyncio.shield(started.ready)
+        except asyncio.CancelledError:
+            await started.cancel()  # (shielded) the run never got it
+            raise
+
+    async def _started(self) -> Prestarted | None:
+        try:
+            return await asyncio.shield(self._pending.task)
         except asyncio.CancelledError:
             self._prestarts.stop_later(self._pending)
             raise
         except Exception:
-            started = None
-        prestarts = self._prestarts
-        if started is None:
-            prestarts.metrics.prestarts.labels("wasted", "failed").inc()
             return None
-        prestarts.metrics.prestarts.labels("used", "").inc()
-        ready_at = self._pending.ready_at
-        saved = (ready_at if ready_at is not None else prestarts.clock()) - self._pending.began
-        prestarts.metrics.prestart_saved.inc(max(0.0, saved))
-        return started
 
 
 @dataclass(slots=True)
@@ -107,7 +136,7 @@ class Prestarts:
     def take(self, room: RoomKey) -> Taken | None:
         """The room's prestart, for the run beginning now (None: there is none)."""
         pending = self._rooms.pop(room, None)
-        return None if pending is None else Taken(pending.run_id, pending, self)
+        return None if pending is None else Taken(pending.run_id, pending, self, self.clock())
 
     async def close(self) -> None:
         """At shutdown: stop every prestart, wait for all of it."""

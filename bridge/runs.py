@@ -271,6 +271,9 @@ class _Live:
     init: Init | None = None
     control: RunControl = field(default_factory=RunControl)
     """The run's input side: steering, answers to tool requests, model and mode."""
+    held: tuple[Result, int] | None = None
+    """A replayed result (and its offset) nothing was pending at: the run's answer, or an
+    earlier turn's if another result follows (see :meth:`RunExecutor._on_result`)."""
     final: bool = False
     """claude printed the run's last result (the end rule held): nothing more goes in."""
     side: set[asyncio.Task[None]] = field(default_factory=set)
@@ -396,7 +399,7 @@ class RunExecutor:
             await self._settle(self._cancelled_at_start(run_id, dispatched, taken))
             raise
         if not recorded:
-            await self._settle(self._give_up(taken))
+            await self._settle(self._give_up(taken, "failed"))
             return
         stages.stamp("start_recorded")
         self.metrics.runs_started.inc()
@@ -533,19 +536,17 @@ class RunExecutor:
             # A bug at the end of a run must not leave the room busy forever.
             log.exception("the end of the run failed inside chatbridge")
 
-    async def _give_up(self, taken: Taken | None) -> None:
+    async def _give_up(self, taken: Taken | None, why: str) -> None:
         """The run never started: its prestart, if any, goes (nothing of it is left)."""
         if taken is not None:
-            started = await taken.prestarted()
-            if started is not None:
-                await started.cancel()
+            await taken.give_up(why)
 
     async def _cancelled_at_start(
         self, run_id: RunId, dispatched: DispatchedRun, taken: Taken | None
     ) -> None:
-        await self._give_up(taken)
-        batch = dispatched.batch
         status = _cancelled_status(dispatched)
+        await self._give_up(taken, "dropped" if status is RunStatus.STOPPED else "shutdown")
+        batch = dispatched.batch
         if await self.store.get_run(run_id) is not None:
             await self.store.finish_run(run_id, RunReport(status), self.wall_clock())
         elif status is RunStatus.STOPPED:
@@ -557,17 +558,18 @@ class RunExecutor:
         batch = run.batch
         room = self.settings.room(batch.room)
         if room is None:
-            await self._give_up(taken)
+            await self._give_up(taken, "failed")
             return RunReport(RunStatus.FAILED, error="room not configured")
         log.info("run started with %d message(s)", len(batch.messages))
         prompt = build_prompt(batch)
         # Reads, before the spawn: nothing else stands in front of claude.
         session = await self.store.get_session(batch.room)
         overrides = await self.store.room_overrides(batch.room)
-        prestarted = await taken.prestarted() if taken is not None else None
+        request = run_request(self.settings, room, run.id, prompt, session, overrides)
+        prestarted = await taken.prestarted(request) if taken is not None else None
         on_event = self._on_event(run, live)
         report = await run_claude(
-            run_request(self.settings, room, run.id, prompt, session, overrides),
+            request,
             on_event,
             on_position=live.at,
             detach=live.detach,
@@ -646,33 +648,8 @@ class RunExecutor:
                             name=f"withdraw {run.id}",
                         )
                     )
-                case Result() if not (live.control.settled or live.control.closed):
-                    # An earlier turn's result: messages steered into the run came
-                    # after it. A success answers what the run had so far.
-                    if not event.is_error and live.position > live.shown:
-                        live.shown = live.position
-                        live.shown_moved.set()
-                        live.before_end.append(
-                            asyncio.create_task(
-                                self._answer_turn(run, event.text), name=f"turn {run.id}"
-                            )
-                        )
-                case Result(is_error=False) if live.answer is None:
-                    # The answer exists: record it and hand it over now, while
-                    # the runner reaps claude. From here on this is the outcome,
-                    # whatever comes next (a stop, a lingering process, an exit
-                    # status); see run_claude.
-                    stages.stamp("result_read")
-                    live.final = True  # (before the runner closes claude's input: no steering)
-                    log.info("claude printed its answer")
-                    run.progress.close()
-                    answer = answer_report(event, live.init)
-                    live.answer = asyncio.create_task(
-                        self._conclude(run, live, answer), name=f"answer {run.id}"
-                    )
                 case Result():
-                    live.final = True
-                    log.info("claude printed an error result")
+                    self._on_result(run, live, event)
                 case _:
                     pass
 
@@ -687,6 +664,45 @@ class RunExecutor:
         if self.approvals is not None:
             await self.approvals.withdrawn(run.batch.room, run.id, request_id)
 
+    def _on_result(self, run: _Run, live: _Live, event: Result) -> None:
+        """A turn's result: an earlier turn's answer, or the run's (the end rule held)."""
+        control = live.control
+        held, live.held = live.held, None
+        if held is not None:
+            self._turn_answered(run, live, *held)  # a later result came: an earlier turn's
+        if control.settled and live.position < control.history_end:
+            # Replayed history (a reattach): a message steered in as claude printed this
+            # may come after it in the journal; the next result (or the end) tells.
+            live.held = (event, live.position)
+        elif not (control.settled or control.closed):
+            # An earlier turn's result: messages steered into the run came after it.
+            self._turn_answered(run, live, event, live.position)
+        elif not event.is_error and live.answer is None:
+            # The answer exists: record it and hand it over now, while the runner reaps
+            # claude. From here on this is the outcome, whatever comes next (a stop, a
+            # lingering process, an exit status); see run_claude.
+            stages.stamp("result_read")
+            live.final = True  # (before the runner closes claude's input: no steering)
+            log.info("claude printed its answer")
+            run.progress.close()
+            answer = answer_report(event, live.init)
+            live.answer = asyncio.create_task(
+                self._conclude(run, live, answer), name=f"answer {run.id}"
+            )
+        else:
+            live.final = True
+            log.info("claude printed an error result")
+
+    def _turn_answered(self, run: _Run, live: _Live, event: Result, position: int) -> None:
+        """A success answers what the run had so far (not again after a reattach)."""
+        if event.is_error or position <= live.shown:
+            return
+        live.shown = position
+        live.shown_moved.set()
+        live.before_end.append(
+            asyncio.create_task(self._answer_turn(run, event.text), name=f"turn {run.id}")
+        )
+
     def _steer_hook(self, run_id: RunId, live: _Live) -> Callable[[Batch, bool], bool]:
         """The dispatcher's steer hook for this run: the batch goes into claude's session
         (after an interrupt of the running turn, in ``interrupt`` mode), or, once the run
@@ -694,7 +710,9 @@ class RunExecutor:
 
         def steer(batch: Batch, interrupt: bool) -> bool:
             control = live.control
-            if live.final or not control.accepting:
+            # (A reattach takes nothing before its replay caught up: the run may have
+            # taken its last input while no bridge was there.)
+            if live.final or not control.accepting or control.replaying:
                 return False
             try:
                 if interrupt:
@@ -782,6 +800,10 @@ class RunExecutor:
     async def _leave(self, run: _Run, live: _Live) -> None:
         """At a detaching shutdown: the run goes on without us; its progress so far is noted."""
         self.live_runs.unbind(run.batch.room, run.id)
+        if live.before_end:
+            # Steered messages are the run's (else the next start runs them again), and
+            # earlier turns' answers are in the outbox before their offset is noted.
+            await asyncio.gather(*live.before_end, return_exceptions=True)
         await _wind_down(live)
         if live.shown >= 0:
             await self._note_shown(run.id, live.shown)

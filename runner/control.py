@@ -108,6 +108,11 @@ class RunControl:
         # Our request ids are told apart from claude's (and from an earlier bridge's).
         self._prefix = f"cb-{uuid.uuid4().hex[:12]}-"
         self._ids = itertools.count(1)
+        self.history_end = 0
+        """The journal offset up to which a reattach replays history (0: a run started
+        here): the end rule is not acted on before it, so a result there that nothing
+        was pending at may still be followed by a message (sent as claude printed it)."""
+        self._read = 0
 
     # -- the caller's side --
 
@@ -227,6 +232,16 @@ class RunControl:
         for future in self._waiting.values():
             if not future.done():
                 future.set_exception(ControlError("the run ended"))
+
+    @property
+    def replaying(self) -> bool:
+        """A reattach still reads the journal's history: what the run took is not known
+        yet (its stdin may have been closed while no bridge was there)."""
+        return self._read < self.history_end
+
+    def note_read(self, offset: int) -> None:
+        """The journal was read up to ``offset``."""
+        self._read = offset
 
     @property
     def settled(self) -> bool:

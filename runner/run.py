@@ -468,6 +468,9 @@ class _Run:
         """Follow the run until it ended one of the ways listed in the module doc."""
         request = self._request
         supervised = self._supervised
+        # Where the replayed history ends (0: a run started here): the bridge holds a
+        # result there until it knows nothing was sent after it.
+        self._control.history_end = supervised.history_end
         if not supervised.history_end:
             self._bind()  # a new run: no history to replay first
         await self._on_event(Spawned(supervised.claude_pid, supervised.live))
@@ -545,6 +548,7 @@ class _Run:
                     self._end(Exited())
                 case "expired":
                     self._end(EXPIRIES.get(str(record.fields.get("status")), Orphaned()))
+            self._control.note_read(record.end)
             if decoding and self._check_end(record.end):
                 decoding = False
         # The journal ended: after ``done`` the ending was told before; without
@@ -630,7 +634,8 @@ class _Run:
         """A stop that keeps the conversation resumable (before the hard one, :meth:`close`).
 
         claude is asked to end its turn (``interrupt``: its tools are abandoned,
-        the session is written), given ``stop_grace_s`` for that turn's result,
+        the session is written), and the turn of each message sent and not taken
+        yet, given ``stop_grace_s`` for those turns' results,
         then its stdin is closed and it is given as long to exit. Bounded; what
         does not work out is left to the hard stop (TERM, grace, KILL, sweep).
         """
@@ -640,10 +645,14 @@ class _Run:
         if supervised.version < 2 or supervised.claude_exit.done() or not control.accepting:
             return
         try:
-            if not control.settled:  # a turn runs (or a message waits): end it
-                self._results.clear()
-                async with asyncio.timeout(grace):
-                    await control.interrupt()
+            async with asyncio.timeout(grace):
+                # A turn runs (or a message waits): end it. A message sent into the run
+                # and not taken yet starts a turn of its own once the interrupted one
+                # ended: that one is interrupted too, so claude does not work on it.
+                while not control.settled:
+                    self._results.clear()
+                    if not await control.interrupt():
+                        break
                     await self._results.wait()
         except (TimeoutError, ControlError, InputClosed) as exc:
             log.info("run %s: the interrupt did not end the turn: %r", self._request.run_id, exc)

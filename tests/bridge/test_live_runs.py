@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 
 from bridge.config import load_settings
-from bridge.store.base import ApprovalState, AuditAction
+from bridge.store.base import ApprovalState, AuditAction, Store
+from runner import run as runner_run
 from tests.bridge.harness import ConsoleSession, write_config
 from tests.config_files import Table
+from tests.fakes.flaky_store import FlakyStore
 
 pytestmark = pytest.mark.slow
 
@@ -243,3 +245,256 @@ async def test_model_and_mode_switch_the_running_run_and_the_next(tmp_path: Path
     argv = json.loads((tmp_path / "record.json").read_text())["argv"]
     assert argv[argv.index("--model") + 1] == "sonnet"
     assert argv[argv.index("--permission-mode") + 1] == "plan"
+
+
+async def test_a_prestart_the_settings_outdated_is_counted_wasted_not_used(
+    tmp_path: Path,
+) -> None:
+    config: Table = {"runner": {"prestart": True}, "dispatcher": {"coalesce_ms": 300}}
+    env = {"FAKE_CLAUDE_RECORD": str(tmp_path / "record.json")}
+    async with asyncio.timeout(WAIT_S), session(tmp_path, config, **env) as bridge:
+        bridge.send("hello there")
+        bridge.send("!model opus")  # during the window: the prestart has the old settings
+        await bridge.wait_for("hello there")
+        assert bridge.service is not None
+        prestarts = bridge.service.metrics.prestarts
+        assert prestarts.labels("used", "")._value.get() == 0
+        assert prestarts.labels("wasted", "changed")._value.get() == 1
+        assert bridge.service.metrics.prestart_saved._value.get() == 0
+    argv = json.loads((tmp_path / "record.json").read_text())["argv"]
+    assert argv[argv.index("--model") + 1] == "opus"  # started cold, with the new model
+
+
+async def test_a_message_steered_as_the_result_came_is_answered_once_after_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config: Table = {
+        "defaults": {"during_run": "steer", "approve_tools": True},
+        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
+        "runner": {"shutdown_grace_s": 0},
+    }
+    # The journal has the steered message after the first result (the supervisor wrote
+    # that result before the message came), while the bridge had sent it before it read
+    # the result: a turn of its own. The restart replays the journal: the first result
+    # is then an earlier turn's too, already answered, and the second is the run's answer.
+    result_read = asyncio.Event()
+    release = asyncio.Event()
+    dispatch = runner_run._Run._dispatch
+
+    async def slow_reader(self: runner_run._Run, line: bytes, position: int) -> bool:
+        if b'"type":"result"' in line.replace(b" ", b"") and not result_read.is_set():
+            result_read.set()  # claude printed it; the bridge reads it late
+            await release.wait()
+        return await dispatch(self, line, position)
+
+    monkeypatch.setattr(runner_run._Run, "_dispatch", slow_reader)
+    async with asyncio.timeout(WAIT_S), session(tmp_path, config) as bridge:
+        bridge.send("first")
+        await bridge.wait_for("Claude asks to use")
+        bridge.send("!approve")
+        await result_read.wait()
+        bridge.send("second")
+        while not rows(tmp_path, "select 1 from audit where detail = 'steered'"):
+            await asyncio.sleep(0.02)
+        release.set()
+        await bridge.wait_for("Claude asks to use", 2)
+        assert bridge.service is not None
+        bridge.service.request_stop()  # the run is left to its supervisor
+        before = await bridge.finish()
+    monkeypatch.undo()
+    assert before.count("\nfirst\n") == 1
+    async with asyncio.timeout(WAIT_S), session(tmp_path, config) as bridge:
+        await bridge.wait_for("Working")
+        bridge.send("!approve #2")
+        await bridge.wait_for("Done after")
+        after = bridge.out.getvalue()
+    assert "\nfirst\n" not in after
+    assert after.count("\nsecond\n") == 1
+    assert rows(tmp_path, "select text from outbox where kind = 'result' order by id") == [
+        ("first",),
+        ("second",),
+    ]
+
+
+async def test_messages_steered_just_before_a_restart_are_not_run_again(tmp_path: Path) -> None:
+    config: Table = {
+        "defaults": {"during_run": "steer"},
+        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
+        "runner": {"shutdown_grace_s": 0},
+    }
+    path = write_config(
+        tmp_path,
+        config,
+        env={
+            "FAKE_CLAUDE_ECHO": "1",
+            "FAKE_CLAUDE_TOOL_LOG": str(tmp_path / "tools.jsonl"),
+            **gated(tmp_path),
+        },
+    )
+    flaky: list[FlakyStore] = []
+
+    def wrap(store: Store) -> Store:
+        flaky.append(FlakyStore(store))
+        return flaky[-1].store
+
+    async with (
+        asyncio.timeout(WAIT_S),
+        ConsoleSession(load_settings(path), wrap_store=wrap) as bridge,
+    ):
+        bridge.send("first")
+        await until_tool_runs(bridge, tmp_path)
+        flaky[0].fail("steer_into_run", times=2)  # recorded after two retries
+        bridge.send("second")
+        while not flaky[0].failures["steer_into_run"]:
+            await asyncio.sleep(0.01)
+        assert bridge.service is not None
+        bridge.service.request_stop()  # the run is left to its supervisor
+        await bridge.finish()
+    async with asyncio.timeout(WAIT_S), ConsoleSession(load_settings(path)) as bridge:
+        await bridge.wait_for("Working")
+        (tmp_path / "gate").touch()
+        after = await bridge.wait_for("Done after")
+    assert after.count("second") == 1  # answered with the first, never run again
+    assert len(rows(tmp_path, "select id from runs")) == 1
+
+
+async def test_a_request_withdrawn_by_an_interrupt_no_longer_waits(tmp_path: Path) -> None:
+    config: Table = {
+        "defaults": {"during_run": "interrupt", "approve_tools": True},
+        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
+    }
+    async with asyncio.timeout(WAIT_S), session(tmp_path, config) as bridge:
+        bridge.send("first")
+        await bridge.wait_for("Claude asks to use")
+        bridge.send("second")  # interrupts the turn: claude withdraws request #1
+        await bridge.wait_for("`#1` (`Bash`): cancelled: claude withdrew it")
+        await bridge.wait_for("Claude asks to use", 2)
+        bridge.send("!approve")  # the oldest waiting request: the second turn's
+        out = await bridge.wait_for("\nsecond\n")
+    assert "Request `#1` (`Bash`): allowed" not in out
+    assert rows(tmp_path, "select number, state from approvals order by number") == [
+        (1, ApprovalState.CANCELLED.value),
+        (2, ApprovalState.ALLOWED.value),
+    ]
+    assert [t["command"] for t in tool_log(tmp_path)] == ["echo hello"]
+
+
+async def test_status_counts_the_messages_steered_into_the_run(tmp_path: Path) -> None:
+    config: Table = {
+        "defaults": {"during_run": "steer"},
+        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
+    }
+    async with asyncio.timeout(WAIT_S), session(tmp_path, config, **gated(tmp_path)) as bridge:
+        bridge.send("first")
+        await until_tool_runs(bridge, tmp_path)
+        bridge.send("second")
+        while not rows(tmp_path, "select 1 from audit where detail = 'steered'"):
+            await asyncio.sleep(0.02)
+        bridge.send("!status")
+        out = await bridge.wait_for("Waiting:")
+        assert "(1 message + 1 steered in, run `run-" in out
+        (tmp_path / "gate").touch()
+        await bridge.wait_for("first\nsecond")
+
+
+async def test_a_message_during_the_replay_of_a_run_that_took_no_more_input_is_not_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The run answered while no bridge was there: its supervisor closed claude's stdin.
+    # The restarted bridge replays the journal; a message steered before the replay read
+    # that far would go to a claude that takes no more input.
+    config: Table = {
+        "defaults": {"during_run": "steer"},
+        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
+        "runner": {"shutdown_grace_s": 0},
+    }
+    env = {"FAKE_CLAUDE_WAIT_FOR": str(tmp_path / "go"), "FAKE_CLAUDE_LINGER": "3"}
+    async with asyncio.timeout(WAIT_S), session(tmp_path, config, **env) as bridge:
+        bridge.send("first")
+        await bridge.wait_for("Bash: echo hello")
+        assert bridge.service is not None
+        bridge.service.request_stop()  # the run is left to its supervisor
+        await bridge.finish()
+    (tmp_path / "go").touch()
+    [(run_dir,)] = rows(tmp_path, "select run_dir from live_runs")
+    journal = Path(run_dir) / "journal"
+    while b'"stdin_closed"' not in journal.read_bytes():
+        await asyncio.sleep(0.02)
+
+    replaying = asyncio.Event()
+    release = asyncio.Event()
+    dispatch = runner_run._Run._dispatch
+
+    async def slow_replay(self: runner_run._Run, line: bytes, position: int) -> bool:
+        if b'"type":"result"' in line.replace(b" ", b"") and not replaying.is_set():
+            replaying.set()
+            await release.wait()
+        return await dispatch(self, line, position)
+
+    monkeypatch.setattr(runner_run._Run, "_dispatch", slow_replay)
+    async with asyncio.timeout(WAIT_S), session(tmp_path, config, **env) as bridge:
+        await replaying.wait()
+        bridge.send("second")
+        await asyncio.sleep(0.3)  # its steer batch is due meanwhile
+        release.set()
+        out = await bridge.wait_for("\nsecond\n")
+    assert out.count("\nfirst\n") == 1
+    assert [s for (s,) in rows(tmp_path, "select status from runs")] == ["succeeded"] * 2
+
+
+@pytest.mark.parametrize(("how", "why"), [("!stop", "dropped"), ("shutdown", "shutdown")])
+async def test_a_prestart_of_a_run_that_never_started_is_wasted(
+    tmp_path: Path, how: str, why: str
+) -> None:
+    config: Table = {
+        "runner": {"prestart": True, "shutdown_grace_s": 0},
+        "dispatcher": {"coalesce_ms": 300},
+    }
+    path = write_config(tmp_path, config)
+    flaky: list[FlakyStore] = []
+
+    def wrap(store: Store) -> Store:
+        flaky.append(FlakyStore(store))
+        flaky[-1].fail("start_run", times=None)  # the run waits for the database
+        return flaky[-1].store
+
+    settings = load_settings(path)
+    async with asyncio.timeout(WAIT_S), ConsoleSession(settings, wrap_store=wrap) as bridge:
+        bridge.send("hello there")
+        await bridge.wait_for("The database is failing")
+        assert bridge.service is not None
+        metrics = bridge.service.metrics
+        if how == "!stop":
+            bridge.send("!stop")
+            await bridge.wait_for("Stopping the run")
+            while not metrics.prestarts.labels("wasted", why)._value.get():
+                await asyncio.sleep(0.02)
+        else:
+            bridge.service.request_stop()
+            await bridge.finish()
+        assert metrics.prestarts.labels("used", "")._value.get() == 0
+        assert metrics.prestarts.labels("wasted", why)._value.get() == 1
+
+
+async def test_a_stop_after_a_steer_does_not_let_claude_work_on_the_steered_message(
+    tmp_path: Path,
+) -> None:
+    config: Table = {
+        "defaults": {"during_run": "steer"},
+        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
+    }
+    env = {**gated(tmp_path), "FAKE_CLAUDE_TIMES": str(tmp_path / "times")}
+    async with asyncio.timeout(WAIT_S), session(tmp_path, config, **env) as bridge:
+        bridge.send("first")
+        await until_tool_runs(bridge, tmp_path)
+        bridge.send("second")  # waits in claude for the tool's end
+        while not rows(tmp_path, "select 1 from audit where detail = 'steered'"):
+            await asyncio.sleep(0.02)
+        bridge.send("!stop")
+        await bridge.wait_for("Stopped")
+    # The interrupt ended the first turn; the turn the steered message started then was
+    # interrupted too, and claude exited on its own (it is not left working on that
+    # message until the stop's grace runs out and it is killed).
+    assert (tmp_path / "times").exists()
+    [(status,)] = rows(tmp_path, "select status from runs")
+    assert status == "stopped"
