@@ -7,7 +7,7 @@ contract suite in ``tests/store`` runs against all of them.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -416,7 +416,7 @@ class Store(Protocol):
         ...
 
     async def cancel_approvals(
-        self, run_id: RunId, why: str, at: float, request_ids: Collection[str] | None = None
+        self, run_id: RunId, why: str, at: float, request_ids: tuple[str, ...] | None = None
     ) -> list[Approval]:
         """Cancel the run's pending requests (it ended), or only those of ``request_ids``
         (claude withdrew them), audited; returns them as cancelled."""

@@ -7,7 +7,7 @@ awaiting, so each one is atomic with respect to other tasks.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from bridge.core.model import (
@@ -616,7 +616,7 @@ class MemoryStore:
         return True
 
     async def cancel_approvals(
-        self, run_id: RunId, why: str, at: float, request_ids: Collection[str] | None = None
+        self, run_id: RunId, why: str, at: float, request_ids: tuple[str, ...] | None = None
     ) -> list[Approval]:
         """Cancel the run's pending requests (or those of ``request_ids``), one audit row each."""
         self._check_open()

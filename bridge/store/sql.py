@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -1185,7 +1185,7 @@ class SqlStore:
             return True
 
     async def cancel_approvals(
-        self, run_id: RunId, why: str, at: float, request_ids: Collection[str] | None = None
+        self, run_id: RunId, why: str, at: float, request_ids: tuple[str, ...] | None = None
     ) -> list[Approval]:
         """Cancel the run's pending requests (or those of ``request_ids``), one audit row each."""
         why = approval_reason(why)

@@ -220,10 +220,10 @@ async def test_a_runs_end_cancels_its_pending_requests(store: InspectableStore) 
 async def test_a_withdrawn_request_alone_is_cancelled(store: InspectableStore) -> None:
     first = await ask(store, "r1")
     second = await ask(store, "r2")
-    cancelled = await store.cancel_approvals(RUN, "withdrawn", 130.0, "r1")
+    cancelled = await store.cancel_approvals(RUN, "withdrawn", 130.0, ("r1",))
     assert [(a.id, a.state) for a in cancelled] == [(first.id, ApprovalState.CANCELLED)]
     assert await store.pending_approvals() == [second]
-    assert await store.cancel_approvals(RUN, "withdrawn", 140.0, "r1") == []
+    assert await store.cancel_approvals(RUN, "withdrawn", 140.0, ("r1",)) == []
 
 
 async def test_room_overrides_persist_apart_from_the_session(store: InspectableStore) -> None:
