@@ -382,17 +382,22 @@ class RunExecutor:
         run_id = taken.run_id if taken is not None else new_run_id()
         live = _Live(dispatched)
         # Set before the first await: a steer batch may come due at any time.
-        dispatched.steer = self._steer_hook(run_id, live)
+        generation = self._generations.get(dispatched.batch.room, 0)
+        dispatched.steer = self._steer_hook(run_id, live, generation)
         with log_context(room=dispatched.batch.room, run=run_id):
-            await self._execute(run_id, dispatched, live, taken)
+            await self._execute(run_id, dispatched, live, taken, generation)
 
     async def _execute(
-        self, run_id: RunId, dispatched: DispatchedRun, live: _Live, taken: Taken | None
+        self,
+        run_id: RunId,
+        dispatched: DispatchedRun,
+        live: _Live,
+        taken: Taken | None,
+        generation: int,
     ) -> None:
         stages.stamp("dispatched")
         batch = dispatched.batch
         started = self.wall_clock()
-        generation = self._generations.get(batch.room, 0)
         try:
             recorded = await self._start(run_id, batch, started)
         except asyncio.CancelledError:
@@ -430,7 +435,7 @@ class RunExecutor:
                     generation -= 1
                 run = _Run(run_id, batch, started, generation, self._progress(batch, started))
                 live = _Live(dispatched, shown=entry.delivered_offset, supervisor=entry.live)
-                dispatched.steer = self._steer_hook(run_id, live)
+                dispatched.steer = self._steer_hook(run_id, live, generation)
                 log.info("reattaching to the run (journal shown up to %d)", entry.delivered_offset)
                 request = run_request(self.settings, room, run_id, "", None)
                 drive = attach_claude(
@@ -703,13 +708,19 @@ class RunExecutor:
             asyncio.create_task(self._answer_turn(run, event.text), name=f"turn {run.id}")
         )
 
-    def _steer_hook(self, run_id: RunId, live: _Live) -> Callable[[Batch, bool], bool]:
+    def _steer_hook(
+        self, run_id: RunId, live: _Live, generation: int
+    ) -> Callable[[Batch, bool], bool]:
         """The dispatcher's steer hook for this run: the batch goes into claude's session
         (after an interrupt of the running turn, in ``interrupt`` mode), or, once the run
-        takes no more input, back to the dispatcher, which queues it (False)."""
+        takes no more input or after a ``!reset`` (``generation``: the room's when the
+        run began), back to the dispatcher, which queues it (False): after a reset the
+        messages start the new session, not the conversation the room asked to forget."""
 
         def steer(batch: Batch, interrupt: bool) -> bool:
             control = live.control
+            if self._generations.get(batch.room, 0) != generation:
+                return False
             # (A reattach takes nothing before its replay caught up: the run may have
             # taken its last input while no bridge was there.)
             if live.final or not control.accepting or control.replaying:

@@ -498,3 +498,37 @@ async def test_a_stop_after_a_steer_does_not_let_claude_work_on_the_steered_mess
     assert (tmp_path / "times").exists()
     [(status,)] = rows(tmp_path, "select status from runs")
     assert status == "stopped"
+
+
+async def test_a_message_after_a_reset_is_not_steered_into_the_old_session(
+    tmp_path: Path,
+) -> None:
+    # !reset says the next run starts a new session: a message sent after it must not
+    # go into the running run's (old) conversation, answered from the context the user
+    # just asked to forget; it becomes the follow-up run, in a new session.
+    config: Table = {
+        "defaults": {"during_run": "steer"},
+        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
+    }
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    env = {**gated(tmp_path), "FAKE_CLAUDE_SESSIONS_DIR": str(sessions)}
+    env["FAKE_CLAUDE_RECORD"] = str(tmp_path / "record.json")
+    async with asyncio.timeout(WAIT_S), session(tmp_path, config, **env) as bridge:
+        bridge.send("first")
+        await until_tool_runs(bridge, tmp_path)
+        bridge.send("!reset")
+        await bridge.wait_for("The next run starts a new Claude session.")
+        bridge.send("new topic")
+        await asyncio.sleep(1.0)  # past the steer batch's debounce (max_wait 0.5 s)
+        bridge.send("!status")
+        out = await bridge.wait_for("Waiting:")
+        assert "Waiting: 1 message." in out
+        assert "steered in" not in out
+        (tmp_path / "gate").touch()
+        out = await bridge.wait_for("new topic")
+    assert "first\nnew topic" not in out
+    [(_, old), (_, new)] = rows(tmp_path, "select id, session_id from runs order by seq")
+    assert old != new
+    argv = json.loads((tmp_path / "record.json").read_text())["argv"]
+    assert not any(a.startswith("--resume") for a in argv)
