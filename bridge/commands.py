@@ -206,9 +206,9 @@ class CommandHandler:
             case CommandName.APPROVE | CommandName.DENY:
                 await self._decide(command, message)
             case CommandName.MODEL:
-                await self._model(message, command.argument)
+                await self._model(message, command.rest)
             case CommandName.MODE:
-                await self._mode(message, command.argument)
+                await self._mode(message, command.rest)
             case CommandName.HELP:
                 await self.answer(message, help_text(self.prefix))
             case None:
@@ -344,9 +344,10 @@ class CommandHandler:
 
     # Live runs
 
-    async def _approver(self, message: Message) -> bool:
+    async def _approver(self, message: Message, changing: str = "") -> bool:
         """Whether the sender is one of the room's approvers; if not, it is counted, and
-        an allowed user is told why (anyone else hears nothing)."""
+        an allowed user is told why (anyone else hears nothing). ``changing``: the
+        command refused is ``!model`` or ``!mode`` (not an answer to a tool request)."""
         settings = self.rooms(message.room)
         if settings is not None and settings.approves(message.sender):
             return True
@@ -355,6 +356,11 @@ class CommandHandler:
             verdict = Verdict.NOT_APPROVER
         self.refused(verdict)
         text = refusal(verdict)
+        if text is not None and changing:
+            text = (
+                f"Only approvers may change the {changing} in this room with"
+                f" `{self.prefix}{changing}` (you are not an approver)."
+            )
         if text is not None:
             await self.answer(message, text)
         return False
@@ -397,7 +403,7 @@ class CommandHandler:
         if not name:
             await self.answer(message, (await self._model_lines(message.room))[0])
             return
-        if not await self._approver(message):
+        if not await self._approver(message, "model"):
             return
         if _MODEL_NAME.fullmatch(name) is None:
             await self.answer(message, f"{code_span(name)} is not a model name.")
@@ -412,7 +418,7 @@ class CommandHandler:
         if not mode:
             await self.answer(message, (await self._model_lines(message.room))[1])
             return
-        if not await self._approver(message):
+        if not await self._approver(message, "mode"):
             return
         known = {m.lower(): m for m in PERMISSION_MODES}
         canonical = known.get(mode.lower())

@@ -269,6 +269,10 @@ async def test_model_and_mode_persist_for_the_next_runs() -> None:
     [
         ("!model --dangerously-skip-permissions", "is not a model name"),
         ("!mode yolo", "is not a permission mode"),
+        # Words after the first were dropped: `claude` became the model, every run failed.
+        ("!model claude opus 4", "`claude opus 4` is not a model name"),
+        ('!model "opus"', "is not a model name"),
+        ("!mode plan please", "`plan please` is not a permission mode"),
         ("!model", "Model: `sonnet`."),
         ("!mode", "Mode: claude's default."),
     ],
@@ -284,6 +288,9 @@ async def test_only_approvers_change_the_model() -> None:
     answer = await room.say(ALICE, "!model opus")
     assert answer is not None
     assert "not an approver" in answer
+    # It was told about changing the model, not about tool requests it never answered.
+    assert "tool requests" not in answer
+    assert "`!model`" in answer
     assert room.refused == [Verdict.NOT_APPROVER]
     assert await room.say(EVE, "!mode plan") is None
     assert await room.store.room_overrides(ROOM) == RoomOverrides()
