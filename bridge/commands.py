@@ -159,6 +159,12 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def _run_size(messages: int, steered: int) -> str:
+    """A run's messages: its batch and those steered into it."""
+    size = _plural(messages, "message")
+    return f"{size} + {steered} steered in" if steered else size
+
+
 Answer = Callable[[Message, str], Awaitable[None]]
 """Says something in answer to a command message."""
 
@@ -186,10 +192,10 @@ class CommandHandler:
         if command.name is CommandName.STOP:
             # Cancelling a run needs no write, so nothing that can fail comes
             # before it: not even the audit row ("database is locked").
-            stopping = self.dispatcher.status(room).stopping
+            before = self.dispatcher.status(room)
             result = self.dispatcher.stop(room)
             await self._audit_command(command, message)
-            await self._stopped(message, stopping, result)
+            await self._stopped(message, before.stopping, result, before.steered)
             return
         await self._audit_command(command, message)
         match command.name:
@@ -235,7 +241,9 @@ class CommandHandler:
         except StoreError:
             log.exception("could not audit command %s from %s", command.word, message.sender)
 
-    async def _stopped(self, message: Message, stopping: bool, result: StopResult) -> None:
+    async def _stopped(
+        self, message: Message, stopping: bool, result: StopResult, steered: int = 0
+    ) -> None:
         """Record the stop the dispatcher just made; the drop holds only once it is recorded.
 
         The dispatcher took the waiting messages out at once, so none can
@@ -269,7 +277,7 @@ class CommandHandler:
             log.exception("could not audit the stop")
         dropped = _plural(len(result.dropped), "waiting message")
         if result.stopped is not None:
-            size = _plural(len(result.stopped.messages), "message")
+            size = _run_size(len(result.stopped.messages), steered)
             await self.answer(message, f"Stopping the run of {size}; dropped {dropped}.")
         elif stopping:
             await self.answer(message, f"The run is already stopping; dropped {dropped}.")
@@ -292,10 +300,11 @@ class CommandHandler:
         lines = []
         last = await self.store.last_run(room)
         if status.running is not None:
-            size = _plural(len(status.running.messages), "message")
-            if status.steered:
-                size += f" + {status.steered} steered in"
-        if status.running is not None and last is not None and last.report is None:
+            size = _run_size(len(status.running.messages), status.steered)
+        if status.running is not None and status.stopping:
+            run = f", run `{last.id}`" if last is not None and last.report is None else ""
+            lines.append(f"Stopping ({size}{run}).")
+        elif status.running is not None and last is not None and last.report is None:
             lines.append(
                 f"Running for {format_duration(now - last.started_at)} ({size}, run `{last.id}`)."
             )

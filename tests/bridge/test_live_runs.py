@@ -532,3 +532,30 @@ async def test_a_message_after_a_reset_is_not_steered_into_the_old_session(
     assert old != new
     argv = json.loads((tmp_path / "record.json").read_text())["argv"]
     assert not any(a.startswith("--resume") for a in argv)
+
+
+async def test_stop_and_status_during_the_gentle_stop_count_the_steered_messages(
+    tmp_path: Path,
+) -> None:
+    # The gentle stop (interrupt, the turn's result, eof, claude's exit) takes a while:
+    # !status then said "Running for ...", as if the stop had not been taken, and the stop
+    # spoke of the run's first batch only, not of the messages steered into it.
+    config: Table = {
+        "defaults": {"during_run": "steer"},
+        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
+        "runner": {"stop_grace_s": 5.0},
+    }
+    env = {**gated(tmp_path), "FAKE_CLAUDE_LINGER": "2"}  # exits 2 s after its input closes
+    async with asyncio.timeout(WAIT_S), session(tmp_path, config, **env) as bridge:
+        bridge.send("first")
+        await until_tool_runs(bridge, tmp_path)
+        bridge.send("second")
+        while not rows(tmp_path, "select 1 from audit where detail = 'steered'"):
+            await asyncio.sleep(0.02)
+        bridge.send("!stop")
+        await bridge.wait_for("Stopping the run of 1 message + 1 steered in; dropped 0")
+        bridge.send("!status")
+        out = await bridge.wait_for("Waiting:")
+        assert "Stopping (1 message + 1 steered in, run `run-" in out
+        assert "Running for" not in out
+        await bridge.wait_for("Stopped")
