@@ -43,21 +43,27 @@ class CommandName(StrEnum):
 
 _SUMMARY: dict[CommandName, str] = {
     CommandName.STOP: "stop the running run and drop the messages waiting for it",
-    CommandName.STATUS: "show the active run, waiting messages, session and last outcome",
+    CommandName.STATUS: (
+        "show the active run, waiting messages and tool requests, session, model and mode,"
+        " last outcome"
+    ),
     CommandName.RESET: "start a new Claude session with the next run",
     CommandName.RETRY: (
         "run the messages of the last failed or interrupted run again"
-        " (`retry RUN` names an earlier one; `status` lists them)"
+        " (`{p}retry RUN` names an earlier one; `{p}status` lists them)"
     ),
     CommandName.APPROVE: (
-        "allow a tool request: `approve #N`, or `approve session #N` to allow uses"
+        "allow a tool request: `{p}approve #N`, or `{p}approve session #N` to allow uses"
         " like it for the rest of the session; without `#N` the oldest waiting one"
     ),
-    CommandName.DENY: "deny a tool request: `deny #N reason` (reason and `#N` optional)",
-    CommandName.MODEL: "`model NAME`: the model of this room's runs, from now on (approvers)",
+    CommandName.DENY: "deny a tool request: `{p}deny #N reason` (reason and `#N` optional)",
+    CommandName.MODEL: (
+        "show the model of this room's runs; `{p}model NAME` sets it, for the running run"
+        " from its next step and for the next runs (approvers)"
+    ),
     CommandName.MODE: (
-        f"`mode MODE`: the permission mode of this room's runs ({', '.join(PERMISSION_MODES)};"
-        " approvers)"
+        "show the permission mode of this room's runs; `{p}mode MODE` sets it like"
+        f" `{{p}}model` ({', '.join(PERMISSION_MODES)}; approvers)"
     ),
     CommandName.HELP: "list the commands",
 }
@@ -150,7 +156,9 @@ def parse_command(text: str, prefix: str) -> Command | None:
 
 def help_text(prefix: str) -> str:
     lines = ["Commands:"]
-    lines += [f"- `{prefix}{name}`: {summary}" for name, summary in _SUMMARY.items()]
+    lines += [
+        f"- `{prefix}{name}`: {summary.format(p=prefix)}" for name, summary in _SUMMARY.items()
+    ]
     lines.append("Anything else from an allowed user goes to Claude.")
     return "\n".join(lines)
 

@@ -56,6 +56,18 @@ def test_help_lists_every_command_with_prefix() -> None:
         assert f"`?{name}`" in text
 
 
+def test_help_examples_are_commands_as_typed() -> None:
+    # "`approve #N`" without the prefix, typed as shown, is a message to Claude (in a
+    # steering room it goes straight into the running run), not an answer.
+    text = help_text("?")
+    for example in ("approve #N", "approve session #N", "deny #N reason", "retry RUN"):
+        assert f"`?{example}`" in text
+    assert "`approve" not in text
+    assert "`deny" not in text
+    assert "`model" not in text
+    assert "`mode" not in text
+
+
 def test_the_first_word_after_a_command_is_its_argument() -> None:
     named = parse_command("!retry run-0123abcd please", "!")
     bare = parse_command("  !retry  ", "!")
