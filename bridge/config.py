@@ -270,9 +270,11 @@ class RoomSettings(RoomDefaults):
         return "*" in self.allowed_users or sender in self.allowed_users
 
     def approves(self, sender: UserId) -> bool:
-        """Whether ``sender`` is one of the room's approvers (by default its allowed users)."""
-        approvers = self.approvers or self.allowed_users
-        return "*" in approvers or sender in approvers
+        """Whether ``sender`` is one of the room's approvers (by default its allowed users;
+        ``"*"``: anyone the room allows, never a stranger to it)."""
+        if not self.approvers or "*" in self.approvers:
+            return self.allows(sender)
+        return sender in self.approvers
 
 
 class ConsoleSettings(_Section):

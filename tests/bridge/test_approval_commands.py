@@ -220,6 +220,17 @@ async def test_a_stranger_hears_nothing_and_is_counted() -> None:
     assert room.live.decisions == []
 
 
+async def test_approvers_star_means_anyone_allowed_in_the_room_not_anyone_at_all() -> None:
+    # docs/configuration.md: `["*"]`: anyone allowed in the room. It let anyone in a
+    # (public) room allow claude's tool uses, strangers the room otherwise ignores.
+    room = make_room(approvers=["*"])
+    await room.ask("r1")
+    assert await room.say(EVE, "!approve #1") is None
+    assert room.refused == [Verdict.STRANGER]
+    assert room.live.decisions == []
+    assert await room.say(CAROL, "!approve #1") == "Request `#1` (`Bash`): allowed by `@carol:x`."
+
+
 async def test_require_other_approver_refuses_the_runs_own_senders() -> None:
     room = make_room(require_other_approver=True)
     await start_run_of(room, ALICE, CAROL)

@@ -71,7 +71,9 @@ def approval(tool: str, tool_input: object, **fields: object) -> Approval:
         ({"approvers": [EVE]}, EVE, set(), Verdict.APPROVER),
         ({"require_other_approver": True}, ALICE, {ALICE, CAROL}, Verdict.OWN_RUN),
         ({"require_other_approver": True}, BOB, {ALICE, CAROL}, Verdict.APPROVER),
-        ({"approvers": ["*"]}, EVE, set(), Verdict.APPROVER),
+        # "*": anyone allowed in the room (docs/configuration.md), not strangers too.
+        ({"approvers": ["*"]}, EVE, set(), Verdict.STRANGER),
+        ({"approvers": ["*"]}, CAROL, set(), Verdict.APPROVER),
         ({"allowed_users": ["*"], "approvers": [BOB]}, EVE, set(), Verdict.NOT_APPROVER),
     ],
 )
