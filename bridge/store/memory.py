@@ -246,17 +246,7 @@ class MemoryStore:
             message_ids=batch.ids,
             report=None,
         )
-        for message_id in batch.ids:
-            stored = self._messages[message_id]
-            stored.state = MessageState.DISPATCHED
-            stored.run_id = run_id
-            self._write_audit(
-                AuditAction.MESSAGE_DISPATCHED,
-                at,
-                room=batch.room,
-                message_id=message_id,
-                run_id=run_id,
-            )
+        self._dispatch_into(run_id, batch, at)
         self._write_audit(
             AuditAction.RUN_STARTED,
             at,
@@ -275,6 +265,10 @@ class MemoryStore:
         if missing:
             raise StoreError(f"run {run_id}: messages {missing} do not exist")
         self._runs[run_id] = replace(run, message_ids=run.message_ids + batch.ids)
+        self._dispatch_into(run_id, batch, at, detail="steered")
+
+    def _dispatch_into(self, run_id: RunId, batch: Batch, at: float, detail: str = "") -> None:
+        """The batch's messages go into the run, one ``message_dispatched`` row each."""
         for message_id in batch.ids:
             stored = self._messages[message_id]
             stored.state = MessageState.DISPATCHED
@@ -285,7 +279,7 @@ class MemoryStore:
                 room=batch.room,
                 message_id=message_id,
                 run_id=run_id,
-                detail="steered",
+                detail=detail,
             )
 
     async def register_live_run(self, live: LiveRun, at: float) -> None:

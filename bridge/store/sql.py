@@ -521,24 +521,7 @@ class SqlStore:
                     error_excerpt="",
                 )
             )
-            found = await s.execute(
-                update(_MESSAGES)
-                .where(_MESSAGES.c.id.in_(ids))
-                .values(state=MessageState.DISPATCHED.value, run_id=run_id)
-            )
-            if _rowcount(found) != len(set(ids)):
-                raise StoreError(f"run {run_id}: some of messages {ids} do not exist")
-            await s.execute(
-                insert_statement(_RUN_MESSAGES),
-                [
-                    {"run_id": run_id, "message_id": message_id, "position": position}
-                    for position, message_id in enumerate(ids)
-                ],
-            )
-            audit = [
-                _audit_values(AuditAction.MESSAGE_DISPATCHED, at, room, message_id=m, run_id=run_id)
-                for m in ids
-            ]
+            audit = await _dispatch_into(s, run_id, batch, at, first=0)
             started = AuditAction.RUN_STARTED
             detail = f"{len(ids)} message(s)"
             audit.append(_audit_values(started, at, room, run_id=run_id, detail=detail))
@@ -546,7 +529,6 @@ class SqlStore:
 
     async def steer_into_run(self, run_id: RunId, batch: Batch, at: float) -> None:
         """Add messages sent into a running run's session to that run (see the protocol)."""
-        ids = list(batch.ids)
         async with self._transaction(self._unsynced) as s:
             running = await s.execute(
                 update(_RUNS)
@@ -558,32 +540,8 @@ class SqlStore:
             last = await s.scalar(
                 select(func.max(_RUN_MESSAGES.c.position)).where(_RUN_MESSAGES.c.run_id == run_id)
             )
-            found = await s.execute(
-                update(_MESSAGES)
-                .where(_MESSAGES.c.id.in_(ids))
-                .values(state=MessageState.DISPATCHED.value, run_id=run_id)
-            )
-            if _rowcount(found) != len(set(ids)):
-                raise StoreError(f"run {run_id}: some of messages {ids} do not exist")
-            start = -1 if last is None else int(last)
-            await s.execute(
-                insert_statement(_RUN_MESSAGES),
-                [
-                    {"run_id": run_id, "message_id": message_id, "position": start + 1 + i}
-                    for i, message_id in enumerate(ids)
-                ],
-            )
-            audit = [
-                _audit_values(
-                    AuditAction.MESSAGE_DISPATCHED,
-                    at,
-                    batch.room,
-                    message_id=m,
-                    run_id=run_id,
-                    detail="steered",
-                )
-                for m in ids
-            ]
+            first = 0 if last is None else int(last) + 1
+            audit = await _dispatch_into(s, run_id, batch, at, first=first, detail="steered")
             await s.execute(insert_statement(_AUDIT), audit)
 
     async def register_live_run(self, live: LiveRun, at: float) -> None:
@@ -1545,6 +1503,33 @@ def _message(row: MessageRow) -> Message:
         received_at=row.received_at,
         thread=row.thread,
     )
+
+
+async def _dispatch_into(
+    s: AsyncSession, run_id: RunId, batch: Batch, at: float, *, first: int, detail: str = ""
+) -> list[dict[str, Any]]:
+    """Mark the batch's messages dispatched into the run, at positions from ``first``;
+    their audit rows (``message_dispatched``), for the caller to insert with its own."""
+    ids = list(batch.ids)
+    found = await s.execute(
+        update(_MESSAGES)
+        .where(_MESSAGES.c.id.in_(ids))
+        .values(state=MessageState.DISPATCHED.value, run_id=run_id)
+    )
+    if _rowcount(found) != len(set(ids)):
+        raise StoreError(f"run {run_id}: some of messages {ids} do not exist")
+    await s.execute(
+        insert_statement(_RUN_MESSAGES),
+        [
+            {"run_id": run_id, "message_id": message_id, "position": first + i}
+            for i, message_id in enumerate(ids)
+        ],
+    )
+    dispatched = AuditAction.MESSAGE_DISPATCHED
+    return [
+        _audit_values(dispatched, at, batch.room, message_id=m, run_id=run_id, detail=detail)
+        for m in ids
+    ]
 
 
 def _run_record(row: RunRow, message_ids: tuple[MessageId, ...]) -> RunRecord:
