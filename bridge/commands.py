@@ -59,11 +59,12 @@ _SUMMARY: dict[CommandName, str] = {
     CommandName.DENY: "deny a tool request: `{p}deny #N reason` (reason and `#N` optional)",
     CommandName.MODEL: (
         "show the model of this room's runs; `{p}model NAME` sets it, for the running run"
-        " from its next step and for the next runs (approvers)"
+        " from its next step and for the next runs, `{p}model reset` goes back to the"
+        " configured one (approvers)"
     ),
     CommandName.MODE: (
         "show the permission mode of this room's runs; `{p}mode MODE` sets it like"
-        f" `{{p}}model` ({', '.join(PERMISSION_MODES)}; approvers)"
+        f" `{{p}}model` ({', '.join(PERMISSION_MODES)}; `{{p}}mode reset`; approvers)"
     ),
     CommandName.HELP: "list the commands",
 }
@@ -72,6 +73,8 @@ REASON_LIMIT = 500
 """Characters of a denial reason kept (it goes to claude and the audit)."""
 
 _NUMBER = re.compile(r"#([0-9]+)")
+RESET_WORD = "reset"
+"""``!model reset`` / ``!mode reset``: drop the room's override (not a model or mode name)."""
 _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@\[\]-]{0,199}")
 """Aliases (``opus``, ``sonnet[1m]``), full names, Bedrock/Vertex ids and ARNs; never a flag."""
 
@@ -422,6 +425,9 @@ class CommandHandler:
             return
         if not await self._approver(message, "model"):
             return
+        if name.lower() == RESET_WORD:
+            await self._reset_override(message, "model")
+            return
         if _MODEL_NAME.fullmatch(name) is None:
             await self.answer(message, f"{code_span(name)} is not a model name.")
             return
@@ -437,6 +443,9 @@ class CommandHandler:
             return
         if not await self._approver(message, "mode"):
             return
+        if mode.lower() == RESET_WORD:
+            await self._reset_override(message, "mode")
+            return
         known = {m.lower(): m for m in PERMISSION_MODES}
         canonical = known.get(mode.lower())
         if canonical is None:
@@ -449,6 +458,27 @@ class CommandHandler:
         await self._override_set(message, f"permission_mode={canonical}")
         note = await self.live.set_mode(message.room, canonical) if self.live else ""
         text = f"This room's runs use permission mode `{canonical}` from now on."
+        await self.answer(message, f"{text} {note}".rstrip())
+
+    async def _reset_override(self, message: Message, what: str) -> None:
+        """``!model reset`` / ``!mode reset``: back to the room's configured value."""
+        room = message.room
+        settings = self.rooms(room)
+        if what == "model":
+            await self.store.set_room_model(room, None)
+            configured = settings.model if settings else ""
+            # An empty model asks claude for its default.
+            note = await self.live.set_model(room, configured) if self.live else ""
+            shown = code_span(configured) if configured else "claude's default"
+            await self._override_set(message, "model=(configured)")
+            text = f"This room's runs use the configured model ({shown}) from now on."
+        else:
+            await self.store.set_room_mode(room, None)
+            configured = settings.permission_mode if settings else ""
+            mode = configured or "default"
+            note = await self.live.set_mode(room, mode) if self.live else ""
+            await self._override_set(message, "permission_mode=(configured)")
+            text = f"This room's runs use the configured permission mode (`{mode}`) from now on."
         await self.answer(message, f"{text} {note}".rstrip())
 
     async def _override_set(self, message: Message, detail: str) -> None:

@@ -275,6 +275,25 @@ async def test_model_and_mode_persist_for_the_next_runs() -> None:
     ]
 
 
+async def test_reset_goes_back_to_the_configured_model_and_mode() -> None:
+    room = make_room()  # configured: model sonnet, no mode
+    await room.say(BOB, "!model opus")
+    await room.say(BOB, "!mode plan")
+    answer = await room.say(BOB, "!model reset")
+    assert answer == (
+        "This room's runs use the configured model (`sonnet`) from now on."
+        " The running run switched too."
+    )
+    answer = await room.say(BOB, "!mode RESET")
+    assert answer is not None
+    assert answer.startswith("This room's runs use the configured permission mode (`default`)")
+    assert await room.store.room_overrides(ROOM) == RoomOverrides()
+    # The running run goes back too: the configured model, claude's default mode.
+    assert room.live.models[-1] == (ROOM, "sonnet")
+    assert room.live.modes[-1] == (ROOM, "default")
+    assert await room.say(BOB, "!model") == "Model: `sonnet`."
+
+
 @pytest.mark.parametrize(
     ("text", "answer"),
     [
