@@ -170,8 +170,12 @@ class RunControl:
         return True
 
     async def set_model(self, name: str) -> None:
-        """Switch the session's model from the next request on."""
-        await self.request("set_model", model=name)
+        """Switch the session's model from the next request on; "" goes back to claude's
+        default (the request without a model, as the CLI takes it)."""
+        if name:
+            await self.request("set_model", model=name)
+        else:
+            await self.request("set_model")
 
     async def set_permission_mode(self, mode: str) -> None:
         """Switch the session's permission mode (``default``, ``acceptEdits``, ``plan``...)."""

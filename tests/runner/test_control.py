@@ -100,6 +100,14 @@ async def test_control_requests_await_their_answer() -> None:
     control.note(ControlAnswer(request["request_id"], True, {"model": "opus"}, ""))
     await task
 
+    # No model: back to claude's default (the CLI takes the request without one).
+    default = asyncio.create_task(control.set_model(""))
+    await asyncio.sleep(0)
+    request = json.loads(written[-1])
+    assert request["request"] == {"subtype": "set_model"}
+    control.note(ControlAnswer(request["request_id"], True, {"model": "claude-x"}, ""))
+    await default
+
     failing = asyncio.create_task(control.set_permission_mode("bogus"))
     await asyncio.sleep(0)
     rid = json.loads(written[-1])["request_id"]
