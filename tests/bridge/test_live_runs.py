@@ -138,19 +138,32 @@ async def until_tool_runs(bridge: ConsoleSession, tmp_path: Path) -> None:
             pass
 
 
-async def test_steer_folds_messages_into_the_running_run(tmp_path: Path) -> None:
-    config: Table = {
-        "defaults": {"during_run": "steer"},
+def during_run(mode: str, **sections: Table) -> Table:
+    """A room whose messages during a run ``mode`` it (steer, interrupt), batched soon;
+    ``defaults`` merged into the room's, other sections added."""
+    defaults = {"during_run": mode, **sections.pop("defaults", {})}
+    return {
+        "defaults": defaults,
         "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
+        **sections,
     }
+
+
+async def until_steered(tmp_path: Path) -> None:
+    """A message was steered into the run (a store row: nothing to await on)."""
+    while not rows(tmp_path, "select 1 from audit where detail = 'steered'"):
+        await asyncio.sleep(0.02)
+
+
+async def test_steer_folds_messages_into_the_running_run(tmp_path: Path) -> None:
+    config = during_run("steer")
     async with asyncio.timeout(WAIT_S), session(tmp_path, config, **gated(tmp_path)) as bridge:
         bridge.send("first")
         await until_tool_runs(bridge, tmp_path)
         bridge.send("second")
         assert bridge.service is not None
         service = bridge.service
-        while not rows(tmp_path, "select 1 from audit where detail = 'steered'"):
-            await asyncio.sleep(0.02)  # (a store row: nothing to await on)
+        await until_steered(tmp_path)
         (tmp_path / "gate").touch()
         out = await bridge.wait_for("first\nsecond")
         assert service.dispatcher.active_runs in (0, 1)
@@ -161,10 +174,7 @@ async def test_steer_folds_messages_into_the_running_run(tmp_path: Path) -> None
 
 
 async def test_interrupt_ends_the_turn_and_takes_the_new_message(tmp_path: Path) -> None:
-    config: Table = {
-        "defaults": {"during_run": "interrupt"},
-        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
-    }
+    config = during_run("interrupt")
     # Only the first turn uses the (never finishing) tool; the new message's turn answers.
     env = {**gated(tmp_path), "FAKE_CLAUDE_TOOL_TURNS": "1"}
     async with asyncio.timeout(WAIT_S), session(tmp_path, config, **env) as bridge:
@@ -209,10 +219,7 @@ async def test_a_stop_keeps_the_session_for_the_next_run(tmp_path: Path) -> None
 
 
 async def test_an_interrupt_withdraws_the_waiting_request(tmp_path: Path) -> None:
-    config: Table = {
-        "defaults": {"approve_tools": True, "during_run": "interrupt"},
-        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
-    }
+    config = during_run("interrupt", defaults={"approve_tools": True})
     async with (
         asyncio.timeout(WAIT_S),
         session(tmp_path, config, FAKE_CLAUDE_TOOL_TURNS="1") as bridge,
@@ -268,11 +275,7 @@ async def test_a_prestart_the_settings_outdated_is_counted_wasted_not_used(
 async def test_a_message_steered_as_the_result_came_is_answered_once_after_a_restart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config: Table = {
-        "defaults": {"during_run": "steer", "approve_tools": True},
-        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
-        "runner": {"shutdown_grace_s": 0},
-    }
+    config = during_run("steer", defaults={"approve_tools": True}, runner={"shutdown_grace_s": 0})
     # The journal has the steered message after the first result (the supervisor wrote
     # that result before the message came), while the bridge had sent it before it read
     # the result: a turn of its own. The restart replays the journal: the first result
@@ -294,8 +297,7 @@ async def test_a_message_steered_as_the_result_came_is_answered_once_after_a_res
         bridge.send("!approve")
         await result_read.wait()
         bridge.send("second")
-        while not rows(tmp_path, "select 1 from audit where detail = 'steered'"):
-            await asyncio.sleep(0.02)
+        await until_steered(tmp_path)
         release.set()
         await bridge.wait_for("Claude asks to use", 2)
         assert bridge.service is not None
@@ -317,11 +319,7 @@ async def test_a_message_steered_as_the_result_came_is_answered_once_after_a_res
 
 
 async def test_messages_steered_just_before_a_restart_are_not_run_again(tmp_path: Path) -> None:
-    config: Table = {
-        "defaults": {"during_run": "steer"},
-        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
-        "runner": {"shutdown_grace_s": 0},
-    }
+    config = during_run("steer", runner={"shutdown_grace_s": 0})
     path = write_config(
         tmp_path,
         config,
@@ -359,10 +357,7 @@ async def test_messages_steered_just_before_a_restart_are_not_run_again(tmp_path
 
 
 async def test_a_request_withdrawn_by_an_interrupt_no_longer_waits(tmp_path: Path) -> None:
-    config: Table = {
-        "defaults": {"during_run": "interrupt", "approve_tools": True},
-        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
-    }
+    config = during_run("interrupt", defaults={"approve_tools": True})
     async with asyncio.timeout(WAIT_S), session(tmp_path, config) as bridge:
         bridge.send("first")
         await bridge.wait_for("Claude asks to use")
@@ -380,16 +375,12 @@ async def test_a_request_withdrawn_by_an_interrupt_no_longer_waits(tmp_path: Pat
 
 
 async def test_status_counts_the_messages_steered_into_the_run(tmp_path: Path) -> None:
-    config: Table = {
-        "defaults": {"during_run": "steer"},
-        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
-    }
+    config = during_run("steer")
     async with asyncio.timeout(WAIT_S), session(tmp_path, config, **gated(tmp_path)) as bridge:
         bridge.send("first")
         await until_tool_runs(bridge, tmp_path)
         bridge.send("second")
-        while not rows(tmp_path, "select 1 from audit where detail = 'steered'"):
-            await asyncio.sleep(0.02)
+        await until_steered(tmp_path)
         bridge.send("!status")
         out = await bridge.wait_for("Waiting:")
         assert "(1 message + 1 steered in, run `run-" in out
@@ -403,11 +394,7 @@ async def test_a_message_during_the_replay_of_a_run_that_took_no_more_input_is_n
     # The run answered while no bridge was there: its supervisor closed claude's stdin.
     # The restarted bridge replays the journal; a message steered before the replay read
     # that far would go to a claude that takes no more input.
-    config: Table = {
-        "defaults": {"during_run": "steer"},
-        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
-        "runner": {"shutdown_grace_s": 0},
-    }
+    config = during_run("steer", runner={"shutdown_grace_s": 0})
     env = {"FAKE_CLAUDE_WAIT_FOR": str(tmp_path / "go"), "FAKE_CLAUDE_LINGER": "3"}
     async with asyncio.timeout(WAIT_S), session(tmp_path, config, **env) as bridge:
         bridge.send("first")
@@ -479,17 +466,13 @@ async def test_a_prestart_of_a_run_that_never_started_is_wasted(
 async def test_a_stop_after_a_steer_does_not_let_claude_work_on_the_steered_message(
     tmp_path: Path,
 ) -> None:
-    config: Table = {
-        "defaults": {"during_run": "steer"},
-        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
-    }
+    config = during_run("steer")
     env = {**gated(tmp_path), "FAKE_CLAUDE_TIMES": str(tmp_path / "times")}
     async with asyncio.timeout(WAIT_S), session(tmp_path, config, **env) as bridge:
         bridge.send("first")
         await until_tool_runs(bridge, tmp_path)
         bridge.send("second")  # waits in claude for the tool's end
-        while not rows(tmp_path, "select 1 from audit where detail = 'steered'"):
-            await asyncio.sleep(0.02)
+        await until_steered(tmp_path)
         bridge.send("!stop")
         await bridge.wait_for("Stopped")
     # The interrupt ended the first turn; the turn the steered message started then was
@@ -506,10 +489,7 @@ async def test_a_message_after_a_reset_is_not_steered_into_the_old_session(
     # !reset says the next run starts a new session: a message sent after it must not
     # go into the running run's (old) conversation, answered from the context the user
     # just asked to forget; it becomes the follow-up run, in a new session.
-    config: Table = {
-        "defaults": {"during_run": "steer"},
-        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
-    }
+    config = during_run("steer")
     sessions = tmp_path / "sessions"
     sessions.mkdir()
     env = {**gated(tmp_path), "FAKE_CLAUDE_SESSIONS_DIR": str(sessions)}
@@ -540,18 +520,13 @@ async def test_stop_and_status_during_the_gentle_stop_count_the_steered_messages
     # The gentle stop (interrupt, the turn's result, eof, claude's exit) takes a while:
     # !status then said "Running for ...", as if the stop had not been taken, and the stop
     # spoke of the run's first batch only, not of the messages steered into it.
-    config: Table = {
-        "defaults": {"during_run": "steer"},
-        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
-        "runner": {"stop_grace_s": 5.0},
-    }
+    config = during_run("steer", runner={"stop_grace_s": 5.0})
     env = {**gated(tmp_path), "FAKE_CLAUDE_LINGER": "2"}  # exits 2 s after its input closes
     async with asyncio.timeout(WAIT_S), session(tmp_path, config, **env) as bridge:
         bridge.send("first")
         await until_tool_runs(bridge, tmp_path)
         bridge.send("second")
-        while not rows(tmp_path, "select 1 from audit where detail = 'steered'"):
-            await asyncio.sleep(0.02)
+        await until_steered(tmp_path)
         bridge.send("!stop")
         await bridge.wait_for("Stopping the run of 1 message + 1 steered in; dropped 0")
         bridge.send("!status")

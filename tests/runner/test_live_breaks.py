@@ -27,6 +27,8 @@ from runner import (
 )
 from runner.prestart import prestart
 from tests.runner.conftest import Recorder, is_alive, pids_with_marker
+from tests.runner.live_helpers import cancelled, sending_at_the_first_result
+from tests.runner.test_real_claude import until
 from tests.runner.test_run_fake import fake_env, make_request
 
 pytestmark = pytest.mark.slow
@@ -39,12 +41,7 @@ async def test_a_lone_surrogate_reaches_claude_as_one_line(
     run_id: RunId, tmp_path: Path, recorder: Recorder
 ) -> None:
     control = RunControl()
-    sent: list[str] = []
-
-    async def on_event(event: RunEvent) -> None:
-        await recorder(event)
-        if isinstance(event, Result) and not sent:
-            sent.append(control.send(HALF_EMOJI + " again"))
+    on_event, _ = sending_at_the_first_result(recorder, control, HALF_EMOJI + " again")
 
     env = fake_env(tmp_path, echo="1", no_tool="1")
     report = await run_claude(
@@ -77,9 +74,8 @@ async def test_a_prestarted_claude_that_died_after_ready_falls_back_to_a_cold_st
     started = await prestart(request)
     assert await started.ready
     os.kill(started.live.claude_pid, signal.SIGKILL)
-    async with asyncio.timeout(10):  # its supervisor journals the exit and finishes
-        while is_alive(started.live.supervisor_pid):
-            await asyncio.sleep(0.05)
+    # its supervisor journals the exit and finishes
+    await until(lambda: not is_alive(started.live.supervisor_pid), 10)
     async with asyncio.timeout(30):
         report = await run_claude(request, recorder, prestarted=started)
     assert report.status is RunStatus.SUCCEEDED, report.error
@@ -95,9 +91,7 @@ async def test_a_prestart_its_supervisor_expired_falls_back_to_a_cold_start(
     request = make_request(run_id, tmp_path, "cold", env=env, idle_timeout_s=0.5)
     started = await prestart(request)
     assert await started.ready
-    async with asyncio.timeout(10):
-        while is_alive(started.live.claude_pid):
-            await asyncio.sleep(0.05)
+    await until(lambda: not is_alive(started.live.claude_pid), 10)
     async with asyncio.timeout(30):
         report = await run_claude(request, recorder, prestarted=started)
     assert report.status is RunStatus.SUCCEEDED, report.error
@@ -205,9 +199,7 @@ async def test_a_reattached_control_takes_no_input_its_journal_closed(
     request = make_request(run_id, tmp_path, env=env, state_dir=tmp_path / "state")
     task = asyncio.create_task(run_claude(request, recorder, detach=lambda: True))
     await recorder.wait_for(MessageTaken)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await cancelled(task)
     (spawned,) = recorder.of(Spawned)
     journal = Path(spawned.live.run_dir, "journal")
     gate.touch()
@@ -299,14 +291,10 @@ async def test_a_detached_run_with_folded_messages_ends_by_the_supervisors_eof(
     control.send("two")
     control.send("three")
     await asyncio.sleep(0.2)  # written (an in record each) before the bridge goes
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await cancelled(task)
     (spawned,) = recorder.of(Spawned)
     gate.touch()
-    async with asyncio.timeout(20):
-        while is_alive(spawned.live.supervisor_pid):
-            await asyncio.sleep(0.05)
+    await until(lambda: not is_alive(spawned.live.supervisor_pid), 20)
     report = await attach_claude(replace(request, prompt=""), spawned.live, Recorder())
     assert report.status is RunStatus.SUCCEEDED, report.error
     assert all(word in report.result_text for word in ("one", "two", "three"))

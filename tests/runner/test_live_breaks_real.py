@@ -8,11 +8,18 @@ from pathlib import Path
 import pytest
 
 from bridge.core.model import RunId, RunStatus
-from runner import MessageTaken, PermissionAsked, Result, RunControl, RunEvent, run_claude
-from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin
+from runner import MessageTaken, PermissionAsked, Result, RunControl, run_claude
+from tests.fakes.model_server import ModelServer, Turn, claude_bin
 from tests.runner.conftest import Recorder, pids_with_marker
-from tests.runner.test_live_real import asking, gate
-from tests.runner.test_real_claude import marked_with, real_request, until
+from tests.runner.live_helpers import (
+    asking,
+    bash_turn,
+    cancelled,
+    gate,
+    sending_at_the_first_result,
+    until_running,
+)
+from tests.runner.test_real_claude import real_request
 
 pytestmark = [
     pytest.mark.slow,
@@ -25,13 +32,13 @@ async def test_interrupt_now_then_send_ends_with_the_new_messages_answer(
     run_id: RunId, tmp_path: Path, recorder: Recorder
 ) -> None:
     _, command = gate(tmp_path)
-    script = [Turn(tools=(ToolCall("Bash", {"command": command}),)), Turn(text="New answer.")]
+    script = [bash_turn(command), Turn(text="New answer.")]
     control = RunControl()
     async with ModelServer(script) as server:
         task = asyncio.create_task(
             run_claude(real_request(run_id, tmp_path, server, "wait"), recorder, control=control)
         )
-        await until(lambda: bool(marked_with(run_id, command)))
+        await until_running(run_id, command)
         control.interrupt_now()
         steer = control.send("forget that, say something new")
         async with asyncio.timeout(60):
@@ -48,16 +55,14 @@ async def test_interrupt_now_then_send_ends_with_the_new_messages_answer(
 async def test_a_stop_during_a_permission_request_leaves_nothing(
     run_id: RunId, tmp_path: Path, recorder: Recorder
 ) -> None:
-    script = [Turn(tools=(ToolCall("Bash", {"command": f"touch {tmp_path}/x"}),))]
+    script = [bash_turn(f"touch {tmp_path}/x")]
     async with ModelServer(script) as server:
         request = asking(run_id, tmp_path, server, "touch it")
         task = asyncio.create_task(run_claude(request, recorder))
         async with asyncio.timeout(60):
             await recorder.wait_for(PermissionAsked)
-        task.cancel()
         async with asyncio.timeout(30):
-            with pytest.raises(asyncio.CancelledError):
-                await task
+            await cancelled(task)
     (result,) = recorder.of(Result)
     assert result.terminal_reason == "aborted_tools"
     assert not (tmp_path / "x").exists()
@@ -71,12 +76,7 @@ async def test_a_hostile_message_reaches_claude_whole(
     run_id: RunId, tmp_path: Path, recorder: Recorder
 ) -> None:
     control = RunControl()
-    sent: list[str] = []
-
-    async def on_event(event: RunEvent) -> None:
-        await recorder(event)
-        if isinstance(event, Result) and not sent:
-            sent.append(control.send(HOSTILE + " again"))
+    on_event, sent = sending_at_the_first_result(recorder, control, HOSTILE + " again")
 
     script = [Turn(text="First."), Turn(text="Second.")]
     async with ModelServer(script) as server:

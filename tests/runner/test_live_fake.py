@@ -33,6 +33,7 @@ from runner import (
 )
 from runner.prestart import prestart
 from tests.runner.conftest import Recorder, is_alive, pids_with_marker
+from tests.runner.live_helpers import cancelled, sending_at_the_first_result
 from tests.runner.test_run_fake import fake_env, make_request
 
 pytestmark = pytest.mark.slow
@@ -125,12 +126,7 @@ async def test_interrupt_then_a_new_turn_in_the_same_run(
 ) -> None:
     gate = tmp_path / "gate"
     control = RunControl()
-    sent: list[str] = []
-
-    async def on_event(event: RunEvent) -> None:
-        await recorder(event)
-        if isinstance(event, Result) and not sent:
-            sent.append(control.send("after the interrupt"))
+    on_event, _ = sending_at_the_first_result(recorder, control, "after the interrupt")
 
     env = fake_env(tmp_path, tool_wait_for=str(gate), tool_turns="1", result="fine")
     task = asyncio.create_task(
@@ -156,9 +152,7 @@ async def test_a_stop_lets_claude_end_its_turn_and_keeps_the_session(
     request = make_request(run_id, tmp_path, env=env, stop_grace_s=5.0)
     task = asyncio.create_task(run_claude(request, recorder))
     await recorder.wait_for(MessageTaken)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await cancelled(task)
     (init,) = recorder.of(Init)
     (result,) = recorder.of(Result)  # the interrupted turn's: claude ended it itself
     assert result.terminal_reason == "aborted_tools"
@@ -181,9 +175,7 @@ async def test_reattach_during_a_permission_request(
     )
     task = asyncio.create_task(run_claude(request, recorder, detach=lambda: True))
     await recorder.wait_for(PermissionAsked)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await cancelled(task)
     (spawned,) = recorder.of(Spawned)
     control = RunControl()
 

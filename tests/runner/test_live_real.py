@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from bridge.core.model import LiveRun, RunId, RunStatus
+from bridge.core.model import RunId, RunStatus
 from runner import (
     Allow,
     Deny,
@@ -32,43 +30,25 @@ from runner import (
     attach_claude,
     run_claude,
 )
-from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin
+from tests.fakes.model_server import ModelServer, Turn, claude_bin
 from tests.runner.conftest import Recorder, is_alive, pids_with_marker
+from tests.runner.live_helpers import (
+    asking,
+    bash_turn,
+    cancelled,
+    gate,
+    journal_heads,
+    sending_at_the_first_result,
+    until_running,
+)
 from tests.runner.test_containment import until_exited
-from tests.runner.test_detached import records
-from tests.runner.test_real_claude import marked_with, real_request, until
+from tests.runner.test_real_claude import real_request
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.claude,
     pytest.mark.skipif(not claude_bin().exists(), reason="claude binary not installed"),
 ]
-
-
-def asking(run_id: RunId, tmp_path: Path, server: ModelServer, prompt: str, **kw: Any) -> Any:
-    """A run whose tool uses claude's rules do not decide: it asks (``approve_tools``)."""
-    return real_request(
-        run_id,
-        tmp_path,
-        server,
-        prompt,
-        permission_mode="default",
-        allowed_tools=(),
-        approve_tools=True,
-        **kw,
-    )
-
-
-def gate(tmp_path: Path) -> tuple[Path, str]:
-    """A fifo a Bash tool blocks on (``cat``) until the test writes to it."""
-    path = tmp_path / "gate"
-    os.mkfifo(path)
-    return path, f"cat {path}"
-
-
-def journal_heads(live: LiveRun) -> list[tuple[dict[str, Any], bytes]]:
-    data = (Path(live.run_dir) / "journal").read_bytes()
-    return [(head, payload) for head, payload, _ in records(data)]
 
 
 async def test_approval_allowed_then_denied(
@@ -78,8 +58,8 @@ async def test_approval_allowed_then_denied(
     allowed = tmp_path / "allowed"
     denied = tmp_path / "denied"
     script = [
-        Turn(tools=(ToolCall("Bash", {"command": f"touch {allowed}"}),)),
-        Turn(tools=(ToolCall("Bash", {"command": f"touch {denied}"}),)),
+        bash_turn(f"touch {allowed}"),
+        bash_turn(f"touch {denied}"),
         Turn(text="One of two."),
     ]
     control = RunControl()
@@ -117,13 +97,13 @@ async def test_a_message_sent_during_a_tool_is_folded_into_the_turn(
     run_id: RunId, tmp_path: Path, recorder: Recorder
 ) -> None:
     path, command = gate(tmp_path)
-    script = [Turn(tools=(ToolCall("Bash", {"command": command}),)), Turn(text="Both seen.")]
+    script = [bash_turn(command), Turn(text="Both seen.")]
     control = RunControl()
     async with ModelServer(script) as server:
         task = asyncio.create_task(
             run_claude(real_request(run_id, tmp_path, server, "wait"), recorder, control=control)
         )
-        await until(lambda: bool(marked_with(run_id, command)))
+        await until_running(run_id, command)
         steer = control.send("also mention the weather")
         await asyncio.to_thread(path.write_text, "open\n")
         report = await task
@@ -140,12 +120,8 @@ async def test_a_message_sent_at_a_result_gets_a_turn_of_its_own(
     run_id: RunId, tmp_path: Path, recorder: Recorder
 ) -> None:
     control = RunControl()
-    sent: list[str] = []
-
-    async def on_event(event: RunEvent) -> None:
-        await recorder(event)
-        if isinstance(event, Result) and not sent:
-            sent.append(control.send("and one more thing"))  # counted: the run goes on
+    # At the first result, one more message: counted, the run goes on.
+    on_event, sent = sending_at_the_first_result(recorder, control, "and one more thing")
 
     script = [Turn(text="First answer."), Turn(text="Second answer.")]
     async with ModelServer(script) as server:
@@ -165,13 +141,13 @@ async def test_interrupt_ends_the_turn_and_the_run(
     run_id: RunId, tmp_path: Path, recorder: Recorder
 ) -> None:
     _, command = gate(tmp_path)
-    script = [Turn(tools=(ToolCall("Bash", {"command": command}),))]
+    script = [bash_turn(command)]
     control = RunControl()
     async with ModelServer(script) as server:
         task = asyncio.create_task(
             run_claude(real_request(run_id, tmp_path, server, "wait"), recorder, control=control)
         )
-        await until(lambda: bool(marked_with(run_id, command)))
+        await until_running(run_id, command)
         assert await control.interrupt()
         report = await task
     (result,) = recorder.of(Result)
@@ -187,7 +163,7 @@ async def test_a_stop_keeps_the_session_resumable(
 ) -> None:
     _, command = gate(tmp_path)
     script = [
-        Turn(text="Waiting.", tools=(ToolCall("Bash", {"command": command}),)),
+        bash_turn(command, text="Waiting."),
         Turn(text="You asked me to wait on the gate."),
     ]
     async with ModelServer(script) as server:
@@ -195,10 +171,8 @@ async def test_a_stop_keeps_the_session_resumable(
             run_id, tmp_path, server, "wait on the gate", state_dir=tmp_path / "state"
         )
         task = asyncio.create_task(run_claude(request, recorder))
-        await until(lambda: bool(marked_with(run_id, command)))
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await until_running(run_id, command)
+        await cancelled(task)
         (init,) = recorder.of(Init)
         (spawned,) = recorder.of(Spawned)
         heads = [head for head, _ in journal_heads(spawned.live)]
@@ -229,14 +203,12 @@ async def test_a_detached_run_ends_by_the_supervisors_own_eof(
     run_id: RunId, tmp_path: Path, recorder: Recorder
 ) -> None:
     path, command = gate(tmp_path)
-    script = [Turn(tools=(ToolCall("Bash", {"command": command}),)), Turn(text="Gate open.")]
+    script = [bash_turn(command), Turn(text="Gate open.")]
     async with ModelServer(script) as server:
         request = real_request(run_id, tmp_path, server, "wait", state_dir=tmp_path / "state")
         task = asyncio.create_task(run_claude(request, recorder, detach=lambda: True))
-        await until(lambda: bool(marked_with(run_id, command)))
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await until_running(run_id, command)
+        await cancelled(task)
         (spawned,) = recorder.of(Spawned)
         live = spawned.live
         await asyncio.to_thread(path.write_text, "open\n")
@@ -261,7 +233,7 @@ async def test_reattach_during_a_permission_request_rebuilds_the_control(
 ) -> None:
     done = tmp_path / "done"
     script = [
-        Turn(tools=(ToolCall("Bash", {"command": f"touch {done}"}),)),
+        bash_turn(f"touch {done}"),
         Turn(text="Touched."),
     ]
     async with ModelServer(script) as server:
@@ -270,9 +242,7 @@ async def test_reattach_during_a_permission_request_rebuilds_the_control(
             run_claude(request, recorder, detach=lambda: True, control=RunControl())
         )
         await recorder.wait_for(PermissionAsked)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await cancelled(task)
         (spawned,) = recorder.of(Spawned)
         (asked,) = recorder.of(PermissionAsked)
 

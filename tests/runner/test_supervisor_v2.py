@@ -10,13 +10,18 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from runner.supervision import BOOTSTRAP, SUPERVISOR
+from tests.runner.live_helpers import (
+    JournalReader,
+    allowed,
+    run_heads,
+    start_supervisor,
+    stdin,
+    user,
+)
 from tests.runner.test_detached import records
 
 pytestmark = pytest.mark.slow
@@ -38,15 +43,6 @@ for raw in sys.stdin:
 """
 
 
-def user(text: str, uid: str) -> bytes:
-    line = json.dumps({"type": "user", "message": {"role": "user", "content": text}, "uuid": uid})
-    return line.encode() + b"\n"
-
-
-def stdin(data: bytes) -> bytes:
-    return b'{"t":"stdin","n":%d}\n%s' % (len(data), data)
-
-
 # Asks its host once, waits for the answer (however long), then answers.
 ASKING_CLAUDE = """
 import json, sys
@@ -63,40 +59,12 @@ sys.stdin.read()
 """
 
 
-async def start_supervisor(
+async def start(
     tmp_path: Path, theirs: socket.socket, claude: str = STREAMING_CLAUDE, idle_s: float = 60
 ) -> asyncio.subprocess.Process:
-    run_dir = tmp_path / "run"
-    run_dir.mkdir(mode=0o700)
-    script = tmp_path / "claude.py"
-    script.write_text(claude)
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-I", "-S", "-c", BOOTSTRAP, str(SUPERVISOR),
-        "--run-id=v2-test", f"--run-dir={run_dir}", f"--cwd={tmp_path}",
-        f"--conn-fd={theirs.fileno()}", "--grace-s=1", "--run-timeout-s=60",
-        f"--idle-timeout-s={idle_s}", "--orphan-timeout-s=60",
-        "--spool-max-bytes=1000000", "--max-line-bytes=1000000",
-        "--", sys.executable, "-I", str(script),
-        pass_fds=(theirs.fileno(),),
-    )  # fmt: skip
-
-
-class JournalReader:
-    """The journal as a bridge gets it over the socket, record by record."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.data = b""
-        self.heads: list[tuple[dict[str, Any], bytes]] = []
-
-    async def until(self, wanted: bytes) -> None:
-        """Read on until an ``out`` payload holding ``wanted`` arrived."""
-        while not any(h["t"] == "out" and wanted in p for h, p in self.heads):
-            chunk = await asyncio.to_thread(self.sock.recv, 65536)
-            assert chunk, "the connection ended first"
-            self.data += chunk
-            _, _, rest = self.data.partition(b"\n")  # the welcome line
-            self.heads = [(h, p) for h, p, end in records(rest) if end <= len(rest)]
+    return await start_supervisor(
+        tmp_path, theirs, claude, name="v2-test", grace_s=1, idle_s=idle_s
+    )
 
 
 async def test_in_records_and_the_supervisors_own_eof(tmp_path: Path) -> None:
@@ -104,7 +72,7 @@ async def test_in_records_and_the_supervisors_own_eof(tmp_path: Path) -> None:
     with ours:
         ours.sendall(b'{"t":"attach","v":[1,2],"offset":0}\n' + stdin(user("first", "u-1")))
         with theirs:
-            proc = await start_supervisor(tmp_path, theirs)
+            proc = await start(tmp_path, theirs)
         reader = JournalReader(ours)
         await reader.until(b'"result": "answer"')
         # Attached, the supervisor leaves the eof to the bridge: claude still takes input.
@@ -132,7 +100,7 @@ async def test_a_result_before_the_echo_does_not_close_stdin(tmp_path: Path) -> 
         # The bridge goes at once (its end read after the message): the supervisor decides alone.
         ours.shutdown(socket.SHUT_WR)
         with theirs:
-            proc = await start_supervisor(tmp_path, theirs)
+            proc = await start(tmp_path, theirs)
         assert await asyncio.wait_for(proc.wait(), 30) == 0
     heads = list(records((tmp_path / "run" / "journal").read_bytes()))
     kinds = [head["t"] for head, _, _ in heads]
@@ -148,16 +116,14 @@ async def test_claude_waiting_on_its_host_is_not_stalled(tmp_path: Path) -> None
     with ours:
         ours.sendall(b'{"t":"attach","v":[2],"offset":0}\n' + stdin(user("go", "u-1")))
         with theirs:
-            proc = await start_supervisor(tmp_path, theirs, ASKING_CLAUDE, idle_s=0.5)
+            proc = await start(tmp_path, theirs, ASKING_CLAUDE, idle_s=0.5)
         reader = JournalReader(ours)
         await reader.until(b'"can_use_tool"')
         await asyncio.sleep(1.5)  # a person deciding: three idle limits pass
-        answer = {"subtype": "success", "request_id": "ask-1", "response": {"behavior": "allow"}}
-        line = json.dumps({"type": "control_response", "response": answer}).encode() + b"\n"
-        ours.sendall(stdin(line))
+        ours.sendall(allowed("ask-1"))
         await reader.until(b'"result": "allow"')
         ours.sendall(b'{"t":"eof"}\n')
         assert await asyncio.wait_for(proc.wait(), 30) == 0
-    heads = [head for head, _, _ in records((tmp_path / "run" / "journal").read_bytes())]
+    heads = run_heads(tmp_path)
     assert {"t": "exited", "code": 0} in heads
     assert not [head for head in heads if head["t"] == "expired"]
