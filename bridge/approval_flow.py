@@ -21,7 +21,8 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from bridge.approval_desk import ApprovalDesk
 from bridge.approval_text import outcome_text, parse_input, request_text
@@ -43,6 +44,8 @@ from runner.events import PermissionAsked
 
 log = logging.getLogger(__name__)
 
+POSTING_WAIT_S = 10.0
+"""How long an action on an unknown message waits for requests still being posted."""
 EXPIRY_CHECK_S = 5.0
 """How often waiting requests are checked for their expiry (a 900 s default wait)."""
 
@@ -64,6 +67,8 @@ class ApprovalFlow:
     runs: LiveRuns
     refused: Callable[[Verdict], None]
     wall_clock: Callable[[], float] = time.time
+    _posting: set[asyncio.Task[Any]] = field(default_factory=set)
+    """Asks posting their request now: a click may come before its id is recorded."""
 
     def desk(self) -> ApprovalDesk:
         return ApprovalDesk(self.store, self.settings.room, self, self.refused, self.wall_clock)
@@ -102,11 +107,18 @@ class ApprovalFlow:
         if approval.state is not ApprovalState.PENDING or approval.message_id is not None:
             return
         text = request_text(approval, self.settings.commands.prefix, room.approval_timeout_s)
-        posted = await self.replier.post_approval(
-            in_conversation(batch, text, ReplyKind.NOTICE), f"#{approval.number}"
-        )
-        if posted is not None:
-            await self.store.set_approval_message(approval, posted)
+        posting = asyncio.current_task()
+        if posting is not None:
+            self._posting.add(posting)
+        try:
+            posted = await self.replier.post_approval(
+                in_conversation(batch, text, ReplyKind.NOTICE), f"#{approval.number}"
+            )
+            if posted is not None:
+                await self.store.set_approval_message(approval, posted)
+        finally:
+            if posting is not None:
+                self._posting.discard(posting)
 
     async def run_ended(self, room: RoomKey, run_id: RunId, how: str) -> None:
         """The run is over: what it still waited on can no longer be answered."""
@@ -142,6 +154,11 @@ class ApprovalFlow:
     async def on_action(self, action: ApprovalAction) -> Accepted:
         """A button or reaction on a request message."""
         approval = await self.store.approval_by_message(action.room, action.message_id)
+        if approval is None and self._posting:
+            # A person may click within milliseconds of the post, before its id is
+            # recorded: wait for the requests being posted, then look again.
+            await asyncio.wait(set(self._posting), timeout=POSTING_WAIT_S)
+            approval = await self.store.approval_by_message(action.room, action.message_id)
         if approval is None:
             return Accepted.IGNORED
         text = await self.desk().answer(action.sender, approval, action.choice)

@@ -1,0 +1,83 @@
+"""A click that arrives before the request's message id is recorded is not lost."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import cast
+
+from bridge.approval_flow import ApprovalFlow
+from bridge.config import load_settings
+from bridge.core.model import (
+    Batch,
+    ExternalMessageId,
+    Message,
+    MessageId,
+    Reply,
+    RoomId,
+    RoomKey,
+    RunId,
+    TransportName,
+    UserId,
+)
+from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
+from bridge.live_runs import LiveRuns
+from bridge.replies import Replier
+from bridge.store.base import Approval, ApprovalState
+from bridge.store.memory import MemoryStore
+from runner.events import PermissionAsked
+from tests.bridge.harness import write_config
+
+POSTED = ExternalMessageId("req-1")
+RUN = RunId("run-1")
+
+
+class SlowRecording(MemoryStore):
+    """Records a request's message id only once the test lets it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    async def set_approval_message(self, approval: Approval, message_id: ExternalMessageId) -> None:
+        await self.gate.wait()
+        await super().set_approval_message(approval, message_id)
+
+
+class Posting:
+    """The transport's side: the request is posted (and seen by people) at once."""
+
+    def __init__(self) -> None:
+        self.posted = asyncio.Event()
+
+    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
+        self.posted.set()
+        return POSTED
+
+    async def close_approval(self, *args: object) -> None:
+        pass
+
+
+async def test_a_click_right_after_the_post_waits_for_the_id(tmp_path: Path) -> None:
+    settings = load_settings(write_config(tmp_path, {"defaults": {"approve_tools": True}}))
+    store = SlowRecording()
+    posting = Posting()
+    flow = ApprovalFlow(settings, store, cast(Replier, posting), LiveRuns(), lambda _v: None)
+    console = settings.console
+    key = RoomKey(TransportName("console"), RoomId(console.room))
+    message = Message(MessageId(1), key, UserId("alice"), "go", ExternalMessageId("m1"), 1.0)
+    asked = PermissionAsked("r1", "Bash", {"command": "ls"}, "tu1", "ls", ())
+    ask = asyncio.create_task(flow.ask(RUN, Batch(key, (message,)), asked))
+    await posting.posted.wait()
+    click = asyncio.create_task(
+        flow.on_action(ApprovalAction(key, UserId(console.user), POSTED, ApprovalChoice.DENY))
+    )
+    for _ in range(5):  # the click looks its message up while the id is not recorded
+        await asyncio.sleep(0)
+    assert not click.done()
+    store.gate.set()
+    await ask
+    assert await click is Accepted.ACCEPTED
+    found = await store.approval_by_message(key, POSTED)
+    assert found is not None
+    assert found.state is ApprovalState.DENIED
