@@ -166,7 +166,10 @@ async def test_a_request_still_being_asked_when_its_run_ends_is_cancelled_with_i
         await b.wait_for("Bash: echo hello")  # claude announced the tool, and asks
         b.send("!stop")
         await b.wait_for("Stopped")
-        while not rows(tmp_path, "select 1 from approvals"):
+        # Its record lands (3 s late) and the run's end then cancels it (a store row:
+        # nothing to await on). An !approve before that would still take it.
+        cancelled = [(ApprovalState.CANCELLED.value,)]
+        while rows(tmp_path, "select state from approvals") != cancelled:
             await asyncio.sleep(0.02)
         b.send("!approve")
         await b.wait_for("No tool request is waiting.")
