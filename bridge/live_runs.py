@@ -9,14 +9,11 @@ its run.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 from bridge.core.model import RoomKey, RunId
 from runner.control import RunControl
 from runner.events import PermissionAsked
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -56,7 +53,3 @@ class LiveRuns:
         if bound is None or bound.run_id != run_id:
             return None
         return bound.asked.get(request_id)
-
-    def run_id(self, room: RoomKey) -> RunId | None:
-        bound = self._rooms.get(room)
-        return None if bound is None else bound.run_id
