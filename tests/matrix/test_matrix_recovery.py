@@ -323,5 +323,8 @@ async def test_a_crash_at_any_step_loses_no_message_and_the_position_is_never_ah
 
     since.clear()
     assert await crash_child(url, store, record, "none") == 0
-    assert since[0] == saved  # the restart resumes from the saved position
+    # The restart resumes from the saved position; when the crash came right after
+    # the final position was written (saves coalesce, so the second write may be
+    # s3 itself), there is nothing left to sync.
+    assert since[:1] == ([] if saved == "s3" else [saved])
     assert list(dict.fromkeys(record.read_text().split())) == ["m1", "m2", "m3", "m4", "m5"]
