@@ -184,6 +184,11 @@ class RoomDefaults(_Section):
     """A request unanswered this long is denied (claude is told it timed out)."""
     during_run: DuringRun = "queue"
     """Messages during a run: ``queue`` (a follow-up run), ``steer`` (into it), ``interrupt``."""
+    conversation: Literal["channel", "thread"] = "channel"
+    """``channel``: the room is one conversation; ``thread``: each thread is one (a
+    top-level message opens a thread), with its own runs, session and answers."""
+    max_runs_per_room: int | None = Field(None, ge=1)
+    """Runs of one room's conversations at once (``thread`` rooms); unset: only the global cap."""
 
     @field_validator("memory_max", mode="before")
     @classmethod
@@ -243,6 +248,14 @@ class RoomConfig(BaseModel):
     trigger: Literal["all", "mention"] = "all"
     reply_in_thread: bool = True
 
+    @field_validator("id")
+    @classmethod
+    def _no_slash(cls, value: str) -> str:
+        # The store keeps a thread conversation as "room/thread" (bridge.store.sql).
+        if "/" in value:
+            raise ValueError(f"a room id cannot contain '/': {value!r}")
+        return value
+
     @model_validator(mode="after")
     def _only_known_overrides(self) -> Self:
         unknown = sorted(set(self.model_extra or {}) - ROOM_KEYS)
@@ -280,7 +293,8 @@ class RoomSettings(RoomDefaults):
 class ConsoleSettings(_Section):
     enabled: bool = True
     """On when no other transport is configured, or when set explicitly."""
-    room: str = Field("console", min_length=1)
+    room: str = Field("console", min_length=1, pattern=r"^[^/]+$")
+    """No ``/``: the store keeps a thread conversation as ``room/thread``."""
     user: str = Field("local", min_length=1)
 
 
@@ -425,7 +439,8 @@ class Settings(BaseSettings):
         return explicit or (self.matrix is None and self.slack is None)
 
     def room(self, key: RoomKey) -> RoomSettings | None:
-        return self._rooms.get(key)
+        """The settings of ``key``'s room (a thread conversation has its room's)."""
+        return self._rooms.get(key.channel)
 
     @property
     def room_settings(self) -> Mapping[RoomKey, RoomSettings]:

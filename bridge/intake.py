@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from bridge.commands import Command, CommandHandler, CommandName, parse_command
-from bridge.config import Settings
+from bridge.config import RoomSettings, Settings
 from bridge.core import stages
 from bridge.core.model import ExternalMessageId, InboundMessage, Message, RoomKey
 from bridge.core.text import safe_text
@@ -39,6 +39,19 @@ _ANSWERS = frozenset({CommandName.APPROVE, CommandName.DENY})
 FILES_NOT_SUPPORTED = (
     "Files are not passed to Claude yet, so nothing was started. Please write your request as text."
 )
+
+
+def conversation_of(inbound: InboundMessage, room: RoomSettings) -> InboundMessage:
+    """``inbound`` in the conversation it belongs to.
+
+    In a room of thread conversations, a message in a thread belongs to that
+    thread's, and a top-level message opens a thread of its own: its answers
+    go there, and replies to it join its conversation.
+    """
+    if room.conversation != "thread":
+        return inbound
+    thread = inbound.thread or inbound.external_id
+    return replace(inbound, room=inbound.room.in_thread(thread), thread=thread)
 
 
 @dataclass(slots=True)
@@ -104,7 +117,7 @@ class Intake:
         message = await self.store.pending_message(event.room, event.external_id)
         if message is None:
             return self._ignored_change(event, "no such waiting message")
-        if self._not_handed[event.room, event.external_id]:
+        if self._not_handed[event.room.channel, event.external_id]:
             # Called after this edit (which waits for every event called before
             # it): recorded already, maybe, but the edit still came first.
             return self._ignored_change(event, "came before the message")
@@ -184,14 +197,15 @@ class Intake:
             and command is None
         ):
             reason = "no mention"
-        if reason is not None:
+        if reason is not None or room is None:
             self.metrics.messages.labels("ignored").inc()
             log.debug("ignored a message from %s: %s", inbound.sender, reason)
-            if room is not None and reason != "sender is a bot":
+            if room is not None and reason is not None and reason != "sender is a bot":
                 await self.store.record_ignored(inbound, reason, now)
             return Accepted.IGNORED
 
-        key = (inbound.room, inbound.external_id)
+        inbound = conversation_of(inbound, room)
+        key = (inbound.room.channel, inbound.external_id)
         self._not_handed[key] += 1
         try:
             # The record is the store's first call: concurrent accepts reach the

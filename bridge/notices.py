@@ -50,9 +50,11 @@ class Notices:
         self.outbox.submit(entries)
 
     async def say(self, room: RoomKey, text: str, *, about: Batch | None = None) -> None:
-        """A notice; ``about`` keeps it in the batch's conversation (thread)."""
+        """A notice; ``about`` keeps it in the batch's conversation (thread). Without
+        it, a thread conversation's notice still goes to its thread."""
         if about is None:
-            await self.send(Reply(room=room, text=text, kind=ReplyKind.NOTICE))
+            thread = room.thread or None
+            await self.send(Reply(room=room, text=text, kind=ReplyKind.NOTICE, thread=thread))
         else:
             await self.send(in_conversation(about, text, ReplyKind.NOTICE))
 

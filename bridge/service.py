@@ -169,6 +169,7 @@ class Service:
             mode_of=self._during_run,
             prestarter=self.executor.prestarts,
             max_prestarts=settings.runner.prestart_limit,
+            room_cap=self._max_runs_per_room,
         )
         # Command answers are recorded in the outbox and sent from its per-room
         # worker: the transport's acknowledgement never waits for the network.
@@ -199,6 +200,10 @@ class Service:
 
     def _refused(self, verdict: Verdict) -> None:
         self.metrics.answers_refused.labels(verdict.value).inc()
+
+    def _max_runs_per_room(self, room: RoomKey) -> int | None:
+        settings = self.settings.room(room)
+        return None if settings is None else settings.max_runs_per_room
 
     def _during_run(self, room: RoomKey) -> DuringRun:
         settings = self.settings.room(room)
@@ -284,6 +289,7 @@ class Service:
                 " (or its end could not be recorded). If its answer is not above,"
                 f" `{prefix}retry {run.id}` runs it again.",
                 kind=ReplyKind.NOTICE,
+                thread=run.room.thread or None,
             )
             await self.store.finish_run(
                 run.id,

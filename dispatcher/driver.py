@@ -93,10 +93,12 @@ class Dispatcher:
         mode_of: Callable[[RoomKey], DuringRun] | None = None,
         prestarter: Prestarter | None = None,
         max_prestarts: int = 0,
+        room_cap: Callable[[RoomKey], int | None] | None = None,
     ) -> None:
         """``mode_of`` gives a room's :class:`DuringRun` mode (None: ``queue``
         everywhere); it is asked at each message. ``prestarter`` gets up to
-        ``max_prestarts`` prestarts at once (none without a prestarter)."""
+        ``max_prestarts`` prestarts at once (none without a prestarter).
+        ``room_cap``: runs one room's conversations may have at once (None: no cap)."""
         self._limits = limits
         self._execute = execute
         self._clock: Clock = clock if clock is not None else MonotonicClock()
@@ -107,6 +109,7 @@ class Dispatcher:
             capacity=0,
             mode_of=mode_of,
             max_prestarts=max_prestarts if prestarter is not None else 0,
+            room_cap=room_cap,
         )
         self._runs: dict[RoomKey, DispatchedRun] = {}
         self._adopted: list[tuple[DispatchedRun, Execute]] = []

@@ -15,6 +15,10 @@ A room is in one of four phases:
   (or steer it, see below). When it ends, queued messages are ready at
   once (no new debounce).
 
+A batch never mixes threads (its answers go to its first message's): a run
+takes the leading messages of one thread, and the next thread's messages head
+the queue, ready when the run ends. Only messages of the run's thread steer it.
+
 A granted run has *begun* once its owner is about to carry it out
 (:meth:`Room.begin`). Until then nothing has happened outside: a stop drops
 its messages with the rest, and a drain (shutdown) puts them back in front
@@ -318,7 +322,7 @@ class Room:
         self, message: Message, now: float, mode: DuringRun = DuringRun.QUEUE
     ) -> list[Effect]:
         """A message for this room arrived at ``now``; ``mode`` is the room's during-run mode."""
-        if mode is not DuringRun.QUEUE and self._steers():
+        if mode is not DuringRun.QUEUE and self._steers(message):
             return self._steer_arrived(message, now, interrupt=mode is DuringRun.INTERRUPT)
         self._pending.append(message)
         return self._arrived(len(self._pending) == 1, now)
@@ -425,7 +429,7 @@ class Room:
         if not self._ready:
             raise RuntimeError(f"room {self.key} got a slot it did not ask for")
         self._ready = False
-        size = self._limits.max_batch
+        size = _one_thread(self._pending, self._limits.max_batch)
         self._run = Batch(self.key, tuple(self._pending[:size]))
         del self._pending[:size]
         self._run_since = now
@@ -567,13 +571,20 @@ class Room:
             self._last_at + self._limits.coalesce_s, self._first_at + self._limits.max_wait_s
         )
 
-    def _steers(self) -> bool:
-        """Whether an arriving message may steer the run.
+    def _steers(self, message: Message) -> bool:
+        """Whether ``message`` may steer the run.
 
         Only a run that has begun and is not being cancelled takes input, and
         only while nothing is queued: a steered message would overtake it.
+        Only from the run's thread: its answers go there.
         """
-        return self._run is not None and self._began and self._cancel is None and not self._pending
+        return (
+            self._run is not None
+            and self._began
+            and self._cancel is None
+            and not self._pending
+            and message.thread == self._run.first.thread
+        )
 
     def _steer_arrived(self, message: Message, now: float, *, interrupt: bool) -> list[Effect]:
         self._steer.append(message)
@@ -625,3 +636,18 @@ class Room:
         self._ready = True
         self._timer_at = None
         return [REQUEST_SLOT]
+
+
+def _one_thread(messages: list[Message], limit: int) -> int:
+    """How many of ``messages`` (at most ``limit``) from the first on share its thread.
+
+    A batch is answered in its first message's thread, so it never takes a
+    message from another: that one heads the next batch, ready when this run ends.
+    """
+    if not messages:
+        return 0
+    thread = messages[0].thread
+    count = 1
+    while count < min(limit, len(messages)) and messages[count].thread == thread:
+        count += 1
+    return count

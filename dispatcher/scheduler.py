@@ -83,6 +83,7 @@ class Scheduler:
         *,
         mode_of: Callable[[RoomKey], DuringRun] | None = None,
         max_prestarts: int = 0,
+        room_cap: Callable[[RoomKey], int | None] | None = None,
     ) -> None:
         if max_prestarts < 0:
             raise ValueError("max_prestarts must not be negative")
@@ -97,7 +98,10 @@ class Scheduler:
         """Decided by the event being handled, not yet handed out."""
         self._rooms: dict[RoomKey, Room] = {}
         self._rooms_peak = 0
-        self._slots = SlotPool(limits.max_concurrent_runs if capacity is None else capacity)
+        self._slots = SlotPool(
+            limits.max_concurrent_runs if capacity is None else capacity,
+            *(() if room_cap is None else (room_cap,)),
+        )
         # (deadline, tie-breaker, room). Entries are never removed early: a
         # room ignores ticks it no longer wants, and a forgotten room's entry
         # is skipped, so arming and stopping stay O(log n) / O(1).

@@ -2,25 +2,43 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
+
 from bridge.core.model import RoomKey
 
 
-class SlotPool:
-    """At most ``capacity`` rooms hold a slot; the others wait in FIFO order.
+def _no_room_cap(room: RoomKey) -> int | None:
+    return None
 
-    Every operation returns the rooms granted a slot by it, in grant order.
-    After every operation, a free slot implies that no room waits. Holders may
-    outnumber the capacity (:meth:`take`, :meth:`resize`): then nothing is
-    granted until enough slots are released.
+
+class SlotPool:
+    """At most ``capacity`` conversations hold a slot; the others wait in FIFO order.
+
+    ``room_cap`` bounds the slots one room's conversations (its threads, see
+    :attr:`RoomKey.channel`) hold at once (None: no bound): a conversation
+    whose room is at its bound is passed over, keeping its place, for the
+    next one waiting.
+
+    Every operation returns the conversations granted a slot by it, in grant
+    order. After every operation, a free slot implies that every waiting
+    conversation's room is at its bound. Holders may outnumber the capacity
+    (:meth:`take`, :meth:`resize`): then nothing is granted until enough slots
+    are released.
     """
 
-    __slots__ = ("_capacity", "_holders", "_waiting")
+    __slots__ = ("_capacity", "_holders", "_per_room", "_room_cap", "_waiting")
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(
+        self, capacity: int, room_cap: Callable[[RoomKey], int | None] = _no_room_cap
+    ) -> None:
         if capacity < 0:
             raise ValueError("capacity must not be negative")
         self._capacity = capacity
+        self._room_cap = room_cap
         self._holders: set[RoomKey] = set()
+        self._per_room: Counter[RoomKey] = Counter()
+        """Holders per room (channel)."""
         # A dict is an insertion-ordered set with O(1) removal (withdraw).
         self._waiting: dict[RoomKey, None] = {}
 
@@ -57,7 +75,7 @@ class SlotPool:
         """
         if room in self._holders or room in self._waiting:
             raise RuntimeError(f"room {room} already holds or waits for a slot")
-        self._holders.add(room)
+        self._hold(room)
 
     def release(self, room: RoomKey) -> list[RoomKey]:
         """``room`` gives its slot back; the longest waiting room gets it."""
@@ -65,6 +83,9 @@ class SlotPool:
             self._holders.remove(room)
         except KeyError:
             raise RuntimeError(f"room {room} holds no slot") from None
+        self._per_room[room.channel] -= 1
+        if not self._per_room[room.channel]:
+            del self._per_room[room.channel]
         return self._grant()
 
     def withdraw(self, room: RoomKey) -> None:
@@ -78,13 +99,25 @@ class SlotPool:
         self._capacity = capacity
         return self._grant()
 
+    def _hold(self, room: RoomKey) -> None:
+        self._holders.add(room)
+        self._per_room[room.channel] += 1
+
+    def _room_full(self, room: RoomKey) -> bool:
+        cap = self._room_cap(room.channel)
+        return cap is not None and self._per_room[room.channel] >= cap
+
     def _grant(self) -> list[RoomKey]:
         granted: list[RoomKey] = []
-        while self._waiting and len(self._holders) < self._capacity:
-            room = next(iter(self._waiting))
-            del self._waiting[room]
-            self._holders.add(room)
-            granted.append(room)
+        if len(self._holders) < self._capacity:
+            for room in [r for r in self._waiting if not self._room_full(r)]:
+                if len(self._holders) >= self._capacity:
+                    break
+                if self._room_full(room):  # filled by a grant of this loop
+                    continue
+                del self._waiting[room]
+                self._hold(room)
+                granted.append(room)
         if not self._waiting:
             self._waiting = {}  # drop the table a long queue left behind (dicts never shrink)
         return granted

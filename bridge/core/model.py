@@ -35,13 +35,31 @@ SessionId = NewType("SessionId", str)
 
 @dataclass(frozen=True, slots=True, order=True)
 class RoomKey:
-    """A room, unique across transports."""
+    """A conversation, unique across transports: a room, or one thread of it.
+
+    Rooms configured with ``conversation = "thread"`` hold one conversation
+    per thread, each with its own dispatch, session and answers; its key
+    carries the thread root's id. Settings belong to the room
+    (:attr:`channel`); transports address ``room_id`` and the reply's thread.
+    """
 
     transport: TransportName
     room_id: RoomId
+    thread: str = ""
+    """The thread root's id (Slack ts, Matrix event id); "" for the room itself."""
 
     def __str__(self) -> str:
-        return f"{self.transport}:{self.room_id}"
+        base = f"{self.transport}:{self.room_id}"
+        return f"{base}/{self.thread}" if self.thread else base
+
+    @property
+    def channel(self) -> RoomKey:
+        """The room this conversation belongs to (itself for a room-wide one)."""
+        return RoomKey(self.transport, self.room_id) if self.thread else self
+
+    def in_thread(self, thread: str) -> RoomKey:
+        """The conversation of ``thread`` in this key's room."""
+        return RoomKey(self.transport, self.room_id, thread)
 
 
 @dataclass(frozen=True, slots=True)

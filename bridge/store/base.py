@@ -323,7 +323,8 @@ class Store(Protocol):
     async def pending_message(
         self, room: RoomKey, external_id: ExternalMessageId
     ) -> Message | None:
-        """The message with this transport id in ``room``, if it is still pending."""
+        """The message with this transport id in ``room`` (in any of its thread
+        conversations), if it is still pending."""
         ...
 
     async def edit_pending(

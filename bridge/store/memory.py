@@ -177,7 +177,7 @@ class MemoryStore:
         self._check_open()
         for stored in self._messages.values():
             message = stored.message
-            if (message.room, message.external_id) == (room, external_id):
+            if (message.room.channel, message.external_id) == (room.channel, external_id):
                 return message if stored.state is MessageState.PENDING else None
         return None
 
@@ -576,7 +576,11 @@ class MemoryStore:
         """The room's request asked by this message, whatever its state."""
         self._check_open()
         return next(
-            (a for a in self._approvals.values() if a.room == room and a.message_id == message_id),
+            (
+                a
+                for a in self._approvals.values()
+                if a.room.channel == room.channel and a.message_id == message_id
+            ),
             None,
         )
 

@@ -26,11 +26,11 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, Table, delete, exists, func, select, text, update
+from sqlalchemy import ColumnElement, Table, delete, exists, func, or_, select, text, update
 from sqlalchemy import insert as insert_statement
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
-from sqlalchemy.orm import aliased
+from sqlalchemy.orm import Mapped, aliased
 
 from bridge.core.model import (
     Batch,
@@ -386,7 +386,7 @@ class SqlStore:
             row = await s.scalar(
                 select(MessageRow).where(
                     MessageRow.transport == room.transport,
-                    MessageRow.room_id == room.room_id,
+                    _in_room(MessageRow.room_id, room),
                     MessageRow.external_id == external_id,
                     MessageRow.state == MessageState.PENDING.value,
                 )
@@ -513,7 +513,7 @@ class SqlStore:
                 insert_statement(_RUNS).values(
                     id=run_id,
                     transport=room.transport,
-                    room_id=room.room_id,
+                    room_id=_stored_id(room),
                     status=RunStatus.RUNNING.value,
                     started_at=at,
                     session_not_found=False,
@@ -861,7 +861,7 @@ class SqlStore:
             return await self._records(
                 s,
                 (RunRow.transport == room.transport)
-                & (RunRow.room_id == room.room_id)
+                & (RunRow.room_id == _stored_id(room))
                 & RunRow.status.in_(retryable)
                 & still_failed
                 & ~superseded,
@@ -890,7 +890,7 @@ class SqlStore:
     async def _last_run(self, s: AsyncSession, room: RoomKey) -> RunRecord | None:
         last = await s.scalar(
             select(func.max(RunRow.seq)).where(
-                RunRow.transport == room.transport, RunRow.room_id == room.room_id
+                RunRow.transport == room.transport, RunRow.room_id == _stored_id(room)
             )
         )
         if last is None:
@@ -917,7 +917,7 @@ class SqlStore:
     async def get_session(self, room: RoomKey) -> SessionId | None:
         """The Claude session the room resumes, if any."""
         async with self._read() as s:
-            row = await s.get(RoomRow, (room.transport, room.room_id))
+            row = await s.get(RoomRow, (room.transport, _stored_id(room)))
             return None if row is None or row.session_id is None else SessionId(row.session_id)
 
     async def set_session(self, room: RoomKey, session_id: SessionId | None) -> None:
@@ -936,7 +936,7 @@ class SqlStore:
         """One statement setting several rooms' sessions (each room once)."""
         upsert = self._insert(RoomRow).values(
             [
-                {"transport": room.transport, "room_id": room.room_id, "session_id": session}
+                {"transport": room.transport, "room_id": _stored_id(room), "session_id": session}
                 for room, session in sessions.items()
             ]
         )
@@ -947,7 +947,7 @@ class SqlStore:
 
     def _session_upsert(self, room: RoomKey, session_id: SessionId | None) -> Any:
         upsert = self._insert(RoomRow).values(
-            transport=room.transport, room_id=room.room_id, session_id=session_id
+            transport=room.transport, room_id=_stored_id(room), session_id=session_id
         )
         return upsert.on_conflict_do_update(
             index_elements=["transport", "room_id"], set_={"session_id": session_id}
@@ -958,7 +958,7 @@ class SqlStore:
     async def room_overrides(self, room: RoomKey) -> RoomOverrides:
         """The model and permission mode set by command for the room, if any."""
         async with self._read() as s:
-            row = await s.get(RoomRow, (room.transport, room.room_id))
+            row = await s.get(RoomRow, (room.transport, _stored_id(room)))
             if row is None:
                 return RoomOverrides()
             return RoomOverrides(row.model, row.permission_mode)
@@ -976,7 +976,7 @@ class SqlStore:
     def _room_upsert(self, room: RoomKey, **values: Any) -> Any:
         """The room's row with ``values`` set, created if missing; its other columns kept."""
         upsert = self._insert(RoomRow).values(
-            transport=room.transport, room_id=room.room_id, **values
+            transport=room.transport, room_id=_stored_id(room), **values
         )
         return upsert.on_conflict_do_update(index_elements=["transport", "room_id"], set_=values)
 
@@ -1004,7 +1004,7 @@ class SqlStore:
             if existing is not None:
                 return existing
             counter = self._insert(RoomRow).values(
-                transport=room.transport, room_id=room.room_id, last_approval=1
+                transport=room.transport, room_id=_stored_id(room), last_approval=1
             )
             number = await s.scalar(
                 counter.on_conflict_do_update(
@@ -1020,7 +1020,7 @@ class SqlStore:
                 self._insert(ApprovalRow)
                 .values(
                     transport=room.transport,
-                    room_id=room.room_id,
+                    room_id=_stored_id(room),
                     number=number,
                     run_id=run_id,
                     request_id=request_id,
@@ -1072,7 +1072,10 @@ class SqlStore:
         """Pending requests, of one room or of all, oldest first."""
         where = [ApprovalRow.state == ApprovalState.PENDING.value]
         if room is not None:
-            where += [ApprovalRow.transport == room.transport, ApprovalRow.room_id == room.room_id]
+            where += [
+                ApprovalRow.transport == room.transport,
+                ApprovalRow.room_id == _stored_id(room),
+            ]
         return await self._approvals(*where)
 
     async def approval_by_number(self, room: RoomKey, number: int) -> Approval | None:
@@ -1081,7 +1084,7 @@ class SqlStore:
             return None  # no such row, and a bound parameter PostgreSQL could not take
         found = await self._approvals(
             ApprovalRow.transport == room.transport,
-            ApprovalRow.room_id == room.room_id,
+            ApprovalRow.room_id == _stored_id(room),
             ApprovalRow.number == number,
         )
         return found[0] if found else None
@@ -1092,7 +1095,7 @@ class SqlStore:
         """The room's request asked by this message, whatever its state."""
         found = await self._approvals(
             ApprovalRow.transport == room.transport,
-            ApprovalRow.room_id == room.room_id,
+            _in_room(ApprovalRow.room_id, room),
             ApprovalRow.message_id == message_id,
         )
         return found[0] if found else None
@@ -1215,7 +1218,10 @@ class SqlStore:
         """Audit rows matching every given filter, in the order they were written."""
         conditions: list[ColumnElement[bool]] = []
         if room is not None:
-            conditions += [AuditRow.transport == room.transport, AuditRow.room_id == room.room_id]
+            conditions += [
+                AuditRow.transport == room.transport,
+                AuditRow.room_id == _stored_id(room),
+            ]
         if message_id is not None:
             conditions.append(AuditRow.message_id == message_id)
         if run_id is not None:
@@ -1350,14 +1356,35 @@ def _rowcount(result: Any) -> int:
     return count
 
 
+THREAD_SEPARATOR = "/"
+"""Between a room's id and its thread's in the ``room_id`` columns of a thread
+conversation: room ids never hold one (Slack's are alphanumeric, Matrix's
+``!opaque:server``, the console's are checked), thread ids may."""
+
+
+def _stored_id(room: RoomKey) -> str:
+    """``room``'s ``room_id`` column: the room's id, and its thread's for a thread
+    conversation, so every table keeps one column per conversation."""
+    return f"{room.room_id}{THREAD_SEPARATOR}{room.thread}" if room.thread else room.room_id
+
+
+def _in_room(column: Mapped[str], room: RoomKey) -> ColumnElement[bool]:
+    """``column`` is ``room``'s room or one of its thread conversations: what a
+    transport names by the room and a message id (an edit, a click) is found in
+    whichever conversation holds it."""
+    channel = room.room_id
+    return or_(column == channel, column.startswith(channel + THREAD_SEPARATOR, autoescape=True))
+
+
 def _room(transport: str, room_id: str) -> RoomKey:
-    return RoomKey(TransportName(transport), RoomId(room_id))
+    room, _, thread = room_id.partition(THREAD_SEPARATOR)
+    return RoomKey(TransportName(transport), RoomId(room), thread)
 
 
 def _message_values(msg: InboundMessage, received_at: float) -> dict[str, Any]:
     return {
         "transport": msg.room.transport,
-        "room_id": msg.room.room_id,
+        "room_id": _stored_id(msg.room),
         "external_id": msg.external_id,
         "sender": msg.sender,
         "text": msg.text,
@@ -1369,7 +1396,7 @@ def _message_values(msg: InboundMessage, received_at: float) -> dict[str, Any]:
 
 def _key(msg: InboundMessage) -> tuple[str, str, str]:
     """What makes a message a redelivery: transport, room and external id."""
-    return (msg.room.transport, msg.room.room_id, msg.external_id)
+    return (msg.room.transport, _stored_id(msg.room), msg.external_id)
 
 
 def _audit_values(
@@ -1386,7 +1413,7 @@ def _audit_values(
         "at": at,
         "action": action.value,
         "transport": room.transport,
-        "room_id": room.room_id,
+        "room_id": _stored_id(room),
         "actor": None,
         "message_id": message_id,
         "run_id": run_id,
@@ -1401,7 +1428,7 @@ def _accepted_audit_values(
         "at": received_at,
         "action": AuditAction.MESSAGE_ACCEPTED.value,
         "transport": msg.room.transport,
-        "room_id": msg.room.room_id,
+        "room_id": _stored_id(msg.room),
         "actor": msg.sender,
         "message_id": message_id,
         "run_id": None,
@@ -1412,7 +1439,7 @@ def _accepted_audit_values(
 def _outbox_row(reply: Reply, at: float, run_id: RunId | None) -> OutboxRow:
     return OutboxRow(
         transport=reply.room.transport,
-        room_id=reply.room.room_id,
+        room_id=_stored_id(reply.room),
         run_id=run_id,
         text=reply.text,
         kind=reply.kind.value,
@@ -1450,7 +1477,7 @@ def _outbox_values(reply: Reply, at: float, run_id: RunId | None) -> dict[str, A
     """A new, pending outbox entry, for a Core INSERT."""
     return {
         "transport": reply.room.transport,
-        "room_id": reply.room.room_id,
+        "room_id": _stored_id(reply.room),
         "run_id": run_id,
         "text": reply.text,
         "kind": reply.kind.value,
@@ -1590,7 +1617,7 @@ def _audit_row(
         at=at,
         action=action.value,
         transport=None if room is None else room.transport,
-        room_id=None if room is None else room.room_id,
+        room_id=None if room is None else _stored_id(room),
         actor=actor,
         message_id=message_id,
         run_id=run_id,

@@ -57,12 +57,13 @@ class ChatRoom(Transport):
         ready.set()
         await asyncio.Event().wait()
 
-    async def say(self, text: str) -> tuple[ExternalMessageId, Accepted]:
+    async def say(self, text: str, thread: str | None = None) -> tuple[ExternalMessageId, Accepted]:
+        """A new message, top-level or in ``thread`` (its root's id)."""
         assert self.sink is not None
         self._ids += 1
         external_id = ExternalMessageId(f"in-{self._ids}")
-        accepted = await self.sink(InboundMessage(self.room, self.user, text, external_id))
-        return external_id, accepted
+        message = InboundMessage(self.room, self.user, text, external_id, thread=thread)
+        return external_id, await self.sink(message)
 
     async def edited(self, external_id: ExternalMessageId, text: str) -> Accepted:
         assert self.sink is not None

@@ -33,7 +33,7 @@ class Messages:
     def __init__(self) -> None:
         self._ids = itertools.count(1)
 
-    def __call__(self, key: RoomKey, text: str = "hi") -> Message:
+    def __call__(self, key: RoomKey, text: str = "hi", thread: str | None = None) -> Message:
         n = next(self._ids)
         return Message(
             id=MessageId(n),
@@ -42,6 +42,7 @@ class Messages:
             text=text,
             external_id=ExternalMessageId(f"ev-{n}"),
             received_at=0.0,
+            thread=thread,
         )
 
 

@@ -383,3 +383,27 @@ def test_a_room_with_a_run_adopts_none(make: Messages) -> None:
         r.adopt(adopted_batch(make), now=6.0)
     with pytest.raises(ValueError, match="adopted by room"):
         Room(KEY, LIMITS).adopt(Batch(room("b"), (make(room("b")),)), now=6.0)
+
+
+def test_a_batch_never_mixes_threads(make: Messages) -> None:
+    """A run takes the leading messages of one thread; the next thread's head the
+    queue, ready as soon as the run ends (no new window)."""
+    r = Room(KEY, LIMITS)
+    top, in_thread, top_again = make(KEY, "a"), make(KEY, "b", thread="t1"), make(KEY, "c")
+    r.message(top, now=0.0)
+    r.message(in_thread, now=0.1)
+    assert r.message(top_again, now=0.2) == [REQUEST_SLOT]  # max_batch reached
+    [first] = r.slot_granted(0.2)
+    assert isinstance(first, StartRun)
+    assert first.batch.messages == (top,)
+    assert r.pending == 2
+    assert r.begin()
+    assert r.run_finished(1.0) == [ReleaseSlot(), RequestSlot()]
+    [second] = r.slot_granted(1.0)
+    assert isinstance(second, StartRun)
+    assert second.batch.messages == (in_thread,)
+    assert r.begin()
+    assert r.run_finished(2.0) == [ReleaseSlot(), RequestSlot()]
+    [third] = r.slot_granted(2.0)
+    assert isinstance(third, StartRun)
+    assert third.batch.messages == (top_again,)

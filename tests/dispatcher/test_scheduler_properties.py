@@ -5,10 +5,10 @@ stops rooms, adopts runs already going (before the scheduler serves, as at a
 restart, and while it serves) and drains (interrupting or detaching), and
 checks after every step:
 
-- never two runs in one room; the cap is never exceeded by the runs the
-  scheduler grants itself, counting adopted runs as running (an adoption
-  alone may go beyond it); a room with a run adopts none, and nothing is
-  adopted while draining;
+- never two runs in one room, and a batch never mixes threads; the cap is
+  never exceeded by the runs the scheduler grants itself, counting adopted
+  runs as running (an adoption alone may go beyond it); a room with a run
+  adopts none, and nothing is adopted while draining;
 - no room waits for a slot while a slot is free, and slots go to waiting
   rooms in the order they became ready (rooms that became ready at the same
   step may go in either order);
@@ -34,7 +34,7 @@ at random too), and the machine answers steer offers at random (taken or
 refused, also stale answers to offers the room no longer has). It checks:
 
 - a steer batch is offered only to a begun run not being cancelled, one at
-  a time, at most ``max_batch`` messages, and always the room's oldest
+  a time, at most ``max_batch`` messages, all from the run's thread, and always the room's oldest
   messages not in a run; a taken batch counts as delivered (so every message
   ends in exactly one started batch, taken steer batch or drop, in order);
   a refused one, or one whose run ended first, queues in front; a stop drops
@@ -124,6 +124,10 @@ class Window:
         return min(self.last + limits.coalesce_s, self.first + limits.max_wait_s)
 
 
+THREADS = st.sampled_from([None, None, "t1", "t2"])
+"""A message's thread: mostly the room's top level."""
+
+
 class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -190,9 +194,9 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     # -- rules ---------------------------------------------------------------
 
-    @rule(index=st.integers(0, len(ROOMS) - 1))
-    def submit(self, index: int) -> None:
-        self._submit(self.make(ROOMS[index]))
+    @rule(index=st.integers(0, len(ROOMS) - 1), thread=THREADS)
+    def submit(self, index: int, thread: str | None) -> None:
+        self._submit(self.make(ROOMS[index], thread=thread))
 
     @precondition(lambda self: any(self.submitted.values()))
     @rule(data=st.data())
@@ -641,6 +645,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert not self.draining
         assert not self.inflight[key]
         assert 1 <= len(batch.messages) <= self.limits.max_batch
+        # Only the run's thread steers it: its answers go there.
+        assert {m.thread for m in batch.messages} == {self.running[key].first.thread}
         start = len(self.outputs[key])
         assert list(batch.messages) == self.submitted[key][start : start + len(batch.messages)]
         self.offered[key] = batch
@@ -651,6 +657,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert batch.room not in self.running, f"two runs in {batch.room}"
             self._check_fifo(batch.room)
             assert 1 <= len(batch.messages) <= self.limits.max_batch
+            assert len({m.thread for m in batch.messages}) == 1, "a batch mixes threads"
             self.running[batch.room] = batch
             self.inflight[batch.room] = list(batch.messages)
         if batches:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from bridge.core.model import RoomKey
 from dispatcher.slots import SlotPool
 from tests.dispatcher.fakes import room
 
@@ -66,3 +69,52 @@ def test_misuse_is_reported() -> None:
         pool.release(B)
     with pytest.raises(ValueError, match="negative"):
         SlotPool(-1)
+
+
+def test_a_room_at_its_cap_is_passed_over_and_keeps_its_place() -> None:
+    """Threads of one room share its cap; a waiting thread of a full room lets
+    another room's conversation by, and is first once its room has room."""
+    a1, a2, a3 = (A.in_thread(t) for t in ("1", "2", "3"))
+    pool = SlotPool(3, room_cap=lambda key: 2 if key == A else None)
+    assert pool.request(a1) == [a1]
+    assert pool.request(a2) == [a2]
+    assert pool.request(a3) == []  # room A holds its two
+    assert pool.request(B) == [B]  # a free slot goes past it
+    assert pool.request(C) == []  # the pool is full
+    assert pool.release(a1) == [a3]  # first in line, and A has room again
+    assert pool.release(B) == [C]
+    pool.take(a1)  # an adopted run goes beyond the room's cap
+    assert pool.request(a2.in_thread("4")) == []
+    assert pool.release(a3) == []  # A still holds two (a2 and a1)
+    assert pool.release(a2) == [A.in_thread("4")]
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(st.tuples(st.booleans(), st.sampled_from("ab"), st.sampled_from("123")), max_size=40),
+    st.integers(1, 3),
+    st.integers(1, 2),
+)
+def test_room_caps_hold_and_no_slot_idles_while_someone_could_take_it(
+    steps: list[tuple[bool, str, str]], capacity: int, cap: int
+) -> None:
+    """Random requests and releases: no room ever holds more than its cap, the
+    pool never more than its capacity, and after every step a free slot means
+    every waiting conversation's room is full."""
+    pool = SlotPool(capacity, room_cap=lambda key: cap)
+    holders: set[RoomKey] = set()
+    for request, name, thread in steps:
+        key = room(name).in_thread(thread)
+        if request and not pool.holds(key) and not pool.is_waiting(key):
+            holders |= set(pool.request(key))
+        elif not request and key in holders:
+            holders.remove(key)
+            holders |= set(pool.release(key))
+        assert len(holders) == pool.in_use <= capacity
+        for name_ in "ab":
+            assert sum(1 for h in holders if h.channel == room(name_)) <= cap
+        if pool.in_use < capacity:
+            for name_ in "ab":
+                waiting = [room(name_).in_thread(t) for t in "123"]
+                if any(pool.is_waiting(w) for w in waiting):
+                    assert sum(1 for h in holders if h.channel == room(name_)) == cap

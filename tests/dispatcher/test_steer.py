@@ -297,3 +297,16 @@ def test_an_edit_of_a_message_waiting_twice_reaches_the_older_copy(make: Message
     assert offered(r.tick(3.1)).messages == (edited,)
     assert r.remove(m) == (True, [])  # the queued copy
     assert r.pending == 1  # the offer
+
+
+def test_only_the_runs_thread_steers_it(make: Messages) -> None:
+    """A message from another thread queues: the run answers in its own thread."""
+    r, _ = running(make)
+    other = make(KEY, "elsewhere", thread="t9")
+    assert r.message(other, now=2.0, mode=STEER) == []
+    assert (r.steering, r.pending) == (0, 1)
+    # Queued now, so nothing steers any more until the run ends.
+    assert r.message(make(KEY, "same thread"), now=2.1, mode=STEER) == []
+    assert (r.steering, r.pending) == (0, 2)
+    assert r.run_finished(3.0) == [ReleaseSlot(), RequestSlot()]
+    assert started(r.slot_granted(3.0)).messages == (other,)  # its thread alone

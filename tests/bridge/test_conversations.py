@@ -1,0 +1,132 @@
+"""Conversations: a room's threads as conversations of their own, or one per room
+that still answers each thread where it asked, through the real service."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from bridge.config import load_settings
+from bridge.core.model import ReplyKind
+from tests.bridge.chat_room import ChatRoom, serving
+from tests.bridge.harness import ECHO, write_config
+
+# Every message is a batch at once: the tests follow runs, not windows.
+AT_ONCE = {"coalesce_ms": 600_000, "max_wait_ms": 600_000, "max_batch": 1}
+
+
+def runs(tmp_path: Path) -> list[tuple[str, str, str | None]]:
+    """(room column, status, session) of every run, in start order."""
+    with sqlite3.connect(tmp_path / "bridge.db") as db:
+        return db.execute("select room_id, status, session_id from runs order by seq").fetchall()
+
+
+def results(chat: ChatRoom) -> list[tuple[str | None, str]]:
+    """(thread, text) of every answer, in order."""
+    return [(r.thread, r.text) for r in chat.replies if r.kind is ReplyKind.RESULT]
+
+
+async def test_each_thread_is_a_conversation_with_its_own_session(tmp_path: Path) -> None:
+    config = {"dispatcher": AT_ONCE, "defaults": {"conversation": "thread"}}
+    settings = load_settings(write_config(tmp_path, config))
+    async with serving(settings) as (service, chat):
+        top, _ = await chat.say("first question")  # opens a thread of its own
+        await chat.say("elsewhere", thread="t9")
+        await chat.wait_until(lambda: len(results(chat)) == 2)
+        await chat.say("and a follow-up", thread=top)
+        await chat.wait_until(lambda: len(results(chat)) == 3)
+        await chat.say("!status", thread="t9")
+        await chat.wait_until(lambda: len(chat.texts(ReplyKind.NOTICE)) >= 1)
+        sessions = {
+            thread: await service.store.get_session(chat.room.in_thread(thread))
+            for thread in (top, "t9")
+        }
+        assert await service.store.get_session(chat.room) is None  # the room has none
+
+    # Each answer went to the thread it was asked in: the top-level message's own.
+    assert sorted(results(chat)) == sorted(
+        [(top, "first question"), ("t9", "elsewhere"), (top, "and a follow-up")]
+    )
+    [status] = [r for r in chat.replies if r.kind is ReplyKind.NOTICE]
+    assert status.thread == "t9"
+    assert "no run" in status.text.lower() or "idle" in status.text.lower(), status.text
+    recorded = runs(tmp_path)
+    assert {room for room, _, _ in recorded} == {f"console/{top}", "console/t9"}
+    assert all(status == "succeeded" for _, status, _ in recorded)
+    # The follow-up resumed its thread's session; the other thread has its own.
+    by_room = {room: session for room, _, session in recorded}
+    assert by_room[f"console/{top}"] == sessions[top]
+    assert by_room["console/t9"] == sessions["t9"]
+    assert sessions[top] != sessions["t9"]
+    assert [s for room, _, s in recorded if room == f"console/{top}"] == [sessions[top]] * 2
+
+
+async def test_a_stop_in_one_thread_leaves_the_others_running(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    config = {"dispatcher": AT_ONCE, "defaults": {"conversation": "thread"}}
+    env = {**ECHO, "FAKE_CLAUDE_WAIT_FOR": str(gate)}
+    settings = load_settings(write_config(tmp_path, config, env=env))
+    async with serving(settings) as (service, chat):
+        await chat.say("one", thread="a")
+        await chat.say("two", thread="b")
+        a, b = chat.room.in_thread("a"), chat.room.in_thread("b")
+        await chat.wait_until(lambda: service.dispatcher.active_runs == 2)
+        await chat.say("!stop", thread="a")
+        await chat.wait_until(lambda: service.dispatcher.status(a).running is None)
+        assert service.dispatcher.status(b).running is not None
+        gate.touch()
+        await chat.wait_until(lambda: len(results(chat)) == 1)
+    assert results(chat) == [("b", "two")]
+    assert sorted((room, status) for room, status, _ in runs(tmp_path)) == [
+        ("console/a", "stopped"),
+        ("console/b", "succeeded"),
+    ]
+
+
+async def test_max_runs_per_room_holds_the_rooms_other_threads(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    config = {
+        "dispatcher": AT_ONCE,
+        "defaults": {"conversation": "thread", "max_runs_per_room": 1},
+    }
+    env = {**ECHO, "FAKE_CLAUDE_WAIT_FOR": str(gate)}
+    settings = load_settings(write_config(tmp_path, config, env=env))
+    async with serving(settings) as (service, chat):
+        await chat.say("one", thread="a")
+        await chat.say("two", thread="b")
+        b = chat.room.in_thread("b")
+        await chat.wait_until(lambda: service.dispatcher.active_runs == 1)
+        # The global cap (4 by default) has room; the room's does not.
+        assert service.dispatcher.status(b).waiting_for_slot
+        gate.touch()
+        await chat.wait_until(lambda: len(results(chat)) == 2)
+    assert results(chat) == [("a", "one"), ("b", "two")]
+
+
+async def test_in_one_room_conversation_a_batch_is_answered_where_it_was_asked(
+    tmp_path: Path,
+) -> None:
+    """``conversation = "channel"``: messages from the top level and from a thread
+    that arrive together are run one after the other, each answered in its place."""
+    window = {"coalesce_ms": 600_000, "max_wait_ms": 600_000, "max_batch": 3}
+    settings = load_settings(write_config(tmp_path, {"dispatcher": window}))
+    async with serving(settings) as (service, chat):
+        await chat.say("top one")
+        await chat.say("in a thread", thread="t1")
+        await chat.say("top two")
+        await chat.wait_until(lambda: len(results(chat)) == 3)
+        assert await service.store.get_session(chat.room) is not None
+    assert results(chat) == [(None, "top one"), ("t1", "in a thread"), (None, "top two")]
+    # One conversation: every run is the room's, and each resumed the last one's session.
+    recorded = runs(tmp_path)
+    assert [room for room, _, _ in recorded] == ["console"] * 3
+    assert len({session for _, _, session in recorded}) == 1
+
+
+def test_a_thread_conversation_keeps_its_rooms_settings(tmp_path: Path) -> None:
+    settings = load_settings(write_config(tmp_path, {"defaults": {"conversation": "thread"}}))
+    room = next(iter(settings.room_settings))
+    thread = room.in_thread("1700000000.000100")
+    assert settings.room(thread) is settings.room(room) is not None
+    assert thread.channel == room
+    assert str(thread) == "console:console/1700000000.000100"
