@@ -24,7 +24,8 @@ from bridge.core.transport import ApprovalChoice
 from bridge.duration import format_duration
 from bridge.live_controls import LiveControls
 from bridge.store.base import AuditAction, RunRecord, Store, StoreError
-from dispatcher import Dispatcher, StopResult
+from bridge.worktrees import Worktrees, worktree_of
+from dispatcher import Dispatcher, RoomStatus, StopResult
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +167,21 @@ def help_text(prefix: str) -> str:
     return "\n".join(lines)
 
 
+_ROOM_WIDE = frozenset({CommandName.STOP, CommandName.STATUS})
+"""Commands that act on every thread when written at a thread room's top level."""
+
+
+def thread_line(thread: str, status: RoomStatus) -> str:
+    """One thread conversation in a room-wide ``!status``."""
+    if status.running is not None:
+        doing = "stopping" if status.stopping else "running"
+    elif status.waiting_for_slot:
+        doing = "waiting for a run slot"
+    else:
+        doing = "gathering messages"
+    return f"Thread `{thread}`: {doing}; {_plural(status.waiting, 'message')} waiting."
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
@@ -197,9 +213,33 @@ class CommandHandler:
     """The live runs; None until the bridge wires them: requests cannot be answered then."""
     refused: Callable[[Verdict], None] = lambda _verdict: None
     """Counts an answer or command refused for want of approval rights."""
+    worktrees: Worktrees | None = None
+    """Thread conversations' worktrees: shown by ``!status``, removed by ``!reset``."""
+
+    async def _end_worktree(self, room: RoomKey) -> str:
+        """After ``!reset``: the conversation's worktree goes, unless that would lose work."""
+        settings = self.rooms(room)
+        tree = None if settings is None else worktree_of(room, settings)
+        if tree is None or self.worktrees is None:
+            return ""
+        if self.dispatcher.status(room).running is not None:
+            return "The thread's worktree stays while a run works in it."
+        return await self.worktrees.remove(tree)
+
+    def _worktree_lines(self, room: RoomKey) -> list[str]:
+        settings = self.rooms(room)
+        tree = None if settings is None else worktree_of(room, settings)
+        if tree is None:
+            return []
+        if not (tree.path / ".git").exists():
+            return [f"Worktree: made on the first run, on branch `{tree.branch}`."]
+        return [f"Worktree: `{tree.path}` on branch `{tree.branch}`."]
 
     async def handle(self, command: Command, message: Message) -> None:
         room = message.room
+        if command.name in _ROOM_WIDE and self._opens_thread(message):
+            await self._room_wide(command, message)
+            return
         if command.name is CommandName.STOP:
             # Cancelling a run needs no write, so nothing that can fail comes
             # before it: not even the audit row ("database is locked").
@@ -217,7 +257,9 @@ class CommandHandler:
                 await self.store.audit(
                     AuditAction.SESSION_RESET, self.wall_clock(), room=room, actor=message.sender
                 )
-                await self.answer(message, "The next run starts a new Claude session.")
+                text = "The next run starts a new Claude session."
+                note = await self._end_worktree(room)
+                await self.answer(message, f"{text} {note}" if note else text)
             case CommandName.RETRY:
                 await self._retry(message, command.argument)
             case CommandName.APPROVE | CommandName.DENY:
@@ -233,6 +275,50 @@ class CommandHandler:
                     message,
                     f"Unknown command `{self.prefix}{command.word}`; try `{self.prefix}help`.",
                 )
+
+    def _opens_thread(self, message: Message) -> bool:
+        """``message`` is top-level in a room of thread conversations (so it opened
+        a conversation of its own, which has nothing to stop or show)."""
+        settings = self.rooms(message.room)
+        return (
+            settings is not None
+            and settings.conversation == "thread"
+            and message.room.thread == message.external_id
+        )
+
+    async def _room_wide(self, command: Command, message: Message) -> None:
+        """``!stop`` / ``!status`` written at the top level of a room of thread
+        conversations: for every thread of the room."""
+        threads = [k for k in self.dispatcher.conversations(message.room) if k != message.room]
+        if command.name is CommandName.STATUS:
+            await self._audit_command(command, message)
+            lines = [thread_line(key.thread, self.dispatcher.status(key)) for key in threads]
+            await self.answer(message, "\n".join(lines) or "No thread of this room has work.")
+            return
+        # As a stop in one conversation: cancel first, then write.
+        stopped = [(key, self.dispatcher.stop(key)) for key in threads]
+        await self._audit_command(command, message)
+        dropped = [m for _, result in stopped for m in result.dropped]
+        runs = sum(result.stopped is not None for _, result in stopped)
+        if dropped:
+            try:
+                await self.store.mark_dropped(
+                    [m.id for m in dropped], message.sender, self.wall_clock()
+                )
+            except StoreError:
+                log.exception("could not record the dropped messages")
+                for key, result in stopped:
+                    self.dispatcher.restore(key, result.dropped)
+                await self._stop_failed(message, runs > 0, len(dropped))
+                return
+        if not runs and not dropped:
+            await self.answer(message, "Nothing is running or waiting in this room's threads.")
+            return
+        await self.answer(
+            message,
+            f"Stopping {_plural(runs, 'run')} in this room's threads;"
+            f" dropped {_plural(len(dropped), 'waiting message')}.",
+        )
 
     async def _audit_command(self, command: Command, message: Message) -> None:
         """The command's audit row, best effort: a failed audit write never blocks a command.
@@ -337,6 +423,7 @@ class CommandHandler:
                 parts.append(f"cost ${report.cost_usd:.4f}")
             lines.append(", ".join(parts) + ".")
         lines += await self._model_lines(room)
+        lines += self._worktree_lines(room)
         lines += self._retryable_lines(await self.store.retryable_runs(room), now)
         pending = await self.store.pending_approvals(room)
         if pending:

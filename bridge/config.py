@@ -189,6 +189,8 @@ class RoomDefaults(_Section):
     top-level message opens a thread), with its own runs, session and answers."""
     max_runs_per_room: int | None = Field(None, ge=1)
     """Runs of one room's conversations at once (``thread`` rooms); unset: only the global cap."""
+    worktree: bool = False
+    """``thread`` rooms in a git repository: each thread works in a git worktree of its own."""
 
     @field_validator("memory_max", mode="before")
     @classmethod
@@ -278,6 +280,12 @@ class RoomSettings(RoomDefaults):
     key: RoomKey
     trigger: Literal["all", "mention"] = "all"
     reply_in_thread: bool = True
+
+    @model_validator(mode="after")
+    def _worktrees_need_threads(self) -> Self:
+        if self.worktree and self.conversation != "thread":
+            raise ValueError('worktree = true needs conversation = "thread"')
+        return self
 
     def allows(self, sender: UserId) -> bool:
         return "*" in self.allowed_users or sender in self.allowed_users

@@ -87,6 +87,7 @@ from bridge.store.base import (
     StoreError,
 )
 from bridge.store.rules import delivery_key
+from bridge.worktrees import WorktreeError, Worktrees, in_worktree
 from dispatcher import DispatchedRun, EndReason, Execute
 from runner import (
     EventCallback,
@@ -350,6 +351,8 @@ class RunExecutor:
     """Asks the room about tool uses (``approve_tools``); None: requests are not asked."""
     prestarts: Prestarts | None = None
     """Claudes started while their batch gathered (``[runner] prestart``)."""
+    worktrees: Worktrees = field(default_factory=Worktrees)
+    """Thread conversations' git worktrees (``worktree = true``)."""
     _finishing: set[asyncio.Task[None]] = field(default_factory=set)
     """The progress messages' last edits still under way (see :meth:`drain`)."""
     _generations: dict[RoomKey, int] = field(default_factory=dict)
@@ -437,7 +440,9 @@ class RunExecutor:
                 live = _Live(dispatched, shown=entry.delivered_offset, supervisor=entry.live)
                 dispatched.steer = self._steer_hook(run_id, live, generation)
                 log.info("reattaching to the run (journal shown up to %d)", entry.delivered_offset)
-                request = run_request(self.settings, room, run_id, "", None)
+                request = run_request(
+                    self.settings, in_worktree(batch.room, room), run_id, "", None
+                )
                 drive = attach_claude(
                     request,
                     entry.live,
@@ -565,6 +570,11 @@ class RunExecutor:
         if room is None:
             await self._give_up(taken, "failed")
             return RunReport(RunStatus.FAILED, error="room not configured")
+        try:
+            room = await self.worktrees.settings_for(batch.room, room)
+        except WorktreeError as problem:
+            await self._give_up(taken, "failed")
+            return RunReport(RunStatus.FAILED, error=str(problem))
         log.info("run started with %d message(s)", len(batch.messages))
         prompt = build_prompt(batch)
         # Reads, before the spawn: nothing else stands in front of claude.

@@ -56,6 +56,7 @@ from bridge.runs import RunExecutor, new_run_id, run_request
 from bridge.state_lock import state_dir_lock
 from bridge.store.base import Approval, Store, StoreError
 from bridge.store.sql import SqlStore
+from bridge.worktrees import WorktreeError
 from dispatcher import Dispatcher, DispatchLimits, DuringRun, EndReason
 from runner import (
     RunRequest,
@@ -182,6 +183,7 @@ class Service:
             rooms=settings.room,
             live=self.approvals,
             refused=self._refused,
+            worktrees=self.executor.worktrees,
         )
         self.intake = Intake(
             settings,
@@ -214,6 +216,10 @@ class Service:
         settings = self.settings.room(room)
         if settings is None:
             return None
+        try:
+            settings = await self.executor.worktrees.settings_for(room, settings)
+        except WorktreeError:
+            return None  # the run will say why
         session = await self.store.get_session(room)
         overrides = await self.store.room_overrides(room)
         return run_request(self.settings, settings, run_id, "", session, overrides)

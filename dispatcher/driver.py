@@ -293,6 +293,10 @@ class Dispatcher:
         """What the room is doing now."""
         return self._scheduler.status(room)
 
+    def conversations(self, room: RoomKey) -> list[RoomKey]:
+        """The conversations of ``room`` (itself and its threads) that have work now."""
+        return self._scheduler.conversations(room)
+
     async def wait_idle(self) -> None:
         """Return once no room has pending messages, an open batch or a run."""
         await self._idle.wait()

@@ -168,6 +168,11 @@ class Scheduler:
         """When :meth:`fire_timers` should be called next, if ever."""
         return self._timers[0][0] if self._timers else None
 
+    def conversations(self, room: RoomKey) -> list[RoomKey]:
+        """The conversations of ``room`` (itself and its threads) with work, in key order."""
+        channel = room.channel
+        return sorted(key for key in self._rooms if key.channel == channel)
+
     def status(self, room: RoomKey) -> RoomStatus:
         state = self._rooms.get(room)
         if state is None:

@@ -130,3 +130,35 @@ def test_a_thread_conversation_keeps_its_rooms_settings(tmp_path: Path) -> None:
     assert settings.room(thread) is settings.room(room) is not None
     assert thread.channel == room
     assert str(thread) == "console:console/1700000000.000100"
+
+
+async def test_top_level_status_and_stop_act_on_every_thread(tmp_path: Path) -> None:
+    """In a room of thread conversations a top-level command has no conversation of
+    its own to act on: ``!status`` and ``!stop`` there cover the room's threads."""
+    gate = tmp_path / "gate"
+    config = {"dispatcher": AT_ONCE, "defaults": {"conversation": "thread"}}
+    env = {**ECHO, "FAKE_CLAUDE_WAIT_FOR": str(gate)}
+    settings = load_settings(write_config(tmp_path, config, env=env))
+    async with serving(settings) as (service, chat):
+        await chat.say("one", thread="a")
+        await chat.say("two", thread="b")
+        await chat.wait_until(lambda: service.dispatcher.active_runs == 2)
+        await chat.say("queued behind one", thread="a")
+        status, _ = await chat.say("!status")
+        await chat.wait_until(lambda: len(chat.texts(ReplyKind.NOTICE)) == 1)
+        stop, _ = await chat.say("!stop")
+        await chat.wait_until(lambda: len(chat.texts(ReplyKind.NOTICE)) == 2)
+        await chat.wait_until(lambda: service.dispatcher.active_runs == 0)
+        again, _ = await chat.say("!stop")
+        await chat.wait_until(lambda: len(chat.texts(ReplyKind.NOTICE)) == 3)
+    shown, stopped, nothing = [r for r in chat.replies if r.kind is ReplyKind.NOTICE]
+    assert shown.text.splitlines() == [
+        "Thread `a`: running; 1 message waiting.",
+        "Thread `b`: running; 0 messages waiting.",
+    ]
+    assert stopped.text == "Stopping 2 runs in this room's threads; dropped 1 waiting message."
+    assert nothing.text == "Nothing is running or waiting in this room's threads."
+    # Each answer opens the command's own thread, as any top-level message's.
+    assert [r.thread for r in (shown, stopped, nothing)] == [status, stop, again]
+    assert results(chat) == []
+    assert sorted(status for _, status, _ in runs(tmp_path)) == ["stopped", "stopped"]

@@ -487,6 +487,38 @@ async def test_sessions_per_room(store: InspectableStore) -> None:
     assert await store.get_session(OTHER_ROOM) is None
 
 
+# Thread conversations
+
+
+async def test_a_rooms_thread_conversations_are_kept_apart(store: InspectableStore) -> None:
+    """A thread conversation keeps its own messages, runs and session, comes back
+    whole from the store, and is found by its room and a message id (an edit)."""
+    thread = ROOM.in_thread("$root/with:odd chars%_")
+    other = ROOM.in_thread("$other")
+    in_thread = await store.accept(inbound("$1", room=thread, thread=thread.thread), 100.0)
+    top = await accept(store, "$2")
+    assert in_thread is not None
+    assert in_thread.room == thread
+    assert [m.room for m in await store.pending_messages()] == [thread, ROOM]
+    # The transport names the room and the message: found in whichever conversation.
+    assert await store.pending_message(ROOM, ExternalMessageId("$1")) == in_thread
+    assert await store.pending_message(thread, ExternalMessageId("$1")) == in_thread
+    assert await store.pending_message(OTHER_ROOM, ExternalMessageId("$1")) is None
+    await start(store, "r-thread", [in_thread])
+    assert (await store.last_run(thread)) is not None
+    assert await store.last_run(ROOM) is None
+    assert await store.last_run(other) is None
+    await store.set_session(thread, SessionId("s-thread"))
+    assert await store.get_session(thread) == "s-thread"
+    assert await store.get_session(ROOM) is None
+    assert await store.get_session(other) is None
+    [entry] = await store.enqueue(
+        [Reply(thread, "an answer", ReplyKind.RESULT, thread=thread.thread)], 101.0
+    )
+    assert entry.reply.room == thread
+    assert [m.room for m in await store.messages([in_thread.id, top.id])] == [thread, ROOM]
+
+
 # Audit
 
 

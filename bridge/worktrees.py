@@ -1,0 +1,194 @@
+"""A git worktree per thread conversation (``worktree = true`` with ``conversation = "thread"``).
+
+Each thread of such a room works in a worktree of its own, on a branch of its
+own, under the room's ``cwd`` (``.chatbridge/worktrees/<thread>``, branch
+``chatbridge/<thread>``), made on the thread's first run from the room's
+checked-out commit. Threads then never edit each other's files, and each
+thread's work can be reviewed and merged like any branch.
+
+A worktree is removed only when nothing in it would be lost: no uncommitted
+change and no commit that is neither in the commit it started from nor on a
+remote. Otherwise it stays and the room is told why (``!reset`` in the thread
+asks for the removal; see docs/conversations.md). git runs as a subprocess
+with an argument list, never through a shell; thread ids become names through
+:func:`slug`, so no chat text reaches git.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bridge.config import RoomSettings
+from bridge.core.model import RoomKey
+
+log = logging.getLogger(__name__)
+
+WORKTREES = Path(".chatbridge") / "worktrees"
+"""Under the room's cwd."""
+BRANCH_PREFIX = "chatbridge/"
+GIT_TIMEOUT_S = 60.0
+"""A git command that takes longer is given up (a hung filesystem, a lock)."""
+
+
+class WorktreeError(Exception):
+    """The thread's worktree could not be made: the message says why, for the room."""
+
+
+@dataclass(frozen=True, slots=True)
+class Worktree:
+    repo: Path
+    """The room's cwd: a directory of the git repository the worktree belongs to."""
+    path: Path
+    branch: str
+
+    @property
+    def base_file(self) -> Path:
+        """Where the commit the worktree started from is kept (for the removal check)."""
+        return self.path.with_name(self.path.name + ".base")
+
+
+def slug(thread: str) -> str:
+    """A file and branch name for ``thread``: letters, digits, ``-`` and ``_`` only,
+    plus a short hash so two ids that clean up alike stay apart."""
+    clean = re.sub(r"[^A-Za-z0-9_-]+", "-", thread).strip("-")[:40]
+    digest = hashlib.sha256(thread.encode()).hexdigest()[:8]
+    return f"{clean}-{digest}" if clean else digest
+
+
+def worktree_of(key: RoomKey, room: RoomSettings) -> Worktree | None:
+    """The worktree of the conversation ``key``, if its room gives threads one."""
+    if not room.worktree or not key.thread:
+        return None
+    name = slug(key.thread)
+    repo = room.cwd.resolve()
+    return Worktree(repo=repo, path=repo / WORKTREES / name, branch=BRANCH_PREFIX + name)
+
+
+def in_worktree(key: RoomKey, room: RoomSettings) -> RoomSettings:
+    """``room``'s settings for a run of ``key``: in its thread's worktree, if it has one."""
+    tree = worktree_of(key, room)
+    return room if tree is None else room.model_copy(update={"cwd": tree.path})
+
+
+async def git(cwd: Path, *args: str) -> tuple[int, str]:
+    """Run git in ``cwd``: its exit status and its output (stdout and stderr)."""
+    process = await asyncio.create_subprocess_exec(
+        "git",
+        "-C",
+        str(cwd),
+        *args,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        async with asyncio.timeout(GIT_TIMEOUT_S):
+            out, _ = await process.communicate()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    code = process.returncode
+    return (-1 if code is None else code), out.decode(errors="replace").strip()
+
+
+@dataclass(slots=True)
+class Worktrees:
+    """Makes and removes threads' worktrees; git's own locks do not like two at once
+    in one repository, so each repository's changes go one at a time."""
+
+    _locks: dict[Path, asyncio.Lock] = field(default_factory=dict)
+
+    def _lock(self, tree: Worktree) -> asyncio.Lock:
+        return self._locks.setdefault(tree.repo, asyncio.Lock())
+
+    async def settings_for(self, key: RoomKey, room: RoomSettings) -> RoomSettings:
+        """``room``'s settings for a run of ``key``, its worktree made if it needs one.
+        Raises :class:`WorktreeError`."""
+        tree = worktree_of(key, room)
+        if tree is None:
+            return room
+        await self.ensure(tree)
+        return room.model_copy(update={"cwd": tree.path})
+
+    async def ensure(self, tree: Worktree) -> None:
+        """Make the worktree if it is not there yet. Raises :class:`WorktreeError`."""
+        async with self._lock(tree):
+            if (tree.path / ".git").exists():
+                return
+            status, top = await git(tree.repo, "rev-parse", "--show-toplevel")
+            if status != 0:
+                raise WorktreeError(
+                    f"`worktree = true`, but {tree.repo} is not in a git repository"
+                )
+            status, head = await git(tree.repo, "rev-parse", "--verify", "HEAD")
+            if status != 0:
+                raise WorktreeError(f"the repository at {top} has no commit to start a branch from")
+            await self._exclude(tree)
+            tree.path.parent.mkdir(parents=True, exist_ok=True)
+            status, _ = await git(tree.repo, "rev-parse", "--verify", f"refs/heads/{tree.branch}")
+            if status == 0:  # the branch outlived an earlier worktree: carry on with it
+                args = ["worktree", "add", str(tree.path), tree.branch]
+            else:
+                args = ["worktree", "add", "-b", tree.branch, str(tree.path), head]
+            status, out = await git(tree.repo, *args)
+            if status != 0:
+                raise WorktreeError(f"could not make the thread's worktree: {out}")
+            tree.base_file.write_text(head + "\n", encoding="utf-8")
+            log.info("made worktree %s on branch %s", tree.path, tree.branch)
+
+    async def _exclude(self, tree: Worktree) -> None:
+        """Keep ``.chatbridge/`` out of the repository's own ``git status`` (local only)."""
+        status, path = await git(tree.repo, "rev-parse", "--git-path", "info/exclude")
+        if status != 0:
+            return
+        exclude = Path(path) if Path(path).is_absolute() else tree.repo / path
+        lines = exclude.read_text(encoding="utf-8").splitlines() if exclude.exists() else []
+        if "/.chatbridge/" not in lines and ".chatbridge/" not in lines:
+            exclude.parent.mkdir(parents=True, exist_ok=True)
+            with exclude.open("a", encoding="utf-8") as f:
+                f.write("/.chatbridge/\n")
+
+    async def unsaved(self, tree: Worktree) -> list[str]:
+        """What removing the worktree would lose, for the room; [] when nothing."""
+        status, changes = await git(tree.path, "status", "--porcelain")
+        if status != 0:
+            return [f"git cannot read it: {changes}"]
+        found = []
+        if changes:
+            found.append(f"{len(changes.splitlines())} uncommitted change(s)")
+        base = tree.base_file.read_text(encoding="utf-8").strip() if tree.base_file.exists() else ""
+        keep = [f"^{base}"] if base else []
+        status, count = await git(
+            tree.path, "rev-list", "--count", "HEAD", *keep, "--not", "--remotes"
+        )
+        if status != 0:
+            found.append(f"git cannot count its commits: {count}")
+        elif int(count or 0):
+            found.append(f"{count} commit(s) on `{tree.branch}` not pushed")
+        return found
+
+    async def remove(self, tree: Worktree) -> str:
+        """Remove the worktree and its branch if nothing would be lost; what the room is told."""
+        async with self._lock(tree):
+            if not (tree.path / ".git").exists():
+                return ""
+            unsaved = await self.unsaved(tree)
+            if unsaved:
+                return (
+                    f"The thread's worktree `{tree.path}` stays: {'; '.join(unsaved)}."
+                    " Commit and push (or discard) it, then reset again to remove it."
+                )
+            status, out = await git(tree.repo, "worktree", "remove", str(tree.path))
+            if status != 0:
+                return f"The thread's worktree `{tree.path}` stays: git said {out}"
+            tree.base_file.unlink(missing_ok=True)
+            # Every commit of the branch is in its base or on a remote (checked above).
+            await git(tree.repo, "branch", "-D", tree.branch)
+            log.info("removed worktree %s and branch %s", tree.path, tree.branch)
+            return f"Removed the thread's worktree and its branch `{tree.branch}`."

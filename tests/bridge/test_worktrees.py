@@ -1,0 +1,123 @@
+"""Thread conversations in git worktrees of their own (``worktree = true``), through
+the real service and real git."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bridge.config import load_settings
+from bridge.core.model import ReplyKind
+from bridge.errors import ConfigError
+from bridge.worktrees import slug
+from tests.bridge.chat_room import ChatRoom, serving
+from tests.bridge.harness import ECHO, write_config
+
+AT_ONCE = {"coalesce_ms": 600_000, "max_wait_ms": 600_000, "max_batch": 1}
+
+
+def git(cwd: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True
+    )
+    return done.stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "user.email", "t@example.com")
+    git(repo, "config", "user.name", "t")
+    (repo / "README").write_text("hello\n")
+    git(repo, "add", "README")
+    git(repo, "commit", "-q", "-m", "first")
+    return repo
+
+
+def notices(chat: ChatRoom) -> list[str]:
+    return chat.texts(ReplyKind.NOTICE)
+
+
+async def test_each_thread_works_in_its_own_worktree(tmp_path: Path, repo: Path) -> None:
+    record = tmp_path / "record.json"
+    config = {
+        "dispatcher": AT_ONCE,
+        "defaults": {"conversation": "thread", "worktree": True, "cwd": repo},
+    }
+    env = {**ECHO, "FAKE_CLAUDE_RECORD": str(record)}
+    settings = load_settings(write_config(tmp_path, config, env=env))
+    trees = {t: repo / ".chatbridge" / "worktrees" / slug(t) for t in ("1700.01", "$ev:hs")}
+    async with serving(settings) as (_, chat):
+        cwds = []
+        for thread in trees:
+            await chat.say("work", thread=thread)
+            await chat.wait_until(lambda: record.exists())
+            cwds.append(json.loads(record.read_text())["cwd"])
+            record.unlink()
+        await chat.wait_until(lambda: len(chat.texts(ReplyKind.RESULT)) == 2)
+        assert cwds == [str(path) for path in trees.values()]
+        branches = git(repo, "branch", "--format=%(refname:short)").splitlines()
+        assert sorted(branches) == sorted(["main", *(f"chatbridge/{slug(t)}" for t in trees)])
+        # The room's own checkout does not see them.
+        assert git(repo, "status", "--porcelain") == ""
+
+        await chat.say("!status", thread="1700.01")
+        await chat.wait_until(lambda: len(notices(chat)) == 1)
+        assert f"Worktree: `{trees['1700.01']}` on branch `chatbridge/" in notices(chat)[0]
+
+        # Uncommitted work keeps a worktree; a clean one goes with its branch.
+        (trees["1700.01"] / "draft.txt").write_text("half done\n")
+        await chat.say("!reset", thread="1700.01")
+        await chat.say("!reset", thread="$ev:hs")
+        await chat.wait_until(lambda: len(notices(chat)) == 3)
+        kept, removed = notices(chat)[1:]
+        assert "stays: 1 uncommitted change(s)" in kept
+        assert "Removed the thread's worktree" in removed
+        assert trees["1700.01"].exists()
+        assert not trees["$ev:hs"].exists()
+
+        # Committed but not pushed: still kept.
+        git(trees["1700.01"], "add", "draft.txt")
+        git(trees["1700.01"], "commit", "-q", "-m", "draft")
+        await chat.say("!reset", thread="1700.01")
+        await chat.wait_until(lambda: len(notices(chat)) == 4)
+        assert "1 commit(s) on `chatbridge/" in notices(chat)[3]
+        assert "not pushed" in notices(chat)[3]
+
+        # Pushed: nothing would be lost, so it goes, branch and all.
+        remote = tmp_path / "remote.git"
+        git(tmp_path, "init", "-q", "--bare", str(remote))
+        git(repo, "remote", "add", "origin", str(remote))
+        git(trees["1700.01"], "push", "-q", "origin", f"chatbridge/{slug('1700.01')}")
+        await chat.say("!reset", thread="1700.01")
+        await chat.wait_until(lambda: len(notices(chat)) == 5)
+        assert "Removed the thread's worktree" in notices(chat)[4]
+    assert not trees["1700.01"].exists()
+    assert git(repo, "branch", "--format=%(refname:short)").splitlines() == ["main"]
+    assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+
+
+async def test_a_worktree_room_outside_git_fails_the_run_clearly(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    config = {
+        "dispatcher": AT_ONCE,
+        "defaults": {"conversation": "thread", "worktree": True, "cwd": plain},
+    }
+    settings = load_settings(write_config(tmp_path, config))
+    async with serving(settings) as (_, chat):
+        await chat.say("work", thread="t1")
+        await chat.wait_until(lambda: any("git repository" in t for t in chat.texts()))
+    assert not chat.texts(ReplyKind.RESULT)
+    [said] = [r for r in chat.replies if "git repository" in r.text]
+    assert said.thread == "t1"
+
+
+def test_worktrees_need_thread_conversations(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match='worktree = true needs conversation = "thread"'):
+        load_settings(write_config(tmp_path, {"defaults": {"worktree": True}}))
