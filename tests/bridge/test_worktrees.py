@@ -54,12 +54,10 @@ async def test_each_thread_works_in_its_own_worktree(tmp_path: Path, repo: Path)
     trees = {t: repo / ".chatbridge" / "worktrees" / slug(t) for t in ("1700.01", "$ev:hs")}
     async with serving(settings) as (_, chat):
         cwds = []
-        for thread in trees:
+        for done, thread in enumerate(trees, start=1):
             await chat.say("work", thread=thread)
-            await chat.wait_until(lambda: record.exists())
+            await chat.wait_until(lambda: len(chat.texts(ReplyKind.RESULT)) == done)  # noqa: B023
             cwds.append(json.loads(record.read_text())["cwd"])
-            record.unlink()
-        await chat.wait_until(lambda: len(chat.texts(ReplyKind.RESULT)) == 2)
         assert cwds == [str(path) for path in trees.values()]
         branches = git(repo, "branch", "--format=%(refname:short)").splitlines()
         assert sorted(branches) == sorted(["main", *(f"chatbridge/{slug(t)}" for t in trees)])
