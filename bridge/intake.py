@@ -29,7 +29,7 @@ from bridge.logs import log_context
 from bridge.metrics import Metrics
 from bridge.room_order import RoomOrder, Turn
 from bridge.store.base import Store, StoreError
-from dispatcher import Dispatcher
+from dispatcher import Dispatcher, RoomStatus
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +195,7 @@ class Intake:
             and room.trigger == "mention"
             and not inbound.mentions_bot
             and command is None
+            and not await self._thread_goes_on(inbound, room)
         ):
             reason = "no mention"
         if reason is not None or room is None:
@@ -237,6 +238,16 @@ class Intake:
             self.dispatcher.submit(message)
             self.on_accepted(message)
         return Accepted.ACCEPTED
+
+    async def _thread_goes_on(self, inbound: InboundMessage, room: RoomSettings) -> bool:
+        """In a room of thread conversations, a reply in a thread the bot already
+        converses in continues it without a mention (as one talks in a thread)."""
+        if room.conversation != "thread" or inbound.thread is None:
+            return False
+        key = inbound.room.in_thread(inbound.thread)
+        if self.dispatcher.status(key) != RoomStatus():
+            return True
+        return await self.store.get_session(key) is not None
 
     async def _files_only(self, message: Message) -> None:
         """Files without text (transports hand over no other empty message): answered, not run.

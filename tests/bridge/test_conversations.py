@@ -4,10 +4,12 @@ that still answers each thread where it asked, through the real service."""
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 from bridge.config import load_settings
-from bridge.core.model import ReplyKind
+from bridge.core.model import ExternalMessageId, InboundMessage, ReplyKind
+from bridge.core.transport import Accepted
 from tests.bridge.chat_room import ChatRoom, serving
 from tests.bridge.harness import ECHO, write_config
 
@@ -162,3 +164,30 @@ async def test_top_level_status_and_stop_act_on_every_thread(tmp_path: Path) -> 
     assert [r.thread for r in (shown, stopped, nothing)] == [status, stop, again]
     assert results(chat) == []
     assert sorted(status for _, status, _ in runs(tmp_path)) == ["stopped", "stopped"]
+
+
+async def test_with_mention_trigger_a_thread_in_conversation_needs_no_mention(
+    tmp_path: Path,
+) -> None:
+    """``trigger = "mention"``: a new conversation starts with a mention; replies in
+    the thread go on without one, and a thread the bot is not in stays ignored."""
+    room = {
+        "transport": "console",
+        "id": "console",
+        "trigger": "mention",
+        "conversation": "thread",
+        "allowed_users": ["local"],
+    }
+    settings = load_settings(write_config(tmp_path, {"dispatcher": AT_ONCE, "rooms": [room]}))
+    chat = ChatRoom(next(iter(settings.room_settings)), "local")
+    async with serving(settings, chat) as (_, chat):
+        _, ignored = await chat.say("not for the bot", thread="other")
+        assert ignored is Accepted.IGNORED
+        assert chat.sink is not None
+        root = InboundMessage(chat.room, chat.user, "@bot hello", ExternalMessageId("root"))
+        assert await chat.sink(replace(root, mentions_bot=True)) is Accepted.ACCEPTED
+        await chat.wait_until(lambda: len(results(chat)) == 1)
+        _, followed = await chat.say("and then", thread="root")
+        assert followed is Accepted.ACCEPTED
+        await chat.wait_until(lambda: len(results(chat)) == 2)
+    assert results(chat) == [("root", "@bot hello"), ("root", "and then")]
