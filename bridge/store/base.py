@@ -452,6 +452,15 @@ class Store(Protocol):
         """Audit rows matching every given filter, oldest first."""
         ...
 
+    async def schedule_marks(self) -> dict[str, float]:
+        """Each schedule's latest firing time dealt with (fired, skipped or missed), by name."""
+        ...
+
+    async def mark_schedule(self, name: str, fired_at: float) -> None:
+        """Record that ``name``'s firing at ``fired_at`` was dealt with; an earlier
+        time than the one recorded changes nothing (marks never go back)."""
+        ...
+
     async def prune(self, older_than: float) -> int:
         """Delete audit rows, finished messages and finished runs older than ``older_than``.
 
