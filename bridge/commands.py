@@ -197,6 +197,8 @@ class CommandHandler:
     """The live runs; None until the bridge wires them: requests cannot be answered then."""
     refused: Callable[[Verdict], None] = lambda _verdict: None
     """Counts an answer or command refused for want of approval rights."""
+    automation: Callable[[RoomKey], list[str]] = lambda _room: []
+    """The room's schedules and webhooks, for ``!status`` (bridge/automation_status.py)."""
 
     async def handle(self, command: Command, message: Message) -> None:
         room = message.room
@@ -344,6 +346,7 @@ class CommandHandler:
                 f"Tool requests waiting (`{self.prefix}approve #N`, `{self.prefix}deny #N`):"
             )
             lines += [status_line(a, now) for a in pending]
+        lines += self.automation(room)
         await self.answer(message, "\n".join(lines))
 
     async def _model_lines(self, room: RoomKey) -> list[str]:
