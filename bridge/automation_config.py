@@ -51,6 +51,13 @@ class ScheduleConfig(_Entry):
     """Names the schedule in ``!status``, logs and message ids; default: derived from
     room, cron, time zone and prompt (so a changed schedule is a new one)."""
 
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
     @field_validator("cron")
     @classmethod
     def _cron(cls, value: str) -> str:

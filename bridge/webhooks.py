@@ -101,7 +101,10 @@ class Webhooks:
         delivery = headers.get(header) or hashlib.sha256(body).hexdigest()
         if not _DELIVERY.fullmatch(delivery):
             return self._done(path, "bad_request", 400, f"{header} is not a delivery id")
-        message = webhook_message(config.room_key, path, delivery, render(config.prompt, payload))
+        text = render(config.prompt, payload)
+        if not text.strip():
+            return self._done(path, "bad_request", 400, "the prompt is empty for this payload")
+        message = webhook_message(config.room_key, path, delivery, text)
         try:
             accepted = await self.accept(message)
         except StoreError:

@@ -137,9 +137,7 @@ INSTANTS = st.integers(at(UTC, 2024, 1, 1), at(UTC, 2030, 1, 1)).map(float)
 
 
 def _matches(expr: CronExpr, wall: dt.datetime) -> bool:
-    return (
-        wall.minute in expr.minutes and wall.hour in expr.hours and expr.matches_day(wall.date())
-    )
+    return wall.minute in expr.minutes and wall.hour in expr.hours and expr.matches_day(wall.date())
 
 
 @settings(max_examples=150, deadline=None)
@@ -158,7 +156,11 @@ def test_in_utc_the_next_firing_is_the_first_matching_minute(text: str, after: f
 
 
 @settings(max_examples=60, deadline=None)
-@given(EXPRESSIONS, INSTANTS, st.sampled_from(["America/New_York", "Europe/Berlin", "Australia/Lord_Howe"]))
+@given(
+    EXPRESSIONS,
+    INSTANTS,
+    st.sampled_from(["America/New_York", "Europe/Berlin", "Australia/Lord_Howe"]),
+)
 def test_in_a_zone_every_unambiguous_match_fires_and_nothing_else(
     text: str, after: float, name: str
 ) -> None:
@@ -175,9 +177,10 @@ def test_in_a_zone_every_unambiguous_match_fires_and_nothing_else(
     assert firings == sorted(set(firings))
     for instant in firings:
         wall = dt.datetime.fromtimestamp(instant, zone)
-        shifted = (wall - dt.timedelta(minutes=30)).replace(tzinfo=None), (
-            wall - dt.timedelta(hours=1)
-        ).replace(tzinfo=None)
+        shifted = (
+            (wall - dt.timedelta(minutes=30)).replace(tzinfo=None),
+            (wall - dt.timedelta(hours=1)).replace(tzinfo=None),
+        )
         assert _matches(expr, wall) or any(_matches(expr, w) for w in shifted)
     minute = (int(after) // 60 + 1) * 60
     fired = set(firings)
