@@ -17,8 +17,10 @@ BERLIN = ZoneInfo("Europe/Berlin")
 UTC = ZoneInfo("UTC")
 
 
-def at(zone: ZoneInfo, *fields: int, fold: int = 0) -> float:
-    return dt.datetime(*fields, tzinfo=zone, fold=fold).timestamp()  # type: ignore[misc]
+def at(zone: ZoneInfo, *fields: int) -> float:
+    """Epoch seconds of the wall time year, month, day[, hour[, minute]] in ``zone``."""
+    year, month, day, hour, minute = (*fields, 0, 0)[:5]
+    return dt.datetime(year, month, day, hour, minute, tzinfo=zone).timestamp()
 
 
 def take(expr: str, after: float, zone: ZoneInfo, count: int) -> list[str]:
@@ -133,7 +135,7 @@ def _field(low: int, high: int) -> st.SearchStrategy[str]:
 EXPRESSIONS = st.tuples(
     _field(0, 59), _field(0, 23), st.just("*"), st.just("*"), st.one_of(st.just("*"), _field(0, 6))
 ).map(" ".join)
-INSTANTS = st.integers(at(UTC, 2024, 1, 1), at(UTC, 2030, 1, 1)).map(float)
+INSTANTS = st.integers(int(at(UTC, 2024, 1, 1)), int(at(UTC, 2030, 1, 1))).map(float)
 
 
 def _matches(expr: CronExpr, wall: dt.datetime) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import re
 import sqlite3
 import time
 from collections.abc import Callable
@@ -18,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from bridge.config import ConfigError, Settings, load_settings
+from bridge.config import Settings, load_settings
+from bridge.errors import ConfigError
 from bridge.schedules import Scheduler, WallClock
 from dispatcher import ManualClock, TimerHandle
 from tests.bridge.harness import ECHO, ConsoleSession, write_config
@@ -265,7 +267,7 @@ def test_bad_schedules_are_configuration_errors(tmp_path: Path, entry: Table, er
 
 
 def test_schedule_names_are_unique(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="name.s. daily used twice"):
+    with pytest.raises(ConfigError, match=re.escape("name(s) daily used twice")):
         load_settings(
             write_config(tmp_path, {"schedules": [schedule(), schedule(cron="0 * * * *")]})
         )
