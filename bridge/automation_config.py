@@ -7,8 +7,9 @@ checked against the configured rooms by :class:`bridge.config.Settings`.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
@@ -98,7 +99,9 @@ class WebhookConfig(_Entry):
     """One ``[[webhooks]]`` entry."""
 
     path: str
-    secret: SecretStr = Field(min_length=1)
+    secret: SecretStr | None = None
+    secret_env: str = ""
+    """The name of an environment variable holding the secret (instead of ``secret``)."""
     signature: Literal["github", "generic"] = "github"
     prompt: str = Field(min_length=1)
     max_body_bytes: int = Field(1024 * 1024, ge=1024, le=64 * 1024 * 1024)
@@ -121,9 +124,29 @@ class WebhookConfig(_Entry):
             raise ValueError(str(exc)) from None
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _secret_from_env(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("secret_env"):
+            if data.get("secret"):
+                raise ValueError("give secret or secret_env, not both")
+            name = str(data["secret_env"])
+            if not os.environ.get(name):
+                raise ValueError(f"secret_env: the environment variable {name} is not set")
+            data = {**data, "secret": os.environ[name]}
+        return data
+
     @model_validator(mode="after")
     def _secret_is_long(self) -> Self:
+        if self.secret is None:
+            raise ValueError("secret (or secret_env) is required")
         # A short secret is guessable offline from one signed delivery.
         if len(self.secret.get_secret_value()) < 16:
             raise ValueError("secret must be at least 16 characters")
         return self
+
+    @property
+    def key(self) -> bytes:
+        """The HMAC key."""
+        # Never None once loaded (checked above).
+        return b"" if self.secret is None else self.secret.get_secret_value().encode()

@@ -316,3 +316,16 @@ def test_templates_refuse_anything_but_placeholders(template: str) -> None:
         return
     with pytest.raises(TemplateError):
         check_template(template)
+
+
+def test_the_secret_may_come_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env_hooks = hooks(secret="", secret_env="TEST_HOOK_SECRET")
+    with pytest.raises(ConfigError, match="the environment variable TEST_HOOK_SECRET is not set"):
+        load_settings(write_config(tmp_path, env_hooks))
+    monkeypatch.setenv("TEST_HOOK_SECRET", SECRET)
+    settings = load_settings(write_config(tmp_path, env_hooks))
+    assert settings.webhooks[0].key == SECRET.encode()
+    with pytest.raises(ConfigError, match="give secret or secret_env, not both"):
+        load_settings(write_config(tmp_path, hooks(secret_env="TEST_HOOK_SECRET")))
