@@ -9,7 +9,8 @@ scheduled time of its latest firing, run or not. At start, a schedule with
 no mark gets one at "now" (nothing before it is due); one with a mark finds
 what it missed while chatbridge was down: the latest missed firing runs
 once, if it is at most ``catch_up_s`` old, and is otherwise counted as
-missed. The same rule covers a loop woken late (a suspended host).
+missed. Once running, a firing due since the loop last looked always runs,
+however late the loop wakes (slow timers, a suspended host).
 
 Time comes from an injected clock (wall-clock seconds; the tests move a
 :class:`dispatcher.ManualClock`), so nothing here waits real minutes in tests.
@@ -164,6 +165,10 @@ class Scheduler:
         if first > now:
             return
         oldest_run = now - self.catch_up_s
+        if self._checked is not None:
+            # Due since the loop last looked: it was up, only late (timers, a busy
+            # host, a suspend); catch_up_s is for what came due while chatbridge was down.
+            oldest_run = min(oldest_run, self._checked)
         latest = None
         for firing in schedule.cron.firings(max(schedule.mark, oldest_run - 1), schedule.zone):
             if firing > now:

@@ -20,8 +20,12 @@ from typing import Any
 import pytest
 
 from bridge.config import Settings, load_settings
+from bridge.core.model import InboundMessage
+from bridge.core.transport import Accepted
 from bridge.errors import ConfigError
+from bridge.metrics import Metrics
 from bridge.schedules import Scheduler, WallClock
+from bridge.store.memory import MemoryStore
 from dispatcher import ManualClock, TimerHandle
 from tests.bridge.harness import ECHO, ConsoleSession, write_config
 from tests.config_files import Table
@@ -184,6 +188,19 @@ async def test_a_firing_missed_longer_ago_than_catch_up_is_skipped(tmp_path: Pat
     assert marks(tmp_path) == {"daily": NINE + 601}
 
 
+async def test_a_late_wake_while_running_still_fires(tmp_path: Path) -> None:
+    """catch_up_s = 0 means no catching up after a restart, not missing a firing
+    because the loop woke a moment after it."""
+    settings = config(tmp_path, schedule={"catch_up_s": 0})
+    clock = ManualClock(NINE - 60)
+    async with asyncio.timeout(WAIT_S):
+        async with ConsoleSession(settings, schedule_clock=clock) as session:
+            await scheduler(session).settled(NINE - 60)
+            await at_time(session, clock, NINE + 5)
+            assert counted(session, "fired") == 1
+            await session.wait_for(ANSWER)
+
+
 async def test_a_new_schedule_does_not_fire_for_times_before_it_existed(tmp_path: Path) -> None:
     clock = ManualClock(NINE + 60)
     async with asyncio.timeout(WAIT_S):
@@ -271,3 +288,40 @@ def test_schedule_names_are_unique(tmp_path: Path) -> None:
         load_settings(
             write_config(tmp_path, {"schedules": [schedule(), schedule(cron="0 * * * *")]})
         )
+
+
+async def test_two_replicas_on_one_store_fire_once(tmp_path: Path) -> None:
+    """Two schedulers (as two chatbridges would run them) on one store and one clock:
+    the store's uniqueness of the firing's message lets exactly one of them in."""
+    store = MemoryStore()
+    settings = config(tmp_path)
+
+    async def accept(message: InboundMessage) -> Accepted:
+        recorded = await store.accept(message, NINE)
+        return Accepted.DUPLICATE if recorded is None else Accepted.ACCEPTED
+
+    clock = ManualClock(NINE - 60)
+    metrics = Metrics()
+    replicas = [
+        Scheduler(settings.schedules, store, accept, lambda _room: False, metrics, 3600, clock)
+        for _ in range(2)
+    ]
+    async with asyncio.timeout(WAIT_S), asyncio.TaskGroup() as tasks:
+        running = [tasks.create_task(r.run()) for r in replicas]
+        for replica in replicas:
+            await replica.settled(NINE - 60)
+        clock.advance_to(NINE)
+        for replica in replicas:
+            await replica.settled(NINE)
+        for task in running:
+            task.cancel()
+    fired = metrics.registry.get_sample_value(
+        "chatbridge_schedule_firings_total", {"outcome": "fired"}
+    )
+    duplicate = metrics.registry.get_sample_value(
+        "chatbridge_schedule_firings_total", {"outcome": "duplicate"}
+    )
+    assert (fired, duplicate) == (1, 1)
+    pending = await store.pending_messages()
+    assert [m.external_id for m in pending] == ["schedule:daily:2026-11-26T09:00:00Z"]
+    assert await store.schedule_marks() == {"daily": NINE}
