@@ -27,12 +27,12 @@ from enum import StrEnum
 from zoneinfo import ZoneInfo
 
 from bridge.automation_config import ScheduleConfig
-from bridge.core.model import InboundMessage, RoomKey
+from bridge.core.model import InboundMessage, RoomKey, UserId
 from bridge.core.transport import Accepted
 from bridge.cron import CronExpr, local_text, utc_iso, zone_named
 from bridge.metrics import Metrics
-from bridge.store.base import Store, StoreError
-from bridge.synthetic import schedule_message
+from bridge.store.base import AuditAction, Store, StoreError
+from bridge.synthetic import SCHEDULE, schedule_message
 from dispatcher import Clock, TimerHandle
 
 log = logging.getLogger(__name__)
@@ -176,7 +176,7 @@ class Scheduler:
             if firing >= oldest_run:
                 latest = firing
         if latest is None:
-            self._count(schedule, Outcome.MISSED, first, "older than schedule.catch_up_s")
+            await self._not_run(schedule, Outcome.MISSED, first, "older than schedule.catch_up_s")
             await self.store.mark_schedule(schedule.name, now)
             schedule.mark = now
             return
@@ -191,7 +191,7 @@ class Scheduler:
     async def _fire(self, schedule: _Schedule, at: float) -> None:
         config = schedule.config
         if config.when_busy == "skip" and self.busy(config.room_key):
-            self._count(schedule, Outcome.SKIPPED, at, "the room is busy")
+            await self._not_run(schedule, Outcome.SKIPPED, at, "the room is busy")
             return
         message = schedule_message(config.room_key, schedule.name, utc_iso(at), config.prompt)
         accepted = await self.accept(message)
@@ -199,6 +199,17 @@ class Scheduler:
             self._count(schedule, Outcome.DUPLICATE, at, "fired already")
         else:
             self._count(schedule, Outcome.FIRED, at, "")
+
+    async def _not_run(self, schedule: _Schedule, outcome: Outcome, at: float, why: str) -> None:
+        """Audited (before the mark: a crash in between audits it again, never loses it)."""
+        await self.store.audit(
+            AuditAction.SCHEDULE_NOT_RUN,
+            self.clock.now(),
+            room=schedule.config.room_key,
+            actor=UserId(f"{SCHEDULE}{schedule.name}"),
+            detail=f"{utc_iso(at)} {outcome.value}: {why}",
+        )
+        self._count(schedule, outcome, at, why)
 
     def _count(self, schedule: _Schedule, outcome: Outcome, at: float, why: str) -> None:
         self.metrics.schedule_firings.labels(outcome.value).inc()

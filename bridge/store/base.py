@@ -61,6 +61,9 @@ class AuditAction(StrEnum):
     """The run ended (or was stopped) while the request waited."""
     ROOM_OVERRIDE_SET = "room_override_set"
     """``!model`` or ``!mode`` changed what the room's runs use (detail: which, to what)."""
+    SCHEDULE_NOT_RUN = "schedule_not_run"
+    """A schedule's firing was skipped (room busy) or missed (chatbridge was down);
+    actor: the schedule; detail: the firing's time and why. A run firing is a message."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,6 +85,14 @@ def schedule_messages(tmp_path: Path) -> list[tuple[str, str, str]]:
         return [tuple(row) for row in rows.fetchall()]
 
 
+def not_run(tmp_path: Path) -> list[tuple[str, str]]:
+    with sqlite3.connect(tmp_path / "bridge.db") as db:
+        rows = db.execute(
+            "SELECT actor, detail FROM audit WHERE action = 'schedule_not_run' ORDER BY id"
+        )
+        return [(row[0], row[1]) for row in rows.fetchall()]
+
+
 async def test_a_firing_runs_and_its_answer_is_posted(tmp_path: Path) -> None:
     clock = ManualClock(NINE - 90)
     async with asyncio.timeout(WAIT_S):
@@ -186,6 +194,8 @@ async def test_a_firing_missed_longer_ago_than_catch_up_is_skipped(tmp_path: Pat
     assert ANSWER not in out
     assert schedule_messages(tmp_path) == []
     assert marks(tmp_path) == {"daily": NINE + 601}
+    missed = ("schedule:daily", "2026-11-26T09:00:00Z missed: older than schedule.catch_up_s")
+    assert not_run(tmp_path) == [missed]
 
 
 async def test_a_late_wake_while_running_still_fires(tmp_path: Path) -> None:
@@ -228,6 +238,8 @@ async def test_when_busy(tmp_path: Path, when_busy: str, runs: int) -> None:
         out = await session.finish()
     assert out.count(ANSWER) == runs
     assert "\na long task\n" in out  # the run that kept the room busy answered
+    skipped = [("schedule:daily", "2026-11-26T09:00:00Z skipped: the room is busy")]
+    assert not_run(tmp_path) == (skipped if when_busy == "skip" else [])
 
 
 async def test_the_scheduler_stops_with_the_service(tmp_path: Path) -> None:
