@@ -235,6 +235,9 @@ class CommandHandler:
             return [f"Worktree: made on the first run, on branch `{tree.branch}`."]
         return [f"Worktree: `{tree.path}` on branch `{tree.branch}`."]
 
+    automation: Callable[[RoomKey], list[str]] = lambda _room: []
+    """The room's schedules and webhooks, for ``!status`` (bridge/automation_status.py)."""
+
     async def handle(self, command: Command, message: Message) -> None:
         room = message.room
         if command.name in _ROOM_WIDE and self._opens_thread(message):
@@ -431,6 +434,7 @@ class CommandHandler:
                 f"Tool requests waiting (`{self.prefix}approve #N`, `{self.prefix}deny #N`):"
             )
             lines += [status_line(a, now) for a in pending]
+        lines += self.automation(room)
         await self.answer(message, "\n".join(lines))
 
     async def _model_lines(self, room: RoomKey) -> list[str]:

@@ -25,6 +25,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from bridge.automation_config import ScheduleConfig, WebhookConfig
 from bridge.core.hostport import HostPort
 from bridge.core.model import RoomId, RoomKey, TransportName, UserId
 from bridge.errors import ConfigError
@@ -362,6 +363,13 @@ class HttpSettings(_Section):
         return None if value == "" else value
 
 
+class ScheduleSettings(_Section):
+    """What all ``[[schedules]]`` share."""
+
+    catch_up_s: float = Field(3600, ge=0)
+    """A firing missed while chatbridge was down runs at start if at most this old."""
+
+
 class Settings(BaseSettings):
     """The whole configuration, validated at startup."""
 
@@ -385,6 +393,9 @@ class Settings(BaseSettings):
     matrix: MatrixSettings | None = None
     slack: SlackSettings | None = None
     rooms: tuple[RoomConfig, ...] = ()
+    schedule: ScheduleSettings = ScheduleSettings()
+    schedules: tuple[ScheduleConfig, ...] = ()
+    webhooks: tuple[WebhookConfig, ...] = ()
 
     _rooms: dict[RoomKey, RoomSettings] = PrivateAttr(default_factory=dict)
 
@@ -437,7 +448,31 @@ class Settings(BaseSettings):
                 {**base, "key": key, "allowed_users": base["allowed_users"] or [self.console.user]}
             )
         self._rooms = rooms
+        self._check_automation()
         return self
+
+    def _check_automation(self) -> None:
+        """Schedules and webhooks name configured rooms, unique names and paths."""
+        entries: list[tuple[str, ScheduleConfig | WebhookConfig]] = [
+            (f"schedules[{i}]", e) for i, e in enumerate(self.schedules)
+        ]
+        entries += [(f"webhooks[{i}]", e) for i, e in enumerate(self.webhooks)]
+        for at, entry in entries:
+            if entry.room_key not in self._rooms:
+                configured = ", ".join(str(k) for k in self._rooms) or "none"
+                raise ValueError(
+                    f"{at}.room: {entry.room} is not a configured room (configured: {configured})"
+                )
+        names = [s.key for s in self.schedules]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"schedules: name(s) {', '.join(twice)} used twice")
+        paths = [w.path for w in self.webhooks]
+        twice = sorted({p for p in paths if paths.count(p) > 1})
+        if twice:
+            raise ValueError(f"webhooks: path(s) {', '.join(twice)} used twice")
+        if self.webhooks and self.http.listen is None:
+            raise ValueError("webhooks: need the HTTP listener ([http] listen is empty)")
 
     @property
     def console_active(self) -> bool:
@@ -468,6 +503,8 @@ class Settings(BaseSettings):
             }
             for k, r in self._rooms.items()
         ]
+        for hook in data["webhooks"]:
+            hook["secret"] = "**********"  # noqa: S105 (the mask, not a password)
         for section in (*data["rooms"], data["defaults"]):
             section["env"] = {name: "**********" for name in section["env"]}
             section["extra_args"] = _redacted_args(section["extra_args"])

@@ -17,6 +17,11 @@ descriptors or keep probes out:
   probe that sends its request at once is answered even behind a flood of
   idle connections; with every one being answered, the newcomer is closed;
 - a request head is at most ``HEAD_LIMIT`` bytes (431 beyond).
+
+POSTs to the paths of ``[[webhooks]]`` are the one exception to "read-only":
+their body (sized by ``Content-Length``, at most the webhook's limit, 413
+beyond, unread) is read within the same connection lifetime and handed to
+:class:`Webhooks` (bridge/webhooks.py decides what it starts).
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -50,9 +56,13 @@ answer before the client has read it."""
 
 _REASONS = {
     200: "OK",
+    202: "Accepted",
     400: "Bad Request",
+    401: "Unauthorized",
     404: "Not Found",
     405: "Method Not Allowed",
+    411: "Length Required",
+    413: "Content Too Large",
     431: "Request Header Fields Too Large",
     503: "Service Unavailable",
 }
@@ -61,16 +71,32 @@ Response = tuple[int, bytes, str]
 """(status, body, content type)"""
 
 
+class Webhooks(Protocol):
+    """What the listener needs of bridge/webhooks.py."""
+
+    def body_limit(self, path: str) -> int | None:
+        """The largest body taken at ``path``; None: no webhook there."""
+        ...
+
+    def too_large(self, path: str) -> Response: ...
+
+    async def deliver(self, path: str, headers: Mapping[str, str], body: bytes) -> Response: ...
+
+
+def _path(target: str) -> str:
+    if not target.startswith("/"):
+        # Absolute form (``http://host/healthz``, from proxies): the path follows the host.
+        target = "/" + target.partition("://")[2].partition("/")[2]
+    return target.partition("?")[0]
+
+
 class _Endpoints:
     def __init__(self, readiness: Readiness, exposition: Callable[[], bytes]) -> None:
         self._readiness = readiness
         self._exposition = exposition
 
     async def answer(self, method: str, target: str) -> Response:
-        if not target.startswith("/"):
-            # Absolute form (``http://host/healthz``, from proxies): the path follows the host.
-            target = "/" + target.partition("://")[2].partition("/")[2]
-        path = target.partition("?")[0]
+        path = _path(target)
         if path not in ("/healthz", "/readyz", "/metrics"):
             return 404, b"not found\n", "text/plain"
         if method not in ("GET", "HEAD"):
@@ -85,12 +111,17 @@ class _Endpoints:
         return 503, f"not ready: {reason}\n".encode(), "text/plain"
 
 
-async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str] | int:
-    """The request's method and target, or the status to refuse it with.
+_Head = tuple[str, str, dict[str, str]]
+"""Method, target, headers (names in lower case; a repeated header: its last value)."""
+
+
+async def _read_head(reader: asyncio.StreamReader) -> _Head | int:
+    """The request's method, target and headers, or the status to refuse it with.
 
     Lines may end in a bare LF as well as CRLF (RFC 9112 allows accepting both).
     """
     request_line = b""
+    headers: dict[str, str] = {}
     size = 0
     try:
         while True:
@@ -100,13 +131,17 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str] | int:
                 return 431
             if line in (b"\r\n", b"\n"):
                 break
+            if request_line:
+                name, colon, value = line.decode("latin-1").partition(":")
+                if colon:
+                    headers[name.strip().lower()] = value.strip()
             request_line = request_line or line
     except asyncio.LimitOverrunError:  # one line longer than the reader's limit (HEAD_LIMIT)
         return 431
     parts = request_line.rstrip(b"\r\n").decode("latin-1").split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
         return 400
-    return parts[0], parts[1]
+    return parts[0], parts[1], headers
 
 
 def _encode(status: int, body: bytes, content_type: str, *, with_body: bool) -> bytes:
@@ -125,8 +160,16 @@ class _Server:
     tasks: asyncio.TaskGroup | None = None
     """Where connection tasks run; set once the listener serves."""
 
-    def __init__(self, endpoints: _Endpoints, *, timeout: float, max_connections: int) -> None:
+    def __init__(
+        self,
+        endpoints: _Endpoints,
+        *,
+        timeout: float,
+        max_connections: int,
+        webhooks: Webhooks | None = None,
+    ) -> None:
         self._endpoints = endpoints
+        self._webhooks = webhooks
         self._timeout = timeout
         self._max = max_connections
         # Oldest first; True while its answer is being prepared or written.
@@ -175,8 +218,12 @@ class _Server:
         if isinstance(request, int):
             status, body, kind, method = request, b"", "text/plain", "GET"
         else:
-            method = request[0]
-            status, body, kind = await self._endpoints.answer(*request)
+            method, target, headers = request
+            limit = None if self._webhooks is None else self._webhooks.body_limit(_path(target))
+            if limit is not None:
+                status, body, kind = await self._webhook(method, _path(target), headers, reader)
+            else:
+                status, body, kind = await self._endpoints.answer(method, target)
         writer.write(_encode(status, body, kind, with_body=method != "HEAD"))
         writer.write_eof()
         await writer.drain()
@@ -185,6 +232,21 @@ class _Server:
         discarded = 0
         while discarded <= DISCARD_LIMIT and (data := await reader.read(65536)):
             discarded += len(data)
+
+    async def _webhook(
+        self, method: str, path: str, headers: dict[str, str], reader: asyncio.StreamReader
+    ) -> Response:
+        if self._webhooks is None or method != "POST":
+            return 405, b"method not allowed\n", "text/plain"
+        length = headers.get("content-length", "")
+        if not length.isdigit():
+            # Chunked bodies are not taken: every webhook sender sets Content-Length.
+            return 411, b"Content-Length required\n", "text/plain"
+        limit = self._webhooks.body_limit(path)
+        if limit is None or int(length) > limit:
+            return self._webhooks.too_large(path)
+        body = await reader.readexactly(int(length))
+        return await self._webhooks.deliver(path, headers, body)
 
 
 async def serve_http(
@@ -195,13 +257,16 @@ async def serve_http(
     *,
     connection_timeout: float = TIMEOUT_S,
     max_connections: int = MAX_CONNECTIONS,
+    webhooks: Webhooks | None = None,
 ) -> None:
     """Serve until cancelled; calls ``bound`` with the port once it listens (port 0: any).
 
     A port that cannot be bound is a :class:`StartupError` naming ``http.listen``.
     """
     endpoints = _Endpoints(readiness, exposition)
-    server = _Server(endpoints, timeout=connection_timeout, max_connections=max_connections)
+    server = _Server(
+        endpoints, timeout=connection_timeout, max_connections=max_connections, webhooks=webhooks
+    )
     try:
         # Bound here, served below: the accept callback needs the task group.
         listener = await asyncio.start_server(

@@ -29,6 +29,7 @@ from bridge.logs import log_context
 from bridge.metrics import Metrics
 from bridge.room_order import RoomOrder, Turn
 from bridge.store.base import Store, StoreError
+from bridge.synthetic import is_synthetic
 from dispatcher import Dispatcher, RoomStatus
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,21 @@ class Intake:
                 if isinstance(event, ApprovalAction):
                     return await self._approval(event)
                 return await self._change(event)
+        finally:
+            turn.end()
+
+    async def accept_synthetic(self, inbound: InboundMessage) -> Accepted:
+        """A message no one wrote in chat (a schedule's firing, a webhook's delivery).
+
+        The same path as a chat message (recorded first, duplicates by external id
+        refused, then dispatched in the room's order) except that the room's
+        allowlist and trigger do not apply, and its text is never a command.
+        """
+        turn = self._order.take(inbound.room)
+        try:
+            with log_context(room=inbound.room):
+                synthetic = replace(inbound, text=safe_text(inbound.text))
+                return await self._accept(synthetic, turn, synthetic=True)
         finally:
             turn.end()
 
@@ -174,7 +190,9 @@ class Intake:
         log.debug("ignored %s of %s: %s", kind, event.external_id, reason)
         return Accepted.IGNORED
 
-    async def _accept(self, inbound: InboundMessage, turn: Turn) -> Accepted:
+    async def _accept(
+        self, inbound: InboundMessage, turn: Turn, *, synthetic: bool = False
+    ) -> Accepted:
         room = self.settings.room(inbound.room)
         now = self.wall_clock()
         reason = None
@@ -182,8 +200,14 @@ class Intake:
             reason = "room not configured"
         elif inbound.sender_is_bot:
             reason = "sender is a bot"
-        command = parse_command(inbound.text, self.settings.commands.prefix)
-        if reason is None and room is not None and not room.allows(inbound.sender):
+        command = None if synthetic else parse_command(inbound.text, self.settings.commands.prefix)
+        # A synthetic message was configured by the operator: no chat user to check.
+        if (
+            reason is None
+            and room is not None
+            and not synthetic
+            and not room.allows(inbound.sender)
+        ):
             # An approver need not be an allowed user (docs/live-runs.md: only approvers
             # answer): their answers count by command as by button or reaction.
             answering = command is not None and command.name in _ANSWERS
@@ -279,7 +303,8 @@ class Intake:
         resumed = 0
         prefix = self.settings.commands.prefix
         for message in pending:
-            if parse_command(message.text, prefix) is not None or not message.text.strip():
+            command = not is_synthetic(message) and parse_command(message.text, prefix)
+            if command or not message.text.strip():
                 await self.store.complete_command(message.id)
             elif self.settings.room(message.room) is None:
                 log.warning("pending message %s is for a room no longer configured", message.id)

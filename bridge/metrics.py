@@ -85,6 +85,19 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.schedule_firings = Counter(
+            "chatbridge_schedule_firings",
+            "Firings of [[schedules]] by outcome (fired, duplicate, skipped, missed)",
+            ["outcome"],
+            registry=r,
+        )
+        self.webhook_deliveries = Counter(
+            "chatbridge_webhook_deliveries",
+            "Requests to [[webhooks]] by outcome (accepted, duplicate, bad_signature,"
+            " too_large, bad_request, failed)",
+            ["outcome"],
+            registry=r,
+        )
         self.active_runs = Gauge("chatbridge_active_runs", "Runs active now", registry=r)
         self.queued = Gauge(
             "chatbridge_queued_messages", "Accepted messages not yet in a run", registry=r

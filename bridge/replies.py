@@ -31,20 +31,26 @@ from bridge.core.model import (
 from bridge.core.text import safe_text
 from bridge.core.transport import RateLimited, RunPhase
 from bridge.pacing import Pacing
+from bridge.synthetic import is_synthetic
 from transports.base import Transport
 
 log = logging.getLogger(__name__)
 
 
 def in_conversation(batch: Batch, text: str, kind: ReplyKind) -> Reply:
-    """A reply that belongs with ``batch``: answering its last message, in its thread."""
+    """A reply that belongs with ``batch``: answering its last message, in its thread.
+
+    Messages of schedules and webhooks are not in the chat: nothing answers them
+    (a batch of only those is answered at the room's top level).
+    """
+    chat = [m for m in batch.messages if not is_synthetic(m)]
     return Reply(
         room=batch.room,
         text=text,
         kind=kind,
-        in_reply_to=batch.last.external_id,
-        thread=batch.first.thread,
-        anchor=batch.first.external_id,
+        in_reply_to=chat[-1].external_id if chat else None,
+        thread=chat[0].thread if chat else None,
+        anchor=chat[0].external_id if chat else None,
     )
 
 
@@ -141,7 +147,11 @@ class Replier:
         transport = self._cosmetic(batch.room)
         if transport is None:
             return
-        ids: Sequence[ExternalMessageId] = [m.external_id for m in batch.messages]
+        ids: Sequence[ExternalMessageId] = [
+            m.external_id for m in batch.messages if not is_synthetic(m)
+        ]
+        if not ids:
+            return  # no chat message to show it on
         try:
             await transport.set_phase(batch.room, ids, phase)
         except RateLimited as exc:

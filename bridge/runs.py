@@ -87,6 +87,7 @@ from bridge.store.base import (
     StoreError,
 )
 from bridge.store.rules import delivery_key
+from bridge.synthetic import is_synthetic
 from bridge.worktrees import WorktreeError, Worktrees, in_worktree
 from dispatcher import DispatchedRun, EndReason, Execute
 from runner import (
@@ -130,8 +131,9 @@ def new_run_id() -> RunId:
 
 
 def build_prompt(batch: Batch) -> str:
-    """The batch's texts verbatim, in order; attributed when there are several."""
-    if len(batch.messages) == 1:
+    """The batch's texts verbatim, in order; attributed when there are several, or when
+    a schedule or webhook wrote it (so claude knows no one in the room just asked)."""
+    if len(batch.messages) == 1 and not is_synthetic(batch.first):
         return batch.first.text
     return "\n\n".join(f"{m.sender} wrote:\n{m.text}" for m in batch.messages)
 

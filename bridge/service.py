@@ -53,11 +53,13 @@ from bridge.preflight import run_problems
 from bridge.prestarts import Prestarts
 from bridge.replies import Replier
 from bridge.runs import RunExecutor, new_run_id, run_request
+from bridge.schedules import Scheduler, WallClock
 from bridge.state_lock import state_dir_lock
 from bridge.store.base import Approval, Store, StoreError
 from bridge.store.sql import SqlStore
+from bridge.webhooks import Webhooks
 from bridge.worktrees import WorktreeError
-from dispatcher import Dispatcher, DispatchLimits, DuringRun, EndReason
+from dispatcher import Clock, Dispatcher, DispatchLimits, DuringRun, EndReason
 from runner import (
     RunRequest,
     clean_stray_runs,
@@ -113,6 +115,8 @@ class Service:
     settings: Settings
     store: Store
     transports: Sequence[Transport]
+    schedule_clock: Clock = field(default_factory=WallClock)
+    """Wall-clock time for ``[[schedules]]`` (tests move a ManualClock)."""
     dispatcher: Dispatcher = field(init=False)
     executor: RunExecutor = field(init=False)
     intake: Intake = field(init=False)
@@ -120,6 +124,8 @@ class Service:
     outbox: Outbox = field(init=False)
     notices: Notices = field(init=False)
     approvals: ApprovalFlow = field(init=False)
+    scheduler: Scheduler = field(init=False)
+    webhooks: Webhooks = field(init=False)
     _closed_at_start: list[Approval] = field(default_factory=list, init=False)
     """Tool requests of runs interrupted by the restart: shown closed once connected."""
     metrics: Metrics = field(init=False, default_factory=Metrics)
@@ -184,6 +190,7 @@ class Service:
             live=self.approvals,
             refused=self._refused,
             worktrees=self.executor.worktrees,
+            automation=self._automation_status,
         )
         self.intake = Intake(
             settings,
@@ -194,6 +201,17 @@ class Service:
             on_accepted=self._show_received,
             on_approval_action=self.approvals.on_action,
         )
+        accept = self.intake.accept_synthetic
+        self.scheduler = Scheduler(
+            settings.schedules,
+            self.store,
+            accept,
+            self._busy,
+            self.metrics,
+            settings.schedule.catch_up_s,
+            self.schedule_clock,
+        )
+        self.webhooks = Webhooks(settings.webhooks, accept, self.metrics)
         self.metrics.watch(
             lambda: self.dispatcher.active_runs,
             lambda: self.dispatcher.queued,
@@ -206,6 +224,13 @@ class Service:
     def _max_runs_per_room(self, room: RoomKey) -> int | None:
         settings = self.settings.room(room)
         return None if settings is None else settings.max_runs_per_room
+
+    def _busy(self, room: RoomKey) -> bool:
+        status = self.dispatcher.status(room)
+        return status.running is not None or status.waiting > 0
+
+    def _automation_status(self, room: RoomKey) -> list[str]:
+        return self.scheduler.status_lines(room) + self.webhooks.status_lines(room)
 
     def _during_run(self, room: RoomKey) -> DuringRun:
         settings = self.settings.room(room)
@@ -366,6 +391,7 @@ class Service:
                     self.readiness,
                     self.metrics.exposition,
                     bound,
+                    webhooks=self.webhooks if self.settings.webhooks else None,
                 )
                 background.append(tg.create_task(self._part("http", http), name="http"))
             input_ended = asyncio.Event()
@@ -378,6 +404,8 @@ class Service:
                 # Runs start only now: a recovered run's replies need a connected transport.
                 background.append(tg.create_task(self.outbox.serve(), name="outbox"))
                 dispatcher_task = tg.create_task(self.dispatcher.serve(), name="dispatcher")
+                # Fired from here on: a firing is a message, which needs the dispatcher.
+                background.append(tg.create_task(self.scheduler.run(), name="schedules"))
                 log.info("chatbridge ready")
                 self.ready.set()
                 if self._closed_at_start:

@@ -61,6 +61,9 @@ class AuditAction(StrEnum):
     """The run ended (or was stopped) while the request waited."""
     ROOM_OVERRIDE_SET = "room_override_set"
     """``!model`` or ``!mode`` changed what the room's runs use (detail: which, to what)."""
+    SCHEDULE_NOT_RUN = "schedule_not_run"
+    """A schedule's firing was skipped (room busy) or missed (chatbridge was down);
+    actor: the schedule; detail: the firing's time and why. A run firing is a message."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -451,6 +454,15 @@ class Store(Protocol):
         run_id: RunId | None = None,
     ) -> list[AuditRecord]:
         """Audit rows matching every given filter, oldest first."""
+        ...
+
+    async def schedule_marks(self) -> dict[str, float]:
+        """Each schedule's latest firing time dealt with (fired, skipped or missed), by name."""
+        ...
+
+    async def mark_schedule(self, name: str, fired_at: float) -> None:
+        """Record that ``name``'s firing at ``fired_at`` was dealt with; an earlier
+        time than the one recorded changes nothing (marks never go back)."""
         ...
 
     async def prune(self, older_than: float) -> int:

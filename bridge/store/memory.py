@@ -76,6 +76,7 @@ class MemoryStore:
         # By id, which is asking order; numbers count per room and never go back.
         self._approvals: dict[int, Approval] = {}
         self._last_number: dict[RoomKey, int] = {}
+        self._schedule_marks: dict[str, float] = {}
         self._next_approval = 1
         self._audit: list[AuditRecord] = []
         self._outbox: dict[int, OutboxEntry] = {}
@@ -483,6 +484,17 @@ class MemoryStore:
         """The model and permission mode set by command for the room, if any."""
         self._check_open()
         return self._overrides.get(room, RoomOverrides())
+
+    async def schedule_marks(self) -> dict[str, float]:
+        """Each schedule's latest firing time dealt with, by name."""
+        self._check_open()
+        return dict(self._schedule_marks)
+
+    async def mark_schedule(self, name: str, fired_at: float) -> None:
+        """Record a firing as dealt with; marks never go back."""
+        self._check_open()
+        require_storable(name)
+        self._schedule_marks[name] = max(fired_at, self._schedule_marks.get(name, fired_at))
 
     async def set_room_model(self, room: RoomKey, model: str | None) -> None:
         """Set (None: clear) the model of the room's next runs."""

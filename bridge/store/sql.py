@@ -100,6 +100,7 @@ from bridge.store.tables import (
     RoomRow,
     RunMessageRow,
     RunRow,
+    ScheduleMarkRow,
 )
 
 _LIVE = tuple(str(s) for s in LIVE_STATES)
@@ -952,6 +953,25 @@ class SqlStore:
         return upsert.on_conflict_do_update(
             index_elements=["transport", "room_id"], set_={"session_id": session_id}
         )
+
+    # Schedules
+
+    async def schedule_marks(self) -> dict[str, float]:
+        """Each schedule's latest firing time dealt with, by name."""
+        async with self._read() as s:
+            rows = await s.execute(select(ScheduleMarkRow.name, ScheduleMarkRow.fired_at))
+            return {name: fired_at for name, fired_at in rows}
+
+    async def mark_schedule(self, name: str, fired_at: float) -> None:
+        """Record a firing as dealt with; marks never go back (two replicas may both write)."""
+        upsert = self._insert(ScheduleMarkRow).values(name=name, fired_at=fired_at)
+        upsert = upsert.on_conflict_do_update(
+            index_elements=["name"],
+            set_={"fired_at": upsert.excluded.fired_at},
+            where=ScheduleMarkRow.fired_at < upsert.excluded.fired_at,
+        )
+        async with self._transaction() as s:
+            await s.execute(upsert)
 
     # Room overrides
 

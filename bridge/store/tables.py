@@ -9,7 +9,7 @@ Surrogate keys never repeat (``sqlite_autoincrement``; PostgreSQL sequences
 never do): audit rows outlive pruned messages and must not come to name a
 newer message that reused a deleted id.
 
-The migrations (``0001_initial`` to ``0004``) create exactly this schema; a test
+The migrations (``0001_initial`` to ``0005``) create exactly this schema; a test
 compares the two with Alembic's autogenerate.
 """
 
@@ -248,3 +248,17 @@ class ApprovalRow(Base):
         Index("ix_approvals_message", "transport", "room_id", "message_id"),
         {"sqlite_autoincrement": True},
     )
+
+
+class ScheduleMarkRow(Base):
+    """The latest firing time each schedule has dealt with (bridge/schedules.py).
+
+    What a restart needs to know which firings it missed; a firing's message
+    itself is made unique by its external id, as any message.
+    """
+
+    __tablename__ = "schedule_marks"
+
+    name: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    fired_at: Mapped[float] = mapped_column(Double)
+    """The scheduled time (epoch seconds) of the latest firing run, skipped or missed."""

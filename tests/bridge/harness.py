@@ -12,6 +12,7 @@ from pathlib import Path
 from bridge.config import Settings, load_settings
 from bridge.service import Service, open_store
 from bridge.store.base import Store
+from dispatcher import Clock
 from tests.config_files import Table, merged, write_toml
 from tests.fakes.fake_claude import FAKE_CLAUDE
 from transports.base import Transport
@@ -87,11 +88,13 @@ class ConsoleSession:
         extra_transports: Sequence[Transport] = (),
         wrap_store: Callable[[Store], Store] | None = None,
         console: type[ConsoleTransport] = ConsoleTransport,
+        schedule_clock: Clock | None = None,
     ) -> None:
         self.settings = settings
         self._console = console
         self._extra = extra_transports
         self._wrap = wrap_store
+        self._schedule_clock = schedule_clock
         self.out = _Output()
         read_fd, self._write_fd = os.pipe()
         self._reader = os.fdopen(read_fd, "rb")
@@ -108,7 +111,11 @@ class ConsoleSession:
             stdout=self.out,
         )
         used = self._wrap(store) if self._wrap else store
-        self.service = Service(self.settings, used, [transport, *self._extra])
+        transports = [transport, *self._extra]
+        if self._schedule_clock is None:
+            self.service = Service(self.settings, used, transports)
+        else:
+            self.service = Service(self.settings, used, transports, self._schedule_clock)
         self._task = asyncio.create_task(self.service.serve())
         ready = asyncio.ensure_future(self.service.ready.wait())
         await asyncio.wait({ready, self._task}, return_when=asyncio.FIRST_COMPLETED)
