@@ -49,7 +49,9 @@ def conversation_of(inbound: InboundMessage, room: RoomSettings) -> InboundMessa
     thread's, and a top-level message opens a thread of its own: its answers
     go there, and replies to it join its conversation.
     """
-    if room.conversation != "thread":
+    if room.conversation != "thread" or is_synthetic(inbound):
+        # A schedule's or webhook's message has no thread to open: it keeps the
+        # room-wide conversation (so a schedule's firings share one session).
         return inbound
     thread = inbound.thread or inbound.external_id
     return replace(inbound, room=inbound.room.in_thread(thread), thread=thread)

@@ -36,6 +36,6 @@ def webhook_message(room: RoomKey, path: str, delivery: str, text: str) -> Inbou
     )
 
 
-def is_synthetic(message: Message) -> bool:
+def is_synthetic(message: Message | InboundMessage) -> bool:
     """Whether ``message`` came from a schedule or a webhook (its text is never a command)."""
     return message.external_id.startswith((SCHEDULE, WEBHOOK))

@@ -337,3 +337,24 @@ async def test_two_replicas_on_one_store_fire_once(tmp_path: Path) -> None:
     pending = await store.pending_messages()
     assert [m.external_id for m in pending] == ["schedule:daily:2026-11-26T09:00:00Z"]
     assert await store.schedule_marks() == {"daily": NINE}
+
+
+async def test_in_a_room_of_threads_firings_share_the_room_wide_conversation(
+    tmp_path: Path,
+) -> None:
+    """A firing has no thread to open: it runs in the room-wide conversation, so
+    a schedule's firings resume one session (not one new thread each)."""
+    settings = config(tmp_path, schedule(cron="0 * * * *"), defaults={"conversation": "thread"})
+    clock = ManualClock(NINE - 90)
+    async with asyncio.timeout(WAIT_S):
+        async with ConsoleSession(settings, schedule_clock=clock) as session:
+            await scheduler(session).settled(NINE - 90)
+            await at_time(session, clock, NINE)
+            await session.wait_for(ANSWER)
+            await at_time(session, clock, NINE + 3600)
+            await session.wait_for(ANSWER, count=2)
+        await session.finish()
+    with sqlite3.connect(tmp_path / "bridge.db") as db:
+        runs = db.execute("SELECT room_id, session_id FROM runs ORDER BY seq").fetchall()
+    assert [room for room, _ in runs] == ["console", "console"]
+    assert runs[0][1] == runs[1][1]
