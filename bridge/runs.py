@@ -162,6 +162,7 @@ def run_request(  # noqa: PLR0917 (the run's parts, in order)
         disallowed_tools=room.disallowed_tools,
         append_system_prompt=room.append_system_prompt,
         max_turns=room.max_turns,
+        max_budget_usd=room.max_budget_usd,
         env=room.env,
         extra_args=room.extra_args,
         run_timeout_s=room.run_timeout_s,
