@@ -53,6 +53,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bridge.approval_flow import ApprovalFlow
+from bridge.budget import Budgets
 from bridge.config import RoomSettings, Settings
 from bridge.core import stages
 from bridge.core.aio import shielded
@@ -566,6 +567,14 @@ class RunExecutor:
         if room is None:
             await self._give_up(taken, "failed")
             return RunReport(RunStatus.FAILED, error="room not configured")
+        refused = await Budgets(self.settings, self.store, self.wall_clock).refusal(batch.room)
+        if refused is not None:
+            # Recorded as a failed run: the room is told (once, for this batch) and
+            # `!retry` runs the messages once the budget has reset.
+            await self._give_up(taken, "failed")
+            self.metrics.budget_refusals.labels(refused[0]).inc()
+            log.info("run not started: the %s's daily budget is spent", refused[0])
+            return RunReport(RunStatus.FAILED, error=refused[1])
         log.info("run started with %d message(s)", len(batch.messages))
         prompt = build_prompt(batch)
         # Reads, before the spawn: nothing else stands in front of claude.
@@ -918,6 +927,9 @@ class RunExecutor:
         self.metrics.run_duration.observe(max(0.0, ended - run.started))
         if report.cost_usd:
             self.metrics.cost.inc(report.cost_usd)
+            self.metrics.room_cost.labels(batch.room.transport, batch.room.room_id).inc(
+                report.cost_usd
+            )
         log.info("run ended: %s", report.status.value)
         return settled
 

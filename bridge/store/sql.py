@@ -993,9 +993,7 @@ class SqlStore:
 
     async def spend(self, since: float, room: RoomKey | None = None) -> float:
         """USD the runs that ended at or after ``since`` cost (in ``room``, or everywhere)."""
-        query = select(func.coalesce(func.sum(SpendRow.cost_usd), 0.0)).where(
-            SpendRow.at >= since
-        )
+        query = select(func.coalesce(func.sum(SpendRow.cost_usd), 0.0)).where(SpendRow.at >= since)
         if room is not None:
             query = query.where(
                 SpendRow.transport == room.transport, SpendRow.room_id == room.room_id
