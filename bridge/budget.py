@@ -87,13 +87,12 @@ class Budgets:
             log.warning("could not read today's spending; the run starts unchecked", exc_info=True)
             return None
         which = spending.spent()
-        if which is None:
-            return None
-        if which == "room":
+        if which == "room" and spending.room_limit is not None:
             spent, limit, whose = spending.room, spending.room_limit, "this room's"
-        else:
+        elif which == "service" and spending.service_limit is not None:
             spent, limit, whose = spending.service, spending.service_limit, "chatbridge's"
-        assert limit is not None  # (spent() said so)
+        else:
+            return None
         reset = datetime.fromtimestamp(day_start(self.wall_clock()) + DAY_S, UTC)
         text = (
             f"{whose} daily budget is spent ({usd(spent)} of {usd(limit)} today), so it did"

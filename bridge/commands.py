@@ -197,6 +197,8 @@ class CommandHandler:
     """The live runs; None until the bridge wires them: requests cannot be answered then."""
     refused: Callable[[Verdict], None] = lambda _verdict: None
     """Counts an answer or command refused for want of approval rights."""
+    budget_lines: Callable[[RoomKey], Awaitable[list[str]]] | None = None
+    """``!status``'s lines on today's spending and the budgets (:mod:`bridge.budget`)."""
 
     async def handle(self, command: Command, message: Message) -> None:
         room = message.room
@@ -337,6 +339,8 @@ class CommandHandler:
                 parts.append(f"cost ${report.cost_usd:.4f}")
             lines.append(", ".join(parts) + ".")
         lines += await self._model_lines(room)
+        if self.budget_lines is not None:
+            lines += await self.budget_lines(room)
         lines += self._retryable_lines(await self.store.retryable_runs(room), now)
         pending = await self.store.pending_approvals(room)
         if pending:

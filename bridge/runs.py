@@ -88,6 +88,7 @@ from bridge.store.base import (
     StoreError,
 )
 from bridge.store.rules import delivery_key
+from bridge.usage import LimitResumes, usage_limit
 from dispatcher import DispatchedRun, EndReason, Execute
 from runner import (
     EventCallback,
@@ -106,6 +107,7 @@ from runner.events import (
     RunEvent,
     Spawned,
     ToolUse,
+    UsageLimited,
 )
 
 log = logging.getLogger(__name__)
@@ -283,6 +285,8 @@ class _Live:
     asking: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     """The task asking the room each of claude's requests, by request id: a withdrawal
     is recorded only after its request was (else the request would be posted after it)."""
+    limited: UsageLimited | None = None
+    """claude said the account's usage limit refused the run (see :mod:`bridge.usage`)."""
     before_end: list[asyncio.Task[None]] = field(default_factory=list)
     """Steered messages being recorded into the run, earlier turns' answers being put
     into the outbox: both come before the run's end is recorded."""
@@ -352,6 +356,8 @@ class RunExecutor:
     """Asks the room about tool uses (``approve_tools``); None: requests are not asked."""
     prestarts: Prestarts | None = None
     """Claudes started while their batch gathered (``[runner] prestart``)."""
+    limits: LimitResumes | None = None
+    """Tells the room about usage limits and retries after them; None: a plain failure."""
     _finishing: set[asyncio.Task[None]] = field(default_factory=set)
     """The progress messages' last edits still under way (see :meth:`drain`)."""
     _generations: dict[RoomKey, int] = field(default_factory=dict)
@@ -663,6 +669,8 @@ class RunExecutor:
                             name=f"withdraw {run.id}",
                         )
                     )
+                case UsageLimited():
+                    live.limited = event
                 case Result():
                     self._on_result(run, live, event)
                 case _:
@@ -915,8 +923,16 @@ class RunExecutor:
             report, result_text=safe_text(report.result_text), error=safe_text(report.error)
         )
         replies = self._replies(run.id, batch, report)
+        limited = usage_limit(live.limited, report.result_text)
+        if report.status is not RunStatus.FAILED or self.limits is None:
+            limited = None
+        if limited is not None and self.limits is not None:
+            text = await self.limits.limited(run.id, batch, limited)
+            replies = [in_conversation(batch, text, ReplyKind.NOTICE)]
         ended = self.wall_clock()
         entries = await self._record_end(run, report, ended, replies)
+        if limited is not None and self.limits is not None:
+            self.limits.noted()
         stages.stamp("outcome_recorded")
         if run.progress.posting:
             # Posted straight to the transport, while the answer goes through the

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from bridge.approval_flow import ApprovalFlow
 from bridge.approvals import Verdict
+from bridge.budget import Budgets
 from bridge.claude_check import credentials_warning
 from bridge.commands import CommandHandler
 from bridge.config import Settings
@@ -56,6 +57,7 @@ from bridge.runs import RunExecutor, new_run_id, run_request
 from bridge.state_lock import state_dir_lock
 from bridge.store.base import Approval, Store, StoreError
 from bridge.store.sql import SqlStore
+from bridge.usage import LimitResumes
 from dispatcher import Dispatcher, DispatchLimits, DuringRun, EndReason
 from runner import (
     RunRequest,
@@ -119,6 +121,7 @@ class Service:
     outbox: Outbox = field(init=False)
     notices: Notices = field(init=False)
     approvals: ApprovalFlow = field(init=False)
+    limits: LimitResumes = field(init=False)
     _closed_at_start: list[Approval] = field(default_factory=list, init=False)
     """Tool requests of runs interrupted by the restart: shown closed once connected."""
     metrics: Metrics = field(init=False, default_factory=Metrics)
@@ -170,6 +173,15 @@ class Service:
             prestarter=self.executor.prestarts,
             max_prestarts=settings.runner.prestart_limit,
         )
+        self.limits = LimitResumes(
+            self.store,
+            self.dispatcher.submit,
+            self.notices,
+            self.metrics,
+            settings.runner.resume_after_limit,
+            settings.commands.prefix,
+        )
+        self.executor.limits = self.limits
         # Command answers are recorded in the outbox and sent from its per-room
         # worker: the transport's acknowledgement never waits for the network.
         commands = CommandHandler(
@@ -181,6 +193,7 @@ class Service:
             rooms=settings.room,
             live=self.approvals,
             refused=self._refused,
+            budget_lines=Budgets(settings, self.store).status_lines,
         )
         self.intake = Intake(
             settings,
@@ -207,8 +220,8 @@ class Service:
     async def _prestart_request(self, room: RoomKey, run_id: RunId) -> RunRequest | None:
         """What a run of ``room`` would start with now, its prompt still unknown."""
         settings = self.settings.room(room)
-        if settings is None:
-            return None
+        if settings is None or await Budgets(self.settings, self.store).refusal(room):
+            return None  # (over budget: the run will not start, so no claude for it)
         session = await self.store.get_session(room)
         overrides = await self.store.room_overrides(room)
         return run_request(self.settings, settings, run_id, "", session, overrides)
@@ -366,6 +379,7 @@ class Service:
                 # Runs start only now: a recovered run's replies need a connected transport.
                 background.append(tg.create_task(self.outbox.serve(), name="outbox"))
                 dispatcher_task = tg.create_task(self.dispatcher.serve(), name="dispatcher")
+                background.append(tg.create_task(self.limits.serve(), name="limit resumes"))
                 log.info("chatbridge ready")
                 self.ready.set()
                 if self._closed_at_start:

@@ -769,8 +769,8 @@ class _Run:
             )
         if result is not None and result.subtype == BUDGET_SPENT:
             cap = f" of ${request.max_budget_usd:g}" if request.max_budget_usd else ""
-            spent = f" (it spent ${result.cost_usd:.2f})" if result.cost_usd is not None else ""
-            error = f"claude stopped at the run's spending cap{cap}, max_budget_usd{spent}"
+            spent = f" after spending ${result.cost_usd:.2f}" if result.cost_usd is not None else ""
+            error = f"it reached its spending cap{cap} (max_budget_usd){spent}."
             return RunReport(RunStatus.FAILED, error=error, **common)
         if result is not None and result.is_error:
             detail = "; ".join(result.errors) or result.text or "no detail"

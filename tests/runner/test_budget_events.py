@@ -65,8 +65,7 @@ async def test_a_run_at_its_budget_cap_fails_saying_so(
     assert report.status is RunStatus.FAILED
     assert report.cost_usd == 0.75
     assert (
-        report.error
-        == "claude stopped at the run's spending cap of $0.5, max_budget_usd (it spent $0.75)"
+        report.error == "it reached its spending cap of $0.5 (max_budget_usd) after spending $0.75."
     )
     assert "--max-budget-usd" in json.loads((tmp_path / "record.json").read_text())["argv"]
     [result] = recorder.of(Result)

@@ -15,6 +15,7 @@ async def finish(
     run_id: str,
     cost: float | None,
     at: float,
+    *,
     room: object = ROOM,
     status: RunStatus = RunStatus.SUCCEEDED,
 ) -> RunId:
