@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import sys
 from pathlib import Path
 
 from bridge.budget import Budgets, day_start, usd
@@ -12,6 +13,7 @@ from bridge.config import load_settings
 from bridge.core.model import RoomId, RoomKey, TransportName
 from bridge.store.memory import MemoryStore
 from tests.bridge.harness import ECHO, ConsoleSession, write_config
+from tests.fakes.fake_claude import FAKE_CLAUDE
 
 CONSOLE = RoomKey(TransportName("console"), RoomId("console"))
 
@@ -154,3 +156,26 @@ async def test_spending_is_counted_by_utc_day() -> None:
     ]
     assert usd(0.004) == "$0.0040"
     assert usd(12.5) == "$12.50"
+
+
+async def test_a_room_over_budget_gets_no_prestarted_claude(tmp_path: Path) -> None:
+    spawns = tmp_path / "spawns"
+    launcher = tmp_path / "claude"
+    launcher.write_text(
+        f'#!/bin/sh\necho x >> "{spawns}"\nexec "{sys.executable}" "{FAKE_CLAUDE}" "$@"\n'
+    )
+    launcher.chmod(0o755)
+    config = {
+        "runner": {"claude_bin": launcher, "prestart": True},
+        "defaults": {"daily_budget_usd": 0.2, "env": {**ECHO, "FAKE_CLAUDE_COST": "0.3"}},
+    }
+    settings = load_settings(write_config(tmp_path, config))
+    async with ConsoleSession(settings) as session:
+        session.send("first")
+        await session.wait_for("first\n")
+        await session.wait_for("· Done after")  # the room is idle again: "second" opens a batch
+        session.send("second")
+        await session.wait_for("so it did not start")
+        await session.finish()
+    # The first run's claude (prestarted or not); none for the batch over budget.
+    assert spawns.read_text().count("x") == 1
