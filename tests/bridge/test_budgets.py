@@ -10,8 +10,21 @@ from pathlib import Path
 
 from bridge.budget import Budgets, day_start, usd
 from bridge.config import load_settings
-from bridge.core.model import RoomId, RoomKey, TransportName
+from bridge.core.model import (
+    Batch,
+    ExternalMessageId,
+    InboundMessage,
+    RoomId,
+    RoomKey,
+    RunId,
+    RunReport,
+    RunStatus,
+    TransportName,
+    UserId,
+)
 from bridge.store.memory import MemoryStore
+from bridge.usage import limit_text, usage_limit
+from runner import UsageLimited
 from tests.bridge.harness import ECHO, ConsoleSession, write_config
 from tests.fakes.fake_claude import FAKE_CLAUDE
 
@@ -37,7 +50,11 @@ async def test_costs_accumulate_until_the_room_budget_refuses_a_run(tmp_path: Pa
         out = await session.wait_for("so it did not start")
         session.send("!status")
         out = await session.wait_for("Spent today (UTC): $0.60 in this room of $0.50")
+        assert session.service is not None
+        metrics = session.service.metrics.exposition().decode()
         out = await session.finish()
+
+    assert 'chatbridge_budget_refusals_total{budget="room"} 1.0' in metrics
 
     refused = re.search(r"The run failed: this room's daily budget is spent .*", out)
     assert refused is not None, out
@@ -144,15 +161,35 @@ async def test_without_resume_the_room_is_told_when_to_retry(tmp_path: Path) -> 
     assert db_rows(tmp_path, "select run_id from limit_resumes") == []
 
 
-async def test_spending_is_counted_by_utc_day() -> None:
-    noon = 1_795_700_000.0 - 1_795_700_000.0 % 86400 + 43200
+async def test_spending_is_counted_by_utc_day(tmp_path: Path) -> None:
+    midnight = 1_795_737_600.0  # 2026-11-27 00:00 UTC
+    assert day_start(midnight) == midnight
+    assert day_start(midnight - 1) == midnight - 86400
+    config = {"defaults": {"daily_budget_usd": 1.0}, "budget": {"daily_usd": 3.0}}
+    settings = load_settings(write_config(tmp_path, config))
     store = MemoryStore()
-    settings = load_settings(None)
-    clock = [noon]
+    message = await store.accept(
+        InboundMessage(CONSOLE, UserId("local"), "hi", ExternalMessageId("e1")), midnight - 7200
+    )
+    assert message is not None
+    await store.start_run(RunId("run-1"), Batch(CONSOLE, (message,)), midnight - 3700)
+    await store.finish_run(
+        RunId("run-1"), RunReport(RunStatus.SUCCEEDED, cost_usd=1.0), midnight - 3600
+    )
+    clock = [midnight - 1800]
     budgets = Budgets(settings, store, lambda: clock[0])
-    assert day_start(noon) == noon - 43200
+    refusal = await budgets.refusal(CONSOLE)
+    assert refusal is not None
+    assert refusal[0] == "room"
+    assert "($1.00 of $1.00 today)" in refusal[1]
+    assert "resets at 2026-11-27 00:00 UTC" in refusal[1]
     assert await budgets.status_lines(CONSOLE) == [
-        "Spent today (UTC): $0.00 in this room, $0.00 in all rooms."
+        "Spent today (UTC): $1.00 in this room of $1.00, $1.00 in all rooms of $3.00."
+    ]
+    clock[0] = midnight  # a new UTC day: yesterday's spending no longer counts
+    assert await budgets.refusal(CONSOLE) is None
+    assert await budgets.status_lines(CONSOLE) == [
+        "Spent today (UTC): $0.00 in this room of $1.00, $0.00 in all rooms of $3.00."
     ]
     assert usd(0.004) == "$0.0040"
     assert usd(12.5) == "$12.50"
@@ -179,3 +216,24 @@ async def test_a_room_over_budget_gets_no_prestarted_claude(tmp_path: Path) -> N
         await session.finish()
     # The first run's claude (prestarted or not); none for the batch over budget.
     assert spawns.read_text().count("x") == 1
+
+
+def test_usage_limits_from_the_event_or_an_older_claudes_text() -> None:
+    seen = UsageLimited(1_795_715_804.0, "five_hour")
+    assert usage_limit(seen, "anything") is seen
+    assert usage_limit(None, "Claude AI usage limit reached|1795715804") == UsageLimited(
+        1_795_715_804.0, ""
+    )
+    assert usage_limit(None, "API Error: Request rejected (429) · rate limited") is None
+
+
+def test_the_limit_notice_names_the_limit_the_reset_and_the_retry() -> None:
+    run = RunId("run-1")
+    limited = UsageLimited(1_795_715_804.0, "seven_day")
+    assert limit_text(limited, run, "!", resumes=True) == (
+        "Claude's weekly usage limit was reached. It resets at 2026-11-26 17:56 UTC."
+        " chatbridge retries this run then (once); `!retry run-1` runs it before."
+    )
+    assert limit_text(UsageLimited(None, "mystery"), run, "!", resumes=False) == (
+        "Claude's usage limit was reached. `!retry run-1` runs it again once the limit has reset."
+    )
