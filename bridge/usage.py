@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from bridge.core.model import Batch, Message, RoomKey, RunId
+from bridge.core.model import Batch, Message, RoomKey, RunId, RunStatus
 from bridge.metrics import Metrics
 from bridge.notices import Notices
 from bridge.store.base import AuditAction, LimitResume, Store, StoreError
@@ -34,7 +34,8 @@ from runner import UsageLimited
 log = logging.getLogger(__name__)
 
 STORE_RETRY_S = 30.0
-"""After the store failed to list or make the waiting retries, the next try."""
+"""After the store failed to list or make the waiting retries, the next try (also the
+next look at a retry whose run's end was not recorded yet)."""
 
 _LIMIT_NAMES = {
     "five_hour": "5-hour",
@@ -119,17 +120,22 @@ class LimitResumes:
             self._changed.clear()
             try:
                 waiting = await self.store.limit_resumes()
-            except StoreError:
-                log.warning("could not read the retries waiting for a usage limit", exc_info=True)
+                now = self.wall_clock()
+                due = [w for w in waiting if w.resets_at <= now]
+                made = [await self._resume(entry) for entry in due]
+            except Exception:
+                # Never out of the service's task group: a retry waits, the service goes on.
+                log.warning("could not make the retries after a usage limit", exc_info=True)
                 await self._wait(STORE_RETRY_S)
                 continue
-            now = self.wall_clock()
-            due = [w for w in waiting if w.resets_at <= now]
-            for entry in due:
-                await self._resume(entry)
-            if due:
+            if any(made):
                 continue
-            await self._wait(min(w.resets_at for w in waiting) - now if waiting else None)
+            later = [w.resets_at - now for w in waiting if w.resets_at > now]
+            if due:
+                # Runs whose end is not recorded yet (a reset time already past): their
+                # end's noted() wakes this; the timeout is a backstop.
+                later.append(STORE_RETRY_S)
+            await self._wait(min(later) if later else None)
 
     async def _wait(self, delay: float | None) -> None:
         """Until ``delay`` has passed or a retry was noted."""
@@ -139,21 +145,20 @@ class LimitResumes:
         except TimeoutError:
             pass
 
-    async def _resume(self, entry: LimitResume) -> None:
-        """Queue the run's messages again, then forget the retry (see the module's doc)."""
-        try:
-            messages = await self.store.requeue_run(entry.run_id)
-            for message in messages:
-                self.submit(message)
-            await self.store.drop_limit_resume(entry.run_id)
-        except StoreError:
-            log.warning("could not retry run %s after the usage limit", entry.run_id, exc_info=True)
-            await self._wait(STORE_RETRY_S)
-            return
+    async def _resume(self, entry: LimitResume) -> bool:
+        """Queue the run's messages again, then forget the retry (see the module's doc);
+        False while the run's end is not recorded (nothing could be queued yet)."""
+        run = await self.store.get_run(entry.run_id)
+        if run is not None and run.status is RunStatus.RUNNING:
+            return False
+        messages = await self.store.requeue_run(entry.run_id)
+        for message in messages:
+            self.submit(message)
+        await self.store.drop_limit_resume(entry.run_id)
         if not messages:
             # Retried already (a !retry, or a process before this one): nothing runs twice.
             log.info("run %s was retried already; no retry after the usage limit", entry.run_id)
-            return
+            return True
         self.metrics.usage_limits.labels("resumed").inc()
         await self._audit(entry.room, entry.run_id, len(messages))
         await self.notices.say(
@@ -161,6 +166,7 @@ class LimitResumes:
             f"The usage limit has reset: retrying run `{entry.run_id}`.",
             about=Batch(entry.room, tuple(messages)),
         )
+        return True
 
     async def _audit(self, room: RoomKey, run_id: RunId, count: int) -> None:
         try:
