@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -197,8 +197,9 @@ class CommandHandler:
     """The live runs; None until the bridge wires them: requests cannot be answered then."""
     refused: Callable[[Verdict], None] = lambda _verdict: None
     """Counts an answer or command refused for want of approval rights."""
-    budget_lines: Callable[[RoomKey], Awaitable[list[str]]] | None = None
-    """``!status``'s lines on today's spending and the budgets (:mod:`bridge.budget`)."""
+    status_parts: Sequence[Callable[[RoomKey], Awaitable[list[str]]]] = ()
+    """More of ``!status``'s lines, in order: today's spending and the budgets
+    (:mod:`bridge.budget`), retries waiting for a usage limit (:mod:`bridge.usage`)."""
 
     async def handle(self, command: Command, message: Message) -> None:
         room = message.room
@@ -339,8 +340,8 @@ class CommandHandler:
                 parts.append(f"cost ${report.cost_usd:.4f}")
             lines.append(", ".join(parts) + ".")
         lines += await self._model_lines(room)
-        if self.budget_lines is not None:
-            lines += await self.budget_lines(room)
+        for part in self.status_parts:
+            lines += await part(room)
         lines += self._retryable_lines(await self.store.retryable_runs(room), now)
         pending = await self.store.pending_approvals(room)
         if pending:

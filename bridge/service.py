@@ -193,7 +193,7 @@ class Service:
             rooms=settings.room,
             live=self.approvals,
             refused=self._refused,
-            budget_lines=Budgets(settings, self.store).status_lines,
+            status_parts=(Budgets(settings, self.store).status_lines, self.limits.status_lines),
         )
         self.intake = Intake(
             settings,

@@ -108,6 +108,17 @@ class LimitResumes:
         log.info("the run hit the usage limit (resets at %s)", limited.resets_at)
         return limit_text(limited, run_id, self.prefix, resumes)
 
+    async def status_lines(self, room: RoomKey) -> list[str]:
+        """``!status``'s line on the room's runs waiting for a usage limit to reset."""
+        try:
+            waiting = [w for w in await self.store.limit_resumes() if w.room == room]
+        except StoreError:
+            return []
+        if not waiting:
+            return []
+        runs = ", ".join(f"`{w.run_id}` at {when(w.resets_at)}" for w in waiting)
+        return [f"Retried when the usage limit resets: {runs}."]
+
     def noted(self) -> None:
         """A retry was noted and its run's end recorded: :meth:`serve` looks again."""
         self._changed.set()

@@ -122,6 +122,8 @@ async def test_usage_limit_tells_the_reset_and_resumes_once_after_a_restart(
     async with ConsoleSession(settings) as session:
         session.send("big job")
         out = await session.wait_for("chatbridge retries this run then (once)")
+        session.send("!status")
+        out = await session.wait_for("Retried when the usage limit resets: `run-")
         # Stopped before the reset (4 s away, far more than a stop takes): the retry
         # is the next start's to make.
         out = await session.finish()
