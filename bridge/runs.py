@@ -923,16 +923,16 @@ class RunExecutor:
             report, result_text=safe_text(report.result_text), error=safe_text(report.error)
         )
         replies = self._replies(run.id, batch, report)
-        limited = usage_limit(live.limited, report.result_text)
-        if report.status is not RunStatus.FAILED or self.limits is None:
-            limited = None
-        if limited is not None and self.limits is not None:
-            text = await self.limits.limited(run.id, batch, limited)
+        # A usage limit: the room is told when it resets (and of the retry then).
+        limits = self.limits if report.status is RunStatus.FAILED else None
+        limited = usage_limit(live.limited, report.result_text) if limits else None
+        if limits is not None and limited is not None:
+            text = await limits.limited(run.id, batch, limited)
             replies = [in_conversation(batch, text, ReplyKind.NOTICE)]
         ended = self.wall_clock()
         entries = await self._record_end(run, report, ended, replies)
-        if limited is not None and self.limits is not None:
-            self.limits.noted()
+        if limits is not None and limited is not None:
+            limits.noted()
         stages.stamp("outcome_recorded")
         if run.progress.posting:
             # Posted straight to the transport, while the answer goes through the
