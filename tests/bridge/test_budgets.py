@@ -22,6 +22,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
+from bridge.store.base import StoreError
 from bridge.store.memory import MemoryStore
 from bridge.usage import limit_text, usage_limit
 from runner import UsageLimited
@@ -239,3 +240,15 @@ def test_the_limit_notice_names_the_limit_the_reset_and_the_retry() -> None:
     assert limit_text(UsageLimited(None, "mystery"), run, "!", resumes=False) == (
         "Claude's usage limit was reached. `!retry run-1` runs it again once the limit has reset."
     )
+
+
+class _SpendFails(MemoryStore):
+    async def spend(self, since: float, room: RoomKey | None = None) -> float:
+        raise StoreError("database is locked")
+
+
+async def test_a_store_that_cannot_say_lets_the_run_start(tmp_path: Path) -> None:
+    config = {"defaults": {"daily_budget_usd": 1.0}}
+    budgets = Budgets(load_settings(write_config(tmp_path, config)), _SpendFails())
+    assert await budgets.refusal(CONSOLE) is None
+    assert await budgets.status_lines(CONSOLE) == ["Spent today: unknown (the database failed)."]
