@@ -111,7 +111,11 @@ class LimitResumes:
     async def status_lines(self, room: RoomKey) -> list[str]:
         """``!status``'s line on the room's runs waiting for a usage limit to reset."""
         try:
-            waiting = [w for w in await self.store.limit_resumes() if w.room == room]
+            waiting = [
+                w
+                for w in await self.store.limit_resumes()
+                if (w.room.transport, w.room.room_id) == (room.transport, room.room_id)
+            ]
         except StoreError:
             return []
         if not waiting:

@@ -512,7 +512,12 @@ class MemoryStore:
         return sum(
             cost
             for spent_in, at, cost in self._spend.values()
-            if at >= since and (room is None or spent_in == room)
+            # By transport and room id, as the SQL columns: whatever else a key carries.
+            if at >= since
+            and (
+                room is None
+                or (spent_in.transport, spent_in.room_id) == (room.transport, room.room_id)
+            )
         )
 
     async def add_limit_resume(self, run_id: RunId, room: RoomKey, resets_at: float) -> None:
