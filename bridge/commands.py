@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -237,6 +237,9 @@ class CommandHandler:
 
     automation: Callable[[RoomKey], list[str]] = lambda _room: []
     """The room's schedules and webhooks, for ``!status`` (bridge/automation_status.py)."""
+    status_parts: Sequence[Callable[[RoomKey], Awaitable[list[str]]]] = ()
+    """More of ``!status``'s lines, in order: today's spending and the budgets
+    (:mod:`bridge.budget`), retries waiting for a usage limit (:mod:`bridge.usage`)."""
 
     async def handle(self, command: Command, message: Message) -> None:
         room = message.room
@@ -427,6 +430,8 @@ class CommandHandler:
             lines.append(", ".join(parts) + ".")
         lines += await self._model_lines(room)
         lines += self._worktree_lines(room)
+        for part in self.status_parts:
+            lines += await part(room)
         lines += self._retryable_lines(await self.store.retryable_runs(room), now)
         pending = await self.store.pending_approvals(room)
         if pending:

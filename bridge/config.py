@@ -59,6 +59,8 @@ class RunnerSettings(_Section):
     """A run with no chatbridge attached for this long is stopped by its supervisor."""
     spool_max_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024)
     """A run's journal stops taking progress at this size (its answer is always kept)."""
+    resume_after_limit: bool = False
+    """A run cut short by a usage limit that names its reset time is retried then, once."""
     prestart: bool = False
     """Start claude when a batch opens in an idle room, so the run skips the cold start."""
     max_prestarts: int | None = Field(None, ge=0)
@@ -192,6 +194,10 @@ class RoomDefaults(_Section):
     """Runs of one room's conversations at once (``thread`` rooms); unset: only the global cap."""
     worktree: bool = False
     """``thread`` rooms in a git repository: each thread works in a git worktree of its own."""
+    max_budget_usd: float | None = Field(None, gt=0)
+    """One run's spending cap, passed to claude as ``--max-budget-usd``; None: no cap."""
+    daily_budget_usd: float | None = Field(None, gt=0)
+    """The room's spending per UTC day; a run does not start once it is spent (docs/budgets.md)."""
 
     @field_validator("memory_max", mode="before")
     @classmethod
@@ -353,6 +359,13 @@ class LoggingSettings(_Section):
     format: Literal["text", "json"] = "text"
 
 
+class BudgetSettings(_Section):
+    """Spending of the whole service (docs/budgets.md)."""
+
+    daily_usd: float | None = Field(None, gt=0)
+    """All rooms' spending per UTC day; no run starts once it is spent. None: no limit."""
+
+
 class HttpSettings(_Section):
     listen: HostPort | None = HostPort("127.0.0.1", 8080)
     """``host:port`` for /healthz, /readyz and /metrics; empty disables it."""
@@ -390,6 +403,7 @@ class Settings(BaseSettings):
     database: DatabaseSettings = DatabaseSettings()
     logging: LoggingSettings = LoggingSettings()
     http: HttpSettings = HttpSettings()
+    budget: BudgetSettings = BudgetSettings()
     matrix: MatrixSettings | None = None
     slack: SlackSettings | None = None
     rooms: tuple[RoomConfig, ...] = ()

@@ -1,7 +1,8 @@
 """Prometheus metrics of one service instance, in its own registry (no global state).
 
-Labels are bounded sets (outcome, status, transport): never a room, user or
-message id, so cardinality cannot grow with traffic.
+Labels are bounded sets (outcome, status, transport, and the configured rooms):
+never a user or message id, nor a room chatbridge is not configured for, so
+cardinality cannot grow with traffic.
 """
 
 from __future__ import annotations
@@ -59,6 +60,25 @@ class Metrics:
         )
         self.cost = Counter(
             "chatbridge_claude_cost_usd", "Total cost reported by claude, in USD", registry=r
+        )
+        self.room_cost = Counter(
+            "chatbridge_room_cost_usd",
+            "Cost claude reported per configured room, in USD",
+            ["transport", "room"],
+            registry=r,
+        )
+        self.budget_refusals = Counter(
+            "chatbridge_budget_refusals",
+            "Runs not started because a daily budget was spent, by budget (room, service)",
+            ["budget"],
+            registry=r,
+        )
+        self.usage_limits = Counter(
+            "chatbridge_usage_limits",
+            "Runs cut short by a usage or rate limit, and their retries after the reset"
+            " (by outcome: limited, resumed)",
+            ["outcome"],
+            registry=r,
         )
         self.deliveries = Counter(
             "chatbridge_deliveries",

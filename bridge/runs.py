@@ -53,6 +53,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bridge.approval_flow import ApprovalFlow
+from bridge.budget import Budgets
 from bridge.config import RoomSettings, Settings
 from bridge.core import stages
 from bridge.core.aio import shielded
@@ -88,6 +89,7 @@ from bridge.store.base import (
 )
 from bridge.store.rules import delivery_key
 from bridge.synthetic import is_synthetic
+from bridge.usage import LimitResumes, usage_limit
 from bridge.worktrees import WorktreeError, Worktrees, in_worktree
 from dispatcher import DispatchedRun, EndReason, Execute
 from runner import (
@@ -107,6 +109,7 @@ from runner.events import (
     RunEvent,
     Spawned,
     ToolUse,
+    UsageLimited,
 )
 
 log = logging.getLogger(__name__)
@@ -165,6 +168,7 @@ def run_request(  # noqa: PLR0917 (the run's parts, in order)
         disallowed_tools=room.disallowed_tools,
         append_system_prompt=room.append_system_prompt,
         max_turns=room.max_turns,
+        max_budget_usd=room.max_budget_usd,
         env=room.env,
         extra_args=room.extra_args,
         run_timeout_s=room.run_timeout_s,
@@ -284,6 +288,8 @@ class _Live:
     asking: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     """The task asking the room each of claude's requests, by request id: a withdrawal
     is recorded only after its request was (else the request would be posted after it)."""
+    limited: UsageLimited | None = None
+    """claude said the account's usage limit refused the run (see :mod:`bridge.usage`)."""
     before_end: list[asyncio.Task[None]] = field(default_factory=list)
     """Steered messages being recorded into the run, earlier turns' answers being put
     into the outbox: both come before the run's end is recorded."""
@@ -355,6 +361,8 @@ class RunExecutor:
     """Claudes started while their batch gathered (``[runner] prestart``)."""
     worktrees: Worktrees = field(default_factory=Worktrees)
     """Thread conversations' git worktrees (``worktree = true``)."""
+    limits: LimitResumes | None = None
+    """Tells the room about usage limits and retries after them; None: a plain failure."""
     _finishing: set[asyncio.Task[None]] = field(default_factory=set)
     """The progress messages' last edits still under way (see :meth:`drain`)."""
     _generations: dict[RoomKey, int] = field(default_factory=dict)
@@ -572,6 +580,14 @@ class RunExecutor:
         if room is None:
             await self._give_up(taken, "failed")
             return RunReport(RunStatus.FAILED, error="room not configured")
+        refused = await Budgets(self.settings, self.store, self.wall_clock).refusal(batch.room)
+        if refused is not None:
+            # Recorded as a failed run: the room is told (once, for this batch) and
+            # `!retry` runs the messages once the budget has reset.
+            await self._give_up(taken, "failed")
+            self.metrics.budget_refusals.labels(refused[0]).inc()
+            log.info("run not started: the %s's daily budget is spent", refused[0])
+            return RunReport(RunStatus.FAILED, error=refused[1])
         try:
             room = await self.worktrees.settings_for(batch.room, room)
         except WorktreeError as problem:
@@ -665,6 +681,8 @@ class RunExecutor:
                             name=f"withdraw {run.id}",
                         )
                     )
+                case UsageLimited():
+                    live.limited = event
                 case Result():
                     self._on_result(run, live, event)
                 case _:
@@ -917,8 +935,16 @@ class RunExecutor:
             report, result_text=safe_text(report.result_text), error=safe_text(report.error)
         )
         replies = self._replies(run.id, batch, report)
+        # A usage limit: the room is told when it resets (and of the retry then).
+        limits = self.limits if report.status is RunStatus.FAILED else None
+        limited = usage_limit(live.limited, report.result_text) if limits else None
+        if limits is not None and limited is not None:
+            text = await limits.limited(run.id, batch, limited)
+            replies = [in_conversation(batch, text, ReplyKind.NOTICE)]
         ended = self.wall_clock()
         entries = await self._record_end(run, report, ended, replies)
+        if limits is not None and limited is not None:
+            limits.noted()
         stages.stamp("outcome_recorded")
         if run.progress.posting:
             # Posted straight to the transport, while the answer goes through the
@@ -929,6 +955,9 @@ class RunExecutor:
         self.metrics.run_duration.observe(max(0.0, ended - run.started))
         if report.cost_usd:
             self.metrics.cost.inc(report.cost_usd)
+            self.metrics.room_cost.labels(batch.room.transport, batch.room.room_id).inc(
+                report.cost_usd
+            )
         log.info("run ended: %s", report.status.value)
         return settled
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from bridge.approval_flow import ApprovalFlow
 from bridge.approvals import Verdict
+from bridge.budget import Budgets
 from bridge.claude_check import credentials_warning
 from bridge.commands import CommandHandler
 from bridge.config import Settings
@@ -57,6 +58,7 @@ from bridge.schedules import Scheduler, WallClock
 from bridge.state_lock import state_dir_lock
 from bridge.store.base import Approval, Store, StoreError
 from bridge.store.sql import SqlStore
+from bridge.usage import LimitResumes
 from bridge.webhooks import Webhooks
 from bridge.worktrees import WorktreeError
 from dispatcher import Clock, Dispatcher, DispatchLimits, DuringRun, EndReason
@@ -126,6 +128,7 @@ class Service:
     approvals: ApprovalFlow = field(init=False)
     scheduler: Scheduler = field(init=False)
     webhooks: Webhooks = field(init=False)
+    limits: LimitResumes = field(init=False)
     _closed_at_start: list[Approval] = field(default_factory=list, init=False)
     """Tool requests of runs interrupted by the restart: shown closed once connected."""
     metrics: Metrics = field(init=False, default_factory=Metrics)
@@ -178,6 +181,15 @@ class Service:
             max_prestarts=settings.runner.prestart_limit,
             room_cap=self._max_runs_per_room,
         )
+        self.limits = LimitResumes(
+            self.store,
+            self.dispatcher.submit,
+            self.notices,
+            self.metrics,
+            settings.runner.resume_after_limit,
+            settings.commands.prefix,
+        )
+        self.executor.limits = self.limits
         # Command answers are recorded in the outbox and sent from its per-room
         # worker: the transport's acknowledgement never waits for the network.
         commands = CommandHandler(
@@ -191,6 +203,7 @@ class Service:
             refused=self._refused,
             worktrees=self.executor.worktrees,
             automation=self._automation_status,
+            status_parts=(Budgets(settings, self.store).status_lines, self.limits.status_lines),
         )
         self.intake = Intake(
             settings,
@@ -239,8 +252,8 @@ class Service:
     async def _prestart_request(self, room: RoomKey, run_id: RunId) -> RunRequest | None:
         """What a run of ``room`` would start with now, its prompt still unknown."""
         settings = self.settings.room(room)
-        if settings is None:
-            return None
+        if settings is None or await Budgets(self.settings, self.store).refusal(room):
+            return None  # (over budget: the run will not start, so no claude for it)
         try:
             settings = await self.executor.worktrees.settings_for(room, settings)
         except WorktreeError:
@@ -406,6 +419,7 @@ class Service:
                 dispatcher_task = tg.create_task(self.dispatcher.serve(), name="dispatcher")
                 # Fired from here on: a firing is a message, which needs the dispatcher.
                 background.append(tg.create_task(self.scheduler.run(), name="schedules"))
+                background.append(tg.create_task(self.limits.serve(), name="limit resumes"))
                 log.info("chatbridge ready")
                 self.ready.set()
                 if self._closed_at_start:

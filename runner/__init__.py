@@ -33,6 +33,7 @@ from runner.events import (
     Spawned,
     ToolResult,
     ToolUse,
+    UsageLimited,
 )
 from runner.prestart import Prestarted, prestart
 from runner.process import find_marked, kill_marked
@@ -70,6 +71,7 @@ __all__ = [
     "StreamError",
     "ToolResult",
     "ToolUse",
+    "UsageLimited",
     "answer_report",
     "attach_claude",
     "build_argv",

@@ -63,6 +63,10 @@ def build_argv(request: RunRequest) -> list[str]:
         raise InvalidRequest(f"max_turns must be >= 0, not {request.max_turns}")
     if request.max_turns:
         argv += ["--max-turns", str(request.max_turns)]
+    if request.max_budget_usd is not None:
+        if not request.max_budget_usd > 0:  # (also NaN)
+            raise InvalidRequest(f"max_budget_usd must be > 0, not {request.max_budget_usd}")
+        argv += ["--max-budget-usd", repr(request.max_budget_usd)]
     argv += request.extra_args
     argv.append("--")
     return argv

@@ -106,6 +106,17 @@ class ApiRetry:
 
 
 @dataclass(frozen=True, slots=True)
+class UsageLimited:
+    """A ``rate_limit_event`` whose status is ``rejected``: the account's usage limit
+    (``limit``: ``five_hour``, ``seven_day``...) is reached and the turn ends with an
+    error result. ``resets_at``: when it resets (seconds since the epoch), if claude said.
+    """
+
+    resets_at: float | None
+    limit: str
+
+
+@dataclass(frozen=True, slots=True)
 class PermissionAsked:
     """claude asks before a tool use its rules do not decide (``can_use_tool``, with
     ``RunRequest.approve_tools``); it waits for ``RunControl.answer(request_id, ...)``."""
@@ -152,6 +163,7 @@ RunEvent = (
     | ToolUse
     | ToolResult
     | ApiRetry
+    | UsageLimited
     | Result
     | PermissionAsked
     | PermissionCancelled

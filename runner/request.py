@@ -29,6 +29,8 @@ class RunRequest:
     append_system_prompt: str = ""
     max_turns: int = 0
     """0 leaves claude's default."""
+    max_budget_usd: float | None = None
+    """Passed as ``--max-budget-usd``; None leaves claude uncapped."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Extra environment, on top of the service's own minus ``CLAUDECODE``."""
     extra_args: tuple[str, ...] = ()

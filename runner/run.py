@@ -767,6 +767,11 @@ class _Run:
                 session_not_found=True,
                 **common,
             )
+        if result is not None and result.subtype == BUDGET_SPENT:
+            cap = f" of ${request.max_budget_usd:g}" if request.max_budget_usd else ""
+            spent = f" after spending ${result.cost_usd:.2f}" if result.cost_usd is not None else ""
+            error = f"it reached its spending cap{cap} (max_budget_usd){spent}."
+            return RunReport(RunStatus.FAILED, error=error, **common)
         if result is not None and result.is_error:
             detail = "; ".join(result.errors) or result.text or "no detail"
             error = self._with_stderr(f"claude reported an error ({result.subtype}): {detail}")
@@ -789,6 +794,10 @@ class _Run:
         if len(tail) > ERROR_TAIL_CHARS:
             tail = "…" + tail[-ERROR_TAIL_CHARS:]
         return f"{message}; stderr: {tail}"
+
+
+BUDGET_SPENT = "error_max_budget_usd"
+"""The result subtype of a run claude ended at its ``--max-budget-usd``."""
 
 
 def answer_report(result: Result, init: Init | None) -> RunReport:

@@ -26,6 +26,7 @@ from runner.events import (
     StreamEvent,
     ToolResult,
     ToolUse,
+    UsageLimited,
 )
 
 
@@ -95,6 +96,8 @@ def parse_line(line: bytes) -> list[StreamEvent]:
             return [_init(obj)]
         case "system" if obj.get("subtype") == "api_retry":
             return [_api_retry(obj)]
+        case "rate_limit_event":
+            return _rate_limit(obj)
         case "assistant":
             return _assistant(obj)
         case "user" if obj.get("isReplay") is True:
@@ -151,6 +154,21 @@ def _init(obj: Mapping[str, Any]) -> Init:
         cwd=_str(obj.get("cwd")),
         tools=tuple(t for t in tools if isinstance(t, str)) if isinstance(tools, list) else (),
     )
+
+
+def _rate_limit(obj: Mapping[str, Any]) -> list[StreamEvent]:
+    """Only a rejection matters (``allowed`` and ``allowed_warning`` change nothing):
+    the Agent SDK's ``RateLimitInfo``, observed from claude 2.1.332 on a 429 with
+    the unified rate-limit headers."""
+    info = obj.get("rate_limit_info")
+    if not isinstance(info, dict) or info.get("status") != "rejected":
+        return []
+    resets_at = _float(info.get("resetsAt"))
+    return [
+        UsageLimited(
+            resets_at if resets_at and resets_at > 0 else None, _str(info.get("rateLimitType"))
+        )
+    ]
 
 
 def _api_retry(obj: Mapping[str, Any]) -> ApiRetry:

@@ -179,6 +179,15 @@ class RoomOverrides:
     permission_mode: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class LimitResume:
+    """A run cut short by a usage limit, retried once when the limit resets."""
+
+    run_id: RunId
+    room: RoomKey
+    resets_at: float
+
+
 class StoreError(Exception):
     """The store could not do what was asked (connection lost, schema missing...)."""
 
@@ -271,6 +280,8 @@ class Store(Protocol):
         finishing a run that already ended records nothing and returns that
         run's entries still pending, in order: a caller retrying after a lost
         acknowledgement (the first try did commit) hands its answer over.
+        A report with a cost (``cost_usd``) also writes the run's row of the
+        budget ledger (see :meth:`spend`), in the same transaction.
         """
         ...
 
@@ -365,6 +376,29 @@ class Store(Protocol):
 
     async def set_room_mode(self, room: RoomKey, mode: str | None) -> None:
         """Set (None: clear) the permission mode the room's next runs use."""
+        ...
+
+    # Budgets and usage limits (docs/budgets.md)
+
+    async def spend(self, since: float, room: RoomKey | None = None) -> float:
+        """USD the runs that ended at or after ``since`` cost: in ``room``, or in all rooms.
+
+        Read from the ledger :meth:`finish_run` writes, which ``!reset`` and
+        the pruning of runs leave alone (``prune`` drops its rows by age).
+        """
+        ...
+
+    async def add_limit_resume(self, run_id: RunId, room: RoomKey, resets_at: float) -> None:
+        """Note that ``run_id`` is to be retried once at ``resets_at``; a second call for the
+        same run changes nothing (the first reset time stands)."""
+        ...
+
+    async def limit_resumes(self) -> list[LimitResume]:
+        """Every retry still waiting for its limit to reset, the earliest first."""
+        ...
+
+    async def drop_limit_resume(self, run_id: RunId) -> bool:
+        """Forget the waiting retry of ``run_id``; whether there was one."""
         ...
 
     # Approvals
@@ -468,7 +502,8 @@ class Store(Protocol):
     async def prune(self, older_than: float) -> int:
         """Delete audit rows, finished messages and finished runs older than ``older_than``.
 
-        Also outbox entries delivered or given up before then, and
+        Also ledger rows of runs that ended before then, outbox entries
+        delivered or given up before then, and
         approvals decided before then (pending ones are kept). Never touches
         pending or dispatched messages, running runs or pending deliveries
         (registered runs are running; a registry row would go with its run).

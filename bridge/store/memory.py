@@ -32,6 +32,7 @@ from bridge.store.base import (
     AuditAction,
     AuditRecord,
     DeliveryState,
+    LimitResume,
     OutboxEntry,
     RegisteredRun,
     RoomOverrides,
@@ -80,6 +81,9 @@ class MemoryStore:
         self._next_approval = 1
         self._audit: list[AuditRecord] = []
         self._outbox: dict[int, OutboxEntry] = {}
+        # The budget ledger: (room, ended at, cost) by run.
+        self._spend: dict[RunId, tuple[RoomKey, float, float]] = {}
+        self._resumes: dict[RunId, LimitResume] = {}
         self._next_outbox = 1
         self._next_message = 1
         self._next_audit = 1
@@ -341,6 +345,8 @@ class MemoryStore:
         )
         if keep_session and report.session_id is not None:
             self._sessions[run.room] = report.session_id
+        if report.cost_usd is not None:
+            self._spend[run_id] = (run.room, at, report.cost_usd)
         return self._enqueue(replies, at, run_id)
 
     # Outbox
@@ -509,6 +515,37 @@ class MemoryStore:
         if mode is not None:
             require_storable(mode)
         self._overrides[room] = replace(await self.room_overrides(room), permission_mode=mode)
+
+    # Budgets and usage limits
+
+    async def spend(self, since: float, room: RoomKey | None = None) -> float:
+        """USD the runs that ended at or after ``since`` cost (in ``room``, or everywhere)."""
+        self._check_open()
+        return sum(
+            cost
+            for spent_in, at, cost in self._spend.values()
+            # By transport and room id, as the SQL columns: whatever else a key carries.
+            if at >= since
+            and (
+                room is None
+                or (spent_in.transport, spent_in.room_id) == (room.transport, room.room_id)
+            )
+        )
+
+    async def add_limit_resume(self, run_id: RunId, room: RoomKey, resets_at: float) -> None:
+        """Note a retry of ``run_id`` at ``resets_at`` (the first note stands)."""
+        self._check_open()
+        self._resumes.setdefault(run_id, LimitResume(run_id, room, resets_at))
+
+    async def limit_resumes(self) -> list[LimitResume]:
+        """The waiting retries, earliest first."""
+        self._check_open()
+        return sorted(self._resumes.values(), key=lambda r: (r.resets_at, r.run_id))
+
+    async def drop_limit_resume(self, run_id: RunId) -> bool:
+        """Forget the waiting retry of ``run_id``; whether there was one."""
+        self._check_open()
+        return self._resumes.pop(run_id, None) is not None
 
     # Approvals
 
@@ -735,6 +772,11 @@ class MemoryStore:
         for approval_id in finished:
             del self._approvals[approval_id]
         deleted += len(finished)
+
+        old = [run_id for run_id, (_, at, _) in self._spend.items() if at < older_than]
+        for run_id in old:
+            del self._spend[run_id]
+        deleted += len(old)
 
         for run_id, run in list(self._runs.items()):
             remaining = tuple(i for i in run.message_ids if i not in gone)

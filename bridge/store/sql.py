@@ -57,6 +57,7 @@ from bridge.store.base import (
     AuditAction,
     AuditRecord,
     DeliveryState,
+    LimitResume,
     OutboxEntry,
     RegisteredRun,
     RoomOverrides,
@@ -94,6 +95,7 @@ from bridge.store.tables import (
     ApprovalRow,
     AuditRow,
     Base,
+    LimitResumeRow,
     LiveRunRow,
     MessageRow,
     OutboxRow,
@@ -101,6 +103,7 @@ from bridge.store.tables import (
     RunMessageRow,
     RunRow,
     ScheduleMarkRow,
+    SpendRow,
 )
 
 _LIVE = tuple(str(s) for s in LIVE_STATES)
@@ -112,6 +115,7 @@ _RUNS: Table = RunRow.__table__  # type: ignore[assignment]
 _RUN_MESSAGES: Table = RunMessageRow.__table__  # type: ignore[assignment]
 _OUTBOX: Table = OutboxRow.__table__  # type: ignore[assignment]
 _LIVE_RUNS: Table = LiveRunRow.__table__  # type: ignore[assignment]
+_SPEND: Table = SpendRow.__table__  # type: ignore[assignment]
 
 _MAX_NUMBER = 2**31 - 1
 """The largest approval number an ``Integer`` column holds on every backend."""
@@ -690,6 +694,7 @@ class SqlStore:
             run_values: list[dict[str, Any]] = []
             audit: list[dict[str, Any]] = []
             outbox: list[dict[str, Any]] = []
+            spend: list[dict[str, Any]] = []
             settle: dict[MessageState, list[RunId]] = {}
             sessions: dict[RoomKey, SessionId] = {}
             for finish in group:
@@ -715,6 +720,8 @@ class SqlStore:
                             detail=report.status.value,
                         )
                     )
+                    if report.cost_usd is not None:
+                        spend.append(_spend_values(finish, room))
                     kept = self._kept_session(finish, room)
                     if kept is not None:
                         sessions[room] = kept
@@ -742,6 +749,8 @@ class SqlStore:
                 await s.execute(self._sessions_upsert(sessions))
             if audit:
                 await s.execute(insert_statement(_AUDIT), audit)
+            if spend:
+                await s.execute(insert_statement(_SPEND), spend)
             ids: list[int] = []
             if outbox:
                 # One multi-row INSERT; its ids come back in the rows' order.
@@ -999,6 +1008,49 @@ class SqlStore:
             transport=room.transport, room_id=_stored_id(room), **values
         )
         return upsert.on_conflict_do_update(index_elements=["transport", "room_id"], set_=values)
+
+    # Budgets and usage limits
+
+    async def spend(self, since: float, room: RoomKey | None = None) -> float:
+        """USD the runs that ended at or after ``since`` cost (in ``room``, or everywhere)."""
+        query = select(func.coalesce(func.sum(SpendRow.cost_usd), 0.0)).where(SpendRow.at >= since)
+        if room is not None:
+            query = query.where(
+                SpendRow.transport == room.transport, SpendRow.room_id == room.room_id
+            )
+        async with self._read() as s:
+            return float(await s.scalar(query) or 0.0)
+
+    async def add_limit_resume(self, run_id: RunId, room: RoomKey, resets_at: float) -> None:
+        """Note a retry of ``run_id`` at ``resets_at`` (the first note stands)."""
+        async with self._transaction() as s:
+            await s.execute(
+                self._insert(LimitResumeRow)
+                .values(
+                    run_id=run_id,
+                    transport=room.transport,
+                    room_id=_stored_id(room),
+                    resets_at=resets_at,
+                )
+                .on_conflict_do_nothing(index_elements=["run_id"])
+            )
+
+    async def limit_resumes(self) -> list[LimitResume]:
+        """The waiting retries, earliest first."""
+        async with self._read() as s:
+            rows = await s.scalars(
+                select(LimitResumeRow).order_by(LimitResumeRow.resets_at, LimitResumeRow.run_id)
+            )
+            return [
+                LimitResume(RunId(r.run_id), _room(r.transport, r.room_id), r.resets_at)
+                for r in rows
+            ]
+
+    async def drop_limit_resume(self, run_id: RunId) -> bool:
+        """Forget the waiting retry of ``run_id``; whether there was one."""
+        async with self._transaction() as s:
+            result = await s.execute(delete(LimitResumeRow).where(LimitResumeRow.run_id == run_id))
+            return _rowcount(result) > 0
 
     # Approvals
 
@@ -1291,7 +1343,8 @@ class SqlStore:
                     ApprovalRow.decided_at < older_than,
                 )
             )
-            counts = (audit, messages, runs, outbox, approvals)
+            spend = await s.execute(delete(SpendRow).where(SpendRow.at < older_than))
+            counts = (audit, messages, runs, outbox, approvals, spend)
             return sum(_rowcount(c) for c in counts)
 
     # Lifecycle
@@ -1473,6 +1526,17 @@ def _outbox_row(reply: Reply, at: float, run_id: RunId | None) -> OutboxRow:
         state=DeliveryState.PENDING.value,
         created=at,
     )
+
+
+def _spend_values(finish: _Finish, room: RoomKey) -> dict[str, Any]:
+    """The run's row of the budget ledger: by room (a thread's cost is its room's)."""
+    return {
+        "run_id": finish.run_id,
+        "transport": room.transport,
+        "room_id": room.room_id,
+        "at": finish.at,
+        "cost_usd": finish.report.cost_usd,
+    }
 
 
 def _ended_run_values(seq: int, finish: _Finish) -> dict[str, Any]:

@@ -9,7 +9,7 @@ Surrogate keys never repeat (``sqlite_autoincrement``; PostgreSQL sequences
 never do): audit rows outlive pruned messages and must not come to name a
 newer message that reused a deleted id.
 
-The migrations (``0001_initial`` to ``0005``) create exactly this schema; a test
+The migrations (``0001_initial`` to ``0006``) create exactly this schema; a test
 compares the two with Alembic's autogenerate.
 """
 
@@ -262,3 +262,43 @@ class ScheduleMarkRow(Base):
     name: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
     fired_at: Mapped[float] = mapped_column(Double)
     """The scheduled time (epoch seconds) of the latest firing run, skipped or missed."""
+
+
+class SpendRow(Base):
+    """The budget ledger: what one run cost, by room and time (docs/budgets.md).
+
+    Its own table, not a column read off ``runs``: it has no foreign key, so
+    a pruned run keeps its cost until the ledger row is pruned in its turn,
+    and ``!reset`` (which only forgets a session) never touches it.
+    """
+
+    __tablename__ = "spend"
+
+    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    transport: Mapped[str] = mapped_column(String(32))
+    room_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    at: Mapped[float] = mapped_column(Double)
+    """When the run ended: its cost counts for that day."""
+    cost_usd: Mapped[float] = mapped_column(Double)
+
+    __table_args__ = (
+        # "Spend today in room X" and "in all rooms": range scans by time.
+        Index("ix_spend_room_at", "transport", "room_id", "at"),
+        Index("ix_spend_at", "at"),
+    )
+
+
+class LimitResumeRow(Base):
+    """A run cut short by a usage limit, to be retried once when the limit resets.
+
+    Deleted when the retry is made; the retry itself re-queues the run's
+    messages at most once (``requeue_run``), so a restart between the two
+    cannot retry twice.
+    """
+
+    __tablename__ = "limit_resumes"
+
+    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    transport: Mapped[str] = mapped_column(String(32))
+    room_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    resets_at: Mapped[float] = mapped_column(Double)

@@ -99,6 +99,24 @@ Behaviour switches (environment variables; unset or empty means off):
     Stay alive this long after printing the result line.
 ``FAKE_CLAUDE_STDERR=TEXT``
     Write TEXT to stderr at start.
+``FAKE_CLAUDE_COST=USD``
+    The ``total_cost_usd`` each result reports (default 0.0123). With
+    ``--max-budget-usd`` at or below it, a turn ends as the real one does at
+    its budget: an ``error_max_budget_usd`` result with the cost and
+    ``Reached maximum budget ($X)`` in ``errors``; exit 1.
+``FAKE_CLAUDE_USAGE_LIMIT=SECONDS``
+    (Streaming input.) Each turn hits a subscription's usage limit that resets
+    SECONDS from now, as claude 2.1.332 reports it (observed against a model
+    server answering 429 with the ``anthropic-ratelimit-unified-*`` headers,
+    logged in with an OAuth token): a ``rate_limit_event`` with
+    ``status: "rejected"``, ``resetsAt`` (whole epoch seconds) and
+    ``rateLimitType``; a synthetic assistant text ``You've hit your 5-hour
+    limit · resets 5:56pm (UTC)`` with ``error: "rate_limit"``; a result of
+    subtype ``success`` with ``is_error`` true, ``terminal_reason:
+    "api_error"``, cost 0 and that text; exit 1. With an API key instead, the
+    real CLI prints no ``rate_limit_event`` and no reset time for a 429.
+``FAKE_CLAUDE_USAGE_LIMIT_ONCE=PATH``
+    Only the first turn (the one that creates PATH) hits the limit.
 
 Children started by the switches above are listed in the record file.
 SIGINT prints an interrupted ``error_during_execution`` result and exits 0.
@@ -308,6 +326,69 @@ def _line(obj: dict[str, Any]) -> None:
         sys.stdout.flush()
 
 
+def _cost() -> float:
+    return float(_env("FAKE_CLAUDE_COST") or 0.0123)
+
+
+def _usage_limited() -> bool:
+    """Whether this turn hits the usage limit (``FAKE_CLAUDE_USAGE_LIMIT``)."""
+    if not _env("FAKE_CLAUDE_USAGE_LIMIT"):
+        return False
+    once = _env("FAKE_CLAUDE_USAGE_LIMIT_ONCE")
+    if not once:
+        return True
+    try:
+        Path(once).touch(exist_ok=False)
+    except FileExistsError:
+        return False
+    return True
+
+
+def _usage_limit(session_id: str, end: Any) -> dict[str, Any]:
+    """Print what claude 2.1.332 prints when a subscription's usage limit refuses the
+    turn's model call; return the turn's result line (an error, for ``end``)."""
+    resets_at = int(time.time() + float(_env("FAKE_CLAUDE_USAGE_LIMIT"))) + 1
+    info = {
+        "status": "rejected",
+        "resetsAt": resets_at,
+        "rateLimitType": "five_hour",
+        "isUsingOverage": False,
+    }
+    windows = {"five_hour": {"utilization": 1, "resetsAt": resets_at, "status": "rejected"}}
+    _line(
+        {
+            "type": "rate_limit_event",
+            "rate_limit_info": {**info, "unifiedWindows": windows},
+            "uuid": str(uuid.uuid4()),
+            "session_id": session_id,
+        }
+    )
+    when = time.strftime("%-I:%M%p", time.gmtime(resets_at)).lower()
+    text = f"You've hit your 5-hour limit \u00b7 resets {when} (UTC)"
+    assistant = _assistant(session_id, {"type": "text", "text": text})
+    assistant["message"]["model"] = "<synthetic>"
+    assistant.update(
+        error="rate_limit",
+        is_api_error_message=True,
+        api_error_status=429,
+        api_error="usage_limit_reached",
+        api_error_params={"rate_limit_info": info},
+        api_error_type="rate_limit_error",
+    )
+    _line(assistant)
+    # A "success" that is an error, with the text as its result, as the real one.
+    result: dict[str, Any] = end(
+        subtype="success", is_error=True, text=text, reason="api_error", errors=[]
+    )
+    result.update(
+        total_cost_usd=0,
+        api_error_status=429,
+        api_error_type="rate_limit_error",
+        api_error="usage_limit_reached",
+    )
+    return result
+
+
 def _result(
     session_id: str, *, subtype: str, is_error: bool, text: str, turns: int, errors: list[str]
 ) -> dict[str, Any]:
@@ -319,7 +400,7 @@ def _result(
         "duration_api_ms": 10,
         "num_turns": turns,
         "session_id": session_id,
-        "total_cost_usd": 0.0 if turns == 0 else 0.0123,
+        "total_cost_usd": 0.0 if turns == 0 else _cost(),
         "usage": {"input_tokens": 10, "output_tokens": 5},
         "modelUsage": {},
         "permission_denials": [],
@@ -606,6 +687,7 @@ class _Session:
             rule.strip() for arg in opts["allowed"] for rule in arg.replace(",", " ").split()
         }
         self._model = str(opts.get("--model", MODEL))
+        self._budget = opts.get("--max-budget-usd")
         skip = opts.get("--dangerously-skip-permissions")
         self._mode = "bypassPermissions" if skip else _mode(opts)
         self._cond = threading.Condition()
@@ -761,6 +843,9 @@ class _Session:
         with self._cond:
             _line(_init(sid, self._cwd, self._model, self._mode))
         self._take(first, started=True)
+        if _usage_limited():
+            self._finish(_usage_limit(sid, self._end))
+            return True
         try:
             self._script()
         except _Aborted as aborted:
@@ -782,6 +867,18 @@ class _Session:
             text += " \ud83d"
         is_error = bool(_env("FAKE_CLAUDE_IS_ERROR"))
         _line(_assistant(sid, {"type": "text", "text": text}))
+        if self._budget is not None and _cost() >= float(self._budget):
+            # As the real one: the turn's spending is checked after its model call.
+            self._finish(
+                self._end(
+                    subtype="error_max_budget_usd",
+                    is_error=True,
+                    text="",
+                    reason="completed",
+                    errors=[f"Reached maximum budget (${self._budget})"],
+                )
+            )
+            return True
         self._finish(
             self._end(
                 subtype="error_during_execution" if is_error else "success",

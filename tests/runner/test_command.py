@@ -165,3 +165,16 @@ def test_extra_env_cannot_hide_the_marker_or_reintroduce_claudecode() -> None:
 def test_empty_run_id_is_refused() -> None:
     with pytest.raises(InvalidRequest, match="empty run id"):
         build_env(request(run_id=RunId("")), {})
+
+
+def test_max_budget_is_passed_only_when_set() -> None:
+    assert "--max-budget-usd" not in build_argv(request())
+    argv = build_argv(request(max_budget_usd=0.25, max_turns=3))
+    assert argv[argv.index("--max-budget-usd") + 1] == "0.25"
+    assert argv[-1] == "--"
+
+
+@pytest.mark.parametrize("budget", [0.0, -1.0, float("nan")])
+def test_a_budget_that_is_not_positive_is_refused(budget: float) -> None:
+    with pytest.raises(InvalidRequest, match="max_budget_usd"):
+        build_argv(request(max_budget_usd=budget))

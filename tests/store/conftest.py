@@ -32,7 +32,8 @@ POSTGRES_ENV = "CHATBRIDGE_TEST_POSTGRES_URL"
 EMPTY_ALL_TABLES = (
     "DELETE FROM audit; DELETE FROM run_messages; DELETE FROM messages;"
     " DELETE FROM live_runs; DELETE FROM runs; DELETE FROM rooms; DELETE FROM outbox;"
-    " DELETE FROM approvals; DELETE FROM schedule_marks"
+    " DELETE FROM approvals; DELETE FROM schedule_marks; DELETE FROM spend;"
+    " DELETE FROM limit_resumes"
 )
 
 

@@ -119,7 +119,9 @@ async def apply(store: InspectableStore, op: tuple[Any, ...], history: History) 
             return run_id
         case "finish" if history.run_ids:
             run_id = history.run_ids[args[0] % len(history.run_ids)]
-            report = RunReport(status=args[1], result_text="r" * 5000, error="e")
+            # Costs in quarters: sums are exact, in whatever order a backend adds them.
+            cost = 0.25 * (args[0] % 3) if args[0] % 3 else None
+            report = RunReport(status=args[1], result_text="r" * 5000, error="e", cost_usd=cost)
             try:
                 await store.finish_run(run_id, report, now)
             except StoreError:
@@ -173,6 +175,8 @@ async def snapshot(store: InspectableStore, history: History) -> object:
         [await store.retryable_runs(r) for r in ROOMS],
         [await store.get_session(r) for r in ROOMS],
         await store.audit_trail(),
+        [await store.spend(0.0, r) for r in ROOMS],
+        await store.spend(history.now - 3),
     )
 
 

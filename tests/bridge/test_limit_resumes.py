@@ -1,0 +1,133 @@
+"""The retry after a usage limit, against the memory store: made once, only after the run's
+end is recorded, whoever retried first (see bridge/usage.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from bridge.core.model import (
+    Batch,
+    ExternalMessageId,
+    InboundMessage,
+    Message,
+    RoomId,
+    RoomKey,
+    RunId,
+    RunReport,
+    RunStatus,
+    TransportName,
+    UserId,
+)
+from bridge.delivery import Outbox
+from bridge.metrics import Metrics
+from bridge.notices import Notices
+from bridge.replies import Replier
+from bridge.store.base import LimitResume
+from bridge.store.memory import MemoryStore
+from bridge.usage import LimitResumes
+
+ROOM = RoomKey(TransportName("matrix"), RoomId("!a:x"))
+RUN = RunId("run-1")
+
+
+async def limited_run(store: MemoryStore) -> Message:
+    inbound = InboundMessage(ROOM, UserId("@u:x"), "big job", ExternalMessageId("$1"))
+    message = await store.accept(inbound, 10.0)
+    assert message is not None
+    await store.start_run(RUN, Batch(ROOM, (message,)), 20.0)
+    await store.add_limit_resume(RUN, ROOM, 100.0)
+    return message
+
+
+def resumes(store: MemoryStore, submitted: list[Message], clock: list[float]) -> LimitResumes:
+    metrics = Metrics()
+    # No transports: the notices stay in the store's outbox, where the test reads them.
+    notices = Notices(store, Outbox(store, {}, metrics), Replier({}))
+    return LimitResumes(
+        store, submitted.append, notices, metrics, enabled=True, wall_clock=lambda: clock[0]
+    )
+
+
+def recording(submitted: list[Message], made: asyncio.Event) -> Callable[[Message], None]:
+    def submit(message: Message) -> None:
+        submitted.append(message)
+        made.set()
+
+    return submit
+
+
+async def notices(store: MemoryStore) -> list[str]:
+    return [e.reply.text for e in await store.undelivered()]
+
+
+async def test_the_retry_waits_for_the_runs_end_and_is_made_once() -> None:
+    store, submitted, clock = MemoryStore(), list[Message](), [150.0]
+    message = await limited_run(store)
+    limits = resumes(store, submitted, clock)
+    entry = LimitResume(RUN, ROOM, 100.0)
+
+    # The run's end is not recorded yet: nothing to queue, and the record stays.
+    assert await limits._resume(entry) is False
+    assert await store.limit_resumes() == [entry]
+
+    await store.finish_run(RUN, RunReport(RunStatus.FAILED, error="limit"), 30.0)
+    assert await limits._resume(entry) is True
+    assert [m.id for m in submitted] == [message.id]
+    assert await store.limit_resumes() == []
+    assert await notices(store) == ["The usage limit has reset: retrying run `run-1`."]
+
+    # A restart that found the record again (dropped after the re-queue, say): nothing twice.
+    await store.add_limit_resume(RUN, ROOM, 100.0)
+    assert await limits._resume(entry) is True
+    assert len(submitted) == 1
+    assert await store.limit_resumes() == []
+
+
+async def test_a_retry_by_hand_first_leaves_nothing_for_the_reset() -> None:
+    store, submitted, clock = MemoryStore(), list[Message](), [150.0]
+    await limited_run(store)
+    await store.finish_run(RUN, RunReport(RunStatus.FAILED, error="limit"), 30.0)
+    assert len(await store.requeue_run(RUN)) == 1  # !retry
+    limits = resumes(store, submitted, clock)
+    assert await limits._resume(LimitResume(RUN, ROOM, 100.0)) is True
+    assert submitted == []
+    assert await notices(store) == []
+
+
+async def test_serve_makes_a_retry_whose_reset_passed_while_it_was_down() -> None:
+    store, submitted, clock = MemoryStore(), list[Message](), [150.0]
+    await limited_run(store)
+    await store.finish_run(RUN, RunReport(RunStatus.FAILED, error="limit"), 30.0)
+    made = asyncio.Event()
+    limits = resumes(store, submitted, clock)
+    limits.submit = recording(submitted, made)
+    serving = asyncio.create_task(limits.serve())
+    try:
+        async with asyncio.timeout(10):
+            await made.wait()
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+    assert len(submitted) == 1
+
+
+async def test_serve_waits_for_the_reset_and_a_noted_end() -> None:
+    store, submitted, clock = MemoryStore(), list[Message](), [50.0]
+    await limited_run(store)
+    made = asyncio.Event()
+    limits = resumes(store, submitted, clock)
+    limits.submit = recording(submitted, made)
+    serving = asyncio.create_task(limits.serve())
+    try:
+        await asyncio.sleep(0)  # (it lists the record: not due, it waits)
+        clock[0] = 150.0  # the reset passed, but the run's end is not recorded
+        await store.finish_run(RUN, RunReport(RunStatus.FAILED, error="limit"), 30.0)
+        limits.noted()
+        async with asyncio.timeout(10):
+            await made.wait()
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+    assert len(submitted) == 1
+    assert await store.limit_resumes() == []
