@@ -184,6 +184,10 @@ class RoomDefaults(_Section):
     """A request unanswered this long is denied (claude is told it timed out)."""
     during_run: DuringRun = "queue"
     """Messages during a run: ``queue`` (a follow-up run), ``steer`` (into it), ``interrupt``."""
+    max_file_bytes: int = Field(20 * 1024 * 1024, ge=0)
+    """A shared file larger than this is not downloaded (the prompt says so); 0: no files."""
+    max_message_files_bytes: int = Field(50 * 1024 * 1024, ge=0)
+    """All files of one message together are downloaded up to this many bytes."""
 
     @field_validator("memory_max", mode="before")
     @classmethod

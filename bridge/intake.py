@@ -36,10 +36,6 @@ log = logging.getLogger(__name__)
 _ANSWERS = frozenset({CommandName.APPROVE, CommandName.DENY})
 """The commands of approvers who are not allowed users (answers to tool requests)."""
 
-FILES_NOT_SUPPORTED = (
-    "Files are not passed to Claude yet, so nothing was started. Please write your request as text."
-)
-
 
 @dataclass(slots=True)
 class Intake:
@@ -211,9 +207,7 @@ class Intake:
             self._not_handed[key] -= 1
             if not self._not_handed[key]:
                 del self._not_handed[key]
-        if not message.text.strip():
-            await self._files_only(message)
-        elif command is not None:
+        if command is not None:
             self.metrics.messages.labels("command").inc()
             # The room's next events wait for it: answers are only recorded
             # here (see bridge.notices), so that costs no network call.
@@ -223,15 +217,6 @@ class Intake:
             self.dispatcher.submit(message)
             self.on_accepted(message)
         return Accepted.ACCEPTED
-
-    async def _files_only(self, message: Message) -> None:
-        """Files without text (transports hand over no other empty message): answered, not run.
-
-        Settled like a command, so a crash never turns it into an empty run.
-        """
-        self.metrics.messages.labels("files").inc()
-        await self.commands.answer(message, FILES_NOT_SUPPORTED)
-        await self.store.complete_command(message.id)
 
     async def _command(self, command: Command, message: Message) -> None:
         try:
@@ -254,7 +239,7 @@ class Intake:
         resumed = 0
         prefix = self.settings.commands.prefix
         for message in pending:
-            if parse_command(message.text, prefix) is not None or not message.text.strip():
+            if parse_command(message.text, prefix) is not None or _empty(message):
                 await self.store.complete_command(message.id)
             elif self.settings.room(message.room) is None:
                 log.warning("pending message %s is for a room no longer configured", message.id)
@@ -262,3 +247,8 @@ class Intake:
                 self.dispatcher.submit(message)
                 resumed += 1
         return resumed
+
+
+def _empty(message: Message) -> bool:
+    """Nothing to run: no text and no files (stored before files were kept with messages)."""
+    return not message.text.strip() and not message.attachments

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bridge.approval_flow import ApprovalFlow
+from bridge.attachments import Inbox, Limits
 from bridge.config import RoomSettings, Settings
 from bridge.core import stages
 from bridge.core.aio import shielded
@@ -77,6 +78,7 @@ from bridge.metrics import Metrics
 from bridge.notices import Notices
 from bridge.prestarts import Prestarts, Taken
 from bridge.progress import ProgressMessage
+from bridge.prompt import build_prompt
 from bridge.replies import Replier, in_conversation
 from bridge.store.base import (
     AuditAction,
@@ -126,13 +128,6 @@ PROGRESS_FINISH_TIMEOUT_S = 120.0
 
 def new_run_id() -> RunId:
     return RunId(f"run-{secrets.token_hex(8)}")
-
-
-def build_prompt(batch: Batch) -> str:
-    """The batch's texts verbatim, in order; attributed when there are several."""
-    if len(batch.messages) == 1:
-        return batch.first.text
-    return "\n\n".join(f"{m.sender} wrote:\n{m.text}" for m in batch.messages)
 
 
 def run_request(  # noqa: PLR0917 (the run's parts, in order)
@@ -350,6 +345,8 @@ class RunExecutor:
     """Asks the room about tool uses (``approve_tools``); None: requests are not asked."""
     prestarts: Prestarts | None = None
     """Claudes started while their batch gathered (``[runner] prestart``)."""
+    inbox: Inbox | None = None
+    """Fetches the files shared with a batch into the run's inbox; None: files are only named."""
     _finishing: set[asyncio.Task[None]] = field(default_factory=set)
     """The progress messages' last edits still under way (see :meth:`drain`)."""
     _generations: dict[RoomKey, int] = field(default_factory=dict)
@@ -566,7 +563,11 @@ class RunExecutor:
             await self._give_up(taken, "failed")
             return RunReport(RunStatus.FAILED, error="room not configured")
         log.info("run started with %d message(s)", len(batch.messages))
-        prompt = build_prompt(batch)
+        files = []
+        if self.inbox is not None:
+            limits = Limits(room.max_file_bytes, room.max_message_files_bytes)
+            files = await self.inbox.fetch(run.id, batch, room.cwd, limits)
+        prompt = build_prompt(batch, files)
         # Reads, before the spawn: nothing else stands in front of claude.
         session = await self.store.get_session(batch.room)
         overrides = await self.store.room_overrides(batch.room)
@@ -725,6 +726,8 @@ class RunExecutor:
             # taken its last input while no bridge was there.)
             if live.final or not control.accepting or control.replaying:
                 return False
+            if any(m.attachments for m in batch.messages):
+                return False  # files are fetched as a run is prepared: a follow-up run
             try:
                 if interrupt:
                     control.interrupt_now()
