@@ -17,6 +17,7 @@ characters, bounded length) and :class:`_Names` makes them unique in the run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import unicodedata
@@ -185,10 +186,8 @@ def _too_large(limits: Limits, left: int) -> str:
 
 
 def _remove(path: Path) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def human_size(size: int) -> str:

@@ -33,7 +33,7 @@ _LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 
 
 def build_prompt(batch: Batch, files: Sequence[FetchedFile] = ()) -> str:
-    """The prompt for ``batch``; ``files``: what became of its attachments (see bridge.attachments)."""
+    """The prompt for ``batch``; ``files``: what became of its files (bridge.attachments)."""
     plain = not files and not any(m.attachments or m.reply_to_text for m in batch.messages)
     if len(batch.messages) == 1 and plain:
         return batch.first.text
