@@ -164,7 +164,7 @@ async def test_files_of_bots_and_strangers_are_ignored(tmp_path: Path) -> None:
         stranger = with_files(chat.room, "f-3", NOTES, sender="stranger")
         assert await chat.sink(bot) is Accepted.IGNORED
         assert await chat.sink(stranger) is Accepted.IGNORED
-        _, accepted = await chat.say("and now some text")
+        await chat.say("and now some text")
         await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
     assert chat.texts(ReplyKind.RESULT) == ["and now some text"]
     assert chat.fetched == []
