@@ -17,7 +17,9 @@ characters, bounded length) and :class:`_Names` makes them unique in the run.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import dataclasses
 import logging
 import os
 import unicodedata
@@ -28,6 +30,7 @@ from pathlib import Path
 from bridge.core.model import Attachment, Batch, MessageId, RunId, TransportName
 from bridge.core.transport import FileTooLarge, TransportError
 from bridge.metrics import Metrics
+from runner import PromptImage
 from transports.base import Transport
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,8 @@ class FetchedFile:
     size: int | None
     """Bytes written; for a file not kept, the size the transport reported."""
     missing_reason: str = ""
+    shown: bool = False
+    """An image also sent to claude as image content (see :func:`shown_images`)."""
 
 
 def safe_name(name: str) -> str:
@@ -200,10 +205,41 @@ def human_size(size: int) -> str:
     raise AssertionError("unreachable")
 
 
-def images(fetched: Sequence[FetchedFile]) -> list[FetchedFile]:
-    """The fetched files claude can be shown as images."""
-    return [f for f in fetched if f.path is not None and f.attachment.mime in IMAGE_TYPES]
-
-
 IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
 """The image types the model accepts as image content."""
+IMAGE_MAX_BYTES = 3_750_000
+"""An image larger than this is only named, not shown: base64 makes it 5 MB, the API's
+limit per image."""
+MAX_IMAGES = 20
+"""At most this many images are shown with one prompt."""
+
+
+async def shown_images(
+    cwd: Path, fetched: Sequence[FetchedFile], budget_bytes: int
+) -> tuple[list[FetchedFile], list[PromptImage]]:
+    """The images among ``fetched`` that go to claude as image content, within
+    ``budget_bytes`` (raw) in all, and ``fetched`` with those marked ``shown``.
+
+    The budget keeps the prompt's line, which claude echoes, under the runner's
+    line limit. The others are named only, and claude can read them from disk.
+    """
+    images: list[PromptImage] = []
+    marked = list(fetched)
+    for index, file in enumerate(fetched):
+        if (
+            file.path is None
+            or file.size is None
+            or file.attachment.mime not in IMAGE_TYPES
+            or file.size > min(IMAGE_MAX_BYTES, budget_bytes)
+            or len(images) >= MAX_IMAGES
+        ):
+            continue
+        try:
+            data = await asyncio.to_thread((cwd / file.path).read_bytes)
+        except OSError as exc:
+            log.warning("could not read back an image of the run: %s", exc)
+            continue
+        budget_bytes -= len(data)
+        images.append(PromptImage(file.attachment.mime, base64.b64encode(data).decode("ascii")))
+        marked[index] = dataclasses.replace(file, shown=True)
+    return marked, images

@@ -92,7 +92,8 @@ def file_line(file: FetchedFile) -> str:
             f" {_one_line(file.missing_reason)[:300]}"
         )
     size = "" if file.size is None else f", {human_size(file.size)}"
-    return f"File {_json(str(file.path))} ({mime}{size})"
+    shown = ", shown to you as an image" if file.shown else ""
+    return f"File {_json(str(file.path))} ({mime}{size}){shown}"
 
 
 def _json(text: str) -> str:

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bridge.approval_flow import ApprovalFlow
-from bridge.attachments import Inbox, Limits
+from bridge.attachments import FetchedFile, Inbox, Limits, shown_images
 from bridge.config import RoomSettings, Settings
 from bridge.core import stages
 from bridge.core.aio import shielded
@@ -92,6 +92,7 @@ from bridge.store.rules import delivery_key
 from dispatcher import DispatchedRun, EndReason, Execute
 from runner import (
     EventCallback,
+    PromptImage,
     RunRequest,
     answer_report,
     attach_claude,
@@ -563,15 +564,20 @@ class RunExecutor:
             await self._give_up(taken, "failed")
             return RunReport(RunStatus.FAILED, error="room not configured")
         log.info("run started with %d message(s)", len(batch.messages))
-        files = []
+        files: list[FetchedFile] = []
+        images: list[PromptImage] = []
         if self.inbox is not None:
             limits = Limits(room.max_file_bytes, room.max_message_files_bytes)
             files = await self.inbox.fetch(run.id, batch, room.cwd, limits)
+            # Base64 grows by a third; the line must stay well under the runner's limit.
+            budget = self.settings.runner.max_line_bytes // 2 * 3 // 4
+            files, images = await shown_images(room.cwd, files, budget)
         prompt = build_prompt(batch, files)
         # Reads, before the spawn: nothing else stands in front of claude.
         session = await self.store.get_session(batch.room)
         overrides = await self.store.room_overrides(batch.room)
         request = run_request(self.settings, room, run.id, prompt, session, overrides)
+        request = replace(request, images=tuple(images))
         prestarted = await taken.prestarted(request) if taken is not None else None
         on_event = self._on_event(run, live)
         report = await run_claude(
@@ -594,7 +600,7 @@ class RunExecutor:
             live.registered = None
             live.control = RunControl()
             report = await run_claude(
-                run_request(self.settings, room, run.id, prompt, None, overrides),
+                replace(request, session_id=None),
                 on_event,
                 on_position=live.at,
                 detach=live.detach,

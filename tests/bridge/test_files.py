@@ -4,6 +4,8 @@ no text is a message too."""
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 import sqlite3
 import time
@@ -23,7 +25,7 @@ from bridge.core.model import (
 from bridge.core.transport import Accepted, FileTooLarge, TransportError
 from bridge.service import open_store
 from tests.bridge.chat_room import ChatRoom, serving
-from tests.bridge.harness import write_config
+from tests.bridge.harness import ECHO, write_config
 
 
 class FileRoom(ChatRoom):
@@ -182,3 +184,42 @@ async def test_files_pending_at_a_crash_run_after_the_restart(tmp_path: Path) ->
         await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
     [prompt] = chat.texts(ReplyKind.RESULT)
     assert (tmp_path / inbox_path(prompt, "notes.txt")).read_bytes() == b"hello notes"
+
+
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+)
+
+
+async def test_images_are_shown_to_claude_as_image_content(tmp_path: Path) -> None:
+    record = tmp_path / "claude.json"
+    env = {**ECHO, "FAKE_CLAUDE_RECORD": str(record)}
+    settings = load_settings(write_config(tmp_path, env=env))
+    chat = FileRoom(console_room(settings), "local", {"img": PNG, "doc": b"text"})
+    sent = with_files(
+        console_room(settings),
+        "f-1",
+        Attachment("dot.png", "image/png", len(PNG), "img"),
+        Attachment("doc.txt", "text/plain", 4, "doc"),
+        text="what is in the picture?",
+    )
+    async with serving(settings, chat) as (_, chat):
+        assert chat.sink is not None
+        await chat.sink(sent)
+        await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
+    [prompt] = chat.texts(ReplyKind.RESULT)
+    png = inbox_path(prompt, "dot.png")
+    assert f'File "{png}" (image/png, {len(PNG)} B), shown to you as an image' in prompt
+    assert f'File "{inbox_path(prompt, "doc.txt")}" (text/plain, 4 B)' in prompt.splitlines()
+    content = json.loads(record.read_text())["content"]
+    assert content[0] == {"type": "text", "text": prompt}
+    assert content[1:] == [
+        {
+            "type": "image",
+            "source": {
+                "type": "base64",
+                "media_type": "image/png",
+                "data": base64.b64encode(PNG).decode(),
+            },
+        }
+    ]
