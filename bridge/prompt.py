@@ -66,9 +66,13 @@ def _message(message: Message, files: Sequence[FetchedFile]) -> str:
 
 
 def author(message: Message) -> str:
-    """``Alice (@alice:hs)``: the display name, if any, then the id that no name can fake."""
+    """``Alice (@alice:hs)``: the display name, if any, then the id that no name can fake.
+
+    A name loses brackets, quotes and ``@``, so it cannot hold an id of its own:
+    ``Alice (@alice:hs)`` as Eve's display name reads ``Alice alice:hs (@eve:hs)``.
+    """
     sender = _clean(message.sender, 255)
-    name = _clean(message.sender_name or "", NAME_CHARS)
+    name = _clean(message.sender_name or "", NAME_CHARS, names=True)
     if not name or name == sender:
         return sender
     return f"{name} ({sender})"
@@ -108,9 +112,11 @@ def _one_line(text: str) -> str:
     return " ".join("".join(ch for ch in text if ch.isprintable() or ch.isspace()).split())
 
 
-def _clean(text: str, limit: int) -> str:
+def _clean(text: str, limit: int, *, names: bool = False) -> str:
     printable = "".join(ch for ch in text if ch.isprintable() or ch.isspace())
-    return _NOT_IN_NAMES.sub(" ", printable).strip()[:limit].strip()
+    if names:
+        printable = printable.replace("@", " ")
+    return " ".join(_NOT_IN_NAMES.sub(" ", printable).split())[:limit].strip()
 
 
 def _mime(mime: str) -> str:
