@@ -88,7 +88,7 @@ def inbox_path(prompt: str, name: str) -> str:
 async def test_a_file_without_text_runs_with_the_file_in_its_inbox(tmp_path: Path) -> None:
     settings = load_settings(write_config(tmp_path))
     chat = FileRoom(console_room(settings), "local", {"ref-notes": b"hello notes"})
-    async with serving(settings, chat) as (_, chat):
+    async with serving(settings, chat) as (_, _room):
         assert chat.sink is not None
         assert await chat.sink(with_files(chat.room, "f-1", NOTES)) is Accepted.ACCEPTED
         await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
@@ -121,7 +121,7 @@ async def test_files_over_a_limit_are_not_downloaded_and_the_prompt_says_so(
         Attachment("gone.txt", "text/plain", 1, "gone"),
         text="look at these",
     )
-    async with serving(settings, chat) as (_, chat):
+    async with serving(settings, chat) as (_, _room):
         assert chat.sink is not None
         assert await chat.sink(sent) is Accepted.ACCEPTED
         await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
@@ -148,7 +148,7 @@ async def test_hostile_file_names_stay_inside_the_inbox_and_are_unique(tmp_path:
         Attachment("..", "text/plain", 3, "2"),
         Attachment("escape.txt", "text/plain", 5, "3"),
     )
-    async with serving(settings, chat) as (_, chat):
+    async with serving(settings, chat) as (_, _room):
         assert chat.sink is not None
         await chat.sink(sent)
         await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
@@ -160,7 +160,7 @@ async def test_hostile_file_names_stay_inside_the_inbox_and_are_unique(tmp_path:
 async def test_files_of_bots_and_strangers_are_ignored(tmp_path: Path) -> None:
     settings = load_settings(write_config(tmp_path))
     chat = FileRoom(console_room(settings), "local", {"ref-notes": b"hello notes"})
-    async with serving(settings, chat) as (_, chat):
+    async with serving(settings, chat) as (_, _room):
         assert chat.sink is not None
         bot = with_files(chat.room, "f-2", NOTES, sender_is_bot=True)
         stranger = with_files(chat.room, "f-3", NOTES, sender="stranger")
@@ -180,7 +180,7 @@ async def test_files_pending_at_a_crash_run_after_the_restart(tmp_path: Path) ->
     finally:
         await store.close()
     chat = FileRoom(console_room(settings), "local", {"ref-notes": b"hello notes"})
-    async with serving(settings, chat) as (_, chat):
+    async with serving(settings, chat) as (_, _room):
         await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
     [prompt] = chat.texts(ReplyKind.RESULT)
     assert (tmp_path / inbox_path(prompt, "notes.txt")).read_bytes() == b"hello notes"
@@ -203,7 +203,7 @@ async def test_images_are_shown_to_claude_as_image_content(tmp_path: Path) -> No
         Attachment("doc.txt", "text/plain", 4, "doc"),
         text="what is in the picture?",
     )
-    async with serving(settings, chat) as (_, chat):
+    async with serving(settings, chat) as (_, _room):
         assert chat.sink is not None
         await chat.sink(sent)
         await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
