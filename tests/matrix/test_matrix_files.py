@@ -5,6 +5,7 @@ replied-to text carried on the message."""
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,9 @@ from nio import UploadResponse
 
 from bridge.core.transport import FileTooLarge, TransportError
 from tests.matrix.matrix_helpers import Human, RecordingSink, TransportFactory, joined, running
+from tests.matrix.matrix_service import service
+from tests.matrix.synapse_peer import MatrixUser, SynapseServer
+from tests.matrix.test_matrix_service_e2e import ALICE, answer_in
 
 pytestmark = [pytest.mark.synapse, pytest.mark.slow]
 
@@ -113,3 +117,29 @@ async def test_names_pills_and_replies_are_carried_on_the_message(
         assert reply.sender_name == "Alice Liddell"
         assert reply.reply_to_text == "the build is red since Tuesday, see ci logs"
         assert sink.messages[0].reply_to_text is None
+
+
+async def test_the_service_runs_an_encrypted_file_and_a_reply_with_the_file_in_its_inbox(
+    tmp_path: Path, synapse: SynapseServer, bot: MatrixUser, alice: Human
+) -> None:
+    room = await alice.create_room([bot.user_id], encrypted=True)
+    data = b"line one\nline two\n"
+    echo = {"FAKE_CLAUDE_ECHO": "1", "FAKE_CLAUDE_NO_TOOL": "1"}
+    async with service(tmp_path, synapse, bot, room, allowed=(ALICE,), claude_env=echo):
+        await alice.wait_for(joined(bot.user_id, room))
+        await alice.sync()
+        url, keys = await upload(alice, data, encrypt=True)
+        assert keys is not None
+        extra = {
+            "file": {**keys, "url": url},
+            "info": {"mimetype": "text/plain", "size": len(data)},
+            "filename": "notes.txt",
+        }
+        await alice.send(room, "what do the notes say?", msgtype="m.file", extra=extra)
+        answer = await alice.wait_for(answer_in(bot, room))
+    body = answer.content["body"]
+    assert "@alice:localhost" in body
+    match = re.search(r'File "(\.chatbridge/inbox/run-[0-9a-f]+/notes\.txt)" \(text/plain', body)
+    assert match is not None, body
+    assert "> what do the notes say?" in body
+    assert (tmp_path / match.group(1)).read_bytes() == data
