@@ -171,6 +171,9 @@ class Inbox:
             async with asyncio.timeout(self._timeout):
                 await transport.fetch_attachment(attachment, dest, limit)
             size = dest.stat().st_size
+        except asyncio.CancelledError:
+            _remove(dest)  # the run was stopped while preparing: no part file stays
+            raise
         except FileTooLarge:
             _remove(dest)
             return missing("too_large", _too_large(limits, left))

@@ -4,6 +4,7 @@ no text is a message too."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import re
@@ -36,9 +37,16 @@ class FileRoom(ChatRoom):
         super().__init__(room, user)
         self.files = files
         self.fetched: list[str] = []
+        self.hang = False
+        """Each fetch writes a part, then waits forever (a slow chat server)."""
+        self.hanging = asyncio.Event()
 
     async def fetch_attachment(self, attachment: Attachment, dest: Path, limit_bytes: int) -> None:
         self.fetched.append(attachment.ref)
+        if self.hang:
+            dest.write_bytes(b"part")
+            self.hanging.set()
+            await asyncio.Event().wait()
         content = self.files.get(attachment.ref)
         if content is None:
             raise TransportError("console", "no such file")
@@ -121,10 +129,17 @@ async def test_files_over_a_limit_are_not_downloaded_and_the_prompt_says_so(
         Attachment("gone.txt", "text/plain", 1, "gone"),
         text="look at these",
     )
-    async with serving(settings, chat) as (_, _room):
+    async with serving(settings, chat) as (service, _room):
         assert chat.sink is not None
         assert await chat.sink(sent) is Accepted.ACCEPTED
         await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
+        counts = {
+            outcome: service.metrics.registry.get_sample_value(
+                "chatbridge_files_total", {"outcome": outcome}
+            )
+            for outcome in ("fetched", "too_large", "failed")
+        }
+    assert counts == {"fetched": 2, "too_large": 3, "failed": 1}
     [prompt] = chat.texts(ReplyKind.RESULT)
     assert "big" not in chat.fetched  # its reported size was enough to refuse it
     assert 'File "big.bin" (application/octet-stream, 101 B) not downloaded: larger than' in prompt
@@ -223,3 +238,20 @@ async def test_images_are_shown_to_claude_as_image_content(tmp_path: Path) -> No
             },
         }
     ]
+
+
+async def test_a_stop_while_files_are_fetched_leaves_no_part_file(tmp_path: Path) -> None:
+    settings = load_settings(write_config(tmp_path))
+    chat = FileRoom(console_room(settings), "local", {})
+    chat.hang = True
+    async with serving(settings, chat) as (_, _room):
+        assert chat.sink is not None
+        await chat.sink(with_files(chat.room, "f-1", NOTES))
+        await chat.hanging.wait()
+        await chat.say("!stop")
+        await chat.wait_until(
+            lambda: db_rows(tmp_path, "select status from runs") == [("stopped",)]
+        )
+    inbox = next((tmp_path / ".chatbridge" / "inbox").iterdir())
+    assert list(inbox.iterdir()) == []
+    assert chat.texts(ReplyKind.RESULT) == []
