@@ -89,10 +89,11 @@ async def test_an_encrypted_file_is_decrypted_and_its_hash_checked(
             await transport.fetch_attachment(bad, tmp_path / "bad", 1000)
 
 
+@pytest.mark.parametrize("encrypted", [False, True])
 async def test_names_pills_and_replies_are_carried_on_the_message(
-    alice: Human, mallory: Human, make_transport: TransportFactory
+    alice: Human, mallory: Human, make_transport: TransportFactory, encrypted: bool
 ) -> None:
-    room = await alice.create_room([BOT, mallory.user.user_id])
+    room = await alice.create_room([BOT, mallory.user.user_id], encrypted=encrypted)
     await mallory.join(room)
     await alice.client.set_displayname("Alice Liddell")
     await mallory.client.set_displayname("Mallory M")
@@ -100,6 +101,7 @@ async def test_names_pills_and_replies_are_carried_on_the_message(
     transport = make_transport([room])
     async with running(transport, sink):
         await alice.wait_for(joined(BOT, room))
+        await alice.sync()
         mallory_id = mallory.user.user_id
         first = await alice.send(room, "the build is red since Tuesday, see ci logs")
         pill = f'<a href="https://matrix.to/#/{mallory_id}">{mallory_id}</a>'
