@@ -255,3 +255,42 @@ async def test_a_stop_while_files_are_fetched_leaves_no_part_file(tmp_path: Path
     inbox = next((tmp_path / ".chatbridge" / "inbox").iterdir())
     assert list(inbox.iterdir()) == []
     assert chat.texts(ReplyKind.RESULT) == []
+
+
+async def test_a_message_with_files_is_not_steered_but_runs_after_with_its_files(
+    tmp_path: Path,
+) -> None:
+    tools = tmp_path / "tools.jsonl"
+    gate = tmp_path / "gate"
+    env = {**ECHO, "FAKE_CLAUDE_TOOL_LOG": str(tools), "FAKE_CLAUDE_TOOL_WAIT_FOR": str(gate)}
+    config = {
+        "defaults": {"during_run": "steer"},
+        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
+    }
+    settings = load_settings(write_config(tmp_path, config, env=env))
+    chat = FileRoom(console_room(settings), "local", {"ref-notes": b"hello notes"})
+    async with serving(settings, chat) as (service, _room):
+        assert chat.sink is not None
+        await chat.say("first")
+        # The run's tool is running: claude takes steered messages now (a file
+        # the fake writes; nothing to await on).
+        async with asyncio.timeout(30):
+            while not tools.exists():
+                await asyncio.sleep(0.02)
+        await chat.sink(with_files(chat.room, "f-1", NOTES, text="and this file"))
+        # Until the dispatcher offered it to the run (its batch gathers first): the run
+        # either took it or gave it back to wait for its turn.
+        async with asyncio.timeout(30):
+            while True:
+                status = service.dispatcher.status(chat.room)
+                if status.steering == 0 and (status.steered or status.waiting):
+                    break
+                await asyncio.sleep(0.02)
+        assert (status.steered, status.waiting) == (0, 1)
+        gate.touch()
+        await chat.wait_until(lambda: len(chat.texts(ReplyKind.RESULT)) == 2)
+    first, second = chat.texts(ReplyKind.RESULT)
+    assert "and this file" not in first
+    assert "> and this file" in second
+    assert (tmp_path / inbox_path(second, "notes.txt")).read_bytes() == b"hello notes"
+    assert db_rows(tmp_path, "select count(*) from runs") == [(2,)]
