@@ -70,6 +70,7 @@ def test_files_are_described_with_or_without_text() -> None:
         },
         {"id": "F2", "name": "y.png", "url_private": "https://files.slack.com/F2/y.png"},
         {"id": "F3", "mode": "tombstone"},  # deleted: nothing to fetch
+        {"id": "F4", "file_access": "check_file_info"},  # a stub: files.info has the rest
     ]
     shared = to_event(event(subtype="file_share", text="", files=files), BOT, None, ROOMS)
     assert isinstance(shared, InboundMessage)
@@ -77,14 +78,15 @@ def test_files_are_described_with_or_without_text() -> None:
     assert shared.attachments == (
         Attachment("x.png", "image/png", 10, "https://files.slack.com/F1/download/x.png"),
         Attachment("y.png", "application/octet-stream", None, "https://files.slack.com/F2/y.png"),
+        Attachment("F4", "application/octet-stream", None, "slack-file:F4"),
     )
     with_text = to_event(event(subtype="file_share", text="look", files=files), BOT, None, ROOMS)
     assert isinstance(with_text, InboundMessage)
-    assert (with_text.text, len(with_text.attachments)) == ("look", 2)
+    assert (with_text.text, len(with_text.attachments)) == ("look", 3)
     mention = to_event(event(subtype="file_share", text="<@U0BOT>", files=files), BOT, None, ROOMS)
     assert isinstance(mention, InboundMessage)
     assert (mention.text, mention.mentions_bot) == ("", True)
-    gone = to_event(event(subtype="file_share", text="", files=files[2:]), BOT, None, ROOMS)
+    gone = to_event(event(subtype="file_share", text="", files=files[2:3]), BOT, None, ROOMS)
     assert gone is None
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bridge.core.model import (
+    Attachment,
     ExternalMessageId,
     InboundMessage,
     Reply,
@@ -244,10 +246,23 @@ async def test_shared_files_are_handed_over_and_fetched_with_the_bot_token(
     assert (tmp_path / "notes").read_bytes() == b"some notes"
     with pytest.raises(FileTooLarge):
         await env.transport.fetch_attachment(notes, tmp_path / "cut", 4)
+    # A stub of the file (Slack sends those at times) is looked up with files.info.
+    file_id = notes_id(await env.slack.messages())
+    stub = Attachment(file_id, "application/octet-stream", None, f"slack-file:{file_id}")
+    await env.transport.fetch_attachment(stub, tmp_path / "stub", 1000)
+    assert (tmp_path / "stub").read_bytes() == b"some notes"
     # The token goes to Slack's hosts and the configured API's only.
     elsewhere = dataclasses.replace(notes, ref="http://127.0.0.2:9/steal")
     with pytest.raises(TransportError, match="not on a Slack host"):
         await env.transport.fetch_attachment(elsewhere, tmp_path / "x", 1000)
+
+
+def notes_id(messages: list[dict[str, Any]]) -> str:
+    for message in messages:
+        for file in message.get("files") or ():
+            if file.get("name") == "notes.txt":
+                return str(file["id"])
+    raise AssertionError("no notes.txt shared")
 
 
 async def test_messages_carry_the_senders_display_name(env: Running) -> None:

@@ -2,7 +2,10 @@
 
 A file's :class:`~bridge.core.model.Attachment` ``ref`` is its
 ``url_private_download`` (or ``url_private``): Slack serves it to the bot's
-token (scope ``files:read``). The token is sent only to Slack's own hosts
+token (scope ``files:read``). Slack sometimes sends only a stub of a file
+(``file_access: check_file_info``, no URL): its ref is then
+``slack-file:<id>``, and the URL is looked up with ``files.info`` when it is
+fetched. The token is sent only to Slack's own hosts
 (``*.slack.com``) or the host of the configured ``api_url`` (a test server),
 never to whatever URL an event might carry.
 """
@@ -22,6 +25,7 @@ from transports.slack.web import retry_after_seconds
 
 SLACK = "slack"
 CHUNK_BYTES = 64 * 1024
+STUB_PREFIX = "slack-file:"
 
 
 def attachments(event: Mapping[str, Any]) -> tuple[Attachment, ...]:
@@ -31,9 +35,14 @@ def attachments(event: Mapping[str, Any]) -> tuple[Attachment, ...]:
     for file in files if isinstance(files, list) else ():
         if not isinstance(file, Mapping):
             continue
+        if file.get("mode") == "tombstone":
+            continue  # deleted
         url = file.get("url_private_download") or file.get("url_private")
         if not isinstance(url, str) or not url:
-            continue
+            file_id = file.get("id")
+            if not isinstance(file_id, str) or not file_id:
+                continue
+            url = STUB_PREFIX + file_id
         name = file.get("name") or file.get("title") or file.get("id") or "file"
         mime = file.get("mimetype")
         size = file.get("size")

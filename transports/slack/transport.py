@@ -64,7 +64,7 @@ from transports.backoff import Backoff
 from transports.base import Transport
 from transports.slack.approvals import ACTION_PREFIX, to_action
 from transports.slack.events_http import serve_events
-from transports.slack.files import download, may_have_token
+from transports.slack.files import STUB_PREFIX, attachments, download, may_have_token
 from transports.slack.inbound import (
     SLACK,
     RecentKeys,
@@ -78,7 +78,7 @@ from transports.slack.outbound import SlackOutbound
 from transports.slack.settings import SlackSettings
 from transports.slack.socket_mode import SocketModeConnection
 from transports.slack.turns import Turns
-from transports.slack.web import SettingRefused, check_token, web_client
+from transports.slack.web import SettingRefused, check_token, error_code, web_client
 
 log = logging.getLogger(__name__)
 
@@ -353,11 +353,24 @@ class SlackTransport(Transport):
 
     async def fetch_attachment(self, attachment: Attachment, dest: Path, limit_bytes: int) -> None:
         """Download a shared file with the bot's token (only from Slack's hosts, see .files)."""
+        if attachment.ref.startswith(STUB_PREFIX):
+            attachment = await self._file_info(attachment)
         if not may_have_token(attachment.ref, self._settings.api_url):
             raise TransportError(SLACK, "the file is not on a Slack host")
         token = self._settings.bot_token.get_secret_value()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(sock_read=30)) as session:
             await download(session, token, attachment, dest, limit_bytes)
+
+    async def _file_info(self, stub: Attachment) -> Attachment:
+        """The attachment a file stub stands for, with its URL (``files.info``)."""
+        try:
+            response = await self._client.files_info(file=stub.ref.removeprefix(STUB_PREFIX))
+        except SlackApiError as exc:
+            raise TransportError(SLACK, f"files.info failed: {error_code(exc)}") from exc
+        found = attachments({"files": [response.get("file")]})
+        if not found or found[0].ref.startswith(STUB_PREFIX):
+            raise TransportError(SLACK, "files.info gave no download URL")
+        return found[0]
 
     async def _display_name(self, user: str) -> str | None:
         response = await self._client.users_info(user=user)
