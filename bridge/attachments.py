@@ -183,6 +183,11 @@ class Inbox:
             log.warning("could not fetch a file of message %s: %s", message_id, exc)
             reason = "the download timed out" if isinstance(exc, TimeoutError) else str(exc)
             return missing("failed", f"could not be downloaded ({reason})")
+        except Exception:
+            # A transport's bug costs this file, not the run.
+            _remove(dest)
+            log.exception("fetching a file of message %s failed inside chatbridge", message_id)
+            return missing("failed", "could not be downloaded (an error in chatbridge)")
         self._metrics.files.labels("fetched").inc()
         return FetchedFile(message_id, attachment, relative, size)
 
