@@ -198,6 +198,10 @@ class RoomDefaults(_Section):
     """One run's spending cap, passed to claude as ``--max-budget-usd``; None: no cap."""
     daily_budget_usd: float | None = Field(None, gt=0)
     """The room's spending per UTC day; a run does not start once it is spent (docs/budgets.md)."""
+    max_file_bytes: int = Field(20 * 1024 * 1024, ge=0)
+    """A shared file larger than this is not downloaded (the prompt says so); 0: no files."""
+    max_message_files_bytes: int = Field(50 * 1024 * 1024, ge=0)
+    """All files of one message together are downloaded up to this many bytes."""
 
     @field_validator("memory_max", mode="before")
     @classmethod

@@ -37,10 +37,6 @@ log = logging.getLogger(__name__)
 _ANSWERS = frozenset({CommandName.APPROVE, CommandName.DENY})
 """The commands of approvers who are not allowed users (answers to tool requests)."""
 
-FILES_NOT_SUPPORTED = (
-    "Files are not passed to Claude yet, so nothing was started. Please write your request as text."
-)
-
 
 def conversation_of(inbound: InboundMessage, room: RoomSettings) -> InboundMessage:
     """``inbound`` in the conversation it belongs to.
@@ -252,9 +248,7 @@ class Intake:
             self._not_handed[key] -= 1
             if not self._not_handed[key]:
                 del self._not_handed[key]
-        if not message.text.strip():
-            await self._files_only(message)
-        elif command is not None:
+        if command is not None:
             self.metrics.messages.labels("command").inc()
             # The room's next events wait for it: answers are only recorded
             # here (see bridge.notices), so that costs no network call.
@@ -274,15 +268,6 @@ class Intake:
         if self.dispatcher.status(key) != RoomStatus():
             return True
         return await self.store.get_session(key) is not None
-
-    async def _files_only(self, message: Message) -> None:
-        """Files without text (transports hand over no other empty message): answered, not run.
-
-        Settled like a command, so a crash never turns it into an empty run.
-        """
-        self.metrics.messages.labels("files").inc()
-        await self.commands.answer(message, FILES_NOT_SUPPORTED)
-        await self.store.complete_command(message.id)
 
     async def _command(self, command: Command, message: Message) -> None:
         try:
@@ -306,7 +291,7 @@ class Intake:
         prefix = self.settings.commands.prefix
         for message in pending:
             command = not is_synthetic(message) and parse_command(message.text, prefix)
-            if command or not message.text.strip():
+            if command or _empty(message):
                 await self.store.complete_command(message.id)
             elif self.settings.room(message.room) is None:
                 log.warning("pending message %s is for a room no longer configured", message.id)
@@ -314,3 +299,8 @@ class Intake:
                 self.dispatcher.submit(message)
                 resumed += 1
         return resumed
+
+
+def _empty(message: Message) -> bool:
+    """Nothing to run: no text and no files (stored before files were kept with messages)."""
+    return not message.text.strip() and not message.attachments

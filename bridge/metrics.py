@@ -43,6 +43,13 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.files = Counter(
+            "chatbridge_files",
+            "Files shared with messages, by what became of them when their run was prepared"
+            " (fetched, too_large, failed)",
+            ["outcome"],
+            registry=r,
+        )
         self.coalesced = Counter(
             "chatbridge_messages_coalesced",
             "Messages that went into a run together with at least one other message",

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bridge.approval_flow import ApprovalFlow
+from bridge.attachments import FetchedFile, Inbox, Limits, shown_images
 from bridge.budget import Budgets
 from bridge.config import RoomSettings, Settings
 from bridge.core import stages
@@ -78,6 +79,7 @@ from bridge.metrics import Metrics
 from bridge.notices import Notices
 from bridge.prestarts import Prestarts, Taken
 from bridge.progress import ProgressMessage
+from bridge.prompt import build_prompt
 from bridge.replies import Replier, in_conversation
 from bridge.store.base import (
     AuditAction,
@@ -88,12 +90,12 @@ from bridge.store.base import (
     StoreError,
 )
 from bridge.store.rules import delivery_key
-from bridge.synthetic import is_synthetic
 from bridge.usage import LimitResumes, usage_limit
 from bridge.worktrees import WorktreeError, Worktrees, in_worktree
 from dispatcher import DispatchedRun, EndReason, Execute
 from runner import (
     EventCallback,
+    PromptImage,
     RunRequest,
     answer_report,
     attach_claude,
@@ -131,14 +133,6 @@ PROGRESS_FINISH_TIMEOUT_S = 120.0
 
 def new_run_id() -> RunId:
     return RunId(f"run-{secrets.token_hex(8)}")
-
-
-def build_prompt(batch: Batch) -> str:
-    """The batch's texts verbatim, in order; attributed when there are several, or when
-    a schedule or webhook wrote it (so claude knows no one in the room just asked)."""
-    if len(batch.messages) == 1 and not is_synthetic(batch.first):
-        return batch.first.text
-    return "\n\n".join(f"{m.sender} wrote:\n{m.text}" for m in batch.messages)
 
 
 def run_request(  # noqa: PLR0917 (the run's parts, in order)
@@ -363,6 +357,8 @@ class RunExecutor:
     """Thread conversations' git worktrees (``worktree = true``)."""
     limits: LimitResumes | None = None
     """Tells the room about usage limits and retries after them; None: a plain failure."""
+    inbox: Inbox | None = None
+    """Fetches the files shared with a batch into the run's inbox; None: files are only named."""
     _finishing: set[asyncio.Task[None]] = field(default_factory=set)
     """The progress messages' last edits still under way (see :meth:`drain`)."""
     _generations: dict[RoomKey, int] = field(default_factory=dict)
@@ -594,11 +590,20 @@ class RunExecutor:
             await self._give_up(taken, "failed")
             return RunReport(RunStatus.FAILED, error=str(problem))
         log.info("run started with %d message(s)", len(batch.messages))
-        prompt = build_prompt(batch)
+        files: list[FetchedFile] = []
+        images: list[PromptImage] = []
+        if self.inbox is not None:
+            limits = Limits(room.max_file_bytes, room.max_message_files_bytes)
+            files = await self.inbox.fetch(run.id, batch, room.cwd, limits)
+            # Base64 grows by a third; the line must stay well under the runner's limit.
+            budget = self.settings.runner.max_line_bytes // 2 * 3 // 4
+            files, images = await shown_images(room.cwd, files, budget)
+        prompt = build_prompt(batch, files)
         # Reads, before the spawn: nothing else stands in front of claude.
         session = await self.store.get_session(batch.room)
         overrides = await self.store.room_overrides(batch.room)
         request = run_request(self.settings, room, run.id, prompt, session, overrides)
+        request = replace(request, images=tuple(images))
         prestarted = await taken.prestarted(request) if taken is not None else None
         on_event = self._on_event(run, live)
         report = await run_claude(
@@ -621,7 +626,7 @@ class RunExecutor:
             live.registered = None
             live.control = RunControl()
             report = await run_claude(
-                run_request(self.settings, room, run.id, prompt, None, overrides),
+                replace(request, session_id=None),
                 on_event,
                 on_position=live.at,
                 detach=live.detach,
@@ -755,6 +760,8 @@ class RunExecutor:
             # taken its last input while no bridge was there.)
             if live.final or not control.accepting or control.replaying:
                 return False
+            if any(m.attachments for m in batch.messages):
+                return False  # files are fetched as a run is prepared: a follow-up run
             try:
                 if interrupt:
                     control.interrupt_now()

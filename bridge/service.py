@@ -28,6 +28,7 @@ from pathlib import Path
 
 from bridge.approval_flow import ApprovalFlow
 from bridge.approvals import Verdict
+from bridge.attachments import Inbox
 from bridge.budget import Budgets
 from bridge.claude_check import credentials_warning
 from bridge.commands import CommandHandler
@@ -165,6 +166,7 @@ class Service:
             settings, self.store, self.replier, self.executor.live_runs, self._refused
         )
         self.executor.approvals = self.approvals
+        self.executor.inbox = Inbox(by_name, self.metrics)
         if settings.runner.prestart:
             self.executor.prestarts = Prestarts(self._prestart_request, self.metrics, new_run_id)
         d = settings.dispatcher

@@ -38,7 +38,7 @@ from runner.events import (
 from runner.prestart import Prestarted, prestart
 from runner.process import find_marked, kill_marked
 from runner.recovery import clean_stray_runs, recover_run
-from runner.request import RunRequest
+from runner.request import PromptImage, RunRequest
 from runner.run import EventCallback, PositionCallback, answer_report, attach_claude, run_claude
 from runner.rundir import journal_exists, prepare_state_dir, remove_run_dir, stray_runs
 
@@ -62,6 +62,7 @@ __all__ = [
     "PermissionCancelled",
     "PositionCallback",
     "Prestarted",
+    "PromptImage",
     "Result",
     "RunControl",
     "RunEvent",

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from runner.errors import InvalidRequest
-from runner.request import RunRequest
+from runner.request import PromptImage, RunRequest
 
 MARKER_ENV = "CHATBRIDGE_RUN_MARKER"
 """Environment variable carrying the run id; every descendant inherits it."""
@@ -88,10 +88,24 @@ def new_uuid() -> str:
     return str(uuid.uuid4())
 
 
-def user_message(text: str, message_uuid: str) -> bytes:
-    """A user message line for claude's stdin; claude echoes it with the same ``uuid``."""
+def user_message(text: str, message_uuid: str, images: Sequence[PromptImage] = ()) -> bytes:
+    """A user message line for claude's stdin; claude echoes it with the same ``uuid``.
+
+    With ``images`` the content is a list of blocks: the text, then each image
+    (base64, the Messages API's image block), so the model sees them.
+    """
+    content: str | list[dict[str, Any]] = text
+    if images:
+        content = [{"type": "text", "text": text}]
+        content += [
+            {
+                "type": "image",
+                "source": {"type": "base64", "media_type": i.media_type, "data": i.data},
+            }
+            for i in images
+        ]
     return _line(
-        {"type": "user", "message": {"role": "user", "content": text}, "uuid": message_uuid}
+        {"type": "user", "message": {"role": "user", "content": content}, "uuid": message_uuid}
     )
 
 

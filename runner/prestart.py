@@ -48,7 +48,7 @@ class Prestarted:
     """A claude started for a request whose prompt is not known yet (see the module doc)."""
 
     def __init__(self, request: RunRequest, supervised: Supervised, run_dir: Path) -> None:
-        self.request = replace(request, prompt="")
+        self.request = replace(request, prompt="", images=())
         self.run_dir = run_dir
         self.live = supervised.live
         """Where its supervisor is reached (as in ``Spawned``)."""
@@ -62,7 +62,7 @@ class Prestarted:
 
     def matches(self, request: RunRequest) -> bool:
         """Whether ``request`` is the one this was started for, but for its prompt."""
-        return replace(request, prompt="") == self.request
+        return replace(request, prompt="", images=()) == self.request
 
     async def _until_ready(self, supervised: Supervised) -> bool:
         framer = LineFramer(self.request.max_line_bytes)

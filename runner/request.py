@@ -10,6 +10,16 @@ from bridge.core.model import RunId, SessionId
 
 
 @dataclass(frozen=True)
+class PromptImage:
+    """An image sent with the prompt, as a base64 image content block claude can see."""
+
+    media_type: str
+    """``image/png``, ``image/jpeg``, ``image/gif`` or ``image/webp``."""
+    data: str
+    """The image's bytes, base64-encoded."""
+
+
+@dataclass(frozen=True)
 class RunRequest:
     """One batch's run of claude; see ``runner.command`` for how fields map to argv."""
 
@@ -20,6 +30,8 @@ class RunRequest:
     cwd: Path
     prompt: str
     """The first user message on stdin; never in argv, never through a shell."""
+    images: tuple[PromptImage, ...] = field(default=(), kw_only=True)
+    """Sent with the prompt, in its user message, after its text."""
     session_id: SessionId | None
     """Passed as ``--resume=<id>``; None starts a new session."""
     model: str = ""

@@ -220,7 +220,7 @@ async def run_claude(
     cancelled and the run starts cold.
     """
     control = control if control is not None else RunControl()
-    first = user_message(request.prompt, new_uuid())
+    first = user_message(request.prompt, new_uuid(), request.images)
     if too_long(first, request.max_line_bytes):
         # claude would take it, and its echo would end the run unreadable, unanswered.
         if prestarted is not None:

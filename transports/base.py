@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 
-from bridge.core.model import ExternalMessageId, Reply, RoomKey, TransportName
-from bridge.core.transport import Delivery, InboundSink, RunPhase
+from bridge.core.model import Attachment, ExternalMessageId, Reply, RoomKey, TransportName
+from bridge.core.transport import Delivery, InboundSink, RunPhase, TransportError
 
 
 class Transport:
@@ -74,6 +75,17 @@ class Transport:
         self, room: RoomKey, message_ids: Sequence[ExternalMessageId], phase: RunPhase
     ) -> None:
         """Show where the batch made of these messages stands."""
+
+    async def fetch_attachment(self, attachment: Attachment, dest: Path, limit_bytes: int) -> None:
+        """Write the content of ``attachment`` (one this transport handed over) to ``dest``.
+
+        Stops with :class:`~bridge.core.transport.FileTooLarge` once more than
+        ``limit_bytes`` arrived (``dest`` then holds a part: the caller removes
+        it), and checks what the transport can check (Matrix: the encrypted
+        file's hash). Raises ``TransportError`` when the file cannot be had.
+        By default: a transport that hands over no files fetches none.
+        """
+        raise TransportError(self.name, "this transport does not fetch files")
 
     @property
     def connected(self) -> bool:

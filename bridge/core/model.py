@@ -63,6 +63,26 @@ class RoomKey:
 
 
 @dataclass(frozen=True, slots=True)
+class Attachment:
+    """A file shared with a message, as the transport described it (not its content).
+
+    The file is fetched when the message's run is prepared, through the
+    transport that handed it over (``Transport.fetch_attachment``): ``ref`` is
+    that transport's own handle for it, opaque to everything else, and stored
+    with the message so a restart can still fetch it.
+    """
+
+    name: str
+    """The file name the sender gave (untrusted: sanitized before it names a file)."""
+    mime: str
+    """The MIME type the transport reported; ``"application/octet-stream"`` if none."""
+    size: int | None
+    """Bytes, as the transport reported them; None if it did not say."""
+    ref: str
+    """The transport's handle for fetching the content (a URL, an ``mxc://`` URI and keys)."""
+
+
+@dataclass(frozen=True, slots=True)
 class InboundMessage:
     """A message as a transport hands it to the service, before it is stored."""
 
@@ -76,9 +96,13 @@ class InboundMessage:
     """The transport knows the sender is a bot (or the bridge itself)."""
     mentions_bot: bool = False
     """The message mentions the bot (used by Slack's ``trigger = "mention"``)."""
-    files: int = 0
-    """Files shared with the message. They are not passed to claude yet: a
-    message of files without text is answered with a notice, never run."""
+    attachments: tuple[Attachment, ...] = ()
+    """Files shared with the message; a message of files without text is a message too."""
+    sender_name: str | None = None
+    """The sender's display name, as the transport knew it when the message came."""
+    reply_to_text: str | None = None
+    """The text of the message this one replies to (Matrix replies), resolved by the
+    transport; the prompt quotes it, shortened."""
 
     def accepted(self, message_id: MessageId, received_at: float) -> Message:
         """This message as the store recorded it."""
@@ -90,6 +114,9 @@ class InboundMessage:
             external_id=self.external_id,
             received_at=received_at,
             thread=self.thread,
+            attachments=self.attachments,
+            sender_name=self.sender_name,
+            reply_to_text=self.reply_to_text,
         )
 
 
@@ -105,6 +132,9 @@ class Message:
     received_at: float
     """Wall-clock seconds since the epoch when the service accepted it."""
     thread: str | None = None
+    attachments: tuple[Attachment, ...] = ()
+    sender_name: str | None = None
+    reply_to_text: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

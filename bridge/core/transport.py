@@ -12,7 +12,8 @@ Errors a transport raises::
 
     TransportError        could not deliver or connect (retry later)
     ├── RateLimited       the server said "too many requests": wait retry_after_s
-    └── Undeliverable     the server refused this reply for good (no retry helps)
+    ├── Undeliverable     the server refused this reply for good (no retry helps)
+    └── FileTooLarge      a file being fetched turned out larger than its limit
 """
 
 from __future__ import annotations
@@ -160,3 +161,12 @@ class RateLimited(TransportError):
 
 class Undeliverable(TransportError):
     """The server refused this reply for good (too large, no such room, not a member)."""
+
+
+class FileTooLarge(TransportError):
+    """A file being fetched (``Transport.fetch_attachment``) grew past ``limit_bytes``;
+    what was written is incomplete."""
+
+    def __init__(self, transport: str, limit_bytes: int) -> None:
+        super().__init__(transport, f"the file is larger than {limit_bytes} bytes")
+        self.limit_bytes = limit_bytes

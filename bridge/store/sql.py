@@ -33,6 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Mapped, aliased
 
 from bridge.core.model import (
+    Attachment,
     Batch,
     ExternalMessageId,
     InboundMessage,
@@ -1464,7 +1465,28 @@ def _message_values(msg: InboundMessage, received_at: float) -> dict[str, Any]:
         "thread": msg.thread,
         "received_at": received_at,
         "state": MessageState.PENDING.value,
+        "attachments": _attachments_json(msg.attachments),
+        "sender_name": msg.sender_name,
+        "reply_to_text": msg.reply_to_text,
     }
+
+
+def _attachments_json(attachments: Sequence[Attachment]) -> list[dict[str, Any]] | None:
+    if not attachments:
+        return None
+    return [{"name": a.name, "mime": a.mime, "size": a.size, "ref": a.ref} for a in attachments]
+
+
+def _attachments(stored: list[dict[str, Any]] | None) -> tuple[Attachment, ...]:
+    return tuple(
+        Attachment(
+            name=str(a["name"]),
+            mime=str(a["mime"]),
+            size=None if a.get("size") is None else int(a["size"]),
+            ref=str(a["ref"]),
+        )
+        for a in stored or ()
+    )
 
 
 def _key(msg: InboundMessage) -> tuple[str, str, str]:
@@ -1613,6 +1635,9 @@ def _message(row: MessageRow) -> Message:
         external_id=ExternalMessageId(row.external_id),
         received_at=row.received_at,
         thread=row.thread,
+        attachments=_attachments(row.attachments),
+        sender_name=row.sender_name,
+        reply_to_text=row.reply_to_text,
     )
 
 

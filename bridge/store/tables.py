@@ -9,13 +9,16 @@ Surrogate keys never repeat (``sqlite_autoincrement``; PostgreSQL sequences
 never do): audit rows outlive pruned messages and must not come to name a
 newer message that reused a deleted id.
 
-The migrations (``0001_initial`` to ``0006``) create exactly this schema; a test
+The migrations (``0001_initial`` to ``0007``) create exactly this schema; a test
 compares the two with Alembic's autogenerate.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
+    JSON,
     BigInteger,
     Boolean,
     Double,
@@ -93,6 +96,10 @@ class MessageRow(Base):
     thread: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     received_at: Mapped[float] = mapped_column(Double, index=True)
     state: Mapped[str] = mapped_column(String(16), index=True)
+    attachments: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    """The files shared with the message (name, mime, size, ref); None: none."""
+    sender_name: Mapped[str | None] = mapped_column(Text)
+    reply_to_text: Mapped[str | None] = mapped_column(Text)
     run_id: Mapped[str | None] = mapped_column(
         ForeignKey("runs.id", ondelete="SET NULL"), index=True
     )

@@ -116,14 +116,14 @@ async def test_the_same_claude_answers_once_after_a_restart(
     # Progress goes on after the restart: the run's next tool use is shown.
     await again.wait_for("Bash: echo after the restart")
     (tmp_path / "go.2").touch()
-    await again.wait_for("local wrote:\nqueued one\n\nlocal wrote:\nqueued two")
+    await again.wait_for("local wrote:\n> queued one\n\nlocal wrote:\n> queued two")
     assert await again.end_input() == 0
 
     # The same claude process answered, once; the waiting messages became one
     # follow-up batch after it.
     assert finished_claudes(tmp_path) == [
         "long job",
-        "local wrote:\nqueued one\n\nlocal wrote:\nqueued two",
+        "local wrote:\n> queued one\n\nlocal wrote:\n> queued two",
     ]
     assert again.out.splitlines().count("long job") == 1
     # What the room was shown before the restart is not shown again.

@@ -1,13 +1,20 @@
-"""Files without text: answered by the core (after its authorization), never run."""
+"""Files shared with messages: fetched into the run's inbox when the run is prepared,
+named in the prompt (the fake claude answers with the prompt it got); a file with
+no text is a message too."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import json
+import re
 import sqlite3
 import time
 from pathlib import Path
 
 from bridge.config import Settings, load_settings
 from bridge.core.model import (
+    Attachment,
     ExternalMessageId,
     InboundMessage,
     ReplyKind,
@@ -16,11 +23,37 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.core.transport import Accepted
-from bridge.intake import FILES_NOT_SUPPORTED
+from bridge.core.transport import Accepted, FileTooLarge, TransportError
 from bridge.service import open_store
-from tests.bridge.chat_room import serving
-from tests.bridge.harness import write_config
+from tests.bridge.chat_room import ChatRoom, serving
+from tests.bridge.harness import ECHO, write_config
+
+
+class FileRoom(ChatRoom):
+    """The test room, serving files by ref from memory (the real transports' fetches
+    are tested against Synapse and local-slack)."""
+
+    def __init__(self, room: RoomKey, user: str, files: dict[str, bytes]) -> None:
+        super().__init__(room, user)
+        self.files = files
+        self.fetched: list[str] = []
+        self.hang = False
+        """Each fetch writes a part, then waits forever (a slow chat server)."""
+        self.hanging = asyncio.Event()
+
+    async def fetch_attachment(self, attachment: Attachment, dest: Path, limit_bytes: int) -> None:
+        self.fetched.append(attachment.ref)
+        if self.hang:
+            dest.write_bytes(b"part")
+            self.hanging.set()
+            await asyncio.Event().wait()
+        content = self.files.get(attachment.ref)
+        if content is None:
+            raise TransportError("console", "no such file")
+        if len(content) > limit_bytes:
+            dest.write_bytes(content[:limit_bytes])
+            raise FileTooLarge("console", limit_bytes)
+        dest.write_bytes(content)
 
 
 def db_rows(tmp_path: Path, sql: str) -> list[tuple[object, ...]]:
@@ -28,23 +61,22 @@ def db_rows(tmp_path: Path, sql: str) -> list[tuple[object, ...]]:
         return db.execute(sql).fetchall()
 
 
-def files_only(
+def with_files(
     room: RoomKey,
     external_id: str,
-    *,
+    *files: Attachment,
+    text: str = "",
     sender: str = "local",
     sender_is_bot: bool = False,
-    mentions_bot: bool = False,
 ) -> InboundMessage:
-    """A message of one file and no text, as a transport hands it over."""
     return InboundMessage(
         room,
         UserId(sender),
-        "",
+        text,
         ExternalMessageId(external_id),
         sender_is_bot=sender_is_bot,
-        mentions_bot=mentions_bot,
-        files=1,
+        attachments=files,
+        sender_name="Local Person",
     )
 
 
@@ -52,63 +84,213 @@ def console_room(settings: Settings) -> RoomKey:
     return RoomKey(TransportName("console"), RoomId(settings.console.room))
 
 
-async def test_files_without_text_are_answered_and_never_run(tmp_path: Path) -> None:
+NOTES = Attachment("notes.txt", "text/plain", 11, "ref-notes")
+
+
+def inbox_path(prompt: str, name: str) -> str:
+    match = re.search(rf'File "(\.chatbridge/inbox/run-[0-9a-f]+/{re.escape(name)})"', prompt)
+    assert match is not None, prompt
+    return match.group(1)
+
+
+async def test_a_file_without_text_runs_with_the_file_in_its_inbox(tmp_path: Path) -> None:
     settings = load_settings(write_config(tmp_path))
-    async with serving(settings) as (service, chat):
+    chat = FileRoom(console_room(settings), "local", {"ref-notes": b"hello notes"})
+    async with serving(settings, chat) as (_, _room):
         assert chat.sink is not None
-        assert await chat.sink(files_only(chat.room, "f-1")) is Accepted.ACCEPTED
-        await chat.wait_until(lambda: FILES_NOT_SUPPORTED in chat.texts(ReplyKind.NOTICE))
-        # Not for a bot, nor for someone the room does not allow: the core decides.
-        bot = files_only(chat.room, "f-2", sender_is_bot=True)
-        stranger = files_only(chat.room, "f-3", sender="stranger")
-        assert await chat.sink(bot) is Accepted.IGNORED
-        assert await chat.sink(stranger) is Accepted.IGNORED
-        _, accepted = await chat.say("and now some text")
-        assert accepted is Accepted.ACCEPTED
+        assert await chat.sink(with_files(chat.room, "f-1", NOTES)) is Accepted.ACCEPTED
         await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
-        assert service.dispatcher.status(chat.room).waiting == 0
-    assert chat.texts(ReplyKind.NOTICE).count(FILES_NOT_SUPPORTED) == 1
-    assert chat.texts(ReplyKind.RESULT) == ["and now some text"]
-    assert db_rows(tmp_path, "select count(*) from runs") == [(1,)]
-    states = db_rows(tmp_path, "select external_id, state from messages order by id")
-    assert states[0] == ("f-1", "done")
+    [prompt] = chat.texts(ReplyKind.RESULT)
+    assert "Local Person (local) shared files:" in prompt
+    path = inbox_path(prompt, "notes.txt")
+    assert f'File "{path}" (text/plain, 11 B)' in prompt
+    assert (tmp_path / path).read_bytes() == b"hello notes"
+    assert db_rows(tmp_path, "select state from messages") == [("done",)]
 
 
-async def test_in_a_mention_room_only_files_that_mention_the_bot_are_answered(
+async def test_files_over_a_limit_are_not_downloaded_and_the_prompt_says_so(
     tmp_path: Path,
 ) -> None:
     settings = load_settings(
         write_config(
-            tmp_path,
-            {
-                "rooms": [
-                    {
-                        "transport": "console",
-                        "id": "console",
-                        "trigger": "mention",
-                        "allowed_users": ["local"],
-                    }
-                ]
-            },
+            tmp_path, {"defaults": {"max_file_bytes": 100, "max_message_files_bytes": 150}}
         )
     )
-    async with serving(settings) as (_, chat):
+    files = {"big": b"x" * 101, "unsized": b"y" * 500, "a": b"a" * 90, "b": b"b" * 90, "c": b"c"}
+    chat = FileRoom(console_room(settings), "local", files)
+    sent = with_files(
+        console_room(settings),
+        "f-1",
+        Attachment("big.bin", "application/octet-stream", 101, "big"),
+        Attachment("unsized.bin", "application/octet-stream", None, "unsized"),
+        Attachment("a.txt", "text/plain", 90, "a"),
+        Attachment("b.txt", "text/plain", 90, "b"),  # 90 + 90 > 150 for one message
+        Attachment("c.txt", "text/plain", 1, "c"),
+        Attachment("gone.txt", "text/plain", 1, "gone"),
+        text="look at these",
+    )
+    async with serving(settings, chat) as (service, _room):
         assert chat.sink is not None
-        assert await chat.sink(files_only(chat.room, "f-1")) is Accepted.IGNORED
-        addressed = files_only(chat.room, "f-2", mentions_bot=True)
-        assert await chat.sink(addressed) is Accepted.ACCEPTED
-        await chat.wait_until(lambda: FILES_NOT_SUPPORTED in chat.texts(ReplyKind.NOTICE))
-    assert chat.texts(ReplyKind.NOTICE) == [FILES_NOT_SUPPORTED]
+        assert await chat.sink(sent) is Accepted.ACCEPTED
+        await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
+        counts = {
+            outcome: service.metrics.registry.get_sample_value(
+                "chatbridge_files_total", {"outcome": outcome}
+            )
+            for outcome in ("fetched", "too_large", "failed")
+        }
+    assert counts == {"fetched": 2, "too_large": 3, "failed": 1}
+    [prompt] = chat.texts(ReplyKind.RESULT)
+    assert "big" not in chat.fetched  # its reported size was enough to refuse it
+    assert 'File "big.bin" (application/octet-stream, 101 B) not downloaded: larger than' in prompt
+    assert 'File "unsized.bin" (application/octet-stream) not downloaded: larger than' in prompt
+    assert (tmp_path / inbox_path(prompt, "a.txt")).read_bytes() == b"a" * 90
+    assert 'File "b.txt" (text/plain, 90 B) not downloaded: over the limit' in prompt
+    assert (tmp_path / inbox_path(prompt, "c.txt")).read_bytes() == b"c"
+    assert 'File "gone.txt" (text/plain, 1 B) not downloaded: could not be downloaded' in prompt
+    inbox = next((tmp_path / ".chatbridge" / "inbox").iterdir())
+    assert sorted(p.name for p in inbox.iterdir()) == ["a.txt", "c.txt"]  # no partial file left
 
 
-async def test_files_pending_at_a_crash_are_settled_not_run(tmp_path: Path) -> None:
+async def test_hostile_file_names_stay_inside_the_inbox_and_are_unique(tmp_path: Path) -> None:
+    settings = load_settings(write_config(tmp_path))
+    files = {"1": b"one", "2": b"two", "3": b"three"}
+    chat = FileRoom(console_room(settings), "local", files)
+    sent = with_files(
+        console_room(settings),
+        "f-1",
+        Attachment("../../escape.txt", "text/plain", 3, "1"),
+        Attachment("..", "text/plain", 3, "2"),
+        Attachment("escape.txt", "text/plain", 5, "3"),
+    )
+    async with serving(settings, chat) as (_, _room):
+        assert chat.sink is not None
+        await chat.sink(sent)
+        await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
+    inbox = next((tmp_path / ".chatbridge" / "inbox").iterdir())
+    assert sorted(p.name for p in inbox.iterdir()) == ["_.._escape.txt", "escape.txt", "file"]
+    assert not (tmp_path / "escape.txt").exists()
+
+
+async def test_files_of_bots_and_strangers_are_ignored(tmp_path: Path) -> None:
+    settings = load_settings(write_config(tmp_path))
+    chat = FileRoom(console_room(settings), "local", {"ref-notes": b"hello notes"})
+    async with serving(settings, chat) as (_, _room):
+        assert chat.sink is not None
+        bot = with_files(chat.room, "f-2", NOTES, sender_is_bot=True)
+        stranger = with_files(chat.room, "f-3", NOTES, sender="stranger")
+        assert await chat.sink(bot) is Accepted.IGNORED
+        assert await chat.sink(stranger) is Accepted.IGNORED
+        await chat.say("and now some text")
+        await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
+    assert chat.texts(ReplyKind.RESULT) == ["and now some text"]
+    assert chat.fetched == []
+
+
+async def test_files_pending_at_a_crash_run_after_the_restart(tmp_path: Path) -> None:
     settings = load_settings(write_config(tmp_path))
     store = await open_store(settings)
     try:
-        await store.accept(files_only(console_room(settings), "f-1"), time.time())
+        await store.accept(with_files(console_room(settings), "f-1", NOTES), time.time())
     finally:
         await store.close()
-    async with serving(settings) as (service, _):
-        assert service.dispatcher.status(console_room(settings)).waiting == 0
-    assert db_rows(tmp_path, "select count(*) from runs") == [(0,)]
-    assert db_rows(tmp_path, "select state from messages") == [("done",)]
+    chat = FileRoom(console_room(settings), "local", {"ref-notes": b"hello notes"})
+    async with serving(settings, chat) as (_, _room):
+        await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
+    [prompt] = chat.texts(ReplyKind.RESULT)
+    assert (tmp_path / inbox_path(prompt, "notes.txt")).read_bytes() == b"hello notes"
+
+
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+)
+
+
+async def test_images_are_shown_to_claude_as_image_content(tmp_path: Path) -> None:
+    record = tmp_path / "claude.json"
+    env = {**ECHO, "FAKE_CLAUDE_RECORD": str(record)}
+    settings = load_settings(write_config(tmp_path, env=env))
+    chat = FileRoom(console_room(settings), "local", {"img": PNG, "doc": b"text"})
+    sent = with_files(
+        console_room(settings),
+        "f-1",
+        Attachment("dot.png", "image/png", len(PNG), "img"),
+        Attachment("doc.txt", "text/plain", 4, "doc"),
+        text="what is in the picture?",
+    )
+    async with serving(settings, chat) as (_, _room):
+        assert chat.sink is not None
+        await chat.sink(sent)
+        await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
+    [prompt] = chat.texts(ReplyKind.RESULT)
+    png = inbox_path(prompt, "dot.png")
+    assert f'File "{png}" (image/png, {len(PNG)} B), shown to you as an image' in prompt
+    assert f'File "{inbox_path(prompt, "doc.txt")}" (text/plain, 4 B)' in prompt.splitlines()
+    content = json.loads(record.read_text())["content"]
+    assert content[0] == {"type": "text", "text": prompt}
+    assert content[1:] == [
+        {
+            "type": "image",
+            "source": {
+                "type": "base64",
+                "media_type": "image/png",
+                "data": base64.b64encode(PNG).decode(),
+            },
+        }
+    ]
+
+
+async def test_a_stop_while_files_are_fetched_leaves_no_part_file(tmp_path: Path) -> None:
+    settings = load_settings(write_config(tmp_path))
+    chat = FileRoom(console_room(settings), "local", {})
+    chat.hang = True
+    async with serving(settings, chat) as (_, _room):
+        assert chat.sink is not None
+        await chat.sink(with_files(chat.room, "f-1", NOTES))
+        await chat.hanging.wait()
+        await chat.say("!stop")
+        await chat.wait_until(
+            lambda: db_rows(tmp_path, "select status from runs") == [("stopped",)]
+        )
+    inbox = next((tmp_path / ".chatbridge" / "inbox").iterdir())
+    assert list(inbox.iterdir()) == []
+    assert chat.texts(ReplyKind.RESULT) == []
+
+
+async def test_a_message_with_files_is_not_steered_but_runs_after_with_its_files(
+    tmp_path: Path,
+) -> None:
+    tools = tmp_path / "tools.jsonl"
+    gate = tmp_path / "gate"
+    env = {**ECHO, "FAKE_CLAUDE_TOOL_LOG": str(tools), "FAKE_CLAUDE_TOOL_WAIT_FOR": str(gate)}
+    config = {
+        "defaults": {"during_run": "steer"},
+        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
+    }
+    settings = load_settings(write_config(tmp_path, config, env=env))
+    chat = FileRoom(console_room(settings), "local", {"ref-notes": b"hello notes"})
+    async with serving(settings, chat) as (service, _room):
+        assert chat.sink is not None
+        await chat.say("first")
+        # The run's tool is running: claude takes steered messages now (a file
+        # the fake writes; nothing to await on).
+        async with asyncio.timeout(30):
+            while not tools.exists():
+                await asyncio.sleep(0.02)
+        await chat.sink(with_files(chat.room, "f-1", NOTES, text="and this file"))
+        # Until the dispatcher offered it to the run (its batch gathers first): the run
+        # either took it or gave it back to wait for its turn.
+        async with asyncio.timeout(30):
+            while True:
+                status = service.dispatcher.status(chat.room)
+                if status.steering == 0 and (status.steered or status.waiting):
+                    break
+                await asyncio.sleep(0.02)
+        assert (status.steered, status.waiting) == (0, 1)
+        gate.touch()
+        await chat.wait_until(lambda: len(chat.texts(ReplyKind.RESULT)) == 2)
+    first, second = chat.texts(ReplyKind.RESULT)
+    assert "and this file" not in first
+    assert "> and this file" in second
+    assert (tmp_path / inbox_path(second, "notes.txt")).read_bytes() == b"hello notes"
+    assert db_rows(tmp_path, "select count(*) from runs") == [(2,)]

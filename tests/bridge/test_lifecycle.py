@@ -238,6 +238,6 @@ async def test_kill_9_between_commit_and_dispatch(tmp_path: Path) -> None:
     again = Bridge(config)
     await again.start()
     assert await again.end_input() == 0
-    assert "local wrote:\nalpha\n\nlocal wrote:\nbeta\n\nlocal wrote:\ngamma" in again.out
+    assert "local wrote:\n> alpha\n\nlocal wrote:\n> beta\n\nlocal wrote:\n> gamma" in again.out
     assert rows(tmp_path, "select count(*) from runs") == [(1,)]
     assert rows(tmp_path, "select distinct state from messages") == [("done",)]

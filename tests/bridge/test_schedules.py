@@ -33,7 +33,7 @@ from tests.config_files import Table
 WAIT_S = 30.0
 NINE = dt.datetime(2026, 11, 26, 9, 0, tzinfo=dt.UTC).timestamp()
 """A firing of the daily schedule below (09:00 UTC)."""
-ANSWER = "schedule:daily wrote:\nsummarize the open issues"
+ANSWER = "schedule:daily wrote:\n> summarize the open issues"
 """The fake claude echoes its prompt: the firing's answer, as the room shows it."""
 
 

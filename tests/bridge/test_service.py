@@ -202,7 +202,10 @@ async def test_messages_during_a_run_become_one_follow_up_batch(tmp_path: Path) 
     runs = db_rows(tmp_path, "select id from runs order by started_at")
     assert len(runs) == 2
     assert out.count("local wrote:") == 2
-    assert json.loads(record.read_text())["prompt"] == "local wrote:\nsecond\n\nlocal wrote:\nthird"
+    assert (
+        json.loads(record.read_text())["prompt"]
+        == "local wrote:\n> second\n\nlocal wrote:\n> third"
+    )
 
 
 async def test_health_readiness_and_metrics_endpoints(tmp_path: Path) -> None:
@@ -210,7 +213,7 @@ async def test_health_readiness_and_metrics_endpoints(tmp_path: Path) -> None:
     async with ConsoleSession(load_settings(path)) as session:
         session.send("one")
         session.send("two")
-        await session.wait_for("local wrote:\ntwo")
+        await session.wait_for("local wrote:\n> two")
         session.send("!help")
         await session.wait_for("Commands:")
         assert session.service is not None

@@ -28,7 +28,7 @@ WAIT_S = 30.0
 SECRET = "s3cret-shared-with-github"
 GENERIC_SECRET = "another-secret-for-the-generic-one"
 PR = {"action": "opened", "pull_request": {"title": "Fix the flaky test", "number": 7}}
-ANSWER = "webhook:/hooks/github wrote:\nReview PR #7: Fix the flaky test (opened)"
+ANSWER = "webhook:/hooks/github wrote:\n> Review PR #7: Fix the flaky test (opened)"
 
 
 def hooks(**github: Any) -> Table:

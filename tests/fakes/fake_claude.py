@@ -576,7 +576,9 @@ time.sleep(300)
 """
 
 
-def _record(cwd: str, prompt: str, children: list[int], escaped: list[int]) -> None:
+def _record(
+    cwd: str, prompt: str, children: list[int], escaped: list[int], content: object = None
+) -> None:
     if not _env("FAKE_CLAUDE_RECORD"):
         return
     record = {
@@ -584,6 +586,7 @@ def _record(cwd: str, prompt: str, children: list[int], escaped: list[int]) -> N
         "cwd": cwd,
         "env": dict(os.environ),
         "prompt": prompt,
+        "content": content,  # the first user message's content as sent (blocks, images)
         "pid": os.getpid(),
         "children": children,
         "escaped": escaped,
@@ -838,7 +841,8 @@ class _Session:
             children = _start_children()
             escape = _env("FAKE_CLAUDE_ESCAPE")
             escaped = _start_escapes(Path(escape)) if escape else []
-            _record(self._cwd, _text_of(first), children, escaped)
+            content = first.get("message", {}).get("content")
+            _record(self._cwd, _text_of(first), children, escaped, content)
         self._lifecycle(first["uuid"], "started")
         with self._cond:
             _line(_init(sid, self._cwd, self._model, self._mode))

@@ -13,6 +13,7 @@ from nio import Event, RedactionEvent, RoomMemberEvent, RoomMessageNotice, RoomM
 from pydantic import ValidationError
 
 from bridge.core.model import (
+    Attachment,
     ExternalMessageId,
     InboundMessage,
     Reply,
@@ -24,6 +25,7 @@ from bridge.core.model import (
 from bridge.core.transport import MessageDeleted, MessageEdited
 from transports.matrix import MatrixSettings
 from transports.matrix.inbound import InboundPolicy, history_before, to_inbound
+from transports.matrix.media import attachment_of
 from transports.matrix.outbound import MatrixOutbound
 from transports.matrix.render import MarkdownRenderer
 from transports.matrix.state import SavedSession, SessionFile, SyncPosition
@@ -199,14 +201,47 @@ def test_text_that_only_looks_like_a_leading_mention_stays(body: str) -> None:
     assert message({"msgtype": "m.text", "body": body}, name="Bridge").text == body
 
 
-def test_files_are_handed_over_without_text_and_other_types_not_at_all() -> None:
-    # The body of a file event is its name, not a request: the core answers it.
-    image = event({"msgtype": "m.image", "body": "cat.png", "url": "mxc://hs/x"})
+def test_files_are_handed_over_with_their_file_and_other_types_not_at_all() -> None:
+    # The body of a file event is its name, not a request.
+    image = event(
+        {
+            "msgtype": "m.image",
+            "body": "cat.png",
+            "url": "mxc://hs/x",
+            "info": {"mimetype": "image/png", "size": 42},
+        }
+    )
     shared = to_inbound(image, "!r", BOT)
     assert isinstance(shared, InboundMessage)
-    assert (shared.text, shared.files, shared.sender) == ("", 1, "@alice:hs")
+    assert (shared.text, shared.sender) == ("", "@alice:hs")
+    assert shared.attachments == (Attachment("cat.png", "image/png", 42, '{"url":"mxc://hs/x"}'),)
     emote = event({"msgtype": "m.emote", "body": "waves"})
     assert to_inbound(emote, "!r", BOT) is None
+
+
+def test_a_files_caption_is_its_text_and_its_filename_its_name() -> None:
+    content = {"msgtype": "m.file", "body": "please read", "filename": "r.pdf", "url": "mxc://hs/y"}
+    shared = to_inbound(event(content), "!r", BOT)
+    assert isinstance(shared, InboundMessage)
+    assert shared.text == "please read"
+    [file] = shared.attachments
+    assert (file.name, file.mime, file.size) == ("r.pdf", "application/octet-stream", None)
+
+
+def test_encrypted_files_carry_their_keys_and_broken_ones_are_not_files() -> None:
+    keys = {
+        "url": "mxc://hs/z",
+        "key": {"k": "abc", "alg": "A256CTR", "kty": "oct", "key_ops": ["decrypt"], "ext": True},
+        "iv": "iv",
+        "hashes": {"sha256": "h"},
+        "v": "v2",
+    }
+    described = attachment_of({"msgtype": "m.file", "body": "s.txt", "file": keys})
+    assert described is not None
+    assert json.loads(described.ref) == {"url": "mxc://hs/z", "file": keys}
+    no_hash = {**keys, "hashes": {}}
+    assert attachment_of({"msgtype": "m.file", "body": "s.txt", "file": no_hash}) is None
+    assert attachment_of({"msgtype": "m.file", "body": "s.txt", "url": "https://x"}) is None
 
 
 def member(membership: str, prev: str | None, state_key: str = "@bot:hs") -> Any:

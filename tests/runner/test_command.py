@@ -10,6 +10,7 @@ import pytest
 from bridge.core.model import RunId, SessionId
 from runner import MARKER_ENV, InvalidRequest, RunRequest, build_argv, build_env
 from runner.command import control_request, control_response, user_message
+from runner.request import PromptImage
 
 PROMPT = "rm -rf / ; $(whoami) `id` | & \n 'quoted' \"double\" ✓"
 
@@ -44,6 +45,14 @@ def test_approve_tools_asks_over_stdio() -> None:
     argv = build_argv(request(approve_tools=True))
     assert argv[argv.index("--permission-prompt-tool") + 1] == "stdio"
     assert "--permission-prompt-tool" not in build_argv(request())
+
+
+def test_images_go_after_the_text_as_base64_image_blocks() -> None:
+    line = user_message(PROMPT, "u-1", [PromptImage("image/png", "aGk=")])
+    assert json.loads(line)["message"]["content"] == [
+        {"type": "text", "text": PROMPT},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "aGk="}},
+    ]
 
 
 def test_stdin_lines_are_one_json_object_each() -> None:

@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
-from bridge.core.model import ExternalMessageId, InboundMessage
+from bridge.core.model import Attachment, ExternalMessageId, InboundMessage
 from bridge.core.transport import MessageDeleted, MessageEdited
 from tests.slack.test_units import event
 from transports.slack.decode import decode, mentioned_users, strip_leading_mention
+from transports.slack.files import may_have_token
 from transports.slack.inbound import dedup_key, to_event
 from transports.slack.names import DisplayNames, WaitBudget
 
@@ -58,17 +59,45 @@ def test_a_bare_mention_starts_nothing() -> None:
     assert to_event(event(text="<@U0BOT>"), BOT, "B0BOT", ROOMS) is None
 
 
-def test_files_are_counted_with_or_without_text() -> None:
-    files = [{"id": "F1", "name": "x.png"}, {"id": "F2", "name": "y.png"}]
+def test_files_are_described_with_or_without_text() -> None:
+    files = [
+        {
+            "id": "F1",
+            "name": "x.png",
+            "mimetype": "image/png",
+            "size": 10,
+            "url_private_download": "https://files.slack.com/F1/download/x.png",
+        },
+        {"id": "F2", "name": "y.png", "url_private": "https://files.slack.com/F2/y.png"},
+        {"id": "F3", "mode": "tombstone"},  # deleted: nothing to fetch
+        {"id": "F4", "file_access": "check_file_info"},  # a stub: files.info has the rest
+    ]
     shared = to_event(event(subtype="file_share", text="", files=files), BOT, None, ROOMS)
     assert isinstance(shared, InboundMessage)
-    assert (shared.text, shared.files) == ("", 2)
+    assert shared.text == ""
+    assert shared.attachments == (
+        Attachment("x.png", "image/png", 10, "https://files.slack.com/F1/download/x.png"),
+        Attachment("y.png", "application/octet-stream", None, "https://files.slack.com/F2/y.png"),
+        Attachment("F4", "application/octet-stream", None, "slack-file:F4"),
+    )
     with_text = to_event(event(subtype="file_share", text="look", files=files), BOT, None, ROOMS)
     assert isinstance(with_text, InboundMessage)
-    assert (with_text.text, with_text.files) == ("look", 2)
+    assert (with_text.text, len(with_text.attachments)) == ("look", 3)
     mention = to_event(event(subtype="file_share", text="<@U0BOT>", files=files), BOT, None, ROOMS)
     assert isinstance(mention, InboundMessage)
     assert (mention.text, mention.mentions_bot) == ("", True)
+    gone = to_event(event(subtype="file_share", text="", files=files[2:3]), BOT, None, ROOMS)
+    assert gone is None
+
+
+def test_the_token_goes_to_slack_hosts_and_the_configured_api_only() -> None:
+    api = "http://127.0.0.1:4000/api/"
+    assert may_have_token("https://files.slack.com/F1/x.png", "https://slack.com/api/")
+    assert may_have_token("http://127.0.0.1:4000/files/F1", api)
+    assert not may_have_token("http://files.slack.com/F1/x.png", api)  # not https
+    assert not may_have_token("https://files.slack.com.evil.test/F1", api)
+    assert not may_have_token("http://127.0.0.1:4001/files/F1", api)
+    assert not may_have_token("https://evilslack.com/F1", api)
 
 
 def edited(text: str, previous: str = "old", **original: Any) -> dict[str, Any]:

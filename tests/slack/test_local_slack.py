@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bridge.core.model import (
+    Attachment,
     ExternalMessageId,
     InboundMessage,
     Reply,
@@ -15,7 +18,13 @@ from bridge.core.model import (
     RoomKey,
     TransportName,
 )
-from bridge.core.transport import MessageDeleted, MessageEdited, RunPhase
+from bridge.core.transport import (
+    FileTooLarge,
+    MessageDeleted,
+    MessageEdited,
+    RunPhase,
+    TransportError,
+)
 from tests.slack import peer
 from tests.slack.harness import Running, running
 from transports.slack.outbound import PHASE_REACTIONS
@@ -208,7 +217,8 @@ async def test_markup_is_decoded_with_display_names(env: Running) -> None:
     assert command.text == "!stop"
     assert isinstance(again, InboundMessage)
     assert again.text == "and @bob again @here"
-    assert env.transport.names.lookups == 1  # Bob's name came from the cache the second time
+    # Alice (the sender) and Bob, once each: the cache answered the second time.
+    assert env.transport.names.lookups == 2
 
 
 async def test_edits_and_deletions_become_events(env: Running) -> None:
@@ -220,9 +230,43 @@ async def test_edits_and_deletions_become_events(env: Running) -> None:
     assert deleted == MessageDeleted(ROOM, ExternalMessageId(ts))
 
 
-async def test_shared_files_are_handed_over_with_their_count(env: Running) -> None:
-    # The core answers files without text (it decides who may be answered).
+async def test_shared_files_are_handed_over_and_fetched_with_the_bot_token(
+    env: Running, tmp_path: Path
+) -> None:
     await env.slack.share_file(peer.ALICE, "notes.txt", b"some notes")
     await env.slack.share_file(peer.ALICE, "more.txt", b"more", text="summarise this")
-    assert [(m.text, m.files) for m in env.sink.messages] == [("", 1), ("summarise this", 1)]
+    assert [(m.text, len(m.attachments)) for m in env.sink.messages] == [
+        ("", 1),
+        ("summarise this", 1),
+    ]
     assert all(m.sender == peer.ALICE for m in env.sink.messages)
+    [notes] = env.sink.messages[0].attachments
+    assert (notes.name, notes.size) == ("notes.txt", len(b"some notes"))
+    await env.transport.fetch_attachment(notes, tmp_path / "notes", 1000)
+    assert (tmp_path / "notes").read_bytes() == b"some notes"
+    with pytest.raises(FileTooLarge):
+        await env.transport.fetch_attachment(notes, tmp_path / "cut", 4)
+    # A stub of the file (Slack sends those at times) is looked up with files.info.
+    file_id = notes_id(await env.slack.messages())
+    stub = Attachment(file_id, "application/octet-stream", None, f"slack-file:{file_id}")
+    await env.transport.fetch_attachment(stub, tmp_path / "stub", 1000)
+    assert (tmp_path / "stub").read_bytes() == b"some notes"
+    # The token goes to Slack's hosts and the configured API's only.
+    elsewhere = dataclasses.replace(notes, ref="http://127.0.0.2:9/steal")
+    with pytest.raises(TransportError, match="not on a Slack host"):
+        await env.transport.fetch_attachment(elsewhere, tmp_path / "x", 1000)
+
+
+def notes_id(messages: list[dict[str, Any]]) -> str:
+    for message in messages:
+        for file in message.get("files") or ():
+            if file.get("name") == "notes.txt":
+                return str(file["id"])
+    raise AssertionError("no notes.txt shared")
+
+
+async def test_messages_carry_the_senders_display_name(env: Running) -> None:
+    await env.slack.post_message(peer.ALICE, "hello")
+    [message] = env.sink.messages
+    assert message.sender_name is not None
+    assert message.sender_name != peer.ALICE

@@ -176,3 +176,16 @@ async def test_a_run_survives_a_crash_of_the_bridge_and_answers_once_in_its_thre
     assert ["the long task" in str(m["text"]) for m in found] == [True, False]
     times = (tmp_path / "times").read_text().splitlines()
     assert [json.loads(line)["prompt"] for line in times] == ["the long task", "after the restart"]
+
+
+async def test_a_shared_file_runs_with_the_file_in_its_inbox_and_the_sender_named(
+    tmp_path: Path,
+) -> None:
+    async with bridged(tmp_path, "socket", ECHO) as b:
+        await b.slack.share_file(peer.ALICE, "notes.txt", b"the notes")
+        [answer] = await wait_for_answers(b, 1)
+    text = str(answer["text"])
+    assert f"({peer.ALICE}) shared files:" in text
+    match = re.search(r'File "(\.chatbridge/inbox/run-[0-9a-f]+/notes\.txt)"', text)
+    assert match is not None, text
+    assert (tmp_path / match.group(1)).read_bytes() == b"the notes"

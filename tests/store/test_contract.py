@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 
 from bridge.core.model import (
+    Attachment,
     Batch,
     ExternalMessageId,
     InboundMessage,
@@ -103,6 +104,41 @@ async def test_accept_records_pending_message(store: InspectableStore) -> None:
         ALICE,
         123.25,
     )
+
+
+async def test_files_names_and_reply_context_are_stored_with_the_message(
+    store: InspectableStore,
+) -> None:
+    # A crash between accept and run must lose none of it: the run reads it back.
+    files = (
+        Attachment("report.pdf", "application/pdf", 12345, '{"url":"https://x/f1"}'),
+        Attachment("ü ☃.png", "image/png", None, "mxc://hs/abc"),
+    )
+    sent = InboundMessage(
+        room=ROOM,
+        sender=ALICE,
+        text="",
+        external_id=ExternalMessageId("$files"),
+        attachments=files,
+        sender_name="Alice 🚀",
+        reply_to_text="the earlier message\nwith two lines",
+    )
+    msg = await store.accept(sent, 10.0)
+    assert msg is not None
+    assert (msg.attachments, msg.sender_name, msg.reply_to_text) == (
+        files,
+        "Alice 🚀",
+        "the earlier message\nwith two lines",
+    )
+    assert await store.pending_messages() == [msg]
+    assert await store.messages([msg.id]) == [msg]
+    assert await store.pending_message(ROOM, ExternalMessageId("$files")) == msg
+    edited = await store.edit_pending(msg.id, "now with text", ALICE, 11.0)
+    assert edited is not None
+    assert (edited.attachments, edited.sender_name) == (files, "Alice 🚀")
+    plain = await accept(store, "$plain")
+    assert (plain.attachments, plain.sender_name, plain.reply_to_text) == ((), None, None)
+    assert await store.messages([plain.id]) == [plain]
 
 
 async def test_ids_increase_in_acceptance_order_across_rooms(store: InspectableStore) -> None:

@@ -32,6 +32,7 @@ from bridge.core.model import (
 from bridge.core.text import safe_text
 from bridge.core.transport import ApprovalAction, MessageDeleted, MessageEdited
 from transports.matrix.approvals import choice_of
+from transports.matrix.media import attachment_of, caption
 
 TRANSPORT = TransportName("matrix")
 
@@ -216,18 +217,24 @@ def _reaction(event: ReactionEvent, room: RoomKey, bot: InboundPolicy) -> Approv
 def _files(
     event: RoomMessageMedia | RoomEncryptedMedia, room: RoomKey, bot: InboundPolicy
 ) -> InboundMessage | None:
-    """A file, image, audio or video: no text to run (its body is the file name)."""
+    """A file, image, audio or video: a message with its file, and its caption as text."""
     if event.sender == bot.user_id:
         return None
     content = event.source.get("content", {})
+    if not isinstance(content, dict):
+        return None
+    attachment = attachment_of(content)
+    text = safe_text(caption(content))
+    if attachment is None and not text.strip():
+        return None
     return InboundMessage(
         room=room,
         sender=UserId(event.sender),
-        text="",
+        text=text,
         external_id=ExternalMessageId(event.event_id),
-        thread=thread_of(content) if isinstance(content, dict) else None,
+        thread=thread_of(content),
         sender_is_bot=event.sender in bot.ignore_users and bot.ignore_other_bots,
-        files=1,
+        attachments=() if attachment is None else (attachment,),
     )
 
 

@@ -55,6 +55,7 @@ from bridge.core.transport import (
 from transports.backoff import Backoff
 from transports.matrix.approvals import MARKER, KnownRequests
 from transports.matrix.client import RATE_LIMITED, Retryable, check
+from transports.matrix.context import with_context
 from transports.matrix.inbound import InboundPolicy, history_before, to_inbound
 from transports.matrix.position import PositionSaver
 from transports.matrix.setaside import Offer, SetAsideEvents, Translate
@@ -369,6 +370,11 @@ class Syncer:
             client, room_id, inbound.message_id
         ):
             return None  # a ✅ on anything else is just a reaction
+        if isinstance(inbound, InboundMessage):
+            source = getattr(event, "source", None)
+            content = source.get("content") if isinstance(source, dict) else None
+            if isinstance(content, dict):
+                inbound = await with_context(client, room_id, inbound, content)
         return inbound
 
     async def _is_request(self, client: AsyncClient, room_id: str, event_id: str) -> bool:

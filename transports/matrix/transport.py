@@ -9,15 +9,25 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 
-from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey, TransportName
-from bridge.core.transport import Delivery, InboundSink, RoomBinding
+from bridge.core.model import (
+    Attachment,
+    ExternalMessageId,
+    Reply,
+    ReplyKind,
+    RoomId,
+    RoomKey,
+    TransportName,
+)
+from bridge.core.transport import Delivery, InboundSink, RoomBinding, TransportError
 from transports.backoff import Backoff
 from transports.base import Transport
 from transports.matrix.approvals import KnownRequests
 from transports.matrix.client import new_client
 from transports.matrix.inbound import InboundPolicy
 from transports.matrix.login import log_in
+from transports.matrix.media import fetch
 from transports.matrix.outbound import MatrixOutbound
 from transports.matrix.settings import MatrixSettings
 from transports.matrix.sync import Syncer
@@ -132,6 +142,13 @@ class MatrixTransport(Transport):
 
     async def set_typing(self, room: RoomKey, typing: bool) -> None:
         await self._outbound.set_typing(room, typing)
+
+    async def fetch_attachment(self, attachment: Attachment, dest: Path, limit_bytes: int) -> None:
+        """Download a shared file (decrypted and hash-checked when encrypted, see .media)."""
+        client = self._outbound.client
+        if client is None:
+            raise TransportError(self.name, "not logged in")
+        await fetch(client, attachment, dest, limit_bytes)
 
 
 async def _nothing_to_record(index: int, message_id: ExternalMessageId) -> None:

@@ -25,6 +25,7 @@ from bridge.core.model import (
 )
 from bridge.core.transport import InboundEvent, MessageDeleted, MessageEdited
 from transports.slack.decode import decode, mentioned_users, strip_leading_mention
+from transports.slack.files import attachments
 
 SLACK = TransportName("slack")
 
@@ -97,11 +98,8 @@ def to_event(
     text, leading = strip_leading_mention(raw if isinstance(raw, str) else "", bot_user_id)
     thread = event.get("thread_ts")
     thread = thread if isinstance(thread, str) else None
-    files = event.get("files")
-    count = len(files) if isinstance(files, list) else 0
-    if subtype == "file_share":
-        count = max(count, 1)
-    if not text.strip() and not count:
+    files = attachments(event)
+    if not text.strip() and not files:
         return None  # a bare mention, or an empty post: nothing to run
     return InboundMessage(
         room=room,
@@ -111,7 +109,7 @@ def to_event(
         thread=thread,
         sender_is_bot=sender_bot_id is not None or subtype == BOT_SUBTYPE,
         mentions_bot=leading or event.get("type") == "app_mention" or mentions(text, bot_user_id),
-        files=count,
+        attachments=files,
     )
 
 
@@ -162,15 +160,23 @@ def _deleted(
 
 
 def users_to_name(event: InboundEvent) -> list[str]:
-    """The users whose display names :func:`decoded` needs for ``event``."""
-    if isinstance(event, InboundMessage | MessageEdited):
+    """The users whose display names :func:`decoded` needs for ``event``: those it
+    mentions and, for a message, its sender."""
+    if isinstance(event, InboundMessage):
+        return list(dict.fromkeys([event.sender, *mentioned_users(event.text)]))
+    if isinstance(event, MessageEdited):
         return mentioned_users(event.text)
     return []
 
 
 def decoded(event: InboundEvent, names: Mapping[str, str]) -> InboundEvent:
-    """``event`` with its text as the person saw it (see :mod:`.decode`)."""
-    if isinstance(event, InboundMessage | MessageEdited):
+    """``event`` with its text as the person saw it (see :mod:`.decode`), and a
+    message with its sender's display name."""
+    if isinstance(event, InboundMessage):
+        return dataclasses.replace(
+            event, text=decode(event.text, names), sender_name=names.get(event.sender)
+        )
+    if isinstance(event, MessageEdited):
         return dataclasses.replace(event, text=decode(event.text, names))
     return event
 

@@ -16,10 +16,10 @@ their order (:mod:`.turns`).
 Nothing on that path waits for more than it must: no lock is held while
 the sink runs (the store's idempotent accept settles concurrent
 redeliveries), display names are looked up within a short wait budget
-shared by all events (:mod:`.names`), a ``429``
-raises instead of sleeping, and answers the transport gives on its own
-(a file shared without text) are sent after the acknowledgement, from a
-task the transport owns.
+shared by all events (:mod:`.names`: the sender's and mentioned users'),
+and a ``429`` raises instead of sleeping. Shared files are only described
+here; the service fetches them (:meth:`SlackTransport.fetch_attachment`)
+when their run is prepared.
 
 Outbound: :mod:`.outbound` over one Web API client that never sleeps on a 429.
 """
@@ -32,6 +32,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -42,7 +43,14 @@ from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.errors import SlackApiError
 
 from bridge.core import stages
-from bridge.core.model import ExternalMessageId, InboundMessage, Reply, RoomId, RoomKey
+from bridge.core.model import (
+    Attachment,
+    ExternalMessageId,
+    InboundMessage,
+    Reply,
+    RoomId,
+    RoomKey,
+)
 from bridge.core.transport import (
     ApprovalAction,
     Delivery,
@@ -50,11 +58,13 @@ from bridge.core.transport import (
     RoomBinding,
     RunPhase,
     SinkClosed,
+    TransportError,
 )
 from transports.backoff import Backoff
 from transports.base import Transport
 from transports.slack.approvals import ACTION_PREFIX, to_action
 from transports.slack.events_http import serve_events
+from transports.slack.files import STUB_PREFIX, attachments, download, may_have_token
 from transports.slack.inbound import (
     SLACK,
     RecentKeys,
@@ -68,7 +78,7 @@ from transports.slack.outbound import SlackOutbound
 from transports.slack.settings import SlackSettings
 from transports.slack.socket_mode import SocketModeConnection
 from transports.slack.turns import Turns
-from transports.slack.web import SettingRefused, check_token, web_client
+from transports.slack.web import SettingRefused, check_token, error_code, web_client
 
 log = logging.getLogger(__name__)
 
@@ -340,6 +350,27 @@ class SlackTransport(Transport):
         # answer), and events of other channels must not wait behind it.
         await sink(decoded(parsed, names))
         self._recent.add(key)
+
+    async def fetch_attachment(self, attachment: Attachment, dest: Path, limit_bytes: int) -> None:
+        """Download a shared file with the bot's token (only from Slack's hosts, see .files)."""
+        if attachment.ref.startswith(STUB_PREFIX):
+            attachment = await self._file_info(attachment)
+        if not may_have_token(attachment.ref, self._settings.api_url):
+            raise TransportError(SLACK, "the file is not on a Slack host")
+        token = self._settings.bot_token.get_secret_value()
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(sock_read=30)) as session:
+            await download(session, token, attachment, dest, limit_bytes)
+
+    async def _file_info(self, stub: Attachment) -> Attachment:
+        """The attachment a file stub stands for, with its URL (``files.info``)."""
+        try:
+            response = await self._client.files_info(file=stub.ref.removeprefix(STUB_PREFIX))
+        except SlackApiError as exc:
+            raise TransportError(SLACK, f"files.info failed: {error_code(exc)}") from exc
+        found = attachments({"files": [response.get("file")]})
+        if not found or found[0].ref.startswith(STUB_PREFIX):
+            raise TransportError(SLACK, "files.info gave no download URL")
+        return found[0]
 
     async def _display_name(self, user: str) -> str | None:
         response = await self._client.users_info(user=user)

@@ -1,0 +1,253 @@
+"""Files shared with a batch's messages, fetched into the run's inbox when the run is prepared.
+
+The inbox is ``.chatbridge/inbox/<run id>/`` inside the room's working
+directory, so claude reaches the files by relative paths and nothing is
+written outside the directory the room already gives it. Each file is
+fetched through the transport that handed its message over
+(``Transport.fetch_attachment``), within the room's limits: a file over
+``max_file_bytes`` (as reported, or found while downloading), or beyond what
+is left of ``max_message_files_bytes`` for its message, is not kept, and
+neither is one the chat server would not give; the prompt says which and why.
+
+File names come from chat and are untrusted: :func:`safe_name` keeps only a
+plain name (no path separators, no ``..``, no leading dot, no control
+characters, bounded length) and :class:`_Names` makes them unique in the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import logging
+import os
+import unicodedata
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bridge.core.model import Attachment, Batch, MessageId, RunId, TransportName
+from bridge.core.transport import FileTooLarge, TransportError
+from bridge.metrics import Metrics
+from runner import PromptImage
+from transports.base import Transport
+
+log = logging.getLogger(__name__)
+
+INBOX = Path(".chatbridge") / "inbox"
+"""Where a room's runs find their files, relative to the room's working directory."""
+FETCH_TIMEOUT_S = 120.0
+"""One file's download gives up after this long (the run starts without it)."""
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+"""Control, format, surrogate, unassigned characters and line/paragraph separators."""
+MAX_NAME_CHARS = 120
+"""A kept file name is cut to this many characters (its extension kept)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedFile:
+    """What became of one attachment: ``path`` (relative to the cwd) or why there is none."""
+
+    message_id: MessageId
+    attachment: Attachment
+    path: Path | None
+    size: int | None
+    """Bytes written; for a file not kept, the size the transport reported."""
+    missing_reason: str = ""
+    shown: bool = False
+    """An image also sent to claude as image content (see :func:`shown_images`)."""
+
+
+def safe_name(name: str) -> str:
+    """``name`` as a plain file name: never a path, never hidden, never empty.
+
+    Separators (``/``, ``\\``) and control characters become ``_``; leading
+    dots and spaces go (so no ``..``, no hidden file); what is left is cut to
+    :data:`MAX_NAME_CHARS`, keeping a short extension.
+    """
+    cleaned = "".join(
+        "_" if ch in "/\\" or unicodedata.category(ch) in _UNSAFE_CATEGORIES else ch
+        for ch in unicodedata.normalize("NFC", name)
+    )
+    cleaned = cleaned.strip().lstrip(". ").rstrip(" ")
+    if len(cleaned) > MAX_NAME_CHARS:
+        stem, dot, ext = cleaned.rpartition(".")
+        if dot and 0 < len(ext) <= 10:
+            cleaned = stem[: MAX_NAME_CHARS - len(ext) - 1] + "." + ext
+        else:
+            cleaned = cleaned[:MAX_NAME_CHARS]
+    return cleaned or "file"
+
+
+class _Names:
+    """Unique names within one inbox: a second ``a.png`` becomes ``a-2.png``."""
+
+    def __init__(self) -> None:
+        self._taken: set[str] = set()
+
+    def claim(self, name: str) -> str:
+        base = safe_name(name)
+        stem, dot, ext = base.rpartition(".")
+        if not dot or not stem:
+            stem, dot, ext = base, "", ""
+        candidate, n = base, 1
+        # Case-folded: two names differing in case are one file on some filesystems.
+        while candidate.casefold() in self._taken:
+            n += 1
+            candidate = f"{stem}-{n}{dot}{ext}"
+        self._taken.add(candidate.casefold())
+        return candidate
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_file_bytes: int
+    max_message_bytes: int
+
+
+class Inbox:
+    """Fetches a batch's files through their transports (one per run preparation)."""
+
+    def __init__(
+        self,
+        transports: Mapping[TransportName, Transport],
+        metrics: Metrics,
+        fetch_timeout_s: float = FETCH_TIMEOUT_S,
+    ) -> None:
+        self._transports = transports
+        self._metrics = metrics
+        self._timeout = fetch_timeout_s
+
+    async def fetch(
+        self, run_id: RunId, batch: Batch, cwd: Path, limits: Limits
+    ) -> list[FetchedFile]:
+        """Fetch every file of ``batch`` into the run's inbox, in message order.
+
+        Never raises for a file: one that cannot be had is reported as missing.
+        """
+        if not any(m.attachments for m in batch.messages):
+            return []
+        inbox = INBOX / run_id
+        names = _Names()
+        fetched: list[FetchedFile] = []
+        transport = self._transports.get(batch.room.transport)
+        for message in batch.messages:
+            left = limits.max_message_bytes
+            for attachment in message.attachments:
+                one = await self._one(
+                    transport, message.id, attachment, cwd, inbox, names, limits, left
+                )
+                if one.path is not None and one.size is not None:
+                    left -= one.size
+                fetched.append(one)
+        return fetched
+
+    async def _one(  # noqa: PLR0917 (one file's whole context)
+        self,
+        transport: Transport | None,
+        message_id: MessageId,
+        attachment: Attachment,
+        cwd: Path,
+        inbox: Path,
+        names: _Names,
+        limits: Limits,
+        left: int,
+    ) -> FetchedFile:
+        limit = min(limits.max_file_bytes, left)
+
+        def missing(outcome: str, reason: str) -> FetchedFile:
+            self._metrics.files.labels(outcome).inc()
+            return FetchedFile(message_id, attachment, None, attachment.size, reason)
+
+        if limit <= 0 or (attachment.size is not None and attachment.size > limit):
+            return missing("too_large", _too_large(limits, left))
+        if transport is None:
+            return missing("failed", "its chat is not connected")
+        relative = inbox / names.claim(attachment.name)
+        dest = cwd / relative
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            async with asyncio.timeout(self._timeout):
+                await transport.fetch_attachment(attachment, dest, limit)
+            size = dest.stat().st_size
+        except asyncio.CancelledError:
+            _remove(dest)  # the run was stopped while preparing: no part file stays
+            raise
+        except FileTooLarge:
+            _remove(dest)
+            return missing("too_large", _too_large(limits, left))
+        except (TransportError, OSError, TimeoutError) as exc:
+            _remove(dest)
+            # The transport's message never holds a token; the file name is the sender's.
+            log.warning("could not fetch a file of message %s: %s", message_id, exc)
+            reason = "the download timed out" if isinstance(exc, TimeoutError) else str(exc)
+            return missing("failed", f"could not be downloaded ({reason})")
+        except Exception:
+            # A transport's bug costs this file, not the run.
+            _remove(dest)
+            log.exception("fetching a file of message %s failed inside chatbridge", message_id)
+            return missing("failed", "could not be downloaded (an error in chatbridge)")
+        self._metrics.files.labels("fetched").inc()
+        return FetchedFile(message_id, attachment, relative, size)
+
+
+def _too_large(limits: Limits, left: int) -> str:
+    if limits.max_file_bytes <= left:
+        return f"larger than the limit of {human_size(limits.max_file_bytes)} per file"
+    return f"over the limit of {human_size(limits.max_message_bytes)} for the files of one message"
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def human_size(size: int) -> str:
+    """``size`` bytes for people: ``512 B``, ``12.3 KB``, ``4.0 MB`` (powers of 1024)."""
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024 or unit == "GB":
+            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+"""The image types the model accepts as image content."""
+IMAGE_MAX_BYTES = 3_750_000
+"""An image larger than this is only named, not shown: base64 makes it 5 MB, the API's
+limit per image."""
+MAX_IMAGES = 20
+"""At most this many images are shown with one prompt."""
+
+
+async def shown_images(
+    cwd: Path, fetched: Sequence[FetchedFile], budget_bytes: int
+) -> tuple[list[FetchedFile], list[PromptImage]]:
+    """The images among ``fetched`` that go to claude as image content, within
+    ``budget_bytes`` (raw) in all, and ``fetched`` with those marked ``shown``.
+
+    The budget keeps the prompt's line, which claude echoes, under the runner's
+    line limit. The others are named only, and claude can read them from disk.
+    """
+    images: list[PromptImage] = []
+    marked = list(fetched)
+    for index, file in enumerate(fetched):
+        if (
+            file.path is None
+            or file.size is None
+            or file.attachment.mime not in IMAGE_TYPES
+            or file.size > min(IMAGE_MAX_BYTES, budget_bytes)
+            or len(images) >= MAX_IMAGES
+        ):
+            continue
+        try:
+            data = await asyncio.to_thread((cwd / file.path).read_bytes)
+        except OSError as exc:
+            log.warning("could not read back an image of the run: %s", exc)
+            continue
+        budget_bytes -= len(data)
+        images.append(PromptImage(file.attachment.mime, base64.b64encode(data).decode("ascii")))
+        marked[index] = dataclasses.replace(file, shown=True)
+    return marked, images
