@@ -76,19 +76,28 @@ def in_worktree(key: RoomKey, room: RoomSettings) -> RoomSettings:
 
 
 async def git(cwd: Path, *args: str) -> tuple[int, str]:
-    """Run git in ``cwd``: its exit status and its output (stdout and stderr)."""
-    process = await asyncio.create_subprocess_exec(
-        "git",
-        "-C",
-        str(cwd),
-        *args,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
+    """Run git in ``cwd``: its exit status and its output (stdout and stderr).
+
+    Raises :class:`WorktreeError` when git cannot run (not installed, no such
+    directory) or hangs: the room is told that, not of an internal error.
+    """
+    try:
+        process = await asyncio.create_subprocess_exec(
+            "git",
+            "-C",
+            str(cwd),
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+    except OSError as exc:
+        raise WorktreeError(f"could not run git: {exc.strerror or exc}") from exc
     try:
         async with asyncio.timeout(GIT_TIMEOUT_S):
             out, _ = await process.communicate()
+    except TimeoutError:
+        raise WorktreeError(f"git {args[0]} took longer than {GIT_TIMEOUT_S:g}s") from None
     finally:
         if process.returncode is None:
             process.kill()
@@ -178,17 +187,23 @@ class Worktrees:
         async with self._lock(tree):
             if not (tree.path / ".git").exists():
                 return ""
-            unsaved = await self.unsaved(tree)
-            if unsaved:
-                return (
-                    f"The thread's worktree `{tree.path}` stays: {'; '.join(unsaved)}."
-                    " Commit and push (or discard) it, then reset again to remove it."
-                )
-            status, out = await git(tree.repo, "worktree", "remove", str(tree.path))
-            if status != 0:
-                return f"The thread's worktree `{tree.path}` stays: git said {out}"
-            tree.base_file.unlink(missing_ok=True)
-            # Every commit of the branch is in its base or on a remote (checked above).
-            await git(tree.repo, "branch", "-D", tree.branch)
-            log.info("removed worktree %s and branch %s", tree.path, tree.branch)
-            return f"Removed the thread's worktree and its branch `{tree.branch}`."
+            try:
+                return await self._remove(tree)
+            except WorktreeError as problem:
+                return f"The thread's worktree `{tree.path}` stays: {problem}."
+
+    async def _remove(self, tree: Worktree) -> str:
+        unsaved = await self.unsaved(tree)
+        if unsaved:
+            return (
+                f"The thread's worktree `{tree.path}` stays: {'; '.join(unsaved)}."
+                " Commit and push (or discard) it, then reset again to remove it."
+            )
+        status, out = await git(tree.repo, "worktree", "remove", str(tree.path))
+        if status != 0:
+            return f"The thread's worktree `{tree.path}` stays: git said {out}"
+        tree.base_file.unlink(missing_ok=True)
+        # Every commit of the branch is in its base or on a remote (checked above).
+        await git(tree.repo, "branch", "-D", tree.branch)
+        log.info("removed worktree %s and branch %s", tree.path, tree.branch)
+        return f"Removed the thread's worktree and its branch `{tree.branch}`."

@@ -119,3 +119,25 @@ async def test_a_worktree_room_outside_git_fails_the_run_clearly(tmp_path: Path)
 def test_worktrees_need_thread_conversations(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match='worktree = true needs conversation = "thread"'):
         load_settings(write_config(tmp_path, {"defaults": {"worktree": True}}))
+
+
+async def test_without_git_a_worktree_room_fails_the_run_clearly(
+    tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = {
+        "dispatcher": AT_ONCE,
+        "defaults": {"conversation": "thread", "worktree": True, "cwd": repo},
+    }
+    settings = load_settings(write_config(tmp_path, config))
+    empty = tmp_path / "no-git-here"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    async with serving(settings) as (_, chat):
+        await chat.say("work", thread="t1")
+        await chat.wait_until(lambda: any("git" in t for t in chat.texts()))
+        await chat.say("!reset", thread="t1")
+        await chat.wait_until(lambda: any("new Claude session" in t for t in chat.texts()))
+    assert not chat.texts(ReplyKind.RESULT)
+    [said] = [t for t in chat.texts() if "git" in t and "session" not in t]
+    assert "internal error" not in said
+    assert "could not run git" in said
