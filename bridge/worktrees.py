@@ -45,6 +45,9 @@ class Worktree:
     """The room's cwd: a directory of the git repository the worktree belongs to."""
     path: Path
     branch: str
+    workdir: Path
+    """Where runs work: the place of ``repo`` inside the worktree (a ``cwd`` below
+    the repository's top has the same place in each thread's checkout)."""
 
     @property
     def base_file(self) -> Path:
@@ -66,13 +69,22 @@ def worktree_of(key: RoomKey, room: RoomSettings) -> Worktree | None:
         return None
     name = slug(key.thread)
     repo = room.cwd.resolve()
-    return Worktree(repo=repo, path=repo / WORKTREES / name, branch=BRANCH_PREFIX + name)
+    path = repo / WORKTREES / name
+    top = _top(repo)
+    workdir = path if top is None else path / repo.relative_to(top)
+    return Worktree(repo=repo, path=path, branch=BRANCH_PREFIX + name, workdir=workdir)
+
+
+def _top(directory: Path) -> Path | None:
+    """The top of the git checkout holding ``directory`` (as git finds it: the
+    nearest directory with a ``.git``), if any."""
+    return next((d for d in (directory, *directory.parents) if (d / ".git").exists()), None)
 
 
 def in_worktree(key: RoomKey, room: RoomSettings) -> RoomSettings:
     """``room``'s settings for a run of ``key``: in its thread's worktree, if it has one."""
     tree = worktree_of(key, room)
-    return room if tree is None else room.model_copy(update={"cwd": tree.path})
+    return room if tree is None else room.model_copy(update={"cwd": tree.workdir})
 
 
 async def git(cwd: Path, *args: str) -> tuple[int, str]:
@@ -106,6 +118,12 @@ async def git(cwd: Path, *args: str) -> tuple[int, str]:
     return (-1 if code is None else code), out.decode(errors="replace").strip()
 
 
+def _glob_escaped(path: str) -> str:
+    """``path`` as a gitignore pattern matching just itself (its directory names are
+    the operator's, and may hold glob characters or a trailing space)."""
+    return re.sub(r"([*?\[\]\\!# ])", r"\\\1", path)
+
+
 @dataclass(slots=True)
 class Worktrees:
     """Makes and removes threads' worktrees; git's own locks do not like two at once
@@ -123,7 +141,7 @@ class Worktrees:
         if tree is None:
             return room
         await self.ensure(tree)
-        return room.model_copy(update={"cwd": tree.path})
+        return room.model_copy(update={"cwd": tree.workdir})
 
     async def ensure(self, tree: Worktree) -> None:
         """Make the worktree if it is not there yet. Raises :class:`WorktreeError`."""
@@ -152,16 +170,23 @@ class Worktrees:
             log.info("made worktree %s on branch %s", tree.path, tree.branch)
 
     async def _exclude(self, tree: Worktree) -> None:
-        """Keep ``.chatbridge/`` out of the repository's own ``git status`` (local only)."""
+        """Keep ``.chatbridge/`` out of the repository's own ``git status`` (local only).
+
+        The pattern is anchored where the worktrees are: ``cwd`` may be below
+        the repository's top, and an exclude pattern with a ``/`` is relative
+        to the top.
+        """
         status, path = await git(tree.repo, "rev-parse", "--git-path", "info/exclude")
         if status != 0:
             return
         exclude = Path(path) if Path(path).is_absolute() else tree.repo / path
+        below = tree.workdir.relative_to(tree.path).as_posix()  # where cwd is below the top
+        pattern = "/.chatbridge/" if below == "." else f"/{_glob_escaped(below)}/.chatbridge/"
         lines = exclude.read_text(encoding="utf-8").splitlines() if exclude.exists() else []
-        if "/.chatbridge/" not in lines and ".chatbridge/" not in lines:
+        if pattern not in lines and ".chatbridge/" not in lines:
             exclude.parent.mkdir(parents=True, exist_ok=True)
             with exclude.open("a", encoding="utf-8") as f:
-                f.write("/.chatbridge/\n")
+                f.write(pattern + "\n")
 
     async def unsaved(self, tree: Worktree) -> list[str]:
         """What removing the worktree would lose, for the room; [] when nothing."""

@@ -121,6 +121,32 @@ def test_worktrees_need_thread_conversations(tmp_path: Path) -> None:
         load_settings(write_config(tmp_path, {"defaults": {"worktree": True}}))
 
 
+async def test_a_cwd_below_the_repository_root_runs_in_the_same_place_of_the_worktree(
+    tmp_path: Path, repo: Path
+) -> None:
+    sub = repo / "service"
+    sub.mkdir()
+    (sub / "code.py").write_text("x = 1\n")
+    git(repo, "add", "service")
+    git(repo, "commit", "-q", "-m", "sub")
+    record = tmp_path / "record.json"
+    config = {
+        "dispatcher": AT_ONCE,
+        "defaults": {"conversation": "thread", "worktree": True, "cwd": sub},
+    }
+    env = {**ECHO, "FAKE_CLAUDE_RECORD": str(record)}
+    settings = load_settings(write_config(tmp_path, config, env=env))
+    async with serving(settings) as (_, chat):
+        await chat.say("work", thread="t1")
+        await chat.wait_until(lambda: len(chat.texts(ReplyKind.RESULT)) == 1)
+    cwd = Path(json.loads(record.read_text())["cwd"])
+    # The run works where the room's cwd is, in the thread's own checkout.
+    assert (cwd / "code.py").exists(), cwd
+    assert git(cwd, "rev-parse", "--abbrev-ref", "HEAD") == f"chatbridge/{slug('t1')}"
+    # And the main checkout does not see the worktrees.
+    assert git(repo, "status", "--porcelain") == ""
+
+
 async def test_without_git_a_worktree_room_fails_the_run_clearly(
     tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
