@@ -158,6 +158,10 @@ class Worktrees:
                 raise WorktreeError(f"the repository at {top} has no commit to start a branch from")
             await self._exclude(tree)
             tree.path.parent.mkdir(parents=True, exist_ok=True)
+            # A worktree deleted by hand (rm -rf) stays registered, and git would
+            # refuse its path and branch forever: forget the ones whose directory
+            # is gone (their branches, and so their commits, stay).
+            await git(tree.repo, "worktree", "prune")
             status, _ = await git(tree.repo, "rev-parse", "--verify", f"refs/heads/{tree.branch}")
             if status == 0:  # the branch outlived an earlier worktree: carry on with it
                 args = ["worktree", "add", str(tree.path), tree.branch]

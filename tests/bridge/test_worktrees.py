@@ -4,6 +4,7 @@ the real service and real git."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -167,3 +168,21 @@ async def test_without_git_a_worktree_room_fails_the_run_clearly(
     [said] = [t for t in chat.texts() if "git" in t and "session" not in t]
     assert "internal error" not in said
     assert "could not run git" in said
+
+
+async def test_a_worktree_deleted_by_hand_is_made_again(tmp_path: Path, repo: Path) -> None:
+    config = {
+        "dispatcher": AT_ONCE,
+        "defaults": {"conversation": "thread", "worktree": True, "cwd": repo},
+    }
+    settings = load_settings(write_config(tmp_path, config))
+    tree = repo / ".chatbridge" / "worktrees" / slug("t1")
+    async with serving(settings) as (_, chat):
+        await chat.say("work", thread="t1")
+        await chat.wait_until(lambda: len(chat.texts(ReplyKind.RESULT)) == 1)
+        # Cleaned up with rm -rf, not git worktree remove: git still lists it.
+        shutil.rmtree(tree)
+        await chat.say("more work", thread="t1")
+        await chat.wait_until(lambda: len(chat.texts(ReplyKind.RESULT)) == 2 or bool(notices(chat)))
+    assert chat.texts(ReplyKind.RESULT) == ["work", "more work"], notices(chat)
+    assert (tree / ".git").exists()
