@@ -54,6 +54,17 @@ class SlotPool:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    @property
+    def short(self) -> bool:
+        """Some conversation waits for want of a slot (not only for its room's cap)."""
+        if len(self._holders) < self._capacity:
+            return False  # a free slot: everyone waiting is at their room's cap
+        return any(self.short_for(room) for room in self._waiting)
+
+    def short_for(self, room: RoomKey) -> bool:
+        """``room`` waits, and a free slot would be granted to it (its room has room)."""
+        return room in self._waiting and not self._room_full(room)
+
     def holds(self, room: RoomKey) -> bool:
         return room in self._holders
 
