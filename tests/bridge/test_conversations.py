@@ -4,11 +4,13 @@ that still answers each thread where it asked, through the real service."""
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 
 from bridge.config import load_settings
-from bridge.core.model import ReplyKind
-from tests.bridge.chat_room import ChatRoom, serving
+from bridge.core.model import Batch, ExternalMessageId, InboundMessage, ReplyKind, RunId, UserId
+from bridge.service import open_store
+from tests.bridge.chat_room import ChatRoom, console_room, serving
 from tests.bridge.harness import ECHO, write_config
 
 # Every message is a batch at once: the tests follow runs, not windows.
@@ -162,3 +164,26 @@ async def test_top_level_status_and_stop_act_on_every_thread(tmp_path: Path) -> 
     assert [r.thread for r in (shown, stopped, nothing)] == [status, stop, again]
     assert results(chat) == []
     assert sorted(status for _, status, _ in runs(tmp_path)) == ["stopped", "stopped"]
+
+
+async def test_a_run_asked_in_a_thread_and_cut_by_a_crash_is_reported_in_that_thread(
+    tmp_path: Path,
+) -> None:
+    """``conversation = "channel"``: the restart's word on a run a crash cut off
+    goes where the run was asked (its answer would have), not to the top level."""
+    settings = load_settings(write_config(tmp_path))
+    room = console_room(settings)
+    store = await open_store(settings)
+    try:
+        inbound = InboundMessage(
+            room, UserId("local"), "long job", ExternalMessageId("in-t"), thread="t1"
+        )
+        message = await store.accept(inbound, time.time())
+        assert message is not None
+        await store.start_run(RunId("run-crashed"), Batch(room, (message,)), time.time())
+    finally:
+        await store.close()
+    async with serving(settings) as (_, chat):
+        await chat.wait_until(lambda: any("did not finish" in t for t in chat.texts()))
+    [notice] = [r for r in chat.replies if "did not finish" in r.text]
+    assert notice.thread == "t1"
