@@ -7,8 +7,11 @@ import sqlite3
 import time
 from pathlib import Path
 
+import pytest
+
 from bridge.config import load_settings
 from bridge.core.model import Batch, ExternalMessageId, InboundMessage, ReplyKind, RunId, UserId
+from bridge.errors import ConfigError
 from bridge.service import open_store
 from tests.bridge.chat_room import ChatRoom, console_room, serving
 from tests.bridge.harness import ECHO, write_config
@@ -187,3 +190,13 @@ async def test_a_run_asked_in_a_thread_and_cut_by_a_crash_is_reported_in_that_th
         await chat.wait_until(lambda: any("did not finish" in t for t in chat.texts()))
     [notice] = [r for r in chat.replies if "did not finish" in r.text]
     assert notice.thread == "t1"
+
+
+def test_thread_conversations_need_room_ids_that_leave_room_for_a_thread(
+    tmp_path: Path,
+) -> None:
+    config = {"defaults": {"conversation": "thread"}, "console": {"room": "r" * 230}}
+    with pytest.raises(ConfigError, match='conversation = "thread" needs a room id of at most'):
+        load_settings(write_config(tmp_path, config))
+    # A room-wide conversation keeps no thread beside the room's id.
+    load_settings(write_config(tmp_path, {"console": {"room": "r" * 230}}))

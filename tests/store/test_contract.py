@@ -519,6 +519,34 @@ async def test_a_rooms_thread_conversations_are_kept_apart(store: InspectableSto
     assert [m.room for m in await store.messages([in_thread.id, top.id])] == [thread, ROOM]
 
 
+async def test_a_thread_conversation_of_the_longest_ids_is_kept_whole(
+    store: InspectableStore,
+) -> None:
+    """Matrix allows 255 bytes for a room id and for an event id (a thread root):
+    a conversation of the two still fits the store's id columns on every
+    backend, comes back as the same key, and is found by its room."""
+    long_room = RoomKey(TransportName("matrix"), RoomId("!" + "r" * 200 + ":localhost"))
+    root = "$" + "e/%_" * 60 + ":localhost"
+    thread = long_room.in_thread(root)
+    assert len(thread.room_id) + 1 + len(thread.thread) <= 255
+    message = await store.accept(inbound("$in", room=thread, thread=root), 100.0)
+    assert message is not None
+    assert message.room == thread
+    assert message.thread == root  # the reply still goes to the real thread
+    assert [m.room for m in await store.pending_messages()] == [thread]
+    assert await store.pending_message(long_room, ExternalMessageId("$in")) == message
+    await start(store, "r-long", [message])
+    assert (await store.last_run(thread)) is not None
+    await store.set_session(thread, SessionId("s-long"))
+    assert await store.get_session(thread) == "s-long"
+    answer = Reply(thread, "an answer", ReplyKind.RESULT, thread=root)
+    [entry] = await store.enqueue([answer], 101.0)
+    assert entry.reply.room == thread
+    assert entry.reply.thread == root
+    # Two long threads of one room stay two conversations.
+    assert long_room.in_thread(root + "x") != thread
+
+
 # Audit
 
 
