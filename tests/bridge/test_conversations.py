@@ -11,6 +11,7 @@ import pytest
 
 from bridge.config import load_settings
 from bridge.core.model import Batch, ExternalMessageId, InboundMessage, ReplyKind, RunId, UserId
+from bridge.core.transport import Accepted
 from bridge.errors import ConfigError
 from bridge.service import open_store
 from tests.bridge.chat_room import ChatRoom, console_room, serving
@@ -200,3 +201,31 @@ def test_thread_conversations_need_room_ids_that_leave_room_for_a_thread(
         load_settings(write_config(tmp_path, config))
     # A room-wide conversation keeps no thread beside the room's id.
     load_settings(write_config(tmp_path, {"console": {"room": "r" * 230}}))
+
+
+async def test_edits_and_deletions_reach_a_thread_conversations_waiting_messages(
+    tmp_path: Path,
+) -> None:
+    """Transports name only the room in an edit or a deletion: the waiting message
+    is found in whichever thread conversation holds it, and its run has the change."""
+    window = {"coalesce_ms": 600_000, "max_wait_ms": 600_000, "max_batch": 3}
+    config = {"dispatcher": window, "defaults": {"conversation": "thread"}}
+    settings = load_settings(write_config(tmp_path, config))
+    async with serving(settings) as (_, chat):
+        top, _ = await chat.say("draft question")  # opens its own thread
+        doomed, _ = await chat.say("never mind this", thread=top)
+        assert await chat.edited(top, "final question") is Accepted.ACCEPTED
+        assert await chat.deleted(doomed) is Accepted.ACCEPTED
+        await chat.say("and this", thread=top)
+        await chat.say("elsewhere", thread="t2")
+        await chat.say("more", thread="t2")
+        await chat.say("!stop", thread="t2")  # the other conversation's batch goes
+        await chat.say("one", thread=top)  # the batch is full: it runs
+        await chat.wait_until(lambda: len(results(chat)) == 1)
+    [(thread, prompt)] = results(chat)  # the echo of the batch's prompt
+    assert thread == top
+    assert [line for line in prompt.splitlines() if line and "wrote:" not in line] == [
+        "final question",
+        "and this",
+        "one",
+    ]
