@@ -146,32 +146,35 @@ class Worktrees:
     async def ensure(self, tree: Worktree) -> None:
         """Make the worktree if it is not there yet. Raises :class:`WorktreeError`."""
         async with self._lock(tree):
-            if (tree.path / ".git").exists():
-                return
-            status, top = await git(tree.repo, "rev-parse", "--show-toplevel")
-            if status != 0:
-                raise WorktreeError(
-                    f"`worktree = true`, but {tree.repo} is not in a git repository"
-                )
-            status, head = await git(tree.repo, "rev-parse", "--verify", "HEAD")
-            if status != 0:
-                raise WorktreeError(f"the repository at {top} has no commit to start a branch from")
-            await self._exclude(tree)
-            tree.path.parent.mkdir(parents=True, exist_ok=True)
-            # A worktree deleted by hand (rm -rf) stays registered, and git would
-            # refuse its path and branch forever: forget the ones whose directory
-            # is gone (their branches, and so their commits, stay).
-            await git(tree.repo, "worktree", "prune")
-            status, _ = await git(tree.repo, "rev-parse", "--verify", f"refs/heads/{tree.branch}")
-            if status == 0:  # the branch outlived an earlier worktree: carry on with it
-                args = ["worktree", "add", str(tree.path), tree.branch]
-            else:
-                args = ["worktree", "add", "-b", tree.branch, str(tree.path), head]
-            status, out = await git(tree.repo, *args)
-            if status != 0:
-                raise WorktreeError(f"could not make the thread's worktree: {out}")
-            tree.base_file.write_text(head + "\n", encoding="utf-8")
-            log.info("made worktree %s on branch %s", tree.path, tree.branch)
+            if not (tree.path / ".git").exists():
+                await self._make(tree)
+            # cwd may be a directory the commit lacks (nothing tracked there yet).
+            tree.workdir.mkdir(parents=True, exist_ok=True)
+
+    async def _make(self, tree: Worktree) -> None:
+        """Make the worktree (under the repository lock)."""
+        status, top = await git(tree.repo, "rev-parse", "--show-toplevel")
+        if status != 0:
+            raise WorktreeError(f"`worktree = true`, but {tree.repo} is not in a git repository")
+        status, head = await git(tree.repo, "rev-parse", "--verify", "HEAD")
+        if status != 0:
+            raise WorktreeError(f"the repository at {top} has no commit to start a branch from")
+        await self._exclude(tree)
+        tree.path.parent.mkdir(parents=True, exist_ok=True)
+        # A worktree deleted by hand (rm -rf) stays registered, and git would
+        # refuse its path and branch forever: forget the ones whose directory
+        # is gone (their branches, and so their commits, stay).
+        await git(tree.repo, "worktree", "prune")
+        status, _ = await git(tree.repo, "rev-parse", "--verify", f"refs/heads/{tree.branch}")
+        if status == 0:  # the branch outlived an earlier worktree: carry on with it
+            args = ["worktree", "add", str(tree.path), tree.branch]
+        else:
+            args = ["worktree", "add", "-b", tree.branch, str(tree.path), head]
+        status, out = await git(tree.repo, *args)
+        if status != 0:
+            raise WorktreeError(f"could not make the thread's worktree: {out}")
+        tree.base_file.write_text(head + "\n", encoding="utf-8")
+        log.info("made worktree %s on branch %s", tree.path, tree.branch)
 
     async def _exclude(self, tree: Worktree) -> None:
         """Keep ``.chatbridge/`` out of the repository's own ``git status`` (local only).

@@ -186,3 +186,25 @@ async def test_a_worktree_deleted_by_hand_is_made_again(tmp_path: Path, repo: Pa
         await chat.wait_until(lambda: len(chat.texts(ReplyKind.RESULT)) == 2 or bool(notices(chat)))
     assert chat.texts(ReplyKind.RESULT) == ["work", "more work"], notices(chat)
     assert (tree / ".git").exists()
+
+
+async def test_a_cwd_the_commit_does_not_have_is_made_in_the_worktree(
+    tmp_path: Path, repo: Path
+) -> None:
+    """The room's cwd is a directory git does not track (nothing committed there
+    yet): the thread's checkout lacks it, and the run starts there all the same."""
+    sub = repo / "new-work"
+    sub.mkdir()
+    record = tmp_path / "record.json"
+    config = {
+        "dispatcher": AT_ONCE,
+        "defaults": {"conversation": "thread", "worktree": True, "cwd": sub},
+    }
+    env = {**ECHO, "FAKE_CLAUDE_RECORD": str(record)}
+    settings = load_settings(write_config(tmp_path, config, env=env))
+    async with serving(settings) as (_, chat):
+        await chat.say("work", thread="t1")
+        await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)) or bool(notices(chat)))
+    assert chat.texts(ReplyKind.RESULT) == ["work"], notices(chat)
+    tree = sub / ".chatbridge" / "worktrees" / slug("t1")
+    assert json.loads(record.read_text())["cwd"] == str(tree / "new-work")
