@@ -120,15 +120,17 @@ class SlotPool:
 
     def _grant(self) -> list[RoomKey]:
         granted: list[RoomKey] = []
-        if len(self._holders) < self._capacity:
-            for room in [r for r in self._waiting if not self._room_full(r)]:
-                if len(self._holders) >= self._capacity:
-                    break
-                if self._room_full(room):  # filled by a grant of this loop
-                    continue
-                del self._waiting[room]
-                self._hold(room)
+        free = self._capacity - len(self._holders)
+        # Oldest first, as far as the free slots go: a long queue costs only the
+        # conversations passed over (their rooms at their caps).
+        for room in self._waiting:
+            if len(granted) >= free:
+                break
+            if not self._room_full(room):
+                self._hold(room)  # counts for the room's cap from now on
                 granted.append(room)
+        for room in granted:
+            del self._waiting[room]
         if not self._waiting:
             self._waiting = {}  # drop the table a long queue left behind (dicts never shrink)
         return granted
