@@ -161,10 +161,11 @@ class Worktrees:
             raise WorktreeError(f"the repository at {top} has no commit to start a branch from")
         await self._exclude(tree)
         tree.path.parent.mkdir(parents=True, exist_ok=True)
-        # A worktree deleted by hand (rm -rf) stays registered, and git would
-        # refuse its path and branch forever: forget the ones whose directory
-        # is gone (their branches, and so their commits, stay).
-        await git(tree.repo, "worktree", "prune")
+        if not tree.path.exists():
+            # Deleted by hand (rm -rf), it stays registered, and git would refuse
+            # its path and branch forever: unregister just this one (its branch,
+            # and so its commits, stay; git says "not a working tree" otherwise).
+            await git(tree.repo, "worktree", "remove", str(tree.path))
         status, _ = await git(tree.repo, "rev-parse", "--verify", f"refs/heads/{tree.branch}")
         if status == 0:  # the branch outlived an earlier worktree: carry on with it
             args = ["worktree", "add", str(tree.path), tree.branch]

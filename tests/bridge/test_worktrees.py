@@ -182,10 +182,14 @@ async def test_a_worktree_deleted_by_hand_is_made_again(tmp_path: Path, repo: Pa
         await chat.wait_until(lambda: len(chat.texts(ReplyKind.RESULT)) == 1)
         # Cleaned up with rm -rf, not git worktree remove: git still lists it.
         shutil.rmtree(tree)
+        # The user's own worktree on a drive not mounted now is none of ours.
+        git(repo, "worktree", "add", "-q", "-b", "mine", str(tmp_path / "usb" / "mine"))
+        shutil.rmtree(tmp_path / "usb")
         await chat.say("more work", thread="t1")
         await chat.wait_until(lambda: len(chat.texts(ReplyKind.RESULT)) == 2 or bool(notices(chat)))
     assert chat.texts(ReplyKind.RESULT) == ["work", "more work"], notices(chat)
     assert (tree / ".git").exists()
+    assert str(tmp_path / "usb" / "mine") in git(repo, "worktree", "list")
 
 
 async def test_a_cwd_the_commit_does_not_have_is_made_in_the_worktree(
