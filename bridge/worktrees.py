@@ -206,8 +206,14 @@ class Worktrees:
             found.append(f"{len(changes.splitlines())} uncommitted change(s)")
         base = tree.base_file.read_text(encoding="utf-8").strip() if tree.base_file.exists() else ""
         keep = [f"^{base}"] if base else []
+        # The branch too: the worktree may have left it (a detached HEAD, another
+        # branch), and removing the worktree deletes the branch.
+        heads = ["HEAD"]
+        branch = f"refs/heads/{tree.branch}"
+        if (await git(tree.path, "rev-parse", "--verify", "--quiet", branch))[0] == 0:
+            heads.append(branch)
         status, count = await git(
-            tree.path, "rev-list", "--count", "HEAD", *keep, "--not", "--remotes"
+            tree.path, "rev-list", "--count", *heads, *keep, "--not", "--remotes"
         )
         if status != 0:
             found.append(f"git cannot count its commits: {count}")

@@ -212,3 +212,28 @@ async def test_a_cwd_the_commit_does_not_have_is_made_in_the_worktree(
     assert chat.texts(ReplyKind.RESULT) == ["work"], notices(chat)
     tree = sub / ".chatbridge" / "worktrees" / slug("t1")
     assert json.loads(record.read_text())["cwd"] == str(tree / "new-work")
+
+
+async def test_reset_keeps_the_branchs_commits_when_the_worktree_left_the_branch(
+    tmp_path: Path, repo: Path
+) -> None:
+    """The run committed on the thread's branch, then checked out something else
+    (a detached HEAD): the branch's commits are still unpushed work."""
+    config = {
+        "dispatcher": AT_ONCE,
+        "defaults": {"conversation": "thread", "worktree": True, "cwd": repo},
+    }
+    settings = load_settings(write_config(tmp_path, config))
+    tree = repo / ".chatbridge" / "worktrees" / slug("t1")
+    branch = f"chatbridge/{slug('t1')}"
+    async with serving(settings) as (_, chat):
+        await chat.say("work", thread="t1")
+        await chat.wait_until(lambda: len(chat.texts(ReplyKind.RESULT)) == 1)
+        (tree / "work.txt").write_text("done\n")
+        git(tree, "add", "work.txt")
+        git(tree, "commit", "-q", "-m", "the work")
+        git(tree, "checkout", "-q", "--detach", "HEAD~1")
+        await chat.say("!reset", thread="t1")
+        await chat.wait_until(lambda: bool(notices(chat)))
+    assert "stays" in notices(chat)[0], notices(chat)[0]
+    assert git(repo, "log", "--format=%s", "-1", branch) == "the work"
