@@ -519,6 +519,24 @@ async def test_a_rooms_thread_conversations_are_kept_apart(store: InspectableSto
     assert [m.room for m in await store.messages([in_thread.id, top.id])] == [thread, ROOM]
 
 
+async def test_a_room_is_found_by_its_own_id_not_as_a_pattern(store: InspectableStore) -> None:
+    """Room ids may hold what LIKE reads as wildcards or escapes (``_``, ``%``,
+    ``\\``) and are case-sensitive (Matrix's): a room's lookup by message id never
+    reaches a look-alike room's threads."""
+    for odd, lookalike in [
+        ("!a_b:hs", "!aXb:hs"),
+        ("!a%b:hs", "!aXYZb:hs"),
+        ("!a\\b:hs", "!ab:hs"),
+        ("!Ab:hs", "!aB:hs"),
+    ]:
+        room = RoomKey(TransportName("matrix"), RoomId(odd))
+        other = RoomKey(TransportName("matrix"), RoomId(lookalike))
+        message = await store.accept(inbound(f"$in{odd}", room=room.in_thread("$t")), 100.0)
+        assert message is not None
+        assert await store.pending_message(other, ExternalMessageId(f"$in{odd}")) is None
+        assert await store.pending_message(room, ExternalMessageId(f"$in{odd}")) == message
+
+
 async def test_a_thread_conversation_of_the_longest_ids_is_kept_whole(
     store: InspectableStore,
 ) -> None:
