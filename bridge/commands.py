@@ -289,7 +289,8 @@ class CommandHandler:
         return (
             settings is not None
             and settings.conversation == "thread"
-            and message.room.thread == message.external_id
+            # (Not the key's thread: an overlong one is a digest there.)
+            and message.thread == message.external_id
         )
 
     async def _room_wide(self, command: Command, message: Message) -> None:

@@ -27,7 +27,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from bridge.automation_config import ScheduleConfig, WebhookConfig
 from bridge.core.hostport import HostPort
-from bridge.core.model import RoomId, RoomKey, TransportName, UserId
+from bridge.core.model import MAX_THREAD_ROOM_ID, RoomId, RoomKey, TransportName, UserId
 from bridge.errors import ConfigError
 from transports.matrix.settings import MatrixSettings
 from transports.slack.settings import SlackSettings
@@ -296,6 +296,16 @@ class RoomSettings(RoomDefaults):
     def _worktrees_need_threads(self) -> Self:
         if self.worktree and self.conversation != "thread":
             raise ValueError('worktree = true needs conversation = "thread"')
+        return self
+
+    @model_validator(mode="after")
+    def _thread_keys_fit(self) -> Self:
+        # A thread conversation is kept as "room/thread" in the store's id columns.
+        if self.conversation == "thread" and len(self.key.room_id) > MAX_THREAD_ROOM_ID:
+            raise ValueError(
+                f'conversation = "thread" needs a room id of at most {MAX_THREAD_ROOM_ID}'
+                f" characters: {self.key.room_id[:40]!r}... has {len(self.key.room_id)}"
+            )
         return self
 
     def allows(self, sender: UserId) -> bool:

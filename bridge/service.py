@@ -53,7 +53,7 @@ from bridge.notices import Notices
 from bridge.pacing import Pacing
 from bridge.preflight import run_problems
 from bridge.prestarts import Prestarts
-from bridge.replies import Replier
+from bridge.replies import Replier, in_conversation
 from bridge.runs import RunExecutor, new_run_id, run_request
 from bridge.schedules import Scheduler, WallClock
 from bridge.state_lock import state_dir_lock
@@ -315,8 +315,9 @@ class Service:
                 # No journal: the run ended here but its end could not be recorded.
                 and journal_exists(entry.live)
             )
-            messages = await self.store.messages(run.message_ids) if followable else []
-            if entry is not None and messages:
+            # Also for a run not followed: its notice goes where the run was asked.
+            messages = await self.store.messages(run.message_ids)
+            if followable and entry is not None and messages:
                 batch = Batch(run.room, tuple(messages))
                 self.dispatcher.adopt(batch, self.executor.reattach(entry, run.started_at))
                 log.info("run %s in %s: reattaching to its supervisor", run.id, run.room)
@@ -326,16 +327,18 @@ class Service:
             # its supervisor, if still there, is asked to stop and waited for;
             # then the run's cgroup and the marker sweep (runner/recovery.py).
             killed = await recover_run(run.id, self.settings.runner.cgroup_root)
-            notice = Reply(
-                room=run.room,
-                # Honest for both ways a run stays "running": a crash or
-                # restart during it, or an end whose outcome the failing
-                # database could not take (its answer may have gone out).
-                text=f"The last run (`{run.id}`) did not finish before chatbridge restarted"
+            # Honest for both ways a run stays "running": a crash or restart
+            # during it, or an end whose outcome the failing database could
+            # not take (its answer may have gone out).
+            text = (
+                f"The last run (`{run.id}`) did not finish before chatbridge restarted"
                 " (or its end could not be recorded). If its answer is not above,"
-                f" `{prefix}retry {run.id}` runs it again.",
-                kind=ReplyKind.NOTICE,
-                thread=run.room.thread or None,
+                f" `{prefix}retry {run.id}` runs it again."
+            )
+            notice = (
+                in_conversation(Batch(run.room, tuple(messages)), text, ReplyKind.NOTICE)
+                if messages
+                else Reply(run.room, text, ReplyKind.NOTICE, thread=run.room.thread or None)
             )
             await self.store.finish_run(
                 run.id,

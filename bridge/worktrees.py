@@ -45,6 +45,9 @@ class Worktree:
     """The room's cwd: a directory of the git repository the worktree belongs to."""
     path: Path
     branch: str
+    workdir: Path
+    """Where runs work: the place of ``repo`` inside the worktree (a ``cwd`` below
+    the repository's top has the same place in each thread's checkout)."""
 
     @property
     def base_file(self) -> Path:
@@ -66,35 +69,59 @@ def worktree_of(key: RoomKey, room: RoomSettings) -> Worktree | None:
         return None
     name = slug(key.thread)
     repo = room.cwd.resolve()
-    return Worktree(repo=repo, path=repo / WORKTREES / name, branch=BRANCH_PREFIX + name)
+    path = repo / WORKTREES / name
+    top = _top(repo)
+    workdir = path if top is None else path / repo.relative_to(top)
+    return Worktree(repo=repo, path=path, branch=BRANCH_PREFIX + name, workdir=workdir)
+
+
+def _top(directory: Path) -> Path | None:
+    """The top of the git checkout holding ``directory`` (as git finds it: the
+    nearest directory with a ``.git``), if any."""
+    return next((d for d in (directory, *directory.parents) if (d / ".git").exists()), None)
 
 
 def in_worktree(key: RoomKey, room: RoomSettings) -> RoomSettings:
     """``room``'s settings for a run of ``key``: in its thread's worktree, if it has one."""
     tree = worktree_of(key, room)
-    return room if tree is None else room.model_copy(update={"cwd": tree.path})
+    return room if tree is None else room.model_copy(update={"cwd": tree.workdir})
 
 
 async def git(cwd: Path, *args: str) -> tuple[int, str]:
-    """Run git in ``cwd``: its exit status and its output (stdout and stderr)."""
-    process = await asyncio.create_subprocess_exec(
-        "git",
-        "-C",
-        str(cwd),
-        *args,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
+    """Run git in ``cwd``: its exit status and its output (stdout and stderr).
+
+    Raises :class:`WorktreeError` when git cannot run (not installed, no such
+    directory) or hangs: the room is told that, not of an internal error.
+    """
+    try:
+        process = await asyncio.create_subprocess_exec(
+            "git",
+            "-C",
+            str(cwd),
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+    except OSError as exc:
+        raise WorktreeError(f"could not run git: {exc.strerror or exc}") from exc
     try:
         async with asyncio.timeout(GIT_TIMEOUT_S):
             out, _ = await process.communicate()
+    except TimeoutError:
+        raise WorktreeError(f"git {args[0]} took longer than {GIT_TIMEOUT_S:g}s") from None
     finally:
         if process.returncode is None:
             process.kill()
             await process.wait()
     code = process.returncode
     return (-1 if code is None else code), out.decode(errors="replace").strip()
+
+
+def _glob_escaped(path: str) -> str:
+    """``path`` as a gitignore pattern matching just itself (its directory names are
+    the operator's, and may hold glob characters or a trailing space)."""
+    return re.sub(r"([*?\[\]\\!# ])", r"\\\1", path)
 
 
 @dataclass(slots=True)
@@ -114,45 +141,60 @@ class Worktrees:
         if tree is None:
             return room
         await self.ensure(tree)
-        return room.model_copy(update={"cwd": tree.path})
+        return room.model_copy(update={"cwd": tree.workdir})
 
     async def ensure(self, tree: Worktree) -> None:
         """Make the worktree if it is not there yet. Raises :class:`WorktreeError`."""
         async with self._lock(tree):
-            if (tree.path / ".git").exists():
-                return
-            status, top = await git(tree.repo, "rev-parse", "--show-toplevel")
-            if status != 0:
-                raise WorktreeError(
-                    f"`worktree = true`, but {tree.repo} is not in a git repository"
-                )
-            status, head = await git(tree.repo, "rev-parse", "--verify", "HEAD")
-            if status != 0:
-                raise WorktreeError(f"the repository at {top} has no commit to start a branch from")
-            await self._exclude(tree)
-            tree.path.parent.mkdir(parents=True, exist_ok=True)
-            status, _ = await git(tree.repo, "rev-parse", "--verify", f"refs/heads/{tree.branch}")
-            if status == 0:  # the branch outlived an earlier worktree: carry on with it
-                args = ["worktree", "add", str(tree.path), tree.branch]
-            else:
-                args = ["worktree", "add", "-b", tree.branch, str(tree.path), head]
-            status, out = await git(tree.repo, *args)
-            if status != 0:
-                raise WorktreeError(f"could not make the thread's worktree: {out}")
-            tree.base_file.write_text(head + "\n", encoding="utf-8")
-            log.info("made worktree %s on branch %s", tree.path, tree.branch)
+            if not (tree.path / ".git").exists():
+                await self._make(tree)
+            # cwd may be a directory the commit lacks (nothing tracked there yet).
+            tree.workdir.mkdir(parents=True, exist_ok=True)
+
+    async def _make(self, tree: Worktree) -> None:
+        """Make the worktree (under the repository lock)."""
+        status, top = await git(tree.repo, "rev-parse", "--show-toplevel")
+        if status != 0:
+            raise WorktreeError(f"`worktree = true`, but {tree.repo} is not in a git repository")
+        status, head = await git(tree.repo, "rev-parse", "--verify", "HEAD")
+        if status != 0:
+            raise WorktreeError(f"the repository at {top} has no commit to start a branch from")
+        await self._exclude(tree)
+        tree.path.parent.mkdir(parents=True, exist_ok=True)
+        if not tree.path.exists():
+            # Deleted by hand (rm -rf), it stays registered, and git would refuse
+            # its path and branch forever: unregister just this one (its branch,
+            # and so its commits, stay; git says "not a working tree" otherwise).
+            await git(tree.repo, "worktree", "remove", str(tree.path))
+        status, _ = await git(tree.repo, "rev-parse", "--verify", f"refs/heads/{tree.branch}")
+        if status == 0:  # the branch outlived an earlier worktree: carry on with it
+            args = ["worktree", "add", str(tree.path), tree.branch]
+        else:
+            args = ["worktree", "add", "-b", tree.branch, str(tree.path), head]
+        status, out = await git(tree.repo, *args)
+        if status != 0:
+            raise WorktreeError(f"could not make the thread's worktree: {out}")
+        tree.base_file.write_text(head + "\n", encoding="utf-8")
+        log.info("made worktree %s on branch %s", tree.path, tree.branch)
 
     async def _exclude(self, tree: Worktree) -> None:
-        """Keep ``.chatbridge/`` out of the repository's own ``git status`` (local only)."""
+        """Keep ``.chatbridge/`` out of the repository's own ``git status`` (local only).
+
+        The pattern is anchored where the worktrees are: ``cwd`` may be below
+        the repository's top, and an exclude pattern with a ``/`` is relative
+        to the top.
+        """
         status, path = await git(tree.repo, "rev-parse", "--git-path", "info/exclude")
         if status != 0:
             return
         exclude = Path(path) if Path(path).is_absolute() else tree.repo / path
+        below = tree.workdir.relative_to(tree.path).as_posix()  # where cwd is below the top
+        pattern = "/.chatbridge/" if below == "." else f"/{_glob_escaped(below)}/.chatbridge/"
         lines = exclude.read_text(encoding="utf-8").splitlines() if exclude.exists() else []
-        if "/.chatbridge/" not in lines and ".chatbridge/" not in lines:
+        if pattern not in lines and ".chatbridge/" not in lines:
             exclude.parent.mkdir(parents=True, exist_ok=True)
             with exclude.open("a", encoding="utf-8") as f:
-                f.write("/.chatbridge/\n")
+                f.write(pattern + "\n")
 
     async def unsaved(self, tree: Worktree) -> list[str]:
         """What removing the worktree would lose, for the room; [] when nothing."""
@@ -164,8 +206,14 @@ class Worktrees:
             found.append(f"{len(changes.splitlines())} uncommitted change(s)")
         base = tree.base_file.read_text(encoding="utf-8").strip() if tree.base_file.exists() else ""
         keep = [f"^{base}"] if base else []
+        # The branch too: the worktree may have left it (a detached HEAD, another
+        # branch), and removing the worktree deletes the branch.
+        heads = ["HEAD"]
+        branch = f"refs/heads/{tree.branch}"
+        if (await git(tree.path, "rev-parse", "--verify", "--quiet", branch))[0] == 0:
+            heads.append(branch)
         status, count = await git(
-            tree.path, "rev-list", "--count", "HEAD", *keep, "--not", "--remotes"
+            tree.path, "rev-list", "--count", *heads, *keep, "--not", "--remotes"
         )
         if status != 0:
             found.append(f"git cannot count its commits: {count}")
@@ -178,17 +226,23 @@ class Worktrees:
         async with self._lock(tree):
             if not (tree.path / ".git").exists():
                 return ""
-            unsaved = await self.unsaved(tree)
-            if unsaved:
-                return (
-                    f"The thread's worktree `{tree.path}` stays: {'; '.join(unsaved)}."
-                    " Commit and push (or discard) it, then reset again to remove it."
-                )
-            status, out = await git(tree.repo, "worktree", "remove", str(tree.path))
-            if status != 0:
-                return f"The thread's worktree `{tree.path}` stays: git said {out}"
-            tree.base_file.unlink(missing_ok=True)
-            # Every commit of the branch is in its base or on a remote (checked above).
-            await git(tree.repo, "branch", "-D", tree.branch)
-            log.info("removed worktree %s and branch %s", tree.path, tree.branch)
-            return f"Removed the thread's worktree and its branch `{tree.branch}`."
+            try:
+                return await self._remove(tree)
+            except WorktreeError as problem:
+                return f"The thread's worktree `{tree.path}` stays: {problem}."
+
+    async def _remove(self, tree: Worktree) -> str:
+        unsaved = await self.unsaved(tree)
+        if unsaved:
+            return (
+                f"The thread's worktree `{tree.path}` stays: {'; '.join(unsaved)}."
+                " Commit and push (or discard) it, then reset again to remove it."
+            )
+        status, out = await git(tree.repo, "worktree", "remove", str(tree.path))
+        if status != 0:
+            return f"The thread's worktree `{tree.path}` stays: git said {out}"
+        tree.base_file.unlink(missing_ok=True)
+        # Every commit of the branch is in its base or on a remote (checked above).
+        await git(tree.repo, "branch", "-D", tree.branch)
+        log.info("removed worktree %s and branch %s", tree.path, tree.branch)
+        return f"Removed the thread's worktree and its branch `{tree.branch}`."

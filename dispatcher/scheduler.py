@@ -417,7 +417,8 @@ class Scheduler:
                 case RequestSlot():
                     for key in self._slots.request(room.key):
                         self._grant(key, now)
-                    if self._slots.is_waiting(room.key):
+                    if self._slots.short_for(room.key):
+                        # (Not for a thread waiting for its room's cap: slots are spare.)
                         self._give_way()
                 case ReleaseSlot():
                     for key in self._slots.release(room.key):
@@ -451,14 +452,15 @@ class Scheduler:
         """A batch opened in ``room``: begin a prestart for it if one is allowed.
 
         Only for a batch still gathering: one granted at once starts cold
-        anyway, and one waiting for a slot means no budget is spare.
+        anyway, and one waiting for a slot means no budget is spare (one
+        waiting only for its room's ``max_runs_per_room`` leaves slots spare).
         """
         if (
             room.phase is Phase.GATHERING
             and room.key not in self._prestarts
             and len(self._prestarts) < self._max_prestarts
             and self._running + len(self._prestarts) < self._slots.capacity
-            and not self._slots.waiting
+            and not self._slots.short
         ):
             self._prestarts[room.key] = None
             self._actions.append(BeginPrestart(room.key))

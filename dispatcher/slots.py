@@ -54,6 +54,17 @@ class SlotPool:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    @property
+    def short(self) -> bool:
+        """Some conversation waits for want of a slot (not only for its room's cap)."""
+        if len(self._holders) < self._capacity:
+            return False  # a free slot: everyone waiting is at their room's cap
+        return any(self.short_for(room) for room in self._waiting)
+
+    def short_for(self, room: RoomKey) -> bool:
+        """``room`` waits, and a free slot would be granted to it (its room has room)."""
+        return room in self._waiting and not self._room_full(room)
+
     def holds(self, room: RoomKey) -> bool:
         return room in self._holders
 
@@ -109,15 +120,17 @@ class SlotPool:
 
     def _grant(self) -> list[RoomKey]:
         granted: list[RoomKey] = []
-        if len(self._holders) < self._capacity:
-            for room in [r for r in self._waiting if not self._room_full(r)]:
-                if len(self._holders) >= self._capacity:
-                    break
-                if self._room_full(room):  # filled by a grant of this loop
-                    continue
-                del self._waiting[room]
-                self._hold(room)
+        free = self._capacity - len(self._holders)
+        # Oldest first, as far as the free slots go: a long queue costs only the
+        # conversations passed over (their rooms at their caps).
+        for room in self._waiting:
+            if len(granted) >= free:
+                break
+            if not self._room_full(room):
+                self._hold(room)  # counts for the room's cap from now on
                 granted.append(room)
+        for room in granted:
+            del self._waiting[room]
         if not self._waiting:
             self._waiting = {}  # drop the table a long queue left behind (dicts never shrink)
         return granted

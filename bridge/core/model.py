@@ -7,6 +7,7 @@ ids keep a Slack channel id from being passed where a run id belongs.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import NewType
@@ -31,6 +32,16 @@ RunId = NewType("RunId", str)
 
 SessionId = NewType("SessionId", str)
 """A Claude Code session id, passed back with ``--resume``."""
+
+
+CONVERSATION_ID_LENGTH = 255
+"""The longest ``room/thread`` a conversation's key spells: what the store's id
+columns hold. Matrix allows 255 bytes for a room id and as many for an event
+id (a thread root), so the two together may not fit as they are."""
+THREAD_DIGEST_LENGTH = 33
+"""``#`` and 128 bits of a digest: a thread id too long to spell in a key."""
+MAX_THREAD_ROOM_ID = CONVERSATION_ID_LENGTH - 1 - THREAD_DIGEST_LENGTH
+"""The longest room id whose threads can be conversations (checked by the configuration)."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -58,7 +69,15 @@ class RoomKey:
         return RoomKey(self.transport, self.room_id) if self.thread else self
 
     def in_thread(self, thread: str) -> RoomKey:
-        """The conversation of ``thread`` in this key's room."""
+        """The conversation of ``thread`` in this key's room.
+
+        A thread whose id does not fit beside the room's within
+        :data:`CONVERSATION_ID_LENGTH` is named by a digest of it (the same one
+        every time); its messages keep the real id, which replies go to.
+        """
+        if len(self.room_id) + 1 + len(thread) > CONVERSATION_ID_LENGTH:
+            digest = hashlib.sha256(thread.encode()).hexdigest()
+            thread = "#" + digest[: THREAD_DIGEST_LENGTH - 1]
         return RoomKey(self.transport, self.room_id, thread)
 
 

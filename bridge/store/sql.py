@@ -1446,8 +1446,10 @@ def _in_room(column: Mapped[str], room: RoomKey) -> ColumnElement[bool]:
     """``column`` is ``room``'s room or one of its thread conversations: what a
     transport names by the room and a message id (an edit, a click) is found in
     whichever conversation holds it."""
-    channel = room.room_id
-    return or_(column == channel, column.startswith(channel + THREAD_SEPARATOR, autoescape=True))
+    prefix = room.room_id + THREAD_SEPARATOR
+    # A comparison, not LIKE: SQLite's LIKE ignores case, and room ids are
+    # case-sensitive (Matrix's); nothing in them is read as a pattern either.
+    return or_(column == room.room_id, func.substr(column, 1, len(prefix)) == prefix)
 
 
 def _room(transport: str, room_id: str) -> RoomKey:

@@ -4,13 +4,18 @@ that still answers each thread where it asked, through the real service."""
 from __future__ import annotations
 
 import sqlite3
+import time
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from bridge.config import load_settings
-from bridge.core.model import ExternalMessageId, InboundMessage, ReplyKind
+from bridge.core.model import Batch, ExternalMessageId, InboundMessage, ReplyKind, RunId, UserId
 from bridge.core.transport import Accepted
-from tests.bridge.chat_room import ChatRoom, serving
+from bridge.errors import ConfigError
+from bridge.service import open_store
+from tests.bridge.chat_room import ChatRoom, console_room, serving
 from tests.bridge.harness import ECHO, write_config
 
 # Every message is a batch at once: the tests follow runs, not windows.
@@ -191,3 +196,64 @@ async def test_with_mention_trigger_a_thread_in_conversation_needs_no_mention(
         assert followed is Accepted.ACCEPTED
         await chat.wait_until(lambda: len(results(chat)) == 2)
     assert results(chat) == [("root", "@bot hello"), ("root", "and then")]
+
+
+async def test_a_run_asked_in_a_thread_and_cut_by_a_crash_is_reported_in_that_thread(
+    tmp_path: Path,
+) -> None:
+    """``conversation = "channel"``: the restart's word on a run a crash cut off
+    goes where the run was asked (its answer would have), not to the top level."""
+    settings = load_settings(write_config(tmp_path))
+    room = console_room(settings)
+    store = await open_store(settings)
+    try:
+        inbound = InboundMessage(
+            room, UserId("local"), "long job", ExternalMessageId("in-t"), thread="t1"
+        )
+        message = await store.accept(inbound, time.time())
+        assert message is not None
+        await store.start_run(RunId("run-crashed"), Batch(room, (message,)), time.time())
+    finally:
+        await store.close()
+    async with serving(settings) as (_, chat):
+        await chat.wait_until(lambda: any("did not finish" in t for t in chat.texts()))
+    [notice] = [r for r in chat.replies if "did not finish" in r.text]
+    assert notice.thread == "t1"
+
+
+def test_thread_conversations_need_room_ids_that_leave_room_for_a_thread(
+    tmp_path: Path,
+) -> None:
+    config = {"defaults": {"conversation": "thread"}, "console": {"room": "r" * 230}}
+    with pytest.raises(ConfigError, match='conversation = "thread" needs a room id of at most'):
+        load_settings(write_config(tmp_path, config))
+    # A room-wide conversation keeps no thread beside the room's id.
+    load_settings(write_config(tmp_path, {"console": {"room": "r" * 230}}))
+
+
+async def test_edits_and_deletions_reach_a_thread_conversations_waiting_messages(
+    tmp_path: Path,
+) -> None:
+    """Transports name only the room in an edit or a deletion: the waiting message
+    is found in whichever thread conversation holds it, and its run has the change."""
+    window = {"coalesce_ms": 600_000, "max_wait_ms": 600_000, "max_batch": 3}
+    config = {"dispatcher": window, "defaults": {"conversation": "thread"}}
+    settings = load_settings(write_config(tmp_path, config))
+    async with serving(settings) as (_, chat):
+        top, _ = await chat.say("draft question")  # opens its own thread
+        doomed, _ = await chat.say("never mind this", thread=top)
+        assert await chat.edited(top, "final question") is Accepted.ACCEPTED
+        assert await chat.deleted(doomed) is Accepted.ACCEPTED
+        await chat.say("and this", thread=top)
+        await chat.say("elsewhere", thread="t2")
+        await chat.say("more", thread="t2")
+        await chat.say("!stop", thread="t2")  # the other conversation's batch goes
+        await chat.say("one", thread=top)  # the batch is full: it runs
+        await chat.wait_until(lambda: len(results(chat)) == 1)
+    [(thread, prompt)] = results(chat)  # the echo of the batch's prompt
+    assert thread == top
+    assert [line for line in prompt.splitlines() if line and "wrote:" not in line] == [
+        "> final question",
+        "> and this",
+        "> one",
+    ]

@@ -157,3 +157,25 @@ def test_no_prestarts_before_serving_or_without_budget(make: Messages) -> None:
     assert Scheduler(limits).submit(make(A), now=0.0) == []  # max_prestarts 0
     with pytest.raises(ValueError, match="max_prestarts"):
         Scheduler(limits, max_prestarts=-1)
+
+
+def test_a_thread_waiting_for_its_rooms_cap_does_not_stop_prestarts_elsewhere(
+    make: Messages,
+) -> None:
+    """``max_runs_per_room``: a thread waits because its room is at its cap, not
+    for want of a slot. Free slots stay spare, so other rooms' batches still
+    prestart, and the prestarts they have are not given up for it."""
+    limits = DispatchLimits(coalesce_s=1.0, max_wait_s=5.0, max_batch=3, max_concurrent_runs=5)
+    s = Scheduler(limits, max_prestarts=3, room_cap=lambda key: 1 if key == A else None)
+    a1, a2 = A.in_thread("1"), A.in_thread("2")
+    s.submit(make(a1), now=0.0)
+    assert run_of(s.fire_timers(now=1.5)).batch.room == a1
+    assert s.submit(make(a2), now=2.0) == [BeginPrestart(a2)]
+    assert s.submit(make(B), now=2.5) == [BeginPrestart(B)]
+    assert s.fire_timers(now=3.1) == []  # a2 closes its batch and waits behind a1
+    assert s.waiting_for_slot == 1
+    assert s.prestarts == 2  # B keeps its prestart: three slots are free
+    assert s.submit(make(C), now=3.2) == [BeginPrestart(C)]
+    # B's run takes its prestart; a2 keeps its own for when a1 ends.
+    assert run_of(s.fire_timers(now=3.6)).prestarted
+    assert run_of(s.run_finished(a1, now=4.0)).prestarted

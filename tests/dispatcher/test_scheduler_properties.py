@@ -11,7 +11,8 @@ checks after every step:
   adopts none, and nothing is adopted while draining;
 - no room waits for a slot while a slot is free, and slots go to waiting
   rooms in the order they became ready (rooms that became ready at the same
-  step may go in either order);
+  step may go in either order); a thread whose room is at its
+  ``max_runs_per_room`` (drawn: none or 1) waits, keeping its place;
 - per room, begun batches and drops so far, concatenated, then the granted
   batch that has not begun, then the waiting messages, are the submissions
   (exactly once, in order); edits change a message only while it waits,
@@ -78,7 +79,8 @@ from dispatcher.scheduler import Action, Scheduler
 from dispatcher.status import EndReason, RoomStatus
 from tests.dispatcher.fakes import Messages, room
 
-ROOMS = [room(i) for i in range(4)]
+ROOMS = [room(0), room(1), room(2).in_thread("x"), room(2).in_thread("y")]
+"""Conversations: two rooms, and two threads of a third (``max_runs_per_room``)."""
 # Multiples of 1/4 add up exactly in binary floating point, so the test's
 # deadlines and the scheduler's are the same numbers.
 STEPS = st.sampled_from([0.0, 0.25, 0.5, 1.0, 1.5, 3.0])
@@ -170,6 +172,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         serving=st.booleans(),
         modes=st.lists(MODES, min_size=len(ROOMS), max_size=len(ROOMS)),
         max_prestarts=st.integers(0, 3),
+        room_cap=st.sampled_from([None, 1]),
     )
     def setup(  # noqa: PLR0917 (hypothesis passes the strategies by name)
         self,
@@ -180,16 +183,24 @@ class SchedulerMachine(RuleBasedStateMachine):
         serving: bool,
         modes: list[DuringRun],
         max_prestarts: int,
+        room_cap: int | None,
     ) -> None:
         self.limits = DispatchLimits(coalesce, max_wait, max_batch, cap)
+        self.room_cap = room_cap
         self.modes = dict(zip(ROOMS, modes, strict=True))
         self.max_prestarts = max_prestarts
         # Not serving yet, as the driver starts: no slots, so runs can only be adopted.
         capacity = None if serving else 0
         self.scheduler = Scheduler(
-            self.limits, capacity, mode_of=self.modes.__getitem__, max_prestarts=max_prestarts
+            self.limits,
+            capacity,
+            mode_of=self.modes.__getitem__,
+            max_prestarts=max_prestarts,
+            room_cap=self._cap_of,
         )
-        self.twin = Scheduler(self.limits, capacity, mode_of=self.modes.__getitem__)
+        self.twin = Scheduler(
+            self.limits, capacity, mode_of=self.modes.__getitem__, room_cap=self._cap_of
+        )
         self.serving = serving
 
     # -- rules ---------------------------------------------------------------
@@ -442,7 +453,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def no_idle_slot_while_a_room_waits(self) -> None:
         if not hasattr(self, "scheduler") or self.draining:
             return
-        if any(self.scheduler.status(k).waiting_for_slot for k in ROOMS):
+        if any(self._short(k) for k in ROOMS):
             # Adopted runs may hold more slots than the cap; before serving there are none.
             capacity = self.limits.max_concurrent_runs if self.serving else 0
             assert len(self.running) >= capacity
@@ -485,7 +496,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert not self.held & set(self.running)
         assert self.carried <= set(self.running) - self.began
         waiting = {k for k in ROOMS if self.scheduler.status(k).waiting_for_slot}
-        if waiting and not self.draining:
+        if any(self._short(k) for k in waiting) and not self.draining:
             assert self.held <= waiting, "a prestart holds budget while a room waits"
         if self.draining:
             assert not self.held
@@ -664,6 +675,18 @@ class SchedulerMachine(RuleBasedStateMachine):
             # Runs are granted only below the cap, adopted ones counted as running.
             assert len(self.running) <= self.limits.max_concurrent_runs
 
+    def _cap_of(self, channel: RoomKey) -> int | None:
+        return self.room_cap
+
+    def _room_full(self, key: RoomKey) -> bool:
+        """``key``'s room runs as many conversations as its cap allows."""
+        held = sum(1 for k in self.running if k.channel == key.channel)
+        return self.room_cap is not None and held >= self.room_cap
+
+    def _short(self, key: RoomKey) -> bool:
+        """``key`` waits for want of a slot (not for its room's cap)."""
+        return self.scheduler.status(key).waiting_for_slot and not self._room_full(key)
+
     def _check_fifo(self, key: RoomKey) -> None:
         """``key`` got a slot: nobody who has waited longer may still be waiting."""
         self.slot_queue = [tier for tier in self.slot_queue if tier]
@@ -671,7 +694,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             if key in tier:
                 tier.discard(key)
                 return
-            assert not tier, f"{key} got a slot before {sorted(tier)}, who waited longer"
+            # A conversation whose room is at its cap is passed over, keeping its place.
+            passed = {k for k in tier if not self._room_full(k)}
+            assert not passed, f"{key} got a slot before {sorted(passed)}, who waited longer"
 
     def _check_windows(self) -> None:
         """A room that left gathering did so for a reason the rules allow."""

@@ -118,3 +118,27 @@ def test_room_caps_hold_and_no_slot_idles_while_someone_could_take_it(
                 waiting = [room(name_).in_thread(t) for t in "123"]
                 if any(pool.is_waiting(w) for w in waiting):
                     assert sum(1 for h in holders if h.channel == room(name_)) == cap
+
+
+def test_a_grant_looks_only_as_far_as_the_first_conversation_it_can_serve() -> None:
+    """A long queue: releasing a slot costs the conversations passed over (their
+    rooms at their caps), not the whole queue (the service asks every room)."""
+    asked: list[RoomKey] = []
+
+    def room_cap(key: RoomKey) -> int | None:
+        asked.append(key)
+        return 1 if key == A else None
+
+    pool = SlotPool(2, room_cap=room_cap)
+    pool.request(A.in_thread("running"))
+    pool.request(B)
+    pool.request(A.in_thread("held back"))  # its room is at its cap
+    waiting = [room(f"w{n}") for n in range(1000)]
+    for key in waiting:
+        pool.request(key)
+    asked.clear()
+    assert pool.release(B) == [waiting[0]]
+    assert len(asked) <= 4, f"asked about {len(asked)} conversations for one grant"
+    asked.clear()
+    assert pool.release(waiting[0]) == [waiting[1]]
+    assert len(asked) <= 4

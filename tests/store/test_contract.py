@@ -555,6 +555,52 @@ async def test_a_rooms_thread_conversations_are_kept_apart(store: InspectableSto
     assert [m.room for m in await store.messages([in_thread.id, top.id])] == [thread, ROOM]
 
 
+async def test_a_room_is_found_by_its_own_id_not_as_a_pattern(store: InspectableStore) -> None:
+    """Room ids may hold what LIKE reads as wildcards or escapes (``_``, ``%``,
+    ``\\``) and are case-sensitive (Matrix's): a room's lookup by message id never
+    reaches a look-alike room's threads."""
+    for odd, lookalike in [
+        ("!a_b:hs", "!aXb:hs"),
+        ("!a%b:hs", "!aXYZb:hs"),
+        ("!a\\b:hs", "!ab:hs"),
+        ("!Ab:hs", "!aB:hs"),
+    ]:
+        room = RoomKey(TransportName("matrix"), RoomId(odd))
+        other = RoomKey(TransportName("matrix"), RoomId(lookalike))
+        message = await store.accept(inbound(f"$in{odd}", room=room.in_thread("$t")), 100.0)
+        assert message is not None
+        assert await store.pending_message(other, ExternalMessageId(f"$in{odd}")) is None
+        assert await store.pending_message(room, ExternalMessageId(f"$in{odd}")) == message
+
+
+async def test_a_thread_conversation_of_the_longest_ids_is_kept_whole(
+    store: InspectableStore,
+) -> None:
+    """Matrix allows 255 bytes for a room id and for an event id (a thread root):
+    a conversation of the two still fits the store's id columns on every
+    backend, comes back as the same key, and is found by its room."""
+    long_room = RoomKey(TransportName("matrix"), RoomId("!" + "r" * 200 + ":localhost"))
+    root = "$" + "e/%_" * 60 + ":localhost"
+    thread = long_room.in_thread(root)
+    assert len(thread.room_id) + 1 + len(thread.thread) <= 255
+    message = await store.accept(inbound("$in", room=thread, thread=root), 100.0)
+    assert message is not None
+    assert message.room == thread
+    assert message.thread == root  # the reply still goes to the real thread
+    assert [m.room for m in await store.pending_messages()] == [thread]
+    assert await store.pending_message(long_room, ExternalMessageId("$in")) == message
+    await start(store, "r-long", [message])
+    assert (await store.last_run(thread)) is not None
+    await store.set_session(thread, SessionId("s-long"))
+    assert await store.get_session(thread) == "s-long"
+    answer = Reply(thread, "an answer", ReplyKind.RESULT, thread=root)
+    [entry] = await store.enqueue([answer], 101.0)
+    assert entry.reply.room == thread
+    assert entry.reply.thread == root
+    # Two long threads of one room stay two conversations.
+    assert long_room.in_thread(root + "x") != thread
+
+
 # Audit
 
 
