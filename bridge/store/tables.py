@@ -177,6 +177,8 @@ class OutboxRow(Base):
     in_reply_to: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     thread: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     anchor: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    file: Mapped[str | None] = mapped_column(Text)
+    """A file post: the path of the bridge's copy (``Reply.file``)."""
     key: Mapped[str] = mapped_column(String(64), unique=True)
     parts_done: Mapped[int] = mapped_column(Integer, default=0)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
