@@ -34,10 +34,12 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bridge.core import stages
 from bridge.core.model import ExternalMessageId, Reply, RoomKey, TransportName
@@ -48,6 +50,14 @@ from transports.backoff import Backoff
 from transports.base import Transport
 
 log = logging.getLogger(__name__)
+
+
+def discard_copy(path: Path) -> None:
+    """Remove a posted file's copy and the directory named by its key that holds it."""
+    path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        path.parent.rmdir()
+
 
 RETRY_BASE_S = 1.0
 RETRY_CAP_S = 300.0
@@ -306,9 +316,24 @@ class Outbox:
         # A hung server must not hold the room forever; the retry skips the
         # parts done, so giving up an attempt never posts a part twice.
         async with asyncio.timeout(self.send_timeout_s):
-            await transport.send(entry.reply, delivery)
+            if entry.reply.file is None:
+                await transport.send(entry.reply, delivery)
+                return
+            # A file post is one part: done once recorded as such.
+            if delivery.parts_done >= 1:
+                return
+            if not await asyncio.to_thread(Path(entry.reply.file).is_file):
+                raise Undeliverable(room.transport, "the copy of the file to post is gone")
+            message_id = await transport.send_file(entry.reply, delivery.key)
+            await delivery.part_sent(0, message_id or ExternalMessageId(""))
 
     async def _finish(self, entry: OutboxEntry, state: DeliveryState) -> None:
+        await self._record_finish(entry, state)
+        if entry.reply.file is not None:
+            # The bridge's copy (bridge.file_posts) is the entry's alone: gone with it.
+            await asyncio.to_thread(discard_copy, Path(entry.reply.file))
+
+    async def _record_finish(self, entry: OutboxEntry, state: DeliveryState) -> None:
         backoff = Backoff(self.retry_base_s, self.retry_cap_s)
         for attempt in range(FINISH_ATTEMPTS):
             try:

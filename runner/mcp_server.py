@@ -67,15 +67,16 @@ def check_sendable(cwd: Path, path: str, max_bytes: int) -> Sendable:
         raise NotSendable("no path given")
     root = cwd.resolve()
     try:
-        target = (root / path).resolve(strict=True)
-    except (OSError, RuntimeError) as exc:  # missing, or a symlink loop
+        target = (root / path).resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop
         raise NotSendable(f"{path}: no such file") from exc
+    # Before looking at the file: whether something exists outside is not told.
     if not target.is_relative_to(root):
         raise NotSendable(f"{path}: outside the working directory")
     try:
         info = target.stat()
     except OSError as exc:
-        raise NotSendable(f"{path}: cannot be read") from exc
+        raise NotSendable(f"{path}: no such file") from exc
     if not stat.S_ISREG(info.st_mode):
         raise NotSendable(f"{path}: not a regular file")
     if info.st_size > max_bytes:

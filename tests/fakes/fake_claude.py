@@ -146,6 +146,21 @@ messages joined by newlines. The extra knobs:
 ``FAKE_CLAUDE_TOOL_TURNS=N``
     Only the first N turns use the tool; later ones answer in text.
 
+``--mcp-config JSON`` (JSON text, variadic like the real flag): each stdio server in
+``mcpServers`` is started before the first turn's ``init`` (the real CLI waits for
+them too), sent ``initialize``, ``notifications/initialized`` and ``tools/list``;
+its tools join ``init``'s ``tools`` as ``mcp__<server>__<tool>`` and
+``mcp_servers`` lists it ``connected``. Its stdin is closed at exit.
+
+``FAKE_CLAUDE_SEND_FILE=JSON``
+    After the Bash tool, call ``mcp__chatbridge__send_file`` with this input (an
+    object, or a list of them, one call each), through the real MCP server:
+    a tool_use, then a tool_result as the real CLI prints it for an MCP tool: on
+    success the server's content blocks and no ``is_error`` key; on ``isError``
+    their texts joined into a string, ``is_error`` true. Not allowed by ``--allowedTools`` (or
+    bypassPermissions) it is refused as the real CLI refuses in print mode; with
+    no such server, ``No such tool available``.
+
 Unlike the real CLI, the fake asks for every Bash command: the real one runs
 read-only commands (``echo``, ``cat``, ``sleep``) without asking.
 """
@@ -198,7 +213,13 @@ _VALUE_FLAGS = {
     "--settings",
     "--permission-prompt-tool",
 }
-_VARIADIC_FLAGS = {"--allowedTools", "--allowed-tools", "--disallowedTools", "--disallowed-tools"}
+_VARIADIC_FLAGS = {
+    "--allowedTools",
+    "--allowed-tools",
+    "--disallowedTools",
+    "--disallowed-tools",
+    "--mcp-config",
+}
 _BOOL_FLAGS = {
     "-p",
     "--print",
@@ -224,7 +245,7 @@ def _env(name: str) -> str:
 
 def _parse(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
     """Parse like commander: variadic tool lists swallow following non-options."""
-    opts: dict[str, Any] = {"allowed": [], "disallowed": []}
+    opts: dict[str, Any] = {"allowed": [], "disallowed": [], "mcp": []}
     positional: list[str] = []
     i = 0
     variadic: str | None = None
@@ -256,7 +277,13 @@ def _parse(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
                 opts[name] = argv[i]
                 i += 1
         elif name in _VARIADIC_FLAGS:
-            key = "allowed" if name.startswith("--allowed") else "disallowed"
+            key = (
+                "mcp"
+                if name == "--mcp-config"
+                else "allowed"
+                if name.startswith("--allowed")
+                else "disallowed"
+            )
             if eq:
                 opts[key].append(inline)
             else:
@@ -336,14 +363,68 @@ def _mode(opts: dict[str, Any]) -> str:
     return str(opts.get("--permission-mode", "default"))
 
 
-def _init(session_id: str, cwd: str, model: str, mode: str) -> dict[str, Any]:
+class _McpServer:
+    """An MCP server over stdio, started from ``--mcp-config`` as the real CLI does."""
+
+    def __init__(self, name: str, config: dict[str, Any], cwd: str) -> None:
+        self.name = name
+        env = {**os.environ, **(config.get("env") or {})}
+        self._process = subprocess.Popen(
+            [config["command"], *config.get("args", [])],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=cwd,
+            env=env,
+        )
+        self._next = 0
+        self._ask("initialize", {"protocolVersion": "2025-06-18", "capabilities": {}})
+        self._notify("notifications/initialized")
+        self.tools = [t["name"] for t in self._ask("tools/list", {})["tools"]]
+
+    def _notify(self, method: str) -> None:
+        assert self._process.stdin is not None
+        self._process.stdin.write(json.dumps({"jsonrpc": "2.0", "method": method}) + "\n")
+        self._process.stdin.flush()
+
+    def _ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        assert self._process.stdin is not None
+        assert self._process.stdout is not None
+        self._next += 1
+        request = {"jsonrpc": "2.0", "id": self._next, "method": method, "params": params}
+        self._process.stdin.write(json.dumps(request) + "\n")
+        self._process.stdin.flush()
+        answer: dict[str, Any] = json.loads(self._process.stdout.readline())
+        return answer["result"]
+
+    def call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return self._ask("tools/call", {"name": tool, "arguments": arguments})
+
+    def close(self) -> None:
+        assert self._process.stdin is not None
+        self._process.stdin.close()
+        self._process.wait()
+
+
+def _start_mcp(configs: list[str], cwd: str) -> list[_McpServer]:
+    servers = []
+    for text in configs:
+        for name, config in json.loads(text).get("mcpServers", {}).items():
+            servers.append(_McpServer(name, config, cwd))
+    return servers
+
+
+def _init(
+    session_id: str, cwd: str, model: str, mode: str, mcp: list[_McpServer] | None = None
+) -> dict[str, Any]:
+    mcp = mcp or []
     return {
         "type": "system",
         "subtype": "init",
         "cwd": cwd,
         "session_id": session_id,
-        "tools": TOOLS,
-        "mcp_servers": [],
+        "tools": TOOLS + [f"mcp__{m.name}__{t}" for m in mcp for t in m.tools],
+        "mcp_servers": [{"name": m.name, "status": "connected", "source": "dynamic"} for m in mcp],
         "model": model,
         "permissionMode": mode,
         "slash_commands": [],
@@ -551,7 +632,9 @@ def _user_text(session_id: str, text: str) -> dict[str, Any]:
     }
 
 
-def _tool_result(session_id: str, tool_id: str, content: str, is_error: bool) -> dict[str, Any]:
+def _tool_result(
+    session_id: str, tool_id: str, content: str | list[dict[str, Any]], is_error: bool
+) -> dict[str, Any]:
     return {
         "type": "user",
         "message": {
@@ -619,6 +702,8 @@ class _Session:
         self._prompts: list[str] = []  # the messages the running turn took
         self._taken: list[str] = []  # and their uuids
         self._denials: list[dict[str, Any]] = []
+        self._mcp_configs: list[str] = opts["mcp"]
+        self._mcp: list[_McpServer] | None = None  # started before the first init
 
     # -- stdin (reader thread) --
 
@@ -738,6 +823,8 @@ class _Session:
             printed = time.monotonic()
             with self._cond:
                 self._running = False
+        for server in self._mcp or []:
+            server.close()
         if _env("FAKE_CLAUDE_LINGER"):
             time.sleep(float(_env("FAKE_CLAUDE_LINGER")))
         _times(self._history[0] if self._history else "", printed)
@@ -758,8 +845,10 @@ class _Session:
             escaped = _start_escapes(Path(escape)) if escape else []
             _record(self._cwd, _text_of(first), children, escaped)
         self._lifecycle(first["uuid"], "started")
+        if self._mcp is None:
+            self._mcp = _start_mcp(self._mcp_configs, self._cwd)
         with self._cond:
-            _line(_init(sid, self._cwd, self._model, self._mode))
+            _line(_init(sid, self._cwd, self._model, self._mode, self._mcp))
         self._take(first, started=True)
         try:
             self._script()
@@ -811,6 +900,10 @@ class _Session:
         tool_turns = _env("FAKE_CLAUDE_TOOL_TURNS")
         if not _env("FAKE_CLAUDE_NO_TOOL") and (not tool_turns or self._turns <= int(tool_turns)):
             self._tool(_env("FAKE_CLAUDE_TOOL_COMMAND") or "echo hello")
+        if _env("FAKE_CLAUDE_SEND_FILE"):
+            inputs = json.loads(_env("FAKE_CLAUDE_SEND_FILE"))
+            for tool_input in inputs if isinstance(inputs, list) else [inputs]:
+                self._send_file(tool_input)
         # The model is at work from here on: an interrupt aborts its streaming.
         self._pause("aborted_streaming", seconds=float(_env("FAKE_CLAUDE_SLEEP") or 0))
         if _env("FAKE_CLAUDE_WAIT_FOR"):
@@ -900,6 +993,37 @@ class _Session:
             raise
         output = _env("FAKE_CLAUDE_TOOL_OUTPUT") or "hello"
         _line(_tool_result(sid, tool_id, output, False))
+        self._take_waiting()
+
+    def _send_file(self, tool_input: dict[str, Any]) -> None:
+        """A ``mcp__chatbridge__send_file`` use, answered by the real MCP server."""
+        sid = self._session_id
+        name = "mcp__chatbridge__send_file"
+        tool_id = "toolu_" + uuid.uuid4().hex[:20]
+        _line(
+            _assistant(sid, {"type": "tool_use", "id": tool_id, "name": name, "input": tool_input})
+        )
+        server = next((m for m in self._mcp or [] if m.name == "chatbridge"), None)
+        if server is None or "send_file" not in server.tools:
+            text = f"<tool_use_error>Error: No such tool available: {name}</tool_use_error>"
+            _line(_tool_result(sid, tool_id, text, True))
+        elif self._mode != "bypassPermissions" and name not in self._allowed:
+            self._denials.append(
+                {"tool_name": name, "tool_use_id": tool_id, "tool_input": tool_input}
+            )
+            text = f"Claude requested permissions to use {name}, but you haven't granted it yet."
+            _line(_tool_result(sid, tool_id, text, True))
+        else:
+            result = server.call("send_file", tool_input)
+            if result.get("isError"):
+                # The real CLI: an error's text blocks joined into one string.
+                text = "\n".join(b.get("text", "") for b in result["content"])
+                _line(_tool_result(sid, tool_id, text, True))
+            else:
+                # ...and a success's blocks as they came, with no is_error key at all.
+                line = _tool_result(sid, tool_id, result["content"], False)
+                del line["message"]["content"][0]["is_error"]
+                _line(line)
         self._take_waiting()
 
     def _permission(self, tool_id: str, tool_input: dict[str, Any]) -> dict[str, Any] | str:

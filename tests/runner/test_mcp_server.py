@@ -144,6 +144,7 @@ def test_files_inside_are_queued(client: Client, work: Path, path: str, answer: 
         ("sub", "not a regular file"),
         ("fifo", "not a regular file"),
         ("missing.txt", "no such file"),
+        ("../missing-outside.txt", "outside the working directory"),
         ("", "no path given"),
     ],
 )
