@@ -15,11 +15,13 @@ searched for the parts already posted before anything is posted again.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -354,6 +356,37 @@ class SlackOutbound:
             # Uploaded, but Slack did not say where: a retry would find it by name.
             raise OutcomeUnknown("slack", "files_upload_v2 did not report the message ts")
         return ts
+
+    async def send_file(self, reply: Reply, key: str) -> ExternalMessageId:
+        """Upload the file ``reply.file`` (files upload v2: ``files.getUploadURLExternal``,
+        the upload, ``files.completeUploadExternal``) with ``reply.text`` as its comment,
+        where :meth:`send` would post ``reply``; returns the ts of the message sharing it.
+
+        Slack has no idempotency key for uploads, and the file keeps its own name, so
+        unlike a long answer's upload it cannot be looked up: an attempt whose outcome
+        is unknown (a timeout after the upload) may show the file twice.
+        """
+        path = Path(reply.file or "")
+        channel = reply.room.room_id
+        try:
+            data = await asyncio.to_thread(path.read_bytes)
+        except OSError as exc:
+            raise Undeliverable("slack", f"cannot read the file to post: {exc}") from exc
+        args: dict[str, Any] = {
+            "channel": channel,
+            "file": data,
+            "filename": path.name,
+            "title": path.name,
+        }
+        if reply.text:
+            args["initial_comment"] = to_mrkdwn(reply.text)
+        thread = self.thread_for(reply)
+        if thread:
+            args["thread_ts"] = thread
+        response = await self._call("files_upload_v2", **args)
+        ts = _shared_ts(response, channel)
+        # Uploaded and shared even when Slack did not say where: retrying would post it again.
+        return ts if ts is not None else ExternalMessageId("")
 
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         """Replace a posted message's text (cut to the message limit: an edit is one message)."""
