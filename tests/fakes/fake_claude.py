@@ -395,7 +395,8 @@ class _McpServer:
         self._process.stdin.write(json.dumps(request) + "\n")
         self._process.stdin.flush()
         answer: dict[str, Any] = json.loads(self._process.stdout.readline())
-        return answer["result"]
+        result: dict[str, Any] = answer["result"]
+        return result
 
     def call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
         return self._ask("tools/call", {"name": tool, "arguments": arguments})

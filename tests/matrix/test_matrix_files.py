@@ -30,11 +30,13 @@ async def downloaded(alice: Human, content: dict[str, Any]) -> bytes:
     mxc = encrypted["url"] if encrypted else content["url"]
     response = await alice.client.download(mxc=mxc)
     assert isinstance(response, MemoryDownloadResponse), response
+    body: bytes = response.body
     if not encrypted:
-        return response.body
-    return decrypt_attachment(
-        response.body, encrypted["key"]["k"], encrypted["hashes"]["sha256"], encrypted["iv"]
+        return body
+    plain: bytes = decrypt_attachment(
+        body, encrypted["key"]["k"], encrypted["hashes"]["sha256"], encrypted["iv"]
     )
+    return plain
 
 
 class Parts:

@@ -13,11 +13,29 @@ from pathlib import Path
 
 import pytest
 
-from bridge.core.model import RunId, RunStatus
+from bridge.config import RoomSettings
+from bridge.core.model import (
+    Batch,
+    ExternalMessageId,
+    Message,
+    MessageId,
+    RoomId,
+    RoomKey,
+    RunId,
+    RunStatus,
+    TransportName,
+    UserId,
+)
+from bridge.delivery import Outbox
+from bridge.file_posts import FilePosts
+from bridge.metrics import Metrics
+from bridge.store.memory import MemoryStore
 from runner import Init, RunRequest, ToolResult, ToolUse, run_claude
 from runner.mcp_server import QUALIFIED_TOOL
 from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin, claude_env
 from tests.runner.conftest import Recorder, pids_with_marker
+
+ROOM = RoomKey(TransportName("console"), RoomId("console"))
 
 pytestmark = [
     pytest.mark.slow,
@@ -77,6 +95,21 @@ async def test_claude_calls_send_file_through_our_server(
     assert results[bad.id].is_error
     assert "outside the working directory" in results[bad.id].content
     assert pids_with_marker(run_id) == []  # the MCP server went with claude
+
+    # The bridge, given these very events, records the good one's post (and only it).
+    store = MemoryStore()
+    posts = FilePosts(store, Outbox(store, {}, Metrics()), Metrics(), tmp_path / "state")
+    room = RoomSettings(key=ROOM, cwd=req.cwd)
+    message = Message(MessageId(1), ROOM, UserId("u"), "send", ExternalMessageId("m"), 0.0)
+    watcher = posts.watch(run_id, Batch(ROOM, (message,)), room)
+    for event in recorder.events:
+        post = watcher.see(event)
+        if post is not None:
+            await post
+    [entry] = await store.undelivered()
+    assert entry.reply.text == "here"
+    assert entry.reply.file is not None
+    assert Path(entry.reply.file).read_text() == "numbers"
 
 
 async def test_mcp_server_start_up_cost(run_id: RunId, tmp_path: Path, recorder: Recorder) -> None:
