@@ -52,8 +52,12 @@ from transports.base import Transport
 log = logging.getLogger(__name__)
 
 
-def discard_copy(path: Path) -> None:
-    """Remove a posted file's copy and the directory named by its key that holds it."""
+def discard_copy(path: Path, key: str) -> None:
+    """Remove a settled file post's copy, which sits alone in a directory named by the
+    entry's key (bridge.file_posts); a file anywhere else is not the outbox's to remove."""
+    if path.parent.name != key:
+        log.warning("not removing %s: not a copy made for outbox entry %s", path, key)
+        return
     path.unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         path.parent.rmdir()
@@ -331,7 +335,7 @@ class Outbox:
         await self._record_finish(entry, state)
         if entry.reply.file is not None:
             # The bridge's copy (bridge.file_posts) is the entry's alone: gone with it.
-            await asyncio.to_thread(discard_copy, Path(entry.reply.file))
+            await asyncio.to_thread(discard_copy, Path(entry.reply.file), entry.key)
 
     async def _record_finish(self, entry: OutboxEntry, state: DeliveryState) -> None:
         backoff = Backoff(self.retry_base_s, self.retry_cap_s)
