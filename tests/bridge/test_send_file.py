@@ -22,6 +22,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
+from bridge.core.transport import RateLimited, TransportError
 from bridge.delivery import Outbox
 from bridge.file_posts import FILES_DIR, FilePosts, post_key, send_file_rules
 from bridge.metrics import Metrics
@@ -282,3 +283,45 @@ async def test_a_lost_copy_is_given_up(settings: Settings, tmp_path: Path) -> No
     finally:
         await store.close()
     assert transport.files == []
+
+
+class Throttled(Posted):
+    """Rate-limits the first upload, fails the second with a network error, then posts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attempts = 0
+
+    async def send_file(self, reply: Reply, key: str) -> ExternalMessageId | None:
+        self.attempts += 1
+        if self.attempts == 1:
+            raise RateLimited("console", 0.5)
+        if self.attempts == 2:
+            raise TransportError("console", "connection reset")
+        return await super().send_file(reply, key)
+
+
+async def test_a_file_post_waits_out_rate_limits_and_retries_like_an_answer(
+    settings: Settings, tmp_path: Path
+) -> None:
+    (tmp_path / "report.txt").write_text("x")
+    store = await open_store(settings)
+    transport = Throttled()
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    outbox = Outbox(store, {transport.name: transport}, Metrics(), sleep=sleep, retry_base_s=0.1)
+    try:
+        async with asyncio.TaskGroup() as tasks:
+            serving = tasks.create_task(outbox.serve())
+            await see_all(await posts(settings, store, outbox), settings, use("report.txt"))
+            assert await outbox.drain(30)
+            serving.cancel()
+    finally:
+        await store.close()
+    assert transport.attempts == 3
+    assert transport.files == [("report.txt", b"x", "see")]
+    assert waits[0] == 0.5  # what the server asked
+    assert len(waits) == 2
