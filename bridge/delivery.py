@@ -38,11 +38,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bridge.core import stages
-from bridge.core.model import ExternalMessageId, Reply, RoomKey, TransportName
+from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomKey, TransportName
 from bridge.core.transport import Delivery, RateLimited, Undeliverable
 from bridge.metrics import Metrics
 from bridge.store.base import DeliveryState, OutboxEntry, Store
@@ -252,6 +252,8 @@ class Outbox:
                 log.error("gave up delivering a %s to %s: %s", entry.reply.kind.value, room, exc)
                 self.metrics.deliveries.labels("failed").inc()
                 await self._finish(entry, DeliveryState.FAILED)
+                if entry.reply.file is not None:
+                    await self._file_refused(entry, exc)
                 return
             except RateLimited as exc:
                 delay = max(0.0, exc.retry_after_s)
@@ -274,6 +276,21 @@ class Outbox:
                 # Bookkeeping only; not StoreError alone: nothing here may end the worker.
                 log.warning("could not record a delivery attempt", exc_info=True)
             await self.sleep(delay)
+
+    async def _file_refused(self, entry: OutboxEntry, exc: Undeliverable) -> None:
+        """Tell the room a file claude sent could not be posted (claude was told it was
+        queued); once, under a key derived from the entry's."""
+        name = Path(entry.reply.file or "").name
+        notice = replace(
+            entry.reply,
+            text=f"Could not post the file `{name}`: {exc}",
+            kind=ReplyKind.NOTICE,
+            file=None,
+        )
+        try:
+            self.submit(await self.store.enqueue_once(notice, f"{entry.key}-refused", self.clock()))
+        except Exception:  # not StoreError alone: nothing here may end the worker
+            log.warning("could not record that a file was refused", exc_info=True)
 
     async def send_unrecorded(self, reply: Reply, key: str, tries: int = UNRECORDED_TRIES) -> bool:
         """Send ``reply`` now, outside the outbox, when the store cannot record it.

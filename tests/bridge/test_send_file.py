@@ -283,6 +283,8 @@ async def test_a_lost_copy_is_given_up(settings: Settings, tmp_path: Path) -> No
     finally:
         await store.close()
     assert transport.files == []
+    # The room is told (claude was told the file was queued).
+    assert any("Could not post the file `report.txt`" in t for t in transport.texts)
 
 
 class Throttled(Posted):
