@@ -131,7 +131,16 @@ class FilePosts:
         return RunFiles(self, run_id, batch, room)
 
     async def post(self, run_id: RunId, batch: Batch, room: RoomSettings, use: ToolUse) -> None:
-        """Check, copy and record the post ``use`` asked for, then hand it to the outbox."""
+        """Check, copy and record the post ``use`` asked for, then hand it to the outbox.
+
+        Never raises (but cancellation): it runs beside the run, which must end whatever
+        happens here."""
+        try:
+            await self._post(run_id, batch, room, use)
+        except Exception:
+            log.exception("posting a file claude sent failed inside chatbridge")
+
+    async def _post(self, run_id: RunId, batch: Batch, room: RoomSettings, use: ToolUse) -> None:
         path = use.input.get("path")
         comment = use.input.get("comment")
         comment = comment if isinstance(comment, str) else ""
@@ -141,10 +150,15 @@ class FilePosts:
             copy, made = await asyncio.to_thread(
                 prepare_copy, into, room.cwd, path, room.max_send_file_bytes
             )
-        except NotSendable as exc:
-            log.warning("send_file refused by the bridge: %s", exc)
+        except (NotSendable, OSError) as exc:
+            if isinstance(exc, NotSendable):
+                log.warning("send_file refused by the bridge: %s", exc)
+                why = str(exc)
+            else:  # the state directory: full, not writable
+                log.error("could not copy a file claude sent: %s", exc)
+                why = "chatbridge could not copy it (see its log)"
             self.metrics.files_sent.labels("refused").inc()
-            notice = in_conversation(batch, f"Could not send a file: {exc}", ReplyKind.NOTICE)
+            notice = in_conversation(batch, f"Could not send a file: {why}", ReplyKind.NOTICE)
             self.outbox.submit(await self._record(notice, key))
             return
         reply = replace(in_conversation(batch, comment, ReplyKind.RESULT), file=str(copy))

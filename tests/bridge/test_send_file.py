@@ -327,3 +327,21 @@ async def test_a_file_post_waits_out_rate_limits_and_retries_like_an_answer(
     assert transport.files == [("report.txt", b"x", "see")]
     assert waits[0] == 0.5  # what the server asked
     assert len(waits) == 2
+
+
+async def test_a_state_directory_that_cannot_take_the_copy_tells_the_room(
+    settings: Settings, tmp_path: Path
+) -> None:
+    (tmp_path / "report.txt").write_text("x")
+    settings.runner.state_dir.mkdir(parents=True, exist_ok=True)
+    (settings.runner.state_dir / FILES_DIR).write_text("a file where a directory belongs")
+    store = await open_store(settings)
+    try:
+        await see_all(
+            await posts(settings, store, Outbox(store, {}, Metrics())), settings, use("report.txt")
+        )
+        [entry] = await store.undelivered()
+        assert entry.reply.file is None
+        assert "could not copy it" in entry.reply.text
+    finally:
+        await store.close()
