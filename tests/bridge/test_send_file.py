@@ -31,7 +31,7 @@ from bridge.service import open_store
 from bridge.store.base import Store
 from runner.events import ToolResult, ToolUse
 from runner.mcp_server import QUALIFIED_TOOL
-from tests.bridge.harness import run_console, write_config
+from tests.bridge.harness import ConsoleSession, run_console, write_config
 from transports.base import Transport
 
 ROOM = RoomKey(TransportName("console"), RoomId("console"))
@@ -345,3 +345,20 @@ async def test_a_state_directory_that_cannot_take_the_copy_tells_the_room(
         assert "could not copy it" in entry.reply.text
     finally:
         await store.close()
+
+
+async def test_with_need_approval_each_send_is_asked_in_the_room(tmp_path: Path) -> None:
+    (tmp_path / "report.txt").write_text("approved bytes")
+    config = write_config(
+        tmp_path,
+        {"defaults": {"approve_tools": True, "send_files_need_approval": True}},
+        env={**send_env({"path": "report.txt", "comment": "ok"}), "FAKE_CLAUDE_NO_TOOL": "1"},
+    )
+    async with asyncio.timeout(30), ConsoleSession(load_settings(config)) as bridge:
+        bridge.send("send it")
+        await bridge.wait_for("Claude asks to use")
+        assert "[file]" not in bridge.out.getvalue()  # it waits for the room
+        bridge.send("!approve")
+        out = await bridge.wait_for("All sent.")
+    assert "mcp__chatbridge__send_file" in out
+    assert out.index("[file] report.txt (14 bytes)") < out.index("All sent.")

@@ -158,8 +158,10 @@ its tools join ``init``'s ``tools`` as ``mcp__<server>__<tool>`` and
     a tool_use, then a tool_result as the real CLI prints it for an MCP tool: on
     success the server's content blocks and no ``is_error`` key; on ``isError``
     their texts joined into a string, ``is_error`` true. Not allowed by ``--allowedTools`` (or
-    bypassPermissions) it is refused as the real CLI refuses in print mode; with
-    no such server, ``No such tool available``.
+    bypassPermissions) it is asked for with ``--permission-prompt-tool stdio``
+    (``can_use_tool`` as the real CLI asks for an MCP tool: ``mcp_server``, a
+    rule for the whole tool), else refused as the real CLI refuses in print
+    mode; with no such server, ``No such tool available``.
 
 Unlike the real CLI, the fake asks for every Bash command: the real one runs
 read-only commands (``echo``, ``cat``, ``sleep``) without asking.
@@ -1008,53 +1010,73 @@ class _Session:
         if server is None or "send_file" not in server.tools:
             text = f"<tool_use_error>Error: No such tool available: {name}</tool_use_error>"
             _line(_tool_result(sid, tool_id, text, True))
-        elif self._mode != "bypassPermissions" and name not in self._allowed:
-            self._denials.append(
-                {"tool_name": name, "tool_use_id": tool_id, "tool_input": tool_input}
+        elif self._asks(name) or (self._mode != "bypassPermissions" and name not in self._allowed):
+            # Asked (``--permission-prompt-tool stdio``), or refused as print mode refuses.
+            refusal = (
+                self._permission(tool_id, tool_input, name)
+                if self._asks(name)
+                else f"Claude requested permissions to use {name}, but you haven't granted it yet."
             )
-            text = f"Claude requested permissions to use {name}, but you haven't granted it yet."
-            _line(_tool_result(sid, tool_id, text, True))
-        else:
-            result = server.call("send_file", tool_input)
-            if result.get("isError"):
-                # The real CLI: an error's text blocks joined into one string.
-                text = "\n".join(b.get("text", "") for b in result["content"])
-                _line(_tool_result(sid, tool_id, text, True))
+            if isinstance(refusal, str):
+                self._denials.append(
+                    {"tool_name": name, "tool_use_id": tool_id, "tool_input": tool_input}
+                )
+                _line(_tool_result(sid, tool_id, refusal, True))
             else:
-                # ...and a success's blocks as they came, with no is_error key at all.
-                line = _tool_result(sid, tool_id, result["content"], False)
-                del line["message"]["content"][0]["is_error"]
-                _line(line)
+                self._call_send_file(server, tool_id, refusal)
+        else:
+            self._call_send_file(server, tool_id, tool_input)
         self._take_waiting()
 
-    def _permission(self, tool_id: str, tool_input: dict[str, Any]) -> dict[str, Any] | str:
+    def _call_send_file(self, server: _McpServer, tool_id: str, tool_input: dict[str, Any]) -> None:
+        """The MCP server's answer as the real CLI prints an MCP tool's result."""
+        sid = self._session_id
+        result = server.call("send_file", tool_input)
+        if result.get("isError"):
+            # An error's text blocks joined into one string, is_error true...
+            text = "\n".join(b.get("text", "") for b in result["content"])
+            _line(_tool_result(sid, tool_id, text, True))
+        else:
+            # ...and a success's blocks as they came, with no is_error key at all.
+            line = _tool_result(sid, tool_id, result["content"], False)
+            del line["message"]["content"][0]["is_error"]
+            _line(line)
+
+    def _permission(
+        self, tool_id: str, tool_input: dict[str, Any], tool: str = "Bash"
+    ) -> dict[str, Any] | str:
         """Ask the host (``can_use_tool``): the input to run with, or why not."""
         request_id = str(uuid.uuid4())
-        command = str(tool_input.get("command", ""))
         with self._cond:
             self._asking = request_id
-        _line(
+        request: dict[str, Any] = {"subtype": "can_use_tool", "tool_name": tool}
+        if tool == "Bash":
+            command = str(tool_input.get("command", ""))
+            rule: dict[str, Any] = {"toolName": "Bash", "ruleContent": command}
+            request.update(display_name="Bash", input=tool_input, description=command)
+        else:
+            # An MCP tool, as the real CLI asks for one: its server, no description,
+            # and a rule for the whole tool.
+            server = tool.split("__")[1]
+            rule = {"toolName": tool}
+            request.update(
+                mcp_server={"name": server, "source": "dynamic"},
+                display_name=" ".join(
+                    w.capitalize() for w in tool.rsplit("__", maxsplit=1)[-1].split("_")
+                ),
+                input=tool_input,
+                server_policy_ask_only=True,
+            )
+        request["permission_suggestions"] = [
             {
-                "type": "control_request",
-                "request_id": request_id,
-                "request": {
-                    "subtype": "can_use_tool",
-                    "tool_name": "Bash",
-                    "display_name": "Bash",
-                    "input": tool_input,
-                    "description": command,
-                    "permission_suggestions": [
-                        {
-                            "type": "addRules",
-                            "rules": [{"toolName": "Bash", "ruleContent": command}],
-                            "behavior": "allow",
-                            "destination": "localSettings",
-                        }
-                    ],
-                    "tool_use_id": tool_id,
-                },
+                "type": "addRules",
+                "rules": [rule],
+                "behavior": "allow",
+                "destination": "localSettings",
             }
-        )
+        ]
+        request["tool_use_id"] = tool_id
+        _line({"type": "control_request", "request_id": request_id, "request": request})
         with self._cond:
             self._cond.wait_for(
                 lambda: request_id in self._answers or self._interrupted or self._eof

@@ -187,8 +187,10 @@ class Setup:
     ask: bool = True
     """``--permission-prompt-tool stdio``."""
     send_file_limit: int | None = None
-    """Give both our ``chatbridge`` MCP server (``--mcp-config``), with ``send_file``
-    allowed, refusing files over this size."""
+    """Give both our ``chatbridge`` MCP server (``--mcp-config``), refusing files over
+    this size."""
+    send_file_allowed: bool = True
+    """``send_file`` in ``--allowedTools`` (else it is asked for, with ``ask``)."""
 
 
 Start = Callable[[Setup], Awaitable[Claude]]
@@ -244,7 +246,9 @@ async def start(kind: str, tmp_path: Path) -> AsyncIterator[Start]:
                     session_id=None,
                     send_file_max_bytes=setup.send_file_limit,
                 )
-                argv += ["--mcp-config", mcp_config(request), "--allowedTools", QUALIFIED_TOOL]
+                argv += ["--mcp-config", mcp_config(request)]
+                if setup.send_file_allowed:
+                    argv += ["--allowedTools", QUALIFIED_TOOL]
             if setup.ask:
                 argv += ["--permission-prompt-tool", "stdio"]
             process = await asyncio.create_subprocess_exec(
@@ -527,3 +531,28 @@ async def test_send_file_through_our_mcp_server(start: Start, tmp_path: Path) ->
     assert bad["is_error"] is True
     assert isinstance(bad["content"], str)
     assert bad["content"].startswith("not sent: ../secret.txt: outside the working directory")
+
+
+async def test_send_file_not_allowed_is_asked_for_like_any_tool(start: Start) -> None:
+    inputs = {"path": "report.txt"}
+    setup = Setup(
+        script=[Turn(tools=(ToolCall(QUALIFIED_TOOL, inputs),)), Turn(text="sent")],
+        fake={"FAKE_CLAUDE_NO_TOOL": "1", "FAKE_CLAUDE_SEND_FILE": json.dumps(inputs)},
+        send_file_limit=100,
+        send_file_allowed=False,
+    )
+    claude = await start(setup)
+    (claude.work / "report.txt").write_text("numbers")
+    peer = claude.peer
+    await peer.user("send the report")
+    asking = await peer.expect(is_asking)
+    asked = asking["request"]
+    assert asked["tool_name"] == QUALIFIED_TOOL
+    assert asked["input"] == inputs
+    assert asked["mcp_server"]["name"] == "chatbridge"
+    assert asked["permission_suggestions"][0]["rules"] == [{"toolName": QUALIFIED_TOOL}]
+    await peer.answer(asking, {"behavior": "allow", "updatedInput": inputs})
+    await peer.expect(is_result)
+    assert await peer.close() == 0
+    [result] = tool_results(peer)
+    assert result["content"] == [{"type": "text", "text": "queued report.txt"}]
