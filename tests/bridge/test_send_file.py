@@ -32,6 +32,7 @@ from bridge.store.base import Store
 from runner.events import ToolResult, ToolUse
 from runner.mcp_server import QUALIFIED_TOOL
 from tests.bridge.harness import ConsoleSession, run_console, write_config
+from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin, claude_env
 from transports.base import Transport
 
 ROOM = RoomKey(TransportName("console"), RoomId("console"))
@@ -362,3 +363,23 @@ async def test_with_need_approval_each_send_is_asked_in_the_room(tmp_path: Path)
         out = await bridge.wait_for("All sent.")
     assert "mcp__chatbridge__send_file" in out
     assert out.index("[file] report.txt (14 bytes)") < out.index("All sent.")
+
+
+@pytest.mark.slow
+@pytest.mark.claude
+@pytest.mark.skipif(not claude_bin().exists(), reason="claude binary not installed")
+async def test_the_real_claude_sends_a_file_through_the_service(tmp_path: Path) -> None:
+    (tmp_path / "report.txt").write_text("from the real CLI\n")
+    script = [
+        Turn(tools=(ToolCall(QUALIFIED_TOOL, {"path": "report.txt", "comment": "Here."}),)),
+        Turn(text="All sent."),
+    ]
+    async with ModelServer(script) as server:
+        config = write_config(
+            tmp_path,
+            {"runner": {"claude_bin": str(claude_bin())}},
+            env=claude_env(server.url, tmp_path / "home"),
+        )
+        out = await run_console(config, ["send me the report"])
+    assert "[file] report.txt (18 bytes)\nHere.\n" in out
+    assert out.index("[file] report.txt") < out.index("All sent.")
