@@ -26,6 +26,10 @@ Order and retries:
 - An entry for a transport that is not configured (any more) stays pending,
   untouched, for a start that has it again; it is logged once.
 
+A file post (an entry with ``Reply.file``, see :mod:`bridge.file_posts`) is
+one part, posted with ``Transport.send_file``; once it settled its copy is
+removed, and one refused for good is told to the room with a notice.
+
 A room's worker never ends the service: whatever fails in it (a bug
 included) is logged and the entry tried again after a backoff.
 """
@@ -52,17 +56,6 @@ from transports.base import Transport
 log = logging.getLogger(__name__)
 
 
-def discard_copy(path: Path, key: str) -> None:
-    """Remove a settled file post's copy, which sits alone in a directory named by the
-    entry's key (bridge.file_posts); a file anywhere else is not the outbox's to remove."""
-    if path.parent.name != key:
-        log.warning("not removing %s: not a copy made for outbox entry %s", path, key)
-        return
-    path.unlink(missing_ok=True)
-    with contextlib.suppress(OSError):
-        path.parent.rmdir()
-
-
 RETRY_BASE_S = 1.0
 RETRY_CAP_S = 300.0
 FINISH_ATTEMPTS = 5
@@ -78,6 +71,17 @@ RateLimitedHook = Callable[[TransportName, float], None]
 
 def _ignore_rate_limit(transport: TransportName, retry_after_s: float) -> None:
     pass
+
+
+def discard_copy(path: Path, key: str) -> None:
+    """Remove a settled file post's copy, which sits alone in a directory named by the
+    entry's key (bridge.file_posts); a file anywhere else is not the outbox's to remove."""
+    if path.parent.name != key:
+        log.warning("not removing %s: not a copy made for outbox entry %s", path, key)
+        return
+    path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        path.parent.rmdir()
 
 
 @dataclass(slots=True)
