@@ -341,26 +341,29 @@ class SlackOutbound:
         self, channel: str, thread: str | None, text: str, name: str
     ) -> ExternalMessageId:
         comment = f"The answer is long ({len(text):,} characters), so it is attached as a file."
-        args: dict[str, Any] = {
-            "channel": channel,
-            "content": text,
-            "filename": name,
-            "title": name,
-            "initial_comment": comment,
-        }
-        if thread:
-            args["thread_ts"] = thread
-        response = await self._call("files_upload_v2", **args)
-        ts = _shared_ts(response, channel)
+        ts = await self._share(channel, thread, name, comment, content=text)
         if ts is None:
             # Uploaded, but Slack did not say where: a retry would find it by name.
             raise OutcomeUnknown("slack", "files_upload_v2 did not report the message ts")
         return ts
 
+    async def _share(
+        self, channel: str, thread: str | None, name: str, comment: str, **data: str | bytes
+    ) -> ExternalMessageId | None:
+        """Upload ``data`` (``content`` or ``file``) as ``name`` into the conversation
+        (files upload v2: ``files.getUploadURLExternal``, the upload,
+        ``files.completeUploadExternal``); the ts of the message sharing it, if Slack said."""
+        args: dict[str, Any] = {"channel": channel, "filename": name, "title": name, **data}
+        if comment:
+            args["initial_comment"] = comment
+        if thread:
+            args["thread_ts"] = thread
+        response = await self._call("files_upload_v2", **args)
+        return _shared_ts(response, channel)
+
     async def send_file(self, reply: Reply, key: str) -> ExternalMessageId:
-        """Upload the file ``reply.file`` (files upload v2: ``files.getUploadURLExternal``,
-        the upload, ``files.completeUploadExternal``) with ``reply.text`` as its comment,
-        where :meth:`send` would post ``reply``; returns the ts of the message sharing it.
+        """Upload the file ``reply.file`` with ``reply.text`` as its comment (rendered like
+        any text), where :meth:`send` would post ``reply``; the ts of the message sharing it.
 
         Slack has no idempotency key for uploads, and the file keeps its own name, so
         unlike a long answer's upload it cannot be looked up: an attempt whose outcome
@@ -372,19 +375,8 @@ class SlackOutbound:
             data = await asyncio.to_thread(path.read_bytes)
         except OSError as exc:
             raise Undeliverable("slack", f"cannot read the file to post: {exc}") from exc
-        args: dict[str, Any] = {
-            "channel": channel,
-            "file": data,
-            "filename": path.name,
-            "title": path.name,
-        }
-        if reply.text:
-            args["initial_comment"] = to_mrkdwn(reply.text)
-        thread = self.thread_for(reply)
-        if thread:
-            args["thread_ts"] = thread
-        response = await self._call("files_upload_v2", **args)
-        ts = _shared_ts(response, channel)
+        comment = to_mrkdwn(reply.text) if reply.text else ""
+        ts = await self._share(channel, self.thread_for(reply), path.name, comment, file=data)
         # Uploaded and shared even when Slack did not say where: retrying would post it again.
         return ts if ts is not None else ExternalMessageId("")
 
