@@ -202,8 +202,14 @@ class RoomDefaults(_Section):
     """A shared file larger than this is not downloaded (the prompt says so); 0: no files."""
     max_message_files_bytes: int = Field(50 * 1024 * 1024, ge=0)
     """All files of one message together are downloaded up to this many bytes."""
+    send_files: bool = True
+    """Runs get the ``chatbridge`` MCP tool ``send_file``: claude posts files from its cwd."""
+    max_send_file_bytes: int = Field(20 * 1024 * 1024, ge=1)
+    """The largest file ``send_file`` posts (``"20M"`` accepted)."""
+    send_files_need_approval: bool = False
+    """``send_file`` is not pre-allowed: claude's own rules (and ``approve_tools``) decide."""
 
-    @field_validator("memory_max", mode="before")
+    @field_validator("memory_max", "max_send_file_bytes", mode="before")
     @classmethod
     def _memory_size(cls, value: object) -> object:
         if isinstance(value, str):

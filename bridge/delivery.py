@@ -26,6 +26,10 @@ Order and retries:
 - An entry for a transport that is not configured (any more) stays pending,
   untouched, for a start that has it again; it is logged once.
 
+A file post (an entry with ``Reply.file``, see :mod:`bridge.file_posts`) is
+one part, posted with ``Transport.send_file``; once it settled its copy is
+removed, and one refused for good is told to the room with a notice.
+
 A room's worker never ends the service: whatever fails in it (a bug
 included) is logged and the entry tried again after a backoff.
 """
@@ -34,13 +38,15 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from bridge.core import stages
-from bridge.core.model import ExternalMessageId, Reply, RoomKey, TransportName
+from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomKey, TransportName
 from bridge.core.transport import Delivery, RateLimited, Undeliverable
 from bridge.metrics import Metrics
 from bridge.store.base import DeliveryState, OutboxEntry, Store
@@ -48,6 +54,7 @@ from transports.backoff import Backoff
 from transports.base import Transport
 
 log = logging.getLogger(__name__)
+
 
 RETRY_BASE_S = 1.0
 RETRY_CAP_S = 300.0
@@ -64,6 +71,17 @@ RateLimitedHook = Callable[[TransportName, float], None]
 
 def _ignore_rate_limit(transport: TransportName, retry_after_s: float) -> None:
     pass
+
+
+def discard_copy(path: Path, key: str) -> None:
+    """Remove a settled file post's copy, which sits alone in a directory named by the
+    entry's key (bridge.file_posts); a file anywhere else is not the outbox's to remove."""
+    if path.parent.name != key:
+        log.warning("not removing %s: not a copy made for outbox entry %s", path, key)
+        return
+    path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        path.parent.rmdir()
 
 
 @dataclass(slots=True)
@@ -238,6 +256,8 @@ class Outbox:
                 log.error("gave up delivering a %s to %s: %s", entry.reply.kind.value, room, exc)
                 self.metrics.deliveries.labels("failed").inc()
                 await self._finish(entry, DeliveryState.FAILED)
+                if entry.reply.file is not None:
+                    await self._file_refused(entry, exc)
                 return
             except RateLimited as exc:
                 delay = max(0.0, exc.retry_after_s)
@@ -260,6 +280,21 @@ class Outbox:
                 # Bookkeeping only; not StoreError alone: nothing here may end the worker.
                 log.warning("could not record a delivery attempt", exc_info=True)
             await self.sleep(delay)
+
+    async def _file_refused(self, entry: OutboxEntry, exc: Undeliverable) -> None:
+        """Tell the room a file claude sent could not be posted (claude was told it was
+        queued); once, under a key derived from the entry's."""
+        name = Path(entry.reply.file or "").name
+        notice = replace(
+            entry.reply,
+            text=f"Could not post the file `{name}`: {exc}",
+            kind=ReplyKind.NOTICE,
+            file=None,
+        )
+        try:
+            self.submit(await self.store.enqueue_once(notice, f"{entry.key}-refused", self.clock()))
+        except Exception:  # not StoreError alone: nothing here may end the worker
+            log.warning("could not record that a file was refused", exc_info=True)
 
     async def send_unrecorded(self, reply: Reply, key: str, tries: int = UNRECORDED_TRIES) -> bool:
         """Send ``reply`` now, outside the outbox, when the store cannot record it.
@@ -306,9 +341,24 @@ class Outbox:
         # A hung server must not hold the room forever; the retry skips the
         # parts done, so giving up an attempt never posts a part twice.
         async with asyncio.timeout(self.send_timeout_s):
-            await transport.send(entry.reply, delivery)
+            if entry.reply.file is None:
+                await transport.send(entry.reply, delivery)
+                return
+            # A file post is one part: done once recorded as such.
+            if delivery.parts_done >= 1:
+                return
+            if not await asyncio.to_thread(Path(entry.reply.file).is_file):
+                raise Undeliverable(room.transport, "the copy of the file to post is gone")
+            message_id = await transport.send_file(entry.reply, delivery.key)
+            await delivery.part_sent(0, message_id or ExternalMessageId(""))
 
     async def _finish(self, entry: OutboxEntry, state: DeliveryState) -> None:
+        await self._record_finish(entry, state)
+        if entry.reply.file is not None:
+            # The bridge's copy (bridge.file_posts) is the entry's alone: gone with it.
+            await asyncio.to_thread(discard_copy, Path(entry.reply.file), entry.key)
+
+    async def _record_finish(self, entry: OutboxEntry, state: DeliveryState) -> None:
         backoff = Backoff(self.retry_base_s, self.retry_cap_s)
         for attempt in range(FINISH_ATTEMPTS):
             try:

@@ -125,6 +125,12 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.files_sent = Counter(
+            "chatbridge_files_sent",
+            "Files claude posted with send_file, by outcome (queued, refused by the bridge)",
+            ["outcome"],
+            registry=r,
+        )
         self.active_runs = Gauge("chatbridge_active_runs", "Runs active now", registry=r)
         self.queued = Gauge(
             "chatbridge_queued_messages", "Accepted messages not yet in a run", registry=r

@@ -73,6 +73,7 @@ from bridge.core.model import (
 from bridge.core.text import safe_text
 from bridge.core.transport import RunPhase
 from bridge.delivery import Outbox
+from bridge.file_posts import FilePosts, send_file_rules
 from bridge.live_runs import LiveRuns
 from bridge.logs import log_context
 from bridge.metrics import Metrics
@@ -158,7 +159,7 @@ def run_request(  # noqa: PLR0917 (the run's parts, in order)
             else room.permission_mode
         ),
         approve_tools=room.approve_tools,
-        allowed_tools=room.allowed_tools,
+        allowed_tools=room.allowed_tools + send_file_rules(room),
         disallowed_tools=room.disallowed_tools,
         append_system_prompt=room.append_system_prompt,
         max_turns=room.max_turns,
@@ -175,6 +176,7 @@ def run_request(  # noqa: PLR0917 (the run's parts, in order)
         state_dir=settings.runner.state_dir,
         orphan_timeout_s=settings.runner.orphan_timeout_s,
         spool_max_bytes=settings.runner.spool_max_bytes,
+        send_file_max_bytes=room.max_send_file_bytes if room.send_files else None,
     )
 
 
@@ -359,6 +361,8 @@ class RunExecutor:
     """Tells the room about usage limits and retries after them; None: a plain failure."""
     inbox: Inbox | None = None
     """Fetches the files shared with a batch into the run's inbox; None: files are only named."""
+    file_posts: FilePosts | None = None
+    """Posts the files claude sends with ``send_file`` (docs/files.md); None: not posted."""
     _finishing: set[asyncio.Task[None]] = field(default_factory=set)
     """The progress messages' last edits still under way (see :meth:`drain`)."""
     _generations: dict[RoomKey, int] = field(default_factory=dict)
@@ -636,8 +640,17 @@ class RunExecutor:
 
     def _on_event(self, run: _Run, live: _Live) -> EventCallback:
         """What the run's events start; nothing here may hold up reading claude's output."""
+        room = self.settings.room(run.batch.room)
+        files = (
+            self.file_posts.watch(run.id, run.batch, room)
+            if self.file_posts is not None and room is not None
+            else None
+        )
 
         async def on_event(event: RunEvent) -> None:
+            if files is not None and (post := files.see(event)) is not None:
+                # Before the run's end is recorded: a file comes before the answer.
+                live.before_end.append(asyncio.create_task(post, name=f"file {run.id}"))
             match event:
                 case Spawned(live=supervisor):
                     # claude runs: only now the room is shown that it does, once

@@ -47,6 +47,7 @@ from bridge.core.model import (
 from bridge.core.transport import RoomBinding, RunPhase, TransportError
 from bridge.delivery import Outbox
 from bridge.errors import ChatbridgeError, StartupError, reason
+from bridge.file_posts import FilePosts
 from bridge.intake import Intake
 from bridge.metrics import Metrics
 from bridge.notices import Notices
@@ -167,6 +168,9 @@ class Service:
         )
         self.executor.approvals = self.approvals
         self.executor.inbox = Inbox(by_name, self.metrics)
+        self.executor.file_posts = FilePosts(
+            self.store, self.outbox, self.metrics, settings.runner.state_dir
+        )
         if settings.runner.prestart:
             self.executor.prestarts = Prestarts(self._prestart_request, self.metrics, new_run_id)
         d = settings.dispatcher

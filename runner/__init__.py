@@ -7,7 +7,9 @@ for a run (with a :class:`RunControl` to talk to it while it runs, and a
 outlive the bridge: docs/detached-runs.md),
 :func:`remove_run_dir` once a run's outcome is recorded, and at start-up
 :func:`clean_stray_runs` and :func:`recover_run` for runs no bridge will
-follow again.
+follow again. :mod:`runner.mcp_server` is the ``chatbridge`` MCP server a run's
+claude starts itself (``RunRequest.send_file_max_bytes``; run by file path,
+never imported by claude's side).
 """
 
 from runner.command import MARKER_ENV, build_argv, build_env

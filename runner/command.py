@@ -12,10 +12,12 @@ argument, so argv always ends with ``--``.
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from runner import mcp_server
 from runner.errors import InvalidRequest
 from runner.request import PromptImage, RunRequest
 
@@ -59,6 +61,8 @@ def build_argv(request: RunRequest) -> list[str]:
         argv += [flag, *rules]
     if request.append_system_prompt:
         argv += ["--append-system-prompt", request.append_system_prompt]
+    if request.send_file_max_bytes is not None:
+        argv += ["--mcp-config", mcp_config(request)]
     if request.max_turns < 0:
         raise InvalidRequest(f"max_turns must be >= 0, not {request.max_turns}")
     if request.max_turns:
@@ -70,6 +74,28 @@ def build_argv(request: RunRequest) -> list[str]:
     argv += request.extra_args
     argv.append("--")
     return argv
+
+
+def mcp_config(request: RunRequest) -> str:
+    """``--mcp-config`` JSON that starts :mod:`runner.mcp_server` for ``request``'s cwd.
+
+    Run by file path with ``-I -S``: the standard library only, so it is ready
+    in tens of milliseconds (claude's start waits for it). Another MCP server
+    configured by the user still applies; only the name ``chatbridge`` is ours.
+    """
+    server = {
+        "type": "stdio",
+        "command": sys.executable,
+        "args": [
+            "-I",
+            "-S",
+            mcp_server.__file__,
+            str(request.cwd.resolve()),
+            str(request.send_file_max_bytes),
+        ],
+        "env": {},
+    }
+    return json.dumps({"mcpServers": {mcp_server.SERVER_NAME: server}}, separators=(",", ":"))
 
 
 def _line(obj: Mapping[str, Any]) -> bytes:

@@ -46,6 +46,9 @@ class RunRequest:
     env: Mapping[str, str] = field(default_factory=dict)
     """Extra environment, on top of the service's own minus ``CLAUDECODE``."""
     extra_args: tuple[str, ...] = ()
+    send_file_max_bytes: int | None = None
+    """Give the run the ``chatbridge`` MCP server (``send_file``, :mod:`runner.mcp_server`),
+    refusing files over this size; None: no MCP server of ours."""
     approve_tools: bool = False
     """Ask the run's host before a tool use claude's rules do not decide
     (``--permission-prompt-tool stdio``: ``PermissionAsked`` events)."""

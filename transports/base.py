@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bridge.core.model import Attachment, ExternalMessageId, Reply, RoomKey, TransportName
-from bridge.core.transport import Delivery, InboundSink, RunPhase, TransportError
+from bridge.core.transport import Delivery, InboundSink, RunPhase, TransportError, Undeliverable
 
 
 class Transport:
@@ -44,6 +44,18 @@ class Transport:
         when no retry can help, and ``TransportError`` otherwise.
         """
         raise NotImplementedError
+
+    async def send_file(self, reply: Reply, key: str) -> ExternalMessageId | None:
+        """Post the file ``reply.file`` (a path; its base name is the name shown) with
+        ``reply.text`` as its comment, where ``send`` would post ``reply``; returns the id
+        of the message that shows it.
+
+        ``key`` is stable across attempts and restarts (the outbox entry's): a
+        transport derives its idempotency key from it where the server has one
+        (a Matrix transaction id). Raises as :meth:`send` does; by default the
+        transport cannot post files (:class:`~bridge.core.transport.Undeliverable`).
+        """
+        raise Undeliverable(self.name, "this transport cannot post files")
 
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         """Replace the text of a message the bridge sent (live progress)."""

@@ -14,6 +14,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from bridge.core.model import (
@@ -123,6 +124,17 @@ class ConsoleTransport(Transport):
         if delivery is not None:
             await delivery.part_sent(0, sent)
         return sent
+
+    async def send_file(self, reply: Reply, key: str) -> ExternalMessageId | None:
+        """A terminal shows no files: one line with the file's name and size, then the
+        comment (the bridge's copy is removed once this returns)."""
+        path = Path(reply.file or "")
+        self._sent += 1
+        size = (await asyncio.to_thread(path.stat)).st_size
+        self._print(f"[file] {path.name} ({size} bytes)")
+        if reply.text:
+            self._print(reply.text)
+        return ExternalMessageId(f"out-{self._sent}")
 
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         self._print("· " + " | ".join(text.splitlines()))

@@ -228,6 +228,9 @@ class Reply:
     anchor: ExternalMessageId | None = None
     """The batch's first message: a transport that answers in a new thread
     (Slack's ``reply_in_thread``) opens it under this one."""
+    file: str | None = None
+    """A file to post (``Transport.send_file``), ``text`` its comment: the path of the
+    bridge's own copy, whose base name is the name the room sees (docs/files.md)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -289,6 +289,16 @@ class Store(Protocol):
         """Put replies into the outbox, pending, in order (not tied to a run's end)."""
         ...
 
+    async def enqueue_once(self, reply: Reply, key: str, at: float) -> list[OutboxEntry]:
+        """Put ``reply`` into the outbox, pending, under ``key``, unless an entry (in any
+        state) already has that key: then nothing is recorded and ``[]`` returned.
+
+        For a post whose key is derived from what caused it (a file post from its
+        tool use), so seeing the cause again (a reattached run replays its
+        journal) never posts twice. ``key`` is at most 64 characters.
+        """
+        ...
+
     async def undelivered(self) -> list[OutboxEntry]:
         """Every pending outbox entry, in recording order (recovery after a restart)."""
         ...

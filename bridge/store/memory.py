@@ -379,6 +379,16 @@ class MemoryStore:
             require_storable(reply.text)
         return self._enqueue(replies, at, None)
 
+    async def enqueue_once(self, reply: Reply, key: str, at: float) -> list[OutboxEntry]:
+        """Put ``reply`` into the outbox under ``key`` unless an entry has that key."""
+        self._check_open()
+        require_storable(reply.text)
+        if any(e.key == key for e in self._outbox.values()):
+            return []
+        (entry,) = self._enqueue([reply], at, None)
+        self._outbox[entry.id] = replace(entry, key=key)
+        return [self._outbox[entry.id]]
+
     async def undelivered(self) -> list[OutboxEntry]:
         """Every pending outbox entry, in recording order."""
         self._check_open()

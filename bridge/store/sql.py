@@ -797,6 +797,17 @@ class SqlStore:
         async with self._transaction() as s:
             return await self._enqueue(s, replies, at, None)
 
+    async def enqueue_once(self, reply: Reply, key: str, at: float) -> list[OutboxEntry]:
+        """Put ``reply`` into the outbox under ``key`` unless an entry has that key."""
+        async with self._transaction() as s:
+            if await s.scalar(select(OutboxRow.id).where(OutboxRow.key == key)) is not None:
+                return []
+            row = _outbox_row(reply, at, None)
+            row.key = key
+            s.add(row)
+            await s.flush()
+            return [_outbox_entry(row)]
+
     async def undelivered(self) -> list[OutboxEntry]:
         """Every pending outbox entry, in recording order."""
         async with self._read() as s:
@@ -1543,6 +1554,7 @@ def _outbox_row(reply: Reply, at: float, run_id: RunId | None) -> OutboxRow:
         in_reply_to=reply.in_reply_to,
         thread=reply.thread,
         anchor=reply.anchor,
+        file=reply.file,
         key=delivery_key(),
         parts_done=0,
         attempts=0,
@@ -1592,6 +1604,7 @@ def _outbox_values(reply: Reply, at: float, run_id: RunId | None) -> dict[str, A
         "in_reply_to": reply.in_reply_to,
         "thread": reply.thread,
         "anchor": reply.anchor,
+        "file": reply.file,
         "key": delivery_key(),
         "parts_done": 0,
         "attempts": 0,
@@ -1614,6 +1627,7 @@ def _outbox_entry(row: OutboxRow) -> OutboxEntry:
         in_reply_to=None if row.in_reply_to is None else ExternalMessageId(row.in_reply_to),
         thread=row.thread,
         anchor=None if row.anchor is None else ExternalMessageId(row.anchor),
+        file=row.file,
     )
     return OutboxEntry(
         id=row.id,

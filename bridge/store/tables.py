@@ -9,7 +9,7 @@ Surrogate keys never repeat (``sqlite_autoincrement``; PostgreSQL sequences
 never do): audit rows outlive pruned messages and must not come to name a
 newer message that reused a deleted id.
 
-The migrations (``0001_initial`` to ``0007``) create exactly this schema; a test
+The migrations (``0001_initial`` to ``0008``) create exactly this schema; a test
 compares the two with Alembic's autogenerate.
 """
 
@@ -184,6 +184,8 @@ class OutboxRow(Base):
     in_reply_to: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     thread: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     anchor: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    file: Mapped[str | None] = mapped_column(Text)
+    """A file post: the path of the bridge's copy (``Reply.file``)."""
     key: Mapped[str] = mapped_column(String(64), unique=True)
     parts_done: Mapped[int] = mapped_column(Integer, default=0)
     attempts: Mapped[int] = mapped_column(Integer, default=0)

@@ -45,6 +45,8 @@ class ChatRoom(Transport):
         self.user = UserId(user)
         self.sink: InboundSink | None = None
         self.replies: list[Reply] = []
+        self.phases: dict[ExternalMessageId, RunPhase] = {}
+        """The last phase shown on each message (as Slack's reactions)."""
         self.sends_started = 0
         self.changed = asyncio.Event()
         self.sending = asyncio.Event()
@@ -86,7 +88,9 @@ class ChatRoom(Transport):
     async def set_phase(
         self, room: RoomKey, message_ids: Sequence[ExternalMessageId], phase: RunPhase
     ) -> None:
-        pass
+        for message_id in message_ids:
+            self.phases[message_id] = phase
+        self.changed.set()
 
     async def wait_until(self, done: Callable[[], bool]) -> None:
         async with asyncio.timeout(GUARD_S):

@@ -3,6 +3,7 @@ that still answers each thread where it asked, through the real service."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
 from dataclasses import replace
@@ -12,10 +13,10 @@ import pytest
 
 from bridge.config import load_settings
 from bridge.core.model import Batch, ExternalMessageId, InboundMessage, ReplyKind, RunId, UserId
-from bridge.core.transport import Accepted
+from bridge.core.transport import Accepted, RunPhase
 from bridge.errors import ConfigError
 from bridge.service import open_store
-from tests.bridge.chat_room import ChatRoom, console_room, serving
+from tests.bridge.chat_room import GUARD_S, ChatRoom, console_room, serving
 from tests.bridge.harness import ECHO, write_config
 
 # Every message is a batch at once: the tests follow runs, not windows.
@@ -74,15 +75,17 @@ async def test_a_stop_in_one_thread_leaves_the_others_running(tmp_path: Path) ->
     env = {**ECHO, "FAKE_CLAUDE_WAIT_FOR": str(gate)}
     settings = load_settings(write_config(tmp_path, config, env=env))
     async with serving(settings) as (service, chat):
-        await chat.say("one", thread="a")
+        one, _ = await chat.say("one", thread="a")
         await chat.say("two", thread="b")
-        a, b = chat.room.in_thread("a"), chat.room.in_thread("b")
+        b = chat.room.in_thread("b")
         await chat.wait_until(lambda: service.dispatcher.active_runs == 2)
         await chat.say("!stop", thread="a")
-        await chat.wait_until(lambda: service.dispatcher.status(a).running is None)
+        await chat.wait_until(lambda: chat.phases.get(one) is RunPhase.STOPPED)
         assert service.dispatcher.status(b).running is not None
         gate.touch()
         await chat.wait_until(lambda: len(results(chat)) == 1)
+        async with asyncio.timeout(GUARD_S):
+            await service.dispatcher.wait_idle()
     assert results(chat) == [("b", "two")]
     assert sorted((room, status) for room, status, _ in runs(tmp_path)) == [
         ("console/a", "stopped"),
@@ -155,7 +158,8 @@ async def test_top_level_status_and_stop_act_on_every_thread(tmp_path: Path) -> 
         await chat.wait_until(lambda: len(chat.texts(ReplyKind.NOTICE)) == 1)
         stop, _ = await chat.say("!stop")
         await chat.wait_until(lambda: len(chat.texts(ReplyKind.NOTICE)) == 2)
-        await chat.wait_until(lambda: service.dispatcher.active_runs == 0)
+        async with asyncio.timeout(GUARD_S):
+            await service.dispatcher.wait_idle()
         again, _ = await chat.say("!stop")
         await chat.wait_until(lambda: len(chat.texts(ReplyKind.NOTICE)) == 3)
     shown, stopped, nothing = [r for r in chat.replies if r.kind is ReplyKind.NOTICE]

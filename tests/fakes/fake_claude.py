@@ -164,6 +164,23 @@ messages joined by newlines. The extra knobs:
 ``FAKE_CLAUDE_TOOL_TURNS=N``
     Only the first N turns use the tool; later ones answer in text.
 
+``--mcp-config JSON`` (JSON text, variadic like the real flag): each stdio server in
+``mcpServers`` is started before the first turn's ``init`` (the real CLI waits for
+them too), sent ``initialize``, ``notifications/initialized`` and ``tools/list``;
+its tools join ``init``'s ``tools`` as ``mcp__<server>__<tool>`` and
+``mcp_servers`` lists it ``connected``. Its stdin is closed at exit.
+
+``FAKE_CLAUDE_SEND_FILE=JSON``
+    After the Bash tool, call ``mcp__chatbridge__send_file`` with this input (an
+    object, or a list of them, one call each), through the real MCP server:
+    a tool_use, then a tool_result as the real CLI prints it for an MCP tool: on
+    success the server's content blocks and no ``is_error`` key; on ``isError``
+    their texts joined into a string, ``is_error`` true. Not allowed by ``--allowedTools`` (or
+    bypassPermissions) it is asked for with ``--permission-prompt-tool stdio``
+    (``can_use_tool`` as the real CLI asks for an MCP tool: ``mcp_server``, a
+    rule for the whole tool), else refused as the real CLI refuses in print
+    mode; with no such server, ``No such tool available``.
+
 Unlike the real CLI, the fake asks for every Bash command: the real one runs
 read-only commands (``echo``, ``cat``, ``sleep``) without asking.
 """
@@ -216,7 +233,13 @@ _VALUE_FLAGS = {
     "--settings",
     "--permission-prompt-tool",
 }
-_VARIADIC_FLAGS = {"--allowedTools", "--allowed-tools", "--disallowedTools", "--disallowed-tools"}
+_VARIADIC_FLAGS = {
+    "--allowedTools",
+    "--allowed-tools",
+    "--disallowedTools",
+    "--disallowed-tools",
+    "--mcp-config",
+}
 _BOOL_FLAGS = {
     "-p",
     "--print",
@@ -242,7 +265,7 @@ def _env(name: str) -> str:
 
 def _parse(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
     """Parse like commander: variadic tool lists swallow following non-options."""
-    opts: dict[str, Any] = {"allowed": [], "disallowed": []}
+    opts: dict[str, Any] = {"allowed": [], "disallowed": [], "mcp": []}
     positional: list[str] = []
     i = 0
     variadic: str | None = None
@@ -274,7 +297,13 @@ def _parse(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
                 opts[name] = argv[i]
                 i += 1
         elif name in _VARIADIC_FLAGS:
-            key = "allowed" if name.startswith("--allowed") else "disallowed"
+            key = (
+                "mcp"
+                if name == "--mcp-config"
+                else "allowed"
+                if name.startswith("--allowed")
+                else "disallowed"
+            )
             if eq:
                 opts[key].append(inline)
             else:
@@ -417,14 +446,69 @@ def _mode(opts: dict[str, Any]) -> str:
     return str(opts.get("--permission-mode", "default"))
 
 
-def _init(session_id: str, cwd: str, model: str, mode: str) -> dict[str, Any]:
+class _McpServer:
+    """An MCP server over stdio, started from ``--mcp-config`` as the real CLI does."""
+
+    def __init__(self, name: str, config: dict[str, Any], cwd: str) -> None:
+        self.name = name
+        env = {**os.environ, **(config.get("env") or {})}
+        self._process = subprocess.Popen(
+            [config["command"], *config.get("args", [])],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=cwd,
+            env=env,
+        )
+        self._next = 0
+        self._ask("initialize", {"protocolVersion": "2025-06-18", "capabilities": {}})
+        self._notify("notifications/initialized")
+        self.tools = [t["name"] for t in self._ask("tools/list", {})["tools"]]
+
+    def _notify(self, method: str) -> None:
+        assert self._process.stdin is not None
+        self._process.stdin.write(json.dumps({"jsonrpc": "2.0", "method": method}) + "\n")
+        self._process.stdin.flush()
+
+    def _ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        assert self._process.stdin is not None
+        assert self._process.stdout is not None
+        self._next += 1
+        request = {"jsonrpc": "2.0", "id": self._next, "method": method, "params": params}
+        self._process.stdin.write(json.dumps(request) + "\n")
+        self._process.stdin.flush()
+        answer: dict[str, Any] = json.loads(self._process.stdout.readline())
+        result: dict[str, Any] = answer["result"]
+        return result
+
+    def call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return self._ask("tools/call", {"name": tool, "arguments": arguments})
+
+    def close(self) -> None:
+        assert self._process.stdin is not None
+        self._process.stdin.close()
+        self._process.wait()
+
+
+def _start_mcp(configs: list[str], cwd: str) -> list[_McpServer]:
+    servers = []
+    for text in configs:
+        for name, config in json.loads(text).get("mcpServers", {}).items():
+            servers.append(_McpServer(name, config, cwd))
+    return servers
+
+
+def _init(
+    session_id: str, cwd: str, model: str, mode: str, mcp: list[_McpServer] | None = None
+) -> dict[str, Any]:
+    mcp = mcp or []
     return {
         "type": "system",
         "subtype": "init",
         "cwd": cwd,
         "session_id": session_id,
-        "tools": TOOLS,
-        "mcp_servers": [],
+        "tools": TOOLS + [f"mcp__{m.name}__{t}" for m in mcp for t in m.tools],
+        "mcp_servers": [{"name": m.name, "status": "connected", "source": "dynamic"} for m in mcp],
         "model": model,
         "permissionMode": mode,
         "slash_commands": [],
@@ -635,7 +719,9 @@ def _user_text(session_id: str, text: str) -> dict[str, Any]:
     }
 
 
-def _tool_result(session_id: str, tool_id: str, content: str, is_error: bool) -> dict[str, Any]:
+def _tool_result(
+    session_id: str, tool_id: str, content: str | list[dict[str, Any]], is_error: bool
+) -> dict[str, Any]:
     return {
         "type": "user",
         "message": {
@@ -704,6 +790,8 @@ class _Session:
         self._prompts: list[str] = []  # the messages the running turn took
         self._taken: list[str] = []  # and their uuids
         self._denials: list[dict[str, Any]] = []
+        self._mcp_configs: list[str] = opts["mcp"]
+        self._mcp: list[_McpServer] | None = None  # started before the first init
 
     # -- stdin (reader thread) --
 
@@ -823,6 +911,8 @@ class _Session:
             printed = time.monotonic()
             with self._cond:
                 self._running = False
+        for server in self._mcp or []:
+            server.close()
         if _env("FAKE_CLAUDE_LINGER"):
             time.sleep(float(_env("FAKE_CLAUDE_LINGER")))
         _times(self._history[0] if self._history else "", printed)
@@ -844,8 +934,10 @@ class _Session:
             content = first.get("message", {}).get("content")
             _record(self._cwd, _text_of(first), children, escaped, content)
         self._lifecycle(first["uuid"], "started")
+        if self._mcp is None:
+            self._mcp = _start_mcp(self._mcp_configs, self._cwd)
         with self._cond:
-            _line(_init(sid, self._cwd, self._model, self._mode))
+            _line(_init(sid, self._cwd, self._model, self._mode, self._mcp))
         self._take(first, started=True)
         if _usage_limited():
             self._finish(_usage_limit(sid, self._end))
@@ -912,6 +1004,10 @@ class _Session:
         tool_turns = _env("FAKE_CLAUDE_TOOL_TURNS")
         if not _env("FAKE_CLAUDE_NO_TOOL") and (not tool_turns or self._turns <= int(tool_turns)):
             self._tool(_env("FAKE_CLAUDE_TOOL_COMMAND") or "echo hello")
+        if _env("FAKE_CLAUDE_SEND_FILE"):
+            inputs = json.loads(_env("FAKE_CLAUDE_SEND_FILE"))
+            for tool_input in inputs if isinstance(inputs, list) else [inputs]:
+                self._send_file(tool_input)
         # The model is at work from here on: an interrupt aborts its streaming.
         self._pause("aborted_streaming", seconds=float(_env("FAKE_CLAUDE_SLEEP") or 0))
         if _env("FAKE_CLAUDE_WAIT_FOR"):
@@ -1003,34 +1099,85 @@ class _Session:
         _line(_tool_result(sid, tool_id, output, False))
         self._take_waiting()
 
-    def _permission(self, tool_id: str, tool_input: dict[str, Any]) -> dict[str, Any] | str:
+    def _send_file(self, tool_input: dict[str, Any]) -> None:
+        """A ``mcp__chatbridge__send_file`` use, answered by the real MCP server."""
+        sid = self._session_id
+        name = "mcp__chatbridge__send_file"
+        tool_id = "toolu_" + uuid.uuid4().hex[:20]
+        _line(
+            _assistant(sid, {"type": "tool_use", "id": tool_id, "name": name, "input": tool_input})
+        )
+        server = next((m for m in self._mcp or [] if m.name == "chatbridge"), None)
+        if server is None or "send_file" not in server.tools:
+            text = f"<tool_use_error>Error: No such tool available: {name}</tool_use_error>"
+            _line(_tool_result(sid, tool_id, text, True))
+        elif self._asks(name) or (self._mode != "bypassPermissions" and name not in self._allowed):
+            # Asked (``--permission-prompt-tool stdio``), or refused as print mode refuses.
+            refusal = (
+                self._permission(tool_id, tool_input, name)
+                if self._asks(name)
+                else f"Claude requested permissions to use {name}, but you haven't granted it yet."
+            )
+            if isinstance(refusal, str):
+                self._denials.append(
+                    {"tool_name": name, "tool_use_id": tool_id, "tool_input": tool_input}
+                )
+                _line(_tool_result(sid, tool_id, refusal, True))
+            else:
+                self._call_send_file(server, tool_id, refusal)
+        else:
+            self._call_send_file(server, tool_id, tool_input)
+        self._take_waiting()
+
+    def _call_send_file(self, server: _McpServer, tool_id: str, tool_input: dict[str, Any]) -> None:
+        """The MCP server's answer as the real CLI prints an MCP tool's result."""
+        sid = self._session_id
+        result = server.call("send_file", tool_input)
+        if result.get("isError"):
+            # An error's text blocks joined into one string, is_error true...
+            text = "\n".join(b.get("text", "") for b in result["content"])
+            _line(_tool_result(sid, tool_id, text, True))
+        else:
+            # ...and a success's blocks as they came, with no is_error key at all.
+            line = _tool_result(sid, tool_id, result["content"], False)
+            del line["message"]["content"][0]["is_error"]
+            _line(line)
+
+    def _permission(
+        self, tool_id: str, tool_input: dict[str, Any], tool: str = "Bash"
+    ) -> dict[str, Any] | str:
         """Ask the host (``can_use_tool``): the input to run with, or why not."""
         request_id = str(uuid.uuid4())
-        command = str(tool_input.get("command", ""))
         with self._cond:
             self._asking = request_id
-        _line(
+        request: dict[str, Any] = {"subtype": "can_use_tool", "tool_name": tool}
+        if tool == "Bash":
+            command = str(tool_input.get("command", ""))
+            rule: dict[str, Any] = {"toolName": "Bash", "ruleContent": command}
+            request.update(display_name="Bash", input=tool_input, description=command)
+        else:
+            # An MCP tool, as the real CLI asks for one: its server, no description,
+            # and a rule for the whole tool.
+            server = tool.split("__")[1]
+            rule = {"toolName": tool}
+            request.update(
+                mcp_server={"name": server, "source": "dynamic"},
+                display_name=" ".join(
+                    w.capitalize() for w in tool.rsplit("__", maxsplit=1)[-1].split("_")
+                ),
+                input=tool_input,
+                server_policy_ask_only=True,
+            )
+        request["permission_suggestions"] = [
             {
-                "type": "control_request",
-                "request_id": request_id,
-                "request": {
-                    "subtype": "can_use_tool",
-                    "tool_name": "Bash",
-                    "display_name": "Bash",
-                    "input": tool_input,
-                    "description": command,
-                    "permission_suggestions": [
-                        {
-                            "type": "addRules",
-                            "rules": [{"toolName": "Bash", "ruleContent": command}],
-                            "behavior": "allow",
-                            "destination": "localSettings",
-                        }
-                    ],
-                    "tool_use_id": tool_id,
-                },
+                "type": "addRules",
+                "rules": [rule],
+                "behavior": "allow",
+                "destination": "localSettings",
             }
-        )
+        ]
+        request["tool_use_id"] = tool_id
+        _line({"type": "control_request", "request_id": request_id, "request": request})
         with self._cond:
             self._cond.wait_for(
                 lambda: request_id in self._answers or self._interrupted or self._eof

@@ -47,7 +47,11 @@ async def test_a_long_hostile_quick_answer_is_its_chunks_only_and_safe(
 ) -> None:
     room = await alice.create_room([bot.user_id])
     text = "| a | b |\n|---|---|\n" + HOSTILE_ROW * 500 + "\n\nEND-MARKER"
-    async with service(tmp_path, synapse, bot, room, allowed=(ALICE,), claude_env=ECHO):
+    # Posted as events, not as a file (answer_file_chars): the chunks are what is tested.
+    no_file = {"answer_file_chars": 0}
+    async with service(
+        tmp_path, synapse, bot, room, allowed=(ALICE,), claude_env=ECHO, matrix_extra=no_file
+    ):
         await alice.wait_for(joined(bot.user_id, room))
         await alice.send(room, text)
         await alice.wait_for(

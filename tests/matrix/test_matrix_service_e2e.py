@@ -14,6 +14,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+from nio import MemoryDownloadResponse
+from nio.crypto.attachments import decrypt_attachment
 
 from tests.matrix.matrix_helpers import Human, Seen, joined, message_from
 from tests.matrix.matrix_service import service
@@ -234,3 +236,37 @@ async def test_a_run_survives_a_crash_of_the_bridge_and_answers_once_in_its_room
     times = (tmp_path / "times").read_text().splitlines()
     prompts = [json.loads(line)["prompt"] for line in times]
     assert prompts == ["the long task", "after the restart"]
+
+
+async def test_a_file_claude_sends_arrives_encrypted_before_the_answer(
+    tmp_path: Path, synapse: SynapseServer, bot: MatrixUser, alice: Human
+) -> None:
+    data = b"%PDF-1.4 not really\n" * 50
+    (tmp_path / "report.pdf").write_bytes(data)
+    env = {
+        "FAKE_CLAUDE_NO_TOOL": "1",
+        "FAKE_CLAUDE_RESULT": "Sent you the report.",
+        "FAKE_CLAUDE_SEND_FILE": json.dumps({"path": "report.pdf", "comment": "The report."}),
+    }
+    room = await alice.create_room([bot.user_id], encrypted=True)
+    async with service(tmp_path, synapse, bot, room, allowed=(ALICE,), claude_env=env):
+        await alice.wait_for(joined(bot.user_id, room))
+        await alice.sync()
+        asked = await alice.send(room, "send me the report")
+        answer = await alice.wait_for(
+            lambda s: answer_in(bot, room)(s) and s.content.get("body") == "Sent you the report."
+        )
+    from_bot = [s for s in alice.seen if message_from(bot.user_id, room)(s)]
+    [file] = [s for s in from_bot if s.content.get("msgtype") == "m.file"]
+    assert from_bot.index(file) < from_bot.index(answer)
+    assert getattr(file.event, "decrypted", False)
+    assert file.content["filename"] == "report.pdf"
+    assert file.content["body"] == "The report."
+    assert file.content["m.relates_to"] == {"m.in_reply_to": {"event_id": asked}}
+    encrypted = file.content["file"]
+    response = await alice.client.download(mxc=encrypted["url"])
+    assert isinstance(response, MemoryDownloadResponse), response
+    plain = decrypt_attachment(
+        response.body, encrypted["key"]["k"], encrypted["hashes"]["sha256"], encrypted["iv"]
+    )
+    assert plain == data

@@ -24,6 +24,7 @@ from bridge.core.model import (
 )
 from bridge.core.transport import MessageDeleted, MessageEdited
 from transports.matrix import MatrixSettings
+from transports.matrix.context import replied_to
 from transports.matrix.inbound import InboundPolicy, history_before, to_inbound
 from transports.matrix.media import attachment_of
 from transports.matrix.outbound import MatrixOutbound
@@ -395,3 +396,19 @@ def test_markdown_is_rendered_once_per_chunk(text: str, max_event_chars: int) ->
     assert parts
     assert all(renderer.rendered[part["body"]] == 1 for part in parts)
     assert max(renderer.rendered.values()) == 1  # nothing, sent or measured, twice
+
+
+def test_a_thread_messages_reply_fallback_is_not_a_reply() -> None:
+    """Element puts an ``m.in_reply_to`` in every thread message for thread-unaware
+    clients (``is_falling_back``); only a real reply inside a thread counts."""
+    fallback = {
+        "rel_type": "m.thread",
+        "event_id": "$root",
+        "is_falling_back": True,
+        "m.in_reply_to": {"event_id": "$latest"},
+    }
+    real = {**fallback, "is_falling_back": False, "m.in_reply_to": {"event_id": "$quoted"}}
+    plain = {"m.in_reply_to": {"event_id": "$quoted"}}
+    assert replied_to({"body": "x", "m.relates_to": fallback}) is None
+    assert replied_to({"body": "x", "m.relates_to": real}) == "$quoted"
+    assert replied_to({"body": "x", "m.relates_to": plain}) == "$quoted"

@@ -27,6 +27,10 @@ from typing import Any
 
 import pytest
 
+from bridge.core.model import RunId
+from runner.command import mcp_config
+from runner.mcp_server import QUALIFIED_TOOL
+from runner.request import RunRequest
 from tests.fakes.fake_claude import install
 from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin, claude_env
 
@@ -182,6 +186,11 @@ class Setup:
     """The fake's knobs for the same behaviour."""
     ask: bool = True
     """``--permission-prompt-tool stdio``."""
+    send_file_limit: int | None = None
+    """Give both our ``chatbridge`` MCP server (``--mcp-config``), refusing files over
+    this size."""
+    send_file_allowed: bool = True
+    """``send_file`` in ``--allowedTools`` (else it is asked for, with ``ask``)."""
 
 
 Start = Callable[[Setup], Awaitable[Claude]]
@@ -228,6 +237,18 @@ async def start(kind: str, tmp_path: Path) -> AsyncIterator[Start]:
                 binary = str(install(tmp_path))
             argv = [binary, "-p", "--input-format", "stream-json", "--output-format"]
             argv += ["stream-json", "--verbose", "--replay-user-messages"]
+            if setup.send_file_limit is not None:
+                request = RunRequest(
+                    run_id=RunId("conformance"),
+                    claude_bin=binary,
+                    cwd=work,
+                    prompt="",
+                    session_id=None,
+                    send_file_max_bytes=setup.send_file_limit,
+                )
+                argv += ["--mcp-config", mcp_config(request)]
+                if setup.send_file_allowed:
+                    argv += ["--allowedTools", QUALIFIED_TOOL]
             if setup.ask:
                 argv += ["--permission-prompt-tool", "stdio"]
             process = await asyncio.create_subprocess_exec(
@@ -470,3 +491,68 @@ async def test_eof_while_asking_refuses_the_tool_and_ends(start: Start) -> None:
     assert "stream closed" in str(tool_result["content"])
     (result,) = peer.results
     assert result["terminal_reason"] == "completed"
+
+
+async def test_send_file_through_our_mcp_server(start: Start, tmp_path: Path) -> None:
+    inputs = [{"path": "report.txt", "comment": "here"}, {"path": "../secret.txt"}]
+    setup = Setup(
+        script=[Turn(tools=tuple(ToolCall(QUALIFIED_TOOL, i) for i in inputs)), Turn(text="sent")],
+        fake={"FAKE_CLAUDE_NO_TOOL": "1", "FAKE_CLAUDE_SEND_FILE": json.dumps(inputs)},
+        ask=False,
+        send_file_limit=100,
+    )
+    claude = await start(setup)
+    (claude.work / "report.txt").write_text("numbers")
+    (tmp_path / "secret.txt").write_text("secret")
+    peer = claude.peer
+    await peer.user("send the report")
+    init = await peer.expect(is_init)
+    await peer.expect(is_result)
+    assert await peer.close() == 0
+    assert QUALIFIED_TOOL in init["tools"]
+    assert {"name": "chatbridge", "status": "connected"}.items() <= next(
+        s for s in init["mcp_servers"] if s["name"] == "chatbridge"
+    ).items()
+    uses = [
+        block
+        for line in peer.lines
+        if line.get("type") == "assistant"
+        for block in line["message"]["content"]
+        if block.get("type") == "tool_use"
+    ]
+    assert [(u["name"], u["input"]) for u in uses] == [(QUALIFIED_TOOL, i) for i in inputs]
+    good, bad = tool_results(peer)
+    assert good["tool_use_id"] == uses[0]["id"]
+    # A success: the server's content blocks as they came, and no is_error at all.
+    assert good["content"] == [{"type": "text", "text": "queued report.txt"}]
+    assert "is_error" not in good
+    # A failure: the text joined into one string, is_error true.
+    assert bad["tool_use_id"] == uses[1]["id"]
+    assert bad["is_error"] is True
+    assert isinstance(bad["content"], str)
+    assert bad["content"].startswith("not sent: ../secret.txt: outside the working directory")
+
+
+async def test_send_file_not_allowed_is_asked_for_like_any_tool(start: Start) -> None:
+    inputs = {"path": "report.txt"}
+    setup = Setup(
+        script=[Turn(tools=(ToolCall(QUALIFIED_TOOL, inputs),)), Turn(text="sent")],
+        fake={"FAKE_CLAUDE_NO_TOOL": "1", "FAKE_CLAUDE_SEND_FILE": json.dumps(inputs)},
+        send_file_limit=100,
+        send_file_allowed=False,
+    )
+    claude = await start(setup)
+    (claude.work / "report.txt").write_text("numbers")
+    peer = claude.peer
+    await peer.user("send the report")
+    asking = await peer.expect(is_asking)
+    asked = asking["request"]
+    assert asked["tool_name"] == QUALIFIED_TOOL
+    assert asked["input"] == inputs
+    assert asked["mcp_server"]["name"] == "chatbridge"
+    assert asked["permission_suggestions"][0]["rules"] == [{"toolName": QUALIFIED_TOOL}]
+    await peer.answer(asking, {"behavior": "allow", "updatedInput": inputs})
+    await peer.expect(is_result)
+    assert await peer.close() == 0
+    [result] = tool_results(peer)
+    assert result["content"] == [{"type": "text", "text": "queued report.txt"}]

@@ -189,3 +189,25 @@ async def test_a_shared_file_runs_with_the_file_in_its_inbox_and_the_sender_name
     match = re.search(r'File "(\.chatbridge/inbox/run-[0-9a-f]+/notes\.txt)"', text)
     assert match is not None, text
     assert (tmp_path / match.group(1)).read_bytes() == b"the notes"
+
+
+async def test_a_file_claude_sends_lands_in_the_thread_before_the_answer(tmp_path: Path) -> None:
+    (tmp_path / "report.csv").write_text("a,b\n1,2\n")
+    env = {
+        "FAKE_CLAUDE_NO_TOOL": "1",
+        "FAKE_CLAUDE_RESULT": "Sent you the report.",
+        "FAKE_CLAUDE_SEND_FILE": json.dumps({"path": "report.csv", "comment": "The numbers."}),
+    }
+    async with bridged(tmp_path, "socket", env) as b:
+        first = await b.slack.post_message(peer.ALICE, "send me the report")
+        found = await wait_for_answers(b, 2)  # the file, then the answer
+        answer = found[-1]
+        posted = [m for m in await b.results() if m.get("thread_ts") == first]
+    shared = [m for m in posted if m.get("files")]
+    [message] = shared
+    [file] = message["files"]
+    assert file["name"] == "report.csv"
+    assert file["size"] == len("a,b\n1,2\n")
+    assert message["text"] == "The numbers."
+    assert answer["text"] == "Sent you the report."
+    assert float(str(message["ts"])) < float(str(answer["ts"]))  # the file first

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -1135,3 +1136,18 @@ async def test_prune_keeps_registered_runs(store: InspectableStore) -> None:
     await store.prune(older_than=500.0)
     assert await store.get_run(rid) is None
     assert await store.live_runs() == []
+
+
+async def test_a_file_post_is_recorded_once_per_key(store: InspectableStore) -> None:
+    post = replace(answer("the comment"), file="/state/files/k/report.txt")
+    [entry] = await store.enqueue_once(post, "cbf-one", 10.0)
+    assert entry.key == "cbf-one"
+    assert entry.reply == post
+    assert await store.enqueue_once(post, "cbf-one", 11.0) == []  # seen again: nothing
+    await store.delivery_finished(entry.id, DeliveryState.DELIVERED, 12.0)
+    assert await store.enqueue_once(post, "cbf-one", 13.0) == []  # also once delivered
+    [other] = await store.enqueue_once(post, "cbf-two", 14.0)
+    assert other.id > entry.id
+    assert [e.key for e in await store.undelivered()] == ["cbf-two"]
+    [plain] = await store.enqueue([answer()], 15.0)
+    assert plain.reply.file is None

@@ -57,8 +57,16 @@ def named_pills(body: str, content: dict[str, Any], names: dict[str, str]) -> st
 
 
 def replied_to(content: dict[str, Any]) -> str | None:
-    """The event id a message replies to, if it is a reply."""
-    reply = relation(content).get("m.in_reply_to")
+    """The event id a message replies to, if it is a reply.
+
+    A message in a thread carries a reply to the thread's latest event only as a
+    fallback for clients that show no threads (``is_falling_back``): that is
+    not a reply, and the thread is context already.
+    """
+    rel = relation(content)
+    if rel.get("rel_type") == "m.thread" and rel.get("is_falling_back") is True:
+        return None
+    reply = rel.get("m.in_reply_to")
     event_id = reply.get("event_id") if isinstance(reply, dict) else None
     return event_id if isinstance(event_id, str) else None
 

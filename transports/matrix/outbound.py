@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import io
 import logging
+import mimetypes
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-from nio import AsyncClient, ErrorResponse, RoomSendResponse
+from nio import AsyncClient, ErrorResponse, RoomSendResponse, UploadResponse
 from nio.exceptions import LocalProtocolError, OlmTrustError
 
 from bridge.core import stages
@@ -37,6 +40,14 @@ _UNDELIVERABLE = frozenset(
 )
 """The server refused this event for good: sending it again cannot help."""
 _DEFAULT_RETRY_AFTER_MS = 1_000
+ANSWER_FILE = "answer.md"
+
+
+@dataclass(frozen=True, slots=True)
+class FileToPost:
+    data: bytes
+    name: str
+    mime: str
 
 
 class MatrixOutbound:
@@ -77,7 +88,7 @@ class MatrixOutbound:
         """
         room_id = room_id_of(reply.room)
         client = self._logged_in()
-        parts = self._parts(reply)
+        parts = [] if self._as_file(reply) else self._parts(reply)
         key = delivery.key if delivery is not None else uuid4().hex
         first = delivery.parts_done if delivery is not None else 0
         if wait_for_room:
@@ -86,6 +97,25 @@ class MatrixOutbound:
             raise Undeliverable("matrix", f"the bot is not in room {room_id}")
         # Rendered and the room known: what follows is the homeserver's.
         stages.stamp("request_started")
+        if self._as_file(reply):
+            # One part: the answer as a Markdown file, captioned.
+            if first >= 1:
+                return None
+            data = reply.text.encode()
+            caption = (
+                f"The answer is long ({len(reply.text):,} characters), so it is attached as a file."
+            )
+            posted = await self._post_file(
+                client,
+                room_id,
+                reply,
+                FileToPost(data, ANSWER_FILE, "text/markdown"),
+                caption=caption,
+                tx_id=f"{key}.0",
+            )
+            if delivery is not None:
+                await delivery.part_sent(0, posted)
+            return posted
         last: ExternalMessageId | None = None
         for index in range(first, len(parts)):
             last = await self._room_send(client, room_id, parts[index], f"{key}.{index}")
@@ -93,20 +123,96 @@ class MatrixOutbound:
                 await delivery.part_sent(index, last)
         return last
 
+    def _as_file(self, reply: Reply) -> bool:
+        limit = self._settings.answer_file_chars
+        return reply.kind is ReplyKind.RESULT and limit > 0 and len(reply.text) > limit
+
+    async def send_file(self, reply: Reply, key: str) -> ExternalMessageId:
+        """Upload the file ``reply.file`` and post it (``m.image`` for images, else
+        ``m.file``) where :meth:`send` would post ``reply``, ``reply.text`` as its caption.
+
+        In an encrypted room the upload is encrypted (nio) and the event carries
+        the key in ``file``. The event's transaction id is ``{key}.0``: a retry
+        may upload the media again, but posts the event once.
+        """
+        room_id = room_id_of(reply.room)
+        client = self._logged_in()
+        path = Path(reply.file or "")
+        try:
+            data = await asyncio.to_thread(path.read_bytes)
+        except OSError as exc:
+            raise Undeliverable("matrix", f"cannot read the file to post: {exc}") from exc
+        mime = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+        await self._known_room(client, room_id)
+        stages.stamp("request_started")
+        return await self._post_file(
+            client,
+            room_id,
+            reply,
+            FileToPost(data, path.name, mime),
+            caption=reply.text,
+            tx_id=f"{key}.0",
+        )
+
+    async def _post_file(
+        self,
+        client: AsyncClient,
+        room_id: RoomId,
+        reply: Reply,
+        file: FileToPost,
+        *,
+        caption: str,
+        tx_id: str,
+    ) -> ExternalMessageId:
+        room = client.rooms.get(room_id)
+        encrypted = room is not None and room.encrypted
+        response, keys = await client.upload(
+            lambda *_: io.BytesIO(file.data),
+            content_type=file.mime,
+            filename=file.name,
+            encrypt=encrypted,
+            filesize=len(file.data),
+        )
+        if not isinstance(response, UploadResponse):
+            raise_refusal(room_id, response)
+            raise TransportError("matrix", f"upload to {room_id} failed: {response}")
+        msgtype = "m.image" if file.mime.startswith("image/") else "m.file"
+        # A caption (Matrix 1.10): ``body`` is the text, ``filename`` the file's name.
+        content: dict[str, Any] = (
+            self._content(msgtype, caption) if caption else {"msgtype": msgtype}
+        )
+        content.update(
+            {
+                "body": caption or file.name,
+                "filename": file.name,
+                "info": {"mimetype": file.mime, "size": len(file.data)},
+            }
+        )
+        if encrypted and keys is not None:
+            content["file"] = {**keys, "url": response.content_uri}
+        else:
+            content["url"] = response.content_uri
+        self._relate(reply, content, first=True)
+        return await self._room_send(client, room_id, content, tx_id)
+
+    def _relate(self, reply: Reply, content: dict[str, Any], *, first: bool) -> None:
+        """Put ``content`` in the reply's thread; the first event answers ``in_reply_to``."""
+        reply_to = reply.in_reply_to if first else None
+        if reply.thread:
+            content["m.relates_to"] = {
+                "rel_type": "m.thread",
+                "event_id": reply.thread,
+                "is_falling_back": reply_to is None,
+                "m.in_reply_to": {"event_id": reply_to or reply.thread},
+            }
+        elif reply_to:
+            content["m.relates_to"] = {"m.in_reply_to": {"event_id": reply_to}}
+
     def _parts(self, reply: Reply) -> list[dict[str, Any]]:
         msgtype = "m.text" if reply.kind is ReplyKind.RESULT else "m.notice"
         parts = self._fit(reply.text, lambda chunk: self._content(msgtype, chunk))
         for index, content in enumerate(parts):
-            reply_to = reply.in_reply_to if index == 0 else None
-            if reply.thread:
-                content["m.relates_to"] = {
-                    "rel_type": "m.thread",
-                    "event_id": reply.thread,
-                    "is_falling_back": reply_to is None,
-                    "m.in_reply_to": {"event_id": reply_to or reply.thread},
-                }
-            elif reply_to:
-                content["m.relates_to"] = {"m.in_reply_to": {"event_id": reply_to}}
+            self._relate(reply, content, first=index == 0)
         return parts
 
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:

@@ -35,6 +35,9 @@ class MatrixSettings(BaseModel):
     """Long-poll duration of one sync request."""
     max_event_chars: int = Field(default=16_000, ge=1_000)
     """Replies longer than this go out as several events (Matrix caps events at 64 KiB)."""
+    answer_file_chars: int = Field(default=40_000, ge=0)
+    """An answer longer than this is posted as a Markdown file (``m.file``) with a short
+    message, not as many events; 0: never."""
 
     undecryptable_notice_s: float = Field(default=60.0, ge=0)
     """How long an encrypted message may wait for its key before the room is told

@@ -129,6 +129,10 @@ class MatrixTransport(Transport):
         """Post ``reply`` as one or more events; returns the last event's id."""
         return await self._outbound.send(reply, delivery)
 
+    async def send_file(self, reply: Reply, key: str) -> ExternalMessageId | None:
+        """Upload and post a file (encrypted in an encrypted room); the event's id."""
+        return await self._outbound.send_file(reply, key)
+
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         await self._outbound.edit(room, message_id, text)
 

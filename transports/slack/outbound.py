@@ -15,11 +15,13 @@ searched for the parts already posted before anything is posted again.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -339,21 +341,44 @@ class SlackOutbound:
         self, channel: str, thread: str | None, text: str, name: str
     ) -> ExternalMessageId:
         comment = f"The answer is long ({len(text):,} characters), so it is attached as a file."
-        args: dict[str, Any] = {
-            "channel": channel,
-            "content": text,
-            "filename": name,
-            "title": name,
-            "initial_comment": comment,
-        }
-        if thread:
-            args["thread_ts"] = thread
-        response = await self._call("files_upload_v2", **args)
-        ts = _shared_ts(response, channel)
+        ts = await self._share(channel, thread, name, comment, content=text)
         if ts is None:
             # Uploaded, but Slack did not say where: a retry would find it by name.
             raise OutcomeUnknown("slack", "files_upload_v2 did not report the message ts")
         return ts
+
+    async def _share(
+        self, channel: str, thread: str | None, name: str, comment: str, **data: str | bytes
+    ) -> ExternalMessageId | None:
+        """Upload ``data`` (``content`` or ``file``) as ``name`` into the conversation
+        (files upload v2: ``files.getUploadURLExternal``, the upload,
+        ``files.completeUploadExternal``); the ts of the message sharing it, if Slack said."""
+        args: dict[str, Any] = {"channel": channel, "filename": name, "title": name, **data}
+        if comment:
+            args["initial_comment"] = comment
+        if thread:
+            args["thread_ts"] = thread
+        response = await self._call("files_upload_v2", **args)
+        return _shared_ts(response, channel)
+
+    async def send_file(self, reply: Reply, key: str) -> ExternalMessageId:
+        """Upload the file ``reply.file`` with ``reply.text`` as its comment (rendered like
+        any text), where :meth:`send` would post ``reply``; the ts of the message sharing it.
+
+        Slack has no idempotency key for uploads, and the file keeps its own name, so
+        unlike a long answer's upload it cannot be looked up: an attempt whose outcome
+        is unknown (a timeout after the upload) may show the file twice.
+        """
+        path = Path(reply.file or "")
+        channel = reply.room.room_id
+        try:
+            data = await asyncio.to_thread(path.read_bytes)
+        except OSError as exc:
+            raise Undeliverable("slack", f"cannot read the file to post: {exc}") from exc
+        comment = to_mrkdwn(reply.text) if reply.text else ""
+        ts = await self._share(channel, self.thread_for(reply), path.name, comment, file=data)
+        # Uploaded and shared even when Slack did not say where: retrying would post it again.
+        return ts if ts is not None else ExternalMessageId("")
 
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         """Replace a posted message's text (cut to the message limit: an edit is one message)."""

@@ -411,6 +411,9 @@ class SlackTransport(Transport):
         """Post ``reply`` (split, or uploaded when long); returns the last message's ts."""
         return await self._outbound.send(reply, delivery)
 
+    async def send_file(self, reply: Reply, key: str) -> ExternalMessageId | None:
+        return await self._outbound.send_file(reply, key)
+
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         await self._outbound.edit(room, message_id, text)
 

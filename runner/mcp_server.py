@@ -1,0 +1,184 @@
+"""The ``chatbridge`` MCP server a run's claude starts: one tool, ``send_file``.
+
+claude spawns it from ``--mcp-config`` and speaks JSON-RPC 2.0 with it over
+stdio, one JSON object per line (MCP's stdio transport). The tool only
+checks that the file may be sent and answers ``queued <name>``: the bridge
+sees the tool use and its successful result in claude's stream-json output,
+checks the path again itself, copies the file and posts it through its
+outbox (docs/files.md). No socket or other channel to the bridge exists.
+
+Start-up time counts: claude waits for its MCP servers before the run's
+first model request (../shared/claude-cli.md). So this module imports the
+standard library only and is run by its file path (``python -I -S
+runner/mcp_server.py``), which skips the ``runner`` package's own imports;
+the official ``mcp`` SDK was measured slower by several times (docs/files.md).
+
+The path rule (:func:`check_sendable`) is shared with the bridge, which
+applies it on its own side again: a tool claude could talk to otherwise
+(a forged tool result, a file swapped after the check) decides nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+SERVER_NAME = "chatbridge"
+TOOL_NAME = "send_file"
+QUALIFIED_TOOL = f"mcp__{SERVER_NAME}__{TOOL_NAME}"
+"""The tool's name as claude reports and permits it."""
+PROTOCOL_VERSION = "2025-06-18"
+"""The MCP revision answered when the client asks for one this server does not know."""
+KNOWN_VERSIONS = frozenset({"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"})
+
+TOOL_DESCRIPTION = (
+    "Post a file from the working directory to the chat room this conversation comes"
+    " from. The path is relative to the working directory (or absolute inside it);"
+    " files outside it, directories and files over the size limit are refused."
+)
+
+
+class NotSendable(Exception):
+    """The path may not be sent; the message says why, for claude and the room."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sendable:
+    """A file that passed :func:`check_sendable`."""
+
+    path: Path
+    """Resolved (symlinks followed), inside the resolved working directory."""
+    size: int
+
+
+def check_sendable(cwd: Path, path: str, max_bytes: int) -> Sendable:
+    """``path`` (relative to ``cwd``, or absolute) if it may be posted; else NotSendable.
+
+    Symlinks are resolved before the containment check, so neither ``..``
+    nor an absolute path nor a link can reach outside ``cwd``. Only regular
+    files of at most ``max_bytes`` bytes pass (no device, FIFO or directory).
+    """
+    if not path or "\0" in path:
+        raise NotSendable("no path given")
+    root = cwd.resolve()
+    try:
+        target = (root / path).resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop
+        raise NotSendable(f"{path}: no such file") from exc
+    # Before looking at the file: whether something exists outside is not told.
+    if not target.is_relative_to(root):
+        raise NotSendable(f"{path}: outside the working directory")
+    try:
+        info = target.stat()
+    except OSError as exc:
+        raise NotSendable(f"{path}: no such file") from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise NotSendable(f"{path}: not a regular file")
+    if info.st_size > max_bytes:
+        raise NotSendable(f"{path}: {info.st_size} bytes, over the limit of {max_bytes}")
+    if not os.access(target, os.R_OK):
+        raise NotSendable(f"{path}: cannot be read")
+    return Sendable(target, info.st_size)
+
+
+def _tool() -> dict[str, Any]:
+    return {
+        "name": TOOL_NAME,
+        "description": TOOL_DESCRIPTION,
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "The file to post."},
+                "comment": {"type": "string", "description": "A message to post with it."},
+            },
+            "required": ["path"],
+        },
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    """Answers one JSON-RPC message at a time for the run in ``cwd``."""
+
+    cwd: Path
+    max_bytes: int
+
+    def handle(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        """The response to ``message``; None for a notification (no ``id``)."""
+        if "id" not in message:
+            return None
+        request_id = message["id"]
+        method = message.get("method")
+        params = message.get("params") or {}
+        if method == "initialize":
+            asked = params.get("protocolVersion")
+            result: dict[str, Any] = {
+                "protocolVersion": asked if asked in KNOWN_VERSIONS else PROTOCOL_VERSION,
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": SERVER_NAME, "version": "1"},
+            }
+        elif method == "ping":
+            result = {}
+        elif method == "tools/list":
+            result = {"tools": [_tool()]}
+        elif method == "tools/call":
+            result = self._call(params)
+        else:
+            error = {"code": -32601, "message": f"method not found: {method}"}
+            return {"jsonrpc": "2.0", "id": request_id, "error": error}
+        return {"jsonrpc": "2.0", "id": request_id, "result": result}
+
+    def _call(self, params: dict[str, Any]) -> dict[str, Any]:
+        if params.get("name") != TOOL_NAME:
+            return _text(f"unknown tool {params.get('name')!r}", error=True)
+        arguments = params.get("arguments") or {}
+        path = arguments.get("path")
+        if not isinstance(path, str):
+            return _text("path must be a string", error=True)
+        try:
+            sendable = check_sendable(self.cwd, path, self.max_bytes)
+        except NotSendable as exc:
+            return _text(f"not sent: {exc}", error=True)
+        return _text(f"queued {sendable.path.name}")
+
+
+def _text(text: str, *, error: bool = False) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": text}], "isError": error}
+
+
+def serve(server: Server, stdin: IO[str], stdout: IO[str]) -> None:
+    """Answer line by line until stdin closes (claude ends the server that way)."""
+    for line in stdin:
+        if not line.strip():
+            continue
+        try:
+            message = json.loads(line)
+        except ValueError:
+            response: dict[str, Any] | None = {
+                "jsonrpc": "2.0",
+                "id": None,
+                "error": {"code": -32700, "message": "parse error"},
+            }
+        else:
+            response = server.handle(message) if isinstance(message, dict) else None
+        if response is not None:
+            stdout.write(json.dumps(response) + "\n")
+            stdout.flush()
+
+
+def main(argv: list[str]) -> int:
+    """``mcp_server.py CWD MAX_BYTES``: the run's working directory and the size limit."""
+    if len(argv) != 3 or not argv[2].isdigit():
+        sys.stderr.write("usage: mcp_server.py CWD MAX_BYTES\n")
+        return 2
+    serve(Server(Path(argv[1]), int(argv[2])), sys.stdin, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
