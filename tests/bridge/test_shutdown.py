@@ -45,7 +45,7 @@ class ChatServer(ChatRoom):
         self.client = True
         """The connection to the server; dropped when the sink refuses an event."""
         self.failed_sends: list[str] = []
-        self.phases: list[RunPhase] = []
+        self.phase_log: list[RunPhase] = []
 
     async def run(self, sink: InboundSink, ready: asyncio.Event) -> None:
         try:
@@ -72,7 +72,7 @@ class ChatServer(ChatRoom):
     async def set_phase(
         self, room: RoomKey, message_ids: Sequence[ExternalMessageId], phase: RunPhase
     ) -> None:
-        self.phases.append(phase)
+        self.phase_log.append(phase)
         self.changed.set()
 
     @property
@@ -102,7 +102,7 @@ async def test_a_message_during_the_grace_period_waits_and_the_answer_still_goes
         async with asyncio.timeout(GUARD_S):
             await service.ready.wait()
         assert await server.deliver("first job") is Accepted.ACCEPTED
-        await server.wait_until(lambda: RunPhase.RUNNING in server.phases)
+        await server.wait_until(lambda: RunPhase.RUNNING in server.phase_log)
         service.request_stop()
         async with asyncio.timeout(GUARD_S):
             await service.shutting_down.wait()
