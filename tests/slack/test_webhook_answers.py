@@ -12,9 +12,12 @@ import json
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from tests.slack import peer
 from tests.slack.service import bridged
+
+pytestmark = [pytest.mark.slack, pytest.mark.slow]
 
 SECRET = "a-secret-of-sixteen-plus"
 
