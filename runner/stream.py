@@ -9,6 +9,7 @@ ignoring types and subtypes it does not know, as the CLI adds new ones.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -130,6 +131,14 @@ def _float(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value)
+
+
+def _amount(value: object) -> float | None:
+    """A cost in USD: a finite number, not below 0. A misbehaving claude's NaN,
+    infinity or negative cost is no amount: summed into a day's spending it would
+    hide or poison the budget, and a Prometheus counter refuses a negative one."""
+    amount = _float(value)
+    return amount if amount is not None and math.isfinite(amount) and amount >= 0 else None
 
 
 def _session(value: object) -> SessionId | None:
@@ -274,7 +283,7 @@ def _result(obj: Mapping[str, Any]) -> Result:
         is_error=obj.get("is_error") is True,
         text=_str(obj.get("result")),
         session_id=_session(obj.get("session_id")),
-        cost_usd=_float(obj.get("total_cost_usd")),
+        cost_usd=_amount(obj.get("total_cost_usd")),
         num_turns=_int(obj.get("num_turns")),
         duration_ms=_int(obj.get("duration_ms")),
         errors=tuple(e if isinstance(e, str) else json.dumps(e) for e in errors)

@@ -84,3 +84,23 @@ async def test_a_usage_limit_ends_the_run_with_its_reset_time(
     assert limited.limit == "five_hour"
     assert limited.resets_at is not None
     assert "You've hit your 5-hour limit" in report.error
+
+
+RESULT = {"type": "result", "subtype": "success", "is_error": False, "result": "ok"}
+
+
+@pytest.mark.parametrize("cost", ["NaN", "Infinity", "-Infinity", "-0.5", "1e400"])
+def test_a_cost_that_is_no_amount_is_not_reported(cost: str) -> None:
+    # A misbehaving claude: a negative cost would lower the day's spend (and a
+    # Prometheus counter refuses it), NaN or infinity would poison every sum after it.
+    line = json.dumps(RESULT)[:-1] + f', "total_cost_usd": {cost}}}'
+    [result] = parse_line(line.encode())
+    assert isinstance(result, Result)
+    assert result.cost_usd is None
+
+
+def test_a_real_cost_is_reported() -> None:
+    [result] = parse_line(json.dumps({**RESULT, "total_cost_usd": 0.0}).encode())
+    assert isinstance(result, Result)
+    assert result.cost_usd == 0.0
+
