@@ -141,6 +141,17 @@ def _amount(value: object) -> float | None:
     return amount if amount is not None and math.isfinite(amount) and amount >= 0 else None
 
 
+LAST_DATE_S = 253402300799.0
+"""9999-12-31 23:59:59 UTC: the last second a ``datetime`` (and the room) can be told."""
+
+
+def _epoch(value: object) -> float | None:
+    """A time in seconds since the epoch that is a date (after 1970, by year 9999);
+    else None. A reset time in milliseconds, say, would be ``year 58873``."""
+    at = _float(value)
+    return at if at is not None and 0 < at <= LAST_DATE_S else None
+
+
 def _session(value: object) -> SessionId | None:
     return SessionId(value) if isinstance(value, str) and value else None
 
@@ -172,12 +183,7 @@ def _rate_limit(obj: Mapping[str, Any]) -> list[StreamEvent]:
     info = obj.get("rate_limit_info")
     if not isinstance(info, dict) or info.get("status") != "rejected":
         return []
-    resets_at = _float(info.get("resetsAt"))
-    return [
-        UsageLimited(
-            resets_at if resets_at and resets_at > 0 else None, _str(info.get("rateLimitType"))
-        )
-    ]
+    return [UsageLimited(_epoch(info.get("resetsAt")), _str(info.get("rateLimitType")))]
 
 
 def _api_retry(obj: Mapping[str, Any]) -> ApiRetry:

@@ -104,3 +104,10 @@ def test_a_real_cost_is_reported() -> None:
     assert isinstance(result, Result)
     assert result.cost_usd == 0.0
 
+
+@pytest.mark.parametrize("resets_at", ["NaN", "Infinity", "1795715804000", "1e300"])
+def test_a_reset_time_that_is_no_date_is_unknown(resets_at: str) -> None:
+    # In milliseconds, say: no date a room can be told (datetime stops at year 9999).
+    info = '{"status": "rejected", "rateLimitType": "five_hour", "resetsAt": %s}' % resets_at
+    line = '{"type": "rate_limit_event", "rate_limit_info": %s}' % info
+    assert parse_line(line.encode()) == [UsageLimited(None, "five_hour")]
