@@ -98,7 +98,14 @@ class LimitResumes:
         """A run ended cut short by ``limited``: note its retry (before the run's end is
         recorded) and return what the room is told."""
         self.metrics.usage_limits.labels("limited").inc()
-        resumes = self.enabled and limited.resets_at is not None
+        # A reset already past (a clock off, a stale window) is not waited for: the
+        # retry would come at once, hit the limit again with the same past reset, and
+        # be retried again, round after round. `!retry` is offered instead.
+        resumes = (
+            self.enabled
+            and limited.resets_at is not None
+            and limited.resets_at > self.wall_clock()
+        )
         if resumes and limited.resets_at is not None:
             try:
                 await self.store.add_limit_resume(run_id, batch.room, limited.resets_at)

@@ -26,6 +26,7 @@ from bridge.replies import Replier
 from bridge.store.base import LimitResume
 from bridge.store.memory import MemoryStore
 from bridge.usage import LimitResumes
+from runner import UsageLimited
 
 ROOM = RoomKey(TransportName("matrix"), RoomId("!a:x"))
 RUN = RunId("run-1")
@@ -131,3 +132,24 @@ async def test_serve_waits_for_the_reset_and_a_noted_end() -> None:
         await asyncio.gather(serving, return_exceptions=True)
     assert len(submitted) == 1
     assert await store.limit_resumes() == []
+
+
+async def test_a_reset_already_past_is_not_retried_by_itself() -> None:
+    # claude said the limit resets at a time already gone (a clock off, a stale
+    # window): retried at once, the retry would hit the limit again, with the same
+    # past reset, and be retried again, round after round.
+    store, submitted, clock = MemoryStore(), list[Message](), [150.0]
+    inbound = InboundMessage(ROOM, UserId("@u:x"), "big job", ExternalMessageId("$1"))
+    message = await store.accept(inbound, 10.0)
+    assert message is not None
+    batch = Batch(ROOM, (message,))
+    await store.start_run(RUN, batch, 20.0)
+    limits = resumes(store, submitted, clock)
+    text = await limits.limited(RUN, batch, UsageLimited(100.0, "five_hour"))
+    assert await store.limit_resumes() == []
+    assert "retries this run" not in text
+    assert text.endswith("`!retry run-1` runs it again after that.")
+    # A reset still to come is retried then.
+    text = await limits.limited(RUN, batch, UsageLimited(200.0, "five_hour"))
+    assert await store.limit_resumes() == [LimitResume(RUN, ROOM, 200.0)]
+    assert "chatbridge retries this run then (once)" in text
