@@ -92,6 +92,9 @@ class LimitResumes:
     """``[runner] resume_after_limit``."""
     prefix: str = "!"
     wall_clock: Callable[[], float] = time.time
+    configured: Callable[[RoomKey], bool] = field(default=lambda room: True)
+    """Whether chatbridge serves the room now: a room taken out of the config keeps its
+    retry waiting (as its pending messages at a restart), made if the room comes back."""
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def limited(self, run_id: RunId, batch: Batch, limited: UsageLimited) -> str:
@@ -141,7 +144,13 @@ class LimitResumes:
         while True:
             self._changed.clear()
             try:
-                waiting = await self.store.limit_resumes()
+                listed = await self.store.limit_resumes()
+                waiting = [w for w in listed if self.configured(w.room)]
+                if len(waiting) < len(listed):
+                    log.info(
+                        "%d retry(s) after a usage limit wait for rooms no longer configured",
+                        len(listed) - len(waiting),
+                    )
                 now = self.wall_clock()
                 due = [w for w in waiting if w.resets_at <= now]
                 made = [await self._resume(entry) for entry in due]

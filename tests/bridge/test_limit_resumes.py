@@ -153,3 +153,24 @@ async def test_a_reset_already_past_is_not_retried_by_itself() -> None:
     text = await limits.limited(RUN, batch, UsageLimited(200.0, "five_hour"))
     assert await store.limit_resumes() == [LimitResume(RUN, ROOM, 200.0)]
     assert "chatbridge retries this run then (once)" in text
+
+
+async def test_a_room_no_longer_configured_keeps_its_retry_waiting() -> None:
+    # As its pending messages after a restart (Intake.recover): nothing of a room
+    # taken out of the config runs, nor is it failed; the room's return retries it.
+    store, submitted, clock = MemoryStore(), list[Message](), [150.0]
+    message = await limited_run(store)
+    await store.finish_run(RUN, RunReport(RunStatus.FAILED, error="limit"), 30.0)
+    limits = resumes(store, submitted, clock)
+    limits.configured = lambda room: False
+    serving = asyncio.create_task(limits.serve())
+    try:
+        for _ in range(20):
+            await asyncio.sleep(0)  # (it lists the record and passes it by)
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+    assert submitted == []
+    assert await store.limit_resumes() == [LimitResume(RUN, ROOM, 100.0)]
+    # Still failed with its run: a !retry (or the room's return) runs it.
+    assert [m.id for m in await store.requeue_run(RUN)] == [message.id]
