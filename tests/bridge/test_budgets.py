@@ -106,7 +106,7 @@ async def test_a_run_at_its_cap_is_reported_and_its_cost_counted(tmp_path: Path)
         metrics = session.service.metrics.exposition().decode()
         out = await session.finish()
     assert (
-        "The run failed: it reached its spending cap of $0.1 (max_budget_usd) after"
+        "The run failed: it reached its spending cap of $0.10 (max_budget_usd) after"
         " spending $0.12. `!retry run-" in out
     )
     assert "Spent today (UTC): $0.12 in this room" in out

@@ -65,11 +65,24 @@ async def test_a_run_at_its_budget_cap_fails_saying_so(
     assert report.status is RunStatus.FAILED
     assert report.cost_usd == 0.75
     assert (
-        report.error == "it reached its spending cap of $0.5 (max_budget_usd) after spending $0.75."
+        report.error == "it reached its spending cap of $0.50 (max_budget_usd) after spending $0.75."
     )
     assert "--max-budget-usd" in json.loads((tmp_path / "record.json").read_text())["argv"]
     [result] = recorder.of(Result)
     assert result.subtype == "error_max_budget_usd"
+
+
+@pytest.mark.slow
+async def test_a_cap_under_a_cent_is_told_in_dollars_and_cents(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    # Not "$1e-06", nor "after spending $0.00" past a cap: the room reads both.
+    env = fake_env(tmp_path, cost="0.000032")
+    request = make_request(run_id, tmp_path, env=env, max_budget_usd=1e-6)
+    report = await run_claude(request, recorder)
+    assert report.error == (
+        "it reached its spending cap of $0.0000010 (max_budget_usd) after spending $0.000032."
+    )
 
 
 @pytest.mark.slow
