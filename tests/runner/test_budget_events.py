@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from bridge.core.model import RunId, RunStatus
-from runner import Result, UsageLimited, run_claude
+from runner import Result, RunControl, UsageLimited, run_claude
 from runner.stream import parse_line
 from tests.runner.conftest import Recorder
+from tests.runner.live_helpers import sending_at_the_first_result
 from tests.runner.test_run_fake import fake_env, make_request
 
 # As claude 2.1.332 printed it (tests/fakes/fake_claude.py, FAKE_CLAUDE_USAGE_LIMIT).
@@ -124,3 +125,18 @@ def test_a_reset_time_that_is_no_date_is_unknown(resets_at: str) -> None:
     info = '{"status": "rejected", "rateLimitType": "five_hour", "resetsAt": %s}' % resets_at
     line = '{"type": "rate_limit_event", "rate_limit_info": %s}' % info
     assert parse_line(line.encode()) == [UsageLimited(None, "five_hour")]
+
+
+@pytest.mark.slow
+async def test_a_steered_runs_cost_is_the_whole_runs(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    # As the real claude (2.1.332, scripted model server): each result's
+    # total_cost_usd is the process's so far (0.0006, then 0.0012 for a second
+    # turn), so the run's last result carries what the run cost, steered turns too.
+    control = RunControl()
+    on_event, _ = sending_at_the_first_result(recorder, control, "and one more thing")
+    env = fake_env(tmp_path, cost="0.25")
+    report = await run_claude(make_request(run_id, tmp_path, env=env), on_event, control=control)
+    assert [r.cost_usd for r in recorder.of(Result)] == [0.25, 0.5]
+    assert report.cost_usd == 0.5
