@@ -105,9 +105,7 @@ class LimitResumes:
         # retry would come at once, hit the limit again with the same past reset, and
         # be retried again, round after round. `!retry` is offered instead.
         resumes = (
-            self.enabled
-            and limited.resets_at is not None
-            and limited.resets_at > self.wall_clock()
+            self.enabled and limited.resets_at is not None and limited.resets_at > self.wall_clock()
         )
         if resumes and limited.resets_at is not None:
             try:

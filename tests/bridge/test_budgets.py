@@ -8,7 +8,7 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from bridge.budget import Budgets, day_start, usd
+from bridge.budget import Budgets, day_start
 from bridge.config import load_settings
 from bridge.core.model import (
     Batch,
@@ -22,6 +22,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
+from bridge.core.money import usd
 from bridge.store.base import StoreError
 from bridge.store.memory import MemoryStore
 from bridge.usage import limit_text, usage_limit

@@ -65,8 +65,8 @@ async def test_a_run_at_its_budget_cap_fails_saying_so(
     report = await run_claude(make_request(run_id, tmp_path, env=env, max_budget_usd=0.5), recorder)
     assert report.status is RunStatus.FAILED
     assert report.cost_usd == 0.75
-    assert (
-        report.error == "it reached its spending cap of $0.50 (max_budget_usd) after spending $0.75."
+    assert report.error == (
+        "it reached its spending cap of $0.50 (max_budget_usd) after spending $0.75."
     )
     assert "--max-budget-usd" in json.loads((tmp_path / "record.json").read_text())["argv"]
     [result] = recorder.of(Result)
@@ -122,8 +122,8 @@ def test_a_real_cost_is_reported() -> None:
 @pytest.mark.parametrize("resets_at", ["NaN", "Infinity", "1795715804000", "1e300"])
 def test_a_reset_time_that_is_no_date_is_unknown(resets_at: str) -> None:
     # In milliseconds, say: no date a room can be told (datetime stops at year 9999).
-    info = '{"status": "rejected", "rateLimitType": "five_hour", "resetsAt": %s}' % resets_at
-    line = '{"type": "rate_limit_event", "rate_limit_info": %s}' % info
+    info = f'{{"status": "rejected", "rateLimitType": "five_hour", "resetsAt": {resets_at}}}'
+    line = f'{{"type": "rate_limit_event", "rate_limit_info": {info}}}'
     assert parse_line(line.encode()) == [UsageLimited(None, "five_hour")]
 
 
