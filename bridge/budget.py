@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 
 from bridge.config import Settings
 from bridge.core.model import RoomKey
+from bridge.core.money import usd
 from bridge.store.base import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -29,11 +30,6 @@ DAY_S = 86400.0
 def day_start(now: float) -> float:
     """The start of ``now``'s UTC day, in seconds since the epoch."""
     return math.floor(now / DAY_S) * DAY_S
-
-
-def usd(amount: float) -> str:
-    """Dollars as a room reads them: cents, or more digits for amounts under a cent."""
-    return f"${amount:.2f}" if amount == 0 or amount >= 0.01 else f"${amount:.4f}"
 
 
 @dataclass(frozen=True, slots=True)

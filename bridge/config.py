@@ -483,7 +483,19 @@ class Settings(BaseSettings):
             )
         self._rooms = rooms
         self._check_automation()
+        self._check_ledger()
         return self
+
+    def _check_ledger(self) -> None:
+        """A daily budget sums the ledger's rows of the UTC day: they must outlive it."""
+        budgets = self.budget.daily_usd is not None or any(
+            r.daily_budget_usd is not None for r in self._rooms.values()
+        )
+        if budgets and self.database.retention_days < 1:
+            raise ValueError(
+                f"database.retention_days: {self.database.retention_days:g} is too short for"
+                " a daily budget, which sums the day's runs: it must be at least 1"
+            )
 
     def _check_automation(self) -> None:
         """Schedules and webhooks name configured rooms, unique names and paths."""

@@ -194,6 +194,7 @@ class Service:
             self.metrics,
             settings.runner.resume_after_limit,
             settings.commands.prefix,
+            configured=lambda room: settings.room(room) is not None,
         )
         self.executor.limits = self.limits
         # Command answers are recorded in the outbox and sent from its per-room

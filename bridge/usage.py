@@ -92,13 +92,21 @@ class LimitResumes:
     """``[runner] resume_after_limit``."""
     prefix: str = "!"
     wall_clock: Callable[[], float] = time.time
+    configured: Callable[[RoomKey], bool] = field(default=lambda room: True)
+    """Whether chatbridge serves the room now: a room taken out of the config keeps its
+    retry waiting (as its pending messages at a restart), made if the room comes back."""
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def limited(self, run_id: RunId, batch: Batch, limited: UsageLimited) -> str:
         """A run ended cut short by ``limited``: note its retry (before the run's end is
         recorded) and return what the room is told."""
         self.metrics.usage_limits.labels("limited").inc()
-        resumes = self.enabled and limited.resets_at is not None
+        # A reset already past (a clock off, a stale window) is not waited for: the
+        # retry would come at once, hit the limit again with the same past reset, and
+        # be retried again, round after round. `!retry` is offered instead.
+        resumes = (
+            self.enabled and limited.resets_at is not None and limited.resets_at > self.wall_clock()
+        )
         if resumes and limited.resets_at is not None:
             try:
                 await self.store.add_limit_resume(run_id, batch.room, limited.resets_at)
@@ -134,7 +142,13 @@ class LimitResumes:
         while True:
             self._changed.clear()
             try:
-                waiting = await self.store.limit_resumes()
+                listed = await self.store.limit_resumes()
+                waiting = [w for w in listed if self.configured(w.room)]
+                if len(waiting) < len(listed):
+                    log.info(
+                        "%d retry(s) after a usage limit wait for rooms no longer configured",
+                        len(listed) - len(waiting),
+                    )
                 now = self.wall_clock()
                 due = [w for w in waiting if w.resets_at <= now]
                 made = [await self._resume(entry) for entry in due]

@@ -73,6 +73,7 @@ from typing import Any
 
 from bridge.core.aio import shielded
 from bridge.core.model import LiveRun, RunReport, RunStatus, SessionId
+from bridge.core.money import usd
 from runner import supervision
 from runner.command import build_argv, build_env, new_uuid, user_message
 from runner.control import ControlError, InputClosed, RunControl, too_long
@@ -768,8 +769,8 @@ class _Run:
                 **common,
             )
         if result is not None and result.subtype == BUDGET_SPENT:
-            cap = f" of ${request.max_budget_usd:g}" if request.max_budget_usd else ""
-            spent = f" after spending ${result.cost_usd:.2f}" if result.cost_usd is not None else ""
+            cap = f" of {usd(request.max_budget_usd)}" if request.max_budget_usd else ""
+            spent = f" after spending {usd(result.cost_usd)}" if result.cost_usd is not None else ""
             error = f"it reached its spending cap{cap} (max_budget_usd){spent}."
             return RunReport(RunStatus.FAILED, error=error, **common)
         if result is not None and result.is_error:

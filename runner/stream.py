@@ -9,6 +9,7 @@ ignoring types and subtypes it does not know, as the CLI adds new ones.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -132,6 +133,25 @@ def _float(value: object) -> float | None:
     return float(value)
 
 
+def _amount(value: object) -> float | None:
+    """A cost in USD: a finite number, not below 0. A misbehaving claude's NaN,
+    infinity or negative cost is no amount: summed into a day's spending it would
+    hide or poison the budget, and a Prometheus counter refuses a negative one."""
+    amount = _float(value)
+    return amount if amount is not None and math.isfinite(amount) and amount >= 0 else None
+
+
+LAST_DATE_S = 253402300799.0
+"""9999-12-31 23:59:59 UTC: the last second a ``datetime`` (and the room) can be told."""
+
+
+def _epoch(value: object) -> float | None:
+    """A time in seconds since the epoch that is a date (after 1970, by year 9999);
+    else None. A reset time in milliseconds, say, would be ``year 58873``."""
+    at = _float(value)
+    return at if at is not None and 0 < at <= LAST_DATE_S else None
+
+
 def _session(value: object) -> SessionId | None:
     return SessionId(value) if isinstance(value, str) and value else None
 
@@ -163,12 +183,7 @@ def _rate_limit(obj: Mapping[str, Any]) -> list[StreamEvent]:
     info = obj.get("rate_limit_info")
     if not isinstance(info, dict) or info.get("status") != "rejected":
         return []
-    resets_at = _float(info.get("resetsAt"))
-    return [
-        UsageLimited(
-            resets_at if resets_at and resets_at > 0 else None, _str(info.get("rateLimitType"))
-        )
-    ]
+    return [UsageLimited(_epoch(info.get("resetsAt")), _str(info.get("rateLimitType")))]
 
 
 def _api_retry(obj: Mapping[str, Any]) -> ApiRetry:
@@ -274,7 +289,7 @@ def _result(obj: Mapping[str, Any]) -> Result:
         is_error=obj.get("is_error") is True,
         text=_str(obj.get("result")),
         session_id=_session(obj.get("session_id")),
-        cost_usd=_float(obj.get("total_cost_usd")),
+        cost_usd=_amount(obj.get("total_cost_usd")),
         num_turns=_int(obj.get("num_turns")),
         duration_ms=_int(obj.get("duration_ms")),
         errors=tuple(e if isinstance(e, str) else json.dumps(e) for e in errors)

@@ -104,3 +104,23 @@ def test_bad_budgets_name_the_key(tmp_path: Path, text: str, expected: str) -> N
     assert expected in str(info.value)
     if "= 0\n" in text or "-" in text:
         assert "greater than 0" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "budget",
+    [
+        "[budget]\ndaily_usd = 5\n",
+        "[defaults]\ndaily_budget_usd = 5\n",
+        "[[rooms]]\ntransport = 'console'\nid = 'console'\ndaily_budget_usd = 5\n",
+    ],
+)
+def test_a_daily_budget_needs_a_ledger_that_keeps_a_day(tmp_path: Path, budget: str) -> None:
+    # Pruned after half a day, the ledger would forget this morning's runs by the
+    # evening: the day's spending would read too low and the budget let runs start.
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, f"[database]\nretention_days = 0.5\n{budget}"))
+    assert "database.retention_days" in str(info.value)
+    assert "at least 1" in str(info.value)
+    # Without a daily budget, half a day is fine; with one, a day is.
+    load_settings(write(tmp_path, "[database]\nretention_days = 0.5\n"))
+    load_settings(write(tmp_path, f"[database]\nretention_days = 1\n{budget}"))

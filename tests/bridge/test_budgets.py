@@ -8,7 +8,7 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from bridge.budget import Budgets, day_start, usd
+from bridge.budget import Budgets, day_start
 from bridge.config import load_settings
 from bridge.core.model import (
     Batch,
@@ -22,6 +22,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
+from bridge.core.money import usd
 from bridge.store.base import StoreError
 from bridge.store.memory import MemoryStore
 from bridge.usage import limit_text, usage_limit
@@ -106,7 +107,7 @@ async def test_a_run_at_its_cap_is_reported_and_its_cost_counted(tmp_path: Path)
         metrics = session.service.metrics.exposition().decode()
         out = await session.finish()
     assert (
-        "The run failed: it reached its spending cap of $0.1 (max_budget_usd) after"
+        "The run failed: it reached its spending cap of $0.10 (max_budget_usd) after"
         " spending $0.12. `!retry run-" in out
     )
     assert "Spent today (UTC): $0.12 in this room" in out

@@ -26,6 +26,7 @@ from bridge.replies import Replier
 from bridge.store.base import LimitResume
 from bridge.store.memory import MemoryStore
 from bridge.usage import LimitResumes
+from runner import UsageLimited
 
 ROOM = RoomKey(TransportName("matrix"), RoomId("!a:x"))
 RUN = RunId("run-1")
@@ -131,3 +132,45 @@ async def test_serve_waits_for_the_reset_and_a_noted_end() -> None:
         await asyncio.gather(serving, return_exceptions=True)
     assert len(submitted) == 1
     assert await store.limit_resumes() == []
+
+
+async def test_a_reset_already_past_is_not_retried_by_itself() -> None:
+    # claude said the limit resets at a time already gone (a clock off, a stale
+    # window): retried at once, the retry would hit the limit again, with the same
+    # past reset, and be retried again, round after round.
+    store, submitted, clock = MemoryStore(), list[Message](), [150.0]
+    inbound = InboundMessage(ROOM, UserId("@u:x"), "big job", ExternalMessageId("$1"))
+    message = await store.accept(inbound, 10.0)
+    assert message is not None
+    batch = Batch(ROOM, (message,))
+    await store.start_run(RUN, batch, 20.0)
+    limits = resumes(store, submitted, clock)
+    text = await limits.limited(RUN, batch, UsageLimited(100.0, "five_hour"))
+    assert await store.limit_resumes() == []
+    assert "retries this run" not in text
+    assert text.endswith("`!retry run-1` runs it again after that.")
+    # A reset still to come is retried then.
+    text = await limits.limited(RUN, batch, UsageLimited(200.0, "five_hour"))
+    assert await store.limit_resumes() == [LimitResume(RUN, ROOM, 200.0)]
+    assert "chatbridge retries this run then (once)" in text
+
+
+async def test_a_room_no_longer_configured_keeps_its_retry_waiting() -> None:
+    # As its pending messages after a restart (Intake.recover): nothing of a room
+    # taken out of the config runs, nor is it failed; the room's return retries it.
+    store, submitted, clock = MemoryStore(), list[Message](), [150.0]
+    message = await limited_run(store)
+    await store.finish_run(RUN, RunReport(RunStatus.FAILED, error="limit"), 30.0)
+    limits = resumes(store, submitted, clock)
+    limits.configured = lambda room: False
+    serving = asyncio.create_task(limits.serve())
+    try:
+        for _ in range(20):
+            await asyncio.sleep(0)  # (it lists the record and passes it by)
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+    assert submitted == []
+    assert await store.limit_resumes() == [LimitResume(RUN, ROOM, 100.0)]
+    # Still failed with its run: a !retry (or the room's return) runs it.
+    assert [m.id for m in await store.requeue_run(RUN)] == [message.id]

@@ -100,8 +100,9 @@ Behaviour switches (environment variables; unset or empty means off):
 ``FAKE_CLAUDE_STDERR=TEXT``
     Write TEXT to stderr at start.
 ``FAKE_CLAUDE_COST=USD``
-    The ``total_cost_usd`` each result reports (default 0.0123). With
-    ``--max-budget-usd`` at or below it, a turn ends as the real one does at
+    What each turn costs (default 0.0123). As the real one's, a result's
+    ``total_cost_usd`` is the process's sum so far (a second turn's says 0.0246),
+    and a turn whose sum reaches ``--max-budget-usd`` ends as the real one does at
     its budget: an ``error_max_budget_usd`` result with the cost and
     ``Reached maximum budget ($X)`` in ``errors``; exit 1.
 ``FAKE_CLAUDE_USAGE_LIMIT=SECONDS``
@@ -406,11 +407,11 @@ def _usage_limit(session_id: str, end: Any) -> dict[str, Any]:
     )
     _line(assistant)
     # A "success" that is an error, with the text as its result, as the real one.
+    # The refused call costs nothing: the process's spending so far stands.
     result: dict[str, Any] = end(
-        subtype="success", is_error=True, text=text, reason="api_error", errors=[]
+        subtype="success", is_error=True, text=text, reason="api_error", errors=[], cost=0.0
     )
     result.update(
-        total_cost_usd=0,
         api_error_status=429,
         api_error_type="rate_limit_error",
         api_error="usage_limit_reached",
@@ -777,6 +778,10 @@ class _Session:
         }
         self._model = str(opts.get("--model", MODEL))
         self._budget = opts.get("--max-budget-usd")
+        # What this process spent so far: as the real one's, each result's
+        # total_cost_usd is the sum of the process's turns (a steered run's last
+        # result carries the whole run's), and --max-budget-usd caps that sum.
+        self._spent = 0.0
         skip = opts.get("--dangerously-skip-permissions")
         self._mode = "bypassPermissions" if skip else _mode(opts)
         self._cond = threading.Condition()
@@ -963,7 +968,7 @@ class _Session:
             text += " \ud83d"
         is_error = bool(_env("FAKE_CLAUDE_IS_ERROR"))
         _line(_assistant(sid, {"type": "text", "text": text}))
-        if self._budget is not None and _cost() >= float(self._budget):
+        if self._budget is not None and self._spent + _cost() >= float(self._budget):
             # As the real one: the turn's spending is checked after its model call.
             self._finish(
                 self._end(
@@ -1203,9 +1208,16 @@ class _Session:
         _line(_user_text(self._session_id, "[Request interrupted by user for tool use]"))
 
     def _end(
-        self, *, subtype: str, is_error: bool, text: str, reason: str, errors: list[str]
+        self,
+        *,
+        subtype: str,
+        is_error: bool,
+        text: str,
+        reason: str,
+        errors: list[str],
+        cost: float | None = None,
     ) -> dict[str, Any]:
-        """The turn's result line."""
+        """The turn's result line; ``cost``: the turn's (``FAKE_CLAUDE_COST`` by default)."""
         result = _result(
             self._session_id,
             subtype=subtype,
@@ -1214,6 +1226,9 @@ class _Session:
             turns=len(self._history),
             errors=errors,
         )
+        if result["total_cost_usd"]:
+            self._spent += _cost() if cost is None else cost
+        result["total_cost_usd"] = self._spent
         result["terminal_reason"] = reason
         result["permission_denials"] = self._denials
         return result

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from bridge.core.model import RunId, RunStatus
-from runner import Result, UsageLimited, run_claude
+from runner import Result, RunControl, UsageLimited, run_claude
 from runner.stream import parse_line
 from tests.runner.conftest import Recorder
+from tests.runner.live_helpers import sending_at_the_first_result
 from tests.runner.test_run_fake import fake_env, make_request
 
 # As claude 2.1.332 printed it (tests/fakes/fake_claude.py, FAKE_CLAUDE_USAGE_LIMIT).
@@ -64,12 +65,25 @@ async def test_a_run_at_its_budget_cap_fails_saying_so(
     report = await run_claude(make_request(run_id, tmp_path, env=env, max_budget_usd=0.5), recorder)
     assert report.status is RunStatus.FAILED
     assert report.cost_usd == 0.75
-    assert (
-        report.error == "it reached its spending cap of $0.5 (max_budget_usd) after spending $0.75."
+    assert report.error == (
+        "it reached its spending cap of $0.50 (max_budget_usd) after spending $0.75."
     )
     assert "--max-budget-usd" in json.loads((tmp_path / "record.json").read_text())["argv"]
     [result] = recorder.of(Result)
     assert result.subtype == "error_max_budget_usd"
+
+
+@pytest.mark.slow
+async def test_a_cap_under_a_cent_is_told_in_dollars_and_cents(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    # Not "$1e-06", nor "after spending $0.00" past a cap: the room reads both.
+    env = fake_env(tmp_path, cost="0.000032")
+    request = make_request(run_id, tmp_path, env=env, max_budget_usd=1e-6)
+    report = await run_claude(request, recorder)
+    assert report.error == (
+        "it reached its spending cap of $0.0000010 (max_budget_usd) after spending $0.000032."
+    )
 
 
 @pytest.mark.slow
@@ -84,3 +98,45 @@ async def test_a_usage_limit_ends_the_run_with_its_reset_time(
     assert limited.limit == "five_hour"
     assert limited.resets_at is not None
     assert "You've hit your 5-hour limit" in report.error
+
+
+RESULT = {"type": "result", "subtype": "success", "is_error": False, "result": "ok"}
+
+
+@pytest.mark.parametrize("cost", ["NaN", "Infinity", "-Infinity", "-0.5", "1e400"])
+def test_a_cost_that_is_no_amount_is_not_reported(cost: str) -> None:
+    # A misbehaving claude: a negative cost would lower the day's spend (and a
+    # Prometheus counter refuses it), NaN or infinity would poison every sum after it.
+    line = json.dumps(RESULT)[:-1] + f', "total_cost_usd": {cost}}}'
+    [result] = parse_line(line.encode())
+    assert isinstance(result, Result)
+    assert result.cost_usd is None
+
+
+def test_a_real_cost_is_reported() -> None:
+    [result] = parse_line(json.dumps({**RESULT, "total_cost_usd": 0.0}).encode())
+    assert isinstance(result, Result)
+    assert result.cost_usd == 0.0
+
+
+@pytest.mark.parametrize("resets_at", ["NaN", "Infinity", "1795715804000", "1e300"])
+def test_a_reset_time_that_is_no_date_is_unknown(resets_at: str) -> None:
+    # In milliseconds, say: no date a room can be told (datetime stops at year 9999).
+    info = f'{{"status": "rejected", "rateLimitType": "five_hour", "resetsAt": {resets_at}}}'
+    line = f'{{"type": "rate_limit_event", "rate_limit_info": {info}}}'
+    assert parse_line(line.encode()) == [UsageLimited(None, "five_hour")]
+
+
+@pytest.mark.slow
+async def test_a_steered_runs_cost_is_the_whole_runs(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    # As the real claude (2.1.332, scripted model server): each result's
+    # total_cost_usd is the process's so far (0.0006, then 0.0012 for a second
+    # turn), so the run's last result carries what the run cost, steered turns too.
+    control = RunControl()
+    on_event, _ = sending_at_the_first_result(recorder, control, "and one more thing")
+    env = fake_env(tmp_path, cost="0.25")
+    report = await run_claude(make_request(run_id, tmp_path, env=env), on_event, control=control)
+    assert [r.cost_usd for r in recorder.of(Result)] == [0.25, 0.5]
+    assert report.cost_usd == 0.5

@@ -42,6 +42,6 @@ async def test_a_run_past_its_cap_ends_with_error_max_budget_usd(
     [result] = recorder.of(Result)
     assert result.subtype == "error_max_budget_usd"
     assert report.status is RunStatus.FAILED
-    assert report.error.startswith("it reached its spending cap of $1e-06 (max_budget_usd)")
+    assert report.error.startswith("it reached its spending cap of $0.0000010 (max_budget_usd)")
     assert report.cost_usd is not None
     assert report.cost_usd > 1e-6
