@@ -12,23 +12,9 @@ from bridge.core.model import RoomId, RoomKey, RunId, TransportName
 from bridge.errors import ConfigError
 from bridge.runs import run_request
 from runner import build_argv
+from tests.bridge.config_text import clean_env, write  # noqa: F401 (clean_env: an autouse fixture)
 
 CONSOLE = RoomKey(TransportName("console"), RoomId("console"))
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "chatbridge.toml"
-    path.write_text(text)
-    return path
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-
-    for name in list(os.environ):
-        if name.startswith("CHATBRIDGE_"):
-            monkeypatch.delenv(name)
 
 
 def test_budgets_are_off_by_default(tmp_path: Path) -> None:

@@ -8,23 +8,9 @@ import pytest
 from bridge.config import PERMISSION_MODES, PermissionModeSetting, load_settings
 from bridge.core.model import RoomId, RoomKey, TransportName, UserId
 from bridge.errors import ConfigError
+from tests.bridge.config_text import clean_env, write  # noqa: F401 (clean_env: an autouse fixture)
 
 MATRIX_ROOM = RoomKey(TransportName("matrix"), RoomId("!abc:example.org"))
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "chatbridge.toml"
-    path.write_text(text)
-    return path
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-
-    for name in list(os.environ):
-        if name.startswith("CHATBRIDGE_"):
-            monkeypatch.delenv(name)
 
 
 def test_embedded_defaults_give_one_console_room_for_the_local_user() -> None:
