@@ -642,7 +642,9 @@ class RunExecutor:
         """What the run's events start; nothing here may hold up reading claude's output."""
         room = self.settings.room(run.batch.room)
         files = (
-            self.file_posts.watch(run.id, run.batch, room)
+            # Where claude runs: a thread's worktree, if it has one (the tool's paths
+            # are relative to it).
+            self.file_posts.watch(run.id, run.batch, in_worktree(run.batch.room, room))
             if self.file_posts is not None and room is not None
             else None
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from bridge.config import Settings
 from bridge.core.model import (
@@ -45,6 +46,8 @@ class ChatRoom(Transport):
         self.user = UserId(user)
         self.sink: InboundSink | None = None
         self.replies: list[Reply] = []
+        self.files: list[tuple[Reply, bytes]] = []
+        """Files posted, with their bytes as posted."""
         self.phases: dict[ExternalMessageId, RunPhase] = {}
         """The last phase shown on each message (as Slack's reactions)."""
         self.sends_started = 0
@@ -84,6 +87,12 @@ class ChatRoom(Transport):
         self.replies.append(reply)
         self.changed.set()
         return ExternalMessageId(f"out-{len(self.replies)}")
+
+    async def send_file(self, reply: Reply, key: str) -> ExternalMessageId | None:
+        """Records the file's bytes as posted (the bridge removes its copy afterwards)."""
+        assert reply.file is not None
+        self.files.append((reply, Path(reply.file).read_bytes()))
+        return await self.send(reply)
 
     async def set_phase(
         self, room: RoomKey, message_ids: Sequence[ExternalMessageId], phase: RunPhase

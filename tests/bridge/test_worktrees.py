@@ -237,3 +237,29 @@ async def test_reset_keeps_the_branchs_commits_when_the_worktree_left_the_branch
         await chat.wait_until(lambda: bool(notices(chat)))
     assert "stays" in notices(chat)[0], notices(chat)[0]
     assert git(repo, "log", "--format=%s", "-1", branch) == "the work"
+
+
+async def test_a_file_claude_sends_from_its_worktree_is_the_worktrees(
+    tmp_path: Path, repo: Path
+) -> None:
+    """``send_file`` paths are relative to where claude runs: the thread's worktree,
+    never the room's own checkout (which has a file of the same name)."""
+    (repo / "report.txt").write_text("committed\n")
+    git(repo, "add", "report.txt")
+    git(repo, "commit", "-q", "-m", "report")
+    (repo / "report.txt").write_text("the main checkout's own edit\n")
+    config = {
+        "dispatcher": AT_ONCE,
+        "defaults": {"conversation": "thread", "worktree": True, "cwd": repo},
+    }
+    env = {
+        **ECHO,
+        "FAKE_CLAUDE_SEND_FILE": json.dumps({"path": "report.txt", "comment": "Here."}),
+    }
+    settings = load_settings(write_config(tmp_path, config, env=env))
+    async with serving(settings) as (_, chat):
+        await chat.say("send the report", thread="t1")
+        await chat.wait_until(lambda: len(chat.texts(ReplyKind.RESULT)) == 1)
+    [(posted, data)] = chat.files
+    assert data == b"committed\n"
+    assert posted.thread == "t1"
