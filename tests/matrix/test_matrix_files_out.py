@@ -90,14 +90,16 @@ async def test_a_file_without_a_comment_is_named_by_its_body(
 ) -> None:
     room = await alice.create_room([BOT])
     transport = make_transport([room])
-    copy = tmp_path / "notes.txt"
+    copy = tmp_path / "@room notes.txt"
     copy.write_text("plain notes")
     async with running(transport, RecordingSink()):
         await alice.wait_for(joined(BOT, room))
         event_id = await transport.send_file(Reply(key(room), "", file=str(copy)), "cbf-2")
         seen = await alice.wait_for(lambda s: s.source.get("event_id") == event_id)
     assert seen.content["msgtype"] == "m.file"
-    assert seen.content["body"] == "notes.txt"
+    assert seen.content["body"] == "@room notes.txt"
+    # The name is the body, and pings no one: the bot declares it mentions nobody.
+    assert seen.content["m.mentions"] == {}
     assert seen.content["info"]["mimetype"] == "text/plain"
     assert await downloaded(alice, seen.content) == b"plain notes"
 

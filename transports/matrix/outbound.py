@@ -179,7 +179,9 @@ class MatrixOutbound:
         msgtype = "m.image" if file.mime.startswith("image/") else "m.file"
         # A caption (Matrix 1.10): ``body`` is the text, ``filename`` the file's name.
         content: dict[str, Any] = (
-            self._content(msgtype, caption) if caption else {"msgtype": msgtype}
+            # No caption: the file's name is the body, and mentions no one either
+            # (a file named "@room.txt" must not notify the room).
+            self._content(msgtype, caption) if caption else {"msgtype": msgtype, "m.mentions": {}}
         )
         content.update(
             {
