@@ -30,8 +30,18 @@ SKIPPED_RETRY_S = 1.0
 """After an edit was skipped (budget spent), the next try waits at least this long."""
 
 
+def tool_name(name: str) -> str:
+    """An MCP tool (``mcp__server__tool``) as ``tool (server)``: the raw name means
+    little to a person, and its ``__`` read as bold markup in Slack."""
+    server, sep, tool = name.removeprefix("mcp__").partition("__")
+    if not name.startswith("mcp__") or not sep or not server or not tool:
+        return name
+    return f"{tool} ({server})"
+
+
 def describe_tool_use(name: str, tool_input: dict[str, Any]) -> str:
     """``Bash: git status``, ``Edit: src/app.py``: what a person wants to see of a tool use."""
+    name = tool_name(name)
     for key in ("command", "file_path", "path", "pattern", "url", "query", "description"):
         value = tool_input.get(key)
         if isinstance(value, str) and value.strip():

@@ -9,6 +9,7 @@ from bridge.pacing import Pacing
 from bridge.progress import ProgressMessage, describe_tool_use
 from bridge.replies import Replier
 from transports.base import Transport
+from transports.slack.mrkdwn import to_mrkdwn
 
 
 def test_tool_use_descriptions() -> None:
@@ -18,6 +19,14 @@ def test_tool_use_descriptions() -> None:
     long = describe_tool_use("Bash", {"command": "x" * 200})
     assert len(long) <= len("Bash: ") + 80
     assert long.endswith("…")
+
+
+def test_an_mcp_tool_is_named_by_its_tool_and_server() -> None:
+    """``mcp__chatbridge__send_file`` read as bold markup in Slack (``__x__``)."""
+    line = describe_tool_use("mcp__chatbridge__send_file", {"path": "report.txt"})
+    assert line == "send_file (chatbridge): report.txt"
+    assert to_mrkdwn(line) == line
+    assert describe_tool_use("mcp__weird", {}) == "mcp__weird"  # not server__tool: as it is
 
 
 class FakeClock:
