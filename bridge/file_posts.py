@@ -64,17 +64,38 @@ def post_key(run_id: RunId, tool_use_id: str) -> str:
     return f"cbf-{digest[:40]}"
 
 
-def copy_file(source: Path, into: Path, max_bytes: int) -> Path:
-    """Copy ``source`` (checked, resolved) to ``into/<its name>``, atomically; the copy.
+def _open_beneath(root: Path, source: Path) -> int:
+    """Open ``source`` (a resolved path under the resolved ``root``) one part at a
+    time from ``root``, following no link on the way: a directory swapped for a
+    link after the check cannot lead outside ``root``."""
+    *dirs, name = source.relative_to(root).parts
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in dirs:
+            inner = os.open(
+                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+            )
+            os.close(fd)
+            fd = inner
+        return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    finally:
+        os.close(fd)
 
-    Opened without following a link and checked again on the open file: a
-    file swapped for a link or a device after the check is not read, and a
-    file grown past the limit since is refused (NotSendable).
+
+def copy_file(root: Path, source: Path, into: Path, max_bytes: int) -> Path:
+    """Copy ``source`` (checked, resolved, under the resolved ``root``) to
+    ``into/<its name>``, atomically; the copy.
+
+    Opened from ``root`` without following a link on the way, and checked
+    again on the open file: a file or a directory swapped for a link, or a
+    file for a device, after the check is not read, and a file grown past the
+    limit since is refused (NotSendable).
     """
     try:
-        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        why = "a link now" if exc.errno == errno.ELOOP else "cannot be read"
+        fd = _open_beneath(root, source)
+    except (OSError, ValueError) as exc:
+        linked = isinstance(exc, OSError) and exc.errno in (errno.ELOOP, errno.ENOTDIR)
+        why = "a link now" if linked else "cannot be read"
         raise NotSendable(f"{source.name}: {why}") from exc
     partial = into.with_name(into.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
@@ -113,7 +134,7 @@ def prepare_copy(into: Path, cwd: Path, path: object, max_bytes: int) -> tuple[P
     if not isinstance(path, str):
         raise NotSendable("no path given")
     sendable = check_sendable(cwd, path, max_bytes)
-    return copy_file(sendable.path, into, max_bytes), True
+    return copy_file(cwd.resolve(), sendable.path, into, max_bytes), True
 
 
 @dataclass(slots=True)

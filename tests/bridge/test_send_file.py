@@ -24,13 +24,13 @@ from bridge.core.model import (
 )
 from bridge.core.transport import RateLimited, TransportError
 from bridge.delivery import Outbox
-from bridge.file_posts import FILES_DIR, FilePosts, post_key, send_file_rules
+from bridge.file_posts import FILES_DIR, FilePosts, copy_file, post_key, send_file_rules
 from bridge.metrics import Metrics
 from bridge.runs import run_request
 from bridge.service import open_store
 from bridge.store.base import Store
 from runner.events import ToolResult, ToolUse
-from runner.mcp_server import QUALIFIED_TOOL
+from runner.mcp_server import QUALIFIED_TOOL, NotSendable, check_sendable
 from tests.bridge.harness import ConsoleSession, run_console, write_config
 from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin, claude_env
 from transports.base import Transport
@@ -383,3 +383,30 @@ async def test_the_real_claude_sends_a_file_through_the_service(tmp_path: Path) 
         out = await run_console(config, ["send me the report"])
     assert "[file] report.txt (18 bytes)\nHere.\n" in out
     assert out.index("[file] report.txt") < out.index("All sent.")
+
+
+def test_a_directory_swapped_for_a_link_after_the_check_is_not_followed(
+    tmp_path: Path,
+) -> None:
+    """Between the check and the copy, ``sub`` becomes a link to a directory outside
+    the cwd holding a file of the same name: the copy refuses, and reads nothing."""
+    cwd, outside = tmp_path / "cwd", tmp_path / "outside"
+    (cwd / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (cwd / "sub" / "notes.txt").write_text("inside")
+    (outside / "notes.txt").write_text("a secret")
+    sendable = check_sendable(cwd, "sub/notes.txt", 1000)
+    (cwd / "sub" / "notes.txt").unlink()
+    (cwd / "sub").rmdir()
+    (cwd / "sub").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(NotSendable, match="a link now"):
+        copy_file(cwd.resolve(), sendable.path, tmp_path / "copies" / "k", 1000)
+    assert not (tmp_path / "copies").exists() or not any((tmp_path / "copies").rglob("*.txt"))
+
+
+def test_a_checked_file_is_copied_from_beneath_the_cwd(tmp_path: Path) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "r.txt").write_text("data")
+    sendable = check_sendable(tmp_path, "a/b/r.txt", 1000)
+    copy = copy_file(tmp_path.resolve(), sendable.path, tmp_path / "copies" / "k", 1000)
+    assert copy.read_text() == "data"
