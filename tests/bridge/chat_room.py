@@ -46,7 +46,7 @@ class ChatRoom(Transport):
         self.user = UserId(user)
         self.sink: InboundSink | None = None
         self.replies: list[Reply] = []
-        self.files: list[tuple[Reply, bytes]] = []
+        self.posted_files: list[tuple[Reply, bytes]] = []
         """Files posted, with their bytes as posted."""
         self.phases: dict[ExternalMessageId, RunPhase] = {}
         """The last phase shown on each message (as Slack's reactions)."""
@@ -91,7 +91,7 @@ class ChatRoom(Transport):
     async def send_file(self, reply: Reply, key: str) -> ExternalMessageId | None:
         """Records the file's bytes as posted (the bridge removes its copy afterwards)."""
         assert reply.file is not None
-        self.files.append((reply, Path(reply.file).read_bytes()))
+        self.posted_files.append((reply, Path(reply.file).read_bytes()))
         return await self.send(reply)
 
     async def set_phase(

@@ -260,6 +260,6 @@ async def test_a_file_claude_sends_from_its_worktree_is_the_worktrees(
     async with serving(settings) as (_, chat):
         await chat.say("send the report", thread="t1")
         await chat.wait_until(lambda: len(chat.texts(ReplyKind.RESULT)) == 1)
-    [(posted, data)] = chat.files
+    [(posted, data)] = chat.posted_files
     assert data == b"committed\n"
     assert posted.thread == "t1"
