@@ -649,10 +649,27 @@ class RunExecutor:
             else None
         )
 
+        last_file: asyncio.Task[None] | None = None
+
+        async def in_order(
+            earlier: asyncio.Task[None] | None, post: Coroutine[Any, Any, None]
+        ) -> None:
+            # Each post waits for the one before it: files reach the room in the order
+            # claude sent them, whatever each copy takes.
+            try:
+                if earlier is not None:
+                    await asyncio.wait([earlier])
+            except BaseException:
+                post.close()  # never started: nothing of it to clean up
+                raise
+            await post
+
         async def on_event(event: RunEvent) -> None:
+            nonlocal last_file
             if files is not None and (post := files.see(event)) is not None:
                 # Before the run's end is recorded: a file comes before the answer.
-                live.before_end.append(asyncio.create_task(post, name=f"file {run.id}"))
+                last_file = asyncio.create_task(in_order(last_file, post), name=f"file {run.id}")
+                live.before_end.append(last_file)
             match event:
                 case Spawned(live=supervisor):
                     # claude runs: only now the room is shown that it does, once
