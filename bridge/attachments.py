@@ -43,6 +43,9 @@ _UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 """Control, format, surrogate, unassigned characters and line/paragraph separators."""
 MAX_NAME_CHARS = 120
 """A kept file name is cut to this many characters (its extension kept)."""
+MAX_NAME_BYTES = 200
+"""...and to this many bytes of UTF-8: filesystems refuse a name over 255 bytes, and
+120 characters of a non-Latin script can be 480; the rest leaves room for ``-2``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,20 +67,27 @@ def safe_name(name: str) -> str:
 
     Separators (``/``, ``\\``) and control characters become ``_``; leading
     dots and spaces go (so no ``..``, no hidden file); what is left is cut to
-    :data:`MAX_NAME_CHARS`, keeping a short extension.
+    :data:`MAX_NAME_CHARS` (and :data:`MAX_NAME_BYTES`), keeping a short extension.
     """
     cleaned = "".join(
         "_" if ch in "/\\" or unicodedata.category(ch) in _UNSAFE_CATEGORIES else ch
         for ch in unicodedata.normalize("NFC", name)
     )
     cleaned = cleaned.strip().lstrip(". ").rstrip(" ")
-    if len(cleaned) > MAX_NAME_CHARS:
+    if len(cleaned) > MAX_NAME_CHARS or len(cleaned.encode()) > MAX_NAME_BYTES:
         stem, dot, ext = cleaned.rpartition(".")
         if dot and 0 < len(ext) <= 10:
-            cleaned = stem[: MAX_NAME_CHARS - len(ext) - 1] + "." + ext
+            tail = len(ext.encode()) + 1
+            cleaned = _cut(stem, MAX_NAME_CHARS - len(ext) - 1, MAX_NAME_BYTES - tail) + "." + ext
         else:
-            cleaned = cleaned[:MAX_NAME_CHARS]
+            cleaned = _cut(cleaned, MAX_NAME_CHARS, MAX_NAME_BYTES)
     return cleaned or "file"
+
+
+def _cut(text: str, chars: int, size: int) -> str:
+    """``text`` cut to at most ``chars`` characters and ``size`` bytes of UTF-8
+    (never inside a character)."""
+    return text[:chars].encode()[:size].decode(errors="ignore")
 
 
 class _Names:
