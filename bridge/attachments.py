@@ -39,6 +39,9 @@ INBOX = Path(".chatbridge") / "inbox"
 """Where a room's runs find their files, relative to the room's working directory."""
 FETCH_TIMEOUT_S = 120.0
 """One file's download gives up after this long (the run starts without it)."""
+FETCH_TOTAL_S = 300.0
+"""All of a run's files together give up after this long: a batch of many files on a
+stalling server would otherwise hold the run back for the per-file limit times each."""
 _UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 """Control, format, surrogate, unassigned characters and line/paragraph separators."""
 MAX_NAME_CHARS = 120
@@ -124,10 +127,12 @@ class Inbox:
         transports: Mapping[TransportName, Transport],
         metrics: Metrics,
         fetch_timeout_s: float = FETCH_TIMEOUT_S,
+        fetch_total_s: float = FETCH_TOTAL_S,
     ) -> None:
         self._transports = transports
         self._metrics = metrics
         self._timeout = fetch_timeout_s
+        self._total = fetch_total_s
 
     async def fetch(
         self, run_id: RunId, batch: Batch, cwd: Path, limits: Limits
@@ -140,13 +145,14 @@ class Inbox:
             return []
         inbox = INBOX / run_id
         names = _Names()
+        deadline = asyncio.get_running_loop().time() + self._total
         fetched: list[FetchedFile] = []
         transport = self._transports.get(batch.room.transport)
         for message in batch.messages:
             left = limits.max_message_bytes
             for attachment in message.attachments:
                 one = await self._one(
-                    transport, message.id, attachment, cwd, inbox, names, limits, left
+                    transport, message.id, attachment, cwd, inbox, names, limits, left, deadline
                 )
                 if one.path is not None and one.size is not None:
                     left -= one.size
@@ -163,6 +169,7 @@ class Inbox:
         names: _Names,
         limits: Limits,
         left: int,
+        deadline: float,
     ) -> FetchedFile:
         limit = min(limits.max_file_bytes, left)
 
@@ -178,7 +185,10 @@ class Inbox:
         dest = cwd / relative
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            async with asyncio.timeout(self._timeout):
+            now = asyncio.get_running_loop().time()
+            # Past the run's deadline this gives up at once: the later files are named as
+            # timed out, and claude starts.
+            async with asyncio.timeout_at(min(now + self._timeout, deadline)):
                 await transport.fetch_attachment(attachment, dest, limit)
             size = dest.stat().st_size
         except asyncio.CancelledError:
