@@ -39,10 +39,16 @@ INBOX = Path(".chatbridge") / "inbox"
 """Where a room's runs find their files, relative to the room's working directory."""
 FETCH_TIMEOUT_S = 120.0
 """One file's download gives up after this long (the run starts without it)."""
+FETCH_TOTAL_S = 300.0
+"""All of a run's files together give up after this long: a batch of many files on a
+stalling server would otherwise hold the run back for the per-file limit times each."""
 _UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 """Control, format, surrogate, unassigned characters and line/paragraph separators."""
 MAX_NAME_CHARS = 120
 """A kept file name is cut to this many characters (its extension kept)."""
+MAX_NAME_BYTES = 200
+"""...and to this many bytes of UTF-8: filesystems refuse a name over 255 bytes, and
+120 characters of a non-Latin script can be 480; the rest leaves room for ``-2``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,20 +70,27 @@ def safe_name(name: str) -> str:
 
     Separators (``/``, ``\\``) and control characters become ``_``; leading
     dots and spaces go (so no ``..``, no hidden file); what is left is cut to
-    :data:`MAX_NAME_CHARS`, keeping a short extension.
+    :data:`MAX_NAME_CHARS` (and :data:`MAX_NAME_BYTES`), keeping a short extension.
     """
     cleaned = "".join(
         "_" if ch in "/\\" or unicodedata.category(ch) in _UNSAFE_CATEGORIES else ch
         for ch in unicodedata.normalize("NFC", name)
     )
     cleaned = cleaned.strip().lstrip(". ").rstrip(" ")
-    if len(cleaned) > MAX_NAME_CHARS:
+    if len(cleaned) > MAX_NAME_CHARS or len(cleaned.encode()) > MAX_NAME_BYTES:
         stem, dot, ext = cleaned.rpartition(".")
         if dot and 0 < len(ext) <= 10:
-            cleaned = stem[: MAX_NAME_CHARS - len(ext) - 1] + "." + ext
+            tail = len(ext.encode()) + 1
+            cleaned = _cut(stem, MAX_NAME_CHARS - len(ext) - 1, MAX_NAME_BYTES - tail) + "." + ext
         else:
-            cleaned = cleaned[:MAX_NAME_CHARS]
+            cleaned = _cut(cleaned, MAX_NAME_CHARS, MAX_NAME_BYTES)
     return cleaned or "file"
+
+
+def _cut(text: str, chars: int, size: int) -> str:
+    """``text`` cut to at most ``chars`` characters and ``size`` bytes of UTF-8
+    (never inside a character)."""
+    return text[:chars].encode()[:size].decode(errors="ignore")
 
 
 class _Names:
@@ -114,10 +127,12 @@ class Inbox:
         transports: Mapping[TransportName, Transport],
         metrics: Metrics,
         fetch_timeout_s: float = FETCH_TIMEOUT_S,
+        fetch_total_s: float = FETCH_TOTAL_S,
     ) -> None:
         self._transports = transports
         self._metrics = metrics
         self._timeout = fetch_timeout_s
+        self._total = fetch_total_s
 
     async def fetch(
         self, run_id: RunId, batch: Batch, cwd: Path, limits: Limits
@@ -130,13 +145,14 @@ class Inbox:
             return []
         inbox = INBOX / run_id
         names = _Names()
+        deadline = asyncio.get_running_loop().time() + self._total
         fetched: list[FetchedFile] = []
         transport = self._transports.get(batch.room.transport)
         for message in batch.messages:
             left = limits.max_message_bytes
             for attachment in message.attachments:
                 one = await self._one(
-                    transport, message.id, attachment, cwd, inbox, names, limits, left
+                    transport, message.id, attachment, cwd, inbox, names, limits, left, deadline
                 )
                 if one.path is not None and one.size is not None:
                     left -= one.size
@@ -153,6 +169,7 @@ class Inbox:
         names: _Names,
         limits: Limits,
         left: int,
+        deadline: float,
     ) -> FetchedFile:
         limit = min(limits.max_file_bytes, left)
 
@@ -168,7 +185,10 @@ class Inbox:
         dest = cwd / relative
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            async with asyncio.timeout(self._timeout):
+            now = asyncio.get_running_loop().time()
+            # Past the run's deadline this gives up at once: the later files are named as
+            # timed out, and claude starts.
+            async with asyncio.timeout_at(min(now + self._timeout, deadline)):
                 await transport.fetch_attachment(attachment, dest, limit)
             size = dest.stat().st_size
         except asyncio.CancelledError:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import re
 import sqlite3
+import subprocess
 import time
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from bridge.core.model import (
 )
 from bridge.core.transport import Accepted, FileTooLarge, TransportError
 from bridge.service import open_store
+from bridge.worktrees import slug
 from tests.bridge.chat_room import ChatRoom, serving
 from tests.bridge.harness import ECHO, write_config
 
@@ -294,3 +297,41 @@ async def test_a_message_with_files_is_not_steered_but_runs_after_with_its_files
     assert "> and this file" in second
     assert (tmp_path / inbox_path(second, "notes.txt")).read_bytes() == b"hello notes"
     assert db_rows(tmp_path, "select count(*) from runs") == [(2,)]
+
+
+async def test_a_threads_files_land_in_its_worktree_and_do_not_keep_it_from_a_reset(
+    tmp_path: Path,
+) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for args in (
+        ["init", "-q", "-b", "main"],
+        ["config", "user.email", "t@example.com"],
+        ["config", "user.name", "t"],
+        ["commit", "-q", "--allow-empty", "-m", "first"],
+    ):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+    config = {
+        "dispatcher": {"coalesce_ms": 600_000, "max_wait_ms": 600_000, "max_batch": 1},
+        "defaults": {"conversation": "thread", "worktree": True, "cwd": repo},
+    }
+    settings = load_settings(write_config(tmp_path, config))
+    chat = FileRoom(console_room(settings), "local", {"ref-notes": b"hello notes"})
+    tree = repo / ".chatbridge" / "worktrees" / slug("t1")
+    sent = dataclasses.replace(with_files(chat.room, "f-1", NOTES, text="read it"), thread="t1")
+    async with serving(settings, chat) as (service, _room):
+        assert chat.sink is not None
+        await chat.sink(sent)
+        await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
+        # The answer comes before the run has ended: a reset then would keep the worktree.
+        async with asyncio.timeout(30):
+            while service.dispatcher.status(chat.room.in_thread("t1")).running is not None:
+                await asyncio.sleep(0.02)
+        [prompt] = chat.texts(ReplyKind.RESULT)
+        # Where claude runs: the thread's worktree, not the room's checkout.
+        assert (tree / inbox_path(prompt, "notes.txt")).read_bytes() == b"hello notes"
+        assert not (repo / ".chatbridge" / "inbox").exists()
+        await chat.say("!reset", thread="t1")
+        await chat.wait_until(lambda: any("worktree" in t for t in chat.texts(ReplyKind.NOTICE)))
+    [said] = [t for t in chat.texts(ReplyKind.NOTICE) if "worktree" in t]
+    assert "Removed the thread's worktree" in said

@@ -3,6 +3,7 @@ forge them (names, quotes, file names and message texts are all untrusted)."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -139,6 +140,36 @@ def test_any_safe_name_is_a_plain_file_name(name: str) -> None:
     assert not safe.startswith(".")
     assert len(safe.splitlines()) == 1
     assert Path(safe).name == safe
+
+
+HOSTILE = [
+    "../x",
+    "/etc/passwd",
+    "a/b",
+    "a_b",
+    "nul\0.txt",
+    "x" * 300,
+    "\U0001d538" * 300 + ".png",  # 4 bytes each in UTF-8: 120 of them are over 255 bytes
+    "\u00e9" * 300,
+    ".chatbridge",
+    "chatbridge",
+    "x" * 300 + "." + "\U0001d538" * 10,
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=300) | st.sampled_from(HOSTILE), max_size=8))
+def test_claimed_names_can_all_be_written_inside_the_inbox_as_distinct_files(
+    names: list[str],
+) -> None:
+    claimed = _Names()
+    with tempfile.TemporaryDirectory() as top:
+        inbox = Path(top) / "inbox"
+        inbox.mkdir()
+        for n, name in enumerate([*HOSTILE, *names, *HOSTILE]):
+            (inbox / claimed.claim(name)).write_bytes(str(n).encode())
+        assert len(list(Path(top).iterdir())) == 1  # nothing beside the inbox
+        assert len(list(inbox.iterdir())) == 2 * len(HOSTILE) + len(names)
 
 
 untrusted = st.text(max_size=80)
