@@ -22,7 +22,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from bridge.approval_desk import ApprovalDesk
 from bridge.approval_text import outcome_text, parse_input, request_text
@@ -67,7 +66,7 @@ class ApprovalFlow:
     runs: LiveRuns
     refused: Callable[[Verdict], None]
     wall_clock: Callable[[], float] = time.time
-    _posting: set[asyncio.Task[Any]] = field(default_factory=set)
+    _posting: set[asyncio.Future[None]] = field(default_factory=set)
     """Asks posting their request now: a click may come before its id is recorded."""
 
     def desk(self) -> ApprovalDesk:
@@ -107,9 +106,10 @@ class ApprovalFlow:
         if approval.state is not ApprovalState.PENDING or approval.message_id is not None:
             return
         text = request_text(approval, self.settings.commands.prefix, room.approval_timeout_s)
-        posting = asyncio.current_task()
-        if posting is not None:
-            self._posting.add(posting)
+        # Done once the post is recorded (or failed): a click waits for this, not for
+        # the task posting, which is the run's own and lives as long as the run.
+        posting: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._posting.add(posting)
         try:
             posted = await self.replier.post_approval(
                 in_conversation(batch, text, ReplyKind.NOTICE), f"#{approval.number}"
@@ -117,8 +117,8 @@ class ApprovalFlow:
             if posted is not None:
                 await self.store.set_approval_message(approval, posted)
         finally:
-            if posting is not None:
-                self._posting.discard(posting)
+            self._posting.discard(posting)
+            posting.set_result(None)
 
     async def run_ended(self, room: RoomKey, run_id: RunId, how: str) -> None:
         """The run is over: what it still waited on can no longer be answered."""

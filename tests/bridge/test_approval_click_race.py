@@ -81,3 +81,33 @@ async def test_a_click_right_after_the_post_waits_for_the_id(tmp_path: Path) -> 
     found = await store.approval_by_message(key, POSTED)
     assert found is not None
     assert found.state is ApprovalState.DENIED
+
+
+async def test_a_click_waits_for_the_post_not_for_the_task_that_posted(tmp_path: Path) -> None:
+    """The request is asked from the run's own task, which lives on after the post:
+    a click during the post is decided once the id is recorded, not when the run ends."""
+    settings = load_settings(write_config(tmp_path, {"defaults": {"approve_tools": True}}))
+    store = SlowRecording()
+    posting = Posting()
+    flow = ApprovalFlow(settings, store, cast(Replier, posting), LiveRuns(), lambda _v: None)
+    console = settings.console
+    key = RoomKey(TransportName("console"), RoomId(console.room))
+    message = Message(MessageId(1), key, UserId("alice"), "go", ExternalMessageId("m1"), 1.0)
+    asked = PermissionAsked("r1", "Bash", {"command": "ls"}, "tu1", "ls", ())
+    run_ends = asyncio.Event()
+
+    async def run() -> None:
+        await flow.ask(RUN, Batch(key, (message,)), asked)
+        await run_ends.wait()  # the run goes on, waiting for the answer
+
+    running = asyncio.create_task(run())
+    await posting.posted.wait()
+    click = asyncio.create_task(
+        flow.on_action(ApprovalAction(key, UserId(console.user), POSTED, ApprovalChoice.DENY))
+    )
+    store.gate.set()
+    async with asyncio.timeout(5):  # well under the wait's own bound (POSTING_WAIT_S)
+        assert await click is Accepted.ACCEPTED
+    assert not running.done()
+    run_ends.set()
+    await running
