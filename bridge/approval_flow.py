@@ -160,6 +160,11 @@ class ApprovalFlow:
             await asyncio.wait(set(self._posting), timeout=POSTING_WAIT_S)
             approval = await self.store.approval_by_message(action.room, action.message_id)
         if approval is None:
+            # Said at info: a click that decides nothing is what a person will ask about.
+            log.info(
+                "a %s by %s on %s in %s: no tool request was posted as that message; ignored",
+                action.choice.value, action.sender, action.message_id, action.room,
+            )  # fmt: skip
             return Accepted.IGNORED
         text = await self.desk().answer(action.sender, approval, action.choice)
         log.info(
