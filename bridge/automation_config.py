@@ -140,8 +140,9 @@ class WebhookConfig(_Entry):
     def _secret_is_long(self) -> Self:
         if self.secret is None:
             raise ValueError("secret (or secret_env) is required")
-        # A short secret is guessable offline from one signed delivery.
-        if len(self.secret.get_secret_value()) < 16:
+        # A short secret is guessable offline from one signed delivery; whitespace does not count
+        # (a blank or space-padded secret is a configuration slip, not entropy).
+        if len(self.secret.get_secret_value().strip()) < 16:
             raise ValueError("secret must be at least 16 characters")
         return self
 

@@ -112,7 +112,7 @@ class _Endpoints:
 
 
 _Head = tuple[str, str, dict[str, str]]
-"""Method, target, headers (names in lower case; a repeated header: its last value)."""
+"""Method, target, headers (names in lower case; a repeated header: its values joined by ", ")."""
 
 
 async def _read_head(reader: asyncio.StreamReader) -> _Head | int:
@@ -134,7 +134,10 @@ async def _read_head(reader: asyncio.StreamReader) -> _Head | int:
             if request_line:
                 name, colon, value = line.decode("latin-1").partition(":")
                 if colon:
-                    headers[name.strip().lower()] = value.strip()
+                    # Joined as RFC 9110 (5.3) says, never one value picked: a proxy may read the
+                    # first and we the last, so a repeated signature or Content-Length must fail.
+                    key, value = name.strip().lower(), value.strip()
+                    headers[key] = f"{headers[key]}, {value}" if key in headers else value
             request_line = request_line or line
     except asyncio.LimitOverrunError:  # one line longer than the reader's limit (HEAD_LIMIT)
         return 431

@@ -193,3 +193,37 @@ def test_in_a_zone_every_unambiguous_match_fires_and_nothing_else(
         if once and _matches(expr, wall):
             assert minute in fired, local_text(minute, zone)
         minute += 60
+
+
+def test_vixie_day_rules_leap_days_steps_ranges_and_lists() -> None:
+    # Both day fields restricted: the 1st *or* a Monday (2026-06-01 is a Monday).
+    assert take("0 9 1 * MON", at(UTC, 2026, 6, 1), UTC, 6) == [
+        "2026-06-01T09:00:00Z",
+        "2026-06-08T09:00:00Z",
+        "2026-06-15T09:00:00Z",
+        "2026-06-22T09:00:00Z",
+        "2026-06-29T09:00:00Z",
+        "2026-07-01T09:00:00Z",
+    ]
+    # "*" in one day field: only the other decides.
+    assert take("0 0 * * 1", at(UTC, 2026, 11, 26), UTC, 2) == [
+        "2026-11-30T00:00:00Z",
+        "2026-12-07T00:00:00Z",
+    ]
+    # Feb 29 waits for the next leap year (and the one after), without looping forever.
+    assert take("0 0 29 2 *", at(UTC, 2026, 3, 1), UTC, 2) == [
+        "2028-02-29T00:00:00Z",
+        "2032-02-29T00:00:00Z",
+    ]
+    # Steps, ranges, 7 as Sunday (2026-11-29 is a Sunday), lists.
+    assert take("*/15 1-5 * * 7", at(UTC, 2026, 11, 26), UTC, 3) == [
+        "2026-11-29T01:00:00Z",
+        "2026-11-29T01:15:00Z",
+        "2026-11-29T01:30:00Z",
+    ]
+    assert take("0 0 1,15 * 0", at(UTC, 2026, 11, 26), UTC, 4) == [
+        "2026-11-29T00:00:00Z",
+        "2026-12-01T00:00:00Z",
+        "2026-12-06T00:00:00Z",
+        "2026-12-13T00:00:00Z",
+    ]
