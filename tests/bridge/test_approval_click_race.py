@@ -58,20 +58,35 @@ class Posting:
         pass
 
 
+class Asking:
+    """An approval flow about to ask one request in the console room."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        settings = load_settings(write_config(tmp_path, {"defaults": {"approve_tools": True}}))
+        self.store = SlowRecording()
+        self.posting = Posting()
+        replier = cast(Replier, self.posting)
+        self.flow = ApprovalFlow(settings, self.store, replier, LiveRuns(), lambda _v: None)
+        self.user = UserId(settings.console.user)
+        self.key = RoomKey(TransportName("console"), RoomId(settings.console.room))
+        message = Message(
+            MessageId(1), self.key, UserId("alice"), "go", ExternalMessageId("m1"), 1.0
+        )
+        self.batch = Batch(self.key, (message,))
+        self.asked = PermissionAsked("r1", "Bash", {"command": "ls"}, "tu1", "ls", ())
+
+    def click(self) -> asyncio.Task[Accepted]:
+        """A deny on the posted request, as a person clicks it."""
+        action = ApprovalAction(self.key, self.user, POSTED, ApprovalChoice.DENY)
+        return asyncio.create_task(self.flow.on_action(action))
+
+
 async def test_a_click_right_after_the_post_waits_for_the_id(tmp_path: Path) -> None:
-    settings = load_settings(write_config(tmp_path, {"defaults": {"approve_tools": True}}))
-    store = SlowRecording()
-    posting = Posting()
-    flow = ApprovalFlow(settings, store, cast(Replier, posting), LiveRuns(), lambda _v: None)
-    console = settings.console
-    key = RoomKey(TransportName("console"), RoomId(console.room))
-    message = Message(MessageId(1), key, UserId("alice"), "go", ExternalMessageId("m1"), 1.0)
-    asked = PermissionAsked("r1", "Bash", {"command": "ls"}, "tu1", "ls", ())
-    ask = asyncio.create_task(flow.ask(RUN, Batch(key, (message,)), asked))
-    await posting.posted.wait()
-    click = asyncio.create_task(
-        flow.on_action(ApprovalAction(key, UserId(console.user), POSTED, ApprovalChoice.DENY))
-    )
+    asking = Asking(tmp_path)
+    store, key = asking.store, asking.key
+    ask = asyncio.create_task(asking.flow.ask(RUN, asking.batch, asking.asked))
+    await asking.posting.posted.wait()
+    click = asking.click()
     for _ in range(5):  # the click looks its message up while the id is not recorded
         await asyncio.sleep(0)
     assert not click.done()
@@ -86,26 +101,17 @@ async def test_a_click_right_after_the_post_waits_for_the_id(tmp_path: Path) -> 
 async def test_a_click_waits_for_the_post_not_for_the_task_that_posted(tmp_path: Path) -> None:
     """The request is asked from the run's own task, which lives on after the post:
     a click during the post is decided once the id is recorded, not when the run ends."""
-    settings = load_settings(write_config(tmp_path, {"defaults": {"approve_tools": True}}))
-    store = SlowRecording()
-    posting = Posting()
-    flow = ApprovalFlow(settings, store, cast(Replier, posting), LiveRuns(), lambda _v: None)
-    console = settings.console
-    key = RoomKey(TransportName("console"), RoomId(console.room))
-    message = Message(MessageId(1), key, UserId("alice"), "go", ExternalMessageId("m1"), 1.0)
-    asked = PermissionAsked("r1", "Bash", {"command": "ls"}, "tu1", "ls", ())
+    asking = Asking(tmp_path)
     run_ends = asyncio.Event()
 
     async def run() -> None:
-        await flow.ask(RUN, Batch(key, (message,)), asked)
+        await asking.flow.ask(RUN, asking.batch, asking.asked)
         await run_ends.wait()  # the run goes on, waiting for the answer
 
     running = asyncio.create_task(run())
-    await posting.posted.wait()
-    click = asyncio.create_task(
-        flow.on_action(ApprovalAction(key, UserId(console.user), POSTED, ApprovalChoice.DENY))
-    )
-    store.gate.set()
+    await asking.posting.posted.wait()
+    click = asking.click()
+    asking.store.gate.set()
     async with asyncio.timeout(5):  # well under the wait's own bound (POSTING_WAIT_S)
         assert await click is Accepted.ACCEPTED
     assert not running.done()
