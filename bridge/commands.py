@@ -24,7 +24,7 @@ from bridge.core.transport import ApprovalChoice
 from bridge.duration import format_duration
 from bridge.live_controls import LiveControls
 from bridge.store.base import AuditAction, RunRecord, Store, StoreError
-from bridge.worktrees import Worktrees, worktree_of
+from bridge.worktrees import Worktree, Worktrees, worktree_of
 from dispatcher import Dispatcher, RoomStatus, StopResult
 
 log = logging.getLogger(__name__)
@@ -215,11 +215,20 @@ class CommandHandler:
     """Counts an answer or command refused for want of approval rights."""
     worktrees: Worktrees | None = None
     """Thread conversations' worktrees: shown by ``!status``, removed by ``!reset``."""
+    automation: Callable[[RoomKey], list[str]] = lambda _room: []
+    """The room's schedules and webhooks, for the end of ``!status`` (bridge/schedules.py,
+    bridge/webhooks.py)."""
+    status_parts: Sequence[Callable[[RoomKey], Awaitable[list[str]]]] = ()
+    """More of ``!status``'s lines, in order: today's spending and the budgets
+    (:mod:`bridge.budget`), retries waiting for a usage limit (:mod:`bridge.usage`)."""
+
+    def _worktree(self, room: RoomKey) -> Worktree | None:
+        settings = self.rooms(room)
+        return None if settings is None else worktree_of(room, settings)
 
     async def _end_worktree(self, room: RoomKey) -> str:
         """After ``!reset``: the conversation's worktree goes, unless that would lose work."""
-        settings = self.rooms(room)
-        tree = None if settings is None else worktree_of(room, settings)
+        tree = self._worktree(room)
         if tree is None or self.worktrees is None:
             return ""
         if self.dispatcher.status(room).running is not None:
@@ -227,19 +236,12 @@ class CommandHandler:
         return await self.worktrees.remove(tree)
 
     def _worktree_lines(self, room: RoomKey) -> list[str]:
-        settings = self.rooms(room)
-        tree = None if settings is None else worktree_of(room, settings)
+        tree = self._worktree(room)
         if tree is None:
             return []
         if not (tree.path / ".git").exists():
             return [f"Worktree: made on the first run, on branch `{tree.branch}`."]
         return [f"Worktree: `{tree.path}` on branch `{tree.branch}`."]
-
-    automation: Callable[[RoomKey], list[str]] = lambda _room: []
-    """The room's schedules and webhooks, for ``!status`` (bridge/automation_status.py)."""
-    status_parts: Sequence[Callable[[RoomKey], Awaitable[list[str]]]] = ()
-    """More of ``!status``'s lines, in order: today's spending and the budgets
-    (:mod:`bridge.budget`), retries waiting for a usage limit (:mod:`bridge.usage`)."""
 
     async def handle(self, command: Command, message: Message) -> None:
         room = message.room
