@@ -245,6 +245,15 @@ class _Run:
     progress: ProgressMessage
 
 
+@dataclass(frozen=True, slots=True)
+class _Refusal:
+    """Why a run may not start now: its room is told ``error``."""
+
+    error: str
+    budget: str | None = None
+    """The budget that refused it (``room`` or ``service``), if one did."""
+
+
 @dataclass(slots=True)
 class _Live:
     """What runs beside claude for one run; each task is awaited when the run ends."""
@@ -580,19 +589,16 @@ class RunExecutor:
         if room is None:
             await self._give_up(taken, "failed")
             return RunReport(RunStatus.FAILED, error="room not configured")
-        refused = await Budgets(self.settings, self.store, self.wall_clock).refusal(batch.room)
-        if refused is not None:
-            # Recorded as a failed run: the room is told (once, for this batch) and
-            # `!retry` runs the messages once the budget has reset.
+        prepared = await self._room_for_run(batch.room, room)
+        if isinstance(prepared, _Refusal):
+            # Recorded as a failed run: the room is told (once, for this batch), and
+            # after a budget's refusal `!retry` runs the messages once it has reset.
             await self._give_up(taken, "failed")
-            self.metrics.budget_refusals.labels(refused[0]).inc()
-            log.info("run not started: the %s's daily budget is spent", refused[0])
-            return RunReport(RunStatus.FAILED, error=refused[1])
-        try:
-            room = await self.worktrees.settings_for(batch.room, room)
-        except WorktreeError as problem:
-            await self._give_up(taken, "failed")
-            return RunReport(RunStatus.FAILED, error=str(problem))
+            if prepared.budget is not None:
+                self.metrics.budget_refusals.labels(prepared.budget).inc()
+                log.info("run not started: the %s's daily budget is spent", prepared.budget)
+            return RunReport(RunStatus.FAILED, error=prepared.error)
+        room = prepared
         log.info("run started with %d message(s)", len(batch.messages))
         files: list[FetchedFile] = []
         images: list[PromptImage] = []
@@ -603,11 +609,9 @@ class RunExecutor:
             budget = self.settings.runner.max_line_bytes // 2 * 3 // 4
             files, images = await shown_images(room.cwd, files, budget)
         prompt = build_prompt(batch, files)
-        # Reads, before the spawn: nothing else stands in front of claude.
-        session = await self.store.get_session(batch.room)
-        overrides = await self.store.room_overrides(batch.room)
-        request = run_request(self.settings, room, run.id, prompt, session, overrides)
+        request = await self._request(batch.room, room, run.id, prompt)
         request = replace(request, images=tuple(images))
+        session = request.session_id
         prestarted = await taken.prestarted(request) if taken is not None else None
         on_event = self._on_event(run, live)
         report = await run_claude(
@@ -637,6 +641,36 @@ class RunExecutor:
                 control=live.control,
             )
         return report
+
+    async def prestart_request(self, key: RoomKey, run_id: RunId) -> RunRequest | None:
+        """What a run of ``key`` would start with now, its prompt still unknown; None
+        when no run of it would start (not configured, over budget, no worktree)."""
+        room = self.settings.room(key)
+        if room is None:
+            return None
+        prepared = await self._room_for_run(key, room)
+        if isinstance(prepared, _Refusal):
+            return None  # the run will say why
+        return await self._request(key, prepared, run_id, "")
+
+    async def _room_for_run(self, key: RoomKey, room: RoomSettings) -> RoomSettings | _Refusal:
+        """``room``'s settings for a run of ``key`` now (in its worktree, made if need be),
+        or why no run of it may start."""
+        refused = await Budgets(self.settings, self.store, self.wall_clock).refusal(key)
+        if refused is not None:
+            return _Refusal(refused[1], budget=refused[0])
+        try:
+            return await self.worktrees.settings_for(key, room)
+        except WorktreeError as problem:
+            return _Refusal(str(problem))
+
+    async def _request(
+        self, key: RoomKey, room: RoomSettings, run_id: RunId, prompt: str
+    ) -> RunRequest:
+        # Reads, before the spawn: nothing else stands in front of claude.
+        session = await self.store.get_session(key)
+        overrides = await self.store.room_overrides(key)
+        return run_request(self.settings, room, run_id, prompt, session, overrides)
 
     def _on_event(self, run: _Run, live: _Live) -> EventCallback:
         """What the run's events start; nothing here may hold up reading claude's output."""

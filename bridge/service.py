@@ -55,17 +55,15 @@ from bridge.pacing import Pacing
 from bridge.preflight import run_problems
 from bridge.prestarts import Prestarts
 from bridge.replies import Replier, in_conversation
-from bridge.runs import RunExecutor, new_run_id, run_request
+from bridge.runs import RunExecutor, new_run_id
 from bridge.schedules import Scheduler, WallClock
 from bridge.state_lock import state_dir_lock
 from bridge.store.base import Approval, Store, StoreError
 from bridge.store.sql import SqlStore
 from bridge.usage import LimitResumes
 from bridge.webhooks import Webhooks
-from bridge.worktrees import WorktreeError
 from dispatcher import Clock, Dispatcher, DispatchLimits, DuringRun, EndReason
 from runner import (
-    RunRequest,
     clean_stray_runs,
     journal_exists,
     recover_run,
@@ -172,7 +170,9 @@ class Service:
             self.store, self.outbox, self.metrics, settings.runner.state_dir
         )
         if settings.runner.prestart:
-            self.executor.prestarts = Prestarts(self._prestart_request, self.metrics, new_run_id)
+            self.executor.prestarts = Prestarts(
+                self.executor.prestart_request, self.metrics, new_run_id
+            )
         d = settings.dispatcher
         self.dispatcher = Dispatcher(
             DispatchLimits(
@@ -255,19 +255,6 @@ class Service:
     def _during_run(self, room: RoomKey) -> DuringRun:
         settings = self.settings.room(room)
         return DuringRun.QUEUE if settings is None else DuringRun(settings.during_run)
-
-    async def _prestart_request(self, room: RoomKey, run_id: RunId) -> RunRequest | None:
-        """What a run of ``room`` would start with now, its prompt still unknown."""
-        settings = self.settings.room(room)
-        if settings is None or await Budgets(self.settings, self.store).refusal(room):
-            return None  # (over budget: the run will not start, so no claude for it)
-        try:
-            settings = await self.executor.worktrees.settings_for(room, settings)
-        except WorktreeError:
-            return None  # the run will say why
-        session = await self.store.get_session(room)
-        overrides = await self.store.room_overrides(room)
-        return run_request(self.settings, settings, run_id, "", session, overrides)
 
     async def readiness(self) -> str | None:
         """None when the store answers and every transport is connected."""
