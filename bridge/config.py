@@ -403,6 +403,29 @@ class ScheduleSettings(_Section):
     """A firing missed while chatbridge was down runs at start if at most this old."""
 
 
+_REPLICA_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+class ClusterSettings(_Section):
+    """Several replicas on one PostgreSQL database (docs/replicas.md)."""
+
+    enabled: bool = False
+    replica_id: str | None = Field(None, pattern=_REPLICA_ID)
+    """Unique per live replica; None: the host's name. A replica restarted with the
+    same id on the same host keeps its leases and reattaches its runs."""
+    lease_ttl_s: float = Field(15.0, ge=1, le=3600)
+    """How long a replica that stopped renewing keeps its conversations (failover time)."""
+    poll_s: float = Field(2.0, gt=0, le=60)
+    """How often each replica looks for work no notification told it of."""
+    max_concurrent_runs: int | None = Field(None, ge=1)
+    """Runs of the whole cluster at once; None: only each replica's own cap."""
+
+    @property
+    def renew_every_s(self) -> float:
+        """The heartbeat's period: three tries before a lease runs out."""
+        return self.lease_ttl_s / 3
+
+
 class Settings(BaseSettings):
     """The whole configuration, validated at startup."""
 
@@ -430,6 +453,7 @@ class Settings(BaseSettings):
     schedule: ScheduleSettings = ScheduleSettings()
     schedules: tuple[ScheduleConfig, ...] = ()
     webhooks: tuple[WebhookConfig, ...] = ()
+    cluster: ClusterSettings = ClusterSettings()
 
     _rooms: dict[RoomKey, RoomSettings] = PrivateAttr(default_factory=dict)
 
@@ -484,7 +508,23 @@ class Settings(BaseSettings):
         self._rooms = rooms
         self._check_automation()
         self._check_ledger()
+        self._check_cluster()
         return self
+
+    def _check_cluster(self) -> None:
+        """Replicas coordinate through PostgreSQL, and share no console."""
+        if not self.cluster.enabled:
+            return
+        from sqlalchemy.engine import make_url
+
+        if make_url(self.database.url).get_backend_name() != "postgresql":
+            raise ValueError(
+                "cluster.enabled: replicas need a PostgreSQL database.url (SQLite serves one process)"
+            )
+        if self.console_active:
+            raise ValueError(
+                "cluster.enabled: the console is local to one process; set [console] enabled = false"
+            )
 
     def _check_ledger(self) -> None:
         """A daily budget sums the ledger's rows of the UTC day: they must outlive it."""

@@ -9,7 +9,7 @@ Surrogate keys never repeat (``sqlite_autoincrement``; PostgreSQL sequences
 never do): audit rows outlive pruned messages and must not come to name a
 newer message that reused a deleted id.
 
-The migrations (``0001_initial`` to ``0008``) create exactly this schema; a test
+The migrations (``0001_initial`` to ``0009``) create exactly this schema; a test
 compares the two with Alembic's autogenerate.
 """
 
@@ -75,6 +75,8 @@ class RunRow(Base):
     session_not_found: Mapped[bool] = mapped_column(Boolean, default=False)
     result_excerpt: Mapped[str] = mapped_column(Text, default="")
     error_excerpt: Mapped[str] = mapped_column(Text, default="")
+    replica: Mapped[str | None] = mapped_column(String(64))
+    """The replica that started it (docs/replicas.md); None on a single process."""
 
     __table_args__ = (
         Index("ix_runs_room", "transport", "room_id", "seq"),
@@ -311,3 +313,35 @@ class LimitResumeRow(Base):
     transport: Mapped[str] = mapped_column(String(32))
     room_id: Mapped[str] = mapped_column(String(ID_LENGTH))
     resets_at: Mapped[float] = mapped_column(Double)
+
+
+class ReplicaRow(Base):
+    """A ``chatbridge run`` process serving with others (docs/replicas.md)."""
+
+    __tablename__ = "replicas"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    instance: Mapped[str] = mapped_column(String(36))
+    """New at every start: tells a restarted replica from the one it replaces."""
+    host: Mapped[str] = mapped_column(Text)
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[float] = mapped_column(Double)
+    heartbeat_at: Mapped[float] = mapped_column(Double)
+    """The database's clock at the last renewal."""
+    runs: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    capacity: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    draining: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+
+
+class LeaseRow(Base):
+    """Who owns a conversation (or, with an empty ``room_id``, leads a transport)."""
+
+    __tablename__ = "leases"
+
+    transport: Mapped[str] = mapped_column(String(32), primary_key=True)
+    room_id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64), index=True)
+    token: Mapped[int] = mapped_column(BigInteger)
+    """The fencing token: grows by one whenever the lease changes hands."""
+    expires_at: Mapped[float] = mapped_column(Double)
+    acquired_at: Mapped[float] = mapped_column(Double)
