@@ -132,6 +132,34 @@ class Metrics:
             registry=r,
         )
         self.active_runs = Gauge("chatbridge_active_runs", "Runs active now", registry=r)
+        # Replicas (docs/replicas.md): this replica's view of the cluster.
+        self.owned_conversations = Gauge(
+            "chatbridge_cluster_owned_conversations",
+            "Conversations whose lease this replica holds",
+            registry=r,
+        )
+        self.lease_moves = Counter(
+            "chatbridge_cluster_conversations_taken",
+            "Conversations this replica took: new ones, or failovers from another replica",
+            ["how"],
+            registry=r,
+        )
+        self.leases_lost = Counter(
+            "chatbridge_cluster_conversations_lost",
+            "Conversations this replica lost (its lease was taken or ran out)",
+            registry=r,
+        )
+        self.forwarded = Counter(
+            "chatbridge_cluster_forwarded",
+            "Messages and approval actions handed to the replica owning their conversation",
+            ["kind"],
+            registry=r,
+        )
+        self.unowned_lag = Gauge(
+            "chatbridge_cluster_unowned_work_age_seconds",
+            "Age of the oldest work (message, answer, run) no live replica owned at the last poll",
+            registry=r,
+        )
         self.queued = Gauge(
             "chatbridge_queued_messages", "Accepted messages not yet in a run", registry=r
         )

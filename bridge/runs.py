@@ -84,12 +84,14 @@ from bridge.prompt import build_prompt
 from bridge.replies import Replier, in_conversation
 from bridge.store.base import (
     AuditAction,
+    Fence,
     OutboxEntry,
     RegisteredRun,
     RoomOverrides,
     Store,
     StoreError,
 )
+from bridge.store.cluster import Fenced
 from bridge.store.rules import delivery_key
 from bridge.usage import LimitResumes, usage_limit
 from bridge.worktrees import WorktreeError, Worktrees, in_worktree
@@ -371,6 +373,8 @@ class RunExecutor:
     inbox: Inbox | None = None
     """Fetches the files shared with a batch into the run's inbox; None: files are only named."""
     file_posts: FilePosts | None = None
+    fence_of: Callable[[RoomKey], Fence | None] = lambda room: None
+    """The replica's claim a run's start is recorded under (docs/replicas.md); None alone."""
     """Posts the files claude sends with ``send_file`` (docs/files.md); None: not posted."""
     _finishing: set[asyncio.Task[None]] = field(default_factory=set)
     """The progress messages' last edits still under way (see :meth:`drain`)."""
@@ -530,7 +534,12 @@ class RunExecutor:
         told = False
         while True:
             try:
-                await self.store.start_run(run_id, batch, started)
+                await self.store.start_run(run_id, batch, started, self.fence_of(batch.room))
+            except Fenced:
+                # Another replica holds the conversation now: its messages are
+                # still pending, and the new owner runs them.
+                log.warning("run %s not started: %s moved to another replica", run_id, batch.room)
+                return False
             except StoreError:
                 delay = next(delays, None)
                 if delay is None:

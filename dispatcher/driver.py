@@ -199,6 +199,24 @@ class Dispatcher:
         self._after(self._scheduler.take_actions())
         return result
 
+    def release(self, room: RoomKey) -> tuple[Message, ...]:
+        """Give ``room`` up: another replica owns it now (docs/replicas.md).
+
+        As :meth:`stop`, but the run is cancelled as interrupted (the new
+        owner reports it, with ``!retry``) and the messages returned were
+        only forgotten here: nothing is to be recorded of them, they are
+        still pending for the new owner.
+        """
+        result = self._scheduler.stop(room)
+        if result.stopped is not None:
+            self._cancel(room, EndReason.INTERRUPTED)
+        self._after(self._scheduler.take_actions())
+        return result.dropped
+
+    def holds(self, message: Message) -> bool:
+        """Whether ``message`` was submitted and is waiting, offered or in the room's run."""
+        return self._scheduler.holds(message)
+
     def adopt(self, batch: Batch, execute: Execute) -> None:
         """Make a run that is already going (reattached after a restart) the room's run.
 

@@ -57,7 +57,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from bridge.core.model import Batch, Message, RoomKey
+from bridge.core.model import Batch, Message, MessageId, RoomKey
 from dispatcher.limits import DispatchLimits
 from dispatcher.policy import DuringRun
 from dispatcher.status import EndReason
@@ -338,6 +338,13 @@ class Room:
         opens = not self._pending
         self._pending[:0] = messages
         return self._arrived(opens, now)
+
+    def holds(self, message: MessageId) -> bool:
+        """``message`` waits here, is offered to steer, or is in the room's run."""
+        batches = [b for b in (self._run, self._offered) if b is not None]
+        return any(m.id == message for m in (*self._steer, *self._pending)) or any(
+            message in b.ids for b in batches
+        )
 
     def replace(self, message: Message) -> bool:
         """An edit: the pending message with ``message.id`` now reads as ``message``.

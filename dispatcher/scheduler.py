@@ -325,6 +325,11 @@ class Scheduler:
             self._maybe_prestart(room)
         return self.take_actions()
 
+    def holds(self, message: Message) -> bool:
+        """Whether ``message`` is in its room's hands (waiting, offered or running)."""
+        room = self._rooms.get(message.room)
+        return room is not None and room.holds(message.id)
+
     def replace(self, message: Message) -> bool:
         """An edit of a message not yet in a run; False if it is not waiting."""
         room = self._rooms.get(message.room)

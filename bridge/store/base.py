@@ -188,6 +188,18 @@ class LimitResume:
     resets_at: float
 
 
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """A replica's claim on a conversation (docs/replicas.md): its id and the lease's token.
+
+    A write fenced with it fails (:class:`~bridge.store.cluster.Fenced`) unless the
+    replica still holds the conversation's unexpired lease with this token.
+    """
+
+    replica: str
+    token: int
+
+
 class StoreError(Exception):
     """The store could not do what was asked (connection lost, schema missing...)."""
 
@@ -211,16 +223,23 @@ class Store(Protocol):
         """Mark an accepted command message done: commands never go into a run."""
         ...
 
-    async def pending_messages(self) -> list[Message]:
-        """Every pending message of every room, in acceptance order (recovery)."""
+    async def pending_messages(self, room: RoomKey | None = None) -> list[Message]:
+        """Every pending message of every conversation (or of ``room`` only, exactly
+        that conversation), in acceptance order (recovery)."""
         ...
 
     async def mark_dropped(self, ids: Sequence[MessageId], actor: UserId | None, at: float) -> None:
         """Mark messages dropped by ``!stop``, one audit row each."""
         ...
 
-    async def start_run(self, run_id: RunId, batch: Batch, at: float) -> None:
-        """Record a running run and mark its messages dispatched into it, atomically."""
+    async def start_run(
+        self, run_id: RunId, batch: Batch, at: float, fence: Fence | None = None
+    ) -> None:
+        """Record a running run and mark its messages dispatched into it, atomically.
+
+        With a ``fence`` (replicas), only while that replica holds the batch's
+        conversation with that token: otherwise nothing is recorded and
+        :class:`~bridge.store.cluster.Fenced` raised."""
         ...
 
     async def steer_into_run(self, run_id: RunId, batch: Batch, at: float) -> None:
@@ -299,8 +318,9 @@ class Store(Protocol):
         """
         ...
 
-    async def undelivered(self) -> list[OutboxEntry]:
-        """Every pending outbox entry, in recording order (recovery after a restart)."""
+    async def undelivered(self, room: RoomKey | None = None) -> list[OutboxEntry]:
+        """Every pending outbox entry (or ``room``'s only, exactly that conversation),
+        in recording order (recovery after a restart)."""
         ...
 
     async def delivery_progress(self, entry_id: int, parts_done: int) -> None:

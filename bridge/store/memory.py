@@ -32,6 +32,7 @@ from bridge.store.base import (
     AuditAction,
     AuditRecord,
     DeliveryState,
+    Fence,
     LimitResume,
     OutboxEntry,
     RegisteredRun,
@@ -152,11 +153,13 @@ class MemoryStore:
         if stored is not None and stored.state is MessageState.PENDING:
             stored.state = MessageState.DONE
 
-    async def pending_messages(self) -> list[Message]:
-        """Every pending message, in acceptance order."""
+    async def pending_messages(self, room: RoomKey | None = None) -> list[Message]:
+        """Every pending message (or ``room``'s), in acceptance order."""
         self._check_open()
         return [
-            m.message for _, m in sorted(self._messages.items()) if m.state is MessageState.PENDING
+            m.message
+            for _, m in sorted(self._messages.items())
+            if m.state is MessageState.PENDING and room in (None, m.message.room)
         ]
 
     async def mark_dropped(self, ids: Sequence[MessageId], actor: UserId | None, at: float) -> None:
@@ -233,8 +236,12 @@ class MemoryStore:
 
     # Runs
 
-    async def start_run(self, run_id: RunId, batch: Batch, at: float) -> None:
-        """Record a running run, dispatch its messages into it, audit both."""
+    async def start_run(
+        self, run_id: RunId, batch: Batch, at: float, fence: Fence | None = None
+    ) -> None:
+        """Record a running run, dispatch its messages into it, audit both.
+
+        No replicas share a memory store: a ``fence`` is never checked."""
         self._check_open()
         if run_id in self._runs:
             raise StoreError(f"run {run_id} exists already")
@@ -389,10 +396,14 @@ class MemoryStore:
         self._outbox[entry.id] = replace(entry, key=key)
         return [self._outbox[entry.id]]
 
-    async def undelivered(self) -> list[OutboxEntry]:
-        """Every pending outbox entry, in recording order."""
+    async def undelivered(self, room: RoomKey | None = None) -> list[OutboxEntry]:
+        """Every pending outbox entry (or ``room``'s), in recording order."""
         self._check_open()
-        return [e for e in self._outbox.values() if e.state is DeliveryState.PENDING]
+        return [
+            e
+            for e in self._outbox.values()
+            if e.state is DeliveryState.PENDING and room in (None, e.reply.room)
+        ]
 
     def _entry(self, entry_id: int) -> OutboxEntry:
         self._check_open()

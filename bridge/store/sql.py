@@ -43,13 +43,11 @@ from bridge.core.model import (
     MessageState,
     Reply,
     ReplyKind,
-    RoomId,
     RoomKey,
     RunId,
     RunReport,
     RunStatus,
     SessionId,
-    TransportName,
     UserId,
 )
 from bridge.store.base import (
@@ -58,6 +56,7 @@ from bridge.store.base import (
     AuditAction,
     AuditRecord,
     DeliveryState,
+    Fence,
     LimitResume,
     OutboxEntry,
     RegisteredRun,
@@ -66,6 +65,7 @@ from bridge.store.base import (
     StoreError,
 )
 from bridge.store.batching import Committing, Failed, GroupCommit
+from bridge.store.cluster import check_fence
 from bridge.store.engine import (
     DEFAULT_URL,
     create_engine,
@@ -74,6 +74,9 @@ from bridge.store.engine import (
     shares_pool,
     without_sync,
 )
+from bridge.store.keys import THREAD_SEPARATOR
+from bridge.store.keys import room_key as _room
+from bridge.store.keys import stored_id as _stored_id
 from bridge.store.migrate import (
     connect_failure,
     head_revision,
@@ -347,14 +350,15 @@ class SqlStore:
                 .values(state=MessageState.DONE.value)
             )
 
-    async def pending_messages(self) -> list[Message]:
-        """Every pending message, in acceptance order."""
-        async with self._read() as s:
-            rows = await s.scalars(
-                select(MessageRow)
-                .where(MessageRow.state == MessageState.PENDING.value)
-                .order_by(MessageRow.id)
+    async def pending_messages(self, room: RoomKey | None = None) -> list[Message]:
+        """Every pending message (or ``room``'s), in acceptance order."""
+        query = select(MessageRow).where(MessageRow.state == MessageState.PENDING.value)
+        if room is not None:
+            query = query.where(
+                MessageRow.transport == room.transport, MessageRow.room_id == _stored_id(room)
             )
+        async with self._read() as s:
+            rows = await s.scalars(query.order_by(MessageRow.id))
             return [_message(r) for r in rows]
 
     async def mark_dropped(self, ids: Sequence[MessageId], actor: UserId | None, at: float) -> None:
@@ -476,7 +480,9 @@ class SqlStore:
 
     # Runs
 
-    async def start_run(self, run_id: RunId, batch: Batch, at: float) -> None:
+    async def start_run(
+        self, run_id: RunId, batch: Batch, at: float, fence: Fence | None = None
+    ) -> None:
         """Record a running run, dispatch its messages into it, audit both.
 
         Writes one ``message_dispatched`` row per message and one
@@ -515,9 +521,14 @@ class SqlStore:
         # the ORM's unit of work cost more than the statements themselves
         # (about 7 ms against 4 ms per start on SQLite, 2026-11-23).
         async with self._transaction(self._unsynced) as s:
+            if fence is not None:
+                # First, before any write: the lease row's share lock orders
+                # this start against a takeover (bridge/store/cluster.py).
+                await check_fence(s, room, fence)
             await s.execute(
                 insert_statement(_RUNS).values(
                     id=run_id,
+                    replica=None if fence is None else fence.replica,
                     transport=room.transport,
                     room_id=_stored_id(room),
                     status=RunStatus.RUNNING.value,
@@ -808,14 +819,15 @@ class SqlStore:
             await s.flush()
             return [_outbox_entry(row)]
 
-    async def undelivered(self) -> list[OutboxEntry]:
-        """Every pending outbox entry, in recording order."""
-        async with self._read() as s:
-            rows = await s.scalars(
-                select(OutboxRow)
-                .where(OutboxRow.state == DeliveryState.PENDING.value)
-                .order_by(OutboxRow.id)
+    async def undelivered(self, room: RoomKey | None = None) -> list[OutboxEntry]:
+        """Every pending outbox entry (or ``room``'s), in recording order."""
+        query = select(OutboxRow).where(OutboxRow.state == DeliveryState.PENDING.value)
+        if room is not None:
+            query = query.where(
+                OutboxRow.transport == room.transport, OutboxRow.room_id == _stored_id(room)
             )
+        async with self._read() as s:
+            rows = await s.scalars(query.order_by(OutboxRow.id))
             return [_outbox_entry(r) for r in rows]
 
     async def _update_entry(self, entry_id: int, **values: Any) -> None:
@@ -1441,18 +1453,6 @@ def _rowcount(result: Any) -> int:
     return count
 
 
-THREAD_SEPARATOR = "/"
-"""Between a room's id and its thread's in the ``room_id`` columns of a thread
-conversation: room ids never hold one (Slack's are alphanumeric, Matrix's
-``!opaque:server``, the console's are checked), thread ids may."""
-
-
-def _stored_id(room: RoomKey) -> str:
-    """``room``'s ``room_id`` column: the room's id, and its thread's for a thread
-    conversation, so every table keeps one column per conversation."""
-    return f"{room.room_id}{THREAD_SEPARATOR}{room.thread}" if room.thread else room.room_id
-
-
 def _in_room(column: Mapped[str], room: RoomKey) -> ColumnElement[bool]:
     """``column`` is ``room``'s room or one of its thread conversations: what a
     transport names by the room and a message id (an edit, a click) is found in
@@ -1461,11 +1461,6 @@ def _in_room(column: Mapped[str], room: RoomKey) -> ColumnElement[bool]:
     # A comparison, not LIKE: SQLite's LIKE ignores case, and room ids are
     # case-sensitive (Matrix's); nothing in them is read as a pattern either.
     return or_(column == room.room_id, func.substr(column, 1, len(prefix)) == prefix)
-
-
-def _room(transport: str, room_id: str) -> RoomKey:
-    room, _, thread = room_id.partition(THREAD_SEPARATOR)
-    return RoomKey(TransportName(transport), RoomId(room), thread)
 
 
 def _message_values(msg: InboundMessage, received_at: float) -> dict[str, Any]:

@@ -1,0 +1,368 @@
+"""This replica's part in a cluster of replicas on one PostgreSQL (docs/replicas.md).
+
+It keeps the replica registered, renews the leases it holds, takes the
+conversations it is to serve, gives up those it lost, and carries the
+notifications between replicas. What a lease means for the rest of the
+service (recovering a conversation taken over, letting go of one lost,
+acting on a forwarded message) is the service's, through the callbacks.
+
+Safety does not rest on this module's view of time: every run's start is
+fenced in the database (:func:`bridge.store.cluster.check_fence`). This
+module's own deadline (no successful renewal for a lease's lifetime, on the
+monotonic clock, counted from when the last successful renewal was sent)
+only makes a replica that was paused or cut off stop its runs promptly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bridge.config import ClusterSettings
+from bridge.core.model import RoomId, RoomKey, TransportName
+from bridge.metrics import Metrics
+from bridge.store.base import Fence, StoreError
+from bridge.store.cluster import Lease, Leases, Replica, ReplicaReplaced
+from bridge.store.keys import room_key, stored_id
+
+log = logging.getLogger(__name__)
+
+NOTICE_WAIT_S = 5.0
+"""How long a notification may take to send before the poll is left to find the work."""
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """One replica's word to another (or to all, ``to`` empty), carried by NOTIFY."""
+
+    kind: str
+    """``message`` (a stored message for its conversation's owner), ``action`` (an
+    approval button or reaction), or ``work`` (a conversation is free to take)."""
+    to: str
+    room: RoomKey
+    body: dict[str, Any] = field(default_factory=dict)
+
+    def encode(self) -> str:
+        return json.dumps(
+            {
+                "kind": self.kind,
+                "to": self.to,
+                "t": self.room.transport,
+                "r": stored_id(self.room),
+                "body": self.body,
+            }
+        )
+
+    @staticmethod
+    def decode(payload: str) -> Notice | None:
+        try:
+            data = json.loads(payload)
+            return Notice(data["kind"], data["to"], room_key(data["t"], data["r"]), data["body"])
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+_ANY = RoomKey(TransportName("*"), RoomId(""))
+"""The room of a notice about no one conversation."""
+
+
+def default_replica_id() -> str:
+    return socket.gethostname()[:64] or "chatbridge"
+
+
+@dataclass(slots=True)
+class Cluster:
+    """Registration, leases and notifications of this replica."""
+
+    settings: ClusterSettings
+    leases: Leases
+    metrics: Metrics
+    capacity: int
+    """This replica's ``[runner] max_concurrent_runs``."""
+    active_runs: Callable[[], int]
+    serves: Callable[[str], bool]
+    """Whether this replica may own conversations of a transport (Matrix: the leader only)."""
+    take_over: Callable[[RoomKey], Awaitable[None]] | None = None
+    """Recovers a conversation this replica just took (before anything else of it runs)."""
+    give_up: Callable[[RoomKey], None] | None = None
+    """Lets go of a conversation this replica lost."""
+    on_notice: Callable[[Notice], Awaitable[None]] | None = None
+    replica_id: str = ""
+    instance: str = field(default_factory=lambda: str(uuid.uuid4()))
+    clock: Callable[[], float] = time.monotonic
+    _owned: dict[RoomKey, Lease] = field(default_factory=dict)
+    _valid_until: float = 0.0
+    """Monotonic time until which the leases count as held (see the module's doc)."""
+    _recovering: set[RoomKey] = field(default_factory=set)
+    """Taken, and being recovered: not held yet for anything that would run."""
+    _locks: dict[RoomKey, asyncio.Lock] = field(default_factory=dict)
+    """One taking at a time per conversation."""
+    _pending_notices: list[Notice] = field(default_factory=list)
+    draining: bool = False
+    """Shutting down: takes nothing new, and lets idle conversations go."""
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        if not self.replica_id:
+            self.replica_id = self.settings.replica_id or default_replica_id()
+
+    # -- start and stop --
+
+    async def register(self) -> None:
+        """Join the cluster; raises ReplicaIdInUse if a live replica has this id."""
+        previous = await self.leases.previous(self.replica_id)
+        alive = previous is not None and _pid_alive(previous.pid)
+        await self.leases.register(
+            Replica(
+                self.replica_id,
+                self.instance,
+                socket.gethostname(),
+                os.getpid(),
+                0.0,
+                0.0,
+                0,
+                self.capacity,
+                False,
+            ),
+            alive=alive,
+        )
+        self._valid_until = self.clock() + self.settings.lease_ttl_s
+        log.info("joined the cluster as replica %s", self.replica_id)
+
+    async def keep_own(self) -> list[RoomKey]:
+        """The conversations this replica held before a restart, still unexpired: kept."""
+        kept = []
+        for lease, live in await self.leases.leases():
+            if lease.owner == self.replica_id and live and lease.room.room_id:
+                again = await self.leases.acquire(lease.room, self.replica_id)
+                if again is not None:
+                    self._owned[lease.room] = again
+                    kept.append(lease.room)
+        return kept
+
+    async def leave(self) -> None:
+        """Let every conversation go at once (a graceful stop), and unregister."""
+        self._owned.clear()
+        try:
+            await self.leases.release_all(self.replica_id, self.instance)
+            await self._notify(Notice("work", "", _ANY))
+        except StoreError:
+            log.warning("could not leave the cluster; the leases expire on their own")
+
+    # -- ownership --
+
+    def holds(self, room: RoomKey) -> bool:
+        """Whether this replica owns ``room`` now (by its own clock; the fence decides)."""
+        if room not in self._owned or room in self._recovering:
+            return False
+        if self.clock() >= self._valid_until:
+            self._lose_all("no lease renewal for the lease's lifetime")
+            return False
+        return True
+
+    def fence(self, room: RoomKey) -> Fence:
+        """The claim a run's start in ``room`` is recorded under (fails if not held)."""
+        lease = self._owned.get(room)
+        return Fence(self.replica_id, -1 if lease is None else lease.token)
+
+    def owned(self) -> list[RoomKey]:
+        return list(self._owned)
+
+    async def place(self, room: RoomKey, *, need_slot: bool = True) -> str | None:
+        """None if this replica owns ``room`` now (taking it if nobody does and it can);
+        otherwise the owner's id, or ``""`` if nobody owns it and this replica cannot take it.
+        """
+        if self.holds(room):
+            return None
+        if not self.serves(room.transport) or self.draining:
+            return await self._owner(room)
+        if need_slot and self.active_runs() >= self.capacity:
+            return await self._owner(room)
+        if await self._take(room):
+            return None
+        return await self._owner(room)
+
+    async def _owner(self, room: RoomKey) -> str:
+        found = await self.leases.lease(room)
+        if found is None or not found[1]:
+            return ""
+        return found[0].owner
+
+    async def _take(self, room: RoomKey) -> bool:
+        """Acquire ``room`` and recover it; concurrent callers wait for the one taking it.
+
+        Until its recovery is done the room does not count as held: nothing
+        of it may run before the old owner's run is known stopped.
+        """
+        lock = self._locks.setdefault(room, asyncio.Lock())
+        async with lock:
+            if self.holds(room):
+                return True
+            lease = await self.leases.acquire(room, self.replica_id)
+            if lease is None:
+                return False
+            self._owned[room] = lease
+            self._recovering.add(room)
+            try:
+                if self.take_over is not None:
+                    await self.take_over(room)
+            except BaseException:
+                # Half taken: let it go, so that it is taken (and recovered) again.
+                self._recovering.discard(room)
+                self._lose(room, "its recovery failed")
+                raise
+            self._recovering.discard(room)
+            self.metrics.lease_moves.labels("new" if lease.token == 1 else "moved").inc()
+            log.info("took %s (token %d)", room, lease.token)
+            return True
+
+    def _lose(self, room: RoomKey, why: str) -> None:
+        if self._owned.pop(room, None) is None:
+            return
+        log.warning("lost %s: %s", room, why)
+        self.metrics.leases_lost.inc()
+        if self.give_up is not None:
+            self.give_up(room)
+
+    def _lose_all(self, why: str) -> None:
+        for room in list(self._owned):
+            self._lose(room, why)
+
+    async def release_idle(self, idle: Iterable[RoomKey]) -> None:
+        """Let conversations with nothing running go at once (scale-in), and say so."""
+        rooms = [room for room in idle if self._owned.pop(room, None) is not None]
+        if not rooms:
+            return
+        await self.leases.release(rooms, self.replica_id)
+        for room in rooms:
+            await self._notify(Notice("work", "", room))
+        log.info("handed %d idle conversation(s) over", len(rooms))
+
+    # -- notifications --
+
+    async def tell(self, to: str, kind: str, room: RoomKey, body: dict[str, Any]) -> None:
+        """Send ``body`` to replica ``to`` (``""``: to every replica)."""
+        await self._notify(Notice(kind, to, room, body))
+
+    async def _notify(self, notice: Notice) -> None:
+        try:
+            async with asyncio.timeout(NOTICE_WAIT_S):
+                await self.leases.notify(notice.encode())
+        except (StoreError, TimeoutError):
+            # The poll finds the work (a pending message) within poll_s.
+            log.warning("could not notify %s; the poll will find it", notice.to or "the cluster")
+
+    def _heard(self, payload: str) -> None:
+        notice = Notice.decode(payload)
+        if notice is None:
+            log.warning("ignored a malformed cluster notification")
+            return
+        if notice.to not in ("", self.replica_id):
+            return
+        if notice.kind == "work":
+            self._wake.set()
+            return
+        if self.on_notice is not None:
+            self._pending_notices.append(notice)
+            self._wake.set()
+
+    # -- the loops --
+
+    async def serve(self) -> None:
+        """Heartbeat, listen and poll until cancelled; ReplicaReplaced ends it."""
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._heartbeat(), name="cluster heartbeat")
+            tg.create_task(self.leases.listen(self._heard), name="cluster listener")
+            tg.create_task(self._work(), name="cluster poll")
+
+    async def _heartbeat(self) -> None:
+        every = self.settings.renew_every_s
+        while True:
+            sent = self.clock()
+            try:
+                async with asyncio.timeout(every):
+                    renewal = await self.leases.heartbeat(
+                        self.replica_id,
+                        self.instance,
+                        runs=self.active_runs(),
+                        capacity=self.capacity,
+                        draining=self.draining,
+                    )
+            except ReplicaReplaced:
+                raise
+            except (StoreError, TimeoutError) as exc:
+                log.warning("lease renewal failed: %s", exc)
+                if self.clock() >= self._valid_until:
+                    self._lose_all("no lease renewal for the lease's lifetime")
+            else:
+                if self.clock() >= self._valid_until:
+                    # Paused past the deadline (SIGSTOP, a frozen VM): what this
+                    # renewal found may be newer than what was given up; start over.
+                    self._lose_all("no lease renewal for the lease's lifetime")
+                self._valid_until = sent + self.settings.lease_ttl_s
+                held = {lease.room: lease for lease in renewal.leases}
+                for room in list(self._owned):
+                    if room in held:
+                        self._owned[room] = held[room]
+                    else:
+                        self._lose(room, "its lease was taken or ran out")
+            self.metrics.owned_conversations.set(len(self._owned))
+            await asyncio.sleep(every)
+
+    async def _work(self) -> None:
+        """Forwarded notices at once; every ``poll_s`` the unowned work of the cluster."""
+        while True:
+            try:
+                async with asyncio.timeout(self.settings.poll_s):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            notices, self._pending_notices = self._pending_notices, []
+            for notice in notices:
+                if self.on_notice is not None:
+                    try:
+                        await self.on_notice(notice)
+                    except StoreError:
+                        log.warning("a forwarded %s failed; the poll retries it", notice.kind)
+            try:
+                await self.poll()
+            except StoreError as exc:
+                log.warning("polling the cluster's work failed: %s", exc)
+
+    async def poll(self) -> None:
+        """Take conversations with work and no live owner, while this replica has slots."""
+        if self.draining:
+            return
+        free = self.capacity - self.active_runs()
+        if free <= 0:
+            return
+        transports = [t for t in ("slack", "matrix", "console") if self.serves(t)]
+        work = await self.leases.unowned_work(transports, free)
+        oldest = min((since for _, since in work), default=None)
+        self.metrics.unowned_lag.set(0.0 if oldest is None else max(0.0, time.time() - oldest))
+        for room, _ in work:
+            await self.place(room)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+__all__ = ["Cluster", "Notice", "default_replica_id"]

@@ -1,0 +1,374 @@
+"""Replicas and leases on PostgreSQL: who serves, and who owns which conversation.
+
+Every time here is the database's clock (``clock_timestamp()``), never a
+replica's: two replicas' clocks may disagree, the server's is one. The
+statements are PostgreSQL's own (``ON CONFLICT``, ``FOR SHARE``,
+``pg_notify``): replicas are refused on SQLite (bridge/config.py).
+
+A lease's token grows by one whenever it is taken by a replica that did not
+hold it unexpired: a write fenced with a token (:func:`check_fence`) fails
+once anyone else has held the conversation since, or once the lease ran out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
+from bridge.core.model import RoomId, RoomKey, TransportName
+from bridge.store.base import Fence, StoreError
+from bridge.store.keys import room_key, stored_id
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "chatbridge"
+"""The NOTIFY channel every replica listens on."""
+LISTEN_CHECK_S = 5.0
+"""How often the listening connection is checked."""
+LISTEN_RETRY_S = 1.0
+
+
+class ReplicaIdInUse(StoreError):
+    """Another live replica is registered under this id."""
+
+
+class ReplicaReplaced(StoreError):
+    """This replica's row now belongs to a newer instance: this one must stop."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    room: RoomKey
+    """The conversation; a room id of ``""`` is its transport's leader lease."""
+    owner: str
+    token: int
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    id: str
+    instance: str
+    host: str
+    pid: int
+    started_at: float
+    heartbeat_at: float
+    runs: int
+    capacity: int
+    draining: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Renewal:
+    """What one heartbeat found: the database's time and the leases still held."""
+
+    now: float
+    leases: list[Lease]
+
+
+def leader_key(transport: str) -> RoomKey:
+    """The lease of the one replica that connects ``transport`` (Matrix's sync)."""
+    return RoomKey(TransportName(transport), RoomId(""))
+
+
+def _lease(row: Any) -> Lease:
+    return Lease(room_key(row.transport, row.room_id), row.owner, row.token, row.expires_at)
+
+
+async def check_fence(s: AsyncSession, room: RoomKey, fence: Fence) -> None:
+    """Raise :class:`Fenced` unless ``fence`` still holds ``room``'s unexpired lease.
+
+    Takes a share lock on the lease row: a replica taking the lease over waits
+    for this transaction, so the write it fences commits before the takeover
+    or not at all.
+    """
+    held = await s.execute(
+        text(
+            "SELECT 1 FROM leases WHERE transport = :t AND room_id = :r AND owner = :o"
+            " AND token = :k AND expires_at > extract(epoch from clock_timestamp()) FOR SHARE"
+        ),
+        {"t": room.transport, "r": stored_id(room), "o": fence.replica, "k": fence.token},
+    )
+    if held.first() is None:
+        raise Fenced(f"{fence.replica} no longer holds {room} (token {fence.token})")
+
+
+class Fenced(StoreError):
+    """The write depended on a lease its replica no longer holds."""
+
+
+class Leases:
+    """The replica registry and the leases, on the store's engine."""
+
+    def __init__(self, engine: AsyncEngine, ttl_s: float) -> None:
+        self._engine = engine
+        self._ttl = ttl_s
+
+    async def _run(self, sql: str, params: dict[str, Any] | None = None) -> list[Any]:
+        try:
+            async with self._engine.begin() as conn:
+                result = await conn.execute(text(sql), params or {})
+                return list(result.all()) if result.returns_rows else []
+        except (SQLAlchemyError, OSError) as exc:
+            raise StoreError(str(exc).splitlines()[0]) from exc
+
+    async def _in(self, conn: AsyncConnection, sql: str, params: dict[str, Any]) -> list[Any]:
+        result = await conn.execute(text(sql), params)
+        return list(result.all()) if result.returns_rows else []
+
+    async def register(self, me: Replica, *, alive: bool) -> None:
+        """Record ``me`` as serving, replacing a previous instance of the same id.
+
+        ``alive`` says whether the previous instance (its pid, if on this host)
+        still runs; one on another host is alive while its heartbeat is
+        recent. A live one makes this raise :class:`ReplicaIdInUse`.
+        """
+        try:
+            async with self._engine.begin() as conn:
+                rows = await self._in(
+                    conn,
+                    "SELECT host, pid,"
+                    " heartbeat_at > extract(epoch from clock_timestamp()) - :ttl AS fresh"
+                    " FROM replicas WHERE id = :id FOR UPDATE",
+                    {"id": me.id, "ttl": self._ttl},
+                )
+                if rows:
+                    other = rows[0]
+                    same_host = other.host == me.host
+                    if (same_host and alive and other.pid != me.pid) or (
+                        not same_host and other.fresh
+                    ):
+                        raise ReplicaIdInUse(
+                            f"replica id {me.id!r} is in use by pid {other.pid} on {other.host}"
+                            " (set [cluster] replica_id to a unique value)"
+                        )
+                await self._in(
+                    conn,
+                    "INSERT INTO replicas (id, instance, host, pid, started_at, heartbeat_at,"
+                    " runs, capacity, draining) VALUES (:id, :inst, :host, :pid,"
+                    " extract(epoch from clock_timestamp()), extract(epoch from clock_timestamp()),"
+                    " 0, :cap, false) ON CONFLICT (id) DO UPDATE SET instance = excluded.instance,"
+                    " host = excluded.host, pid = excluded.pid, started_at = excluded.started_at,"
+                    " heartbeat_at = excluded.heartbeat_at, runs = 0,"
+                    " capacity = excluded.capacity, draining = false",
+                    {
+                        "id": me.id,
+                        "inst": me.instance,
+                        "host": me.host,
+                        "pid": me.pid,
+                        "cap": me.capacity,
+                    },
+                )
+        except (SQLAlchemyError, OSError) as exc:
+            raise StoreError(str(exc).splitlines()[0]) from exc
+
+    async def previous(self, replica_id: str) -> Replica | None:
+        """The registered instance of ``replica_id`` (before :meth:`register` replaces it)."""
+        rows = await self._run("SELECT * FROM replicas WHERE id = :id", {"id": replica_id})
+        return _replica(rows[0]) if rows else None
+
+    async def heartbeat(
+        self, replica_id: str, instance: str, *, runs: int, capacity: int, draining: bool
+    ) -> Renewal:
+        """Renew this replica's row and every unexpired lease it holds, in one transaction.
+
+        Raises :class:`ReplicaReplaced` if a newer instance took the id.
+        """
+        try:
+            async with self._engine.begin() as conn:
+                mine = await self._in(
+                    conn,
+                    "UPDATE replicas SET heartbeat_at = extract(epoch from clock_timestamp()),"
+                    " runs = :runs,"
+                    " capacity = :cap, draining = :draining"
+                    " WHERE id = :id AND instance = :inst RETURNING heartbeat_at AS now",
+                    {
+                        "id": replica_id,
+                        "inst": instance,
+                        "runs": runs,
+                        "cap": capacity,
+                        "draining": draining,
+                    },
+                )
+                if not mine:
+                    raise ReplicaReplaced(f"replica {replica_id!r} was taken by another instance")
+                leases = await self._in(
+                    conn,
+                    "UPDATE leases SET expires_at = extract(epoch from clock_timestamp()) + :ttl"
+                    " WHERE owner = :id AND expires_at > extract(epoch from clock_timestamp())"
+                    " RETURNING transport, room_id, owner, token, expires_at",
+                    {"id": replica_id, "ttl": self._ttl},
+                )
+        except (SQLAlchemyError, OSError) as exc:
+            raise StoreError(str(exc).splitlines()[0]) from exc
+        return Renewal(mine[0].now, [_lease(row) for row in leases])
+
+    async def acquire(self, room: RoomKey, replica_id: str) -> Lease | None:
+        """Take ``room``'s lease if nobody else holds it unexpired; None if someone does.
+
+        Renews it if this replica holds it; a new token whenever it was not
+        held unexpired by this replica (also by this replica before it ran out).
+        """
+        rows = await self._run(
+            "INSERT INTO leases AS l (transport, room_id, owner, token, expires_at, acquired_at)"
+            " VALUES (:t, :r, :me, 1, extract(epoch from clock_timestamp()) + :ttl,"
+            " extract(epoch from clock_timestamp()))"
+            " ON CONFLICT (transport, room_id) DO UPDATE SET owner = excluded.owner,"
+            " token = CASE WHEN l.owner = excluded.owner AND l.expires_at > excluded.acquired_at"
+            " THEN l.token ELSE l.token + 1 END,"
+            " acquired_at = CASE WHEN l.owner = excluded.owner"
+            " AND l.expires_at > excluded.acquired_at THEN l.acquired_at"
+            " ELSE excluded.acquired_at END,"
+            " expires_at = excluded.expires_at"
+            " WHERE l.owner = excluded.owner OR l.expires_at <= excluded.acquired_at"
+            " RETURNING transport, room_id, owner, token, expires_at",
+            {"t": room.transport, "r": stored_id(room), "me": replica_id, "ttl": self._ttl},
+        )
+        return _lease(rows[0]) if rows else None
+
+    async def release(self, rooms: Sequence[RoomKey], replica_id: str) -> None:
+        """Let ``rooms`` go at once (expired now; the token stays: the next owner bumps it)."""
+        for room in rooms:
+            await self._run(
+                "UPDATE leases SET expires_at = extract(epoch from clock_timestamp())"
+                " WHERE transport = :t AND room_id = :r"
+                " AND owner = :me",
+                {"t": room.transport, "r": stored_id(room), "me": replica_id},
+            )
+
+    async def release_all(self, replica_id: str, instance: str) -> None:
+        """Leave: every lease this replica holds expires now, and its row goes."""
+        await self._run(
+            "UPDATE leases SET expires_at = extract(epoch from clock_timestamp())"
+            " WHERE owner = :me AND expires_at > extract(epoch from clock_timestamp())",
+            {"me": replica_id},
+        )
+        await self._run(
+            "DELETE FROM replicas WHERE id = :me AND instance = :inst",
+            {"me": replica_id, "inst": instance},
+        )
+
+    async def lease(self, room: RoomKey) -> tuple[Lease, bool] | None:
+        """``room``'s lease and whether it is unexpired; None if it never had one."""
+        rows = await self._run(
+            "SELECT *, expires_at > extract(epoch from clock_timestamp()) AS live FROM leases"
+            " WHERE transport = :t AND room_id = :r",
+            {"t": room.transport, "r": stored_id(room)},
+        )
+        return (_lease(rows[0]), bool(rows[0].live)) if rows else None
+
+    async def leases(self) -> list[tuple[Lease, bool]]:
+        """Every lease and whether it is unexpired, for ``chatbridge status``."""
+        rows = await self._run(
+            "SELECT *, expires_at > extract(epoch from clock_timestamp()) AS live FROM leases"
+            " ORDER BY owner, transport, room_id"
+        )
+        return [(_lease(row), bool(row.live)) for row in rows]
+
+    async def replicas(self) -> list[Replica]:
+        rows = await self._run("SELECT * FROM replicas ORDER BY id")
+        return [_replica(row) for row in rows]
+
+    async def unowned_work(
+        self, transports: Sequence[str], limit: int
+    ) -> list[tuple[RoomKey, float]]:
+        """Conversations of ``transports`` with work and no live owner, oldest work first.
+
+        Work: a pending message, a pending outbox entry, or a run still marked
+        running (its replica died: the run is to be recovered).
+        """
+        if not transports:
+            return []
+        rows = await self._run(
+            "WITH work AS ("
+            " SELECT transport, room_id, min(received_at) AS since FROM messages"
+            "  WHERE state = 'pending' GROUP BY transport, room_id"
+            " UNION ALL SELECT transport, room_id, min(created) FROM outbox"
+            "  WHERE state = 'pending' GROUP BY transport, room_id"
+            " UNION ALL SELECT transport, room_id, min(started_at) FROM runs"
+            "  WHERE status = 'running' GROUP BY transport, room_id)"
+            " SELECT w.transport, w.room_id, min(w.since) AS since FROM work w"
+            " WHERE w.transport = ANY(:ts) AND NOT EXISTS (SELECT 1 FROM leases l"
+            "  WHERE l.transport = w.transport AND l.room_id = w.room_id"
+            "  AND l.expires_at > extract(epoch from clock_timestamp()))"
+            " GROUP BY w.transport, w.room_id ORDER BY since LIMIT :n",
+            {"ts": list(transports), "n": limit},
+        )
+        return [(room_key(row.transport, row.room_id), row.since) for row in rows]
+
+    async def cluster_runs(self) -> int:
+        """Runs marked running across the cluster (the cluster cap counts these)."""
+        rows = await self._run("SELECT count(*) AS n FROM runs WHERE status = 'running'")
+        return int(rows[0].n)
+
+    async def listen(self, heard: Callable[[str], None]) -> None:
+        """Hand every notification on :data:`CHANNEL` to ``heard``, until cancelled.
+
+        On a connection of its own, checked every few seconds (a dead socket is
+        otherwise noticed only when used); lost, it is opened again. What is
+        sent while it is down is not heard: the replicas' polling covers that.
+        """
+        while True:
+            try:
+                await self._listen_once(heard)
+            except Exception as exc:  # any driver error: the listener must come back
+                log.warning("cluster notifications lost (%s); listening again", exc)
+            await asyncio.sleep(LISTEN_RETRY_S)
+
+    async def _listen_once(self, heard: Callable[[str], None]) -> None:
+        """Listen on one connection until it is lost."""
+        async with self._engine.connect() as conn:
+            raw = await conn.get_raw_connection()
+            driver: Any = raw.driver_connection
+            lost = asyncio.Event()
+
+            def on_notify(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+                heard(payload)
+
+            await driver.add_listener(CHANNEL, on_notify)
+            driver.add_termination_listener(lambda _conn: lost.set())
+            while not lost.is_set():
+                try:
+                    async with asyncio.timeout(LISTEN_CHECK_S):
+                        await lost.wait()
+                except TimeoutError:
+                    async with asyncio.timeout(LISTEN_CHECK_S):
+                        await driver.execute("SELECT 1")
+
+    async def notify(self, payload: str) -> None:
+        await self._run("SELECT pg_notify(:c, :p)", {"c": CHANNEL, "p": payload})
+
+
+def _replica(row: Any) -> Replica:
+    return Replica(
+        row.id,
+        row.instance,
+        row.host,
+        row.pid,
+        row.started_at,
+        row.heartbeat_at,
+        row.runs,
+        row.capacity,
+        row.draining,
+    )
+
+
+__all__ = [
+    "CHANNEL",
+    "Fenced",
+    "Lease",
+    "Leases",
+    "Renewal",
+    "Replica",
+    "ReplicaIdInUse",
+    "ReplicaReplaced",
+    "check_fence",
+    "leader_key",
+]
