@@ -519,11 +519,13 @@ class Settings(BaseSettings):
 
         if make_url(self.database.url).get_backend_name() != "postgresql":
             raise ValueError(
-                "cluster.enabled: replicas need a PostgreSQL database.url (SQLite serves one process)"
+                "cluster.enabled: replicas need a PostgreSQL database.url"
+                " (SQLite serves one process)"
             )
         if self.console_active:
             raise ValueError(
-                "cluster.enabled: the console is local to one process; set [console] enabled = false"
+                "cluster.enabled: the console is local to one process;"
+                " set [console] enabled = false"
             )
 
     def _check_ledger(self) -> None:
