@@ -28,6 +28,8 @@ class ApprovalDesk:
     refused: Callable[[Verdict], None]
     """Counts an answer that was not taken (the metrics)."""
     wall_clock: Callable[[], float] = time.time
+    owns: Callable[[RoomKey], bool] = lambda room: True
+    """Expires only the requests of conversations this process runs (replicas)."""
 
     async def answer(
         self, sender: UserId, approval: Approval, choice: ApprovalChoice, reason: str = ""
@@ -58,6 +60,8 @@ class ApprovalDesk:
         now = self.wall_clock()
         expired = []
         for approval in await self.store.expired_approvals(now):
+            if not self.owns(approval.room):
+                continue  # its run is another replica's, which tells it
             # The wait it was asked with, whatever the settings say now.
             message = timeout_message(approval.expires_at - approval.asked_at)
             if await self.store.decide_approval(

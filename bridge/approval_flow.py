@@ -66,11 +66,17 @@ class ApprovalFlow:
     runs: LiveRuns
     refused: Callable[[Verdict], None]
     wall_clock: Callable[[], float] = time.time
+    owns: Callable[[RoomKey], bool] = lambda room: True
+    """Whether this process runs ``room``'s conversation (with replicas, its owner does)."""
+    forward: Callable[[ApprovalAction, RoomKey], Awaitable[None]] | None = None
+    """Hands an action on another replica's request to that replica."""
     _posting: set[asyncio.Future[None]] = field(default_factory=set)
     """Asks posting their request now: a click may come before its id is recorded."""
 
     def desk(self) -> ApprovalDesk:
-        return ApprovalDesk(self.store, self.settings.room, self, self.refused, self.wall_clock)
+        return ApprovalDesk(
+            self.store, self.settings.room, self, self.refused, self.wall_clock, self.owns
+        )
 
     # -- from the run --
 
@@ -166,6 +172,10 @@ class ApprovalFlow:
                 action.choice.value, action.sender, action.message_id, action.room,
             )  # fmt: skip
             return Accepted.IGNORED
+        if not self.owns(approval.room) and self.forward is not None:
+            # Its run is another replica's: that one answers claude and the room.
+            await self.forward(action, approval.room)
+            return Accepted.ACCEPTED
         text = await self.desk().answer(action.sender, approval, action.choice)
         log.info(
             "request #%d in %s: %s by %s: %s",

@@ -95,6 +95,8 @@ class Cluster:
     give_up: Callable[[RoomKey], None] | None = None
     """Lets go of a conversation this replica lost."""
     on_notice: Callable[[Notice], Awaitable[None]] | None = None
+    recheck: Callable[[], Awaitable[None]] | None = None
+    """The poll's fallback for lost notifications, in conversations this replica owns."""
     replica_id: str = ""
     instance: str = field(default_factory=lambda: str(uuid.uuid4()))
     clock: Callable[[], float] = time.monotonic
@@ -167,6 +169,10 @@ class Cluster:
             self._lose_all("no lease renewal for the lease's lifetime")
             return False
         return True
+
+    def has(self, room: RoomKey) -> bool:
+        """Whether ``room``'s lease is this replica's, also while it is being recovered."""
+        return (room in self._owned and self.holds(room)) or room in self._recovering
 
     def fence(self, room: RoomKey) -> Fence:
         """The claim a run's start in ``room`` is recorded under (fails if not held)."""
@@ -335,6 +341,8 @@ class Cluster:
                         log.warning("a forwarded %s failed; the poll retries it", notice.kind)
             try:
                 await self.poll()
+                if self.recheck is not None:
+                    await self.recheck()
             except StoreError as exc:
                 log.warning("polling the cluster's work failed: %s", exc)
 

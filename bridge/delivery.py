@@ -108,6 +108,9 @@ class Outbox:
     """Set once the start-up read is done and nothing is queued."""
     _loaded: bool = False
     """The start-up read is done: until then no room worker starts."""
+    owns: Callable[[RoomKey], bool] = lambda room: True
+    """Whether this process delivers ``room``'s entries: with replicas, only the
+    conversation's owner does (docs/replicas.md)."""
     _unconfigured: set[TransportName] = field(default_factory=set)
     """Transports whose entries were left pending (logged once each)."""
 
@@ -175,7 +178,7 @@ class Outbox:
             try:
                 # What runs record meanwhile waits in its room's queue, so the
                 # older entries this read finds still go first.
-                self.submit(await self._undelivered())
+                self.submit(e for e in await self._undelivered() if self.owns(e.reply.room))
                 self._loaded = True
                 for room in list(self._queues):
                     self._start(room)
@@ -217,6 +220,13 @@ class Outbox:
         try:
             while queue:
                 entry = queue[0]
+                if not self.owns(room):
+                    # Another replica owns the conversation now: it delivers them.
+                    for left in queue:
+                        self._known.discard(left.id)
+                        self._settled.pop(left.id, asyncio.Event()).set()
+                    queue.clear()
+                    break
                 try:
                     await self._deliver(entry)
                 except Exception:

@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from bridge.commands import Command, CommandHandler, CommandName, parse_command
 from bridge.config import RoomSettings, Settings
@@ -53,6 +54,15 @@ def conversation_of(inbound: InboundMessage, room: RoomSettings) -> InboundMessa
     return replace(inbound, room=inbound.room.in_thread(thread), thread=thread)
 
 
+class Placement(Protocol):
+    """Where an accepted message is handled: here, or by the replica owning its
+    conversation (docs/replicas.md)."""
+
+    async def local(self, message: Message) -> bool:
+        """True: this process handles ``message``; False: it was handed to its owner."""
+        ...
+
+
 @dataclass(slots=True)
 class Intake:
     settings: Settings
@@ -66,6 +76,8 @@ class Intake:
     """Decides a transport's approval action (a button, a reaction); None: not wired yet,
     each action is logged and ignored."""
     wall_clock: Callable[[], float] = time.time
+    placement: Placement | None = None
+    """With replicas: decides which one handles each accepted message (None: this one)."""
     _order: RoomOrder = field(default_factory=RoomOrder, init=False)
     _not_handed: Counter[tuple[RoomKey, ExternalMessageId]] = field(
         default_factory=Counter, init=False
@@ -248,16 +260,43 @@ class Intake:
             self._not_handed[key] -= 1
             if not self._not_handed[key]:
                 del self._not_handed[key]
+        if self.placement is not None and not await self.placement.local(message):
+            # Recorded, and its conversation's owner was told: it handles it.
+            self.metrics.messages.labels("forwarded").inc()
+            return Accepted.ACCEPTED
+        await self._handle(command, message)
+        return Accepted.ACCEPTED
+
+    async def _handle(self, command: Command | None, message: Message) -> None:
+        """What an accepted message does here: a command, or a run's input."""
         if command is not None:
             self.metrics.messages.labels("command").inc()
             # The room's next events wait for it: answers are only recorded
             # here (see bridge.notices), so that costs no network call.
             await self._command(command, message)
-        else:
+        elif not self.dispatcher.holds(message):
             self.metrics.messages.labels("accepted").inc()
             self.dispatcher.submit(message)
             self.on_accepted(message)
-        return Accepted.ACCEPTED
+
+    async def take_forwarded(self, message: Message) -> None:
+        """A message another replica accepted, for a conversation this one owns.
+
+        Handled in the room's order, and only while it is still pending: a
+        second notice of it (a notification and the poll) changes nothing.
+        """
+        turn = self._order.take(message.room)
+        try:
+            await turn.wait()
+            with log_context(room=message.room):
+                current = await self.store.pending_message(message.room, message.external_id)
+                if current is None or current.id != message.id:
+                    return
+                prefix = self.settings.commands.prefix
+                command = None if is_synthetic(current) else parse_command(current.text, prefix)
+                await self._handle(command, current)
+        finally:
+            turn.end()
 
     async def _thread_goes_on(self, inbound: InboundMessage, room: RoomSettings) -> bool:
         """In a room of thread conversations, a reply in a thread the bot already
@@ -290,6 +329,8 @@ class Intake:
         resumed = 0
         prefix = self.settings.commands.prefix
         for message in pending:
+            if self.dispatcher.holds(message):
+                continue  # handed over already (a replica's takeover and its own accept)
             command = not is_synthetic(message) and parse_command(message.text, prefix)
             if command or _empty(message):
                 await self.store.complete_command(message.id)

@@ -31,6 +31,8 @@ from bridge.approvals import Verdict
 from bridge.attachments import Inbox
 from bridge.budget import Budgets
 from bridge.claude_check import credentials_warning
+from bridge.cluster import Cluster
+from bridge.cluster_role import ClusterRole
 from bridge.commands import CommandHandler
 from bridge.config import Settings
 from bridge.containment import report_containment
@@ -45,6 +47,7 @@ from bridge.core.model import (
     RunStatus,
 )
 from bridge.core.transport import RoomBinding, RunPhase, TransportError
+from bridge.database_lock import database_lock
 from bridge.delivery import Outbox
 from bridge.errors import ChatbridgeError, StartupError, reason
 from bridge.file_posts import FilePosts
@@ -58,7 +61,8 @@ from bridge.replies import Replier, in_conversation
 from bridge.runs import RunExecutor, new_run_id
 from bridge.schedules import Scheduler, WallClock
 from bridge.state_lock import state_dir_lock
-from bridge.store.base import Approval, Store, StoreError
+from bridge.store.base import Approval, RegisteredRun, RunRecord, Store, StoreError
+from bridge.store.cluster import Leases, ReplicaIdInUse
 from bridge.store.sql import SqlStore
 from bridge.usage import LimitResumes
 from bridge.webhooks import Webhooks
@@ -130,6 +134,10 @@ class Service:
     webhooks: Webhooks = field(init=False)
     limits: LimitResumes = field(init=False)
     _closed_at_start: list[Approval] = field(default_factory=list, init=False)
+    _adopted: set[RunId] = field(default_factory=set, init=False)
+    """Runs reattached at start: their run directories are not strays."""
+    cluster: Cluster | None = field(init=False, default=None)
+    """This replica's part in the cluster (``[cluster] enabled``), None alone."""
     """Tool requests of runs interrupted by the restart: shown closed once connected."""
     metrics: Metrics = field(init=False, default_factory=Metrics)
     _stop: asyncio.Event = field(init=False, default_factory=asyncio.Event)
@@ -237,6 +245,43 @@ class Service:
             lambda: self.dispatcher.queued,
             self.transports,
         )
+        if settings.cluster.enabled:
+            self._join_cluster()
+
+    def _join_cluster(self) -> None:
+        """Wire the parts to the cluster: who runs, delivers, expires what (docs/replicas.md)."""
+        if not isinstance(self.store, SqlStore):
+            raise StartupError("cluster.enabled: replicas share a PostgreSQL store")
+        leases = Leases(self.store.engine, self.settings.cluster.lease_ttl_s)
+        cluster = self.cluster = Cluster(
+            self.settings.cluster,
+            leases,
+            self.metrics,
+            self.settings.runner.max_concurrent_runs,
+            lambda: self.dispatcher.active_runs,
+            serves=lambda transport: transport == "slack",
+        )
+        role = ClusterRole(
+            self.settings,
+            cluster,
+            leases,
+            self.store,
+            self.dispatcher,
+            self.intake,
+            self.outbox,
+            self.metrics,
+            self._recover_run,
+            self.approvals.on_action,
+        )
+        cluster.take_over = role.take_over
+        cluster.give_up = role.give_up
+        cluster.on_notice = role.heard
+        cluster.recheck = role.recheck
+        self.intake.placement = role
+        self.executor.fence_of = cluster.fence
+        self.outbox.owns = cluster.has
+        self.approvals.owns = cluster.has
+        self.approvals.forward = role.forward_action
 
     def _refused(self, verdict: Verdict) -> None:
         self.metrics.answers_refused.labels(verdict.value).inc()
@@ -294,60 +339,38 @@ class Service:
         connected, exactly once, also if this start stops before that (the
         next start sends it).
         """
-        prefix = self.settings.commands.prefix
+        if self.cluster is not None:
+            await self._recover_replica(self.cluster)
+            return
         registered = {entry.live.run_id: entry for entry in await self.store.live_runs()}
-        host = socket.gethostname()
         adopted: set[RunId] = set()
         for run in await self.store.running_runs():
-            entry = registered.get(run.id)
-            followable = (
-                entry is not None
-                and entry.live.host == host
-                and self.settings.room(run.room) is not None
-                # No journal: the run ended here but its end could not be recorded.
-                and journal_exists(entry.live)
-            )
-            # Also for a run not followed: its notice goes where the run was asked.
-            messages = await self.store.messages(run.message_ids)
-            if followable and entry is not None and messages:
-                batch = Batch(run.room, tuple(messages))
-                self.dispatcher.adopt(batch, self.executor.reattach(entry, run.started_at))
-                log.info("run %s in %s: reattaching to its supervisor", run.id, run.room)
+            if await self._recover_run(run, registered.get(run.id), True):
                 adopted.add(run.id)
-                continue
-            # Not to be followed (no registry entry, no journal, its room gone):
-            # its supervisor, if still there, is asked to stop and waited for;
-            # then the run's cgroup and the marker sweep (runner/recovery.py).
-            killed = await recover_run(run.id, self.settings.runner.cgroup_root)
-            # Honest for both ways a run stays "running": a crash or restart
-            # during it, or an end whose outcome the failing database could
-            # not take (its answer may have gone out).
-            text = (
-                f"The last run (`{run.id}`) did not finish before chatbridge restarted"
-                " (or its end could not be recorded). If its answer is not above,"
-                f" `{prefix}retry {run.id}` runs it again."
-            )
-            notice = (
-                in_conversation(Batch(run.room, tuple(messages)), text, ReplyKind.NOTICE)
-                if messages
-                else Reply(run.room, text, ReplyKind.NOTICE, thread=run.room.thread or None)
-            )
-            await self.store.finish_run(
-                run.id,
-                RunReport(RunStatus.INTERRUPTED, error="chatbridge restarted during the run"),
-                time.time(),
-                [notice],
-            )
-            # Its waiting tool requests can no longer be answered: out of `!status` and
-            # out of reach of an `!approve` meant for a live run (shown once connected).
-            self._closed_at_start += await self.approvals.cancel_run(
-                run.id, RunStatus.INTERRUPTED.value
-            )
-            log.warning(
-                "run %s in %s was interrupted (killed %d process(es))", run.id, run.room, killed
-            )
-            if entry is not None and entry.live.host == host:
-                remove_run_dir(entry.live.run_dir)  # (another host's is not ours to touch)
+        await self._clean_strays(adopted)
+        resumed = await self.intake.recover(await self.store.pending_messages())
+        if resumed:
+            log.info("re-queued %d message(s) accepted before the restart", resumed)
+
+    async def _recover_replica(self, cluster: Cluster) -> None:
+        """A replica's start (docs/replicas.md): join, keep the conversations it held
+        (each recovered as it is kept), and stop its own runs in conversations it
+        no longer holds. Pending messages elsewhere are found by the poll."""
+        try:
+            await cluster.register()
+        except ReplicaIdInUse as exc:
+            raise StartupError(f"cluster.replica_id: {exc}") from None
+        kept = set(await cluster.keep_own())
+        adopted = set(self._adopted)
+        registered = {entry.live.run_id: entry for entry in await self.store.live_runs()}
+        for run in await self.store.running_runs():
+            if run.replica == cluster.replica_id and run.room not in kept:
+                await self._recover_run(run, registered.get(run.id), False)
+        await self._clean_strays(adopted)
+        if kept:
+            log.info("kept %d conversation(s) held before the restart", len(kept))
+
+    async def _clean_strays(self, adopted: set[RunId]) -> None:
         # Run directories of runs that are no longer running (their outcome is
         # recorded, or they never got registered): whatever is left of them goes.
         killed = await clean_stray_runs(
@@ -355,9 +378,72 @@ class Service:
         )
         if killed:
             log.warning("stopped %d process(es) of runs no record names", killed)
-        resumed = await self.intake.recover(await self.store.pending_messages())
-        if resumed:
-            log.info("re-queued %d message(s) accepted before the restart", resumed)
+
+    async def _recover_run(
+        self, run: RunRecord, entry: RegisteredRun | None, may_follow: bool
+    ) -> bool:
+        """Reattach one run left running (True), or stop it and report it interrupted.
+
+        A run in the registry of live runs on this host goes back to its room
+        as that room's active run (:meth:`Dispatcher.adopt`), before the room's
+        waiting messages, which become its follow-up batch. Otherwise its
+        notice is recorded with its outcome in one transaction; it goes out
+        once a transport is connected.
+        """
+        prefix = self.settings.commands.prefix
+        host = socket.gethostname()
+        followable = (
+            may_follow
+            and entry is not None
+            and entry.live.host == host
+            and self.settings.room(run.room) is not None
+            # No journal: the run ended here but its end could not be recorded.
+            and journal_exists(entry.live)
+        )
+        # Also for a run not followed: its notice goes where the run was asked.
+        messages = await self.store.messages(run.message_ids)
+        if followable and entry is not None and messages:
+            batch = Batch(run.room, tuple(messages))
+            self.dispatcher.adopt(batch, self.executor.reattach(entry, run.started_at))
+            log.info("run %s in %s: reattaching to its supervisor", run.id, run.room)
+            self._adopted.add(run.id)
+            return True
+        # Not to be followed (no registry entry, no journal, its room gone):
+        # its supervisor, if still there, is asked to stop and waited for;
+        # then the run's cgroup and the marker sweep (runner/recovery.py).
+        killed = await recover_run(run.id, self.settings.runner.cgroup_root)
+        # Honest for both ways a run stays "running": a crash or restart
+        # during it, or an end whose outcome the failing database could
+        # not take (its answer may have gone out).
+        text = (
+            f"The last run (`{run.id}`) did not finish before chatbridge restarted"
+            " (or its end could not be recorded). If its answer is not above,"
+            f" `{prefix}retry {run.id}` runs it again."
+        )
+        notice = (
+            in_conversation(Batch(run.room, tuple(messages)), text, ReplyKind.NOTICE)
+            if messages
+            else Reply(run.room, text, ReplyKind.NOTICE, thread=run.room.thread or None)
+        )
+        await self.store.finish_run(
+            run.id,
+            RunReport(RunStatus.INTERRUPTED, error="chatbridge restarted during the run"),
+            time.time(),
+            [notice],
+        )
+        # Its waiting tool requests can no longer be answered: out of `!status` and
+        # out of reach of an `!approve` meant for a live run (shown once connected).
+        closed = await self.approvals.cancel_run(run.id, RunStatus.INTERRUPTED.value)
+        if self.ready.is_set() and self._tasks is not None:
+            self._tasks.create_task(self.approvals.show(closed), name="close requests")
+        else:
+            self._closed_at_start += closed
+        log.warning(
+            "run %s in %s was interrupted (killed %d process(es))", run.id, run.room, killed
+        )
+        if entry is not None and entry.live.host == host:
+            remove_run_dir(entry.live.run_dir)  # (another host's is not ours to touch)
+        return False
 
     def _show_received(self, message: Message) -> None:
         # In the service's task group, so the transport's acknowledgement does
@@ -374,7 +460,12 @@ class Service:
 
     async def _serve(self) -> None:
         with state_dir_lock(self.settings.runner.state_dir):
-            await self._serve_locked()
+            if isinstance(self.store, SqlStore):
+                shared = self.settings.cluster.enabled
+                async with database_lock(self.store.engine, shared=shared):
+                    await self._serve_locked()
+            else:
+                await self._serve_locked()
 
     async def _serve_locked(self) -> None:
         report_containment(self.settings)
@@ -385,6 +476,10 @@ class Service:
                 tg.create_task(self._housekeeping(), name="housekeeping"),
                 tg.create_task(self.approvals.expire_forever(), name="approval expiry"),
             ]
+            if self.cluster is not None:
+                # From the start: the leases kept at recovery must be renewed
+                # while the transports connect.
+                background.append(tg.create_task(self.cluster.serve(), name="cluster"))
             readies: dict[str, asyncio.Event] = {}
             if self.settings.http.listen:
                 # Imported here: a start with HTTP off loads nothing of the endpoint.
@@ -517,6 +612,10 @@ class Service:
     async def _shutdown(self, dispatcher_task: asyncio.Task[None]) -> None:
         """Steps 1-3 of the shutdown path; the caller then closes the transports."""
         self.shutting_down.set()
+        if self.cluster is not None:
+            # Scale-in: idle conversations go to other replicas at once.
+            self.cluster.draining = True
+            await self._hand_over(self.cluster, busy=False)
         # From here no run begins; transports keep delivering inbound messages,
         # which are recorded and wait for the restart.
         if self.settings.runner.on_shutdown == "detach" and not self._stop_now.is_set():
@@ -552,6 +651,34 @@ class Service:
         deadline = time.monotonic() + drain_s
         await self.outbox.drain(drain_s)
         await self.executor.drain(max(0.0, deadline - time.monotonic()))
+        if self.cluster is not None:
+            await self._hand_over(self.cluster, busy=True)
+
+    async def _hand_over(self, cluster: Cluster, *, busy: bool) -> None:
+        """Let conversations go at shutdown: the idle ones first, the rest once their
+        runs have ended. A conversation whose run was left to its supervisor
+        (``on_shutdown = "detach"``) is kept: a restart within ``lease_ttl_s``
+        reattaches it, and otherwise its lease runs out and another replica
+        takes it over (docs/replicas.md)."""
+        try:
+            detached = {
+                run.room
+                for run in await self.store.running_runs()
+                if run.replica == cluster.replica_id
+            }
+        except StoreError:
+            return  # the leases run out on their own
+        rooms = [
+            room
+            for room in cluster.owned()
+            if room not in detached and (busy or self.dispatcher.status(room).running is None)
+        ]
+        try:
+            await cluster.release_idle(rooms)
+            if busy and not detached.intersection(cluster.owned()):
+                await cluster.leave()
+        except StoreError:
+            log.warning("could not hand conversations over; their leases run out")
 
     async def _housekeeping(self) -> None:
         retention_s = self.settings.database.retention_days * 86400

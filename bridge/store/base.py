@@ -77,6 +77,8 @@ class RunRecord:
     message_ids: tuple[MessageId, ...]
     report: RunReport | None
     """None while the run is running."""
+    replica: str | None = None
+    """The replica that started it (docs/replicas.md); None for a single process."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -257,6 +257,7 @@ class MemoryStore:
             pid=None,
             message_ids=batch.ids,
             report=None,
+            replica=None if fence is None else fence.replica,
         )
         self._dispatch_into(run_id, batch, at)
         self._write_audit(

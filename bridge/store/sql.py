@@ -181,6 +181,11 @@ class SqlStore:
             self._finish_group, limit=FINISH_GROUP_LIMIT
         )
 
+    @property
+    def engine(self) -> AsyncEngine:
+        """The writer engine, for what shares the database (replicas' leases)."""
+        return self._engine
+
     @classmethod
     async def open(cls, url: str = DEFAULT_URL, *, auto_migrate: bool = True) -> SqlStore:
         """Connect to ``url``, migrating its schema to head first if ``auto_migrate``.
@@ -1703,6 +1708,7 @@ def _run_record(row: RunRow, message_ids: tuple[MessageId, ...]) -> RunRecord:
         pid=row.pid,
         message_ids=message_ids,
         report=report,
+        replica=row.replica,
     )
 
 

@@ -41,8 +41,10 @@ GUARD_S = 30.0
 class ChatRoom(Transport):
     name = TransportName("console")
 
-    def __init__(self, room: RoomKey, user: str) -> None:
+    def __init__(self, room: RoomKey, user: str, id_prefix: str = "in") -> None:
         self.room = room
+        self.id_prefix = id_prefix
+        """Of the ids of the messages said here (two rooms of one chat need their own)."""
         self.user = UserId(user)
         self.sink: InboundSink | None = None
         self.replies: list[Reply] = []
@@ -66,7 +68,7 @@ class ChatRoom(Transport):
         """A new message, top-level or in ``thread`` (its root's id)."""
         assert self.sink is not None
         self._ids += 1
-        external_id = ExternalMessageId(f"in-{self._ids}")
+        external_id = ExternalMessageId(f"{self.id_prefix}-{self._ids}")
         message = InboundMessage(self.room, self.user, text, external_id, thread=thread)
         return external_id, await self.sink(message)
 

@@ -1,0 +1,183 @@
+"""What holding a lease means for the service's parts (docs/replicas.md).
+
+:class:`~bridge.cluster.Cluster` decides which conversations this replica
+owns; this module acts on it: a conversation taken is recovered as a restart
+recovers (its runs, its waiting messages, its undelivered answers), one lost
+is let go (its run interrupted, its queue forgotten, still pending for the new
+owner), a message accepted for another replica's conversation is handed to
+that replica, and one handed here is taken in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from bridge.cluster import Cluster, Notice
+from bridge.config import Settings
+from bridge.core.model import (
+    Batch,
+    ExternalMessageId,
+    Message,
+    MessageId,
+    RoomKey,
+    RunReport,
+    RunStatus,
+    UserId,
+)
+from bridge.core.transport import ApprovalAction, ApprovalChoice
+from bridge.delivery import Outbox
+from bridge.intake import Intake
+from bridge.metrics import Metrics
+from bridge.store.base import RegisteredRun, RunRecord, Store
+from bridge.store.cluster import Leases
+from dispatcher import DispatchedRun, Dispatcher
+
+log = logging.getLogger(__name__)
+
+HARD_LIMIT_MARGIN_S = 10.0
+"""Beyond a run's time limit and stop grace: its supervisor's kill phase, and clock skew."""
+
+RecoverRun = Callable[[RunRecord, RegisteredRun | None, bool], Awaitable[bool]]
+"""The service's recovery of one run: reattach it (True) if ``followable``, else stop it
+on this host and report it interrupted (False)."""
+
+
+@dataclass(slots=True)
+class ClusterRole:
+    settings: Settings
+    cluster: Cluster
+    leases: Leases
+    store: Store
+    dispatcher: Dispatcher
+    intake: Intake
+    outbox: Outbox
+    metrics: Metrics
+    recover_run: RecoverRun
+    on_approval_action: Callable[[ApprovalAction], Awaitable[object]]
+
+    # -- Placement (bridge.intake) --
+
+    async def local(self, message: Message) -> bool:
+        """Handle ``message`` here if this replica owns (or can take) its conversation;
+        otherwise tell its owner, or every replica if nobody owns it yet."""
+        owner = await self.cluster.place(message.room, need_slot=False)
+        if owner is None:
+            return True
+        self.metrics.forwarded.labels("message").inc()
+        await self.cluster.tell(owner, "message", message.room, {"id": message.id})
+        return False
+
+    async def forward_action(self, action: ApprovalAction, room: RoomKey) -> None:
+        """A click on another replica's request: for that replica (the poll cannot find it)."""
+        owner = await self.cluster.place(room, need_slot=False)
+        if owner is None:
+            # Taken here meanwhile (its owner died): its run is gone, the desk says so.
+            await self.on_approval_action(action)
+            return
+        self.metrics.forwarded.labels("action").inc()
+        body = {"sender": action.sender, "message": action.message_id, "choice": action.choice}
+        await self.cluster.tell(owner, "action", action.room, body)
+
+    # -- Cluster's callbacks --
+
+    async def heard(self, notice: Notice) -> None:
+        if notice.kind == "message":
+            found = await self.store.messages([MessageId(int(notice.body["id"]))])
+            for message in found:
+                if self.cluster.holds(message.room):
+                    await self.intake.take_forwarded(message)
+                else:
+                    # Not (or no longer) ours: place it again (take it, or pass it on).
+                    await self.intake_again(message)
+        elif notice.kind == "action":
+            action = ApprovalAction(
+                notice.room,
+                UserId(str(notice.body["sender"])),
+                ExternalMessageId(str(notice.body["message"])),
+                ApprovalChoice(str(notice.body["choice"])),
+            )
+            await self.on_approval_action(action)
+
+    async def intake_again(self, message: Message) -> None:
+        if await self.local(message):
+            await self.intake.take_forwarded(message)
+
+    async def take_over(self, room: RoomKey) -> None:
+        """Recover ``room`` as a restart would, now that this replica owns it."""
+        registered = {e.live.run_id: e for e in await self.store.live_runs() if e.room == room}
+        for run in await self.store.running_runs():
+            if run.room != room:
+                continue
+            entry = registered.get(run.id)
+            host = await self._host_of(run, entry)
+            if host == socket.gethostname():
+                mine = run.replica in (None, self.cluster.replica_id)
+                await self.recover_run(run, entry, mine)
+            else:
+                await self._wait_out(run, host)
+        await self.intake.recover(await self.store.pending_messages(room))
+        self.outbox.submit(await self.store.undelivered(room))
+
+    def give_up(self, room: RoomKey) -> None:
+        """Another replica owns ``room`` now: nothing of it goes on here."""
+        left = self.dispatcher.release(room)
+        if left:
+            log.info("%d waiting message(s) of %s are left to its new owner", len(left), room)
+
+    async def recheck(self) -> None:
+        """The poll's fallback for a lost notification: messages of conversations this
+        replica owns that are pending for a while and not in its dispatcher's hands."""
+        since = time.time() - 2 * self.settings.cluster.poll_s
+        for room in self.cluster.owned():
+            if not self.cluster.holds(room):
+                continue
+            for message in await self.store.pending_messages(room):
+                if message.received_at < since and not self.dispatcher.holds(message):
+                    await self.intake.take_forwarded(message)
+
+    # -- helpers --
+
+    async def _host_of(self, run: RunRecord, entry: RegisteredRun | None) -> str | None:
+        """Where the run's processes are, if anyone can tell."""
+        if entry is not None:
+            return entry.live.host
+        if run.replica is None:
+            return socket.gethostname()  # started before replicas: a single process's
+        replica = await self.leases.previous(run.replica)
+        return None if replica is None else replica.host
+
+    async def _wait_out(self, run: RunRecord, host: str | None) -> None:
+        """A run on another host (or an unknown one) cannot be stopped from here: the
+        conversation waits until the run has ended, or its hard time limit has passed
+        (its supervisor enforces it on its own), then reports it interrupted."""
+        messages = await self.store.messages(run.message_ids)
+        if not messages:
+            return
+        room_settings = self.settings.room(run.room)
+        limit = 0.0 if room_settings is None else room_settings.run_timeout_s
+        deadline = run.started_at + limit + self.settings.runner.stop_grace_s + HARD_LIMIT_MARGIN_S
+        log.warning(
+            "run %s in %s is on %s: its conversation waits for it to end (at the latest %.0fs)",
+            run.id, run.room, host or "an unknown host", max(0.0, deadline - time.time()),
+        )  # fmt: skip
+
+        async def wait(_run: DispatchedRun) -> None:
+            while time.time() < deadline:
+                record = await self.store.get_run(run.id)
+                if record is None or record.status is not RunStatus.RUNNING:
+                    return
+                await asyncio.sleep(self.settings.cluster.poll_s)
+            report = RunReport(
+                RunStatus.INTERRUPTED, error="its replica was lost; it ran past its time limit"
+            )
+            await self.store.finish_run(run.id, report, time.time())
+
+        self.dispatcher.adopt(Batch(run.room, tuple(messages)), wait)
+
+
+__all__ = ["ClusterRole"]

@@ -1,0 +1,90 @@
+"""One chatbridge per database, unless they are replicas (docs/replicas.md).
+
+Two independent chatbridges on one database would recover each other's runs
+as interrupted and deliver each other's answers twice. So a start takes a
+lock on the database for the service's life:
+
+- SQLite (a file): an exclusive ``flock`` on ``<file>.lock`` beside it; the
+  kernel drops it when the process dies. SQLite is never for replicas.
+- PostgreSQL: a session-level advisory lock on a connection held open,
+  exclusive for a single chatbridge and shared for replicas, so a replica
+  and a chatbridge that is not one refuse each other too. The server drops
+  it with the connection. (If the server restarts, the lock is gone until
+  the next start: it guards against a mistake at start-up, while the
+  replicas' leases guard the runs.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from bridge.errors import StartupError
+
+ADVISORY_KEY = 0x63686174627267
+"""The advisory lock's key ("chatbrg"): the same for every chatbridge on a database."""
+
+
+@contextlib.asynccontextmanager
+async def database_lock(engine: AsyncEngine, *, shared: bool) -> AsyncIterator[None]:
+    """Hold the lock of ``engine``'s database for the block; :class:`StartupError` if
+    another chatbridge holds it. An in-memory SQLite database needs none."""
+    parsed = engine.url
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database in (None, "", ":memory:"):
+            yield
+            return
+        with _file_lock(Path(parsed.database or "")):
+            yield
+        return
+    async with _advisory_lock(engine, shared=shared):
+        yield
+
+
+@contextlib.contextmanager
+def _file_lock(database: Path) -> Iterator[None]:
+    path = database.with_name(database.name + ".lock")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise StartupError(f"database.url: cannot lock {database}: {exc.strerror}") from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise StartupError(
+                f"database.url: {database} is in use by another chatbridge (pid {holder});"
+                " a SQLite database serves one chatbridge (replicas need PostgreSQL)"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.asynccontextmanager
+async def _advisory_lock(engine: AsyncEngine, *, shared: bool) -> AsyncIterator[None]:
+    function = "pg_try_advisory_lock_shared" if shared else "pg_try_advisory_lock"
+    async with engine.connect() as conn:
+        got = await conn.scalar(text(f"SELECT {function}(:k)"), {"k": ADVISORY_KEY})
+        await conn.commit()
+        if not got:
+            if shared:
+                why = (
+                    "a chatbridge that is not a replica uses it; stop it, or enable [cluster] there"
+                )
+            else:
+                why = (
+                    "another chatbridge uses it; give each its own database,"
+                    " or enable [cluster] on all of them to run them as replicas"
+                )
+            raise StartupError(f"database.url: {why}")
+        yield

@@ -1,0 +1,127 @@
+"""Two replicas on one PostgreSQL: who runs a conversation, forwarding, commands,
+fencing and failover (docs/replicas.md). The process-level suite (kill -9, SIGSTOP,
+PostgreSQL restarts, a load balancer) is in tests/cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from bridge.core.model import ReplyKind
+from bridge.store.base import Fence
+from bridge.store.cluster import Fenced, Leases
+from tests.replicas.conftest import ROOM, Replica, replica, replica_settings
+from tests.store.conftest import _asyncpg_dsn
+
+GUARD_S = 30.0
+
+
+async def runs_of(url: str) -> list[tuple[str, str, str | None]]:
+    conn = await asyncpg.connect(_asyncpg_dsn(url))
+    try:
+        rows = await conn.fetch("SELECT id, status, replica FROM runs ORDER BY seq")
+    finally:
+        await conn.close()
+    return [(r["id"], r["status"], r["replica"]) for r in rows]
+
+
+def results(r: Replica) -> list[str]:
+    return r.chat.texts(ReplyKind.RESULT)
+
+
+async def test_the_owner_runs_what_any_replica_accepts(tmp_path: Path, cluster_db: str) -> None:
+    async with (
+        replica(replica_settings(tmp_path, "a", cluster_db)) as a,
+        replica(replica_settings(tmp_path, "b", cluster_db)) as b,
+    ):
+        await a.chat.say("first")
+        await a.chat.wait_until(lambda: results(a) == ["first"])
+        # Accepted by b, for a's conversation: a runs it and answers.
+        await b.chat.say("second")
+        await a.chat.wait_until(lambda: results(a) == ["first", "second"])
+        assert results(b) == []
+        assert a.service.cluster is not None and a.service.cluster.holds(ROOM)
+    recorded = await runs_of(cluster_db)
+    assert [(status, rep) for _, status, rep in recorded] == [("succeeded", "a")] * 2
+
+
+async def test_a_stop_accepted_elsewhere_stops_the_owners_run(
+    tmp_path: Path, cluster_db: str
+) -> None:
+    gate = tmp_path / "gate"
+    env = {"FAKE_CLAUDE_ECHO": "1", "FAKE_CLAUDE_WAIT_FOR": str(gate)}
+    async with (
+        replica(replica_settings(tmp_path, "a", cluster_db, env=env)) as a,
+        replica(replica_settings(tmp_path, "b", cluster_db, env=env)) as b,
+    ):
+        await a.chat.say("a long one")
+        await a.chat.wait_until(lambda: a.service.dispatcher.active_runs == 1)
+        await b.chat.say("!stop")
+        async with asyncio.timeout(GUARD_S):
+            await a.service.dispatcher.wait_idle()
+        # The command's answer comes from the replica that carried it out.
+        await a.chat.wait_until(lambda: len(a.chat.texts(ReplyKind.NOTICE)) >= 1)
+        assert b.chat.texts() == []
+    [(_, status, rep)] = await runs_of(cluster_db)
+    assert (status, rep) == ("stopped", "a")
+
+
+async def test_a_dead_replicas_conversation_is_taken_over_and_its_messages_run_once(
+    tmp_path: Path, cluster_db: str
+) -> None:
+    async with replica(replica_settings(tmp_path, "b", cluster_db)) as b:
+        async with replica(replica_settings(tmp_path, "a", cluster_db)) as a:
+            await a.chat.say("before")
+            await a.chat.wait_until(lambda: results(a) == ["before"])
+            a.die()
+            await asyncio.wait({a.task})
+        # a's lease is still there: b forwards to a dead replica; the message
+        # waits in the inbox until the lease runs out, then b takes it over.
+        started = time.monotonic()
+        await b.chat.say("after")
+        # (b may deliver a's last answer again: a died before recording its delivery.)
+        await b.chat.wait_until(lambda: "after" in results(b))
+        waited = time.monotonic() - started
+        assert results(b).count("after") == 1
+        assert b.service.cluster is not None and b.service.cluster.holds(ROOM)
+    recorded = await runs_of(cluster_db)
+    assert [(status, rep) for _, status, rep in recorded] == [
+        ("succeeded", "a"),
+        ("succeeded", "b"),
+    ]
+    # Within the failover time the settings give (lease, then a poll), with slack for CI.
+    assert waited < 2 + 0.2 + GUARD_S
+
+
+async def test_a_start_fenced_by_a_lost_lease_records_nothing(cluster_db: str) -> None:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from bridge.core.model import Batch, ExternalMessageId, InboundMessage, RunId, UserId
+    from bridge.store.sql import SqlStore
+
+    store = await SqlStore.open(cluster_db)
+    try:
+        leases = Leases(store.engine, ttl_s=1.0)
+        lease = await leases.acquire(ROOM, "a")
+        assert lease is not None and lease.token == 1
+        assert await leases.acquire(ROOM, "b") is None  # held, unexpired
+        msg = await store.accept(
+            InboundMessage(ROOM, UserId("U1"), "hi", ExternalMessageId("m1")), time.time()
+        )
+        assert msg is not None
+        # The lease runs out (the database's clock), b takes it with a new token.
+        await asyncio.sleep(1.1)
+        taken = await leases.acquire(ROOM, "b")
+        assert taken is not None and taken.token == 2 and taken.owner == "b"
+        with pytest.raises(Fenced):
+            await store.start_run(RunId("r-a"), Batch(ROOM, (msg,)), time.time(), Fence("a", 1))
+        assert await store.pending_messages(ROOM) == [msg]
+        await store.start_run(RunId("r-b"), Batch(ROOM, (msg,)), time.time(), Fence("b", 2))
+        assert (await store.get_run(RunId("r-b"))) is not None
+    finally:
+        await store.close()
+    del create_async_engine
