@@ -44,7 +44,8 @@ async def test_the_owner_runs_what_any_replica_accepts(tmp_path: Path, cluster_d
         await b.chat.say("second")
         await a.chat.wait_until(lambda: results(a) == ["first", "second"])
         assert results(b) == []
-        assert a.service.cluster is not None and a.service.cluster.holds(ROOM)
+        assert a.service.cluster is not None
+        assert a.service.cluster.holds(ROOM)
     recorded = await runs_of(cluster_db)
     assert [(status, rep) for _, status, rep in recorded] == [("succeeded", "a")] * 2
 
@@ -87,7 +88,8 @@ async def test_a_dead_replicas_conversation_is_taken_over_and_its_messages_run_o
         await b.chat.wait_until(lambda: "after" in results(b))
         waited = time.monotonic() - started
         assert results(b).count("after") == 1
-        assert b.service.cluster is not None and b.service.cluster.holds(ROOM)
+        assert b.service.cluster is not None
+        assert b.service.cluster.holds(ROOM)
     recorded = await runs_of(cluster_db)
     assert [(status, rep) for _, status, rep in recorded] == [
         ("succeeded", "a"),
@@ -98,8 +100,6 @@ async def test_a_dead_replicas_conversation_is_taken_over_and_its_messages_run_o
 
 
 async def test_a_start_fenced_by_a_lost_lease_records_nothing(cluster_db: str) -> None:
-    from sqlalchemy.ext.asyncio import create_async_engine
-
     from bridge.core.model import Batch, ExternalMessageId, InboundMessage, RunId, UserId
     from bridge.store.sql import SqlStore
 
@@ -107,7 +107,8 @@ async def test_a_start_fenced_by_a_lost_lease_records_nothing(cluster_db: str) -
     try:
         leases = Leases(store.engine, ttl_s=1.0)
         lease = await leases.acquire(ROOM, "a")
-        assert lease is not None and lease.token == 1
+        assert lease is not None
+        assert lease.token == 1
         assert await leases.acquire(ROOM, "b") is None  # held, unexpired
         msg = await store.accept(
             InboundMessage(ROOM, UserId("U1"), "hi", ExternalMessageId("m1")), time.time()
@@ -116,7 +117,9 @@ async def test_a_start_fenced_by_a_lost_lease_records_nothing(cluster_db: str) -
         # The lease runs out (the database's clock), b takes it with a new token.
         await asyncio.sleep(1.1)
         taken = await leases.acquire(ROOM, "b")
-        assert taken is not None and taken.token == 2 and taken.owner == "b"
+        assert taken is not None
+        assert taken.token == 2
+        assert taken.owner == "b"
         with pytest.raises(Fenced):
             await store.start_run(RunId("r-a"), Batch(ROOM, (msg,)), time.time(), Fence("a", 1))
         assert await store.pending_messages(ROOM) == [msg]
@@ -124,4 +127,3 @@ async def test_a_start_fenced_by_a_lost_lease_records_nothing(cluster_db: str) -
         assert (await store.get_run(RunId("r-b"))) is not None
     finally:
         await store.close()
-    del create_async_engine
