@@ -57,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
         ("run", "run the bridge until SIGTERM/SIGINT (or end of console input)"),
         ("check-config", "validate the configuration and print it, secrets redacted"),
         ("migrate", "upgrade the database schema to the latest version"),
+        ("status", "print the replicas, leases, runs and inbox lag the database records"),
     ):
         cmd = sub.add_parser(name, help=text, description=text)
         cmd.add_argument("--config", metavar="PATH", help=config_help)
@@ -87,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _check_config(settings)
         case "migrate":
             return _run(_migrate(settings))
+        case "status":
+            return _run(_status(settings))
         case _:
             return _run(_serve(settings))
 
@@ -117,6 +120,12 @@ async def _migrate(settings: Settings) -> None:
         # As at start-up: the setting, then the first line of the driver's message.
         raise StartupError(f"database.url: {str(exc).splitlines()[0]}") from exc
     _log().info("database is up to date")
+
+
+async def _status(settings: Settings) -> None:
+    from bridge.status_report import status_text
+
+    print(await status_text(settings))
 
 
 async def _serve(settings: Settings) -> None:

@@ -30,7 +30,7 @@ from bridge.config import ClusterSettings
 from bridge.core.model import RoomId, RoomKey, TransportName
 from bridge.metrics import Metrics
 from bridge.store.base import Fence, StoreError
-from bridge.store.cluster import Lease, Leases, Replica, ReplicaReplaced
+from bridge.store.cluster import Lease, Leases, Replica, ReplicaReplaced, leader_key
 from bridge.store.keys import room_key, stored_id
 
 log = logging.getLogger(__name__)
@@ -108,6 +108,10 @@ class Cluster:
     _locks: dict[RoomKey, asyncio.Lock] = field(default_factory=dict)
     """One taking at a time per conversation."""
     _pending_notices: list[Notice] = field(default_factory=list)
+    _leading: dict[str, Lease] = field(default_factory=dict)
+    """Transports this replica leads (connects), by name: Matrix's sync."""
+    lost_lead: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when a leader lease is lost: the transport it gated must stop at once."""
     draining: bool = False
     """Shutting down: takes nothing new, and lets idle conversations go."""
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -241,6 +245,42 @@ class Cluster:
     def _lose_all(self, why: str) -> None:
         for room in list(self._owned):
             self._lose(room, why)
+        for transport in list(self._leading):
+            self._lose_lead(transport, why)
+
+    # -- leading a transport --
+
+    async def try_lead(self, transport: str) -> bool:
+        """Take ``transport``'s leader lease if nobody holds it; whether this replica leads."""
+        if self.leads(transport):
+            return True
+        if self.draining:
+            return False
+        lease = await self.leases.acquire(leader_key(transport), self.replica_id)
+        if lease is None:
+            return False
+        self._leading[transport] = lease
+        self.lost_lead.clear()
+        log.info("leading %s (token %d)", transport, lease.token)
+        return True
+
+    def leads(self, transport: str) -> bool:
+        if transport not in self._leading:
+            return False
+        if self.clock() >= self._valid_until:
+            self._lose_all("no lease renewal for the lease's lifetime")
+            return False
+        return True
+
+    def _lose_lead(self, transport: str, why: str) -> None:
+        if self._leading.pop(transport, None) is None:
+            return
+        log.warning("no longer leading %s: %s", transport, why)
+        # Its conversations need the transport: they go to the new leader.
+        for room in list(self._owned):
+            if room.transport == transport:
+                self._lose(room, f"no longer leading {transport}")
+        self.lost_lead.set()
 
     async def release_idle(self, idle: Iterable[RoomKey]) -> None:
         """Let conversations with nothing running go at once (scale-in), and say so."""
@@ -315,6 +355,9 @@ class Cluster:
                     self._lose_all("no lease renewal for the lease's lifetime")
                 self._valid_until = sent + self.settings.lease_ttl_s
                 held = {lease.room: lease for lease in renewal.leases}
+                for transport in list(self._leading):
+                    if leader_key(transport) not in held:
+                        self._lose_lead(transport, "its leader lease was taken or ran out")
                 for room in list(self._owned):
                     if room in held:
                         self._owned[room] = held[room]
@@ -353,7 +396,7 @@ class Cluster:
         free = self.capacity - self.active_runs()
         if free <= 0:
             return
-        transports = [t for t in ("slack", "matrix", "console") if self.serves(t)]
+        transports = [t for t in ("slack", "matrix") if self.serves(t)]
         work = await self.leases.unowned_work(transports, free)
         oldest = min((since for _, since in work), default=None)
         self.metrics.unowned_lag.set(0.0 if oldest is None else max(0.0, time.time() - oldest))

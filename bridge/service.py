@@ -52,6 +52,7 @@ from bridge.delivery import Outbox
 from bridge.errors import ChatbridgeError, StartupError, reason
 from bridge.file_posts import FilePosts
 from bridge.intake import Intake
+from bridge.leader_gate import LeaderGated
 from bridge.metrics import Metrics
 from bridge.notices import Notices
 from bridge.pacing import Pacing
@@ -152,6 +153,8 @@ class Service:
 
     def __post_init__(self) -> None:
         settings = self.settings
+        if settings.cluster.enabled:
+            self.cluster = self._new_cluster()
         by_name = {t.name: t for t in self.transports}
         pacing = {
             name: Pacing(settings.delivery.edits_per_minute(name), time.monotonic)
@@ -245,22 +248,32 @@ class Service:
             lambda: self.dispatcher.queued,
             self.transports,
         )
-        if settings.cluster.enabled:
-            self._join_cluster()
+        if self.cluster is not None:
+            self._join_cluster(self.cluster)
 
-    def _join_cluster(self) -> None:
-        """Wire the parts to the cluster: who runs, delivers, expires what (docs/replicas.md)."""
+    def _new_cluster(self) -> Cluster:
+        """This replica's cluster part; Matrix goes behind its leader lease."""
         if not isinstance(self.store, SqlStore):
             raise StartupError("cluster.enabled: replicas share a PostgreSQL store")
-        leases = Leases(self.store.engine, self.settings.cluster.lease_ttl_s)
-        cluster = self.cluster = Cluster(
-            self.settings.cluster,
-            leases,
+        settings = self.settings.cluster
+        cluster = Cluster(
+            settings,
+            Leases(self.store.engine, settings.lease_ttl_s),
             self.metrics,
             self.settings.runner.max_concurrent_runs,
             lambda: self.dispatcher.active_runs,
-            serves=lambda transport: transport == "slack",
+            # Slack spreads its events over every replica; Matrix syncs on one.
+            serves=lambda transport: transport != "matrix" or cluster.leads(transport),
         )
+        self.transports = [
+            LeaderGated(t, cluster, settings.poll_s) if t.name == "matrix" else t
+            for t in self.transports
+        ]
+        return cluster
+
+    def _join_cluster(self, cluster: Cluster) -> None:
+        """Wire the parts to the cluster: who runs, delivers, expires what (docs/replicas.md)."""
+        leases = cluster.leases
         role = ClusterRole(
             self.settings,
             cluster,

@@ -272,6 +272,11 @@ class Leases:
         )
         return [(_lease(row), bool(row.live)) for row in rows]
 
+    async def now(self) -> float:
+        """The database's clock (every lease time is on it)."""
+        rows = await self._run("SELECT extract(epoch from clock_timestamp())::float8 AS now")
+        return float(rows[0].now)
+
     async def replicas(self) -> list[Replica]:
         rows = await self._run("SELECT * FROM replicas ORDER BY id")
         return [_replica(row) for row in rows]

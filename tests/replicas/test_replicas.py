@@ -127,3 +127,22 @@ async def test_a_start_fenced_by_a_lost_lease_records_nothing(cluster_db: str) -
         assert (await store.get_run(RunId("r-b"))) is not None
     finally:
         await store.close()
+
+
+async def test_status_prints_the_replicas_and_who_owns_what(
+    tmp_path: Path, cluster_db: str
+) -> None:
+    from bridge.status_report import status_text
+
+    settings = replica_settings(tmp_path, "a", cluster_db)
+    async with replica(settings) as a, replica(replica_settings(tmp_path, "b", cluster_db)):
+        await a.chat.say("hello")
+        await a.chat.wait_until(lambda: results(a) == ["hello"])
+        text = await status_text(settings)
+    lines = text.splitlines()
+    assert lines[0] == "replicas: 2"
+    assert [line.split()[:2] for line in lines[1:3]] == [["a", "live"], ["b", "live"]]
+    assert lines[3] == "leases: 1 live, 0 expired"
+    assert lines[4].split()[:3] == ["slack:C1", "owner", "a"]
+    assert "runs: 0 running" in lines
+    assert lines[-1] == "inbox: 0 pending"
