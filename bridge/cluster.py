@@ -181,7 +181,8 @@ class Cluster:
     def fence(self, room: RoomKey) -> Fence:
         """The claim a run's start in ``room`` is recorded under (fails if not held)."""
         lease = self._owned.get(room)
-        return Fence(self.replica_id, -1 if lease is None else lease.token)
+        token = -1 if lease is None else lease.token
+        return Fence(self.replica_id, token, self.settings.max_concurrent_runs)
 
     def owned(self) -> list[RoomKey]:
         return list(self._owned)

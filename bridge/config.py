@@ -418,7 +418,8 @@ class ClusterSettings(_Section):
     poll_s: float = Field(2.0, gt=0, le=60)
     """How often each replica looks for work no notification told it of."""
     max_concurrent_runs: int | None = Field(None, ge=1)
-    """Runs of the whole cluster at once; None: only each replica's own cap."""
+    """Runs of the whole cluster at once; None: only each replica's own
+    ``[runner] max_concurrent_runs``."""
 
     @property
     def renew_every_s(self) -> float:

@@ -91,7 +91,7 @@ from bridge.store.base import (
     Store,
     StoreError,
 )
-from bridge.store.cluster import Fenced
+from bridge.store.cluster import ClusterFull, Fenced
 from bridge.store.rules import delivery_key
 from bridge.usage import LimitResumes, usage_limit
 from bridge.worktrees import WorktreeError, Worktrees, in_worktree
@@ -118,6 +118,9 @@ from runner.events import (
 )
 
 log = logging.getLogger(__name__)
+
+CLUSTER_FULL_RETRY_S = 1.0
+"""How often a start waiting for a cluster slot tries again (``[cluster] max_concurrent_runs``)."""
 
 RECORD_TIMEOUT_S = 60.0
 """Recording a run's end (with retries) gives up after this long: the room is freed."""
@@ -531,7 +534,7 @@ class RunExecutor:
         the room can run before it.
         """
         delays = iter(self.start_retry_delays_s)
-        told = False
+        told = full_told = False
         while True:
             try:
                 await self.store.start_run(run_id, batch, started, self.fence_of(batch.room))
@@ -540,6 +543,17 @@ class RunExecutor:
                 # still pending, and the new owner runs them.
                 log.warning("run %s not started: %s moved to another replica", run_id, batch.room)
                 return False
+            except ClusterFull:
+                # Not a failure: the batch keeps its place until a run ends somewhere.
+                if not full_told:
+                    full_told = True
+                    await self.notices.say(
+                        batch.room,
+                        "Every run slot of the cluster is busy; this run starts when one frees.",
+                        about=batch,
+                    )
+                await asyncio.sleep(CLUSTER_FULL_RETRY_S)
+                continue
             except StoreError:
                 delay = next(delays, None)
                 if delay is None:

@@ -108,6 +108,26 @@ def test_compose_services(compose: dict[str, Any]) -> None:
     assert services["synapse"]["profiles"] == ["dev"]
     assert bridge["env_file"] == ".env"
     assert bridge["init"] is True
+    # Replicas: three by default, coordinating through PostgreSQL, each with its own
+    # state directory (not on a shared volume) and the Matrix store shared.
+    assert bridge["deploy"]["replicas"] == 3
+    env = bridge["environment"]
+    assert env["CHATBRIDGE_CLUSTER__ENABLED"] == "true"
+    assert env["CHATBRIDGE_DATABASE__URL"].startswith("postgresql+asyncpg://")
+    state_dir = env["CHATBRIDGE_RUNNER__STATE_DIR"]
+    mounts = [v.split(":")[1] for v in bridge["volumes"]]
+
+    def under(path: str, mount: str) -> bool:
+        return path == mount or path.startswith(mount.rstrip("/") + "/")
+
+    assert not any(under(state_dir, m) for m in mounts), (state_dir, mounts)
+    assert any(under(env["CHATBRIDGE_MATRIX__STORE_PATH"], m) for m in mounts)
+    assert "ports" not in bridge  # replicas cannot share a host port; the lb has it
+    lb = services["lb"]
+    assert "./deploy/haproxy.cfg" in lb["volumes"][0]
+    haproxy = (ROOT / "deploy" / "haproxy.cfg").read_text()
+    assert "server-template" in haproxy
+    assert "chatbridge:3001" in haproxy
     named = set(compose["volumes"])
     for service in services.values():
         for volume in service.get("volumes", []):

@@ -200,6 +200,8 @@ class Fence:
 
     replica: str
     token: int
+    cluster_cap: int | None = None
+    """``[cluster] max_concurrent_runs``: the start also waits for a free cluster slot."""
 
 
 class StoreError(Exception):

@@ -98,10 +98,25 @@ async def check_fence(s: AsyncSession, room: RoomKey, fence: Fence) -> None:
     )
     if held.first() is None:
         raise Fenced(f"{fence.replica} no longer holds {room} (token {fence.token})")
+    if fence.cluster_cap is not None:
+        # Starts are counted one at a time across the cluster: the lock is the
+        # transaction's, so the count and this start commit together.
+        await s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CAP_LOCK})
+        running = await s.scalar(text("SELECT count(*) FROM runs WHERE status = 'running'"))
+        if int(running or 0) >= fence.cluster_cap:
+            raise ClusterFull(f"{running} runs of at most {fence.cluster_cap} are running")
 
 
 class Fenced(StoreError):
     """The write depended on a lease its replica no longer holds."""
+
+
+class ClusterFull(StoreError):
+    """``[cluster] max_concurrent_runs`` runs are running: a start waits for one to end."""
+
+
+CAP_LOCK = 0x63686174636170
+"""Advisory lock serializing the cluster's run starts while a cluster cap is set."""
 
 
 class Leases:

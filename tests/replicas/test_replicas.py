@@ -146,3 +146,35 @@ async def test_status_prints_the_replicas_and_who_owns_what(
     assert lines[4].split()[:3] == ["slack:C1", "owner", "a"]
     assert "runs: 0 running" in lines
     assert lines[-1] == "inbox: 0 pending"
+
+
+async def test_the_cluster_cap_counts_every_replicas_runs(cluster_db: str) -> None:
+    from bridge.core.model import Batch, ExternalMessageId, InboundMessage, RoomId, RunId, UserId
+    from bridge.store.cluster import ClusterFull
+    from bridge.store.sql import SqlStore
+
+    other = ROOM.__class__(ROOM.transport, RoomId("C2"))
+    store = await SqlStore.open(cluster_db)
+    try:
+        leases = Leases(store.engine, ttl_s=30.0)
+        a = await leases.acquire(ROOM, "a")
+        b = await leases.acquire(other, "b")
+        assert a is not None
+        assert b is not None
+        one = await store.accept(
+            InboundMessage(ROOM, UserId("U1"), "1", ExternalMessageId("m1")), time.time()
+        )
+        two = await store.accept(
+            InboundMessage(other, UserId("U1"), "2", ExternalMessageId("m2")), time.time()
+        )
+        assert one is not None
+        assert two is not None
+        await store.start_run(RunId("r1"), Batch(ROOM, (one,)), time.time(), Fence("a", 1, 1))
+        # b's run would be the cluster's second: refused, and nothing recorded.
+        with pytest.raises(ClusterFull):
+            await store.start_run(RunId("r2"), Batch(other, (two,)), time.time(), Fence("b", 1, 1))
+        assert await store.pending_messages(other) == [two]
+        # Without the cap (or with room for it) it starts.
+        await store.start_run(RunId("r2"), Batch(other, (two,)), time.time(), Fence("b", 1, 2))
+    finally:
+        await store.close()
