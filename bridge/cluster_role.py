@@ -62,14 +62,17 @@ class ClusterRole:
 
     # -- Placement (bridge.intake) --
 
-    async def local(self, message: Message) -> bool:
-        """Handle ``message`` here if this replica owns (or can take) its conversation;
-        otherwise tell its owner, or every replica if nobody owns it yet."""
-        owner = await self.cluster.place(message.room, need_slot=False)
+    async def local(self, message: Message, *, needs_slot: bool = False) -> bool:
+        """Handle ``message`` here if this replica owns its conversation, or can take it
+        (with a free run slot, when it is for a run); otherwise tell its owner, or,
+        if nobody owns it, every replica: one with a free slot takes it."""
+        owner = await self.cluster.place(message.room, need_slot=needs_slot)
         if owner is None:
             return True
         self.metrics.forwarded.labels("message").inc()
-        await self.cluster.tell(owner, "message", message.room, {"id": message.id})
+        await self.cluster.tell(
+            owner, "message" if owner else "work", message.room, {"id": message.id}
+        )
         return False
 
     async def forward_action(self, action: ApprovalAction, room: RoomKey) -> None:
@@ -130,15 +133,22 @@ class ClusterRole:
             log.info("%d waiting message(s) of %s are left to its new owner", len(left), room)
 
     async def recheck(self) -> None:
-        """The poll's fallback for a lost notification: messages of conversations this
-        replica owns that are pending for a while and not in its dispatcher's hands."""
+        """The poll's fallback, in the conversations this replica owns: messages pending
+        for a while and not in its dispatcher's hands (a lost notification), and
+        answers recorded for them by a replica that had lost them (its last words
+        on a run it was made to give up). One read of each, whatever the count."""
+        if not self.cluster.owned():
+            return
         since = time.time() - 2 * self.settings.cluster.poll_s
-        for room in self.cluster.owned():
-            if not self.cluster.holds(room):
-                continue
-            for message in await self.store.pending_messages(room):
-                if message.received_at < since and not self.dispatcher.holds(message):
-                    await self.intake.take_forwarded(message)
+        for message in await self.store.pending_messages():
+            if (
+                message.received_at < since
+                and self.cluster.holds(message.room)
+                and not self.dispatcher.holds(message)
+            ):
+                await self.intake.take_forwarded(message)
+        entries = await self.store.undelivered()
+        self.outbox.submit(e for e in entries if self.cluster.holds(e.reply.room))
 
     # -- helpers --
 

@@ -58,8 +58,11 @@ class Placement(Protocol):
     """Where an accepted message is handled: here, or by the replica owning its
     conversation (docs/replicas.md)."""
 
-    async def local(self, message: Message) -> bool:
-        """True: this process handles ``message``; False: it was handed to its owner."""
+    async def local(self, message: Message, *, needs_slot: bool) -> bool:
+        """True: this process handles ``message``; False: it was handed to its owner.
+
+        ``needs_slot``: it is for a run (a command is not), so a conversation
+        nobody owns goes to a replica with a free run slot."""
         ...
 
 
@@ -260,7 +263,8 @@ class Intake:
             self._not_handed[key] -= 1
             if not self._not_handed[key]:
                 del self._not_handed[key]
-        if self.placement is not None and not await self.placement.local(message):
+        placement = self.placement
+        if placement is not None and not await placement.local(message, needs_slot=not command):
             # Recorded, and its conversation's owner was told: it handles it.
             self.metrics.messages.labels("forwarded").inc()
             return Accepted.ACCEPTED

@@ -178,3 +178,30 @@ async def test_the_cluster_cap_counts_every_replicas_runs(cluster_db: str) -> No
         await store.start_run(RunId("r2"), Batch(other, (two,)), time.time(), Fence("b", 1, 2))
     finally:
         await store.close()
+
+
+async def test_a_replica_stopping_hands_its_idle_conversations_over_at_once(
+    tmp_path: Path, cluster_db: str
+) -> None:
+    # Leases far longer than the test's guard: only a hand-over lets b answer.
+    slow = {"cluster": {"lease_ttl_s": 600}}
+    async with replica(replica_settings(tmp_path, "b", cluster_db, slow)) as b:
+        async with replica(replica_settings(tmp_path, "a", cluster_db, slow)) as a:
+            await a.chat.say("on a")
+            await a.chat.wait_until(lambda: results(a) == ["on a"])
+        # a has stopped (SIGTERM's path): its conversation is free at once.
+        await b.chat.say("on b")
+        await b.chat.wait_until(lambda: "on b" in results(b))
+        assert b.service.cluster is not None
+        assert b.service.cluster.holds(ROOM)
+    recorded = await runs_of(cluster_db)
+    assert [(status, rep) for _, status, rep in recorded] == [
+        ("succeeded", "a"),
+        ("succeeded", "b"),
+    ]
+    conn = await asyncpg.connect(_asyncpg_dsn(cluster_db))
+    try:
+        replicas = await conn.fetch("SELECT id FROM replicas ORDER BY id")
+    finally:
+        await conn.close()
+    assert [r["id"] for r in replicas] == []  # both left the registry
