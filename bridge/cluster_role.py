@@ -59,6 +59,8 @@ class ClusterRole:
     metrics: Metrics
     recover_run: RecoverRun
     on_approval_action: Callable[[ApprovalAction], Awaitable[object]]
+    taken: Callable[[], None] = lambda: None
+    """Told after a takeover (the usage-limit retries look again)."""
 
     # -- Placement (bridge.intake) --
 
@@ -125,6 +127,7 @@ class ClusterRole:
                 await self._wait_out(run, host)
         await self.intake.recover(await self.store.pending_messages(room))
         self.outbox.submit(await self.store.undelivered(room))
+        self.taken()
 
     def give_up(self, room: RoomKey) -> None:
         """Another replica owns ``room`` now: nothing of it goes on here."""

@@ -285,6 +285,7 @@ class Service:
             self.metrics,
             self._recover_run,
             self.approvals.on_action,
+            taken=self.limits.noted,
         )
         cluster.take_over = role.take_over
         cluster.give_up = role.give_up
@@ -295,6 +296,7 @@ class Service:
         self.outbox.owns = cluster.has
         self.approvals.owns = cluster.has
         self.approvals.forward = role.forward_action
+        self.limits.owns = cluster.holds
 
     def _refused(self, verdict: Verdict) -> None:
         self.metrics.answers_refused.labels(verdict.value).inc()

@@ -95,6 +95,8 @@ class LimitResumes:
     configured: Callable[[RoomKey], bool] = field(default=lambda room: True)
     """Whether chatbridge serves the room now: a room taken out of the config keeps its
     retry waiting (as its pending messages at a restart), made if the room comes back."""
+    owns: Callable[[RoomKey], bool] = field(default=lambda room: True)
+    """With replicas: only the conversation's owner makes its retry (docs/replicas.md)."""
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def limited(self, run_id: RunId, batch: Batch, limited: UsageLimited) -> str:
@@ -149,6 +151,7 @@ class LimitResumes:
                         "%d retry(s) after a usage limit wait for rooms no longer configured",
                         len(listed) - len(waiting),
                     )
+                waiting = [w for w in waiting if self.owns(w.room)]
                 now = self.wall_clock()
                 due = [w for w in waiting if w.resets_at <= now]
                 made = [await self._resume(entry) for entry in due]

@@ -301,8 +301,9 @@ class Leases:
     ) -> list[tuple[RoomKey, float]]:
         """Conversations of ``transports`` with work and no live owner, oldest work first.
 
-        Work: a pending message, a pending outbox entry, or a run still marked
-        running (its replica died: the run is to be recovered).
+        Work: a pending message, a pending outbox entry, a run still marked
+        running (its replica died: the run is to be recovered), or a retry
+        waiting for a usage limit to reset.
         """
         if not transports:
             return []
@@ -313,7 +314,9 @@ class Leases:
             " UNION ALL SELECT transport, room_id, min(created) FROM outbox"
             "  WHERE state = 'pending' GROUP BY transport, room_id"
             " UNION ALL SELECT transport, room_id, min(started_at) FROM runs"
-            "  WHERE status = 'running' GROUP BY transport, room_id)"
+            "  WHERE status = 'running' GROUP BY transport, room_id"
+            " UNION ALL SELECT transport, room_id, min(resets_at) FROM limit_resumes"
+            "  GROUP BY transport, room_id)"
             " SELECT w.transport, w.room_id, min(w.since) AS since FROM work w"
             " WHERE w.transport = ANY(:ts) AND NOT EXISTS (SELECT 1 FROM leases l"
             "  WHERE l.transport = w.transport AND l.room_id = w.room_id"
