@@ -87,4 +87,11 @@ async def _advisory_lock(engine: AsyncEngine, *, shared: bool) -> AsyncIterator[
                     " or enable [cluster] on all of them to run them as replicas"
                 )
             raise StartupError(f"database.url: {why}")
-        yield
+        try:
+            yield
+        finally:
+            # The connection goes back to the pool, not away: the lock would stay.
+            with contextlib.suppress(Exception):
+                unlock = "pg_advisory_unlock_shared" if shared else "pg_advisory_unlock"
+                await conn.execute(text(f"SELECT {unlock}(:k)"), {"k": ADVISORY_KEY})
+                await conn.commit()
