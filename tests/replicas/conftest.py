@@ -83,7 +83,7 @@ def replica_settings(
 class Replica:
     name: str
     service: Service
-    chat: SlackRoom
+    chat: ChatRoom
     task: asyncio.Task[None]
 
     def die(self) -> None:
@@ -92,8 +92,9 @@ class Replica:
 
 
 @asynccontextmanager
-async def replica(settings: Settings) -> AsyncIterator[Replica]:
-    chat = SlackRoom(ROOM, "U1", id_prefix=f"{settings.cluster.replica_id}-in")
+async def replica(settings: Settings, chat: ChatRoom | None = None) -> AsyncIterator[Replica]:
+    if chat is None:
+        chat = SlackRoom(ROOM, "U1", id_prefix=f"{settings.cluster.replica_id}-in")
     store = await open_store(settings)
     service = Service(settings, store, [chat])
     task = asyncio.ensure_future(service.serve())

@@ -205,3 +205,57 @@ async def test_a_replica_stopping_hands_its_idle_conversations_over_at_once(
     finally:
         await conn.close()
     assert [r["id"] for r in replicas] == []  # both left the registry
+
+
+async def test_matrix_is_connected_by_one_replica_and_the_next_takes_over(
+    tmp_path: Path, cluster_db: str
+) -> None:
+    from bridge.core.model import RoomId, RoomKey, TransportName
+    from tests.bridge.chat_room import ChatRoom
+
+    room = RoomKey(TransportName("matrix"), RoomId("!r:example.org"))
+
+    class MatrixRoom(ChatRoom):
+        name = TransportName("matrix")
+        connected_runs = 0
+
+        async def run(self, sink, ready):  # type: ignore[no-untyped-def]
+            MatrixRoom.connected_runs += 1
+            self.sink = sink
+            self.changed.set()  # connected: the test waits for this
+            await super().run(sink, ready)
+
+    config = {
+        "matrix": {
+            "homeserver": "http://127.0.0.1:9",
+            "user_id": "@bot:example.org",
+            "access_token": "t",
+        },
+        "rooms": [{"transport": "matrix", "id": room.room_id, "allowed_users": ["U1"]}],
+    }
+
+    def chat(name: str) -> ChatRoom:
+        return MatrixRoom(room, "U1", id_prefix=f"{name}-in")
+
+    async with replica(replica_settings(tmp_path, "a", cluster_db, config), chat("a")) as a:
+        # a leads: it connected Matrix, and it runs the Matrix conversation.
+        await a.chat.wait_until(lambda: a.chat.sink is not None)
+        async with replica(replica_settings(tmp_path, "b", cluster_db, config), chat("b")) as b:
+            assert b.service.ready.is_set()  # ready as a follower, not connected
+            assert b.chat.sink is None
+            await a.chat.say("to the leader")
+            await a.chat.wait_until(lambda: results(a) == ["to the leader"])
+            a.die()
+            await asyncio.wait({a.task})
+            # The leader lease runs out; b connects and takes the conversation.
+            await b.chat.wait_until(lambda: b.chat.sink is not None)
+            await b.chat.say("to the new leader")
+            await b.chat.wait_until(lambda: "to the new leader" in results(b))
+            assert b.service.cluster is not None
+            assert b.service.cluster.leads("matrix")
+    assert MatrixRoom.connected_runs == 2
+    recorded = await runs_of(cluster_db)
+    assert [(status, rep) for _, status, rep in recorded] == [
+        ("succeeded", "a"),
+        ("succeeded", "b"),
+    ]
