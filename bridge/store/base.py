@@ -396,7 +396,32 @@ class Store(Protocol):
 
     async def get_session(self, room: RoomKey) -> SessionId | None: ...
 
-    async def set_session(self, room: RoomKey, session_id: SessionId | None) -> None: ...
+    async def set_session(self, room: RoomKey, session_id: SessionId | None) -> None:
+        """Remember the room's session; None forgets it, and its stored transcript with it."""
+        ...
+
+    # Session transcripts: a conversation's session on any replica (docs/replicas-sessions.md)
+
+    async def save_transcript(
+        self, room: RoomKey, session_id: SessionId, content: bytes, at: float, *, size: int
+    ) -> None:
+        """Keep ``content`` (the session's files, compressed) as the conversation's
+        transcript, in place of the one it kept (of any session). ``size``: the
+        transcript's length uncompressed, which :meth:`transcript_size` answers."""
+        ...
+
+    async def transcript_size(self, room: RoomKey, session_id: SessionId) -> int | None:
+        """The stored transcript's ``size``; None if the conversation keeps none of
+        ``session_id`` (none at all, or another session's). Reads no content."""
+        ...
+
+    async def load_transcript(self, room: RoomKey, session_id: SessionId) -> bytes | None:
+        """The stored transcript's content; None if it is not ``session_id``'s."""
+        ...
+
+    async def drop_transcript(self, room: RoomKey) -> None:
+        """Forget the conversation's stored transcript, if any."""
+        ...
 
     async def room_overrides(self, room: RoomKey) -> RoomOverrides:
         """The room's model and permission mode set by command (none set: both None)."""

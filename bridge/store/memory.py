@@ -74,6 +74,8 @@ class MemoryStore:
         self._runs: dict[RunId, RunRecord] = {}
         self._live: dict[RunId, RegisteredRun] = {}
         self._sessions: dict[RoomKey, SessionId] = {}
+        # The conversation's stored transcript: (session, content, size).
+        self._transcripts: dict[RoomKey, tuple[SessionId, bytes, int]] = {}
         self._overrides: dict[RoomKey, RoomOverrides] = {}
         # By id, which is asking order; numbers count per room and never go back.
         self._approvals: dict[int, Approval] = {}
@@ -501,8 +503,35 @@ class MemoryStore:
         self._check_open()
         if session_id is None:
             self._sessions.pop(room, None)
+            self._transcripts.pop(room, None)
         else:
             self._sessions[room] = session_id
+
+    # Session transcripts
+
+    async def save_transcript(
+        self, room: RoomKey, session_id: SessionId, content: bytes, at: float, *, size: int
+    ) -> None:
+        """Keep the conversation's transcript of ``session_id`` in place of the one it kept."""
+        self._check_open()
+        self._transcripts[room] = (session_id, bytes(content), size)
+
+    async def transcript_size(self, room: RoomKey, session_id: SessionId) -> int | None:
+        """The stored transcript's size, if it is ``session_id``'s."""
+        self._check_open()
+        kept = self._transcripts.get(room)
+        return kept[2] if kept is not None and kept[0] == session_id else None
+
+    async def load_transcript(self, room: RoomKey, session_id: SessionId) -> bytes | None:
+        """The stored transcript's content, if it is ``session_id``'s."""
+        self._check_open()
+        kept = self._transcripts.get(room)
+        return kept[1] if kept is not None and kept[0] == session_id else None
+
+    async def drop_transcript(self, room: RoomKey) -> None:
+        """Forget the conversation's stored transcript."""
+        self._check_open()
+        self._transcripts.pop(room, None)
 
     # Audit
 
