@@ -1,0 +1,226 @@
+"""Claude session transcripts in the database: a conversation resumes on any replica.
+
+claude keeps a session as files under its config directory
+(``$CLAUDE_CONFIG_DIR``, else ``$HOME/.claude``):
+``projects/<project>/<session>.jsonl``, the transcript ``--resume`` reads,
+and ``projects/<project>/<session>/`` beside it (large tool results,
+subagents' transcripts). ``<project>`` is derived from claude's working
+directory (every character but letters and digits becomes ``-``; a long
+path is cut and given a hash), which is the room's ``cwd`` and the same on
+every replica, so the name found where a session was saved is the name it
+is restored under. Only the transcript is needed for ``--resume``; the side
+files are carried so what it points at is there too.
+
+After a run that kept its session, :meth:`Transcripts.save_after` packs
+these files (tar, gzip, off the event loop) into the conversation's row of
+``session_transcripts``; before a run that resumes a session,
+:meth:`Transcripts.restore_before` writes them back where this host's copy is
+missing or shorter (claude only appends to a transcript, so a shorter copy
+is an older one; a longer one is this host's own newer copy, kept). Facts
+and trade-offs: docs/replicas-sessions.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import os
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from bridge.core.model import RoomKey, SessionId
+from bridge.store.base import Store
+
+log = logging.getLogger(__name__)
+
+PROJECTS = "projects"
+"""claude's directory of sessions, one subdirectory per working directory."""
+TRANSCRIPT_SUFFIX = ".jsonl"
+COMPRESS_LEVEL = 6
+"""zlib's default: about 3.5:1 on claude's transcripts, at tens of MB per second."""
+
+
+class TranscriptError(Exception):
+    """A stored transcript that cannot be written back (not what :func:`pack` makes)."""
+
+
+def claude_config_dir(env: Mapping[str, str], cwd: Path) -> Path | None:
+    """Where claude started with ``env`` in ``cwd`` keeps its sessions' directory
+    ``projects``; None when the environment names no home for it."""
+    configured = env.get("CLAUDE_CONFIG_DIR")
+    if configured:
+        path = Path(configured)
+    elif env.get("HOME"):
+        path = Path(env["HOME"]) / ".claude"
+    else:
+        return None
+    # A relative directory is relative to claude's own working directory.
+    return path if path.is_absolute() else cwd / path
+
+
+def transcript_path(config_dir: Path, session_id: SessionId) -> Path | None:
+    """This host's transcript of ``session_id`` (session ids are UUIDs: one at most)."""
+    found = [p for p in (config_dir / PROJECTS).glob(f"*/{session_id}{TRANSCRIPT_SUFFIX}")]
+    if not found:
+        return None
+    # The same session in two working directories: the one claude wrote last.
+    return max(found, key=lambda p: p.stat().st_mtime_ns)
+
+
+def pack(config_dir: Path, session_id: SessionId) -> tuple[bytes, int] | None:
+    """The session's files as a gzipped tar (paths relative to ``projects``), and the
+    transcript's size; None if this host has no transcript of it. Blocking."""
+    transcript = transcript_path(config_dir, session_id)
+    if transcript is None:
+        return None
+    projects = config_dir / PROJECTS
+    side = transcript.with_suffix("")
+    files = [p for p in sorted(side.rglob("*")) if p.is_file() and not p.is_symlink()]
+    # Read first: the size stored is the size of the bytes packed.
+    text = transcript.read_bytes()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=COMPRESS_LEVEL) as tar:
+        for path in files:
+            _add(tar, path.relative_to(projects), path.read_bytes())
+        # The transcript last: a restore writes it last, so its presence means
+        # everything it points at is there.
+        _add(tar, transcript.relative_to(projects), text)
+    return buffer.getvalue(), len(text)
+
+
+def _add(tar: tarfile.TarFile, name: Path, data: bytes) -> None:
+    info = tarfile.TarInfo(name.as_posix())
+    info.size = len(data)
+    info.mode = 0o600
+    tar.addfile(info, io.BytesIO(data))
+
+
+def unpack(config_dir: Path, session_id: SessionId, content: bytes) -> Path:
+    """Write the session's files from ``content`` (made by :func:`pack`) under
+    ``config_dir``, each atomically, the transcript last; its path. Blocking."""
+    projects = config_dir / PROJECTS
+    written: Path | None = None
+    with tarfile.open(fileobj=io.BytesIO(content), mode="r:gz") as tar:
+        members = tar.getmembers()
+        for member in members:
+            _check_member(member, session_id)
+        project = {PurePosixPath(m.name).parts[0] for m in members}
+        if len(project) != 1:
+            raise TranscriptError("a stored transcript spans several project directories")
+        for member in members:
+            source = tar.extractfile(member)
+            if source is None:
+                raise TranscriptError(f"no content for {member.name!r}")
+            target = projects.joinpath(*PurePosixPath(member.name).parts)
+            write_atomically(target, source.read())
+            written = target
+    if written is None or written.name != f"{session_id}{TRANSCRIPT_SUFFIX}":
+        raise TranscriptError("a stored transcript without its transcript file last")
+    return written
+
+
+def _check_member(member: tarfile.TarInfo, session_id: SessionId) -> None:
+    """Only ``<project>/<session>.jsonl`` and files under ``<project>/<session>/``:
+    nothing a stored row holds may land anywhere else."""
+    parts = PurePosixPath(member.name).parts
+    inside = (
+        member.isfile()
+        and len(parts) >= 2
+        and not PurePosixPath(member.name).is_absolute()
+        and all(p not in ("", ".", "..") for p in parts)
+        and (
+            (len(parts) == 2 and parts[1] == f"{session_id}{TRANSCRIPT_SUFFIX}")
+            or (len(parts) > 2 and parts[1] == session_id)
+        )
+    )
+    if not inside:
+        raise TranscriptError(f"unexpected entry {member.name!r} in a stored transcript")
+
+
+def write_atomically(target: Path, data: bytes) -> None:
+    """``target`` holds ``data`` whole or is as it was: a temporary file (mode 0600,
+    as claude makes its session files) beside it, synced, renamed over it."""
+    # Directories as claude makes them: the process's umask decides their mode.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _local_size(config_dir: Path, session_id: SessionId) -> int | None:
+    path = transcript_path(config_dir, session_id)
+    return None if path is None else path.stat().st_size
+
+
+@dataclass(slots=True)
+class Transcripts:
+    """Saves a conversation's session transcript after a run, restores it before one."""
+
+    store: Store
+    max_bytes: int
+    """A transcript larger than this, compressed, is not saved (see :meth:`save_after`)."""
+    wall_clock: Callable[[], float] = time.time
+    base_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    """The environment claude inherits (a room's ``env`` goes over it)."""
+
+    def config_dir(self, room_env: Mapping[str, str], cwd: Path) -> Path | None:
+        """claude's config directory for a run of a room with ``room_env`` in ``cwd``."""
+        return claude_config_dir({**self.base_env, **room_env}, cwd)
+
+    async def save_after(self, room: RoomKey, session_id: SessionId, config_dir: Path) -> bool:
+        """Store the session's files as the conversation's transcript; whether it was.
+
+        Too large (compressed, over ``max_bytes``): not saved, and the stored one
+        (an older copy, or another session's) dropped, so another replica
+        starts a fresh session rather than resume an outdated one.
+        """
+        packed = await asyncio.to_thread(pack, config_dir, session_id)
+        if packed is None:
+            log.warning("no transcript of session %s under %s to save", session_id, config_dir)
+            return False
+        content, size = packed
+        if len(content) > self.max_bytes:
+            log.warning(
+                "the transcript of session %s is %d bytes compressed, over the %d of"
+                " [runner] transcript_max_bytes: not saved; another replica would start"
+                " a fresh session",
+                session_id,
+                len(content),
+                self.max_bytes,
+            )
+            await self.store.drop_transcript(room)
+            return False
+        await self.store.save_transcript(room, session_id, content, self.wall_clock(), size=size)
+        log.debug("saved the transcript of session %s (%d bytes)", session_id, len(content))
+        return True
+
+    async def restore_before(self, room: RoomKey, session_id: SessionId, config_dir: Path) -> bool:
+        """Write the stored transcript of ``session_id`` under ``config_dir`` where this
+        host's copy is missing or older; whether it did."""
+        stored = await self.store.transcript_size(room, session_id)
+        if stored is None:
+            return False  # nothing stored: claude resumes what this host has, if anything
+        local = await asyncio.to_thread(_local_size, config_dir, session_id)
+        if local is not None and local >= stored:
+            if local > stored:
+                # This host ran later turns whose save did not land: its copy is newer.
+                log.info("this host's transcript of session %s is newer; kept", session_id)
+            return False
+        content = await self.store.load_transcript(room, session_id)
+        if content is None:
+            return False  # replaced or dropped meanwhile
+        path = await asyncio.to_thread(unpack, config_dir, session_id, content)
+        log.info("restored the transcript of session %s to %s", session_id, path)
+        return True
