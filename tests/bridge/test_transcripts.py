@@ -1,0 +1,185 @@
+"""Sessions across replicas: a conversation's transcript goes through the database.
+
+Two services in turn on one database, each with its own claude home (two
+replicas), run the real claude against the scripted model server: the second
+resumes what the first ran. Then :class:`Transcripts` on its own: what it
+restores, what it leaves alone, what it refuses.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from bridge.config import load_settings
+from bridge.core.model import RoomId, RoomKey, SessionId, TransportName
+from bridge.store.memory import MemoryStore
+from bridge.transcripts import (
+    TranscriptError,
+    Transcripts,
+    claude_config_dir,
+    pack,
+    transcript_path,
+)
+from tests.bridge.harness import run_console, write_config
+from tests.fakes.model_server import ModelServer, Turn, claude_bin, claude_env
+
+ROOM = RoomKey(TransportName("console"), RoomId("local"))
+SESSION = SessionId("0b5c1d7e-4a3f-4c2b-9d8e-7f6a5b4c3d2e")
+PROJECT = "-srv-work"
+
+
+def sessions_under(home: Path) -> list[Path]:
+    return sorted((home / ".claude" / "projects").glob("*/*.jsonl"))
+
+
+async def run_replica(tmp_path: Path, server: ModelServer, home: Path, line: str, on: bool) -> str:
+    config = write_config(
+        tmp_path,
+        {"runner": {"claude_bin": str(claude_bin()), "transcripts_in_db": on}},
+        env=claude_env(server.url, home),
+    )
+    return await run_console(load_settings(config), [line])
+
+
+@pytest.mark.slow
+@pytest.mark.claude
+@pytest.mark.skipif(not claude_bin().exists(), reason="claude binary not installed")
+@pytest.mark.parametrize("in_db", [True, False], ids=["transcripts_in_db", "off"])
+async def test_a_conversation_resumes_on_another_replica(tmp_path: Path, in_db: bool) -> None:
+    home_a, home_b = tmp_path / "replica-a", tmp_path / "replica-b"
+    script = [Turn(text="The secret word is noted."), Turn(text="You said pineapple.")]
+    async with ModelServer(script, default="I have no idea.") as server:
+        out_a = await run_replica(tmp_path, server, home_a, "The word is pineapple.", in_db)
+        assert "The secret word is noted." in out_a
+        [saved] = sessions_under(home_a)
+        assert sessions_under(home_b) == []
+
+        out_b = await run_replica(tmp_path, server, home_b, "What was the word?", in_db)
+        asked = "\n".join(server.agent_requests[-1].texts())
+
+    if not in_db:
+        # The control: without the database the other replica has no such session.
+        assert "no longer has session" in out_b
+        assert "pineapple" not in asked
+        return
+    assert "no longer has session" not in out_b
+    assert "You said pineapple." in out_b
+    assert "The word is pineapple." in asked  # claude replayed the first run's turn
+    [restored] = sessions_under(home_b)
+    assert restored.relative_to(home_b) == saved.relative_to(home_a)
+    assert stat.S_IMODE(restored.stat().st_mode) == 0o600
+    # The second run appended to the restored copy: the first run's lines come first.
+    assert restored.read_bytes().startswith(saved.read_bytes())
+
+
+def write_session(config_dir: Path, text: bytes, side: bytes | None = None) -> Path:
+    path = config_dir / "projects" / PROJECT / f"{SESSION}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text)
+    if side is not None:
+        result = path.parent / SESSION / "tool-results" / "r1.txt"
+        result.parent.mkdir(parents=True)
+        result.write_bytes(side)
+    return path
+
+
+def transcripts(store: MemoryStore, max_bytes: int = 1 << 20) -> Transcripts:
+    return Transcripts(store, max_bytes, wall_clock=lambda: 1000.0, base_env={})
+
+
+async def test_the_session_and_its_side_files_are_restored_where_missing(tmp_path: Path) -> None:
+    store = MemoryStore()
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_session(a, b'{"turn": 1}\n', side=b"a large tool result")
+    assert await transcripts(store).save_after(ROOM, SESSION, a)
+    assert await store.transcript_size(ROOM, SESSION) == len(b'{"turn": 1}\n')
+
+    assert await transcripts(store).restore_before(ROOM, SESSION, b)
+    restored = transcript_path(b, SESSION)
+    assert restored == b / "projects" / PROJECT / f"{SESSION}.jsonl"
+    assert restored.read_bytes() == b'{"turn": 1}\n'
+    side = b / "projects" / PROJECT / SESSION / "tool-results" / "r1.txt"
+    assert side.read_bytes() == b"a large tool result"
+    assert [p.name for p in restored.parent.iterdir() if p.name.endswith(".tmp")] == []
+    # Current now: nothing to write again.
+    assert not await transcripts(store).restore_before(ROOM, SESSION, b)
+
+
+async def test_an_older_copy_is_replaced_and_a_newer_one_kept(tmp_path: Path) -> None:
+    store = MemoryStore()
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_session(a, b"1\n2\n")
+    await transcripts(store).save_after(ROOM, SESSION, a)
+    older = write_session(b, b"1\n")
+    assert await transcripts(store).restore_before(ROOM, SESSION, b)
+    assert older.read_bytes() == b"1\n2\n"
+    # This host ran a turn whose save did not land: its copy is the newer one.
+    newer = write_session(b, b"1\n2\n3\n")
+    assert not await transcripts(store).restore_before(ROOM, SESSION, b)
+    assert newer.read_bytes() == b"1\n2\n3\n"
+
+
+async def test_another_sessions_transcript_is_not_restored(tmp_path: Path) -> None:
+    store = MemoryStore()
+    write_session(tmp_path / "a", b"x\n")
+    await transcripts(store).save_after(ROOM, SESSION, tmp_path / "a")
+    other = SessionId("11111111-2222-3333-4444-555555555555")
+    assert not await transcripts(store).restore_before(ROOM, other, tmp_path / "b")
+    assert not (tmp_path / "b").exists()
+
+
+async def test_a_transcript_over_the_cap_is_not_saved_and_the_old_one_goes(
+    tmp_path: Path,
+) -> None:
+    store = MemoryStore()
+    write_session(tmp_path, b"small\n")
+    assert await transcripts(store).save_after(ROOM, SESSION, tmp_path)
+    # Random bytes do not compress: well over a 4 KiB cap.
+    write_session(tmp_path, os.urandom(16384) + b"\n")
+    assert not await transcripts(store, max_bytes=4096).save_after(ROOM, SESSION, tmp_path)
+    assert await store.transcript_size(ROOM, SESSION) is None
+
+
+async def test_nothing_to_save_without_the_file(tmp_path: Path) -> None:
+    store = MemoryStore()
+    assert not await transcripts(store).save_after(ROOM, SESSION, tmp_path)
+    assert pack(tmp_path, SESSION) is None
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        f"../{SESSION}.jsonl",
+        f"{PROJECT}/../../evil/{SESSION}.jsonl",
+        f"/etc/{SESSION}.jsonl",
+        f"{PROJECT}/other.jsonl",
+        f"{PROJECT}/not-the-session/x.txt",
+        f"{SESSION}.jsonl",
+    ],
+)
+async def test_a_stored_entry_outside_the_session_is_refused(tmp_path: Path, name: str) -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        info = tarfile.TarInfo(name)
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"x\n"))
+    store = MemoryStore()
+    await store.save_transcript(ROOM, SESSION, buffer.getvalue(), 1.0, size=2)
+    with pytest.raises(TranscriptError):
+        await transcripts(store).restore_before(ROOM, SESSION, tmp_path / "home")
+    assert not (tmp_path / "evil").exists()
+    assert list(tmp_path.rglob("*.jsonl")) == []
+
+
+def test_the_config_dir_is_claudes() -> None:
+    cwd = Path("/srv/work")
+    assert claude_config_dir({"HOME": "/h"}, cwd) == Path("/h/.claude")
+    assert claude_config_dir({"HOME": "/h", "CLAUDE_CONFIG_DIR": "/c"}, cwd) == Path("/c")
+    assert claude_config_dir({"CLAUDE_CONFIG_DIR": "rel"}, cwd) == Path("/srv/work/rel")
+    assert claude_config_dir({}, cwd) is None
