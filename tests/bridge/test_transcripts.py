@@ -54,7 +54,7 @@ async def run_replica(tmp_path: Path, server: ModelServer, home: Path, line: str
 async def test_a_conversation_resumes_on_another_replica(tmp_path: Path, in_db: bool) -> None:
     home_a, home_b = tmp_path / "replica-a", tmp_path / "replica-b"
     script = [Turn(text="The secret word is noted."), Turn(text="You said pineapple.")]
-    async with ModelServer(script, default="I have no idea.") as server:
+    async with ModelServer(script, default=Turn(text="I have no idea.")) as server:
         out_a = await run_replica(tmp_path, server, home_a, "The word is pineapple.", in_db)
         assert "The secret word is noted." in out_a
         [saved] = sessions_under(home_a)
