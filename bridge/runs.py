@@ -28,7 +28,10 @@ answer was delivered or its wait ran out. The progress message's last edit
 may have to wait for the transport's edit budget: it is made by a task the
 executor owns, beside the room, which is free for its next batch meanwhile
 (:meth:`RunExecutor.drain` waits for these at shutdown). The room stays busy
-until the run's processes are gone. Whatever fails on the way, the run ends
+until the run's processes are gone, and, with ``[runner] transcripts_in_db``,
+until the session's transcript is saved to the database (after the answer;
+the next run, on any replica, restores it before resuming:
+:mod:`bridge.transcripts`). Whatever fails on the way, the run ends
 with an outcome, recorded once, and the room is free for its next batch.
 
 No progress message is posted once the outcome exists; a post already under

@@ -18,6 +18,7 @@ import pytest
 
 from bridge.config import load_settings
 from bridge.core.model import RoomId, RoomKey, SessionId, TransportName
+from bridge.service import open_store
 from bridge.store.memory import MemoryStore
 from bridge.transcripts import (
     TranscriptError,
@@ -29,7 +30,7 @@ from bridge.transcripts import (
 from tests.bridge.harness import run_console, write_config
 from tests.fakes.model_server import ModelServer, Turn, claude_bin, claude_env
 
-ROOM = RoomKey(TransportName("console"), RoomId("local"))
+ROOM = RoomKey(TransportName("console"), RoomId("console"))  # the console room
 SESSION = SessionId("0b5c1d7e-4a3f-4c2b-9d8e-7f6a5b4c3d2e")
 PROJECT = "-srv-work"
 
@@ -76,6 +77,32 @@ async def test_a_conversation_resumes_on_another_replica(tmp_path: Path, in_db: 
     assert stat.S_IMODE(restored.stat().st_mode) == 0o600
     # The second run appended to the restored copy: the first run's lines come first.
     assert restored.read_bytes().startswith(saved.read_bytes())
+
+
+@pytest.mark.slow
+@pytest.mark.claude
+@pytest.mark.skipif(not claude_bin().exists(), reason="claude binary not installed")
+async def test_a_reset_leaves_no_transcript_in_the_database(tmp_path: Path) -> None:
+    home = tmp_path / "replica-a"
+    async with ModelServer([Turn(text="Noted.")]) as server:
+        out = await run_replica(tmp_path, server, home, "The word is pineapple.", True)
+        assert "Noted." in out
+        [saved] = sessions_under(home)
+        session = SessionId(saved.stem)
+        settings = load_settings(tmp_path / "chatbridge.toml")
+        store = await open_store(settings)
+        try:
+            assert await store.get_session(ROOM) == session
+            assert await store.transcript_size(ROOM, session) == saved.stat().st_size
+        finally:
+            await store.close()
+        await run_console(settings, ["!reset"])
+    store = await open_store(settings)
+    try:
+        assert await store.get_session(ROOM) is None
+        assert await store.load_transcript(ROOM, session) is None
+    finally:
+        await store.close()
 
 
 def write_session(config_dir: Path, text: bytes, side: bytes | None = None) -> Path:
