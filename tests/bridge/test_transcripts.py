@@ -21,6 +21,7 @@ from bridge.core.model import RoomId, RoomKey, SessionId, TransportName
 from bridge.service import open_store
 from bridge.store.memory import MemoryStore
 from bridge.transcripts import (
+    TooLarge,
     TranscriptError,
     Transcripts,
     claude_config_dir,
@@ -171,6 +172,15 @@ async def test_a_transcript_over_the_cap_is_not_saved_and_the_old_one_goes(
     write_session(tmp_path, os.urandom(16384) + b"\n")
     assert not await transcripts(store, max_bytes=4096).save_after(ROOM, SESSION, tmp_path)
     assert await store.transcript_size(ROOM, SESSION) is None
+
+
+def test_packing_stops_at_the_cap(tmp_path: Path) -> None:
+    write_session(tmp_path, os.urandom(1 << 20))
+    with pytest.raises(TooLarge):
+        pack(tmp_path, SESSION, max_bytes=64 * 1024)
+    packed = pack(tmp_path, SESSION, max_bytes=2 << 20)
+    assert packed is not None
+    assert packed[1] == 1 << 20
 
 
 async def test_nothing_to_save_without_the_file(tmp_path: Path) -> None:
