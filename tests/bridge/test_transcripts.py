@@ -12,6 +12,7 @@ import io
 import os
 import stat
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ from bridge.transcripts import (
     pack,
     transcript_path,
 )
-from tests.bridge.harness import run_console, write_config
+from tests.bridge.harness import ConsoleSession, run_console, write_config
 from tests.fakes.model_server import ModelServer, Turn, claude_bin, claude_env
 
 ROOM = RoomKey(TransportName("console"), RoomId("console"))  # the console room
@@ -40,38 +41,59 @@ def sessions_under(home: Path) -> list[Path]:
     return sorted((home / ".claude" / "projects").glob("*/*.jsonl"))
 
 
-async def run_replica(tmp_path: Path, server: ModelServer, home: Path, line: str, on: bool) -> str:
-    config = write_config(
-        tmp_path,
-        {"runner": {"claude_bin": str(claude_bin()), "transcripts_in_db": on}},
-        env=claude_env(server.url, home),
-    )
-    return await run_console(load_settings(config), [line])
+@dataclass(frozen=True)
+class Served:
+    out: str
+    prestarts_used: float
+
+
+async def run_replica(
+    tmp_path: Path, server: ModelServer, home: Path, line: str, *, on: bool, prestart: bool
+) -> Served:
+    """One replica's life: its own claude home, the shared database, one message."""
+    runner = {"claude_bin": str(claude_bin()), "transcripts_in_db": on, "prestart": prestart}
+    config = write_config(tmp_path, {"runner": runner}, env=claude_env(server.url, home))
+    async with ConsoleSession(load_settings(config)) as bridge:
+        bridge.send(line)
+        out = await bridge.finish()
+        assert bridge.service is not None
+        used = bridge.service.metrics.prestarts.labels("used", "")._value.get()
+    return Served(out, used)
 
 
 @pytest.mark.slow
 @pytest.mark.claude
 @pytest.mark.skipif(not claude_bin().exists(), reason="claude binary not installed")
-@pytest.mark.parametrize("in_db", [True, False], ids=["transcripts_in_db", "off"])
-async def test_a_conversation_resumes_on_another_replica(tmp_path: Path, in_db: bool) -> None:
+@pytest.mark.parametrize(
+    ("in_db", "prestart"),
+    [(True, False), (True, True), (False, False)],
+    # A prestart spawns claude with --resume before its batch is complete: restored first.
+    ids=["transcripts_in_db", "prestarted", "off"],
+)
+async def test_a_conversation_resumes_on_another_replica(
+    tmp_path: Path, in_db: bool, prestart: bool
+) -> None:
     home_a, home_b = tmp_path / "replica-a", tmp_path / "replica-b"
     script = [Turn(text="The secret word is noted."), Turn(text="You said pineapple.")]
     async with ModelServer(script, default=Turn(text="I have no idea.")) as server:
-        out_a = await run_replica(tmp_path, server, home_a, "The word is pineapple.", in_db)
-        assert "The secret word is noted." in out_a
+        first = "The word is pineapple."
+        a = await run_replica(tmp_path, server, home_a, first, on=in_db, prestart=prestart)
+        assert "The secret word is noted." in a.out
         [saved] = sessions_under(home_a)
         assert sessions_under(home_b) == []
 
-        out_b = await run_replica(tmp_path, server, home_b, "What was the word?", in_db)
+        second = "What was the word?"
+        b = await run_replica(tmp_path, server, home_b, second, on=in_db, prestart=prestart)
         asked = "\n".join(server.agent_requests[-1].texts())
 
     if not in_db:
         # The control: without the database the other replica has no such session.
-        assert "no longer has session" in out_b
+        assert "no longer has session" in b.out
         assert "pineapple" not in asked
         return
-    assert "no longer has session" not in out_b
-    assert "You said pineapple." in out_b
+    assert "no longer has session" not in b.out
+    assert "You said pineapple." in b.out
+    assert b.prestarts_used == (1 if prestart else 0)
     assert "The word is pineapple." in asked  # claude replayed the first run's turn
     [restored] = sessions_under(home_b)
     assert restored.relative_to(home_b) == saved.relative_to(home_a)
@@ -86,8 +108,10 @@ async def test_a_conversation_resumes_on_another_replica(tmp_path: Path, in_db: 
 async def test_a_reset_leaves_no_transcript_in_the_database(tmp_path: Path) -> None:
     home = tmp_path / "replica-a"
     async with ModelServer([Turn(text="Noted.")]) as server:
-        out = await run_replica(tmp_path, server, home, "The word is pineapple.", True)
-        assert "Noted." in out
+        a = await run_replica(
+            tmp_path, server, home, "The word is pineapple.", on=True, prestart=False
+        )
+        assert "Noted." in a.out
         [saved] = sessions_under(home)
         session = SessionId(saved.stem)
         settings = load_settings(tmp_path / "chatbridge.toml")
