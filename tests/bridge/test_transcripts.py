@@ -105,6 +105,28 @@ async def test_a_conversation_resumes_on_another_replica(
 @pytest.mark.slow
 @pytest.mark.claude
 @pytest.mark.skipif(not claude_bin().exists(), reason="claude binary not installed")
+async def test_a_conversation_back_on_its_first_replica_resumes_the_latest_turns(
+    tmp_path: Path,
+) -> None:
+    """A, then B, then A again: A's own copy lacks B's turn and is replaced."""
+    home_a, home_b = tmp_path / "replica-a", tmp_path / "replica-b"
+    script = [Turn(text="One."), Turn(text="Two."), Turn(text="Three.")]
+    async with ModelServer(script) as server:
+        for home, line in ((home_a, "apple"), (home_b, "banana"), (home_a, "cherry")):
+            served = await run_replica(tmp_path, server, home, line, on=True, prestart=False)
+            assert "no longer has session" not in served.out
+        asked = "\n".join(server.agent_requests[-1].texts())
+    assert "Three." in served.out
+    for earlier in ("apple", "One.", "banana", "Two.", "cherry"):
+        assert earlier in asked
+    [a] = sessions_under(home_a)
+    [b] = sessions_under(home_b)
+    assert a.read_bytes().startswith(b.read_bytes())
+
+
+@pytest.mark.slow
+@pytest.mark.claude
+@pytest.mark.skipif(not claude_bin().exists(), reason="claude binary not installed")
 async def test_a_reset_leaves_no_transcript_in_the_database(tmp_path: Path) -> None:
     home = tmp_path / "replica-a"
     async with ModelServer([Turn(text="Noted.")]) as server:
