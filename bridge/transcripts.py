@@ -14,15 +14,19 @@ files are carried so what it points at is there too.
 After a run that kept its session, :meth:`Transcripts.save_after` packs
 these files (tar, gzip, off the event loop) into the conversation's row of
 ``session_transcripts``; before a run that resumes a session,
-:meth:`Transcripts.restore_before` writes them back where this host's copy is
-missing or shorter (claude only appends to a transcript, so a shorter copy
-is an older one; a longer one is this host's own newer copy, kept). Facts
-and trade-offs: docs/replicas-sessions.md.
+:meth:`Transcripts.restore_before` writes them back unless this host's copy
+is the stored version or a later one of it. claude only appends to a
+transcript, so the stored size and SHA-256 tell (:class:`TranscriptStamp`):
+a copy whose first ``size`` bytes hash to the digest is that version (as
+long) or a later one (longer: turns this host ran whose save did not land,
+kept); any other copy is older, or of a run another replica superseded,
+and is replaced. Facts and trade-offs: docs/replicas-sessions.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import logging
 import os
@@ -35,7 +39,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from bridge.core.model import RoomKey, SessionId
-from bridge.store.base import Store
+from bridge.store.base import Store, TranscriptStamp
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -97,9 +101,9 @@ class _CappedBuffer(io.BytesIO):
 
 def pack(
     config_dir: Path, session_id: SessionId, max_bytes: int | None = None
-) -> tuple[bytes, int] | None:
+) -> tuple[bytes, TranscriptStamp] | None:
     """The session's files as a gzipped tar (paths relative to ``projects``), and the
-    transcript's size; None if this host has no transcript of it. Blocking.
+    transcript's stamp; None if this host has no transcript of it. Blocking.
 
     Raises :class:`TooLarge` as soon as the result would pass ``max_bytes``.
     """
@@ -115,19 +119,33 @@ def pack(
             _add(tar, projects, path)
         # The transcript last: a restore writes it last, so its presence means
         # everything it points at is there.
-        size = _add(tar, projects, transcript)
-    return buffer.getvalue(), size
+        stamp = _add(tar, projects, transcript)
+    return buffer.getvalue(), stamp
 
 
-def _add(tar: tarfile.TarFile, projects: Path, path: Path) -> int:
-    """Add ``path`` as it is now (read from one open file, streamed); its size."""
+class _Hashing:
+    """A file read through, hashed on the way (tarfile reads it in chunks)."""
+
+    def __init__(self, source: io.BufferedReader) -> None:
+        self._source = source
+        self.sha256 = hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._source.read(size)
+        self.sha256.update(data)
+        return data
+
+
+def _add(tar: tarfile.TarFile, projects: Path, path: Path) -> TranscriptStamp:
+    """Add ``path`` as it is now (read from one open file, streamed); its stamp."""
     with path.open("rb") as source:
         info = tarfile.TarInfo(path.relative_to(projects).as_posix())
         # The size of the file opened: what is packed, and what is stored as its size.
         info.size = os.fstat(source.fileno()).st_size
         info.mode = 0o600
-        tar.addfile(info, source)
-        return info.size
+        hashing = _Hashing(source)
+        tar.addfile(info, hashing)
+        return TranscriptStamp(info.size, hashing.sha256.hexdigest())
 
 
 def unpack(config_dir: Path, session_id: SessionId, content: bytes) -> Path:
@@ -189,9 +207,26 @@ def write_atomically(target: Path, data: bytes) -> None:
         raise
 
 
-def _local_size(config_dir: Path, session_id: SessionId) -> int | None:
+def holds(config_dir: Path, session_id: SessionId, stamp: TranscriptStamp) -> int | None:
+    """How many bytes this host's transcript of ``session_id`` has past the version
+    ``stamp`` tells (0: it is that version); None when it is not that version or a
+    later one of it (missing, shorter, or other bytes). Blocking."""
     path = transcript_path(config_dir, session_id)
-    return None if path is None else path.stat().st_size
+    if path is None:
+        return None
+    with path.open("rb") as local:
+        size = os.fstat(local.fileno()).st_size
+        if size < stamp.size:
+            return None
+        digest = hashlib.sha256()
+        left = stamp.size
+        while left:
+            chunk = local.read(min(left, 1 << 20))
+            if not chunk:
+                return None  # cut short while being read
+            digest.update(chunk)
+            left -= len(chunk)
+    return size - stamp.size if digest.hexdigest() == stamp.digest else None
 
 
 @dataclass(slots=True)
@@ -230,20 +265,20 @@ class Transcripts:
         if packed is None:
             log.warning("no transcript of session %s under %s to save", session_id, config_dir)
             return False
-        content, size = packed
-        await self.store.save_transcript(room, session_id, content, self.wall_clock(), size=size)
+        content, stamp = packed
+        await self.store.save_transcript(room, session_id, content, self.wall_clock(), stamp)
         log.debug("saved the transcript of session %s (%d bytes)", session_id, len(content))
         return True
 
     async def restore_before(self, room: RoomKey, session_id: SessionId, config_dir: Path) -> bool:
-        """Write the stored transcript of ``session_id`` under ``config_dir`` where this
-        host's copy is missing or older; whether it did."""
-        stored = await self.store.transcript_size(room, session_id)
-        if stored is None:
+        """Write the stored transcript of ``session_id`` under ``config_dir`` unless this
+        host's copy is that version or a later one of it; whether it did."""
+        stamp = await self.store.transcript_stamp(room, session_id)
+        if stamp is None:
             return False  # nothing stored: claude resumes what this host has, if anything
-        local = await asyncio.to_thread(_local_size, config_dir, session_id)
-        if local is not None and local >= stored:
-            if local > stored:
+        ahead = await asyncio.to_thread(holds, config_dir, session_id, stamp)
+        if ahead is not None:
+            if ahead:
                 # This host ran later turns whose save did not land: its copy is newer.
                 log.info("this host's transcript of session %s is newer; kept", session_id)
             return False

@@ -202,6 +202,17 @@ class Fence:
     token: int
 
 
+@dataclass(frozen=True, slots=True)
+class TranscriptStamp:
+    """Which version of a session's transcript is stored, told without its content."""
+
+    size: int
+    """The transcript file's length, uncompressed."""
+    digest: str
+    """SHA-256 of the transcript file (hex). claude only appends to a transcript: a copy
+    whose first ``size`` bytes hash to this is this version, or a later one."""
+
+
 class StoreError(Exception):
     """The store could not do what was asked (connection lost, schema missing...)."""
 
@@ -403,15 +414,22 @@ class Store(Protocol):
     # Session transcripts: a conversation's session on any replica (docs/replicas-sessions.md)
 
     async def save_transcript(
-        self, room: RoomKey, session_id: SessionId, content: bytes, at: float, *, size: int
+        self,
+        room: RoomKey,
+        session_id: SessionId,
+        content: bytes,
+        at: float,
+        stamp: TranscriptStamp,
     ) -> None:
         """Keep ``content`` (the session's files, compressed) as the conversation's
-        transcript, in place of the one it kept (of any session). ``size``: the
-        transcript's length uncompressed, which :meth:`transcript_size` answers."""
+        transcript, in place of the one it kept (of any session); ``stamp`` tells
+        its version (:meth:`transcript_stamp` answers it)."""
         ...
 
-    async def transcript_size(self, room: RoomKey, session_id: SessionId) -> int | None:
-        """The stored transcript's ``size``; None if the conversation keeps none of
+    async def transcript_stamp(
+        self, room: RoomKey, session_id: SessionId
+    ) -> TranscriptStamp | None:
+        """The stored transcript's stamp; None if the conversation keeps none of
         ``session_id`` (none at all, or another session's). Reads no content."""
         ...
 

@@ -73,6 +73,7 @@ from bridge.store.base import (
     RoomOverrides,
     RunRecord,
     StoreError,
+    TranscriptStamp,
 )
 from bridge.store.batching import Committing, Failed, GroupCommit
 from bridge.store.cluster import check_fence
@@ -1009,14 +1010,25 @@ class SqlStore:
     # Session transcripts
 
     async def save_transcript(
-        self, room: RoomKey, session_id: SessionId, content: bytes, at: float, *, size: int
+        self,
+        room: RoomKey,
+        session_id: SessionId,
+        content: bytes,
+        at: float,
+        stamp: TranscriptStamp,
     ) -> None:
         """Keep the conversation's transcript of ``session_id`` in place of the one it kept.
 
         Synced: a lost save could leave an older copy of the same session, which
         another replica would resume without the latest turns.
         """
-        values = {"session_id": session_id, "content": content, "size": size, "saved_at": at}
+        values = {
+            "session_id": session_id,
+            "content": content,
+            "size": stamp.size,
+            "digest": stamp.digest,
+            "saved_at": at,
+        }
         upsert = self._insert(SessionTranscriptRow).values(
             transport=room.transport, room_id=_stored_id(room), **values
         )
@@ -1024,14 +1036,16 @@ class SqlStore:
         async with self._transaction() as s:
             await s.execute(upsert)
 
-    async def transcript_size(self, room: RoomKey, session_id: SessionId) -> int | None:
-        """The stored transcript's size, if it is ``session_id``'s (its content stays put)."""
-        query = select(SessionTranscriptRow.size).where(
+    async def transcript_stamp(
+        self, room: RoomKey, session_id: SessionId
+    ) -> TranscriptStamp | None:
+        """The stored transcript's stamp, if it is ``session_id``'s (its content stays put)."""
+        query = select(SessionTranscriptRow.size, SessionTranscriptRow.digest).where(
             *_transcript_of(room), SessionTranscriptRow.session_id == session_id
         )
         async with self._read() as s:
-            size: int | None = await s.scalar(query)
-            return size
+            row = (await s.execute(query)).first()
+            return None if row is None else TranscriptStamp(row.size, row.digest)
 
     async def load_transcript(self, room: RoomKey, session_id: SessionId) -> bytes | None:
         """The stored transcript's content, if it is ``session_id``'s."""

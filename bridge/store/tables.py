@@ -361,6 +361,8 @@ class SessionTranscriptRow(Base):
     content: Mapped[bytes] = mapped_column(LargeBinary)
     """The session's files as claude keeps them, compressed (bridge/transcripts.py)."""
     size: Mapped[int] = mapped_column(BigInteger)
-    """The transcript file's length uncompressed: a replica's own copy of another
-    length is another version of it (claude only appends to it)."""
+    """The transcript file's length, uncompressed."""
+    digest: Mapped[str] = mapped_column(String(64))
+    """SHA-256 of the transcript file (hex): with ``size``, tells a replica whether its
+    own copy is this version, a later one, or another (``TranscriptStamp``)."""
     saved_at: Mapped[float] = mapped_column(Double)

@@ -30,6 +30,7 @@ def upgrade() -> None:
         sa.Column("session_id", sa.String(ID), nullable=False),
         sa.Column("content", sa.LargeBinary(), nullable=False),
         sa.Column("size", sa.BigInteger(), nullable=False),
+        sa.Column("digest", sa.String(64), nullable=False),
         sa.Column("saved_at", sa.Double(), nullable=False),
         sa.PrimaryKeyConstraint("transport", "room_id", name="pk_session_transcripts"),
     )

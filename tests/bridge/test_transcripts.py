@@ -8,6 +8,7 @@ restores, what it leaves alone, what it refuses.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import stat
@@ -20,6 +21,7 @@ import pytest
 from bridge.config import load_settings
 from bridge.core.model import RoomId, RoomKey, SessionId, TransportName
 from bridge.service import open_store
+from bridge.store.base import TranscriptStamp
 from bridge.store.memory import MemoryStore
 from bridge.transcripts import (
     TooLarge,
@@ -35,6 +37,12 @@ from tests.fakes.model_server import ModelServer, Turn, claude_bin, claude_env
 ROOM = RoomKey(TransportName("console"), RoomId("console"))  # the console room
 SESSION = SessionId("0b5c1d7e-4a3f-4c2b-9d8e-7f6a5b4c3d2e")
 PROJECT = "-srv-work"
+
+
+def stamp_of(path: Path | None) -> TranscriptStamp:
+    assert path is not None
+    data = path.read_bytes()
+    return TranscriptStamp(len(data), hashlib.sha256(data).hexdigest())
 
 
 def sessions_under(home: Path) -> list[Path]:
@@ -140,7 +148,7 @@ async def test_a_reset_leaves_no_transcript_in_the_database(tmp_path: Path) -> N
         store = await open_store(settings)
         try:
             assert await store.get_session(ROOM) == session
-            assert await store.transcript_size(ROOM, session) == saved.stat().st_size
+            assert await store.transcript_stamp(ROOM, session) == stamp_of(saved)
         finally:
             await store.close()
         await run_console(settings, ["!reset"])
@@ -172,7 +180,7 @@ async def test_the_session_and_its_side_files_are_restored_where_missing(tmp_pat
     a, b = tmp_path / "a", tmp_path / "b"
     write_session(a, b'{"turn": 1}\n', side=b"a large tool result")
     assert await transcripts(store).save_after(ROOM, SESSION, a)
-    assert await store.transcript_size(ROOM, SESSION) == len(b'{"turn": 1}\n')
+    assert await store.transcript_stamp(ROOM, SESSION) == stamp_of(transcript_path(a, SESSION))
 
     assert await transcripts(store).restore_before(ROOM, SESSION, b)
     restored = transcript_path(b, SESSION)
@@ -199,6 +207,20 @@ async def test_an_older_copy_is_replaced_and_a_newer_one_kept(tmp_path: Path) ->
     assert newer.read_bytes() == b"1\n2\n3\n"
 
 
+async def test_a_copy_of_the_same_length_but_other_turns_is_replaced(tmp_path: Path) -> None:
+    """A replica that died mid-run left a turn nobody saved; another replica ran the
+    conversation on from the stored copy since. The stored copy wins, even where this
+    host's is as long or longer."""
+    store = MemoryStore()
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_session(a, b"1\n2\n")
+    await transcripts(store).save_after(ROOM, SESSION, a)
+    for other in (b"1\nX\n", b"1\nXXXXXX\n"):
+        mine = write_session(b, other)
+        assert await transcripts(store).restore_before(ROOM, SESSION, b)
+        assert mine.read_bytes() == b"1\n2\n"
+
+
 async def test_another_sessions_transcript_is_not_restored(tmp_path: Path) -> None:
     store = MemoryStore()
     write_session(tmp_path / "a", b"x\n")
@@ -217,16 +239,16 @@ async def test_a_transcript_over_the_cap_is_not_saved_and_the_old_one_goes(
     # Random bytes do not compress: well over a 4 KiB cap.
     write_session(tmp_path, os.urandom(16384) + b"\n")
     assert not await transcripts(store, max_bytes=4096).save_after(ROOM, SESSION, tmp_path)
-    assert await store.transcript_size(ROOM, SESSION) is None
+    assert await store.transcript_stamp(ROOM, SESSION) is None
 
 
 def test_packing_stops_at_the_cap(tmp_path: Path) -> None:
-    write_session(tmp_path, os.urandom(1 << 20))
+    path = write_session(tmp_path, os.urandom(1 << 20))
     with pytest.raises(TooLarge):
         pack(tmp_path, SESSION, max_bytes=64 * 1024)
     packed = pack(tmp_path, SESSION, max_bytes=2 << 20)
     assert packed is not None
-    assert packed[1] == 1 << 20
+    assert packed[1] == stamp_of(path)
 
 
 async def test_nothing_to_save_without_the_file(tmp_path: Path) -> None:
@@ -253,7 +275,7 @@ async def test_a_stored_entry_outside_the_session_is_refused(tmp_path: Path, nam
         info.size = 2
         tar.addfile(info, io.BytesIO(b"x\n"))
     store = MemoryStore()
-    await store.save_transcript(ROOM, SESSION, buffer.getvalue(), 1.0, size=2)
+    await store.save_transcript(ROOM, SESSION, buffer.getvalue(), 1.0, TranscriptStamp(2, ""))
     with pytest.raises(TranscriptError):
         await transcripts(store).restore_before(ROOM, SESSION, tmp_path / "home")
     assert not (tmp_path / "evil").exists()
