@@ -65,6 +65,13 @@ class RunnerSettings(_Section):
     """Start claude when a batch opens in an idle room, so the run skips the cold start."""
     max_prestarts: int | None = Field(None, ge=0)
     """Prestarted claudes at once; None: as many as ``max_concurrent_runs``."""
+    transcripts_in_db: bool = False
+    """Save each conversation's Claude session transcript to the database after a run and
+    restore it before a resume where this host lacks it: ``--resume`` then works on any
+    replica (docs/replicas-sessions.md)."""
+    transcript_max_bytes: int = Field(20 * 1024 * 1024, ge=1024)
+    """A transcript larger than this, compressed, is not saved: another replica then starts
+    a fresh session (the one that ran it keeps resuming its own copy)."""
 
     @property
     def prestart_limit(self) -> int:

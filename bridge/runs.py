@@ -28,7 +28,10 @@ answer was delivered or its wait ran out. The progress message's last edit
 may have to wait for the transport's edit budget: it is made by a task the
 executor owns, beside the room, which is free for its next batch meanwhile
 (:meth:`RunExecutor.drain` waits for these at shutdown). The room stays busy
-until the run's processes are gone. Whatever fails on the way, the run ends
+until the run's processes are gone, and, with ``[runner] transcripts_in_db``,
+until the session's transcript is saved to the database (after the answer;
+the next run, on any replica, restores it before resuming:
+:mod:`bridge.transcripts`). Whatever fails on the way, the run ends
 with an outcome, recorded once, and the room is free for its next batch.
 
 No progress message is posted once the outcome exists; a post already under
@@ -50,6 +53,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from bridge.approval_flow import ApprovalFlow
@@ -93,6 +97,7 @@ from bridge.store.base import (
 )
 from bridge.store.cluster import ClusterFull, Fenced
 from bridge.store.rules import delivery_key
+from bridge.transcripts import Transcripts
 from bridge.usage import LimitResumes, usage_limit
 from bridge.worktrees import WorktreeError, Worktrees, in_worktree
 from dispatcher import DispatchedRun, EndReason, Execute
@@ -132,6 +137,8 @@ COSMETIC_TIMEOUT_S = 10.0
 """Each cosmetic update at a run's end, and the wait for the answer before them."""
 OFFSET_WRITE_INTERVAL_S = 1.0
 """The registry's delivered offset is written at most this often per run (not synced)."""
+TRANSCRIPT_SAVE_TIMEOUT_S = 60.0
+"""Saving a session's transcript to the database after a run gives up after this long."""
 PROGRESS_FINISH_TIMEOUT_S = 120.0
 """The progress message's last edit waits this long at most for the transport's edit budget
 (Matrix's 6 edits a minute, slowed to an eighth by rate limits, give one in 80 s)."""
@@ -379,10 +386,18 @@ class RunExecutor:
     fence_of: Callable[[RoomKey], Fence | None] = lambda room: None
     """The replica's claim a run's start is recorded under (docs/replicas.md); None alone."""
     """Posts the files claude sends with ``send_file`` (docs/files.md); None: not posted."""
+    transcripts: Transcripts | None = None
+    """Carries sessions between replicas through the database (docs/replicas-sessions.md);
+    None: made from ``[runner] transcripts_in_db`` (off: sessions stay on this host)."""
     _finishing: set[asyncio.Task[None]] = field(default_factory=set)
     """The progress messages' last edits still under way (see :meth:`drain`)."""
     _generations: dict[RoomKey, int] = field(default_factory=dict)
     """Bumped by ``!reset``: a run that began before keeps its session to itself."""
+
+    def __post_init__(self) -> None:
+        runner = self.settings.runner
+        if self.transcripts is None and runner.transcripts_in_db:
+            self.transcripts = Transcripts(self.store, runner.transcript_max_bytes, self.wall_clock)
 
     async def reset_session(self, room: RoomKey) -> None:
         """Forget the room's Claude session, also for the run active now."""
@@ -512,6 +527,7 @@ class RunExecutor:
             session = live.init.session_id if live.init is not None else None
             report = RunReport(_cancelled_status(dispatched), session_id=session)
             await self._settle(self._finalize(run, live, report))
+            await self._settle(self._save_transcript(run, live))
             raise
         except Exception as exc:
             log.exception("the run failed inside chatbridge")
@@ -520,6 +536,9 @@ class RunExecutor:
             )
         # A !stop landing while the end is reported must not cut the answer off.
         await self._settle(self._finalize(run, live, report))
+        # After the answer, before the room is free: the conversation's next run,
+        # here or on another replica, resumes what this one left.
+        await self._settle(self._save_transcript(run, live))
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             # Cancelled after claude had printed its result: run_claude stopped
@@ -690,10 +709,48 @@ class RunExecutor:
     async def _request(
         self, key: RoomKey, room: RoomSettings, run_id: RunId, prompt: str
     ) -> RunRequest:
-        # Reads, before the spawn: nothing else stands in front of claude.
+        # Reads, before the spawn: nothing else stands in front of claude (but the
+        # session's transcript, where another replica ran the conversation last).
         session = await self.store.get_session(key)
         overrides = await self.store.room_overrides(key)
+        if session is not None:
+            await self._restore_transcript(key, room, session)
         return run_request(self.settings, room, run_id, prompt, session, overrides)
+
+    async def _restore_transcript(
+        self, key: RoomKey, room: RoomSettings, session: SessionId
+    ) -> None:
+        """Bring the session's transcript from the database if this host lacks it."""
+        if self.transcripts is None:
+            return
+        config_dir = self.transcripts.config_dir(room.env, room.cwd)
+        if config_dir is None:
+            log.warning("no HOME or CLAUDE_CONFIG_DIR for claude: its session is not restored")
+            return
+        try:
+            await self.transcripts.restore_before(key, session, config_dir)
+        except Exception:
+            # claude then finds no session and the run goes on in a new one (see _drive).
+            log.warning("could not restore the transcript of session %s", session, exc_info=True)
+
+    async def _save_transcript(self, run: _Run, live: _Live) -> None:
+        """Store the run's session transcript if the session is now the conversation's."""
+        room = self.settings.room(run.batch.room)
+        if self.transcripts is None or live.init is None or room is None:
+            return
+        session = live.init.session_id
+        try:
+            # What the end recorded decides (a !reset, a lost session, a failed write).
+            if await self.store.get_session(run.batch.room) != session:
+                return
+            config_dir = self.transcripts.config_dir(room.env, Path(live.init.cwd))
+            if config_dir is None:
+                log.warning("no HOME or CLAUDE_CONFIG_DIR for claude: its session is not saved")
+                return
+            async with asyncio.timeout(TRANSCRIPT_SAVE_TIMEOUT_S):
+                await self.transcripts.save_after(run.batch.room, session, config_dir)
+        except Exception:
+            log.warning("could not save the transcript of session %s", session, exc_info=True)
 
     def _on_event(self, run: _Run, live: _Live) -> EventCallback:
         """What the run's events start; nothing here may hold up reading claude's output."""

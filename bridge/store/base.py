@@ -204,6 +204,17 @@ class Fence:
     """``[cluster] max_concurrent_runs``: the start also waits for a free cluster slot."""
 
 
+@dataclass(frozen=True, slots=True)
+class TranscriptStamp:
+    """Which version of a session's transcript is stored, told without its content."""
+
+    size: int
+    """The transcript file's length, uncompressed."""
+    digest: str
+    """SHA-256 of the transcript file (hex). claude only appends to a transcript: a copy
+    whose first ``size`` bytes hash to this is this version, or a later one."""
+
+
 class StoreError(Exception):
     """The store could not do what was asked (connection lost, schema missing...)."""
 
@@ -398,7 +409,39 @@ class Store(Protocol):
 
     async def get_session(self, room: RoomKey) -> SessionId | None: ...
 
-    async def set_session(self, room: RoomKey, session_id: SessionId | None) -> None: ...
+    async def set_session(self, room: RoomKey, session_id: SessionId | None) -> None:
+        """Remember the room's session; None forgets it, and its stored transcript with it."""
+        ...
+
+    # Session transcripts: a conversation's session on any replica (docs/replicas-sessions.md)
+
+    async def save_transcript(
+        self,
+        room: RoomKey,
+        session_id: SessionId,
+        content: bytes,
+        at: float,
+        stamp: TranscriptStamp,
+    ) -> None:
+        """Keep ``content`` (the session's files, compressed) as the conversation's
+        transcript, in place of the one it kept (of any session); ``stamp`` tells
+        its version (:meth:`transcript_stamp` answers it)."""
+        ...
+
+    async def transcript_stamp(
+        self, room: RoomKey, session_id: SessionId
+    ) -> TranscriptStamp | None:
+        """The stored transcript's stamp; None if the conversation keeps none of
+        ``session_id`` (none at all, or another session's). Reads no content."""
+        ...
+
+    async def load_transcript(self, room: RoomKey, session_id: SessionId) -> bytes | None:
+        """The stored transcript's content; None if it is not ``session_id``'s."""
+        ...
+
+    async def drop_transcript(self, room: RoomKey) -> None:
+        """Forget the conversation's stored transcript, if any."""
+        ...
 
     async def room_overrides(self, room: RoomKey) -> RoomOverrides:
         """The room's model and permission mode set by command (none set: both None)."""

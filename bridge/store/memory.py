@@ -39,6 +39,7 @@ from bridge.store.base import (
     RoomOverrides,
     RunRecord,
     StoreError,
+    TranscriptStamp,
 )
 from bridge.store.rules import (
     APPROVAL_ACTIONS,
@@ -74,6 +75,8 @@ class MemoryStore:
         self._runs: dict[RunId, RunRecord] = {}
         self._live: dict[RunId, RegisteredRun] = {}
         self._sessions: dict[RoomKey, SessionId] = {}
+        # The conversation's stored transcript: (session, content, stamp).
+        self._transcripts: dict[RoomKey, tuple[SessionId, bytes, TranscriptStamp]] = {}
         self._overrides: dict[RoomKey, RoomOverrides] = {}
         # By id, which is asking order; numbers count per room and never go back.
         self._approvals: dict[int, Approval] = {}
@@ -501,8 +504,42 @@ class MemoryStore:
         self._check_open()
         if session_id is None:
             self._sessions.pop(room, None)
+            self._transcripts.pop(room, None)
         else:
             self._sessions[room] = session_id
+
+    # Session transcripts
+
+    async def save_transcript(
+        self,
+        room: RoomKey,
+        session_id: SessionId,
+        content: bytes,
+        at: float,
+        stamp: TranscriptStamp,
+    ) -> None:
+        """Keep the conversation's transcript of ``session_id`` in place of the one it kept."""
+        self._check_open()
+        self._transcripts[room] = (session_id, bytes(content), stamp)
+
+    async def transcript_stamp(
+        self, room: RoomKey, session_id: SessionId
+    ) -> TranscriptStamp | None:
+        """The stored transcript's stamp, if it is ``session_id``'s."""
+        self._check_open()
+        kept = self._transcripts.get(room)
+        return kept[2] if kept is not None and kept[0] == session_id else None
+
+    async def load_transcript(self, room: RoomKey, session_id: SessionId) -> bytes | None:
+        """The stored transcript's content, if it is ``session_id``'s."""
+        self._check_open()
+        kept = self._transcripts.get(room)
+        return kept[1] if kept is not None and kept[0] == session_id else None
+
+    async def drop_transcript(self, room: RoomKey) -> None:
+        """Forget the conversation's stored transcript."""
+        self._check_open()
+        self._transcripts.pop(room, None)
 
     # Audit
 

@@ -26,7 +26,17 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, Table, delete, exists, func, or_, select, text, update
+from sqlalchemy import (
+    ColumnElement,
+    Table,
+    delete,
+    exists,
+    func,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy import insert as insert_statement
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
@@ -63,6 +73,7 @@ from bridge.store.base import (
     RoomOverrides,
     RunRecord,
     StoreError,
+    TranscriptStamp,
 )
 from bridge.store.batching import Committing, Failed, GroupCommit
 from bridge.store.cluster import check_fence
@@ -107,6 +118,7 @@ from bridge.store.tables import (
     RunMessageRow,
     RunRow,
     ScheduleMarkRow,
+    SessionTranscriptRow,
     SpendRow,
 )
 
@@ -970,6 +982,9 @@ class SqlStore:
         self._session_set_at[room] = self._sessions_set
         async with self._session_writes, self._transaction() as s:
             await s.execute(self._session_upsert(room, session_id))
+            if session_id is None:
+                # A forgotten session is never resumed: its transcript goes with it.
+                await s.execute(delete(SessionTranscriptRow).where(*_transcript_of(room)))
 
     def _sessions_upsert(self, sessions: dict[RoomKey, SessionId]) -> Any:
         """One statement setting several rooms' sessions (each room once)."""
@@ -991,6 +1006,60 @@ class SqlStore:
         return upsert.on_conflict_do_update(
             index_elements=["transport", "room_id"], set_={"session_id": session_id}
         )
+
+    # Session transcripts
+
+    async def save_transcript(
+        self,
+        room: RoomKey,
+        session_id: SessionId,
+        content: bytes,
+        at: float,
+        stamp: TranscriptStamp,
+    ) -> None:
+        """Keep the conversation's transcript of ``session_id`` in place of the one it kept.
+
+        Synced: a lost save could leave an older copy of the same session, which
+        another replica would resume without the latest turns.
+        """
+        values = {
+            "session_id": session_id,
+            "content": content,
+            "size": stamp.size,
+            "digest": stamp.digest,
+            "saved_at": at,
+        }
+        upsert = self._insert(SessionTranscriptRow).values(
+            transport=room.transport, room_id=_stored_id(room), **values
+        )
+        upsert = upsert.on_conflict_do_update(index_elements=["transport", "room_id"], set_=values)
+        async with self._transaction() as s:
+            await s.execute(upsert)
+
+    async def transcript_stamp(
+        self, room: RoomKey, session_id: SessionId
+    ) -> TranscriptStamp | None:
+        """The stored transcript's stamp, if it is ``session_id``'s (its content stays put)."""
+        query = select(SessionTranscriptRow.size, SessionTranscriptRow.digest).where(
+            *_transcript_of(room), SessionTranscriptRow.session_id == session_id
+        )
+        async with self._read() as s:
+            row = (await s.execute(query)).first()
+            return None if row is None else TranscriptStamp(row.size, row.digest)
+
+    async def load_transcript(self, room: RoomKey, session_id: SessionId) -> bytes | None:
+        """The stored transcript's content, if it is ``session_id``'s."""
+        query = select(SessionTranscriptRow.content).where(
+            *_transcript_of(room), SessionTranscriptRow.session_id == session_id
+        )
+        async with self._read() as s:
+            content: bytes | None = await s.scalar(query)
+            return content
+
+    async def drop_transcript(self, room: RoomKey) -> None:
+        """Forget the conversation's stored transcript."""
+        async with self._transaction() as s:
+            await s.execute(delete(SessionTranscriptRow).where(*_transcript_of(room)))
 
     # Schedules
 
@@ -1456,6 +1525,14 @@ def _rowcount(result: Any) -> int:
     # Result of an UPDATE/DELETE; typed loosely in SQLAlchemy's stubs.
     count: int = result.rowcount
     return count
+
+
+def _transcript_of(room: RoomKey) -> tuple[ColumnElement[bool], ...]:
+    """The conditions picking the conversation's row of ``session_transcripts``."""
+    return (
+        SessionTranscriptRow.transport == room.transport,
+        SessionTranscriptRow.room_id == _stored_id(room),
+    )
 
 
 def _in_room(column: Mapped[str], room: RoomKey) -> ColumnElement[bool]:

@@ -9,7 +9,7 @@ Surrogate keys never repeat (``sqlite_autoincrement``; PostgreSQL sequences
 never do): audit rows outlive pruned messages and must not come to name a
 newer message that reused a deleted id.
 
-The migrations (``0001_initial`` to ``0009``) create exactly this schema; a test
+The migrations (``0001_initial`` to ``0010``) create exactly this schema; a test
 compares the two with Alembic's autogenerate.
 """
 
@@ -25,6 +25,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -345,3 +346,23 @@ class LeaseRow(Base):
     """The fencing token: grows by one whenever the lease changes hands."""
     expires_at: Mapped[float] = mapped_column(Double)
     acquired_at: Mapped[float] = mapped_column(Double)
+
+
+class SessionTranscriptRow(Base):
+    """The latest Claude session transcript of a conversation, so another replica can
+    ``--resume`` it (docs/replicas-sessions.md). One row per conversation: only the
+    session the conversation resumes next matters; ``!reset`` deletes it."""
+
+    __tablename__ = "session_transcripts"
+
+    transport: Mapped[str] = mapped_column(String(32), primary_key=True)
+    room_id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    content: Mapped[bytes] = mapped_column(LargeBinary)
+    """The session's files as claude keeps them, compressed (bridge/transcripts.py)."""
+    size: Mapped[int] = mapped_column(BigInteger)
+    """The transcript file's length, uncompressed."""
+    digest: Mapped[str] = mapped_column(String(64))
+    """SHA-256 of the transcript file (hex): with ``size``, tells a replica whether its
+    own copy is this version, a later one, or another (``TranscriptStamp``)."""
+    saved_at: Mapped[float] = mapped_column(Double)
