@@ -383,9 +383,9 @@ class RunExecutor:
     inbox: Inbox | None = None
     """Fetches the files shared with a batch into the run's inbox; None: files are only named."""
     file_posts: FilePosts | None = None
+    """Posts the files claude sends with ``send_file`` (docs/files.md); None: not posted."""
     fence_of: Callable[[RoomKey], Fence | None] = lambda room: None
     """The replica's claim a run's start is recorded under (docs/replicas.md); None alone."""
-    """Posts the files claude sends with ``send_file`` (docs/files.md); None: not posted."""
     transcripts: Transcripts | None = None
     """Carries sessions between replicas through the database (docs/replicas-sessions.md);
     None: made from ``[runner] transcripts_in_db`` (off: sessions stay on this host)."""
@@ -396,7 +396,9 @@ class RunExecutor:
 
     def __post_init__(self) -> None:
         runner = self.settings.runner
-        if self.transcripts is None and runner.transcripts_in_db:
+        # Replicas always keep them: the next run may be another replica's.
+        keep = runner.transcripts_in_db or self.settings.cluster.enabled
+        if self.transcripts is None and keep:
             self.transcripts = Transcripts(self.store, runner.transcript_max_bytes, self.wall_clock)
 
     async def reset_session(self, room: RoomKey) -> None:
