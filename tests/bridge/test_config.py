@@ -106,6 +106,14 @@ def test_environment_overrides_file_values(tmp_path: Path, monkeypatch: pytest.M
         ),
         ("[runner]\nmax_prestarts = -1\n", "runner.max_prestarts"),
         ("[runner]\nmax_concurrent_runs = 2\nmax_prestarts = 3\n", "must not exceed"),
+        ("[cluster]\nenabled = true\n", "replicas need a PostgreSQL database.url"),
+        (
+            "[cluster]\nenabled = true\n[database]\nurl = 'postgresql+asyncpg://h/db'\n",
+            "the console is local to one process",
+        ),
+        ("[cluster]\nreplica_id = 'a b'\n", "cluster.replica_id"),
+        ("[cluster]\nlease_ttl_s = 0.5\n", "cluster.lease_ttl_s"),
+        ("[cluster]\nmax_concurrent_runs = 0\n", "cluster.max_concurrent_runs"),
     ],
 )
 def test_invalid_configuration_names_the_key(tmp_path: Path, text: str, expected: str) -> None:
