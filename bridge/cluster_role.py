@@ -88,6 +88,15 @@ class ClusterRole:
         body = {"sender": action.sender, "message": action.message_id, "choice": action.choice}
         await self.cluster.tell(owner, "action", action.room, body)
 
+    async def changed(self, message: Message, *, deleted: bool) -> None:
+        owner = await self.cluster.place(message.room, need_slot=False)
+        if owner is None:
+            # Ours after all (taken just now): its recovery read the store as changed.
+            return
+        if owner:
+            kind = "deleted" if deleted else "edited"
+            await self.cluster.tell(owner, kind, message.room, {"id": message.id})
+
     # -- Cluster's callbacks --
 
     async def heard(self, notice: Notice) -> None:
@@ -99,6 +108,12 @@ class ClusterRole:
                 else:
                     # Not (or no longer) ours: place it again (take it, or pass it on).
                     await self.intake_again(message)
+        elif notice.kind in ("edited", "deleted"):
+            for message in await self.store.messages([MessageId(int(notice.body["id"]))]):
+                if notice.kind == "deleted":
+                    self.dispatcher.remove(message)
+                else:
+                    self.dispatcher.replace(message)
         elif notice.kind == "action":
             action = ApprovalAction(
                 notice.room,

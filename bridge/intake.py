@@ -65,6 +65,11 @@ class Placement(Protocol):
         nobody owns goes to a replica with a free run slot."""
         ...
 
+    async def changed(self, message: Message, *, deleted: bool) -> None:
+        """``message`` was edited (it reads as given) or deleted in the store: its
+        conversation's owner, if another replica, updates its queue."""
+        ...
+
 
 @dataclass(slots=True)
 class Intake:
@@ -158,7 +163,8 @@ class Intake:
             deleted = await self.store.delete_pending(message.id, event.sender, now)
             if deleted is None:
                 return self._ignored_change(event, "went into a run meanwhile")
-            self.dispatcher.remove(deleted)
+            if not self.dispatcher.remove(deleted) and self.placement is not None:
+                await self.placement.changed(deleted, deleted=True)
             self.metrics.messages.labels("deleted").inc()
             log.info("message %s was deleted before it ran", message.id)
             return Accepted.ACCEPTED
@@ -173,7 +179,12 @@ class Intake:
         edited = await self.store.edit_pending(message.id, event.text, message.sender, now)
         if edited is None:
             return self._ignored_change(event, "unchanged, or went into a run meanwhile")
-        if not self.dispatcher.replace(edited):
+        if self.dispatcher.replace(edited):
+            pass
+        elif self.placement is not None:
+            # Waiting on the replica that owns its conversation, if not here.
+            await self.placement.changed(edited, deleted=False)
+        else:
             # Taken into a run between the store's check and now: the run has
             # the text from before the edit (the store recorded the edit first).
             log.warning(

@@ -113,3 +113,11 @@ async def replica(settings: Settings, chat: ChatRoom | None = None) -> AsyncIter
 
 
 Factory = Callable[..., Settings]
+
+
+async def until(done: Callable[[], bool], guard_s: float = 30.0) -> None:
+    """Until ``done()``, for state no event announces (a dispatcher's queue on a
+    replica): looked at every few milliseconds, failing after ``guard_s``."""
+    async with asyncio.timeout(guard_s):
+        while not done():
+            await asyncio.sleep(0.01)

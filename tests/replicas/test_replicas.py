@@ -14,7 +14,7 @@ import pytest
 from bridge.core.model import ReplyKind
 from bridge.store.base import Fence
 from bridge.store.cluster import Fenced, Leases
-from tests.replicas.conftest import ROOM, Replica, replica, replica_settings
+from tests.replicas.conftest import ROOM, Replica, replica, replica_settings, until
 from tests.store.conftest import _asyncpg_dsn
 
 GUARD_S = 30.0
@@ -60,7 +60,7 @@ async def test_a_stop_accepted_elsewhere_stops_the_owners_run(
         replica(replica_settings(tmp_path, "b", cluster_db, env=env)) as b,
     ):
         await a.chat.say("a long one")
-        await a.chat.wait_until(lambda: a.service.dispatcher.active_runs == 1)
+        await until(lambda: a.service.dispatcher.active_runs == 1)
         await b.chat.say("!stop")
         async with asyncio.timeout(GUARD_S):
             await a.service.dispatcher.wait_idle()
@@ -259,3 +259,26 @@ async def test_matrix_is_connected_by_one_replica_and_the_next_takes_over(
         ("succeeded", "a"),
         ("succeeded", "b"),
     ]
+
+
+async def test_an_edit_or_deletion_received_elsewhere_reaches_the_owners_queue(
+    tmp_path: Path, cluster_db: str
+) -> None:
+    gate = tmp_path / "gate"
+    env = {"FAKE_CLAUDE_ECHO": "1", "FAKE_CLAUDE_WAIT_FOR": str(gate)}
+    async with (
+        replica(replica_settings(tmp_path, "a", cluster_db, env=env)) as a,
+        replica(replica_settings(tmp_path, "b", cluster_db, env=env)) as b,
+    ):
+        await a.chat.say("first")
+        await until(lambda: a.service.dispatcher.active_runs == 1)
+        # Queued on a behind its run, accepted (and then changed) on b.
+        kept, _ = await b.chat.say("typo")
+        gone, _ = await b.chat.say("never mind")
+        await until(lambda: a.service.dispatcher.status(ROOM).waiting == 2)
+        await b.chat.edited(kept, "fixed")
+        await b.chat.deleted(gone)
+        await until(lambda: a.service.dispatcher.status(ROOM).waiting == 1)
+        gate.touch()
+        await a.chat.wait_until(lambda: results(a) == ["first", "fixed"])
+    assert results(b) == []
