@@ -125,7 +125,7 @@ class Cluster:
     async def register(self) -> None:
         """Join the cluster; raises ReplicaIdInUse if a live replica has this id."""
         previous = await self.leases.previous(self.replica_id)
-        alive = previous is not None and _pid_alive(previous.pid)
+        alive = previous is not None and pid_alive(previous.pid)
         await self.leases.register(
             Replica(
                 self.replica_id,
@@ -405,7 +405,8 @@ class Cluster:
             await self.place(room)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether another process ``pid`` runs on this host (this process: not "another")."""
     if pid == os.getpid():
         return False
     try:
@@ -417,4 +418,4 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-__all__ = ["Cluster", "Notice", "default_replica_id"]
+__all__ = ["Cluster", "Notice", "default_replica_id", "pid_alive"]

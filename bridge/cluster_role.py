@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from bridge.cluster import Cluster, Notice
+from bridge.cluster import Cluster, Notice, pid_alive
 from bridge.config import Settings
 from bridge.core.model import (
     Batch,
@@ -136,8 +136,15 @@ class ClusterRole:
             entry = registered.get(run.id)
             host = await self._host_of(run, entry)
             if host == socket.gethostname():
-                mine = run.replica in (None, self.cluster.replica_id)
-                await self.recover_run(run, entry, mine)
+                # Its supervisor is reachable here. Followed (its answer, if claude
+                # gave one, is in its journal) when its replica is this one or is
+                # gone; stopped when that replica still lives (paused, or cut off:
+                # it would hold on to the run).
+                follow = run.replica in (
+                    None,
+                    self.cluster.replica_id,
+                ) or not await self._replica_alive(run.replica)
+                await self.recover_run(run, entry, follow)
             else:
                 await self._wait_out(run, host)
         await self.intake.recover(await self.store.pending_messages(room))
@@ -178,6 +185,18 @@ class ClusterRole:
             return socket.gethostname()  # started before replicas: a single process's
         replica = await self.leases.previous(run.replica)
         return None if replica is None else replica.host
+
+    async def _replica_alive(self, replica_id: str | None) -> bool:
+        """Whether the replica's process still runs on this host (a pid reused since
+        counts as alive: the run is then stopped, the safe side)."""
+        if replica_id is None:
+            return False
+        replica = await self.leases.previous(replica_id)
+        if replica is None:
+            return False
+        if replica.host != socket.gethostname():
+            return True
+        return pid_alive(replica.pid)
 
     async def _wait_out(self, run: RunRecord, host: str | None) -> None:
         """A run on another host (or an unknown one) cannot be stopped from here: the
