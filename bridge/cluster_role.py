@@ -61,6 +61,10 @@ class ClusterRole:
     on_approval_action: Callable[[ApprovalAction], Awaitable[object]]
     taken: Callable[[], None] = lambda: None
     """Told after a takeover (the usage-limit retries look again)."""
+    stop_threads: Callable[[RoomKey, UserId], Awaitable[tuple[int, list[Message], bool]]] | None = (
+        None
+    )
+    """Stops a room's threads this replica runs (a top-level ``!stop`` heard elsewhere)."""
 
     # -- Placement (bridge.intake) --
 
@@ -97,6 +101,19 @@ class ClusterRole:
             kind = "deleted" if deleted else "edited"
             await self.cluster.tell(owner, kind, message.room, {"id": message.id})
 
+    # -- RoomWideElsewhere (bridge.commands): top-level !stop / !status in thread rooms --
+
+    async def threads(self, room: RoomKey) -> list[str]:
+        lines = []
+        for lease, live in await self.leases.leases():
+            theirs = lease.owner != self.cluster.replica_id
+            if live and theirs and lease.room.thread and lease.room.channel == room.channel:
+                lines.append(f"Thread {lease.room.thread}: on replica {lease.owner}.")
+        return lines
+
+    async def stop(self, room: RoomKey, actor: UserId) -> None:
+        await self.cluster.tell("", "room-stop", room.channel, {"actor": actor})
+
     # -- Cluster's callbacks --
 
     async def heard(self, notice: Notice) -> None:
@@ -114,6 +131,16 @@ class ClusterRole:
                     self.dispatcher.remove(message)
                 else:
                     self.dispatcher.replace(message)
+        elif notice.kind == "room-stop" and self.stop_threads is not None:
+            # Also heard by the replica that asked: it stopped its own threads already.
+            runs, dropped, _ = await self.stop_threads(
+                notice.room, UserId(str(notice.body["actor"]))
+            )
+            if runs or dropped:
+                log.info(
+                    "stopped %d run(s) and dropped %d message(s) of %s's threads, as asked",
+                    runs, len(dropped), notice.room,
+                )  # fmt: skip
         elif notice.kind == "action":
             action = ApprovalAction(
                 notice.room,

@@ -13,12 +13,13 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
 
 from bridge.approval_desk import ApprovalDesk
 from bridge.approval_text import code_span, status_line
 from bridge.approvals import Verdict, refusal
 from bridge.config import PERMISSION_MODES, RoomSettings
-from bridge.core.model import Message, RoomKey
+from bridge.core.model import Message, RoomKey, UserId
 from bridge.core.text import safe_text
 from bridge.core.transport import ApprovalChoice
 from bridge.duration import format_duration
@@ -196,6 +197,18 @@ Answer = Callable[[Message, str], Awaitable[None]]
 """Says something in answer to a command message."""
 
 
+class RoomWideElsewhere(Protocol):
+    """A room's threads run by other replicas, for top-level ``!stop`` and ``!status``."""
+
+    async def threads(self, room: RoomKey) -> list[str]:
+        """One line per thread of ``room`` another replica owns."""
+        ...
+
+    async def stop(self, room: RoomKey, actor: UserId) -> None:
+        """Ask every other replica to stop ``room``'s threads it runs."""
+        ...
+
+
 @dataclass(slots=True)
 class CommandHandler:
     """Carries out commands against the dispatcher and the store."""
@@ -221,6 +234,8 @@ class CommandHandler:
     status_parts: Sequence[Callable[[RoomKey], Awaitable[list[str]]]] = ()
     """More of ``!status``'s lines, in order: today's spending and the budgets
     (:mod:`bridge.budget`), retries waiting for a usage limit (:mod:`bridge.usage`)."""
+    elsewhere: RoomWideElsewhere | None = None
+    """With replicas: the threads of a room that other replicas run (docs/replicas.md)."""
 
     def _worktree(self, room: RoomKey) -> Worktree | None:
         settings = self.rooms(room)
@@ -299,35 +314,50 @@ class CommandHandler:
         """``!stop`` / ``!status`` written at the top level of a room of thread
         conversations: for every thread of the room."""
         threads = [k for k in self.dispatcher.conversations(message.room) if k != message.room]
+        elsewhere = self.elsewhere
         if command.name is CommandName.STATUS:
             await self._audit_command(command, message)
             lines = [thread_line(key.thread, self.dispatcher.status(key)) for key in threads]
+            if elsewhere is not None:
+                lines += await elsewhere.threads(message.room)
             await self.answer(message, "\n".join(lines) or "No thread of this room has work.")
             return
-        # As a stop in one conversation: cancel first, then write.
-        stopped = [(key, self.dispatcher.stop(key)) for key in threads]
+        if elsewhere is not None:
+            await elsewhere.stop(message.room, message.sender)
+        runs, dropped, recorded = await self.stop_threads(message.room, message.sender)
+        if not recorded:
+            await self._stop_failed(message, runs > 0, len(dropped))
+            return
         await self._audit_command(command, message)
-        dropped = [m for _, result in stopped for m in result.dropped]
-        runs = sum(result.stopped is not None for _, result in stopped)
-        if dropped:
-            try:
-                await self.store.mark_dropped(
-                    [m.id for m in dropped], message.sender, self.wall_clock()
-                )
-            except StoreError:
-                log.exception("could not record the dropped messages")
-                for key, result in stopped:
-                    self.dispatcher.restore(key, result.dropped)
-                await self._stop_failed(message, runs > 0, len(dropped))
-                return
         if not runs and not dropped:
-            await self.answer(message, "Nothing is running or waiting in this room's threads.")
+            more = " here" if elsewhere is not None else ""
+            await self.answer(
+                message, f"Nothing is running or waiting in this room's threads{more}."
+            )
             return
         await self.answer(
             message,
             f"Stopping {_plural(runs, 'run')} in this room's threads;"
             f" dropped {_plural(len(dropped), 'waiting message')}.",
         )
+
+    async def stop_threads(self, room: RoomKey, actor: UserId) -> tuple[int, list[Message], bool]:
+        """Stop every thread of ``room`` this process runs: runs stopped, messages
+        dropped, and False if the drop could not be recorded (they wait again)."""
+        threads = [k for k in self.dispatcher.conversations(room) if k != room]
+        # As a stop in one conversation: cancel first, then write.
+        stopped = [(key, self.dispatcher.stop(key)) for key in threads]
+        dropped = [m for _, result in stopped for m in result.dropped]
+        runs = sum(result.stopped is not None for _, result in stopped)
+        if dropped:
+            try:
+                await self.store.mark_dropped([m.id for m in dropped], actor, self.wall_clock())
+            except StoreError:
+                log.exception("could not record the dropped messages")
+                for key, result in stopped:
+                    self.dispatcher.restore(key, result.dropped)
+                return runs, dropped, False
+        return runs, dropped, True
 
     async def _audit_command(self, command: Command, message: Message) -> None:
         """The command's audit row, best effort: a failed audit write never blocks a command.

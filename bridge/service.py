@@ -134,6 +134,7 @@ class Service:
     scheduler: Scheduler = field(init=False)
     webhooks: Webhooks = field(init=False)
     limits: LimitResumes = field(init=False)
+    commands: CommandHandler = field(init=False)
     _closed_at_start: list[Approval] = field(default_factory=list, init=False)
     _adopted: set[RunId] = field(default_factory=set, init=False)
     """Runs reattached at start: their run directories are not strays."""
@@ -210,7 +211,7 @@ class Service:
         self.executor.limits = self.limits
         # Command answers are recorded in the outbox and sent from its per-room
         # worker: the transport's acknowledgement never waits for the network.
-        commands = CommandHandler(
+        commands = self.commands = CommandHandler(
             self.dispatcher,
             self.store,
             settings.commands.prefix,
@@ -297,6 +298,8 @@ class Service:
         self.approvals.owns = cluster.has
         self.approvals.forward = role.forward_action
         self.limits.owns = cluster.holds
+        role.stop_threads = self.commands.stop_threads
+        self.commands.elsewhere = role
 
     def _refused(self, verdict: Verdict) -> None:
         self.metrics.answers_refused.labels(verdict.value).inc()

@@ -282,3 +282,32 @@ async def test_an_edit_or_deletion_received_elsewhere_reaches_the_owners_queue(
         gate.touch()
         await a.chat.wait_until(lambda: results(a) == ["first", "fixed"])
     assert results(b) == []
+
+
+async def test_a_top_level_stop_in_a_thread_room_stops_every_replicas_threads(
+    tmp_path: Path, cluster_db: str
+) -> None:
+    gate = tmp_path / "gate"
+    env = {"FAKE_CLAUDE_ECHO": "1", "FAKE_CLAUDE_WAIT_FOR": str(gate)}
+    threads = {"defaults": {"conversation": "thread"}}
+    async with (
+        replica(replica_settings(tmp_path, "a", cluster_db, threads, env=env)) as a,
+        replica(replica_settings(tmp_path, "b", cluster_db, threads, env=env)) as b,
+    ):
+        await a.chat.say("on a", thread="t1")
+        await b.chat.say("on b", thread="t2")
+        await until(lambda: a.service.dispatcher.active_runs == 1)
+        await until(lambda: b.service.dispatcher.active_runs == 1)
+        await a.chat.say("!status")
+        await a.chat.wait_until(lambda: len(a.chat.texts(ReplyKind.NOTICE)) >= 1)
+        status = a.chat.texts(ReplyKind.NOTICE)[-1]
+        assert "t1" in status
+        assert "Thread t2: on replica b." in status
+        await a.chat.say("!stop")
+        await until(lambda: a.service.dispatcher.active_runs == 0)
+        await until(lambda: b.service.dispatcher.active_runs == 0)
+    recorded = await runs_of(cluster_db)
+    assert sorted((status, rep) for _, status, rep in recorded) == [
+        ("stopped", "a"),
+        ("stopped", "b"),
+    ]
