@@ -88,6 +88,8 @@ class Cluster:
     capacity: int
     """This replica's ``[runner] max_concurrent_runs``."""
     active_runs: Callable[[], int]
+    state_dir: str
+    """This replica's ``[runner] state_dir`` (absolute): recorded for the others."""
     serves: Callable[[str], bool]
     """Whether this replica may own conversations of a transport (Matrix: the leader only)."""
     take_over: Callable[[RoomKey], Awaitable[None]] | None = None
@@ -137,6 +139,7 @@ class Cluster:
                 0,
                 self.capacity,
                 False,
+                self.state_dir,
             ),
             alive=alive,
         )

@@ -16,6 +16,8 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 from bridge.cluster import Cluster, Notice, pid_alive
 from bridge.config import Settings
@@ -33,6 +35,7 @@ from bridge.core.transport import ApprovalAction, ApprovalChoice
 from bridge.delivery import Outbox
 from bridge.intake import Intake
 from bridge.metrics import Metrics
+from bridge.stale_runs import never_started
 from bridge.store.base import RegisteredRun, RunRecord, Store
 from bridge.store.cluster import Leases
 from dispatcher import DispatchedRun, Dispatcher
@@ -42,9 +45,20 @@ log = logging.getLogger(__name__)
 HARD_LIMIT_MARGIN_S = 10.0
 """Beyond a run's time limit and stop grace: its supervisor's kill phase, and clock skew."""
 
-RecoverRun = Callable[[RunRecord, RegisteredRun | None, bool], Awaitable[bool]]
-"""The service's recovery of one run: reattach it (True) if ``followable``, else stop it
-on this host and report it interrupted (False)."""
+
+class RecoverRun(Protocol):
+    """The service's recovery of one run: reattach it (True) if ``may_follow``, else stop
+    it on this host and report it interrupted, or run its messages again if it
+    ``never_started`` (False)."""
+
+    async def __call__(
+        self,
+        run: RunRecord,
+        entry: RegisteredRun | None,
+        may_follow: bool,
+        *,
+        never_started: bool = False,
+    ) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -171,7 +185,9 @@ class ClusterRole:
                     None,
                     self.cluster.replica_id,
                 ) or not await self._replica_alive(run.replica)
-                await self.recover_run(run, entry, follow)
+                state_dir = await self._state_dir_of(run.replica)
+                never = state_dir is not None and never_started(run, entry, state_dir)
+                await self.recover_run(run, entry, follow, never_started=never)
             else:
                 await self._wait_out(run, host)
         await self.intake.recover(await self.store.pending_messages(room))
@@ -224,6 +240,13 @@ class ClusterRole:
         if replica.host != socket.gethostname():
             return True
         return pid_alive(replica.pid)
+
+    async def _state_dir_of(self, replica_id: str | None) -> Path | None:
+        """Where the replica that started a run keeps its runs' directories (this host)."""
+        if replica_id is None or replica_id == self.cluster.replica_id:
+            return self.settings.runner.state_dir
+        replica = await self.leases.previous(replica_id)
+        return None if replica is None or replica.state_dir is None else Path(replica.state_dir)
 
     async def _wait_out(self, run: RunRecord, host: str | None) -> None:
         """A run on another host (or an unknown one) cannot be stopped from here: the

@@ -61,6 +61,7 @@ from bridge.prestarts import Prestarts
 from bridge.replies import Replier, in_conversation
 from bridge.runs import RunExecutor, new_run_id
 from bridge.schedules import Scheduler, WallClock
+from bridge.stale_runs import never_started
 from bridge.state_lock import state_dir_lock
 from bridge.store.base import Approval, RegisteredRun, RunRecord, Store, StoreError
 from bridge.store.cluster import Leases, ReplicaIdInUse
@@ -79,6 +80,10 @@ from transports.base import Transport
 log = logging.getLogger(__name__)
 
 PRUNE_INTERVAL_S = 3600.0
+MIN_IDLE_TRANSACTION_S = 2.0
+"""Replicas' PostgreSQL sessions idle in a transaction longer than this (or than the
+renewal period, if longer) are ended by the server: no transaction of ours idles that
+long unless its process was paused (docs/replicas.md)."""
 READY_TIMEOUT_S = 60.0
 _REACHES = {"matrix": "matrix.homeserver", "slack": "slack.api_url"}
 """The setting to check when a part does not connect in time (it keeps retrying meanwhile)."""
@@ -263,6 +268,7 @@ class Service:
             self.metrics,
             self.settings.runner.max_concurrent_runs,
             lambda: self.dispatcher.active_runs,
+            str(self.settings.runner.state_dir.absolute()),
             # Slack spreads its events over every replica; Matrix syncs on one.
             serves=lambda transport: transport != "matrix" or cluster.leads(transport),
         )
@@ -362,8 +368,11 @@ class Service:
             return
         registered = {entry.live.run_id: entry for entry in await self.store.live_runs()}
         adopted: set[RunId] = set()
+        state_dir = self.settings.runner.state_dir
         for run in await self.store.running_runs():
-            if await self._recover_run(run, registered.get(run.id), True):
+            entry = registered.get(run.id)
+            never = never_started(run, entry, state_dir)
+            if await self._recover_run(run, entry, True, never_started=never):
                 adopted.add(run.id)
         await self._clean_strays(adopted)
         resumed = await self.intake.recover(await self.store.pending_messages())
@@ -381,9 +390,12 @@ class Service:
         kept = set(await cluster.keep_own())
         adopted = set(self._adopted)
         registered = {entry.live.run_id: entry for entry in await self.store.live_runs()}
+        state_dir = self.settings.runner.state_dir
         for run in await self.store.running_runs():
             if run.replica == cluster.replica_id and run.room not in kept:
-                await self._recover_run(run, registered.get(run.id), False)
+                entry = registered.get(run.id)
+                never = never_started(run, entry, state_dir)
+                await self._recover_run(run, entry, False, never_started=never)
         await self._clean_strays(adopted)
         if kept:
             log.info("kept %d conversation(s) held before the restart", len(kept))
@@ -398,7 +410,12 @@ class Service:
             log.warning("stopped %d process(es) of runs no record names", killed)
 
     async def _recover_run(
-        self, run: RunRecord, entry: RegisteredRun | None, may_follow: bool
+        self,
+        run: RunRecord,
+        entry: RegisteredRun | None,
+        may_follow: bool,
+        *,
+        never_started: bool = False,
     ) -> bool:
         """Reattach one run left running (True), or stop it and report it interrupted.
 
@@ -430,6 +447,20 @@ class Service:
         # its supervisor, if still there, is asked to stop and waited for;
         # then the run's cgroup and the marker sweep (runner/recovery.py).
         killed = await recover_run(run.id, self.settings.runner.cgroup_root)
+        if never_started and not killed:
+            # Its start was recorded, and then its process died before it spawned
+            # anything: its messages never ran, and run now as if it never began.
+            await self.store.finish_run(
+                run.id,
+                RunReport(RunStatus.INTERRUPTED, error="stopped before claude was started"),
+                time.time(),
+            )
+            again = await self.store.requeue_run(run.id)
+            log.warning(
+                "run %s in %s never started; its %d message(s) wait to run again",
+                run.id, run.room, len(again),
+            )  # fmt: skip
+            return False
         # Honest for both ways a run stays "running": a crash or restart
         # during it, or an end whose outcome the failing database could
         # not take (its answer may have gone out).
@@ -742,8 +773,14 @@ async def open_store(settings: Settings) -> Store:
     if problem is not None:
         raise StartupError(f"database.url: {problem}")
     try:
+        cluster = settings.cluster
         return await SqlStore.open(
-            settings.database.url, auto_migrate=settings.database.auto_migrate
+            settings.database.url,
+            auto_migrate=settings.database.auto_migrate,
+            # A paused replica's open transaction must not hold the others' takeovers.
+            idle_transaction_timeout_s=(
+                max(MIN_IDLE_TRANSACTION_S, cluster.renew_every_s) if cluster.enabled else None
+            ),
         )
     except StoreError as exc:
         # SQLAlchemy appends a "Background on this error" link line: one line is enough.

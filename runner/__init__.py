@@ -42,7 +42,13 @@ from runner.process import find_marked, kill_marked
 from runner.recovery import clean_stray_runs, recover_run
 from runner.request import PromptImage, RunRequest
 from runner.run import EventCallback, PositionCallback, answer_report, attach_claude, run_claude
-from runner.rundir import journal_exists, prepare_state_dir, remove_run_dir, stray_runs
+from runner.rundir import (
+    journal_exists,
+    prepare_state_dir,
+    remove_run_dir,
+    run_dir_made,
+    stray_runs,
+)
 
 __all__ = [
     "MARKER_ENV",
@@ -88,5 +94,6 @@ __all__ = [
     "recover_run",
     "remove_run_dir",
     "run_claude",
+    "run_dir_made",
     "stray_runs",
 ]

@@ -38,6 +38,12 @@ def prepare_state_dir(state_dir: Path) -> Path:
     return state_dir
 
 
+def run_dir_made(state_dir: Path, run_id: str) -> bool:
+    """Whether run ``run_id``'s directory exists under ``state_dir``: made before its
+    supervisor is spawned, removed once its outcome is recorded (or could not be)."""
+    return (state_dir / RUNS / run_id).exists()
+
+
 def make_run_dir(state_dir: Path | None, run_id: RunId) -> Path:
     """Create the run's directory mode 0700 (see :func:`prepare_state_dir`); return it.
 

@@ -33,6 +33,7 @@ CHANNEL = "chatbridge"
 LISTEN_CHECK_S = 5.0
 """How often the listening connection is checked."""
 LISTEN_RETRY_S = 1.0
+LOCK_TIMEOUT = "SET LOCAL lock_timeout = '2s'"
 
 
 class ReplicaIdInUse(StoreError):
@@ -63,6 +64,7 @@ class Replica:
     runs: int
     capacity: int
     draining: bool
+    state_dir: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +131,9 @@ class Leases:
     async def _run(self, sql: str, params: dict[str, Any] | None = None) -> list[Any]:
         try:
             async with self._engine.begin() as conn:
+                # A lease row locked by a paused replica's transaction must not hold
+                # this up: the caller tries again at its next poll or renewal.
+                await conn.execute(text(LOCK_TIMEOUT))
                 result = await conn.execute(text(sql), params or {})
                 return list(result.all()) if result.returns_rows else []
         except (SQLAlchemyError, OSError) as exc:
@@ -147,6 +152,7 @@ class Leases:
         """
         try:
             async with self._engine.begin() as conn:
+                await conn.execute(text(LOCK_TIMEOUT))
                 rows = await self._in(
                     conn,
                     "SELECT host, pid,"
@@ -167,9 +173,10 @@ class Leases:
                 await self._in(
                     conn,
                     "INSERT INTO replicas (id, instance, host, pid, started_at, heartbeat_at,"
-                    " runs, capacity, draining) VALUES (:id, :inst, :host, :pid,"
+                    " runs, capacity, draining, state_dir) VALUES (:id, :inst, :host, :pid,"
                     " extract(epoch from clock_timestamp()), extract(epoch from clock_timestamp()),"
-                    " 0, :cap, false) ON CONFLICT (id) DO UPDATE SET instance = excluded.instance,"
+                    " 0, :cap, false, :dir) ON CONFLICT (id) DO UPDATE SET"
+                    " instance = excluded.instance, state_dir = excluded.state_dir,"
                     " host = excluded.host, pid = excluded.pid, started_at = excluded.started_at,"
                     " heartbeat_at = excluded.heartbeat_at, runs = 0,"
                     " capacity = excluded.capacity, draining = false",
@@ -179,6 +186,7 @@ class Leases:
                         "host": me.host,
                         "pid": me.pid,
                         "cap": me.capacity,
+                        "dir": me.state_dir,
                     },
                 )
         except (SQLAlchemyError, OSError) as exc:
@@ -198,6 +206,7 @@ class Leases:
         """
         try:
             async with self._engine.begin() as conn:
+                await conn.execute(text(LOCK_TIMEOUT))
                 mine = await self._in(
                     conn,
                     "UPDATE replicas SET heartbeat_at = extract(epoch from clock_timestamp()),"
@@ -380,6 +389,7 @@ def _replica(row: Any) -> Replica:
         row.runs,
         row.capacity,
         row.draining,
+        row.state_dir,
     )
 
 

@@ -86,8 +86,17 @@ def asyncpg_ssl(url: str) -> URL | str:
     return parsed.difference_update_query(["sslmode"]).update_query_dict({"ssl": mode})
 
 
-def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
-    """An async engine for ``url``, with the SQLite settings above applied."""
+def create_engine(
+    url: str, *, idle_transaction_timeout_s: float | None = None, **kwargs: Any
+) -> AsyncEngine:
+    """An async engine for ``url``, with the SQLite settings above applied.
+
+    ``idle_transaction_timeout_s`` (PostgreSQL): the server ends a session
+    whose transaction stays idle that long. Replicas set it: a replica
+    paused mid-transaction (``SIGSTOP``, a frozen VM) would otherwise hold
+    its row locks, and with them every other replica's takeover, for as long
+    as it stays paused.
+    """
     if is_sqlite(url) and make_url(url).database not in (None, "", ":memory:"):
         # One connection per file and process: SQLite admits one writer at a
         # time anyway, and queueing for the pooled connection wakes the next
@@ -97,6 +106,12 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
         kwargs = {"pool_size": 1, "max_overflow": 0, **kwargs}
     # Statement parameters are message texts and run excerpts: keep them out of
     # error messages, which reach the logs.
+    if idle_transaction_timeout_s is not None and not is_sqlite(url):
+        ms = str(round(idle_transaction_timeout_s * 1000))
+        kwargs["connect_args"] = {
+            **kwargs.get("connect_args", {}),
+            "server_settings": {"idle_in_transaction_session_timeout": ms},
+        }
     engine = create_async_engine(asyncpg_ssl(url), hide_parameters=True, **kwargs)
     if engine.dialect.name == "sqlite":
         _configure_sqlite(engine, reader=False)

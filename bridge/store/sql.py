@@ -199,7 +199,13 @@ class SqlStore:
         return self._engine
 
     @classmethod
-    async def open(cls, url: str = DEFAULT_URL, *, auto_migrate: bool = True) -> SqlStore:
+    async def open(
+        cls,
+        url: str = DEFAULT_URL,
+        *,
+        auto_migrate: bool = True,
+        idle_transaction_timeout_s: float | None = None,
+    ) -> SqlStore:
         """Connect to ``url``, migrating its schema to head first if ``auto_migrate``.
 
         Without ``auto_migrate`` a database whose schema is not at head is an
@@ -207,7 +213,7 @@ class SqlStore:
         """
         if auto_migrate:
             await migrate(url)
-        engine = create_engine(url)
+        engine = create_engine(url, idle_transaction_timeout_s=idle_transaction_timeout_s)
         started = time.monotonic()
         try:
             async with engine.connect() as conn:

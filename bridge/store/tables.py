@@ -332,6 +332,8 @@ class ReplicaRow(Base):
     runs: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     capacity: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     draining: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    state_dir: Mapped[str | None] = mapped_column(Text)
+    """Its ``[runner] state_dir``: on its host, where its runs' directories are."""
 
 
 class LeaseRow(Base):

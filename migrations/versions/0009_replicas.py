@@ -34,6 +34,7 @@ def upgrade() -> None:
         sa.Column("runs", sa.Integer(), server_default=sa.text("0"), nullable=False),
         sa.Column("capacity", sa.Integer(), server_default=sa.text("0"), nullable=False),
         sa.Column("draining", sa.Boolean(), server_default=sa.text("false"), nullable=False),
+        sa.Column("state_dir", sa.Text(), nullable=True),
         sa.PrimaryKeyConstraint("id", name="pk_replicas"),
     )
     op.create_table(
