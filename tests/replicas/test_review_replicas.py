@@ -1,0 +1,113 @@
+"""Review of the replicas (issue 14): defects found by trying to break them, each a
+test that fails on the code it was written against (docs/replicas.md)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from bridge.cluster import Notice
+from bridge.core.model import ReplyKind
+from bridge.store.cluster import Renewal
+from tests.replicas.conftest import ROOM, replica, replica_settings, until
+
+# Everything below is answered within a lease's lifetime and a few polls
+# (lease_ttl_s = 2, poll_s = 0.2) when it works; the guard only bounds a failure.
+ANSWERED_S = 10.0
+
+
+def results(chat: Any) -> list[str]:
+    return list(chat.texts(ReplyKind.RESULT))
+
+
+async def test_a_conversation_taken_while_a_renewal_is_under_way_is_not_lost(
+    tmp_path: Path, cluster_db: str
+) -> None:
+    """The heartbeat's answer lists the leases renewed when it ran; a conversation
+    acquired after that statement but before the answer is handled is not in it,
+    and the heartbeat lets it go ("taken or ran out") although the database says
+    this replica holds it. The message that made the replica take it is then
+    fenced at its start, nobody else may take the conversation (the heartbeat
+    keeps renewing the row), and the message never runs."""
+    async with replica(replica_settings(tmp_path, "a", cluster_db)) as a:
+        cluster = a.service.cluster
+        assert cluster is not None
+        renew, acquire = cluster.leases.heartbeat, cluster.leases.acquire
+        renewed, acquired = asyncio.Event(), asyncio.Event()
+        armed = True
+
+        async def heartbeat(*args: Any, **kwargs: Any) -> Renewal:
+            nonlocal armed
+            renewal = await renew(*args, **kwargs)
+            if armed:
+                armed = False
+                renewed.set()
+                # Committed; its answer is on its way back while the conversation is taken.
+                await acquired.wait()
+            return renewal
+
+        async def taking(*args: Any, **kwargs: Any) -> Any:
+            lease = await acquire(*args, **kwargs)
+            acquired.set()
+            return lease
+
+        cluster.leases.heartbeat = heartbeat  # type: ignore[method-assign]
+        cluster.leases.acquire = taking  # type: ignore[method-assign]
+        async with asyncio.timeout(ANSWERED_S):
+            await renewed.wait()
+        await a.chat.say("hello")
+        await until(lambda: results(a.chat) == ["hello"], ANSWERED_S)
+
+
+async def test_a_command_forwarded_to_a_dead_owner_is_carried_out_by_the_next(
+    tmp_path: Path, cluster_db: str
+) -> None:
+    """b accepts `!status` for a conversation whose owner has just died (its lease
+    still runs) and tells that owner, who never hears it. b's poll takes the
+    conversation over once the lease runs out, and the takeover's recovery settles
+    every pending command unrun, as a restart does ("accepted just before a
+    crash"): but this one was accepted by a live replica and never reached its
+    owner. It is settled unanswered: the command is lost."""
+    async with replica(replica_settings(tmp_path, "b", cluster_db)) as b:
+        cluster = b.service.cluster
+        assert cluster is not None
+        # Replica z owned the conversation and died: its lease runs for lease_ttl_s.
+        assert await cluster.leases.acquire(ROOM, "z") is not None
+        await b.chat.say("!status")
+        await until(lambda: cluster.holds(ROOM), ANSWERED_S)
+        await until(lambda: len(b.chat.texts(ReplyKind.NOTICE)) >= 1, ANSWERED_S)
+
+
+async def test_a_message_after_a_top_level_stop_in_a_thread_room_is_not_dropped(
+    tmp_path: Path, cluster_db: str
+) -> None:
+    """A top-level `!stop` stops this replica's threads and tells every replica
+    (NOTIFY to all). The replica that asked hears its own notice too, and stops
+    its threads a second time when the notice comes (at a time nobody controls:
+    it waits behind the poll's work): a message sent after the `!stop` and
+    still waiting in its queue then is dropped, unanswered."""
+    config = {"defaults": {"conversation": "thread"}}
+    thread = ROOM.in_thread("t1")
+    async with (
+        replica(replica_settings(tmp_path, "a", cluster_db, config)) as a,
+        replica(replica_settings(tmp_path, "b", cluster_db, config)),
+    ):
+        cluster = a.service.cluster
+        assert cluster is not None
+        heard = cluster.on_notice
+        assert heard is not None
+        queued = asyncio.Event()
+
+        async def late(notice: Notice) -> None:
+            if notice.kind == "room-stop":
+                # The notice comes back after the next message was queued.
+                await queued.wait()
+            await heard(notice)
+
+        cluster.on_notice = late
+        await a.chat.say("!stop")
+        await a.chat.say("after the stop", thread="t1")
+        assert a.service.dispatcher.status(thread).waiting == 1
+        queued.set()
+        await until(lambda: results(a.chat) == ["after the stop"], ANSWERED_S)
