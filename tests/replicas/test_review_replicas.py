@@ -7,8 +7,11 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bridge.cluster import Notice
-from bridge.core.model import ReplyKind
+from bridge.core.model import ReplyKind, RoomKey
+from bridge.store.base import StoreError
 from bridge.store.cluster import Renewal
 from tests.replicas.conftest import ROOM, replica, replica_settings, until
 
@@ -57,6 +60,35 @@ async def test_a_conversation_taken_while_a_renewal_is_under_way_is_not_lost(
         async with asyncio.timeout(ANSWERED_S):
             await renewed.wait()
         await a.chat.say("hello")
+        await until(lambda: results(a.chat) == ["hello"], ANSWERED_S)
+
+
+async def test_a_conversation_whose_recovery_failed_is_taken_again(
+    tmp_path: Path, cluster_db: str
+) -> None:
+    """A takeover whose recovery fails (the database failed a read) lets the
+    conversation go "so that it is taken (and recovered) again": but only in
+    this replica's memory. Its lease row stays this replica's and every
+    heartbeat renews it (the renewal is of every unexpired row it owns), so no
+    poll ever finds the conversation unowned: its pending message never runs."""
+    async with replica(replica_settings(tmp_path, "a", cluster_db)) as a:
+        cluster = a.service.cluster
+        assert cluster is not None
+        recover = cluster.take_over
+        assert recover is not None
+        failures = 1
+
+        async def failing(room: RoomKey) -> None:
+            nonlocal failures
+            if failures:
+                failures -= 1
+                raise StoreError("the database failed a read")
+            assert recover is not None
+            await recover(room)
+
+        cluster.take_over = failing
+        with pytest.raises(StoreError):
+            await a.chat.say("hello")  # recorded; the transport is told it failed
         await until(lambda: results(a.chat) == ["hello"], ANSWERED_S)
 
 
