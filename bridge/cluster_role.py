@@ -112,7 +112,8 @@ class ClusterRole:
         return lines
 
     async def stop(self, room: RoomKey, actor: UserId) -> None:
-        await self.cluster.tell("", "room-stop", room.channel, {"actor": actor})
+        body = {"actor": actor, "from": self.cluster.replica_id}
+        await self.cluster.tell("", "room-stop", room.channel, body)
 
     # -- Cluster's callbacks --
 
@@ -132,7 +133,10 @@ class ClusterRole:
                 else:
                     self.dispatcher.replace(message)
         elif notice.kind == "room-stop" and self.stop_threads is not None:
-            # Also heard by the replica that asked: it stopped its own threads already.
+            if notice.body.get("from") == self.cluster.replica_id:
+                # Heard by the replica that asked too: it stopped its own threads
+                # already, and what it queued since came after the stop.
+                return
             runs, dropped, _ = await self.stop_threads(
                 notice.room, UserId(str(notice.body["actor"]))
             )
