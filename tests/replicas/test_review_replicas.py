@@ -13,7 +13,7 @@ from bridge.cluster import Notice
 from bridge.core.model import ReplyKind, RoomKey
 from bridge.store.base import StoreError
 from bridge.store.cluster import Renewal
-from tests.replicas.conftest import ROOM, replica, replica_settings, until
+from tests.replicas.conftest import ROOM, SlackRoom, replica, replica_settings, until
 
 # Everything below is answered within a lease's lifetime and a few polls
 # (lease_ttl_s = 2, poll_s = 0.2) when it works; the guard only bounds a failure.
@@ -143,3 +143,29 @@ async def test_a_message_after_a_top_level_stop_in_a_thread_room_is_not_dropped(
         assert a.service.dispatcher.status(thread).waiting == 1
         queued.set()
         await until(lambda: results(a.chat) == ["after the stop"], ANSWERED_S)
+
+
+async def test_a_replica_restarted_within_its_leases_reattaches_its_detached_run(
+    tmp_path: Path, cluster_db: str
+) -> None:
+    """docs/replicas.md: with `on_shutdown = "detach"` a replica restarted with its
+    id before its leases ran out "keeps them and reattaches its detached runs".
+    It keeps the leases, but nothing recovers the kept conversations: their runs
+    are not reattached (the start-up's sweep stops them as strays, no record
+    naming them as adopted), nobody reports them, and the run stays marked
+    running in the database."""
+    gate = tmp_path / "gate"
+    env = {"FAKE_CLAUDE_ECHO": "1", "FAKE_CLAUDE_WAIT_FOR": str(gate)}
+    config = {"runner": {"on_shutdown": "detach"}, "cluster": {"lease_ttl_s": 60}}
+    settings = replica_settings(tmp_path, "a", cluster_db, config, env=env)
+    async with replica(settings) as a:
+        await a.chat.say("a long one")
+        async with asyncio.timeout(ANSWERED_S):
+            while not await a.service.store.live_runs():  # registered: detachable
+                await asyncio.sleep(0.01)
+    again = SlackRoom(ROOM, "U1", id_prefix="a-again")
+    async with replica(settings, again) as a:
+        assert a.service.cluster is not None
+        assert a.service.cluster.holds(ROOM)  # kept
+        gate.touch()
+        await until(lambda: results(again) == ["a long one"], ANSWERED_S)
