@@ -379,13 +379,17 @@ class Service:
         except ReplicaIdInUse as exc:
             raise StartupError(f"cluster.replica_id: {exc}") from None
         kept = set(await cluster.keep_own())
-        adopted = set(self._adopted)
         registered = {entry.live.run_id: entry for entry in await self.store.live_runs()}
         for run in await self.store.running_runs():
-            if run.replica == cluster.replica_id and run.room not in kept:
-                await self._recover_run(run, registered.get(run.id), False)
-        await self._clean_strays(adopted)
+            if run.replica == cluster.replica_id:
+                # A kept conversation is recovered as a restart recovers: its
+                # detached run reattached (or reported); in the others it is stopped.
+                await self._recover_run(run, registered.get(run.id), run.room in kept)
+        # After the recovery: the runs it reattached are not strays.
+        await self._clean_strays(set(self._adopted))
         if kept:
+            pending = [m for m in await self.store.pending_messages() if m.room in kept]
+            await self.intake.recover(pending)
             log.info("kept %d conversation(s) held before the restart", len(kept))
 
     async def _clean_strays(self, adopted: set[RunId]) -> None:
