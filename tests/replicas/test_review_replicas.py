@@ -169,3 +169,25 @@ async def test_a_replica_restarted_within_its_leases_reattaches_its_detached_run
         assert a.service.cluster.holds(ROOM)  # kept
         gate.touch()
         await until(lambda: results(again) == ["a long one"], ANSWERED_S)
+
+
+async def test_a_top_level_status_lists_only_other_replicas_threads_with_work(
+    tmp_path: Path, cluster_db: str
+) -> None:
+    """A thread conversation keeps its lease for as long as its replica lives (it is
+    renewed whether the thread has work or not), and every top-level message
+    opens a thread conversation of its own. The top-level `!status` lists every
+    live lease of other replicas as a thread "on replica b": threads that ended
+    long ago, and the threads opened by top-level commands, while this replica's
+    own lines list only threads with work."""
+    config = {"defaults": {"conversation": "thread"}}
+    async with (
+        replica(replica_settings(tmp_path, "a", cluster_db, config)) as a,
+        replica(replica_settings(tmp_path, "b", cluster_db, config)) as b,
+    ):
+        await b.chat.say("answered long ago", thread="t2")
+        await b.chat.wait_until(lambda: results(b.chat) == ["answered long ago"])
+        await b.service.dispatcher.wait_idle()
+        await a.chat.say("!status")
+        await a.chat.wait_until(lambda: len(a.chat.texts(ReplyKind.NOTICE)) >= 1)
+        assert a.chat.texts(ReplyKind.NOTICE)[-1] == "No thread of this room has work."
