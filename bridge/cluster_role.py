@@ -104,10 +104,14 @@ class ClusterRole:
     # -- RoomWideElsewhere (bridge.commands): top-level !stop / !status in thread rooms --
 
     async def threads(self, room: RoomKey) -> list[str]:
+        """The room's threads with work (a run, a waiting message) other replicas own:
+        a thread's lease outlives its work (and each top-level message opens one)."""
+        busy = {run.room for run in await self.store.running_runs()}
+        busy.update(m.room for m in await self.store.pending_messages())
         lines = []
         for lease, live in await self.leases.leases():
-            theirs = lease.owner != self.cluster.replica_id
-            if live and theirs and lease.room.thread and lease.room.channel == room.channel:
+            theirs = live and lease.owner != self.cluster.replica_id and lease.room in busy
+            if theirs and lease.room.thread and lease.room.channel == room.channel:
                 lines.append(f"Thread {lease.room.thread}: on replica {lease.owner}.")
         return lines
 
