@@ -4,6 +4,7 @@ test that fails on the code it was written against (docs/replicas.md)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -191,3 +192,39 @@ async def test_a_top_level_status_lists_only_other_replicas_threads_with_work(
         await a.chat.say("!status")
         await a.chat.wait_until(lambda: len(a.chat.texts(ReplyKind.NOTICE)) >= 1)
         assert a.chat.texts(ReplyKind.NOTICE)[-1] == "No thread of this room has work."
+
+
+async def test_a_renewal_after_leaving_the_registry_does_not_crash_the_stop(
+    tmp_path: Path, cluster_db: str
+) -> None:
+    """A graceful stop leaves the registry (its row deleted) while the heartbeat
+    still runs until the service's background tasks are cancelled. A renewal in
+    between finds no row of this instance, takes it for ReplicaReplaced, and the
+    replica's clean stop ends in that error."""
+    settings = replica_settings(tmp_path, "a", cluster_db)
+    async with replica(settings) as a:
+        cluster = a.service.cluster
+        assert cluster is not None
+        leave, renew = cluster.leases.release_all, cluster.leases.heartbeat
+        renewed = asyncio.Event()
+
+        async def heartbeat(*args: Any, **kwargs: Any) -> Renewal:
+            try:
+                return await renew(*args, **kwargs)
+            finally:
+                renewed.set()
+
+        async def release_all(*args: Any, **kwargs: Any) -> None:
+            await leave(*args, **kwargs)
+            renewed.clear()
+            # A renewal comes before the stop cancels the heartbeat (if it still
+            # renews: a few renewal periods bound the wait).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(3 * settings.cluster.renew_every_s):
+                    await renewed.wait()
+
+        cluster.leases.heartbeat = heartbeat  # type: ignore[method-assign]
+        cluster.leases.release_all = release_all  # type: ignore[method-assign]
+        a.service.request_stop()
+        await asyncio.wait({a.task})
+        assert a.task.exception() is None
