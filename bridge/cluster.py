@@ -115,6 +115,8 @@ class Cluster:
     draining: bool = False
     """Shutting down: takes nothing new, and lets idle conversations go."""
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _left: bool = False
+    """Left the registry (a graceful stop): no renewal any more, and none is missed."""
 
     def __post_init__(self) -> None:
         if not self.replica_id:
@@ -156,6 +158,7 @@ class Cluster:
 
     async def leave(self) -> None:
         """Let every conversation go at once (a graceful stop), and unregister."""
+        self._left = True
         self._owned.clear()
         try:
             await self.leases.release_all(self.replica_id, self.instance)
@@ -332,7 +335,7 @@ class Cluster:
 
     async def _heartbeat(self) -> None:
         every = self.settings.renew_every_s
-        while True:
+        while not self._left:
             sent = self.clock()
             # What this renewal is of: a lease taken while it is under way is not
             # in its answer, and is not lost for that (its acquisition renewed it).
@@ -351,6 +354,8 @@ class Cluster:
                         held=held_now,
                     )
             except ReplicaReplaced:
+                if self._left:
+                    return  # our own row, deleted as we left: not another instance's
                 raise
             except (StoreError, TimeoutError) as exc:
                 log.warning("lease renewal failed: %s", exc)
