@@ -117,6 +117,8 @@ class Cluster:
     draining: bool = False
     """Shutting down: takes nothing new, and lets idle conversations go."""
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _left: bool = False
+    """Left the registry (a graceful stop): no renewal any more, and none is missed."""
 
     def __post_init__(self) -> None:
         if not self.replica_id:
@@ -159,6 +161,7 @@ class Cluster:
 
     async def leave(self) -> None:
         """Let every conversation go at once (a graceful stop), and unregister."""
+        self._left = True
         self._owned.clear()
         try:
             await self.leases.release_all(self.replica_id, self.instance)
@@ -335,8 +338,14 @@ class Cluster:
 
     async def _heartbeat(self) -> None:
         every = self.settings.renew_every_s
-        while True:
+        while not self._left:
             sent = self.clock()
+            # What this renewal is of: a lease taken while it is under way is not
+            # in its answer, and is not lost for that (its acquisition renewed it).
+            sent_owned = dict(self._owned)
+            sent_leading = dict(self._leading)
+            held_now = [(room, lease.token) for room, lease in sent_owned.items()]
+            held_now += [(leader_key(t), lease.token) for t, lease in sent_leading.items()]
             try:
                 async with asyncio.timeout(every):
                     renewal = await self.leases.heartbeat(
@@ -345,8 +354,11 @@ class Cluster:
                         runs=self.active_runs(),
                         capacity=self.capacity,
                         draining=self.draining,
+                        held=held_now,
                     )
             except ReplicaReplaced:
+                if self._left:
+                    return  # our own row, deleted as we left: not another instance's
                 raise
             except (StoreError, TimeoutError) as exc:
                 log.warning("lease renewal failed: %s", exc)
@@ -359,13 +371,15 @@ class Cluster:
                     self._lose_all("no lease renewal for the lease's lifetime")
                 self._valid_until = sent + self.settings.lease_ttl_s
                 held = {lease.room: lease for lease in renewal.leases}
-                for transport in list(self._leading):
-                    if leader_key(transport) not in held:
+                for transport, lease in list(self._leading.items()):
+                    if leader_key(transport) in held:
+                        self._leading[transport] = held[leader_key(transport)]
+                    elif sent_leading.get(transport) is lease:
                         self._lose_lead(transport, "its leader lease was taken or ran out")
-                for room in list(self._owned):
+                for room, lease in list(self._owned.items()):
                     if room in held:
                         self._owned[room] = held[room]
-                    else:
+                    elif sent_owned.get(room) is lease:
                         self._lose(room, "its lease was taken or ran out")
             self.metrics.owned_conversations.set(len(self._owned))
             await asyncio.sleep(every)

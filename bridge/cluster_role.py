@@ -118,15 +118,20 @@ class ClusterRole:
     # -- RoomWideElsewhere (bridge.commands): top-level !stop / !status in thread rooms --
 
     async def threads(self, room: RoomKey) -> list[str]:
+        """The room's threads with work (a run, a waiting message) other replicas own:
+        a thread's lease outlives its work (and each top-level message opens one)."""
+        busy = {run.room for run in await self.store.running_runs()}
+        busy.update(m.room for m in await self.store.pending_messages())
         lines = []
         for lease, live in await self.leases.leases():
-            theirs = lease.owner != self.cluster.replica_id
-            if live and theirs and lease.room.thread and lease.room.channel == room.channel:
+            theirs = live and lease.owner != self.cluster.replica_id and lease.room in busy
+            if theirs and lease.room.thread and lease.room.channel == room.channel:
                 lines.append(f"Thread {lease.room.thread}: on replica {lease.owner}.")
         return lines
 
     async def stop(self, room: RoomKey, actor: UserId) -> None:
-        await self.cluster.tell("", "room-stop", room.channel, {"actor": actor})
+        body = {"actor": actor, "from": self.cluster.replica_id}
+        await self.cluster.tell("", "room-stop", room.channel, body)
 
     # -- Cluster's callbacks --
 
@@ -146,7 +151,10 @@ class ClusterRole:
                 else:
                     self.dispatcher.replace(message)
         elif notice.kind == "room-stop" and self.stop_threads is not None:
-            # Also heard by the replica that asked: it stopped its own threads already.
+            if notice.body.get("from") == self.cluster.replica_id:
+                # Heard by the replica that asked too: it stopped its own threads
+                # already, and what it queued since came after the stop.
+                return
             runs, dropped, _ = await self.stop_threads(
                 notice.room, UserId(str(notice.body["actor"]))
             )

@@ -388,16 +388,20 @@ class Service:
         except ReplicaIdInUse as exc:
             raise StartupError(f"cluster.replica_id: {exc}") from None
         kept = set(await cluster.keep_own())
-        adopted = set(self._adopted)
         registered = {entry.live.run_id: entry for entry in await self.store.live_runs()}
         state_dir = self.settings.runner.state_dir
         for run in await self.store.running_runs():
-            if run.replica == cluster.replica_id and run.room not in kept:
+            if run.replica == cluster.replica_id:
+                # A kept conversation is recovered as a restart recovers: its
+                # detached run reattached (or reported); in the others it is stopped.
                 entry = registered.get(run.id)
                 never = never_started(run, entry, state_dir)
-                await self._recover_run(run, entry, False, never_started=never)
-        await self._clean_strays(adopted)
+                await self._recover_run(run, entry, run.room in kept, never_started=never)
+        # After the recovery: the runs it reattached are not strays.
+        await self._clean_strays(set(self._adopted))
         if kept:
+            pending = [m for m in await self.store.pending_messages() if m.room in kept]
+            await self.intake.recover(pending)
             log.info("kept %d conversation(s) held before the restart", len(kept))
 
     async def _clean_strays(self, adopted: set[RunId]) -> None:

@@ -198,10 +198,20 @@ class Leases:
         return _replica(rows[0]) if rows else None
 
     async def heartbeat(
-        self, replica_id: str, instance: str, *, runs: int, capacity: int, draining: bool
+        self,
+        replica_id: str,
+        instance: str,
+        *,
+        runs: int,
+        capacity: int,
+        draining: bool,
+        held: Sequence[tuple[RoomKey, int]],
     ) -> Renewal:
-        """Renew this replica's row and every unexpired lease it holds, in one transaction.
+        """Renew this replica's row and the unexpired leases of ``held`` (conversations
+        and their tokens) it still owns, in one transaction.
 
+        Only those: a lease the replica let go of in its memory (a recovery that
+        failed, a deadline passed) must run out, so that a poll finds its work.
         Raises :class:`ReplicaReplaced` if a newer instance took the id.
         """
         try:
@@ -225,10 +235,20 @@ class Leases:
                     raise ReplicaReplaced(f"replica {replica_id!r} was taken by another instance")
                 leases = await self._in(
                     conn,
-                    "UPDATE leases SET expires_at = extract(epoch from clock_timestamp()) + :ttl"
-                    " WHERE owner = :id AND expires_at > extract(epoch from clock_timestamp())"
-                    " RETURNING transport, room_id, owner, token, expires_at",
-                    {"id": replica_id, "ttl": self._ttl},
+                    "UPDATE leases AS l"
+                    " SET expires_at = extract(epoch from clock_timestamp()) + :ttl"
+                    " FROM unnest(CAST(:ts AS text[]), CAST(:rs AS text[]), CAST(:ks AS bigint[]))"
+                    " AS h(t, r, k)"
+                    " WHERE l.transport = h.t AND l.room_id = h.r AND l.token = h.k"
+                    " AND l.owner = :id AND l.expires_at > extract(epoch from clock_timestamp())"
+                    " RETURNING l.transport, l.room_id, l.owner, l.token, l.expires_at",
+                    {
+                        "id": replica_id,
+                        "ttl": self._ttl,
+                        "ts": [room.transport for room, _ in held],
+                        "rs": [stored_id(room) for room, _ in held],
+                        "ks": [token for _, token in held],
+                    },
                 )
         except (SQLAlchemyError, OSError) as exc:
             raise StoreError(str(exc).splitlines()[0]) from exc
