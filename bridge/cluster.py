@@ -36,6 +36,8 @@ from bridge.store.keys import room_key, stored_id
 log = logging.getLogger(__name__)
 
 NOTICE_WAIT_S = 5.0
+IDLE_RELEASE_MIN_S = 60.0
+"""A conversation idle this long (or four lease lifetimes, if longer) is let go."""
 """How long a notification may take to send before the poll is left to find the work."""
 
 
@@ -97,6 +99,8 @@ class Cluster:
     give_up: Callable[[RoomKey], None] | None = None
     """Lets go of a conversation this replica lost."""
     on_notice: Callable[[Notice], Awaitable[None]] | None = None
+    idle: Callable[[RoomKey], bool] = lambda room: False
+    """Whether a conversation has nothing running, waiting or being delivered here."""
     recheck: Callable[[], Awaitable[None]] | None = None
     """The poll's fallback for lost notifications, in conversations this replica owns."""
     replica_id: str = ""
@@ -110,6 +114,9 @@ class Cluster:
     _locks: dict[RoomKey, asyncio.Lock] = field(default_factory=dict)
     """One taking at a time per conversation."""
     _pending_notices: list[Notice] = field(default_factory=list)
+    idle_release_min_s: float = IDLE_RELEASE_MIN_S
+    _idle_since: dict[RoomKey, float] = field(default_factory=dict)
+    """Owned conversations found idle by the poll, since when (monotonic)."""
     _leading: dict[str, Lease] = field(default_factory=dict)
     """Transports this replica leads (connects), by name: Matrix's sync."""
     lost_lead: asyncio.Event = field(default_factory=asyncio.Event)
@@ -289,15 +296,17 @@ class Cluster:
                 self._lose(room, f"no longer leading {transport}")
         self.lost_lead.set()
 
-    async def release_idle(self, idle: Iterable[RoomKey]) -> None:
-        """Let conversations with nothing running go at once (scale-in), and say so."""
+    async def release_idle(self, idle: Iterable[RoomKey], *, tell: bool = True) -> None:
+        """Let conversations with nothing running go at once (scale-in: ``tell`` the
+        others, which take those with work)."""
         rooms = [room for room in idle if self._owned.pop(room, None) is not None]
         if not rooms:
             return
         await self.leases.release(rooms, self.replica_id)
-        for room in rooms:
-            await self._notify(Notice("work", "", room))
-        log.info("handed %d idle conversation(s) over", len(rooms))
+        if tell:
+            for room in rooms:
+                await self._notify(Notice("work", "", room))
+        log.info("let %d idle conversation(s) go", len(rooms))
 
     # -- notifications --
 
@@ -404,8 +413,32 @@ class Cluster:
                 await self.poll()
                 if self.recheck is not None:
                     await self.recheck()
+                await self._let_idle_go()
             except StoreError as exc:
                 log.warning("polling the cluster's work failed: %s", exc)
+
+    async def _let_idle_go(self) -> None:
+        """Conversations idle here for a while go back to the cluster: their leases
+        would otherwise pile up (every thread is one), and placement would never
+        move them to a replica with room."""
+        now = self.clock()
+        idle = []
+        for room in list(self._owned):
+            if room in self._recovering or not self.idle(room):
+                self._idle_since.pop(room, None)
+            elif now - self._idle_since.setdefault(room, now) >= self.idle_release_s:
+                idle.append(room)
+        for room in idle:
+            del self._idle_since[room]
+            lock = self._locks.get(room)
+            if lock is not None and not lock.locked():
+                del self._locks[room]
+        if idle:
+            await self.release_idle(idle, tell=False)
+
+    @property
+    def idle_release_s(self) -> float:
+        return max(self.idle_release_min_s, 4 * self.settings.lease_ttl_s)
 
     async def poll(self) -> None:
         """Take conversations with work and no live owner, while this replica has slots."""

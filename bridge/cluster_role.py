@@ -198,7 +198,7 @@ class ClusterRole:
                 await self.recover_run(run, entry, follow, never_started=never)
             else:
                 await self._wait_out(run, host)
-        await self.intake.recover(await self.store.pending_messages(room))
+        await self.intake.recover(await self.store.pending_messages(room), keep_commands=True)
         self.outbox.submit(await self.store.undelivered(room))
         self.taken()
 

@@ -119,6 +119,10 @@ class Outbox:
         """Entries handed over and not yet delivered or given up."""
         return len(self._known)
 
+    def busy(self, room: RoomKey) -> bool:
+        """Whether entries of ``room`` are queued or being delivered."""
+        return room in self._queues
+
     def submit(self, entries: Iterable[OutboxEntry]) -> Callable[[], Awaitable[None]]:
         """Queue entries for delivery; returns a wait for all of them to settle.
 

@@ -335,11 +335,15 @@ class Intake:
         # not run, at the next start (see recover).
         await self.store.complete_command(message.id)
 
-    async def recover(self, pending: list[Message]) -> int:
+    async def recover(self, pending: list[Message], *, keep_commands: bool = False) -> int:
         """Re-enter messages accepted before a restart but never run, in order.
 
         Commands accepted just before a crash are settled, not run: agent
         runs and stops have effects, and a stale ``!stop`` must not hit a new run.
+        With ``keep_commands`` (a replica taking a conversation over) they stay
+        pending instead, and the poll carries them out in order
+        (:meth:`take_forwarded`): there they are mostly commands another replica
+        handed to an owner that had just died, and nobody else would answer them.
         """
         resumed = 0
         prefix = self.settings.commands.prefix
@@ -347,6 +351,8 @@ class Intake:
             if self.dispatcher.holds(message):
                 continue  # handed over already (a replica's takeover and its own accept)
             command = not is_synthetic(message) and parse_command(message.text, prefix)
+            if command and keep_commands:
+                continue
             if command or _empty(message):
                 await self.store.complete_command(message.id)
             elif self.settings.room(message.room) is None:

@@ -68,7 +68,7 @@ from bridge.store.cluster import Leases, ReplicaIdInUse
 from bridge.store.sql import SqlStore
 from bridge.usage import LimitResumes
 from bridge.webhooks import Webhooks
-from dispatcher import Clock, Dispatcher, DispatchLimits, DuringRun, EndReason
+from dispatcher import Clock, Dispatcher, DispatchLimits, DuringRun, EndReason, RoomStatus
 from runner import (
     clean_stray_runs,
     journal_exists,
@@ -304,6 +304,7 @@ class Service:
         self.approvals.owns = cluster.has
         self.approvals.forward = role.forward_action
         self.limits.owns = cluster.holds
+        cluster.idle = self._idle
         role.stop_threads = self.commands.stop_threads
         self.commands.elsewhere = role
 
@@ -313,6 +314,10 @@ class Service:
     def _max_runs_per_room(self, room: RoomKey) -> int | None:
         settings = self.settings.room(room)
         return None if settings is None else settings.max_runs_per_room
+
+    def _idle(self, room: RoomKey) -> bool:
+        """Nothing of ``room`` runs, waits or is being delivered here."""
+        return self.dispatcher.status(room) == RoomStatus() and not self.outbox.busy(room)
 
     def _busy(self, room: RoomKey) -> bool:
         status = self.dispatcher.status(room)
@@ -401,7 +406,7 @@ class Service:
         await self._clean_strays(set(self._adopted))
         if kept:
             pending = [m for m in await self.store.pending_messages() if m.room in kept]
-            await self.intake.recover(pending)
+            await self.intake.recover(pending, keep_commands=True)
             log.info("kept %d conversation(s) held before the restart", len(kept))
 
     async def _clean_strays(self, adopted: set[RunId]) -> None:

@@ -386,13 +386,18 @@ class Leases:
 
             await driver.add_listener(CHANNEL, on_notify)
             driver.add_termination_listener(lambda _conn: lost.set())
-            while not lost.is_set():
-                try:
-                    async with asyncio.timeout(LISTEN_CHECK_S):
-                        await lost.wait()
-                except TimeoutError:
-                    async with asyncio.timeout(LISTEN_CHECK_S):
-                        await driver.execute("SELECT 1")
+            try:
+                while not lost.is_set():
+                    try:
+                        async with asyncio.timeout(LISTEN_CHECK_S):
+                            await lost.wait()
+                    except TimeoutError:
+                        async with asyncio.timeout(LISTEN_CHECK_S):
+                            await driver.execute("SELECT 1")
+            finally:
+                # Never back into the pool still listening: a later listener would
+                # hear every notice twice.
+                await conn.invalidate()
 
     async def notify(self, payload: str) -> None:
         await self._run("SELECT pg_notify(:c, :p)", {"c": CHANNEL, "p": payload})

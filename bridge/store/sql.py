@@ -720,9 +720,11 @@ class SqlStore:
         placed: list[Failed | list[OutboxEntry] | tuple[int, int]] = []
         async with self._transaction() as s:
             rows = await s.execute(
-                select(
-                    _RUNS.c.seq, _RUNS.c.id, _RUNS.c.transport, _RUNS.c.room_id, _RUNS.c.status
-                ).where(_RUNS.c.id.in_({finish.run_id for finish in group}))
+                select(_RUNS.c.seq, _RUNS.c.id, _RUNS.c.transport, _RUNS.c.room_id, _RUNS.c.status)
+                .where(_RUNS.c.id.in_({finish.run_id for finish in group}))
+                # Two processes ending one run at once (replicas: the old owner and
+                # the new) take turns: the second sees it ended. (SQLite: one writer.)
+                .with_for_update()
             )
             runs = {RunId(r.id): r for r in rows}
             ended: dict[RunId, tuple[int, int]] = {}

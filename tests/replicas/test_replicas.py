@@ -311,3 +311,22 @@ async def test_a_top_level_stop_in_a_thread_room_stops_every_replicas_threads(
         ("stopped", "a"),
         ("stopped", "b"),
     ]
+
+
+async def test_an_idle_conversation_is_let_go(tmp_path: Path, cluster_db: str) -> None:
+    from bridge.status_report import status_text
+
+    settings = replica_settings(tmp_path, "a", cluster_db, {"cluster": {"lease_ttl_s": 1}})
+    async with replica(settings) as a:
+        cluster = a.service.cluster
+        assert cluster is not None
+        cluster.idle_release_min_s = 0.0  # (the floor is four lease lifetimes: 4 s)
+        await a.chat.say("hello")
+        await a.chat.wait_until(lambda: results(a) == ["hello"])
+        assert cluster.holds(ROOM)
+        await until(lambda: not cluster.holds(ROOM))
+        text = await status_text(settings)
+        assert "leases: 0 live, 1 expired" in text.splitlines()
+        # Taken again by the next message, as any free conversation.
+        await a.chat.say("again")
+        await a.chat.wait_until(lambda: results(a) == ["hello", "again"])
