@@ -5,10 +5,11 @@
 # 2. PostgreSQL on 127.0.0.1:5432 (started if it is installed but stopped).
 # 3. ruff, ruff format, mypy strict.
 # 4. pytest, two suites at once: everything but Slack on TEST_WORKERS xdist
-#    workers (default 2; the Synapse tests share one worker, see
-#    tests/conftest.py), and alongside it the Slack suite inside a private
-#    network namespace, because the local-slack emulator binds every interface.
-#    The Slack suite's output is kept in a log and shown after the main one.
+#    workers (default 2; each worker is a session of its own, with its own
+#    temp directory, databases and Synapse), and alongside it the Slack suite
+#    inside a private network namespace, because the local-slack emulator
+#    binds every interface. The Slack suite's output is kept in a log and
+#    shown after the main one's.
 # In CI (CI set) a skipped test fails the run: CI must have every peer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,8 +37,7 @@ else
     echo "not root: cannot make a private network namespace for the Slack suite" >&2
     [ -z "${CI:-}" ] || status=1
 fi
-.venv/bin/python -m pytest -m "not slack" -n "${TEST_WORKERS:-2}" --dist loadgroup \
-    --junitxml="$results/main.xml" "$@" || status=$?
+.venv/bin/python -m pytest -m "not slack" -n "${TEST_WORKERS:-2}" --junitxml="$results/main.xml" "$@" || status=$?
 if [ -n "$slack_pid" ]; then
     wait "$slack_pid" || status=$?
     echo "--- Slack suite (private network namespace) ---"

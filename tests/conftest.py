@@ -23,18 +23,6 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_OWN_BASETEMP] = path
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under xdist (``--dist loadgroup``) the Synapse tests share one worker.
-
-    Each worker is a session of its own and would start a homeserver of its
-    own: one is enough, and a second would compete for the two cores. The
-    group is ignored when the suite runs serially.
-    """
-    for item in items:
-        if "synapse" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("synapse"))
-
-
 def pytest_unconfigure(config: pytest.Config) -> None:
     path = config.stash.get(_OWN_BASETEMP, None)
     if path is not None:
