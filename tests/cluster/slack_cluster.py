@@ -1,0 +1,260 @@
+"""A cluster under test: N ``chatbridge run`` replicas on a private PostgreSQL,
+local-slack with many channels (one conversation each) and, in Events mode,
+HAProxy in front of the replicas. Plus the load: messages posted as a person,
+each text its own id, and what the bridge recorded of them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from bridge.store.migrate import migrate
+from tests.cluster import invariants
+from tests.cluster.load_balancer import Backend, LoadBalancer, run_haproxy
+from tests.cluster.postgres_server import PostgresServer
+from tests.cluster.replicas import ReplicaProcess
+from tests.config_files import merged, write_toml
+from tests.service_process import base_config
+from tests.slack import peer
+from tests.slack.harness import require_local_slack
+
+LEASE_TTL_S = 2.0
+POLL_S = 0.3
+
+
+def failover_s(lease_ttl_s: float = LEASE_TTL_S, poll_s: float = POLL_S) -> float:
+    """docs/replicas.md: lease_ttl_s + poll_s, plus up to a renewal period."""
+    return lease_ttl_s + poll_s + lease_ttl_s / 3
+
+
+def channel(i: int) -> str:
+    return f"C0R{i:02d}"
+
+
+def workspace(mode: str, request_url: str | None, conversations: int) -> dict[str, Any]:
+    config = peer.config(mode, request_url)
+    members = [peer.ALICE, peer.BOT_USER]
+    config["channels"] += [
+        {"id": channel(i), "name": f"room-{i:02d}", "members": members}
+        for i in range(conversations)
+    ]
+    return config
+
+
+@dataclass
+class Posted:
+    text: str
+    at: float
+    """``time.time()`` just before it was posted."""
+
+
+@dataclass
+class SlackCluster:
+    tmp: Path
+    server: PostgresServer
+    database: str
+    slack: peer.LocalSlack
+    replicas: dict[str, ReplicaProcess]
+    run_log: Path
+    conversations: int
+    balancer: LoadBalancer | None = None
+    posted: list[Posted] = field(default_factory=list)
+    _numbers: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return self.server.url(self.database)
+
+    async def post(self, conversation: int) -> Posted:
+        """One message to ``conversation``; returns once delivered (and acknowledged)."""
+        room = channel(conversation)
+        number = self._numbers.get(room, 0)
+        self._numbers[room] = number + 1
+        posted = Posted(invariants.message_text(room, number), time.time())
+        self.posted.append(posted)
+        await self.slack.post_message(peer.ALICE, posted.text, channel=room)
+        return posted
+
+    async def accepted(self) -> list[str]:
+        """Texts of the messages the bridge recorded, from the database itself."""
+        rows = await self._fetch("SELECT text FROM messages")
+        return [str(r["text"]) for r in rows]
+
+    async def unfinished(self) -> list[tuple[str, str]]:
+        """Accepted messages not yet run to an end (pending or in a run)."""
+        rows = await self._fetch(
+            "SELECT text, state FROM messages WHERE state IN ('pending', 'dispatched')"
+        )
+        return [(str(r["text"]), str(r["state"])) for r in rows]
+
+    async def running(self) -> int:
+        rows = await self._fetch("SELECT count(*) AS n FROM runs WHERE status = 'running'")
+        return int(rows[0]["n"])
+
+    async def _fetch(self, sql: str) -> list[asyncpg.Record]:
+        dsn = self.url.replace("postgresql+asyncpg://", "postgresql://")
+        conn = await asyncpg.connect(dsn)
+        try:
+            return list(await conn.fetch(sql))
+        finally:
+            await conn.close()
+
+    async def settled(self, timeout: float = 40.0) -> None:
+        """Until every accepted message has run (or was dropped) and no run is running."""
+        last: object = None
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    with contextlib.suppress(OSError, asyncpg.PostgresError):
+                        last = (await self.unfinished(), await self.running())
+                        if last == ([], 0):
+                            return
+                    await asyncio.sleep(0.1)
+        except TimeoutError:
+            raise AssertionError(
+                f"not settled in {timeout}s (unfinished, running): {last}\n{self.tails()}"
+            ) from None
+
+    def runs(self) -> list[invariants.Run]:
+        return invariants.read_runs(self.run_log)
+
+    def tails(self, lines: int = 30) -> str:
+        return "\n".join(f"=== {n}\n{r.tail(lines)}" for n, r in self.replicas.items())
+
+    async def check(self) -> invariants.Verdict:
+        """Nothing lost, nothing run twice, never two runs of a conversation at once."""
+        accepted = await self.accepted()
+        ours = [t for t in accepted if invariants.MESSAGE_ID.fullmatch(t)]
+        return invariants.assert_invariants(
+            self.runs(), ours, {n: r.tail(30) for n, r in self.replicas.items()}
+        )
+
+    async def answered_texts(self, conversation: int) -> str:
+        return "\n".join(
+            str(m.get("text", "")) for m in await self.slack.bot_messages(channel(conversation))
+        )
+
+
+async def create_database(server: PostgresServer) -> str:
+    name = f"cluster_{uuid.uuid4().hex[:10]}"
+    conn = await asyncpg.connect(server.dsn)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    await migrate(server.url(name))
+    return name
+
+
+@contextlib.asynccontextmanager
+async def slack_cluster(
+    tmp: Path,
+    server: PostgresServer,
+    *,
+    replicas: int = 3,
+    conversations: int = 10,
+    mode: str = "events",
+    claude_env: dict[str, str] | None = None,
+    cluster: dict[str, Any] | None = None,
+    start: Iterable[str] | None = None,
+) -> AsyncIterator[SlackCluster]:
+    """Everything started (replicas named r1..rN, all of them unless ``start`` names
+    some); everything stopped on exit, replicas by SIGTERM."""
+    require_local_slack()
+    database = await create_database(server)
+    run_log = tmp / "runs.jsonl"
+    names = [f"r{i + 1}" for i in range(replicas)]
+    http_ports = {n: peer.free_port() for n in names}
+    events_ports = {n: peer.free_port() for n in names} if mode == "events" else {}
+    lb_port = peer.free_port()
+    request_url = f"http://127.0.0.1:{lb_port}/slack/events" if mode == "events" else None
+    rooms_dir = tmp / "rooms"
+    slack_home = tmp / "local-slack"
+    slack_home.mkdir()
+    async with peer.run_local_slack(
+        slack_home, mode, None, workspace(mode, request_url, conversations)
+    ) as slack:
+        rooms = []
+        for i in range(conversations):
+            # Each conversation its own working directory: the fake claude's
+            # overlap lock is per working directory.
+            cwd = rooms_dir / channel(i)
+            cwd.mkdir(parents=True)
+            rooms.append(
+                {
+                    "transport": "slack",
+                    "id": channel(i),
+                    "reply_in_thread": True,
+                    "allowed_users": [peer.ALICE],
+                    "cwd": cwd,
+                }
+            )
+        config = merged(
+            base_config(tmp),
+            {
+                "database": {"url": server.url(database)},
+                "cluster": {
+                    "enabled": True,
+                    "lease_ttl_s": LEASE_TTL_S,
+                    "poll_s": POLL_S,
+                    **(cluster or {}),
+                },
+                "dispatcher": {"coalesce_ms": 100},
+                "slack": {"mode": mode, "api_url": slack.api_url},
+                "rooms": rooms,
+            },
+        )
+
+        def config_of(name: str) -> Path:
+            """The shared configuration, plus the replica's own Events port."""
+            if name not in events_ports:
+                return write_toml(tmp / "chatbridge.toml", config)
+            listen = {"slack": {"listen": f"127.0.0.1:{events_ports[name]}"}}
+            return write_toml(tmp / f"chatbridge-{name}.toml", merged(config, listen))
+
+        env = {
+            "CHATBRIDGE_SLACK__BOT_TOKEN": peer.BOT_TOKEN,
+            "CHATBRIDGE_SLACK__APP_TOKEN": peer.APP_TOKEN,
+            "CHATBRIDGE_SLACK__SIGNING_SECRET": peer.SIGNING_SECRET,
+            "FAKE_CLAUDE_ECHO": "1",
+            "FAKE_CLAUDE_NO_TOOL": "1",
+            "FAKE_CLAUDE_RUN_LOG": str(run_log),
+            **(claude_env or {}),
+        }
+        procs = {
+            n: ReplicaProcess(n, config_of(n), tmp / n, http_ports[n], events_ports.get(n), env)
+            for n in names
+        }
+        the = SlackCluster(tmp, server, database, slack, procs, run_log, conversations)
+        try:
+            await asyncio.gather(*(procs[n].start() for n in (names if start is None else start)))
+            if mode == "events":
+                backends = [Backend(n, events_ports[n], http_ports[n]) for n in names]
+                async with run_haproxy(tmp, lb_port, backends) as balancer:
+                    the.balancer = balancer
+                    await _all_up(the)
+                    yield the
+            else:
+                yield the
+        finally:
+            results = await asyncio.gather(
+                *(r.terminate() for r in procs.values()), return_exceptions=True
+            )
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                raise errors[0]
+
+
+async def _all_up(the: SlackCluster) -> None:
+    """Until HAProxy's checks passed for every running replica: before, a post may
+    find no server."""
+    assert the.balancer is not None
+    await the.balancer.wait_checked({n for n, r in the.replicas.items() if r.alive})
