@@ -33,6 +33,9 @@ class Run:
     cwd: str
     start: float
     overlap: bool
+    tag: str = ""
+    """The replica that started it (``FAKE_CLAUDE_RUN_TAG``)."""
+    run: str = ""
     messages: list[str] = field(default_factory=list)
     end: float | None = None
     how: str | None = None
@@ -48,7 +51,14 @@ def read_runs(path: Path) -> list[Run]:
         entry = json.loads(line)
         pid = int(entry["pid"])
         if entry["event"] == "start":
-            runs[pid] = Run(pid, entry["cwd"], float(entry["t"]), bool(entry["overlap"]))
+            runs[pid] = Run(
+                pid,
+                entry["cwd"],
+                float(entry["t"]),
+                bool(entry["overlap"]),
+                str(entry.get("tag", "")),
+                str(entry.get("run", "")),
+            )
         elif entry["event"] == "prompt":
             runs[pid].messages += MESSAGE_ID.findall(entry["text"])
         elif entry["event"] == "end":
@@ -82,7 +92,10 @@ class Verdict:
 
     def by_pid(self, pid: int) -> str:
         run = next(r for r in self.runs if r.pid == pid)
-        return f"pid {pid} {run.cwd} {run.start:.3f}..{run.end} {run.how} {run.messages}"
+        return (
+            f"pid {pid} on {run.tag} run {run.run} in {Path(run.cwd).name}"
+            f" {run.start:.3f}..{run.end} {run.how} {run.messages}"
+        )
 
 
 def check(runs: list[Run], accepted: Iterable[str]) -> Verdict:

@@ -45,6 +45,7 @@ class ReplicaProcess:
             **os.environ,
             **self.env,
             "CHATBRIDGE_CLUSTER__REPLICA_ID": self.name,
+            "FAKE_CLAUDE_RUN_TAG": self.name,
             "CHATBRIDGE_RUNNER__STATE_DIR": str(self.home / "state"),
             "CHATBRIDGE_HTTP__LISTEN": f"127.0.0.1:{self.http_port}",
         }

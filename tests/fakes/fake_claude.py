@@ -97,16 +97,17 @@ Behaviour switches (environment variables; unset or empty means off):
     are done, just after the result line was flushed and just before exiting.
 ``FAKE_CLAUDE_RUN_LOG=PATH``
     Append JSON lines to PATH, one ``write`` each (whole lines even with many
-    processes appending): ``{"event": "start", "pid", "cwd", "t", "overlap"}``
-    when the process starts, ``{"event": "prompt", "pid", "text", "t"}`` for each
-    user message it takes (the prompt in print mode) and ``{"event": "end",
-    "pid", "t", "how"}`` when it exits (``how``: ``exit``, ``sigterm`` or
-    ``sigint``; a SIGKILL leaves no end line). ``t`` is ``time.time()``. While
-    alive the process holds an exclusive ``flock`` on ``PATH.locks/<cwd>``
-    (released by the kernel however it dies): ``overlap`` is true when another
-    live run of the same working directory held it at this one's start, so
-    the test learns of two concurrent runs of one conversation without
-    trusting the end lines.
+    processes appending), each with ``pid`` and ``t`` (``time.time()``):
+    ``{"event": "start", "cwd", "overlap", "tag", "run"}`` when the process
+    starts (``tag``: ``FAKE_CLAUDE_RUN_TAG``; ``run``: the runner's
+    ``CHATBRIDGE_RUN_MARKER``), ``{"event": "prompt", "text"}`` for each user
+    message it takes (the prompt in print mode) and ``{"event": "end",
+    "how"}`` when it exits (``how``: ``exit``, ``sigterm`` or ``sigint``; a
+    SIGKILL leaves no end line). While alive the process holds an exclusive
+    ``flock`` on ``PATH.locks/<cwd>`` (released by the kernel however it dies):
+    ``overlap`` is true when another live run of the same working directory
+    held it at this one's start, so the test learns of two concurrent runs of
+    one conversation without trusting the end lines.
 ``FAKE_CLAUDE_LINGER=SECONDS``
     Stay alive this long after printing the result line.
 ``FAKE_CLAUDE_STDERR=TEXT``
@@ -730,7 +731,10 @@ class _RunLog:
             overlap = False
         except BlockingIOError:
             overlap = True
-        self._write({"event": "start", "cwd": cwd, "overlap": overlap})
+        # Who started it: the test's tag for the replica, and the run's marker
+        # (its run id, which the runner sets).
+        tag, run = _env("FAKE_CLAUDE_RUN_TAG"), _env("CHATBRIDGE_RUN_MARKER")
+        self._write({"event": "start", "cwd": cwd, "overlap": overlap, "tag": tag, "run": run})
 
     def prompt(self, text: str) -> None:
         self._write({"event": "prompt", "text": text})
