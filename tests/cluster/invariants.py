@@ -75,6 +75,9 @@ class Verdict:
     overlapping: list[tuple[int, int]]
     first_run: dict[str, float]
     """Each message's first run's start (``time.time()``)."""
+    reported_unrun: list[str] = field(default_factory=list)
+    """Never ran, but in a run the bridge recorded (and reported) as interrupted
+    whose claude never started: not lost silently, but not run either."""
 
     def problems(self) -> list[str]:
         out = []
@@ -98,13 +101,16 @@ class Verdict:
         )
 
 
-def check(runs: list[Run], accepted: Iterable[str]) -> Verdict:
-    """``accepted``: the message texts the bridge recorded (its inbox)."""
+def check(runs: list[Run], accepted: Iterable[str], interrupted: Iterable[str] = ()) -> Verdict:
+    """``accepted``: the message texts the bridge recorded (its inbox); ``interrupted``:
+    those of them in a run the bridge recorded as interrupted."""
     where: dict[str, list[int]] = defaultdict(list)
     for run in runs:
         for message in run.messages:
             where[message].append(run.pid)
-    lost = sorted(m for m in set(accepted) if m not in where)
+    never = sorted(m for m in set(accepted) if m not in where)
+    lost = [m for m in never if m not in set(interrupted)]
+    reported_unrun = [m for m in never if m in set(interrupted)]
     twice = {m: pids for m, pids in where.items() if len(pids) > 1}
     overlapping: list[tuple[int, int]] = []
     # The lock the fake claude takes says it exactly; the times say it again for
@@ -122,14 +128,17 @@ def check(runs: list[Run], accepted: Iterable[str]) -> Verdict:
             if later.overlap and not clash:
                 overlapping.append((later.pid, later.pid))
     first = {m: min(r.start for r in runs if r.pid in pids) for m, pids in where.items()}
-    return Verdict(runs, lost, twice, overlapping, first)
+    return Verdict(runs, lost, twice, overlapping, first, reported_unrun)
 
 
 def assert_invariants(
-    runs: list[Run], accepted: Iterable[str], context: Mapping[str, str]
+    runs: list[Run],
+    accepted: Iterable[str],
+    context: Mapping[str, str],
+    interrupted: Iterable[str] = (),
 ) -> Verdict:
     """Fail with every problem and the replicas' log tails (``context``: name -> tail)."""
-    verdict = check(runs, accepted)
+    verdict = check(runs, accepted, interrupted)
     problems = verdict.problems()
     if problems:
         tails = "\n".join(f"=== {name}\n{tail}" for name, tail in context.items())

@@ -99,6 +99,39 @@ class SlackCluster:
         rows = await self._fetch("SELECT count(*) AS n FROM runs WHERE status = 'running'")
         return int(rows[0]["n"])
 
+    async def owners(self) -> dict[str, str]:
+        """Conversation -> replica, for every unexpired lease (the database's clock)."""
+        rows = await self._fetch(
+            "SELECT room_id, owner FROM leases WHERE room_id <> ''"
+            " AND expires_at > extract(epoch FROM clock_timestamp())"
+        )
+        return {str(r["room_id"]): str(r["owner"]) for r in rows}
+
+    async def unanswered(self, verdict: invariants.Verdict) -> list[str]:
+        """Messages whose run the bridge recorded as succeeded but whose answer is in no
+        message of their channel; and those of a run recorded interrupted with no
+        ``!retry`` notice in their channel (an interrupted run is reported, not answered)."""
+        recorded = await self.runs_recorded([r.run for r in verdict.runs])
+        answers: dict[str, str] = {}
+        missing = []
+        for run in verdict.runs:
+            status = recorded.get(run.run, ("?", None))[0]
+            for message in run.messages:
+                room = invariants.conversation_of(message)
+                if room not in answers:
+                    bot = await self.slack.bot_messages(room)
+                    answers[room] = "\n".join(str(m.get("text", "")) for m in bot)
+                if status == "succeeded" and message not in answers[room]:
+                    missing.append(message)
+                elif status == "interrupted" and "!retry" not in answers[room]:
+                    missing.append(f"{message} (interrupted, no !retry notice)")
+        return missing
+
+    async def runs_recorded(self, ids: list[str]) -> dict[str, tuple[str, str | None]]:
+        """Run id -> (status, replica) as the database has them."""
+        rows = await self._fetch("SELECT id, status, replica FROM runs")
+        return {str(r["id"]): (str(r["status"]), r["replica"]) for r in rows if r["id"] in ids}
+
     async def _fetch(self, sql: str) -> list[asyncpg.Record]:
         dsn = self.url.replace("postgresql+asyncpg://", "postgresql://")
         conn = await asyncpg.connect(dsn)
@@ -133,9 +166,24 @@ class SlackCluster:
         """Nothing lost, nothing run twice, never two runs of a conversation at once."""
         accepted = await self.accepted()
         ours = [t for t in accepted if invariants.MESSAGE_ID.fullmatch(t)]
-        return invariants.assert_invariants(
-            self.runs(), ours, {n: r.tail(30) for n, r in self.replicas.items()}
+        runs = self.runs()
+        rows = await self._fetch(
+            "SELECT m.text FROM messages m JOIN runs r ON r.id = m.run_id"
+            " WHERE r.status = 'interrupted'"
         )
+        interrupted = [str(r["text"]) for r in rows]
+        verdict = invariants.check(runs, ours, interrupted)
+        if verdict.problems():
+            rows = await self._fetch(
+                "SELECT m.text, m.state, m.run_id, r.status, r.replica, r.pid"
+                " FROM messages m LEFT JOIN runs r ON r.id = m.run_id"
+            )
+            suspects = set(verdict.lost) | set(verdict.twice)
+            facts = [tuple(row) for row in rows if row["text"] in suspects]
+            context = {"messages (text, state, run, its status, replica, pid)": repr(facts)}
+            context |= {n: r.tail(30) for n, r in self.replicas.items()}
+            return invariants.assert_invariants(runs, ours, context, interrupted)
+        return verdict
 
     async def answered_texts(self, conversation: int) -> str:
         return "\n".join(

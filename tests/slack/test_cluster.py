@@ -7,13 +7,16 @@ twice, never two runs of one conversation at once."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
 from tests.cluster.fixtures import private_postgres
+from tests.cluster.invariants import Verdict, conversation_of
 from tests.cluster.postgres_server import PostgresServer
 from tests.cluster.slack_cluster import SlackCluster, failover_s, slack_cluster
 
@@ -48,3 +51,250 @@ async def test_three_replicas_behind_haproxy_answer_every_message_once(
                     assert p.text in answers, f"{p.text} not answered in its channel"
     ran_on = {run.cwd for run in verdict.runs}
     assert len(ran_on) == 12
+
+
+FAILOVER_MARGIN_S = 4.0
+"""On top of the documented failover time: the debounce, a claude start and a
+loaded 2-core CI machine. What was measured is in the failure message."""
+
+
+async def until(
+    check: Callable[[], Awaitable[bool]], what: str, c: SlackCluster, timeout: float = 30
+) -> None:
+    try:
+        async with asyncio.timeout(timeout):
+            while not await check():
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}\n{c.tails()}") from None
+
+
+def posted_at_least(c: SlackCluster, n: int) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return len(c.posted) >= n
+
+    return check
+
+
+async def most_loaded(c: SlackCluster) -> str:
+    """The live replica owning the most conversations now."""
+    owners = await c.owners()
+    alive = [n for n, r in c.replicas.items() if r.alive]
+    return max(alive, key=lambda n: sum(1 for o in owners.values() if o == n))
+
+
+async def all_answered(c: SlackCluster, verdict: Verdict, timeout: float = 15) -> None:
+    """Until every run that ended well has its answer in its channel (delivery follows
+    the run's end)."""
+    missing = await c.unanswered(verdict)
+    try:
+        async with asyncio.timeout(timeout):
+            while missing:
+                await asyncio.sleep(0.1)
+                missing = await c.unanswered(verdict)
+    except TimeoutError:
+        runs = [r for r in verdict.runs if set(r.messages) & set(missing)]
+        recorded = await c.runs_recorded([r.run for r in runs])
+        detail = "\n".join(f"{verdict.by_pid(r.pid)}: {recorded.get(r.run)}" for r in runs)
+        raise AssertionError(
+            f"{len(missing)} message(s) of succeeded runs never answered, or of interrupted"
+            " runs never reported:"
+            f" {missing[:10]}\n{detail}\n{c.tails()}"
+        ) from None
+
+
+NEVER_STARTED_BUG = (
+    "core: a run recorded as started whose claude never started (its replica killed or"
+    " paused between recording the start and spawning claude) is marked interrupted by"
+    " the new owner and its messages failed; docs/replicas.md: messages that never ran"
+    " run once"
+)
+
+
+def expect_every_message_ran(verdict: Verdict) -> None:
+    """Last: the contract's 'messages that never ran run once', which the core does not
+    keep yet for a run killed before its claude started (reported to the lead)."""
+    if verdict.reported_unrun:
+        pytest.xfail(f"{NEVER_STARTED_BUG}: {verdict.reported_unrun}")
+
+
+async def discarded_answers(c: SlackCluster, verdict: Verdict) -> list[str]:
+    """Runs whose claude ended well (after its replica died) that the bridge recorded
+    as interrupted: their answer was in the dead replica's journal, never delivered."""
+    recorded = await c.runs_recorded([r.run for r in verdict.runs])
+    return [
+        verdict.by_pid(r.pid)
+        for r in verdict.runs
+        if r.how == "exit" and recorded.get(r.run, ("?",))[0] == "interrupted"
+    ]
+
+
+def waits_after(c: SlackCluster, verdict: Verdict, since: float) -> dict[str, float]:
+    """For each conversation, how long its first message posted after ``since`` waited
+    for a run to start with it."""
+    first: dict[str, float] = {}
+    for p in c.posted:
+        room = conversation_of(p.text)
+        if p.at > since and room not in first and p.text in verdict.first_run:
+            first[room] = verdict.first_run[p.text] - p.at
+    return first
+
+
+async def ingress_losses(c: SlackCluster) -> set[str]:
+    """Posted, but never recorded: the request died with the replica that had it
+    (Slack would redeliver it; local-slack does not)."""
+    return {p.text for p in c.posted} - set(await c.accepted())
+
+
+async def test_kill_9_of_a_replica_under_load_loses_nothing_and_fails_over_in_time(
+    tmp_path: Path, private_postgres: PostgresServer
+) -> None:
+    async with slack_cluster(
+        tmp_path, private_postgres, conversations=10, claude_env=SLOW_RUNS
+    ) as c:
+        load = asyncio.create_task(steady_load(c, 90))
+        await until(posted_at_least(c, 30), "30 messages posted", c)
+        victim = await most_loaded(c)
+        killed_at = time.time()
+        await c.replicas[victim].kill()
+        await until(posted_at_least(c, 70), "70 messages posted", c)
+        # Back with the same id on the same host: it reattaches what it still owns.
+        await c.replicas[victim].start()
+        await load
+        await c.settled()
+        verdict = await c.check()
+        await all_answered(c, verdict)
+        lost_at_ingress = await ingress_losses(c)
+        finished_but_interrupted = await discarded_answers(c, verdict)
+    waits = waits_after(c, verdict, killed_at)
+    assert len(waits) == c.conversations
+    slowest = max(waits.values())
+    print(f"failover: slowest {slowest:.2f}s of documented {failover_s():.2f}s; {waits}")
+    print(f"finished answers discarded as interrupted: {finished_but_interrupted}")
+    assert slowest <= failover_s() + FAILOVER_MARGIN_S, (
+        f"failover took {slowest:.2f}s (documented {failover_s():.2f}s): {waits}"
+    )
+    # At most the one request in flight to the victim when it died.
+    assert len(lost_at_ingress) <= 1, lost_at_ingress
+    expect_every_message_ran(verdict)
+
+
+async def test_a_replica_paused_past_its_lease_runs_nothing_it_lost(
+    tmp_path: Path, private_postgres: PostgresServer
+) -> None:
+    async with slack_cluster(
+        tmp_path, private_postgres, conversations=10, claude_env=SLOW_RUNS
+    ) as c:
+        load = asyncio.create_task(steady_load(c, 80))
+        await until(posted_at_least(c, 25), "25 messages posted", c)
+        victim = await most_loaded(c)
+        had = {room for room, owner in (await c.owners()).items() if owner == victim}
+        c.replicas[victim].pause()
+        paused_at = time.time()
+
+        async def taken_over() -> bool:
+            # Its leases ran out and the others ran its conversations' new messages.
+            owners = await c.owners()
+            moved = {room for room in had if owners.get(room, victim) != victim}
+            ran = {
+                conversation_of(m)
+                for r in c.runs()
+                if r.tag != victim and r.start > paused_at
+                for m in r.messages
+            }
+            return moved == had and had <= ran
+
+        await until(taken_over, f"{victim}'s conversations {sorted(had)} taken over", c)
+        c.replicas[victim].resume()
+        resumed_at = time.time()
+        await load
+        await c.settled()
+        verdict = await c.check()
+        await all_answered(c, verdict)
+        assert len(await ingress_losses(c)) == 0
+    # After SIGCONT the paused one started nothing in a conversation it had lost
+    # unless it took it again (a new lease): then it ran only messages nobody ran.
+    late = [r for r in verdict.runs if r.tag == victim and paused_at < r.start < resumed_at]
+    assert late == [], [verdict.by_pid(r.pid) for r in late]
+    expect_every_message_ran(verdict)
+
+
+async def test_postgresql_restarted_under_load_loses_nothing_and_runs_nothing_twice(
+    tmp_path: Path, private_postgres: PostgresServer
+) -> None:
+    async with slack_cluster(
+        tmp_path, private_postgres, conversations=10, claude_env=SLOW_RUNS
+    ) as c:
+        load = asyncio.create_task(steady_load(c, 80))
+        await until(posted_at_least(c, 25), "25 messages posted", c)
+        await asyncio.to_thread(private_postgres.restart, "fast")
+        await until(posted_at_least(c, 50), "50 messages posted", c)
+        # As if it crashed: no shutdown checkpoint, recovery from the WAL.
+        await asyncio.to_thread(private_postgres.restart, "immediate")
+        await load
+        await c.settled(timeout=60)
+        verdict = await c.check()
+        await all_answered(c, verdict)
+        lost_at_ingress = await ingress_losses(c)
+        assert all(r.alive for r in c.replicas.values()), c.tails()
+    # A message posted while the database was down is refused (Slack redelivers it);
+    # everything recorded ran once. Say how many were refused.
+    assert len(lost_at_ingress) <= 10, lost_at_ingress
+    expect_every_message_ran(verdict)
+
+
+CHAOS_ACTIONS = ("kill", "start", "pause", "terminate")
+
+
+async def test_chaos_kills_pauses_and_restarts_replicas_while_messages_flow(
+    tmp_path: Path, private_postgres: PostgresServer
+) -> None:
+    seed = int(os.environ.get("CHATBRIDGE_CHAOS_SEED") or random.SystemRandom().randrange(10**6))
+    rng = random.Random(seed)
+    schedule: list[str] = []
+    async with slack_cluster(
+        tmp_path, private_postgres, conversations=8, claude_env=SLOW_RUNS
+    ) as c:
+        load = asyncio.create_task(steady_load(c, 120, every_s=0.04))
+        paused: set[str] = set()
+        for step in range(8):
+            await until(posted_at_least(c, 12 * (step + 1)), "the load going on", c)
+            alive = [n for n, r in c.replicas.items() if r.alive and n not in paused]
+            dead = [n for n, r in c.replicas.items() if not r.alive]
+            action = rng.choice(CHAOS_ACTIONS)
+            for name in list(paused):  # a pause lasts until the next step
+                c.replicas[name].resume()
+                paused.discard(name)
+                schedule.append(f"resume {name}")
+            if action == "start" and dead:
+                name = rng.choice(dead)
+                await c.replicas[name].start()
+            elif action != "start" and len(alive) > 1:
+                name = rng.choice(alive)
+                if action == "kill":
+                    await c.replicas[name].kill()
+                elif action == "pause":
+                    c.replicas[name].pause()
+                    paused.add(name)
+                else:
+                    await c.replicas[name].terminate()
+            else:
+                continue
+            schedule.append(f"{action} {name} after {len(c.posted)} posted")
+        for name in paused:
+            c.replicas[name].resume()
+        await load
+        for r in c.replicas.values():
+            if not r.alive:
+                await r.start()
+        try:
+            await c.settled(timeout=60)
+            verdict = await c.check()
+            await all_answered(c, verdict)
+        except AssertionError as failure:
+            raise AssertionError(f"chaos seed {seed}, schedule {schedule}: {failure}") from None
+        kills = sum(1 for s in schedule if s.startswith(("kill", "terminate")))
+        lost_at_ingress = await ingress_losses(c)
+    assert len(lost_at_ingress) <= kills, (seed, schedule, lost_at_ingress)
+    print(f"chaos seed {seed}: {schedule}")
+    expect_every_message_ran(verdict)
