@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
@@ -126,6 +127,23 @@ class SlackCluster:
                 elif status == "interrupted" and "!retry" not in answers[room]:
                     missing.append(f"{message} (interrupted, no !retry notice)")
         return missing
+
+    async def deliveries(self) -> dict[str, str]:
+        """Message text -> what local-slack got back when it delivered the event
+        (``HTTP 200``, ``HTTP 500``, ``POST failed: ...``), from its log. The load posts
+        one message at a time, so an event's outcome is the next outcome logged."""
+        outcome: dict[str, str] = {}
+        waiting: str | None = None
+        for entry in await self.slack.log():
+            if entry.get("kind") != "events_api":
+                continue
+            if entry.get("direction") == "to_bot":
+                event = json.loads(entry.get("detail") or "{}").get("event", {})
+                waiting = str(event.get("text", ""))
+            elif waiting is not None:
+                outcome[waiting] = str(entry.get("summary", ""))
+                waiting = None
+        return outcome
 
     async def runs_recorded(self, ids: list[str]) -> dict[str, tuple[str, str | None]]:
         """Run id -> (status, replica) as the database has them."""
