@@ -317,3 +317,22 @@ async def test_chaos_kills_pauses_and_restarts_replicas_while_messages_flow(
     assert len(lost_at_ingress) <= kills, (seed, schedule, lost_at_ingress)
     print(f"chaos seed {seed}: {schedule}")
     expect_every_message_ran(verdict)
+
+
+async def test_socket_mode_with_a_connection_per_replica_runs_each_message_once(
+    tmp_path: Path, private_postgres: PostgresServer
+) -> None:
+    # local-slack 0.1.8 sends each event to every connection of the app (Slack spreads
+    # them): every replica accepts every message, the inbox keeps one, one replica runs it.
+    async with slack_cluster(
+        tmp_path, private_postgres, conversations=8, mode="socket", claude_env=SLOW_RUNS
+    ) as c:
+        load = asyncio.create_task(steady_load(c, 48))
+        await until(posted_at_least(c, 16), "16 messages posted", c)
+        await c.replicas[await most_loaded(c)].kill()
+        await load
+        await c.settled()
+        verdict = await c.check()
+        await all_answered(c, verdict)
+        assert sorted(await c.accepted()) == sorted(p.text for p in c.posted)
+    expect_every_message_ran(verdict)
