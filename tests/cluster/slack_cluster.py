@@ -177,6 +177,16 @@ class SlackCluster:
     def runs(self) -> list[invariants.Run]:
         return invariants.read_runs(self.run_log)
 
+    def lines_about(self, needles: set[str], after: int = 6) -> str:
+        """Every replica's log lines naming one of ``needles``, each with what follows
+        it (a traceback)."""
+        out = []
+        for name, replica in self.replicas.items():
+            for i, line in enumerate(replica.log):
+                if any(n in line for n in needles if n and n != "None"):
+                    out += [f"{name}: {x}" for x in replica.log[i : i + after]]
+        return "\n".join(out)
+
     def tails(self, lines: int = 30) -> str:
         return "\n".join(f"=== {n}\n{r.tail(lines)}" for n, r in self.replicas.items())
 
@@ -199,6 +209,7 @@ class SlackCluster:
             suspects = set(verdict.lost) | set(verdict.twice)
             facts = [tuple(row) for row in rows if row["text"] in suspects]
             context = {"messages (text, state, run, its status, replica, pid)": repr(facts)}
+            context |= {"their runs in the logs": self.lines_about({str(f[2]) for f in facts})}
             context |= {n: r.tail(30) for n, r in self.replicas.items()}
             return invariants.assert_invariants(runs, ours, context, interrupted)
         return verdict
