@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
@@ -27,6 +28,8 @@ from tests.service_process import base_config
 from tests.slack import peer
 from tests.slack.harness import require_local_slack
 
+LOGS_ENV = "CHATBRIDGE_CLUSTER_TEST_LOGS"
+"""A directory: each test's replica logs and run log are kept there."""
 LEASE_TTL_S = 2.0
 POLL_S = 0.3
 
@@ -325,6 +328,14 @@ async def slack_cluster(
             results = await asyncio.gather(
                 *(r.terminate() for r in procs.values()), return_exceptions=True
             )
+            if keep := os.environ.get(LOGS_ENV):
+                # For a post-mortem: every replica's whole log, and the run log.
+                where = Path(keep) / tmp.name
+                where.mkdir(parents=True, exist_ok=True)
+                for name, replica in procs.items():
+                    (where / f"{name}.log").write_text("\n".join(replica.log) + "\n")
+                if run_log.exists():
+                    (where / "runs.jsonl").write_text(run_log.read_text())
             errors = [r for r in results if isinstance(r, BaseException)]
             if errors:
                 raise errors[0]

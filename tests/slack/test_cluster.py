@@ -217,8 +217,12 @@ async def test_a_replica_paused_past_its_lease_runs_nothing_it_lost(
         try:
             await until(taken_over, f"{victim}'s conversations {sorted(had)} taken over", c)
         except AssertionError as failure:
+            owners = await c.owners()
+            stuck = {f"slack:{room}" for room in had if owners.get(room, victim) == victim}
+            about = "\n".join(c.lines_about(stuck, after=1).splitlines()[-60:])
             raise AssertionError(
-                f"(owners, ran, unfinished, posted) = {state}\n{failure}"
+                f"(owners, ran, unfinished, posted) = {state}\n"
+                f"=== log lines about {sorted(stuck)}\n{about}\n{failure}"
             ) from None
         c.replicas[victim].resume()
 
