@@ -127,16 +127,16 @@ async def run_haproxy(
         exe, "-db", "-f", str(cfg), stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log
     )
     try:
+        # Ready once its stats socket answers (it is made after the listeners are bound).
         async with asyncio.timeout(10):
             while True:
                 if process.returncode is not None:
                     raise RuntimeError(f"haproxy exited: {(home / 'haproxy.log').read_text()}")
                 try:
-                    _, writer = await asyncio.open_connection("127.0.0.1", port)
+                    await LoadBalancer(port, process, stats).checked_up()
                 except OSError:
-                    await asyncio.sleep(0.05)  # no event tells when it listens
+                    await asyncio.sleep(0.05)  # no event tells when it is up
                     continue
-                writer.close()
                 break
         yield LoadBalancer(port, process, stats)
     finally:

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import os
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
@@ -223,6 +224,15 @@ class SlackCluster:
         )
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free on loopback now (all bound at once, so no two equal)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+
+
 async def create_database(server: PostgresServer) -> str:
     name = f"cluster_{uuid.uuid4().hex[:10]}"
     conn = await asyncpg.connect(server.dsn)
@@ -252,9 +262,10 @@ async def slack_cluster(
     database = await create_database(server)
     run_log = tmp / "runs.jsonl"
     names = [f"r{i + 1}" for i in range(replicas)]
-    http_ports = {n: peer.free_port() for n in names}
-    events_ports = {n: peer.free_port() for n in names} if mode == "events" else {}
-    lb_port = peer.free_port()
+    ports = free_ports(2 * replicas + 1)
+    http_ports = {n: ports.pop() for n in names}
+    events_ports = {n: ports.pop() for n in names} if mode == "events" else {}
+    lb_port = ports.pop()
     request_url = f"http://127.0.0.1:{lb_port}/slack/events" if mode == "events" else None
     rooms_dir = tmp / "rooms"
     slack_home = tmp / "local-slack"
