@@ -48,7 +48,9 @@ defaults
     mode http
     timeout connect 1s
     timeout client 10s
-    timeout server 10s
+    # Slack gives up on a request after 3 s (and redelivers): so does the balancer,
+    # so a request to a paused replica does not hold the load up for longer.
+    timeout server 3s
     retries 3
     option redispatch 1
 

@@ -236,7 +236,8 @@ async def test_a_replica_paused_past_its_lease_runs_nothing_it_lost(
         await c.settled()
         verdict = await c.check()
         await all_answered(c, verdict)
-        assert len(await ingress_losses(c)) == 0
+        # At most the one request in flight to it when it stopped (a 504 after 3 s).
+        assert len(await ingress_losses(c)) <= 1
     # What it had started before the pause was stopped by the new owners (sigterm),
     # and nothing of it ran twice or alongside another run (checked above).
     expect_every_message_ran(verdict)
