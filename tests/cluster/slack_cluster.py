@@ -154,6 +154,22 @@ class SlackCluster:
         rows = await self._fetch("SELECT id, status, replica FROM runs")
         return {str(r["id"]): (str(r["status"]), r["replica"]) for r in rows if r["id"] in ids}
 
+    async def sessions(self) -> list[str]:
+        """The database's sessions of this test's database: state, what blocks them, the
+        transaction's age and its last statement (why a replica waits)."""
+        rows = await self._fetch(
+            "SELECT pid, state, pg_blocking_pids(pid) AS blocked_by,"
+            " round(extract(epoch FROM clock_timestamp() - xact_start)::numeric, 1) AS xact_s,"
+            " left(query, 160) AS query FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return [
+            f"pid {r['pid']} {r['state']} blocked_by={list(r['blocked_by'])} xact={r['xact_s']}s"
+            f" {r['query']!r}"
+            for r in rows
+            if r["state"] != "idle" or r["blocked_by"]
+        ]
+
     async def _fetch(self, sql: str) -> list[asyncpg.Record]:
         dsn = self.url.replace("postgresql+asyncpg://", "postgresql://")
         conn = await asyncpg.connect(dsn)

@@ -220,7 +220,9 @@ async def test_a_replica_paused_past_its_lease_runs_nothing_it_lost(
             owners = await c.owners()
             stuck = {f"slack:{room}" for room in had if owners.get(room, victim) == victim}
             about = "\n".join(c.lines_about(stuck, after=1).splitlines()[-60:])
+            sessions = "\n".join(await c.sessions())
             raise AssertionError(
+                f"=== database sessions not idle\n{sessions}\n"
                 f"(owners, ran, unfinished, posted) = {state}\n"
                 f"=== log lines about {sorted(stuck)}\n{about}\n{failure}"
             ) from None
