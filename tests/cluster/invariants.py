@@ -76,8 +76,8 @@ class Verdict:
     first_run: dict[str, float]
     """Each message's first run's start (``time.time()``)."""
     reported_unrun: list[str] = field(default_factory=list)
-    """Never ran, but in a run the bridge recorded (and reported) as interrupted
-    whose claude never started: not lost silently, but not run either."""
+    """Never ran, but in a run the bridge recorded (and reported) as interrupted or
+    failed whose claude never started: not lost silently, but not run either."""
 
     def problems(self) -> list[str]:
         out = []
@@ -103,7 +103,7 @@ class Verdict:
 
 def check(runs: list[Run], accepted: Iterable[str], interrupted: Iterable[str] = ()) -> Verdict:
     """``accepted``: the message texts the bridge recorded (its inbox); ``interrupted``:
-    those of them in a run the bridge recorded as interrupted."""
+    those of them in a run the bridge recorded as interrupted or failed."""
     where: dict[str, list[int]] = defaultdict(list)
     for run in runs:
         for message in run.messages:

@@ -217,7 +217,7 @@ class SlackCluster:
         runs = self.runs()
         rows = await self._fetch(
             "SELECT m.text FROM messages m JOIN runs r ON r.id = m.run_id"
-            " WHERE r.status = 'interrupted'"
+            " WHERE r.status IN ('interrupted', 'failed')"
         )
         interrupted = [str(r["text"]) for r in rows]
         verdict = invariants.check(runs, ours, interrupted)

@@ -104,10 +104,11 @@ async def all_answered(c: SlackCluster, verdict: Verdict, timeout: float = 15) -
 
 
 NEVER_STARTED_BUG = (
-    "core: a run recorded as started whose claude never started (its replica killed or"
-    " paused between recording the start and spawning claude) is marked interrupted by"
-    " the new owner and its messages failed; docs/replicas.md: messages that never ran"
-    " run once"
+    "core: a run recorded as started whose claude never started is reported (interrupted"
+    " or failed) and its messages marked failed, never run: its replica killed or paused"
+    " between recording the start and spawning claude (the new owner marks it"
+    " interrupted), or PostgreSQL restarted then ('the run failed inside chatbridge');"
+    " docs/replicas.md: messages that never ran run once"
 )
 
 
@@ -185,6 +186,14 @@ async def test_kill_9_of_a_replica_under_load_loses_nothing_and_fails_over_in_ti
     expect_every_message_ran(verdict)
 
 
+@pytest.mark.xfail(
+    strict=False,
+    reason="core: a replica SIGSTOPped inside a transaction keeps it open (idle in"
+    " transaction, its locks held; no idle_in_transaction_session_timeout) and the other"
+    " replicas' runs stall until it resumes: their ends are recorded only after SIGCONT"
+    " (seen: runs whose answers were printed 20 s before 'run ended', messages pending"
+    " 30 s on live owners)",
+)
 async def test_a_replica_paused_past_its_lease_runs_nothing_it_lost(
     tmp_path: Path, private_postgres: PostgresServer
 ) -> None:
