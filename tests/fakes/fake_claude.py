@@ -104,10 +104,10 @@ Behaviour switches (environment variables; unset or empty means off):
     message it takes (the prompt in print mode) and ``{"event": "end",
     "how"}`` when it exits (``how``: ``exit``, ``sigterm`` or ``sigint``; a
     SIGKILL leaves no end line). While alive the process holds an exclusive
-    ``flock`` on ``PATH.locks/<cwd>`` (released by the kernel however it dies):
-    ``overlap`` is true when another live run of the same working directory
-    held it at this one's start, so the test learns of two concurrent runs of
-    one conversation without trusting the end lines.
+    ``flock`` on ``PATH.locks/<cwd>/<pid>`` (released by the kernel however it
+    dies): ``overlap`` is true when another run of the same working directory
+    still held its own at this one's start, so the test learns of two
+    concurrent runs of one conversation without trusting the end lines.
 ``FAKE_CLAUDE_LINGER=SECONDS``
     Stay alive this long after printing the result line.
 ``FAKE_CLAUDE_STDERR=TEXT``
@@ -722,15 +722,23 @@ class _RunLog:
     def start(self, cwd: str) -> None:
         import fcntl
 
-        locks = Path(self._path + ".locks")
-        locks.mkdir(exist_ok=True)
-        name = cwd.strip("/").replace("/", "_") or "_"
-        self._lock = os.open(locks / name, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            overlap = False
-        except BlockingIOError:
-            overlap = True
+        # Each run holds a lock on a file of its own under its cwd's directory for as
+        # long as it lives; another run's file that cannot be locked is a live run.
+        locks = Path(self._path + ".locks") / (cwd.strip("/").replace("/", "_") or "_")
+        locks.mkdir(parents=True, exist_ok=True)
+        self._lock = os.open(locks / str(os.getpid()), os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        overlap = False
+        for other in locks.iterdir():
+            if other.name == str(os.getpid()):
+                continue
+            fd = os.open(other, os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                overlap = True
+            finally:
+                os.close(fd)
         # Who started it: the test's tag for the replica, and the run's marker
         # (its run id, which the runner sets).
         tag, run = _env("FAKE_CLAUDE_RUN_TAG"), _env("CHATBRIDGE_RUN_MARKER")
