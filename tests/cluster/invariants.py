@@ -77,7 +77,8 @@ class Verdict:
     """Each message's first run's start (``time.time()``)."""
     reported_unrun: list[str] = field(default_factory=list)
     """Never ran, but in a run the bridge recorded (and reported) as interrupted or
-    failed whose claude never started: not lost silently, but not run either."""
+    failed (whose claude never started: see SlackCluster.check): not lost
+    silently, but not run either."""
 
     def problems(self) -> list[str]:
         out = []

@@ -216,11 +216,16 @@ class SlackCluster:
         ours = [t for t in accepted if invariants.MESSAGE_ID.fullmatch(t)]
         runs = self.runs()
         rows = await self._fetch(
-            "SELECT m.text FROM messages m JOIN runs r ON r.id = m.run_id"
+            "SELECT m.text, m.run_id FROM messages m JOIN runs r ON r.id = m.run_id"
             " WHERE r.status IN ('interrupted', 'failed')"
         )
         interrupted = [str(r["text"]) for r in rows]
         verdict = invariants.check(runs, ours, interrupted)
+        # A run whose claude started but was stopped before it read its prompt did
+        # start: its messages are the interrupted run's (reported with !retry).
+        started = {r.run for r in runs}
+        begun = {str(r["text"]) for r in rows if r["run_id"] in started}
+        verdict.reported_unrun = [m for m in verdict.reported_unrun if m not in begun]
         if verdict.problems():
             rows = await self._fetch(
                 "SELECT m.text, m.state, m.run_id, r.status, r.replica, r.pid"
