@@ -95,6 +95,19 @@ Behaviour switches (environment variables; unset or empty means off):
     Append one JSON line to PATH at exit: ``{"prompt", "start", "result", "exit"}``,
     the ``time.monotonic()`` (system-wide on Linux) once this script's imports
     are done, just after the result line was flushed and just before exiting.
+``FAKE_CLAUDE_RUN_LOG=PATH``
+    Append JSON lines to PATH, one ``write`` each (whole lines even with many
+    processes appending), each with ``pid`` and ``t`` (``time.time()``):
+    ``{"event": "start", "cwd", "overlap", "tag", "run"}`` when the process
+    starts (``tag``: ``FAKE_CLAUDE_RUN_TAG``; ``run``: the runner's
+    ``CHATBRIDGE_RUN_MARKER``), ``{"event": "prompt", "text"}`` for each user
+    message it takes (the prompt in print mode) and ``{"event": "end",
+    "how"}`` when it exits (``how``: ``exit``, ``sigterm`` or ``sigint``; a
+    SIGKILL leaves no end line). While alive the process holds an exclusive
+    ``flock`` on ``PATH.locks/<cwd>/<pid>`` (released by the kernel however it
+    dies): ``overlap`` is true when another run of the same working directory
+    still held its own at this one's start, so the test learns of two
+    concurrent runs of one conversation without trusting the end lines.
 ``FAKE_CLAUDE_LINGER=SECONDS``
     Stay alive this long after printing the result line.
 ``FAKE_CLAUDE_STDERR=TEXT``
@@ -688,6 +701,73 @@ def _times(prompt: str, printed: float) -> None:
             times.write(json.dumps(stamp) + "\n")
 
 
+class _RunLog:
+    """``FAKE_CLAUDE_RUN_LOG``: this process's start, prompts and end, for invariant checks."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._lock: int | None = None
+        self._ended = False
+
+    def _write(self, entry: dict[str, Any]) -> None:
+        entry = {**entry, "pid": os.getpid(), "t": time.time()}
+        data = (json.dumps(entry) + "\n").encode()
+        # O_APPEND and one write: concurrent runs' lines never interleave.
+        fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
+    def start(self, cwd: str) -> None:
+        import fcntl
+
+        # Each run holds a lock on a file of its own under its cwd's directory for as
+        # long as it lives; another run's file that cannot be locked is a live run.
+        locks = Path(self._path + ".locks") / (cwd.strip("/").replace("/", "_") or "_")
+        locks.mkdir(parents=True, exist_ok=True)
+        self._lock = os.open(locks / str(os.getpid()), os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        overlap = False
+        for other in locks.iterdir():
+            if other.name == str(os.getpid()):
+                continue
+            fd = os.open(other, os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                overlap = True
+            finally:
+                os.close(fd)
+        # Who started it: the test's tag for the replica, and the run's marker
+        # (its run id, which the runner sets).
+        tag, run = _env("FAKE_CLAUDE_RUN_TAG"), _env("CHATBRIDGE_RUN_MARKER")
+        self._write({"event": "start", "cwd": cwd, "overlap": overlap, "tag": tag, "run": run})
+
+    def prompt(self, text: str) -> None:
+        self._write({"event": "prompt", "text": text})
+
+    def end(self, how: str) -> None:
+        if not self._ended:
+            self._ended = True
+            self._write({"event": "end", "how": how})
+
+
+_RUN_LOG = _RunLog(_env("FAKE_CLAUDE_RUN_LOG")) if _env("FAKE_CLAUDE_RUN_LOG") else None
+
+
+def _log_prompt(text: str) -> None:
+    if _RUN_LOG is not None:
+        _RUN_LOG.prompt(text)
+
+
+def _exit_now(code: int, how: str) -> NoReturn:
+    """``os._exit`` from a signal handler, after the run log's end line."""
+    if _RUN_LOG is not None:
+        _RUN_LOG.end(how)
+    os._exit(code)
+
+
 PERMISSION_MODES = ("acceptEdits", "auto", "bypassPermissions", "default", "dontAsk", "plan")
 
 # What the real CLI puts in the tool_result of a tool use an interrupt cut off.
@@ -1038,6 +1118,7 @@ class _Session:
                 }
             )
         text = _text_of(message)
+        _log_prompt(text)
         self._prompts.append(text)
         self._history.append(text)
         _keep(self._sessions, self._cwd, self._session_id, text)
@@ -1254,7 +1335,12 @@ def main() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:
         # The real CLI exits 143 on SIGTERM without a result line.
-        signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
+        signal.signal(signal.SIGTERM, lambda *_: _exit_now(143, "sigterm"))
+    if _RUN_LOG is not None:
+        import atexit
+
+        _RUN_LOG.start(os.getcwd())
+        atexit.register(_RUN_LOG.end, "exit")
 
     if not (opts.get("-p") or opts.get("--print")):
         _fail("fake claude only implements print mode (-p)")
@@ -1269,6 +1355,8 @@ def main() -> None:
         _fail("Error: --input-format=stream-json requires output-format=stream-json.")
     # With stream-json input the prompts are the user messages read later on.
     prompt = "" if streaming else _read_prompt(positional)
+    if not streaming:
+        _log_prompt(prompt)
 
     cwd = os.getcwd()
     sessions = Path(_env("FAKE_CLAUDE_SESSIONS_DIR")) if _env("FAKE_CLAUDE_SESSIONS_DIR") else None
@@ -1309,7 +1397,7 @@ def main() -> None:
                 errors=["interrupted"],
             )
         )
-        os._exit(0)
+        _exit_now(0, "sigint")
 
     signal.signal(signal.SIGINT, on_interrupt)
     if streaming:
