@@ -451,8 +451,16 @@ class Cluster:
         work = await self.leases.unowned_work(transports, free)
         oldest = min((since for _, since in work), default=None)
         self.metrics.unowned_lag.set(0.0 if oldest is None else max(0.0, time.time() - oldest))
-        for room, _ in work:
-            await self.place(room)
+        # Side by side: one takeover that must stop a dead replica's run (a sweep
+        # of this host's processes) does not hold up the others.
+        results = await asyncio.gather(
+            *(self.place(room) for room, _ in work), return_exceptions=True
+        )
+        for (room, _), result in zip(work, results, strict=True):
+            if isinstance(result, StoreError):
+                log.warning("could not take %s: %s", room, result)
+            elif isinstance(result, BaseException):
+                raise result
 
 
 def pid_alive(pid: int) -> bool:

@@ -206,6 +206,10 @@ class _Server:
                 await self._exchange(reader, writer)
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
             pass  # the client went away, or was too slow
+        except OSError as exc:
+            # Gone before the answer's end: a load balancer's health check closes
+            # its connection as soon as it has the status line (ENOTCONN).
+            log.debug("http: the client went away: %s", exc)
         except Exception:
             # A bug in an endpoint costs that one answer, not the bridge.
             log.exception("http: answering a request failed")

@@ -713,8 +713,18 @@ class RunExecutor:
     ) -> RunRequest:
         # Reads, before the spawn: nothing else stands in front of claude (but the
         # session's transcript, where another replica ran the conversation last).
-        session = await self.store.get_session(key)
-        overrides = await self.store.room_overrides(key)
+        # Tried again while the database is briefly away (a restart): the start
+        # is recorded, and failing now would fail messages no claude has seen.
+        for delay in (*self.store_retry_delays_s, None):
+            try:
+                session = await self.store.get_session(key)
+                overrides = await self.store.room_overrides(key)
+                break
+            except StoreError:
+                if delay is None:
+                    raise
+                log.warning("could not read the room's session; trying again in %gs", delay)
+            await asyncio.sleep(delay)
         if session is not None:
             await self._restore_transcript(key, room, session)
         return run_request(self.settings, room, run_id, prompt, session, overrides)

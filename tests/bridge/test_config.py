@@ -320,3 +320,15 @@ def test_approval_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch)
 
 def test_mode_command_takes_the_permission_modes_of_the_setting() -> None:
     assert set(PERMISSION_MODES) == set(get_args(PermissionModeSetting)) - {""}
+
+
+def test_host_port_settings_come_from_the_environment_as_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As compose.yaml sets them for its replicas.
+    monkeypatch.setenv("CHATBRIDGE_SLACK__LISTEN", "0.0.0.0:3001")
+    monkeypatch.setenv("CHATBRIDGE_HTTP__LISTEN", "0.0.0.0:8080")
+    settings = load_settings(write(tmp_path, "[slack]\nbot_token = 'x'\napp_token = 'y'\n"))
+    assert settings.slack is not None
+    assert str(settings.slack.listen) == "0.0.0.0:3001"
+    assert str(settings.http.listen) == "0.0.0.0:8080"

@@ -6,9 +6,10 @@ logs, ``repr`` and ``check-config``; only the transport reads their values.
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import NoDecode
 
 from bridge.core.hostport import HostPort
 
@@ -29,7 +30,9 @@ class SlackSettings(BaseModel):
     """``xapp-...``: opens Socket Mode connections."""
     signing_secret: SecretStr = SecretStr("")
     """Verifies Events API requests."""
-    listen: HostPort = HostPort("127.0.0.1", 3001)
+    # NoDecode: from the environment it is the ``host:port`` text, not JSON
+    # (compose sets CHATBRIDGE_SLACK__LISTEN).
+    listen: Annotated[HostPort, NoDecode] = HostPort("127.0.0.1", 3001)
     """Events mode: ``host:port`` the Events API endpoint (path ``/slack/events``) listens on."""
     api_url: str = "https://slack.com/api/"
     """Web API base URL; tests and proxies override it."""
