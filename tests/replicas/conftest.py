@@ -63,7 +63,7 @@ def replica_settings(
         "console": {"enabled": False},
         "slack": {"bot_token": "xoxb-test", "app_token": "xapp-test"},
         "rooms": [{"transport": "slack", "id": ROOM.room_id, "allowed_users": ["U1"]}],
-        "cluster": {"enabled": True, "replica_id": name, "lease_ttl_s": 2, "poll_s": 0.2},
+        "cluster": {"enabled": True, "replica_id": name, "lease_ttl_s": 4, "poll_s": 0.2},
         "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
     }
     path = write_config(home, merged(base, dict(config or {})), env=env)
