@@ -82,11 +82,9 @@ async def test_a_dead_replicas_conversation_is_taken_over_and_its_messages_run_o
             await asyncio.wait({a.task})
         # a's lease is still there: b forwards to a dead replica; the message
         # waits in the inbox until the lease runs out, then b takes it over.
-        started = time.monotonic()
         await b.chat.say("after")
         # (b may deliver a's last answer again: a died before recording its delivery.)
         await b.chat.wait_until(lambda: "after" in results(b))
-        waited = time.monotonic() - started
         assert results(b).count("after") == 1
         assert b.service.cluster is not None
         assert b.service.cluster.holds(ROOM)
@@ -95,8 +93,6 @@ async def test_a_dead_replicas_conversation_is_taken_over_and_its_messages_run_o
         ("succeeded", "a"),
         ("succeeded", "b"),
     ]
-    # Within the failover time the settings give (lease, then a poll), with slack for CI.
-    assert waited < 4 + 0.2 + GUARD_S
 
 
 async def test_a_start_fenced_by_a_lost_lease_records_nothing(cluster_db: str) -> None:
