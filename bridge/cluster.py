@@ -308,6 +308,11 @@ class Cluster:
                 await self._notify(Notice("work", "", room))
         log.info("let %d idle conversation(s) go", len(rooms))
 
+    def wake(self) -> None:
+        """Look for work now (a run ended here: a slot is free for a conversation
+        nobody owns), not at the next poll."""
+        self._wake.set()
+
     # -- notifications --
 
     async def tell(self, to: str, kind: str, room: RoomKey, body: dict[str, Any]) -> None:

@@ -41,6 +41,7 @@ import bisect
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -54,6 +55,10 @@ from transports.backoff import Backoff
 from transports.base import Transport
 
 log = logging.getLogger(__name__)
+
+SETTLED_MEMORY = 10_000
+"""How many settled entries the outbox remembers, against a stale read handing one over
+again (reads are milliseconds old; this is thousands of answers)."""
 
 
 RETRY_BASE_S = 1.0
@@ -101,6 +106,9 @@ class Outbox:
     _queues: dict[RoomKey, list[OutboxEntry]] = field(default_factory=dict)
     """Each room's entries, sorted by id; the head is the one being delivered."""
     _known: set[int] = field(default_factory=set)
+    _done: set[int] = field(default_factory=set)
+    """Entries settled here lately (delivered or given up): never queued again."""
+    _done_order: deque[int] = field(default_factory=deque)
     _settled: dict[int, asyncio.Event] = field(default_factory=dict)
     _workers: asyncio.TaskGroup | None = None
     _running: set[RoomKey] = field(default_factory=set)
@@ -118,6 +126,12 @@ class Outbox:
     def pending(self) -> int:
         """Entries handed over and not yet delivered or given up."""
         return len(self._known)
+
+    def _remember_settled(self, entry_id: int) -> None:
+        self._done.add(entry_id)
+        self._done_order.append(entry_id)
+        if len(self._done_order) > SETTLED_MEMORY:
+            self._done.discard(self._done_order.popleft())
 
     def busy(self, room: RoomKey) -> bool:
         """Whether entries of ``room`` are queued or being delivered."""
@@ -142,6 +156,10 @@ class Outbox:
                         "answers for transport %s are kept pending: it is not configured",
                         room.transport,
                     )
+                continue
+            if entry.id in self._done:
+                # Settled here since the caller read it as pending (a replica's
+                # poll reads the store, then hands the entries over): nothing to wait for.
                 continue
             events.append(self._settled.setdefault(entry.id, asyncio.Event()))
             if entry.id in self._known:
@@ -241,6 +259,7 @@ class Outbox:
                     continue
                 queue.pop(0)
                 self._known.discard(entry.id)
+                self._remember_settled(entry.id)
                 self._settled.pop(entry.id, asyncio.Event()).set()
         finally:
             self._running.discard(room)

@@ -68,7 +68,15 @@ from bridge.store.cluster import Leases, ReplicaIdInUse
 from bridge.store.sql import SqlStore
 from bridge.usage import LimitResumes
 from bridge.webhooks import Webhooks
-from dispatcher import Clock, Dispatcher, DispatchLimits, DuringRun, EndReason, RoomStatus
+from dispatcher import (
+    Clock,
+    DispatchedRun,
+    Dispatcher,
+    DispatchLimits,
+    DuringRun,
+    EndReason,
+    RoomStatus,
+)
 from runner import (
     clean_stray_runs,
     journal_exists,
@@ -198,7 +206,7 @@ class Service:
                 max_batch=d.max_batch,
                 max_concurrent_runs=settings.runner.max_concurrent_runs,
             ),
-            self.executor.execute,
+            self._execute,
             mode_of=self._during_run,
             prestarter=self.executor.prestarts,
             max_prestarts=settings.runner.prestart_limit,
@@ -307,6 +315,13 @@ class Service:
         cluster.idle = self._idle
         role.stop_threads = self.commands.stop_threads
         self.commands.elsewhere = role
+
+    async def _execute(self, run: DispatchedRun) -> None:
+        try:
+            await self.executor.execute(run)
+        finally:
+            if self.cluster is not None:
+                self.cluster.wake()  # a slot is free: work nobody owns may be taken now
 
     def _refused(self, verdict: Verdict) -> None:
         self.metrics.answers_refused.labels(verdict.value).inc()

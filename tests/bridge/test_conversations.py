@@ -16,6 +16,7 @@ from bridge.core.model import Batch, ExternalMessageId, InboundMessage, ReplyKin
 from bridge.core.transport import Accepted, RunPhase
 from bridge.errors import ConfigError
 from bridge.service import open_store
+from runner.rundir import make_run_dir
 from tests.bridge.chat_room import GUARD_S, ChatRoom, console_room, serving
 from tests.bridge.harness import ECHO, write_config
 
@@ -217,6 +218,8 @@ async def test_a_run_asked_in_a_thread_and_cut_by_a_crash_is_reported_in_that_th
         message = await store.accept(inbound, time.time())
         assert message is not None
         await store.start_run(RunId("run-crashed"), Batch(room, (message,)), time.time())
+        # Begun: its directory is there (see bridge/stale_runs.py).
+        make_run_dir(settings.runner.state_dir, RunId("run-crashed"))
     finally:
         await store.close()
     async with serving(settings) as (_, chat):

@@ -211,6 +211,19 @@ async def test_an_entry_handed_over_twice_is_delivered_once() -> None:
     assert transport.posted == [(ROOMS[0], "once")]
 
 
+async def test_a_stale_pending_copy_of_a_delivered_entry_is_not_sent_again() -> None:
+    """A replica's poll reads pending entries, then hands them over: one delivered in
+    between comes back as a stale copy (its state still pending), never a second post."""
+    store = MemoryStore()
+    transport = Scripted()
+    stale = await store.enqueue([reply(ROOMS[0], "once")], 1.0)
+    outbox = new_outbox(store, transport)
+    async with serving(outbox):
+        await outbox.submit(stale)()
+        await outbox.submit(stale)()
+    assert transport.posted == [(ROOMS[0], "once")]
+
+
 async def test_drain_waits_for_the_queue_within_its_bound() -> None:
     store = MemoryStore()
 

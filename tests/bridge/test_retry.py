@@ -13,6 +13,7 @@ from bridge.core.model import (
     ExternalMessageId,
     InboundMessage,
     Message,
+    ReplyKind,
     RoomId,
     RoomKey,
     RunId,
@@ -21,6 +22,7 @@ from bridge.core.model import (
 )
 from bridge.core.transport import InboundSink
 from bridge.service import Service, open_store
+from runner.rundir import make_run_dir
 from tests.bridge.chat_room import GUARD_S, ChatRoom, serving
 from tests.bridge.harness import ConsoleSession, run_console, write_config
 
@@ -34,8 +36,9 @@ def console_room(settings: Settings) -> RoomKey:
     return RoomKey(TransportName("console"), RoomId(settings.console.room))
 
 
-async def left_by_a_crash(settings: Settings, run_id: RunId) -> None:
-    """What a kill -9 during a run leaves: the run still 'running', a message waiting."""
+async def left_by_a_crash(settings: Settings, run_id: RunId, *, begun: bool = True) -> None:
+    """What a kill -9 during a run leaves: the run still 'running', a message waiting;
+    not ``begun``: killed between recording the start and making the run's directory."""
     room = console_room(settings)
     user = UserId(settings.console.user)
     store = await open_store(settings)
@@ -47,6 +50,10 @@ async def left_by_a_crash(settings: Settings, run_id: RunId) -> None:
             assert message is not None
             accepted.append(message)
         await store.start_run(run_id, Batch(room, (accepted[0],)), time.time())
+        # The run had begun: its directory is there (a run with none never started,
+        # and its messages would simply run again).
+        if begun:
+            make_run_dir(settings.runner.state_dir, run_id)
     finally:
         await store.close()
 
@@ -156,3 +163,20 @@ async def test_the_interrupted_notice_survives_a_start_that_stops_after_recovery
     assert sum(offer in text for text in chat.texts()) == 1
     notices = "select state from outbox where text like '%did not finish before chatbridge%'"
     assert db_rows(tmp_path, notices) == [("delivered",)]
+
+
+async def test_a_run_killed_before_it_began_runs_its_messages_again(tmp_path: Path) -> None:
+    """Killed between its recorded start and its supervisor: nothing of it ran, so its
+    message runs (once) after the restart, with no interrupted run to offer."""
+    settings = load_settings(write_config(tmp_path))
+    crashed = RunId("run-crashed")
+    await left_by_a_crash(settings, crashed, begun=False)
+    async with serving(settings) as (_, chat):
+        await chat.wait_until(lambda: len(chat.texts(ReplyKind.RESULT)) == 1)
+    # Both waiting messages, in order, in one batch: as if the crashed run never began.
+    [answer] = chat.texts(ReplyKind.RESULT)
+    assert answer.index("long job") < answer.index("queued one")
+    assert not any("did not finish" in text for text in chat.texts())
+    runs = db_rows(tmp_path, "select id, status, error_excerpt from runs order by seq")
+    assert runs[0] == (crashed, "interrupted", "stopped before claude was started")
+    assert [status for _, status, _ in runs[1:]] == ["succeeded"]
