@@ -3,8 +3,9 @@ replicas, failover after ``kill -9``, and a command accepted on one replica
 acting on another.
 
 Every replica is its own process (bench/cluster_replica.py: the service
-``chatbridge run`` builds, with ``[cluster] enabled``, lease_ttl_s 2, poll_s
-0.2, and an in-process Slack-named transport in place of Slack), the fake
+``chatbridge run`` builds, with ``[cluster] enabled``, poll_s 0.2, lease_ttl_s
+2 for failover and ``--ttl`` (10) elsewhere: on a loaded machine of 2 cores a
+2 s lease is lost mid-run now and then, interrupting the run; and an in-process Slack-named transport in place of Slack), the fake
 claude answering at once (echoing its prompt). Each section runs on a fresh
 PostgreSQL database, dropped at the end.
 
@@ -17,7 +18,8 @@ conversation and are forwarded; every replica accepts its share with
 Printed: accepted messages/s (all messages over the time from the first
 accept's start to the last one's end), accept latency p50/p99, runs started/s
 (runs over the time from the first run's start to the last one's, as the
-runs table records them), whether every message was answered, and how many\nanswers reached the transport twice.
+runs table records them), whether every message was answered, and how many
+answers reached the transport twice.
 
 failover: replica B and, per round, a new replica A. A takes a conversation
 (a message, answered), is killed with SIGKILL, and at once B accepts a new
@@ -42,11 +44,11 @@ import json
 import random
 import signal
 import statistics
-from collections import Counter
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -68,7 +70,7 @@ from tests.store.conftest import (
 )
 
 HERE = Path(__file__).parent
-GUARD_S = 120.0
+GUARD_S = 180.0
 
 
 @asynccontextmanager
@@ -85,7 +87,14 @@ async def database() -> AsyncIterator[str]:
 
 
 def config(
-    home: Path, name: str, url: str, rooms: int, env: dict[str, str], bin_dir: Path
+    home: Path,
+    name: str,
+    url: str,
+    *,
+    rooms: int,
+    env: dict[str, str],
+    bin_dir: Path,
+    ttl: float,
 ) -> Path:
     home.mkdir(parents=True, exist_ok=True)
     return write_toml(
@@ -102,10 +111,9 @@ def config(
             "http": {"listen": ""},
             "slack": {"bot_token": "xoxb-bench", "app_token": "xapp-bench"},
             "rooms": [
-                {"transport": "slack", "id": f"C{i}", "allowed_users": ["U1"]}
-                for i in range(rooms)
+                {"transport": "slack", "id": f"C{i}", "allowed_users": ["U1"]} for i in range(rooms)
             ],
-            "cluster": {"enabled": True, "replica_id": name, "lease_ttl_s": 2, "poll_s": 0.2},
+            "cluster": {"enabled": True, "replica_id": name, "lease_ttl_s": ttl, "poll_s": 0.2},
             "dispatcher": {"coalesce_ms": 0, "max_wait_ms": 0, "max_batch": 1},
             "defaults": {"cwd": str(home), "env": env},
         },
@@ -160,13 +168,13 @@ class Replica:
 
 @asynccontextmanager
 async def replica(
-    tmp: Path, name: str, url: str, rooms: int, env: dict[str, str]
+    tmp: Path, name: str, url: str, rooms: int, env: dict[str, str], *, ttl: float = 2.0
 ) -> AsyncIterator[Replica]:
     home = tmp / name
     bin_dir = tmp / "bin"
     bin_dir.mkdir(exist_ok=True)
     install(bin_dir)
-    path = config(home, name, url, rooms, env, bin_dir)
+    path = config(home, name, url, rooms=rooms, env=env, bin_dir=bin_dir, ttl=ttl)
     log = (home / "replica.log").open("wb")
     process = await asyncio.create_subprocess_exec(
         sys.executable, str(HERE / "cluster_replica.py"), str(path),
@@ -196,12 +204,30 @@ def pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
-async def fetch(url: str, sql: str) -> list[asyncpg.Record]:
+async def fetch(url: str, sql: str, *params: object) -> list[asyncpg.Record]:
     conn = await asyncpg.connect(_asyncpg_dsn(url))
     try:
-        return list(await conn.fetch(sql))
+        return list(await conn.fetch(sql, *params))
     finally:
         await conn.close()
+
+
+async def poll(check: Callable[[], Awaitable[bool]], every_s: float = 0.02) -> None:
+    """Until ``check()``: for state nothing announces (a run's row, answers across
+    processes), looked at every ``every_s``, failing after GUARD_S."""
+    async with asyncio.timeout(GUARD_S):
+        while not await check():  # noqa: ASYNC110 (nothing to wait on: the database)
+            await asyncio.sleep(every_s)
+
+
+def running(url: str, room: str) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        found = await fetch(
+            url, "SELECT 1 FROM runs WHERE room_id = $1 AND status = 'running'", room
+        )
+        return bool(found)
+
+    return check
 
 
 # -- throughput --
@@ -214,7 +240,7 @@ async def throughput(args: argparse.Namespace, n: int) -> None:
         async with database() as url, AsyncExitStack() as stack:
             replicas = [
                 await stack.enter_async_context(
-                    replica(Path(tmp), f"r{i}", url, args.rooms, env)
+                    replica(Path(tmp), f"r{i}", url, args.rooms, env, ttl=args.ttl)
                 )
                 for i in range(n)
             ]
@@ -228,12 +254,20 @@ async def throughput(args: argparse.Namespace, n: int) -> None:
             end = max(b["end"] for b in bursts)
             lat = [x for b in bursts for x in b["lat"]]
 
-            def answered() -> int:
-                return sum(len(r.answers()) for r in replicas)
+            async def settled() -> bool:
+                # Every message done or given up (a run interrupted by a lost lease
+                # fails its message: it would be retried by hand, with !retry).
+                left = await fetch(
+                    url,
+                    "SELECT (SELECT count(*) FROM messages WHERE state IN ('pending',"
+                    " 'dispatched')) + (SELECT count(*) FROM runs WHERE status = 'running') AS n",
+                )
+                return int(left[0]["n"]) == 0
 
-            async with asyncio.timeout(GUARD_S * 2):
-                while answered() < args.messages:
-                    await asyncio.sleep(0.1)
+            await poll(settled, 0.2)
+            lost = await fetch(url, "SELECT count(*) AS n FROM runs WHERE status = 'interrupted'")
+            if lost[0]["n"]:
+                print(f"  runs interrupted (a lease lost): {lost[0]['n']}", flush=True)
             texts = [a["text"] for r in replicas for a in r.answers()]
             once = sorted(set(texts)) == sorted(f"m{j}" for j in range(args.messages))
             twice = sorted(t for t, k in Counter(texts).items() if k > 1)
@@ -268,14 +302,15 @@ async def failover(args: argparse.Namespace) -> None:
             for i in range(args.rounds):
                 room = f"C{i}"
                 async with replica(Path(tmp), f"a{i}", url, args.rounds, env) as a:
-                    await a.say(room, f"before {i}")
-                    await a.wait_for(lambda e: e["op"] == "answer" and e["text"] == f"before {i}")
+                    await a.say(room, f"before {i}")  # A takes the conversation
+                    before, after = f"before {i}", f"after {i}"
+                    await a.wait_for(lambda e, t=before: e["op"] == "answer" and e["text"] == t)
                     a.process.kill()
                     killed = time.monotonic()
                     await a.process.wait()
-                    said = await b.say(room, f"after {i}")
+                    said = await b.say(room, after)
                     answer = await b.wait_for(
-                        lambda e: e["op"] == "answer" and e["text"] == f"after {i}"
+                        lambda e, t=after: e["op"] == "answer" and e["text"] == t
                     )
                 times.append(answer["t"] - killed)
                 forwarded_waits.append(answer["t"] - said["t1"])
@@ -302,32 +337,28 @@ async def command(args: argparse.Namespace) -> None:
         accept: list[float] = []
         async with (
             database() as url,
-            replica(Path(tmp), "a", url, args.rounds, env) as a,
-            replica(Path(tmp), "b", url, args.rounds, env) as b,
+            replica(Path(tmp), "a", url, args.rounds, env, ttl=args.ttl) as a,
+            replica(Path(tmp), "b", url, args.rounds, env, ttl=args.ttl) as b,
         ):
             for i in range(args.rounds):
                 room = f"C{i}"
                 await a.say(room, f"hold {i}")
-                async with asyncio.timeout(GUARD_S):
-                    while not await fetch(
-                        url,
-                        f"SELECT 1 FROM runs WHERE room_id = '{room}' AND status = 'running'",
-                    ):
-                        await asyncio.sleep(0.02)
+                await poll(running(url, room))
                 said = await b.say(room, f"more {i}")
-                held = await a.wait_for(lambda e: e["op"] == "submit" and e["text"] == f"more {i}")
+                more = f"more {i}"
+                held = await a.wait_for(lambda e, t=more: e["op"] == "submit" and e["text"] == t)
                 forward.append(held["t"] - said["t0"])
                 accept.append(said["t1"] - said["t0"])
                 said = await b.say(room, "!stop")
-                stopped = await a.wait_for(lambda e: e["op"] == "stop" and e["room"] == room)
+                stopped = await a.wait_for(lambda e, r=room: e["op"] == "stop" and e["room"] == r)
                 stop.append(stopped["t"] - said["t0"])
                 accept.append(said["t1"] - said["t0"])
-                async with asyncio.timeout(GUARD_S):
-                    while await fetch(
-                        url,
-                        f"SELECT 1 FROM runs WHERE room_id = '{room}' AND status = 'running'",
-                    ):
-                        await asyncio.sleep(0.02)
+                check = running(url, room)
+
+                async def ended(check: Callable[[], Awaitable[bool]] = check) -> bool:
+                    return not await check()
+
+                await poll(ended)
     for label, values in (
         ("B's accept call (record, find the owner, NOTIFY)", accept),
         ("message: B's accept -> A's dispatcher holds it", forward),
@@ -348,6 +379,12 @@ async def main() -> None:
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--rounds", type=int, default=10, help="failover rounds")
     parser.add_argument("--command-rounds", type=int, default=30)
+    parser.add_argument(
+        "--ttl",
+        type=float,
+        default=10.0,
+        help="lease_ttl_s of the throughput and command sections (failover: 2)",
+    )
     args = parser.parse_args()
     if args.only in (None, "throughput"):
         print(

@@ -79,7 +79,14 @@ class BenchSlack(Transport):
         self, reply: Reply, delivery: Delivery | None = None
     ) -> ExternalMessageId | None:
         if reply.kind is ReplyKind.RESULT:
-            emit({"op": "answer", "room": reply.room.room_id, "text": reply.text, "t": time.monotonic()})
+            emit(
+                {
+                    "op": "answer",
+                    "room": reply.room.room_id,
+                    "text": reply.text,
+                    "t": time.monotonic(),
+                }
+            )
         self._ids += 1
         return ExternalMessageId(f"{self.prefix}-out-{self._ids}")
 
