@@ -5,7 +5,8 @@ acting on another.
 Every replica is its own process (bench/cluster_replica.py: the service
 ``chatbridge run`` builds, with ``[cluster] enabled``, poll_s 0.2, lease_ttl_s
 2 for failover and ``--ttl`` (10) elsewhere: on a loaded machine of 2 cores a
-2 s lease is lost mid-run now and then, interrupting the run; and an in-process Slack-named transport in place of Slack), the fake
+2 s lease is lost mid-run now and then, interrupting the run; and an
+in-process Slack-named transport in place of Slack), the fake
 claude answering at once (echoing its prompt). Each section runs on a fresh
 PostgreSQL database, dropped at the end.
 
