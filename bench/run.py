@@ -10,7 +10,10 @@ window's deadline) and memory per room, idle and at its busy peak
 across 1,000 rooms through the whole accept path, acceptors interleaving
 (bench_intake) and the store: accept rates, a run's store calls, reads beside
 writes and 20 runs ending at once (bench_store), and claude's output relayed
-through the run's supervisor against a direct pipe (bench_relay).
+through the run's supervisor against a direct pipe (bench_relay); replicas on
+one PostgreSQL: throughput with 1, 2 and 3 replica processes, failover after
+``kill -9`` and a command accepted on one replica acting on another
+(bench_cluster).
 Figures are recorded in docs/performance.md.
 """
 
@@ -32,6 +35,7 @@ BENCHES = [
     "bench_intake.py",
     "bench_store.py",
     "bench_relay.py",
+    "bench_cluster.py",
 ]
 
 
