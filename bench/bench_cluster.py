@@ -305,14 +305,12 @@ async def failover(args: argparse.Namespace) -> None:
                 async with replica(Path(tmp), f"a{i}", url, args.rounds, env) as a:
                     await a.say(room, f"before {i}")  # A takes the conversation
                     before, after = f"before {i}", f"after {i}"
-                    await a.wait_for(lambda e, t=before: e["op"] == "answer" and e["text"] == t)
+                    await a.wait_for(event("answer", text=before))
                     a.process.kill()
                     killed = time.monotonic()
                     await a.process.wait()
                     said = await b.say(room, after)
-                    answer = await b.wait_for(
-                        lambda e, t=after: e["op"] == "answer" and e["text"] == t
-                    )
+                    answer = await b.wait_for(event("answer", text=after))
                 times.append(answer["t"] - killed)
                 forwarded_waits.append(answer["t"] - said["t1"])
                 print(f"  round {i}: kill -> answer {times[-1] * 1e3:.0f} ms", flush=True)
@@ -321,6 +319,15 @@ async def failover(args: argparse.Namespace) -> None:
         f" p50 {pct(times, 50) * 1e3:.0f} ms, p99 {pct(times, 99) * 1e3:.0f} ms,"
         f" min {min(times) * 1e3:.0f} ms, max {max(times) * 1e3:.0f} ms"
     )
+
+
+def event(op: str, **fields: str) -> Callable[[dict[str, Any]], bool]:
+    """A replica's event of kind ``op`` carrying these fields."""
+
+    def match(e: dict[str, Any]) -> bool:
+        return e["op"] == op and all(e.get(k) == v for k, v in fields.items())
+
+    return match
 
 
 # -- a command across replicas --
@@ -347,11 +354,11 @@ async def command(args: argparse.Namespace) -> None:
                 await poll(running(url, room))
                 said = await b.say(room, f"more {i}")
                 more = f"more {i}"
-                held = await a.wait_for(lambda e, t=more: e["op"] == "submit" and e["text"] == t)
+                held = await a.wait_for(event("submit", text=more))
                 forward.append(held["t"] - said["t0"])
                 accept.append(said["t1"] - said["t0"])
                 said = await b.say(room, "!stop")
-                stopped = await a.wait_for(lambda e, r=room: e["op"] == "stop" and e["room"] == r)
+                stopped = await a.wait_for(event("stop", room=room))
                 stop.append(stopped["t"] - said["t0"])
                 accept.append(said["t1"] - said["t0"])
                 check = running(url, room)

@@ -17,8 +17,6 @@ lock on the database for the service's life:
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bridge.errors import StartupError
+from bridge.state_lock import LockHeld, pid_lock
 
 ADVISORY_KEY = 0x63686174627267
 """The advisory lock's key ("chatbrg"): the same for every chatbridge on a database."""
@@ -49,25 +48,17 @@ async def database_lock(engine: AsyncEngine, *, shared: bool) -> AsyncIterator[N
 
 @contextlib.contextmanager
 def _file_lock(database: Path) -> Iterator[None]:
-    path = database.with_name(database.name + ".lock")
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise StartupError(f"database.url: cannot lock {database}: {exc.strerror}") from exc
-    try:
+    with contextlib.ExitStack() as held_for_the_block:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            held_for_the_block.enter_context(pid_lock(database.with_name(database.name + ".lock")))
+        except LockHeld as held:
             raise StartupError(
-                f"database.url: {database} is in use by another chatbridge (pid {holder});"
+                f"database.url: {database} is in use by another chatbridge (pid {held.holder});"
                 " a SQLite database serves one chatbridge (replicas need PostgreSQL)"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:
+            raise StartupError(f"database.url: cannot lock {database}: {exc.strerror}") from exc
         yield
-    finally:
-        os.close(fd)
 
 
 @contextlib.asynccontextmanager
