@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,16 +129,21 @@ class Leases:
         self._engine = engine
         self._ttl = ttl_s
 
-    async def _run(self, sql: str, params: dict[str, Any] | None = None) -> list[Any]:
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[AsyncConnection]:
+        """One transaction; driver errors become :class:`StoreError` (their first line)."""
         try:
             async with self._engine.begin() as conn:
                 # A lease row locked by a paused replica's transaction must not hold
                 # this up: the caller tries again at its next poll or renewal.
                 await conn.execute(text(LOCK_TIMEOUT))
-                result = await conn.execute(text(sql), params or {})
-                return list(result.all()) if result.returns_rows else []
+                yield conn
         except (SQLAlchemyError, OSError) as exc:
             raise StoreError(str(exc).splitlines()[0]) from exc
+
+    async def _run(self, sql: str, params: dict[str, Any] | None = None) -> list[Any]:
+        async with self._transaction() as conn:
+            return await self._in(conn, sql, params or {})
 
     async def _in(self, conn: AsyncConnection, sql: str, params: dict[str, Any]) -> list[Any]:
         result = await conn.execute(text(sql), params)
@@ -150,47 +156,41 @@ class Leases:
         still runs; one on another host is alive while its heartbeat is
         recent. A live one makes this raise :class:`ReplicaIdInUse`.
         """
-        try:
-            async with self._engine.begin() as conn:
-                await conn.execute(text(LOCK_TIMEOUT))
-                rows = await self._in(
-                    conn,
-                    "SELECT host, pid,"
-                    " heartbeat_at > extract(epoch from clock_timestamp()) - :ttl AS fresh"
-                    " FROM replicas WHERE id = :id FOR UPDATE",
-                    {"id": me.id, "ttl": self._ttl},
-                )
-                if rows:
-                    other = rows[0]
-                    same_host = other.host == me.host
-                    if (same_host and alive and other.pid != me.pid) or (
-                        not same_host and other.fresh
-                    ):
-                        raise ReplicaIdInUse(
-                            f"replica id {me.id!r} is in use by pid {other.pid} on {other.host}"
-                            " (set [cluster] replica_id to a unique value)"
-                        )
-                await self._in(
-                    conn,
-                    "INSERT INTO replicas (id, instance, host, pid, started_at, heartbeat_at,"
-                    " runs, capacity, draining, state_dir) VALUES (:id, :inst, :host, :pid,"
-                    " extract(epoch from clock_timestamp()), extract(epoch from clock_timestamp()),"
-                    " 0, :cap, false, :dir) ON CONFLICT (id) DO UPDATE SET"
-                    " instance = excluded.instance, state_dir = excluded.state_dir,"
-                    " host = excluded.host, pid = excluded.pid, started_at = excluded.started_at,"
-                    " heartbeat_at = excluded.heartbeat_at, runs = 0,"
-                    " capacity = excluded.capacity, draining = false",
-                    {
-                        "id": me.id,
-                        "inst": me.instance,
-                        "host": me.host,
-                        "pid": me.pid,
-                        "cap": me.capacity,
-                        "dir": me.state_dir,
-                    },
-                )
-        except (SQLAlchemyError, OSError) as exc:
-            raise StoreError(str(exc).splitlines()[0]) from exc
+        async with self._transaction() as conn:
+            rows = await self._in(
+                conn,
+                "SELECT host, pid,"
+                " heartbeat_at > extract(epoch from clock_timestamp()) - :ttl AS fresh"
+                " FROM replicas WHERE id = :id FOR UPDATE",
+                {"id": me.id, "ttl": self._ttl},
+            )
+            if rows:
+                other = rows[0]
+                same_host = other.host == me.host
+                if (same_host and alive and other.pid != me.pid) or (not same_host and other.fresh):
+                    raise ReplicaIdInUse(
+                        f"replica id {me.id!r} is in use by pid {other.pid} on {other.host}"
+                        " (set [cluster] replica_id to a unique value)"
+                    )
+            await self._in(
+                conn,
+                "INSERT INTO replicas (id, instance, host, pid, started_at, heartbeat_at,"
+                " runs, capacity, draining, state_dir) VALUES (:id, :inst, :host, :pid,"
+                " extract(epoch from clock_timestamp()), extract(epoch from clock_timestamp()),"
+                " 0, :cap, false, :dir) ON CONFLICT (id) DO UPDATE SET"
+                " instance = excluded.instance, state_dir = excluded.state_dir,"
+                " host = excluded.host, pid = excluded.pid, started_at = excluded.started_at,"
+                " heartbeat_at = excluded.heartbeat_at, runs = 0,"
+                " capacity = excluded.capacity, draining = false",
+                {
+                    "id": me.id,
+                    "inst": me.instance,
+                    "host": me.host,
+                    "pid": me.pid,
+                    "cap": me.capacity,
+                    "dir": me.state_dir,
+                },
+            )
 
     async def previous(self, replica_id: str) -> Replica | None:
         """The registered instance of ``replica_id`` (before :meth:`register` replaces it)."""
@@ -214,44 +214,40 @@ class Leases:
         failed, a deadline passed) must run out, so that a poll finds its work.
         Raises :class:`ReplicaReplaced` if a newer instance took the id.
         """
-        try:
-            async with self._engine.begin() as conn:
-                await conn.execute(text(LOCK_TIMEOUT))
-                mine = await self._in(
-                    conn,
-                    "UPDATE replicas SET heartbeat_at = extract(epoch from clock_timestamp()),"
-                    " runs = :runs,"
-                    " capacity = :cap, draining = :draining"
-                    " WHERE id = :id AND instance = :inst RETURNING heartbeat_at AS now",
-                    {
-                        "id": replica_id,
-                        "inst": instance,
-                        "runs": runs,
-                        "cap": capacity,
-                        "draining": draining,
-                    },
-                )
-                if not mine:
-                    raise ReplicaReplaced(f"replica {replica_id!r} was taken by another instance")
-                leases = await self._in(
-                    conn,
-                    "UPDATE leases AS l"
-                    " SET expires_at = extract(epoch from clock_timestamp()) + :ttl"
-                    " FROM unnest(CAST(:ts AS text[]), CAST(:rs AS text[]), CAST(:ks AS bigint[]))"
-                    " AS h(t, r, k)"
-                    " WHERE l.transport = h.t AND l.room_id = h.r AND l.token = h.k"
-                    " AND l.owner = :id AND l.expires_at > extract(epoch from clock_timestamp())"
-                    " RETURNING l.transport, l.room_id, l.owner, l.token, l.expires_at",
-                    {
-                        "id": replica_id,
-                        "ttl": self._ttl,
-                        "ts": [room.transport for room, _ in held],
-                        "rs": [stored_id(room) for room, _ in held],
-                        "ks": [token for _, token in held],
-                    },
-                )
-        except (SQLAlchemyError, OSError) as exc:
-            raise StoreError(str(exc).splitlines()[0]) from exc
+        async with self._transaction() as conn:
+            mine = await self._in(
+                conn,
+                "UPDATE replicas SET heartbeat_at = extract(epoch from clock_timestamp()),"
+                " runs = :runs,"
+                " capacity = :cap, draining = :draining"
+                " WHERE id = :id AND instance = :inst RETURNING heartbeat_at AS now",
+                {
+                    "id": replica_id,
+                    "inst": instance,
+                    "runs": runs,
+                    "cap": capacity,
+                    "draining": draining,
+                },
+            )
+            if not mine:
+                raise ReplicaReplaced(f"replica {replica_id!r} was taken by another instance")
+            leases = await self._in(
+                conn,
+                "UPDATE leases AS l"
+                " SET expires_at = extract(epoch from clock_timestamp()) + :ttl"
+                " FROM unnest(CAST(:ts AS text[]), CAST(:rs AS text[]), CAST(:ks AS bigint[]))"
+                " AS h(t, r, k)"
+                " WHERE l.transport = h.t AND l.room_id = h.r AND l.token = h.k"
+                " AND l.owner = :id AND l.expires_at > extract(epoch from clock_timestamp())"
+                " RETURNING l.transport, l.room_id, l.owner, l.token, l.expires_at",
+                {
+                    "id": replica_id,
+                    "ttl": self._ttl,
+                    "ts": [room.transport for room, _ in held],
+                    "rs": [stored_id(room) for room, _ in held],
+                    "ks": [token for _, token in held],
+                },
+            )
         return Renewal(mine[0].now, [_lease(row) for row in leases])
 
     async def acquire(self, room: RoomKey, replica_id: str) -> Lease | None:
