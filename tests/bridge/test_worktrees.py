@@ -3,6 +3,7 @@ the real service and real git."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ from bridge.config import load_settings
 from bridge.core.model import ReplyKind
 from bridge.errors import ConfigError
 from bridge.worktrees import slug
-from tests.bridge.chat_room import ChatRoom, serving
+from tests.bridge.chat_room import GUARD_S, ChatRoom, serving
 from tests.bridge.harness import ECHO, write_config
 
 AT_ONCE = {"coalesce_ms": 600_000, "max_wait_ms": 600_000, "max_batch": 1}
@@ -53,7 +54,7 @@ async def test_each_thread_works_in_its_own_worktree(tmp_path: Path, repo: Path)
     env = {**ECHO, "FAKE_CLAUDE_RECORD": str(record)}
     settings = load_settings(write_config(tmp_path, config, env=env))
     trees = {t: repo / ".chatbridge" / "worktrees" / slug(t) for t in ("1700.01", "$ev:hs")}
-    async with serving(settings) as (_, chat):
+    async with serving(settings) as (service, chat):
         cwds = []
         for done, thread in enumerate(trees, start=1):
             await chat.say("work", thread=thread)
@@ -70,6 +71,9 @@ async def test_each_thread_works_in_its_own_worktree(tmp_path: Path, repo: Path)
         assert f"Worktree: `{trees['1700.01']}` on branch `chatbridge/" in notices(chat)[0]
 
         # Uncommitted work keeps a worktree; a clean one goes with its branch.
+        # (Once the runs have ended: an answer is out before its run has wound down.)
+        async with asyncio.timeout(GUARD_S):
+            await service.dispatcher.wait_idle()
         (trees["1700.01"] / "draft.txt").write_text("half done\n")
         await chat.say("!reset", thread="1700.01")
         await chat.say("!reset", thread="$ev:hs")
