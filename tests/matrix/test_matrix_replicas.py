@@ -130,3 +130,41 @@ async def test_the_leader_answers_once_and_the_other_takes_over_after_kill_9(
     # One device: the new leader went on from the shared store, without a new login.
     assert len(devices(leader)) == 1
     assert devices(follower) == devices(leader)
+
+
+async def test_a_leader_paused_past_its_lease_stops_instead_of_syncing_beside_the_new_one(
+    tmp_path: Path, synapse: SynapseServer, bot: MatrixUser, alice: Human, cluster_db: str
+) -> None:
+    room = await alice.create_room([bot.user_id])
+    group = replicas(tmp_path, synapse, bot, room, cluster_db)
+    try:
+        await asyncio.gather(*(r.start() for r in group.values()))
+        leader = await first_to_lead(group)
+        [follower] = [r for r in group.values() if r is not leader]
+        await alice.wait_for(joined(bot.user_id, room))
+        await alice.send(room, "first question")
+        await alice.wait_for(answer_in(bot, room))
+
+        leader.pause()
+        await logged(follower, LEADING)
+        await alice.send(room, "second question, while the leader is paused")
+        await alice.wait_for(lambda s: answer_in(bot, room)(s) and "second" in s.content["body"])
+        leader.resume()
+        assert leader.process is not None
+        async with asyncio.timeout(GUARD_S):
+            code = await leader.process.wait()
+        await alice.send(room, "third")
+        await alice.wait_for_all(answer_in(bot, room), count=3)
+    except BaseException:
+        for r in group.values():
+            print(f"===== {r.name}\n{r.tail(80)}")
+        raise
+    finally:
+        await asyncio.gather(*(r.terminate() for r in group.values()))
+    assert code != 0
+    assert any("lost the leader lease" in line for line in leader.log), leader.tail()
+    answers = [s.content["body"] for s in alice.seen if answer_in(bot, room)(s)]
+    assert len(answers) == 3, answers
+    assert ["first" in a for a in answers] == [True, False, False]
+    assert ["third" in a for a in answers] == [False, False, True]
+    assert await runs_by_replica(cluster_db) == [leader.name, follower.name, follower.name]
