@@ -1139,7 +1139,7 @@ class RunExecutor:
             await self._cosmetic("show that the run started", live.opening)
         await self._cosmetic("clear typing", self.replier.typing(run.batch.room, False))
         # The cosmetics come after the answer, never in front of it.
-        await self._cosmetic("wait for the answer", settled())
+        await self._cosmetic("have the answer delivered", settled())
         self._finish_later(run, _OUTCOME_WORDS[status])
         phase = _PHASES.get(status, RunPhase.FAILED)
         await self._cosmetic("show the outcome", self.replier.phase(run.batch, phase))
