@@ -101,6 +101,8 @@ class RunControl:
         self._settled = False
         self._after_result = False
         """A message was sent or taken since the last result (see :attr:`last_result_answers`)."""
+        self._results = 0
+        """Results seen so far."""
         self._closed = False
         self._asked: dict[str, PermissionAsked] = {}
         self._answered: set[str] = set()
@@ -301,6 +303,7 @@ class RunControl:
                 self._taken.add(uid)
                 self._after_result = True
             case Result():
+                self._results += 1
                 self._settled = self._sent <= self._taken
                 self._after_result = False
             case PermissionAsked(request_id=request_id):
@@ -318,7 +321,16 @@ class RunControl:
                 pass  # an echo of an answer of ours, or of an earlier bridge's request
 
     def _note_sent(self, uid: str) -> None:
-        if uid not in self._sent:
-            self._sent.add(uid)
-            self._settled = False
-            self._after_result = True
+        if uid in self._sent:
+            return
+        first = not self._sent
+        self._sent.add(uid)
+        if first and self._results:
+            # The run's own prompt, recorded only after claude's result (the
+            # supervisor records a message once all of it is through, and a big
+            # one may still be arriving): that result can only answer it, since
+            # claude had nothing else. Not a message sent after the answer.
+            self._taken.add(uid)
+            return
+        self._settled = False
+        self._after_result = True

@@ -72,6 +72,20 @@ def test_a_replayed_journal_rebuilds_the_state() -> None:
     assert not control.settled  # u-2 was never taken
 
 
+def test_the_prompt_recorded_after_the_result_is_what_the_result_answered() -> None:
+    """A big prompt is recorded once all of it has gone through the supervisor; a claude
+    that answers without reading it all puts its result first in the journal."""
+    control = RunControl()
+    control.note(RESULT)
+    control.note_in(user_message("a big prompt", "u-1"))
+    assert control.last_result_answers
+    assert control.settled
+    # A message after the answer is one: the next result must answer it.
+    control.note_in(user_message("more", "u-2"))
+    assert not control.last_result_answers
+    assert not control.settled
+
+
 def test_answers_once_and_as_the_cli_expects() -> None:
     control, written, _ = bound()
     control.note(asked("r-1"))
