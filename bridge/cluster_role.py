@@ -183,19 +183,26 @@ class ClusterRole:
             if run.room != room:
                 continue
             entry = registered.get(run.id)
-            host = await self._host_of(run, entry)
-            if host == socket.gethostname():
+            here = socket.gethostname()
+            mine = run.replica in (None, self.cluster.replica_id)
+            # The replica that started it, read once: where it ran, whether it lives.
+            other = None if mine else await self.leases.previous(run.replica or "")
+            host = _host_of(entry, here if mine else None if other is None else other.host)
+            if host == here:
                 # Its supervisor is reachable here. Followed (its answer, if claude
                 # gave one, is in its journal) when its replica is this one or is
                 # gone; stopped when that replica still lives (paused, or cut off:
-                # it would hold on to the run).
-                follow = run.replica in (
-                    None,
-                    self.cluster.replica_id,
-                ) or not await self._replica_alive(run.replica)
-                state_dir = await self._state_dir_of(run.replica)
+                # it would hold on to the run). A pid reused since counts as alive:
+                # the run is then stopped, the safe side.
+                alive = other is not None and (other.host != here or pid_alive(other.pid))
+                if mine:
+                    state_dir: Path | None = self.settings.runner.state_dir
+                else:
+                    state_dir = (
+                        None if other is None or other.state_dir is None else Path(other.state_dir)
+                    )
                 never = state_dir is not None and never_started(run, entry, state_dir)
-                await self.recover_run(run, entry, follow, never_started=never)
+                await self.recover_run(run, entry, mine or not alive, never_started=never)
             else:
                 await self._wait_out(run, host)
         await self.intake.recover(await self.store.pending_messages(room), keep_commands=True)
@@ -228,34 +235,6 @@ class ClusterRole:
 
     # -- helpers --
 
-    async def _host_of(self, run: RunRecord, entry: RegisteredRun | None) -> str | None:
-        """Where the run's processes are, if anyone can tell."""
-        if entry is not None:
-            return entry.live.host
-        if run.replica is None:
-            return socket.gethostname()  # started before replicas: a single process's
-        replica = await self.leases.previous(run.replica)
-        return None if replica is None else replica.host
-
-    async def _replica_alive(self, replica_id: str | None) -> bool:
-        """Whether the replica's process still runs on this host (a pid reused since
-        counts as alive: the run is then stopped, the safe side)."""
-        if replica_id is None:
-            return False
-        replica = await self.leases.previous(replica_id)
-        if replica is None:
-            return False
-        if replica.host != socket.gethostname():
-            return True
-        return pid_alive(replica.pid)
-
-    async def _state_dir_of(self, replica_id: str | None) -> Path | None:
-        """Where the replica that started a run keeps its runs' directories (this host)."""
-        if replica_id is None or replica_id == self.cluster.replica_id:
-            return self.settings.runner.state_dir
-        replica = await self.leases.previous(replica_id)
-        return None if replica is None or replica.state_dir is None else Path(replica.state_dir)
-
     async def _wait_out(self, run: RunRecord, host: str | None) -> None:
         """A run on another host (or an unknown one) cannot be stopped from here: the
         conversation waits until the run has ended, or its hard time limit has passed
@@ -283,6 +262,13 @@ class ClusterRole:
             await self.store.finish_run(run.id, report, time.time())
 
         self.dispatcher.adopt(Batch(run.room, tuple(messages)), wait)
+
+
+def _host_of(entry: RegisteredRun | None, started_on: str | None) -> str | None:
+    """Where a run's processes are, if anyone can tell: its registry entry's host, else
+    the host of the replica that started it (``started_on``; this one's for its own
+    runs and for runs of a single process from before replicas)."""
+    return entry.live.host if entry is not None else started_on
 
 
 __all__ = ["ClusterRole"]
