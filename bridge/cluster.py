@@ -197,6 +197,15 @@ class Cluster:
         token = -1 if lease is None else lease.token
         return Fence(self.replica_id, token, self.settings.max_concurrent_runs)
 
+    async def neighbours(self) -> set[int]:
+        """The pids of the other replicas registered on this host."""
+        here = socket.gethostname()
+        return {
+            r.pid
+            for r in await self.leases.replicas()
+            if r.host == here and r.id != self.replica_id and r.pid != os.getpid()
+        }
+
     def owned(self) -> list[RoomKey]:
         return list(self._owned)
 

@@ -11,14 +11,16 @@ of them connects, from the sync position the leader saved.
 
 A leader that loses its lease (paused past it, cut off from the database)
 stops: the gate fails the service (a restart makes it a follower), rather
-than risk two replicas syncing one account.
+than risk two replicas syncing one account. One paused while it held the
+shared store's lock would keep its successor from using the store: the
+successor stops it first (``unblock``, :mod:`bridge.paused_holders`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from bridge.cluster import Cluster
@@ -33,11 +35,19 @@ log = logging.getLogger(__name__)
 class LeaderGated(Transport):
     """``inner``, connected only while this replica leads its transport."""
 
-    def __init__(self, inner: Transport, cluster: Cluster, retry_s: float) -> None:
+    def __init__(
+        self,
+        inner: Transport,
+        cluster: Cluster,
+        retry_s: float,
+        unblock: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
         self.inner = inner
         self.name = inner.name
         self._cluster = cluster
         self._retry_s = retry_s
+        self._unblock = unblock
+        """Frees what a predecessor paused past its lease holds, before connecting."""
 
     @property
     def reconnects(self) -> int:  # type: ignore[override]
@@ -51,6 +61,12 @@ class LeaderGated(Transport):
     async def run(self, sink: InboundSink, ready: asyncio.Event) -> None:
         ready.set()
         await self._wait_for_lead()
+        if self._unblock is not None:
+            try:
+                await self._unblock()
+            except (OSError, StoreError) as exc:
+                # Connecting goes on: at worst its sync retries until the store is free.
+                log.warning("could not look for a paused predecessor of %s: %s", self.name, exc)
         log.info("this replica leads %s: connecting", self.name)
         lost = asyncio.ensure_future(self._cluster.lost_lead.wait())
         inner = asyncio.ensure_future(self.inner.run(sink, asyncio.Event()))

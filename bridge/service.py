@@ -56,6 +56,7 @@ from bridge.leader_gate import LeaderGated
 from bridge.metrics import Metrics
 from bridge.notices import Notices
 from bridge.pacing import Pacing
+from bridge.paused_holders import stop_paused_holders
 from bridge.preflight import run_problems
 from bridge.prestarts import Prestarts
 from bridge.replies import Replier, in_conversation
@@ -280,8 +281,15 @@ class Service:
             # Slack spreads its events over every replica; Matrix syncs on one.
             serves=lambda transport: transport != "matrix" or cluster.leads(transport),
         )
+        store = Path() if self.settings.matrix is None else self.settings.matrix.store_path
+
+        async def unblock() -> list[int]:
+            # nio's SQLite store, shared by the replicas: one file per device.
+            files = await asyncio.to_thread(lambda: list(store.glob("*.db")))
+            return await stop_paused_holders(files, await cluster.neighbours())
+
         self.transports = [
-            LeaderGated(t, cluster, settings.poll_s) if t.name == "matrix" else t
+            LeaderGated(t, cluster, settings.poll_s, unblock) if t.name == "matrix" else t
             for t in self.transports
         ]
         return cluster

@@ -1,0 +1,117 @@
+"""bridge.paused_holders against real processes holding a real SQLite lock."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bridge.paused_holders import is_stopped, lock_holders, stop_paused_holders
+
+HOLD = """
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+db.execute("INSERT INTO t VALUES (1)")
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    path = tmp_path / "store.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE t (x INTEGER)")
+    conn.close()
+    return path
+
+
+@pytest.fixture
+async def holder(db: Path) -> AsyncIterator[asyncio.subprocess.Process]:
+    """A process in a write transaction on ``db`` (so holding its lock)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", HOLD, str(db), stdout=asyncio.subprocess.PIPE
+    )
+    assert process.stdout is not None
+    assert await process.stdout.readline() == b"locked\n"
+    yield process
+    if process.returncode is None:
+        process.kill()
+        await process.wait()
+
+
+def writable(db: Path) -> bool:
+    conn = sqlite3.connect(db, timeout=0, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        conn.close()
+    return True
+
+
+async def stopped(process: asyncio.subprocess.Process) -> None:
+    process.send_signal(signal.SIGSTOP)
+    async with asyncio.timeout(10):
+        while not is_stopped(process.pid):
+            await asyncio.sleep(0.01)
+
+
+async def test_the_holder_of_a_lock_is_found_by_the_file_and_no_other(
+    db: Path, tmp_path: Path, holder: asyncio.subprocess.Process
+) -> None:
+    other = tmp_path / "other.db"
+    other.write_bytes(b"")
+    assert holder.pid in lock_holders([db])
+    assert os.getpid() not in lock_holders([db])
+    assert holder.pid not in lock_holders([other])
+    assert lock_holders([tmp_path / "missing.db"]) == set()
+
+
+async def test_a_waiter_is_not_a_holder(tmp_path: Path) -> None:
+    locks = tmp_path / "locks"
+    path = tmp_path / "f"
+    path.write_bytes(b"")
+    inode = path.stat().st_ino
+    locks.write_text(
+        f"1: POSIX  ADVISORY  WRITE 4242 fe:00:{inode} 0 EOF\n"
+        f"1: -> POSIX  ADVISORY  WRITE 4343 fe:00:{inode} 0 EOF\n"
+        f"2: OFDLCK ADVISORY  READ  -1 fe:00:{inode} 0 EOF\n"
+        "garbage\n"
+    )
+    assert lock_holders([path], locks) == {4242}
+
+
+async def test_a_stopped_replica_holding_the_lock_is_killed_and_the_file_is_free(
+    db: Path, holder: asyncio.subprocess.Process
+) -> None:
+    await stopped(holder)
+    assert not writable(db)
+    assert await stop_paused_holders([db], {holder.pid, 1}) == [holder.pid]
+    assert await holder.wait() == -signal.SIGKILL
+    assert writable(db)
+
+
+async def test_a_running_holder_is_left_alone(db: Path, holder: asyncio.subprocess.Process) -> None:
+    assert not is_stopped(holder.pid)
+    assert await stop_paused_holders([db], {holder.pid}) == []
+    assert holder.returncode is None
+    assert not writable(db)
+
+
+async def test_a_stopped_holder_that_is_no_replica_is_left_alone(
+    db: Path, holder: asyncio.subprocess.Process
+) -> None:
+    await stopped(holder)
+    assert await stop_paused_holders([db], {os.getpid()}) == []
+    assert is_stopped(holder.pid)
+    holder.send_signal(signal.SIGCONT)
