@@ -9,8 +9,10 @@ outbox (docs/files.md). No socket or other channel to the bridge exists.
 
 Start-up time counts: claude waits for its MCP servers before the run's
 first model request (../shared/claude-cli.md). So this module imports the
-standard library only and is run by its file path (``python -I -S
-runner/mcp_server.py``), which skips the ``runner`` package's own imports;
+standard library only, and of it only what answering ``initialize`` needs
+(json: no dataclasses, pathlib or typing, which took 20 of its 37 ms), and
+is run by its file path in a bare interpreter (:mod:`runner.bare`), which
+skips the ``runner`` package's own imports and compiling it at every start;
 the official ``mcp`` SDK was measured slower by several times (docs/files.md).
 
 The path rule (:func:`check_sendable`) is shared with the bridge, which
@@ -24,9 +26,11 @@ import json
 import os
 import stat
 import sys
-from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import IO, Any
 
 SERVER_NAME = "chatbridge"
 TOOL_NAME = "send_file"
@@ -47,13 +51,15 @@ class NotSendable(Exception):
     """The path may not be sent; the message says why, for claude and the room."""
 
 
-@dataclass(frozen=True, slots=True)
 class Sendable:
     """A file that passed :func:`check_sendable`."""
 
-    path: Path
-    """Resolved (symlinks followed), inside the resolved working directory."""
-    size: int
+    __slots__ = ("path", "size")
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path = path
+        """Resolved (symlinks followed), inside the resolved working directory."""
+        self.size = size
 
 
 def check_sendable(cwd: Path, path: str, max_bytes: int) -> Sendable:
@@ -101,12 +107,14 @@ def _tool() -> dict[str, Any]:
     }
 
 
-@dataclass(frozen=True, slots=True)
 class Server:
     """Answers one JSON-RPC message at a time for the run in ``cwd``."""
 
-    cwd: Path
-    max_bytes: int
+    __slots__ = ("cwd", "max_bytes")
+
+    def __init__(self, cwd: str, max_bytes: int) -> None:
+        self.cwd = cwd
+        self.max_bytes = max_bytes
 
     def handle(self, message: dict[str, Any]) -> dict[str, Any] | None:
         """The response to ``message``; None for a notification (no ``id``)."""
@@ -140,8 +148,10 @@ class Server:
         path = arguments.get("path")
         if not isinstance(path, str):
             return _text("path must be a string", error=True)
+        from pathlib import Path  # only now: a run that sends no file never loads it
+
         try:
-            sendable = check_sendable(self.cwd, path, self.max_bytes)
+            sendable = check_sendable(Path(self.cwd), path, self.max_bytes)
         except NotSendable as exc:
             return _text(f"not sent: {exc}", error=True)
         return _text(f"queued {sendable.path.name}")
@@ -171,14 +181,14 @@ def serve(server: Server, stdin: IO[str], stdout: IO[str]) -> None:
             stdout.flush()
 
 
-def main(argv: list[str]) -> int:
+def main(args: list[str]) -> int:
     """``mcp_server.py CWD MAX_BYTES``: the run's working directory and the size limit."""
-    if len(argv) != 3 or not argv[2].isdigit():
+    if len(args) != 2 or not args[1].isdigit():
         sys.stderr.write("usage: mcp_server.py CWD MAX_BYTES\n")
         return 2
-    serve(Server(Path(argv[1]), int(argv[2])), sys.stdin, sys.stdout)
+    serve(Server(args[0], int(args[1])), sys.stdin, sys.stdout)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main(sys.argv[1:]))

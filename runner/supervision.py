@@ -28,7 +28,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Any
 from bridge.core import stages
 from bridge.core.aio import shielded
 from bridge.core.model import LiveRun, RunId
+from runner.bare import bare_argv
 from runner.journal import JOURNAL, SOCK, header
 from runner.process import has_exited, kill_cgroup, kill_marked, kill_tree, wait_exited
 from runner.request import RunRequest
@@ -45,17 +45,6 @@ from runner.supervisor import DONE_LINGER_S, KILL_DEADLINE_S
 log = logging.getLogger(__name__)
 
 SUPERVISOR = Path(__file__).with_name("supervisor.py")
-BOOTSTRAP = (
-    "import sys; r = type(sys)('runner'); r.__path__ = [sys.argv[1].rpartition('/')[0]]; "
-    "sys.modules['runner'] = r; from runner import supervisor; "
-    "sys.exit(supervisor.main(sys.argv[2:]))"
-)
-"""Runs the supervisor by its path as a module, not as a script: a script is compiled
-at every start (about 6 ms for this one, more than all its imports), a module's
-compiled form is cached beside it (the bridge's own import keeps it fresh). The
-``runner`` package stands there bare, without its ``__init__`` (which imports
-asyncio and the bridge's core): the supervisor and the standard-library modules
-it imports (``runner.journal``, ``runner.proctree``) are all that load."""
 PROTOCOL_VERSIONS = (1, 2)
 """The journal and socket protocol versions this bridge reads (2: streaming input,
 ``in`` records, the supervisor's own eof; docs/detached-runs.md)."""
@@ -467,7 +456,7 @@ def supervisor_argv(
 ) -> list[str]:
     """The supervisor's command line: the run's id, paths, limits and fd, never any chat text."""
     command = [
-        sys.executable, "-I", "-S", "-c", BOOTSTRAP, str(SUPERVISOR),
+        *bare_argv(str(SUPERVISOR)),
         f"--run-id={request.run_id}", f"--run-dir={run_dir}", f"--cwd={request.cwd}",
         f"--conn-fd={conn_fd}", f"--grace-s={request.stop_grace_s!r}",
         f"--run-timeout-s={request.run_timeout_s!r}",

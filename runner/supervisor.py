@@ -3,10 +3,9 @@
 The runner starts it detached (a session of its own, not a child the bridge's
 death affects), by path and with ``-I -S`` so it imports only the standard
 library and no room setting (``PYTHONPATH``...) changes what runs. It is
-imported as a module of a bare ``runner`` package (no ``__init__``: only this
-module, ``runner.journal`` and ``runner.proctree``, which need nothing but the
-standard library), whose compiled form is cached, rather than run as a
-script (``runner.supervision.BOOTSTRAP``)::
+imported as a module of a bare ``runner`` package (:mod:`runner.bare`: only
+this module, ``runner.journal`` and ``runner.proctree``, which need nothing
+but the standard library), whose compiled form is cached::
 
     python -I -S -c BOOTSTRAP .../runner/supervisor.py --run-id=ID --run-dir=DIR --cwd=DIR
         --conn-fd=N --grace-s=S --run-timeout-s=S --idle-timeout-s=S

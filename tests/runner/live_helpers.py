@@ -18,7 +18,8 @@ import pytest
 
 from bridge.core.model import LiveRun, RunId
 from runner import EventCallback, Result, RunControl, RunEvent
-from runner.supervision import BOOTSTRAP, SUPERVISOR
+from runner.bare import bare_argv
+from runner.supervision import SUPERVISOR
 from tests.fakes.model_server import ModelServer, ToolCall, Turn
 from tests.runner.conftest import Recorder
 from tests.runner.test_detached import records
@@ -117,7 +118,7 @@ async def start_supervisor(
     script = tmp_path / "claude.py"
     script.write_text(claude)
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-I", "-S", "-c", BOOTSTRAP, str(SUPERVISOR),
+        *bare_argv(str(SUPERVISOR)),
         f"--run-id={name}", f"--run-dir={run_dir}", f"--cwd={tmp_path}",
         f"--conn-fd={theirs.fileno()}", f"--grace-s={grace_s}", "--run-timeout-s=60",
         f"--idle-timeout-s={idle_s}", f"--orphan-timeout-s={orphan_s}",

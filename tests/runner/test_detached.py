@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import socket
-import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -36,7 +35,8 @@ from runner import (
     stray_runs,
     supervision,
 )
-from runner.supervision import BOOTSTRAP, SUPERVISOR
+from runner.bare import bare_argv
+from runner.supervision import SUPERVISOR
 from tests.runner.conftest import Recorder, pids_with_marker
 from tests.runner.test_containment import alive, until_exited
 from tests.runner.test_run_fake import assert_nothing_left, fake_env, make_request, record
@@ -491,7 +491,7 @@ async def test_stdin_records_reach_claude_in_order(tmp_path: Path) -> None:
         ours.sendall(b'{"t":"eof"}\n')
         with theirs:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-I", "-S", "-c", BOOTSTRAP, str(SUPERVISOR),
+                *bare_argv(str(SUPERVISOR)),
                 "--run-id=stdin-test", f"--run-dir={run_dir}", f"--cwd={tmp_path}",
                 f"--conn-fd={theirs.fileno()}", "--grace-s=1", "--run-timeout-s=60",
                 "--idle-timeout-s=60", "--orphan-timeout-s=60",
