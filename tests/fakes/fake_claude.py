@@ -204,31 +204,52 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 # Python's own start-up is over here: what a run's breakdown calls "claude started".
+# (subprocess is imported where a child is started: most runs start none, and the
+# ping benchmarks count this fake's start-up as the run's.)
 _STARTED = time.monotonic()
 
 FAKE_CLAUDE = Path(__file__).resolve()
 """This script, to use as ``RunRequest.claude_bin``."""
 
 
+_LAUNCH = (
+    "import sys; sys.argv = sys.argv[1:]; sys.path.insert(0, sys.argv[0].rpartition('/')[0]); "
+    "import fake_claude; fake_claude.main()"
+)
+"""Runs this file as a module (its compiled form cached, not compiled at every start)."""
+
+
 def install(directory: Path, python: str = sys.executable) -> Path:
     """Write an executable ``claude`` into ``directory`` that runs this fake with ``python``.
 
-    Faster to start than the ``env python3`` shebang where ``python3`` is a
-    shim, and usable by name with ``directory`` on PATH. Returns its path.
+    Faster to start than the ``env python3`` shebang (where ``python3`` is a
+    shim, and the script is compiled at every start): a bare interpreter (the
+    fake needs the standard library only) imports it as a module. Usable by
+    name with ``directory`` on PATH. Returns its path.
     """
     launcher = directory / "claude"
-    launcher.write_text(f'#!/bin/sh\nexec "{python}" "{FAKE_CLAUDE}" "$@"\n')
+    launcher.write_text(f'#!/bin/sh\nexec "{python}" -I -S -c "{_LAUNCH}" "{FAKE_CLAUDE}" "$@"\n')
     launcher.chmod(0o755)
     return launcher
+
+
+def _uuid4() -> str:
+    """A random (version 4) UUID as text, as ``str(uuid.uuid4())``, without importing uuid."""
+    b = bytearray(os.urandom(16))
+    b[6] = b[6] & 0x0F | 0x40
+    b[8] = b[8] & 0x3F | 0x80
+    h = b.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 MODEL = "claude-fake-1"
@@ -402,7 +423,7 @@ def _usage_limit(session_id: str, end: Any) -> dict[str, Any]:
         {
             "type": "rate_limit_event",
             "rate_limit_info": {**info, "unifiedWindows": windows},
-            "uuid": str(uuid.uuid4()),
+            "uuid": _uuid4(),
             "session_id": session_id,
         }
     )
@@ -447,7 +468,7 @@ def _result(
         "usage": {"input_tokens": 10, "output_tokens": 5},
         "modelUsage": {},
         "permission_denials": [],
-        "uuid": str(uuid.uuid4()),
+        "uuid": _uuid4(),
     }
     if subtype == "success":
         result["result"] = text
@@ -464,6 +485,8 @@ class _McpServer:
     """An MCP server over stdio, started from ``--mcp-config`` as the real CLI does."""
 
     def __init__(self, name: str, config: dict[str, Any], cwd: str) -> None:
+        import subprocess
+
         self.name = name
         env = {**os.environ, **(config.get("env") or {})}
         self._process = subprocess.Popen(
@@ -529,13 +552,13 @@ def _init(
         "apiKeySource": "ANTHROPIC_API_KEY",
         "claude_code_version": "0.0.0-fake",
         "output_style": "default",
-        "uuid": str(uuid.uuid4()),
+        "uuid": _uuid4(),
     }
 
 
 def _tool_pair(session_id: str, command: str) -> None:
     """A Bash tool_use and its tool_result, as the real CLI prints them."""
-    tool_id = "toolu_" + uuid.uuid4().hex[:20]
+    tool_id = "toolu_" + _uuid4().replace("-", "")[:20]
     _line(
         _assistant(
             session_id,
@@ -563,7 +586,7 @@ def _tool_pair(session_id: str, command: str) -> None:
             },
             "parent_tool_use_id": None,
             "session_id": session_id,
-            "uuid": str(uuid.uuid4()),
+            "uuid": _uuid4(),
         }
     )
 
@@ -587,7 +610,7 @@ def _assistant(session_id: str, block: dict[str, Any]) -> dict[str, Any]:
         },
         "parent_tool_use_id": None,
         "session_id": session_id,
-        "uuid": str(uuid.uuid4()),
+        "uuid": _uuid4(),
     }
 
 
@@ -606,6 +629,8 @@ os.execve("/bin/sh", ["sh", "-c", 'echo $$ > "$0"; exec sleep 300', sys.argv[1]]
 
 def _start_escapes(directory: Path) -> list[int]:
     """The three escaping tool processes of FAKE_CLAUDE_ESCAPE; returns their pids."""
+    import subprocess
+
     quiet: dict[str, Any] = {
         "stdin": subprocess.DEVNULL,
         "stdout": subprocess.DEVNULL,
@@ -631,6 +656,8 @@ def _start_escapes(directory: Path) -> list[int]:
 
 
 def _start_children() -> list[int]:
+    import subprocess
+
     pids: list[int] = []
     if _env("FAKE_CLAUDE_GRANDCHILD"):
         shell = subprocess.Popen(
@@ -796,7 +823,7 @@ def _user_text(session_id: str, text: str) -> dict[str, Any]:
         "message": {"role": "user", "content": [{"type": "text", "text": text}]},
         "parent_tool_use_id": None,
         "session_id": session_id,
-        "uuid": str(uuid.uuid4()),
+        "uuid": _uuid4(),
     }
 
 
@@ -818,7 +845,7 @@ def _tool_result(
         },
         "parent_tool_use_id": None,
         "session_id": session_id,
-        "uuid": str(uuid.uuid4()),
+        "uuid": _uuid4(),
     }
 
 
@@ -891,7 +918,7 @@ class _Session:
             kind = obj.get("type")
             if kind == "user":
                 # The real CLI gives a message sent without a uuid one of its own.
-                obj.setdefault("uuid", str(uuid.uuid4()))
+                obj.setdefault("uuid", _uuid4())
                 self._lifecycle(obj["uuid"], "queued")
                 with self._cond:
                     self._inbox.append(obj)
@@ -947,7 +974,7 @@ class _Session:
                         "subtype": "status",
                         "status": None,
                         "permissionMode": mode,
-                        "uuid": str(uuid.uuid4()),
+                        "uuid": _uuid4(),
                         "session_id": self._session_id,
                     }
                 )
@@ -968,7 +995,7 @@ class _Session:
                 "type": "command_lifecycle",
                 "command_uuid": message_uuid,
                 "state": state,
-                "uuid": str(uuid.uuid4()),
+                "uuid": _uuid4(),
                 "session_id": self._session_id,
             }
         )
@@ -1157,7 +1184,7 @@ class _Session:
     def _tool(self, command: str) -> None:
         """A Bash tool use: asked for if need be, then run, then its result; next step."""
         sid = self._session_id
-        tool_id = "toolu_" + uuid.uuid4().hex[:20]
+        tool_id = "toolu_" + _uuid4().replace("-", "")[:20]
         tool_input: dict[str, Any] = {"command": command}
         block = {"type": "tool_use", "id": tool_id, "name": "Bash", "input": tool_input}
         _line(_assistant(sid, block))
@@ -1189,7 +1216,7 @@ class _Session:
         """A ``mcp__chatbridge__send_file`` use, answered by the real MCP server."""
         sid = self._session_id
         name = "mcp__chatbridge__send_file"
-        tool_id = "toolu_" + uuid.uuid4().hex[:20]
+        tool_id = "toolu_" + _uuid4().replace("-", "")[:20]
         _line(
             _assistant(sid, {"type": "tool_use", "id": tool_id, "name": name, "input": tool_input})
         )
@@ -1233,7 +1260,7 @@ class _Session:
         self, tool_id: str, tool_input: dict[str, Any], tool: str = "Bash"
     ) -> dict[str, Any] | str:
         """Ask the host (``can_use_tool``): the input to run with, or why not."""
-        request_id = str(uuid.uuid4())
+        request_id = _uuid4()
         with self._cond:
             self._asking = request_id
         request: dict[str, Any] = {"subtype": "can_use_tool", "tool_name": tool}
@@ -1370,7 +1397,7 @@ def main() -> None:
                 if output_format == "stream-json":
                     _line(
                         _result(
-                            str(uuid.uuid4()),
+                            _uuid4(),
                             subtype="error_during_execution",
                             is_error=True,
                             text="",
@@ -1381,7 +1408,7 @@ def main() -> None:
                 _fail(f"No conversation found with session ID: {resume}")
             history = [json.loads(x)["prompt"] for x in path.read_text().splitlines() if x]
     else:
-        session_id = str(uuid.uuid4())
+        session_id = _uuid4()
     if not streaming:
         _keep(sessions, cwd, session_id, prompt)
         history.append(prompt)
