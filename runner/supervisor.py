@@ -37,8 +37,9 @@ something survived SIGKILL, 2 for bad arguments, 3 when claude could not be
 started.
 
 Start-up cost matters (every run waits for it): standard library modules that
-``-I -S`` Python loads anyway, plus ctypes (prctl), json, socket and
-subprocess (which brings contextlib); no dataclasses, no inspect.
+``-I -S`` Python loads anyway, plus ctypes (prctl, clone3), json, socket
+and contextlib; no subprocess (claude starts by ``clone3``,
+:mod:`runner.forkexec`), no dataclasses, no inspect.
 """
 
 from __future__ import annotations
@@ -50,10 +51,10 @@ import os
 import selectors
 import signal
 import socket
-import subprocess
 import sys
 import time
 
+from runner.forkexec import CgroupRefused, spawn
 from runner.journal import (
     JOURNAL,
     PROTOCOL_VERSIONS,
@@ -879,26 +880,6 @@ class _Wakeup:
         self.supervisor.stop_signalled = True
 
 
-def _spawn(options: Options, cgroup: Cgroup | None, fds: tuple[int, int, int]) -> int:
-    """Start claude in a session of its own on the given pipe ends. Raises OSError."""
-    proc = subprocess.Popen(
-        options.argv,
-        stdin=fds[0],
-        stdout=fds[1],
-        stderr=fds[2],
-        cwd=options.cwd,
-        start_new_session=True,
-        close_fds=True,
-        # Only with a cgroup: a preexec_fn rules out the faster vfork path. Safe
-        # here: the supervisor has no other thread.
-        preexec_fn=cgroup.enter if cgroup is not None else None,  # noqa: PLW1509
-    )
-    pid = proc.pid
-    # We reap with waitpid(-1); Popen must not try to.
-    proc.returncode = 0
-    return pid
-
-
 def _make_cgroup(options: Options) -> tuple[Cgroup | None, str]:
     """The run's cgroup if one was asked for and could be made, else why not.
 
@@ -925,18 +906,17 @@ def _start_claude(options: Options, supervisor: Supervisor) -> str | None:
     theirs = (stdin_r, stdout_w, stderr_w)
     try:
         try:
-            claude = _spawn(options, cgroup, theirs)
-        except subprocess.SubprocessError as exc:
-            # Only the preexec_fn raises this: claude's child could not enter the
-            # group and exited before exec. As when the group cannot be made, the
-            # run goes on without it (the subreaper still contains it).
-            if cgroup is None:
+            claude = spawn(options.argv, options.cwd, theirs, cgroup)
+        except CgroupRefused as exc:
+            # As when the group cannot be made, the run goes on without it (the
+            # subreaper still contains it).
+            if cgroup is None:  # (only a group can refuse)
                 raise
             cgroup_error = f"cannot move claude into {cgroup.path}: {exc}"
             cgroup.remove(RMDIR_DEADLINE_S)
             cgroup = None
-            claude = _spawn(options, None, theirs)
-    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            claude = spawn(options.argv, options.cwd, theirs, None)
+    except (OSError, ValueError, CgroupRefused) as exc:
         code = exc.errno if isinstance(exc, OSError) else None
         journal.append(header("spawn_failed", error=str(exc), errno=code))
         if cgroup is not None:

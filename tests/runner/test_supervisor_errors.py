@@ -21,9 +21,10 @@ from runner.supervision import SUPERVISOR
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch users")
 
 NOBODY = 65534
-# Imports the supervisor as root, then becomes nobody: no file access needed after.
+# Imports the supervisor as root, then becomes nobody: no file access needed after
+# (subprocess too: the supervisor imports it only where clone3 is refused).
 AS_NOBODY = """
-import os, sys
+import os, subprocess, sys
 runner = type(sys)("runner")
 runner.__path__ = [sys.argv[1]]
 sys.modules["runner"] = runner
