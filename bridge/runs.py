@@ -286,6 +286,8 @@ class _Live:
     shown_moved: asyncio.Event = field(default_factory=asyncio.Event)
     detached: bool = False
     """The run was left to its supervisor at shutdown (see :meth:`detach`)."""
+    end_unrecorded: bool = False
+    """Its outcome could not be recorded: it stays marked running for the next start."""
     opening: asyncio.Task[None] | None = None
     """Phase and typing, started once claude is spawned (and registered)."""
     pump: asyncio.Task[None] | None = None
@@ -1017,9 +1019,9 @@ class RunExecutor:
         self._finish_later(run, LEFT_RUNNING)
         log.info("left the run to its supervisor; the next start reattaches it")
 
-    def _remove_journal(self, live: _Live) -> None:
+    def _remove_journal(self, live: _Live, *, keep_dir: bool = False) -> None:
         if live.supervisor is not None:
-            remove_run_dir(live.supervisor.run_dir)
+            remove_run_dir(live.supervisor.run_dir, keep_dir=keep_dir)
             live.supervisor = None
 
     async def _opening(self, run: _Run, live: _Live) -> None:
@@ -1080,7 +1082,10 @@ class RunExecutor:
             # The run is over and the room was told, through the store or (when
             # the outcome could not be recorded) around it: the journal has
             # served. Were it kept, a restart would replay the answer again.
-            self._remove_journal(live)
+            # Unrecorded, the empty directory stays: it tells the next start
+            # that the run began (bridge.stale_runs), so its messages are not
+            # run a second time as if they never had been.
+            self._remove_journal(live, keep_dir=live.end_unrecorded)
 
     async def _conclude(
         self, run: _Run, live: _Live, report: RunReport
@@ -1108,6 +1113,9 @@ class RunExecutor:
             replies = [in_conversation(batch, text, ReplyKind.NOTICE)]
         ended = self.wall_clock()
         entries = await self._record_end(run, report, ended, replies)
+        if entries is None:
+            live.end_unrecorded = True
+            entries = await self._record_replies_alone(replies)
         if limits is not None and limited is not None:
             limits.noted()
         stages.stamp("outcome_recorded")
@@ -1181,7 +1189,7 @@ class RunExecutor:
 
     async def _record_end(
         self, run: _Run, report: RunReport, ended: float, replies: list[Reply]
-    ) -> list[OutboxEntry]:
+    ) -> list[OutboxEntry] | None:
         """Record the outcome and the replies together, retrying a failing store.
 
         If the outcome cannot be recorded, the replies alone are put into the
@@ -1217,7 +1225,7 @@ class RunExecutor:
                     await asyncio.sleep(delay)
         except Exception:
             log.exception("could not record the end of the run; recording its replies alone")
-        return await self._record_replies_alone(replies)
+        return None
 
     async def _record_replies_alone(self, replies: list[Reply]) -> list[OutboxEntry]:
         """The outcome could not be recorded: keep the answer durable if the store allows."""

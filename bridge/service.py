@@ -418,19 +418,31 @@ class Service:
         kept = set(await cluster.keep_own())
         registered = {entry.live.run_id: entry for entry in await self.store.live_runs()}
         state_dir = self.settings.runner.state_dir
+        followed_elsewhere: set[RunId] = set()
         for run in await self.store.running_runs():
             if run.replica == cluster.replica_id:
+                if run.room not in kept and await self._owned_elsewhere(cluster, run.room):
+                    # Its conversation's new owner recovered it (it may be following
+                    # the run from this host): not this replica's to stop any more.
+                    followed_elsewhere.add(run.id)
+                    continue
                 # A kept conversation is recovered as a restart recovers: its
                 # detached run reattached (or reported); in the others it is stopped.
                 entry = registered.get(run.id)
                 never = never_started(run, entry, state_dir)
                 await self._recover_run(run, entry, run.room in kept, never_started=never)
-        # After the recovery: the runs it reattached are not strays.
-        await self._clean_strays(set(self._adopted))
+        # After the recovery: the runs it reattached, and those another replica
+        # follows, are not strays.
+        await self._clean_strays(set(self._adopted) | followed_elsewhere)
         if kept:
             pending = [m for m in await self.store.pending_messages() if m.room in kept]
             await self.intake.recover(pending, keep_commands=True)
             log.info("kept %d conversation(s) held before the restart", len(kept))
+
+    @staticmethod
+    async def _owned_elsewhere(cluster: Cluster, room: RoomKey) -> bool:
+        found = await cluster.leases.lease(room)
+        return found is not None and found[1] and found[0].owner != cluster.replica_id
 
     async def _clean_strays(self, adopted: set[RunId]) -> None:
         # Run directories of runs that are no longer running (their outcome is
@@ -482,15 +494,17 @@ class Service:
         if never_started and not killed:
             # Its start was recorded, and then its process died before it spawned
             # anything: its messages never ran, and run now as if it never began.
+            # One transaction: a failure between ending it and re-queueing its
+            # messages would leave them failed, and nothing to say so.
             await self.store.finish_run(
                 run.id,
                 RunReport(RunStatus.INTERRUPTED, error="stopped before claude was started"),
                 time.time(),
+                requeue=True,
             )
-            again = await self.store.requeue_run(run.id)
             log.warning(
                 "run %s in %s never started; its %d message(s) wait to run again",
-                run.id, run.room, len(again),
+                run.id, run.room, len(run.message_ids),
             )  # fmt: skip
             return False
         # Honest for both ways a run stays "running": a crash or restart

@@ -40,7 +40,8 @@ def prepare_state_dir(state_dir: Path) -> Path:
 
 def run_dir_made(state_dir: Path, run_id: str) -> bool:
     """Whether run ``run_id``'s directory exists under ``state_dir``: made before its
-    supervisor is spawned, removed once its outcome is recorded (or could not be)."""
+    supervisor is spawned, removed once its outcome is recorded (emptied only, when
+    it could not be: see :func:`remove_run_dir`)."""
     return (state_dir / RUNS / run_id).exists()
 
 
@@ -85,12 +86,21 @@ def journal_exists(run: LiveRun) -> bool:
     return (Path(run.run_dir) / JOURNAL).is_file()
 
 
-def remove_run_dir(run: LiveRun | Path | str) -> None:
+def remove_run_dir(run: LiveRun | Path | str, *, keep_dir: bool = False) -> None:
     """Delete a run's directory (once its outcome is recorded); a missing one is fine.
 
     A temporary state directory made for it (``state_dir`` None) goes with it.
+    With ``keep_dir`` only what is in it goes: the empty directory still says
+    the run began (:func:`run_dir_made`), until the next start's stray sweep.
     """
     run_dir = Path(run.run_dir if isinstance(run, LiveRun) else run)
+    if keep_dir:
+        for entry in list(run_dir.iterdir()) if run_dir.is_dir() else []:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        return
     shutil.rmtree(run_dir, ignore_errors=True)
     root = run_dir.parent.parent
     if root.name.startswith(TEMP_PREFIX) and root.parent == Path(tempfile.gettempdir()):

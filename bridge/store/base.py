@@ -301,10 +301,12 @@ class Store(Protocol):
         replies: Sequence[Reply] = (),
         *,
         keep_session: bool = False,
+        requeue: bool = False,
     ) -> list[OutboxEntry]:
         """Record how a run ended and the replies that tell the room, in one transaction.
 
-        Its messages become done (succeeded), dropped (stopped) or failed, and
+        Its messages become done (succeeded), dropped (stopped) or failed (or,
+        with ``requeue``, for a run that never began: pending again), and
         its row in the registry of live runs goes (it is no longer live). The
         ``replies`` go into the outbox, pending, in order; the new entries are
         returned. With ``keep_session`` the report's session (if any) becomes

@@ -330,9 +330,10 @@ class MemoryStore:
         replies: Sequence[Reply] = (),
         *,
         keep_session: bool = False,
+        requeue: bool = False,
     ) -> list[OutboxEntry]:
         """Record how a run ended, settle its still-dispatched messages, enqueue ``replies``."""
-        state = finished_message_state(report.status)
+        state = MessageState.PENDING if requeue else finished_message_state(report.status)
         run = self._run(run_id)
         if run.status is not RunStatus.RUNNING:
             # A retry whose first try committed: hand back what is still to deliver.

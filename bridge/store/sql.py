@@ -157,6 +157,7 @@ class _Finish:
     keep_session: bool
     sessions_set: int
     """:attr:`SqlStore._sessions_set` when the call was made: a later ``set_session`` wins."""
+    requeue: bool = False
 
 
 class SqlStore:
@@ -661,6 +662,7 @@ class SqlStore:
         replies: Sequence[Reply] = (),
         *,
         keep_session: bool = False,
+        requeue: bool = False,
     ) -> list[OutboxEntry]:
         """Record how a run ended, settle its still-dispatched messages, enqueue ``replies``.
 
@@ -686,7 +688,9 @@ class SqlStore:
         """
         if self._closed:
             raise StoreError("the store is closed")
-        finish = _Finish(run_id, report, at, tuple(replies), keep_session, self._sessions_set)
+        finish = _Finish(
+            run_id, report, at, tuple(replies), keep_session, self._sessions_set, requeue
+        )
         return await self._finishes.submit(finish)
 
     async def _finish_group(
@@ -745,9 +749,13 @@ class SqlStore:
                 else:
                     report, room = finish.report, _room(run.transport, run.room_id)
                     run_values.append(_ended_run_values(run.seq, finish))
-                    settle.setdefault(finished_message_state(report.status), []).append(
-                        finish.run_id
+                    # A run that never began: its messages wait to run, as if it never was.
+                    state = (
+                        MessageState.PENDING
+                        if finish.requeue
+                        else finished_message_state(report.status)
                     )
+                    settle.setdefault(state, []).append(finish.run_id)
                     audit.append(
                         _audit_values(
                             AuditAction.RUN_FINISHED,

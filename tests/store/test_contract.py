@@ -473,6 +473,22 @@ async def test_requeue_after_failure_and_rerun(store: InspectableStore) -> None:
         }
 
 
+async def test_a_run_ended_with_requeue_leaves_its_messages_pending(
+    store: InspectableStore,
+) -> None:
+    # A run that never began (its process died before spawning anything).
+    msgs = await accept_many(store, 2)
+    r1 = await start(store, "r1", msgs)
+    await store.finish_run(r1, RunReport(RunStatus.INTERRUPTED, error="x"), 1.0, requeue=True)
+    assert await store.pending_messages() == msgs
+    ended = await store.get_run(r1)
+    assert ended is not None
+    assert ended.status is RunStatus.INTERRUPTED
+    assert await store.running_runs() == []
+    # Not offered to !retry: nothing of it failed.
+    assert await store.retryable_runs(ROOM) == []
+
+
 async def test_requeue_of_an_unknown_run_returns_nothing(store: InspectableStore) -> None:
     assert await store.requeue_run(RunId("nope")) == []
 
