@@ -724,3 +724,22 @@ async def until_queued(bridge: ConsoleSession) -> None:
     room = console_room(bridge)
     while not dispatcher.status(room).waiting:
         await asyncio.sleep(0.02)
+
+
+async def test_no_claude_is_kept_warm_after_a_stopped_run(tmp_path: Path) -> None:
+    async with (
+        asyncio.timeout(WAIT_S),
+        session(tmp_path, KEEP_WARM, **gated(tmp_path)) as bridge,
+    ):
+        bridge.send("first job")
+        await until_tool_runs(bridge, tmp_path)
+        bridge.send("!stop")
+        await bridge.wait_for("Stopped")
+        assert bridge.service is not None
+        dispatcher = bridge.service.dispatcher
+        while dispatcher.status(console_room(bridge)).running is not None:
+            await asyncio.sleep(0.02)  # (the run's task ends: no event to await)
+        prestarts = bridge.service.executor.prestarts
+        assert prestarts is not None
+        assert prestarts.take(console_room(bridge)) is None
+        assert bridge.service.metrics.prestarts.labels("used", "")._value.get() == 1
