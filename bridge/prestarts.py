@@ -179,6 +179,7 @@ class Prestarts:
         loop = asyncio.get_running_loop()
         pending.expiry = loop.call_later(self.keep_s, self._expire, room, pending)
         self._warm[room] = pending
+        log.debug("prestart %s in %s kept warm for up to %gs", pending.run_id, room, self.keep_s)
 
     def let_go(self, room: RoomKey) -> None:
         """This replica lost ``room``: the claude kept warm for it goes too (the next

@@ -389,9 +389,9 @@ class RunExecutor:
     file_posts: FilePosts | None = None
     """Posts the files claude sends with ``send_file`` (docs/files.md); None: not posted."""
     fence_of: Callable[[RoomKey], Fence | None] = lambda room: None
+    """The replica's claim a run's start is recorded under (docs/replicas.md); None alone."""
     holds: Callable[[RoomKey], bool] = lambda room: True
     """Whether this replica owns the room now (docs/replicas.md); alone, always."""
-    """The replica's claim a run's start is recorded under (docs/replicas.md); None alone."""
     transcripts: Transcripts | None = None
     """Carries sessions between replicas through the database (docs/replicas-sessions.md);
     None: made from ``[runner] transcripts_in_db`` (off: sessions stay on this host)."""
