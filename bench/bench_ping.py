@@ -13,8 +13,12 @@ of where chatbridge's pings spent their time follows (see ``breakdown.py``).
 
 With ``--prestart`` chatbridge runs with ``[runner] prestart = true``: the
 room's claude is started when the ping opens its batch, inside the window.
+With ``--keep-warm`` also ``prestart_keep_s = 30``: the room's next claude is
+started as each run ends, so the next ping finds it ready (the pause after
+each ping, ``RUN_END_PAUSE_S``, lets it start).
 
-    python bench/bench_ping.py [--pings 60] [--coalesce-ms 50] [--prestart] [--breakdown]
+    python bench/bench_ping.py [--pings 60] [--coalesce-ms 50] [--prestart | --keep-warm]
+        [--breakdown]
 """
 
 from __future__ import annotations
@@ -122,7 +126,9 @@ async def homeserver(tmp: Path) -> AsyncIterator[SynapseServer]:
         server.stop()
 
 
-async def bench(pings: int, coalesce_ms: int, breakdown: bool, prestart: bool) -> None:
+async def bench(
+    pings: int, coalesce_ms: int, breakdown: bool, prestart: bool, keep_warm: bool = False
+) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-ping-") as tmp_name:
         tmp = Path(tmp_name)
         async with homeserver(tmp) as synapse:
@@ -142,6 +148,7 @@ async def bench(pings: int, coalesce_ms: int, breakdown: bool, prestart: bool) -
                     coalesce_ms=coalesce_ms,
                     breakdown=breakdown,
                     prestart=prestart,
+                    keep_warm=keep_warm,
                 )
             finally:
                 await human.close()
@@ -168,6 +175,7 @@ async def measure(
     coalesce_ms: int,
     breakdown: bool,
     prestart: bool = False,
+    keep_warm: bool = False,
 ) -> tuple[dict[str, list[float]], list[dict[str, float]]]:
     """Join both bots, start chatbridge, then ping each bot ``pings`` times, alternating."""
     human_user, bridge_user, echo_user = users.human, users.bridge, users.echo
@@ -199,7 +207,8 @@ async def measure(
             # The environment overrides the file (as in production).
             "CHATBRIDGE_DISPATCHER__COALESCE_MS": str(coalesce_ms),
             "CHATBRIDGE_MATRIX__SYNC_TIMEOUT_MS": "30000",
-            "CHATBRIDGE_RUNNER__PRESTART": "true" if prestart else "false",
+            "CHATBRIDGE_RUNNER__PRESTART": "true" if prestart or keep_warm else "false",
+            "CHATBRIDGE_RUNNER__PRESTART_KEEP_S": "30" if keep_warm else "0",
             **stage_env,
         },
     ) as running:
@@ -261,8 +270,13 @@ def main() -> None:
     parser.add_argument(
         "--prestart", action="store_true", help="start claude inside the window ([runner] prestart)"
     )
+    parser.add_argument(
+        "--keep-warm",
+        action="store_true",
+        help="also keep the room's next claude warm after each run (prestart_keep_s = 30)",
+    )
     args = parser.parse_args()
-    asyncio.run(bench(args.pings, args.coalesce_ms, args.breakdown, args.prestart))
+    asyncio.run(bench(args.pings, args.coalesce_ms, args.breakdown, args.prestart, args.keep_warm))
 
 
 if __name__ == "__main__":

@@ -98,6 +98,8 @@ class Cluster:
     """Recovers a conversation this replica just took (before anything else of it runs)."""
     give_up: Callable[[RoomKey], None] | None = None
     """Lets go of a conversation this replica lost."""
+    released: Callable[[RoomKey], Awaitable[None]] | None = None
+    """Lets go of what this replica kept for an idle conversation it released."""
     on_notice: Callable[[Notice], Awaitable[None]] | None = None
     idle: Callable[[RoomKey], bool] = lambda room: False
     """Whether a conversation has nothing running, waiting or being delivered here."""
@@ -311,6 +313,9 @@ class Cluster:
         rooms = [room for room in idle if self._owned.pop(room, None) is not None]
         if not rooms:
             return
+        if self.released is not None:
+            for room in rooms:
+                await self.released(room)
         await self.leases.release(rooms, self.replica_id)
         if tell:
             for room in rooms:

@@ -65,6 +65,9 @@ class RunnerSettings(_Section):
     """Start claude when a batch opens in an idle room, so the run skips the cold start."""
     max_prestarts: int | None = Field(None, ge=0)
     """Prestarted claudes at once; None: as many as ``max_concurrent_runs``."""
+    prestart_keep_s: float = Field(0.0, ge=0)
+    """With ``prestart``: after a run, the room's next claude is started at once and kept
+    this long for the room's next run (0: not kept). Costs one idle claude per room."""
     transcripts_in_db: bool = False
     """Save each conversation's Claude session transcript to the database after a run and
     restore it before a resume where this host lacks it: ``--resume`` then works on any
@@ -95,6 +98,13 @@ class RunnerSettings(_Section):
                 f"max_prestarts ({self.max_prestarts}) must not exceed"
                 f" max_concurrent_runs ({self.max_concurrent_runs})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _keep_needs_prestart(self) -> Self:
+        # Kept warm is a prestart: without prestart the setting would silently do nothing.
+        if self.prestart_keep_s > 0 and not self.prestart:
+            raise ValueError(f"prestart_keep_s ({self.prestart_keep_s:g}) needs prestart = true")
         return self
 
 

@@ -96,7 +96,8 @@ class Metrics:
         self.prestarts = Counter(
             "chatbridge_prestarts",
             "Prestarted claudes by outcome (used, wasted) and why one was wasted"
-            " (dropped, shutdown, slot needed, idle, adopted, changed, failed)",
+            " (dropped, shutdown, slot needed, idle, adopted, changed, failed; kept warm after"
+            " a run: expired, evicted, released)",
             ["outcome", "why"],
             registry=r,
         )

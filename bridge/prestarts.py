@@ -11,6 +11,18 @@ wasted, ``changed``) or that failed or died (``failed``) is given up and the
 run starts cold (:meth:`Taken.prestarted` decides, ``runner.run_claude``
 also falls back for one that died since).
 
+Kept warm (``[runner] prestart_keep_s``): when a run of a room ends (its
+claude gone, its outcome and session recorded), :meth:`Prestarts.keep_warm`
+starts the room's next claude at once, so the next message skips the start-up
+even when it comes after the debounce window would have hidden it. It waits
+up to ``keep_s`` for the room's next run (wasted, ``expired``, after that), at
+most ``keep_limit`` across rooms (the oldest goes: ``evicted``). The room's
+next run takes it whether or not the dispatcher announced a prestart (a claude
+left running beside the run would be a second claude of the session); the
+dispatcher's ``begin`` adopts it (from then on it is the dispatcher's, its
+``cancel`` ends it); :meth:`Prestarts.let_go` stops it when the replica lets
+the room go.
+
 Metrics: prestarts used, wasted (by why) and the start-up time they saved:
 the part of claude's start (spawn to ``initialize`` answered) that lay
 before the batch was flushed.
@@ -42,6 +54,8 @@ class _Pending:
     task: asyncio.Task[Prestarted | None] = field(init=False)
     ready_at: float | None = None
     """When claude answered ``initialize`` (the clock's time), once it did."""
+    expiry: asyncio.TimerHandle | None = None
+    """While kept warm (nobody asked for it yet): when it is given up."""
 
 
 @dataclass(slots=True)
@@ -110,23 +124,33 @@ class Prestarts:
     new_run_id: Callable[[], RunId]
     start: Start = prestart
     clock: Callable[[], float] = time.monotonic
+    keep_s: float = 0.0
+    """How long a room's next claude is kept warm after a run (0: none is)."""
+    keep_limit: int = 0
+    """Claudes kept warm at once, across rooms."""
     _rooms: dict[RoomKey, _Pending] = field(default_factory=dict)
+    _warm: dict[RoomKey, _Pending] = field(default_factory=dict)
+    """The ones kept warm that nobody asked for yet, oldest first (also in ``_rooms``)."""
+    _keeping: bool = True
+    """False from the shutdown on: no claude is kept warm any more."""
     _stopping: set[asyncio.Task[None]] = field(default_factory=set)
 
     # -- the dispatcher's Prestarter --
 
     def begin(self, room: RoomKey) -> None:
-        if room in self._rooms:  # (the dispatcher pairs begin and cancel; be safe)
+        if room in self._rooms:
+            # One kept warm: the dispatcher's now (no second claude), ended by its
+            # cancel or taken by the run. (Otherwise the dispatcher pairs begin and
+            # cancel; be safe.)
+            self._unkeep(room)
             return
-        run_id = self.new_run_id()
-        pending = _Pending(run_id, self.clock())
-        pending.task = asyncio.create_task(self._start(room, pending), name=f"prestart {run_id}")
-        self._rooms[room] = pending
+        self._launch(room)
 
     def cancel(self, room: RoomKey, why: str) -> None:
         pending = self._rooms.pop(room, None)
         if pending is None:
             return
+        self._unkeep(room)
         self.metrics.prestarts.labels("wasted", why).inc()
         log.info("prestart %s in %s given up: %s", pending.run_id, room, why)
         self.stop_later(pending)
@@ -136,10 +160,51 @@ class Prestarts:
     def take(self, room: RoomKey) -> Taken | None:
         """The room's prestart, for the run beginning now (None: there is none)."""
         pending = self._rooms.pop(room, None)
-        return None if pending is None else Taken(pending.run_id, pending, self, self.clock())
+        if pending is None:
+            return None
+        self._unkeep(room)
+        return Taken(pending.run_id, pending, self, self.clock())
+
+    def keep_warm(self, room: RoomKey) -> None:
+        """A run of ``room`` ended, its claude gone: start the room's next claude now,
+        kept up to ``keep_s`` for its next run (see the module doc).
+
+        Only once the run's claude has exited: the new one resumes the same session.
+        """
+        if self.keep_s <= 0 or self.keep_limit <= 0 or not self._keeping or room in self._rooms:
+            return
+        while len(self._warm) >= self.keep_limit:
+            self.cancel(next(iter(self._warm)), "evicted")
+        pending = self._launch(room)
+        loop = asyncio.get_running_loop()
+        pending.expiry = loop.call_later(self.keep_s, self._expire, room, pending)
+        self._warm[room] = pending
+        log.debug("prestart %s in %s kept warm for up to %gs", pending.run_id, room, self.keep_s)
+
+    def let_go(self, room: RoomKey) -> None:
+        """This replica lost ``room``: the claude kept warm for it goes too (the next
+        owner resumes the session)."""
+        if room in self._warm:
+            self.cancel(room, "released")
+
+    async def release(self, room: RoomKey) -> None:
+        """As :meth:`let_go`, but returns once that claude is gone: before the lease
+        goes, when the replica hands ``room`` over itself."""
+        pending = self._warm.get(room)
+        if pending is None:
+            return
+        self.cancel(room, "released")
+        await _stop(pending.task)  # (a second stop waits for the first one's)
+
+    def stop_keeping(self) -> None:
+        """The shutdown began: no run comes for the ones kept warm, none is kept any more."""
+        self._keeping = False
+        for room in list(self._warm):
+            self.cancel(room, "shutdown")
 
     async def close(self) -> None:
         """At shutdown: stop every prestart, wait for all of it."""
+        self._keeping = False
         for room in list(self._rooms):
             self.cancel(room, "shutdown")
         while self._stopping:
@@ -149,6 +214,24 @@ class Prestarts:
         task = asyncio.create_task(_stop(pending.task), name=f"stop prestart {pending.run_id}")
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)
+
+    def _launch(self, room: RoomKey) -> _Pending:
+        run_id = self.new_run_id()
+        pending = _Pending(run_id, self.clock())
+        pending.task = asyncio.create_task(self._start(room, pending), name=f"prestart {run_id}")
+        self._rooms[room] = pending
+        return pending
+
+    def _unkeep(self, room: RoomKey) -> None:
+        """``room``'s prestart is no longer kept warm: taken, adopted or cancelled."""
+        pending = self._warm.pop(room, None)
+        if pending is not None and pending.expiry is not None:
+            pending.expiry.cancel()
+            pending.expiry = None
+
+    def _expire(self, room: RoomKey, pending: _Pending) -> None:
+        if self._warm.get(room) is pending:
+            self.cancel(room, "expired")
 
     async def _start(self, room: RoomKey, pending: _Pending) -> Prestarted | None:
         request = await self.request_for(room, pending.run_id)

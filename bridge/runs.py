@@ -238,6 +238,10 @@ def _failure_words(report: RunReport, room: RoomSettings) -> str:
             return f"The run failed: {report.error or 'unknown error'}"
 
 
+_NOT_KEPT = frozenset({RunStatus.STOPPED, RunStatus.INTERRUPTED})
+"""Ends after which no claude is kept warm for the room: a stop, a shutdown, a lost room."""
+
+
 def _cancelled_status(dispatched: DispatchedRun) -> RunStatus:
     """How a cancelled run is recorded: as the dispatcher says it ended."""
     if dispatched.end_reason is EndReason.STOPPED:
@@ -388,6 +392,8 @@ class RunExecutor:
     """Posts the files claude sends with ``send_file`` (docs/files.md); None: not posted."""
     fence_of: Callable[[RoomKey], Fence | None] = lambda room: None
     """The replica's claim a run's start is recorded under (docs/replicas.md); None alone."""
+    holds: Callable[[RoomKey], bool] = lambda room: True
+    """Whether this replica owns the room now (docs/replicas.md); alone, always."""
     transcripts: Transcripts | None = None
     """Carries sessions between replicas through the database (docs/replicas-sessions.md);
     None: made from ``[runner] transcripts_in_db`` (off: sessions stay on this host)."""
@@ -424,9 +430,11 @@ class RunExecutor:
 
     async def execute(self, dispatched: DispatchedRun) -> None:
         """The dispatcher's ``execute``: it never calls this while shutting down."""
-        taken = None
-        if dispatched.prestarted and self.prestarts is not None:
-            taken = self.prestarts.take(dispatched.batch.room)
+        # The room's prestart whether or not the dispatcher announced one
+        # (``dispatched.prestarted``): a claude kept warm since the room's last run is
+        # the room's too, and left beside this run it would be a second claude of the
+        # session. ``Taken.prestarted`` checks it still fits the request.
+        taken = self.prestarts.take(dispatched.batch.room) if self.prestarts is not None else None
         run_id = taken.run_id if taken is not None else new_run_id()
         live = _Live(dispatched)
         # Set before the first await: a steer batch may come due at any time.
@@ -549,6 +557,17 @@ class RunExecutor:
             # the run and returned the answer instead of raising, and the
             # answer is now recorded. The cancellation still propagates.
             raise asyncio.CancelledError
+        self._keep_warm(run.batch.room, report)
+
+    def _keep_warm(self, room: RoomKey, report: RunReport) -> None:
+        """Start the room's next claude now (``prestart_keep_s``), after a run that ended
+        on its own. Here its claude is gone (run_claude returns only then) and its
+        outcome and session are recorded: the next one resumes that session."""
+        if self.prestarts is None or report.status in _NOT_KEPT:
+            return  # a stop, or the run's end was not its own (shutdown, replica lost)
+        if self.settings.room(room) is None or not self.holds(room):
+            return  # nothing of the room runs here any more
+        self.prestarts.keep_warm(room)
 
     async def _start(self, run_id: RunId, batch: Batch, started: float) -> bool:
         """Record the run's start, retrying in order; False if the store kept failing.

@@ -197,7 +197,11 @@ class Service:
         )
         if settings.runner.prestart:
             self.executor.prestarts = Prestarts(
-                self.executor.prestart_request, self.metrics, new_run_id
+                self.executor.prestart_request,
+                self.metrics,
+                new_run_id,
+                keep_s=settings.runner.prestart_keep_s,
+                keep_limit=settings.runner.prestart_limit,
             )
         d = settings.dispatcher
         self.dispatcher = Dispatcher(
@@ -312,10 +316,21 @@ class Service:
         )
         cluster.take_over = role.take_over
         cluster.give_up = role.give_up
+        prestarts = self.executor.prestarts
+        if prestarts is not None:
+            # A conversation lost or let go: its claude kept warm here goes (the new
+            # owner resumes the session; two claudes of it must never run).
+            def give_up(room: RoomKey) -> None:
+                role.give_up(room)
+                prestarts.let_go(room)
+
+            cluster.give_up = give_up
+            cluster.released = prestarts.release
         cluster.on_notice = role.heard
         cluster.recheck = role.recheck
         self.intake.placement = role
         self.executor.fence_of = cluster.fence
+        self.executor.holds = cluster.holds
         self.outbox.owns = cluster.has
         self.approvals.owns = cluster.has
         self.approvals.forward = role.forward_action
@@ -707,6 +722,9 @@ class Service:
     async def _shutdown(self, dispatcher_task: asyncio.Task[None]) -> None:
         """Steps 1-3 of the shutdown path; the caller then closes the transports."""
         self.shutting_down.set()
+        if self.executor.prestarts is not None:
+            # No run comes for a claude kept warm now; runs ending in the grace keep none.
+            self.executor.prestarts.stop_keeping()
         if self.cluster is not None:
             # Scale-in: idle conversations go to other replicas at once.
             self.cluster.draining = True

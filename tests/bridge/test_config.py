@@ -106,6 +106,8 @@ def test_environment_overrides_file_values(tmp_path: Path, monkeypatch: pytest.M
         ),
         ("[runner]\nmax_prestarts = -1\n", "runner.max_prestarts"),
         ("[runner]\nmax_concurrent_runs = 2\nmax_prestarts = 3\n", "must not exceed"),
+        ("[runner]\nprestart_keep_s = 30\n", "prestart_keep_s (30) needs prestart = true"),
+        ("[runner]\nprestart = true\nprestart_keep_s = -1\n", "runner.prestart_keep_s"),
         ("[cluster]\nenabled = true\n", "replicas need a PostgreSQL database.url"),
         (
             "[cluster]\nenabled = true\n[database]\nurl = 'postgresql+asyncpg://h/db'\n",
@@ -316,6 +318,15 @@ def test_approval_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch)
     assert settings.defaults.approvers == ("@c:x",)
     assert settings.defaults.during_run == "interrupt"
     assert settings.runner.max_prestarts == 2
+
+
+def test_keep_warm_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHATBRIDGE_RUNNER__PRESTART", "true")
+    monkeypatch.setenv("CHATBRIDGE_RUNNER__PRESTART_KEEP_S", "12.5")
+    assert load_settings(None).runner.prestart_keep_s == 12.5
+    monkeypatch.delenv("CHATBRIDGE_RUNNER__PRESTART")
+    with pytest.raises(ConfigError, match="needs prestart = true"):
+        load_settings(None)
 
 
 def test_mode_command_takes_the_permission_modes_of_the_setting() -> None:

@@ -1,6 +1,7 @@
 """Live runs through the whole service (console room, fake claude speaking the two-way
 protocol): tools approved, denied, expired and cancelled from chat; messages steered into
-a running run or interrupting it; a prestarted claude; a stop that keeps the session."""
+a running run or interrupting it; a prestarted claude, and one kept warm after a run; a
+stop that keeps the session."""
 
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ from typing import Any
 import pytest
 
 from bridge.config import load_settings
+from bridge.core.model import RoomId, RoomKey, TransportName
 from bridge.store.base import ApprovalState, AuditAction, Store
+from runner import Prestarted, RunRequest
 from runner import run as runner_run
 from tests.bridge.harness import ConsoleSession, write_config
 from tests.config_files import Table
 from tests.fakes.flaky_store import FlakyStore
+from tests.runner.conftest import is_alive
 
 pytestmark = pytest.mark.slow
 
@@ -534,3 +538,208 @@ async def test_stop_and_status_during_the_gentle_stop_count_the_steered_messages
         assert "Stopping (1 message + 1 steered in, run `run-" in out
         assert "Running for" not in out
         await bridge.wait_for("Stopped")
+
+
+KEEP_WARM: Table = {
+    "runner": {"prestart": True, "prestart_keep_s": 30},
+    "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
+}
+
+
+def run_log(path: Path) -> list[dict[str, Any]]:
+    """The fake claudes' starts, prompts and ends, in the order they happened."""
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def watch_starts(bridge: ConsoleSession) -> asyncio.Queue[RunRequest]:
+    """The request of each claude the service prestarts from now on, once it is ready."""
+    assert bridge.service is not None
+    prestarts = bridge.service.executor.prestarts
+    assert prestarts is not None
+    started: asyncio.Queue[RunRequest] = asyncio.Queue()
+    start = prestarts.start
+
+    async def watched(request: RunRequest) -> Prestarted:
+        prestarted = await start(request)
+        # Handed on once claude answered: it has logged its start, whatever comes next.
+        await asyncio.wait({prestarted.ready})
+        started.put_nowait(request)
+        return prestarted
+
+    prestarts.start = watched
+    return started
+
+
+async def kept_warm(started: asyncio.Queue[RunRequest]) -> RunRequest:
+    """The next claude kept warm after a run: it resumes the run's session (a batch's
+    prestart in a new room has none)."""
+    while (request := await started.get()).session_id is None:
+        pass
+    return request
+
+
+def answered_by(log: list[dict[str, Any]], text: str) -> int:
+    [pid] = [e["pid"] for e in log if e["event"] == "prompt" and e["text"] == text]
+    return int(pid)
+
+
+def at(log: list[dict[str, Any]], pid: int, event: str) -> int:
+    """Where in the log the process ``pid`` logged ``event`` (its first)."""
+    return next(i for i, e in enumerate(log) if e["pid"] == pid and e["event"] == event)
+
+
+def console_room(bridge: ConsoleSession) -> RoomKey:
+    return RoomKey(TransportName("console"), RoomId(bridge.settings.console.room))
+
+
+def never_overlapped(log: list[dict[str, Any]]) -> bool:
+    return not any(e["overlap"] for e in log if e["event"] == "start")
+
+
+async def test_the_next_message_is_answered_by_the_claude_kept_warm_after_the_run(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "runs.jsonl"
+    async with (
+        asyncio.timeout(WAIT_S),
+        session(tmp_path, KEEP_WARM, FAKE_CLAUDE_RUN_LOG=str(path)) as bridge,
+    ):
+        started = watch_starts(bridge)
+        bridge.send("first")
+        await bridge.wait_for("first")
+        warm = await kept_warm(started)
+        bridge.send("second")
+        await bridge.wait_for("second")
+        assert bridge.service is not None
+        metrics = bridge.service.metrics
+        assert metrics.prestarts.labels("used", "")._value.get() == 2
+    log = run_log(path)
+    first, second = answered_by(log, "first"), answered_by(log, "second")
+    # The second claude started once the first had exited, as the kept one, for its run.
+    assert at(log, first, "end") < at(log, second, "start")
+    assert log[at(log, second, "start")]["run"] == warm.run_id
+    [(_, one), (second_run, two)] = rows(tmp_path, "select id, session_id from runs order by seq")
+    assert second_run == warm.run_id
+    assert one == two == warm.session_id  # the conversation goes on
+    assert never_overlapped(log)
+
+
+async def test_a_claude_kept_warm_that_no_message_takes_expires_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    config: Table = {**KEEP_WARM, "runner": {"prestart": True, "prestart_keep_s": 0.2}}
+    path = tmp_path / "runs.jsonl"
+    async with (
+        asyncio.timeout(WAIT_S),
+        session(tmp_path, config, FAKE_CLAUDE_RUN_LOG=str(path)) as bridge,
+    ):
+        started = watch_starts(bridge)
+        bridge.send("first")
+        await bridge.wait_for("first")
+        warm = await kept_warm(started)
+        assert bridge.service is not None
+        metrics = bridge.service.metrics
+        prestarts = bridge.service.executor.prestarts
+        assert prestarts is not None
+        while not metrics.prestarts.labels("wasted", "expired")._value.get():
+            await asyncio.sleep(0.02)  # (a counter: nothing to await on)
+        while prestarts._stopping:
+            await asyncio.gather(*prestarts._stopping)
+        assert prestarts.take(console_room(bridge)) is None
+    log = run_log(path)
+    [pid] = [e["pid"] for e in log if e["event"] == "start" and e["run"] == warm.run_id]
+    assert not is_alive(pid)
+    assert not any(e["event"] == "prompt" and e["pid"] == pid for e in log)
+    assert not (tmp_path / "state" / "runs" / warm.run_id).exists()
+    assert len(rows(tmp_path, "select id from runs")) == 1
+    assert never_overlapped(log)
+
+
+async def test_a_reset_wastes_the_claude_kept_warm_and_the_run_starts_cold_anew(
+    tmp_path: Path,
+) -> None:
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    path = tmp_path / "runs.jsonl"
+    env = {
+        "FAKE_CLAUDE_SESSIONS_DIR": str(sessions),
+        "FAKE_CLAUDE_RECORD": str(tmp_path / "record.json"),
+        "FAKE_CLAUDE_RUN_LOG": str(path),
+    }
+    async with asyncio.timeout(WAIT_S), session(tmp_path, KEEP_WARM, **env) as bridge:
+        started = watch_starts(bridge)
+        bridge.send("first")
+        await bridge.wait_for("first")
+        warm = await kept_warm(started)  # resumes the session the reset forgets
+        bridge.send("!reset")
+        await bridge.wait_for("The next run starts a new Claude session.")
+        bridge.send("second")
+        await bridge.wait_for("second")
+        assert bridge.service is not None
+        prestarts = bridge.service.metrics.prestarts
+        assert prestarts.labels("wasted", "changed")._value.get() == 1
+        assert prestarts.labels("used", "")._value.get() == 1  # the first run's
+    log = run_log(path)
+    # The run kept the prestart's run id, not its claude: that one was gone first.
+    kept, second = (e["pid"] for e in log if e["event"] == "start" and e["run"] == warm.run_id)
+    assert second == answered_by(log, "second")
+    assert at(log, kept, "end") < at(log, second, "start")
+    argv = json.loads((tmp_path / "record.json").read_text())["argv"]
+    assert not any(a.startswith("--resume") for a in argv)
+    [(old,), (new,)] = rows(tmp_path, "select session_id from runs order by seq")
+    assert old == warm.session_id != new
+    assert never_overlapped(log)
+
+
+async def test_a_follow_up_run_no_prestart_was_announced_for_takes_the_warm_claude(
+    tmp_path: Path,
+) -> None:
+    # "second" waits behind the run: its run is granted as the first ends, with no
+    # batch window and no prestart of the dispatcher's. The claude kept warm is the
+    # room's all the same: started beside the run, it would resume the session twice.
+    path = tmp_path / "runs.jsonl"
+    env = {**gated(tmp_path), "FAKE_CLAUDE_RUN_LOG": str(path)}
+    async with asyncio.timeout(WAIT_S), session(tmp_path, KEEP_WARM, **env) as bridge:
+        bridge.send("first")
+        await until_tool_runs(bridge, tmp_path)
+        bridge.send("second")
+        await until_queued(bridge)
+        (tmp_path / "gate").touch()
+        await bridge.wait_for("\nsecond\n")
+        assert bridge.service is not None
+        metrics = bridge.service.metrics
+        assert metrics.prestarts.labels("used", "")._value.get() == 2
+    log = run_log(path)
+    first, second = answered_by(log, "first"), answered_by(log, "second")
+    assert at(log, first, "end") < at(log, second, "start")
+    [_, (second_run,)] = rows(tmp_path, "select id from runs order by seq")
+    assert log[at(log, second, "start")]["run"] == second_run
+    assert never_overlapped(log)
+
+
+async def until_queued(bridge: ConsoleSession) -> None:
+    """The room's next message waits behind its run (in the dispatcher: no event)."""
+    assert bridge.service is not None
+    dispatcher = bridge.service.dispatcher
+    room = console_room(bridge)
+    while not dispatcher.status(room).waiting:
+        await asyncio.sleep(0.02)
+
+
+async def test_no_claude_is_kept_warm_after_a_stopped_run(tmp_path: Path) -> None:
+    async with (
+        asyncio.timeout(WAIT_S),
+        session(tmp_path, KEEP_WARM, **gated(tmp_path)) as bridge,
+    ):
+        bridge.send("first job")
+        await until_tool_runs(bridge, tmp_path)
+        bridge.send("!stop")
+        await bridge.wait_for("Stopped")
+        assert bridge.service is not None
+        dispatcher = bridge.service.dispatcher
+        while dispatcher.status(console_room(bridge)).running is not None:
+            await asyncio.sleep(0.02)  # (the run's task ends: no event to await)
+        prestarts = bridge.service.executor.prestarts
+        assert prestarts is not None
+        assert prestarts.take(console_room(bridge)) is None
+        assert bridge.service.metrics.prestarts.labels("used", "")._value.get() == 1

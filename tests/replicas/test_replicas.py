@@ -326,3 +326,25 @@ async def test_an_idle_conversation_is_let_go(tmp_path: Path, cluster_db: str) -
         # Taken again by the next message, as any free conversation.
         await a.chat.say("again")
         await a.chat.wait_until(lambda: results(a) == ["hello", "again"])
+
+
+async def test_a_conversation_let_go_stops_the_claude_kept_warm_for_it(
+    tmp_path: Path, cluster_db: str
+) -> None:
+    # The next owner resumes the session: a claude kept warm here must not outlive
+    # the lease (two claudes of one session).
+    config = {
+        "cluster": {"lease_ttl_s": 1},
+        "runner": {"prestart": True, "prestart_keep_s": 600},
+    }
+    async with replica(replica_settings(tmp_path, "a", cluster_db, config)) as a:
+        cluster, prestarts = a.service.cluster, a.service.executor.prestarts
+        assert cluster is not None
+        assert prestarts is not None
+        cluster.idle_release_min_s = 0.0
+        await a.chat.say("hello")
+        await a.chat.wait_until(lambda: results(a) == ["hello"])
+        await until(lambda: not cluster.holds(ROOM))
+        released = a.service.metrics.prestarts.labels("wasted", "released")
+        assert released._value.get() == 1
+        assert prestarts.take(ROOM) is None
