@@ -71,6 +71,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from bridge.core import stages
 from bridge.core.aio import shielded
 from bridge.core.model import LiveRun, RunReport, RunStatus, SessionId
 from bridge.core.money import usd
@@ -297,6 +298,7 @@ async def _follow_prestarted(  # noqa: PLR0917
     """A prestarted claude gets the prompt (``first``) as its first user message, then as
     a cold start."""
     try:
+        stages.stamp("prompt_sent")
         if not supervised.write_stdin(first):
             supervised.stop()  # its connection is gone: the run cannot be given its prompt
         return await _follow(request, supervised, on_event, on_position, detach, control)

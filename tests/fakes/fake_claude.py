@@ -179,8 +179,8 @@ messages joined by newlines. The extra knobs:
     Only the first N turns use the tool; later ones answer in text.
 
 ``--mcp-config JSON`` (JSON text, variadic like the real flag): each stdio server in
-``mcpServers`` is started before the first turn's ``init`` (the real CLI waits for
-them too), sent ``initialize``, ``notifications/initialized`` and ``tools/list``;
+``mcpServers`` is started at start-up, before stdin is read (the real CLI has them
+up before it answers ``initialize`` or takes a message), sent ``initialize``, ``notifications/initialized`` and ``tools/list``;
 its tools join ``init``'s ``tools`` as ``mcp__<server>__<tool>`` and
 ``mcp_servers`` lists it ``connected``. Its stdin is closed at exit.
 
@@ -903,7 +903,7 @@ class _Session:
         self._taken: list[str] = []  # and their uuids
         self._denials: list[dict[str, Any]] = []
         self._mcp_configs: list[str] = opts["mcp"]
-        self._mcp: list[_McpServer] | None = None  # started before the first init
+        self._mcp: list[_McpServer] | None = None  # started at start-up (serve)
 
     # -- stdin (reader thread) --
 
@@ -1006,8 +1006,11 @@ class _Session:
         """Run a turn per message taken while idle; the exit code once stdin is done.
 
         Like the real CLI: 1 when the last result was an error (an interrupted
-        turn too), else 0.
+        turn too), else 0. Its MCP servers start first, as the real CLI's do
+        (claude-cli.md: a prestarted claude has them up before its first
+        message, and answers ``initialize`` only then).
         """
+        self._mcp = _start_mcp(self._mcp_configs, self._cwd)
         threading.Thread(target=self._read, daemon=True).start()
         error = False
         printed = time.monotonic()
