@@ -115,7 +115,14 @@ class ClusterRole:
     async def changed(self, message: Message, *, deleted: bool) -> None:
         owner = await self.cluster.place(message.room, need_slot=False)
         if owner is None:
-            # Ours after all (taken just now): its recovery read the store as changed.
+            # Ours after all: taken just now, maybe by a takeover this call waited
+            # for, whose recovery may have read the message before the change was
+            # recorded (and queued it as it was then). The queue follows now; no
+            # effect if it read the change, or if the message is not queued.
+            if deleted:
+                self.dispatcher.remove(message)
+            else:
+                self.dispatcher.replace(message)
             return
         if owner:
             kind = "deleted" if deleted else "edited"
