@@ -46,6 +46,14 @@ HARD_LIMIT_MARGIN_S = 10.0
 """Beyond a run's time limit and stop grace: its supervisor's kill phase, and clock skew."""
 
 
+class StopThreads(Protocol):
+    """:meth:`bridge.commands.CommandHandler.stop_threads`."""
+
+    async def __call__(
+        self, room: RoomKey, actor: UserId, *, before: MessageId | None = None
+    ) -> tuple[int, list[Message], bool]: ...
+
+
 class RecoverRun(Protocol):
     """The service's recovery of one run: reattach it (True) if ``may_follow``, else stop
     it on this host and report it interrupted, or run its messages again if it
@@ -75,9 +83,7 @@ class ClusterRole:
     on_approval_action: Callable[[ApprovalAction], Awaitable[object]]
     taken: Callable[[], None] = lambda: None
     """Told after a takeover (the usage-limit retries look again)."""
-    stop_threads: Callable[[RoomKey, UserId], Awaitable[tuple[int, list[Message], bool]]] | None = (
-        None
-    )
+    stop_threads: StopThreads | None = None
     """Stops a room's threads this replica runs (a top-level ``!stop`` heard elsewhere)."""
 
     # -- Placement (bridge.intake) --
@@ -109,7 +115,14 @@ class ClusterRole:
     async def changed(self, message: Message, *, deleted: bool) -> None:
         owner = await self.cluster.place(message.room, need_slot=False)
         if owner is None:
-            # Ours after all (taken just now): its recovery read the store as changed.
+            # Ours after all: taken just now, maybe by a takeover this call waited
+            # for, whose recovery may have read the message before the change was
+            # recorded (and queued it as it was then). The queue follows now; no
+            # effect if it read the change, or if the message is not queued.
+            if deleted:
+                self.dispatcher.remove(message)
+            else:
+                self.dispatcher.replace(message)
             return
         if owner:
             kind = "deleted" if deleted else "edited"
@@ -129,8 +142,10 @@ class ClusterRole:
                 lines.append(f"Thread {lease.room.thread}: on replica {lease.owner}.")
         return lines
 
-    async def stop(self, room: RoomKey, actor: UserId) -> None:
-        body = {"actor": actor, "from": self.cluster.replica_id}
+    async def stop(self, room: RoomKey, actor: UserId, before: MessageId) -> None:
+        # ``before``: the `!stop`'s message; a replica hearing it late (after a
+        # takeover in its poll, say) must spare what it received after the stop.
+        body = {"actor": actor, "from": self.cluster.replica_id, "before": before}
         await self.cluster.tell("", "room-stop", room.channel, body)
 
     # -- Cluster's callbacks --
@@ -155,8 +170,13 @@ class ClusterRole:
                 # Heard by the replica that asked too: it stopped its own threads
                 # already, and what it queued since came after the stop.
                 return
+            # Messages sent after the `!stop` may be queued here by now: they stay.
+            # (No cut-off from a replica of an older version: all is stopped.)
+            before = notice.body.get("before")
             runs, dropped, _ = await self.stop_threads(
-                notice.room, UserId(str(notice.body["actor"]))
+                notice.room,
+                UserId(str(notice.body["actor"])),
+                before=None if before is None else MessageId(int(before)),
             )
             if runs or dropped:
                 log.info(

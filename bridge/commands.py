@@ -19,7 +19,7 @@ from bridge.approval_desk import ApprovalDesk
 from bridge.approval_text import code_span, status_line
 from bridge.approvals import Verdict, refusal
 from bridge.config import PERMISSION_MODES, RoomSettings
-from bridge.core.model import Message, RoomKey, UserId
+from bridge.core.model import Batch, Message, MessageId, RoomKey, UserId
 from bridge.core.text import safe_text
 from bridge.core.transport import ApprovalChoice
 from bridge.duration import format_duration
@@ -204,8 +204,9 @@ class RoomWideElsewhere(Protocol):
         """One line per thread of ``room`` another replica owns."""
         ...
 
-    async def stop(self, room: RoomKey, actor: UserId) -> None:
-        """Ask every other replica to stop ``room``'s threads it runs."""
+    async def stop(self, room: RoomKey, actor: UserId, before: MessageId) -> None:
+        """Ask every other replica to stop ``room``'s threads it runs: what came
+        before the ``!stop``, message ``before``."""
         ...
 
 
@@ -323,7 +324,7 @@ class CommandHandler:
             await self.answer(message, "\n".join(lines) or "No thread of this room has work.")
             return
         if elsewhere is not None:
-            await elsewhere.stop(message.room, message.sender)
+            await elsewhere.stop(message.room, message.sender, message.id)
         runs, dropped, recorded = await self.stop_threads(message.room, message.sender)
         if not recorded:
             await self._stop_failed(message, runs > 0, len(dropped))
@@ -341,21 +342,41 @@ class CommandHandler:
             f" dropped {_plural(len(dropped), 'waiting message')}.",
         )
 
-    async def stop_threads(self, room: RoomKey, actor: UserId) -> tuple[int, list[Message], bool]:
+    async def stop_threads(
+        self, room: RoomKey, actor: UserId, *, before: MessageId | None = None
+    ) -> tuple[int, list[Message], bool]:
         """Stop every thread of ``room`` this process runs: runs stopped, messages
-        dropped, and False if the drop could not be recorded (they wait again)."""
+        dropped, and False if the drop could not be recorded (they wait again).
+
+        ``before``: only what came before that message (a ``!stop`` heard late
+        from another replica): a run with none of it goes on, later messages
+        stay queued. (Message ids follow the shared inbox's order of receipt.)
+        """
         threads = [k for k in self.dispatcher.conversations(room) if k != room]
         # As a stop in one conversation: cancel first, then write.
-        stopped = [(key, self.dispatcher.stop(key)) for key in threads]
-        dropped = [m for _, result in stopped for m in result.dropped]
-        runs = sum(result.stopped is not None for _, result in stopped)
+        stopped: list[tuple[RoomKey, Batch | None, tuple[Message, ...]]] = []
+        for key in threads:
+            if before is not None:
+                running = self.dispatcher.status(key).running
+                if running is not None and all(m.id >= before for m in running.messages):
+                    # Its run began after the stop, and what waits behind it came later.
+                    continue
+            result = self.dispatcher.stop(key)
+            gone = result.dropped
+            if before is not None:
+                # What came after the stop queues again, in order.
+                self.dispatcher.restore(key, tuple(m for m in gone if m.id >= before))
+                gone = tuple(m for m in gone if m.id < before)
+            stopped.append((key, result.stopped, gone))
+        dropped = [m for _, _, gone in stopped for m in gone]
+        runs = sum(run is not None for _, run, _ in stopped)
         if dropped:
             try:
                 await self.store.mark_dropped([m.id for m in dropped], actor, self.wall_clock())
             except StoreError:
                 log.exception("could not record the dropped messages")
-                for key, result in stopped:
-                    self.dispatcher.restore(key, result.dropped)
+                for key, _, gone in stopped:
+                    self.dispatcher.restore(key, gone)
                 return runs, dropped, False
         return runs, dropped, True
 

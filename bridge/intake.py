@@ -17,7 +17,7 @@ from typing import Protocol
 from bridge.commands import Command, CommandHandler, CommandName, parse_command
 from bridge.config import RoomSettings, Settings
 from bridge.core import stages
-from bridge.core.model import ExternalMessageId, InboundMessage, Message, RoomKey
+from bridge.core.model import ExternalMessageId, InboundMessage, Message, MessageId, RoomKey
 from bridge.core.text import safe_text
 from bridge.core.transport import (
     Accepted,
@@ -91,6 +91,11 @@ class Intake:
         default_factory=Counter, init=False
     )
     """Messages being accepted, before their hand-over: called after any edit now acting."""
+    _placing: set[MessageId] = field(default_factory=set, init=False)
+    """Accepted messages whose placement is under way: it may wait for a takeover of
+    their conversation, whose recovery then hands them over (see :meth:`recover`)."""
+    _carried_out: set[MessageId] = field(default_factory=set, init=False)
+    """Of those, commands that recovery carried out: their accept must not again."""
 
     async def accept(self, event: InboundEvent) -> Accepted:
         """The transports' sink. Returns once the event is durably recorded.
@@ -275,10 +280,22 @@ class Intake:
             if not self._not_handed[key]:
                 del self._not_handed[key]
         placement = self.placement
-        if placement is not None and not await placement.local(message, needs_slot=not command):
-            # Recorded, and its conversation's owner was told: it handles it.
-            self.metrics.messages.labels("forwarded").inc()
-            return Accepted.ACCEPTED
+        if placement is not None:
+            self._placing.add(message.id)
+            try:
+                here = await placement.local(message, needs_slot=not command)
+            finally:
+                self._placing.discard(message.id)
+                carried_out = message.id in self._carried_out
+                self._carried_out.discard(message.id)
+            if not here:
+                # Recorded, and its conversation's owner was told: it handles it.
+                self.metrics.messages.labels("forwarded").inc()
+                return Accepted.ACCEPTED
+            if carried_out:
+                # Placing it took the conversation over (here or in the poll), and
+                # the recovery, which read it pending, carried it out in its place.
+                return Accepted.ACCEPTED
         await self._handle(command, message)
         return Accepted.ACCEPTED
 
@@ -340,20 +357,31 @@ class Intake:
 
         Commands accepted just before a crash are settled, not run: agent
         runs and stops have effects, and a stale ``!stop`` must not hit a new run.
-        With ``keep_commands`` (a replica taking a conversation over) they stay
-        pending instead, and the poll carries them out in order
-        (:meth:`take_forwarded`): there they are mostly commands another replica
-        handed to an owner that had just died, and nobody else would answer them.
+        With ``keep_commands`` (a replica taking a conversation over, or keeping
+        it at its restart) they are carried out instead, here, in their place
+        among the messages: there they are mostly commands another replica
+        handed to an owner that had just died, and nobody else would answer
+        them. Not left to the poll: the messages after a command would be
+        queued first, and a ``!stop`` carried out later would drop them.
+
+        No room turn is taken (:mod:`bridge.room_order`): the takeover may run
+        inside an accept of the room, holding its turn, that waits for it. An
+        accept of one of ``pending`` that waits for this takeover finds its
+        message queued, or its command carried out, and does nothing more.
         """
         resumed = 0
         prefix = self.settings.commands.prefix
         for message in pending:
             if self.dispatcher.holds(message):
                 continue  # handed over already (a replica's takeover and its own accept)
-            command = not is_synthetic(message) and parse_command(message.text, prefix)
-            if command and keep_commands:
+            command = None if is_synthetic(message) else parse_command(message.text, prefix)
+            if command is not None and keep_commands:
+                if message.id in self._placing:
+                    self._carried_out.add(message.id)
+                with log_context(room=message.room):
+                    await self._handle(command, message)
                 continue
-            if command or _empty(message):
+            if command is not None or _empty(message):
                 await self.store.complete_command(message.id)
             elif self.settings.room(message.room) is None:
                 log.warning("pending message %s is for a room no longer configured", message.id)
