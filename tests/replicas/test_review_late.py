@@ -60,3 +60,27 @@ async def test_a_top_level_stop_drops_a_thread_message_waiting_for_a_free_slot(
     finally:
         await conn.close()
     assert [r["state"] for r in rows] == ["dropped"]
+
+
+async def test_a_top_level_status_lists_a_thread_waiting_for_a_free_slot(
+    tmp_path: Path, cluster_db: str
+) -> None:
+    """docs/conversations.md: at the top level `!status` lists the room's threads
+    that have work. A thread message that came while every run slot was busy waits
+    in the inbox, owned by no replica (placement): the room-wide `!status` (c8973d8)
+    lists this replica's threads and the threads other replicas own, so it is in
+    neither list. One process lists it ("waiting for a run slot")."""
+    gate = tmp_path / "gate"
+    env = {"FAKE_CLAUDE_ECHO": "1", "FAKE_CLAUDE_WAIT_FOR": str(gate)}
+    config = {"defaults": {"conversation": "thread"}, "runner": {"max_concurrent_runs": 1}}
+    async with replica(replica_settings(tmp_path, "a", cluster_db, config, env=env)) as a:
+        await a.chat.say("busy", thread="t1")
+        await until(lambda: a.service.dispatcher.active_runs == 1, ANSWERED_S)
+        await a.chat.say("waiting for a slot", thread="t2")  # the only slot is busy
+        await a.chat.say("!status")
+        await a.chat.wait_until(lambda: len(a.chat.texts(ReplyKind.NOTICE)) >= 1)
+        status = a.chat.texts(ReplyKind.NOTICE)[-1]
+        gate.touch()
+        await until(lambda: len(results(a.chat)) == 2, ANSWERED_S)
+    assert "t1" in status
+    assert "t2" in status, status
