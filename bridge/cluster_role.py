@@ -36,7 +36,7 @@ from bridge.delivery import Outbox
 from bridge.intake import Intake
 from bridge.metrics import Metrics
 from bridge.stale_runs import never_started
-from bridge.store.base import RegisteredRun, RunRecord, Store
+from bridge.store.base import RegisteredRun, RunRecord, Store, StoreError
 from bridge.store.cluster import Leases
 from dispatcher import DispatchedRun, Dispatcher
 
@@ -129,9 +129,23 @@ class ClusterRole:
                 lines.append(f"Thread {lease.room.thread}: on replica {lease.owner}.")
         return lines
 
-    async def stop(self, room: RoomKey, actor: UserId) -> None:
+    async def stop(self, room: RoomKey, actor: UserId, before: MessageId) -> int | None:
+        """Drop what waits unowned in ``room``'s threads (accepted before the stop,
+        message ``before``), then tell every replica to stop the threads it runs.
+        How many were dropped; None if the database failed (they wait on)."""
+        dropped: int | None
+        try:
+            # Before the notice: a replica stopping its runs frees a slot, and its
+            # poll would take such a thread and run what waits in it.
+            dropped = await self.leases.drop_unowned_threads(
+                room.channel, before, actor, time.time()
+            )
+        except StoreError:
+            log.exception("could not drop the messages waiting unowned in %s's threads", room)
+            dropped = None
         body = {"actor": actor, "from": self.cluster.replica_id}
         await self.cluster.tell("", "room-stop", room.channel, body)
+        return dropped
 
     # -- Cluster's callbacks --
 
