@@ -201,7 +201,8 @@ class RoomWideElsewhere(Protocol):
     """A room's threads run by other replicas, for top-level ``!stop`` and ``!status``."""
 
     async def threads(self, room: RoomKey) -> list[str]:
-        """One line per thread of ``room`` another replica owns."""
+        """One line per thread of ``room`` another replica owns, or that waits for a
+        run slot owned by none."""
         ...
 
     async def stop(self, room: RoomKey, actor: UserId, before: MessageId) -> int | None:
