@@ -14,12 +14,14 @@ import asyncio
 import logging
 import socket
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from bridge.cluster import Cluster, Notice, pid_alive
+from bridge.commands import thread_line
 from bridge.config import Settings
 from bridge.core.model import (
     Batch,
@@ -36,9 +38,9 @@ from bridge.delivery import Outbox
 from bridge.intake import Intake
 from bridge.metrics import Metrics
 from bridge.stale_runs import never_started
-from bridge.store.base import RegisteredRun, RunRecord, Store
+from bridge.store.base import RegisteredRun, RunRecord, Store, StoreError
 from bridge.store.cluster import Leases
-from dispatcher import DispatchedRun, Dispatcher
+from dispatcher import DispatchedRun, Dispatcher, RoomStatus
 
 log = logging.getLogger(__name__)
 
@@ -132,21 +134,48 @@ class ClusterRole:
 
     async def threads(self, room: RoomKey) -> list[str]:
         """The room's threads with work (a run, a waiting message) other replicas own:
-        a thread's lease outlives its work (and each top-level message opens one)."""
+        a thread's lease outlives its work (and each top-level message opens one).
+        And those with messages waiting that no replica owns: left in the inbox for
+        want of a run slot (placement), as a single process says of them."""
+        pending = [m.room for m in await self.store.pending_messages()]
         busy = {run.room for run in await self.store.running_runs()}
-        busy.update(m.room for m in await self.store.pending_messages())
+        busy.update(pending)
         lines = []
+        held = set()
         for lease, live in await self.leases.leases():
+            if live:
+                held.add(lease.room)
             theirs = live and lease.owner != self.cluster.replica_id and lease.room in busy
             if theirs and lease.room.thread and lease.room.channel == room.channel:
                 lines.append(f"Thread {lease.room.thread}: on replica {lease.owner}.")
+        waiting = Counter(
+            key
+            for key in pending
+            if key.thread and key.channel == room.channel and key != room and key not in held
+        )
+        for key, count in waiting.items():
+            lines.append(thread_line(key.thread, RoomStatus(waiting=count, waiting_for_slot=True)))
         return lines
 
-    async def stop(self, room: RoomKey, actor: UserId, before: MessageId) -> None:
-        # ``before``: the `!stop`'s message; a replica hearing it late (after a
-        # takeover in its poll, say) must spare what it received after the stop.
+    async def stop(self, room: RoomKey, actor: UserId, before: MessageId) -> int | None:
+        """Drop what waits unowned in ``room``'s threads (accepted before the stop,
+        message ``before``), then tell every replica to stop the threads it runs.
+        How many were dropped; None if the database failed (they wait on)."""
+        dropped: int | None
+        try:
+            # Before the notice: a replica stopping its runs frees a slot, and its
+            # poll would take such a thread and run what waits in it.
+            dropped = await self.leases.drop_unowned_threads(
+                room.channel, before, actor, time.time()
+            )
+        except StoreError:
+            log.exception("could not drop the messages waiting unowned in %s's threads", room)
+            dropped = None
+        # ``before``: a replica hearing it late (after a takeover in its poll,
+        # say) must spare what it received after the stop.
         body = {"actor": actor, "from": self.cluster.replica_id, "before": before}
         await self.cluster.tell("", "room-stop", room.channel, body)
+        return dropped
 
     # -- Cluster's callbacks --
 

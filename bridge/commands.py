@@ -201,12 +201,14 @@ class RoomWideElsewhere(Protocol):
     """A room's threads run by other replicas, for top-level ``!stop`` and ``!status``."""
 
     async def threads(self, room: RoomKey) -> list[str]:
-        """One line per thread of ``room`` another replica owns."""
+        """One line per thread of ``room`` another replica owns, or that waits for a
+        run slot owned by none."""
         ...
 
-    async def stop(self, room: RoomKey, actor: UserId, before: MessageId) -> None:
-        """Ask every other replica to stop ``room``'s threads it runs: what came
-        before the ``!stop``, message ``before``."""
+    async def stop(self, room: RoomKey, actor: UserId, before: MessageId) -> int | None:
+        """Drop the messages of ``room``'s threads that wait owned by no replica
+        (accepted before message ``before``) and ask every other replica to stop
+        ``room``'s threads it runs: how many were dropped, None if that failed."""
         ...
 
 
@@ -323,14 +325,17 @@ class CommandHandler:
                 lines += await elsewhere.threads(message.room)
             await self.answer(message, "\n".join(lines) or "No thread of this room has work.")
             return
+        unowned: int | None = 0
         if elsewhere is not None:
-            await elsewhere.stop(message.room, message.sender, message.id)
+            unowned = await elsewhere.stop(message.room, message.sender, message.id)
         runs, dropped, recorded = await self.stop_threads(message.room, message.sender)
-        if not recorded:
-            await self._stop_failed(message, runs > 0, len(dropped))
+        if not recorded or unowned is None:
+            # What could not be dropped waits on: those of this replica's threads
+            # (counted), or those waiting unowned (not counted: none was read).
+            await self._stop_failed(message, runs > 0, len(dropped) if not recorded else 0)
             return
         await self._audit_command(command, message)
-        if not runs and not dropped:
+        if not runs and not dropped and not unowned:
             more = " here" if elsewhere is not None else ""
             await self.answer(
                 message, f"Nothing is running or waiting in this room's threads{more}."
@@ -339,7 +344,7 @@ class CommandHandler:
         await self.answer(
             message,
             f"Stopping {_plural(runs, 'run')} in this room's threads;"
-            f" dropped {_plural(len(dropped), 'waiting message')}.",
+            f" dropped {_plural(len(dropped) + unowned, 'waiting message')}.",
         )
 
     async def stop_threads(
@@ -444,7 +449,7 @@ class CommandHandler:
             await self.answer(message, "Nothing is running and nothing is waiting.")
 
     async def _stop_failed(self, message: Message, running: bool, waiting: int) -> None:
-        kept = _plural(waiting, "waiting message")
+        kept = _plural(waiting, "waiting message") if waiting else "waiting messages"
         text = f"Could not drop the {kept}: the database failed. They stay queued and will run"
         if running:
             text = f"Stopping the run. {text} after it"

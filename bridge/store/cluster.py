@@ -24,8 +24,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from bridge.core.model import RoomId, RoomKey, TransportName
-from bridge.store.base import Fence, StoreError
-from bridge.store.keys import room_key, stored_id
+from bridge.store.base import AuditAction, Fence, StoreError
+from bridge.store.keys import THREAD_SEPARATOR, room_key, stored_id
 
 log = logging.getLogger(__name__)
 
@@ -350,6 +350,81 @@ class Leases:
             {"ts": list(transports), "n": limit},
         )
         return [(room_key(row.transport, row.room_id), row.since) for row in rows]
+
+    async def drop_unowned_threads(self, room: RoomKey, before: int, actor: str, at: float) -> int:
+        """Drop the pending messages of ``room``'s thread conversations that no replica
+        holds unexpired, accepted before message ``before``; one audit row each.
+        Returns how many were dropped.
+
+        A top-level ``!stop`` (docs/conversations.md): its replica stops the threads
+        it runs and tells the others to stop theirs, but a thread message left in the
+        inbox for want of a run slot (placement) is in no replica's hands. Those are
+        dropped here, in one transaction that is the arbiter against a replica taking
+        such a thread at the same moment: each thread's lease row (an expired one,
+        owner ``""`` and token 0, if it never had one) is locked first, so a taking
+        (:meth:`acquire`) either committed before (the lease is live: its owner
+        heard the stop, the thread is left alone) or waits for this commit, and its
+        recovery then reads the messages dropped.
+        """
+        prefix = room.room_id + THREAD_SEPARATOR
+        params: dict[str, Any] = {"t": room.transport, "p": prefix, "n": len(prefix), "b": before}
+        async with self._transaction() as conn:
+            rows = await self._in(
+                conn,
+                "SELECT DISTINCT room_id FROM messages WHERE state = 'pending'"
+                " AND transport = :t AND substr(room_id, 1, :n) = :p AND id < :b",
+                params,
+            )
+            if not rows:
+                return 0
+            params["rs"] = sorted(row.room_id for row in rows)
+            await self._in(
+                conn,
+                "INSERT INTO leases (transport, room_id, owner, token, expires_at, acquired_at)"
+                " SELECT :t, r, '', 0, extract(epoch from clock_timestamp()),"
+                " extract(epoch from clock_timestamp())"
+                " FROM unnest(CAST(:rs AS varchar[])) AS r"
+                " ON CONFLICT (transport, room_id) DO NOTHING",
+                params,
+            )
+            # In one order (deadlocks), and re-read once a concurrent taking commits.
+            free = await self._in(
+                conn,
+                "SELECT room_id FROM leases WHERE transport = :t AND room_id = ANY(:rs)"
+                " AND expires_at <= extract(epoch from clock_timestamp())"
+                " ORDER BY room_id FOR UPDATE",
+                params,
+            )
+            if not free:
+                return 0
+            params["free"] = [row.room_id for row in free]
+            dropped = await self._in(
+                conn,
+                "UPDATE messages SET state = 'dropped' WHERE state = 'pending'"
+                " AND transport = :t AND room_id = ANY(:free) AND id < :b"
+                " RETURNING id, room_id, run_id",
+                params,
+            )
+            if dropped:
+                await conn.execute(
+                    text(
+                        "INSERT INTO audit (at, action, transport, room_id, actor, message_id,"
+                        " run_id, detail) VALUES (:at, :a, :t, :r, :actor, :m, :run, '')"
+                    ),
+                    [
+                        {
+                            "at": at,
+                            "a": AuditAction.MESSAGE_DROPPED.value,
+                            "t": room.transport,
+                            "r": row.room_id,
+                            "actor": actor,
+                            "m": row.id,
+                            "run": row.run_id,
+                        }
+                        for row in dropped
+                    ],
+                )
+            return len(dropped)
 
     async def cluster_runs(self) -> int:
         """Runs marked running across the cluster (the cluster cap counts these)."""

@@ -11,8 +11,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from bridge.core.model import ReplyKind
-from bridge.store.base import Fence
+from bridge.core.model import MessageId, ReplyKind, RoomKey
+from bridge.store.base import AuditAction, Fence
 from bridge.store.cluster import Fenced, Leases
 from tests.replicas.conftest import ROOM, Replica, replica, replica_settings, until
 from tests.store.conftest import _asyncpg_dsn
@@ -121,6 +121,78 @@ async def test_a_start_fenced_by_a_lost_lease_records_nothing(cluster_db: str) -
         assert await store.pending_messages(ROOM) == [msg]
         await store.start_run(RunId("r-b"), Batch(ROOM, (msg,)), time.time(), Fence("b", 2))
         assert (await store.get_run(RunId("r-b"))) is not None
+    finally:
+        await store.close()
+
+
+async def test_a_top_level_stop_drops_only_what_waits_in_unowned_threads(
+    cluster_db: str,
+) -> None:
+    """Leases.drop_unowned_threads: pending messages of the room's threads that no
+    live lease covers, accepted before the stop; a thread taken at the same moment is
+    the taker's (its lease row's lock orders the two)."""
+    from sqlalchemy import text
+
+    from bridge.core.model import (
+        ExternalMessageId,
+        InboundMessage,
+        MessageState,
+        RoomId,
+        UserId,
+    )
+    from bridge.store.sql import SqlStore
+
+    store = await SqlStore.open(cluster_db)
+    try:
+        leases = Leases(store.engine, ttl_s=30.0)
+        ran_out = Leases(store.engine, ttl_s=0.0)
+        other_room = ROOM.__class__(ROOM.transport, RoomId("C2"))
+
+        async def say(room: RoomKey, ext: str) -> MessageId:
+            msg = await store.accept(
+                InboundMessage(room, UserId("U1"), ext, ExternalMessageId(ext)), time.time()
+            )
+            assert msg is not None
+            return msg.id
+
+        assert await leases.acquire(ROOM.in_thread("t1"), "b") is not None
+        assert await ran_out.acquire(ROOM.in_thread("t3"), "c") is not None
+        owned = await say(ROOM.in_thread("t1"), "owned")
+        unowned = await say(ROOM.in_thread("t2"), "unowned")
+        expired = await say(ROOM.in_thread("t3"), "expired")
+        top = await say(ROOM, "top")
+        elsewhere = await say(other_room.in_thread("t2"), "elsewhere")
+        taken = await say(ROOM.in_thread("t4"), "taken")
+        stop = await say(ROOM.in_thread("stop"), "stop")
+        later = await say(ROOM.in_thread("t2"), "after the stop")
+
+        # A replica takes t4 at this very moment: its acquisition is not committed yet.
+        async with store.engine.connect() as conn:
+            await conn.begin()
+            await conn.execute(
+                text(
+                    "INSERT INTO leases (transport, room_id, owner, token, expires_at,"
+                    " acquired_at) VALUES ('slack', 'C1/t4', 'd', 1,"
+                    " extract(epoch from clock_timestamp()) + 30,"
+                    " extract(epoch from clock_timestamp()))"
+                )
+            )
+            dropping = asyncio.create_task(
+                leases.drop_unowned_threads(ROOM, stop, "U1", time.time())
+            )
+            await asyncio.sleep(0.3)
+            assert not dropping.done()  # waits for the taking
+            await conn.commit()
+        assert await dropping == 2
+        states = await store.message_states([owned, unowned, expired, top, elsewhere, taken, later])
+        dropped = [i for i, state in states.items() if state is MessageState.DROPPED]
+        assert sorted(dropped) == sorted([unowned, expired])
+        audited = await store.audit_trail(message_id=unowned)
+        assert [(r.action, r.actor) for r in audited][-1] == (AuditAction.MESSAGE_DROPPED, "U1")
+        # A thread that never had a lease is taken as before (token 1).
+        lease = await leases.acquire(ROOM.in_thread("t2"), "a")
+        assert lease is not None
+        assert lease.token == 1
     finally:
         await store.close()
 
