@@ -180,9 +180,10 @@ messages joined by newlines. The extra knobs:
 
 ``--mcp-config JSON`` (JSON text, variadic like the real flag): each stdio server in
 ``mcpServers`` is started at start-up, before stdin is read (the real CLI has them
-up before it answers ``initialize`` or takes a message), sent ``initialize``, ``notifications/initialized`` and ``tools/list``;
-its tools join ``init``'s ``tools`` as ``mcp__<server>__<tool>`` and
-``mcp_servers`` lists it ``connected``. Its stdin is closed at exit.
+up before it answers ``initialize`` or takes a message), sent ``initialize``,
+``notifications/initialized`` and ``tools/list``; its tools join ``init``'s
+``tools`` as ``mcp__<server>__<tool>`` and ``mcp_servers`` lists it
+``connected``. Its stdin is closed at exit.
 
 ``FAKE_CLAUDE_SEND_FILE=JSON``
     After the Bash tool, call ``mcp__chatbridge__send_file`` with this input (an
