@@ -546,6 +546,12 @@ class RunExecutor:
             report = RunReport(
                 RunStatus.FAILED, error=f"internal error ({type(exc).__name__}); see the log"
             )
+        if report.not_started:
+            log.warning(
+                "run %s not started: %s moved to another replica, which runs its messages",
+                run.id, run.batch.room,
+            )  # fmt: skip
+            return
         # A !stop landing while the end is reported must not cut the answer off.
         await self._settle(self._finalize(run, live, report))
         # After the answer, before the room is free: the conversation's next run,
@@ -686,6 +692,7 @@ class RunExecutor:
             detach=live.detach,
             control=live.control,
             prestarted=prestarted,
+            may_start=lambda: self.holds(batch.room),
         )
         if report.session_not_found and session is not None and live.answer is None:
             await self.notices.say(
@@ -704,6 +711,7 @@ class RunExecutor:
                 on_position=live.at,
                 detach=live.detach,
                 control=live.control,
+                may_start=lambda: self.holds(batch.room),
             )
         return report
 

@@ -196,6 +196,11 @@ EXPIRIES: dict[str, Ending] = {
 GONE_AT_RESTART = "the run's supervisor was gone when chatbridge restarted"
 
 
+_NOT_STARTED = RunReport(
+    RunStatus.INTERRUPTED, error="the conversation moved to another replica", not_started=True
+)
+
+
 async def run_claude(
     request: RunRequest,
     on_event: EventCallback,
@@ -204,6 +209,7 @@ async def run_claude(
     detach: Callable[[], bool] | None = None,
     control: RunControl | None = None,
     prestarted: Prestarted | None = None,
+    may_start: Callable[[], bool] | None = None,
 ) -> RunReport:
     """Run claude for ``request``, passing each event to ``on_event``; return how it ended.
 
@@ -216,7 +222,10 @@ async def run_claude(
     the run is left to its supervisor (``Spawned.live`` says where) and
     ``CancelledError`` propagates at once. An exception raised by
     ``on_event`` propagates after the same stop. ``control`` is bound to the
-    run before ``Spawned`` is handed on (docs/live-runs.md). With
+    run before ``Spawned`` is handed on (docs/live-runs.md). ``may_start`` is
+    asked last, just before claude is started (or a prestarted one is given
+    the prompt): false, nothing starts and the report says ``not_started``
+    (with replicas: this one lost the conversation while it was paused). With
     ``prestarted`` (runner.prestart) the prompt goes into that claude, unless
     it does not match ``request``, died or never got ready: then it is
     cancelled and the run starts cold.
@@ -229,6 +238,10 @@ async def run_claude(
             await prestarted.cancel()
         error = f"the message is too long for claude's stream ({len(first)} bytes)"
         return RunReport(RunStatus.FAILED, error=error)
+    if may_start is not None and not may_start():
+        if prestarted is not None:
+            await prestarted.cancel()
+        return _NOT_STARTED
     if prestarted is not None:
         supervised = await prestarted.take(request)
         if supervised is not None:
@@ -253,6 +266,12 @@ async def run_claude(
         run_dir = make_run_dir(request.state_dir, request.run_id)
     except OSError as exc:
         return RunReport(RunStatus.FAILED, error=f"cannot create the run's directory: {exc}")
+    if may_start is not None and not may_start():
+        # Asked again after the directory exists (nothing awaited in between
+        # before the spawn): a new owner that looked meanwhile and found no
+        # directory took the run for one that never began, and runs its messages.
+        remove_run_dir(run_dir)
+        return _NOT_STARTED
     detached = False
     try:
         try:

@@ -248,6 +248,10 @@ class RunReport:
     """Short, human-readable reason when the run did not succeed."""
     session_not_found: bool = False
     """``--resume`` named a session claude does not know; run again without it."""
+    not_started: bool = False
+    """claude was not started: the conversation had moved to another replica (this one
+    paused past its lease after recording the start). Nothing of the run is to be
+    recorded here: its new owner recovers it (its messages run there, once)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -427,3 +427,27 @@ async def test_cancel_after_the_result_keeps_the_answer(
     assert report.session_id is not None
     assert report.cost_usd is not None
     assert_nothing_left(run_id, tmp_path)
+
+
+@pytest.mark.parametrize("asked_before_refusing", [0, 1])
+async def test_nothing_starts_when_the_run_may_no_longer_start(
+    run_id: RunId, tmp_path: Path, recorder: Recorder, asked_before_refusing: int
+) -> None:
+    # Refused at the first question (before the run directory), or at the second
+    # (after it, just before the spawn): either way no claude, no directory.
+    state = tmp_path / "state"
+    asked: list[bool] = []
+
+    def may_start() -> bool:
+        asked.append(True)
+        return len(asked) <= asked_before_refusing
+
+    request = make_request(run_id, tmp_path, env=fake_env(tmp_path), state_dir=state)
+    report = await run_claude(request, recorder, may_start=may_start)
+    assert report.not_started
+    assert report.status is RunStatus.INTERRUPTED
+    assert len(asked) == asked_before_refusing + 1
+    assert recorder.events == []
+    assert not (tmp_path / "record.json").exists()
+    assert not (state / "runs" / run_id).exists()
+    assert pids_with_marker(run_id) == []
