@@ -36,6 +36,9 @@ from bridge.store.keys import room_key, stored_id
 log = logging.getLogger(__name__)
 
 NOTICE_WAIT_S = 5.0
+NEIGHBOUR_HEARD_S = 600.0
+"""A replica of this host silent for longer (or ten lease lifetimes) is no neighbour:
+one paused past its lease is silent for about a lease's lifetime when looked for."""
 IDLE_RELEASE_MIN_S = 60.0
 """A conversation idle this long (or four lease lifetimes, if longer) is let go."""
 """How long a notification may take to send before the poll is left to find the work."""
@@ -199,13 +202,19 @@ class Cluster:
         token = -1 if lease is None else lease.token
         return Fence(self.replica_id, token, self.settings.max_concurrent_runs)
 
-    async def neighbours(self) -> set[int]:
-        """The pids of the other replicas registered on this host."""
+    async def neighbours(self) -> dict[int, float]:
+        """The other replicas registered on this host and heard from lately (a row
+        left by a crash long ago names a pid that is anyone's since): pid -> when
+        it registered (wall clock)."""
         here = socket.gethostname()
+        since = time.time() - max(NEIGHBOUR_HEARD_S, 10 * self.settings.lease_ttl_s)
         return {
-            r.pid
+            r.pid: r.started_at
             for r in await self.leases.replicas()
-            if r.host == here and r.id != self.replica_id and r.pid != os.getpid()
+            if r.host == here
+            and r.id != self.replica_id
+            and r.pid != os.getpid()
+            and r.heartbeat_at >= since
         }
 
     def owned(self) -> list[RoomKey]:

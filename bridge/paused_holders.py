@@ -23,7 +23,7 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from runner.process import wait_exited
@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 PROC = Path("/proc")
 EXIT_WAIT_S = 5.0
 """How long a killed holder may take to exit (and so let go of its locks)."""
+CLOCK_SLACK_S = 5.0
+"""A replica's registration time is the database's clock, a process's start this host's."""
 
 
 def lock_holders(paths: Iterable[Path], proc_locks: Path = PROC / "locks") -> set[int]:
@@ -74,19 +76,68 @@ def is_stopped(pid: int) -> bool:
     return bool(after) and after[0] in ("T", "t")
 
 
-async def stop_paused_holders(paths: Iterable[Path], replicas: set[int]) -> list[int]:
-    """Kill the stopped processes among ``replicas`` (pids on this host) that hold a
-    lock on ``paths``, and wait for them to exit; returns their pids."""
-    holders = await asyncio.to_thread(lock_holders, list(paths))
+def has_open(pid: int, paths: Iterable[Path]) -> bool:
+    """Whether process ``pid`` has one of ``paths`` open (by device and inode)."""
+    wanted = set()
+    for path in paths:
+        with contextlib.suppress(OSError):
+            info = path.stat()
+            wanted.add((info.st_dev, info.st_ino))
+    try:
+        fds = os.listdir(PROC / str(pid) / "fd")
+    except OSError:
+        return False
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            info = os.stat(PROC / str(pid) / "fd" / fd)  # the open file itself
+            if (info.st_dev, info.st_ino) in wanted:
+                return True
+    return False
+
+
+def started_at(pid: int) -> float | None:
+    """When process ``pid`` started (wall clock), from ``/proc``; None if unknown."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+        boot = next(
+            float(line.split()[1])
+            for line in (PROC / "stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+        ticks = int(stat.rpartition(")")[2].split()[19])  # field 22, starttime
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _is_the_replica(pid: int, registered: float) -> bool:
+    """Whether ``pid`` is still the process that registered as a replica then (not a
+    process that got its pid since: one started after the registration)."""
+    began = started_at(pid)
+    return began is not None and began <= registered + CLOCK_SLACK_S
+
+
+async def stop_paused_holders(paths: Iterable[Path], replicas: Mapping[int, float]) -> list[int]:
+    """Kill the stopped processes among ``replicas`` (pids on this host, with when they
+    registered) that hold a lock on ``paths``, and wait for them to exit; their pids."""
+    files = list(paths)
+    holders = await asyncio.to_thread(lock_holders, files)
     killed = []
-    for pid in sorted(holders & replicas):
+    for pid in sorted(holders & set(replicas)):
         try:
             pidfd = os.pidfd_open(pid)
         except OSError:
             continue  # gone already
         try:
-            # Pinned by its pidfd: still the same process, and still stopped.
-            if not is_stopped(pid):
+            # Pinned by its pidfd: still the same process, still stopped, the
+            # replica that registered (not a later owner of its pid), with the
+            # store itself open (a lock matched by inode alone may be another
+            # filesystem's file).
+            if not (
+                is_stopped(pid)
+                and _is_the_replica(pid, replicas[pid])
+                and await asyncio.to_thread(has_open, pid, files)
+            ):
                 continue
             log.warning(
                 "replica process %d is stopped and holds a lock on the Matrix store:"
@@ -103,4 +154,4 @@ async def stop_paused_holders(paths: Iterable[Path], replicas: set[int]) -> list
     return killed
 
 
-__all__ = ["is_stopped", "lock_holders", "stop_paused_holders"]
+__all__ = ["has_open", "is_stopped", "lock_holders", "started_at", "stop_paused_holders"]

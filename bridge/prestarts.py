@@ -196,11 +196,15 @@ class Prestarts:
         self.cancel(room, "released")
         await _stop(pending.task)  # (a second stop waits for the first one's)
 
-    def stop_keeping(self) -> None:
-        """The shutdown began: no run comes for the ones kept warm, none is kept any more."""
+    async def stop_keeping(self) -> None:
+        """The shutdown began: no run comes for the ones kept warm, none is kept any more.
+        Returns once they are gone: a replica hands their conversations over next."""
         self._keeping = False
+        warm = list(self._warm.values())
         for room in list(self._warm):
             self.cancel(room, "shutdown")
+        for pending in warm:
+            await _stop(pending.task)  # (a second stop waits for the first one's)
 
     async def close(self) -> None:
         """At shutdown: stop every prestart, wait for all of it."""

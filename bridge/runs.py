@@ -103,6 +103,7 @@ from bridge.worktrees import WorktreeError, Worktrees, in_worktree
 from dispatcher import DispatchedRun, EndReason, Execute
 from runner import (
     EventCallback,
+    Prestarted,
     PromptImage,
     RunRequest,
     answer_report,
@@ -656,34 +657,19 @@ class RunExecutor:
     async def _drive(self, run: _Run, live: _Live, taken: Taken | None) -> RunReport:
         """Run claude (again without the session if claude lost it); its last report."""
         batch = run.batch
-        room = self.settings.room(batch.room)
-        if room is None:
-            await self._give_up(taken, "failed")
-            return RunReport(RunStatus.FAILED, error="room not configured")
-        prepared = await self._room_for_run(batch.room, room)
-        if isinstance(prepared, _Refusal):
-            # Recorded as a failed run: the room is told (once, for this batch), and
-            # after a budget's refusal `!retry` runs the messages once it has reset.
-            await self._give_up(taken, "failed")
-            if prepared.budget is not None:
-                self.metrics.budget_refusals.labels(prepared.budget).inc()
-                log.info("run not started: the %s's daily budget is spent", prepared.budget)
-            return RunReport(RunStatus.FAILED, error=prepared.error)
-        room = prepared
-        log.info("run started with %d message(s)", len(batch.messages))
-        files: list[FetchedFile] = []
-        images: list[PromptImage] = []
-        if self.inbox is not None:
-            limits = Limits(room.max_file_bytes, room.max_message_files_bytes)
-            files = await self.inbox.fetch(run.id, batch, room.cwd, limits)
-            # Base64 grows by a third; the line must stay well under the runner's limit.
-            budget = self.settings.runner.max_line_bytes // 2 * 3 // 4
-            files, images = await shown_images(room.cwd, files, budget)
-        prompt = build_prompt(batch, files)
-        request = await self._request(batch.room, room, run.id, prompt)
-        request = replace(request, images=tuple(images))
+        try:
+            prepared = await self._prepare(run, taken)
+        except BaseException as exc:
+            # Ended before it reached claude (a !stop, a store that kept failing):
+            # a claude started for it (prestarted, or kept warm) goes with it, or
+            # it would run on past the run, beside the room's next one.
+            why = "dropped" if isinstance(exc, asyncio.CancelledError) else "failed"
+            await shielded(self._give_up(taken, why))
+            raise
+        if isinstance(prepared, RunReport):
+            return prepared
+        request, prestarted = prepared
         session = request.session_id
-        prestarted = await taken.prestarted(request) if taken is not None else None
         on_event = self._on_event(run, live)
         report = await run_claude(
             request,
@@ -714,6 +700,41 @@ class RunExecutor:
                 may_start=lambda: self.holds(batch.room),
             )
         return report
+
+    async def _prepare(
+        self, run: _Run, taken: Taken | None
+    ) -> tuple[RunRequest, Prestarted | None] | RunReport:
+        """The run's request, and the claude started for it if one was (a report instead
+        when the run may not start: its prestart, if any, is given up then)."""
+        batch = run.batch
+        room = self.settings.room(batch.room)
+        if room is None:
+            await self._give_up(taken, "failed")
+            return RunReport(RunStatus.FAILED, error="room not configured")
+        prepared = await self._room_for_run(batch.room, room)
+        if isinstance(prepared, _Refusal):
+            # Recorded as a failed run: the room is told (once, for this batch), and
+            # after a budget's refusal `!retry` runs the messages once it has reset.
+            await self._give_up(taken, "failed")
+            if prepared.budget is not None:
+                self.metrics.budget_refusals.labels(prepared.budget).inc()
+                log.info("run not started: the %s's daily budget is spent", prepared.budget)
+            return RunReport(RunStatus.FAILED, error=prepared.error)
+        room = prepared
+        log.info("run started with %d message(s)", len(batch.messages))
+        files: list[FetchedFile] = []
+        images: list[PromptImage] = []
+        if self.inbox is not None:
+            limits = Limits(room.max_file_bytes, room.max_message_files_bytes)
+            files = await self.inbox.fetch(run.id, batch, room.cwd, limits)
+            # Base64 grows by a third; the line must stay well under the runner's limit.
+            budget = self.settings.runner.max_line_bytes // 2 * 3 // 4
+            files, images = await shown_images(room.cwd, files, budget)
+        prompt = build_prompt(batch, files)
+        request = await self._request(batch.room, room, run.id, prompt)
+        request = replace(request, images=tuple(images))
+        prestarted = await taken.prestarted(request) if taken is not None else None
+        return request, prestarted
 
     async def prestart_request(self, key: RoomKey, run_id: RunId) -> RunRequest | None:
         """What a run of ``key`` would start with now, its prompt still unknown; None

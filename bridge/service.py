@@ -724,7 +724,7 @@ class Service:
         self.shutting_down.set()
         if self.executor.prestarts is not None:
             # No run comes for a claude kept warm now; runs ending in the grace keep none.
-            self.executor.prestarts.stop_keeping()
+            await self.executor.prestarts.stop_keeping()
         if self.cluster is not None:
             # Scale-in: idle conversations go to other replicas at once.
             self.cluster.draining = True

@@ -106,17 +106,21 @@ def _clone_exec(
         failed = errors.read()
     if failed:
         os.waitpid(pid, 0)
-        code = int(failed) if failed.isdigit() else errno.ENOEXEC
-        raise OSError(code, os.strerror(code), argv[0])
+        number, _, step = failed.partition(b":")
+        code = int(number) if number.isdigit() else errno.ENOEXEC
+        # Named as subprocess names it: the directory for a failed chdir.
+        raise OSError(code, os.strerror(code), cwd if step == b"cwd" else argv[0])
     return pid
 
 
 def _become(argv: Sequence[str], cwd: str, fds: tuple[int, int, int], err_w: int) -> NoReturn:
     """The child's part: set itself up and ``exec``; never returns."""
-    code = errno.ENOEXEC
+    code, step = errno.ENOEXEC, ""
     try:
         os.setsid()
+        step = ":cwd"
         os.chdir(cwd)
+        step = ""
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         # The supervisor's inherited connection and the like: claude gets 0-2 only.
@@ -130,7 +134,7 @@ def _become(argv: Sequence[str], cwd: str, fds: tuple[int, int, int], err_w: int
         code = exc.errno or code
     finally:
         with contextlib.suppress(OSError):
-            os.write(err_w, str(code).encode())
+            os.write(err_w, f"{code}{step}".encode())
         os._exit(127)
 
 

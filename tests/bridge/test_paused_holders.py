@@ -7,6 +7,7 @@ import os
 import signal
 import sqlite3
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -96,14 +97,14 @@ async def test_a_stopped_replica_holding_the_lock_is_killed_and_the_file_is_free
 ) -> None:
     await stopped(holder)
     assert not writable(db)
-    assert await stop_paused_holders([db], {holder.pid, 1}) == [holder.pid]
+    assert await stop_paused_holders([db], {holder.pid: time.time(), 1: 0.0}) == [holder.pid]
     assert await holder.wait() == -signal.SIGKILL
     assert writable(db)
 
 
 async def test_a_running_holder_is_left_alone(db: Path, holder: asyncio.subprocess.Process) -> None:
     assert not is_stopped(holder.pid)
-    assert await stop_paused_holders([db], {holder.pid}) == []
+    assert await stop_paused_holders([db], {holder.pid: time.time()}) == []
     assert holder.returncode is None
     assert not writable(db)
 
@@ -112,6 +113,6 @@ async def test_a_stopped_holder_that_is_no_replica_is_left_alone(
     db: Path, holder: asyncio.subprocess.Process
 ) -> None:
     await stopped(holder)
-    assert await stop_paused_holders([db], {os.getpid()}) == []
+    assert await stop_paused_holders([db], {os.getpid(): time.time()}) == []
     assert is_stopped(holder.pid)
     holder.send_signal(signal.SIGCONT)

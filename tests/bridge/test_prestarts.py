@@ -181,7 +181,7 @@ async def test_nothing_is_kept_when_off_at_shutdown_or_beside_a_prestart() -> No
     f.prestarts.begin(A)
     f.prestarts.keep_warm(A)  # (the room has one already)
     f.prestarts.keep_warm(B)
-    f.prestarts.stop_keeping()
+    await f.prestarts.stop_keeping()
     assert f.count("wasted", "shutdown") == 1  # B's
     f.prestarts.keep_warm(C)
     assert f.prestarts.take(C) is None
