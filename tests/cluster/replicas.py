@@ -122,7 +122,12 @@ class ReplicaProcess:
 
     def resume(self) -> None:
         assert self.process is not None
-        self.process.send_signal(signal.SIGCONT)
+        try:
+            self.process.send_signal(signal.SIGCONT)
+        except ProcessLookupError:
+            # Killed while paused (a new Matrix leader stops one holding the store's lock).
+            self.log.append(f"----- {self.name} gone before SIGCONT")
+            return
         self.log.append(f"----- {self.name} SIGCONT")
 
     async def terminate(self) -> None:

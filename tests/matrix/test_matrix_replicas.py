@@ -154,7 +154,7 @@ async def test_a_leader_paused_past_its_lease_stops_instead_of_syncing_beside_th
         await logged(follower, LEADING)
         await alice.send(room, "second question, while the leader is paused")
         await alice.wait_for(lambda s: answer_in(bot, room)(s) and "second" in s.content["body"])
-        leader.resume()
+        leader.resume()  # (a no-op if it was killed, paused holding the store's lock)
         assert leader.process is not None
         async with asyncio.timeout(GUARD_S):
             code = await leader.process.wait()
