@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from runner.process import wait_exited
+from runner.proctree import start_time
 
 log = logging.getLogger(__name__)
 
@@ -98,13 +99,12 @@ def has_open(pid: int, paths: Iterable[Path]) -> bool:
 def started_at(pid: int) -> float | None:
     """When process ``pid`` started (wall clock), from ``/proc``; None if unknown."""
     try:
-        stat = (PROC / str(pid) / "stat").read_text()
+        ticks = start_time(pid)
         boot = next(
             float(line.split()[1])
             for line in (PROC / "stat").read_text().splitlines()
             if line.startswith("btime ")
         )
-        ticks = int(stat.rpartition(")")[2].split()[19])  # field 22, starttime
     except (OSError, ValueError, IndexError, StopIteration):
         return None
     return boot + ticks / os.sysconf("SC_CLK_TCK")
