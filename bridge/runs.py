@@ -106,6 +106,7 @@ from runner import (
     Prestarted,
     PromptImage,
     RunRequest,
+    Spares,
     answer_report,
     attach_claude,
     remove_run_dir,
@@ -383,6 +384,8 @@ class RunExecutor:
     """Asks the room about tool uses (``approve_tools``); None: requests are not asked."""
     prestarts: Prestarts | None = None
     """Claudes started while their batch gathered (``[runner] prestart``)."""
+    spares: Spares | None = None
+    """Supervisors started ahead of their runs (runner/spare.py); None: each run starts its own."""
     worktrees: Worktrees = field(default_factory=Worktrees)
     """Thread conversations' git worktrees (``worktree = true``)."""
     limits: LimitResumes | None = None
@@ -679,6 +682,7 @@ class RunExecutor:
             control=live.control,
             prestarted=prestarted,
             may_start=lambda: self.holds(batch.room),
+            spares=self.spares,
         )
         if report.session_not_found and session is not None and live.answer is None:
             await self.notices.say(
@@ -698,6 +702,7 @@ class RunExecutor:
                 detach=live.detach,
                 control=live.control,
                 may_start=lambda: self.holds(batch.room),
+                spares=self.spares,
             )
         return report
 
@@ -1193,9 +1198,10 @@ class RunExecutor:
         if live.opening is not None:
             # Typing on before typing off.
             await self._cosmetic("show that the run started", live.opening)
-        await self._cosmetic("clear typing", self.replier.typing(run.batch.room, False))
-        # The cosmetics come after the answer, never in front of it.
+        # The cosmetics come after the answer, never in front of it: typing off
+        # too, whose request would slow the answer's on a busy homeserver.
         await self._cosmetic("have the answer delivered", settled())
+        await self._cosmetic("clear typing", self.replier.typing(run.batch.room, False))
         self._finish_later(run, _OUTCOME_WORDS[status])
         phase = _PHASES.get(status, RunPhase.FAILED)
         await self._cosmetic("show the outcome", self.replier.phase(run.batch, phase))

@@ -17,6 +17,7 @@ Shutdown is a single, ordered path (see docs/operations.md):
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -36,6 +37,7 @@ from bridge.cluster_role import ClusterRole
 from bridge.commands import CommandHandler
 from bridge.config import Settings
 from bridge.containment import report_containment
+from bridge.core.aio import shielded
 from bridge.core.model import (
     Batch,
     Message,
@@ -79,8 +81,10 @@ from dispatcher import (
     RoomStatus,
 )
 from runner import (
+    Spares,
     clean_stray_runs,
     journal_exists,
+    prestart,
     recover_run,
     remove_run_dir,
 )
@@ -165,6 +169,8 @@ class Service:
     """Set when the shutdown path begins: no run begins from then on."""
     http_port: int | None = field(init=False, default=None)
     """The port /healthz, /readyz and /metrics listen on, once bound."""
+    spares: Spares = field(init=False, default_factory=Spares)
+    """A supervisor started ahead of the next run: from recovery's end to the shutdown's."""
 
     def __post_init__(self) -> None:
         settings = self.settings
@@ -187,6 +193,7 @@ class Service:
         self.executor = RunExecutor(
             settings, self.store, self.replier, self.metrics, self.outbox, self.notices
         )
+        self.executor.spares = self.spares
         self.approvals = ApprovalFlow(
             settings, self.store, self.replier, self.executor.live_runs, self._refused
         )
@@ -200,6 +207,7 @@ class Service:
                 self.executor.prestart_request,
                 self.metrics,
                 new_run_id,
+                start=functools.partial(prestart, spares=self.spares),
                 keep_s=settings.runner.prestart_keep_s,
                 keep_limit=settings.runner.prestart_limit,
             )
@@ -580,6 +588,13 @@ class Service:
     async def _serve_locked(self) -> None:
         report_containment(self.settings)
         await self.recover()
+        self.spares.refill()  # the first run's supervisor, ready well before it
+        try:
+            await self._serve_parts()
+        finally:
+            await shielded(self.spares.close())
+
+    async def _serve_parts(self) -> None:
         async with asyncio.TaskGroup() as tg:
             self._tasks = tg
             background = [

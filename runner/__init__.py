@@ -49,6 +49,7 @@ from runner.rundir import (
     run_dir_made,
     stray_runs,
 )
+from runner.spare import Spares
 
 __all__ = [
     "MARKER_ENV",
@@ -76,6 +77,7 @@ __all__ = [
     "RunEvent",
     "RunRequest",
     "RunnerError",
+    "Spares",
     "Spawned",
     "StreamError",
     "ToolResult",

@@ -26,7 +26,7 @@ import signal
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
     from typing import NoReturn
 
     from runner.proctree import Cgroup
@@ -61,21 +61,32 @@ class CgroupRefused(Exception):
     """claude's process could not enter the run's group; it did not start."""
 
 
-def spawn(argv: Sequence[str], cwd: str, fds: tuple[int, int, int], cgroup: Cgroup | None) -> int:
+def spawn(
+    argv: Sequence[str],
+    cwd: str,
+    fds: tuple[int, int, int],
+    cgroup: Cgroup | None,
+    env: Mapping[str, str] | None = None,
+) -> int:
     """Start ``argv`` in ``cwd`` with ``fds`` as its stdin, stdout and stderr, in a session
-    of its own and (if given) in ``cgroup``; its pid. The caller reaps it.
+    of its own and (if given) in ``cgroup``, with ``env`` (None: this process's); its pid.
+    The caller reaps it.
 
     Raises OSError when the program cannot be started, CgroupRefused when it
     could not enter ``cgroup`` (it did not start: try again without one).
     """
-    pid = _clone_exec(argv, cwd, fds, cgroup)
+    pid = _clone_exec(argv, cwd, fds, cgroup, env)
     if pid is None:
-        pid = _popen(argv, cwd, fds, cgroup)
+        pid = _popen(argv, cwd, fds, cgroup, env)
     return pid
 
 
 def _clone_exec(
-    argv: Sequence[str], cwd: str, fds: tuple[int, int, int], cgroup: Cgroup | None
+    argv: Sequence[str],
+    cwd: str,
+    fds: tuple[int, int, int],
+    cgroup: Cgroup | None,
+    env: Mapping[str, str] | None,
 ) -> int | None:
     """Fork and exec by ``clone3``; None when ``clone3`` (with the group) is refused."""
     try:
@@ -91,7 +102,7 @@ def _clone_exec(
         libc.syscall.restype = ctypes.c_long
         pid = int(libc.syscall(_SYS_CLONE3, ctypes.byref(args), ctypes.sizeof(args)))
         if pid == 0:
-            _become(argv, cwd, fds, err_w)
+            _become(argv, cwd, fds, err_w, env)
     except BaseException:
         os.close(err_r)
         raise
@@ -113,7 +124,13 @@ def _clone_exec(
     return pid
 
 
-def _become(argv: Sequence[str], cwd: str, fds: tuple[int, int, int], err_w: int) -> NoReturn:
+def _become(
+    argv: Sequence[str],
+    cwd: str,
+    fds: tuple[int, int, int],
+    err_w: int,
+    env: Mapping[str, str] | None,
+) -> NoReturn:
     """The child's part: set itself up and ``exec``; never returns."""
     code, step = errno.ENOEXEC, ""
     try:
@@ -129,7 +146,10 @@ def _become(argv: Sequence[str], cwd: str, fds: tuple[int, int, int], err_w: int
         # Python ignores these; a program expects them at their defaults (as subprocess does).
         for sig in (signal.SIGPIPE, signal.SIGXFSZ):
             signal.signal(sig, signal.SIG_DFL)
-        os.execvp(argv[0], list(argv))  # noqa: S606 (argv, never a shell: chat text is on stdin)
+        # argv, never a shell: chat text is on stdin.
+        if env is None:
+            os.execvp(argv[0], list(argv))  # noqa: S606
+        os.execvpe(argv[0], list(argv), env)  # noqa: S606
     except OSError as exc:
         code = exc.errno or code
     finally:
@@ -138,7 +158,13 @@ def _become(argv: Sequence[str], cwd: str, fds: tuple[int, int, int], err_w: int
         os._exit(127)
 
 
-def _popen(argv: Sequence[str], cwd: str, fds: tuple[int, int, int], cgroup: Cgroup | None) -> int:
+def _popen(
+    argv: Sequence[str],
+    cwd: str,
+    fds: tuple[int, int, int],
+    cgroup: Cgroup | None,
+    env: Mapping[str, str] | None,
+) -> int:
     import subprocess  # only where clone3 is refused: see the module's doc
 
     try:
@@ -148,6 +174,7 @@ def _popen(argv: Sequence[str], cwd: str, fds: tuple[int, int, int], cgroup: Cgr
             stdout=fds[1],
             stderr=fds[2],
             cwd=cwd,
+            env=env,
             start_new_session=True,
             close_fds=True,
             # Only with a cgroup: a preexec_fn rules out the faster vfork path. Safe

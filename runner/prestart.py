@@ -34,6 +34,7 @@ from runner.events import ControlAnswer
 from runner.journal import JOURNAL
 from runner.request import RunRequest
 from runner.rundir import make_run_dir, remove_run_dir
+from runner.spare import Spares
 from runner.stream import LineFramer, parse_line
 from runner.supervision import Limits, Malformed, Record, Supervised, parse_header
 
@@ -166,7 +167,7 @@ def _answers_initialize(framer: LineFramer, payload: bytes) -> bool:
     return False
 
 
-async def prestart(request: RunRequest) -> Prestarted:
+async def prestart(request: RunRequest, spares: Spares | None = None) -> Prestarted:
     """Start the supervisor and claude for ``request`` (its prompt is not used) and send
     ``initialize``. Raises what starting raises (``OSError``, ``SpawnFailed``,
     ``Unanswered``, ``InvalidRequest``); cancelled, it leaves nothing."""
@@ -182,6 +183,7 @@ async def prestart(request: RunRequest) -> Prestarted:
             run_dir=run_dir,
             limits=limits,
             first=control_request(INITIALIZE_ID, "initialize"),
+            spares=spares,
         )
     except BaseException:
         remove_run_dir(run_dir)

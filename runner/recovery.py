@@ -27,7 +27,8 @@ from runner.command import MARKER_ENV
 from runner.process import has_exited, kill_cgroup, kill_marked, kill_tree, wait_exited
 from runner.proctree import cgroup_parent
 from runner.rundir import remove_run_dir, stray_runs
-from runner.supervision import SUPERVISOR, SUPERVISOR_KILL_S
+from runner.spare import SUPERVISOR
+from runner.supervision import SUPERVISOR_KILL_S
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,8 @@ DEFAULT_GRACE_S = 30.0
 
 _PROC = Path("/proc")
 SUPERVISOR_NAME = f"/{SUPERVISOR.name}".encode()
+STANDBY_OPTION = b"--standby"
+"""A supervisor started as a spare (runner/spare.py) has it among its options."""
 
 
 class _OldSupervisor:
@@ -125,7 +128,10 @@ async def _find_supervisor(run_id: str) -> _OldSupervisor | None:
 def _supervisor_candidates(run_id: str) -> list[tuple[int, list[bytes]]]:
     """Pids and command lines of processes that look like ``run_id``'s supervisor.
 
-    Blocking (reads every process of the host in /proc): a worker thread's job.
+    One started for its run has the run's marker in its environment and the
+    run's id on its command line; a spare (runner/spare.py) has neither, and
+    works in the run's directory, named by the run's id. Blocking (reads
+    every process of the host in /proc): a worker thread's job.
     """
     marker = f"{MARKER_ENV}={run_id}".encode()
     option = f"--run-id={run_id}".encode()
@@ -135,6 +141,12 @@ def _supervisor_candidates(run_id: str) -> list[tuple[int, list[bytes]]]:
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if _supervises(argv, STANDBY_OPTION):
+                # Its cwd is the run directory, "(deleted)" once that is removed.
+                works_in = os.readlink(entry / "cwd").removesuffix(" (deleted)")
+                if os.path.basename(works_in) == run_id:
+                    found.append((int(entry.name), argv))
+                continue
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
@@ -149,7 +161,7 @@ def _supervises(argv: list[bytes], option: bytes) -> bool:
     By file name, not full path: the previous bridge may have run from
     another installation.
     """
-    own = argv[: argv.index(b"--")] if b"--" in argv else []
+    own = argv[: argv.index(b"--")] if b"--" in argv else argv
     return option in own and any(a.endswith(SUPERVISOR_NAME) for a in own)
 
 

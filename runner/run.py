@@ -84,6 +84,7 @@ from runner.prestart import Prestarted
 from runner.recovery import recover_run
 from runner.request import RunRequest
 from runner.rundir import make_run_dir, remove_run_dir
+from runner.spare import Spares
 from runner.stream import LineFramer, parse_line
 from runner.supervision import Limits, Refused, SpawnFailed, Supervised, Unanswered
 
@@ -210,6 +211,7 @@ async def run_claude(
     control: RunControl | None = None,
     prestarted: Prestarted | None = None,
     may_start: Callable[[], bool] | None = None,
+    spares: Spares | None = None,
 ) -> RunReport:
     """Run claude for ``request``, passing each event to ``on_event``; return how it ended.
 
@@ -228,7 +230,8 @@ async def run_claude(
     (with replicas: this one lost the conversation while it was paused). With
     ``prestarted`` (runner.prestart) the prompt goes into that claude, unless
     it does not match ``request``, died or never got ready: then it is
-    cancelled and the run starts cold.
+    cancelled and the run starts cold. A cold start takes its supervisor from
+    ``spares`` when one is ready (runner/spare.py).
     """
     control = control if control is not None else RunControl()
     first = user_message(request.prompt, new_uuid(), request.images)
@@ -276,7 +279,7 @@ async def run_claude(
     try:
         try:
             supervised = await supervision.start(
-                request, argv, env=env, run_dir=run_dir, limits=limits, first=first
+                request, argv, env=env, run_dir=run_dir, limits=limits, first=first, spares=spares
             )
         except SpawnFailed as exc:
             if not request.cwd.is_dir():

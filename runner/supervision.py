@@ -40,11 +40,11 @@ from runner.bare import bare_argv
 from runner.journal import JOURNAL, SOCK, header
 from runner.process import has_exited, kill_cgroup, kill_marked, kill_tree, wait_exited
 from runner.request import RunRequest
+from runner.spare import SUPERVISOR, Spares
 from runner.supervisor import DONE_LINGER_S, KILL_DEADLINE_S
 
 log = logging.getLogger(__name__)
 
-SUPERVISOR = Path(__file__).with_name("supervisor.py")
 PROTOCOL_VERSIONS = (1, 2)
 """The journal and socket protocol versions this bridge reads (2: streaming input,
 ``in`` records, the supervisor's own eof; docs/detached-runs.md)."""
@@ -451,14 +451,14 @@ def _pin_if(pid: int, holds: Callable[[list[bytes]], bool]) -> int | None:
     return fd
 
 
-def supervisor_argv(
-    request: RunRequest, argv: list[str], *, run_dir: Path, conn_fd: int, limits: Limits
+def supervisor_options(
+    request: RunRequest, argv: list[str], *, run_dir: Path, limits: Limits
 ) -> list[str]:
-    """The supervisor's command line: the run's id, paths, limits and fd, never any chat text."""
+    """The supervisor's options for a run (its id, paths and limits), ``--`` and claude's
+    argv: never any chat text. A spare gets them as its orders."""
     command = [
-        *bare_argv(str(SUPERVISOR)),
         f"--run-id={request.run_id}", f"--run-dir={run_dir}", f"--cwd={request.cwd}",
-        f"--conn-fd={conn_fd}", f"--grace-s={request.stop_grace_s!r}",
+        f"--grace-s={request.stop_grace_s!r}",
         f"--run-timeout-s={request.run_timeout_s!r}",
         f"--idle-timeout-s={request.idle_timeout_s!r}",
         f"--orphan-timeout-s={request.orphan_timeout_s!r}",
@@ -472,6 +472,14 @@ def supervisor_argv(
         if limits.pids_max is not None:
             command.append(f"--pids-max={limits.pids_max}")
     return [*command, "--", *argv]
+
+
+def supervisor_argv(
+    request: RunRequest, argv: list[str], *, run_dir: Path, conn_fd: int, limits: Limits
+) -> list[str]:
+    """The command line of a supervisor started for its run."""
+    options = supervisor_options(request, argv, run_dir=run_dir, limits=limits)
+    return [*bare_argv(str(SUPERVISOR)), f"--conn-fd={conn_fd}", *options]
 
 
 def stdin_record(data: bytes) -> bytes:
@@ -522,6 +530,7 @@ async def start(
     run_dir: Path,
     limits: Limits,
     first: bytes,
+    spares: Spares | None = None,
 ) -> Supervised:
     """Start the supervisor, hand it ``first`` for claude's stdin (whole lines: the
     prompt's user message, or a prestart's ``initialize``), and wait until claude
@@ -532,13 +541,45 @@ async def start(
     not. Cancelled, it stops whatever started (SIGTERM to the supervisor is a
     stop) and waits for it.
     """
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     stages.stamp("spawn")
+    spare = spares.take() if spares is not None else None
+    options = supervisor_options(request, argv, run_dir=run_dir, limits=limits)
+    if spare is not None and spare.send(options, env):
+        proc, ours = spare.proc, spare.conn
+    else:
+        proc, ours = _start_supervisor(request, argv, env, run_dir, limits)
+    stages.stamp("supervisor_forked")
+    pidfd = os.pidfd_open(proc.pid)  # our child: its pid is not reused before we reap it
+    writer: asyncio.StreamWriter | None = None
+    try:
+        ours.setblocking(False)
+        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        writer.write(attach_record(0) + stdin_record(first))
+        supervised = await _spawned(request.run_id, reader, writer, run_dir, proc, pidfd, limits)
+    except BaseException:
+        if writer is not None:
+            writer.close()
+        else:
+            ours.close()
+        await shielded(_abandon(proc, pidfd, request.stop_grace_s))
+        raise
+    finally:
+        if spares is not None:
+            spares.refill_soon()
+    stages.stamp("claude_spawned")
+    return supervised
+
+
+def _start_supervisor(
+    request: RunRequest, argv: list[str], env: Mapping[str, str], run_dir: Path, limits: Limits
+) -> tuple[subprocess.Popen[bytes], socket.socket]:
+    """Start a supervisor for the run (no spare was ready): it and our end of its connection."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         try:
             # Not asyncio's subprocess: its transport kills the child when closed,
             # and this one must outlive us. Forking here is as quick as there.
-            proc = subprocess.Popen(  # noqa: ASYNC220
+            proc = subprocess.Popen(
                 supervisor_argv(
                     request, argv, run_dir=run_dir, conn_fd=theirs.fileno(), limits=limits
                 ),
@@ -557,23 +598,7 @@ async def start(
     except BaseException:
         ours.close()
         raise
-    stages.stamp("supervisor_forked")
-    pidfd = os.pidfd_open(proc.pid)  # our child: its pid is not reused before we reap it
-    writer: asyncio.StreamWriter | None = None
-    try:
-        ours.setblocking(False)
-        reader, writer = await asyncio.open_unix_connection(sock=ours)
-        writer.write(attach_record(0) + stdin_record(first))
-        supervised = await _spawned(request.run_id, reader, writer, run_dir, proc, pidfd, limits)
-    except BaseException:
-        if writer is not None:
-            writer.close()
-        else:
-            ours.close()
-        await shielded(_abandon(proc, pidfd, request.stop_grace_s))
-        raise
-    stages.stamp("claude_spawned")
-    return supervised
+    return proc, ours
 
 
 async def _spawned(  # noqa: PLR0917

@@ -109,6 +109,7 @@ class Options:
         "cgroup",
         "conn_fd",
         "cwd",
+        "env",
         "grace_s",
         "idle_timeout_s",
         "max_line_bytes",
@@ -153,6 +154,8 @@ class Options:
         self.cgroup = cgroup
         self.memory_max = memory_max
         self.pids_max = pids_max
+        self.env: dict[str, str] | None = None
+        """claude's environment; None: this process's own (started for its run)."""
 
 
 def parse(args: list[str]) -> Options:
@@ -906,7 +909,7 @@ def _start_claude(options: Options, supervisor: Supervisor) -> str | None:
     theirs = (stdin_r, stdout_w, stderr_w)
     try:
         try:
-            claude = spawn(options.argv, options.cwd, theirs, cgroup)
+            claude = spawn(options.argv, options.cwd, theirs, cgroup, options.env)
         except CgroupRefused as exc:
             # As when the group cannot be made, the run goes on without it (the
             # subreaper still contains it).
@@ -915,7 +918,7 @@ def _start_claude(options: Options, supervisor: Supervisor) -> str | None:
             cgroup_error = f"cannot move claude into {cgroup.path}: {exc}"
             cgroup.remove(RMDIR_DEADLINE_S)
             cgroup = None
-            claude = spawn(options.argv, options.cwd, theirs, None)
+            claude = spawn(options.argv, options.cwd, theirs, None, options.env)
     except (OSError, ValueError, CgroupRefused) as exc:
         code = exc.errno if isinstance(exc, OSError) else None
         journal.append(header("spawn_failed", error=str(exc), errno=code))
@@ -952,9 +955,41 @@ def _listen() -> socket.socket | None:
     return listener
 
 
+def standby(args: list[str]) -> Options | None:
+    """A spare (``--standby --conn-fd=N``): started ahead of its run, with the
+    imports done, it waits for its orders on stdin: one JSON object, ``args`` (the
+    command line it would have been started with, without ``--conn-fd``) and
+    ``env`` (claude's environment, which this process was not started with).
+    End of input without orders: the bridge let it go (or died): None.
+    Raises ValueError, KeyError for bad orders."""
+    values = dict(arg.partition("=")[::2] for arg in args)
+    conn_fd = int(values["--conn-fd"])
+    chunks = []
+    while chunk := os.read(0, READ_CHUNK):
+        chunks.append(chunk)
+    if not chunks:
+        return None
+    orders = json.loads(b"".join(chunks))
+    command, env = orders["args"], orders["env"]
+    if not (isinstance(command, list) and all(isinstance(a, str) for a in command)):
+        raise ValueError("bad orders: args")
+    if not (isinstance(env, dict) and all(isinstance(v, str) for v in env.values())):
+        raise ValueError("bad orders: env")
+    options = parse(command)
+    options.conn_fd = conn_fd
+    options.env = env
+    # Nothing reads stdin any more; claude gets pipes of its own.
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    return options
+
+
 def main(args: list[str]) -> int:
     try:
-        options = parse(args)
+        options = standby(args[1:]) if args[:1] == ["--standby"] else parse(args)
+        if options is None:
+            return EXIT_CLEAN
         os.chdir(options.run_dir)
     except (ValueError, KeyError, OSError) as exc:
         sys.stderr.write(f"supervisor: {exc}\n")

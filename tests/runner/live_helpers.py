@@ -19,7 +19,7 @@ import pytest
 from bridge.core.model import LiveRun, RunId
 from runner import EventCallback, Result, RunControl, RunEvent
 from runner.bare import bare_argv
-from runner.supervision import SUPERVISOR
+from runner.spare import SUPERVISOR
 from tests.fakes.model_server import ModelServer, ToolCall, Turn
 from tests.runner.conftest import Recorder
 from tests.runner.test_detached import records

@@ -36,7 +36,7 @@ from runner import (
     supervision,
 )
 from runner.bare import bare_argv
-from runner.supervision import SUPERVISOR
+from runner.spare import SUPERVISOR
 from tests.runner.conftest import Recorder, pids_with_marker
 from tests.runner.test_containment import alive, until_exited
 from tests.runner.test_run_fake import assert_nothing_left, fake_env, make_request, record

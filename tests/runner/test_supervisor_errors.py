@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.supervision import SUPERVISOR
+from runner.spare import SUPERVISOR
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch users")
 
