@@ -23,7 +23,9 @@ import ctypes
 import errno
 import os
 import signal
-from typing import TYPE_CHECKING
+
+TYPE_CHECKING = False
+"""As ``typing.TYPE_CHECKING`` (mypy takes either), without importing ``typing`` at each start."""
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence

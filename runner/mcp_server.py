@@ -26,7 +26,9 @@ import json
 import os
 import stat
 import sys
-from typing import TYPE_CHECKING
+
+TYPE_CHECKING = False
+"""As ``typing.TYPE_CHECKING`` (mypy takes either), without importing ``typing`` at each start."""
 
 if TYPE_CHECKING:
     from pathlib import Path
