@@ -38,6 +38,12 @@ No progress message is posted once the outcome exists; a post already under
 way then is waited for (bounded) before the answer is handed to the outbox,
 so "Working…" lands above the answer, and it is finished after the answer.
 
+A run that never began here because its conversation moved to another replica
+(docs/replicas.md: ``run_claude`` refused to start it, or the cluster dropped the
+room before claude got the prompt) records nothing and tells the room nothing: the
+new owner finds it never began and runs its messages. Nothing of it stays here
+either (its binding, tasks, typing, a first try's registration).
+
 Store errors on the way in: a failing ``start_run`` is retried in order
 while the batch keeps its room (newer messages cannot overtake it), for a
 bounded time; then the room is told and the messages stay pending for the
@@ -111,6 +117,7 @@ from runner import (
     attach_claude,
     remove_run_dir,
     run_claude,
+    run_dir_made,
 )
 from runner.control import InputClosed, RunControl
 from runner.events import (
@@ -202,6 +209,10 @@ _OUTCOME_WORDS: dict[RunStatus, str] = {
     RunStatus.STALLED: "Stalled",
     RunStatus.INTERRUPTED: "Interrupted",
 }
+
+MOVED = "Moved to another replica"
+"""The progress message's last words on a replica that lost the run's conversation before
+claude got the prompt (the new owner runs the messages and posts a message of its own)."""
 
 LEFT_RUNNING = "Left running at a restart"
 """The progress message's last words from a process that leaves its run at shutdown
@@ -536,6 +547,17 @@ class RunExecutor:
                 # Left to its supervisor: the next start reattaches; nothing ends here.
                 await self._settle(self._leave(run, live))
                 raise
+            if not self._reached_claude(run, live) and not self.holds(run.batch.room):
+                # The conversation moved (the cluster dropped the room) before claude
+                # got the prompt: its new owner finds the run never began and runs its
+                # messages. Recorded here, it would be interrupted, offering `!retry`.
+                log.warning(
+                    "run %s cancelled before claude got the prompt: %s moved to another"
+                    " replica, which runs its messages",
+                    run.id, run.batch.room,
+                )  # fmt: skip
+                await self._settle(self._drop(run, live))
+                raise
             # The runner has already killed the process tree; record and report
             # the end even if we are cancelled again meanwhile. A run that had
             # printed its answer keeps it (the answer task records it).
@@ -555,6 +577,9 @@ class RunExecutor:
                 "run %s not started: %s moved to another replica, which runs its messages",
                 run.id, run.batch.room,
             )  # fmt: skip
+            # Nothing recorded (the new owner does), but nothing of it stays here
+            # either: a retry in a new session may come after a first try that ran.
+            await self._settle(self._drop(run, live))
             return
         # A !stop landing while the end is reported must not cut the answer off.
         await self._settle(self._finalize(run, live, report))
@@ -674,16 +699,22 @@ class RunExecutor:
         request, prestarted = prepared
         session = request.session_id
         on_event = self._on_event(run, live)
-        report = await run_claude(
-            request,
-            on_event,
-            on_position=live.at,
-            detach=live.detach,
-            control=live.control,
-            prestarted=prestarted,
-            may_start=lambda: self.holds(batch.room),
-            spares=self.spares,
-        )
+        try:
+            report = await run_claude(
+                request,
+                on_event,
+                on_position=live.at,
+                detach=live.detach,
+                control=live.control,
+                prestarted=prestarted,
+                may_start=lambda: self.holds(batch.room),
+                spares=self.spares,
+            )
+        except BaseException:
+            if prestarted is not None:
+                # Cancelled before the run took it (a no-op once it did): it goes too.
+                await shielded(prestarted.cancel())
+            raise
         if report.session_not_found and session is not None and live.answer is None:
             await self.notices.say(
                 batch.room,
@@ -691,9 +722,13 @@ class RunExecutor:
                 about=batch,
             )
             await self.store.set_session(batch.room, None)
-            # The same run id, so the same run directory: the first try's journal goes.
+            # The same run id, so the same run directory: the first try's journal goes,
+            # and its registration (the registry's row, claude's pid) with it. Should the
+            # second try not start (the room moved meanwhile), the new owner then finds a
+            # run that never began, and runs its messages.
             self._remove_journal(live)
-            live.registered = None
+            first, live.registered = live.registered, None
+            await shielded(self._unregister(run.id, first))
             live.control = RunControl()
             report = await run_claude(
                 replace(request, session_id=None),
@@ -1071,6 +1106,57 @@ class RunExecutor:
         # The next start posts a message of its own: this one says why it stopped.
         self._finish_later(run, LEFT_RUNNING)
         log.info("left the run to its supervisor; the next start reattaches it")
+
+    def _reached_claude(self, run: _Run, live: _Live) -> bool:
+        """Whether claude may have got the run's prompt: it was spawned for it (or a
+        prestarted one was given it: ``Spawned`` comes right after), or a spawn got as far
+        as the run's directory (which the new owner would see: bridge/stale_runs.py)."""
+        return live.supervisor is not None or run_dir_made(self.settings.runner.state_dir, run.id)
+
+    async def _drop(self, run: _Run, live: _Live) -> None:
+        """The run never began here and another replica runs its messages: nothing of
+        its end is recorded, nor told, but nothing of it stays here either."""
+        room = run.batch.room
+        self.live_runs.unbind(room, run.id)
+        run.progress.close()
+        if live.before_end:
+            # Steered messages recorded into the run go with it to the new owner.
+            await asyncio.gather(*live.before_end, return_exceptions=True)
+        await _wind_down(live)
+        # A registration under way is over (_wind_down waited for it): undone.
+        registered, live.registered = live.registered, None
+        await self._unregister(run.id, registered)
+        if live.opening is not None:
+            # Shown running (typing, the phase): not any more.
+            await self._cosmetic("clear typing", self.replier.typing(room, False))
+            await self._cosmetic(
+                "show the messages waiting", self.replier.phase(run.batch, RunPhase.RECEIVED)
+            )
+        self._finish_later(run, MOVED)
+
+    async def _unregister(self, run_id: RunId, registered: asyncio.Task[bool] | None) -> None:
+        """Undo a try's registration (once it is over), unless it is known not written."""
+        if registered is None:
+            return
+        await asyncio.wait({registered})
+        if (
+            not registered.cancelled()
+            and registered.exception() is None
+            and not registered.result()
+        ):
+            return  # it failed: nothing to undo
+        for delay in (*self.store_retry_delays_s, None):
+            try:
+                await self.store.unregister_live_run(run_id)
+            except StoreError:
+                if delay is None:
+                    break
+            else:
+                return
+            await asyncio.sleep(delay)
+        # The next owner then sees a registered run: it stops it and reports it
+        # interrupted (the messages are offered to `!retry`), as for a run that began.
+        log.warning("could not take the run's first try out of the registry of live runs")
 
     def _remove_journal(self, live: _Live, *, keep_dir: bool = False) -> None:
         if live.supervisor is not None:

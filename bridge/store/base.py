@@ -278,6 +278,18 @@ class Store(Protocol):
         """
         ...
 
+    async def unregister_live_run(self, run_id: RunId) -> None:
+        """Take a running run out of the registry of live runs and forget its pid, as if
+        it had never been registered (its end is not recorded: the run stays running).
+
+        For a try of the run whose claude is gone before the run began in earnest (it
+        lost its session: bridge/runs.py tries again with the same run id): a run left
+        running that no replica registered, with no pid and no run directory, is one
+        that never began (bridge/stale_runs.py), whose messages its conversation's next
+        owner runs. A run that is not running, or not registered, is left alone.
+        """
+        ...
+
     async def live_runs(self) -> list[RegisteredRun]:
         """Every registered run, oldest registration first (recovery reattaches them).
 

@@ -309,6 +309,15 @@ class MemoryStore:
         self._runs[live.run_id] = replace(run, pid=live.claude_pid)
         self._live[live.run_id] = RegisteredRun(live, run.room, offset, at)
 
+    async def unregister_live_run(self, run_id: RunId) -> None:
+        """Take a running run out of the registry and forget its pid."""
+        self._check_open()
+        run = self._runs.get(run_id)
+        if run is None or run.status is not RunStatus.RUNNING:
+            return
+        self._live.pop(run_id, None)
+        self._runs[run_id] = replace(run, pid=None)
+
     async def live_runs(self) -> list[RegisteredRun]:
         """Every registered run, oldest registration first, then in start order."""
         self._check_open()

@@ -630,6 +630,22 @@ class SqlStore:
                 )
             )
 
+    async def unregister_live_run(self, run_id: RunId) -> None:
+        """Take a running run out of the registry and forget its pid (synced, like the
+        registration it undoes). The run's row first, on the condition that it is
+        running: ordered against :meth:`finish_run` as :meth:`register_live_run` is."""
+        async with self._transaction() as s:
+            running = (
+                await s.execute(
+                    update(_RUNS)
+                    .where(_RUNS.c.id == run_id, _RUNS.c.status == RunStatus.RUNNING.value)
+                    .values(pid=None)
+                    .returning(_RUNS.c.id)
+                )
+            ).one_or_none()
+            if running is not None:
+                await s.execute(delete(_LIVE_RUNS).where(_LIVE_RUNS.c.run_id == run_id))
+
     async def live_runs(self) -> list[RegisteredRun]:
         """Every registered run, oldest registration first, then in start order."""
         async with self._read() as s:

@@ -1038,6 +1038,29 @@ async def test_a_reattach_replaces_the_row_and_keeps_the_delivered_offset(
     assert run.pid == live(rid, 2).claude_pid
 
 
+async def test_an_unregistered_run_stays_running_with_no_row_and_no_pid(
+    store: InspectableStore,
+) -> None:
+    """A try of the run whose claude is gone is undone: as if never registered."""
+    rid = await started_run(store)
+    other = await start(store, "run-other", [await accept(store, "$other")])
+    await store.register_live_run(live(rid, 1), 210.0)
+    await store.register_live_run(live(other, 2), 211.0)
+    await store.unregister_live_run(rid)
+    assert await store.live_runs() == [RegisteredRun(live(other, 2), ROOM, 0, 211.0)]
+    run = await store.get_run(rid)
+    assert run is not None
+    assert (run.pid, run.status) == (None, RunStatus.RUNNING)
+    await store.unregister_live_run(rid)  # (again: nothing to do)
+    await store.unregister_live_run(RunId("nope"))
+    # A run that ended keeps what its end recorded.
+    await store.finish_run(other, RunReport(RunStatus.SUCCEEDED), 220.0)
+    await store.unregister_live_run(other)
+    ended = await store.get_run(other)
+    assert ended is not None
+    assert (ended.pid, ended.status) == (2002, RunStatus.SUCCEEDED)
+
+
 async def test_registering_a_run_that_is_not_running_raises_and_records_nothing(
     store: InspectableStore,
 ) -> None:
