@@ -1132,6 +1132,10 @@ class RunExecutor:
             await self._cosmetic(
                 "show the messages waiting", self.replier.phase(run.batch, RunPhase.RECEIVED)
             )
+        if self.approvals is not None:
+            # A first try's requests (before its session was found lost) wait no more.
+            ended = self.approvals.run_ended(room, run.id, "moved to another replica")
+            await self._cosmetic("close the run's tool requests", ended)
         self._finish_later(run, MOVED)
 
     async def _unregister(self, run_id: RunId, registered: asyncio.Task[bool] | None) -> None:

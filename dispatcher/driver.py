@@ -203,7 +203,9 @@ class Dispatcher:
         """Give ``room`` up: another replica owns it now (docs/replicas.md).
 
         As :meth:`stop`, but the run is cancelled as interrupted (the new
-        owner reports it, with ``!retry``) and the messages returned were
+        owner reports it, with ``!retry``; or, when claude never got its
+        prompt, the executor records nothing and the new owner runs its
+        messages) and the messages returned were
         only forgotten here: nothing is to be recorded of them, they are
         still pending for the new owner.
         """
