@@ -133,7 +133,11 @@ class Replier:
         return True
 
     async def typing(self, room: RoomKey, typing: bool) -> None:
-        transport = self._cosmetic(room)
+        # Typing off is never skipped for a rate limit: a run's end clears typing
+        # after its answer, whose delivery is the likeliest to be rate-limited, and
+        # a transport renews typing until it is cleared (Matrix): skipped, the room
+        # would show the bot typing until its next run.
+        transport = self._cosmetic(room) if typing else self._transport(room)
         if transport is None:
             return
         try:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import fcntl
 import json
 import logging
 import os
@@ -55,13 +57,22 @@ class Spare:
     def send(self, args: list[str], env: Mapping[str, str]) -> bool:
         """Give it its run: ``args`` as the supervisor's command line would have them
         (without ``--conn-fd``), ``env`` claude's. False if it could not take them
-        (it died): then it is let go, and the run starts a supervisor of its own."""
-        data = memoryview(json.dumps({"args": args, "env": dict(env)}).encode())
+        (it died, or they do not fit in its pipe): then it is let go, and the run
+        starts a supervisor of its own."""
+        data = json.dumps({"args": args, "env": dict(env)}).encode()
         try:
-            # Blocking, and bounded: the spare is reading (a pipe holds 64 KiB).
-            while data:
-                data = data[os.write(self.orders, data) :]
-        except OSError:
+            # Whole into the pipe, or not at all: never a blocking write on the
+            # event loop, which a spare frozen (SIGSTOP) or stuck would hold for
+            # ever once the orders outgrow the pipe (64 KiB: a long system prompt,
+            # a big environment). The pipe is grown to fit them (up to the host's
+            # pipe-max-size, 1 MiB by default).
+            if len(data) > fcntl.fcntl(self.orders, fcntl.F_GETPIPE_SZ):
+                fcntl.fcntl(self.orders, fcntl.F_SETPIPE_SZ, len(data))
+            os.set_blocking(self.orders, False)
+            if os.write(self.orders, data) != len(data):
+                raise BlockingIOError(errno.EAGAIN, "the orders do not fit in the pipe")
+        except OSError as exc:
+            log.warning("a spare supervisor could not take its orders: %s", exc)
             self._discard()
             return False
         finally:
@@ -70,6 +81,14 @@ class Spare:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def stopped(self) -> bool:
+        """Stopped (SIGSTOP) or traced: it would not take its orders before it is continued."""
+        try:
+            stat = Path(f"/proc/{self.proc.pid}/stat").read_bytes()
+        except OSError:
+            return False
+        return stat[stat.rfind(b")") + 2 :][:1] in (b"T", b"t")
 
     def _discard(self) -> None:
         """It is not to be used (dead, or its orders failed): kill and reap it."""
@@ -137,6 +156,12 @@ class Spares:
         if spare is not None and not spare.alive():
             log.warning("a spare supervisor died waiting (exit %s)", spare.proc.returncode)
             spare.conn.close()
+            os.close(spare.orders)
+            return None
+        if spare is not None and spare.stopped():
+            # Given the run, it would leave it unanswered (WELCOME_S, then a failed run).
+            log.warning("a spare supervisor was stopped (SIGSTOP) waiting; not used")
+            spare._discard()
             os.close(spare.orders)
             return None
         return spare
