@@ -542,8 +542,10 @@ async def start(
     stop) and waits for it.
     """
     stages.stamp("spawn")
-    spare = spares.take() if spares is not None else None
     options = supervisor_options(request, argv, run_dir=run_dir, limits=limits)
+    # What exec refuses (a NUL, a name with "=") fails the start here, as said below,
+    # not in a spare, whose failed exec of claude reads as a bad claude binary.
+    spare = spares.take() if spares is not None and _execable(options, env) else None
     if spare is not None and spare.send(options, env):
         proc, ours = spare.proc, spare.conn
     else:
@@ -568,6 +570,13 @@ async def start(
             spares.refill_soon()
     stages.stamp("claude_spawned")
     return supervised
+
+
+def _execable(options: list[str], env: Mapping[str, str]) -> bool:
+    """Whether exec takes ``options`` (claude's argv among them) and ``env`` as they are."""
+    return not any("\0" in a for a in options) and all(
+        k and "=" not in k and "\0" not in k and "\0" not in v for k, v in env.items()
+    )
 
 
 def _start_supervisor(

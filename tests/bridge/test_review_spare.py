@@ -5,12 +5,27 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import sqlite3
 from pathlib import Path
+
+import pytest
 
 from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomKey
 from bridge.core.transport import Delivery, RateLimited
+from runner.process import find_marked
 from tests.bridge.chat_room import GUARD_S, console_room, serving
+from tests.bridge.harness import write_config
 from tests.bridge.test_answer_first import Timeline, settings
+from tests.bridge.test_detached import started_run, supervisor_pid, waiting
+from tests.bridge.test_lifecycle import (
+    Bridge,
+    alive,
+    no_leftovers,  # noqa: F401  (a fixture the tests use by name)
+    run_pids,
+    wait_rows,
+)
+from tests.runner.conftest import is_alive
 
 RETRY_AFTER_S = 60.0
 """Longer than the wait for the answer before the cosmetics (cosmetic_timeout_s)."""
@@ -85,3 +100,76 @@ async def test_a_service_that_ends_leaves_no_spare(tmp_path: Path) -> None:
                 await asyncio.sleep(0.05)
         assert standby_children() != []
     assert standby_children() == []
+
+
+def spares_of(pid: int) -> list[int]:
+    """Live spare supervisors (``--standby``, still waiting: cwd ``/``) whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if fields[1] == str(pid) and fields[0] != "Z" and b"--standby" in cmdline and cwd == "/":
+            found.append(int(entry.name))
+    return found
+
+
+async def until_gone(pids: list[int]) -> None:
+    async with asyncio.timeout(GUARD_S):
+        while [p for p in pids if is_alive(p)]:
+            await asyncio.sleep(0.05)
+
+
+@pytest.mark.usefixtures("no_leftovers")
+@pytest.mark.parametrize("how", ["end of input", "SIGKILL"])
+async def test_chatbridge_run_leaves_no_spare_behind(tmp_path: Path, how: str) -> None:
+    bridge = Bridge(write_config(tmp_path, env={"FAKE_CLAUDE_RESULT": "done"}))
+    await bridge.start()
+    assert bridge.proc is not None
+    bridge.send("hi")
+    await bridge.wait_for("done")
+    # The spare for the next run (started half a second after this one's start).
+    async with asyncio.timeout(GUARD_S):
+        while not (spares := spares_of(bridge.proc.pid)):
+            await asyncio.sleep(0.05)
+    if how == "SIGKILL":
+        bridge.signal(signal.SIGKILL)
+        assert await bridge.exit_code() == -signal.SIGKILL
+    else:
+        assert await bridge.end_input() == 0
+        assert not [p for p in spares if is_alive(p)]  # gone before the bridge exits
+    await until_gone(spares)
+
+
+@pytest.mark.usefixtures("no_leftovers")
+async def test_a_spare_born_run_whose_registration_was_lost_is_stopped_at_the_restart(
+    tmp_path: Path,
+) -> None:
+    """The bridge dies; its run's registry row is lost (a crash between the spawn and the
+    registration): the restart finds the supervisor, which was a spare, by its directory."""
+    config = write_config(tmp_path, env=waiting(tmp_path))
+    bridge = Bridge(config)
+    await bridge.start()
+    run_id = await started_run(bridge, tmp_path)
+    supervisor = supervisor_pid(tmp_path)
+    argv = Path(f"/proc/{supervisor}/cmdline").read_bytes().split(b"\0")
+    assert b"--standby" in argv  # the run's supervisor was the spare
+    pids = run_pids(tmp_path)
+    bridge.signal(signal.SIGKILL)
+    await bridge.exit_code()
+    with sqlite3.connect(tmp_path / "bridge.db") as db:
+        db.execute("delete from live_runs")
+    assert alive([*pids, supervisor]) == [*pids, supervisor]
+
+    again = Bridge(config)
+    await again.start()
+    await wait_rows(tmp_path, "select status from runs", [("interrupted",)])
+    await until_gone([*pids, supervisor])
+    assert find_marked(run_id) == []
+    assert not (tmp_path / "state" / "runs" / run_id).exists()
+    assert await again.end_input() == 0

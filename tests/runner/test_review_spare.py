@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from bridge.core.model import RunId, RunStatus
-from runner import Spares, Spawned, run_claude, supervision
+from runner import Spares, Spawned, build_env, run_claude, supervision
 from runner.recovery import _find_supervisor
 from runner.spare import Spare, start_spare
 from runner.supervision import Limits, supervisor_options
@@ -283,3 +283,87 @@ async def test_a_bridge_killed_with_a_spare_waiting_leaves_no_spare() -> None:
     finally:
         os.close(pidfd)
     assert not is_alive(spare_pid)
+
+
+@pytest.mark.parametrize(
+    ("env", "argv_extra"),
+    [({"X": "a\0b"}, ""), ({}, "a\0b"), ({"A=B": "c"}, "")],
+    ids=["NUL in a value", "NUL in an argument", "= in a name"],
+)
+async def test_an_environment_exec_refuses_is_reported_the_same_with_a_spare(
+    tmp_path: Path, recorder: Recorder, env: dict[str, str], argv_extra: str
+) -> None:
+    """exec refuses a NUL in claude's argv or environment (a room's ``env``, its system
+    prompt): the run fails saying so, as without a spare (not "Exec format error",
+    which points at the claude binary); the spare is not spent on it."""
+    errors: list[str] = []
+    spares = Spares()
+    spare = ready_spare(spares)
+    try:
+        for with_spares in (None, spares):
+            run_id = RunId(f"test-nul-{len(errors)}-{os.getpid()}")
+            request = make_request(
+                run_id,
+                tmp_path,
+                env=fake_env(tmp_path) | env,
+                append_system_prompt=argv_extra,
+            )
+            report = await run_claude(request, recorder, spares=with_spares)
+            assert report.status is RunStatus.FAILED
+            errors.append(report.error)
+            assert_nothing_left(run_id)
+        assert spares._ready is spare
+        assert spare.alive()
+    finally:
+        await spares.close()
+    assert "Exec format error" not in errors[1]
+    assert errors[1] == errors[0]
+
+
+async def test_two_runs_at_once_share_one_spare(tmp_path: Path) -> None:
+    spares = Spares()
+    spare = ready_spare(spares)
+    runs = []
+    for name in ("a", "b"):
+        cwd = tmp_path / name
+        cwd.mkdir()
+        run_id = RunId(f"test-two-{name}-{os.getpid()}")
+        runs.append((run_id, cwd, make_request(run_id, cwd, env=fake_env(cwd)), Recorder()))
+    try:
+        reports = await asyncio.gather(
+            *(run_claude(request, recorder, spares=spares) for _, _, request, recorder in runs)
+        )
+    finally:
+        await spares.close()
+
+    assert [r.status for r in reports] == [RunStatus.SUCCEEDED] * 2
+    supervisors = [recorder.of(Spawned)[0].live.supervisor_pid for *_, recorder in runs]
+    assert spare.proc.pid in supervisors
+    assert len(set(supervisors)) == 2
+    for run_id, cwd, _, _ in runs:
+        assert_nothing_left(run_id, cwd)
+
+
+async def test_claude_under_a_spare_gets_exactly_the_runs_environment(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    """Nothing of the spare's own (Python's locale coercion, say) nor less than build_env."""
+    spares = Spares()
+    ready_spare(spares)
+    request = make_request(run_id, tmp_path, env=fake_env(tmp_path, sleep="60"))
+    task = asyncio.create_task(run_claude(request, recorder, spares=spares))
+    try:
+        await recorder.wait_for(Spawned)
+        claude = recorder.of(Spawned)[0].pid
+        environ = Path(f"/proc/{claude}/environ").read_bytes().split(b"\0")
+        got = dict(e.decode().partition("=")[::2] for e in environ if e)
+        expected = build_env(request, os.environ)
+        # The fake claude is a shell script: the shell sets PWD to where it runs.
+        assert got.pop("PWD") == str(tmp_path)
+        expected.pop("PWD", None)
+        assert got == expected
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await spares.close()
+    assert_nothing_left(run_id)
