@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
 from pathlib import Path
 
 from runner.command import MARKER_ENV
+from runner.journal import JOURNAL
 from runner.process import has_exited, kill_cgroup, kill_marked, kill_tree, wait_exited
 from runner.proctree import cgroup_parent
 from runner.rundir import remove_run_dir, stray_runs
@@ -120,7 +122,7 @@ async def _find_supervisor(run_id: str) -> _OldSupervisor | None:
         # Pinned: check it is still the same process (not a recycled pid).
         with contextlib.suppress(OSError):
             if (_PROC / str(pid) / "cmdline").read_bytes().split(b"\0") == argv:
-                return _OldSupervisor(pid, fd, _grace(argv))
+                return _OldSupervisor(pid, fd, _grace(pid, argv))
         os.close(fd)
     return None
 
@@ -165,7 +167,17 @@ def _supervises(argv: list[bytes], option: bytes) -> bool:
     return option in own and any(a.endswith(SUPERVISOR_NAME) for a in own)
 
 
-def _grace(argv: list[bytes]) -> float:
+def _grace(pid: int, argv: list[bytes]) -> float:
+    """The old supervisor's grace period: from its command line, or for one that was a
+    spare (whose command line has none) from its journal's ``hello``."""
+    if _supervises(argv, STANDBY_OPTION):
+        try:
+            with open(_PROC / str(pid) / "cwd" / JOURNAL, "rb") as f:
+                grace = json.loads(f.readline()).get("grace_s")
+        except (OSError, ValueError, AttributeError):
+            grace = None
+        valid = isinstance(grace, int | float) and not isinstance(grace, bool) and grace >= 0
+        return float(grace) if valid else DEFAULT_GRACE_S
     for arg in argv:
         if arg.startswith(b"--grace-s="):
             with contextlib.suppress(ValueError):

@@ -1007,6 +1007,9 @@ def main(args: list[str]) -> int:
             run=options.run_id,
             pid=os.getpid(),
             start=start_time(),
+            # For a restart's recovery: a supervisor that was a spare has no
+            # --grace-s on its command line (runner/recovery.py).
+            grace_s=options.grace_s,
         )
     )
     supervisor = Supervisor(options, journal, _listen())

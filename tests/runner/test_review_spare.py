@@ -193,11 +193,6 @@ async def test_a_spare_frozen_while_it_waited_is_not_given_the_run(
     assert_nothing_left(run_id, tmp_path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="recovery reads a supervisor's grace from its command line; a spare's has "
-    "none, so it gets DEFAULT_GRACE_S (30 s) whatever the run's stop_grace_s",
-)
 async def test_recovery_knows_the_grace_of_a_supervisor_that_was_a_spare(
     run_id: RunId, tmp_path: Path, recorder: Recorder
 ) -> None:
@@ -211,9 +206,9 @@ async def test_recovery_knows_the_grace_of_a_supervisor_that_was_a_spare(
         assert found is not None
         os.close(found.fd)
         assert found.pid == spare.proc.pid
-        # Recovery waits this long (plus the kill phase) before killing the tree:
-        # 30 s instead of 2 s delays a restart; below a longer configured grace it
-        # kills the run in the middle of its stop.
+        # Recovery waits this long (plus the kill phase) before killing the tree. Its
+        # command line does not say: 30 s instead of 2 s delayed a restart; below a
+        # longer configured grace it killed the run in the middle of its stop.
         assert found.grace_s == request.stop_grace_s
     finally:
         task.cancel()
