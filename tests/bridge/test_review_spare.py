@@ -192,5 +192,5 @@ async def test_a_spare_born_run_whose_registration_was_lost_is_stopped_at_the_re
     await wait_rows(tmp_path, "select status from runs", [("interrupted",)])
     await until_gone([*pids, supervisor])
     assert find_marked(run_id) == []
-    assert not (tmp_path / "state" / "runs" / run_id).exists()
     assert await again.end_input() == 0
+    assert not (tmp_path / "state" / "runs" / run_id).exists()

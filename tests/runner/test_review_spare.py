@@ -362,3 +362,38 @@ async def test_claude_under_a_spare_gets_exactly_the_runs_environment(
         await asyncio.gather(task, return_exceptions=True)
         await spares.close()
     assert_nothing_left(run_id)
+
+
+@pytest.mark.parametrize("how", ["timeout", "stop", "supervisor killed"])
+async def test_a_spare_born_run_ended_early_leaves_nothing(
+    run_id: RunId, tmp_path: Path, recorder: Recorder, how: str
+) -> None:
+    spares = Spares()
+    spare = ready_spare(spares)
+    request = make_request(
+        run_id,
+        tmp_path,
+        env=fake_env(tmp_path, sleep="60"),
+        run_timeout_s=1 if how == "timeout" else 60,
+    )
+    task = asyncio.create_task(run_claude(request, recorder, spares=spares))
+    try:
+        await recorder.wait_for(Spawned)
+        assert recorder.of(Spawned)[0].live.supervisor_pid == spare.proc.pid
+        if how == "stop":
+            task.cancel()
+        elif how == "supervisor killed":
+            os.kill(spare.proc.pid, signal.SIGKILL)
+        reports = await asyncio.gather(task, return_exceptions=True)
+    finally:
+        await spares.close()
+
+    if how == "timeout":
+        assert reports[0].status is RunStatus.TIMED_OUT  # type: ignore[union-attr]
+    elif how == "stop":
+        assert isinstance(reports[0], asyncio.CancelledError)
+    else:
+        assert reports[0].status is not RunStatus.SUCCEEDED  # type: ignore[union-attr]
+    assert not is_alive(spare.proc.pid)
+    assert not is_alive(recorder.of(Spawned)[0].pid)  # claude
+    assert_nothing_left(run_id)
