@@ -817,8 +817,7 @@ class RunExecutor:
         # is recorded, and failing now would fail messages no claude has seen.
         for delay in (*self.store_retry_delays_s, None):
             try:
-                session = await self.store.get_session(key)
-                overrides = await self.store.room_overrides(key)
+                session, overrides = await self.store.room_state(key)
                 break
             except StoreError:
                 if delay is None:
