@@ -35,6 +35,7 @@ MILESTONES = (
     ("fake_result", "fake claude flushed its result line"),
     ("result_read", "the bridge parsed the result line"),
     ("registered", "the run is in the registry of live runs (synced)"),
+    ("finishing", "finish_run called (its answer ready)"),
     ("outcome_recorded", "finish_run committed"),
     ("sending_result", "the outbox hands the answer to the transport"),
     ("history_looked_up", "Slack: history searched for parts already posted"),

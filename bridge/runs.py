@@ -305,7 +305,8 @@ class _Live:
     """The run was left to its supervisor at shutdown (see :meth:`detach`)."""
     end_unrecorded: bool = False
     """Its outcome could not be recorded: it stays marked running for the next start."""
-    opening: asyncio.Task[None] | None = None
+    opening: asyncio.Task[bool] | None = None
+    """Shows the run running (phase, typing); its result: whether it did."""
     """Phase and typing, started once claude is spawned (and registered)."""
     pump: asyncio.Task[None] | None = None
     """The progress message, posted once the run has lasted ``show_after_s``."""
@@ -356,6 +357,15 @@ class _Live:
             and self.answer is None
         )
         return self.detached
+
+
+def _shown_running(live: _Live) -> bool:
+    """Whether the room was shown the run running (typing on): its opening says so.
+    One that failed or was cut off may have got as far as typing: cleared too."""
+    opening = live.opening
+    if opening is None or not opening.done():
+        return opening is not None
+    return opening.cancelled() or opening.exception() is not None or opening.result()
 
 
 def _stopping(live: _Live) -> bool:
@@ -807,8 +817,7 @@ class RunExecutor:
         # is recorded, and failing now would fail messages no claude has seen.
         for delay in (*self.store_retry_delays_s, None):
             try:
-                session = await self.store.get_session(key)
-                overrides = await self.store.room_overrides(key)
+                session, overrides = await self.store.room_state(key)
                 break
             except StoreError:
                 if delay is None:
@@ -1126,7 +1135,7 @@ class RunExecutor:
         # A registration under way is over (_wind_down waited for it): undone.
         registered, live.registered = live.registered, None
         await self._unregister(run.id, registered)
-        if live.opening is not None:
+        if _shown_running(live):
             # Shown running (typing, the phase): not any more.
             await self._cosmetic("clear typing", self.replier.typing(room, False))
             await self._cosmetic(
@@ -1167,12 +1176,18 @@ class RunExecutor:
             remove_run_dir(live.supervisor.run_dir, keep_dir=keep_dir)
             live.supervisor = None
 
-    async def _opening(self, run: _Run, live: _Live) -> None:
-        """Show the room that claude works (the progress message follows in time)."""
+    async def _opening(self, run: _Run, live: _Live) -> bool:
+        """Show the room that claude works (the progress message follows in time), unless
+        its answer came first; whether it did."""
         if live.registered is not None:
             await live.registered  # "running" only once a restart would find the run
+        if live.answer is not None:
+            # Typing on and off around an answer already on its way: two requests
+            # in front of it, and a flicker.
+            return False
         await self.replier.phase(run.batch, RunPhase.RUNNING)
         await self.replier.typing(run.batch.room, True)
+        return True
 
     def _progress(self, batch: Batch, started: float | None = None) -> ProgressMessage:
         """The run's status message; ``started`` (wall clock) for a run begun before now."""
@@ -1255,6 +1270,7 @@ class RunExecutor:
             text = await limits.limited(run.id, batch, limited)
             replies = [in_conversation(batch, text, ReplyKind.NOTICE)]
         ended = self.wall_clock()
+        stages.stamp("finishing")
         entries = await self._record_end(run, report, ended, replies)
         if entries is None:
             live.end_unrecorded = True
@@ -1291,7 +1307,8 @@ class RunExecutor:
         # The cosmetics come after the answer, never in front of it: typing off
         # too, whose request would slow the answer's on a busy homeserver.
         await self._cosmetic("have the answer delivered", settled())
-        await self._cosmetic("clear typing", self.replier.typing(run.batch.room, False))
+        if _shown_running(live):
+            await self._cosmetic("clear typing", self.replier.typing(run.batch.room, False))
         self._finish_later(run, _OUTCOME_WORDS[status])
         phase = _PHASES.get(status, RunPhase.FAILED)
         await self._cosmetic("show the outcome", self.replier.phase(run.batch, phase))

@@ -37,8 +37,9 @@ from runner.process import wait_exited
 log = logging.getLogger(__name__)
 
 SUPERVISOR = Path(__file__).with_name("supervisor.py")
-REFILL_DELAY_S = 0.5
-"""After a spare is taken: when the next one starts (the run's own start-ups go first)."""
+REFILL_DELAY_S = 0.1
+"""After a spare is taken: when the next one starts. Not at once: the taking run's own
+start-ups (claude, its MCP servers) go first; the next run seldom comes sooner."""
 LET_GO_S = 2.0
 """How long a spare let go may take to exit (it only has to read the end of its pipe)."""
 

@@ -461,6 +461,10 @@ class Store(Protocol):
         """The room's model and permission mode set by command (none set: both None)."""
         ...
 
+    async def room_state(self, room: RoomKey) -> tuple[SessionId | None, RoomOverrides]:
+        """:meth:`get_session` and :meth:`room_overrides` in one read (a run's start needs both)."""
+        ...
+
     async def set_room_model(self, room: RoomKey, model: str | None) -> None:
         """Set (None: clear) the model the room's next runs use; kept across ``!reset``."""
         ...

@@ -560,6 +560,10 @@ class MemoryStore:
         self._check_open()
         return self._overrides.get(room, RoomOverrides())
 
+    async def room_state(self, room: RoomKey) -> tuple[SessionId | None, RoomOverrides]:
+        """The room's session and overrides."""
+        return await self.get_session(room), await self.room_overrides(room)
+
     async def schedule_marks(self) -> dict[str, float]:
         """Each schedule's latest firing time dealt with, by name."""
         self._check_open()

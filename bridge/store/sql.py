@@ -1116,11 +1116,16 @@ class SqlStore:
 
     async def room_overrides(self, room: RoomKey) -> RoomOverrides:
         """The model and permission mode set by command for the room, if any."""
+        return (await self.room_state(room))[1]
+
+    async def room_state(self, room: RoomKey) -> tuple[SessionId | None, RoomOverrides]:
+        """The room's session and overrides: one row, one read."""
         async with self._read() as s:
             row = await s.get(RoomRow, (room.transport, _stored_id(room)))
             if row is None:
-                return RoomOverrides()
-            return RoomOverrides(row.model, row.permission_mode)
+                return None, RoomOverrides()
+            session = None if row.session_id is None else SessionId(row.session_id)
+            return session, RoomOverrides(row.model, row.permission_mode)
 
     async def set_room_model(self, room: RoomKey, model: str | None) -> None:
         """Set (None: clear) the model of the room's next runs."""

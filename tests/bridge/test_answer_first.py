@@ -147,9 +147,68 @@ async def test_a_quick_run_posts_only_its_answer(tmp_path: Path) -> None:
         await chat.wait_until(lambda: ("phase", RunPhase.DONE.value) in chat.events)
     assert [(r.kind, r.text) for r in chat.replies] == [(ReplyKind.RESULT, "quick")]
     assert "edit" not in chat.kinds()
-    # Shown running only once claude ran; the answer before typing went off.
+    # Shown running only once claude ran (or not at all, when the answer came before
+    # the run was registered); the answer before typing went off.
     assert chat.on_start == []
-    assert chat.kinds().index("send result") < chat.events.index(("typing", "False"))
+    typing = [e for e in chat.events if e[0] == "typing"]
+    assert typing in ([], [("typing", "True"), ("typing", "False")])
+    if typing:
+        assert chat.kinds().index("send result") < chat.events.index(("typing", "False"))
+
+
+class SlowRegistration:
+    """The real store, holding a run's registration until ``go`` is set."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.go = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def register_live_run(self, *args: Any, **kw: Any) -> Any:
+        await self.go.wait()
+        return await self._store.register_live_run(*args, **kw)
+
+
+async def test_an_answer_before_the_run_is_registered_shows_no_typing(tmp_path: Path) -> None:
+    config: Table = {"progress": {"show_after_s": 60}}
+    given = settings(tmp_path, config, {"FAKE_CLAUDE_RESULT": "quick"})
+    chat = Timeline(console_room(given), "local")
+    held: list[SlowRegistration] = []
+
+    def wrap(store: Store) -> Store:
+        held.append(SlowRegistration(store))
+        return cast(Store, held[0])
+
+    answered = asyncio.Event()
+
+    class AnswerRead(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage() == "claude printed its answer":
+                answered.set()  # the executor has taken the answer (its task runs)
+
+    runs_log = logging.getLogger("bridge.runs")
+    handler = AnswerRead(logging.INFO)
+    runs_log.addHandler(handler)
+    level = runs_log.level
+    runs_log.setLevel(logging.INFO)
+    try:
+        async with serving(given, chat, wrap):
+            await chat.say("hi")
+            async with asyncio.timeout(WAIT_S):
+                await answered.wait()
+            held[0].go.set()
+            await chat.wait_until(lambda: ("phase", RunPhase.DONE.value) in chat.events)
+    finally:
+        runs_log.removeHandler(handler)
+        runs_log.setLevel(level)
+        await chat.wait_until(lambda: ("phase", RunPhase.DONE.value) in chat.events)
+    assert chat.texts(ReplyKind.RESULT) == ["quick"]
+    # Neither typing on nor off, nor the running phase: the answer was on its way.
+    assert [e for e in chat.events if e[0] == "typing"] == []
+    assert ("phase", RunPhase.RUNNING.value) not in chat.events
+    assert rows(tmp_path, "select status from runs") == [("succeeded",)]
 
 
 async def test_a_long_run_posts_progress_then_the_answer_then_finishes_progress(

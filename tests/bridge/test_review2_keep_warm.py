@@ -76,9 +76,9 @@ async def test_a_stop_before_the_run_reaches_the_claude_kept_warm_stops_that_cla
             [pid] = [
                 e["pid"] for e in run_log(path) if e["event"] == "start" and e["run"] == warm.run_id
             ]
-            flaky[0].fail("get_session", times=None)
+            flaky[0].fail("room_state", times=None)
             bridge.send("second")
-            while not flaky[0].failures["get_session"]:
+            while not flaky[0].failures["room_state"]:
                 await asyncio.sleep(0.01)  # the run took the warm claude and reads the session
             bridge.send("!stop")
             assert bridge.service is not None
@@ -129,7 +129,7 @@ async def test_a_run_that_fails_before_handing_on_the_warm_claude_leaves_no_seco
             bridge.send("first")
             await bridge.wait_for("first")
             first = await kept_warm(started)
-            flaky[0].fail("get_session", times=2)  # the run's read and its one retry
+            flaky[0].fail("room_state", times=2)  # the run's read and its one retry
             bridge.send("second")
             second = await kept_warm(started)  # kept after the failed run
             pids = [

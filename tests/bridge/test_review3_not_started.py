@@ -29,7 +29,7 @@ from bridge.config import load_settings
 from bridge.core.model import RoomKey, RunId, SessionId
 from bridge.runs import RunExecutor
 from bridge.stale_runs import never_started
-from bridge.store.base import Store
+from bridge.store.base import RoomOverrides, Store
 from runner import Prestarted, RunRequest
 from runner.supervision import Supervised
 from tests.bridge.harness import ConsoleSession, write_config
@@ -121,11 +121,11 @@ class HangingSession:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    async def get_session(self, room: RoomKey) -> SessionId | None:
+    async def room_state(self, room: RoomKey) -> tuple[SessionId | None, RoomOverrides]:
         if self.hang:
             self.reading.set()
             await asyncio.Event().wait()
-        return await self._store.get_session(room)
+        return await self._store.room_state(room)
 
 
 def started_pid(log: Path, run_id: RunId) -> int:
@@ -324,10 +324,13 @@ async def test_a_lost_room_cancelling_the_run_while_it_stops_the_warm_claude_rec
                 os.kill(pid, signal.SIGKILL)
 
 
-async def test_a_stop_before_the_warm_claude_got_the_prompt_is_still_recorded_stopped(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("cancel", "recorded"), [("stop", "stopped"), ("release", "interrupted")])
+async def test_a_run_cancelled_before_the_warm_claude_got_the_prompt_is_recorded_while_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cancel: str, recorded: str
 ) -> None:
-    # The room is still held: a !stop keeps today's behaviour (the run recorded stopped).
+    # The room is still held: a !stop (or a cancel as interrupted, a shutdown's reason)
+    # keeps today's behaviour: the run is recorded stopped (interrupted: its messages
+    # kept for `!retry`).
     path = write_config(tmp_path, KEEP_WARM)
     settings = load_settings(path)
     ended = executions(monkeypatch)
@@ -346,41 +349,14 @@ async def test_a_stop_before_the_warm_claude_got_the_prompt_is_still_recorded_st
         hanging[0].hang = True
         bridge.send("second")
         await hanging[0].reading.wait()
-        bridge.send("!stop")
+        if cancel == "stop":
+            bridge.send("!stop")
+        else:
+            bridge.service.dispatcher.release(console_room(bridge))
         run_id = await ended.get()
         hanging[0].hang = False
     [(status,)] = rows(tmp_path, "select status from runs where id = ?", run_id)
-    assert status == "stopped"
-
-
-async def test_a_room_lost_while_held_is_still_recorded_interrupted(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Cancelled as interrupted (a shutdown's reason) while the room is held: as before,
-    # the run is recorded interrupted (its messages kept for `!retry`).
-    path = write_config(tmp_path, KEEP_WARM)
-    settings = load_settings(path)
-    ended = executions(monkeypatch)
-    hanging: list[HangingSession] = []
-
-    def wrap(store: Store) -> Any:
-        hanging.append(HangingSession(store))
-        return hanging[0]
-
-    async with asyncio.timeout(WAIT_S), ConsoleSession(settings, wrap_store=wrap) as bridge:
-        assert bridge.service is not None
-        started = watch_starts(bridge)
-        bridge.send("first")
-        await ended.get()
-        await kept_warm(started)
-        hanging[0].hang = True
-        bridge.send("second")
-        await hanging[0].reading.wait()
-        bridge.service.dispatcher.release(console_room(bridge))
-        run_id = await ended.get()
-        hanging[0].hang = False
-    [(status,)] = rows(tmp_path, "select status from runs where id = ?", run_id)
-    assert status == "interrupted"
+    assert status == recorded
 
 
 async def test_a_run_whose_claude_got_the_prompt_is_recorded_interrupted_when_the_room_is_lost(

@@ -33,6 +33,7 @@ from bridge.store.base import (
     AuditRecord,
     DeliveryState,
     RegisteredRun,
+    RoomOverrides,
     StoreError,
 )
 from bridge.store.rules import EXCERPT_LIMIT_BYTES
@@ -524,6 +525,17 @@ async def test_mark_dropped_audits_live_messages_only(store: InspectableStore) -
 
 
 # Sessions
+
+
+async def test_room_state_is_the_session_and_the_overrides(store: InspectableStore) -> None:
+    assert await store.room_state(ROOM) == (None, RoomOverrides())
+    await store.set_session(ROOM, SessionId("s1"))
+    await store.set_room_model(ROOM, "opus")
+    await store.set_room_mode(OTHER_ROOM, "plan")
+    assert await store.room_state(ROOM) == (SessionId("s1"), RoomOverrides("opus", None))
+    assert await store.room_state(OTHER_ROOM) == (None, RoomOverrides(None, "plan"))
+    await store.set_session(ROOM, None)
+    assert await store.room_state(ROOM) == (None, RoomOverrides("opus", None))
 
 
 async def test_sessions_per_room(store: InspectableStore) -> None:

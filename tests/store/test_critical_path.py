@@ -38,6 +38,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
+from bridge.store.base import RoomOverrides
 from bridge.store.engine import create_engine
 from bridge.store.sql import SqlStore
 from tests.store.conftest import SQL_BACKENDS, open_backend
@@ -125,8 +126,8 @@ async def test_a_plain_run_syncs_twice_on_the_answers_path(watched: Watched) -> 
     with writer.during("accept"):
         msg = await store.accept(inbound("$1"), 1.0)
     assert msg is not None
-    with writer.during("get_session"):
-        assert await store.get_session(ROOM) is None
+    with writer.during("room_state"):
+        assert await store.room_state(ROOM) == (None, RoomOverrides())
     with writer.during("start_run"):
         await store.start_run(RUN, Batch(ROOM, (msg,)), 2.0)
     with writer.during("register_live_run"):
@@ -138,7 +139,7 @@ async def test_a_plain_run_syncs_twice_on_the_answers_path(watched: Watched) -> 
         )
     assert writer.synced == ["accept", "register_live_run", "finish_run"]
     assert writer.unsynced == ["start_run"]
-    on_the_answers_path = ("accept", "get_session", "start_run", "finish_run")
+    on_the_answers_path = ("accept", "room_state", "start_run", "finish_run")
     assert [c for c in writer.synced if c in on_the_answers_path] == ["accept", "finish_run"]
 
     # What the unsynced commits wrote is there for the next reader.
