@@ -148,7 +148,11 @@ class Replier:
             log.debug("could not set typing in %s", room, exc_info=True)
 
     async def phase(self, batch: Batch, phase: RunPhase) -> None:
-        transport = self._cosmetic(batch.room)
+        # The outcome is never skipped for a rate limit (the answer's delivery is the
+        # likeliest to meet one): skipped, the message would show the run running for
+        # good. One try; what the server refuses then is dropped.
+        shown_for_good = phase not in (RunPhase.RECEIVED, RunPhase.RUNNING)
+        transport = self._transport(batch.room) if shown_for_good else self._cosmetic(batch.room)
         if transport is None:
             return
         ids: Sequence[ExternalMessageId] = [
