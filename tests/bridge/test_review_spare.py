@@ -58,14 +58,18 @@ class LimitedAnswer(Timeline):
 
 
 async def test_typing_goes_off_when_the_answer_is_rate_limited(tmp_path: Path) -> None:
-    config = settings(tmp_path, QUICK_DRAIN, {"FAKE_CLAUDE_RESULT": "the answer"})
+    go = tmp_path / "answer-now"
+    env = {"FAKE_CLAUDE_RESULT": "the answer", "FAKE_CLAUDE_WAIT_FOR": str(go)}
+    config = settings(tmp_path, QUICK_DRAIN, env)
     chat = LimitedAnswer(console_room(config), "local")
     async with serving(config, chat) as (service, _):
         service.executor.cosmetic_timeout_s = 0.2
         await chat.say("hi")
         async with asyncio.timeout(GUARD_S):
-            await chat.limited.wait()
+            # Shown typing before claude answers (an answer first shows none).
             await chat.wait_until(lambda: ("typing", "True") in chat.events)
+            go.touch()
+            await chat.limited.wait()
             # The run is over (its cosmetics given up on the answer's wait) ...
             await service.dispatcher.wait_idle()
         # ... and the answer waits for the rate limit to pass: the room must not

@@ -82,3 +82,16 @@ class Recorder:
 @pytest.fixture
 def recorder() -> Recorder:
     return Recorder()
+
+
+async def exit_of(pidfd: int, within_s: float = 10) -> None:
+    """Until the process behind ``pidfd`` exits (our child or not); TimeoutError after
+    ``within_s``. The caller closes ``pidfd``."""
+    readable = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_reader(pidfd, readable.set)
+    try:
+        async with asyncio.timeout(within_s):
+            await readable.wait()
+    finally:
+        loop.remove_reader(pidfd)

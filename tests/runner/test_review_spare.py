@@ -24,7 +24,7 @@ from runner import Spares, Spawned, build_env, run_claude, supervision
 from runner.recovery import _find_supervisor
 from runner.spare import Spare, start_spare
 from runner.supervision import Limits, supervisor_options
-from tests.runner.conftest import Recorder, is_alive
+from tests.runner.conftest import Recorder, exit_of, is_alive
 from tests.runner.test_run_fake import assert_nothing_left, fake_env, make_request
 
 pytestmark = pytest.mark.slow
@@ -267,14 +267,7 @@ async def test_a_bridge_killed_with_a_spare_waiting_leaves_no_spare() -> None:
         if bridge.stdout is not None:
             bridge.stdout.close()
     try:
-        readable = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        loop.add_reader(pidfd, readable.set)
-        try:
-            async with asyncio.timeout(10):
-                await readable.wait()
-        finally:
-            loop.remove_reader(pidfd)
+        await exit_of(pidfd)
     finally:
         os.close(pidfd)
     assert not is_alive(spare_pid)

@@ -17,7 +17,7 @@ from bridge.core.model import RunId, RunStatus
 from runner import MARKER_ENV, Spares, Spawned, run_claude
 from runner.recovery import _supervisor_candidates, recover_run
 from runner.spare import Spare, start_spare
-from tests.runner.conftest import Recorder, is_alive
+from tests.runner.conftest import Recorder, exit_of, is_alive
 from tests.runner.test_run_fake import assert_nothing_left, fake_env, make_request, record
 
 pytestmark = pytest.mark.slow
@@ -31,14 +31,7 @@ async def exited(spare: Spare) -> int:
     """The spare's exit status, once it exits on its own."""
     pidfd = os.pidfd_open(spare.proc.pid)
     try:
-        readable = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        loop.add_reader(pidfd, readable.set)
-        try:
-            async with asyncio.timeout(10):
-                await readable.wait()
-        finally:
-            loop.remove_reader(pidfd)
+        await exit_of(pidfd)
     finally:
         os.close(pidfd)
     return spare.proc.wait()
