@@ -128,6 +128,19 @@ class HangingSession:
         return await self._store.room_state(room)
 
 
+async def assert_dropped_here(
+    executor: RunExecutor, room: RoomKey, run_id: RunId, typing: list[bool]
+) -> None:
+    """Nothing of the run is left on this replica (its binding, its tasks, typing on), and
+    nothing of its end recorded: the new owner takes it for one that never began."""
+    assert executor.live_runs.control(room) is None
+    assert tasks_of(run_id) == []
+    assert not typing or typing[-1] is False
+    record = await executor.store.get_run(run_id)
+    assert record is not None
+    assert never_started(record, None, executor.settings.runner.state_dir)
+
+
 def started_pid(log: Path, run_id: RunId) -> int:
     [pid] = [e["pid"] for e in run_log(log) if e["event"] == "start" and e["run"] == run_id]
     return int(pid)
@@ -250,12 +263,7 @@ async def test_a_run_cancelled_by_the_lost_room_before_it_gave_the_warm_claude_t
             hanging[0].hang = False
             assert run_id == warm.run_id
             await settled(bridge)
-            assert executor.live_runs.control(room) is None
-            assert tasks_of(run_id) == []
-            assert not typing or typing[-1] is False
-            record = await executor.store.get_run(run_id)
-            assert record is not None
-            assert never_started(record, None, settings.runner.state_dir)
+            await assert_dropped_here(executor, room, run_id, typing)
             assert await _gone(pid, 5.0)  # the warm claude went with the run
         assert_left_for_the_new_owner(tmp_path, run_id, settings.runner.state_dir)
         prompts = [e for e in run_log(log) if e["event"] == "prompt"]
@@ -309,12 +317,7 @@ async def test_a_lost_room_cancelling_the_run_while_it_stops_the_warm_claude_rec
             run_id = await ended.get()
             assert run_id == warm.run_id
             await settled(bridge)
-            assert executor.live_runs.control(room) is None
-            assert tasks_of(run_id) == []
-            assert not typing or typing[-1] is False
-            record = await executor.store.get_run(run_id)
-            assert record is not None
-            assert never_started(record, None, settings.runner.state_dir)
+            await assert_dropped_here(executor, room, run_id, typing)
             assert await _gone(pid, 5.0)
         assert_left_for_the_new_owner(tmp_path, run_id, settings.runner.state_dir)
         assert [e["text"] for e in run_log(log) if e["event"] == "prompt"] == ["first"]
