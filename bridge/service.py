@@ -166,7 +166,9 @@ class Service:
     ready: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     """Set once recovery is done and every transport is connected."""
     shutting_down: asyncio.Event = field(init=False, default_factory=asyncio.Event)
-    """Set when the shutdown path begins: no run begins from then on."""
+    """Set when the shutdown path begins (readiness says so). Runs stop beginning when the
+    dispatcher drains, after the warm claudes are stopped and idle conversations handed
+    over: one that begins meanwhile is drained (or detached) like any other."""
     http_port: int | None = field(init=False, default=None)
     """The port /healthz, /readyz and /metrics listen on, once bound."""
     spares: Spares = field(init=False, default_factory=Spares)
