@@ -12,7 +12,10 @@ but the standard library), whose compiled form is cached::
         --orphan-timeout-s=S --spool-max-bytes=N --max-line-bytes=N
         [--cgroup=DIR [--memory-max=BYTES] [--pids-max=N]] -- CLAUDE_ARGV...
 
-with claude's environment; it starts claude in ``--cwd`` and works in
+with claude's environment (or, as a spare started ahead of its run, as
+``... supervisor.py --standby --conn-fd=N`` with an empty environment, reading
+that command line's options and claude's environment from stdin first:
+:func:`standby`, ``runner/spare.py``); it starts claude in ``--cwd`` and works in
 ``--run-dir`` (mode 0700), where it writes the run's journal (``journal``) and
 serves a Unix socket (``sock``), as docs/detached-runs.md specifies: claude's
 stdout and stderr go to the journal, the attached bridge gets the journal
@@ -970,7 +973,7 @@ def standby(args: list[str]) -> Options | None:
     if not chunks:
         return None
     orders = json.loads(b"".join(chunks))
-    command, env = orders["args"], orders["env"]
+    command, env = (orders.get("args"), orders.get("env")) if isinstance(orders, dict) else ((), ())
     if not (isinstance(command, list) and all(isinstance(a, str) for a in command)):
         raise ValueError("bad orders: args")
     if not (isinstance(env, dict) and all(isinstance(v, str) for v in env.values())):

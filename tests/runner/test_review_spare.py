@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from bridge.core.model import RunId, RunStatus
-from runner import Spares, Spawned, build_env, run_claude, supervision
+from runner import Init, Spares, Spawned, build_env, run_claude, supervision
 from runner.recovery import _find_supervisor
 from runner.spare import Spare, start_spare
 from runner.supervision import Limits, supervisor_options
@@ -341,14 +341,15 @@ async def test_claude_under_a_spare_gets_exactly_the_runs_environment(
     request = make_request(run_id, tmp_path, env=fake_env(tmp_path, sleep="60"))
     task = asyncio.create_task(run_claude(request, recorder, spares=spares))
     try:
-        await recorder.wait_for(Spawned)
+        # Once claude speaks: its launcher (a shell script) has exec'd its Python, whose
+        # environment is read (in between, an exec's environment may read empty).
+        await recorder.wait_for(Init)
         claude = recorder.of(Spawned)[0].pid
         environ = Path(f"/proc/{claude}/environ").read_bytes().split(b"\0")
         got = dict(e.decode().partition("=")[::2] for e in environ if e)
         expected = build_env(request, os.environ)
-        # The fake claude is a shell script: once it has exec'd its Python, PWD is
-        # the shell's (read before that, the environment is exec's own, without it).
-        assert got.pop("PWD", str(tmp_path)) == str(tmp_path)
+        # The fake claude is a shell script: the shell sets PWD to where it runs.
+        assert got.pop("PWD") == str(tmp_path)
         expected.pop("PWD", None)
         assert got == expected
     finally:

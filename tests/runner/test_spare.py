@@ -108,9 +108,18 @@ async def test_a_spare_exits_when_its_bridge_dies_before_giving_orders() -> None
     assert await exited(spare) == 0
 
 
-async def test_a_spare_refuses_bad_orders() -> None:
+@pytest.mark.parametrize(
+    "orders",
+    [
+        {"args": ["--run-id=x"], "env": {"A": 1}},
+        {"args": "--run-id=x", "env": {}},
+        {"env": {}},
+        ["--run-id=x"],
+    ],
+)
+async def test_a_spare_refuses_bad_orders(orders: object) -> None:
     spare = start_spare()
-    os.write(spare.orders, json.dumps({"args": ["--run-id=x"], "env": {"A": 1}}).encode())
+    os.write(spare.orders, json.dumps(orders).encode())
     os.close(spare.orders)
 
     assert await exited(spare) == 2  # EXIT_USAGE
