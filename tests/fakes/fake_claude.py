@@ -171,6 +171,9 @@ messages joined by newlines. The extra knobs:
     The simulated tool runs this long (an interrupt cuts it short).
 ``FAKE_CLAUDE_TOOL_WAIT_FOR=PATH``
     The simulated tool runs until PATH exists (a gate the test opens).
+``FAKE_CLAUDE_TOOL_UNTIL_MESSAGE=1``
+    The simulated tool runs until a user message arrives (which the turn then
+    takes: a message sent during a tool, with no race against a gate).
 ``FAKE_CLAUDE_TOOL_OUTPUT=TEXT``
     The tool_result's content (default ``hello``); nothing is executed.
 ``FAKE_CLAUDE_TOOL_LOG=PATH``
@@ -1161,12 +1164,24 @@ class _Session:
         for message in waiting:
             self._take(message)
 
-    def _pause(self, reason: str, *, seconds: float = 0, path: Path | None = None) -> None:
-        """Wait ``seconds``, or until ``path`` exists; an interrupt raises _Aborted(reason)."""
+    def _pause(
+        self,
+        reason: str,
+        *,
+        seconds: float = 0,
+        path: Path | None = None,
+        message: bool = False,
+    ) -> None:
+        """Wait ``seconds``, or until ``path`` exists, or (``message``) until a user message
+        is waiting; an interrupt raises _Aborted(reason)."""
         deadline = time.monotonic() + seconds
         with self._cond:
             while not self._interrupted:
-                if path is not None:
+                if message:
+                    if self._inbox or self._eof:
+                        return
+                    self._cond.wait()
+                elif path is not None:
                     if path.exists():
                         return
                     self._cond.wait(0.002)  # a file has no event to wait on: poll
@@ -1209,6 +1224,8 @@ class _Session:
             self._pause("aborted_tools", seconds=float(_env("FAKE_CLAUDE_TOOL_SECONDS") or 0))
             if _env("FAKE_CLAUDE_TOOL_WAIT_FOR"):
                 self._pause("aborted_tools", path=Path(_env("FAKE_CLAUDE_TOOL_WAIT_FOR")))
+            if _env("FAKE_CLAUDE_TOOL_UNTIL_MESSAGE"):
+                self._pause("aborted_tools", message=True)
         except _Aborted:
             self._abandon(tool_id)
             raise
