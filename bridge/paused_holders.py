@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from runner.process import wait_exited
-from runner.proctree import start_time
+from runner.proctree import is_stopped, start_time
 
 log = logging.getLogger(__name__)
 
@@ -64,17 +64,6 @@ def lock_holders(paths: Iterable[Path], proc_locks: Path = PROC / "locks") -> se
         if inode in inodes and pid > 0:
             holders.add(pid)
     return holders
-
-
-def is_stopped(pid: int) -> bool:
-    """Whether process ``pid`` is stopped (by a signal or a tracer)."""
-    try:
-        stat = (PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return False
-    # The command name, in parentheses, may hold spaces: the state follows it.
-    after = stat.rpartition(")")[2].split()
-    return bool(after) and after[0] in ("T", "t")
 
 
 def has_open(pid: int, paths: Iterable[Path]) -> bool:
@@ -154,4 +143,4 @@ async def stop_paused_holders(paths: Iterable[Path], replicas: Mapping[int, floa
     return killed
 
 
-__all__ = ["has_open", "is_stopped", "lock_holders", "started_at", "stop_paused_holders"]
+__all__ = ["has_open", "lock_holders", "started_at", "stop_paused_holders"]

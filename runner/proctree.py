@@ -40,6 +40,12 @@ def _stat(pid: int) -> tuple[str, int] | None:
     return fields[0].decode(), int(fields[1])
 
 
+def is_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (by a signal or a tracer); False if it is gone."""
+    stat = _stat(pid)
+    return stat is not None and stat[0] in ("T", "t")
+
+
 def descendants(root: int) -> list[int]:
     """Live (non-zombie) descendants of ``root``, found through the ppid links in /proc.
 

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from runner.bare import bare_argv
 from runner.process import wait_exited
+from runner.proctree import is_stopped
 
 log = logging.getLogger(__name__)
 
@@ -82,14 +83,6 @@ class Spare:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
-
-    def stopped(self) -> bool:
-        """Stopped (SIGSTOP) or traced: it would not take its orders before it is continued."""
-        try:
-            stat = Path(f"/proc/{self.proc.pid}/stat").read_bytes()
-        except OSError:
-            return False
-        return stat[stat.rfind(b")") + 2 :][:1] in (b"T", b"t")
 
     def _discard(self) -> None:
         """It is not to be used (dead, or its orders failed): kill and reap it."""
@@ -154,18 +147,19 @@ class Spares:
     def take(self) -> Spare | None:
         """The ready spare, if there is a live one (the caller refills after its start)."""
         spare, self._ready = self._ready, None
-        if spare is not None and not spare.alive():
-            log.warning("a spare supervisor died waiting (exit %s)", spare.proc.returncode)
-            spare.conn.close()
-            os.close(spare.orders)
+        if spare is None:
             return None
-        if spare is not None and spare.stopped():
+        if not spare.alive():
+            why = f"died waiting (exit {spare.proc.returncode})"
+        elif is_stopped(spare.proc.pid):
             # Given the run, it would leave it unanswered (WELCOME_S, then a failed run).
-            log.warning("a spare supervisor was stopped (SIGSTOP) waiting; not used")
-            spare._discard()
-            os.close(spare.orders)
-            return None
-        return spare
+            why = "was stopped (SIGSTOP) waiting"
+        else:
+            return spare
+        log.warning("a spare supervisor %s; not used", why)
+        spare._discard()
+        os.close(spare.orders)
+        return None
 
     def refill_soon(self) -> None:
         """Start a spare in ``REFILL_DELAY_S`` (unless one is on its way)."""

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge.paused_holders import is_stopped, lock_holders, stop_paused_holders
+from bridge.paused_holders import lock_holders, stop_paused_holders
+from runner.proctree import is_stopped
 
 HOLD = """
 import sqlite3, sys, time

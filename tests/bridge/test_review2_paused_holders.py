@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from bridge import paused_holders
-from bridge.paused_holders import is_stopped, stop_paused_holders
+from bridge.paused_holders import stop_paused_holders
+from runner.proctree import is_stopped
 from tests.bridge.test_paused_holders import (  # noqa: F401 (fixtures)
     db,
     holder,
