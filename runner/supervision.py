@@ -474,11 +474,9 @@ def supervisor_options(
     return [*command, "--", *argv]
 
 
-def supervisor_argv(
-    request: RunRequest, argv: list[str], *, run_dir: Path, conn_fd: int, limits: Limits
-) -> list[str]:
-    """The command line of a supervisor started for its run."""
-    options = supervisor_options(request, argv, run_dir=run_dir, limits=limits)
+def supervisor_argv(options: list[str], conn_fd: int) -> list[str]:
+    """The command line of a supervisor started for its run (``options``: see
+    :func:`supervisor_options`)."""
     return [*bare_argv(str(SUPERVISOR)), f"--conn-fd={conn_fd}", *options]
 
 
@@ -549,7 +547,7 @@ async def start(
     if spare is not None and spare.send(options, env):
         proc, ours = spare.proc, spare.conn
     else:
-        proc, ours = _start_supervisor(request, argv, env, run_dir, limits)
+        proc, ours = _start_supervisor(options, env, run_dir)
     stages.stamp("supervisor_forked")
     pidfd = os.pidfd_open(proc.pid)  # our child: its pid is not reused before we reap it
     writer: asyncio.StreamWriter | None = None
@@ -580,7 +578,7 @@ def _execable(options: list[str], env: Mapping[str, str]) -> bool:
 
 
 def _start_supervisor(
-    request: RunRequest, argv: list[str], env: Mapping[str, str], run_dir: Path, limits: Limits
+    options: list[str], env: Mapping[str, str], run_dir: Path
 ) -> tuple[subprocess.Popen[bytes], socket.socket]:
     """Start a supervisor for the run (no spare was ready): it and our end of its connection."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -589,9 +587,7 @@ def _start_supervisor(
             # Not asyncio's subprocess: its transport kills the child when closed,
             # and this one must outlive us. Forking here is as quick as there.
             proc = subprocess.Popen(
-                supervisor_argv(
-                    request, argv, run_dir=run_dir, conn_fd=theirs.fileno(), limits=limits
-                ),
+                supervisor_argv(options, theirs.fileno()),
                 env=dict(env),
                 cwd=run_dir,
                 stdin=subprocess.DEVNULL,
