@@ -306,8 +306,8 @@ class _Live:
     end_unrecorded: bool = False
     """Its outcome could not be recorded: it stays marked running for the next start."""
     opening: asyncio.Task[bool] | None = None
-    """Shows the run running (phase, typing); its result: whether it did."""
-    """Phase and typing, started once claude is spawned (and registered)."""
+    """Phase and typing, started once claude is spawned (and registered); its result:
+    whether it showed them (not when the answer came first)."""
     pump: asyncio.Task[None] | None = None
     """The progress message, posted once the run has lasted ``show_after_s``."""
     answer: asyncio.Task[Callable[[], Awaitable[None]]] | None = None
@@ -709,8 +709,9 @@ class RunExecutor:
         request, prestarted = prepared
         session = request.session_id
         on_event = self._on_event(run, live)
-        try:
-            report = await run_claude(
+
+        def attempt(request: RunRequest, prestarted: Prestarted | None) -> Awaitable[RunReport]:
+            return run_claude(
                 request,
                 on_event,
                 on_position=live.at,
@@ -720,6 +721,9 @@ class RunExecutor:
                 may_start=lambda: self.holds(batch.room),
                 spares=self.spares,
             )
+
+        try:
+            report = await attempt(request, prestarted)
         except BaseException:
             if prestarted is not None:
                 # Cancelled before the run took it (a no-op once it did): it goes too.
@@ -740,15 +744,7 @@ class RunExecutor:
             first, live.registered = live.registered, None
             await shielded(self._unregister(run.id, first))
             live.control = RunControl()
-            report = await run_claude(
-                replace(request, session_id=None),
-                on_event,
-                on_position=live.at,
-                detach=live.detach,
-                control=live.control,
-                may_start=lambda: self.holds(batch.room),
-                spares=self.spares,
-            )
+            report = await attempt(replace(request, session_id=None), None)
         return report
 
     async def _prepare(
@@ -1036,15 +1032,11 @@ class RunExecutor:
     async def _record_steered(self, run_id: RunId, batch: Batch) -> None:
         """The steered messages belong to the run from now on (retried; a failure leaves
         them pending, to run again after a restart)."""
-        for delay in (*self.store_retry_delays_s, None):
-            try:
-                await self.store.steer_into_run(run_id, batch, self.wall_clock())
-                break
-            except StoreError:
-                if delay is None:
-                    log.error("could not record the messages steered into the run")
-                    return
-                await asyncio.sleep(delay)
+        if not await self._written(
+            lambda: self.store.steer_into_run(run_id, batch, self.wall_clock())
+        ):
+            log.error("could not record the messages steered into the run")
+            return
         await self._cosmetic(
             "show the steered messages", self.replier.phase(batch, RunPhase.RUNNING)
         )
@@ -1158,18 +1150,26 @@ class RunExecutor:
             and not registered.result()
         ):
             return  # it failed: nothing to undo
-        for delay in (*self.store_retry_delays_s, None):
-            try:
-                await self.store.unregister_live_run(run_id)
-            except StoreError:
-                if delay is None:
-                    break
-            else:
-                return
-            await asyncio.sleep(delay)
+        if await self._written(lambda: self.store.unregister_live_run(run_id)):
+            return
         # The next owner then sees a registered run: it stops it and reports it
         # interrupted (the messages are offered to `!retry`), as for a run that began.
         log.warning("could not take the run's first try out of the registry of live runs")
+
+    async def _written(self, write: Callable[[], Awaitable[object]]) -> bool:
+        """``write`` to the store, tried again after each of ``store_retry_delays_s`` while
+        the store fails; whether it got through."""
+        delays = iter(self.store_retry_delays_s)
+        while True:
+            try:
+                await write()
+            except StoreError:
+                delay = next(delays, None)
+                if delay is None:
+                    return False
+                await asyncio.sleep(delay)
+            else:
+                return True
 
     def _remove_journal(self, live: _Live, *, keep_dir: bool = False) -> None:
         if live.supervisor is not None:
