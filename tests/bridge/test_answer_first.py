@@ -50,12 +50,25 @@ def alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
-def claude_running(tmp_path: Path) -> bool:
-    """The fake claude of the room's running run is a live process now."""
-    running = rows(tmp_path, "select id from runs where status = 'running'")
-    if len(running) != 1:
+CLAUDE_LOG = "claude-runs.jsonl"
+"""The fake claudes' run log (``FAKE_CLAUDE_RUN_LOG``) in each test's directory."""
+
+
+def claude_started(tmp_path: Path) -> bool:
+    """The fake claude of the room's latest run was spawned: it runs now (its shell
+    launcher, or the fake's Python), or its start is in the run log (a quick run's
+    claude may have answered and exited before its typing is shown)."""
+    latest = rows(tmp_path, "select id from runs order by started_at desc limit 1")
+    if not latest:
         return False
-    marker = f"{MARKER_ENV}={running[0][0]}".encode()
+    run_id = latest[0][0]
+    log = tmp_path / CLAUDE_LOG
+    if log.exists() and any(
+        e["event"] == "start" and e["run"] == run_id
+        for e in map(json.loads, filter(None, log.read_text().splitlines()))
+    ):
+        return True
+    marker = f"{MARKER_ENV}={run_id}".encode()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -64,7 +77,8 @@ def claude_running(tmp_path: Path) -> bool:
             cmdline = (proc / "cmdline").read_bytes()
         except OSError:
             continue  # gone, or not ours to read
-        if marked and b"fake_claude" in cmdline and alive(int(proc.name)):
+        # claude, not a supervisor started for the run (which carries the marker too).
+        if marked and b"supervisor.py" not in cmdline and alive(int(proc.name)):
             return True
     return False
 
@@ -76,7 +90,7 @@ class Timeline(ChatRoom):
         super().__init__(room, user)
         self.events: list[tuple[str, str]] = []
         self.on_start: list[str] = []
-        """What showed the run had started (typing, phase) while claude did not run yet."""
+        """What showed the run had started (typing, phase) before claude had started."""
         self.tmp_path: Path | None = None
 
     async def send(
@@ -91,7 +105,7 @@ class Timeline(ChatRoom):
         self.changed.set()
 
     async def set_typing(self, room: RoomKey, typing: bool) -> None:
-        if typing and self.tmp_path is not None and not claude_running(self.tmp_path):
+        if typing and self.tmp_path is not None and not claude_started(self.tmp_path):
             self.on_start.append("typing")
         self.events.append(("typing", str(typing)))
         self.changed.set()
@@ -100,7 +114,7 @@ class Timeline(ChatRoom):
         self, room: RoomKey, message_ids: Sequence[ExternalMessageId], phase: RunPhase
     ) -> None:
         running = phase is RunPhase.RUNNING and self.tmp_path is not None
-        if running and self.tmp_path is not None and not claude_running(self.tmp_path):
+        if running and self.tmp_path is not None and not claude_started(self.tmp_path):
             self.on_start.append("phase")
         self.events.append(("phase", phase.value))
         self.changed.set()
@@ -111,6 +125,7 @@ class Timeline(ChatRoom):
 
 def settings(tmp_path: Path, config: Table, env: dict[str, str]) -> Settings:
     base: Table = {"dispatcher": {"coalesce_ms": 0}}
+    env = {"FAKE_CLAUDE_RUN_LOG": str(tmp_path / CLAUDE_LOG), **env}
     return load_settings(write_config(tmp_path, {**base, **config}, env=env))
 
 
