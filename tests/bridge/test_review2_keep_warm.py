@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from tests.bridge.test_live_runs import (
     watch_starts,
 )
 from tests.fakes.flaky_store import FlakyStore
-from tests.runner.conftest import is_alive
+from tests.runner.conftest import gone
 
 pytestmark = [
     pytest.mark.slow,
@@ -31,15 +30,6 @@ pytestmark = [
     # collection): a symptom of the defect, not the failure this file checks.
     pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
 ]
-
-
-async def _gone(pid: int, within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while is_alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
 
 
 async def test_a_stop_before_the_run_reaches_the_claude_kept_warm_stops_that_claude(
@@ -90,8 +80,8 @@ async def test_a_stop_before_the_run_reaches_the_claude_kept_warm_stops_that_cla
             assert prestarts is not None
             while prestarts._stopping:
                 await asyncio.gather(*prestarts._stopping)
-            stopped_run_ok = await _gone(pid, 5.0)
-        bridge_ok = await _gone(pid, 5.0)
+            stopped_run_ok = await gone(pid, 5.0)
+        bridge_ok = await gone(pid, 5.0)
         assert (stopped_run_ok, bridge_ok) == (True, True), (
             "the claude kept warm outlived (the stopped run, the bridge)"
         )
@@ -139,7 +129,7 @@ async def test_a_run_that_fails_before_handing_on_the_warm_claude_leaves_no_seco
             ]
             assert len(pids) == 2
             assert first.session_id == second.session_id
-            alive = [pid for pid in pids if await _gone(pid, 5.0) is False]
+            alive = [pid for pid in pids if await gone(pid, 5.0) is False]
             assert len(alive) <= 1, f"two claudes kept warm for one session: {alive}"
     finally:
         for pid in pids:

@@ -18,7 +18,6 @@ import contextlib
 import os
 import signal
 import sqlite3
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from runner import Prestarted, RunRequest
 from runner.supervision import Supervised
 from tests.bridge.harness import ConsoleSession, write_config
 from tests.bridge.test_live_runs import KEEP_WARM, console_room, kept_warm, run_log, watch_starts
-from tests.runner.conftest import is_alive
+from tests.runner.conftest import gone
 from transports.console import ConsoleTransport
 
 pytestmark = pytest.mark.slow
@@ -157,15 +156,6 @@ async def settled(bridge: ConsoleSession) -> None:
     await bridge.service.executor.drain(WAIT_S)
 
 
-async def _gone(pid: int, within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while is_alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
-
-
 def assert_left_for_the_new_owner(tmp_path: Path, run_id: RunId, state_dir: Path) -> None:
     """Nothing of the run's end recorded, and it looks never started to the new owner."""
     [(status, pid)] = rows(tmp_path, "select status, pid from runs where id = ?", run_id)
@@ -264,7 +254,7 @@ async def test_a_run_cancelled_by_the_lost_room_before_it_gave_the_warm_claude_t
             assert run_id == warm.run_id
             await settled(bridge)
             await assert_dropped_here(executor, room, run_id, typing)
-            assert await _gone(pid, 5.0)  # the warm claude went with the run
+            assert await gone(pid, 5.0)  # the warm claude went with the run
         assert_left_for_the_new_owner(tmp_path, run_id, settings.runner.state_dir)
         prompts = [e for e in run_log(log) if e["event"] == "prompt"]
         assert [e["text"] for e in prompts] == ["first"]
@@ -318,7 +308,7 @@ async def test_a_lost_room_cancelling_the_run_while_it_stops_the_warm_claude_rec
             assert run_id == warm.run_id
             await settled(bridge)
             await assert_dropped_here(executor, room, run_id, typing)
-            assert await _gone(pid, 5.0)
+            assert await gone(pid, 5.0)
         assert_left_for_the_new_owner(tmp_path, run_id, settings.runner.state_dir)
         assert [e["text"] for e in run_log(log) if e["event"] == "prompt"] == ["first"]
     finally:
@@ -416,7 +406,7 @@ async def test_a_stop_while_the_run_takes_the_warm_claude_stops_that_claude(
             bridge.service.dispatcher.stop(console_room(bridge))
             run_id = await ended.get()
             assert run_id == warm.run_id
-            assert await _gone(pid, 5.0)
+            assert await gone(pid, 5.0)
         [(status,)] = rows(tmp_path, "select status from runs where id = ?", run_id)
         assert status == "stopped"
         assert [e["text"] for e in run_log(log) if e["event"] == "prompt"] == ["first"]

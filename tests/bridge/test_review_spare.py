@@ -26,7 +26,7 @@ from tests.bridge.test_lifecycle import (
     wait_rows,
 )
 from tests.config_files import Table
-from tests.runner.conftest import is_alive
+from tests.runner.conftest import gone, is_alive
 
 RETRY_AFTER_S = 60.0
 """Longer than the wait for the answer before the cosmetics (cosmetic_timeout_s)."""
@@ -140,9 +140,8 @@ def spares_of(pid: int) -> list[int]:
 
 
 async def until_gone(pids: list[int]) -> None:
-    async with asyncio.timeout(GUARD_S):
-        while [p for p in pids if is_alive(p)]:
-            await asyncio.sleep(0.05)
+    for pid in pids:
+        assert await gone(pid, GUARD_S), f"process {pid} still runs"
 
 
 @pytest.mark.usefixtures("no_leftovers")
@@ -153,7 +152,7 @@ async def test_chatbridge_run_leaves_no_spare_behind(tmp_path: Path, how: str) -
     assert bridge.proc is not None
     bridge.send("hi")
     await bridge.wait_for("done")
-    # The spare for the next run (started half a second after this one's start).
+    # The spare for the next run (started a tenth of a second after this one's start).
     async with asyncio.timeout(GUARD_S):
         while not (spares := spares_of(bridge.proc.pid)):
             await asyncio.sleep(0.05)

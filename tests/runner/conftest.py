@@ -95,3 +95,18 @@ async def exit_of(pidfd: int, within_s: float = 10) -> None:
             await readable.wait()
     finally:
         loop.remove_reader(pidfd)
+
+
+async def gone(pid: int, within_s: float) -> bool:
+    """Whether process ``pid`` (ours or not) has exited within ``within_s`` (a zombie has)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        await exit_of(pidfd, within_s)
+    except TimeoutError:
+        return False
+    finally:
+        os.close(pidfd)
+    return True
