@@ -74,11 +74,10 @@ print(json.dumps({
 """
 
 
-def spawn(mode: str, *, parent: str = "", argv: list[str] | None = None) -> dict[str, Any]:
-    argv = argv or [sys.executable, "-c", CHILD]
-    run_id = f"forkexec-{os.getpid()}-{mode}"
+def script_result(script: str, *args: str) -> dict[str, Any]:
+    """What ``script`` prints (one JSON object), run in a fresh single-threaded Python."""
     done = subprocess.run(
-        [sys.executable, "-c", SPAWN, parent, run_id, mode, json.dumps(argv)],
+        [sys.executable, "-c", script, *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -87,6 +86,12 @@ def spawn(mode: str, *, parent: str = "", argv: list[str] | None = None) -> dict
     )
     result: dict[str, Any] = json.loads(done.stdout)
     return result
+
+
+def spawn(mode: str, *, parent: str = "", argv: list[str] | None = None) -> dict[str, Any]:
+    argv = argv or [sys.executable, "-c", CHILD]
+    run_id = f"forkexec-{os.getpid()}-{mode}"
+    return script_result(SPAWN, parent, run_id, mode, json.dumps(argv))
 
 
 def cgroups() -> str:

@@ -5,15 +5,12 @@ Each case runs in a single-threaded process of its own, as in test_forkexec.py.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.runner.test_forkexec import script_result
 
 SPAWN_IN = """
 import json, os, sys
@@ -33,16 +30,7 @@ else:
 
 
 def spawn_in(mode: str, cwd: str) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, "-c", SPAWN_IN, mode, cwd],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-        check=True,
-    )
-    result: dict[str, Any] = json.loads(done.stdout)
-    return result
+    return script_result(SPAWN_IN, mode, cwd)
 
 
 @pytest.mark.parametrize("mode", ["clone3", "popen"])
