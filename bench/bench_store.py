@@ -43,13 +43,14 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import asyncpg
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import Engine, make_url
 
 from bridge.core.model import (
     Batch,
@@ -67,7 +68,11 @@ from bridge.core.model import (
     UserId,
 )
 from bridge.store.batching import GroupCommit
+from bridge.store.engine import is_sqlite
 from bridge.store.sql import SqlStore
+from bridge.store.transactions import Body, OnDriver, Transactions
+
+T = TypeVar("T")
 
 DEFAULT_POSTGRES = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
 ROOM = RoomKey(TransportName("console"), RoomId("bench"))
@@ -155,10 +160,38 @@ async def run_path(store: SqlStore, ids: Ids, runs: int) -> dict[str, list[float
     return steps
 
 
+class AllSynced:
+    """Transactions as the store made them before 2026-11-23: every commit synced,
+    reads on the writer."""
+
+    def __init__(self, inner: Transactions) -> None:
+        self._inner = inner
+
+    @property
+    def engine(self) -> Engine:
+        return self._inner.engine
+
+    async def write(
+        self, body: Body[T], *, synced: bool = True, committing: Callable[[], None] | None = None
+    ) -> T:
+        return await self._inner.write(body, committing=committing)
+
+    async def read(self, body: Body[T]) -> T:
+        return await self._inner.write(body)
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
 def all_synced(store: SqlStore) -> None:
     """Make ``store`` behave as before: every commit synced, reads on the writer."""
-    store._unsynced = store._sessions
-    store._reads = store._sessions
+    store._tx = AllSynced(store._tx)
+
+
+def on_driver(store: SqlStore) -> None:
+    """Make ``store`` run its transactions on aiosqlite, as it did on a SQLite
+    file before 2026-11-27 (in threads of its own since)."""
+    store._tx = OnDriver(store.engine)
 
 
 async def reads_beside_writes(
@@ -279,6 +312,8 @@ async def bench_backend(backend: str, url: str, args: argparse.Namespace, into: 
     ids = Ids()  # shared by every phase: every message and run is new
     built = await SqlStore.open(url)
     before = await SqlStore.open(url, auto_migrate=False)
+    # SQLite only: the same store on the asyncio driver.
+    driven = await SqlStore.open(url, auto_migrate=False) if is_sqlite(url) else None
     try:
         modes = (("sequential", 1), (f"{args.acceptors} concurrent", args.acceptors))
         for mode, acceptors in modes:
@@ -287,14 +322,18 @@ async def bench_backend(backend: str, url: str, args: argparse.Namespace, into: 
             )
             into.accepts.append(Result(backend, mode, len(latencies), elapsed, latencies))
         all_synced(before)
-        paths: dict[str, list[float]] = {step: [] for step in PATH_STEPS}
-        synced_paths: dict[str, list[float]] = {step: [] for step in PATH_STEPS}
+        variants = [("as built", built), ("all synced", before)]
+        if driven is not None:
+            on_driver(driven)
+            variants.append(("on aiosqlite", driven))
+        paths: dict[str, dict[str, list[float]]] = {
+            variant: {step: [] for step in PATH_STEPS} for variant, _ in variants
+        }
         for _ in range(args.runs):
-            for store, steps in ((built, paths), (before, synced_paths)):
+            for variant, store in variants:
                 for step, latencies in (await run_path(store, ids, 1)).items():
-                    steps[step] += latencies
-        into.paths.append(PathResult(backend, "as built", paths))
-        into.paths.append(PathResult(backend, "all synced", synced_paths))
+                    paths[variant][step] += latencies
+        into.paths += [PathResult(backend, variant, steps) for variant, steps in paths.items()]
         reads: dict[str, list[float]] = {"as built": [], "all synced": []}
         for _ in range(4):
             for store, variant in ((built, "as built"), (before, "all synced")):
@@ -314,6 +353,8 @@ async def bench_backend(backend: str, url: str, args: argparse.Namespace, into: 
     finally:
         await built.close()
         await before.close()
+        if driven is not None:
+            await driven.close()
 
 
 async def main(args: argparse.Namespace) -> None:

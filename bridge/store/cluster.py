@@ -21,7 +21,8 @@ from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.orm import Session
 
 from bridge.core.model import RoomId, RoomKey, TransportName
 from bridge.store.base import AuditAction, Fence, StoreError
@@ -85,14 +86,14 @@ def _lease(row: Any) -> Lease:
     return Lease(room_key(row.transport, row.room_id), row.owner, row.token, row.expires_at)
 
 
-async def check_fence(s: AsyncSession, room: RoomKey, fence: Fence) -> None:
+def check_fence(s: Session, room: RoomKey, fence: Fence) -> None:
     """Raise :class:`Fenced` unless ``fence`` still holds ``room``'s unexpired lease.
 
     Takes a share lock on the lease row: a replica taking the lease over waits
     for this transaction, so the write it fences commits before the takeover
     or not at all.
     """
-    held = await s.execute(
+    held = s.execute(
         text(
             "SELECT 1 FROM leases WHERE transport = :t AND room_id = :r AND owner = :o"
             " AND token = :k AND expires_at > extract(epoch from clock_timestamp()) FOR SHARE"
@@ -104,8 +105,8 @@ async def check_fence(s: AsyncSession, room: RoomKey, fence: Fence) -> None:
     if fence.cluster_cap is not None:
         # Starts are counted one at a time across the cluster: the lock is the
         # transaction's, so the count and this start commit together.
-        await s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CAP_LOCK})
-        running = await s.scalar(text("SELECT count(*) FROM runs WHERE status = 'running'"))
+        s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CAP_LOCK})
+        running = s.scalar(text("SELECT count(*) FROM runs WHERE status = 'running'"))
         if int(running or 0) >= fence.cluster_cap:
             raise ClusterFull(f"{running} runs of at most {fence.cluster_cap} are running")
 

@@ -13,6 +13,11 @@ queued behind a write's disk sync: on a SQLite file a few connections of
 their own in deferred transactions (WAL lets them read beside the writer),
 on PostgreSQL the writer's pool in ``READ ONLY`` transactions.
 
+On a SQLite file the store itself writes and reads through synchronous
+engines of its own, in threads (:mod:`bridge.store.transactions`), with the
+same settings (:func:`configure_sqlite`); the asyncio engine serves the
+rest (migrations, the schema check).
+
 A writer transaction whose commit need not reach the disk runs on
 :func:`without_sync` (see ``SqlStore.start_run`` for why that is safe):
 SQLite commits it with ``synchronous=NORMAL`` (in WAL mode: written to the
@@ -25,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import event
-from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
@@ -44,6 +49,12 @@ _SYNCHRONOUS = "chatbridge_synchronous"
 def is_sqlite(url: str) -> bool:
     """Whether ``url`` names a SQLite database."""
     return make_url(url).get_backend_name() == "sqlite"
+
+
+def is_sqlite_file(url: str | URL) -> bool:
+    """Whether ``url`` names a SQLite database in a file (not in memory)."""
+    parsed = make_url(url)
+    return parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:")
 
 
 MASK = "***"
@@ -97,7 +108,7 @@ def create_engine(
     its row locks, and with them every other replica's takeover, for as long
     as it stays paused.
     """
-    if is_sqlite(url) and make_url(url).database not in (None, "", ":memory:"):
+    if is_sqlite_file(url):
         # One connection per file and process: SQLite admits one writer at a
         # time anyway, and queueing for the pooled connection wakes the next
         # task as soon as a commit ends, whereas contending connections would
@@ -114,7 +125,7 @@ def create_engine(
         }
     engine = create_async_engine(asyncpg_ssl(url), hide_parameters=True, **kwargs)
     if engine.dialect.name == "sqlite":
-        _configure_sqlite(engine, reader=False)
+        configure_sqlite(engine.sync_engine, reader=False)
     else:
 
         @event.listens_for(engine.sync_engine, "begin")
@@ -147,7 +158,7 @@ def create_reader(writer: AsyncEngine) -> AsyncEngine:
     reader = create_async_engine(
         writer.url, hide_parameters=True, pool_size=SQLITE_READERS, max_overflow=0
     )
-    _configure_sqlite(reader, reader=True)
+    configure_sqlite(reader.sync_engine, reader=True)
     return reader
 
 
@@ -156,8 +167,10 @@ def shares_pool(a: AsyncEngine, b: AsyncEngine) -> bool:
     return a.sync_engine.pool is b.sync_engine.pool
 
 
-def _configure_sqlite(engine: AsyncEngine, *, reader: bool) -> None:
-    @event.listens_for(engine.sync_engine, "connect")
+def configure_sqlite(engine: Engine, *, reader: bool) -> None:
+    """The SQLite settings above, on every connection of ``engine`` (either driver)."""
+
+    @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
         # The driver must not open transactions itself; "begin" below does.
         dbapi_connection.isolation_level = None
@@ -177,7 +190,7 @@ def _configure_sqlite(engine: AsyncEngine, *, reader: bool) -> None:
         finally:
             cursor.close()
 
-    @event.listens_for(engine.sync_engine, "begin")
+    @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
         if reader:
             # Deferred: takes no write lock, reads the last committed snapshot.

@@ -1,8 +1,12 @@
-"""The durable store on SQLAlchemy's asyncio layer: SQLite or PostgreSQL.
+"""The durable store on SQLAlchemy: SQLite or PostgreSQL.
 
-Every public method is one short transaction (:meth:`SqlStore._transaction`),
-and every SQLAlchemy or driver error leaves as :class:`StoreError`.
-Cancellation is not an error and propagates untouched.
+Every public method is one short transaction, written as a *body*: a plain
+function of a session, which :mod:`bridge.store.transactions` runs in a
+thread of the store's own on a SQLite file and on the asyncio driver on
+PostgreSQL (:meth:`SqlStore._write`, :meth:`SqlStore._read`). Every
+SQLAlchemy or driver error leaves as :class:`StoreError`. Cancellation is
+not an error and propagates untouched (what a cancelled write leaves:
+:mod:`bridge.store.transactions`).
 
 The cost of a run on the critical path is two commits synced to disk:
 ``accept`` (the transport acknowledges upstream after it) and ``finish_run``
@@ -21,8 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -38,9 +41,10 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy import insert as insert_statement
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
-from sqlalchemy.orm import Mapped, aliased
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.orm import Mapped, Session, aliased
 
 from bridge.core.model import (
     Attachment,
@@ -80,10 +84,8 @@ from bridge.store.cluster import check_fence
 from bridge.store.engine import (
     DEFAULT_URL,
     create_engine,
-    create_reader,
+    is_sqlite_file,
     redacted,
-    shares_pool,
-    without_sync,
 )
 from bridge.store.keys import THREAD_SEPARATOR
 from bridge.store.keys import room_key as _room
@@ -121,6 +123,7 @@ from bridge.store.tables import (
     SessionTranscriptRow,
     SpendRow,
 )
+from bridge.store.transactions import Body, InThreads, OnDriver, Transactions
 
 _LIVE = tuple(str(s) for s in LIVE_STATES)
 
@@ -166,17 +169,19 @@ class SqlStore:
     Create it with :meth:`open`; :meth:`close` releases its connections.
     """
 
-    def __init__(self, engine: AsyncEngine, readers: AsyncEngine | None = None) -> None:
+    def __init__(self, engine: AsyncEngine) -> None:
         """Wrap an engine from :func:`bridge.store.engine.create_engine`; prefer :meth:`open`.
 
-        ``readers`` (default: :func:`~bridge.store.engine.create_reader` of
-        ``engine``) serves the read-only methods; the store disposes both.
+        A SQLite file is written and read in threads of the store's own
+        (:class:`~bridge.store.transactions.InThreads`), on connections of its
+        own; any other database through ``engine``. The store disposes both.
         """
         self._engine = engine
-        self._readers = create_reader(engine) if readers is None else readers
-        self._sessions = async_sessionmaker(engine, expire_on_commit=False)
-        self._unsynced = async_sessionmaker(without_sync(engine), expire_on_commit=False)
-        self._reads = async_sessionmaker(self._readers, expire_on_commit=False)
+        self._tx: Transactions = (
+            InThreads(engine.url.render_as_string(hide_password=False))
+            if is_sqlite_file(engine.url)
+            else OnDriver(engine)
+        )
         self._closed = False
         # Session keeping: a set_session (a !reset) made while a run's end
         # waits for its group commit must not be undone by that commit.
@@ -198,6 +203,15 @@ class SqlStore:
     def engine(self) -> AsyncEngine:
         """The writer engine, for what shares the database (replicas' leases)."""
         return self._engine
+
+    @property
+    def writes_on(self) -> Engine:
+        """The engine whose events see every write transaction of this store.
+
+        For tests and benchmarks that watch the commits. On a SQLite file its
+        events fire in the store's writer thread.
+        """
+        return self._tx.engine
 
     @classmethod
     async def open(
@@ -228,37 +242,31 @@ class SqlStore:
             raise
         return cls(engine)
 
-    @asynccontextmanager
-    async def _transaction(
-        self, sessions: async_sessionmaker[AsyncSession] | None = None
-    ) -> AsyncIterator[AsyncSession]:
-        """One transaction, committed on success; errors become StoreError.
-
-        On the writer with a synced commit, unless ``sessions`` is
-        :attr:`_unsynced` (a commit without a disk sync) or :attr:`_reads`
-        (a read-only transaction, see :meth:`_read`).
-        """
+    async def _write(
+        self,
+        body: Body[_ResultT],
+        *,
+        synced: bool = True,
+        committing: Callable[[], None] | None = None,
+    ) -> _ResultT:
+        """``body`` in one write transaction, committed (with a disk sync unless
+        ``synced`` is false); errors become StoreError. See
+        :mod:`bridge.store.transactions`, also for ``committing``."""
         if self._closed:
-            # dispose() alone would let the pool quietly reconnect.
+            # Disposing alone would let the pool quietly reconnect.
             raise StoreError("the store is closed")
-        try:
-            async with (sessions or self._sessions).begin() as session:
-                yield session
-        except (SQLAlchemyError, OSError) as exc:  # OSError: a lost socket or file
-            raise StoreError(str(exc)) from exc
-        except UnicodeError as exc:
-            # The driver could not encode a text (a lone surrogate): the data
-            # was refused, like any other, and must not escape as a crash.
-            raise StoreError(f"text the database cannot store: {exc}") from exc
+        return await self._tx.write(body, synced=synced, committing=committing)
 
-    def _read(self) -> AbstractAsyncContextManager[AsyncSession]:
-        """A read-only transaction on a reader connection: takes no write lock.
+    async def _read(self, body: Body[_ResultT]) -> _ResultT:
+        """``body`` in a read-only transaction on a reader connection: takes no write lock.
 
         It sees what was committed when it began; every write of this store
         has committed before its method returned, so a caller reads its own
         writes.
         """
-        return self._transaction(self._reads)
+        if self._closed:
+            raise StoreError("the store is closed")
+        return await self._tx.read(body)
 
     # Messages
 
@@ -297,7 +305,8 @@ class SqlStore:
         for position, (msg, _) in enumerate(group):
             first.setdefault(_key(msg), position)
         fresh = sorted(first.values())
-        async with self._transaction() as s:
+
+        def body(s: Session) -> list[int | None]:
             # ON CONFLICT DO NOTHING rather than catching IntegrityError: a
             # message already stored (or being stored by another process,
             # whose commit this waits for) inserts nothing, and no other
@@ -311,7 +320,7 @@ class SqlStore:
             insert = insert.returning(
                 _MESSAGES.c.id, _MESSAGES.c.transport, _MESSAGES.c.room_id, _MESSAGES.c.external_id
             )
-            rows = await s.execute(insert, [_message_values(*group[p]) for p in fresh])
+            rows = s.execute(insert, [_message_values(*group[p]) for p in fresh])
             # RETURNING order is unspecified: match rows by their key.
             new_ids: dict[tuple[str, str, str], int] = {(t, r, e): i for i, t, r, e in rows}
             ids = [
@@ -324,9 +333,10 @@ class SqlStore:
                 if new_id is not None
             ]
             if audit:
-                await s.execute(insert_statement(_AUDIT), audit)
-            # Nothing awaits between here and the COMMIT on leaving the block.
-            committing()
+                s.execute(insert_statement(_AUDIT), audit)
+            return ids
+
+        ids = await self._write(body, committing=committing)
         return [
             None if new_id is None else msg.accepted(MessageId(new_id), received_at)
             for new_id, (msg, received_at) in zip(ids, group, strict=True)
@@ -351,7 +361,8 @@ class SqlStore:
 
     async def record_ignored(self, msg: InboundMessage, reason: str, at: float) -> None:
         """Audit a message that was not accepted, without its text."""
-        async with self._transaction() as s:
+
+        def body(s: Session) -> None:
             s.add(
                 _audit_row(
                     AuditAction.MESSAGE_IGNORED,
@@ -362,10 +373,13 @@ class SqlStore:
                 )
             )
 
+        await self._write(body)
+
     async def complete_command(self, message_id: MessageId) -> None:
         """Mark a pending command message done: commands never go into a run."""
-        async with self._transaction() as s:
-            await s.execute(
+
+        def body(s: Session) -> None:
+            s.execute(
                 update(MessageRow)
                 .where(
                     MessageRow.id == message_id,
@@ -374,6 +388,8 @@ class SqlStore:
                 .values(state=MessageState.DONE.value)
             )
 
+        await self._write(body)
+
     async def pending_messages(self, room: RoomKey | None = None) -> list[Message]:
         """Every pending message (or ``room``'s), in acceptance order."""
         query = select(MessageRow).where(MessageRow.state == MessageState.PENDING.value)
@@ -381,9 +397,12 @@ class SqlStore:
             query = query.where(
                 MessageRow.transport == room.transport, MessageRow.room_id == _stored_id(room)
             )
-        async with self._read() as s:
-            rows = await s.scalars(query.order_by(MessageRow.id))
+
+        def body(s: Session) -> list[Message]:
+            rows = s.scalars(query.order_by(MessageRow.id))
             return [_message(r) for r in rows]
+
+        return await self._read(body)
 
     async def mark_dropped(self, ids: Sequence[MessageId], actor: UserId | None, at: float) -> None:
         """Drop the pending or dispatched ones of these messages, one audit row each.
@@ -391,9 +410,10 @@ class SqlStore:
         Messages that already finished (done, failed, dropped) keep their state
         and get no audit row: ``!stop`` cannot undo what already happened.
         """
-        async with self._transaction() as s:
+
+        def body(s: Session) -> None:
             rows = (
-                await s.scalars(
+                s.scalars(
                     select(MessageRow)
                     .where(MessageRow.id.in_(ids), MessageRow.state.in_(_LIVE))
                     .order_by(MessageRow.id)
@@ -412,12 +432,15 @@ class SqlStore:
                     )
                 )
 
+        await self._write(body)
+
     async def pending_message(
         self, room: RoomKey, external_id: ExternalMessageId
     ) -> Message | None:
         """The pending message with this transport id in ``room``, or None."""
-        async with self._read() as s:
-            row = await s.scalar(
+
+        def body(s: Session) -> Message | None:
+            row = s.scalar(
                 select(MessageRow).where(
                     MessageRow.transport == room.transport,
                     _in_room(MessageRow.room_id, room),
@@ -426,6 +449,8 @@ class SqlStore:
                 )
             )
             return None if row is None else _message(row)
+
+        return await self._read(body)
 
     async def edit_pending(
         self, message_id: MessageId, text: str, actor: UserId | None, at: float
@@ -466,8 +491,9 @@ class SqlStore:
         *conditions: ColumnElement[bool],
     ) -> Message | None:
         """Update a message only while it is pending and ``conditions`` hold; audit it."""
-        async with self._transaction() as s:
-            row = await s.scalar(
+
+        def body(s: Session) -> Message | None:
+            row = s.scalar(
                 update(MessageRow)
                 .where(
                     MessageRow.id == message_id,
@@ -483,24 +509,30 @@ class SqlStore:
             s.add(_audit_row(action, at, room=message.room, actor=actor, message_id=row.id))
             return message
 
+        return await self._write(body)
+
     async def messages(self, ids: Sequence[MessageId]) -> list[Message]:
         """The messages with these ids that exist, in acceptance order."""
-        async with self._read() as s:
-            rows = await s.scalars(
+
+        def body(s: Session) -> list[Message]:
+            rows = s.scalars(
                 select(MessageRow).where(MessageRow.id.in_(ids)).order_by(MessageRow.id)
             )
             return [_message(r) for r in rows]
+
+        return await self._read(body)
 
     async def message_states(self, ids: Sequence[MessageId]) -> dict[MessageId, MessageState]:
         """The state of each of these messages that exists.
 
         For operators and tests; not part of the :class:`Store` protocol.
         """
-        async with self._read() as s:
-            rows = await s.execute(
-                select(MessageRow.id, MessageRow.state).where(MessageRow.id.in_(ids))
-            )
+
+        def body(s: Session) -> dict[MessageId, MessageState]:
+            rows = s.execute(select(MessageRow.id, MessageRow.state).where(MessageRow.id.in_(ids)))
             return {MessageId(i): MessageState(state) for i, state in rows}
+
+        return await self._read(body)
 
     # Runs
 
@@ -541,15 +573,16 @@ class SqlStore:
         """
         ids = list(batch.ids)
         room = batch.room
+
         # Core statements, four whatever the batch's size: on every run's path
         # the ORM's unit of work cost more than the statements themselves
         # (about 7 ms against 4 ms per start on SQLite, 2026-11-23).
-        async with self._transaction(self._unsynced) as s:
+        def body(s: Session) -> None:
             if fence is not None:
                 # First, before any write: the lease row's share lock orders
                 # this start against a takeover (bridge/store/cluster.py).
-                await check_fence(s, room, fence)
-            await s.execute(
+                check_fence(s, room, fence)
+            s.execute(
                 insert_statement(_RUNS).values(
                     id=run_id,
                     replica=None if fence is None else fence.replica,
@@ -562,28 +595,33 @@ class SqlStore:
                     error_excerpt="",
                 )
             )
-            audit = await _dispatch_into(s, run_id, batch, at, first=0)
+            audit = _dispatch_into(s, run_id, batch, at, first=0)
             started = AuditAction.RUN_STARTED
             detail = f"{len(ids)} message(s)"
             audit.append(_audit_values(started, at, room, run_id=run_id, detail=detail))
-            await s.execute(insert_statement(_AUDIT), audit)
+            s.execute(insert_statement(_AUDIT), audit)
+
+        await self._write(body, synced=False)
 
     async def steer_into_run(self, run_id: RunId, batch: Batch, at: float) -> None:
         """Add messages sent into a running run's session to that run (see the protocol)."""
-        async with self._transaction(self._unsynced) as s:
-            running = await s.execute(
+
+        def body(s: Session) -> None:
+            running = s.execute(
                 update(_RUNS)
                 .where(_RUNS.c.id == run_id, _RUNS.c.status == RunStatus.RUNNING.value)
                 .values(status=RunStatus.RUNNING.value)
             )
             if _rowcount(running) != 1:
                 raise StoreError(f"run {run_id} is not running")
-            last = await s.scalar(
+            last = s.scalar(
                 select(func.max(_RUN_MESSAGES.c.position)).where(_RUN_MESSAGES.c.run_id == run_id)
             )
             first = 0 if last is None else int(last) + 1
-            audit = await _dispatch_into(s, run_id, batch, at, first=first, detail="steered")
-            await s.execute(insert_statement(_AUDIT), audit)
+            audit = _dispatch_into(s, run_id, batch, at, first=first, detail="steered")
+            s.execute(insert_statement(_AUDIT), audit)
+
+        await self._write(body, synced=False)
 
     async def register_live_run(self, live: LiveRun, at: float) -> None:
         """Record (or replace) where the run's supervisor is reached, and claude's pid.
@@ -600,9 +638,10 @@ class SqlStore:
         PostgreSQL too (whichever comes second sees the other's commit), so
         no registry row outlives its run's end.
         """
-        async with self._transaction() as s:
+
+        def body(s: Session) -> None:
             run = (
-                await s.execute(
+                s.execute(
                     update(_RUNS)
                     .where(_RUNS.c.id == live.run_id, _RUNS.c.status == RunStatus.RUNNING.value)
                     .values(pid=live.claude_pid)
@@ -623,20 +662,23 @@ class SqlStore:
             }
             upsert = self._insert(_LIVE_RUNS).values(run_id=live.run_id, **whereabouts)
             # delivered_offset is left out: a reattach keeps what the room saw.
-            await s.execute(
+            s.execute(
                 upsert.on_conflict_do_update(
                     index_elements=["run_id"],
                     set_={name: upsert.excluded[name] for name in whereabouts},
                 )
             )
 
+        await self._write(body)
+
     async def unregister_live_run(self, run_id: RunId) -> None:
         """Take a running run out of the registry and forget its pid (synced, like the
         registration it undoes). The run's row first, on the condition that it is
         running: ordered against :meth:`finish_run` as :meth:`register_live_run` is."""
-        async with self._transaction() as s:
+
+        def body(s: Session) -> None:
             running = (
-                await s.execute(
+                s.execute(
                     update(_RUNS)
                     .where(_RUNS.c.id == run_id, _RUNS.c.status == RunStatus.RUNNING.value)
                     .values(pid=None)
@@ -644,12 +686,15 @@ class SqlStore:
                 )
             ).one_or_none()
             if running is not None:
-                await s.execute(delete(_LIVE_RUNS).where(_LIVE_RUNS.c.run_id == run_id))
+                s.execute(delete(_LIVE_RUNS).where(_LIVE_RUNS.c.run_id == run_id))
+
+        await self._write(body)
 
     async def live_runs(self) -> list[RegisteredRun]:
         """Every registered run, oldest registration first, then in start order."""
-        async with self._read() as s:
-            rows = await s.scalars(
+
+        def body(s: Session) -> list[RegisteredRun]:
+            rows = s.scalars(
                 select(LiveRunRow)
                 .join(RunRow, RunRow.id == LiveRunRow.run_id)
                 # Start order breaks ties, not the run id: PostgreSQL would
@@ -658,17 +703,22 @@ class SqlStore:
             )
             return [_registered_run(r) for r in rows]
 
+        return await self._read(body)
+
     async def set_delivered_offset(self, run_id: RunId, offset: int) -> None:
         """Raise the run's delivered offset; a run not in the registry is ignored.
 
         Committed without a disk sync (see the module's docstring).
         """
-        async with self._transaction(self._unsynced) as s:
-            await s.execute(
+
+        def body(s: Session) -> None:
+            s.execute(
                 update(_LIVE_RUNS)
                 .where(_LIVE_RUNS.c.run_id == run_id)
                 .values(delivered_offset=self._larger(_LIVE_RUNS.c.delivered_offset, offset))
             )
+
+        await self._write(body, synced=False)
 
     async def finish_run(
         self,
@@ -734,12 +784,13 @@ class SqlStore:
         statements, as for ``accept``: the ORM's unit of work cost more
         than the statements on this, every answer's, path.
         """
-        # Per call: its failure, its entries (a run ended before the group),
-        # or the slice of ``outbox`` it wrote (also for a second call of a
-        # run this group ends: a run's pending entries are those of its end).
-        placed: list[Failed | list[OutboxEntry] | tuple[int, int]] = []
-        async with self._transaction() as s:
-            rows = await s.execute(
+
+        def body(s: Session) -> list[list[OutboxEntry] | Failed]:
+            # Per call: its failure, its entries (a run ended before the group),
+            # or the slice of ``outbox`` it wrote (also for a second call of a
+            # run this group ends: a run's pending entries are those of its end).
+            placed: list[Failed | list[OutboxEntry] | tuple[int, int]] = []
+            rows = s.execute(
                 select(_RUNS.c.seq, _RUNS.c.id, _RUNS.c.transport, _RUNS.c.room_id, _RUNS.c.status)
                 .where(_RUNS.c.id.in_({finish.run_id for finish in group}))
                 # Two processes ending one run at once (replicas: the old owner and
@@ -761,7 +812,7 @@ class SqlStore:
                 elif finish.run_id in ended:
                     placed.append(ended[finish.run_id])
                 elif run.status != RunStatus.RUNNING.value:
-                    placed.append(await self._pending_entries(s, finish.run_id))
+                    placed.append(self._pending_entries(s, finish.run_id))
                 else:
                     report, room = finish.report, _room(run.transport, run.room_id)
                     run_values.append(_ended_run_values(run.seq, finish))
@@ -792,12 +843,12 @@ class SqlStore:
                     placed.append(ended[finish.run_id])
             if run_values:
                 # ORM bulk UPDATE by primary key: one executemany.
-                await s.execute(update(RunRow), run_values)
+                s.execute(update(RunRow), run_values)
                 # After the runs' UPDATE, which waits for a concurrent
                 # register_live_run's lock: this then sees its row.
-                await s.execute(delete(_LIVE_RUNS).where(_LIVE_RUNS.c.run_id.in_(list(ended))))
+                s.execute(delete(_LIVE_RUNS).where(_LIVE_RUNS.c.run_id.in_(list(ended))))
             for state, run_ids in settle.items():
-                await s.execute(
+                s.execute(
                     update(_MESSAGES)
                     .where(
                         _MESSAGES.c.run_id.in_(run_ids),
@@ -807,22 +858,22 @@ class SqlStore:
                 )
             if sessions:
                 # The session in the same transaction: one disk sync for the end of a run.
-                await s.execute(self._sessions_upsert(sessions))
+                s.execute(self._sessions_upsert(sessions))
             if audit:
-                await s.execute(insert_statement(_AUDIT), audit)
+                s.execute(insert_statement(_AUDIT), audit)
             if spend:
-                await s.execute(insert_statement(_SPEND), spend)
+                s.execute(insert_statement(_SPEND), spend)
             ids: list[int] = []
             if outbox:
                 # One multi-row INSERT; its ids come back in the rows' order.
                 returning = insert_statement(_OUTBOX).returning(
                     _OUTBOX.c.id, sort_by_parameter_order=True
                 )
-                ids = [new_id for (new_id,) in await s.execute(returning, outbox)]
-            # Nothing awaits between here and the COMMIT on leaving the block.
-            committing()
-        entries = [_new_entry(values, new_id) for values, new_id in zip(outbox, ids, strict=True)]
-        return [entries[p[0] : p[1]] if isinstance(p, tuple) else p for p in placed]
+                ids = [new_id for (new_id,) in s.execute(returning, outbox)]
+            entries = [_new_entry(v, new_id) for v, new_id in zip(outbox, ids, strict=True)]
+            return [entries[p[0] : p[1]] if isinstance(p, tuple) else p for p in placed]
+
+        return await self._write(body, committing=committing)
 
     def _kept_session(self, finish: _Finish, room: RoomKey) -> SessionId | None:
         """The run's session, to become the room's: asked for, and not set anew since the call."""
@@ -830,8 +881,8 @@ class SqlStore:
             return None
         return finish.report.session_id
 
-    async def _pending_entries(self, s: AsyncSession, run_id: RunId) -> list[OutboxEntry]:
-        rows = await s.scalars(
+    def _pending_entries(self, s: Session, run_id: RunId) -> list[OutboxEntry]:
+        rows = s.scalars(
             select(OutboxRow)
             .where(
                 OutboxRow.run_id == run_id,
@@ -843,30 +894,36 @@ class SqlStore:
 
     # Outbox
 
-    async def _enqueue(
-        self, s: AsyncSession, replies: Sequence[Reply], at: float, run_id: RunId | None
+    def _enqueue(
+        self, s: Session, replies: Sequence[Reply], at: float, run_id: RunId | None
     ) -> list[OutboxEntry]:
         rows = [_outbox_row(reply, at, run_id) for reply in replies]
         s.add_all(rows)
         if rows:
-            await s.flush()  # assigns the ids, in order
+            s.flush()  # assigns the ids, in order
         return [_outbox_entry(row) for row in rows]
 
     async def enqueue(self, replies: Sequence[Reply], at: float) -> list[OutboxEntry]:
         """Put replies into the outbox, pending, in order."""
-        async with self._transaction() as s:
-            return await self._enqueue(s, replies, at, None)
+
+        def body(s: Session) -> list[OutboxEntry]:
+            return self._enqueue(s, replies, at, None)
+
+        return await self._write(body)
 
     async def enqueue_once(self, reply: Reply, key: str, at: float) -> list[OutboxEntry]:
         """Put ``reply`` into the outbox under ``key`` unless an entry has that key."""
-        async with self._transaction() as s:
-            if await s.scalar(select(OutboxRow.id).where(OutboxRow.key == key)) is not None:
+
+        def body(s: Session) -> list[OutboxEntry]:
+            if s.scalar(select(OutboxRow.id).where(OutboxRow.key == key)) is not None:
                 return []
             row = _outbox_row(reply, at, None)
             row.key = key
             s.add(row)
-            await s.flush()
+            s.flush()
             return [_outbox_entry(row)]
+
+        return await self._write(body)
 
     async def undelivered(self, room: RoomKey | None = None) -> list[OutboxEntry]:
         """Every pending outbox entry (or ``room``'s), in recording order."""
@@ -875,17 +932,20 @@ class SqlStore:
             query = query.where(
                 OutboxRow.transport == room.transport, OutboxRow.room_id == _stored_id(room)
             )
-        async with self._read() as s:
-            rows = await s.scalars(query.order_by(OutboxRow.id))
+
+        def body(s: Session) -> list[OutboxEntry]:
+            rows = s.scalars(query.order_by(OutboxRow.id))
             return [_outbox_entry(r) for r in rows]
 
+        return await self._read(body)
+
     async def _update_entry(self, entry_id: int, **values: Any) -> None:
-        async with self._transaction() as s:
-            result = await s.execute(
-                update(OutboxRow).where(OutboxRow.id == entry_id).values(**values)
-            )
+        def body(s: Session) -> None:
+            result = s.execute(update(OutboxRow).where(OutboxRow.id == entry_id).values(**values))
             if _rowcount(result) == 0:
                 raise StoreError(f"no outbox entry {entry_id}")
+
+        await self._write(body)
 
     async def delivery_progress(self, entry_id: int, parts_done: int) -> None:
         """Record the parts of an entry delivered so far (never fewer than before)."""
@@ -907,19 +967,28 @@ class SqlStore:
 
     async def get_run(self, run_id: RunId) -> RunRecord | None:
         """The run with this id, or None."""
-        async with self._read() as s:
-            runs = await self._records(s, RunRow.id == run_id)
+
+        def body(s: Session) -> RunRecord | None:
+            runs = self._records(s, RunRow.id == run_id)
             return runs[0] if runs else None
+
+        return await self._read(body)
 
     async def running_runs(self) -> list[RunRecord]:
         """Runs still marked running, oldest first."""
-        async with self._read() as s:
-            return await self._records(s, RunRow.status == RunStatus.RUNNING.value)
+
+        def body(s: Session) -> list[RunRecord]:
+            return self._records(s, RunRow.status == RunStatus.RUNNING.value)
+
+        return await self._read(body)
 
     async def last_run(self, room: RoomKey) -> RunRecord | None:
         """The room's most recently started run."""
-        async with self._read() as s:
-            return await self._last_run(s, room)
+
+        def body(s: Session) -> RunRecord | None:
+            return self._last_run(s, room)
+
+        return await self._read(body)
 
     async def retryable_runs(self, room: RoomKey) -> list[RunRecord]:
         """The room's offered runs, oldest first (the rule is in the protocol)."""
@@ -940,8 +1009,9 @@ class SqlStore:
             newer.received_at > func.coalesce(RunRow.ended_at, RunRow.started_at),
         )
         retryable = [str(status) for status in RunStatus if status.retryable]
-        async with self._read() as s:
-            return await self._records(
+
+        def body(s: Session) -> list[RunRecord]:
+            return self._records(
                 s,
                 (RunRow.transport == room.transport)
                 & (RunRow.room_id == _stored_id(room))
@@ -950,15 +1020,18 @@ class SqlStore:
                 & ~superseded,
             )
 
+        return await self._read(body)
+
     async def requeue_run(self, run_id: RunId) -> list[Message]:
         """Mark pending the messages that failed with this run as their last.
 
         One conditional UPDATE: of two concurrent retries of a run, one
         re-queues the messages and the other finds none.
         """
-        async with self._transaction() as s:
+
+        def body(s: Session) -> list[Message]:
             rows = (
-                await s.scalars(
+                s.scalars(
                     update(MessageRow)
                     .where(
                         MessageRow.run_id == run_id,
@@ -970,22 +1043,24 @@ class SqlStore:
             ).all()
             return [_message(r) for r in sorted(rows, key=lambda r: r.id)]
 
-    async def _last_run(self, s: AsyncSession, room: RoomKey) -> RunRecord | None:
-        last = await s.scalar(
+        return await self._write(body)
+
+    def _last_run(self, s: Session, room: RoomKey) -> RunRecord | None:
+        last = s.scalar(
             select(func.max(RunRow.seq)).where(
                 RunRow.transport == room.transport, RunRow.room_id == _stored_id(room)
             )
         )
         if last is None:
             return None
-        runs = await self._records(s, RunRow.seq == last)
+        runs = self._records(s, RunRow.seq == last)
         return runs[0]
 
-    async def _records(self, s: AsyncSession, where: ColumnElement[bool]) -> list[RunRecord]:
-        runs = (await s.scalars(select(RunRow).where(where).order_by(RunRow.seq))).all()
+    def _records(self, s: Session, where: ColumnElement[bool]) -> list[RunRecord]:
+        runs = s.scalars(select(RunRow).where(where).order_by(RunRow.seq)).all()
         if not runs:
             return []
-        links = await s.execute(
+        links = s.execute(
             select(RunMessageRow.run_id, RunMessageRow.message_id)
             .where(RunMessageRow.run_id.in_([r.id for r in runs]))
             .order_by(RunMessageRow.run_id, RunMessageRow.position)
@@ -999,9 +1074,12 @@ class SqlStore:
 
     async def get_session(self, room: RoomKey) -> SessionId | None:
         """The Claude session the room resumes, if any."""
-        async with self._read() as s:
-            row = await s.get(RoomRow, (room.transport, _stored_id(room)))
+
+        def body(s: Session) -> SessionId | None:
+            row = s.get(RoomRow, (room.transport, _stored_id(room)))
             return None if row is None or row.session_id is None else SessionId(row.session_id)
+
+        return await self._read(body)
 
     async def set_session(self, room: RoomKey, session_id: SessionId | None) -> None:
         """Remember (or, with None, forget) the Claude session of a room.
@@ -1012,11 +1090,15 @@ class SqlStore:
         # Counted before any await: a finish_run called from now on sees it.
         self._sessions_set += 1
         self._session_set_at[room] = self._sessions_set
-        async with self._session_writes, self._transaction() as s:
-            await s.execute(self._session_upsert(room, session_id))
+
+        def body(s: Session) -> None:
+            s.execute(self._session_upsert(room, session_id))
             if session_id is None:
                 # A forgotten session is never resumed: its transcript goes with it.
-                await s.execute(delete(SessionTranscriptRow).where(*_transcript_of(room)))
+                s.execute(delete(SessionTranscriptRow).where(*_transcript_of(room)))
+
+        async with self._session_writes:
+            await self._write(body)
 
     def _sessions_upsert(self, sessions: dict[RoomKey, SessionId]) -> Any:
         """One statement setting several rooms' sessions (each room once)."""
@@ -1065,8 +1147,11 @@ class SqlStore:
             transport=room.transport, room_id=_stored_id(room), **values
         )
         upsert = upsert.on_conflict_do_update(index_elements=["transport", "room_id"], set_=values)
-        async with self._transaction() as s:
-            await s.execute(upsert)
+
+        def body(s: Session) -> None:
+            s.execute(upsert)
+
+        await self._write(body)
 
     async def transcript_stamp(
         self, room: RoomKey, session_id: SessionId
@@ -1075,31 +1160,43 @@ class SqlStore:
         query = select(SessionTranscriptRow.size, SessionTranscriptRow.digest).where(
             *_transcript_of(room), SessionTranscriptRow.session_id == session_id
         )
-        async with self._read() as s:
-            row = (await s.execute(query)).first()
+
+        def body(s: Session) -> TranscriptStamp | None:
+            row = (s.execute(query)).first()
             return None if row is None else TranscriptStamp(row.size, row.digest)
+
+        return await self._read(body)
 
     async def load_transcript(self, room: RoomKey, session_id: SessionId) -> bytes | None:
         """The stored transcript's content, if it is ``session_id``'s."""
         query = select(SessionTranscriptRow.content).where(
             *_transcript_of(room), SessionTranscriptRow.session_id == session_id
         )
-        async with self._read() as s:
-            content: bytes | None = await s.scalar(query)
+
+        def body(s: Session) -> bytes | None:
+            content: bytes | None = s.scalar(query)
             return content
+
+        return await self._read(body)
 
     async def drop_transcript(self, room: RoomKey) -> None:
         """Forget the conversation's stored transcript."""
-        async with self._transaction() as s:
-            await s.execute(delete(SessionTranscriptRow).where(*_transcript_of(room)))
+
+        def body(s: Session) -> None:
+            s.execute(delete(SessionTranscriptRow).where(*_transcript_of(room)))
+
+        await self._write(body)
 
     # Schedules
 
     async def schedule_marks(self) -> dict[str, float]:
         """Each schedule's latest firing time dealt with, by name."""
-        async with self._read() as s:
-            rows = await s.execute(select(ScheduleMarkRow.name, ScheduleMarkRow.fired_at))
+
+        def body(s: Session) -> dict[str, float]:
+            rows = s.execute(select(ScheduleMarkRow.name, ScheduleMarkRow.fired_at))
             return {name: fired_at for name, fired_at in rows}
+
+        return await self._read(body)
 
     async def mark_schedule(self, name: str, fired_at: float) -> None:
         """Record a firing as dealt with; marks never go back (two replicas may both write)."""
@@ -1109,8 +1206,11 @@ class SqlStore:
             set_={"fired_at": upsert.excluded.fired_at},
             where=ScheduleMarkRow.fired_at < upsert.excluded.fired_at,
         )
-        async with self._transaction() as s:
-            await s.execute(upsert)
+
+        def body(s: Session) -> None:
+            s.execute(upsert)
+
+        await self._write(body)
 
     # Room overrides
 
@@ -1120,22 +1220,31 @@ class SqlStore:
 
     async def room_state(self, room: RoomKey) -> tuple[SessionId | None, RoomOverrides]:
         """The room's session and overrides: one row, one read."""
-        async with self._read() as s:
-            row = await s.get(RoomRow, (room.transport, _stored_id(room)))
+
+        def body(s: Session) -> tuple[SessionId | None, RoomOverrides]:
+            row = s.get(RoomRow, (room.transport, _stored_id(room)))
             if row is None:
                 return None, RoomOverrides()
             session = None if row.session_id is None else SessionId(row.session_id)
             return session, RoomOverrides(row.model, row.permission_mode)
 
+        return await self._read(body)
+
     async def set_room_model(self, room: RoomKey, model: str | None) -> None:
         """Set (None: clear) the model of the room's next runs."""
-        async with self._transaction() as s:
-            await s.execute(self._room_upsert(room, model=model))
+
+        def body(s: Session) -> None:
+            s.execute(self._room_upsert(room, model=model))
+
+        await self._write(body)
 
     async def set_room_mode(self, room: RoomKey, mode: str | None) -> None:
         """Set (None: clear) the permission mode of the room's next runs."""
-        async with self._transaction() as s:
-            await s.execute(self._room_upsert(room, permission_mode=mode))
+
+        def body(s: Session) -> None:
+            s.execute(self._room_upsert(room, permission_mode=mode))
+
+        await self._write(body)
 
     def _room_upsert(self, room: RoomKey, **values: Any) -> Any:
         """The room's row with ``values`` set, created if missing; its other columns kept."""
@@ -1153,13 +1262,17 @@ class SqlStore:
             query = query.where(
                 SpendRow.transport == room.transport, SpendRow.room_id == room.room_id
             )
-        async with self._read() as s:
-            return float(await s.scalar(query) or 0.0)
+
+        def body(s: Session) -> float:
+            return float(s.scalar(query) or 0.0)
+
+        return await self._read(body)
 
     async def add_limit_resume(self, run_id: RunId, room: RoomKey, resets_at: float) -> None:
         """Note a retry of ``run_id`` at ``resets_at`` (the first note stands)."""
-        async with self._transaction() as s:
-            await s.execute(
+
+        def body(s: Session) -> None:
+            s.execute(
                 self._insert(LimitResumeRow)
                 .values(
                     run_id=run_id,
@@ -1170,10 +1283,13 @@ class SqlStore:
                 .on_conflict_do_nothing(index_elements=["run_id"])
             )
 
+        await self._write(body)
+
     async def limit_resumes(self) -> list[LimitResume]:
         """The waiting retries, earliest first."""
-        async with self._read() as s:
-            rows = await s.scalars(
+
+        def body(s: Session) -> list[LimitResume]:
+            rows = s.scalars(
                 select(LimitResumeRow).order_by(LimitResumeRow.resets_at, LimitResumeRow.run_id)
             )
             return [
@@ -1181,11 +1297,16 @@ class SqlStore:
                 for r in rows
             ]
 
+        return await self._read(body)
+
     async def drop_limit_resume(self, run_id: RunId) -> bool:
         """Forget the waiting retry of ``run_id``; whether there was one."""
-        async with self._transaction() as s:
-            result = await s.execute(delete(LimitResumeRow).where(LimitResumeRow.run_id == run_id))
+
+        def body(s: Session) -> bool:
+            result = s.execute(delete(LimitResumeRow).where(LimitResumeRow.run_id == run_id))
             return _rowcount(result) > 0
+
+        return await self._write(body)
 
     # Approvals
 
@@ -1206,14 +1327,15 @@ class SqlStore:
         transaction: the upsert locks the room's row, so concurrent requests
         of a room (even from two stores) get distinct numbers.
         """
-        async with self._transaction() as s:
-            existing = await self._approval_of_request(s, run_id, request_id)
+
+        def body(s: Session) -> Approval:
+            existing = self._approval_of_request(s, run_id, request_id)
             if existing is not None:
                 return existing
             counter = self._insert(RoomRow).values(
                 transport=room.transport, room_id=_stored_id(room), last_approval=1
             )
-            number = await s.scalar(
+            number = s.scalar(
                 counter.on_conflict_do_update(
                     index_elements=["transport", "room_id"],
                     set_={"last_approval": RoomRow.last_approval + 1},
@@ -1223,7 +1345,7 @@ class SqlStore:
                 raise StoreError("the room's approval counter returned nothing")
             # DO NOTHING: the same request recorded meanwhile (another store
             # replaying it) is found below, not an integrity error.
-            inserted = await s.scalar(
+            inserted = s.scalar(
                 self._insert(ApprovalRow)
                 .values(
                     transport=room.transport,
@@ -1241,7 +1363,7 @@ class SqlStore:
                 .on_conflict_do_nothing(index_elements=["run_id", "request_id"])
                 .returning(ApprovalRow.id)
             )
-            approval = await self._approval_of_request(s, run_id, request_id)
+            approval = self._approval_of_request(s, run_id, request_id)
             if approval is None:  # inserted, or found by the insert: never seen
                 raise StoreError(f"approval request {request_id} vanished")
             if inserted is not None:
@@ -1256,10 +1378,10 @@ class SqlStore:
                 )
             return approval
 
-    async def _approval_of_request(
-        self, s: AsyncSession, run_id: RunId, request_id: str
-    ) -> Approval | None:
-        row = await s.scalar(
+        return await self._write(body)
+
+    def _approval_of_request(self, s: Session, run_id: RunId, request_id: str) -> Approval | None:
+        row = s.scalar(
             select(ApprovalRow).where(
                 ApprovalRow.run_id == run_id, ApprovalRow.request_id == request_id
             )
@@ -1268,12 +1390,15 @@ class SqlStore:
 
     async def set_approval_message(self, approval: Approval, message_id: ExternalMessageId) -> None:
         """Remember the room message that asks."""
-        async with self._transaction() as s:
-            await s.execute(
+
+        def body(s: Session) -> None:
+            s.execute(
                 update(ApprovalRow)
                 .where(ApprovalRow.id == approval.id)
                 .values(message_id=message_id)
             )
+
+        await self._write(body)
 
     async def pending_approvals(self, room: RoomKey | None = None) -> list[Approval]:
         """Pending requests, of one room or of all, oldest first."""
@@ -1308,9 +1433,11 @@ class SqlStore:
         return found[0] if found else None
 
     async def _approvals(self, *where: ColumnElement[bool]) -> list[Approval]:
-        async with self._read() as s:
-            rows = await s.scalars(select(ApprovalRow).where(*where).order_by(ApprovalRow.id))
+        def body(s: Session) -> list[Approval]:
+            rows = s.scalars(select(ApprovalRow).where(*where).order_by(ApprovalRow.id))
             return [_approval(r) for r in rows]
+
+        return await self._read(body)
 
     async def decide_approval(
         self,
@@ -1323,8 +1450,9 @@ class SqlStore:
         """Decide the request if it is still pending (one conditional UPDATE), audited."""
         require_decision(state)
         reason = approval_reason(reason)
-        async with self._transaction() as s:
-            decided = await s.scalar(
+
+        def body(s: Session) -> bool:
+            decided = s.scalar(
                 update(ApprovalRow)
                 .where(
                     ApprovalRow.id == approval.id,
@@ -1352,6 +1480,8 @@ class SqlStore:
             )
             return True
 
+        return await self._write(body)
+
     async def cancel_approvals(
         self, run_id: RunId, why: str, at: float, request_ids: tuple[str, ...] | None = None
     ) -> list[Approval]:
@@ -1360,9 +1490,10 @@ class SqlStore:
         which = [ApprovalRow.run_id == run_id, ApprovalRow.state == ApprovalState.PENDING.value]
         if request_ids is not None:
             which.append(ApprovalRow.request_id.in_(list(request_ids)))
-        async with self._transaction() as s:
+
+        def body(s: Session) -> list[Approval]:
             rows = (
-                await s.scalars(
+                s.scalars(
                     update(ApprovalRow)
                     .where(*which)
                     .values(state=ApprovalState.CANCELLED.value, decided_at=at, reason=why)
@@ -1381,6 +1512,8 @@ class SqlStore:
                     )
                 )
             return cancelled
+
+        return await self._write(body)
 
     async def expired_approvals(self, now: float) -> list[Approval]:
         """Pending requests due to expire, oldest first (they stay pending)."""
@@ -1402,7 +1535,8 @@ class SqlStore:
         detail: str = "",
     ) -> None:
         """Append one audit row."""
-        async with self._transaction() as s:
+
+        def body(s: Session) -> None:
             s.add(
                 _audit_row(
                     action,
@@ -1414,6 +1548,8 @@ class SqlStore:
                     detail=detail,
                 )
             )
+
+        await self._write(body)
 
     async def audit_trail(
         self,
@@ -1433,9 +1569,12 @@ class SqlStore:
             conditions.append(AuditRow.message_id == message_id)
         if run_id is not None:
             conditions.append(AuditRow.run_id == run_id)
-        async with self._read() as s:
-            rows = await s.scalars(select(AuditRow).where(*conditions).order_by(AuditRow.id))
+
+        def body(s: Session) -> list[AuditRecord]:
+            rows = s.scalars(select(AuditRow).where(*conditions).order_by(AuditRow.id))
             return [_audit_record(r) for r in rows]
+
+        return await self._read(body)
 
     # Retention
 
@@ -1448,14 +1587,15 @@ class SqlStore:
         approvals finished before the cutoff go too. Returns the number of
         rows deleted.
         """
-        async with self._transaction() as s:
-            audit = await s.execute(delete(AuditRow).where(AuditRow.at < older_than))
-            messages = await s.execute(
+
+        def body(s: Session) -> int:
+            audit = s.execute(delete(AuditRow).where(AuditRow.at < older_than))
+            messages = s.execute(
                 delete(MessageRow).where(
                     MessageRow.received_at < older_than, MessageRow.state.not_in(_LIVE)
                 )
             )
-            runs = await s.execute(
+            runs = s.execute(
                 delete(RunRow).where(
                     RunRow.status != RunStatus.RUNNING.value,
                     RunRow.ended_at < older_than,
@@ -1466,28 +1606,33 @@ class SqlStore:
                 )
             )
             # A finished entry's next_attempt_at is when it finished.
-            outbox = await s.execute(
+            outbox = s.execute(
                 delete(OutboxRow).where(
                     OutboxRow.state != DeliveryState.PENDING.value,
                     OutboxRow.next_attempt_at < older_than,
                 )
             )
-            approvals = await s.execute(
+            approvals = s.execute(
                 delete(ApprovalRow).where(
                     ApprovalRow.state != ApprovalState.PENDING.value,
                     ApprovalRow.decided_at < older_than,
                 )
             )
-            spend = await s.execute(delete(SpendRow).where(SpendRow.at < older_than))
+            spend = s.execute(delete(SpendRow).where(SpendRow.at < older_than))
             counts = (audit, messages, runs, outbox, approvals, spend)
             return sum(_rowcount(c) for c in counts)
+
+        return await self._write(body)
 
     # Lifecycle
 
     async def ping(self) -> None:
         """Raise StoreError unless the database answers."""
-        async with self._read() as s:
-            await s.execute(text("SELECT 1"))
+
+        def body(s: Session) -> None:
+            s.execute(text("SELECT 1"))
+
+        await self._read(body)
 
     async def close(self) -> None:
         """Close every pooled connection and refuse further use."""
@@ -1498,9 +1643,8 @@ class SqlStore:
         # closed properly: let the transactions in flight end first.
         await self._accepts.idle()
         await self._finishes.idle()
+        await self._tx.close()
         await self._engine.dispose()
-        if not shares_pool(self._readers, self._engine):
-            await self._readers.dispose()
 
 
 async def _isolating(
@@ -1771,20 +1915,20 @@ def _message(row: MessageRow) -> Message:
     )
 
 
-async def _dispatch_into(
-    s: AsyncSession, run_id: RunId, batch: Batch, at: float, *, first: int, detail: str = ""
+def _dispatch_into(
+    s: Session, run_id: RunId, batch: Batch, at: float, *, first: int, detail: str = ""
 ) -> list[dict[str, Any]]:
     """Mark the batch's messages dispatched into the run, at positions from ``first``;
     their audit rows (``message_dispatched``), for the caller to insert with its own."""
     ids = list(batch.ids)
-    found = await s.execute(
+    found = s.execute(
         update(_MESSAGES)
         .where(_MESSAGES.c.id.in_(ids))
         .values(state=MessageState.DISPATCHED.value, run_id=run_id)
     )
     if _rowcount(found) != len(set(ids)):
         raise StoreError(f"run {run_id}: some of messages {ids} do not exist")
-    await s.execute(
+    s.execute(
         insert_statement(_RUN_MESSAGES),
         [
             {"run_id": run_id, "message_id": message_id, "position": first + i}

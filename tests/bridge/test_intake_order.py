@@ -58,7 +58,7 @@ async def test_messages_accepted_together_are_recorded_in_call_order_in_one_tran
         assert isinstance(store, SqlStore)
         inserts = 0
 
-        @event.listens_for(store._engine.sync_engine, "before_cursor_execute")
+        @event.listens_for(store.writes_on, "before_cursor_execute")
         def _statement(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
             # One INSERT of the messages per transaction of accepts (other parts
             # of the service write too, so commits alone would not tell).

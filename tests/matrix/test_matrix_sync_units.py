@@ -383,7 +383,7 @@ class StoreSink:
         self.commits = 0
         self.edits_saw: list[list[str]] = []
 
-        @event.listens_for(store._engine.sync_engine, "commit")
+        @event.listens_for(store.writes_on, "commit")
         def _commit(_conn: object) -> None:
             self.commits += 1
 

@@ -204,7 +204,7 @@ class StoreSink:
         self.edit_after: list[int] = []
         self.edit_saw: list[str] = []
 
-        @event.listens_for(store._engine.sync_engine, "commit")
+        @event.listens_for(store.writes_on, "commit")
         def _commit(_conn: object) -> None:
             self.commits += 1
 

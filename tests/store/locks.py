@@ -64,10 +64,12 @@ def write_begins(store: SqlStore, url: str, postgres_stops_at: str) -> asyncio.E
     """
     begun = asyncio.Event()
     blocking = "BEGIN IMMEDIATE" if is_sqlite(url) else postgres_stops_at
+    loop = asyncio.get_running_loop()
 
-    @event.listens_for(store._engine.sync_engine, "before_cursor_execute")
+    # On a SQLite file the hook runs in the store's writer thread.
+    @event.listens_for(store.writes_on, "before_cursor_execute")
     def _statement(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
         if statement.startswith(blocking):
-            begun.set()
+            loop.call_soon_threadsafe(begun.set)
 
     return begun

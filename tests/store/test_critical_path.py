@@ -100,12 +100,13 @@ async def watched(backend: str) -> AsyncIterator[Watched]:
     engine = create_engine(url)
     seen = Transactions()
 
-    @event.listens_for(engine.sync_engine, "commit")
+    store = SqlStore(engine)
+
+    @event.listens_for(store.writes_on, "commit")
     def _commit(conn: Connection) -> None:
         kinds = {"read": seen.reads, "synced": seen.synced, "unsynced": seen.unsynced}
         kinds[commit_kind(conn)].append(seen.call)
 
-    store = SqlStore(engine)
     try:
         yield Watched(store, seen)
     finally:

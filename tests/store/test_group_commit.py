@@ -60,7 +60,7 @@ class Observed:
     _waiting: list[tuple[int, asyncio.Event]] = field(default_factory=list)
 
     def saw_write(self) -> None:
-        # Called by an engine hook, on the event loop's thread.
+        # On the event loop's thread (an engine hook hands it over).
         self.writes += 1
         for n, seen in self._waiting:
             if self.writes >= n:
@@ -96,12 +96,15 @@ async def observed(backend: str) -> AsyncIterator[Observed]:
     # SQLite waits at BEGIN IMMEDIATE for a held lock, PostgreSQL at the INSERT.
     blocking = "BEGIN IMMEDIATE" if is_sqlite(backend) else "INSERT INTO messages"
 
-    @event.listens_for(engine.sync_engine, "before_cursor_execute")
+    loop = asyncio.get_running_loop()
+
+    # On a SQLite file the hooks run in the store's writer thread.
+    @event.listens_for(made.store.writes_on, "before_cursor_execute")
     def _statement(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
         if statement.startswith(blocking):
-            made.saw_write()
+            loop.call_soon_threadsafe(made.saw_write)
 
-    @event.listens_for(engine.sync_engine, "commit")
+    @event.listens_for(made.store.writes_on, "commit")
     def _commit(_conn: object) -> None:
         made.commits += 1
 

@@ -60,7 +60,7 @@ async def counted(backend: str) -> AsyncIterator[Counted]:
     engine = create_engine(backend)
     made = Counted(SqlStore(engine))
 
-    @event.listens_for(engine.sync_engine, "commit")
+    @event.listens_for(made.store.writes_on, "commit")
     def _commit(conn: object) -> None:
         made.commits += 1
 

@@ -141,11 +141,12 @@ async def test_cancelled_accept_leaves_nothing_behind(tmp_path: Path) -> None:
     engine = create_engine(url)
     store = SqlStore(engine)
     beginning = asyncio.Event()
+    loop = asyncio.get_running_loop()
 
-    @event.listens_for(engine.sync_engine, "before_cursor_execute")
+    @event.listens_for(store.writes_on, "before_cursor_execute")
     def _seen(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
-        if statement == "BEGIN IMMEDIATE":
-            beginning.set()
+        if statement == "BEGIN IMMEDIATE":  # in the store's writer thread
+            loop.call_soon_threadsafe(beginning.set)
 
     # Another connection holds the write lock, so the store's BEGIN waits.
     blocker = sqlite3.connect(tmp_path / "c.db", isolation_level=None)

@@ -1,0 +1,176 @@
+"""Transactions in threads on a SQLite file: commits, cancellation, interrupts, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import event, text
+from sqlalchemy.orm import Session
+
+from bridge.store.base import StoreError
+from bridge.store.transactions import Body, InThreads
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> Path:
+    path = tmp_path / "t.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE t (x INTEGER)")
+    return path
+
+
+@pytest.fixture
+async def threads(database: Path) -> AsyncIterator[InThreads]:
+    runner = InThreads(f"sqlite+aiosqlite:///{database}")
+    try:
+        yield runner
+    finally:
+        await runner.close()
+
+
+def insert(value: int) -> Body[int]:
+    def body(s: Session) -> int:
+        s.execute(text("INSERT INTO t VALUES (:x)"), {"x": value})
+        return value
+
+    return body
+
+
+async def stored(threads: InThreads) -> list[int]:
+    def body(s: Session) -> list[int]:
+        return [x for (x,) in s.execute(text("SELECT x FROM t ORDER BY x"))]
+
+    return await threads.read(body)
+
+
+class Gate:
+    """Holds a thread at a point until the loop opens it; tells the loop it got there."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.reached = asyncio.Event()
+        self._open = threading.Event()
+
+    def wait_in_thread(self) -> None:
+        self._loop.call_soon_threadsafe(self.reached.set)
+        if not self._open.wait(timeout=30):
+            raise TimeoutError("the gate was never opened")
+
+    def open(self) -> None:
+        self._open.set()
+
+
+async def test_a_write_is_committed_when_it_returns_and_reads_see_it(
+    threads: InThreads, database: Path
+) -> None:
+    assert await threads.write(insert(1)) == 1
+    assert await stored(threads) == [1]
+    with sqlite3.connect(database) as other:  # another connection: on disk, committed
+        assert other.execute("SELECT x FROM t").fetchall() == [(1,)]
+
+
+async def test_a_caller_cancelled_before_the_commit_writes_nothing(threads: InThreads) -> None:
+    gate = Gate()
+
+    def body(s: Session) -> None:
+        s.execute(text("INSERT INTO t VALUES (7)"))
+        gate.wait_in_thread()
+
+    task = asyncio.create_task(threads.write(body))
+    await gate.reached.wait()
+    task.cancel()
+    gate.open()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await stored(threads) == []
+    assert await threads.write(insert(8)) == 8
+    assert await stored(threads) == [8]
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["alone", "group commit"])
+async def test_a_caller_cancelled_once_the_commit_began_waits_for_it(
+    threads: InThreads, group: bool
+) -> None:
+    """The commit is not cut short. A caller alone gets its cancellation (what it
+    wrote is committed); a group commit's transaction reports its outcome."""
+    gate = Gate()
+    committing: list[str] = []
+    event.listen(threads.engine, "commit", lambda _conn: gate.wait_in_thread())
+    task = asyncio.create_task(
+        threads.write(
+            insert(3),
+            committing=(lambda: committing.append(threading.current_thread().name))
+            if group
+            else None,
+        )
+    )
+    await gate.reached.wait()
+    task.cancel()
+    gate.open()
+    if group:
+        assert await task == 3
+        assert len(committing) == 1
+        assert committing[0].startswith("chatbridge-store-writer")
+    else:
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert await stored(threads) == [3]
+
+
+async def test_database_errors_become_store_errors_and_roll_back(threads: InThreads) -> None:
+    def body(s: Session) -> None:
+        s.execute(text("INSERT INTO t VALUES (1)"))
+        s.execute(text("INSERT INTO missing VALUES (1)"))
+
+    with pytest.raises(StoreError, match="no such table: missing"):
+        await threads.write(body)
+    assert await stored(threads) == []
+
+
+async def test_reads_cannot_write(threads: InThreads) -> None:
+    with pytest.raises(StoreError, match="attempt to write a readonly database"):
+        await threads.read(insert(1))
+
+
+async def test_a_read_is_not_held_up_by_a_write_in_progress(threads: InThreads) -> None:
+    """Readers have threads and connections of their own (WAL: they read beside a writer)."""
+    await threads.write(insert(1))
+    gate = Gate()
+
+    def held(s: Session) -> None:
+        s.execute(text("INSERT INTO t VALUES (2)"))
+        gate.wait_in_thread()
+
+    writing = asyncio.create_task(threads.write(held))
+    await gate.reached.wait()
+    try:
+        assert await stored(threads) == [1]  # the writer's row is not committed yet
+    finally:
+        gate.open()
+    await writing
+    assert await stored(threads) == [1, 2]
+
+
+async def test_close_lets_the_transaction_in_flight_commit(database: Path) -> None:
+    threads = InThreads(f"sqlite+aiosqlite:///{database}")
+    gate = Gate()
+
+    def held(s: Session) -> int:
+        s.execute(text("INSERT INTO t VALUES (5)"))
+        gate.wait_in_thread()
+        return 5
+
+    writing = asyncio.create_task(threads.write(held))
+    await gate.reached.wait()
+    closing = asyncio.create_task(threads.close())
+    gate.open()
+    await closing
+    assert await writing == 5
+    with sqlite3.connect(database) as other:
+        assert other.execute("SELECT x FROM t").fetchall() == [(5,)]
