@@ -145,6 +145,9 @@ ACCEPT_GROUP_LIMIT = 256
 FINISH_GROUP_LIMIT = 64
 """Runs per group-commit transaction of :meth:`SqlStore.finish_run` at most."""
 
+ENTRY_GROUP_LIMIT = 256
+"""Outbox entries' delivery records per group-commit transaction at most."""
+
 _ItemT = TypeVar("_ItemT")
 _ResultT = TypeVar("_ResultT")
 
@@ -161,6 +164,14 @@ class _Finish:
     sessions_set: int
     """:attr:`SqlStore._sessions_set` when the call was made: a later ``set_session`` wins."""
     requeue: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _EntryUpdate:
+    """One delivery record of an outbox entry, queued for a shared transaction."""
+
+    entry_id: int
+    values: dict[str, Any]
 
 
 class SqlStore:
@@ -197,6 +208,12 @@ class SqlStore:
         )
         self._finishes: GroupCommit[_Finish, list[OutboxEntry]] = GroupCommit(
             self._finish_group, limit=FINISH_GROUP_LIMIT
+        )
+        # Each delivered answer writes two records (its part, its end), synced:
+        # with many answers going out at once they would queue one by one in
+        # front of the next runs' ends.
+        self._entry_updates: GroupCommit[_EntryUpdate, None] = GroupCommit(
+            self._update_entries, limit=ENTRY_GROUP_LIMIT
         )
 
     @property
@@ -940,12 +957,32 @@ class SqlStore:
         return await self._read(body)
 
     async def _update_entry(self, entry_id: int, **values: Any) -> None:
-        def body(s: Session) -> None:
-            result = s.execute(update(OutboxRow).where(OutboxRow.id == entry_id).values(**values))
-            if _rowcount(result) == 0:
-                raise StoreError(f"no outbox entry {entry_id}")
+        """Update one outbox entry; concurrent calls share a transaction (group
+        commit), an unknown entry fails only its own call."""
+        if self._closed:
+            raise StoreError("the store is closed")
+        await self._entry_updates.submit(_EntryUpdate(entry_id, values))
 
-        await self._write(body)
+    async def _update_entries(
+        self, group: Sequence[_EntryUpdate], committing: Committing
+    ) -> list[Failed | None]:
+        return await _isolating(group, self._update_entries_together, committing)
+
+    async def _update_entries_together(
+        self, group: Sequence[_EntryUpdate], committing: Committing
+    ) -> list[Failed | None]:
+        def body(s: Session) -> list[Failed | None]:
+            outcomes: list[Failed | None] = []
+            for entry in group:
+                result = s.execute(
+                    update(OutboxRow).where(OutboxRow.id == entry.entry_id).values(**entry.values)
+                )
+                missing = _rowcount(result) == 0
+                error = StoreError(f"no outbox entry {entry.entry_id}")
+                outcomes.append(Failed(error) if missing else None)
+            return outcomes
+
+        return await self._write(body, committing=committing)
 
     async def delivery_progress(self, entry_id: int, parts_done: int) -> None:
         """Record the parts of an entry delivered so far (never fewer than before)."""
@@ -1639,10 +1676,12 @@ class SqlStore:
         self._closed = True
         self._accepts.fail_queued(lambda: StoreError("the store is closed"))
         self._finishes.fail_queued(lambda: StoreError("the store is closed"))
+        self._entry_updates.fail_queued(lambda: StoreError("the store is closed"))
         # A connection still checked out when the pool is disposed is never
         # closed properly: let the transactions in flight end first.
         await self._accepts.idle()
         await self._finishes.idle()
+        await self._entry_updates.idle()
         await self._tx.close()
         await self._engine.dispose()
 

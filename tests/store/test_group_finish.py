@@ -36,7 +36,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.store.base import OutboxEntry, StoreError
+from bridge.store.base import DeliveryState, OutboxEntry, StoreError
 from bridge.store.engine import create_engine
 from bridge.store.memory import MemoryStore
 from bridge.store.sql import FINISH_GROUP_LIMIT, SqlStore
@@ -133,6 +133,38 @@ async def test_an_unknown_run_fails_only_its_own_call(counted: Counted) -> None:
     assert isinstance(first, list)
     assert isinstance(last, list)
     assert await store.undelivered() == [*first, *last]
+
+
+@SQL
+async def test_delivery_records_made_together_share_one_commit(counted: Counted) -> None:
+    """Many answers going out at once: their records (a part sent, the end) are
+    grouped too; an unknown entry fails only its own call."""
+    store = counted.store
+    runs = await started(store, 12)
+    ended = await asyncio.gather(
+        *(store.finish_run(r, RunReport(RunStatus.SUCCEEDED), 3.0, [answer(r)]) for r in runs)
+    )
+    entries = [e for each in ended for e in each]
+    before = counted.commits
+    progress = await asyncio.gather(
+        *(store.delivery_progress(e.id, 1) for e in entries),
+        store.delivery_progress(987654, 1),
+        return_exceptions=True,
+    )
+    assert counted.commits - before == 1
+    *known, unknown = progress
+    assert known == [None] * len(entries)
+    assert isinstance(unknown, StoreError)
+    assert "no outbox entry 987654" in str(unknown)
+    before = counted.commits
+    half = entries[: len(entries) // 2]
+    await asyncio.gather(
+        *(store.delivery_finished(e.id, DeliveryState.DELIVERED, 4.0) for e in half)
+    )
+    assert counted.commits - before == 1
+    pending = await store.undelivered()
+    assert [e.id for e in pending] == [e.id for e in entries[len(half) :]]
+    assert all(e.parts_done == 1 for e in pending)
 
 
 @SQL
