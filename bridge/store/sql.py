@@ -257,6 +257,10 @@ class SqlStore:
         except BaseException:
             await engine.dispose()
             raise
+        if is_sqlite_file(url):
+            # The store reads and writes the file through connections of its own
+            # (InThreads): this one, and its aiosqlite thread, would only idle.
+            await engine.dispose()
         return cls(engine)
 
     async def _write(
