@@ -1,19 +1,39 @@
-"""Transactions in threads on a SQLite file: commits, cancellation, interrupts, errors."""
+"""Transactions in threads on a SQLite file: commits, cancellation, errors, closing."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import sqlite3
+import tempfile
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy import event, text
 from sqlalchemy.orm import Session
 
-from bridge.store.base import StoreError
+from bridge.core.model import (
+    ExternalMessageId,
+    InboundMessage,
+    Message,
+    RoomId,
+    RoomKey,
+    TransportName,
+    UserId,
+)
+from bridge.store.base import AuditAction, StoreError
+from bridge.store.sql import SqlStore
 from bridge.store.transactions import Body, InThreads
+
+ROOM = RoomKey(TransportName("console"), RoomId("local"))
+
+
+def message(external_id: str) -> InboundMessage:
+    return InboundMessage(ROOM, UserId("me"), "hi", ExternalMessageId(external_id))
 
 
 @pytest.fixture
@@ -174,3 +194,91 @@ async def test_close_lets_the_transaction_in_flight_commit(database: Path) -> No
     assert await writing == 5
     with sqlite3.connect(database) as other:
         assert other.execute("SELECT x FROM t").fetchall() == [(5,)]
+
+
+# Hypothesis: a burst of accepts (some redeliveries) on a SQLite file, some
+# callers cancelled after a few turns of the loop, wherever their transaction
+# then is (queued, leading, in the writer thread, committing). Whatever the
+# interleaving: no message is stored twice or lost by a caller that got it
+# back, each stored message has exactly one "accepted" audit row, and the store
+# goes on working.
+
+accept_call = st.tuples(
+    st.integers(min_value=0, max_value=5),  # which external id (repeats: redeliveries)
+    st.none()  # never cancelled, or cancelled:
+    | st.tuples(st.just("turn"), st.integers(min_value=0, max_value=6))  # after n loop turns
+    | st.tuples(st.just("commit"), st.integers(min_value=1, max_value=4)),  # in the nth commit
+)
+Cancel = tuple[str, int] | None
+
+
+async def accepts_cancelled(store: SqlStore, calls: list[tuple[int, Cancel]]) -> None:
+    loop = asyncio.get_running_loop()
+    tasks = [asyncio.create_task(store.accept(message(f"$m{which}"), 1.0)) for which, _ in calls]
+    commits = 0
+
+    @event.listens_for(store.writes_on, "commit")
+    def _committing(_conn: object) -> None:
+        # In the writer thread, between the decision to commit and the COMMIT:
+        # the loop cancels its callers while the thread waits.
+        nonlocal commits
+        commits += 1
+        chosen = [t for t, (_, c) in zip(tasks, calls, strict=True) if c == ("commit", commits)]
+        if chosen:
+            done = threading.Event()
+
+            def cancel() -> None:
+                for task in chosen:
+                    task.cancel()
+                done.set()
+
+            loop.call_soon_threadsafe(cancel)
+            assert done.wait(timeout=30)
+
+    for turn in range(7):
+        for task, (_, cancel_at) in zip(tasks, calls, strict=True):
+            if cancel_at == ("turn", turn):
+                task.cancel()
+        await asyncio.sleep(0)
+    outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    stored = {m.external_id: m for m in await store.pending_messages()}
+    audited = [
+        r.message_id
+        for r in await store.audit_trail()
+        if r.action is AuditAction.MESSAGE_ACCEPTED and r.message_id is not None
+    ]
+    assert sorted(audited) == sorted(m.id for m in stored.values())  # once each
+    got_back = [o for o in outcomes if isinstance(o, Message)]
+    for accepted in got_back:
+        assert stored[accepted.external_id] == accepted
+    assert len({m.external_id for m in got_back}) == len(got_back)  # one caller per message
+    for outcome, (_, cancel_at) in zip(outcomes, calls, strict=True):
+        assert (
+            outcome is None
+            or isinstance(outcome, Message)
+            or (cancel_at is not None and isinstance(outcome, asyncio.CancelledError))
+        ), outcome
+    # Still working: a new message and a redelivery of every one.
+    assert await store.accept(message("$new"), 2.0) is not None
+    for which, _ in calls:
+        assert await store.accept(message(f"$m{which}"), 2.0) is None or (
+            ExternalMessageId(f"$m{which}") not in stored
+        )
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(accept_call, min_size=1, max_size=10))
+def test_cancelled_accepts_never_store_twice_nor_lose_an_answer(
+    sqlite_template: Path, calls: list[tuple[int, Cancel]]
+) -> None:
+    async def run() -> None:
+        with tempfile.TemporaryDirectory() as directory:
+            path = Path(directory) / "store.db"
+            shutil.copy(sqlite_template, path)
+            store = await SqlStore.open(f"sqlite+aiosqlite:///{path}", auto_migrate=False)
+            try:
+                await accepts_cancelled(store, calls)
+            finally:
+                await store.close()
+
+    asyncio.run(run())
