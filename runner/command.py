@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from runner import mcp_server
-from runner.bare import bare_argv
 from runner.errors import InvalidRequest
 from runner.request import PromptImage, RunRequest
 
@@ -62,7 +61,7 @@ def build_argv(request: RunRequest) -> list[str]:
     if request.append_system_prompt:
         argv += ["--append-system-prompt", request.append_system_prompt]
     if request.send_file_max_bytes is not None:
-        argv += ["--mcp-config", mcp_config(request)]
+        argv += ["--mcp-config", mcp_config()]
     if request.max_turns < 0:
         raise InvalidRequest(f"max_turns must be >= 0, not {request.max_turns}")
     if request.max_turns:
@@ -76,17 +75,14 @@ def build_argv(request: RunRequest) -> list[str]:
     return argv
 
 
-def mcp_config(request: RunRequest) -> str:
-    """``--mcp-config`` JSON that starts :mod:`runner.mcp_server` for ``request``'s cwd.
-
-    Run by file path in a bare interpreter (:mod:`runner.bare`): the standard
-    library only, so it is ready in about 15 ms (claude's start waits for it). Another MCP server
+def mcp_config() -> str:
+    """``--mcp-config`` JSON declaring our MCP server, ``chatbridge`` (``send_file``), as an
+    SDK server: claude asks its host, the run's supervisor (which has the run's cwd and
+    size limit: :func:`runner.supervision.supervisor_options`), with ``mcp_message``
+    control requests, so no server process starts with each claude. Another MCP server
     configured by the user still applies; only the name ``chatbridge`` is ours.
     """
-    command, *args = bare_argv(
-        mcp_server.__file__, str(request.cwd.resolve()), str(request.send_file_max_bytes)
-    )
-    server = {"type": "stdio", "command": command, "args": args, "env": {}}
+    server = {"type": "sdk", "name": mcp_server.SERVER_NAME}
     return json.dumps({"mcpServers": {mcp_server.SERVER_NAME: server}}, separators=(",", ":"))
 
 

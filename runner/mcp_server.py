@@ -1,19 +1,18 @@
-"""The ``chatbridge`` MCP server a run's claude starts: one tool, ``send_file``.
+"""The ``chatbridge`` MCP server of a run's claude: one tool, ``send_file``.
 
-claude spawns it from ``--mcp-config`` and speaks JSON-RPC 2.0 with it over
-stdio, one JSON object per line (MCP's stdio transport). The tool only
-checks that the file may be sent and answers ``queued <name>``: the bridge
-sees the tool use and its successful result in claude's stream-json output,
-checks the path again itself, copies the file and posts it through its
-outbox (docs/files.md). No socket or other channel to the bridge exists.
+claude is told of it as an SDK server (``--mcp-config``, ``"type": "sdk"``):
+it has no process; claude sends each JSON-RPC 2.0 message to its host in an
+``mcp_message`` control request, and the run's supervisor answers with
+:class:`Server` (``runner/supervisor.py``), so it answers while no bridge is
+attached too. The tool only checks that the file may be sent and answers
+``queued <name>``: the bridge sees the tool use and its successful result in
+claude's stream-json output, checks the path again itself, copies the file
+and posts it through its outbox (docs/files.md).
 
-Start-up time counts: claude waits for its MCP servers before the run's
-first model request (../shared/claude-cli.md). So this module imports the
-standard library only, and of it only what answering ``initialize`` needs
-(json: no dataclasses, pathlib or typing, which took 20 of its 37 ms), and
-is run by its file path in a bare interpreter (:mod:`runner.bare`), which
-skips the ``runner`` package's own imports and compiling it at every start;
-the official ``mcp`` SDK was measured slower by several times (docs/files.md).
+It was a process of its own (stdio), started by every claude, whose start-up
+waits for its MCP servers (../shared/claude-cli.md): 15 ms at best, in a bare
+interpreter. The supervisor imports this module at start (the standard
+library only, and of it only ``os`` and ``stat`` at import).
 
 The path rule (:func:`check_sendable`) is shared with the bridge, which
 applies it on its own side again: a tool claude could talk to otherwise
@@ -22,17 +21,15 @@ applies it on its own side again: a tool claude could talk to otherwise
 
 from __future__ import annotations
 
-import json
 import os
 import stat
-import sys
 
 TYPE_CHECKING = False
 """As ``typing.TYPE_CHECKING`` (mypy takes either), without importing ``typing`` at each start."""
 
 if TYPE_CHECKING:
     from pathlib import Path
-    from typing import IO, Any
+    from typing import Any
 
 SERVER_NAME = "chatbridge"
 TOOL_NAME = "send_file"
@@ -161,36 +158,3 @@ class Server:
 
 def _text(text: str, *, error: bool = False) -> dict[str, Any]:
     return {"content": [{"type": "text", "text": text}], "isError": error}
-
-
-def serve(server: Server, stdin: IO[str], stdout: IO[str]) -> None:
-    """Answer line by line until stdin closes (claude ends the server that way)."""
-    for line in stdin:
-        if not line.strip():
-            continue
-        try:
-            message = json.loads(line)
-        except ValueError:
-            response: dict[str, Any] | None = {
-                "jsonrpc": "2.0",
-                "id": None,
-                "error": {"code": -32700, "message": "parse error"},
-            }
-        else:
-            response = server.handle(message) if isinstance(message, dict) else None
-        if response is not None:
-            stdout.write(json.dumps(response) + "\n")
-            stdout.flush()
-
-
-def main(args: list[str]) -> int:
-    """``mcp_server.py CWD MAX_BYTES``: the run's working directory and the size limit."""
-    if len(args) != 2 or not args[1].isdigit():
-        sys.stderr.write("usage: mcp_server.py CWD MAX_BYTES\n")
-        return 2
-    serve(Server(args[0], int(args[1])), sys.stdin, sys.stdout)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -202,8 +202,9 @@ def _dict(value: object) -> dict[str, Any]:
 
 
 def _control_request(obj: Mapping[str, Any]) -> list[StreamEvent]:
-    """claude asks its host; only ``can_use_tool`` is ever asked of us (no hooks, no
-    SDK MCP servers are configured), other subtypes are ignored."""
+    """claude asks its host; only ``can_use_tool`` is the bridge's to answer (no hooks
+    are configured; ``mcp_message``, for the run's SDK MCP server, is the supervisor's:
+    docs/files.md), other subtypes are ignored."""
     request = _dict(obj.get("request"))
     request_id = _str(obj.get("request_id"))
     if request.get("subtype") != "can_use_tool" or not request_id:

@@ -465,6 +465,9 @@ def supervisor_options(
         f"--spool-max-bytes={request.spool_max_bytes}",
         f"--max-line-bytes={request.max_line_bytes}",
     ]  # fmt: skip
+    if request.send_file_max_bytes is not None:
+        # The supervisor answers claude's send_file tool (runner/mcp_server.py).
+        command.append(f"--send-file-max-bytes={request.send_file_max_bytes}")
     if limits.cgroup_parent:
         command.append(f"--cgroup={limits.cgroup_parent}")
         if limits.memory_max is not None:

@@ -10,7 +10,8 @@ but the standard library), whose compiled form is cached::
     python -I -S -c BOOTSTRAP .../runner/supervisor.py --run-id=ID --run-dir=DIR --cwd=DIR
         --conn-fd=N --grace-s=S --run-timeout-s=S --idle-timeout-s=S
         --orphan-timeout-s=S --spool-max-bytes=N --max-line-bytes=N
-        [--cgroup=DIR [--memory-max=BYTES] [--pids-max=N]] -- CLAUDE_ARGV...
+        [--cgroup=DIR [--memory-max=BYTES] [--pids-max=N]] [--send-file-max-bytes=N]
+        -- CLAUDE_ARGV...
 
 with claude's environment (or, as a spare started ahead of its run, as
 ``... supervisor.py --standby --conn-fd=N`` with an empty environment, reading
@@ -26,6 +27,10 @@ It is a child subreaper, so a tool that double-forks, clears its environment
 or starts its own session still re-parents to it, never to init: "no child
 left" means nothing of the run is left. With ``--cgroup`` claude also runs in
 its own cgroup v2 group under DIR, killed at once with ``cgroup.kill``.
+
+With ``--send-file-max-bytes`` it also answers claude's ``mcp_message`` control
+requests for the run's own MCP server, ``chatbridge`` (``send_file`` in
+``--cwd``; :mod:`runner.mcp_server`, docs/files.md).
 
 The run is stopped when the bridge says ``stop``; on SIGTERM, SIGINT or
 SIGHUP; when a time limit passes (``--run-timeout-s``, ``--idle-timeout-s``
@@ -69,6 +74,8 @@ from runner.journal import (
     replayed_uuid,
     sent_uuid,
 )
+from runner.mcp_server import SERVER_NAME as MCP_SERVER_NAME
+from runner.mcp_server import Server as McpServer
 from runner.proctree import (
     KILL_POLL_S,
     Cgroup,
@@ -122,6 +129,7 @@ class Options:
         "run_dir",
         "run_id",
         "run_timeout_s",
+        "send_file_max_bytes",
         "spool_max_bytes",
     )
 
@@ -142,6 +150,7 @@ class Options:
         cgroup: str = "",
         memory_max: int | None = None,
         pids_max: int | None = None,
+        send_file_max_bytes: int | None = None,
     ) -> None:
         self.run_id = run_id
         self.run_dir = run_dir
@@ -157,6 +166,8 @@ class Options:
         self.cgroup = cgroup
         self.memory_max = memory_max
         self.pids_max = pids_max
+        self.send_file_max_bytes = send_file_max_bytes
+        """Set: this process answers claude's ``send_file`` tool (``mcp_message``)."""
         self.env: dict[str, str] | None = None
         """claude's environment; None: this process's own (started for its run)."""
 
@@ -195,12 +206,36 @@ def parse(args: list[str]) -> Options:
         cgroup=values.pop("cgroup", ""),
         memory_max=optional_int("memory-max"),
         pids_max=optional_int("pids-max"),
+        send_file_max_bytes=optional_int("send-file-max-bytes"),
     )
     if values:
         raise ValueError(f"unknown options {sorted(values)}")
     if not options.run_id or "/" in options.run_id or options.run_id.startswith("."):
         raise ValueError(f"bad run id {options.run_id!r}")
     return options
+
+
+def mcp_reply(request_id: str, request: dict[str, object], server: McpServer | None) -> bytes:
+    """The ``control_response`` line to an ``mcp_message`` control request: the JSON-RPC
+    answer of ``server`` (every message gets one, a notification an empty result, as
+    claude expects of its host), or an error for a server that is not ours."""
+    message = request.get("message")
+    if server is None or request.get("server_name") != MCP_SERVER_NAME:
+        response: dict[str, object] = {
+            "subtype": "error",
+            "request_id": request_id,
+            "error": f"no MCP server {request.get('server_name')!r} here",
+        }
+    else:
+        answer = server.handle(message) if isinstance(message, dict) else None
+        mcp = answer if answer is not None else {"jsonrpc": "2.0", "result": {}}
+        response = {
+            "subtype": "success",
+            "request_id": request_id,
+            "response": {"mcp_response": mcp},
+        }
+    line = json.dumps({"type": "control_response", "response": response}, ensure_ascii=True)
+    return line.encode() + b"\n"
 
 
 def _object(line: bytes) -> dict[str, object]:
@@ -290,6 +325,7 @@ class Supervisor:
         self.settled = False
         """A ``result`` came after every user message written was echoed: claude is idle
         with nothing pending, so while no bridge is attached its stdin is closed."""
+        self._mcp: McpServer | None = None
         self.asking: set[str] = set()
         """claude's permission requests (``can_use_tool``) not answered yet: while it
         waits on its host (a person deciding in chat) it is not stalled."""
@@ -388,6 +424,8 @@ class Supervisor:
         Cheap: two substring searches per read; a line is parsed only if it may
         be an echo or a result (docs/detached-runs.md, protocol version 2).
         """
+        if b'"mcp_message"' in lines:
+            self.answer_mcp(lines)
         asks = b'"can_use_tool"' in lines or b'"control_cancel_request"' in lines
         if not asks and b'"isReplay"' not in lines and b'"result"' not in lines:
             return
@@ -400,6 +438,39 @@ class Supervisor:
             elif asks:
                 self.note_asking(line)
         self.auto_eof()
+
+    def answer_mcp(self, lines: bytes) -> None:
+        """Answer claude's requests to the run's own MCP server, ``chatbridge``
+        (``send_file``), which claude reaches through its host as an SDK server:
+        no process of its own to start, claude's start-up waits for none, and
+        it answers while no bridge is attached too (docs/files.md)."""
+        for line in lines.split(b"\n"):
+            if b'"mcp_message"' not in line:
+                continue
+            obj = _object(line)
+            request = obj.get("request")
+            request_id = obj.get("request_id")
+            if (
+                obj.get("type") != "control_request"
+                or not isinstance(request, dict)
+                or request.get("subtype") != "mcp_message"
+                or not isinstance(request_id, str)
+            ):
+                continue
+            self.reply_stdin(mcp_reply(request_id, request, self.mcp_server()))
+
+    def mcp_server(self) -> McpServer | None:
+        if self._mcp is None and self.options.send_file_max_bytes is not None:
+            self._mcp = McpServer(self.options.cwd, self.options.send_file_max_bytes)
+        return self._mcp
+
+    def reply_stdin(self, line: bytes) -> None:
+        """A line of this process's own for claude's stdin (after the bridge's lines
+        already queued: each of those is whole)."""
+        if self.stdin < 0:
+            return  # claude closed it (exiting): nobody waits for the answer
+        self.stdin_buf += line
+        self.write_stdin()
 
     def note_asking(self, line: bytes) -> None:
         """Follow which permission requests claude waits on (asked, withdrawn)."""

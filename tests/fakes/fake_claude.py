@@ -91,6 +91,9 @@ Behaviour switches (environment variables; unset or empty means off):
     Once ``FAKE_CLAUDE_WAIT_FOR`` is there, run a second Bash tool showing CMD,
     then wait again until ``FAKE_CLAUDE_WAIT_FOR`` + ``.2`` exists (progress
     after a restart, step by step).
+``FAKE_CLAUDE_THEN_SEND_FILE=JSON``
+    Once ``FAKE_CLAUDE_WAIT_FOR`` is there, call ``send_file`` with this input (as
+    ``FAKE_CLAUDE_SEND_FILE``): a tool used while the bridge may be away.
 ``FAKE_CLAUDE_TIMES=PATH``
     Append one JSON line to PATH at exit: ``{"prompt", "start", "result", "exit"}``,
     the ``time.monotonic()`` (system-wide on Linux) once this script's imports
@@ -186,7 +189,12 @@ messages joined by newlines. The extra knobs:
 up before it answers ``initialize`` or takes a message), sent ``initialize``,
 ``notifications/initialized`` and ``tools/list``; its tools join ``init``'s
 ``tools`` as ``mcp__<server>__<tool>`` and ``mcp_servers`` lists it
-``connected``. Its stdin is closed at exit.
+``connected``. Its stdin is closed at exit. An SDK server (``"type": "sdk"``)
+has no process: the same messages go to the host as ``mcp_message`` control
+requests on stdout (``server_name``, ``message``; a notification too), right
+after the stdio servers, and its answers are the ``mcp_response`` of the
+host's ``control_response`` lines (echoed with ``--replay-user-messages``, as
+every control response is), as the real CLI does; its tool calls go the same way.
 
 ``FAKE_CLAUDE_SEND_FILE=JSON``
     After the Bash tool, call ``mcp__chatbridge__send_file`` with this input (an
@@ -215,7 +223,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from typing import Any, NoReturn
+    from typing import Any, NoReturn, Protocol
+
+    class _Host(Protocol):
+        """Who answers for an SDK MCP server: the fake's host (its stdin and stdout)."""
+
+        def mcp_message(self, server: str, message: dict[str, Any]) -> dict[str, Any] | None: ...
+
 
 # Python's own start-up is over here: what a run's breakdown calls "claude started".
 # (subprocess is imported where a child is started: most runs start none, and the
@@ -531,16 +545,62 @@ class _McpServer:
         self._process.wait()
 
 
-def _start_mcp(configs: list[str], cwd: str) -> list[_McpServer]:
-    servers = []
+class _SdkMcpServer:
+    """An SDK MCP server (``"type": "sdk"``): no process, its host answers for it. As the
+    real CLI does, each JSON-RPC message goes to the host in an ``mcp_message`` control
+    request on stdout (a notification too), whose ``control_response`` carries the
+    server's answer as ``mcp_response``."""
+
+    def __init__(self, name: str, host: _Host) -> None:
+        self.name = name
+        self._host = host
+        self._next = -1
+        self.tools: list[str] = []
+        init = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {}}
+        if self._ask("initialize", init) is None:
+            return  # the host did not answer: no tools
+        self._host.mcp_message(name, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+        listed = self._ask("tools/list", {}) or {}
+        self.tools = [t["name"] for t in listed.get("tools", [])]
+
+    def _ask(self, method: str, params: dict[str, Any]) -> dict[str, Any] | None:
+        self._next += 1
+        message = {"method": method, "params": params, "jsonrpc": "2.0", "id": self._next}
+        answer = self._host.mcp_message(self.name, message)
+        if answer is None or "result" not in answer:
+            return None
+        result: dict[str, Any] = answer["result"]
+        return result
+
+    def call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        result = self._ask("tools/call", {"name": tool, "arguments": arguments})
+        if result is None:
+            return {"content": [{"type": "text", "text": "no answer"}], "isError": True}
+        return result
+
+    def close(self) -> None:
+        pass
+
+
+def _start_mcp(
+    configs: list[str], cwd: str, host: _Host, *, sdk: bool
+) -> list[_McpServer | _SdkMcpServer]:
+    """The stdio servers of ``configs`` (or, with ``sdk``, the SDK servers), started."""
+    servers: list[_McpServer | _SdkMcpServer] = []
     for text in configs:
         for name, config in json.loads(text).get("mcpServers", {}).items():
-            servers.append(_McpServer(name, config, cwd))
+            if (config.get("type") == "sdk") != sdk:
+                continue
+            servers.append(_SdkMcpServer(name, host) if sdk else _McpServer(name, config, cwd))
     return servers
 
 
 def _init(
-    session_id: str, cwd: str, model: str, mode: str, mcp: list[_McpServer] | None = None
+    session_id: str,
+    cwd: str,
+    model: str,
+    mode: str,
+    mcp: list[_McpServer | _SdkMcpServer] | None = None,
 ) -> dict[str, Any]:
     mcp = mcp or []
     return {
@@ -907,7 +967,7 @@ class _Session:
         self._taken: list[str] = []  # and their uuids
         self._denials: list[dict[str, Any]] = []
         self._mcp_configs: list[str] = opts["mcp"]
-        self._mcp: list[_McpServer] | None = None  # started at start-up (serve)
+        self._mcp: list[_McpServer | _SdkMcpServer] | None = None  # started at start-up (serve)
 
     # -- stdin (reader thread) --
 
@@ -1014,8 +1074,10 @@ class _Session:
         (claude-cli.md: a prestarted claude has them up before its first
         message, and answers ``initialize`` only then).
         """
-        self._mcp = _start_mcp(self._mcp_configs, self._cwd)
+        stdio = _start_mcp(self._mcp_configs, self._cwd, self, sdk=False)
+        # Reading only now, but before the SDK servers start: their answers come on stdin.
         threading.Thread(target=self._read, daemon=True).start()
+        self._mcp = stdio + _start_mcp(self._mcp_configs, self._cwd, self, sdk=True)
         error = False
         printed = time.monotonic()
         while True:
@@ -1054,7 +1116,10 @@ class _Session:
             _record(self._cwd, _text_of(first), children, escaped, content)
         self._lifecycle(first["uuid"], "started")
         if self._mcp is None:
-            self._mcp = _start_mcp(self._mcp_configs, self._cwd)
+            self._mcp = [
+                *_start_mcp(self._mcp_configs, self._cwd, self, sdk=False),
+                *_start_mcp(self._mcp_configs, self._cwd, self, sdk=True),
+            ]
         with self._cond:
             _line(_init(sid, self._cwd, self._model, self._mode, self._mcp))
         self._take(first, started=True)
@@ -1134,6 +1199,8 @@ class _Session:
             if _env("FAKE_CLAUDE_THEN_TOOL"):
                 self._tool(_env("FAKE_CLAUDE_THEN_TOOL"))
                 self._pause("aborted_streaming", path=Path(_env("FAKE_CLAUDE_WAIT_FOR") + ".2"))
+            if _env("FAKE_CLAUDE_THEN_SEND_FILE"):
+                self._send_file(json.loads(_env("FAKE_CLAUDE_THEN_SEND_FILE")))
 
     def _take(self, message: dict[str, Any], *, started: bool = False) -> None:
         """Take a user message into the conversation: echo it, keep it."""
@@ -1263,7 +1330,9 @@ class _Session:
             self._call_send_file(server, tool_id, tool_input)
         self._take_waiting()
 
-    def _call_send_file(self, server: _McpServer, tool_id: str, tool_input: dict[str, Any]) -> None:
+    def _call_send_file(
+        self, server: _McpServer | _SdkMcpServer, tool_id: str, tool_input: dict[str, Any]
+    ) -> None:
         """The MCP server's answer as the real CLI prints an MCP tool's result."""
         sid = self._session_id
         result = server.call("send_file", tool_input)
@@ -1330,6 +1399,20 @@ class _Session:
         if decision.get("behavior") == "allow":
             return dict(decision.get("updatedInput") or tool_input)
         return str(decision.get("message", ""))
+
+    def mcp_message(self, server: str, message: dict[str, Any]) -> dict[str, Any] | None:
+        """Ask the host for an SDK MCP server's answer to ``message``; None if the host
+        refused or stdin ended first."""
+        request_id = _uuid4()
+        request = {"subtype": "mcp_message", "server_name": server, "message": message}
+        _line({"type": "control_request", "request_id": request_id, "request": request})
+        with self._cond:
+            self._cond.wait_for(lambda: request_id in self._answers or self._eof)
+            answer = self._answers.pop(request_id, None)
+        if answer is None or answer.get("subtype") != "success":
+            return None
+        mcp = (answer.get("response") or {}).get("mcp_response")
+        return mcp if isinstance(mcp, dict) else None
 
     def _abandon(self, tool_id: str) -> None:
         """The lines of a tool use an interrupt cut off."""

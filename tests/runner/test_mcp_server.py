@@ -1,12 +1,10 @@
-"""The ``chatbridge`` MCP server as claude starts it: a real subprocess speaking JSON-RPC."""
+"""The ``chatbridge`` MCP server as claude reaches it: ``mcp_message`` control requests
+that the run's supervisor answers (its own function for them, :func:`mcp_reply`)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +14,15 @@ from hypothesis import strategies as st
 
 from bridge.core.model import RunId
 from runner.command import build_argv
-from runner.mcp_server import NotSendable, check_sendable
+from runner.mcp_server import NotSendable, Server, check_sendable
 from runner.request import RunRequest
+from runner.supervisor import mcp_reply
 
 LIMIT = 100
 
 
 class Client:
-    """Talks to the server started exactly as ``--mcp-config`` tells claude to."""
+    """Asks as claude does, the server declared as ``--mcp-config`` tells claude."""
 
     def __init__(self, cwd: Path, limit: int = LIMIT) -> None:
         request = RunRequest(
@@ -36,46 +35,42 @@ class Client:
         )
         argv = build_argv(request)
         config = json.loads(argv[argv.index("--mcp-config") + 1])
-        server = config["mcpServers"]["chatbridge"]
-        self.process = subprocess.Popen(
-            [server["command"], *server["args"]],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=cwd,
-        )
+        assert config == {"mcpServers": {"chatbridge": {"type": "sdk", "name": "chatbridge"}}}
+        self.server: Server | None = Server(str(cwd), limit)
         self._next = 0
 
+    def control(self, message: object, server_name: str = "chatbridge") -> dict[str, Any]:
+        """The ``response`` of the supervisor's ``control_response`` line."""
+        request = {"subtype": "mcp_message", "server_name": server_name, "message": message}
+        line = mcp_reply("req-7", request, self.server)
+        assert line.endswith(b"\n")
+        assert b"\n" not in line[:-1]  # one line
+        answer = json.loads(line)
+        assert answer["type"] == "control_response"
+        assert answer["response"]["request_id"] == "req-7"
+        response: dict[str, Any] = answer["response"]
+        return response
+
     def ask(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
-        assert self.process.stdin is not None
-        assert self.process.stdout is not None
         self._next += 1
         message = {"jsonrpc": "2.0", "id": self._next, "method": method, "params": params or {}}
-        self.process.stdin.write(json.dumps(message) + "\n")
-        self.process.stdin.flush()
-        answer: dict[str, Any] = json.loads(self.process.stdout.readline())
+        response = self.control(message)
+        assert response["subtype"] == "success"
+        answer: dict[str, Any] = response["response"]["mcp_response"]
         assert answer["id"] == self._next
         return answer
 
-    def notify(self, method: str) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps({"jsonrpc": "2.0", "method": method}) + "\n")
-        self.process.stdin.flush()
+    def notify(self, method: str) -> dict[str, Any]:
+        response = self.control({"jsonrpc": "2.0", "method": method})
+        assert response["subtype"] == "success"
+        answer: dict[str, Any] = response["response"]["mcp_response"]
+        return answer
 
     def send(self, path: str) -> tuple[bool, str]:
         result = self.ask(
             "tools/call", {"name": "send_file", "arguments": {"path": path, "comment": "c"}}
         )["result"]
         return result["isError"], result["content"][0]["text"]
-
-    def close(self) -> int:
-        """Close stdin as claude does; the server ends on its own."""
-        assert self.process.stdin is not None
-        assert self.process.stdout is not None
-        self.process.stdin.close()
-        code = self.process.wait(timeout=10)
-        self.process.stdout.close()
-        return code
 
 
 @pytest.fixture
@@ -94,11 +89,8 @@ def work(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def client(work: Path) -> Iterator[Client]:
-    client = Client(work)
-    yield client
-    if not client.process.stdout or not client.process.stdout.closed:
-        assert client.close() == 0
+def client(work: Path) -> Client:
+    return Client(work)
 
 
 def test_handshake_and_tool_list(client: Client) -> None:
@@ -106,12 +98,12 @@ def test_handshake_and_tool_list(client: Client) -> None:
     assert init["result"]["protocolVersion"] == "2025-06-18"
     assert init["result"]["serverInfo"]["name"] == "chatbridge"
     assert "tools" in init["result"]["capabilities"]
-    client.notify("notifications/initialized")  # no answer to a notification
+    # A notification gets no JSON-RPC answer, but its control request an empty one.
+    assert client.notify("notifications/initialized") == {"jsonrpc": "2.0", "result": {}}
     tools = client.ask("tools/list")["result"]["tools"]
     assert [t["name"] for t in tools] == ["send_file"]
     assert tools[0]["inputSchema"]["required"] == ["path"]
     assert client.ask("nope")["error"]["code"] == -32601
-    assert client.close() == 0
 
 
 def test_an_unknown_protocol_version_gets_ours(client: Client) -> None:
@@ -161,12 +153,20 @@ def test_bad_calls_are_tool_errors(client: Client) -> None:
     assert result["isError"]
 
 
-def test_bad_json_is_a_parse_error(client: Client) -> None:
-    assert client.process.stdin is not None
-    assert client.process.stdout is not None
-    client.process.stdin.write("{nope\n")
-    client.process.stdin.flush()
-    assert json.loads(client.process.stdout.readline())["error"]["code"] == -32700
+def test_another_server_or_none_is_an_error(client: Client) -> None:
+    """claude is never left waiting: a server that is not ours (or ours, in a run
+    without ``send_file``) is a control error."""
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    other = client.control(ping, server_name="theirs")
+    assert other["subtype"] == "error"
+    assert "theirs" in other["error"]
+    client.server = None
+    assert client.control(ping)["subtype"] == "error"
+
+
+def test_a_message_that_is_no_object_gets_an_empty_answer(client: Client) -> None:
+    response = client.control(["not", "an", "object"])
+    assert response["response"]["mcp_response"] == {"jsonrpc": "2.0", "result": {}}
     assert client.send("ok.txt") == (False, "queued ok.txt")
 
 
@@ -175,12 +175,6 @@ def test_no_mcp_server_without_a_limit(tmp_path: Path) -> None:
         run_id=RunId("r"), claude_bin="claude", cwd=tmp_path, prompt="", session_id=None
     )
     assert "--mcp-config" not in build_argv(request)
-
-
-def test_bad_arguments_exit_2() -> None:
-    server = Path(sys.modules["runner.mcp_server"].__file__ or "")
-    done = subprocess.run([sys.executable, str(server)], capture_output=True, check=False)
-    assert done.returncode == 2
 
 
 @settings(max_examples=200, deadline=None)

@@ -27,10 +27,10 @@ from typing import Any
 
 import pytest
 
-from bridge.core.model import RunId
 from runner.command import mcp_config
 from runner.mcp_server import QUALIFIED_TOOL
-from runner.request import RunRequest
+from runner.mcp_server import Server as McpServer
+from runner.supervisor import mcp_reply
 from tests.fakes.fake_claude import install
 from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin, claude_env
 
@@ -41,11 +41,16 @@ Line = dict[str, Any]
 
 
 class Peer:
-    """One claude process: NDJSON lines in, every stdout line kept in order."""
+    """One claude process: NDJSON lines in, every stdout line kept in order.
 
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
+    With ``mcp``, it answers claude's ``mcp_message`` requests for our server as the
+    run's supervisor does, whenever it reads one.
+    """
+
+    def __init__(self, process: asyncio.subprocess.Process, mcp: McpServer | None = None) -> None:
         self.process = process
         self.lines: list[Line] = []
+        self.mcp = mcp
 
     async def send(self, obj: Line) -> None:
         assert self.process.stdin is not None
@@ -96,6 +101,11 @@ class Peer:
                 except json.JSONDecodeError:
                     continue
                 self.lines.append(line)
+                if self.mcp is not None and is_mcp_request(line):
+                    reply = mcp_reply(line["request_id"], line["request"], self.mcp)
+                    assert self.process.stdin is not None
+                    self.process.stdin.write(reply)
+                    await self.process.stdin.drain()
                 if wanted(line):
                     return line
 
@@ -125,6 +135,10 @@ def is_result(line: Line) -> bool:
 
 def is_init(line: Line) -> bool:
     return line.get("type") == "system" and line.get("subtype") == "init"
+
+
+def is_mcp_request(line: Line) -> bool:
+    return line.get("type") == "control_request" and line["request"].get("subtype") == "mcp_message"
 
 
 def is_asking(line: Line) -> bool:
@@ -237,16 +251,10 @@ async def start(kind: str, tmp_path: Path) -> AsyncIterator[Start]:
                 binary = str(install(tmp_path))
             argv = [binary, "-p", "--input-format", "stream-json", "--output-format"]
             argv += ["stream-json", "--verbose", "--replay-user-messages"]
+            mcp = None
             if setup.send_file_limit is not None:
-                request = RunRequest(
-                    run_id=RunId("conformance"),
-                    claude_bin=binary,
-                    cwd=work,
-                    prompt="",
-                    session_id=None,
-                    send_file_max_bytes=setup.send_file_limit,
-                )
-                argv += ["--mcp-config", mcp_config(request)]
+                mcp = McpServer(str(work), setup.send_file_limit)
+                argv += ["--mcp-config", mcp_config()]
                 if setup.send_file_allowed:
                     argv += ["--allowedTools", QUALIFIED_TOOL]
             if setup.ask:
@@ -260,7 +268,7 @@ async def start(kind: str, tmp_path: Path) -> AsyncIterator[Start]:
                 limit=16 * 1024 * 1024,
             )
             processes.append(process)
-            return Claude(kind, Peer(process), work, gate, tool_log, server)
+            return Claude(kind, Peer(process, mcp), work, gate, tool_log, server)
 
         try:
             yield launch
