@@ -105,6 +105,9 @@ async def test_a_caller_cancelled_before_the_commit_writes_nothing(threads: InTh
     task = asyncio.create_task(threads.write(body))
     await gate.reached.wait()
     task.cancel()
+    # One turn of the loop: the task takes its cancellation (the cancel request
+    # alone does not stop the thread, which would otherwise race to its commit).
+    await asyncio.sleep(0)
     gate.open()
     with pytest.raises(asyncio.CancelledError):
         await task
