@@ -22,11 +22,11 @@ must not await (it cannot) and must not keep the session.
 
 Cancellation: a transaction whose caller is cancelled before its commit began
 is rolled back, and the caller gets the cancellation: nothing was written.
-In a thread, the statement under way finishes first: milliseconds, except for
-a write waiting for another process's lock on the file, which waits until the
-lock comes free or the busy timeout (5 s) runs out (SQLite's interrupt does not
-stop its busy wait; no other process writes the file while chatbridge runs,
-but a CLI command may).
+In a thread, the statement under way finishes first, and no other statement
+of the body runs: milliseconds, except for a write waiting for another
+process's lock on the file, which waits until the lock comes free or the busy
+timeout (5 s) runs out (SQLite's interrupt does not stop its busy wait; no
+other process writes the file while chatbridge runs, but a CLI command may).
 Once the commit has begun it is waited for; the caller then still gets the
 cancellation, and what it wrote may be committed, except for a group commit's
 transaction (``committing`` given), which reports its outcome so that the
@@ -43,7 +43,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Protocol, TypeVar
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, event
 from sqlalchemy import create_engine as create_sync_engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
@@ -159,6 +159,7 @@ class InThreads:
             connect_args=connect_args,
         )
         configure_sqlite(self._writer, reader=False)
+        event.listen(self._writer, "before_cursor_execute", _stop_if_cancelled)
         self._readers = create_sync_engine(
             sync_url,
             hide_parameters=True,
@@ -167,6 +168,7 @@ class InThreads:
             connect_args=connect_args,
         )
         configure_sqlite(self._readers, reader=True)
+        event.listen(self._readers, "before_cursor_execute", _stop_if_cancelled)
         self._synced = sessionmaker(self._writer, expire_on_commit=False)
         self._unsynced = sessionmaker(
             self._writer.execution_options(**{NO_SYNC: True}), expire_on_commit=False
@@ -247,13 +249,30 @@ class _Attempt:
             return True
 
 
+_running = threading.local()
+"""Per thread of a runner: the attempt of the transaction it runs (``attempt``)."""
+
+
 def _transact(sessions: sessionmaker[Session], body: Body[T], attempt: _Attempt) -> T:
     """In a thread: ``body`` in a transaction, committed unless the caller gave up."""
-    with sessions.begin() as session:
-        result = body(session)
-        if not attempt.may_commit():
-            raise _RolledBack  # leaving the block rolls back
-        return result
+    _running.attempt = attempt
+    try:
+        with sessions.begin() as session:
+            result = body(session)
+            if not attempt.may_commit():
+                raise _RolledBack  # leaving the block rolls back
+            return result
+    finally:
+        _running.attempt = None
+
+
+def _stop_if_cancelled(*_args: object) -> None:
+    """Before each statement in a runner's thread: a transaction whose caller gave up
+    runs no further statement (it rolls back). Never once the commit has begun: a
+    cancel then no longer counts (:meth:`_Attempt.cancel`)."""
+    attempt: _Attempt | None = getattr(_running, "attempt", None)
+    if attempt is not None and attempt.cancelled:
+        raise _RolledBack
 
 
 async def _in_thread(

@@ -1,7 +1,6 @@
 """Review of the store's transactions in threads (commit cc32058): defects found.
 
-Each test names the defect it shows; a test still marked ``xfail`` is a defect
-left unfixed (its reason says how it could be fixed).
+Each test names the defect it showed, fixed since.
 """
 
 from __future__ import annotations
@@ -54,13 +53,6 @@ class Gate:
         self._open.set()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a cancelled body runs all its remaining statements before rolling back;"
-    " fix: check the attempt before each statement (a before_cursor_execute hook on"
-    " the runner's engines, raising _RolledBack once the caller is cancelled), or"
-    " correct the module docstring",
-)
 async def test_a_cancelled_transaction_runs_no_statement_after_the_one_under_way(
     threads: InThreads,
 ) -> None:

@@ -155,6 +155,10 @@ async def test_cancelled_accept_leaves_nothing_behind(tmp_path: Path) -> None:
         task = asyncio.create_task(store.accept(inbound("$1"), 1.0))
         await beginning.wait()
         task.cancel()
+        # Two turns of the loop: the accept's leader takes its cancellation and cancels
+        # its transaction, which tells the writer thread before the lock comes free.
+        for _ in range(2):
+            await asyncio.sleep(0)
         blocker.execute("ROLLBACK")
         with pytest.raises(asyncio.CancelledError):
             await task
