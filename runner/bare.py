@@ -1,6 +1,6 @@
-"""Starting one of the runner's own programs (the supervisor, the MCP server) in a bare
-interpreter: ``python -I -S``, the standard library only, so that no room setting
-(``PYTHONPATH``...) changes what runs, and so that it starts fast (a run waits for both).
+"""Starting one of the runner's own programs (the supervisor) in a bare interpreter:
+``python -I -S``, the standard library only, so that no room setting (``PYTHONPATH``...)
+changes what runs, and so that it starts fast (a run waits for it).
 
 The program is run by its path as a module of a bare ``runner`` package, not as a
 script: a script is compiled at every start (about 6 ms for the supervisor, more than

@@ -11,9 +11,10 @@ not an error and propagates untouched (what a cancelled write leaves:
 The cost of a run on the critical path is two commits synced to disk:
 ``accept`` (the transport acknowledges upstream after it) and ``finish_run``
 (the outcome with the answer). ``start_run``, which claude's spawn waits
-for, commits without a sync; ``register_live_run`` (where the run's
-supervisor is reached, and claude's pid), made beside the running process,
-syncs it (why: :meth:`SqlStore.start_run`).
+for, commits without a sync on SQLite; ``register_live_run`` (where the
+run's supervisor is reached, and claude's pid), made beside the running
+process, syncs it (why, and why PostgreSQL syncs the start itself:
+:meth:`SqlStore.start_run`).
 ``set_delivered_offset``, the room's progress through a run's journal, is
 not synced: losing the last few only repeats a little progress. Reads run in
 read-only transactions on reader connections (:func:`create_reader`), never
@@ -220,6 +221,12 @@ class SqlStore:
     def engine(self) -> AsyncEngine:
         """The writer engine, for what shares the database (replicas' leases)."""
         return self._engine
+
+    @property
+    def _server_may_restart(self) -> bool:
+        """Whether the database can lose a commit not synced to disk while this process
+        lives on (a PostgreSQL server's crash or restart): see :meth:`start_run`."""
+        return self._engine.dialect.name != "sqlite"
 
     @property
     def writes_on(self) -> Engine:
@@ -565,32 +572,32 @@ class SqlStore:
         Writes one ``message_dispatched`` row per message and one
         ``run_started`` row, in the same transaction.
 
-        Committed without a disk sync: claude's spawn waits for this commit
-        (recovery must find every run that may have started), not for the
-        disk. Why that is safe:
+        On SQLite committed without a disk sync: claude's spawn waits for
+        this commit (recovery must find every run that may have started), not
+        for the disk. Why that is safe there:
 
-        - A crash of chatbridge loses nothing: the commit is in the database's
-          log (SQLite's WAL file in the OS's cache; PostgreSQL's server).
-        - A crash of the OS (or of the PostgreSQL server) can lose the most
-          recent unsynced commits, and only as a whole, newest first: both
-          logs are replayed in order up to the first commit missing. The
-          messages are then ``pending`` again, the run row and its
-          ``message_dispatched`` rows gone: recovery re-queues pending
-          messages and they run again (the process died with the OS).
+        - A crash of chatbridge loses nothing: the commit is in SQLite's WAL
+          file, in the OS's cache.
+        - A crash of the OS can lose the most recent unsynced commits, and
+          only as a whole, newest first: the log is replayed in order up to
+          the first commit missing. The messages are then ``pending`` again,
+          the run row and its ``message_dispatched`` rows gone: recovery
+          re-queues pending messages and they run again (the process died
+          with the OS).
         - The next synced commit on the writer writes the log up to and
           including this one: :meth:`register_live_run`, right after the spawn,
           which is why that one syncs. So a re-run after an OS crash is
           only possible for a run whose claude had started milliseconds
           before, too early to have acted; any run that may have acted is
           found by recovery, reported interrupted and offered to ``!retry``,
-          never run again unasked. (PostgreSQL's WAL writer also flushes
-          within about three ``wal_writer_delay``.)
+          never run again unasked.
 
-        One case differs on PostgreSQL only: if the server crashes and
-        restarts while chatbridge lives on, a run started in those
-        milliseconds is not there to finish; :meth:`finish_run` fails for
-        it, the caller keeps the answer in the outbox alone, and the
-        messages run again at the next start.
+        On PostgreSQL synced: the server can crash or restart on its own while
+        chatbridge lives on, and an unsynced commit still in its WAL buffers
+        is lost then; the run's claude would go on, its end would find no run,
+        and its messages would run a second time (seen in the replicas' test
+        of a PostgreSQL restarted under load). The sync there measured no
+        slower (``bench/bench_store.py``, "all synced").
         """
         ids = list(batch.ids)
         room = batch.room
@@ -622,10 +629,12 @@ class SqlStore:
             audit.append(_audit_values(started, at, room, run_id=run_id, detail=detail))
             s.execute(insert_statement(_AUDIT), audit)
 
-        await self._write(body, synced=False)
+        await self._write(body, synced=self._server_may_restart)
 
     async def steer_into_run(self, run_id: RunId, batch: Batch, at: float) -> None:
-        """Add messages sent into a running run's session to that run (see the protocol)."""
+        """Add messages sent into a running run's session to that run (see the protocol).
+
+        Synced as :meth:`start_run` is (on SQLite not, on PostgreSQL yes)."""
 
         def body(s: Session) -> None:
             running = s.execute(
@@ -642,13 +651,13 @@ class SqlStore:
             audit = _dispatch_into(s, run_id, batch, at, first=first, detail="steered")
             s.execute(insert_statement(_AUDIT), audit)
 
-        await self._write(body, synced=False)
+        await self._write(body, synced=self._server_may_restart)
 
     async def register_live_run(self, live: LiveRun, at: float) -> None:
         """Record (or replace) where the run's supervisor is reached, and claude's pid.
 
         Committed with a disk sync, which makes the run's start (committed
-        without one, see :meth:`start_run`) durable as well: from here on an
+        without one on SQLite, see :meth:`start_run`) durable as well: from here on an
         OS crash leaves a run that recovery reports, never one that silently
         runs again. The bridge makes this write beside the running process,
         so the sync is not on the answer's path, and reports the run as
