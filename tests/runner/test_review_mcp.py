@@ -1,0 +1,133 @@
+"""Review of 15a746d: the run's supervisor answers claude's ``mcp_message`` control
+requests for ``chatbridge`` (send_file). A scripted claude asks, the supervisor answers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner.bare import bare_argv
+from runner.spare import SUPERVISOR
+from tests.runner.live_helpers import run_heads
+from tests.runner.test_detached import records
+
+pytestmark = pytest.mark.slow
+
+# Writes the lines of ASK (a JSON list of strings) to stdout, then reads as many lines
+# from stdin and prints each back as {"type": "got", "line": ...}; exits.
+ASKING = """
+import json, sys
+asks = json.loads(sys.argv[1])
+for line in asks:
+    sys.stdout.write(line + "\\n")
+sys.stdout.flush()
+for _ in asks:
+    got = sys.stdin.readline()
+    sys.stdout.write(json.dumps({"type": "got", "line": got}) + "\\n")
+    sys.stdout.flush()
+"""
+
+
+def mcp(request_id: str, message: object, server: str = "chatbridge") -> str:
+    request = {"subtype": "mcp_message", "server_name": server, "message": message}
+    return json.dumps({"type": "control_request", "request_id": request_id, "request": request})
+
+
+async def run_asking(tmp_path: Path, asks: list[str]) -> tuple[int, list[str]]:
+    """The supervisor (with ``--send-file-max-bytes``) of a claude that sends ``asks``:
+    its exit code and what claude read back on its stdin, line by line."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "ok.txt").write_text("fine")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    script = tmp_path / "claude.py"
+    script.write_text(ASKING)
+    ours, theirs = socket.socketpair()
+    with ours:
+        ours.sendall(b'{"t":"attach","v":[2],"offset":0}\n')
+        with theirs:
+            proc = await asyncio.create_subprocess_exec(
+                *bare_argv(str(SUPERVISOR)),
+                "--run-id=review-mcp", f"--run-dir={run_dir}", f"--cwd={work}",
+                f"--conn-fd={theirs.fileno()}", "--grace-s=0.5", "--run-timeout-s=60",
+                "--idle-timeout-s=60", "--orphan-timeout-s=60",
+                "--spool-max-bytes=1000000", "--max-line-bytes=1000000",
+                "--send-file-max-bytes=100",
+                "--", sys.executable, "-I", str(script), json.dumps(asks),
+                pass_fds=(theirs.fileno(),),
+                stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    code = proc.returncode
+    assert code is not None
+    got: list[str] = []
+    journal = (run_dir / "journal").read_bytes()
+    for head, payload, _ in records(journal):
+        if head["t"] == "out":
+            for line in payload.splitlines():
+                obj = json.loads(line)
+                if obj.get("type") == "got":
+                    got.append(obj["line"])
+    assert code == 0, err.decode()
+    return code, got
+
+
+def answer(line: str) -> dict[str, Any]:
+    obj: dict[str, Any] = json.loads(line)
+    assert obj["type"] == "control_response"
+    return obj
+
+
+async def test_well_formed_requests_are_answered_in_order(tmp_path: Path) -> None:
+    # Control: several requests in one read, each answered once, whole lines, in order.
+    asks = [
+        mcp("a", {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}),
+        mcp("b", {"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        mcp("c", {"jsonrpc": "2.0", "id": "x", "method": "ping"}),
+    ]
+    _, got = await run_asking(tmp_path, asks)
+    assert [answer(line)["response"]["request_id"] for line in got] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        # params that are not an object
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": [1]},
+        # an unhashable protocolVersion
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": []}},
+        # arguments that are not an object
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {"name": "send_file", "arguments": "ok.txt"},
+        },
+        # a path the file system cannot encode (a lone surrogate: "\\ud800" in the
+        # model's tool input JSON)
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {"name": "send_file", "arguments": {"path": "\ud800.txt"}},
+        },
+    ],
+    ids=["params-list", "version-list", "arguments-str", "lone-surrogate"],
+)
+async def test_an_odd_message_does_not_kill_the_supervisor(
+    tmp_path: Path, message: dict[str, Any]
+) -> None:
+    # The stdio server this replaced died alone on such a message (claude saw its server
+    # fail); inside the supervisor the exception ends the supervisor: the run's
+    # journal, its relay and its clean-up go with it, claude is left without a parent.
+    asks = [mcp("bad", message), mcp("good", {"jsonrpc": "2.0", "id": 2, "method": "ping"})]
+    _, got = await run_asking(tmp_path, asks)
+    assert [answer(line)["response"]["request_id"] for line in got] == ["bad", "good"]
+    assert run_heads(tmp_path)[-1]["t"] == "done"
