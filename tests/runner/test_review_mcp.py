@@ -12,8 +12,13 @@ from typing import Any
 
 import pytest
 
+from bridge.core.model import RunId, RunStatus
+from runner import RunRequest, ToolResult, run_claude
 from runner.bare import bare_argv
+from runner.mcp_server import QUALIFIED_TOOL
 from runner.spare import SUPERVISOR
+from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin, claude_env
+from tests.runner.conftest import Recorder
 from tests.runner.live_helpers import run_heads
 from tests.runner.test_detached import records
 
@@ -131,3 +136,35 @@ async def test_an_odd_message_does_not_kill_the_supervisor(
     _, got = await run_asking(tmp_path, asks)
     assert [answer(line)["response"]["request_id"] for line in got] == ["bad", "good"]
     assert run_heads(tmp_path)[-1]["t"] == "done"
+
+
+@pytest.mark.claude
+@pytest.mark.skipif(not claude_bin().exists(), reason="claude binary not installed")
+async def test_the_real_claude_passes_a_lone_surrogate_through(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    # What the model writes as "\ud800" in its tool input reaches the supervisor as
+    # such (the CLI's JSON is well-formed UTF-16 escapes): before the fix it killed the
+    # supervisor, the run ended as failed, without its tool result.
+    work = tmp_path / "work"
+    work.mkdir()
+    script = [Turn(tools=(ToolCall(QUALIFIED_TOOL, {"path": "\ud800.txt"}),)), Turn(text="ok")]
+    async with ModelServer(script) as server:
+        request = RunRequest(
+            run_id=run_id,
+            claude_bin=str(claude_bin()),
+            cwd=work,
+            prompt="send it",
+            session_id=None,
+            allowed_tools=(QUALIFIED_TOOL,),
+            env=claude_env(server.url, tmp_path / "home"),
+            run_timeout_s=90,
+            idle_timeout_s=90,
+            stop_grace_s=2.0,
+            send_file_max_bytes=1000,
+        )
+        report = await run_claude(request, recorder)
+    assert report.status is RunStatus.SUCCEEDED, report
+    [result] = recorder.of(ToolResult)
+    assert result.is_error
+    assert result.content.startswith("not sent:")
