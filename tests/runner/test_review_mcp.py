@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from bridge.core.model import RunId, RunStatus
-from runner import RunRequest, ToolResult, run_claude
+from runner import Init, RunRequest, ToolResult, run_claude
 from runner.bare import bare_argv
 from runner.mcp_server import QUALIFIED_TOOL
 from runner.spare import SUPERVISOR
@@ -21,6 +21,7 @@ from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin, cl
 from tests.runner.conftest import Recorder
 from tests.runner.live_helpers import run_heads
 from tests.runner.test_detached import records
+from tests.runner.test_run_fake import make_request
 
 pytestmark = pytest.mark.slow
 
@@ -168,3 +169,29 @@ async def test_the_real_claude_passes_a_lone_surrogate_through(
     [result] = recorder.of(ToolResult)
     assert result.is_error
     assert result.content.startswith("not sent:")
+
+
+async def test_a_relative_cwd_is_the_bridges_for_claude_and_its_tool(
+    run_id: RunId, tmp_path: Path, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A room's cwd defaults to "." (docs/configuration.md): the bridge's directory, where
+    # the bridge checks a sent file again (bridge/file_posts.py). The supervisor works in
+    # the run directory, so a relative --cwd put claude there, and (since 15a746d, the
+    # tool answered by the supervisor) send_file's root too: the room's files were not
+    # claude's, and a file made in the run directory was "queued" but refused after.
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "report.txt").write_text("numbers")
+    monkeypatch.chdir(work)
+    request = make_request(
+        run_id,
+        tmp_path,
+        cwd=Path(),
+        allowed_tools=(QUALIFIED_TOOL,),
+        send_file_max_bytes=1000,
+        env={"FAKE_CLAUDE_NO_TOOL": "1", "FAKE_CLAUDE_SEND_FILE": '{"path": "report.txt"}'},
+    )
+    await run_claude(request, recorder)
+    assert recorder.of(Init)[0].cwd == str(work)
+    [result] = recorder.of(ToolResult)
+    assert not result.is_error, result.content
