@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from bridge.core.model import RunId, RunStatus
-from runner import Init, RunRequest, ToolResult, run_claude
+from runner import Init, RunRequest, Spares, Spawned, ToolResult, run_claude
 from runner.bare import bare_argv
 from runner.mcp_server import QUALIFIED_TOOL
 from runner.spare import SUPERVISOR
@@ -195,3 +195,58 @@ async def test_a_relative_cwd_is_the_bridges_for_claude_and_its_tool(
     assert recorder.of(Init)[0].cwd == str(work)
     [result] = recorder.of(ToolResult)
     assert not result.is_error, result.content
+
+
+async def test_a_spare_supervisor_answers_send_file_from_its_orders(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    # Held up: the option reaches a spare through its orders (supervisor_options).
+    spares = Spares()
+    spares.refill()
+    ready = spares._ready
+    assert ready is not None
+    (tmp_path / "report.txt").write_text("numbers")
+    request = make_request(
+        run_id,
+        tmp_path,
+        allowed_tools=(QUALIFIED_TOOL,),
+        send_file_max_bytes=1000,
+        env={"FAKE_CLAUDE_NO_TOOL": "1", "FAKE_CLAUDE_SEND_FILE": '{"path": "report.txt"}'},
+    )
+    try:
+        await run_claude(request, recorder, spares=spares)
+    finally:
+        await spares.close()
+    assert recorder.of(Spawned)[0].live.supervisor_pid == ready.proc.pid
+    [result] = recorder.of(ToolResult)
+    assert not result.is_error, result.content
+
+
+@pytest.mark.claude
+@pytest.mark.skipif(not claude_bin().exists(), reason="claude binary not installed")
+async def test_the_real_claude_with_another_sdk_server_is_not_held_up(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    # Held up: another SDK server (the user's extra --mcp-config) gets error answers
+    # from the supervisor; the real CLI marks it failed and the run goes on, with ours.
+    work = tmp_path / "work"
+    work.mkdir()
+    other = json.dumps({"mcpServers": {"other": {"type": "sdk", "name": "other"}}})
+    async with ModelServer([Turn(text="hi")]) as server:
+        request = RunRequest(
+            run_id=run_id,
+            claude_bin=str(claude_bin()),
+            cwd=work,
+            prompt="hello",
+            session_id=None,
+            env=claude_env(server.url, tmp_path / "home"),
+            extra_args=("--mcp-config", other),
+            run_timeout_s=60,
+            idle_timeout_s=30,
+            stop_grace_s=2.0,
+            send_file_max_bytes=1000,
+        )
+        report = await run_claude(request, recorder)
+    assert report.status is RunStatus.SUCCEEDED, report
+    init = recorder.of(Init)[0]
+    assert QUALIFIED_TOOL in init.tools
