@@ -7,20 +7,35 @@ import asyncio
 import json
 import socket
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bridge.core.model import RunId, RunStatus
-from runner import Init, RunRequest, Spares, Spawned, ToolResult, run_claude
+from runner import (
+    Allow,
+    Deny,
+    Init,
+    PermissionAsked,
+    RunControl,
+    RunEvent,
+    RunRequest,
+    Spares,
+    Spawned,
+    ToolResult,
+    run_claude,
+)
 from runner.bare import bare_argv
 from runner.mcp_server import QUALIFIED_TOOL
+from runner.prestart import prestart
 from runner.spare import SUPERVISOR
 from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin, claude_env
 from tests.runner.conftest import Recorder
-from tests.runner.live_helpers import run_heads
+from tests.runner.live_helpers import asking, run_heads
 from tests.runner.test_detached import records
+from tests.runner.test_real_claude import real_request
 from tests.runner.test_run_fake import make_request
 
 pytestmark = pytest.mark.slow
@@ -250,3 +265,63 @@ async def test_the_real_claude_with_another_sdk_server_is_not_held_up(
     assert report.status is RunStatus.SUCCEEDED, report
     init = recorder.of(Init)[0]
     assert QUALIFIED_TOOL in init.tools
+
+
+@pytest.mark.claude
+@pytest.mark.skipif(not claude_bin().exists(), reason="claude binary not installed")
+async def test_a_prestarted_real_claude_sends_a_file(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    # Held up: the handshake with the SDK server happens while the prestarted claude
+    # waits for its prompt; the tool works in the run that takes it.
+    script = [Turn(tools=(ToolCall(QUALIFIED_TOOL, {"path": "report.txt"}),)), Turn(text="ok")]
+    async with ModelServer(script) as server:
+        request = replace(
+            real_request(run_id, tmp_path, server, "send it"),
+            allowed_tools=(QUALIFIED_TOOL,),
+            send_file_max_bytes=1000,
+        )
+        (request.cwd / "report.txt").write_text("numbers")
+        started = await prestart(replace(request, prompt=""))
+        assert await started.ready
+        report = await run_claude(request, recorder, prestarted=started)
+    assert report.status is RunStatus.SUCCEEDED, report
+    assert recorder.of(Spawned)[0].pid == started.live.claude_pid
+    [result] = recorder.of(ToolResult)
+    assert not result.is_error
+    assert result.content == "queued report.txt"
+
+
+@pytest.mark.claude
+@pytest.mark.skipif(not claude_bin().exists(), reason="claude binary not installed")
+async def test_the_real_claude_asks_before_send_file_then_the_supervisor_answers(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    # Held up: send_files_need_approval with the SDK server: can_use_tool for the tool
+    # (the bridge's to answer), then tools/call (the supervisor's); a denial calls nothing.
+    script = [
+        Turn(tools=(ToolCall(QUALIFIED_TOOL, {"path": "report.txt"}),)),
+        Turn(tools=(ToolCall(QUALIFIED_TOOL, {"path": "other.txt"}),)),
+        Turn(text="ok"),
+    ]
+    control = RunControl()
+
+    async def on_event(event: RunEvent) -> None:
+        await recorder(event)
+        if isinstance(event, PermissionAsked):
+            if event.input.get("path") == "report.txt":
+                assert control.answer(event.request_id, Allow(event.input))
+            else:
+                assert control.answer(event.request_id, Deny("not that one"))
+
+    async with ModelServer(script) as server:
+        request = replace(asking(run_id, tmp_path, server, "send it"), send_file_max_bytes=1000)
+        (request.cwd / "report.txt").write_text("numbers")
+        (request.cwd / "other.txt").write_text("more")
+        report = await run_claude(request, on_event, control=control)
+    assert report.status is RunStatus.SUCCEEDED, report
+    assert [a.tool_name for a in recorder.of(PermissionAsked)] == [QUALIFIED_TOOL] * 2
+    first, second = recorder.of(ToolResult)
+    assert (first.is_error, first.content) == (False, "queued report.txt")
+    assert second.is_error
+    assert "not that one" in second.content
