@@ -73,7 +73,7 @@ def check_sendable(cwd: Path, path: str, max_bytes: int) -> Sendable:
     root = cwd.resolve()
     try:
         target = (root / path).resolve()
-    except (OSError, RuntimeError) as exc:  # a symlink loop
+    except (OSError, RuntimeError, ValueError) as exc:  # a symlink loop; a lone surrogate
         raise NotSendable(f"{path}: no such file") from exc
     # Before looking at the file: whether something exists outside is not told.
     if not target.is_relative_to(root):
@@ -122,10 +122,14 @@ class Server:
         request_id = message["id"]
         method = message.get("method")
         params = message.get("params") or {}
+        if not isinstance(params, dict):
+            error = {"code": -32602, "message": "params must be an object"}
+            return {"jsonrpc": "2.0", "id": request_id, "error": error}
         if method == "initialize":
             asked = params.get("protocolVersion")
+            known = isinstance(asked, str) and asked in KNOWN_VERSIONS
             result: dict[str, Any] = {
-                "protocolVersion": asked if asked in KNOWN_VERSIONS else PROTOCOL_VERSION,
+                "protocolVersion": asked if known else PROTOCOL_VERSION,
                 "capabilities": {"tools": {}},
                 "serverInfo": {"name": SERVER_NAME, "version": "1"},
             }
@@ -144,7 +148,7 @@ class Server:
         if params.get("name") != TOOL_NAME:
             return _text(f"unknown tool {params.get('name')!r}", error=True)
         arguments = params.get("arguments") or {}
-        path = arguments.get("path")
+        path = arguments.get("path") if isinstance(arguments, dict) else None
         if not isinstance(path, str):
             return _text("path must be a string", error=True)
         from pathlib import Path  # only now: a run that sends no file never loads it

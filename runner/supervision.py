@@ -455,9 +455,11 @@ def supervisor_options(
     request: RunRequest, argv: list[str], *, run_dir: Path, limits: Limits
 ) -> list[str]:
     """The supervisor's options for a run (its id, paths and limits), ``--`` and claude's
-    argv: never any chat text. A spare gets them as its orders."""
+    argv: never any chat text. A spare gets them as its orders. The cwd is made absolute
+    here, against the bridge's directory (a room's default is "."): the supervisor works
+    in the run directory, where a relative one would put claude and its send_file."""
     command = [
-        f"--run-id={request.run_id}", f"--run-dir={run_dir}", f"--cwd={request.cwd}",
+        f"--run-id={request.run_id}", f"--run-dir={run_dir}", f"--cwd={request.cwd.absolute()}",
         f"--grace-s={request.stop_grace_s!r}",
         f"--run-timeout-s={request.run_timeout_s!r}",
         f"--idle-timeout-s={request.idle_timeout_s!r}",

@@ -227,7 +227,11 @@ def mcp_reply(request_id: str, request: dict[str, object], server: McpServer | N
             "error": f"no MCP server {request.get('server_name')!r} here",
         }
     else:
-        answer = server.handle(message) if isinstance(message, dict) else None
+        try:
+            answer = server.handle(message) if isinstance(message, dict) else None
+        except Exception as exc:  # a bug of the server must not end the run
+            failed = {"code": -32603, "message": f"internal error: {exc!r}"}
+            answer = {"jsonrpc": "2.0", "id": _id(message), "error": failed}
         mcp = answer if answer is not None else {"jsonrpc": "2.0", "result": {}}
         response = {
             "subtype": "success",
@@ -236,6 +240,10 @@ def mcp_reply(request_id: str, request: dict[str, object], server: McpServer | N
         }
     line = json.dumps({"type": "control_response", "response": response}, ensure_ascii=True)
     return line.encode() + b"\n"
+
+
+def _id(message: object) -> object:
+    return message.get("id") if isinstance(message, dict) else None
 
 
 def _object(line: bytes) -> dict[str, object]:
