@@ -8,8 +8,9 @@ and this module records the run as the dispatcher says it ended
 ``!retry`` can run again.
 
 The start of a run: the room's session is read, claude is spawned, and only
-then is the room shown that it runs (phase, typing, and the progress message
-once the run has lasted ``[progress] show_after_s``), and that only after
+then is the room shown that it runs (phase and typing once claude has worked
+for ``TYPING_AFTER_S`` without answering, the progress message once the run has
+lasted ``[progress] show_after_s``), and that only after
 the run is in the registry of live runs (where its detached supervisor is
 reached, and claude's pid), written beside the stream, never in front of it.
 A run still running at a detaching shutdown is left to its supervisor; the
@@ -54,6 +55,7 @@ restart during it cannot reattach it, and stops and reports it instead).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -144,6 +146,10 @@ START_RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 """Pauses between tries of a failing ``start_run`` (about a minute in all)."""
 COSMETIC_TIMEOUT_S = 10.0
 """Each cosmetic update at a run's end, and the wait for the answer before them."""
+TYPING_AFTER_S = 0.25
+"""How long a run has claude before the room is shown it running (typing, the phase): an
+answer that comes sooner (a claude started ahead answers within milliseconds) goes out
+alone, with no typing on and off, two requests of the homeserver's, around it."""
 OFFSET_WRITE_INTERVAL_S = 1.0
 """The registry's delivered offset is written at most this often per run (not synced)."""
 TRANSCRIPT_SAVE_TIMEOUT_S = 60.0
@@ -312,6 +318,9 @@ class _Live:
     """The progress message, posted once the run has lasted ``show_after_s``."""
     answer: asyncio.Task[Callable[[], Awaitable[None]]] | None = None
     """Records the answer and hands it to the outbox, from the moment claude printed it."""
+    concluding: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the answer exists or the run's end is being shown: from then on the room
+    is not shown the run running (see :meth:`RunExecutor._opening`)."""
     init: Init | None = None
     control: RunControl = field(default_factory=RunControl)
     """The run's input side: steering, answers to tool requests, model and mode."""
@@ -398,6 +407,7 @@ class RunExecutor:
     store_retry_delays_s: tuple[float, ...] = STORE_RETRY_DELAYS_S
     start_retry_delays_s: tuple[float, ...] = START_RETRY_DELAYS_S
     cosmetic_timeout_s: float = COSMETIC_TIMEOUT_S
+    typing_after_s: float = TYPING_AFTER_S
     progress_finish_timeout_s: float = PROGRESS_FINISH_TIMEOUT_S
     live_runs: LiveRuns = field(default_factory=LiveRuns)
     """The runs going on now, by room (commands, buttons and steering reach them)."""
@@ -982,6 +992,7 @@ class RunExecutor:
             live.answer = asyncio.create_task(
                 self._conclude(run, live, answer), name=f"answer {run.id}"
             )
+            live.concluding.set()
         else:
             live.final = True
             log.info("claude printed an error result")
@@ -1177,11 +1188,15 @@ class RunExecutor:
             live.supervisor = None
 
     async def _opening(self, run: _Run, live: _Live) -> bool:
-        """Show the room that claude works (the progress message follows in time), unless
-        its answer came first; whether it did."""
+        """Show the room that claude works once it has for ``typing_after_s`` (the
+        progress message follows in time), unless its answer or its end came first;
+        whether it did."""
         if live.registered is not None:
             await live.registered  # "running" only once a restart would find the run
-        if live.answer is not None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.typing_after_s):
+                await live.concluding.wait()
+        if live.concluding.is_set():
             # Typing on and off around an answer already on its way: two requests
             # in front of it, and a flicker.
             return False
@@ -1298,6 +1313,7 @@ class RunExecutor:
     ) -> None:
         """The end of the run as the room sees it beside the answer, after the answer."""
         run.progress.close()
+        live.concluding.set()  # an opening still waiting shows nothing now
         if live.pump is not None:
             live.pump.cancel()  # a post under way is finished by progress.finish
             await asyncio.wait({live.pump})

@@ -171,6 +171,26 @@ async def test_a_quick_run_posts_only_its_answer(tmp_path: Path) -> None:
         assert chat.kinds().index("send result") < chat.events.index(("typing", "False"))
 
 
+@pytest.mark.parametrize("is_error", [False, True], ids=["answer", "error"])
+async def test_a_run_ending_within_the_typing_delay_shows_no_typing(
+    tmp_path: Path, is_error: bool
+) -> None:
+    """Ended before claude had worked ``typing_after_s``: neither typing on and off nor
+    the running phase, only the outcome; and the delay holds up no end (an error
+    result has no answer to cut it short: the run's end does)."""
+    config: Table = {"progress": {"show_after_s": 60}}
+    chat = Timeline(console_room(settings(tmp_path, config, {})), "local")
+    env = {"FAKE_CLAUDE_RESULT": "quick", **({"FAKE_CLAUDE_IS_ERROR": "1"} if is_error else {})}
+    async with serving(settings(tmp_path, config, env), chat) as (service, _):
+        service.executor.typing_after_s = 3600.0
+        await chat.say("hi")
+        ended = RunPhase.FAILED if is_error else RunPhase.DONE
+        await chat.wait_until(lambda: ("phase", ended.value) in chat.events)
+        await service.dispatcher.wait_idle()
+    assert [e for e in chat.events if e[0] == "typing"] == []
+    assert ("phase", RunPhase.RUNNING.value) not in chat.events
+
+
 class SlowRegistration:
     """The real store, holding a run's registration until ``go`` is set."""
 
