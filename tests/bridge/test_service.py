@@ -303,7 +303,11 @@ async def test_batches_show_received_running_and_done(tmp_path: Path) -> None:
         console = PhaseRecordingConsole("console", "local", stdin=reader, stdout=io.StringIO())
         store = await open_store(settings)
         try:
-            await Service(settings, store, [console]).serve()
+            service = Service(settings, store, [console])
+            # Shown running at once: this quick run would otherwise end before
+            # typing_after_s, shown received and done only.
+            service.executor.typing_after_s = 0.0
+            await service.serve()
         finally:
             await store.close()
     received = [ids for ids, phase in console.phases if phase is RunPhase.RECEIVED]
