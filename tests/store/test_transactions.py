@@ -146,6 +146,33 @@ async def test_a_caller_cancelled_once_the_commit_began_waits_for_it(
     assert await stored(threads) == [3]
 
 
+async def test_a_cancelled_transaction_runs_no_statement_after_the_one_under_way(
+    threads: InThreads,
+) -> None:
+    """No statement of a cancelled body runs after the one under way (review: every
+    statement ran, then rolled back; a cancelled ``prune`` at shutdown ran each of its
+    DELETEs over the whole database first)."""
+    gate = Gate()
+    ran: list[str] = []
+
+    def body(s: Session) -> None:
+        s.execute(text("INSERT INTO t VALUES (1)"))
+        gate.wait_in_thread()  # the caller is cancelled while the first statement is under way
+        s.execute(text("INSERT INTO t VALUES (2)"))
+        ran.append("second statement")
+        s.execute(text("INSERT INTO t VALUES (3)"))
+        ran.append("third statement")
+
+    task = asyncio.create_task(threads.write(body))
+    await gate.reached.wait()
+    task.cancel()
+    await asyncio.sleep(0)  # one turn: the task takes its cancellation (attempt cancelled)
+    gate.open()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert ran == []
+
+
 async def test_database_errors_become_store_errors_and_roll_back(threads: InThreads) -> None:
     def body(s: Session) -> None:
         s.execute(text("INSERT INTO t VALUES (1)"))
