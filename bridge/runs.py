@@ -336,6 +336,8 @@ class _Live:
     is recorded only after its request was (else the request would be posted after it)."""
     limited: UsageLimited | None = None
     """claude said the account's usage limit refused the run (see :mod:`bridge.usage`)."""
+    steered: list[Batch] = field(default_factory=list)
+    """The batches recorded into the run (shown running): the run's end shows them its outcome."""
     before_end: list[asyncio.Task[None]] = field(default_factory=list)
     """Steered messages being recorded into the run, earlier turns' answers being put
     into the outbox: both come before the run's end is recorded."""
@@ -1034,13 +1036,15 @@ class RunExecutor:
                 return False
             log.info("%d message(s) steered into the run", len(batch.messages))
             live.before_end.append(
-                asyncio.create_task(self._record_steered(run_id, batch), name=f"steer {run_id}")
+                asyncio.create_task(
+                    self._record_steered(run_id, live, batch), name=f"steer {run_id}"
+                )
             )
             return True
 
         return steer
 
-    async def _record_steered(self, run_id: RunId, batch: Batch) -> None:
+    async def _record_steered(self, run_id: RunId, live: _Live, batch: Batch) -> None:
         """The steered messages belong to the run from now on (retried; a failure leaves
         them pending, to run again after a restart)."""
         if not await self._written(
@@ -1048,6 +1052,7 @@ class RunExecutor:
         ):
             log.error("could not record the messages steered into the run")
             return
+        live.steered.append(batch)
         await self._cosmetic(
             "show the steered messages", self.replier.phase(batch, RunPhase.RUNNING)
         )
@@ -1144,6 +1149,11 @@ class RunExecutor:
             await self._cosmetic(
                 "show the messages waiting", self.replier.phase(run.batch, RunPhase.RECEIVED)
             )
+        for batch in live.steered:
+            # Shown running as they were steered in: the new owner runs them too.
+            await self._cosmetic(
+                "show the messages waiting", self.replier.phase(batch, RunPhase.RECEIVED)
+            )
         if self.approvals is not None:
             # A first try's requests (before its session was found lost) wait no more.
             ended = self.approvals.run_ended(room, run.id, "moved to another replica")
@@ -1201,6 +1211,10 @@ class RunExecutor:
             # in front of it, and a flicker.
             return False
         await self.replier.phase(run.batch, RunPhase.RUNNING)
+        if live.concluding.is_set():
+            # The answer came while the phase was being shown (the end shows its own
+            # phase): typing on now would come after it, then off.
+            return False
         await self.replier.typing(run.batch.room, True)
         return True
 
@@ -1327,7 +1341,8 @@ class RunExecutor:
             await self._cosmetic("clear typing", self.replier.typing(run.batch.room, False))
         self._finish_later(run, _OUTCOME_WORDS[status])
         phase = _PHASES.get(status, RunPhase.FAILED)
-        await self._cosmetic("show the outcome", self.replier.phase(run.batch, phase))
+        for batch in (run.batch, *live.steered):
+            await self._cosmetic("show the outcome", self.replier.phase(batch, phase))
 
     def _finish_later(self, run: _Run, outcome: str) -> None:
         """The progress message's last edit, by a task of the executor's (see :meth:`drain`)."""
