@@ -246,6 +246,19 @@ def _id(message: object) -> object:
     return message.get("id") if isinstance(message, dict) else None
 
 
+def _control_request(obj: dict[str, object], subtype: str) -> tuple[str, dict[str, object]] | None:
+    """``(request_id, request)`` if ``obj`` is claude's control request of ``subtype``."""
+    request, request_id = obj.get("request"), obj.get("request_id")
+    if (
+        obj.get("type") != "control_request"
+        or not isinstance(request, dict)
+        or request.get("subtype") != subtype
+        or not isinstance(request_id, str)
+    ):
+        return None
+    return request_id, request
+
+
 def _object(line: bytes) -> dict[str, object]:
     try:
         obj = json.loads(line)
@@ -333,7 +346,9 @@ class Supervisor:
         self.settled = False
         """A ``result`` came after every user message written was echoed: claude is idle
         with nothing pending, so while no bridge is attached its stdin is closed."""
-        self._mcp: McpServer | None = None
+        limit = options.send_file_max_bytes
+        self.mcp = None if limit is None else McpServer(options.cwd, limit)
+        """Answers claude's ``send_file`` (None: the run has none)."""
         self.asking: set[str] = set()
         """claude's permission requests (``can_use_tool``) not answered yet: while it
         waits on its host (a person deciding in chat) it is not stalled."""
@@ -455,22 +470,9 @@ class Supervisor:
         for line in lines.split(b"\n"):
             if b'"mcp_message"' not in line:
                 continue
-            obj = _object(line)
-            request = obj.get("request")
-            request_id = obj.get("request_id")
-            if (
-                obj.get("type") != "control_request"
-                or not isinstance(request, dict)
-                or request.get("subtype") != "mcp_message"
-                or not isinstance(request_id, str)
-            ):
-                continue
-            self.reply_stdin(mcp_reply(request_id, request, self.mcp_server()))
-
-    def mcp_server(self) -> McpServer | None:
-        if self._mcp is None and self.options.send_file_max_bytes is not None:
-            self._mcp = McpServer(self.options.cwd, self.options.send_file_max_bytes)
-        return self._mcp
+            asked = _control_request(_object(line), "mcp_message")
+            if asked is not None:
+                self.reply_stdin(mcp_reply(*asked, self.mcp))
 
     def reply_stdin(self, line: bytes) -> None:
         """A line of this process's own for claude's stdin (after the bridge's lines
@@ -485,18 +487,11 @@ class Supervisor:
         if b'"can_use_tool"' not in line and b'"control_cancel_request"' not in line:
             return
         obj = _object(line)
-        request = obj.get("request")
-        request_id = obj.get("request_id")
-        if not isinstance(request_id, str):
-            return
-        if obj.get("type") == "control_cancel_request":
-            self.answered(request_id)
-        elif (
-            obj.get("type") == "control_request"
-            and isinstance(request, dict)
-            and request.get("subtype") == "can_use_tool"
-        ):
-            self.asking.add(request_id)
+        withdrawn = obj.get("request_id")
+        if obj.get("type") == "control_cancel_request" and isinstance(withdrawn, str):
+            self.answered(withdrawn)
+        elif (asked := _control_request(obj, "can_use_tool")) is not None:
+            self.asking.add(asked[0])
 
     def answered(self, request_id: str) -> None:
         if request_id in self.asking:

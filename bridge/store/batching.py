@@ -177,7 +177,7 @@ class GroupCommit(Generic[ItemT, ResultT]):
             cancelled = exc
             if not committing.started:
                 transaction.cancel()
-            await _settle(transaction)
+            await settle(transaction)
         finally:
             self._in_flight = None
         if transaction.cancelled() and cancelled is not None:
@@ -267,13 +267,13 @@ def _outcome(
     return results, None
 
 
-async def _settle(task: asyncio.Task[Any]) -> None:
-    """Wait until ``task`` ends, even through further cancellations.
+async def settle(future: asyncio.Future[Any]) -> None:
+    """Wait until ``future`` (a task too) is done, even through further cancellations.
 
     The caller re-raises the cancellation it already caught.
     """
-    while not task.done():
+    while not future.done():
         try:
-            await asyncio.wait([task])
+            await asyncio.wait([future])
         except asyncio.CancelledError:
             continue

@@ -50,6 +50,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
 from bridge.store.base import StoreError
+from bridge.store.batching import settle
 from bridge.store.engine import (
     NO_SYNC,
     SQLITE_READERS,
@@ -290,10 +291,10 @@ async def _in_thread(
             raise  # never started
         if attempt.cancel():
             # It will roll back before its commit: nothing written.
-            await _settle(waiting)
+            await _settled(waiting)
             raise
         # The commit had begun: wait for its outcome.
-        await _settle(waiting)
+        await _settled(waiting)
         if not report:
             raise
         task = asyncio.current_task()
@@ -303,10 +304,8 @@ async def _in_thread(
             return waiting.result()
 
 
-async def _settle(future: asyncio.Future[T]) -> None:
-    """Wait until ``future`` is done, through further cancellations."""
-    while not future.done():
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait([future])
+async def _settled(future: asyncio.Future[T]) -> None:
+    """:func:`settle`, and its outcome retrieved: the caller has its answer already."""
+    await settle(future)
     if not future.cancelled():
-        future.exception()  # retrieved: the caller has its answer already
+        future.exception()
