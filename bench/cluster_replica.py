@@ -102,9 +102,9 @@ def watch(service: Service) -> None:
     dispatcher = service.dispatcher
     submit, stop = dispatcher.submit, dispatcher.stop
 
-    def timed_submit(message: Message) -> None:
+    def timed_submit(message: Message, arrived: float | None = None) -> None:
         emit({"op": "submit", "text": message.text, "t": time.monotonic()})
-        submit(message)
+        submit(message, arrived)
 
     def timed_stop(room: RoomKey) -> Any:
         emit({"op": "stop", "room": room.room_id, "t": time.monotonic()})

@@ -224,6 +224,8 @@ class Intake:
     ) -> Accepted:
         room = self.settings.room(inbound.room)
         now = self.wall_clock()
+        # The user's wait began when the message came: the window counts from here.
+        arrived = self.dispatcher.now()
         reason = None
         if room is None:
             reason = "room not configured"
@@ -296,11 +298,14 @@ class Intake:
                 # Placing it took the conversation over (here or in the poll), and
                 # the recovery, which read it pending, carried it out in its place.
                 return Accepted.ACCEPTED
-        await self._handle(command, message)
+        await self._handle(command, message, arrived)
         return Accepted.ACCEPTED
 
-    async def _handle(self, command: Command | None, message: Message) -> None:
-        """What an accepted message does here: a command, or a run's input."""
+    async def _handle(
+        self, command: Command | None, message: Message, arrived: float | None = None
+    ) -> None:
+        """What an accepted message does here: a command, or a run's input (which
+        ``arrived`` then, on the dispatcher's clock, if it is known)."""
         if command is not None:
             self.metrics.messages.labels("command").inc()
             # The room's next events wait for it: answers are only recorded
@@ -308,7 +313,7 @@ class Intake:
             await self._command(command, message)
         elif not self.dispatcher.holds(message):
             self.metrics.messages.labels("accepted").inc()
-            self.dispatcher.submit(message)
+            self.dispatcher.submit(message, arrived)
             self.on_accepted(message)
 
     async def take_forwarded(self, message: Message) -> None:

@@ -172,12 +172,19 @@ class Dispatcher:
             for run in list(self._runs.values()):
                 self._finish(run)
 
-    def submit(self, message: Message) -> None:
+    def now(self) -> float:
+        """The dispatcher's clock: what :meth:`submit`'s ``arrived`` is measured on."""
+        return self._clock.now()
+
+    def submit(self, message: Message, arrived: float | None = None) -> None:
         """Hand a stored message to its room. Never blocks.
 
-        Re-submitting accepted messages (``!retry``) is the same call.
+        ``arrived``: when the message reached the service (:meth:`now` then),
+        if before now. The window counts from there: the user's wait began when
+        they sent it, not once it was recorded. Re-submitting accepted messages
+        (``!retry``) is the same call.
         """
-        self._after(self._scheduler.submit(message, self._clock.now()))
+        self._after(self._scheduler.submit(message, self._clock.now(), arrived))
 
     def stop(self, room: RoomKey) -> StopResult:
         """Cancel the room's active run and drop its messages not yet in a run.

@@ -319,13 +319,20 @@ class Room:
     # -- events --------------------------------------------------------------
 
     def message(
-        self, message: Message, now: float, mode: DuringRun = DuringRun.QUEUE
+        self,
+        message: Message,
+        now: float,
+        mode: DuringRun = DuringRun.QUEUE,
+        arrived: float | None = None,
     ) -> list[Effect]:
-        """A message for this room arrived at ``now``; ``mode`` is the room's during-run mode."""
+        """A message for this room is handed over at ``now``; ``mode`` is the room's
+        during-run mode. It ``arrived`` earlier (recording it took that long): its
+        window counts from then, but never moves a batch's window back."""
+        at = now if arrived is None else min(arrived, now)
         if mode is not DuringRun.QUEUE and self._steers(message):
-            return self._steer_arrived(message, now, interrupt=mode is DuringRun.INTERRUPT)
+            return self._steer_arrived(message, now, at, interrupt=mode is DuringRun.INTERRUPT)
         self._pending.append(message)
-        return self._arrived(len(self._pending) == 1, now)
+        return self._arrived(len(self._pending) == 1, now, at)
 
     def restore(self, messages: tuple[Message, ...], now: float) -> list[Effect]:
         """Put back, in front of the queue, messages a stop took out (undoing the drop).
@@ -386,12 +393,10 @@ class Room:
             self._timer_at = None
         return True, effects
 
-    def _arrived(self, opens: bool, now: float) -> list[Effect]:
+    def _arrived(self, opens: bool, now: float, at: float | None = None) -> list[Effect]:
         if self._run is not None or self._ready:
             return []  # queued behind the run, or gathered while waiting for a slot
-        if opens:
-            self._first_at = now
-        self._last_at = now
+        self._window_from(opens, now if at is None else at)
         if len(self._pending) >= self._limits.max_batch or now >= self._deadline():
             return self._become_ready()  # full, or a zero window
         if self._timer_at is None:
@@ -573,6 +578,15 @@ class Room:
 
     # -- internals -----------------------------------------------------------
 
+    def _window_from(self, opens: bool, at: float) -> None:
+        """A message that arrived ``at`` (re)starts the window; a batch's window only
+        ever moves later (one armed timer per batch relies on it), so a message
+        recorded late, having arrived before the last one, leaves it where it is."""
+        if opens:
+            self._first_at = self._last_at = at
+        else:
+            self._last_at = max(self._last_at, at)
+
     def _deadline(self) -> float:
         return min(
             self._last_at + self._limits.coalesce_s, self._first_at + self._limits.max_wait_s
@@ -593,14 +607,14 @@ class Room:
             and message.thread == self._run.first.thread
         )
 
-    def _steer_arrived(self, message: Message, now: float, *, interrupt: bool) -> list[Effect]:
+    def _steer_arrived(
+        self, message: Message, now: float, at: float, *, interrupt: bool
+    ) -> list[Effect]:
         self._steer.append(message)
         self._interrupt = interrupt
         if self._steer_due:
             return []  # due already: offered when the offer out is answered
-        if len(self._steer) == 1:
-            self._first_at = now
-        self._last_at = now
+        self._window_from(len(self._steer) == 1, at)
         if len(self._steer) >= self._limits.max_batch or now >= self._deadline():
             return self._steer_ready()
         if self._timer_at is None:

@@ -194,15 +194,16 @@ class Scheduler:
 
     # -- events --------------------------------------------------------------
 
-    def submit(self, message: Message, now: float) -> list[Action]:
-        """Accept a message (new or re-submitted) for its room."""
+    def submit(self, message: Message, now: float, arrived: float | None = None) -> list[Action]:
+        """Accept a message (new or re-submitted) for its room; it ``arrived`` (when
+        given) before ``now``, and its window counts from then (see :meth:`Room.message`)."""
         key = message.room
         # Asked before anything changes: the mode comes from outside and may raise.
         mode = DuringRun.QUEUE if self._draining else self._mode_of(key)
         opens = self._opens(key)
         room = self._room(key)
         self._queued += 1
-        self._apply(room, room.message(message, now, mode), now)
+        self._apply(room, room.message(message, now, mode, arrived), now)
         if opens:
             self._maybe_prestart(room)
         return self.take_actions()

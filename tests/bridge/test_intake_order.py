@@ -286,3 +286,46 @@ def _ext(index: int) -> ExternalMessageId:
 
 async def _never_runs(_run: DispatchedRun) -> None:
     raise AssertionError("the dispatcher does not serve in this test")
+
+
+async def test_a_message_is_handed_over_with_when_it_came_before_it_was_recorded(
+    tmp_path: Path,
+) -> None:
+    """The window counts from a message's arrival: recording it (a disk sync, a slow
+    database) is part of the user's wait, not added to it."""
+    settings_ = load_settings(write_config(tmp_path))
+    user = UserId(settings_.console.user)
+    handed: list[tuple[str, float | None]] = []
+
+    class _Timed(Dispatcher):
+        clock = 100.0
+
+        def now(self) -> float:
+            return self.clock
+
+        def submit(self, message: Message, arrived: float | None = None) -> None:
+            handed.append((message.text, arrived))
+            super().submit(message, arrived)
+
+    dispatcher = _Timed(DispatchLimits(1.0, 10.0, 100, 1), _never_runs)
+
+    class _Recording(MemoryStore):
+        async def accept(self, inbound: InboundMessage, now: float) -> Message | None:
+            dispatcher.clock += 0.25  # recording it takes a quarter of a second
+            return await super().accept(inbound, now)
+
+    store = _Recording()
+
+    async def answer(_message: Message, _text: str) -> None:
+        return None
+
+    async def reset_session(_room: RoomKey) -> None:
+        return None
+
+    commands = CommandHandler(dispatcher, store, "!", answer, reset_session)
+    intake = Intake(settings_, store, dispatcher, commands, Metrics())
+    for text in ("first", "second"):
+        inbound = InboundMessage(ROOM, user, text, ExternalMessageId(text))
+        assert await intake.accept(inbound) is Accepted.ACCEPTED
+    assert handed == [("first", 100.0), ("second", 100.25)]
+    assert dispatcher.status(ROOM).waiting == 2

@@ -79,6 +79,35 @@ def test_max_wait_caps_the_window(make: Messages) -> None:
     assert r.tick(2.5) == [REQUEST_SLOT]
 
 
+def test_the_window_counts_from_when_a_message_arrived(make: Messages) -> None:
+    # Recording it took 0.3 s: the user has waited that long already.
+    r = Room(KEY, LIMITS)
+    assert r.message(make(KEY), now=10.3, arrived=10.0) == [ArmTimer(11.0)]
+    assert r.deadline == 11.0
+    # A message recorded later than it came, but after the last one: the window moves.
+    assert r.message(make(KEY), now=10.6, arrived=10.4) == []
+    assert r.deadline == 11.4
+
+
+def test_a_late_recorded_message_never_moves_the_window_back(make: Messages) -> None:
+    r = Room(KEY, LIMITS)
+    r.message(make(KEY), now=10.5)
+    # Came before the batch's last message, recorded after it.
+    assert r.message(make(KEY), now=10.6, arrived=10.2) == []
+    assert r.deadline == 11.5
+    # "Arrived" after it was handed over is not believed: it counts from then.
+    r = Room(KEY, LIMITS)
+    assert r.message(make(KEY), now=10.7, arrived=99.0) == [ArmTimer(11.7)]
+
+
+def test_a_message_whose_window_passed_while_it_was_recorded_is_due_at_once(
+    make: Messages,
+) -> None:
+    r = Room(KEY, LIMITS)
+    assert r.message(make(KEY), now=12.0, arrived=10.0) == [REQUEST_SLOT]
+    assert phase(r) is Phase.READY
+
+
 def test_max_batch_makes_the_room_ready_at_once(make: Messages) -> None:
     r = Room(KEY, LIMITS)
     r.message(make(KEY), now=0.0)

@@ -719,10 +719,17 @@ def _start_escapes(directory: Path) -> list[int]:
     return [int(f.read_text()) for f in files]
 
 
+_CHILDREN = ("FAKE_CLAUDE_GRANDCHILD", "FAKE_CLAUDE_BACKGROUND", "FAKE_CLAUDE_WRITE_AFTER_EXIT")
+
+
 def _start_children() -> list[int]:
+    pids: list[int] = []
+    if not any(map(_env, _CHILDREN)):
+        # Imported only when needed: subprocess (with locale and selectors) costs
+        # 3-5 ms, on a prestarted claude's way from the prompt to its answer.
+        return pids
     import subprocess
 
-    pids: list[int] = []
     if _env("FAKE_CLAUDE_GRANDCHILD"):
         shell = subprocess.Popen(
             ["sh", "-c", "sleep 300 & wait"],

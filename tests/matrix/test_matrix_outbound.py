@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 
+import aiohttp
 import pytest
 
 from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey, TransportName
@@ -48,7 +49,7 @@ class Recorder:
         return Delivery(key, len(self.sent), self.part_sent)
 
 
-async def test_every_event_declares_that_it_mentions_no_one(
+async def test_an_event_that_could_notify_declares_that_it_mentions_no_one(
     alice: Human, make_transport: TransportFactory
 ) -> None:
     room = await alice.create_room([BOT])
@@ -56,16 +57,55 @@ async def test_every_event_declares_that_it_mentions_no_one(
     async with running(transport, RecordingSink()):
         await alice.wait_for(joined(BOT, room))
         await transport.send(Reply(key(room), "done, @room: see above", ReplyKind.RESULT))
+        await transport.send(Reply(key(room), "ask ALICE about it", ReplyKind.NOTICE))
+        await transport.send(Reply(key(room), "all done", ReplyKind.RESULT))
         progress = await transport.send(Reply(key(room), "working…", ReplyKind.PROGRESS))
         assert progress is not None
         await transport.edit(key(room), progress, "working… @room")
         await alice.wait_for(lambda s: "m.new_content" in s.content)
     sent = [s.content for s in alice.seen if s.source.get("sender") == BOT and s.room_id == room]
     messages = [c for c in sent if "msgtype" in c]
-    assert len(messages) == 3
-    for content in messages:
-        assert content["m.mentions"] == {}
+    assert [c["body"] for c in messages] == [
+        "done, @room: see above",
+        "ask ALICE about it",
+        "all done",
+        "working…",
+        "* working… @room",
+    ]
+    # A name of the room's (any case) or an "@room": declared; no such text: not.
+    assert ["m.mentions" in c for c in messages] == [True, True, False, False, True]
+    assert all(c["m.mentions"] == {} for c in messages if "m.mentions" in c)
     assert messages[-1]["m.new_content"]["m.mentions"] == {}
+
+
+async def test_the_bots_events_highlight_no_one_with_or_without_the_declaration(
+    synapse: SynapseServer, alice: Human, mallory: Human, make_transport: TransportFactory
+) -> None:
+    """Read back from the homeserver's own push rules: mallory's name in an answer (so
+    declared) highlights nobody, nor does an answer without a name (not declared);
+    alice writing the name without a declaration does: the legacy rules are on."""
+    room = await alice.create_room([BOT, mallory.user.user_id])
+    transport = make_transport([room])
+    async with running(transport, RecordingSink()):
+        await mallory.join(room)
+        await alice.wait_for(joined(BOT, room))
+        await alice.wait_for(joined(mallory.user.user_id, room))
+        await transport.send(Reply(key(room), "mallory: the build is green", ReplyKind.RESULT))
+        await transport.send(Reply(key(room), "the build is green", ReplyKind.RESULT))
+        await alice.client.room_send(
+            room, "m.room.message", {"msgtype": "m.text", "body": "mallory: look"}
+        )
+        await mallory.wait_for(lambda s: s.content.get("body") == "mallory: look")
+    async with aiohttp.ClientSession() as http:
+        response = await http.get(
+            f"{synapse.url}/_matrix/client/v3/notifications",
+            params={"only": "highlight"},
+            headers={"Authorization": f"Bearer {mallory.user.access_token}"},
+        )
+        assert response.status == 200
+        found = (await response.json())["notifications"]
+    highlighted = [n["event"]["content"]["body"] for n in found if n["room_id"] == room]
+    assert highlighted == ["mallory: look"]
 
 
 async def test_a_long_answer_in_an_encrypted_room_is_split_to_fit_after_encryption(

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-from nio import AsyncClient, ErrorResponse, RoomSendResponse, UploadResponse
+from nio import AsyncClient, ErrorResponse, MatrixRoom, RoomSendResponse, UploadResponse
 from nio.exceptions import LocalProtocolError, OlmTrustError
 
 from bridge.core import stages
@@ -27,6 +27,7 @@ from transports.backoff import Backoff
 from transports.matrix.approvals import HOWTO, MARKER, REACTIONS, KnownRequests
 from transports.matrix.client import AUTH_ERRORS, RATE_LIMITED
 from transports.matrix.inbound import TRANSPORT
+from transports.matrix.mentions import must_declare
 from transports.matrix.render import MarkdownRenderer
 from transports.matrix.settings import MatrixSettings
 from transports.matrix.sizing import fits
@@ -181,7 +182,9 @@ class MatrixOutbound:
         content: dict[str, Any] = (
             # No caption: the file's name is the body, and mentions no one either
             # (a file named "@room.txt" must not notify the room).
-            self._content(msgtype, caption) if caption else {"msgtype": msgtype, "m.mentions": {}}
+            self._content(msgtype, caption, room)
+            if caption
+            else self._declared({"msgtype": msgtype}, file.name, room)
         )
         content.update(
             {
@@ -212,7 +215,8 @@ class MatrixOutbound:
 
     def _parts(self, reply: Reply) -> list[dict[str, Any]]:
         msgtype = "m.text" if reply.kind is ReplyKind.RESULT else "m.notice"
-        parts = self._fit(reply.text, lambda chunk: self._content(msgtype, chunk))
+        room = self._room(room_id_of(reply.room))
+        parts = self._fit(reply.text, lambda chunk: self._content(msgtype, chunk, room))
         for index, content in enumerate(parts):
             self._relate(reply, content, first=index == 0)
         return parts
@@ -222,8 +226,10 @@ class MatrixOutbound:
         room_id = room_id_of(room)
         client = self._logged_in()
 
+        known = self._room(room_id)
+
         def edit_of(chunk: str) -> dict[str, Any]:
-            new = self._content("m.notice", chunk)
+            new = self._content("m.notice", chunk, known)
             # The fallback for clients without edits shows the same HTML behind
             # a "* ": rendered once, not again for the starred text.
             fallback = {**new, "body": f"* {chunk}", "formatted_body": f"* {new['formatted_body']}"}
@@ -317,16 +323,28 @@ class MatrixOutbound:
         if isinstance(response, ErrorResponse):
             log.info("matrix: typing notice for %s failed: %s", room_id, response)
 
-    def _content(self, msgtype: str, markdown: str) -> dict[str, Any]:
-        return {
+    def _content(self, msgtype: str, markdown: str, room: MatrixRoom | None) -> dict[str, Any]:
+        content = {
             "msgtype": msgtype,
             "body": markdown,
             "format": "org.matrix.custom.html",
             "formatted_body": self._renderer.html(markdown),
-            # Declares that the bot mentions no one: an "@room" or a name in
-            # an answer must not notify anybody.
-            "m.mentions": {},
         }
+        return self._declared(content, markdown, room)
+
+    def _declared(
+        self, content: dict[str, Any], text: str, room: MatrixRoom | None
+    ) -> dict[str, Any]:
+        """``content``, declaring that it mentions no one where ``text`` could notify
+        someone otherwise (an "@room", a member's name): see transports.matrix.mentions."""
+        if must_declare(text, room, self._settings.user_id):
+            content["m.mentions"] = {}
+        return content
+
+    def _room(self, room_id: RoomId) -> MatrixRoom | None:
+        """The room as the last sync showed it (None before one did)."""
+        client = self.client
+        return client.rooms.get(room_id) if client is not None else None
 
     def _fit(self, text: str, build: Callable[[str], dict[str, Any]]) -> list[dict[str, Any]]:
         """The events for the pieces of ``text``, each small enough whatever HTML, JSON and
