@@ -66,7 +66,10 @@ class Arrivals:
 
 
 RUN_END_PAUSE_S = 0.3
-"""Pause after each chatbridge ping: its run ends (claude exits, is swept) meanwhile."""
+"""Pause after each ping: a chatbridge run ends meanwhile (claude exits, is swept), and
+the homeserver is as idle for the next ping whichever bot had the last (until
+2026-11-27 only chatbridge's pings waited, and came right after the echo bot's
+answer: about 4 ms of the homeserver's work on it fell on chatbridge)."""
 
 
 def client(synapse: SynapseServer, user: MatrixUser) -> AsyncClient:
@@ -222,7 +225,10 @@ async def measure(
             timings: dict[str, list[float]] = {"echo": [], "chatbridge": []}
             marks: list[Ping] = []
             for _ in range(pings):
+                # The same pause before every ping: the homeserver is done with the
+                # last event (its pushes, its syncs) for either bot alike.
                 timings["echo"].append(await ping(human, arrivals, echo_room, echo_user.user_id))
+                await asyncio.sleep(RUN_END_PAUSE_S)
                 timings["chatbridge"].append(
                     await ping(human, arrivals, bridge_room, bridge_user.user_id, marks=marks)
                 )

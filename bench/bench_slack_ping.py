@@ -222,6 +222,9 @@ async def measure(
                 marks: list[Ping] = []
                 for _ in range(pings):
                     timings["echo"].append(await ping(client, ECHO_CHANNEL, ECHO_USER))
+                    # The same pause before every ping (as bench_ping.py): the peer is
+                    # as idle for either bot.
+                    await asyncio.sleep(RUN_END_PAUSE_S)
                     timings["chatbridge"].append(
                         await ping(client, BRIDGE_CHANNEL, peer.BOT_USER, marks=marks)
                     )

@@ -954,7 +954,13 @@ class RunExecutor:
                 case UsageLimited():
                     live.limited = event
                 case Result():
-                    self._on_result(run, live, event)
+                    answer = self._on_result(run, live, event)
+                    if answer is not None:
+                        # claude's input is closed (it exits) once the outcome is
+                        # recorded: its exit, reaping and sweep would otherwise take
+                        # the loop's turns beside the record's transaction, on the
+                        # answer's way (a millisecond of its four, 2026-11-27).
+                        await asyncio.wait({answer})
                 case _:
                     pass
 
@@ -969,8 +975,9 @@ class RunExecutor:
         if self.approvals is not None:
             await self.approvals.withdrawn(run.batch.room, run.id, request_id)
 
-    def _on_result(self, run: _Run, live: _Live, event: Result) -> None:
-        """A turn's result: an earlier turn's answer, or the run's (the end rule held)."""
+    def _on_result(self, run: _Run, live: _Live, event: Result) -> asyncio.Task[Any] | None:
+        """A turn's result: an earlier turn's answer, or the run's (the end rule held):
+        then the task recording it and handing it over."""
         control = live.control
         held, live.held = live.held, None
         if held is not None:
@@ -983,9 +990,9 @@ class RunExecutor:
             # An earlier turn's result: messages steered into the run came after it.
             self._turn_answered(run, live, event, live.position)
         elif not event.is_error and live.answer is None:
-            # The answer exists: record it and hand it over now, while the runner reaps
-            # claude. From here on this is the outcome, whatever comes next (a stop, a
-            # lingering process, an exit status); see run_claude.
+            # The answer exists: record it and hand it over now, before claude's input
+            # is closed and it exits. From here on this is the outcome, whatever comes
+            # next (a stop, a lingering process, an exit status); see run_claude.
             stages.stamp("result_read")
             live.final = True  # (before the runner closes claude's input: no steering)
             log.info("claude printed its answer")
@@ -995,9 +1002,11 @@ class RunExecutor:
                 self._conclude(run, live, answer), name=f"answer {run.id}"
             )
             live.concluding.set()
+            return live.answer
         else:
             live.final = True
             log.info("claude printed an error result")
+        return None
 
     def _turn_answered(self, run: _Run, live: _Live, event: Result, position: int) -> None:
         """A success answers what the run had so far (not again after a reattach)."""
