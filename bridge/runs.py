@@ -289,6 +289,10 @@ class _Refusal:
     """The budget that refused it (``room`` or ``service``), if one did."""
 
 
+_RoomState = asyncio.Task[tuple[SessionId | None, RoomOverrides]]
+"""The room's session and overrides, read for a run's request."""
+
+
 @dataclass(slots=True)
 class _Live:
     """What runs beside claude for one run; each task is awaited when the run ends."""
@@ -304,6 +308,8 @@ class _Live:
     """Where the run's detached supervisor is reached, once claude was spawned."""
     registered: asyncio.Task[bool] | None = None
     """Writes the run into the registry of live runs; True once it is there (synced)."""
+    room_state: _RoomState | None = None
+    """The room's session and overrides for the request, read beside the start's record."""
     offsets: asyncio.Task[None] | None = None
     """Keeps the registry's delivered offset up with what the room was shown."""
     shown_moved: asyncio.Event = field(default_factory=asyncio.Event)
@@ -491,20 +497,30 @@ class RunExecutor:
         stages.stamp("dispatched")
         batch = dispatched.batch
         started = self.wall_clock()
+        # Read beside the start's commit (a reader beside the writer): the request,
+        # claude's prompt, needs it next.
+        live.room_state = asyncio.create_task(
+            self.store.room_state(batch.room), name=f"room state {run_id}"
+        )
         try:
-            recorded = await self._start(run_id, batch, started)
-        except asyncio.CancelledError:
-            await self._settle(self._cancelled_at_start(run_id, dispatched, taken))
-            raise
-        if not recorded:
-            await self._settle(self._give_up(taken, "failed"))
-            return
-        stages.stamp("start_recorded")
-        self.metrics.runs_started.inc()
-        if len(batch.messages) > 1:
-            self.metrics.coalesced.inc(len(batch.messages))
-        run = _Run(run_id, batch, started, generation, self._progress(batch))
-        await self._follow(run, live, dispatched, self._drive(run, live, taken))
+            try:
+                recorded = await self._start(run_id, batch, started)
+            except asyncio.CancelledError:
+                await self._settle(self._cancelled_at_start(run_id, dispatched, taken))
+                raise
+            if not recorded:
+                await self._settle(self._give_up(taken, "failed"))
+                return
+            stages.stamp("start_recorded")
+            self.metrics.runs_started.inc()
+            if len(batch.messages) > 1:
+                self.metrics.coalesced.inc(len(batch.messages))
+            run = _Run(run_id, batch, started, generation, self._progress(batch))
+            await self._follow(run, live, dispatched, self._drive(run, live, taken))
+        finally:
+            # Taken by the request by now, unless the run ended before it.
+            live.room_state.cancel()
+            await asyncio.gather(live.room_state, return_exceptions=True)
 
     def reattach(self, entry: RegisteredRun, started: float) -> Execute:
         """The dispatcher's ``execute`` for a run a previous process started and left
@@ -708,7 +724,7 @@ class RunExecutor:
         """Run claude (again without the session if claude lost it); its last report."""
         batch = run.batch
         try:
-            prepared = await self._prepare(run, taken)
+            prepared = await self._prepare(run, taken, live.room_state)
         except BaseException as exc:
             # Ended before it reached claude (a !stop, a store that kept failing):
             # a claude started for it (prestarted, or kept warm) goes with it, or
@@ -760,10 +776,11 @@ class RunExecutor:
         return report
 
     async def _prepare(
-        self, run: _Run, taken: Taken | None
+        self, run: _Run, taken: Taken | None, state: _RoomState | None = None
     ) -> tuple[RunRequest, Prestarted | None] | RunReport:
         """The run's request, and the claude started for it if one was (a report instead
-        when the run may not start: its prestart, if any, is given up then)."""
+        when the run may not start: its prestart, if any, is given up then); ``state``:
+        the room's session and overrides, being read."""
         batch = run.batch
         room = self.settings.room(batch.room)
         if room is None:
@@ -789,7 +806,7 @@ class RunExecutor:
             budget = self.settings.runner.max_line_bytes // 2 * 3 // 4
             files, images = await shown_images(room.cwd, files, budget)
         prompt = build_prompt(batch, files)
-        request = await self._request(batch.room, room, run.id, prompt)
+        request = await self._request(batch.room, room, run.id, prompt, state)
         request = replace(request, images=tuple(images))
         prestarted = await taken.prestarted(request) if taken is not None else None
         return request, prestarted
@@ -817,15 +834,22 @@ class RunExecutor:
             return _Refusal(str(problem))
 
     async def _request(
-        self, key: RoomKey, room: RoomSettings, run_id: RunId, prompt: str
+        self,
+        key: RoomKey,
+        room: RoomSettings,
+        run_id: RunId,
+        prompt: str,
+        state: _RoomState | None = None,
     ) -> RunRequest:
         # Reads, before the spawn: nothing else stands in front of claude (but the
         # session's transcript, where another replica ran the conversation last).
         # Tried again while the database is briefly away (a restart): the start
         # is recorded, and failing now would fail messages no claude has seen.
+        # ``state``: the first try, begun already.
         for delay in (*self.store_retry_delays_s, None):
             try:
-                session, overrides = await self.store.room_state(key)
+                reading, state = state or self.store.room_state(key), None
+                session, overrides = await reading
                 break
             except StoreError:
                 if delay is None:

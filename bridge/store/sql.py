@@ -25,6 +25,7 @@ do concurrent ``finish_run`` calls (group commit, :mod:`bridge.store.batching`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from typing import Any, TypeVar
 from sqlalchemy import (
     ColumnElement,
     Table,
+    bindparam,
     delete,
     exists,
     func,
@@ -872,8 +874,8 @@ class SqlStore:
                     ended[finish.run_id] = (first, len(outbox))
                     placed.append(ended[finish.run_id])
             if run_values:
-                # ORM bulk UPDATE by primary key: one executemany.
-                s.execute(update(RunRow), run_values)
+                # One executemany by primary key (Core: the ORM's bulk UPDATE cost more).
+                s.execute(_END_RUN, run_values)
                 # After the runs' UPDATE, which waits for a concurrent
                 # register_live_run's lock: this then sees its row.
                 s.execute(delete(_LIVE_RUNS).where(_LIVE_RUNS.c.run_id.in_(list(ended))))
@@ -888,7 +890,7 @@ class SqlStore:
                 )
             if sessions:
                 # The session in the same transaction: one disk sync for the end of a run.
-                s.execute(self._sessions_upsert(sessions))
+                s.execute(self._sessions_upsert, _session_rows(sessions))
             if audit:
                 s.execute(insert_statement(_AUDIT), audit)
             if spend:
@@ -1150,14 +1152,11 @@ class SqlStore:
         async with self._session_writes:
             await self._write(body)
 
-    def _sessions_upsert(self, sessions: dict[RoomKey, SessionId]) -> Any:
-        """One statement setting several rooms' sessions (each room once)."""
-        upsert = self._insert(RoomRow).values(
-            [
-                {"transport": room.transport, "room_id": _stored_id(room), "session_id": session}
-                for room, session in sessions.items()
-            ]
-        )
+    @functools.cached_property
+    def _sessions_upsert(self) -> Any:
+        """Setting rooms' sessions, for an executemany of :func:`_session_rows`: built and
+        compiled once (a multi-row VALUES is compiled anew for each number of rows)."""
+        upsert = self._insert(RoomRow)
         return upsert.on_conflict_do_update(
             index_elements=["transport", "room_id"],
             set_={"session_id": upsert.excluded.session_id},
@@ -1885,11 +1884,16 @@ def _spend_values(finish: _Finish, room: RoomKey) -> dict[str, Any]:
     }
 
 
+_END_RUN = update(_RUNS).where(_RUNS.c.seq == bindparam("b_seq"))
+"""A run's outcome by primary key: the SET clause is the other keys of
+:func:`_ended_run_values`."""
+
+
 def _ended_run_values(seq: int, finish: _Finish) -> dict[str, Any]:
-    """A run's outcome, for a bulk UPDATE by primary key."""
+    """A run's outcome, for :data:`_END_RUN`."""
     report = finish.report
     return {
-        "seq": seq,
+        "b_seq": seq,
         "status": report.status.value,
         "ended_at": finish.at,
         "exit_code": report.exit_code,
@@ -1901,6 +1905,14 @@ def _ended_run_values(seq: int, finish: _Finish) -> dict[str, Any]:
         "result_excerpt": excerpt(report.result_text),
         "error_excerpt": excerpt(report.error),
     }
+
+
+def _session_rows(sessions: dict[RoomKey, SessionId]) -> list[dict[str, Any]]:
+    """Rooms' sessions, for :attr:`SqlStore._sessions_upsert` (each room once)."""
+    return [
+        {"transport": room.transport, "room_id": _stored_id(room), "session_id": session}
+        for room, session in sessions.items()
+    ]
 
 
 def _outbox_values(reply: Reply, at: float, run_id: RunId | None) -> dict[str, Any]:

@@ -109,19 +109,30 @@ class SessionClearedLoses:
 
 
 class HangingSession:
-    """The real store; once :attr:`hang` is set, reading a session waits (a database that
-    does not answer) until cancelled, after setting :attr:`reading`."""
+    """The real store; after :meth:`hang_reads`, reading a session waits (a database that
+    does not answer) until cancelled, after setting :attr:`reading` once the run's start
+    is recorded (the run reads beside that record: the read is still under way)."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
         self.hang = False
         self.reading = asyncio.Event()
+        self._started = asyncio.Event()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
+    def hang_reads(self) -> None:
+        self.hang = True
+        self._started.clear()
+
+    async def start_run(self, *args: Any, **kwargs: Any) -> None:
+        await self._store.start_run(*args, **kwargs)
+        self._started.set()
+
     async def room_state(self, room: RoomKey) -> tuple[SessionId | None, RoomOverrides]:
         if self.hang:
+            await self._started.wait()
             self.reading.set()
             await asyncio.Event().wait()
         return await self._store.room_state(room)
@@ -244,7 +255,7 @@ async def test_a_run_cancelled_by_the_lost_room_before_it_gave_the_warm_claude_t
             await ended.get()
             warm = await kept_warm(started)
             pid = started_pid(log, warm.run_id)
-            hanging[0].hang = True
+            hanging[0].hang_reads()
             bridge.send("second")
             await hanging[0].reading.wait()  # the run took the warm claude
             holds.lose()
@@ -339,7 +350,7 @@ async def test_a_run_cancelled_before_the_warm_claude_got_the_prompt_is_recorded
         bridge.send("first")
         await ended.get()
         await kept_warm(started)
-        hanging[0].hang = True
+        hanging[0].hang_reads()
         bridge.send("second")
         await hanging[0].reading.wait()
         if cancel == "stop":
