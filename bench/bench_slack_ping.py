@@ -13,7 +13,11 @@ many messages chatbridge posted per run (a quick run should post one: its
 answer, with no status message first). ``--breakdown``: where chatbridge's
 pings spent their time, from the service's stage stamps (see ``breakdown.py``).
 
-    python bench/bench_slack_ping.py [--pings 60] [--coalesce-ms 50] [--breakdown]
+With ``--prestart`` chatbridge runs with ``[runner] prestart = true`` (the room's
+claude started when the ping opens its batch, inside the window), as
+``bench_ping.py --prestart``.
+
+    python bench/bench_slack_ping.py [--pings 60] [--coalesce-ms 50] [--prestart] [--breakdown]
 
 local-slack binds every interface, so the benchmark runs itself inside a
 private network namespace (``unshare -n``, loopback only) when it is not in one.
@@ -184,7 +188,7 @@ async def ping(
 
 
 async def measure(
-    tmp: Path, pings: int, coalesce_ms: int, breakdown: bool
+    tmp: Path, pings: int, coalesce_ms: int, breakdown: bool, prestart: bool = False
 ) -> tuple[dict[str, list[float]], float, list[dict[str, float]]]:
     """Ping each bot ``pings`` times, alternating; also chatbridge's messages per run,
     and with ``breakdown`` each ping's stage stamps."""
@@ -200,6 +204,7 @@ async def measure(
             "FAKE_CLAUDE_NO_TOOL": "1",
             # The environment overrides the file (as in production).
             "CHATBRIDGE_DISPATCHER__COALESCE_MS": str(coalesce_ms),
+            "CHATBRIDGE_RUNNER__PRESTART": "true" if prestart else "false",
         }
         if breakdown:
             env |= {"CHATBRIDGE_LOGGING__LEVEL": "DEBUG", "FAKE_CLAUDE_TIMES": str(fake_times)}
@@ -261,13 +266,16 @@ def main() -> None:
     parser.add_argument(
         "--breakdown", action="store_true", help="log stage stamps and print where the time goes"
     )
+    parser.add_argument(
+        "--prestart", action="store_true", help="start claude inside the window ([runner] prestart)"
+    )
     args = parser.parse_args()
     if not peer.binary().is_file():
         raise SystemExit(f"local-slack is not installed: {peer.INSTALL_HINT}")
     in_private_network()
     with tempfile.TemporaryDirectory(prefix="bench-slack-ping-") as tmp:
         timings, per_run, rows = asyncio.run(
-            measure(Path(tmp), args.pings, args.coalesce_ms, args.breakdown)
+            measure(Path(tmp), args.pings, args.coalesce_ms, args.breakdown, args.prestart)
         )
     report(timings, per_run, args.coalesce_ms)
     if args.breakdown:
