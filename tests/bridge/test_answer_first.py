@@ -206,6 +206,87 @@ class SlowRegistration:
         return await self._store.register_live_run(*args, **kw)
 
 
+class InputAtFinish:
+    """The real store, noting at each ``finish_run`` whether claude's input was closed
+    already (the room's run control, once :attr:`service` is set)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.service: Any = None
+        self.closed_at_finish: list[bool] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def finish_run(self, run_id: RunId, *args: Any, **kw: Any) -> Any:
+        executor = self.service.executor
+        control = executor.live_runs.control(console_room(executor.settings), run_id)
+        assert control is not None  # bound until the run's end is shown
+        self.closed_at_finish.append(control.closed)
+        return await self._store.finish_run(run_id, *args, **kw)
+
+
+async def test_claudes_input_closes_only_once_the_answer_is_recorded(tmp_path: Path) -> None:
+    # Closing it makes claude exit: its exit, reaping and sweep then run beside the
+    # answer's record, on the answer's way (docs/performance.md).
+    record = tmp_path / "claude.json"
+    given = settings(
+        tmp_path, {}, {"FAKE_CLAUDE_RESULT": "quick", "FAKE_CLAUDE_RECORD": str(record)}
+    )
+    held: list[InputAtFinish] = []
+
+    def wrap(store: Store) -> Store:
+        held.append(InputAtFinish(store))
+        return cast(Store, held[0])
+
+    chat = Timeline(console_room(given), "local")
+    async with serving(given, chat, wrap) as (service, _):
+        held[0].service = service
+        await chat.say("hi")
+        # The run's end is shown once claude has exited (its input closed after all).
+        await chat.wait_until(lambda: ("phase", RunPhase.DONE.value) in chat.events)
+    assert not alive(json.loads(record.read_text())["pid"])
+    assert held[0].closed_at_finish == [False]
+    assert chat.texts(ReplyKind.RESULT) == ["quick"]
+    assert rows(tmp_path, "select status from runs") == [("succeeded",)]
+
+
+class StartAfterRead:
+    """The real store, whose ``start_run`` commits only once the run's read of its
+    room's session has begun (a deadlock, bounded by the test, if that read waited for
+    the start)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.reading = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def room_state(self, *args: Any, **kw: Any) -> Any:
+        self.reading.set()
+        return await self._store.room_state(*args, **kw)
+
+    async def start_run(self, *args: Any, **kw: Any) -> Any:
+        async with asyncio.timeout(WAIT_S):
+            await self.reading.wait()
+        return await self._store.start_run(*args, **kw)
+
+
+async def test_a_run_reads_its_rooms_session_beside_its_starts_record(tmp_path: Path) -> None:
+    given = settings(tmp_path, {}, {"FAKE_CLAUDE_RESULT": "quick"})
+    held: list[StartAfterRead] = []
+
+    def wrap(store: Store) -> Store:
+        held.append(StartAfterRead(store))
+        return cast(Store, held[0])
+
+    async with serving(given, None, wrap) as (_, chat):
+        await chat.say("hi")
+        await chat.wait_until(lambda: chat.texts(ReplyKind.RESULT) == ["quick"])
+    assert rows(tmp_path, "select status from runs") == [("succeeded",)]
+
+
 async def test_an_answer_before_the_run_is_registered_shows_no_typing(tmp_path: Path) -> None:
     config: Table = {"progress": {"show_after_s": 60}}
     given = settings(tmp_path, config, {"FAKE_CLAUDE_RESULT": "quick"})
