@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from nio import (
     AsyncClient,
     AsyncClientConfig,
@@ -169,6 +170,19 @@ class Human:
         response = await self.client.join(room_id)
         assert not isinstance(response, ErrorResponse), response
         self.rooms.add(room_id)
+
+    async def highlights(self, room_id: str) -> list[str]:
+        """The bodies of this user's highlighted notifications in ``room_id``, as the
+        homeserver's own push rules decided them (``GET /notifications``)."""
+        async with aiohttp.ClientSession() as http:
+            response = await http.get(
+                f"{self.client.homeserver}/_matrix/client/v3/notifications",
+                params={"only": "highlight"},
+                headers={"Authorization": f"Bearer {self.user.access_token}"},
+            )
+            assert response.status == 200
+            found = (await response.json())["notifications"]
+        return [n["event"]["content"]["body"] for n in found if n["room_id"] == room_id]
 
     async def membership(self, room_id: str, user_id: str) -> str | None:
         response = await self.client.room_get_state_event(room_id, "m.room.member", user_id)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import re
 
-import aiohttp
 import pytest
 
 from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey, TransportName
@@ -96,15 +95,7 @@ async def test_the_bots_events_highlight_no_one_with_or_without_the_declaration(
             room, "m.room.message", {"msgtype": "m.text", "body": "mallory: look"}
         )
         await mallory.wait_for(lambda s: s.content.get("body") == "mallory: look")
-    async with aiohttp.ClientSession() as http:
-        response = await http.get(
-            f"{synapse.url}/_matrix/client/v3/notifications",
-            params={"only": "highlight"},
-            headers={"Authorization": f"Bearer {mallory.user.access_token}"},
-        )
-        assert response.status == 200
-        found = (await response.json())["notifications"]
-    highlighted = [n["event"]["content"]["body"] for n in found if n["room_id"] == room]
+    highlighted = await mallory.highlights(room)
     assert highlighted == ["mallory: look"]
 
 
