@@ -12,9 +12,9 @@ at a cost: it validates ``m.mentions`` against a JSON schema on every event
 So the declaration is left out only when it cannot matter: the text holds no
 ``@room`` and none of the room's members' names, compared as substrings
 without case (the rules want whole words; any occurrence counts here). A
-display name with a glob character (``*``, ``?``, ``[``) always counts: the
-homeserver matches the name as a glob, so ``B?b`` is notified by "Bob" and
-``*`` by anything.
+name with a glob character (``*``, ``?``) always counts: the homeserver
+matches display names and user names as globs, so ``B?b`` is notified by
+"Bob" and ``*`` by anything.
 
 A member who joined or was renamed after the bot's last sync is not known
 here: the sync is a long poll, so that gap is the time the homeserver takes
@@ -26,8 +26,9 @@ from __future__ import annotations
 from nio import MatrixRoom
 
 ROOM_MENTION = "@room"
-GLOB = frozenset("*?[")
-"""Characters the homeserver's legacy rules read as a pattern in a display name."""
+GLOB = frozenset("*?")
+"""Characters the homeserver's legacy rules read as a pattern in a name (it escapes
+the others, ``[`` included)."""
 
 
 def must_declare(text: str, room: MatrixRoom | None, own_user_id: str) -> bool:
@@ -41,9 +42,9 @@ def must_declare(text: str, room: MatrixRoom | None, own_user_id: str) -> bool:
     for user_id, user in room.users.items():
         if user_id == own_user_id:
             continue  # nobody is notified of their own event
-        if GLOB.intersection(user.display_name or ""):
-            return True  # a pattern: it may match text that does not hold it
         for name in (user.display_name, _localpart(user_id)):
+            if name and GLOB.intersection(name):
+                return True  # a pattern: it may match text that does not hold it
             if name and any(a in b for a, b in zip(_forms(name), folded, strict=True)):
                 return True
     return False
