@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -1144,7 +1144,7 @@ class SqlStore:
         self._session_set_at[room] = self._sessions_set
 
         def body(s: Session) -> None:
-            s.execute(self._session_upsert(room, session_id))
+            s.execute(self._sessions_upsert, _session_rows({room: session_id}))
             if session_id is None:
                 # A forgotten session is never resumed: its transcript goes with it.
                 s.execute(delete(SessionTranscriptRow).where(*_transcript_of(room)))
@@ -1154,20 +1154,13 @@ class SqlStore:
 
     @functools.cached_property
     def _sessions_upsert(self) -> Any:
-        """Setting rooms' sessions, for an executemany of :func:`_session_rows`: built and
-        compiled once (a multi-row VALUES is compiled anew for each number of rows)."""
+        """Setting rooms' sessions (``set_session``, and the runs a group ends), for an
+        executemany of :func:`_session_rows`: built and compiled once (a multi-row
+        VALUES is compiled anew for each number of rows)."""
         upsert = self._insert(RoomRow)
         return upsert.on_conflict_do_update(
             index_elements=["transport", "room_id"],
             set_={"session_id": upsert.excluded.session_id},
-        )
-
-    def _session_upsert(self, room: RoomKey, session_id: SessionId | None) -> Any:
-        upsert = self._insert(RoomRow).values(
-            transport=room.transport, room_id=_stored_id(room), session_id=session_id
-        )
-        return upsert.on_conflict_do_update(
-            index_elements=["transport", "room_id"], set_={"session_id": session_id}
         )
 
     # Session transcripts
@@ -1907,8 +1900,9 @@ def _ended_run_values(seq: int, finish: _Finish) -> dict[str, Any]:
     }
 
 
-def _session_rows(sessions: dict[RoomKey, SessionId]) -> list[dict[str, Any]]:
-    """Rooms' sessions, for :attr:`SqlStore._sessions_upsert` (each room once)."""
+def _session_rows(sessions: Mapping[RoomKey, SessionId | None]) -> list[dict[str, Any]]:
+    """Rooms' sessions (None: forgotten), for :attr:`SqlStore._sessions_upsert` (each
+    room once)."""
     return [
         {"transport": room.transport, "room_id": _stored_id(room), "session_id": session}
         for room, session in sessions.items()
