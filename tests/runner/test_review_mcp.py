@@ -21,7 +21,6 @@ from runner import (
     PermissionAsked,
     RunControl,
     RunEvent,
-    RunRequest,
     Spares,
     Spawned,
     ToolResult,
@@ -31,7 +30,7 @@ from runner.bare import bare_argv
 from runner.mcp_server import QUALIFIED_TOOL
 from runner.prestart import prestart
 from runner.spare import SUPERVISOR
-from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin, claude_env
+from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin
 from tests.runner.conftest import Recorder
 from tests.runner.live_helpers import asking, run_heads
 from tests.runner.test_detached import records
@@ -162,21 +161,15 @@ async def test_the_real_claude_passes_a_lone_surrogate_through(
     # What the model writes as "\ud800" in its tool input reaches the supervisor as
     # such (the CLI's JSON is well-formed UTF-16 escapes): before the fix it killed the
     # supervisor, the run ended as failed, without its tool result.
-    work = tmp_path / "work"
-    work.mkdir()
     script = [Turn(tools=(ToolCall(QUALIFIED_TOOL, {"path": "\ud800.txt"}),)), Turn(text="ok")]
     async with ModelServer(script) as server:
-        request = RunRequest(
-            run_id=run_id,
-            claude_bin=str(claude_bin()),
-            cwd=work,
-            prompt="send it",
-            session_id=None,
+        request = real_request(
+            run_id,
+            tmp_path,
+            server,
+            "send it",
+            permission_mode="",
             allowed_tools=(QUALIFIED_TOOL,),
-            env=claude_env(server.url, tmp_path / "home"),
-            run_timeout_s=90,
-            idle_timeout_s=90,
-            stop_grace_s=2.0,
             send_file_max_bytes=1000,
         )
         report = await run_claude(request, recorder)
@@ -244,21 +237,18 @@ async def test_the_real_claude_with_another_sdk_server_is_not_held_up(
 ) -> None:
     # Held up: another SDK server (the user's extra --mcp-config) gets error answers
     # from the supervisor; the real CLI marks it failed and the run goes on, with ours.
-    work = tmp_path / "work"
-    work.mkdir()
     other = json.dumps({"mcpServers": {"other": {"type": "sdk", "name": "other"}}})
     async with ModelServer([Turn(text="hi")]) as server:
-        request = RunRequest(
-            run_id=run_id,
-            claude_bin=str(claude_bin()),
-            cwd=work,
-            prompt="hello",
-            session_id=None,
-            env=claude_env(server.url, tmp_path / "home"),
+        request = real_request(
+            run_id,
+            tmp_path,
+            server,
+            "hello",
+            permission_mode="",
+            allowed_tools=(),
             extra_args=("--mcp-config", other),
             run_timeout_s=60,
             idle_timeout_s=30,
-            stop_grace_s=2.0,
             send_file_max_bytes=1000,
         )
         report = await run_claude(request, recorder)
