@@ -113,6 +113,11 @@ def mentions(content: dict[str, Any], body: str, user_id: str) -> bool:
     return user_id in body
 
 
+def localpart(user_id: str) -> str:
+    """``alice`` of ``@alice:hs`` (a Matrix user name)."""
+    return user_id[1:].split(":", 1)[0] if user_id.startswith("@") else user_id
+
+
 def strip_leading_mention(
     body: str, content: dict[str, Any], user_id: str, display_name: str | None
 ) -> str | None:
@@ -126,8 +131,7 @@ def strip_leading_mention(
     since a sentence may start with the same word. Zero-width characters in
     front are ignored.
     """
-    localpart = user_id[1:].split(":", 1)[0]
-    sure = [user_id, f"@{localpart}"]
+    sure = [user_id, f"@{localpart(user_id)}"]
     formatted = content.get("formatted_body")
     if isinstance(formatted, str):
         pill = _PILL.match(formatted.lstrip(_INVISIBLE))

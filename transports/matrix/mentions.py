@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from nio import MatrixRoom
 
+from transports.matrix.inbound import localpart
+
 ROOM_MENTION = "@room"
 GLOB = frozenset("*?")
 """Characters the homeserver's legacy rules read as a pattern in a name (it escapes
@@ -42,7 +44,7 @@ def must_declare(text: str, room: MatrixRoom | None, own_user_id: str) -> bool:
     for user_id, user in room.users.items():
         if user_id == own_user_id:
             continue  # nobody is notified of their own event
-        for name in (user.display_name, _localpart(user_id)):
+        for name in (user.display_name, localpart(user_id)):
             if name and GLOB.intersection(name):
                 return True  # a pattern: it may match text that does not hold it
             if name and any(a in b for a, b in zip(_forms(name), folded, strict=True)):
@@ -54,7 +56,3 @@ def _forms(text: str) -> tuple[str, str]:
     """``text`` lowered and case-folded: a name matches if either form does, a
     superset of the homeserver's case-insensitive match."""
     return text.lower(), text.casefold()
-
-
-def _localpart(user_id: str) -> str:
-    return user_id[1:].split(":", 1)[0] if user_id.startswith("@") else user_id

@@ -225,7 +225,6 @@ class MatrixOutbound:
         """Replace a notice the bridge sent (live progress); long text is cut to one event."""
         room_id = room_id_of(room)
         client = self._logged_in()
-
         known = self._room(room_id)
 
         def edit_of(chunk: str) -> dict[str, Any]:
