@@ -999,7 +999,9 @@ class RunExecutor:
         if self.approvals is not None:
             await self.approvals.withdrawn(run.batch.room, run.id, request_id)
 
-    def _on_result(self, run: _Run, live: _Live, event: Result) -> asyncio.Task[Any] | None:
+    def _on_result(
+        self, run: _Run, live: _Live, event: Result
+    ) -> asyncio.Task[Callable[[], Awaitable[None]]] | None:
         """A turn's result: an earlier turn's answer, or the run's (the end rule held):
         then the task recording it and handing it over."""
         control = live.control
