@@ -978,13 +978,7 @@ class RunExecutor:
                 case UsageLimited():
                     live.limited = event
                 case Result():
-                    answer = self._on_result(run, live, event)
-                    if answer is not None:
-                        # claude's input is closed (it exits) once the outcome is
-                        # recorded: its exit, reaping and sweep would otherwise take
-                        # the loop's turns beside the record's transaction, on the
-                        # answer's way (a millisecond of its four, 2026-11-27).
-                        await asyncio.wait({answer})
+                    self._on_result(run, live, event)
                 case _:
                     pass
 
@@ -999,11 +993,8 @@ class RunExecutor:
         if self.approvals is not None:
             await self.approvals.withdrawn(run.batch.room, run.id, request_id)
 
-    def _on_result(
-        self, run: _Run, live: _Live, event: Result
-    ) -> asyncio.Task[Callable[[], Awaitable[None]]] | None:
-        """A turn's result: an earlier turn's answer, or the run's (the end rule held):
-        then the task recording it and handing it over."""
+    def _on_result(self, run: _Run, live: _Live, event: Result) -> None:
+        """A turn's result: an earlier turn's answer, or the run's (the end rule held)."""
         control = live.control
         held, live.held = live.held, None
         if held is not None:
@@ -1016,9 +1007,12 @@ class RunExecutor:
             # An earlier turn's result: messages steered into the run came after it.
             self._turn_answered(run, live, event, live.position)
         elif not event.is_error and live.answer is None:
-            # The answer exists: record it and hand it over now, before claude's input
-            # is closed and it exits. From here on this is the outcome, whatever comes
-            # next (a stop, a lingering process, an exit status); see run_claude.
+            # The answer exists: record it and hand it over now, while the runner reaps
+            # claude. From here on this is the outcome, whatever comes next (a stop, a
+            # lingering process, an exit status); see run_claude. claude's input is
+            # closed at once, not after the record: a replica stalled in between (a
+            # pause) would keep an answered claude alive past its lease, beside the
+            # new owner's run of the conversation (the replicas' chaos test saw it).
             stages.stamp("result_read")
             live.final = True  # (before the runner closes claude's input: no steering)
             log.info("claude printed its answer")
@@ -1028,11 +1022,9 @@ class RunExecutor:
                 self._conclude(run, live, answer), name=f"answer {run.id}"
             )
             live.concluding.set()
-            return live.answer
         else:
             live.final = True
             log.info("claude printed an error result")
-        return None
 
     def _turn_answered(self, run: _Run, live: _Live, event: Result, position: int) -> None:
         """A success answers what the run had so far (not again after a reattach)."""
