@@ -6,6 +6,7 @@ stop that keeps the session."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 import time
@@ -504,7 +505,9 @@ async def test_a_message_after_a_reset_is_not_steered_into_the_old_session(
         bridge.send("!reset")
         await bridge.wait_for("The next run starts a new Claude session.")
         bridge.send("new topic")
-        await asyncio.sleep(1.0)  # past the steer batch's debounce (max_wait 0.5 s)
+        # Queued for the next run, not gathering to steer (which it would go on to do):
+        # the dispatcher holds it as waiting and not steering.
+        await until_queued_not_steering(bridge)
         bridge.send("!status")
         out = await bridge.wait_for("Waiting:")
         assert "Waiting: 1 message." in out
@@ -588,6 +591,17 @@ def answered_by(log: list[dict[str, Any]], text: str) -> int:
 def at(log: list[dict[str, Any]], pid: int, event: str) -> int:
     """Where in the log the process ``pid`` logged ``event`` (its first)."""
     return next(i for i, e in enumerate(log) if e["pid"] == pid and e["event"] == event)
+
+
+async def until_queued_not_steering(bridge: ConsoleSession) -> None:
+    """One message waits in the room, in the follow-up queue (none gathers to steer)."""
+    assert bridge.service is not None
+    dispatcher = bridge.service.dispatcher
+    while (status := dispatcher.status(console_room(bridge))).waiting != 1 or status.steering:
+        bridge.out.changed.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.05):
+                await bridge.out.changed.wait()
 
 
 def console_room(bridge: ConsoleSession) -> RoomKey:

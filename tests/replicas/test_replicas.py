@@ -29,6 +29,21 @@ async def runs_of(url: str) -> list[tuple[str, str, str | None]]:
     return [(r["id"], r["status"], r["replica"]) for r in rows]
 
 
+async def until_a_statement_waits_on_a_lock(url: str) -> None:
+    """Returns once a statement of the test's database waits on a lock (pg_stat_activity)."""
+    conn = await asyncpg.connect(_asyncpg_dsn(url))
+    waiting = (
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    try:
+        async with asyncio.timeout(GUARD_S):
+            while not await conn.fetchval(waiting):
+                await asyncio.sleep(0.01)
+    finally:
+        await conn.close()
+
+
 def results(r: Replica) -> list[str]:
     return r.chat.texts(ReplyKind.RESULT)
 
@@ -180,8 +195,10 @@ async def test_a_top_level_stop_drops_only_what_waits_in_unowned_threads(
             dropping = asyncio.create_task(
                 leases.drop_unowned_threads(ROOM, stop, "U1", time.time())
             )
-            await asyncio.sleep(0.3)
-            assert not dropping.done()  # waits for the taking
+            # It waits for the taking: once its statement waits on the row lock, it
+            # cannot finish before the commit below.
+            await until_a_statement_waits_on_a_lock(cluster_db)
+            assert not dropping.done()
             await conn.commit()
         assert await dropping == 2
         states = await store.message_states([owned, unowned, expired, top, elsewhere, taken, later])

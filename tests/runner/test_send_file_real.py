@@ -8,7 +8,6 @@ carrying the server's text, ``is_error`` when the server refused.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -110,16 +109,3 @@ async def test_claude_calls_send_file_through_our_server(
     assert entry.reply.text == "here"
     assert entry.reply.file is not None
     assert Path(entry.reply.file).read_text() == "numbers"
-
-
-async def test_mcp_server_start_up_cost(run_id: RunId, tmp_path: Path, recorder: Recorder) -> None:
-    """Measures (prints, asserts nothing about time) what our server adds to a run's start."""
-    timings = {}
-    for label, limit in (("without", None), ("with", 1000)):
-        async with ModelServer([Turn(text="hi")]) as server:
-            started = time.monotonic()
-            rid = RunId(f"{run_id}-{label}")
-            await run_claude(request(rid, tmp_path, server, send_file_max_bytes=limit), Recorder())
-            await server.wait_agent_requests(1)
-            timings[label] = server.agent_requests[0].at - started
-    print(f"first model request: {timings}")
