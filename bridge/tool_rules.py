@@ -15,10 +15,12 @@ pipes, redirects or substitutes, so ``Bash(npm test:*)`` does not allow
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
+
+from bridge.store.base import RuleEffect, ToolRule
 
 _RULE = re.compile(r"(?P<tool>[A-Za-z_][A-Za-z0-9_.:-]{0,199})(?:\((?P<pattern>.*)\))?", re.DOTALL)
 _PATH_TOOLS = frozenset({"Read", "Edit", "MultiEdit", "Write", "NotebookEdit"})
@@ -85,6 +87,20 @@ def matches(rule: RuleText, tool_name: str, tool_input: Mapping[str, Any]) -> bo
         host = urlsplit(url).hostname if isinstance(url, str) else None
         return host is not None and host == rule.pattern.removeprefix("domain:").lower()
     return False
+
+
+def ruling(
+    rules: Iterable[ToolRule], tool_name: str, tool_input: Mapping[str, Any]
+) -> ToolRule | None:
+    """The rule that decides the request: the first deny rule covering it, else the
+    first allow rule, else None (the room is asked). Unparsable rules cover nothing."""
+    covering = [
+        rule
+        for rule in rules
+        if (text := parse_rule(rule.rule)) is not None and matches(text, tool_name, tool_input)
+    ]
+    denying = [rule for rule in covering if rule.effect is RuleEffect.DENY]
+    return next(iter(denying or covering), None)
 
 
 def _command_matches(pattern: str, command: str) -> bool:

@@ -65,8 +65,6 @@ class AuditAction(StrEnum):
     """A tool rule was kept (detail: its number, scope, effect and text)."""
     RULE_REVOKED = "rule_revoked"
     """``!rules revoke N`` ended a rule."""
-    RULE_APPLIED = "rule_applied"
-    """A kept rule answered claude's request without asking the room (detail: which)."""
     SCHEDULE_NOT_RUN = "schedule_not_run"
     """A schedule's firing was skipped (room busy) or missed (chatbridge was down);
     actor: the schedule; detail: the firing's time and why. A run firing is a message."""

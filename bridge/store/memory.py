@@ -809,7 +809,9 @@ class MemoryStore:
             for r in self._rules.values()
             if r.room == room.channel
             and r.revoked_at is None
-            and (r.scope is RuleScope.ROOM or (session_id is not None and r.session_id == session_id))
+            and (
+                r.scope is RuleScope.ROOM or (session_id is not None and r.session_id == session_id)
+            )
         ]
 
     async def revoke_rule(
@@ -823,7 +825,11 @@ class MemoryStore:
         revoked = replace(stored, revoked_by=actor, revoked_at=at)
         self._rules[rule_id] = revoked
         self._write_audit(
-            AuditAction.RULE_REVOKED, at, room=revoked.room, actor=actor, detail=rule_detail(revoked)
+            AuditAction.RULE_REVOKED,
+            at,
+            room=revoked.room,
+            actor=actor,
+            detail=rule_detail(revoked),
         )
         return revoked
 

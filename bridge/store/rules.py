@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import secrets
 
-from bridge.core.model import MessageState, RunStatus
-from bridge.core.model import SessionId
+from bridge.core.model import MessageState, RunStatus, SessionId
 from bridge.store.base import (
     Approval,
     ApprovalState,

@@ -1604,9 +1604,12 @@ class SqlStore:
             kept = _tool_rule(row)
             s.add(
                 _audit_row(
-                    AuditAction.RULE_ADDED, at, room=channel, actor=created_by,
+                    AuditAction.RULE_ADDED,
+                    at,
+                    room=channel,
+                    actor=created_by,
                     detail=rule_detail(kept),
-                )  # fmt: skip
+                )
             )
             return kept
 
@@ -1659,9 +1662,12 @@ class SqlStore:
             revoked = _tool_rule(row)
             s.add(
                 _audit_row(
-                    AuditAction.RULE_REVOKED, at, room=channel, actor=actor,
+                    AuditAction.RULE_REVOKED,
+                    at,
+                    room=channel,
+                    actor=actor,
                     detail=rule_detail(revoked),
-                )  # fmt: skip
+                )
             )
             return revoked
 
