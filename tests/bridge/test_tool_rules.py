@@ -94,7 +94,7 @@ def test_the_rule_kept_for_a_request_is_the_narrowest_one(
     assert matches(kept, tool, tool_input)
 
 
-_COMMANDS = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=60)
+_COMMANDS = st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=60)
 
 
 @given(command=_COMMANDS, other=_COMMANDS)
