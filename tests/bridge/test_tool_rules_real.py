@@ -127,3 +127,50 @@ async def test_allow_for_the_session_keeps_a_session_rule_and_nothing_else(
     assert trail == [(AuditAction.RULE_ADDED.value, "rule 1 session allow Bash(rm -rf build)")]
     requests = [r.body for r in server.agent_requests]
     assert json.dumps(requests).count("acceptEdits") == 0
+
+
+async def test_room_rules_hold_across_sessions_until_revoked(tmp_path: Path) -> None:
+    script = [
+        bash("touch made.txt"),
+        bash("rm -rf build"),
+        Turn(text="first done"),
+        # A new session (after !reset): the room's rules decide, nobody is asked.
+        bash("touch made.txt"),
+        bash("rm -rf build"),
+        Turn(text="second done"),
+        # Rule 1 revoked: asked again.
+        bash("touch made.txt"),
+        Turn(text="third done"),
+    ]
+    async with ModelServer(script) as server, real_session(tmp_path, server) as bridge:
+        bridge.send("make it")
+        await see(bridge, "(request `#1`")
+        bridge.send("!approve always #1")
+        await see(bridge, "(request `#2`")
+        bridge.send("!deny always #2 not from chat")
+        await see(bridge, "first done")
+        bridge.send("!reset")
+        await see(bridge, "The next run starts a new Claude session.")
+        bridge.send("again")
+        await see(bridge, "second done")
+        bridge.send("!rules revoke 1")
+        await see(bridge, "is revoked")
+        bridge.send("once more")
+        await see(bridge, "(request `#5`")
+        bridge.send("!approve #5")
+        out = await see(bridge, "third done")
+    assert asked(out) == [1, 2, 5]
+    decided = rows(tmp_path, "select number, state, decided_by, reason from approvals")
+    assert decided[2:4] == [
+        (3, "allowed", None, "allowed by rule 1 (Bash(touch made.txt))"),
+        (4, "denied", None, "a rule of this room denies it (Bash(rm -rf build))"),
+    ]
+    # claude was told why, in the tool result the model saw.
+    seen = [text for r in server.agent_requests for text in r.texts()]
+    assert any("a rule of this room denies it" in text for text in seen)
+    kept = rows(tmp_path, "select id, scope, effect, rule, revoked_by is not null from tool_rules")
+    assert kept == [
+        (1, "room", "allow", "Bash(touch made.txt)", 1),
+        (2, "room", "deny", "Bash(rm -rf build)", 0),
+    ]
+    assert not (tmp_path / "proj" / ".claude").exists()
