@@ -33,6 +33,8 @@ from bridge.tool_rules import rule_for
 
 log = logging.getLogger(__name__)
 
+KEPT = "Kept rule"
+
 
 @dataclass(slots=True)
 class ApprovalDesk:
@@ -75,6 +77,8 @@ class ApprovalDesk:
                 kept = await self._keep(sender, current, choice, for_room)
                 told = deny_message(reason) if choice is ApprovalChoice.DENY else ""
                 note = await self.live.decide(current, choice, sender, told)
+                if kept.startswith(KEPT):
+                    await self.live.apply_rules(current.room)
                 return " ".join(part for part in (outcome_text(current), kept, note) if part)
         # Someone else answered first (or it had ended): say how it stands.
         current = await self._current(approval)
@@ -111,7 +115,7 @@ class ApprovalDesk:
             log.warning("could not keep the rule of request #%d", approval.number, exc_info=True)
             return "No rule was kept: the database failed."
         where = "this session" if scope is RuleScope.SESSION else "this room"
-        return f"Kept rule {kept.id}: {effect.value} {code_span(rule)} in {where}."
+        return f"{KEPT} {kept.id}: {effect.value} {code_span(rule)} in {where}."
 
     async def expire_due(self) -> list[Approval]:
         """Deny every request nobody answered in time, telling claude it timed out."""

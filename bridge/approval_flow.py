@@ -104,7 +104,8 @@ class ApprovalFlow:
             expires_at=now + room.approval_timeout_s,
         )
         if approval.state is ApprovalState.PENDING and approval.message_id is None:
-            approval = await self._by_rule(approval, event)
+            # New (or never posted): the kept rules may decide it.
+            approval, _ = await self._by_rule(approval)
         choice = _CHOICES.get(approval.state)
         if choice is not None:
             # Decided before a restart, never received: say it again.
@@ -135,24 +136,40 @@ class ApprovalFlow:
             self._posting.discard(posting)
             posting.set_result(None)
 
-    async def _by_rule(self, approval: Approval, event: PermissionAsked) -> Approval:
-        """Decide a new request by the first kept rule that covers it; it as it stands."""
+    async def _by_rule(self, approval: Approval) -> tuple[Approval, bool]:
+        """Decide a pending request by the first kept rule that covers it: the request as
+        it stands now, and whether a rule decided it just now."""
         try:
             rules = await self.store.active_rules(approval.room, await self.session_of(approval))
         except StoreError:
             log.warning("could not read the rules of %s: the room is asked", approval.room)
-            return approval
-        rule = ruling(rules, event.tool_name, event.input)
+            return approval, False
+        rule = ruling(rules, approval.tool_name, parse_input(approval.input_json))
         if rule is None:
-            return approval
+            return approval, False
         if rule.effect is RuleEffect.DENY:
             state, why = ApprovalState.DENIED, f"a rule of this room denies it ({rule.rule})"
         else:
             state, why = ApprovalState.ALLOWED, f"allowed by rule {rule.id} ({rule.rule})"
         # Compare-and-set: if someone answered meanwhile, their answer stands.
-        await self.store.decide_approval(approval, state, None, self.wall_clock(), why)
+        decided = await self.store.decide_approval(approval, state, None, self.wall_clock(), why)
         current = await self.store.approval_by_number(approval.room, approval.number)
-        return approval if current is None else current
+        return (approval if current is None else current), decided
+
+    async def apply_rules(self, room: RoomKey) -> None:
+        """A rule was kept: the waiting requests of the room's runs here that it covers
+        are decided by it now (claude may have asked more than one at once)."""
+        for approval in await self.store.pending_approvals():
+            if approval.room.channel != room.channel:
+                continue
+            if self.runs.control(approval.room, approval.run_id) is None:
+                continue  # another replica's run, or one that ended: not answered from here
+            ruled, decided = await self._by_rule(approval)
+            if not decided:
+                continue
+            choice = _CHOICES[ruled.state]
+            told = deny_message(ruled.reason) if choice is ApprovalChoice.DENY else ""
+            await self.decide(ruled, choice, None, told)
 
     async def session_of(self, approval: Approval) -> SessionId | None:
         """The session the request's run writes to; if the run is not bound here, the

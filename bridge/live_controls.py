@@ -33,6 +33,10 @@ class LiveControls(Protocol):
         None if it is not known."""
         ...
 
+    async def apply_rules(self, room: RoomKey) -> None:
+        """A rule of ``room`` was just kept: decide by it the waiting requests it covers."""
+        ...
+
     async def room_session(self, room: RoomKey) -> SessionId | None:
         """The Claude session of ``room``'s conversation now: its running run's, else the
         one its next run resumes; None for none."""

@@ -105,6 +105,8 @@ class RuleCommands:
             created_by=message.sender,
             at=self.wall_clock(),
         )
+        if self.live is not None:
+            await self.live.apply_rules(message.room)
         await self.answer(
             message,
             f"Kept rule `{kept.id}`: {effect.value} {code_span(kept.rule)} in this room,"

@@ -39,6 +39,8 @@ class FakeLive:
     models: list[tuple[RoomKey, str]] = field(default_factory=list)
     modes: list[tuple[RoomKey, str]] = field(default_factory=list)
     session: SessionId | None = field(default_factory=lambda: SessionId("s-1"))
+    rules_applied: list[RoomKey] = field(default_factory=list)
+    """Rooms whose waiting requests were to be decided by a rule just kept."""
     """The Claude session the room's run writes to."""
 
     async def session_of(self, approval: Approval) -> SessionId | None:
@@ -46,6 +48,9 @@ class FakeLive:
 
     async def room_session(self, room: RoomKey) -> SessionId | None:
         return self.session
+
+    async def apply_rules(self, room: RoomKey) -> None:
+        self.rules_applied.append(room)
 
     async def decide(
         self, approval: Approval, choice: ApprovalChoice, sender: UserId | None, reason: str

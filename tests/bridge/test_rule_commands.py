@@ -17,8 +17,10 @@ async def test_approve_session_keeps_an_allow_rule_of_the_runs_session() -> None
         "Request `#1` (`Bash`): allowed for the session by `@bob:x`."
         " Kept rule 1: allow `Bash(make deploy)` in this session."
     )
-    # claude is told "allow", nothing else (the fake records the choice only).
+    # claude is told "allow", nothing else (the fake records the choice only); the
+    # room's other waiting requests are then checked against the new rule.
     assert room.live.decisions == [(1, ApprovalChoice.ALLOW_SESSION, BOB, "")]
+    assert room.live.rules_applied == [ROOM]
     [rule] = await room.store.active_rules(ROOM, SessionId("s-1"))
     assert (rule.scope, rule.session_id, rule.effect, rule.rule, rule.created_by) == (
         RuleScope.SESSION,
@@ -38,6 +40,7 @@ async def test_approve_session_without_a_known_session_keeps_no_rule() -> None:
     assert answer is not None
     assert "No rule was kept" in answer
     assert room.live.decisions == [(1, ApprovalChoice.ALLOW_SESSION, BOB, "")]
+    assert room.live.rules_applied == []
     assert await room.store.active_rules(ROOM, None) == []
 
 
