@@ -50,16 +50,18 @@ def bash(command: str) -> Turn:
     return Turn(tools=(ToolCall("Bash", {"command": command}),))
 
 
-def real_session(tmp_path: Path, server: ModelServer) -> ConsoleSession:
+def real_session(tmp_path: Path, server: ModelServer, home: str = "home") -> ConsoleSession:
+    """The console room on the real claude; ``home``: claude's home (a replica's own),
+    sessions carried between homes through the database."""
     project = tmp_path / "proj"
     project.mkdir(exist_ok=True)
     config = write_config(
         tmp_path,
         {
-            "runner": {"claude_bin": str(claude_bin())},
+            "runner": {"claude_bin": str(claude_bin()), "transcripts_in_db": True},
             "defaults": {"approve_tools": True, "cwd": str(project)},
         },
-        env=claude_env(server.url, tmp_path / "home"),
+        env=claude_env(server.url, tmp_path / home),
     )
     return ConsoleSession(load_settings(config))
 
@@ -174,3 +176,33 @@ async def test_room_rules_hold_across_sessions_until_revoked(tmp_path: Path) -> 
         (2, "room", "deny", "Bash(rm -rf build)", 0),
     ]
     assert not (tmp_path / "proj" / ".claude").exists()
+
+
+async def test_a_session_rule_holds_on_the_replica_that_resumes_the_session(
+    tmp_path: Path,
+) -> None:
+    script = [
+        bash("rm -rf build"),
+        Turn(text="first done"),
+        bash("rm -rf build"),
+        bash("touch other.txt"),
+        Turn(text="second done"),
+    ]
+    async with ModelServer(script) as server:
+        async with real_session(tmp_path, server, "home-a") as first:
+            first.send("clean up")
+            await see(first, "(request `#1`")
+            first.send("!approve session #1")
+            await see(first, "first done")
+            await first.finish()
+        # Another replica (its own claude home, the same database) resumes the session.
+        async with real_session(tmp_path, server, "home-b") as second:
+            second.send("again")
+            await see(second, "(request `#3`")
+            out = second.out.getvalue()
+            assert "touch other.txt" in out.rsplit("(request `#3`", 1)[1]
+            assert "(request `#2`" not in out
+            second.send("!approve #3")
+            await see(second, "second done")
+    decided = rows(tmp_path, "select number, state, reason from approvals")
+    assert decided[1] == (2, "allowed", "allowed by rule 1 (Bash(rm -rf build))")
