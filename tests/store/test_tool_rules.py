@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from bridge.core.model import RoomId, RoomKey, SessionId, TransportName, UserId
@@ -110,3 +112,16 @@ async def test_a_session_rule_without_its_session_is_refused(store: InspectableS
             created_by=ALICE,
             at=1.0,
         )
+
+
+async def test_of_two_revokes_at_once_one_revokes_and_one_row_is_audited(
+    store: InspectableStore,
+) -> None:
+    kept = await keep(store, "Bash(npm test:*)")
+    first, second = await asyncio.gather(
+        store.revoke_rule(ROOM, kept.id, ALICE, 110.0),
+        store.revoke_rule(ROOM, kept.id, BOB, 111.0),
+    )
+    assert [r is not None for r in (first, second)].count(True) == 1
+    trail = await store.audit_trail(room=ROOM)
+    assert [a.action for a in trail].count(AuditAction.RULE_REVOKED) == 1
