@@ -28,12 +28,11 @@ from bridge.store.base import (
     RuleScope,
     Store,
     StoreError,
+    ToolRule,
 )
 from bridge.tool_rules import rule_for
 
 log = logging.getLogger(__name__)
-
-KEPT = "Kept rule"
 
 
 @dataclass(slots=True)
@@ -74,33 +73,34 @@ class ApprovalDesk:
             )
             if decided:
                 current = await self._current(approval)
-                kept = await self._keep(sender, current, choice, for_room)
+                kept, said = await self._keep(sender, current, choice, for_room)
                 told = deny_message(reason) if choice is ApprovalChoice.DENY else ""
                 note = await self.live.decide(current, choice, sender, told)
-                if kept.startswith(KEPT):
+                if kept is not None:
                     await self.live.apply_rules(current.room)
-                return " ".join(part for part in (outcome_text(current), kept, note) if part)
+                return " ".join(part for part in (outcome_text(current), said, note) if part)
         # Someone else answered first (or it had ended): say how it stands.
         current = await self._current(approval)
         return f"Already answered. {outcome_text(current)}"
 
     async def _keep(
         self, sender: UserId, approval: Approval, choice: ApprovalChoice, for_room: bool
-    ) -> str:
-        """Keep the rule the answer asked for, if any; what to tell the room of it."""
+    ) -> tuple[ToolRule | None, str]:
+        """Keep the rule the answer asked for, if any: the rule kept, and what to tell
+        the room of it."""
         if for_room:
             scope = RuleScope.ROOM
         elif choice is ApprovalChoice.ALLOW_SESSION:
             scope = RuleScope.SESSION
         else:
-            return ""
+            return None, ""
         effect = RuleEffect.DENY if choice is ApprovalChoice.DENY else RuleEffect.ALLOW
         rule = str(rule_for(approval.tool_name, parse_input(approval.input_json)))
         session = None
         if scope is RuleScope.SESSION:
             session = await self.live.session_of(approval)
             if session is None:
-                return "No rule was kept: the run's Claude session is not known."
+                return None, "No rule was kept: the run's Claude session is not known."
         try:
             kept = await self.store.add_rule(
                 approval.room,
@@ -113,9 +113,9 @@ class ApprovalDesk:
             )
         except StoreError:
             log.warning("could not keep the rule of request #%d", approval.number, exc_info=True)
-            return "No rule was kept: the database failed."
+            return None, "No rule was kept: the database failed."
         where = "this session" if scope is RuleScope.SESSION else "this room"
-        return f"{KEPT} {kept.id}: {effect.value} {code_span(rule)} in {where}."
+        return kept, f"Kept rule {kept.id}: {effect.value} {code_span(rule)} in {where}."
 
     async def expire_due(self) -> list[Approval]:
         """Deny every request nobody answered in time, telling claude it timed out."""
