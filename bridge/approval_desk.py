@@ -30,7 +30,7 @@ from bridge.store.base import (
     StoreError,
     ToolRule,
 )
-from bridge.tool_rules import rule_for
+from bridge.tool_rules import keepable, rule_for
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,10 @@ class ApprovalDesk:
         else:
             return None, ""
         effect = RuleEffect.DENY if choice is ApprovalChoice.DENY else RuleEffect.ALLOW
-        rule = str(rule_for(approval.tool_name, parse_input(approval.input_json)))
+        wanted = rule_for(approval.tool_name, parse_input(approval.input_json))
+        if not keepable(wanted):
+            return None, "No rule was kept: the use is too long to keep as a rule."
+        rule = str(wanted)
         session = None
         if scope is RuleScope.SESSION:
             session = await self.live.session_of(approval)

@@ -18,7 +18,7 @@ from bridge.core.model import Message
 from bridge.duration import format_duration
 from bridge.live_controls import LiveControls
 from bridge.store.base import RuleEffect, RuleScope, Store, ToolRule
-from bridge.tool_rules import parse_rule
+from bridge.tool_rules import keepable, parse_rule
 
 _ID = re.compile(r"#?([0-9]{1,12})")
 REVOKE_WORD = "revoke"
@@ -93,7 +93,7 @@ class RuleCommands:
         if not await self.approver(message):
             return
         rule = parse_rule(argument)
-        if rule is None:
+        if rule is None or not keepable(rule):
             await self.answer(message, f"{code_span(argument)} is not a rule. {self._usage()}")
             return
         kept = await self.store.add_rule(

@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from bridge.store.base import RuleEffect, ToolRule
+from bridge.store.rules import RULE_LIMIT_BYTES
 
 _RULE = re.compile(r"(?P<tool>[A-Za-z_][A-Za-z0-9_.:-]{0,199})(?:\((?P<pattern>.*)\))?", re.DOTALL)
 _PATH_TOOLS = frozenset({"Read", "Edit", "MultiEdit", "Write", "NotebookEdit"})
@@ -39,6 +40,11 @@ class RuleText:
 
     def __str__(self) -> str:
         return self.tool if self.pattern is None else f"{self.tool}({self.pattern})"
+
+
+def keepable(rule: RuleText) -> bool:
+    """Whether the store keeps ``rule`` (a command of many KB is asked each time)."""
+    return len(str(rule).encode()) <= RULE_LIMIT_BYTES
 
 
 def parse_rule(text: str) -> RuleText | None:

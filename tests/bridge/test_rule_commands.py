@@ -3,7 +3,9 @@ audited (commands against the memory store; the live run is a fake)."""
 
 from __future__ import annotations
 
-from bridge.core.model import SessionId
+import json
+
+from bridge.core.model import RunId, SessionId
 from bridge.core.transport import ApprovalChoice
 from bridge.store.base import AuditAction, RuleEffect, RuleScope
 from tests.bridge.test_approval_commands import ALICE, BOB, ROOM, make_room
@@ -115,3 +117,24 @@ async def test_only_approvers_keep_rules_and_only_rules_are_kept() -> None:
     assert not_a_rule.startswith("`Bash(` is not a rule.")
     assert (await room.say(BOB, "!rules forget 1") or "").startswith("Say `!rules`")
     assert await room.store.active_rules(ROOM, None) == []
+
+
+async def test_a_use_too_long_for_a_rule_is_allowed_once_and_no_rule_is_kept() -> None:
+    room = make_room()
+    await room.store.add_approval(
+        ROOM,
+        RunId("run-1"),
+        "r1",
+        tool_name="Bash",
+        input_json=json.dumps({"command": "echo " + "x" * 5000}),
+        asked_at=room.now[0],
+        expires_at=room.now[0] + 900,
+    )
+    answer = await room.say(BOB, "!approve session #1")
+    assert answer is not None
+    assert answer.endswith("No rule was kept: the use is too long to keep as a rule.")
+    assert room.live.decisions == [(1, ApprovalChoice.ALLOW_SESSION, BOB, "")]
+    too_long = await room.say(BOB, "!rules allow Bash(" + "x" * 5000 + ")")
+    assert too_long is not None
+    assert "is not a rule" in too_long
+    assert await room.store.active_rules(ROOM, SessionId("s-1")) == []
