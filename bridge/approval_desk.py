@@ -2,22 +2,37 @@
 
 Each answer is judged (:mod:`bridge.approvals`), recorded by the store's
 compare-and-set, and only then handed to the run: of two approvers
-answering at once, exactly one reaches claude.
+answering at once, exactly one reaches claude. An answer for the session
+(``!approve session``, the button, the reaction) or for the room
+(``!approve always``, ``!deny always``) also keeps a rule of chatbridge's own
+(:mod:`bridge.tool_rules`): claude is still told only "allow this input".
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bridge.approval_text import outcome_text
+from bridge.approval_text import code_span, outcome_text, parse_input
 from bridge.approvals import Verdict, deny_message, judge, refusal, state_of, timeout_message
 from bridge.config import RoomSettings
 from bridge.core.model import RoomKey, UserId
 from bridge.core.transport import ApprovalChoice
 from bridge.live_controls import LiveControls
-from bridge.store.base import Approval, ApprovalState, Store
+from bridge.store.base import (
+    Approval,
+    ApprovalState,
+    RuleEffect,
+    RuleScope,
+    Store,
+    StoreError,
+    ToolRule,
+)
+from bridge.tool_rules import keepable, rule_for
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -32,9 +47,19 @@ class ApprovalDesk:
     """Expires only the requests of conversations this process runs (replicas)."""
 
     async def answer(
-        self, sender: UserId, approval: Approval, choice: ApprovalChoice, reason: str = ""
+        self,
+        sender: UserId,
+        approval: Approval,
+        choice: ApprovalChoice,
+        reason: str = "",
+        *,
+        for_room: bool = False,
     ) -> str | None:
-        """Take ``sender``'s answer to ``approval``; returns what to tell them (None: nothing)."""
+        """Take ``sender``'s answer to ``approval``; returns what to tell them (None: nothing).
+
+        ``for_room``: keep the answer as a rule of the room (allow or deny);
+        ``ALLOW_SESSION`` keeps an allow rule of the run's session.
+        """
         settings = self.rooms(approval.room)
         if settings is None:
             return None
@@ -48,12 +73,52 @@ class ApprovalDesk:
             )
             if decided:
                 current = await self._current(approval)
+                kept, said = await self._keep(sender, current, choice, for_room)
                 told = deny_message(reason) if choice is ApprovalChoice.DENY else ""
                 note = await self.live.decide(current, choice, sender, told)
-                return f"{outcome_text(current)} {note}".rstrip()
+                if kept is not None:
+                    await self.live.apply_rules(current.room)
+                return " ".join(part for part in (outcome_text(current), said, note) if part)
         # Someone else answered first (or it had ended): say how it stands.
         current = await self._current(approval)
         return f"Already answered. {outcome_text(current)}"
+
+    async def _keep(
+        self, sender: UserId, approval: Approval, choice: ApprovalChoice, for_room: bool
+    ) -> tuple[ToolRule | None, str]:
+        """Keep the rule the answer asked for, if any: the rule kept, and what to tell
+        the room of it."""
+        if for_room:
+            scope = RuleScope.ROOM
+        elif choice is ApprovalChoice.ALLOW_SESSION:
+            scope = RuleScope.SESSION
+        else:
+            return None, ""
+        effect = RuleEffect.DENY if choice is ApprovalChoice.DENY else RuleEffect.ALLOW
+        wanted = rule_for(approval.tool_name, parse_input(approval.input_json))
+        if not keepable(wanted):
+            return None, "No rule was kept: the use is too long to keep as a rule."
+        rule = str(wanted)
+        session = None
+        if scope is RuleScope.SESSION:
+            session = await self.live.session_of(approval)
+            if session is None:
+                return None, "No rule was kept: the run's Claude session is not known."
+        try:
+            kept = await self.store.add_rule(
+                approval.room,
+                scope=scope,
+                effect=effect,
+                rule=rule,
+                session_id=session,
+                created_by=sender,
+                at=self.wall_clock(),
+            )
+        except StoreError:
+            log.warning("could not keep the rule of request #%d", approval.number, exc_info=True)
+            return None, "No rule was kept: the database failed."
+        where = "this session" if scope is RuleScope.SESSION else "this room"
+        return kept, f"Kept rule {kept.id}: {effect.value} {code_span(rule)} in {where}."
 
     async def expire_due(self) -> list[Approval]:
         """Deny every request nobody answered in time, telling claude it timed out."""

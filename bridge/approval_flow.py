@@ -12,6 +12,12 @@ also shows the request as decided.
 A request already decided when it is asked again (the decision was recorded
 but the bridge stopped before claude got it) is answered again from the
 record: claude never waits on an answer the room already gave.
+
+A new request that one of chatbridge's kept rules covers (the room's, or the
+run's session's; :mod:`bridge.tool_rules`) is decided by the rule, recorded
+and audited like any answer, and is not posted. A deny rule wins over an
+allow rule. claude is only ever told "allow this input" or "deny": never a
+rule, a settings change or a permission mode.
 """
 
 from __future__ import annotations
@@ -33,11 +39,12 @@ from bridge.approvals import (
     timeout_message,
 )
 from bridge.config import Settings
-from bridge.core.model import Batch, ReplyKind, RoomKey, RunId, UserId
+from bridge.core.model import Batch, ReplyKind, RoomKey, RunId, SessionId, UserId
 from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
 from bridge.live_runs import LiveRuns
 from bridge.replies import Replier, in_conversation
-from bridge.store.base import Approval, ApprovalState, Store, StoreError
+from bridge.store.base import Approval, ApprovalState, RuleEffect, Store, StoreError
+from bridge.tool_rules import ruling
 from runner.control import Allow, ControlError, Deny, InputClosed, RunControl
 from runner.events import PermissionAsked
 
@@ -96,6 +103,9 @@ class ApprovalFlow:
             asked_at=now,
             expires_at=now + room.approval_timeout_s,
         )
+        if approval.state is ApprovalState.PENDING and approval.message_id is None:
+            # New (or never posted): the kept rules may decide it.
+            approval, _ = await self._by_rule(approval)
         choice = _CHOICES.get(approval.state)
         if choice is not None:
             # Decided before a restart, never received: say it again.
@@ -125,6 +135,53 @@ class ApprovalFlow:
         finally:
             self._posting.discard(posting)
             posting.set_result(None)
+
+    async def _by_rule(self, approval: Approval) -> tuple[Approval, bool]:
+        """Decide a pending request by the first kept rule that covers it: the request as
+        it stands now, and whether a rule decided it just now."""
+        try:
+            rules = await self.store.active_rules(approval.room, await self.session_of(approval))
+        except StoreError:
+            log.warning("could not read the rules of %s: the room is asked", approval.room)
+            return approval, False
+        rule = ruling(rules, approval.tool_name, parse_input(approval.input_json))
+        if rule is None:
+            return approval, False
+        if rule.effect is RuleEffect.DENY:
+            state, why = ApprovalState.DENIED, f"a rule of this room denies it ({rule.rule})"
+        else:
+            state, why = ApprovalState.ALLOWED, f"allowed by rule {rule.id} ({rule.rule})"
+        # Compare-and-set: if someone answered meanwhile, their answer stands.
+        decided = await self.store.decide_approval(approval, state, None, self.wall_clock(), why)
+        current = await self.store.approval_by_number(approval.room, approval.number)
+        return (approval if current is None else current), decided
+
+    async def apply_rules(self, room: RoomKey) -> None:
+        """A rule was kept: the waiting requests of the room's runs here that it covers
+        are decided by it now (claude may have asked more than one at once)."""
+        for approval in await self.store.pending_approvals():
+            if approval.room.channel != room.channel:
+                continue
+            if self.runs.control(approval.room, approval.run_id) is None:
+                continue  # another replica's run, or one that ended: not answered from here
+            ruled, decided = await self._by_rule(approval)
+            if not decided:
+                continue
+            choice = _CHOICES[ruled.state]
+            told = deny_message(ruled.reason) if choice is ApprovalChoice.DENY else ""
+            await self.decide(ruled, choice, None, told)
+
+    async def session_of(self, approval: Approval) -> SessionId | None:
+        """The session the request's run writes to; if the run is not bound here, the
+        conversation's (a run that ended leaves it as the next run resumes it)."""
+        session = self.runs.session(approval.room, approval.run_id)
+        if session is None and self.runs.control(approval.room, approval.run_id) is None:
+            session = await self.store.get_session(approval.room)
+        return session
+
+    async def room_session(self, room: RoomKey) -> SessionId | None:
+        session = self.runs.session(room)
+        return session if session is not None else await self.store.get_session(room)
 
     async def run_ended(self, room: RoomKey, run_id: RunId, how: str) -> None:
         """The run is over: what it still waited on can no longer be answered."""
@@ -232,9 +289,10 @@ class ApprovalFlow:
         if choice is ApprovalChoice.DENY:
             decision = Deny(told)
         else:
+            # The input as asked, and nothing more: claude's permission suggestions
+            # (rules for its settings files, a mode) are never sent back.
             tool_input = asked.input if asked is not None else parse_input(approval.input_json)
-            session = choice is ApprovalChoice.ALLOW_SESSION and asked is not None
-            decision = Allow(tool_input, asked.suggestions if session and asked else ())
+            decision = Allow(tool_input)
         try:
             delivered = control.answer(approval.request_id, decision)
         except InputClosed:

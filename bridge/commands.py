@@ -1,5 +1,5 @@
 """Chat commands: ``!stop``, ``!status``, ``!reset``, ``!retry``, ``!help``, and for live
-runs ``!approve``, ``!deny``, ``!model``, ``!mode``.
+runs ``!approve``, ``!deny``, ``!rules``, ``!model``, ``!mode``.
 
 Commands are handled the moment they arrive, even during a run, and never
 become part of a batch.
@@ -24,6 +24,7 @@ from bridge.core.text import safe_text
 from bridge.core.transport import ApprovalChoice
 from bridge.duration import format_duration
 from bridge.live_controls import LiveControls
+from bridge.rule_commands import RuleCommands
 from bridge.store.base import AuditAction, RunRecord, Store, StoreError
 from bridge.worktrees import Worktree, Worktrees, worktree_of
 from dispatcher import Dispatcher, RoomStatus, StopResult
@@ -38,6 +39,7 @@ class CommandName(StrEnum):
     RETRY = "retry"
     APPROVE = "approve"
     DENY = "deny"
+    RULES = "rules"
     MODEL = "model"
     MODE = "mode"
     HELP = "help"
@@ -55,10 +57,19 @@ _SUMMARY: dict[CommandName, str] = {
         " (`{p}retry RUN` names an earlier one; `{p}status` lists them)"
     ),
     CommandName.APPROVE: (
-        "allow a tool request: `{p}approve #N`, or `{p}approve session #N` to allow uses"
-        " like it for the rest of the session; without `#N` the oldest waiting one"
+        "allow a tool request: `{p}approve #N`; `{p}approve session #N` also keeps a rule"
+        " allowing the same use in this Claude session (until `{p}reset`), `{p}approve always"
+        " #N` in this room (until revoked); without `#N` the oldest waiting one (approvers)"
     ),
-    CommandName.DENY: "deny a tool request: `{p}deny #N reason` (reason and `#N` optional)",
+    CommandName.DENY: (
+        "deny a tool request: `{p}deny #N reason` (reason and `#N` optional);"
+        " `{p}deny always #N reason` also keeps a rule denying the same use in this room"
+    ),
+    CommandName.RULES: (
+        "list the tool rules that hold here; `{p}rules revoke N` ends one,"
+        " `{p}rules allow RULE` / `{p}rules deny RULE` keep one for the room, e.g."
+        " `Bash(npm test:*)` (approvers)"
+    ),
     CommandName.MODEL: (
         "show the model of this room's runs; `{p}model NAME` sets it, for the running run"
         " from its next step and for the next runs, `{p}model reset` goes back to the"
@@ -99,36 +110,49 @@ class Decision:
     choice: ApprovalChoice
     number: int | None
     reason: str = ""
+    for_room: bool = False
+    """``always``: keep the answer as a rule of the room."""
+
+
+ALWAYS_WORD = "always"
+"""``!approve always`` / ``!deny always``: the answer becomes a rule of the room."""
 
 
 def parse_decision(command: Command) -> Decision | None:
     """The answer in an ``!approve`` or ``!deny`` command; None when it is malformed.
 
     Ids start with ``#``: ``!deny 3 tries is enough`` denies the oldest
-    request with that reason, never request 3. ``!approve`` takes only
-    ``session`` and an id, in either order.
+    request with that reason, never request 3. ``!deny`` takes ``always``
+    as its first word; ``!approve`` takes only one of ``session`` and
+    ``always``, and an id, in either order.
     """
     if command.name is CommandName.DENY:
         first, *after = command.rest.split(maxsplit=1) or [""]
+        for_room = first.lower() == ALWAYS_WORD
+        rest = " ".join(after) if for_room else command.rest
+        first, *after = rest.split(maxsplit=1) or [""]
         if first.startswith("#"):
             match = _NUMBER.fullmatch(first)
             if match is None:
                 return None
-            return Decision(ApprovalChoice.DENY, int(match[1]), _reason(" ".join(after)))
-        return Decision(ApprovalChoice.DENY, None, _reason(command.rest))
+            reason = _reason(" ".join(after))
+            return Decision(ApprovalChoice.DENY, int(match[1]), reason, for_room)
+        return Decision(ApprovalChoice.DENY, None, _reason(rest), for_room)
     if command.name is not CommandName.APPROVE:
         return None
     number: int | None = None
-    session = False
+    scope = ""
     for word in command.rest.split():
         match = _NUMBER.fullmatch(word)
-        if word.lower() == "session" and not session:
-            session = True
+        if word.lower() in ("session", ALWAYS_WORD) and not scope:
+            scope = word.lower()
         elif match is not None and number is None:
             number = int(match[1])
         else:
             return None
-    return Decision(ApprovalChoice.ALLOW_SESSION if session else ApprovalChoice.ALLOW, number)
+    if scope == "session":
+        return Decision(ApprovalChoice.ALLOW_SESSION, number)
+    return Decision(ApprovalChoice.ALLOW, number, for_room=scope == ALWAYS_WORD)
 
 
 def _reason(text: str) -> str:
@@ -290,6 +314,16 @@ class CommandHandler:
                 await self._retry(message, command.argument)
             case CommandName.APPROVE | CommandName.DENY:
                 await self._decide(command, message)
+            case CommandName.RULES:
+                rules = RuleCommands(
+                    self.store,
+                    self.prefix,
+                    self.answer,
+                    self._approver,
+                    self.live,
+                    self.wall_clock,
+                )
+                await rules.handle(message, command.rest)
             case CommandName.MODEL:
                 await self._model(message, command.rest)
             case CommandName.MODE:
@@ -549,7 +583,8 @@ class CommandHandler:
             p = self.prefix
             await self.answer(
                 message,
-                f"Say `{p}approve #N`, `{p}approve session #N` or `{p}deny #N reason`"
+                f"Say `{p}approve #N`, `{p}approve session #N`, `{p}approve always #N`,"
+                f" `{p}deny #N reason` or `{p}deny always #N reason`"
                 " (ids start with `#`; without one, the oldest waiting request).",
             )
             return
@@ -570,7 +605,13 @@ class CommandHandler:
                 return
             approval = found
         desk = ApprovalDesk(self.store, self.rooms, self.live, self.refused, self.wall_clock)
-        text = await desk.answer(message.sender, approval, decision.choice, decision.reason)
+        text = await desk.answer(
+            message.sender,
+            approval,
+            decision.choice,
+            decision.reason,
+            for_room=decision.for_room,
+        )
         if text is not None:
             await self.answer(message, text)
 

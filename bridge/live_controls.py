@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from bridge.core.model import RoomKey, UserId
+from bridge.core.model import RoomKey, SessionId, UserId
 from bridge.core.transport import ApprovalChoice
 from bridge.store.base import Approval
 
@@ -26,6 +26,20 @@ class LiveControls(Protocol):
         note for the room ("" when there is nothing to add, e.g. "the run
         had already ended").
         """
+        ...
+
+    async def session_of(self, approval: Approval) -> SessionId | None:
+        """The Claude session the request's run writes to (where a session rule holds);
+        None if it is not known."""
+        ...
+
+    async def apply_rules(self, room: RoomKey) -> None:
+        """A rule of ``room`` was just kept: decide by it the waiting requests it covers."""
+        ...
+
+    async def room_session(self, room: RoomKey) -> SessionId | None:
+        """The Claude session of ``room``'s conversation now: its running run's, else the
+        one its next run resumes; None for none."""
         ...
 
     async def set_model(self, room: RoomKey, name: str) -> str:

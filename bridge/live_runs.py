@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bridge.core.model import RoomKey, RunId
+from bridge.core.model import RoomKey, RunId, SessionId
 from runner.control import RunControl
 from runner.events import PermissionAsked
 
@@ -21,7 +21,9 @@ class _Bound:
     run_id: RunId
     control: RunControl
     asked: dict[str, PermissionAsked] = field(default_factory=dict)
-    """claude's requests by id: an "allow for this session" sends back their suggestions."""
+    """claude's requests by id: an answer allows the input claude asked with."""
+    session: SessionId | None = None
+    """The Claude session the run writes to (its ``init``): session rules hold in it."""
 
 
 @dataclass(slots=True)
@@ -53,3 +55,17 @@ class LiveRuns:
         if bound is None or bound.run_id != run_id:
             return None
         return bound.asked.get(request_id)
+
+    def started(self, room: RoomKey, run_id: RunId, session: SessionId) -> None:
+        """The run writes to ``session`` (claude's ``init``)."""
+        bound = self._rooms.get(room)
+        if bound is not None and bound.run_id == run_id:
+            bound.session = session
+
+    def session(self, room: RoomKey, run_id: RunId | None = None) -> SessionId | None:
+        """The session the room's run (only if it is ``run_id``, when given) writes to;
+        None if unknown or no such run is bound."""
+        bound = self._rooms.get(room)
+        if bound is None or (run_id is not None and bound.run_id != run_id):
+            return None
+        return bound.session

@@ -950,6 +950,7 @@ class RunExecutor:
                         )
                 case Init(session_id=sid):
                     live.init = event
+                    self.live_runs.started(run.batch.room, run.id, sid)
                     log.debug("the run writes to session %s", sid)
                 case ToolUse(name=name, input=tool_input) if live.position > live.shown:
                     # (A reattached run replays its journal: what the room saw is not shown again.)

@@ -61,6 +61,10 @@ class AuditAction(StrEnum):
     """The run ended (or was stopped) while the request waited."""
     ROOM_OVERRIDE_SET = "room_override_set"
     """``!model`` or ``!mode`` changed what the room's runs use (detail: which, to what)."""
+    RULE_ADDED = "rule_added"
+    """A tool rule was kept (detail: its number, scope, effect and text)."""
+    RULE_REVOKED = "rule_revoked"
+    """``!rules revoke N`` ended a rule."""
     SCHEDULE_NOT_RUN = "schedule_not_run"
     """A schedule's firing was skipped (room busy) or missed (chatbridge was down);
     actor: the schedule; detail: the firing's time and why. A run firing is a message."""
@@ -171,6 +175,40 @@ class Approval:
     decided_at: float | None
     reason: str
     """Why it was denied or cancelled; empty otherwise."""
+
+
+class RuleScope(StrEnum):
+    """How long and where a tool rule holds (docs/live-runs.md)."""
+
+    SESSION = "session"
+    """The conversation's Claude session: every run resuming it; ``!reset`` ends it."""
+    ROOM = "room"
+    """Every conversation of the room, until revoked."""
+
+
+class RuleEffect(StrEnum):
+    ALLOW = "allow"
+    DENY = "deny"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRule:
+    """A rule chatbridge keeps and applies itself to claude's tool requests."""
+
+    id: int
+    """The number ``!rules revoke N`` takes; never reused."""
+    room: RoomKey
+    """The room (its channel, for a thread conversation's rule)."""
+    scope: RuleScope
+    session_id: SessionId | None
+    """The session a session rule holds in; None for a room rule."""
+    effect: RuleEffect
+    rule: str
+    """In claude's rule syntax: ``Bash(npm test:*)`` (bridge/tool_rules.py)."""
+    created_by: UserId
+    created_at: float
+    revoked_by: UserId | None = None
+    revoked_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -561,6 +599,37 @@ class Store(Protocol):
         They stay pending: the caller denies each with ``decide_approval``
         (state ``expired``) and tells its run.
         """
+        ...
+
+    # Tool rules (docs/live-runs.md)
+
+    async def add_rule(
+        self,
+        room: RoomKey,
+        *,
+        scope: RuleScope,
+        effect: RuleEffect,
+        rule: str,
+        session_id: SessionId | None,
+        created_by: UserId,
+        at: float,
+    ) -> ToolRule:
+        """Keep a rule for ``room``'s channel, audited (``rule_added``), atomically.
+
+        A session rule needs ``session_id``; a room rule takes none.
+        """
+        ...
+
+    async def active_rules(self, room: RoomKey, session_id: SessionId | None) -> list[ToolRule]:
+        """The unrevoked rules of ``room``'s channel that hold now: its room rules, and
+        the session rules of ``session_id`` (none if None); oldest first."""
+        ...
+
+    async def revoke_rule(
+        self, room: RoomKey, rule_id: int, actor: UserId, at: float
+    ) -> ToolRule | None:
+        """End rule ``rule_id`` of ``room``'s channel, audited (``rule_revoked``); it as
+        revoked, or None if the channel has no such unrevoked rule (compare-and-set)."""
         ...
 
     async def audit(

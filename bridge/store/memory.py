@@ -37,8 +37,11 @@ from bridge.store.base import (
     OutboxEntry,
     RegisteredRun,
     RoomOverrides,
+    RuleEffect,
+    RuleScope,
     RunRecord,
     StoreError,
+    ToolRule,
     TranscriptStamp,
 )
 from bridge.store.rules import (
@@ -51,7 +54,9 @@ from bridge.store.rules import (
     finished_message_state,
     ignored_detail,
     require_decision,
+    require_rule,
     require_storable,
+    rule_detail,
 )
 
 _DedupKey = tuple[RoomKey, ExternalMessageId]
@@ -83,6 +88,7 @@ class MemoryStore:
         self._last_number: dict[RoomKey, int] = {}
         self._schedule_marks: dict[str, float] = {}
         self._next_approval = 1
+        self._rules: dict[int, ToolRule] = {}
         self._audit: list[AuditRecord] = []
         self._outbox: dict[int, OutboxEntry] = {}
         # The budget ledger: (room, ended at, cost) by run.
@@ -768,6 +774,64 @@ class MemoryStore:
             for a in self._approvals.values()
             if a.state is ApprovalState.PENDING and a.expires_at <= now
         ]
+
+    # Tool rules
+
+    async def add_rule(
+        self,
+        room: RoomKey,
+        *,
+        scope: RuleScope,
+        effect: RuleEffect,
+        rule: str,
+        session_id: SessionId | None,
+        created_by: UserId,
+        at: float,
+    ) -> ToolRule:
+        """Keep a rule for the room's channel, audited."""
+        self._check_open()
+        require_rule(scope, session_id, rule)
+        require_storable(rule)
+        kept = ToolRule(
+            len(self._rules) + 1, room.channel, scope, session_id, effect, rule, created_by, at
+        )
+        self._rules[kept.id] = kept
+        self._write_audit(
+            AuditAction.RULE_ADDED, at, room=kept.room, actor=created_by, detail=rule_detail(kept)
+        )
+        return kept
+
+    async def active_rules(self, room: RoomKey, session_id: SessionId | None) -> list[ToolRule]:
+        """The channel's unrevoked room rules and ``session_id``'s, oldest first."""
+        self._check_open()
+        return [
+            r
+            for r in self._rules.values()
+            if r.room == room.channel
+            and r.revoked_at is None
+            and (
+                r.scope is RuleScope.ROOM or (session_id is not None and r.session_id == session_id)
+            )
+        ]
+
+    async def revoke_rule(
+        self, room: RoomKey, rule_id: int, actor: UserId, at: float
+    ) -> ToolRule | None:
+        """End an unrevoked rule of the channel, audited; it, or None."""
+        self._check_open()
+        stored = self._rules.get(rule_id)
+        if stored is None or stored.room != room.channel or stored.revoked_at is not None:
+            return None
+        revoked = replace(stored, revoked_by=actor, revoked_at=at)
+        self._rules[rule_id] = revoked
+        self._write_audit(
+            AuditAction.RULE_REVOKED,
+            at,
+            room=revoked.room,
+            actor=actor,
+            detail=rule_detail(revoked),
+        )
+        return revoked
 
     async def audit(
         self,

@@ -8,8 +8,15 @@ from __future__ import annotations
 
 import secrets
 
-from bridge.core.model import MessageState, RunStatus
-from bridge.store.base import Approval, ApprovalState, AuditAction, StoreError
+from bridge.core.model import MessageState, RunStatus, SessionId
+from bridge.store.base import (
+    Approval,
+    ApprovalState,
+    AuditAction,
+    RuleScope,
+    StoreError,
+    ToolRule,
+)
 
 EXCERPT_LIMIT_BYTES = 4096
 """Upper bound, in UTF-8 bytes, of the result and error text kept per run."""
@@ -104,3 +111,21 @@ def approval_detail(approval: Approval, state: ApprovalState, reason: str = "") 
     """Audit detail of a request's step: which request, which tool, what became of it."""
     detail = f"#{approval.number} {approval.tool_name} {state.value}"
     return f"{detail}: {reason}" if reason else detail
+
+
+RULE_LIMIT_BYTES = 4096
+"""Upper bound of a kept rule's text (a long command, exactly)."""
+
+
+def require_rule(scope: RuleScope, session_id: SessionId | None, rule: str) -> None:
+    """Refuse a rule no store keeps: a caller's bug, not data."""
+    if (scope is RuleScope.SESSION) != (session_id is not None):
+        raise ValueError("a session rule needs its session, a room rule takes none")
+    if not rule or len(rule.encode()) > RULE_LIMIT_BYTES:
+        raise ValueError("a rule's text is empty or too long")
+
+
+def rule_detail(rule: ToolRule) -> str:
+    """Audit detail of a rule's step: which rule, of what scope, what it says."""
+    detail = f"rule {rule.id} {rule.scope.value} {rule.effect.value} {rule.rule}"
+    return excerpt(detail, RULE_LIMIT_BYTES)

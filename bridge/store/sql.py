@@ -78,8 +78,11 @@ from bridge.store.base import (
     OutboxEntry,
     RegisteredRun,
     RoomOverrides,
+    RuleEffect,
+    RuleScope,
     RunRecord,
     StoreError,
+    ToolRule,
     TranscriptStamp,
 )
 from bridge.store.batching import Committing, Failed, GroupCommit
@@ -110,6 +113,8 @@ from bridge.store.rules import (
     finished_message_state,
     ignored_detail,
     require_decision,
+    require_rule,
+    rule_detail,
 )
 from bridge.store.tables import (
     ApprovalRow,
@@ -125,6 +130,7 @@ from bridge.store.tables import (
     ScheduleMarkRow,
     SessionTranscriptRow,
     SpendRow,
+    ToolRuleRow,
 )
 from bridge.store.transactions import Body, InThreads, OnDriver, Transactions
 
@@ -1565,6 +1571,108 @@ class SqlStore:
 
     # Audit
 
+    # Tool rules
+
+    async def add_rule(
+        self,
+        room: RoomKey,
+        *,
+        scope: RuleScope,
+        effect: RuleEffect,
+        rule: str,
+        session_id: SessionId | None,
+        created_by: UserId,
+        at: float,
+    ) -> ToolRule:
+        """Keep a rule for the room's channel, audited, in one transaction."""
+        require_rule(scope, session_id, rule)
+        channel = room.channel
+
+        def body(s: Session) -> ToolRule:
+            row = ToolRuleRow(
+                transport=channel.transport,
+                room_id=_stored_id(channel),
+                scope=scope.value,
+                session_id=session_id,
+                effect=effect.value,
+                rule=rule,
+                created_by=created_by,
+                created_at=at,
+            )
+            s.add(row)
+            s.flush()
+            kept = _tool_rule(row)
+            s.add(
+                _audit_row(
+                    AuditAction.RULE_ADDED,
+                    at,
+                    room=channel,
+                    actor=created_by,
+                    detail=rule_detail(kept),
+                )
+            )
+            return kept
+
+        return await self._write(body)
+
+    async def active_rules(self, room: RoomKey, session_id: SessionId | None) -> list[ToolRule]:
+        """The channel's unrevoked room rules and ``session_id``'s, oldest first."""
+        channel = room.channel
+        scoped = ToolRuleRow.scope == RuleScope.ROOM.value
+        if session_id is not None:
+            scoped = scoped | (ToolRuleRow.session_id == session_id)
+        query = (
+            select(ToolRuleRow)
+            .where(
+                ToolRuleRow.transport == channel.transport,
+                ToolRuleRow.room_id == _stored_id(channel),
+                ToolRuleRow.revoked_at.is_(None),
+                scoped,
+            )
+            .order_by(ToolRuleRow.id)
+        )
+
+        def body(s: Session) -> list[ToolRule]:
+            return [_tool_rule(row) for row in s.scalars(query)]
+
+        return await self._read(body)
+
+    async def revoke_rule(
+        self, room: RoomKey, rule_id: int, actor: UserId, at: float
+    ) -> ToolRule | None:
+        """End an unrevoked rule of the channel (one conditional UPDATE), audited."""
+        channel = room.channel
+        if not 0 < rule_id <= _MAX_NUMBER:
+            return None  # no such id, and the driver would refuse the query
+
+        def body(s: Session) -> ToolRule | None:
+            row = s.scalars(
+                update(ToolRuleRow)
+                .where(
+                    ToolRuleRow.id == rule_id,
+                    ToolRuleRow.transport == channel.transport,
+                    ToolRuleRow.room_id == _stored_id(channel),
+                    ToolRuleRow.revoked_at.is_(None),
+                )
+                .values(revoked_by=actor, revoked_at=at)
+                .returning(ToolRuleRow)
+            ).one_or_none()
+            if row is None:
+                return None
+            revoked = _tool_rule(row)
+            s.add(
+                _audit_row(
+                    AuditAction.RULE_REVOKED,
+                    at,
+                    room=channel,
+                    actor=actor,
+                    detail=rule_detail(revoked),
+                )
+            )
+            return revoked
+
+        return await self._write(body)
+
     async def audit(
         self,
         action: AuditAction,
@@ -2099,4 +2207,19 @@ def _approval(row: ApprovalRow) -> Approval:
         decided_by=None if row.decided_by is None else UserId(row.decided_by),
         decided_at=row.decided_at,
         reason=row.reason,
+    )
+
+
+def _tool_rule(row: ToolRuleRow) -> ToolRule:
+    return ToolRule(
+        id=row.id,
+        room=_room(row.transport, row.room_id),
+        scope=RuleScope(row.scope),
+        session_id=None if row.session_id is None else SessionId(row.session_id),
+        effect=RuleEffect(row.effect),
+        rule=row.rule,
+        created_by=UserId(row.created_by),
+        created_at=row.created_at,
+        revoked_by=None if row.revoked_by is None else UserId(row.revoked_by),
+        revoked_at=row.revoked_at,
     )

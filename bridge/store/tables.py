@@ -9,7 +9,7 @@ Surrogate keys never repeat (``sqlite_autoincrement``; PostgreSQL sequences
 never do): audit rows outlive pruned messages and must not come to name a
 newer message that reused a deleted id.
 
-The migrations (``0001_initial`` to ``0010``) create exactly this schema; a test
+The migrations (``0001_initial`` to ``0011``) create exactly this schema; a test
 compares the two with Alembic's autogenerate.
 """
 
@@ -258,6 +258,35 @@ class ApprovalRow(Base):
         Index("ix_approvals_state_expires", "state", "expires_at"),
         # A reaction or button names the request's message.
         Index("ix_approvals_message", "transport", "room_id", "message_id"),
+        {"sqlite_autoincrement": True},
+    )
+
+
+class ToolRuleRow(Base):
+    """A tool rule chatbridge keeps and applies itself (docs/live-runs.md).
+
+    Kept under the room's channel (a thread conversation's rules are its
+    room's); a session rule names its Claude session. Revoked rules stay,
+    with who revoked them and when.
+    """
+
+    __tablename__ = "tool_rules"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    transport: Mapped[str] = mapped_column(String(32))
+    room_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    scope: Mapped[str] = mapped_column(String(16))
+    session_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    effect: Mapped[str] = mapped_column(String(16))
+    rule: Mapped[str] = mapped_column(Text)
+    created_by: Mapped[str] = mapped_column(String(ID_LENGTH))
+    created_at: Mapped[float] = mapped_column(Double)
+    revoked_by: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    revoked_at: Mapped[float | None] = mapped_column(Double)
+
+    __table_args__ = (
+        # Every request of a run reads its room's rules.
+        Index("ix_tool_rules_room", "transport", "room_id"),
         {"sqlite_autoincrement": True},
     )
 

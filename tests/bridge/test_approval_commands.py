@@ -19,6 +19,7 @@ from bridge.core.model import (
     RoomId,
     RoomKey,
     RunId,
+    SessionId,
     TransportName,
     UserId,
 )
@@ -37,6 +38,19 @@ class FakeLive:
     decisions: list[tuple[int, ApprovalChoice, UserId | None, str]] = field(default_factory=list)
     models: list[tuple[RoomKey, str]] = field(default_factory=list)
     modes: list[tuple[RoomKey, str]] = field(default_factory=list)
+    session: SessionId | None = field(default_factory=lambda: SessionId("s-1"))
+    rules_applied: list[RoomKey] = field(default_factory=list)
+    """Rooms whose waiting requests were to be decided by a rule just kept."""
+    """The Claude session the room's run writes to."""
+
+    async def session_of(self, approval: Approval) -> SessionId | None:
+        return self.session
+
+    async def room_session(self, room: RoomKey) -> SessionId | None:
+        return self.session
+
+    async def apply_rules(self, room: RoomKey) -> None:
+        self.rules_applied.append(room)
 
     async def decide(
         self, approval: Approval, choice: ApprovalChoice, sender: UserId | None, reason: str

@@ -91,6 +91,7 @@ def test_the_first_word_after_a_command_is_its_argument() -> None:
         ("!deny #4\nno", ApprovalChoice.DENY, 4, "no"),
         ("!deny 4 tries is enough", ApprovalChoice.DENY, None, "4 tries is enough"),
         ("!deny not #4", ApprovalChoice.DENY, None, "not #4"),
+        ("!deny not always", ApprovalChoice.DENY, None, "not always"),
     ],
 )
 def test_answers_to_tool_requests(
@@ -102,8 +103,36 @@ def test_answers_to_tool_requests(
 
 
 @pytest.mark.parametrize(
+    ("text", "choice", "number", "reason"),
+    [
+        ("!approve always", ApprovalChoice.ALLOW, None, ""),
+        ("!approve #3 ALWAYS", ApprovalChoice.ALLOW, 3, ""),
+        ("!deny always", ApprovalChoice.DENY, None, ""),
+        ("!deny always #4 never in prod", ApprovalChoice.DENY, 4, "never in prod"),
+        ("!deny Always not here", ApprovalChoice.DENY, None, "not here"),
+    ],
+)
+def test_always_keeps_the_answer_as_a_rule_of_the_room(
+    text: str, choice: ApprovalChoice, number: int | None, reason: str
+) -> None:
+    command = parse_command(text, "!")
+    assert command is not None
+    assert parse_decision(command) == Decision(choice, number, reason, for_room=True)
+
+
+@pytest.mark.parametrize(
     "text",
-    ["!approve 3", "!approve #3 #4", "!approve please", "!deny #x why", "!deny #", "!approve #-1"],
+    [
+        "!approve 3",
+        "!approve #3 #4",
+        "!approve please",
+        "!deny #x why",
+        "!deny #",
+        "!approve #-1",
+        "!approve session always",
+        "!approve always always",
+        "!deny always #x",
+    ],
 )
 def test_malformed_answers_are_refused_not_guessed(text: str) -> None:
     command = parse_command(text, "!")
@@ -131,6 +160,8 @@ def test_a_reason_is_never_taken_for_an_id(number: int | None, words: list[str])
     words = [w for w in words if w.strip()]
     if words and number is None:
         words[0] = words[0].lstrip("#") or "why"
+    if words and words[0].lower() == "always":
+        words[0] = "why"  # ``always`` first keeps a room rule (tested above)
     head = [f"#{number}"] if number is not None else []
     command = parse_command(" ".join(["!deny", *head, *words]), "!")
     assert command is not None
@@ -146,11 +177,14 @@ def test_whatever_follows_deny_parses_or_is_refused(rest: str) -> None:
     if command is None:
         return
     decision = parse_decision(command)
+    first, *after = command.rest.split(maxsplit=1) or [""]
+    rest = " ".join(after) if first.lower() == "always" else command.rest
     if decision is None:
-        assert command.rest.startswith("#")
+        assert rest.startswith("#")
     else:
         assert decision.choice is ApprovalChoice.DENY
-        assert (decision.number is None) != command.rest.startswith("#")
+        assert decision.for_room == (first.lower() == "always")
+        assert (decision.number is None) != rest.startswith("#")
 
 
 def test_rest_keeps_what_follows_the_command_word() -> None:

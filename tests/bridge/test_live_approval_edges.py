@@ -76,7 +76,7 @@ def answers_sent(state_dir: Path) -> list[dict[str, Any]]:
     ]
 
 
-async def test_allow_for_the_session_sends_claudes_suggestions_and_racing_answers_send_one(
+async def test_allow_for_the_session_sends_the_input_alone_and_racing_answers_send_one(
     tmp_path: Path,
 ) -> None:
     async with asyncio.timeout(WAIT_S), session(tmp_path, APPROVING, **gated(tmp_path)) as bridge:
@@ -98,16 +98,13 @@ async def test_allow_for_the_session_sends_claudes_suggestions_and_racing_answer
     decision = sent["response"]
     assert decision["behavior"] == "allow"
     assert decision["updatedInput"] == {"command": "echo hello"}
-    assert decision["updatedPermissions"] == [
-        {
-            "type": "addRules",
-            "rules": [{"toolName": "Bash", "ruleContent": "echo hello"}],
-            "behavior": "allow",
-            "destination": "localSettings",
-        }
-    ]
+    # claude's suggestions (a rule for its local settings file) are never sent back:
+    # the session's rule is chatbridge's own, in its database.
+    assert "updatedPermissions" not in decision
     [(state,)] = rows(tmp_path, "select state from approvals")
     assert state == ApprovalState.ALLOWED_SESSION.value
+    kept = rows(tmp_path, "select scope, effect, rule, session_id is not null from tool_rules")
+    assert kept == [("session", "allow", "Bash(echo hello)", 1)]
 
 
 async def test_status_lists_the_waiting_request_and_deny_takes_its_id_and_whole_reason(

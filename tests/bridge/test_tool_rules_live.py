@@ -1,0 +1,41 @@
+"""Rules kept while a request waits decide it (console room, fake claude asking for its
+tool): claude need not wait for an answer a rule already gives."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from bridge.store.base import ApprovalState
+from tests.bridge.test_live_runs import APPROVING, WAIT_S, rows, session, tool_log
+
+pytestmark = pytest.mark.slow
+
+
+async def test_a_rule_kept_while_a_request_waits_decides_it(tmp_path: Path) -> None:
+    async with asyncio.timeout(WAIT_S), session(tmp_path, APPROVING) as bridge:
+        bridge.send("build it")
+        await bridge.wait_for("(request `#1`")
+        bridge.send("!rules allow Bash(echo hello:*)")
+        await bridge.wait_for("Request `#1` (`Bash`): allowed.")
+        await bridge.wait_for("\nbuild it\n")
+    assert [t["command"] for t in tool_log(tmp_path)] == ["echo hello"]
+    [(state, decided_by, reason)] = rows(
+        tmp_path, "select state, decided_by, reason from approvals"
+    )
+    assert (state, decided_by) == (ApprovalState.ALLOWED.value, None)
+    assert reason == "allowed by rule 1 (Bash(echo hello:*))"
+
+
+async def test_a_deny_rule_kept_while_a_request_waits_denies_it(tmp_path: Path) -> None:
+    async with asyncio.timeout(WAIT_S), session(tmp_path, APPROVING) as bridge:
+        bridge.send("build it")
+        await bridge.wait_for("(request `#1`")
+        bridge.send("!rules deny Bash")
+        await bridge.wait_for("Request `#1` (`Bash`): denied")
+        await bridge.wait_for("\nbuild it\n")
+    assert tool_log(tmp_path) == []
+    [(state,)] = rows(tmp_path, "select state from approvals")
+    assert state == ApprovalState.DENIED.value
