@@ -61,6 +61,13 @@ def _parser() -> argparse.ArgumentParser:
     ):
         cmd = sub.add_parser(name, help=text, description=text)
         cmd.add_argument("--config", metavar="PATH", help=config_help)
+    text = "print a sign-in link for the web console (docs/web.md)"
+    cmd = sub.add_parser("web-token", help=text, description=text)
+    cmd.add_argument("--config", metavar="PATH", help=config_help)
+    cmd.add_argument("identity", help="a person listed in [web] identities")
+    cmd.add_argument(
+        "--hours", type=float, default=None, help="how long it lasts (default: [web] token_ttl_s)"
+    )
     return parser
 
 
@@ -90,6 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(_migrate(settings))
         case "status":
             return _run(_status(settings))
+        case "web-token":
+            return _web_token(settings, args.identity, args.hours)
         case _:
             return _run(_serve(settings))
 
@@ -107,6 +116,28 @@ def _check_config(settings: Settings) -> int:
     if warning is not None:
         print(f"warning: {warning}", file=sys.stderr)
     return EXIT_OK if binary.problem is None else EXIT_FAILURE
+
+
+def _web_token(settings: Settings, identity: str, hours: float | None) -> int:
+    """A login token for ``identity``, and the link that signs a browser in with it."""
+    import time
+
+    from bridge.web.tokens import Signer, load_secret
+
+    if not settings.web.knows(identity):
+        print(f"chatbridge: {identity!r} is not in [web] identities", file=sys.stderr)
+        return EXIT_CONFIG
+    ttl = settings.web.token_ttl_s if hours is None else hours * 3600
+    if ttl <= 0:
+        print("chatbridge: --hours must be more than 0", file=sys.stderr)
+        return EXIT_CONFIG
+    signer = Signer(load_secret(settings.web_secret_file))
+    token = signer.mint("login", identity, time.time() + ttl)
+    listen = settings.http.listen
+    where = f"http://{listen.host}:{listen.port}" if listen is not None else ""
+    print(f"{where}/web/login?token={token}")
+    print(f"Bearer token (for scripts): {token}", file=sys.stderr)
+    return EXIT_OK
 
 
 async def _migrate(settings: Settings) -> None:

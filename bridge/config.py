@@ -29,6 +29,7 @@ from bridge.automation_config import ScheduleConfig, WebhookConfig
 from bridge.core.hostport import HostPort
 from bridge.core.model import MAX_THREAD_ROOM_ID, RoomId, RoomKey, TransportName, UserId
 from bridge.errors import ConfigError
+from bridge.web.settings import WebSettings
 from transports.matrix.settings import MatrixSettings
 from transports.slack.settings import SlackSettings
 
@@ -472,6 +473,7 @@ class Settings(BaseSettings):
     schedules: tuple[ScheduleConfig, ...] = ()
     webhooks: tuple[WebhookConfig, ...] = ()
     cluster: ClusterSettings = ClusterSettings()
+    web: WebSettings = WebSettings()
 
     _rooms: dict[RoomKey, RoomSettings] = PrivateAttr(default_factory=dict)
 
@@ -579,6 +581,11 @@ class Settings(BaseSettings):
             raise ValueError(f"webhooks: path(s) {', '.join(twice)} used twice")
         if self.webhooks and self.http.listen is None:
             raise ValueError("webhooks: need the HTTP listener ([http] listen is empty)")
+
+    @property
+    def web_secret_file(self) -> Path:
+        """The key that signs the web console's tokens (docs/web.md)."""
+        return self.web.secret_file or self.runner.state_dir / "web-secret"
 
     @property
     def console_active(self) -> bool:

@@ -27,3 +27,13 @@ if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; then
         echo "haproxy missing: apt-get install -y haproxy (as root)" >&2
     fi
 fi
+# Debian's Chromium for the web console's browser tests (tests/web), driven by Playwright
+# with executable_path: Playwright's own browser download cannot be used here.
+if ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+            || { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+    else
+        echo "chromium missing: apt-get install -y chromium (as root)" >&2
+    fi
+fi

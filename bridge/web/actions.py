@@ -1,0 +1,55 @@
+"""What the console does on a person's behalf: answer a tool request as an approver (docs/web.md).
+
+The answer goes through the same :class:`~bridge.approval_desk.ApprovalDesk`
+as a chat command: the same rules (only the room's approvers, never one's own
+run with ``require_other_approver``), the same compare-and-set and the same
+audit rows, with the person's chat id as the actor.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from bridge.approval_desk import ApprovalDesk
+from bridge.approvals import Verdict, judge
+from bridge.config import RoomSettings
+from bridge.core.model import RoomKey, UserId
+from bridge.core.text import visible
+from bridge.core.transport import ApprovalChoice
+from bridge.store.base import Store
+from bridge.web.reads import ApprovalView
+
+
+@dataclass(slots=True)
+class DeskActions:
+    store: Store
+    desk: ApprovalDesk
+    rooms: Callable[[RoomKey], RoomSettings | None]
+
+    def shown(self, approval: ApprovalView) -> str:
+        """The tool and every field of its input, in full; invisible characters escaped."""
+        try:
+            data = json.loads(approval.input_json)
+            body = json.dumps(data, indent=2, ensure_ascii=False, sort_keys=True)
+        except ValueError:
+            body = approval.input_json
+        return visible(f"{approval.tool_name}\n{body}", keep_newlines=True)
+
+    async def answer(
+        self, chat_ids: tuple[str, ...], approval_id: int, choice: ApprovalChoice, reason: str
+    ) -> str:
+        pending = [a for a in await self.store.pending_approvals() if a.id == approval_id]
+        if not pending:
+            return "That request is no longer waiting."
+        approval = pending[0]
+        settings = self.rooms(approval.room)
+        if settings is None:
+            return "That request's room is not configured here."
+        senders = await self.desk.batch_senders(approval)
+        for chat_id in chat_ids:
+            if judge(settings, UserId(chat_id), senders) is Verdict.APPROVER:
+                told = await self.desk.answer(UserId(chat_id), approval, choice, reason)
+                return told or "Answered."
+        return "You may not answer this request: none of your chat ids is an approver there."

@@ -1,0 +1,428 @@
+"""What the console shows, read from the database with SQLAlchemy Core (docs/web.md).
+
+Read-only and replica-neutral: every query reads the shared tables, so any
+replica answers the same. Search text is matched with ``LIKE`` with its
+wildcards escaped; limits bound every list.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TypeVar
+
+from sqlalchemy import Select, and_, func, or_, select
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+from bridge.store.tables import (
+    ApprovalRow,
+    AuditRow,
+    MessageRow,
+    OutboxRow,
+    RunMessageRow,
+    RunRow,
+    SpendRow,
+)
+
+PAGE = 50
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class RunView:
+    id: str
+    seq: int
+    conversation: str
+    status: str
+    started_at: float
+    ended_at: float | None
+    cost_usd: float | None
+    num_turns: int | None
+    replica: str | None
+    result_excerpt: str
+    error_excerpt: str
+    senders: tuple[str, ...] = ()
+    prompt: str = ""
+
+    @property
+    def duration_s(self) -> float | None:
+        return None if self.ended_at is None else self.ended_at - self.started_at
+
+
+@dataclass(frozen=True, slots=True)
+class MessageView:
+    id: int
+    conversation: str
+    sender: str
+    sender_name: str | None
+    text: str
+    received_at: float
+    state: str
+    thread: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class AuditView:
+    id: int
+    at: float
+    action: str
+    conversation: str | None
+    actor: str | None
+    message_id: int | None
+    run_id: str | None
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerView:
+    text: str
+    kind: str
+    state: str
+    created: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunDetail:
+    run: RunView
+    messages: list[MessageView]
+    answers: list[AnswerView]
+    audit: list[AuditView]
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A conversation with something going on: a run, queued messages, open requests."""
+
+    conversation: str
+    run: RunView | None = None
+    queued: list[MessageView] = field(default_factory=list)
+    requests: list[ApprovalView] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalView:
+    id: int
+    conversation: str
+    transport: str
+    room_id: str
+    number: int
+    run_id: str
+    tool_name: str
+    input_json: str
+    asked_at: float
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class SpendDay:
+    day: str
+    total: float
+    by_room: dict[str, float]
+    runs: int
+
+
+@dataclass(frozen=True, slots=True)
+class AuditQuery:
+    action: str = ""
+    conversation: str = ""
+    actor: str = ""
+    run_id: str = ""
+    before_id: int | None = None
+    limit: int = PAGE
+
+
+@dataclass(frozen=True, slots=True)
+class RunQuery:
+    text: str = ""
+    conversation: str = ""
+    status: str = ""
+    before_seq: int | None = None
+    limit: int = PAGE
+
+
+def conversation_of(transport: str, room_id: str) -> str:
+    return f"{transport}:{room_id}"
+
+
+def _split(conversation: str) -> tuple[str, str] | None:
+    transport, sep, room_id = conversation.partition(":")
+    return (transport, room_id) if sep and transport and room_id else None
+
+
+def _like(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def _run_view(row: RunRow, senders: Sequence[str] = (), prompt: str = "") -> RunView:
+    return RunView(
+        id=row.id,
+        seq=row.seq,
+        conversation=conversation_of(row.transport, row.room_id),
+        status=row.status,
+        started_at=row.started_at,
+        ended_at=row.ended_at,
+        cost_usd=row.cost_usd,
+        num_turns=row.num_turns,
+        replica=row.replica,
+        result_excerpt=row.result_excerpt or "",
+        error_excerpt=row.error_excerpt or "",
+        senders=tuple(dict.fromkeys(senders)),
+        prompt=prompt,
+    )
+
+
+def _message_view(row: MessageRow) -> MessageView:
+    return MessageView(
+        id=row.id,
+        conversation=conversation_of(row.transport, row.room_id),
+        sender=row.sender,
+        sender_name=row.sender_name,
+        text=row.text,
+        received_at=row.received_at,
+        state=row.state,
+        thread=row.thread,
+    )
+
+
+def _approval_view(row: ApprovalRow) -> ApprovalView:
+    return ApprovalView(
+        id=row.id,
+        conversation=conversation_of(row.transport, row.room_id),
+        transport=row.transport,
+        room_id=row.room_id,
+        number=row.number,
+        run_id=row.run_id,
+        tool_name=row.tool_name,
+        input_json=row.input_json,
+        asked_at=row.asked_at,
+        expires_at=row.expires_at,
+    )
+
+
+def day_of(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d")
+
+
+@dataclass(slots=True)
+class Reads:
+    engine: AsyncEngine
+
+    async def _scalars(self, query: Select[T]) -> list[T]:
+        async with AsyncSession(self.engine) as conn:
+            return list((await conn.execute(query)).scalars().all())
+
+    async def runs(self, q: RunQuery) -> list[RunView]:
+        query = select(RunRow).order_by(RunRow.seq.desc()).limit(min(q.limit, 500))
+        if q.before_seq is not None:
+            query = query.where(RunRow.seq < q.before_seq)
+        if q.status:
+            query = query.where(RunRow.status == q.status)
+        if (where := _split(q.conversation)) is not None:
+            query = query.where(RunRow.transport == where[0], RunRow.room_id == where[1])
+        if q.text:
+            pattern = _like(q.text)
+            matching = (
+                select(RunMessageRow.run_id)
+                .join(MessageRow, MessageRow.id == RunMessageRow.message_id)
+                .where(MessageRow.text.like(pattern, escape="\\"))
+            )
+            query = query.where(
+                or_(
+                    RunRow.id.in_(matching),
+                    RunRow.result_excerpt.like(pattern, escape="\\"),
+                    RunRow.id.like(pattern, escape="\\"),
+                )
+            )
+        async with AsyncSession(self.engine) as conn:
+            rows = list((await conn.execute(query)).scalars().all())
+            batches = await self._batches(conn, [r.id for r in rows])
+        return [
+            _run_view(
+                r, [m.sender for m in batches[r.id]], batches[r.id][0].text if batches[r.id] else ""
+            )
+            for r in rows
+        ]
+
+    async def _batches(
+        self, conn: AsyncSession, run_ids: Iterable[str]
+    ) -> dict[str, list[MessageRow]]:
+        ids = list(run_ids)
+        found: dict[str, list[MessageRow]] = defaultdict(list)
+        if not ids:
+            return found
+        query = (
+            select(RunMessageRow.run_id, MessageRow)
+            .join(MessageRow, MessageRow.id == RunMessageRow.message_id)
+            .where(RunMessageRow.run_id.in_(ids))
+            .order_by(RunMessageRow.run_id, RunMessageRow.position)
+        )
+        for run_id, message in (await conn.execute(query)).all():
+            found[run_id].append(message)
+        return found
+
+    async def run(self, run_id: str) -> RunDetail | None:
+        async with AsyncSession(self.engine) as conn:
+            row = (await conn.execute(select(RunRow).where(RunRow.id == run_id))).scalar()
+            if row is None:
+                return None
+            batch = (await self._batches(conn, [run_id]))[run_id]
+            answers = (
+                await conn.execute(
+                    select(OutboxRow).where(OutboxRow.run_id == run_id).order_by(OutboxRow.id)
+                )
+            ).scalars()
+            audit = (
+                await conn.execute(
+                    select(AuditRow).where(AuditRow.run_id == run_id).order_by(AuditRow.id)
+                )
+            ).scalars()
+            return RunDetail(
+                run=_run_view(row, [m.sender for m in batch], batch[0].text if batch else ""),
+                messages=[_message_view(m) for m in batch],
+                answers=[AnswerView(a.text, a.kind, a.state, a.created) for a in answers],
+                audit=[_audit_view(a) for a in audit],
+            )
+
+    async def waiting(self) -> list[Waiting]:
+        """Conversations with a run going, messages queued or requests open, oldest first."""
+        async with AsyncSession(self.engine) as conn:
+            running = (
+                (
+                    await conn.execute(
+                        select(RunRow).where(RunRow.status == "running").order_by(RunRow.seq)
+                    )
+                )
+                .scalars()
+                .all()
+            )
+            batches = await self._batches(conn, [r.id for r in running])
+            pending = (
+                (
+                    await conn.execute(
+                        select(MessageRow)
+                        .where(MessageRow.state == "pending")
+                        .order_by(MessageRow.id)
+                        .limit(1000)
+                    )
+                )
+                .scalars()
+                .all()
+            )
+            asks = (
+                (
+                    await conn.execute(
+                        select(ApprovalRow)
+                        .where(ApprovalRow.state == "pending")
+                        .order_by(ApprovalRow.id)
+                    )
+                )
+                .scalars()
+                .all()
+            )
+        found: dict[str, Waiting] = {}
+
+        def slot(conversation: str) -> Waiting:
+            return found.setdefault(conversation, Waiting(conversation))
+
+        for r in running:
+            view = _run_view(
+                r, [m.sender for m in batches[r.id]], batches[r.id][0].text if batches[r.id] else ""
+            )
+            found[view.conversation] = Waiting(
+                view.conversation,
+                view,
+                slot(view.conversation).queued,
+                slot(view.conversation).requests,
+            )
+        for m in pending:
+            slot(conversation_of(m.transport, m.room_id)).queued.append(_message_view(m))
+        for a in asks:
+            slot(conversation_of(a.transport, a.room_id)).requests.append(_approval_view(a))
+        return list(found.values())
+
+    async def approvals(self) -> list[ApprovalView]:
+        rows = await self._scalars(
+            select(ApprovalRow).where(ApprovalRow.state == "pending").order_by(ApprovalRow.id)
+        )
+        return [_approval_view(r) for r in rows]
+
+    async def approval(self, approval_id: int) -> ApprovalView | None:
+        rows = await self._scalars(select(ApprovalRow).where(ApprovalRow.id == approval_id))
+        return _approval_view(rows[0]) if rows else None
+
+    async def spend(self, days: int, now: float | None = None) -> list[SpendDay]:
+        """Spending per UTC day, oldest first, over the last ``days`` days; each room's share."""
+        now = time.time() if now is None else now
+        since = now - days * 86400
+        query = select(SpendRow.transport, SpendRow.room_id, SpendRow.at, SpendRow.cost_usd).where(
+            SpendRow.at >= since
+        )
+        async with AsyncSession(self.engine) as conn:
+            rows = (await conn.execute(query)).all()
+        per_day: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        count: dict[str, int] = defaultdict(int)
+        for transport, room_id, at, cost in rows:
+            day = day_of(at)
+            per_day[day][conversation_of(transport, room_id.partition("/")[0])] += cost or 0.0
+            count[day] += 1
+        result = []
+        for offset in range(days - 1, -1, -1):
+            day = day_of(now - offset * 86400)
+            rooms = dict(per_day.get(day, {}))
+            result.append(SpendDay(day, sum(rooms.values()), rooms, count.get(day, 0)))
+        return result
+
+    async def audit(self, q: AuditQuery) -> list[AuditView]:
+        query = select(AuditRow).order_by(AuditRow.id.desc()).limit(min(q.limit, 500))
+        conditions = []
+        if q.before_id is not None:
+            conditions.append(AuditRow.id < q.before_id)
+        if q.action:
+            conditions.append(AuditRow.action == q.action)
+        if q.actor:
+            conditions.append(AuditRow.actor == q.actor)
+        if q.run_id:
+            conditions.append(AuditRow.run_id == q.run_id)
+        if (where := _split(q.conversation)) is not None:
+            conditions += [AuditRow.transport == where[0], AuditRow.room_id == where[1]]
+        if conditions:
+            query = query.where(and_(*conditions))
+        return [_audit_view(a) for a in await self._scalars(query)]
+
+    async def fingerprint(self) -> tuple[object, ...]:
+        """Changes whenever something the pages show changes (new audit rows, answers, runs)."""
+        query = select(
+            select(func.max(AuditRow.id)).scalar_subquery(),
+            select(func.max(OutboxRow.id)).scalar_subquery(),
+            select(func.max(RunRow.seq)).scalar_subquery(),
+            select(func.count())
+            .select_from(RunRow)
+            .where(RunRow.status == "running")
+            .scalar_subquery(),
+            select(func.count())
+            .select_from(MessageRow)
+            .where(MessageRow.state == "pending")
+            .scalar_subquery(),
+        )
+        async with AsyncSession(self.engine) as conn:
+            return tuple((await conn.execute(query)).one())
+
+
+def _audit_view(row: AuditRow) -> AuditView:
+    conversation = (
+        conversation_of(row.transport, row.room_id) if row.transport and row.room_id else None
+    )
+    return AuditView(
+        id=row.id,
+        at=row.at,
+        action=row.action,
+        conversation=conversation,
+        actor=row.actor,
+        message_id=row.message_id,
+        run_id=row.run_id,
+        detail=row.detail or "",
+    )
