@@ -24,6 +24,7 @@ from bridge.core.text import safe_text
 from bridge.core.transport import ApprovalChoice
 from bridge.duration import format_duration
 from bridge.live_controls import LiveControls
+from bridge.room_history import RoomHistory
 from bridge.rule_commands import RuleCommands
 from bridge.store.base import AuditAction, RunRecord, Store, StoreError
 from bridge.worktrees import Worktree, Worktrees, worktree_of
@@ -42,6 +43,10 @@ class CommandName(StrEnum):
     RULES = "rules"
     MODEL = "model"
     MODE = "mode"
+    SESSIONS = "sessions"
+    RESUME = "resume"
+    FORK = "fork"
+    USAGE = "usage"
     HELP = "help"
 
 
@@ -79,6 +84,12 @@ _SUMMARY: dict[CommandName, str] = {
         "show the permission mode of this room's runs; `{p}mode MODE` sets it like"
         f" `{{p}}model` ({', '.join(PERMISSION_MODES)}; `{{p}}mode reset`; approvers)"
     ),
+    CommandName.SESSIONS: "list this conversation's recent Claude sessions",
+    CommandName.RESUME: "`{p}resume N`: the next run continues session N of `{p}sessions`",
+    CommandName.FORK: (
+        "the next run starts from a copy of the current session, which stays as it is"
+    ),
+    CommandName.USAGE: "today's spending of this room and of the service, and the costliest runs",
     CommandName.HELP: "list the commands",
 }
 
@@ -263,6 +274,8 @@ class CommandHandler:
     (:mod:`bridge.budget`), retries waiting for a usage limit (:mod:`bridge.usage`)."""
     elsewhere: RoomWideElsewhere | None = None
     """With replicas: the threads of a room that other replicas run (docs/replicas.md)."""
+    history: RoomHistory | None = None
+    """``!sessions``, ``!resume``, ``!fork``, ``!usage``."""
 
     def _worktree(self, room: RoomKey) -> Worktree | None:
         settings = self.rooms(room)
@@ -328,6 +341,8 @@ class CommandHandler:
                 await self._model(message, command.rest)
             case CommandName.MODE:
                 await self._mode(message, command.rest)
+            case CommandName.SESSIONS | CommandName.RESUME | CommandName.FORK | CommandName.USAGE:
+                await self._history(command, message)
             case CommandName.HELP:
                 await self.answer(message, help_text(self.prefix))
             case None:
@@ -335,6 +350,20 @@ class CommandHandler:
                     message,
                     f"Unknown command `{self.prefix}{command.word}`; try `{self.prefix}help`.",
                 )
+
+    async def _history(self, command: Command, message: Message) -> None:
+        if self.history is None:
+            await self.answer(message, "Not available here.")
+            return
+        match command.name:
+            case CommandName.SESSIONS:
+                await self.history.list_sessions(message)
+            case CommandName.RESUME:
+                await self.history.resume(message, command.argument)
+            case CommandName.FORK:
+                await self.history.fork(message)
+            case _:
+                await self.history.usage(message)
 
     def _opens_thread(self, message: Message) -> bool:
         """``message`` is top-level in a room of thread conversations (so it opened

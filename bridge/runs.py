@@ -179,6 +179,7 @@ def run_request(  # noqa: PLR0917 (the run's parts, in order)
         cwd=room.cwd,
         prompt=prompt,
         session_id=session,
+        fork_session=overrides.fork and session is not None,
         model=overrides.model if overrides.model is not None else room.model,
         permission_mode=(
             overrides.permission_mode
@@ -858,7 +859,16 @@ class RunExecutor:
             await asyncio.sleep(delay)
         if session is not None:
             await self._restore_transcript(key, room, session)
+        if overrides.fork:
+            await self._forking(key)
         return run_request(self.settings, room, run_id, prompt, session, overrides)
+
+    async def _forking(self, key: RoomKey) -> None:
+        """``!fork`` is used up by the run that forks: the run after it goes on in the fork."""
+        try:
+            await self.store.set_room_fork(key, False)
+        except StoreError:
+            log.warning("could not clear the room's !fork; its next run forks again", exc_info=True)
 
     async def _restore_transcript(
         self, key: RoomKey, room: RoomSettings, session: SessionId

@@ -62,6 +62,7 @@ from bridge.paused_holders import stop_paused_holders
 from bridge.preflight import run_problems
 from bridge.prestarts import Prestarts
 from bridge.replies import Replier, in_conversation
+from bridge.room_history import RoomHistory
 from bridge.runs import RunExecutor, new_run_id
 from bridge.schedules import Scheduler, WallClock
 from bridge.stale_runs import never_started
@@ -251,6 +252,13 @@ class Service:
             worktrees=self.executor.worktrees,
             automation=self._automation_status,
             status_parts=(Budgets(settings, self.store).status_lines, self.limits.status_lines),
+            history=RoomHistory(
+                self.store,
+                settings,
+                settings.commands.prefix,
+                self.notices.answer,
+                forget_session=self.executor.reset_session,
+            ),
         )
         self.intake = Intake(
             settings,

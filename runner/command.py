@@ -44,6 +44,8 @@ def build_argv(request: RunRequest) -> list[str]:
     if request.session_id:
         # The "=" form: a session id can never be mistaken for another argument.
         argv.append(f"--resume={request.session_id}")
+        if request.fork_session:
+            argv.append("--fork-session")
     if request.model:
         argv += ["--model", request.model]
     if request.permission_mode:

@@ -34,6 +34,9 @@ class RunRequest:
     """Sent with the prompt, in its user message, after its text."""
     session_id: SessionId | None
     """Passed as ``--resume=<id>``; None starts a new session."""
+    fork_session: bool = False
+    """With a ``session_id``: continue a copy of it under a new id (``--fork-session``),
+    leaving the resumed session as it was."""
     model: str = ""
     permission_mode: str = ""
     allowed_tools: tuple[str, ...] = ()

@@ -49,6 +49,10 @@ class AuditAction(StrEnum):
     STOP_REQUESTED = "stop_requested"
     RETRY_REQUESTED = "retry_requested"
     SESSION_RESET = "session_reset"
+    SESSION_RESUMED = "session_resumed"
+    """``!resume``: the room's next run continues an earlier session (detail: which)."""
+    SESSION_FORKED = "session_forked"
+    """``!fork``: the room's next run continues a copy of its session (detail: which)."""
     APPROVAL_ASKED = "approval_asked"
     """claude asked to use a tool; the room was asked (detail: number and tool)."""
     APPROVAL_ALLOWED = "approval_allowed"
@@ -217,6 +221,8 @@ class RoomOverrides:
 
     model: str | None = None
     permission_mode: str | None = None
+    fork: bool = False
+    """``!fork``: the next run continues a copy of the session (``--fork-session``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,6 +418,11 @@ class Store(Protocol):
         """The room's most recently started run."""
         ...
 
+    async def room_runs(self, room: RoomKey, limit: int) -> list[RunRecord]:
+        """The conversation's ``limit`` most recently started runs, newest first
+        (``!sessions``, ``!usage``)."""
+        ...
+
     async def retryable_runs(self, room: RoomKey) -> list[RunRecord]:
         """The room's runs that ``!retry`` may run again, oldest first.
 
@@ -505,6 +516,10 @@ class Store(Protocol):
 
     async def set_room_model(self, room: RoomKey, model: str | None) -> None:
         """Set (None: clear) the model the room's next runs use; kept across ``!reset``."""
+        ...
+
+    async def set_room_fork(self, room: RoomKey, fork: bool) -> None:
+        """Whether the room's next run forks its session (``!fork``; cleared as it does)."""
         ...
 
     async def set_room_mode(self, room: RoomKey, mode: str | None) -> None:

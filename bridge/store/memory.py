@@ -473,6 +473,12 @@ class MemoryStore:
         self._check_open()
         return next((r for r in reversed(self._runs.values()) if r.room == room), None)
 
+    async def room_runs(self, room: RoomKey, limit: int) -> list[RunRecord]:
+        """The conversation's ``limit`` most recently started runs, newest first."""
+        self._check_open()
+        runs = [run for run in self._runs.values() if run.room == room]
+        return runs[::-1][:limit]
+
     async def retryable_runs(self, room: RoomKey) -> list[RunRecord]:
         """The room's offered runs, oldest first (the rule is in the protocol)."""
         self._check_open()
@@ -587,6 +593,11 @@ class MemoryStore:
         if model is not None:
             require_storable(model)
         self._overrides[room] = replace(await self.room_overrides(room), model=model)
+
+    async def set_room_fork(self, room: RoomKey, fork: bool) -> None:
+        """Whether the room's next run forks its session."""
+        self._check_open()
+        self._overrides[room] = replace(await self.room_overrides(room), fork=fork)
 
     async def set_room_mode(self, room: RoomKey, mode: str | None) -> None:
         """Set (None: clear) the permission mode of the room's next runs."""

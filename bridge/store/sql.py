@@ -1048,6 +1048,20 @@ class SqlStore:
 
         return await self._read(body)
 
+    async def room_runs(self, room: RoomKey, limit: int) -> list[RunRecord]:
+        """The conversation's ``limit`` most recently started runs, newest first."""
+        newest = (
+            select(RunRow.seq)
+            .where(RunRow.transport == room.transport, RunRow.room_id == _stored_id(room))
+            .order_by(RunRow.seq.desc())
+            .limit(limit)
+        )
+
+        def body(s: Session) -> list[RunRecord]:
+            return self._records(s, RunRow.seq.in_(newest.scalar_subquery()))[::-1]
+
+        return await self._read(body)
+
     async def retryable_runs(self, room: RoomKey) -> list[RunRecord]:
         """The room's offered runs, oldest first (the rule is in the protocol)."""
         later = aliased(RunRow)
@@ -1274,7 +1288,7 @@ class SqlStore:
             if row is None:
                 return None, RoomOverrides()
             session = None if row.session_id is None else SessionId(row.session_id)
-            return session, RoomOverrides(row.model, row.permission_mode)
+            return session, RoomOverrides(row.model, row.permission_mode, row.fork_next)
 
         return await self._read(body)
 
@@ -1291,6 +1305,14 @@ class SqlStore:
 
         def body(s: Session) -> None:
             s.execute(self._room_upsert(room, permission_mode=mode))
+
+        await self._write(body)
+
+    async def set_room_fork(self, room: RoomKey, fork: bool) -> None:
+        """Whether the room's next run forks its session."""
+
+        def body(s: Session) -> None:
+            s.execute(self._room_upsert(room, fork_next=fork))
 
         await self._write(body)
 

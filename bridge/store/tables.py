@@ -144,6 +144,8 @@ class RoomRow(Base):
     model: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     permission_mode: Mapped[str | None] = mapped_column(String(32))
     last_approval: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    fork_next: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    """``!fork``: the next run continues a copy of the session."""
     """Kept here, not derived from ``approvals``: pruning must not make numbers repeat."""
 
 

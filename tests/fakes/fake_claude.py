@@ -36,6 +36,7 @@ Behaviour switches (environment variables; unset or empty means off):
     Write ``{"argv", "cwd", "env", "prompt", "pid", "children", "escaped"}`` as JSON to
     PATH (written before any output, after children are started).
 ``FAKE_CLAUDE_SESSIONS_DIR=DIR``
+    (``--fork-session`` with ``--resume`` continues a copy under a new id.)
     Keep sessions as files under DIR, per cwd like the real CLI (a resume from
     another cwd finds nothing). Then ``--resume`` of an unknown id prints a
     zeroed ``error_during_execution`` result, ``No conversation found with
@@ -1518,6 +1519,11 @@ def main() -> None:
                     )
                 _fail(f"No conversation found with session ID: {resume}")
             history = [json.loads(x)["prompt"] for x in path.read_text().splitlines() if x]
+        if opts.get("--fork-session"):
+            # A copy under a new id: the resumed session's file stays as it was.
+            session_id = _uuid4()
+            for earlier in history:
+                _keep(sessions, cwd, session_id, earlier)
     else:
         session_id = _uuid4()
     if not streaming:

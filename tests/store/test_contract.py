@@ -449,6 +449,25 @@ async def test_last_run_is_per_room_and_latest(store: InspectableStore) -> None:
     assert await store.last_run(SLACK_ROOM) is None
 
 
+async def test_room_runs_are_the_conversations_newest_first_up_to_the_limit(
+    store: InspectableStore,
+) -> None:
+    mine = [await accept(store, f"$m{i}", room=ROOM) for i in range(3)]
+    theirs = await accept(store, "$t", room=OTHER_ROOM)
+    await start(store, "r1", [mine[0]], at=10.0)
+    await start(store, "o1", [theirs], at=11.0)
+    await start(store, "r2", [mine[1]], at=12.0)
+    await start(store, "r3", [mine[2]], at=12.0)  # same time: start order decides
+    await store.finish_run(RunId("r1"), RunReport(RunStatus.SUCCEEDED, cost_usd=0.5), 13.0)
+    runs = await store.room_runs(ROOM, 10)
+    assert [r.id for r in runs] == ["r3", "r2", "r1"]
+    assert runs[2].report is not None
+    assert runs[2].report.cost_usd == 0.5
+    assert runs[2].message_ids == (mine[0].id,)
+    assert [r.id for r in await store.room_runs(ROOM, 2)] == ["r3", "r2"]
+    assert await store.room_runs(SLACK_ROOM, 10) == []
+
+
 async def test_requeue_after_failure_and_rerun(store: InspectableStore) -> None:
     msgs = await accept_many(store, 3)
     r1 = await start(store, "r1", msgs)
@@ -536,6 +555,17 @@ async def test_room_state_is_the_session_and_the_overrides(store: InspectableSto
     assert await store.room_state(OTHER_ROOM) == (None, RoomOverrides(None, "plan"))
     await store.set_session(ROOM, None)
     assert await store.room_state(ROOM) == (None, RoomOverrides("opus", None))
+
+
+async def test_a_rooms_fork_is_set_and_cleared_beside_its_other_overrides(
+    store: InspectableStore,
+) -> None:
+    await store.set_room_model(ROOM, "opus")
+    await store.set_room_fork(ROOM, True)
+    assert await store.room_state(ROOM) == (None, RoomOverrides("opus", None, fork=True))
+    assert (await store.room_overrides(OTHER_ROOM)).fork is False
+    await store.set_room_fork(ROOM, False)
+    assert await store.room_overrides(ROOM) == RoomOverrides("opus", None)
 
 
 async def test_sessions_per_room(store: InspectableStore) -> None:

@@ -15,6 +15,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
 
+import migrations
 from bridge.store.base import StoreError
 from bridge.store.engine import create_engine
 from bridge.store.migrate import (
@@ -58,7 +59,7 @@ async def test_upgrade_matches_models_and_downgrade_empties(empty_sql_url: str) 
     assert await current_revision(empty_sql_url) is None
 
     await migrate(empty_sql_url)
-    assert await current_revision(empty_sql_url) == head_revision() == "0011"
+    assert await current_revision(empty_sql_url) == head_revision() == migrations.HEAD
     assert await schema_diff(empty_sql_url) == []
     assert await table_names(empty_sql_url) == set(Base.metadata.tables) | {"alembic_version"}
 

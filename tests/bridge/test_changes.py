@@ -1,0 +1,101 @@
+"""What a run changed in its git working directory, with real git (bridge/changes.py)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bridge.changes import changes, snapshot, summary_line
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True
+    ).stdout
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "user.email", "t@example.org")
+    git(repo, "config", "user.name", "t")
+    (repo / "app.py").write_text("a = 1\nb = 2\n")
+    (repo / ".gitignore").write_text("*.log\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "start")
+    return repo
+
+
+async def test_edits_new_files_and_commits_all_count(repo: Path) -> None:
+    (repo / "staged.txt").write_text("already staged\n")
+    git(repo, "add", "staged.txt")
+    before = await snapshot(repo)
+    assert before is not None
+    (repo / "app.py").write_text("a = 1\nb = 3\nc = 4\n")
+    (repo / "new.py").write_text("x = 1\n")
+    (repo / "committed.py").write_text("y = 2\n")
+    git(repo, "add", "committed.py")
+    git(repo, "commit", "-qm", "the run commits")
+    (repo / "debug.log").write_text("ignored\n")
+    (repo / ".chatbridge" / "inbox").mkdir(parents=True)
+    (repo / ".chatbridge" / "inbox" / "shared.txt").write_text("chatbridge's own\n")
+    found = await changes(before)
+    assert found is not None
+    by_path = {f.path: (f.added, f.removed) for f in found.files}
+    assert by_path == {"app.py": (2, 1), "new.py": (1, 0), "committed.py": (1, 0)}
+    assert "+c = 4" in found.patch
+    assert summary_line(found).startswith("Changed 3 files (+4 -1): ")
+
+
+async def test_the_repositorys_own_index_and_branch_are_left_alone(repo: Path) -> None:
+    (repo / "app.py").write_text("edited\n")
+    status = git(repo, "status", "--porcelain")
+    head = git(repo, "rev-parse", "HEAD")
+    before = await snapshot(repo)
+    assert before is not None
+    assert git(repo, "status", "--porcelain") == status
+    assert git(repo, "rev-parse", "HEAD") == head
+    assert git(repo, "stash", "list") == ""
+
+
+async def test_nothing_changed_gives_no_summary(repo: Path) -> None:
+    (repo / "app.py").write_text("uncommitted before the run\n")
+    before = await snapshot(repo)
+    assert before is not None
+    assert await changes(before) is None
+
+
+async def test_a_directory_outside_git_gets_no_snapshot(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert await snapshot(plain) is None
+
+
+async def test_a_cwd_below_the_top_sees_the_whole_repository(repo: Path) -> None:
+    sub = repo / "pkg"
+    sub.mkdir()
+    before = await snapshot(sub)
+    assert before is not None
+    (repo / "app.py").write_text("changed from below\n")
+    (sub / ".chatbridge").mkdir()
+    (sub / ".chatbridge" / "x").write_text("own\n")
+    found = await changes(before)
+    assert found is not None
+    assert [f.path for f in found.files] == ["app.py"]
+
+
+async def test_binary_files_and_renames_are_named(repo: Path) -> None:
+    before = await snapshot(repo)
+    assert before is not None
+    (repo / "blob.bin").write_bytes(bytes(range(256)) * 4)
+    git(repo, "mv", "app.py", "main.py")
+    found = await changes(before)
+    assert found is not None
+    by_path = {f.path: (f.added, f.removed) for f in found.files}
+    assert by_path["blob.bin"] == (None, None)
+    assert "main.py" in by_path
+    assert "binary" in summary_line(found)
