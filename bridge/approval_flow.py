@@ -19,12 +19,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from bridge.approval_desk import ApprovalDesk
-from bridge.approval_text import outcome_text, parse_input, request_text
+from bridge.approval_text import code_span, outcome_text, parse_input, request_text
 from bridge.approvals import (
     WITHDRAWN,
     Verdict,
@@ -33,11 +35,12 @@ from bridge.approvals import (
     timeout_message,
 )
 from bridge.config import Settings
-from bridge.core.model import Batch, ReplyKind, RoomKey, RunId, UserId
+from bridge.core.model import Batch, ExternalMessageId, ReplyKind, RoomKey, RunId, UserId
 from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
 from bridge.live_runs import LiveRuns
 from bridge.replies import Replier, in_conversation
 from bridge.store.base import Approval, ApprovalState, Store, StoreError
+from bridge.tool_view import ToolView, render
 from runner.control import Allow, ControlError, Deny, InputClosed, RunControl
 from runner.events import PermissionAsked
 
@@ -45,6 +48,11 @@ log = logging.getLogger(__name__)
 
 POSTING_WAIT_S = 10.0
 """How long an action on an unknown message waits for requests still being posted."""
+SHORT_BLOCK = 1200
+"""Characters of a long field a shortened request shows (head and tail), to start with."""
+MIN_BLOCK = 80
+PERSON_TOOLS = frozenset({"AskUserQuestion", "ExitPlanMode"})
+"""Tools that need a person and are answered in chat (not as approvals of a tool use)."""
 EXPIRY_CHECK_S = 5.0
 """How often waiting requests are checked for their expiry (a 900 s default wait)."""
 
@@ -111,20 +119,82 @@ class ApprovalFlow:
             return
         if approval.state is not ApprovalState.PENDING or approval.message_id is not None:
             return
-        text = request_text(approval, self.settings.commands.prefix, room.approval_timeout_s)
+        view = render(event.tool_name, event.input, room.cwd)
+        problem = view.problem
+        if event.requires_user_interaction and event.tool_name not in PERSON_TOOLS:
+            problem = "claude says only its own user interface can answer this tool"
+        if problem is not None:
+            await self._refuse_unseen(batch, approval, problem)
+            return
         # Done once the post is recorded (or failed): a click waits for this, not for
         # the task posting, which is the run's own and lives as long as the run.
         posting: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._posting.add(posting)
         try:
-            posted = await self.replier.post_approval(
-                in_conversation(batch, text, ReplyKind.NOTICE), f"#{approval.number}"
-            )
+            posted = await self._post(batch, approval, view, room.approval_timeout_s)
             if posted is not None:
                 await self.store.set_approval_message(approval, posted)
         finally:
             self._posting.discard(posting)
             posting.set_result(None)
+
+    async def _post(
+        self, batch: Batch, approval: Approval, view: ToolView, timeout_s: float
+    ) -> ExternalMessageId | None:
+        """Post the request whole if the room's message holds it; otherwise the whole as
+        a file first, then the request shortened (saying so) with its actions."""
+        prefix = self.settings.commands.prefix
+        text = request_text(approval, prefix, timeout_s, view.markdown())
+        if self.replier.approval_fits(batch.room, text):
+            return await self.replier.post_approval(
+                in_conversation(batch, text, ReplyKind.NOTICE), f"#{approval.number}"
+            )
+        comment = (
+            f"Request `#{approval.number}` in full ({view.size} characters): what"
+            f" `{prefix}approve #{approval.number}` lets run."
+        )
+        if not await self._post_whole(batch, approval, view.markdown(), comment):
+            await self._refuse_unseen(batch, approval, "the room could not be shown it in full")
+            return None
+        limit = SHORT_BLOCK
+        while True:
+            text = request_text(approval, prefix, timeout_s, view.markdown(limit))
+            if limit <= MIN_BLOCK or self.replier.approval_fits(batch.room, text):
+                break
+            limit //= 2
+        return await self.replier.post_approval(
+            in_conversation(batch, text, ReplyKind.NOTICE), f"#{approval.number}"
+        )
+
+    async def _post_whole(self, batch: Batch, approval: Approval, whole: str, comment: str) -> bool:
+        """Post ``whole`` as a file (a snippet in Slack) in the request's conversation."""
+        folder = self.settings.runner.state_dir / "requests"
+        path = folder / f"request-{approval.number}.md"
+        try:
+            await asyncio.to_thread(_write_private, path, whole)
+            reply = replace(in_conversation(batch, comment, ReplyKind.NOTICE), file=str(path))
+            return await self.replier.post_file(reply, f"request-{approval.id}")
+        finally:
+            await asyncio.to_thread(path.unlink, missing_ok=True)
+
+    async def _refuse_unseen(self, batch: Batch, approval: Approval, problem: str) -> None:
+        """Deny a request nobody could be shown faithfully: never approved blind."""
+        reason = f"not shown to the room, so not asked: {problem}"
+        if not await self.store.decide_approval(
+            approval, ApprovalState.DENIED, None, self.wall_clock(), reason
+        ):
+            return
+        told = (
+            f"This tool use was denied without asking: chatbridge cannot show it to the"
+            f" user faithfully ({problem}). Do it another way the user can review."
+        )
+        note = await self._answer(approval, ApprovalChoice.DENY, told)
+        text = (
+            f"Claude asked to use {code_span(approval.tool_name, 100)} (request"
+            f" `#{approval.number}`): denied without asking, since it cannot be shown here"
+            f" faithfully ({problem}). Nothing ran. {note}"
+        ).rstrip()
+        await self.replier.send(in_conversation(batch, text, ReplyKind.NOTICE))
 
     async def run_ended(self, room: RoomKey, run_id: RunId, how: str) -> None:
         """The run is over: what it still waited on can no longer be answered."""
@@ -247,3 +317,10 @@ class ApprovalFlow:
         shown = current or approval
         if shown.message_id is not None:
             await self.replier.close_approval(shown.room, shown.message_id, outcome_text(shown))
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
+        f.write(text)

@@ -188,6 +188,30 @@ class Replier:
                 return None
         return None
 
+    def approval_fits(self, room: RoomKey, text: str) -> bool:
+        """Whether a request of ``text`` shows whole in one message of ``room``."""
+        transport = self._transport(room)
+        return transport is None or transport.approval_fits(room, safe_text(text))
+
+    async def post_file(self, reply: Reply, key: str) -> bool:
+        """Post the file ``reply.file`` now (a request's whole text); False if it was not."""
+        transport = self._transport(reply.room)
+        if transport is None:
+            return False
+        safe = replace(reply, text=safe_text(reply.text))
+        for _ in range(APPROVAL_TRIES):
+            try:
+                await transport.send_file(safe, key)
+            except RateLimited as exc:
+                self.rate_limited(reply.room.transport, exc.retry_after_s)
+                await asyncio.sleep(exc.retry_after_s)
+                continue
+            except Exception:
+                log.warning("could not post a file to %s", reply.room, exc_info=True)
+                return False
+            return True
+        return False
+
     async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         """Show a request as decided (its buttons go); best effort, rate limits waited out."""
         transport = self._transport(room)

@@ -73,6 +73,12 @@ class Transport:
         """
         return await self.send(request)
 
+    def approval_fits(self, room: RoomKey, text: str) -> bool:
+        """Whether a request whose text (Markdown) is ``text`` shows whole in one message
+        of ``room``; if not, the bridge posts the whole as a file first and the request
+        shortened. By default (a terminal) every text fits."""
+        return True
+
     async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         """Show an approval request as decided (``text``: its outcome); its actions go.
 
