@@ -27,7 +27,11 @@ def test_a_shortened_command_keeps_its_tail_and_says_where_the_whole_is() -> Non
 
 
 def test_every_bash_field_is_shown() -> None:
-    tool_input = {"command": "make test", "dangerouslyDisableSandbox": True, "run_in_background": True}
+    tool_input = {
+        "command": "make test",
+        "dangerouslyDisableSandbox": True,
+        "run_in_background": True,
+    }
     shown = render("Bash", tool_input).markdown()
     assert "dangerouslyDisableSandbox: `true`" in shown
     assert "run_in_background: `true`" in shown
