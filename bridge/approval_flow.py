@@ -150,7 +150,7 @@ class ApprovalFlow:
                 in_conversation(batch, text, ReplyKind.NOTICE), f"#{approval.number}"
             )
         comment = (
-            f"Request `#{approval.number}` in full ({view.size} characters): what"
+            f"The whole of request `#{approval.number}` ({view.size} characters): what"
             f" `{prefix}approve #{approval.number}` lets run."
         )
         if not await self._post_whole(batch, approval, view.markdown(), comment):
