@@ -21,9 +21,10 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from bridge.approval_desk import ApprovalDesk
 from bridge.approval_text import code_span, outcome_text, parse_input, request_text
@@ -35,7 +36,7 @@ from bridge.approvals import (
     timeout_message,
 )
 from bridge.config import Settings
-from bridge.core.model import Batch, ExternalMessageId, ReplyKind, RoomKey, RunId, UserId
+from bridge.core.model import Batch, ExternalMessageId, Reply, ReplyKind, RoomKey, RunId, UserId
 from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
 from bridge.live_runs import LiveRuns
 from bridge.replies import Replier, in_conversation
@@ -79,6 +80,8 @@ class ApprovalFlow:
     forward: Callable[[ApprovalAction, RoomKey], Awaitable[None]] | None = None
     """Hands an action on another replica's request to that replica."""
     _posting: set[asyncio.Future[None]] = field(default_factory=set)
+    _followups: set[asyncio.Task[None]] = field(default_factory=set)
+    """Switches (``!model``, ``!mode``) waiting for claude's answer; ended with the expiry loop."""
     """Asks posting their request now: a click may come before its id is recorded."""
 
     def desk(self) -> ApprovalDesk:
@@ -258,12 +261,19 @@ class ApprovalFlow:
         return len(await self.desk().expire_due())
 
     async def expire_forever(self) -> None:
-        while True:
-            try:
-                await self.expire_due()
-            except StoreError:
-                log.warning("checking tool requests for expiry failed", exc_info=True)
-            await asyncio.sleep(EXPIRY_CHECK_S)
+        """Deny expired requests until cancelled (the service's task), then end the
+        switches still waiting for claude's answer."""
+        try:
+            while True:
+                try:
+                    await self.expire_due()
+                except StoreError:
+                    log.warning("checking tool requests for expiry failed", exc_info=True)
+                await asyncio.sleep(EXPIRY_CHECK_S)
+        finally:
+            for task in list(self._followups):
+                task.cancel()
+            await asyncio.gather(*self._followups, return_exceptions=True)
 
     # -- LiveControls --
 
@@ -275,23 +285,46 @@ class ApprovalFlow:
         return note
 
     async def set_model(self, room: RoomKey, name: str) -> str:
-        return await self._switch(room, "model", lambda control: control.set_model(name))
+        return self._switch(room, "model", lambda control: control.set_model(name))
 
     async def set_mode(self, room: RoomKey, mode: str) -> str:
-        return await self._switch(room, "mode", lambda control: control.set_permission_mode(mode))
+        return self._switch(room, "mode", lambda control: control.set_permission_mode(mode))
 
-    async def _switch(
-        self, room: RoomKey, what: str, change: Callable[[RunControl], Awaitable[None]]
+    def _switch(
+        self,
+        room: RoomKey,
+        what: str,
+        change: Callable[[RunControl], Coroutine[Any, Any, dict[str, Any]]],
     ) -> str:
-        """Apply ``change`` to the room's running run, if any; a note for the room."""
+        """Ask the room's running run, if any, for ``change``; a note for the room.
+
+        The request is written now; claude's answer is awaited by a task of its
+        own, which tells the room only if the switch failed. A command never
+        waits on claude: a claude that stops answering holds up no other
+        command or message, in this room or any other.
+        """
         control = self.runs.control(room)
         if control is None or not control.accepting:
             return ""
         try:
-            await change(control)
-        except (ControlError, InputClosed) as exc:
+            answer = change(control)
+        except InputClosed as exc:
             return f"The running run keeps its {what} ({exc}); the next runs use it."
+        task = asyncio.get_running_loop().create_task(
+            self._told_if_refused(room, what, answer), name=f"{what} switch in {room}"
+        )
+        self._followups.add(task)
+        task.add_done_callback(self._followups.discard)
         return "The running run uses it from its next step."
+
+    async def _told_if_refused(
+        self, room: RoomKey, what: str, answer: Coroutine[Any, Any, dict[str, Any]]
+    ) -> None:
+        try:
+            await answer
+        except (ControlError, InputClosed) as exc:
+            text = f"The running run keeps its {what} ({exc}); the next runs use it."
+            await self.replier.send(Reply(room, text, ReplyKind.NOTICE, thread=room.thread or None))
 
     async def _answer(self, approval: Approval, choice: ApprovalChoice, told: str) -> str:
         control = self.runs.control(approval.room, approval.run_id)

@@ -32,6 +32,9 @@ Behaviour switches (environment variables; unset or empty means off):
     The result text ends in half an emoji: a lone UTF-16 surrogate, which
     JSON carries as ``"\ud83d"`` (the real CLI emits that when Node's
     ``JSON.stringify`` gets a string cut inside an emoji).
+``FAKE_CLAUDE_DEAF_TO=SUBTYPE,...``
+    Never answer control requests of these subtypes (``set_model``...): a claude
+    that is hung, stopped or swapping, as the host sees it.
 ``FAKE_CLAUDE_RECORD=PATH``
     Write ``{"argv", "cwd", "env", "prompt", "pid", "children", "escaped"}`` as JSON to
     PATH (written before any output, after children are started).
@@ -1009,6 +1012,8 @@ class _Session:
 
     def _control(self, request_id: str, request: dict[str, Any]) -> None:
         subtype = request.get("subtype")
+        if subtype in _env("FAKE_CLAUDE_DEAF_TO").split(","):
+            return  # a hung claude: the request is never answered
         answer: dict[str, Any] | None = None
         error = ""
         if subtype == "initialize":
