@@ -20,6 +20,15 @@ from bridge.live_controls import LiveControls
 from bridge.store.base import Approval, ApprovalState, Store
 
 
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """What became of an answer: ``text`` for the person (None: say nothing), and
+    whether it ``decided`` the request (if not, nothing shows it but ``text``)."""
+
+    text: str | None
+    decided: bool
+
+
 @dataclass(slots=True)
 class ApprovalDesk:
     store: Store
@@ -35,13 +44,19 @@ class ApprovalDesk:
         self, sender: UserId, approval: Approval, choice: ApprovalChoice, reason: str = ""
     ) -> str | None:
         """Take ``sender``'s answer to ``approval``; returns what to tell them (None: nothing)."""
+        return (await self.take(sender, approval, choice, reason)).text
+
+    async def take(
+        self, sender: UserId, approval: Approval, choice: ApprovalChoice, reason: str = ""
+    ) -> Answered:
+        """Take ``sender``'s answer to ``approval``: what to tell them, and if it decided."""
         settings = self.rooms(approval.room)
         if settings is None:
-            return None
+            return Answered(None, False)
         verdict = judge(settings, sender, await self.batch_senders(approval))
         if verdict is not Verdict.APPROVER:
             self.refused(verdict)
-            return refusal(verdict)
+            return Answered(refusal(verdict), False)
         if approval.state is ApprovalState.PENDING:
             decided = await self.store.decide_approval(
                 approval, state_of(choice), sender, self.wall_clock(), reason
@@ -50,10 +65,10 @@ class ApprovalDesk:
                 current = await self._current(approval)
                 told = deny_message(reason) if choice is ApprovalChoice.DENY else ""
                 note = await self.live.decide(current, choice, sender, told)
-                return f"{outcome_text(current)} {note}".rstrip()
+                return Answered(f"{outcome_text(current)} {note}".rstrip(), True)
         # Someone else answered first (or it had ended): say how it stands.
         current = await self._current(approval)
-        return f"Already answered. {outcome_text(current)}"
+        return Answered(f"Already answered. {outcome_text(current)}", False)
 
     async def expire_due(self) -> list[Approval]:
         """Deny every request nobody answered in time, telling claude it timed out."""

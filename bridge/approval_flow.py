@@ -249,11 +249,15 @@ class ApprovalFlow:
             # Its run is another replica's: that one answers claude and the room.
             await self.forward(action, approval.room)
             return Accepted.ACCEPTED
-        text = await self.desk().answer(action.sender, approval, action.choice)
+        answered = await self.desk().take(action.sender, approval, action.choice)
         log.info(
             "request #%d in %s: %s by %s: %s",
-            approval.number, action.room, action.choice.value, action.sender, text,
+            approval.number, action.room, action.choice.value, action.sender, answered.text,
         )  # fmt: skip
+        if not answered.decided and answered.text is not None:
+            # Refused (not an approver, their own run) or too late: the request's
+            # message does not change, so only this tells the person why.
+            await self.replier.answer_action(action, answered.text)
         return Accepted.ACCEPTED
 
     async def expire_due(self) -> int:

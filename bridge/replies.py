@@ -29,7 +29,7 @@ from bridge.core.model import (
     TransportName,
 )
 from bridge.core.text import safe_text
-from bridge.core.transport import RateLimited, RunPhase
+from bridge.core.transport import ApprovalAction, RateLimited, RunPhase
 from bridge.pacing import Pacing
 from bridge.synthetic import is_synthetic
 from transports.base import Transport
@@ -187,6 +187,18 @@ class Replier:
                 log.warning("could not post a tool request to %s", request.room, exc_info=True)
                 return None
         return None
+
+    async def answer_action(self, action: ApprovalAction, text: str) -> None:
+        """Tell the person behind a click or reaction why it decided nothing; best effort."""
+        transport = self._transport(action.room)
+        if transport is None:
+            return
+        try:
+            await transport.answer_action(action, safe_text(text))
+        except RateLimited as exc:
+            self.rate_limited(action.room.transport, exc.retry_after_s)
+        except Exception:
+            log.warning("could not answer an action in %s", action.room, exc_info=True)
 
     def approval_fits(self, room: RoomKey, text: str) -> bool:
         """Whether a request of ``text`` shows whole in one message of ``room``."""

@@ -77,6 +77,18 @@ async def wait_closed(b: Bridged, ts: str, outcome: str) -> dict[str, Any]:
     return await message(b, ts)
 
 
+async def wait_for_ephemeral(b: Bridged, user: str, text: str) -> None:
+    """A message of the bot that only ``user`` sees, saying ``text``."""
+
+    async def told() -> bool:
+        return any(
+            m.get("subtype") == "ephemeral" and m.get("ephemeral_to") == user and text in m["text"]
+            for m in await b.slack.messages()
+        )
+
+    await b.wait_until(told, f"{user} told {text!r}")
+
+
 async def wait_for_answer(b: Bridged, prompt: str) -> None:
     async def answered() -> bool:
         return any(
@@ -129,6 +141,8 @@ async def test_buttons_allow_and_deny_and_only_approvers_clicks_count(
             return any("allow by U0ALICE" in line and "not an approver" in line for line in b.log)
 
         await b.wait_until(refused, "alice's click refused")
+        # ...and she is told so, privately.
+        await wait_for_ephemeral(b, peer.ALICE, "not an approver")
         assert tool_log(tmp_path) == []
         assert buttons(await message(b, ts))  # still open, the run still waits
 
@@ -138,8 +152,10 @@ async def test_buttons_allow_and_deny_and_only_approvers_clicks_count(
         assert "U0BOB" in str(closed["text"])
         assert [t["command"] for t in tool_log(tmp_path)] == [command]
 
-        # The same click again (a redelivery, a second tab): nothing more runs.
+        # The same click again (a redelivery, a second tab): nothing more runs, and
+        # Bob hears why.
         await b.slack.click(peer.BOB, ts, buttons(request)["allow"])
+        await wait_for_ephemeral(b, peer.BOB, "Already answered")
 
         await b.slack.post_message(peer.ALICE, "second task")
         second = await wait_for_request(b, 2)

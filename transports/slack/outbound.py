@@ -29,7 +29,7 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bridge.core import stages
-from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey
+from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey, UserId
 from bridge.core.transport import (
     Delivery,
     RateLimited,
@@ -413,6 +413,18 @@ class SlackOutbound:
             args["thread_ts"] = thread
         response = await self._call("chat.postMessage", **args)
         return ExternalMessageId(str(response["ts"]))
+
+    async def ephemeral(self, room: RoomKey, user: UserId, text: str) -> None:
+        """Post ``text`` in ``room`` visible to ``user`` only (``chat.postEphemeral``)."""
+        chunks = self._chunks(text) or [" "]
+        await self._call(
+            "chat.postEphemeral",
+            channel=room.room_id,
+            user=user,
+            text=to_mrkdwn(chunks[0]),
+            parse="none",
+            link_names=False,
+        )
 
     async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         """Replace an approval request by its outcome; the buttons go with the old blocks.

@@ -421,6 +421,10 @@ class SlackTransport(Transport):
         """Post the request with Allow once · Allow for this session · Deny buttons."""
         return await self._outbound.post_approval(request, ref)
 
+    async def answer_action(self, action: ApprovalAction, text: str) -> None:
+        """An ephemeral message: only the person who clicked sees it."""
+        await self._outbound.ephemeral(action.room, action.sender, text)
+
     def approval_fits(self, room: RoomKey, text: str) -> bool:
         """Measured as sent: after rendering and escaping (``&`` becomes ``&amp;``)."""
         return approval_fits(text)
