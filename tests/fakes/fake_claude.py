@@ -47,6 +47,8 @@ Behaviour switches (environment variables; unset or empty means off):
 ``FAKE_CLAUDE_TOOL_COMMAND=CMD``
     The command shown in the tool_use (default ``echo hello``);
     ``FAKE_CLAUDE_NO_TOOL=1`` skips the tool_use/tool_result pair.
+``FAKE_CLAUDE_TOOL_FIELDS=JSON``
+    More fields of that Bash input (``{"run_in_background": true}``).
 ``FAKE_CLAUDE_SLEEP=SECONDS``
     Print nothing for this long after the tool_result, before the result
     (for stop, stall and timeout tests).
@@ -1284,6 +1286,7 @@ class _Session:
         sid = self._session_id
         tool_id = "toolu_" + _uuid4().replace("-", "")[:20]
         tool_input: dict[str, Any] = {"command": command}
+        tool_input.update(json.loads(_env("FAKE_CLAUDE_TOOL_FIELDS") or "{}"))
         block = {"type": "tool_use", "id": tool_id, "name": "Bash", "input": tool_input}
         _line(_assistant(sid, block))
         if self._asks("Bash"):
