@@ -41,7 +41,7 @@ from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
 from bridge.live_runs import LiveRuns
 from bridge.replies import Replier, in_conversation
 from bridge.store.base import Approval, ApprovalState, Store, StoreError
-from bridge.tool_view import ToolView, render
+from bridge.tool_view import ToolView, input_digest, render
 from runner.control import Allow, ControlError, Deny, InputClosed, RunControl
 from runner.events import PermissionAsked
 
@@ -52,6 +52,7 @@ POSTING_WAIT_S = 10.0
 SHORT_BLOCK = 1200
 """Characters of a long field a shortened request shows (head and tail), to start with."""
 MIN_BLOCK = 80
+CHANGED = "Denied: this tool use is not the one the user was shown and approved. Ask again."
 PERSON_TOOLS = frozenset({"AskUserQuestion", "ExitPlanMode"})
 """Tools that need a person and are answered in chat (not as approvals of a tool use)."""
 EXPIRY_CHECK_S = 5.0
@@ -336,12 +337,16 @@ class ApprovalFlow:
             return "(The run had already ended.)"
         asked = self.runs.request(approval.room, approval.run_id, approval.request_id)
         decision: Allow | Deny
+        # The input shown (recorded when asked) is the one an allow applies to: should
+        # claude's request now carry another, it is denied, never allowed unseen.
+        shown = parse_input(approval.input_json)
         if choice is ApprovalChoice.DENY:
             decision = Deny(told)
+        elif asked is not None and input_digest(asked.input) != input_digest(shown):
+            decision = Deny(CHANGED)
         else:
-            tool_input = asked.input if asked is not None else parse_input(approval.input_json)
             session = choice is ApprovalChoice.ALLOW_SESSION and asked is not None
-            decision = Allow(tool_input, asked.suggestions if session and asked else ())
+            decision = Allow(shown, asked.suggestions if session and asked else ())
         try:
             delivered = control.answer(approval.request_id, decision)
         except InputClosed:
