@@ -57,12 +57,14 @@ class Bound(Asking):
     def act(self, choice: ApprovalChoice) -> ApprovalAction:
         return ApprovalAction(self.key, self.user, POSTED, choice)
 
-    def answers(self) -> list[dict[str, object]]:
-        return [
-            cast(dict[str, object], line["response"])["response"]  # type: ignore[index]
-            for line in self.written
-            if line["type"] == "control_response"
-        ]
+    def answers(self) -> list[object]:
+        """claude's stdin: the ``response`` of each answer to a permission request."""
+        found = []
+        for line in self.written:
+            if line["type"] == "control_response":
+                outer = cast(dict[str, object], line["response"])
+                found.append(outer["response"])
+        return found
 
 
 async def test_an_allow_sends_back_the_input_shown_not_another(tmp_path: Path) -> None:
