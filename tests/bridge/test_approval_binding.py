@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import cast
 
+import pytest
+
 from bridge.approval_flow import CHANGED, ApprovalFlow
 from bridge.core.model import Reply
 from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
@@ -96,3 +98,45 @@ async def test_a_click_too_late_is_answered_to_the_person(tmp_path: Path) -> Non
     assert action.choice is ApprovalChoice.ALLOW
     assert text.startswith("Already answered.")
     assert len(bound.answers()) == 1
+
+
+class Room(Told):
+    """Also keeps what the room was sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[str] = []
+
+    async def send(self, reply: Reply) -> None:
+        self.sent.append(reply.text)
+
+
+@pytest.mark.parametrize(
+    ("event", "why"),
+    [
+        (
+            PermissionAsked("r1", "Bash", {"command": "printf 'a\0b'"}, "tu1", "", ()),
+            "binary data",
+        ),
+        (
+            PermissionAsked("r1", "SomeDialog", {}, "tu1", "", (), requires_user_interaction=True),
+            "only its own user interface",
+        ),
+    ],
+)
+async def test_what_cannot_be_shown_faithfully_is_denied_unasked(
+    tmp_path: Path, event: PermissionAsked, why: str
+) -> None:
+    bound = Bound(tmp_path)
+    room = Room()
+    bound.flow.replier = cast(Replier, room)
+    await bound.asks(event)
+    assert not room.posted.is_set()  # never offered for approval
+    [said] = room.sent
+    assert "denied without asking" in said
+    assert why in said
+    [answer] = bound.answers()
+    assert isinstance(answer, dict)
+    assert answer["behavior"] == "deny"
+    assert why in str(answer["message"])
+    assert await bound.store.pending_approvals() == []
