@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 from bridge.core.model import (
     Batch,
@@ -33,6 +34,8 @@ from bridge.core.transport import ApprovalAction, RateLimited, RunPhase
 from bridge.pacing import Pacing
 from bridge.synthetic import is_synthetic
 from transports.base import Transport
+
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -177,14 +180,22 @@ class Replier:
         if transport is None:
             return None
         safe = replace(request, text=safe_text(request.text))
+        return await self._insisting(
+            request.room, "a tool request", lambda: transport.post_approval(safe, ref)
+        )
+
+    async def _insisting(
+        self, room: RoomKey, what: str, post: Callable[[], Awaitable[_T]]
+    ) -> _T | None:
+        """``post()``'s result, rate limits waited out (a few times); None if it failed."""
         for _ in range(APPROVAL_TRIES):
             try:
-                return await transport.post_approval(safe, ref)
+                return await post()
             except RateLimited as exc:
-                self.rate_limited(request.room.transport, exc.retry_after_s)
+                self.rate_limited(room.transport, exc.retry_after_s)
                 await asyncio.sleep(exc.retry_after_s)
             except Exception:
-                log.warning("could not post a tool request to %s", request.room, exc_info=True)
+                log.warning("could not post %s to %s", what, room, exc_info=True)
                 return None
         return None
 
@@ -211,18 +222,12 @@ class Replier:
         if transport is None:
             return False
         safe = replace(reply, text=safe_text(reply.text))
-        for _ in range(APPROVAL_TRIES):
-            try:
-                await transport.send_file(safe, key)
-            except RateLimited as exc:
-                self.rate_limited(reply.room.transport, exc.retry_after_s)
-                await asyncio.sleep(exc.retry_after_s)
-                continue
-            except Exception:
-                log.warning("could not post a file to %s", reply.room, exc_info=True)
-                return False
+
+        async def post() -> bool:
+            await transport.send_file(safe, key)
             return True
-        return False
+
+        return await self._insisting(reply.room, "a file", post) is not None
 
     async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         """Show a request as decided (its buttons go); best effort, rate limits waited out."""

@@ -10,6 +10,7 @@ import pytest
 
 from bridge.config import load_settings
 from tests.bridge.harness import ConsoleSession, write_config
+from tests.bridge.test_tool_view import replace_all_edit
 from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin, claude_env
 
 pytestmark = [
@@ -24,14 +25,7 @@ WAIT_S = 120
 async def test_an_edit_with_replace_all_is_shown_as_the_files_diff_and_runs_as_shown(
     tmp_path: Path,
 ) -> None:
-    conf = tmp_path / "app.conf"
-    conf.write_text("name = x\ndebug = false\nport = 1\ndebug = false\n")
-    edit = {
-        "file_path": str(conf),
-        "old_string": "debug = false",
-        "new_string": "debug = true",
-        "replace_all": True,
-    }
+    conf, edit = replace_all_edit(tmp_path)
     script = [
         # The CLI edits only a file it has read.
         Turn(tools=(ToolCall("Read", {"file_path": str(conf)}),)),

@@ -42,7 +42,8 @@ def test_a_key_no_version_knew_is_shown() -> None:
     assert 'new_flag_2027: `{"x":[1,2]}`' in shown
 
 
-def test_an_edit_is_a_diff_of_the_file_as_it_is_now_with_replace_all(tmp_path: Path) -> None:
+def replace_all_edit(tmp_path: Path) -> tuple[Path, dict[str, object]]:
+    """A config file with a line twice, and an Edit turning both with ``replace_all``."""
     conf = tmp_path / "app.conf"
     conf.write_text("name = x\ndebug = false\nport = 1\ndebug = false\n")
     edit = {
@@ -51,6 +52,11 @@ def test_an_edit_is_a_diff_of_the_file_as_it_is_now_with_replace_all(tmp_path: P
         "new_string": "debug = true",
         "replace_all": True,
     }
+    return conf, edit
+
+
+def test_an_edit_is_a_diff_of_the_file_as_it_is_now_with_replace_all(tmp_path: Path) -> None:
+    conf, edit = replace_all_edit(tmp_path)
     shown = render("Edit", edit).markdown()
     assert "replace_all: `true`" in shown
     # Both occurrences change: what replace_all does to the file, not one replacement.

@@ -382,15 +382,19 @@ class SlackOutbound:
 
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         """Replace a posted message's text (cut to the message limit: an edit is one message)."""
-        chunks = self._chunks(text) or [" "]
         await self._call(
             "chat.update",
             channel=room.room_id,
             ts=message_id,
-            text=to_mrkdwn(chunks[0]),
+            text=self._one_message(text),
             parse="none",
             link_names=False,
         )
+
+    def _one_message(self, text: str) -> str:
+        """``text`` as one message's mrkdwn (cut to the message limit)."""
+        chunks = self._chunks(text) or [" "]
+        return to_mrkdwn(chunks[0])
 
     async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId:
         """Post an approval request with its buttons (see :mod:`.approvals`); returns its ts.
@@ -416,12 +420,11 @@ class SlackOutbound:
 
     async def ephemeral(self, room: RoomKey, user: UserId, text: str) -> None:
         """Post ``text`` in ``room`` visible to ``user`` only (``chat.postEphemeral``)."""
-        chunks = self._chunks(text) or [" "]
         await self._call(
             "chat.postEphemeral",
             channel=room.room_id,
             user=user,
-            text=to_mrkdwn(chunks[0]),
+            text=self._one_message(text),
             parse="none",
             link_names=False,
         )
