@@ -42,6 +42,7 @@ from bridge.live_runs import LiveRuns
 from bridge.replies import Replier, in_conversation
 from bridge.store.base import Approval, ApprovalState, Store, StoreError
 from bridge.tool_view import ToolView, input_digest, render
+from bridge.worktrees import in_worktree
 from runner.control import Allow, ControlError, Deny, InputClosed, RunControl
 from runner.events import PermissionAsked
 
@@ -123,7 +124,8 @@ class ApprovalFlow:
             return
         if approval.state is not ApprovalState.PENDING or approval.message_id is not None:
             return
-        view = render(event.tool_name, event.input, room.cwd)
+        # Where claude runs (a thread's worktree, if it has one): relative paths are there.
+        view = render(event.tool_name, event.input, in_worktree(batch.room, room).cwd)
         problem = view.problem
         if event.requires_user_interaction and event.tool_name not in PERSON_TOOLS:
             problem = "claude says only its own user interface can answer this tool"
