@@ -33,9 +33,10 @@ def clip(text: str, limit: int) -> str:
     return f"{text[:limit]}… ({len(text) - limit} more characters)"
 
 
-def code_span(text: str, limit: int = FIELD_LIMIT) -> str:
-    """``text`` as one inline code span that nothing in it can close."""
-    shown = clip(visible(text), limit)
+def code_span(text: str, limit: int | None = FIELD_LIMIT) -> str:
+    """``text`` as one inline code span that nothing in it can close (cut to ``limit``
+    characters, saying so; None: whole)."""
+    shown = visible(text) if limit is None else clip(visible(text), limit)
     longest = max((len(run) for run in _BACKTICKS.findall(shown)), default=0)
     ticks = "`" * (longest + 1)
     # CommonMark strips one space each side: padding keeps edge backticks apart.

@@ -60,7 +60,7 @@ class ToolView:
         lines = []
         for part in self.parts:
             if part.info is None:
-                lines.append(f"{part.label}: {code_span(part.text, len(part.text))}")
+                lines.append(f"{part.label}: {code_span(part.text, None)}")
                 continue
             text = part.text if limit is None else _ends(part.text, limit)
             lines.append(f"{part.label}:\n{code_block(text, part.info)}")

@@ -125,3 +125,10 @@ def test_no_key_of_any_input_is_dropped(tool_input: dict[str, object]) -> None:
     view = render("mcp__any__tool", tool_input)
     labels = [part.label for part in view.parts]
     assert labels == list(tool_input)
+
+
+def test_a_short_field_full_of_escapes_is_shown_whole() -> None:
+    # Each control character shows as an escape: longer than the field, never cut.
+    shown = render("Bash", {"command": "ls", "note": "\x1b" * 150}).markdown()
+    assert shown.count("\\u{001b}") == 150
+    assert "more characters" not in shown
