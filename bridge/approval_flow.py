@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,10 @@ SHORT_BLOCK = 1200
 """Characters of a long field a shortened request shows (head and tail), to start with."""
 MIN_BLOCK = 80
 CHANGED = "Denied: this tool use is not the one the user was shown and approved. Ask again."
+STALE = (
+    "Denied: the file changed since the user was shown this edit, so it would not do"
+    " what they approved. Read the file again and ask again."
+)
 PERSON_TOOLS = frozenset({"AskUserQuestion", "ExitPlanMode"})
 """Tools that need a person and are answered in chat (not as approvals of a tool use)."""
 EXPIRY_CHECK_S = 5.0
@@ -99,6 +103,8 @@ class ApprovalFlow:
         if room is None:
             return
         self.runs.asked(batch.room, run_id, event)
+        # As the room will be shown it, the file to edit as it is now (read off the loop).
+        view = await self._view(batch.room, event.tool_name, event.input)
         now = self.wall_clock()
         approval = await self.store.add_approval(
             batch.room,
@@ -108,6 +114,7 @@ class ApprovalFlow:
             input_json=json.dumps(event.input, ensure_ascii=False),
             asked_at=now,
             expires_at=now + room.approval_timeout_s,
+            shown_digest=view.digest,
         )
         choice = _CHOICES.get(approval.state)
         if choice is not None:
@@ -124,8 +131,6 @@ class ApprovalFlow:
             return
         if approval.state is not ApprovalState.PENDING or approval.message_id is not None:
             return
-        # Where claude runs (a thread's worktree, if it has one): relative paths are there.
-        view = render(event.tool_name, event.input, in_worktree(batch.room, room).cwd)
         problem = view.problem
         if event.requires_user_interaction and event.tool_name not in PERSON_TOOLS:
             problem = "claude says only its own user interface can answer this tool"
@@ -333,12 +338,20 @@ class ApprovalFlow:
             text = f"The running run keeps its {what} ({exc}); the next runs use it."
             await self.replier.send(Reply(room, text, ReplyKind.NOTICE, thread=room.thread or None))
 
+    async def _view(self, room: RoomKey, tool_name: str, tool_input: Mapping[str, Any]) -> ToolView:
+        """``tool_input`` as shown in ``room``: relative paths are read where claude runs
+        (a thread's worktree, if it has one)."""
+        settings = self.settings.room(room)
+        cwd = None if settings is None else in_worktree(room, settings).cwd
+        return await asyncio.to_thread(render, tool_name, tool_input, cwd)
+
     async def _answer(self, approval: Approval, choice: ApprovalChoice, told: str) -> str:
         control = self.runs.control(approval.room, approval.run_id)
         if control is None:
             return "(The run had already ended.)"
         asked = self.runs.request(approval.room, approval.run_id, approval.request_id)
         decision: Allow | Deny
+        stale = False
         # The input shown (recorded when asked) is the one an allow applies to: should
         # claude's request now carry another, it is denied, never allowed unseen.
         shown = parse_input(approval.input_json)
@@ -346,6 +359,15 @@ class ApprovalFlow:
             decision = Deny(told)
         elif asked is not None and input_digest(asked.input) != input_digest(shown):
             decision = Deny(CHANGED)
+        elif (
+            approval.shown_digest
+            and approval.shown_digest
+            != (await self._view(approval.room, approval.tool_name, shown)).digest
+        ):
+            # The same input would now do something else (the file was changed
+            # since it was shown): what was approved is not what would run.
+            decision = Deny(STALE)
+            stale = True
         else:
             session = choice is ApprovalChoice.ALLOW_SESSION and asked is not None
             decision = Allow(shown, asked.suggestions if session and asked else ())
@@ -353,6 +375,8 @@ class ApprovalFlow:
             delivered = control.answer(approval.request_id, decision)
         except InputClosed:
             return "(The run had already ended.)"
+        if stale and delivered:
+            return "(Not run: the file changed since it was shown; claude was asked to ask again.)"
         # False: answered already (a replay after a restart), or withdrawn by claude.
         return "" if delivered else "(claude no longer waits on it.)"
 

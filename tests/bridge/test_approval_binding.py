@@ -8,7 +8,7 @@ from typing import cast
 
 import pytest
 
-from bridge.approval_flow import CHANGED, ApprovalFlow
+from bridge.approval_flow import CHANGED, STALE, ApprovalFlow
 from bridge.core.model import Reply
 from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
 from bridge.live_runs import LiveRuns
@@ -140,3 +140,29 @@ async def test_what_cannot_be_shown_faithfully_is_denied_unasked(
     assert answer["behavior"] == "deny"
     assert why in str(answer["message"])
     assert await bound.store.pending_approvals() == []
+
+
+async def test_an_edit_of_a_file_changed_since_it_was_shown_is_not_allowed(
+    tmp_path: Path,
+) -> None:
+    conf = tmp_path / "app.conf"
+    conf.write_text("debug = false\n")
+    edit = {"file_path": str(conf), "old_string": "debug", "new_string": "trace"}
+    bound = Bound(tmp_path)
+    await bound.asks(PermissionAsked("r1", "Edit", edit, "tu1", "", ()))
+    # Shown: one line changes. Now the same edit would change two.
+    conf.write_text("debug = false\ndebug_port = 1\n")
+    await bound.flow.on_action(bound.act(ApprovalChoice.ALLOW))
+    [answer] = bound.answers()
+    assert answer == {"behavior": "deny", "message": STALE}
+
+
+async def test_an_edit_of_an_unchanged_file_is_allowed_as_shown(tmp_path: Path) -> None:
+    conf = tmp_path / "app.conf"
+    conf.write_text("debug = false\n")
+    edit = {"file_path": str(conf), "old_string": "debug", "new_string": "trace"}
+    bound = Bound(tmp_path)
+    await bound.asks(PermissionAsked("r1", "Edit", edit, "tu1", "", ()))
+    await bound.flow.on_action(bound.act(ApprovalChoice.ALLOW))
+    [answer] = bound.answers()
+    assert answer == {"behavior": "allow", "updatedInput": edit}
