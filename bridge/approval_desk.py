@@ -35,6 +35,15 @@ from bridge.tool_rules import keepable, rule_for
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """What became of an answer: ``text`` for the person (None: say nothing), and
+    whether it ``decided`` the request (if not, nothing shows it but ``text``)."""
+
+    text: str | None
+    decided: bool
+
+
 @dataclass(slots=True)
 class ApprovalDesk:
     store: Store
@@ -60,13 +69,25 @@ class ApprovalDesk:
         ``for_room``: keep the answer as a rule of the room (allow or deny);
         ``ALLOW_SESSION`` keeps an allow rule of the run's session.
         """
+        return (await self.take(sender, approval, choice, reason, for_room=for_room)).text
+
+    async def take(
+        self,
+        sender: UserId,
+        approval: Approval,
+        choice: ApprovalChoice,
+        reason: str = "",
+        *,
+        for_room: bool = False,
+    ) -> Answered:
+        """Take ``sender``'s answer to ``approval``: what to tell them, and if it decided."""
         settings = self.rooms(approval.room)
         if settings is None:
-            return None
+            return Answered(None, False)
         verdict = judge(settings, sender, await self.batch_senders(approval))
         if verdict is not Verdict.APPROVER:
             self.refused(verdict)
-            return refusal(verdict)
+            return Answered(refusal(verdict), False)
         if approval.state is ApprovalState.PENDING:
             decided = await self.store.decide_approval(
                 approval, state_of(choice), sender, self.wall_clock(), reason
@@ -78,10 +99,11 @@ class ApprovalDesk:
                 note = await self.live.decide(current, choice, sender, told)
                 if kept is not None:
                     await self.live.apply_rules(current.room)
-                return " ".join(part for part in (outcome_text(current), said, note) if part)
+                text = " ".join(part for part in (outcome_text(current), said, note) if part)
+                return Answered(text, True)
         # Someone else answered first (or it had ended): say how it stands.
         current = await self._current(approval)
-        return f"Already answered. {outcome_text(current)}"
+        return Answered(f"Already answered. {outcome_text(current)}", False)
 
     async def _keep(
         self, sender: UserId, approval: Approval, choice: ApprovalChoice, for_room: bool

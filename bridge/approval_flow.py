@@ -25,12 +25,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
 
 from bridge.approval_desk import ApprovalDesk
-from bridge.approval_text import outcome_text, parse_input, request_text
+from bridge.approval_text import code_span, outcome_text, parse_input, request_text
 from bridge.approvals import (
     WITHDRAWN,
     Verdict,
@@ -39,12 +42,23 @@ from bridge.approvals import (
     timeout_message,
 )
 from bridge.config import Settings
-from bridge.core.model import Batch, ReplyKind, RoomKey, RunId, SessionId, UserId
+from bridge.core.model import (
+    Batch,
+    ExternalMessageId,
+    Reply,
+    ReplyKind,
+    RoomKey,
+    RunId,
+    SessionId,
+    UserId,
+)
 from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
 from bridge.live_runs import LiveRuns
 from bridge.replies import Replier, in_conversation
 from bridge.store.base import Approval, ApprovalState, RuleEffect, Store, StoreError
 from bridge.tool_rules import ruling
+from bridge.tool_view import ToolView, input_digest, render
+from bridge.worktrees import in_worktree
 from runner.control import Allow, ControlError, Deny, InputClosed, RunControl
 from runner.events import PermissionAsked
 
@@ -52,6 +66,16 @@ log = logging.getLogger(__name__)
 
 POSTING_WAIT_S = 10.0
 """How long an action on an unknown message waits for requests still being posted."""
+SHORT_BLOCK = 1200
+"""Characters of a long field a shortened request shows (head and tail), to start with."""
+MIN_BLOCK = 80
+CHANGED = "Denied: this tool use is not the one the user was shown and approved. Ask again."
+STALE = (
+    "Denied: the file changed since the user was shown this edit, so it would not do"
+    " what they approved. Read the file again and ask again."
+)
+PERSON_TOOLS = frozenset({"AskUserQuestion", "ExitPlanMode"})
+"""Tools that need a person and are answered in chat (not as approvals of a tool use)."""
 EXPIRY_CHECK_S = 5.0
 """How often waiting requests are checked for their expiry (a 900 s default wait)."""
 
@@ -78,6 +102,8 @@ class ApprovalFlow:
     forward: Callable[[ApprovalAction, RoomKey], Awaitable[None]] | None = None
     """Hands an action on another replica's request to that replica."""
     _posting: set[asyncio.Future[None]] = field(default_factory=set)
+    _followups: set[asyncio.Task[None]] = field(default_factory=set)
+    """Switches (``!model``, ``!mode``) waiting for claude's answer; ended with the expiry loop."""
     """Asks posting their request now: a click may come before its id is recorded."""
 
     def desk(self) -> ApprovalDesk:
@@ -93,6 +119,8 @@ class ApprovalFlow:
         if room is None:
             return
         self.runs.asked(batch.room, run_id, event)
+        # As the room will be shown it, the file to edit as it is now (read off the loop).
+        view = await self._view(batch.room, event.tool_name, event.input)
         now = self.wall_clock()
         approval = await self.store.add_approval(
             batch.room,
@@ -102,6 +130,7 @@ class ApprovalFlow:
             input_json=json.dumps(event.input, ensure_ascii=False),
             asked_at=now,
             expires_at=now + room.approval_timeout_s,
+            shown_digest=view.digest,
         )
         if approval.state is ApprovalState.PENDING and approval.message_id is None:
             # New (or never posted): the kept rules may decide it.
@@ -121,15 +150,18 @@ class ApprovalFlow:
             return
         if approval.state is not ApprovalState.PENDING or approval.message_id is not None:
             return
-        text = request_text(approval, self.settings.commands.prefix, room.approval_timeout_s)
+        problem = view.problem
+        if event.requires_user_interaction and event.tool_name not in PERSON_TOOLS:
+            problem = "claude says only its own user interface can answer this tool"
+        if problem is not None:
+            await self._refuse_unseen(batch, approval, problem)
+            return
         # Done once the post is recorded (or failed): a click waits for this, not for
         # the task posting, which is the run's own and lives as long as the run.
         posting: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._posting.add(posting)
         try:
-            posted = await self.replier.post_approval(
-                in_conversation(batch, text, ReplyKind.NOTICE), f"#{approval.number}"
-            )
+            posted = await self._post(batch, approval, view, room.approval_timeout_s)
             if posted is not None:
                 await self.store.set_approval_message(approval, posted)
         finally:
@@ -183,6 +215,64 @@ class ApprovalFlow:
         session = self.runs.session(room)
         return session if session is not None else await self.store.get_session(room)
 
+    async def _post(
+        self, batch: Batch, approval: Approval, view: ToolView, timeout_s: float
+    ) -> ExternalMessageId | None:
+        """Post the request whole if the room's message holds it; otherwise the whole as
+        a file first, then the request shortened (saying so) with its actions."""
+        prefix = self.settings.commands.prefix
+        text = request_text(approval, prefix, timeout_s, view.markdown())
+        if self.replier.approval_fits(batch.room, text):
+            return await self.replier.post_approval(
+                in_conversation(batch, text, ReplyKind.NOTICE), f"#{approval.number}"
+            )
+        comment = (
+            f"The whole of request `#{approval.number}` ({view.size} characters): what"
+            f" `{prefix}approve #{approval.number}` lets run."
+        )
+        if not await self._post_whole(batch, approval, view.markdown(), comment):
+            await self._refuse_unseen(batch, approval, "the room could not be shown it in full")
+            return None
+        limit = SHORT_BLOCK
+        while True:
+            text = request_text(approval, prefix, timeout_s, view.markdown(limit))
+            if limit <= MIN_BLOCK or self.replier.approval_fits(batch.room, text):
+                break
+            limit //= 2
+        return await self.replier.post_approval(
+            in_conversation(batch, text, ReplyKind.NOTICE), f"#{approval.number}"
+        )
+
+    async def _post_whole(self, batch: Batch, approval: Approval, whole: str, comment: str) -> bool:
+        """Post ``whole`` as a file (a snippet in Slack) in the request's conversation."""
+        folder = self.settings.runner.state_dir / "requests"
+        path = folder / f"request-{approval.number}.md"
+        try:
+            await asyncio.to_thread(_write_private, path, whole)
+            reply = replace(in_conversation(batch, comment, ReplyKind.NOTICE), file=str(path))
+            return await self.replier.post_file(reply, f"request-{approval.id}")
+        finally:
+            await asyncio.to_thread(path.unlink, missing_ok=True)
+
+    async def _refuse_unseen(self, batch: Batch, approval: Approval, problem: str) -> None:
+        """Deny a request nobody could be shown faithfully: never approved blind."""
+        reason = f"not shown to the room, so not asked: {problem}"
+        if not await self.store.decide_approval(
+            approval, ApprovalState.DENIED, None, self.wall_clock(), reason
+        ):
+            return
+        told = (
+            f"This tool use was denied without asking: chatbridge cannot show it to the"
+            f" user faithfully ({problem}). Do it another way the user can review."
+        )
+        note = await self._answer(approval, ApprovalChoice.DENY, told)
+        text = (
+            f"Claude asked to use {code_span(approval.tool_name, 100)} (request"
+            f" `#{approval.number}`): denied without asking, since it cannot be shown here"
+            f" faithfully ({problem}). Nothing ran. {note}"
+        ).rstrip()
+        await self.replier.send(in_conversation(batch, text, ReplyKind.NOTICE))
+
     async def run_ended(self, room: RoomKey, run_id: RunId, how: str) -> None:
         """The run is over: what it still waited on can no longer be answered."""
         await self.show(await self.cancel_run(run_id, how))
@@ -233,11 +323,15 @@ class ApprovalFlow:
             # Its run is another replica's: that one answers claude and the room.
             await self.forward(action, approval.room)
             return Accepted.ACCEPTED
-        text = await self.desk().answer(action.sender, approval, action.choice)
+        answered = await self.desk().take(action.sender, approval, action.choice)
         log.info(
             "request #%d in %s: %s by %s: %s",
-            approval.number, action.room, action.choice.value, action.sender, text,
+            approval.number, action.room, action.choice.value, action.sender, answered.text,
         )  # fmt: skip
+        if not answered.decided and answered.text is not None:
+            # Refused (not an approver, their own run) or too late: the request's
+            # message does not change, so only this tells the person why.
+            await self.replier.answer_action(action, answered.text)
         return Accepted.ACCEPTED
 
     async def expire_due(self) -> int:
@@ -245,12 +339,19 @@ class ApprovalFlow:
         return len(await self.desk().expire_due())
 
     async def expire_forever(self) -> None:
-        while True:
-            try:
-                await self.expire_due()
-            except StoreError:
-                log.warning("checking tool requests for expiry failed", exc_info=True)
-            await asyncio.sleep(EXPIRY_CHECK_S)
+        """Deny expired requests until cancelled (the service's task), then end the
+        switches still waiting for claude's answer."""
+        try:
+            while True:
+                try:
+                    await self.expire_due()
+                except StoreError:
+                    log.warning("checking tool requests for expiry failed", exc_info=True)
+                await asyncio.sleep(EXPIRY_CHECK_S)
+        finally:
+            for task in list(self._followups):
+                task.cancel()
+            await asyncio.gather(*self._followups, return_exceptions=True)
 
     # -- LiveControls --
 
@@ -262,23 +363,53 @@ class ApprovalFlow:
         return note
 
     async def set_model(self, room: RoomKey, name: str) -> str:
-        return await self._switch(room, "model", lambda control: control.set_model(name))
+        return self._switch(room, "model", lambda control: control.set_model(name))
 
     async def set_mode(self, room: RoomKey, mode: str) -> str:
-        return await self._switch(room, "mode", lambda control: control.set_permission_mode(mode))
+        return self._switch(room, "mode", lambda control: control.set_permission_mode(mode))
 
-    async def _switch(
-        self, room: RoomKey, what: str, change: Callable[[RunControl], Awaitable[None]]
+    def _switch(
+        self,
+        room: RoomKey,
+        what: str,
+        change: Callable[[RunControl], Coroutine[Any, Any, dict[str, Any]]],
     ) -> str:
-        """Apply ``change`` to the room's running run, if any; a note for the room."""
+        """Ask the room's running run, if any, for ``change``; a note for the room.
+
+        The request is written now; claude's answer is awaited by a task of its
+        own, which tells the room only if the switch failed. A command never
+        waits on claude: a claude that stops answering holds up no other
+        command or message, in this room or any other.
+        """
         control = self.runs.control(room)
         if control is None or not control.accepting:
             return ""
         try:
-            await change(control)
-        except (ControlError, InputClosed) as exc:
+            answer = change(control)
+        except InputClosed as exc:
             return f"The running run keeps its {what} ({exc}); the next runs use it."
+        task = asyncio.get_running_loop().create_task(
+            self._told_if_refused(room, what, answer), name=f"{what} switch in {room}"
+        )
+        self._followups.add(task)
+        task.add_done_callback(self._followups.discard)
         return "The running run uses it from its next step."
+
+    async def _told_if_refused(
+        self, room: RoomKey, what: str, answer: Coroutine[Any, Any, dict[str, Any]]
+    ) -> None:
+        try:
+            await answer
+        except (ControlError, InputClosed) as exc:
+            text = f"The running run keeps its {what} ({exc}); the next runs use it."
+            await self.replier.send(Reply(room, text, ReplyKind.NOTICE, thread=room.thread or None))
+
+    async def _view(self, room: RoomKey, tool_name: str, tool_input: Mapping[str, Any]) -> ToolView:
+        """``tool_input`` as shown in ``room``: relative paths are read where claude runs
+        (a thread's worktree, if it has one)."""
+        settings = self.settings.room(room)
+        cwd = None if settings is None else in_worktree(room, settings).cwd
+        return await asyncio.to_thread(render, tool_name, tool_input, cwd)
 
     async def _answer(self, approval: Approval, choice: ApprovalChoice, told: str) -> str:
         control = self.runs.control(approval.room, approval.run_id)
@@ -286,17 +417,33 @@ class ApprovalFlow:
             return "(The run had already ended.)"
         asked = self.runs.request(approval.room, approval.run_id, approval.request_id)
         decision: Allow | Deny
+        stale = False
+        # The input shown (recorded when asked) is the one an allow applies to: should
+        # claude's request now carry another, it is denied, never allowed unseen.
+        shown = parse_input(approval.input_json)
         if choice is ApprovalChoice.DENY:
             decision = Deny(told)
+        elif asked is not None and input_digest(asked.input) != input_digest(shown):
+            decision = Deny(CHANGED)
+        elif (
+            approval.shown_digest
+            and approval.shown_digest
+            != (await self._view(approval.room, approval.tool_name, shown)).digest
+        ):
+            # The same input would now do something else (the file was changed
+            # since it was shown): what was approved is not what would run.
+            decision = Deny(STALE)
+            stale = True
         else:
-            # The input as asked, and nothing more: claude's permission suggestions
-            # (rules for its settings files, a mode) are never sent back.
-            tool_input = asked.input if asked is not None else parse_input(approval.input_json)
-            decision = Allow(tool_input)
+            # The input as shown (and recorded), and nothing more: claude's permission
+            # suggestions (rules for its settings files, a mode) are never sent back.
+            decision = Allow(shown)
         try:
             delivered = control.answer(approval.request_id, decision)
         except InputClosed:
             return "(The run had already ended.)"
+        if stale and delivered:
+            return "(Not run: the file changed since it was shown; claude was asked to ask again.)"
         # False: answered already (a replay after a restart), or withdrawn by claude.
         return "" if delivered else "(claude no longer waits on it.)"
 
@@ -305,3 +452,10 @@ class ApprovalFlow:
         shown = current or approval
         if shown.message_id is not None:
             await self.replier.close_approval(shown.room, shown.message_id, outcome_text(shown))
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
+        f.write(text)

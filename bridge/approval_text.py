@@ -12,25 +12,17 @@ with no mentions (Matrix ``m.mentions``) and escape Slack's ``<...>``.
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
-from collections.abc import Mapping
 from typing import Any
 
 from bridge.core.text import visible
 from bridge.duration import format_duration
 from bridge.store.base import Approval, ApprovalState
 
-COMMAND_LIMIT = 1500
-"""Characters of a Bash command shown; a longer one is cut, saying by how much."""
-DIFF_LINES = 40
-DIFF_LINE_LIMIT = 200
-JSON_LIMIT = 800
 FIELD_LIMIT = 300
 """A path, URL or query."""
 
-_EDIT_TOOLS = frozenset({"Edit", "MultiEdit", "Write"})
 _BACKTICKS = re.compile(r"`+")
 
 
@@ -41,9 +33,10 @@ def clip(text: str, limit: int) -> str:
     return f"{text[:limit]}… ({len(text) - limit} more characters)"
 
 
-def code_span(text: str, limit: int = FIELD_LIMIT) -> str:
-    """``text`` as one inline code span that nothing in it can close."""
-    shown = clip(visible(text), limit)
+def code_span(text: str, limit: int | None = FIELD_LIMIT) -> str:
+    """``text`` as one inline code span that nothing in it can close (cut to ``limit``
+    characters, saying so; None: whole)."""
+    shown = visible(text) if limit is None else clip(visible(text), limit)
     longest = max((len(run) for run in _BACKTICKS.findall(shown)), default=0)
     ticks = "`" * (longest + 1)
     # CommonMark strips one space each side: padding keeps edge backticks apart.
@@ -59,47 +52,6 @@ def code_block(text: str, info: str = "") -> str:
     return f"{fence}{info}\n{body}\n{fence}"
 
 
-def describe(tool_name: str, tool_input: Mapping[str, Any]) -> str:
-    """What the tool use will do, as Markdown: the command, the change, the URL."""
-    if tool_name == "Bash" and isinstance(tool_input.get("command"), str):
-        return code_block(clip(tool_input["command"], COMMAND_LIMIT), "sh")
-    path = tool_input.get("file_path")
-    if tool_name in _EDIT_TOOLS and isinstance(path, str):
-        return f"File {code_span(path)}:\n{code_block(edit_diff(tool_name, tool_input), 'diff')}"
-    if tool_name == "WebFetch" and isinstance(tool_input.get("url"), str):
-        return f"URL {code_span(tool_input['url'])}"
-    if tool_name == "WebSearch" and isinstance(tool_input.get("query"), str):
-        return f"Search for {code_span(tool_input['query'])}"
-    compact = json.dumps(tool_input, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
-    return code_block(clip(compact, JSON_LIMIT), "json")
-
-
-def edit_diff(tool_name: str, tool_input: Mapping[str, Any]) -> str:
-    """A short unified diff of an Edit, MultiEdit or Write (a new file's lines, for Write)."""
-    pairs: list[tuple[str, str]] = []
-    if tool_name == "Write":
-        pairs.append(("", _text(tool_input.get("content"))))
-    elif tool_name == "MultiEdit" and isinstance(tool_input.get("edits"), list):
-        for edit in tool_input["edits"]:
-            if isinstance(edit, Mapping):
-                pairs.append((_text(edit.get("old_string")), _text(edit.get("new_string"))))
-    else:
-        pairs.append((_text(tool_input.get("old_string")), _text(tool_input.get("new_string"))))
-    lines: list[str] = []
-    for old, new in pairs:
-        diff = difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=2)
-        # The ---/+++ header names no file here (it is shown above the block).
-        lines += [line for line in diff if not line.startswith(("---", "+++"))]
-    shown = [clip(line, DIFF_LINE_LIMIT) for line in lines[:DIFF_LINES]]
-    if len(lines) > DIFF_LINES:
-        shown.append(f"… ({len(lines) - DIFF_LINES} more lines)")
-    return "\n".join(shown) if shown else "(no change)"
-
-
-def _text(value: object) -> str:
-    return value if isinstance(value, str) else ""
-
-
 def parse_input(input_json: str) -> dict[str, Any]:
     """The tool input as stored; anything but a JSON object is shown as raw text."""
     try:
@@ -109,14 +61,15 @@ def parse_input(input_json: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"input": value}
 
 
-def request_text(approval: Approval, prefix: str, timeout_s: float) -> str:
-    """The message asking the room: the tool, what it will do, the ids, how to answer."""
+def request_text(approval: Approval, prefix: str, timeout_s: float, shown: str) -> str:
+    """The message asking the room: the tool, ``shown`` (what it will do, as
+    :mod:`bridge.tool_view` renders it), the ids, how to answer."""
     number = f"#{approval.number}"
     tool = code_span(approval.tool_name, 100)
     return "\n".join(
         [
             f"Claude asks to use {tool} (request `{number}`, run `{approval.run_id}`):",
-            describe(approval.tool_name, parse_input(approval.input_json)),
+            shown,
             f"Answer `{prefix}approve {number}`, `{prefix}approve session {number}`"
             f" (also later uses like it in this session) or `{prefix}deny {number} reason`."
             f" Unanswered, it is denied in {format_duration(timeout_s)}.",

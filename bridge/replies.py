@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 from bridge.core.model import (
     Batch,
@@ -29,10 +30,12 @@ from bridge.core.model import (
     TransportName,
 )
 from bridge.core.text import safe_text
-from bridge.core.transport import RateLimited, RunPhase
+from bridge.core.transport import ApprovalAction, RateLimited, RunPhase
 from bridge.pacing import Pacing
 from bridge.synthetic import is_synthetic
 from transports.base import Transport
+
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -177,16 +180,54 @@ class Replier:
         if transport is None:
             return None
         safe = replace(request, text=safe_text(request.text))
+        return await self._insisting(
+            request.room, "a tool request", lambda: transport.post_approval(safe, ref)
+        )
+
+    async def _insisting(
+        self, room: RoomKey, what: str, post: Callable[[], Awaitable[_T]]
+    ) -> _T | None:
+        """``post()``'s result, rate limits waited out (a few times); None if it failed."""
         for _ in range(APPROVAL_TRIES):
             try:
-                return await transport.post_approval(safe, ref)
+                return await post()
             except RateLimited as exc:
-                self.rate_limited(request.room.transport, exc.retry_after_s)
+                self.rate_limited(room.transport, exc.retry_after_s)
                 await asyncio.sleep(exc.retry_after_s)
             except Exception:
-                log.warning("could not post a tool request to %s", request.room, exc_info=True)
+                log.warning("could not post %s to %s", what, room, exc_info=True)
                 return None
         return None
+
+    async def answer_action(self, action: ApprovalAction, text: str) -> None:
+        """Tell the person behind a click or reaction why it decided nothing; best effort."""
+        transport = self._transport(action.room)
+        if transport is None:
+            return
+        try:
+            await transport.answer_action(action, safe_text(text))
+        except RateLimited as exc:
+            self.rate_limited(action.room.transport, exc.retry_after_s)
+        except Exception:
+            log.warning("could not answer an action in %s", action.room, exc_info=True)
+
+    def approval_fits(self, room: RoomKey, text: str) -> bool:
+        """Whether a request of ``text`` shows whole in one message of ``room``."""
+        transport = self._transport(room)
+        return transport is None or transport.approval_fits(room, safe_text(text))
+
+    async def post_file(self, reply: Reply, key: str) -> bool:
+        """Post the file ``reply.file`` now (a request's whole text); False if it was not."""
+        transport = self._transport(reply.room)
+        if transport is None:
+            return False
+        safe = replace(reply, text=safe_text(reply.text))
+
+        async def post() -> bool:
+            await transport.send_file(safe, key)
+            return True
+
+        return await self._insisting(reply.room, "a file", post) is not None
 
     async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         """Show a request as decided (its buttons go); best effort, rate limits waited out."""

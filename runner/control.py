@@ -25,7 +25,7 @@ import asyncio
 import itertools
 import json
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -171,22 +171,38 @@ class RunControl:
         await self.request("interrupt")
         return True
 
-    async def set_model(self, name: str) -> None:
+    def set_model(self, name: str) -> Coroutine[Any, Any, dict[str, Any]]:
         """Switch the session's model from the next request on; "" goes back to claude's
-        default (the request without a model, as the CLI takes it)."""
+        default (the request without a model, as the CLI takes it). Written at once
+        (see :meth:`start`); await the result for claude's answer."""
         if name:
-            await self.request("set_model", model=name)
-        else:
-            await self.request("set_model")
+            return self.start("set_model", model=name)
+        return self.start("set_model")
 
-    async def set_permission_mode(self, mode: str) -> None:
-        """Switch the session's permission mode (``default``, ``acceptEdits``, ``plan``...)."""
-        await self.request("set_permission_mode", mode=mode)
+    def set_permission_mode(self, mode: str) -> Coroutine[Any, Any, dict[str, Any]]:
+        """Switch the session's permission mode (``default``, ``acceptEdits``, ``plan``...);
+        written at once, as :meth:`set_model`."""
+        return self.start("set_permission_mode", mode=mode)
 
     async def request(self, subtype: str, **fields: object) -> dict[str, Any]:
         """A control request; claude's answer. Raises :class:`ControlError` on an error
         answer or none within the timeout, :class:`InputClosed` if the run takes no input."""
+        return await self.start(subtype, **fields)
+
+    def start(self, subtype: str, **fields: object) -> Coroutine[Any, Any, dict[str, Any]]:
+        """Write a control request now (:class:`InputClosed` now if the run takes no
+        input); the awaitable returned gives claude's answer as :meth:`request` does.
+
+        A caller that must not wait on claude (a command, in the intake) writes
+        the request and leaves the answer to a task of its own: a claude that
+        stops answering then holds up nothing else.
+        """
         request_id, future = self._begin(subtype, **fields)
+        return self._answer_of(subtype, request_id, future)
+
+    async def _answer_of(
+        self, subtype: str, request_id: str, future: asyncio.Future[dict[str, Any]]
+    ) -> dict[str, Any]:
         try:
             async with asyncio.timeout(self._timeout_s):
                 return await future

@@ -128,6 +128,8 @@ class PermissionAsked:
     description: str
     suggestions: tuple[dict[str, Any], ...] = field(hash=False)
     """claude's ``permission_suggestions``: what an "allow for this session" would add."""
+    requires_user_interaction: bool = False
+    """claude marks the tool as one only its own user interface can answer."""
 
 
 @dataclass(frozen=True, slots=True)

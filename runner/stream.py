@@ -220,6 +220,7 @@ def _control_request(obj: Mapping[str, Any]) -> list[StreamEvent]:
             suggestions=tuple(s for s in suggestions if isinstance(s, dict))
             if isinstance(suggestions, list)
             else (),
+            requires_user_interaction=request.get("requires_user_interaction") is True,
         )
     ]
 

@@ -12,8 +12,22 @@ import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
-from bridge.core.model import Attachment, ExternalMessageId, Reply, RoomKey, TransportName
-from bridge.core.transport import Delivery, InboundSink, RunPhase, TransportError, Undeliverable
+from bridge.core.model import (
+    Attachment,
+    ExternalMessageId,
+    Reply,
+    ReplyKind,
+    RoomKey,
+    TransportName,
+)
+from bridge.core.transport import (
+    ApprovalAction,
+    Delivery,
+    InboundSink,
+    RunPhase,
+    TransportError,
+    Undeliverable,
+)
 
 
 class Transport:
@@ -72,6 +86,18 @@ class Transport:
         through commands only. Raises as :meth:`send` does.
         """
         return await self.send(request)
+
+    async def answer_action(self, action: ApprovalAction, text: str) -> None:
+        """Tell the person behind ``action`` (a click, a reaction) why it decided nothing,
+        as privately as the chat allows. By default a reply to the request (Matrix: a
+        reply everyone sees; a terminal: a line)."""
+        await self.send(Reply(action.room, text, ReplyKind.NOTICE, in_reply_to=action.message_id))
+
+    def approval_fits(self, room: RoomKey, text: str) -> bool:
+        """Whether a request whose text (Markdown) is ``text`` shows whole in one message
+        of ``room``; if not, the bridge posts the whole as a file first and the request
+        shortened. By default (a terminal) every text fits."""
+        return True
 
     async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         """Show an approval request as decided (``text``: its outcome); its actions go.

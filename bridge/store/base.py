@@ -179,6 +179,9 @@ class Approval:
     decided_at: float | None
     reason: str
     """Why it was denied or cancelled; empty otherwise."""
+    shown_digest: str = ""
+    """sha256 of the request as the room was shown it (:attr:`bridge.tool_view.ToolView.digest`:
+    the input and, for an edit, the file as it was); "" for requests recorded before it."""
 
 
 class RuleScope(StrEnum):
@@ -561,6 +564,7 @@ class Store(Protocol):
         input_json: str,
         asked_at: float,
         expires_at: float,
+        shown_digest: str = "",
     ) -> Approval:
         """Record a pending request under the room's next number, audited, atomically.
 

@@ -649,6 +649,7 @@ class MemoryStore:
         input_json: str,
         asked_at: float,
         expires_at: float,
+        shown_digest: str = "",
     ) -> Approval:
         """Record a pending request under the room's next number; a replay returns the first."""
         self._check_open()
@@ -674,6 +675,7 @@ class MemoryStore:
             decided_by=None,
             decided_at=None,
             reason="",
+            shown_digest=shown_digest,
         )
         self._next_approval += 1
         self._approvals[approval.id] = approval

@@ -1390,6 +1390,7 @@ class SqlStore:
         input_json: str,
         asked_at: float,
         expires_at: float,
+        shown_digest: str = "",
     ) -> Approval:
         """Record a pending request under the room's next number; a replay returns the first.
 
@@ -1429,6 +1430,7 @@ class SqlStore:
                     expires_at=expires_at,
                     state=ApprovalState.PENDING.value,
                     reason="",
+                    shown_digest=shown_digest,
                 )
                 .on_conflict_do_nothing(index_elements=["run_id", "request_id"])
                 .returning(ApprovalRow.id)
@@ -2229,6 +2231,7 @@ def _approval(row: ApprovalRow) -> Approval:
         decided_by=None if row.decided_by is None else UserId(row.decided_by),
         decided_at=row.decided_at,
         reason=row.reason,
+        shown_digest=row.shown_digest,
     )
 
 

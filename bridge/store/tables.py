@@ -251,6 +251,8 @@ class ApprovalRow(Base):
     decided_by: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     decided_at: Mapped[float | None] = mapped_column(Double)
     reason: Mapped[str] = mapped_column(Text, default="")
+    shown_digest: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    """sha256 of the request as the room was shown it ("" before Alembic 0011)."""
 
     __table_args__ = (
         # A replayed request (reattach) finds its row; also a run's requests.

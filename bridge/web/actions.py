@@ -19,7 +19,10 @@ from bridge.core.model import RoomKey, UserId
 from bridge.core.text import visible
 from bridge.core.transport import ApprovalChoice
 from bridge.store.base import Store
+from bridge.store.keys import room_key
+from bridge.tool_view import render
 from bridge.web.reads import ApprovalView
+from bridge.worktrees import in_worktree
 
 
 @dataclass(slots=True)
@@ -29,13 +32,18 @@ class DeskActions:
     rooms: Callable[[RoomKey], RoomSettings | None]
 
     def shown(self, approval: ApprovalView) -> str:
-        """The tool and every field of its input, in full; invisible characters escaped."""
+        """The request whole, as the room is shown it (:mod:`bridge.tool_view`): every
+        field in full, edits as a diff of the file as it is now."""
         try:
             data = json.loads(approval.input_json)
-            body = json.dumps(data, indent=2, ensure_ascii=False, sort_keys=True)
         except ValueError:
-            body = approval.input_json
-        return visible(f"{approval.tool_name}\n{body}", keep_newlines=True)
+            data = None
+        if not isinstance(data, dict):
+            return visible(f"{approval.tool_name}\n{approval.input_json}", keep_newlines=True)
+        key = room_key(approval.transport, approval.room_id)
+        settings = self.rooms(key)
+        cwd = None if settings is None else in_worktree(key, settings).cwd
+        return render(approval.tool_name, data, cwd).markdown()
 
     async def answer(
         self, chat_ids: tuple[str, ...], approval_id: int, choice: ApprovalChoice, reason: str

@@ -50,6 +50,9 @@ class Posting:
     def __init__(self) -> None:
         self.posted = asyncio.Event()
 
+    def approval_fits(self, room: RoomKey, text: str) -> bool:
+        return True
+
     async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
         self.posted.set()
         return POSTED

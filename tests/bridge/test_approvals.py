@@ -10,11 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bridge.approval_text import (
-    COMMAND_LIMIT,
-    DIFF_LINES,
     code_block,
     code_span,
     outcome_text,
+    parse_input,
     request_text,
 )
 from bridge.approvals import (
@@ -29,6 +28,7 @@ from bridge.approvals import (
 from bridge.config import RoomSettings
 from bridge.core.model import RoomId, RoomKey, RunId, TransportName, UserId
 from bridge.store.base import Approval, ApprovalState
+from bridge.tool_view import render
 
 ROOM = RoomKey(TransportName("matrix"), RoomId("!r:x"))
 ALICE, BOB, CAROL, EVE = (UserId(u) for u in ("@alice:x", "@bob:x", "@carol:x", "@eve:x"))
@@ -59,6 +59,12 @@ def approval(tool: str, tool_input: object, **fields: object) -> Approval:
     }
     values.update(fields)
     return Approval(**values)  # type: ignore[arg-type]
+
+
+def asked(request: Approval, timeout_s: float = 60) -> str:
+    """The request's text as the room is shown it whole."""
+    view = render(request.tool_name, parse_input(request.input_json))
+    return request_text(request, "!", timeout_s, view.markdown())
 
 
 @pytest.mark.parametrize(
@@ -100,7 +106,7 @@ def test_what_claude_is_told_of_a_denial() -> None:
 
 
 def test_a_bash_request_shows_the_command_and_how_to_answer() -> None:
-    text = request_text(approval("Bash", {"command": "rm -rf build/"}), "!", 900)
+    text = asked(approval("Bash", {"command": "rm -rf build/"}), 900)
     assert "```sh\nrm -rf build/\n```" in text
     assert "`#7`" in text
     assert "`run-1`" in text
@@ -109,31 +115,25 @@ def test_a_bash_request_shows_the_command_and_how_to_answer() -> None:
     assert "15m00s" in text
 
 
-def test_a_long_command_is_cut_saying_so() -> None:
-    text = request_text(approval("Bash", {"command": "x" * 5000}), "!", 900)
-    assert "x" * COMMAND_LIMIT + f"… ({5000 - COMMAND_LIMIT} more characters)" in text
-    assert "x" * (COMMAND_LIMIT + 1) not in text
-
-
-def test_an_edit_shows_the_file_and_a_short_diff() -> None:
+def test_an_edit_of_a_file_it_cannot_read_shows_the_replacement_saying_why() -> None:
     edit = {"file_path": "src/app.py", "old_string": "a = 1\nb = 2", "new_string": "a = 1\nb = 3"}
-    text = request_text(approval("Edit", edit), "!", 900)
-    assert "File `src/app.py`" in text
+    text = asked(approval("Edit", edit), 900)
+    assert "File: `src/app.py`" in text
+    assert "the file could not be read" in text
     assert "-b = 2\n+b = 3" in text
-    assert "+++" not in text
 
 
-def test_a_big_write_diff_is_capped() -> None:
+def test_a_big_write_is_shown_whole() -> None:
     content = "\n".join(f"line {i}" for i in range(500))
-    text = request_text(approval("Write", {"file_path": "f", "content": content}), "!", 60)
-    assert "+line 0" in text
-    assert f"+line {DIFF_LINES}" not in text
-    assert "more lines)" in text
+    text = asked(approval("Write", {"file_path": "f", "content": content}))
+    assert "line 0\n" in text
+    assert "line 499\n" in text
+    assert "more lines" not in text
 
 
 def test_multiedit_shows_every_edit() -> None:
     edits = [{"old_string": "a", "new_string": "b"}, {"old_string": "c", "new_string": "d"}]
-    text = request_text(approval("MultiEdit", {"file_path": "f", "edits": edits}), "!", 60)
+    text = asked(approval("MultiEdit", {"file_path": "f", "edits": edits}), 60)
     assert "-a\n+b" in text
     assert "-c\n+d" in text
 
@@ -143,25 +143,25 @@ def test_multiedit_shows_every_edit() -> None:
     [
         ("WebFetch", {"url": "https://example.org/x", "prompt": "p"}, "`https://example.org/x`"),
         ("WebSearch", {"query": "chatbridge"}, "`chatbridge`"),
-        ("mcp__db__query", {"sql": "select 1"}, '{"sql":"select 1"}'),
+        ("mcp__db__query", {"sql": "select 1"}, "sql: `select 1`"),
     ],
 )
 def test_other_tools_show_their_target_or_input(tool: str, tool_input: object, shown: str) -> None:
-    assert shown in request_text(approval(tool, tool_input), "!", 60)
+    assert shown in asked(approval(tool, tool_input), 60)
 
 
 def test_hostile_input_cannot_leave_its_code_or_hide_characters() -> None:
     command = "echo ```\n@room **APPROVED** <!channel> [x](https://evil)\u202egnp.exe\u200b"
-    text = request_text(approval("Bash", {"command": command}), "!", 60)
+    text = asked(approval("Bash", {"command": command}), 60)
     # The fence is longer than any backtick run inside: nothing ends the block early.
     assert "````sh\n" in text
     assert "\\u{202e}" in text
     assert "\\u{200b}" in text
     assert "\u202e" not in text
     url = "https://x/`) [click](https://evil)\n!approve #1"
-    fetched = request_text(approval("WebFetch", {"url": url}), "!", 60)
-    assert "\\u{000a}" in fetched
-    assert "``https://x/`) [click](https://evil)\\u{000a}!approve #1``" in fetched
+    fetched = asked(approval("WebFetch", {"url": url}), 60)
+    # A line break makes it a block: shown as it is, inside a fence nothing closes.
+    assert "url:\n```\nhttps://x/`) [click](https://evil)\n!approve #1\n```" in fetched
 
 
 @given(st.text(max_size=60))

@@ -32,6 +32,9 @@ Behaviour switches (environment variables; unset or empty means off):
     The result text ends in half an emoji: a lone UTF-16 surrogate, which
     JSON carries as ``"\ud83d"`` (the real CLI emits that when Node's
     ``JSON.stringify`` gets a string cut inside an emoji).
+``FAKE_CLAUDE_DEAF_TO=SUBTYPE,...``
+    Never answer control requests of these subtypes (``set_model``...): a claude
+    that is hung, stopped or swapping, as the host sees it.
 ``FAKE_CLAUDE_RECORD=PATH``
     Write ``{"argv", "cwd", "env", "prompt", "pid", "children", "escaped"}`` as JSON to
     PATH (written before any output, after children are started).
@@ -45,6 +48,8 @@ Behaviour switches (environment variables; unset or empty means off):
 ``FAKE_CLAUDE_TOOL_COMMAND=CMD``
     The command shown in the tool_use (default ``echo hello``);
     ``FAKE_CLAUDE_NO_TOOL=1`` skips the tool_use/tool_result pair.
+``FAKE_CLAUDE_TOOL_FIELDS=JSON``
+    More fields of that Bash input (``{"run_in_background": true}``).
 ``FAKE_CLAUDE_SLEEP=SECONDS``
     Print nothing for this long after the tool_result, before the result
     (for stop, stall and timeout tests).
@@ -1010,6 +1015,8 @@ class _Session:
 
     def _control(self, request_id: str, request: dict[str, Any]) -> None:
         subtype = request.get("subtype")
+        if subtype in _env("FAKE_CLAUDE_DEAF_TO").split(","):
+            return  # a hung claude: the request is never answered
         answer: dict[str, Any] | None = None
         error = ""
         if subtype == "initialize":
@@ -1280,6 +1287,7 @@ class _Session:
         sid = self._session_id
         tool_id = "toolu_" + _uuid4().replace("-", "")[:20]
         tool_input: dict[str, Any] = {"command": command}
+        tool_input.update(json.loads(_env("FAKE_CLAUDE_TOOL_FIELDS") or "{}"))
         block = {"type": "tool_use", "id": tool_id, "name": "Bash", "input": tool_input}
         _line(_assistant(sid, block))
         if self._asks("Bash"):

@@ -57,6 +57,29 @@ def edit_of(event_id: str, contains: str) -> Callable[[Seen], bool]:
     return match
 
 
+def file_from(bot: MatrixUser, room: str, name: str) -> Callable[[Seen], bool]:
+    def match(seen: Seen) -> bool:
+        return (
+            message_from(bot.user_id, room)(seen)
+            and seen.content.get("msgtype") == "m.file"
+            and name in str(seen.content.get("body")) + str(seen.content.get("filename"))
+        )
+
+    return match
+
+
+def reply_to(bot: MatrixUser, room: str, event_id: str, text: str) -> Callable[[Seen], bool]:
+    def match(seen: Seen) -> bool:
+        relates = seen.content.get("m.relates_to") or {}
+        return (
+            message_from(bot.user_id, room)(seen)
+            and (relates.get("m.in_reply_to") or {}).get("event_id") == event_id
+            and text in str(seen.content.get("body"))
+        )
+
+    return match
+
+
 def answer_to(bot: MatrixUser, room: str, prompt: str) -> Callable[[Seen], bool]:
     def match(seen: Seen) -> bool:
         return (
@@ -99,7 +122,12 @@ async def test_reactions_allow_and_deny_a_tool_use(
         assert "\\u{202e}" in body
         assert '<a href="https://matrix.to' not in html
         assert "<b>bold</b>" not in html
-        assert len(body) < 20_000  # the 100 KB command is cut
+        assert len(body) < 20_000  # the 100 KB command is shortened, saying so,
+        assert "characters (1 lines) not shown here" in body
+        assert "x" * 100 + "\n```" in body  # its tail shown
+        # ... and is whole in a file posted just before the request.
+        whole = await alice.wait_for(file_from(bot, room, "request-1.md"))
+        assert whole.source["origin_server_ts"] <= request.source["origin_server_ts"]
         event_id = str(request.source["event_id"])
         assert await offered(alice, event_id) == ["✅", "🔁", "❌"]
         assert tool_log(tmp_path) == []
@@ -109,6 +137,9 @@ async def test_reactions_allow_and_deny_a_tool_use(
         await alice.wait_for(answer_to(bot, room, "first task"))
         await alice.wait_for(edit_of(event_id, "allowed by"))
         assert len(tool_log(tmp_path)) == 1
+        # A reaction too late decides nothing: the person is answered in a reply.
+        await react(alice, room, event_id, "❌")
+        await alice.wait_for(reply_to(bot, room, event_id, "Already answered"))
 
         await alice.send(room, "second task")
         second = await alice.wait_for(request_in(bot, room, "#2"))

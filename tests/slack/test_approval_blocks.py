@@ -6,7 +6,13 @@ from typing import Any
 
 from bridge.core.model import ExternalMessageId, RoomId, RoomKey, TransportName, UserId
 from bridge.core.transport import ApprovalAction, ApprovalChoice
-from transports.slack.approvals import SECTION_LIMIT, fitted, request_blocks, to_action
+from transports.slack.approvals import (
+    SECTION_LIMIT,
+    approval_fits,
+    fitted,
+    request_blocks,
+    to_action,
+)
 
 ROOMS = frozenset({"C1"})
 
@@ -52,3 +58,11 @@ def test_a_long_request_is_cut_to_fit_a_section() -> None:
     section = request_blocks(shown, "#1")[0]
     assert section["text"]["text"] == shown
     assert fitted("short") == "short"
+
+
+def test_a_request_is_measured_after_escaping() -> None:
+    # 2,000 characters that escaping makes 5,000: it does not fit one section.
+    text = "```sh\n" + "a && " * 400 + "\n```"
+    assert len(text) < SECTION_LIMIT
+    assert not approval_fits(text)
+    assert approval_fits("```sh\n" + "a and " * 400 + "\n```")

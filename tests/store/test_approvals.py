@@ -34,6 +34,7 @@ async def ask(
     asked_at: float = 100.0,
     expires_at: float = 1000.0,
     tool: str = "Bash",
+    shown_digest: str = "",
 ) -> Approval:
     return await store.add_approval(
         room,
@@ -43,6 +44,7 @@ async def ask(
         input_json='{"command": "ls"}',
         asked_at=asked_at,
         expires_at=expires_at,
+        shown_digest=shown_digest,
     )
 
 
@@ -257,3 +259,14 @@ async def test_a_withdrawn_request_is_cancelled_alone(store: InspectableStore) -
     ]
     assert await store.pending_approvals() == [waiting]
     assert await store.cancel_approvals(RUN, "again", 140.0, ("r1", "unknown")) == []
+
+
+async def test_a_request_keeps_the_digest_of_what_was_shown(store: InspectableStore) -> None:
+    asked = await ask(store, "r1", shown_digest="ab" * 32)
+    assert asked.shown_digest == "ab" * 32
+    found = await store.approval_by_number(ROOM, asked.number)
+    assert found is not None
+    assert found.shown_digest == "ab" * 32
+    # A replay finds the first record, with the digest of what was shown then.
+    again = await ask(store, "r1", asked_at=200.0, shown_digest="cd" * 32)
+    assert again.shown_digest == "ab" * 32

@@ -242,11 +242,17 @@ class MatrixOutbound:
         await self._known_room(client, room_id)
         await self._room_send(client, room_id, parts[0], uuid4().hex)
 
+    def approval_fits(self, room: RoomKey, text: str) -> bool:
+        """Whether a request of ``text`` is one event (see :meth:`post_approval`)."""
+        return len(self._parts(Reply(room, f"{text}\n\n{HOWTO}"))) == 1
+
     async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId:
         """Post an approval request as one message, then react ✅ 🔁 ❌ to it as the bot.
 
-        One event whatever the length (the reactions belong to one): a long
-        text is cut. The reactions are offered for convenience: one that
+        One event whatever the length (the reactions belong to one): a text
+        that does not fit (:meth:`approval_fits`) is posted shortened by the
+        bridge, the whole in a file before it; the cut here is a safety net.
+        The reactions are offered for convenience: one that
         cannot be added is logged, not raised (the request is posted; a
         person can still react or answer by command), so that the caller
         does not post the request again.

@@ -140,6 +140,10 @@ class MatrixTransport(Transport):
         """Post the request and react ✅ 🔁 ❌ to it, for people to click (see .approvals)."""
         return await self._outbound.post_approval(request, ref)
 
+    def approval_fits(self, room: RoomKey, text: str) -> bool:
+        """Whether the request (with the line on its reactions) is one event."""
+        return self._outbound.approval_fits(room, text)
+
     async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         """Edit the request into its outcome; the bot's reactions go."""
         await self._outbound.close_approval(room, message_id, text)

@@ -36,11 +36,17 @@ _MIN_PIECE = 40
 """No piece is cut below this; five-fold escaping of it still fits (as in :mod:`.outbound`)."""
 
 
+def approval_fits(markdown: str, limit: int = SECTION_LIMIT) -> bool:
+    """Whether ``markdown`` fits one section once rendered and escaped as it is sent."""
+    return len(to_mrkdwn(markdown)) <= limit
+
+
 def fitted(markdown: str, limit: int = SECTION_LIMIT) -> str:
     """``markdown`` rendered as mrkdwn, cut (marked ``…``) so that it fits ``limit``.
 
-    A request shows a tool's input, which may be long; only one message can
-    carry the buttons, so the text is cut rather than split.
+    A request whose text does not fit (:func:`approval_fits`) is posted
+    shortened by the bridge, the whole in a file before it; this cut is only a
+    safety net for an outcome's edit, whose text is the bridge's own.
     """
     rendered = to_mrkdwn(markdown)
     if len(rendered) <= limit:

@@ -29,7 +29,7 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bridge.core import stages
-from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey
+from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey, UserId
 from bridge.core.transport import (
     Delivery,
     RateLimited,
@@ -382,15 +382,19 @@ class SlackOutbound:
 
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         """Replace a posted message's text (cut to the message limit: an edit is one message)."""
-        chunks = self._chunks(text) or [" "]
         await self._call(
             "chat.update",
             channel=room.room_id,
             ts=message_id,
-            text=to_mrkdwn(chunks[0]),
+            text=self._one_message(text),
             parse="none",
             link_names=False,
         )
+
+    def _one_message(self, text: str) -> str:
+        """``text`` as one message's mrkdwn (cut to the message limit)."""
+        chunks = self._chunks(text) or [" "]
+        return to_mrkdwn(chunks[0])
 
     async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId:
         """Post an approval request with its buttons (see :mod:`.approvals`); returns its ts.
@@ -413,6 +417,17 @@ class SlackOutbound:
             args["thread_ts"] = thread
         response = await self._call("chat.postMessage", **args)
         return ExternalMessageId(str(response["ts"]))
+
+    async def ephemeral(self, room: RoomKey, user: UserId, text: str) -> None:
+        """Post ``text`` in ``room`` visible to ``user`` only (``chat.postEphemeral``)."""
+        await self._call(
+            "chat.postEphemeral",
+            channel=room.room_id,
+            user=user,
+            text=self._one_message(text),
+            parse="none",
+            link_names=False,
+        )
 
     async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         """Replace an approval request by its outcome; the buttons go with the old blocks.

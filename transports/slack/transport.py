@@ -62,7 +62,7 @@ from bridge.core.transport import (
 )
 from transports.backoff import Backoff
 from transports.base import Transport
-from transports.slack.approvals import ACTION_PREFIX, to_action
+from transports.slack.approvals import ACTION_PREFIX, approval_fits, to_action
 from transports.slack.events_http import serve_events
 from transports.slack.files import STUB_PREFIX, attachments, download, may_have_token
 from transports.slack.inbound import (
@@ -420,6 +420,14 @@ class SlackTransport(Transport):
     async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
         """Post the request with Allow once · Allow for this session · Deny buttons."""
         return await self._outbound.post_approval(request, ref)
+
+    async def answer_action(self, action: ApprovalAction, text: str) -> None:
+        """An ephemeral message: only the person who clicked sees it."""
+        await self._outbound.ephemeral(action.room, action.sender, text)
+
+    def approval_fits(self, room: RoomKey, text: str) -> bool:
+        """Measured as sent: after rendering and escaping (``&`` becomes ``&amp;``)."""
+        return approval_fits(text)
 
     async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         """Replace the request by its outcome, without buttons."""

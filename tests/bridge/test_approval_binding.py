@@ -1,0 +1,168 @@
+"""An answer applies to the input the room was shown, and refusals reach the person."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from bridge.approval_flow import CHANGED, STALE, ApprovalFlow
+from bridge.core.model import Reply
+from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
+from bridge.live_runs import LiveRuns
+from bridge.replies import Replier
+from runner.control import RunControl
+from runner.events import PermissionAsked
+from tests.bridge.test_approval_click_race import POSTED, RUN, Asking, Posting
+
+
+class Told(Posting):
+    """Posts at once, and keeps what people were told of their actions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.told: list[tuple[ApprovalAction, str]] = []
+
+    async def answer_action(self, action: ApprovalAction, text: str) -> None:
+        self.told.append((action, text))
+
+    async def send(self, reply: Reply) -> None:
+        pass
+
+
+class Bound(Asking):
+    """The flow of :class:`Asking` with a live run whose stdin the test reads."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        super().__init__(tmp_path)
+        self.store.gate.set()
+        self.told = Told()
+        self.runs = LiveRuns()
+        self.flow = ApprovalFlow(
+            self.flow.settings, self.store, cast(Replier, self.told), self.runs, lambda _v: None
+        )
+        self.written: list[dict[str, object]] = []
+        self.control = RunControl()
+        self.control.bind(self._write, lambda: None)
+        self.runs.bind(self.key, RUN, self.control)
+
+    def _write(self, line: bytes) -> bool:
+        self.written.append(json.loads(line))
+        return True
+
+    async def asks(self, event: PermissionAsked) -> None:
+        self.control.note(event)
+        await self.flow.ask(RUN, self.batch, event)
+
+    def act(self, choice: ApprovalChoice) -> ApprovalAction:
+        return ApprovalAction(self.key, self.user, POSTED, choice)
+
+    def answers(self) -> list[object]:
+        """claude's stdin: the ``response`` of each answer to a permission request."""
+        found = []
+        for line in self.written:
+            if line["type"] == "control_response":
+                outer = cast(dict[str, object], line["response"])
+                found.append(outer["response"])
+        return found
+
+
+async def test_an_allow_sends_back_the_input_shown_not_another(tmp_path: Path) -> None:
+    bound = Bound(tmp_path)
+    await bound.asks(bound.asked)  # shown: `ls`
+    # The same request again (a replay) with another input: nobody was shown it.
+    other = PermissionAsked("r1", "Bash", {"command": "rm -rf /"}, "tu1", "rm", ())
+    await bound.asks(other)
+    assert await bound.flow.on_action(bound.act(ApprovalChoice.ALLOW)) is Accepted.ACCEPTED
+    [answer] = bound.answers()
+    assert answer == {"behavior": "deny", "message": CHANGED}
+
+
+async def test_an_allow_sends_back_exactly_what_was_shown(tmp_path: Path) -> None:
+    bound = Bound(tmp_path)
+    await bound.asks(bound.asked)
+    await bound.flow.on_action(bound.act(ApprovalChoice.ALLOW))
+    [answer] = bound.answers()
+    assert answer == {"behavior": "allow", "updatedInput": {"command": "ls"}}
+
+
+async def test_a_click_too_late_is_answered_to_the_person(tmp_path: Path) -> None:
+    bound = Bound(tmp_path)
+    await bound.asks(bound.asked)
+    await bound.flow.on_action(bound.act(ApprovalChoice.DENY))
+    assert bound.told.told == []  # a decision shows on the request itself
+    await bound.flow.on_action(bound.act(ApprovalChoice.ALLOW))
+    [(action, text)] = bound.told.told
+    assert action.choice is ApprovalChoice.ALLOW
+    assert text.startswith("Already answered.")
+    assert len(bound.answers()) == 1
+
+
+class Room(Told):
+    """Also keeps what the room was sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[str] = []
+
+    async def send(self, reply: Reply) -> None:
+        self.sent.append(reply.text)
+
+
+@pytest.mark.parametrize(
+    ("event", "why"),
+    [
+        (
+            PermissionAsked("r1", "Bash", {"command": "printf 'a\0b'"}, "tu1", "", ()),
+            "binary data",
+        ),
+        (
+            PermissionAsked("r1", "SomeDialog", {}, "tu1", "", (), requires_user_interaction=True),
+            "only its own user interface",
+        ),
+    ],
+)
+async def test_what_cannot_be_shown_faithfully_is_denied_unasked(
+    tmp_path: Path, event: PermissionAsked, why: str
+) -> None:
+    bound = Bound(tmp_path)
+    room = Room()
+    bound.flow.replier = cast(Replier, room)
+    await bound.asks(event)
+    assert not room.posted.is_set()  # never offered for approval
+    [said] = room.sent
+    assert "denied without asking" in said
+    assert why in said
+    [answer] = bound.answers()
+    assert isinstance(answer, dict)
+    assert answer["behavior"] == "deny"
+    assert why in str(answer["message"])
+    assert await bound.store.pending_approvals() == []
+
+
+async def test_an_edit_of_a_file_changed_since_it_was_shown_is_not_allowed(
+    tmp_path: Path,
+) -> None:
+    conf = tmp_path / "app.conf"
+    conf.write_text("debug = false\n")
+    edit = {"file_path": str(conf), "old_string": "debug", "new_string": "trace"}
+    bound = Bound(tmp_path)
+    await bound.asks(PermissionAsked("r1", "Edit", edit, "tu1", "", ()))
+    # Shown: one line changes. Now the same edit would change two.
+    conf.write_text("debug = false\ndebug_port = 1\n")
+    await bound.flow.on_action(bound.act(ApprovalChoice.ALLOW))
+    [answer] = bound.answers()
+    assert answer == {"behavior": "deny", "message": STALE}
+
+
+async def test_an_edit_of_an_unchanged_file_is_allowed_as_shown(tmp_path: Path) -> None:
+    conf = tmp_path / "app.conf"
+    conf.write_text("debug = false\n")
+    edit = {"file_path": str(conf), "old_string": "debug", "new_string": "trace"}
+    bound = Bound(tmp_path)
+    await bound.asks(PermissionAsked("r1", "Edit", edit, "tu1", "", ()))
+    await bound.flow.on_action(bound.act(ApprovalChoice.ALLOW))
+    [answer] = bound.answers()
+    assert answer == {"behavior": "allow", "updatedInput": edit}

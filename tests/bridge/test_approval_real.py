@@ -1,0 +1,52 @@
+"""The real ``claude`` asks through the bridge; the console shows the request whole and
+``!approve`` sends back the input shown, which the CLI then runs (docs/live-runs.md)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from bridge.config import load_settings
+from tests.bridge.harness import ConsoleSession, write_config
+from tests.bridge.test_tool_view import replace_all_edit
+from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin, claude_env
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.claude,
+    pytest.mark.skipif(not claude_bin().exists(), reason="claude binary not installed"),
+]
+
+WAIT_S = 120
+
+
+async def test_an_edit_with_replace_all_is_shown_as_the_files_diff_and_runs_as_shown(
+    tmp_path: Path,
+) -> None:
+    conf, edit = replace_all_edit(tmp_path)
+    script = [
+        # The CLI edits only a file it has read.
+        Turn(tools=(ToolCall("Read", {"file_path": str(conf)}),)),
+        Turn(tools=(ToolCall("Edit", edit),)),
+        Turn(text="Debug is on."),
+    ]
+    async with ModelServer(script) as server:
+        config = write_config(
+            tmp_path,
+            {"runner": {"claude_bin": str(claude_bin())}, "defaults": {"approve_tools": True}},
+            env=claude_env(server.url, tmp_path / "home"),
+        )
+        async with asyncio.timeout(WAIT_S), ConsoleSession(load_settings(config)) as bridge:
+            bridge.send("turn debug on")
+            out = await bridge.wait_for("Unanswered, it is denied in")
+            shown = out[out.index("Claude asks to use `Edit`") :]
+            # What replace_all does to the file as it is: both lines change.
+            assert shown.count("* -debug = false") == 2
+            assert shown.count("* +debug = true") == 2
+            assert "replace_all: `true`" in shown
+            assert conf.read_text().count("debug = false") == 2  # nothing ran yet
+            bridge.send("!approve")
+            await bridge.wait_for("Debug is on.")
+    assert conf.read_text() == "name = x\ndebug = true\nport = 1\ndebug = true\n"
