@@ -77,17 +77,16 @@ class Journal:
         self.size += len(record)
 
     def flush(self) -> bool:
-        """Write what is held, in order, as far as the disk takes it; whether all is."""
+        """Write what is held, in order, as far as the disk takes it; whether all is.
+        (The caller says so in the journal, with ``writable``, unless it has ended.)"""
         while self.held:
             record = self.held[0]
             if not self._write(record, b""):
                 return False
             self.held.popleft()
             self.held_bytes -= len(record)
-        if self.error is not None:  # space again: the journal says so, after what was held
-            self.error = None
-            self.append(header("writable", held=self.held_period))
-        return not self.held
+        self.error = None
+        return True
 
     def held_from(self, offset: int) -> bytes:
         """The held bytes from journal ``offset`` (at least :attr:`written`) on."""

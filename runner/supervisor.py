@@ -752,9 +752,10 @@ class Supervisor:
     def relay(self) -> None:
         """Bring every attached bridge up to the journal's end (after it grew); and
         write what a full disk held back, if it can be now."""
-        if self.journal.held:
-            self.journal.flush()
-        size = self.journal.size
+        journal = self.journal
+        if journal.held and journal.flush() and self.exit_code is None:
+            journal.append(header("writable", held=journal.held_period))
+        size = journal.size
         for client in list(self.clients.values()):
             # One that waits for its socket to drain is sent to when it does.
             if client.attached and client.offset < size and not client.events & _WRITE:

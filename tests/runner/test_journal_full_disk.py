@@ -1,0 +1,160 @@
+"""The state directory's disk full while claude works: nothing claude printed is lost.
+
+The state directory is a small tmpfs of its own (root only: run the file
+under ``unshare -m`` to keep the mount out of the host's table), filled for
+real (writes until ENOSPC) and freed by deleting the filler. The
+supervisor is the real one (docs/detached-runs.md, "The journal").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+import pytest
+
+from bridge.core.model import LiveRun, RunId, RunStatus
+from runner import JournalUnwritable, ToolResult, attach_claude, run_claude
+from tests.runner.conftest import Recorder
+from tests.runner.test_containment import until_exited
+from tests.runner.test_detached import (
+    detached,
+    journal,
+    read_line,
+    records,
+    release,
+    waiting_request,
+)
+from tests.runner.test_run_fake import record
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        os.geteuid() != 0 or shutil.which("mount") is None,
+        reason="needs root: mounts a small tmpfs",
+    ),
+]
+
+TMPFS_SIZE = "256k"
+ANSWER = "THE-ANSWER " * 1000
+"""Longer than a page: a full tmpfs still takes what fits in a file's last page."""
+
+
+class SmallDisk:
+    """A tmpfs of :data:`TMPFS_SIZE` that can be filled and freed."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.filler = root / "filler"
+
+    def fill(self) -> None:
+        """Write until the disk refuses: then nothing more fits."""
+        chunk = b"\0" * 4096
+        with open(self.filler, "wb", buffering=0) as out:
+            refused = _write_until_refused(out, chunk)
+        assert refused.errno == errno.ENOSPC
+
+    def free(self) -> None:
+        self.filler.unlink()
+
+
+def _write_until_refused(out: BinaryIO, chunk: bytes) -> OSError:
+    while True:
+        try:
+            out.write(chunk)
+        except OSError as exc:
+            return exc
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    # Mounted where this process sees it (the runner resolves its state_dir, so another
+    # namespace's /proc/PID/root would not do); removed again after the test.
+    mountpoint = tmp_path / "tmpfs"
+    mountpoint.mkdir()
+    options = f"size={TMPFS_SIZE},mode=0700"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", mountpoint], check=True)
+    try:
+        yield SmallDisk(mountpoint)
+    finally:
+        subprocess.run(["umount", "--lazy", mountpoint], check=True)
+
+
+async def welcome_size(live: LiveRun) -> int:
+    """The journal's length as the supervisor's ``welcome`` says (a bridge's attach)."""
+    dirfd = os.open(live.run_dir, os.O_PATH | os.O_DIRECTORY)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+            raw.connect(f"/proc/self/fd/{dirfd}/sock")  # (the path may be too long otherwise)
+            raw.sendall(b'{"t":"attach","v":[2],"offset":0}\n')
+            size: int = (await read_line(raw))["size"]
+            return size
+    finally:
+        os.close(dirfd)
+
+
+async def held_back(live: LiveRun) -> None:
+    """Until the supervisor holds records its file lacks: the journal it would send a
+    bridge (its ``welcome``'s size) is longer than the file. (Polled: nothing else says.)"""
+    async with asyncio.timeout(10):
+        while True:
+            try:
+                size = await welcome_size(live)
+            except (FileNotFoundError, ConnectionRefusedError):
+                # Past ``done`` (it stopped listening), which the file does not have.
+                assert b'"t":"done"' not in journal(live)
+                return
+            if size > len(journal(live)):
+                return
+            await asyncio.sleep(0.05)
+
+
+async def test_an_answer_printed_while_the_disk_is_full_reaches_the_live_bridge(
+    run_id: RunId, tmp_path: Path, recorder: Recorder, small_disk: SmallDisk
+) -> None:
+    request = waiting_request(
+        run_id, tmp_path, state_dir=small_disk.root / "state", switches={"result": ANSWER}
+    )
+    task = asyncio.create_task(run_claude(request, recorder))
+    await recorder.wait_for(ToolResult)
+    small_disk.fill()
+    release(tmp_path)
+    try:
+        # Promptly, not after the idle timeout (60 s): the supervisor relays what it holds.
+        report = await asyncio.wait_for(asyncio.shield(task), 30)
+    finally:
+        small_disk.free()
+    assert report.status is RunStatus.SUCCEEDED
+    assert report.result_text == ANSWER
+    (unwritable,) = recorder.of(JournalUnwritable)
+    assert "No space left" in unwritable.error
+
+
+async def test_an_answer_held_for_no_bridge_is_in_the_journal_once_space_returns(
+    run_id: RunId, tmp_path: Path, recorder: Recorder, small_disk: SmallDisk
+) -> None:
+    request = waiting_request(
+        run_id, tmp_path, state_dir=small_disk.root / "state", switches={"result": ANSWER}
+    )
+    live = await detached(request, recorder)
+    small_disk.fill()
+    release(tmp_path)  # claude answers and (no bridge: the supervisor closes its stdin) exits
+    await until_exited([record(tmp_path)["pid"]])
+    await held_back(live)
+    small_disk.free()
+
+    later = Recorder()
+    report = await asyncio.wait_for(attach_claude(request, live, later), 30)
+    assert report.status is RunStatus.SUCCEEDED
+    assert report.result_text == ANSWER
+    kinds = [head["t"] for head, _, _ in records(journal(live))]
+    assert kinds[-1] == "done"
+    assert "unwritable" in kinds  # it was held, then written
+    assert b"THE-ANSWER" in journal(live)
