@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,3 +36,51 @@ async def test_a_failed_write_does_not_quote_the_message(tmp_path: Path) -> None
         await store.close()
     assert "messages" in str(info.value)
     assert "hunter2" not in str(info.value)
+
+
+@pytest.fixture(params=[0o022, 0o000], ids=["umask022", "umask000"])
+def umask(request: pytest.FixtureRequest) -> Iterator[int]:
+    """The process's umask for the test (restored after): the modes must not depend on it."""
+    mask: int = request.param
+    before = os.umask(mask)
+    try:
+        yield mask
+    finally:
+        os.umask(before)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+async def test_the_sqlite_database_and_its_wal_are_private_to_the_user(
+    tmp_path: Path, umask: int
+) -> None:
+    db = tmp_path / "chatbridge.db"
+    store = await SqlStore.open(f"sqlite+aiosqlite:///{db}")
+    try:
+        room = RoomKey(TransportName("console"), RoomId("c"))
+        await store.accept(
+            InboundMessage(room, UserId("u"), "the password", ExternalMessageId("x")), 1.0
+        )
+        files = [db, tmp_path / "chatbridge.db-wal", tmp_path / "chatbridge.db-shm"]
+        assert {f.name: mode(f) for f in files} == {f.name: 0o600 for f in files}
+    finally:
+        await store.close()
+
+
+async def test_a_database_left_readable_by_an_earlier_version_is_made_private(
+    tmp_path: Path, umask: int
+) -> None:
+    db = tmp_path / "chatbridge.db"
+    store = await SqlStore.open(f"sqlite+aiosqlite:///{db}")
+    await store.close()
+    for path in tmp_path.iterdir():
+        path.chmod(0o644)
+    store = await SqlStore.open(f"sqlite+aiosqlite:///{db}")
+    try:
+        assert {p.name: mode(p) for p in tmp_path.iterdir()} == {
+            p.name: 0o600 for p in tmp_path.iterdir()
+        }
+    finally:
+        await store.close()

@@ -1,0 +1,43 @@
+"""Files that hold chat content are private to chatbridge's user, whatever the umask.
+
+Files are created 0600 and directories 0700 (``os.open``/``mkdir`` modes are
+cut by the umask, never widened, so these never come out wider); a file or
+directory that is there already is narrowed to that if it is ours. What is
+private and why: docs/operations.md, "Files and permissions".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from pathlib import Path
+
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+
+
+def narrow(path: Path | str, mode: int) -> None:
+    """Take group and other permissions off ``path`` if it exists and is ours (a
+    symlink is left alone: its target is not ours to change)."""
+    with contextlib.suppress(FileNotFoundError):
+        info = os.lstat(path)
+        if stat.S_ISLNK(info.st_mode) or info.st_uid != os.geteuid():
+            return
+        if stat.S_IMODE(info.st_mode) & ~mode:
+            os.chmod(path, stat.S_IMODE(info.st_mode) & mode)
+
+
+def private_file(path: Path | str) -> None:
+    """``path`` exists and is 0600 (created empty if it was not there)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE)
+    os.close(fd)
+    narrow(path, FILE_MODE)
+
+
+def sqlite_files(database: Path | str) -> None:
+    """A SQLite database's file and its companions (``-wal``, ``-shm``, ``-journal``)
+    private before SQLite opens them: SQLite gives its companions the database's mode."""
+    private_file(database)
+    for suffix in ("-wal", "-shm", "-journal"):
+        narrow(f"{database}{suffix}", FILE_MODE)
