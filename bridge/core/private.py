@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 FILE_MODE = 0o600
@@ -41,3 +42,28 @@ def sqlite_files(database: Path | str) -> None:
     private_file(database)
     for suffix in ("-wal", "-shm", "-journal"):
         narrow(f"{database}{suffix}", FILE_MODE)
+
+
+_DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_private_dirs(base: Path, parts: Sequence[str]) -> int:
+    """An fd for ``base``/``parts``, each part made (0700) if missing and narrowed to
+    0700, opened one at a time from the one before: never through a symbolic link
+    (raises OSError, ELOOP or ENOTDIR, for one), so what it names cannot be moved
+    elsewhere by a link planted in ``base``. The caller closes the fd."""
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, DIR_MODE, dir_fd=fd)
+            inner = os.open(part, _DIR_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+            info = os.fstat(fd)
+            if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) & ~DIR_MODE:
+                os.fchmod(fd, stat.S_IMODE(info.st_mode) & DIR_MODE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
