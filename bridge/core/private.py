@@ -67,3 +67,15 @@ def open_private_dirs(base: Path, parts: Sequence[str]) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def private_dirs(path: Path) -> None:
+    """``path`` a directory, each part of it that was missing made 0700 (``mkdir -p``
+    would give the parents the umask's mode)."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made meanwhile: as it is
+            directory.mkdir(mode=DIR_MODE)

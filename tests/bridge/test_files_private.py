@@ -14,6 +14,8 @@ import pytest
 
 from bridge.config import load_settings
 from bridge.core.model import Attachment, ReplyKind
+from bridge.file_posts import copy_file
+from bridge.transcripts import write_atomically
 from tests.bridge.chat_room import serving
 from tests.bridge.harness import ECHO, write_config
 from tests.bridge.test_files import NOTES, PNG, FileRoom, console_room, inbox_path, with_files
@@ -93,3 +95,20 @@ async def test_a_file_declared_an_image_is_shown_as_one_only_if_its_bytes_are(
     assert inbox_path(prompt, "fake.png")
     content = json.loads(record.read_text())["content"]
     assert content == prompt  # text only: no image content went with it
+
+
+def test_a_restored_transcript_and_its_new_folders_are_private(tmp_path: Path, umask: int) -> None:
+    target = tmp_path / "config" / "projects" / "-srv-room" / "session.jsonl"
+    write_atomically(target, b'{"type":"user","message":"the password"}\n')
+    folders = [target.parent, target.parent.parent, target.parent.parent.parent]
+    assert [mode(p) for p in [target, *folders]] == [0o600, 0o700, 0o700, 0o700]
+
+
+def test_a_file_claude_sends_is_copied_privately(tmp_path: Path, umask: int) -> None:
+    room = tmp_path / "room"
+    room.mkdir()
+    (room / "report.txt").write_bytes(b"numbers")
+    into = tmp_path / "state" / "files" / "cbf-1"
+    copy = copy_file(room, room / "report.txt", into, 1024)
+    assert copy.read_bytes() == b"numbers"
+    assert [mode(p) for p in [copy, into, into.parent, into.parent.parent]] == [0o600] + [0o700] * 3
