@@ -9,6 +9,7 @@ the socket or from the file. Standard library only: the supervisor imports it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 from collections import deque
@@ -52,6 +53,8 @@ class Journal:
         """Why the last write failed (None once everything held is written)."""
         self.held_period = 0
         """Bytes held since the journal became unwritable."""
+        self.said_full = False
+        """A ``held_full`` record was held: the memory bound is reached."""
 
     @property
     def full(self) -> bool:
@@ -65,10 +68,13 @@ class Journal:
             self.size += total
             return
         if not self.held:  # the first record kept out: says so first, in the journal itself
-            exc = self.error
-            self._hold(header("unwritable", error=str(exc), errno=exc.errno if exc else None))
+            exc = self.error or OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            self._hold(header("unwritable", error=str(exc), errno=exc.errno))
             self.held_period = 0
         self._hold(head + payload)
+        if self.full and not self.said_full:  # the bound: claude's output is capped from here
+            self.said_full = True
+            self._hold(header("held_full", max=self.held_max_bytes))
 
     def _hold(self, record: bytes) -> None:
         self.held.append(record)
@@ -86,6 +92,7 @@ class Journal:
             self.held.popleft()
             self.held_bytes -= len(record)
         self.error = None
+        self.said_full = False
         return True
 
     def held_from(self, offset: int) -> bytes:

@@ -584,6 +584,13 @@ class _Run:
                     self._end(EXPIRIES.get(str(record.fields.get("status")), Orphaned()))
                 case "unwritable" | "writable":
                     await self._journal_trouble(record)
+                case "held_full":
+                    log.warning(
+                        "run %s: its supervisor holds %s bytes it cannot write: until the"
+                        " disk has space, only the lines the run depends on are kept",
+                        self._request.run_id,
+                        record.fields.get("max"),
+                    )
             self._control.note_read(record.end)
             if decoding and self._check_end(record.end):
                 decoding = False

@@ -16,12 +16,15 @@ import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from bridge.core.model import LiveRun, RunId, RunStatus
 from runner import JournalUnwritable, ToolResult, attach_claude, run_claude
+from runner.journal import Journal
 from tests.runner.conftest import Recorder
 from tests.runner.test_containment import until_exited
 from tests.runner.test_detached import (
@@ -158,3 +161,65 @@ async def test_an_answer_held_for_no_bridge_is_in_the_journal_once_space_returns
     assert kinds[-1] == "done"
     assert "unwritable" in kinds  # it was held, then written
     assert b"THE-ANSWER" in journal(live)
+
+
+Op = tuple[str, int]
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.integers(0, 6000)),
+        st.tuples(st.sampled_from(["fill", "free", "flush"]), st.just(0)),
+    ),
+    max_size=30,
+)
+
+
+def whole_records(data: bytes) -> list[tuple[dict[str, Any], bytes]]:
+    """``data`` as records; fails unless it is whole records only."""
+    parsed = list(records(data))
+    for head, payload, _ in parsed:
+        assert len(payload) == head.get("n", 0)
+    assert (parsed[-1][2] if parsed else 0) == len(data)
+    return [(head, payload) for head, payload, _ in parsed]
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(ops=OPS)
+def test_the_journal_file_is_always_whole_records_in_order_and_all_once_space_returns(
+    small_disk: SmallDisk, ops: list[Op]
+) -> None:
+    path = small_disk.root / "journal"
+    journal = Journal(str(path), held_max_bytes=16_000)
+    sent: list[bytes] = []  # the payloads appended, in order
+    held, bound = False, False
+    try:
+        for kind, n in ops:
+            if kind == "append":
+                payload = str(len(sent)).encode() * (n // 4 + 1)
+                sent.append(payload)
+                journal.append(b'{"t":"out","n":%d}\n' % len(payload), payload)
+            elif kind == "fill" and not small_disk.filler.exists():
+                small_disk.fill()
+            elif kind == "free" and small_disk.filler.exists():
+                small_disk.free()
+            elif kind == "flush":
+                journal.flush()
+            held = held or bool(journal.held)
+            bound = bound or journal.full
+            data = path.read_bytes()
+            assert len(data) == journal.written
+            outs = [payload for head, payload in whole_records(data) if head["t"] == "out"]
+            assert outs == sent[: len(outs)]  # a prefix of what was appended, in order
+        if small_disk.filler.exists():
+            small_disk.free()
+        assert journal.flush()
+        written = whole_records(path.read_bytes())
+        assert [payload for head, payload in written if head["t"] == "out"] == sent
+        kinds = {head["t"] for head, _ in written}
+        assert ("unwritable" in kinds) == held
+        assert ("held_full" in kinds) == bound
+    finally:
+        os.close(journal.fd)
+        os.close(journal.read_fd)
+        path.unlink()
