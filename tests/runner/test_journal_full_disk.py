@@ -23,7 +23,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bridge.core.model import LiveRun, RunId, RunStatus
-from runner import JournalUnwritable, ToolResult, attach_claude, run_claude
+from runner import (
+    Allow,
+    Init,
+    JournalUnwritable,
+    PermissionAsked,
+    RunControl,
+    RunEvent,
+    ToolResult,
+    attach_claude,
+    run_claude,
+)
 from runner.journal import Journal
 from tests.runner.conftest import Recorder
 from tests.runner.test_containment import until_exited
@@ -223,3 +233,40 @@ def test_the_journal_file_is_always_whole_records_in_order_and_all_once_space_re
         os.close(journal.fd)
         os.close(journal.read_fd)
         path.unlink()
+
+
+async def test_a_tool_request_made_while_the_disk_is_full_is_asked_and_answered(
+    run_id: RunId, tmp_path: Path, recorder: Recorder, small_disk: SmallDisk
+) -> None:
+    control = RunControl()
+
+    async def on_event(event: RunEvent) -> None:
+        await recorder(event)
+        if isinstance(event, PermissionAsked):
+            assert control.answer(event.request_id, Allow(event.input))
+            (tmp_path / "go.2").touch()  # the tool's end lets claude answer
+
+    request = waiting_request(
+        run_id,
+        tmp_path,
+        state_dir=small_disk.root / "state",
+        approve_tools=True,
+        switches={
+            "no_tool": "1",
+            "then_tool": "echo " + "x" * 5000,
+            "tool_log": str(tmp_path / "tools"),
+        },
+    )
+    task = asyncio.create_task(run_claude(request, on_event, control=control))
+    await recorder.wait_for(Init)
+    small_disk.fill()
+    release(tmp_path)  # claude asks to run its tool now
+    try:
+        report = await asyncio.wait_for(asyncio.shield(task), 30)  # not the run's timeout
+    finally:
+        small_disk.free()
+    assert report.status is RunStatus.SUCCEEDED, report.error
+    (asked,) = recorder.of(PermissionAsked)
+    assert asked.tool_name == "Bash"
+    assert len((tmp_path / "tools").read_text().splitlines()) == 1
+    assert recorder.of(JournalUnwritable)
