@@ -13,6 +13,8 @@ import tempfile
 
 import pytest
 
+from tests.small_disk import small_disk  # noqa: F401 (a fixture for every test package)
+
 _OWN_BASETEMP = pytest.StashKey[str]()
 
 

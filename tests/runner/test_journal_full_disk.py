@@ -1,22 +1,17 @@
 """The state directory's disk full while claude works: nothing claude printed is lost.
 
-The state directory is a small tmpfs of its own (root only: run the file
-under ``unshare -m`` to keep the mount out of the host's table), filled for
-real (writes until ENOSPC) and freed by deleting the filler. The
-supervisor is the real one (docs/detached-runs.md, "The journal").
+The state directory is a small tmpfs of its own (tests/small_disk.py), filled
+for real and freed again. The supervisor is the real one
+(docs/detached-runs.md, "The journal").
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
-import shutil
 import socket
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -46,58 +41,12 @@ from tests.runner.test_detached import (
     waiting_request,
 )
 from tests.runner.test_run_fake import record
+from tests.small_disk import SmallDisk, needs_mount
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        os.geteuid() != 0 or shutil.which("mount") is None,
-        reason="needs root: mounts a small tmpfs",
-    ),
-]
+pytestmark = [pytest.mark.slow, needs_mount]
 
-TMPFS_SIZE = "256k"
 ANSWER = "THE-ANSWER " * 1000
 """Longer than a page: a full tmpfs still takes what fits in a file's last page."""
-
-
-class SmallDisk:
-    """A tmpfs of :data:`TMPFS_SIZE` that can be filled and freed."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.filler = root / "filler"
-
-    def fill(self) -> None:
-        """Write until the disk refuses: then nothing more fits."""
-        chunk = b"\0" * 4096
-        with open(self.filler, "wb", buffering=0) as out:
-            refused = _write_until_refused(out, chunk)
-        assert refused.errno == errno.ENOSPC
-
-    def free(self) -> None:
-        self.filler.unlink()
-
-
-def _write_until_refused(out: BinaryIO, chunk: bytes) -> OSError:
-    while True:
-        try:
-            out.write(chunk)
-        except OSError as exc:
-            return exc
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
-    # Mounted where this process sees it (the runner resolves its state_dir, so another
-    # namespace's /proc/PID/root would not do); removed again after the test.
-    mountpoint = tmp_path / "tmpfs"
-    mountpoint.mkdir()
-    options = f"size={TMPFS_SIZE},mode=0700"
-    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", mountpoint], check=True)
-    try:
-        yield SmallDisk(mountpoint)
-    finally:
-        subprocess.run(["umount", "--lazy", mountpoint], check=True)
 
 
 async def welcome_size(live: LiveRun) -> int:
