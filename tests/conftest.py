@@ -13,7 +13,8 @@ import tempfile
 
 import pytest
 
-from tests.small_disk import small_disk  # noqa: F401 (a fixture for every test package)
+from tests.file_modes import umask  # noqa: F401 (fixtures for every test package)
+from tests.small_disk import small_disk  # noqa: F401
 
 _OWN_BASETEMP = pytest.StashKey[str]()
 

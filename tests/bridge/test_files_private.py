@@ -5,34 +5,23 @@ are images (docs/operations.md, "Files and permissions")."""
 from __future__ import annotations
 
 import json
-import os
-import stat
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from bridge.config import load_settings
-from bridge.core.model import Attachment, ReplyKind
+from bridge.core.model import Attachment
 from bridge.file_posts import copy_file
 from bridge.transcripts import write_atomically
-from tests.bridge.chat_room import serving
 from tests.bridge.harness import ECHO, write_config
-from tests.bridge.test_files import NOTES, PNG, FileRoom, console_room, inbox_path, with_files
-
-
-@pytest.fixture(params=[0o022, 0o000], ids=["umask022", "umask000"])
-def umask(request: pytest.FixtureRequest) -> Iterator[int]:
-    mask: int = request.param
-    before = os.umask(mask)
-    try:
-        yield mask
-    finally:
-        os.umask(before)
-
-
-def mode(path: Path) -> int:
-    return stat.S_IMODE(path.lstat().st_mode)
+from tests.bridge.test_files import (
+    NOTES,
+    PNG,
+    FileRoom,
+    console_room,
+    inbox_path,
+    prompt_of,
+    with_files,
+)
+from tests.file_modes import mode
 
 
 async def test_a_shared_file_and_its_folders_are_private_to_the_user(
@@ -40,11 +29,7 @@ async def test_a_shared_file_and_its_folders_are_private_to_the_user(
 ) -> None:
     settings = load_settings(write_config(tmp_path))
     chat = FileRoom(console_room(settings), "local", {"ref-notes": b"hello notes"})
-    async with serving(settings, chat) as (_, _room):
-        assert chat.sink is not None
-        await chat.sink(with_files(chat.room, "f-1", NOTES))
-        await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
-    [prompt] = chat.texts(ReplyKind.RESULT)
+    prompt = await prompt_of(settings, chat, with_files(chat.room, "f-1", NOTES))
     path = tmp_path / inbox_path(prompt, "notes.txt")
     assert path.read_bytes() == b"hello notes"
     folders = [path.parent, path.parent.parent, path.parent.parent.parent]
@@ -61,11 +46,7 @@ async def test_an_inbox_link_planted_in_the_room_is_not_followed_and_the_prompt_
     (tmp_path / ".chatbridge" / "inbox").symlink_to(elsewhere)
     settings = load_settings(write_config(tmp_path))
     chat = FileRoom(console_room(settings), "local", {"ref-notes": b"hello notes"})
-    async with serving(settings, chat) as (_, _room):
-        assert chat.sink is not None
-        await chat.sink(with_files(chat.room, "f-1", NOTES, text="read it"))
-        await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
-    [prompt] = chat.texts(ReplyKind.RESULT)
+    prompt = await prompt_of(settings, chat, with_files(chat.room, "f-1", NOTES, text="read it"))
     assert "notes.txt" in prompt
     assert "could not be made safely" in prompt
     assert list(elsewhere.rglob("*")) == []
@@ -86,11 +67,7 @@ async def test_a_file_declared_an_image_is_shown_as_one_only_if_its_bytes_are(
         Attachment("real.jpg", "image/jpeg", len(PNG), "img"),  # a PNG declared a JPEG
         text="what is in the pictures?",
     )
-    async with serving(settings, chat) as (_, _room):
-        assert chat.sink is not None
-        await chat.sink(sent)
-        await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
-    [prompt] = chat.texts(ReplyKind.RESULT)
+    prompt = await prompt_of(settings, chat, sent)
     assert "shown to you as an image" not in prompt
     assert inbox_path(prompt, "fake.png")
     content = json.loads(record.read_text())["content"]

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +16,7 @@ from bridge.core.model import (
 )
 from bridge.store.base import StoreError
 from bridge.store.sql import SqlStore
+from tests.file_modes import mode
 
 
 async def test_a_failed_write_does_not_quote_the_message(tmp_path: Path) -> None:
@@ -36,21 +34,6 @@ async def test_a_failed_write_does_not_quote_the_message(tmp_path: Path) -> None
         await store.close()
     assert "messages" in str(info.value)
     assert "hunter2" not in str(info.value)
-
-
-@pytest.fixture(params=[0o022, 0o000], ids=["umask022", "umask000"])
-def umask(request: pytest.FixtureRequest) -> Iterator[int]:
-    """The process's umask for the test (restored after): the modes must not depend on it."""
-    mask: int = request.param
-    before = os.umask(mask)
-    try:
-        yield mask
-    finally:
-        os.umask(before)
-
-
-def mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
 
 
 async def test_the_sqlite_database_and_its_wal_are_private_to_the_user(
