@@ -21,7 +21,10 @@ ANSWER = "THE-ANSWER " * 1000
 
 
 async def test_an_answer_printed_while_the_disk_is_full_reaches_the_room_and_says_why(
-    tmp_path: Path, small_disk: SmallDisk, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    small_disk: SmallDisk,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setenv("CHATBRIDGE_RUNNER__STATE_DIR", str(small_disk.root / "state"))
     go = tmp_path / "go"
@@ -32,7 +35,7 @@ async def test_an_answer_printed_while_the_disk_is_full_reaches_the_room_and_say
     }
     settings = load_settings(write_config(tmp_path, env=env))
     chat = ChatRoom(console_room(settings), "local")
-    async with serving(settings, chat):
+    async with serving(settings, chat) as (service, _):
         await chat.say("hello")
         await chat.wait_until(lambda: bool(chat.texts()))  # the run's status: it runs
         small_disk.fill()
@@ -42,6 +45,10 @@ async def test_an_answer_printed_while_the_disk_is_full_reaches_the_room_and_say
                 await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
         finally:
             small_disk.free()
+        counted = service.metrics.registry.get_sample_value("chatbridge_journal_unwritable_total")
     assert chat.texts(ReplyKind.RESULT) == [ANSWER.strip()]
     [told] = [t for t in chat.texts(ReplyKind.NOTICE) if "state directory" in t]
     assert "No space left on device" in told
+    assert counted == 1  # the operator's metric, and the log:
+    [logged] = [r for r in caplog.records if "journal cannot be written" in r.getMessage()]
+    assert logged.levelname == "WARNING"
