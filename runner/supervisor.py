@@ -22,7 +22,8 @@ serves a Unix socket (``sock``), as docs/detached-runs.md specifies: claude's
 stdout and stderr go to the journal, the attached bridge gets the journal
 (replay and live are one ``sendfile`` from its offset; what a full disk
 keeps out of the file is held in memory, bounded, sent from there and
-written once it can be), and sends claude's stdin and a ``stop``. The first connection is inherited (``--conn-fd``).
+written once it can be), and sends claude's stdin and a ``stop``. The first
+connection is inherited (``--conn-fd``).
 
 It is a child subreaper, so a tool that double-forks, clears its environment
 or starts its own session still re-parents to it, never to init: "no child
