@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bridge.attachments import image_type
 from bridge.config import load_settings
 from bridge.core.model import Attachment
 from bridge.file_posts import copy_file
@@ -89,3 +90,21 @@ def test_a_file_claude_sends_is_copied_privately(tmp_path: Path, umask: int) -> 
     copy = copy_file(room, room / "report.txt", into, 1024)
     assert copy.read_bytes() == b"numbers"
     assert [mode(p) for p in [copy, into, into.parent, into.parent.parent]] == [0o600] + [0o700] * 3
+
+
+@pytest.mark.parametrize(
+    ("data", "kind"),
+    [
+        (b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR", "image/png"),
+        (b"\xff\xd8\xff\xe0\0\x10JFIF", "image/jpeg"),
+        (b"GIF87a\x01\0", "image/gif"),
+        (b"GIF89a\x01\0", "image/gif"),
+        (b"RIFF\x24\0\0\0WEBPVP8 ", "image/webp"),
+        (b"RIFF\x24\0\0\0WAVEfmt ", None),  # a RIFF that is sound
+        (b"<svg xmlns='http://www.w3.org/2000/svg'/>", None),
+        (b"\x89PN", None),
+        (b"", None),
+    ],
+)
+def test_an_image_type_is_read_from_the_first_bytes(data: bytes, kind: str | None) -> None:
+    assert image_type(data) == kind
