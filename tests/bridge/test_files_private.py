@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bridge.attachments import image_type
 from bridge.config import load_settings
 from bridge.core.model import Attachment
