@@ -12,6 +12,9 @@ neither is one the chat server would not give; the prompt says which and why.
 File names come from chat and are untrusted: :func:`safe_name` keeps only a
 plain name (no path separators, no ``..``, no leading dot, no control
 characters, bounded length) and :class:`_Names` makes them unique in the run.
+The inbox is private (0700 folders, 0600 files) and opened folder by folder
+without following a link; an image is shown as one only if its bytes say so
+(:func:`image_type`). docs/files-and-context.md.
 """
 
 from __future__ import annotations
