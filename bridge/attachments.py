@@ -12,6 +12,9 @@ neither is one the chat server would not give; the prompt says which and why.
 File names come from chat and are untrusted: :func:`safe_name` keeps only a
 plain name (no path separators, no ``..``, no leading dot, no control
 characters, bounded length) and :class:`_Names` makes them unique in the run.
+The inbox is private (0700 folders, 0600 files) and opened folder by folder
+without following a link; an image is shown as one only if its bytes say so
+(:func:`image_type`). docs/files-and-context.md.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bridge.core.model import Attachment, Batch, MessageId, RunId, TransportName
+from bridge.core.private import FILE_MODE, open_private_dirs
 from bridge.core.transport import FileTooLarge, TransportError
 from bridge.metrics import Metrics
 from runner import PromptImage
@@ -144,28 +148,55 @@ class Inbox:
         if not any(m.attachments for m in batch.messages):
             return []
         inbox = INBOX / run_id
-        names = _Names()
-        deadline = asyncio.get_running_loop().time() + self._total
-        fetched: list[FetchedFile] = []
-        transport = self._transports.get(batch.room.transport)
-        for message in batch.messages:
-            left = limits.max_message_bytes
-            for attachment in message.attachments:
-                one = await self._one(
-                    transport, message.id, attachment, cwd, inbox, names, limits, left, deadline
-                )
-                if one.path is not None and one.size is not None:
-                    left -= one.size
-                fetched.append(one)
-        return fetched
+        try:
+            inbox_fd = open_private_dirs(cwd, inbox.parts)
+        except OSError as exc:
+            # A link planted in the room's directory (by an earlier run) must not
+            # send the files elsewhere: none is written, the prompt says why.
+            log.warning("run %s: its inbox %s was refused: %s", run_id, inbox, exc)
+            reason = f"not written: {inbox} could not be made safely ({exc.strerror})"
+            return [
+                self._missing(m.id, a, "failed", reason)
+                for m in batch.messages
+                for a in m.attachments
+            ]
+        try:
+            names = _Names()
+            deadline = asyncio.get_running_loop().time() + self._total
+            fetched: list[FetchedFile] = []
+            transport = self._transports.get(batch.room.transport)
+            for message in batch.messages:
+                left = limits.max_message_bytes
+                for attachment in message.attachments:
+                    one = await self._one(
+                        transport,
+                        message.id,
+                        attachment,
+                        (inbox, inbox_fd),
+                        names,
+                        limits,
+                        left,
+                        deadline,
+                    )
+                    if one.path is not None and one.size is not None:
+                        left -= one.size
+                    fetched.append(one)
+            return fetched
+        finally:
+            os.close(inbox_fd)
+
+    def _missing(
+        self, message_id: MessageId, attachment: Attachment, outcome: str, reason: str
+    ) -> FetchedFile:
+        self._metrics.files.labels(outcome).inc()
+        return FetchedFile(message_id, attachment, None, attachment.size, reason)
 
     async def _one(  # noqa: PLR0917 (one file's whole context)
         self,
         transport: Transport | None,
         message_id: MessageId,
         attachment: Attachment,
-        cwd: Path,
-        inbox: Path,
+        inbox_at: tuple[Path, int],
         names: _Names,
         limits: Limits,
         left: int,
@@ -174,17 +205,20 @@ class Inbox:
         limit = min(limits.max_file_bytes, left)
 
         def missing(outcome: str, reason: str) -> FetchedFile:
-            self._metrics.files.labels(outcome).inc()
-            return FetchedFile(message_id, attachment, None, attachment.size, reason)
+            return self._missing(message_id, attachment, outcome, reason)
 
         if limit <= 0 or (attachment.size is not None and attachment.size > limit):
             return missing("too_large", _too_large(limits, left))
         if transport is None:
             return missing("failed", "its chat is not connected")
-        relative = inbox / names.claim(attachment.name)
-        dest = cwd / relative
+        inbox, inbox_fd = inbox_at
+        name = names.claim(attachment.name)
+        relative = inbox / name
+        # Through the inbox's fd: the path the transport writes to cannot lead
+        # anywhere else, whatever is renamed or linked meanwhile.
+        dest = Path(f"/proc/self/fd/{inbox_fd}") / name
         try:
-            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(name, _NEW_PRIVATE_FILE, FILE_MODE, dir_fd=inbox_fd))
             now = asyncio.get_running_loop().time()
             # Past the run's deadline this gives up at once: the later files are named as
             # timed out, and claude starts.
@@ -210,6 +244,11 @@ class Inbox:
             return missing("failed", "could not be downloaded (an error in chatbridge)")
         self._metrics.files.labels("fetched").inc()
         return FetchedFile(message_id, attachment, relative, size)
+
+
+_NEW_PRIVATE_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+"""A file of the inbox is created new (0600) before the transport writes it: never an
+existing file, never through a link."""
 
 
 def _too_large(limits: Limits, left: int) -> str:
@@ -242,6 +281,19 @@ MAX_IMAGES = 20
 """At most this many images are shown with one prompt."""
 
 
+def image_type(data: bytes) -> str | None:
+    """The image type ``data`` is by its first bytes (one of :data:`IMAGE_TYPES`), or None."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "image/gif"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return None
+
+
 async def shown_images(
     cwd: Path, fetched: Sequence[FetchedFile], budget_bytes: int
 ) -> tuple[list[FetchedFile], list[PromptImage]]:
@@ -266,6 +318,10 @@ async def shown_images(
             data = await asyncio.to_thread((cwd / file.path).read_bytes)
         except OSError as exc:
             log.warning("could not read back an image of the run: %s", exc)
+            continue
+        if image_type(data) != file.attachment.mime:
+            # Only named: claude reads it from disk as the file it is.
+            log.info("a file declared %s is not one by its content", file.attachment.mime)
             continue
         budget_bytes -= len(data)
         images.append(PromptImage(file.attachment.mime, base64.b64encode(data).decode("ascii")))

@@ -36,6 +36,7 @@ from typing import Any, BinaryIO
 
 from bridge.config import RoomSettings
 from bridge.core.model import Batch, Reply, ReplyKind, RunId
+from bridge.core.private import FILE_MODE, private_dirs
 from bridge.delivery import Outbox
 from bridge.metrics import Metrics
 from bridge.replies import in_conversation
@@ -112,9 +113,10 @@ def copy_file(root: Path, source: Path, into: Path, max_bytes: int) -> Path:
 def _copy_open(reader: BinaryIO, target: Path, max_bytes: int) -> None:
     if not stat.S_ISREG(os.fstat(reader.fileno()).st_mode):
         raise NotSendable(f"{target.name}: not a regular file")
-    target.parent.mkdir(parents=True, mode=0o700)
+    private_dirs(target.parent)
     copied = 0
-    with target.open("wb") as writer:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    with os.fdopen(os.open(target, flags, FILE_MODE), "wb") as writer:
         while chunk := reader.read(COPY_CHUNK):
             copied += len(chunk)
             if copied > max_bytes:

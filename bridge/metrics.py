@@ -150,6 +150,12 @@ class Metrics:
             "Conversations this replica lost (its lease was taken or ran out)",
             registry=r,
         )
+        self.journal_unwritable = Counter(
+            "chatbridge_journal_unwritable",
+            "Runs whose journal could not be written (state_dir's disk full): their"
+            " supervisor held claude's output in memory until it could",
+            registry=r,
+        )
         self.forwarded = Counter(
             "chatbridge_cluster_forwarded",
             "Messages and approval actions handed to the replica owning their conversation",

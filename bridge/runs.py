@@ -124,6 +124,7 @@ from runner import (
 from runner.control import InputClosed, RunControl
 from runner.events import (
     Init,
+    JournalUnwritable,
     PermissionAsked,
     PermissionCancelled,
     Result,
@@ -343,6 +344,8 @@ class _Live:
     is recorded only after its request was (else the request would be posted after it)."""
     limited: UsageLimited | None = None
     """claude said the account's usage limit refused the run (see :mod:`bridge.usage`)."""
+    journal_trouble: bool = False
+    """The room was told its journal cannot be written (once per run)."""
     steered: list[Batch] = field(default_factory=list)
     """The batches recorded into the run (shown running): the run's end shows them its outcome."""
     before_end: list[asyncio.Task[None]] = field(default_factory=list)
@@ -384,6 +387,14 @@ def _shown_running(live: _Live) -> bool:
     if opening is None or not opening.done():
         return opening is not None
     return opening.cancelled() or opening.exception() is not None or opening.result()
+
+
+def _unwritable_text(error: str) -> str:
+    return (
+        f"chatbridge cannot write to its state directory ({error}; most likely its disk is"
+        " full). This run goes on: claude's output is kept in memory and the answer comes"
+        " as usual. Tell the operator: the disk needs space."
+    )
 
 
 def _stopping(live: _Live) -> bool:
@@ -988,6 +999,17 @@ class RunExecutor:
                     )
                 case UsageLimited():
                     live.limited = event
+                case JournalUnwritable(error=error) if not live.journal_trouble:
+                    live.journal_trouble = True
+                    self.metrics.journal_unwritable.inc()
+                    live.beside(
+                        asyncio.create_task(
+                            self.notices.say(
+                                run.batch.room, _unwritable_text(error), about=run.batch
+                            ),
+                            name=f"journal {run.id}",
+                        )
+                    )
                 case Result():
                     self._on_result(run, live, event)
                 case _:

@@ -39,6 +39,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from bridge.core.model import RoomKey, SessionId
+from bridge.core.private import private_dirs
 from bridge.store.base import Store, TranscriptStamp
 
 if TYPE_CHECKING:
@@ -192,9 +193,10 @@ def _check_member(member: tarfile.TarInfo, session_id: SessionId) -> None:
 
 def write_atomically(target: Path, data: bytes) -> None:
     """``target`` holds ``data`` whole or is as it was: a temporary file (mode 0600,
-    as claude makes its session files) beside it, synced, renamed over it."""
-    # Directories as claude makes them: the process's umask decides their mode.
-    target.parent.mkdir(parents=True, exist_ok=True)
+    as claude makes its session files) beside it, synced, renamed over it; the
+    directories it needs are made 0700."""
+    # Directories private, as the file: they are named after the room's directory.
+    private_dirs(target.parent)
     fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as out:

@@ -148,6 +148,22 @@ class MessageTaken:
 
 
 @dataclass(frozen=True, slots=True)
+class JournalUnwritable:
+    """The run's journal cannot be written (``error``: a full disk, most often): the
+    supervisor holds what claude writes in memory, bounded, and writes it once it can.
+    The run goes on; an attached bridge still gets every line."""
+
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class JournalWritable:
+    """The journal is written again: the ``held_bytes`` held back are in it now."""
+
+    held_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class ControlAnswer:
     """claude's ``control_response`` to a control request (ours, or echoed: the runner
     matches ``request_id``). Not handed to ``on_event``."""
@@ -170,6 +186,8 @@ RunEvent = (
     | PermissionAsked
     | PermissionCancelled
     | MessageTaken
+    | JournalUnwritable
+    | JournalWritable
 )
 """Everything ``run_claude`` hands to its ``on_event`` callback."""
 

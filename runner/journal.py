@@ -9,8 +9,10 @@ the socket or from the file. Standard library only: the supervisor imports it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+from collections import deque
 
 PROTOCOL_VERSIONS = (1, 2)
 """The journal and socket protocol versions this supervisor speaks (docs/detached-runs.md)."""
@@ -23,30 +25,102 @@ def header(kind: str, **fields: object) -> bytes:
     return json.dumps({"t": kind, **fields}, separators=(",", ":")).encode() + b"\n"
 
 
-class Journal:
-    """The run's journal: records appended with ``write(2)``, read back by ``sendfile``."""
+HELD_MAX_BYTES = 8 * 1024 * 1024
+"""While the journal cannot be written (a full disk), at most this much of claude's
+output is held in memory; past it stdout and stderr are capped as by the spool cap."""
 
-    def __init__(self, path: str) -> None:
+
+class Journal:
+    """The run's journal: records appended with ``write(2)``, read back by ``sendfile``.
+
+    ``size`` is the journal's logical length: what is in the file (``written``)
+    and, after it, the records a full disk kept out (``held``, in memory, in
+    order). Held records are written before any later one, as soon as a write
+    succeeds again, so the file is always a prefix of the journal made of
+    whole records; readers of the socket get held records from memory.
+    """
+
+    def __init__(self, path: str, held_max_bytes: int = HELD_MAX_BYTES) -> None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC
         self.fd = os.open(path, flags, 0o600)
         self.read_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         self.size = 0
+        self.written = 0
+        self.held: deque[bytes] = deque()
+        self.held_bytes = 0
+        self.held_max_bytes = held_max_bytes
+        self.error: OSError | None = None
+        """Why the last write failed (None once everything held is written)."""
+        self.held_period = 0
+        """Bytes held since the journal became unwritable."""
+        self.said_full = False
+        """A ``held_full`` record was held: the memory bound is reached."""
+
+    @property
+    def full(self) -> bool:
+        """Held records fill the memory bound: claude's output is to be capped."""
+        return self.held_bytes >= self.held_max_bytes
 
     def append(self, head: bytes, payload: bytes = b"") -> None:
-        """Append one record. A full disk loses the record, never the run (nor the format)."""
+        """Append one record: to the file, or (a full disk) held until it can be."""
+        total = len(head) + len(payload)
+        if not self.held and self._write(head, payload):
+            self.size += total
+            return
+        if not self.held:  # the first record kept out: says so first, in the journal itself
+            exc = self.error or OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            self._hold(header("unwritable", error=str(exc), errno=exc.errno))
+            self.held_period = 0
+        self._hold(head + payload)
+        if self.full and not self.said_full:  # the bound: claude's output is capped from here
+            self.said_full = True
+            self._hold(header("held_full", max=self.held_max_bytes))
+
+    def _hold(self, record: bytes) -> None:
+        self.held.append(record)
+        self.held_bytes += len(record)
+        self.held_period += len(record)
+        self.size += len(record)
+
+    def flush(self) -> bool:
+        """Write what is held, in order, as far as the disk takes it; whether all is.
+        (The caller says so in the journal, with ``writable``, unless it has ended.)"""
+        while self.held:
+            record = self.held[0]
+            if not self._write(record, b""):
+                return False
+            self.held.popleft()
+            self.held_bytes -= len(record)
+        self.error = None
+        self.said_full = False
+        return True
+
+    def held_from(self, offset: int) -> bytes:
+        """The held bytes from journal ``offset`` (at least :attr:`written`) on."""
+        skip = offset - self.written
+        for record in self.held:
+            if skip < len(record):
+                return record[skip:] if skip else record
+            skip -= len(record)
+        return b""
+
+    def _write(self, head: bytes, payload: bytes) -> bool:
+        """Write one whole record at the file's end; a record cut short is cut off again."""
         total = len(head) + len(payload)
         try:
             written = os.writev(self.fd, (head, payload) if payload else (head,))
             while 0 < written < total:  # a regular file writes short only when out of space
                 step = os.write(self.fd, (head + payload)[written:])
                 written = written + step if step else 0
-        except OSError:
+        except OSError as exc:
+            self.error = exc
             written = 0
         if written != total:
             with contextlib.suppress(OSError):
-                os.ftruncate(self.fd, self.size)  # no half record for a reader to choke on
-            return
-        self.size += total
+                os.ftruncate(self.fd, self.written)  # no half record for a reader to choke on
+            return False
+        self.written += total
+        return True
 
 
 def is_result(line: bytes) -> bool:

@@ -79,14 +79,23 @@ from runner import supervision
 from runner.command import build_argv, build_env, new_uuid, user_message
 from runner.control import ControlError, InputClosed, RunControl, too_long
 from runner.errors import InvalidRequest, StreamError
-from runner.events import ApiRetry, ControlAnswer, Init, Result, RunEvent, Spawned
+from runner.events import (
+    ApiRetry,
+    ControlAnswer,
+    Init,
+    JournalUnwritable,
+    JournalWritable,
+    Result,
+    RunEvent,
+    Spawned,
+)
 from runner.prestart import Prestarted
 from runner.recovery import recover_run
 from runner.request import RunRequest
 from runner.rundir import make_run_dir, remove_run_dir
 from runner.spare import Spares
 from runner.stream import LineFramer, parse_line
-from runner.supervision import Limits, Refused, SpawnFailed, Supervised, Unanswered
+from runner.supervision import Limits, Record, Refused, SpawnFailed, Supervised, Unanswered
 
 log = logging.getLogger(__name__)
 
@@ -573,6 +582,15 @@ class _Run:
                     self._end(Exited())
                 case "expired":
                     self._end(EXPIRIES.get(str(record.fields.get("status")), Orphaned()))
+                case "unwritable" | "writable":
+                    await self._journal_trouble(record)
+                case "held_full":
+                    log.warning(
+                        "run %s: its supervisor holds %s bytes it cannot write: until the"
+                        " disk has space, only the lines the run depends on are kept",
+                        self._request.run_id,
+                        record.fields.get("max"),
+                    )
             self._control.note_read(record.end)
             if decoding and self._check_end(record.end):
                 decoding = False
@@ -604,6 +622,29 @@ class _Run:
             if not self._ending.done():
                 self._ending.set_exception(exc)
         return False
+
+    async def _journal_trouble(self, record: Record) -> None:
+        """The supervisor could not write the journal, or can again: the caller is told."""
+        if record.kind == "unwritable":
+            error = str(record.fields.get("error") or "an error")
+            log.warning(
+                "run %s: its journal cannot be written (%s); the supervisor holds the output",
+                self._request.run_id,
+                error,
+            )
+            event: RunEvent = JournalUnwritable(error)
+        else:
+            held = record.fields.get("held")
+            held = held if isinstance(held, int) and not isinstance(held, bool) else 0
+            log.info(
+                "run %s: its journal is written again (%d bytes held)", self._request.run_id, held
+            )
+            event = JournalWritable(held)
+        try:
+            await self._on_event(event)
+        except Exception as exc:  # on_event failed: follow raises it, the run stops
+            if not self._ending.done():
+                self._ending.set_exception(exc)
 
     def _add_stderr(self, chunk: bytes) -> None:
         self._stderr += chunk

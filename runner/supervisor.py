@@ -20,8 +20,10 @@ that command line's options and claude's environment from stdin first:
 ``--run-dir`` (mode 0700), where it writes the run's journal (``journal``) and
 serves a Unix socket (``sock``), as docs/detached-runs.md specifies: claude's
 stdout and stderr go to the journal, the attached bridge gets the journal
-(replay and live are one ``sendfile`` from its offset), and sends claude's
-stdin and a ``stop``. The first connection is inherited (``--conn-fd``).
+(replay and live are one ``sendfile`` from its offset; what a full disk
+keeps out of the file is held in memory, bounded, sent from there and
+written once it can be), and sends claude's stdin and a ``stop``. The first
+connection is inherited (``--conn-fd``).
 
 It is a child subreaper, so a tool that double-forks, clears its environment
 or starts its own session still re-parents to it, never to init: "no child
@@ -91,6 +93,8 @@ RMDIR_DEADLINE_S = 1.0
 """How long an emptied cgroup may stay busy before it is left behind."""
 DONE_LINGER_S = 10.0
 """After ``done``: how long the attached bridge has to read the rest (the journal keeps it)."""
+FLUSH_RETRY_S = 0.25
+"""While a full disk holds records back: how often writing them is tried again."""
 CLOSE_DRAIN_S = 2.0
 """At exit, after our side of a connection is shut: how long the bridge has to close its own
 (what it still sends is read meanwhile, so the close is an end for it, never a reset)."""
@@ -417,7 +421,7 @@ class Supervisor:
         ``last``: ``data`` is what claude wrote after its last newline, and stdout
         ended: a line of its own (the bridge frames it at ``exited``), kept if kept.
         """
-        if self.journal.size < self.options.spool_max_bytes:
+        if not self.capped():
             self.skipping = False
             self.journal.append(b'{"t":"out","n":%d}\n' % len(data), data)
             return
@@ -440,6 +444,11 @@ class Supervisor:
             self.flush_dropped()
             out = b"\n".join(kept) + b"\n"
             self.journal.append(b'{"t":"out","n":%d}\n' % len(out), out)
+
+    def capped(self) -> bool:
+        """Whether only the lines the run depends on are journaled: the spool cap is
+        reached, or a full disk keeps as much in memory as it may."""
+        return self.journal.size >= self.options.spool_max_bytes or self.journal.full
 
     def note_out(self, lines: bytes) -> None:
         """Follow claude's whole stdout lines for the end rule: echoes and results.
@@ -538,7 +547,7 @@ class Supervisor:
             os.close(fd)
             self.stderr = -1
             return False
-        if self.journal.size < self.options.spool_max_bytes:
+        if not self.capped():
             self.journal.append(b'{"t":"err","n":%d}\n' % len(data), data)
         else:
             self.dropped_err += len(data)
@@ -721,13 +730,16 @@ class Supervisor:
                 self.drop(client)
                 return
             if client.attached:
-                while client.offset < journal.size:
+                while client.offset < journal.written:
                     sent = os.sendfile(
-                        client.fd, journal.read_fd, client.offset, journal.size - client.offset
+                        client.fd, journal.read_fd, client.offset, journal.written - client.offset
                     )
                     if sent == 0:
                         break
                     client.offset += sent
+                # What a full disk holds back comes from memory, in the journal's order.
+                while journal.written <= client.offset < journal.size:
+                    client.offset += os.write(client.fd, journal.held_from(client.offset))
         except BlockingIOError:
             pass
         except OSError:
@@ -740,8 +752,12 @@ class Supervisor:
             self.selector.modify(client.fd, events, self.read_client)
 
     def relay(self) -> None:
-        """Bring every attached bridge up to the journal's end (after it grew)."""
-        size = self.journal.size
+        """Bring every attached bridge up to the journal's end (after it grew); and
+        write what a full disk held back, if it can be now."""
+        journal = self.journal
+        if journal.held and journal.flush() and self.exit_code is None:
+            journal.append(header("writable", held=journal.held_period))
+        size = journal.size
         for client in list(self.clients.values()):
             # One that waits for its socket to drain is sent to when it does.
             if client.attached and client.offset < size and not client.events & _WRITE:
@@ -869,14 +885,9 @@ class Supervisor:
             now = time.monotonic()
             timeout: float | None
             if self.exit_code is not None:
-                self.relay()
-                if not any(
-                    c.attached and c.events & selectors.EVENT_WRITE for c in self.clients.values()
-                ):
+                timeout = self._linger(now)
+                if timeout is None:
                     return self._exit()
-                if now >= self.done_deadline:
-                    return self._exit()
-                timeout = self.done_deadline - now
             elif self.stop_deadline is not None:
                 empty = not has_children and not (self.cgroup and self.cgroup.procs())
                 if empty:
@@ -899,10 +910,34 @@ class Supervisor:
                 if self.orphan_since is not None:
                     deadline = min(deadline, self.orphan_since + options.orphan_timeout_s)
                 timeout = max(0.0, deadline - now)
+            if self.journal.held:  # (held: written again soon)
+                timeout = min(timeout, FLUSH_RETRY_S)
             self.relay()
             for key, mask in self.selector.select(timeout):
                 key.data(key.fd, mask)
             self.relay()
+
+    def _linger(self, now: float) -> float | None:
+        """After ``done``: how long to wait for the bridge (or the disk); None: exit now."""
+        self.relay()
+        if self.held_back(now):
+            return FLUSH_RETRY_S
+        if not any(c.attached and c.events & _WRITE for c in self.clients.values()):
+            return None
+        if now >= self.done_deadline:
+            return None
+        return self.done_deadline - now
+
+    def held_back(self, now: float) -> bool:
+        """After ``done``: whether to stay for what a full disk held back. The supervisor
+        stays until it is written, unless an attached bridge has read all of it, for at
+        most ``--orphan-timeout-s`` after ``done``: a bridge that comes later reads the file."""
+        journal = self.journal
+        if not journal.held:
+            return False
+        if any(c.attached and c.offset >= journal.size for c in self.clients.values()):
+            return False
+        return now < self.done_deadline - DONE_LINGER_S + self.options.orphan_timeout_s
 
     def _exit(self) -> int:
         """Close the connections gracefully, then exit.

@@ -13,6 +13,9 @@ import tempfile
 
 import pytest
 
+from tests.file_modes import umask  # noqa: F401 (fixtures for every test package)
+from tests.small_disk import small_disk  # noqa: F401
+
 _OWN_BASETEMP = pytest.StashKey[str]()
 
 

@@ -34,6 +34,8 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
+from bridge.core.private import sqlite_files
+
 DEFAULT_URL = "sqlite+aiosqlite:///chatbridge.db"
 SQLITE_BUSY_TIMEOUT_MS = 5000
 SQLITE_READERS = 3
@@ -168,7 +170,14 @@ def shares_pool(a: AsyncEngine, b: AsyncEngine) -> bool:
 
 
 def configure_sqlite(engine: Engine, *, reader: bool) -> None:
-    """The SQLite settings above, on every connection of ``engine`` (either driver)."""
+    """The SQLite settings above, on every connection of ``engine`` (either driver).
+
+    A database in a file is made private first (0600, its ``-wal`` and ``-shm``
+    too): it holds every prompt and answer (docs/operations.md)."""
+    if is_sqlite_file(engine.url) and not reader:
+        database = engine.url.database
+        if database is not None and not database.startswith("file:"):
+            sqlite_files(database)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:

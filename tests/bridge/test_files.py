@@ -96,6 +96,16 @@ def inbox_path(prompt: str, name: str) -> str:
     return match.group(1)
 
 
+async def prompt_of(settings: Settings, chat: FileRoom, sent: InboundMessage) -> str:
+    """The prompt the run of ``sent`` got (the fake claude answers with it)."""
+    async with serving(settings, chat) as (_, _room):
+        assert chat.sink is not None
+        await chat.sink(sent)
+        await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
+    [prompt] = chat.texts(ReplyKind.RESULT)
+    return prompt
+
+
 async def test_a_file_without_text_runs_with_the_file_in_its_inbox(tmp_path: Path) -> None:
     settings = load_settings(write_config(tmp_path))
     chat = FileRoom(console_room(settings), "local", {"ref-notes": b"hello notes"})
@@ -221,11 +231,7 @@ async def test_images_are_shown_to_claude_as_image_content(tmp_path: Path) -> No
         Attachment("doc.txt", "text/plain", 4, "doc"),
         text="what is in the picture?",
     )
-    async with serving(settings, chat) as (_, _room):
-        assert chat.sink is not None
-        await chat.sink(sent)
-        await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
-    [prompt] = chat.texts(ReplyKind.RESULT)
+    prompt = await prompt_of(settings, chat, sent)
     png = inbox_path(prompt, "dot.png")
     assert f'File "{png}" (image/png, {len(PNG)} B), shown to you as an image' in prompt
     assert f'File "{inbox_path(prompt, "doc.txt")}" (text/plain, 4 B)' in prompt.splitlines()

@@ -13,6 +13,7 @@ import pytest
 from nio import UploadResponse
 
 from bridge.core.transport import FileTooLarge, TransportError
+from tests.file_modes import mode
 from tests.matrix.matrix_helpers import Human, RecordingSink, TransportFactory, joined, running
 from tests.matrix.matrix_service import service
 from tests.matrix.synapse_peer import MatrixUser, SynapseServer
@@ -144,4 +145,7 @@ async def test_the_service_runs_an_encrypted_file_and_a_reply_with_the_file_in_i
     match = re.search(r'File "(\.chatbridge/inbox/run-[0-9a-f]+/notes\.txt)" \(text/plain', body)
     assert match is not None, body
     assert "> what do the notes say?" in body
-    assert (tmp_path / match.group(1)).read_bytes() == data
+    decrypted = tmp_path / match.group(1)
+    assert decrypted.read_bytes() == data
+    # The plaintext of an end-to-end encrypted file is for chatbridge's user alone.
+    assert (mode(decrypted), mode(decrypted.parent)) == (0o600, 0o700)

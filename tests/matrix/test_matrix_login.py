@@ -9,6 +9,7 @@ import pytest
 from aiohttp import web
 from pydantic import SecretStr
 
+from tests.file_modes import mode
 from transports.backoff import Backoff
 from transports.matrix.client import new_client
 from transports.matrix.login import log_in
@@ -62,3 +63,19 @@ async def test_login_waits_as_long_as_the_server_asks(
     assert calls == ["whoami", "whoami"]
     assert waits == [7.5]  # not the backoff's 0.5 s
     assert client.user_id == USER
+
+
+async def test_the_key_store_is_private_whatever_the_umask(tmp_path: Path, umask: int) -> None:
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    earlier.chmod(0o755)  # as an earlier version left it under umask 022
+    for store in (tmp_path / "new" / "store", earlier):
+        settings = MatrixSettings(
+            homeserver="http://127.0.0.1:9",
+            user_id=USER,
+            access_token=SecretStr("t"),
+            store_path=store,
+        )
+        await new_client(settings).close()
+        assert mode(store) == 0o700
+    assert mode(tmp_path / "new") == 0o700  # a folder it made on the way too

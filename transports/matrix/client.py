@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from nio import AsyncClient, AsyncClientConfig, ErrorResponse
 
+from bridge.core.private import DIR_MODE, narrow, private_dirs
 from bridge.core.transport import TransportError
 from transports.matrix.settings import MatrixSettings
 
@@ -41,7 +42,9 @@ def check(what: str, response: object, permanent: frozenset[str] = AUTH_ERRORS) 
 def new_client(settings: MatrixSettings) -> AsyncClient:
     """A client over ``store_path`` (device keys), not yet logged in."""
     store = settings.store_path
-    store.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # The device keys: 0700 whatever the umask, an earlier laxer one narrowed.
+    private_dirs(store)
+    narrow(store, DIR_MODE)
     return AsyncClient(
         settings.homeserver,
         settings.user_id,

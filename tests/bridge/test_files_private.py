@@ -1,0 +1,112 @@
+"""Files shared in chat are private to chatbridge's user, never written through a link
+planted in the room's directory, and shown to claude as images only when their bytes
+are images (docs/operations.md, "Files and permissions")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bridge.attachments import image_type
+from bridge.config import load_settings
+from bridge.core.model import Attachment
+from bridge.file_posts import copy_file
+from bridge.transcripts import write_atomically
+from tests.bridge.harness import ECHO, write_config
+from tests.bridge.test_files import (
+    NOTES,
+    PNG,
+    FileRoom,
+    console_room,
+    inbox_path,
+    prompt_of,
+    with_files,
+)
+from tests.file_modes import mode
+
+
+async def test_a_shared_file_and_its_folders_are_private_to_the_user(
+    tmp_path: Path, umask: int
+) -> None:
+    settings = load_settings(write_config(tmp_path))
+    chat = FileRoom(console_room(settings), "local", {"ref-notes": b"hello notes"})
+    prompt = await prompt_of(settings, chat, with_files(chat.room, "f-1", NOTES))
+    path = tmp_path / inbox_path(prompt, "notes.txt")
+    assert path.read_bytes() == b"hello notes"
+    folders = [path.parent, path.parent.parent, path.parent.parent.parent]
+    assert [mode(p) for p in [path, *folders]] == [0o600, 0o700, 0o700, 0o700]
+    assert mode(tmp_path / "bridge.db") == 0o600
+
+
+async def test_an_inbox_link_planted_in_the_room_is_not_followed_and_the_prompt_says_so(
+    tmp_path: Path,
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / ".chatbridge").mkdir()
+    (tmp_path / ".chatbridge" / "inbox").symlink_to(elsewhere)
+    settings = load_settings(write_config(tmp_path))
+    chat = FileRoom(console_room(settings), "local", {"ref-notes": b"hello notes"})
+    prompt = await prompt_of(settings, chat, with_files(chat.room, "f-1", NOTES, text="read it"))
+    assert "notes.txt" in prompt
+    assert "could not be made safely" in prompt
+    assert list(elsewhere.rglob("*")) == []
+
+
+async def test_a_file_declared_an_image_is_shown_as_one_only_if_its_bytes_are(
+    tmp_path: Path,
+) -> None:
+    record = tmp_path / "claude.json"
+    env = {**ECHO, "FAKE_CLAUDE_RECORD": str(record)}
+    settings = load_settings(write_config(tmp_path, env=env))
+    fake = b"#!/bin/sh\necho not a picture\n"
+    chat = FileRoom(console_room(settings), "local", {"fake": fake, "img": PNG})
+    sent = with_files(
+        console_room(settings),
+        "f-1",
+        Attachment("fake.png", "image/png", len(fake), "fake"),
+        Attachment("real.jpg", "image/jpeg", len(PNG), "img"),  # a PNG declared a JPEG
+        text="what is in the pictures?",
+    )
+    prompt = await prompt_of(settings, chat, sent)
+    assert "shown to you as an image" not in prompt
+    assert inbox_path(prompt, "fake.png")
+    content = json.loads(record.read_text())["content"]
+    assert content == prompt  # text only: no image content went with it
+
+
+def test_a_restored_transcript_and_its_new_folders_are_private(tmp_path: Path, umask: int) -> None:
+    target = tmp_path / "config" / "projects" / "-srv-room" / "session.jsonl"
+    write_atomically(target, b'{"type":"user","message":"the password"}\n')
+    folders = [target.parent, target.parent.parent, target.parent.parent.parent]
+    assert [mode(p) for p in [target, *folders]] == [0o600, 0o700, 0o700, 0o700]
+
+
+def test_a_file_claude_sends_is_copied_privately(tmp_path: Path, umask: int) -> None:
+    room = tmp_path / "room"
+    room.mkdir()
+    (room / "report.txt").write_bytes(b"numbers")
+    into = tmp_path / "state" / "files" / "cbf-1"
+    copy = copy_file(room, room / "report.txt", into, 1024)
+    assert copy.read_bytes() == b"numbers"
+    assert [mode(p) for p in [copy, into, into.parent, into.parent.parent]] == [0o600] + [0o700] * 3
+
+
+@pytest.mark.parametrize(
+    ("data", "kind"),
+    [
+        (b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR", "image/png"),
+        (b"\xff\xd8\xff\xe0\0\x10JFIF", "image/jpeg"),
+        (b"GIF87a\x01\0", "image/gif"),
+        (b"GIF89a\x01\0", "image/gif"),
+        (b"RIFF\x24\0\0\0WEBPVP8 ", "image/webp"),
+        (b"RIFF\x24\0\0\0WAVEfmt ", None),  # a RIFF that is sound
+        (b"<svg xmlns='http://www.w3.org/2000/svg'/>", None),
+        (b"\x89PN", None),
+        (b"", None),
+    ],
+)
+def test_an_image_type_is_read_from_the_first_bytes(data: bytes, kind: str | None) -> None:
+    assert image_type(data) == kind
