@@ -916,6 +916,22 @@ class RunExecutor:
         except Exception:
             log.warning("could not save the transcript of session %s", session, exc_info=True)
 
+    def _spawned(self, run: _Run, live: _Live, supervisor: LiveRun) -> None:
+        """claude runs: only now the room is shown that it does, once the registry
+        (which takes claude's pid too) can find the run again after a restart."""
+        self.live_runs.bind(run.batch.room, run.id, live.control)
+        live.supervisor = supervisor
+        live.registered = asyncio.create_task(
+            self._register(run.id, supervisor), name=f"register {run.id}"
+        )
+        if live.offsets is None:
+            live.offsets = asyncio.create_task(
+                self._keep_offsets(run.id, live), name=f"offsets {run.id}"
+            )
+        if live.opening is None:
+            live.opening = asyncio.create_task(self._opening(run, live), name=f"opening {run.id}")
+            live.pump = asyncio.create_task(run.progress.pump(), name=f"progress {run.id}")
+
     def _on_event(self, run: _Run, live: _Live) -> EventCallback:
         """What the run's events start; nothing here may hold up reading claude's output."""
         room = self.settings.room(run.batch.room)
@@ -950,25 +966,7 @@ class RunExecutor:
                 live.before_end.append(last_file)
             match event:
                 case Spawned(live=supervisor):
-                    # claude runs: only now the room is shown that it does, once
-                    # the registry (which takes claude's pid too) can find the
-                    # run again after a restart.
-                    self.live_runs.bind(run.batch.room, run.id, live.control)
-                    live.supervisor = supervisor
-                    live.registered = asyncio.create_task(
-                        self._register(run.id, supervisor), name=f"register {run.id}"
-                    )
-                    if live.offsets is None:
-                        live.offsets = asyncio.create_task(
-                            self._keep_offsets(run.id, live), name=f"offsets {run.id}"
-                        )
-                    if live.opening is None:
-                        live.opening = asyncio.create_task(
-                            self._opening(run, live), name=f"opening {run.id}"
-                        )
-                        live.pump = asyncio.create_task(
-                            run.progress.pump(), name=f"progress {run.id}"
-                        )
+                    self._spawned(run, live, supervisor)
                 case Init(session_id=sid):
                     live.init = event
                     self.live_runs.started(run.batch.room, run.id, sid)
