@@ -7,7 +7,7 @@ contract suite in ``tests/store`` runs against all of them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -25,6 +25,7 @@ from bridge.core.model import (
     RunReport,
     RunStatus,
     SessionId,
+    TransportName,
     UserId,
 )
 
@@ -592,6 +593,14 @@ class Store(Protocol):
     async def mark_schedule(self, name: str, fired_at: float) -> None:
         """Record that ``name``'s firing at ``fired_at`` was dealt with; an earlier
         time than the one recorded changes nothing (marks never go back)."""
+        ...
+
+    async def seen_marks(self, transport: TransportName) -> dict[RoomKey, ExternalMessageId]:
+        """The newest message ``transport`` saw in each room and thread (``thread`` "")."""
+        ...
+
+    async def mark_seen(self, marks: Mapping[RoomKey, ExternalMessageId]) -> None:
+        """Record the marks in one transaction; marks never go back (ids compare as text)."""
         ...
 
     async def prune(self, older_than: float) -> int:

@@ -7,7 +7,7 @@ awaiting, so each one is atomic with respect to other tasks.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from bridge.core.model import (
@@ -24,6 +24,7 @@ from bridge.core.model import (
     RunReport,
     RunStatus,
     SessionId,
+    TransportName,
     UserId,
 )
 from bridge.store.base import (
@@ -41,6 +42,7 @@ from bridge.store.base import (
     StoreError,
     TranscriptStamp,
 )
+from bridge.store.keys import stored_id
 from bridge.store.rules import (
     APPROVAL_ACTIONS,
     LIVE_STATES,
@@ -82,6 +84,7 @@ class MemoryStore:
         self._approvals: dict[int, Approval] = {}
         self._last_number: dict[RoomKey, int] = {}
         self._schedule_marks: dict[str, float] = {}
+        self._seen_marks: dict[RoomKey, ExternalMessageId] = {}
         self._next_approval = 1
         self._audit: list[AuditRecord] = []
         self._outbox: dict[int, OutboxEntry] = {}
@@ -574,6 +577,20 @@ class MemoryStore:
         self._check_open()
         require_storable(name)
         self._schedule_marks[name] = max(fired_at, self._schedule_marks.get(name, fired_at))
+
+    async def seen_marks(self, transport: TransportName) -> dict[RoomKey, ExternalMessageId]:
+        """The newest message ``transport`` saw in each room and thread."""
+        self._check_open()
+        return {k: v for k, v in self._seen_marks.items() if k.transport == transport}
+
+    async def mark_seen(self, marks: Mapping[RoomKey, ExternalMessageId]) -> None:
+        """Record the marks; marks never go back."""
+        self._check_open()
+        for room, last in marks.items():
+            require_storable(stored_id(room))
+            require_storable(last)
+        for room, last in marks.items():
+            self._seen_marks[room] = max(last, self._seen_marks.get(room, last))
 
     async def set_room_model(self, room: RoomKey, model: str | None) -> None:
         """Set (None: clear) the model of the room's next runs."""

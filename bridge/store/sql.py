@@ -65,6 +65,7 @@ from bridge.core.model import (
     RunReport,
     RunStatus,
     SessionId,
+    TransportName,
     UserId,
 )
 from bridge.store.base import (
@@ -123,6 +124,7 @@ from bridge.store.tables import (
     RunMessageRow,
     RunRow,
     ScheduleMarkRow,
+    SeenMarkRow,
     SessionTranscriptRow,
     SpendRow,
 )
@@ -1619,6 +1621,48 @@ class SqlStore:
         return await self._read(body)
 
     # Retention
+
+    # Seen marks
+
+    async def seen_marks(self, transport: TransportName) -> dict[RoomKey, ExternalMessageId]:
+        """The newest message ``transport`` saw in each room and thread."""
+
+        def body(s: Session) -> dict[RoomKey, ExternalMessageId]:
+            query = select(SeenMarkRow.room_id, SeenMarkRow.last_id).where(
+                SeenMarkRow.transport == transport
+            )
+            return {
+                _room(transport, room_id): ExternalMessageId(last_id)
+                for room_id, last_id in s.execute(query)
+            }
+
+        return await self._read(body)
+
+    async def mark_seen(self, marks: Mapping[RoomKey, ExternalMessageId]) -> None:
+        """Record the marks in one transaction; marks never go back (two replicas may
+        both write)."""
+        if not marks:
+            return
+        # One statement per mark: a multi-row upsert's conflict clause cannot keep
+        # the larger id per row on both SQLite and PostgreSQL alike.
+        upserts = []
+        for room, last in sorted(marks.items()):
+            upsert = self._insert(SeenMarkRow).values(
+                transport=room.transport, room_id=_stored_id(room), last_id=last
+            )
+            upserts.append(
+                upsert.on_conflict_do_update(
+                    index_elements=["transport", "room_id"],
+                    set_={"last_id": upsert.excluded.last_id},
+                    where=SeenMarkRow.last_id < upsert.excluded.last_id,
+                )
+            )
+
+        def body(s: Session) -> None:
+            for upsert in upserts:
+                s.execute(upsert)
+
+        await self._write(body)
 
     async def prune(self, older_than: float) -> int:
         """Delete old audit rows, old finished messages and runs left empty.

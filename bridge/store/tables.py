@@ -9,7 +9,7 @@ Surrogate keys never repeat (``sqlite_autoincrement``; PostgreSQL sequences
 never do): audit rows outlive pruned messages and must not come to name a
 newer message that reused a deleted id.
 
-The migrations (``0001_initial`` to ``0010``) create exactly this schema; a test
+The migrations (``0001_initial`` to ``0011``) create exactly this schema; a test
 compares the two with Alembic's autogenerate.
 """
 
@@ -274,6 +274,21 @@ class ScheduleMarkRow(Base):
     name: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
     fired_at: Mapped[float] = mapped_column(Double)
     """The scheduled time (epoch seconds) of the latest firing run, skipped or missed."""
+
+
+class SeenMarkRow(Base):
+    """The newest message a transport saw in a room or thread (bridge.core.transport.SeenMarks).
+
+    Slack's catch-up after a restart reads each channel's and thread's history
+    from here on. ``room_id`` is kept as conversation keys are (the thread
+    after the room's id); ``last_id`` compares as text.
+    """
+
+    __tablename__ = "seen_marks"
+
+    transport: Mapped[str] = mapped_column(String(32), primary_key=True)
+    room_id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    last_id: Mapped[str] = mapped_column(String(ID_LENGTH))
 
 
 class SpendRow(Base):

@@ -58,7 +58,7 @@ async def test_upgrade_matches_models_and_downgrade_empties(empty_sql_url: str) 
     assert await current_revision(empty_sql_url) is None
 
     await migrate(empty_sql_url)
-    assert await current_revision(empty_sql_url) == head_revision() == "0010"
+    assert await current_revision(empty_sql_url) == head_revision() == "0011"
     assert await schema_diff(empty_sql_url) == []
     assert await table_names(empty_sql_url) == set(Base.metadata.tables) | {"alembic_version"}
 
