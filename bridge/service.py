@@ -48,7 +48,7 @@ from bridge.core.model import (
     RunReport,
     RunStatus,
 )
-from bridge.core.transport import RoomBinding, RunPhase, TransportError
+from bridge.core.transport import RoomBinding, RunPhase, SeenMarks, TransportError
 from bridge.database_lock import database_lock
 from bridge.delivery import Outbox
 from bridge.errors import ChatbridgeError, StartupError, reason
@@ -102,8 +102,11 @@ _REACHES = {"matrix": "matrix.homeserver", "slack": "slack.api_url"}
 """The setting to check when a part does not connect in time (it keeps retrying meanwhile)."""
 
 
-def build_transports(settings: Settings) -> list[Transport]:
-    """One transport per configured chat system; library imports stay lazy."""
+def build_transports(settings: Settings, marks: SeenMarks | None = None) -> list[Transport]:
+    """One transport per configured chat system; library imports stay lazy.
+
+    ``marks`` (the store) keeps where Slack got to in each channel, for its catch-up.
+    """
     transports: list[Transport] = []
 
     def bindings(name: str) -> list[RoomBinding]:
@@ -129,7 +132,7 @@ def build_transports(settings: Settings) -> list[Transport]:
     if settings.slack is not None:
         from transports.slack import SlackTransport
 
-        transports.append(SlackTransport(settings.slack, bindings("slack")))
+        transports.append(SlackTransport(settings.slack, bindings("slack"), marks=marks))
     return transports
 
 
@@ -885,7 +888,7 @@ async def run_service(settings: Settings) -> None:
         for problem in await checking:
             # Warnings, not failures: the directory or binary may appear later.
             log.warning("%s", problem)
-        service = Service(settings, store, build_transports(settings))
+        service = Service(settings, store, build_transports(settings, store))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, service.request_stop)

@@ -21,12 +21,19 @@ and a ``429`` raises instead of sleeping. Shared files are only described
 here; the service fetches them (:meth:`SlackTransport.fetch_attachment`)
 when their run is prepared.
 
+Catch-up: on every connection, what was posted while no connection was open
+is read from the channels' history (:mod:`.catch_up`) and handed over like a
+live event, oldest first; live events wait for it (briefly) so that a room's
+messages keep their order. Every message handed over moves its channel's and
+thread's seen mark (:mod:`.marks`).
+
 Outbound: :mod:`.outbound` over one Web API client that never sleeps on a 429.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -57,12 +64,14 @@ from bridge.core.transport import (
     InboundSink,
     RoomBinding,
     RunPhase,
+    SeenMarks,
     SinkClosed,
     TransportError,
 )
-from transports.backoff import Backoff
+from transports.backoff import Backoff, retry
 from transports.base import Transport
 from transports.slack.approvals import ACTION_PREFIX, to_action
+from transports.slack.catch_up import History, Missed, Unreadable, later, ts_of
 from transports.slack.events_http import serve_events
 from transports.slack.files import STUB_PREFIX, attachments, download, may_have_token
 from transports.slack.inbound import (
@@ -73,6 +82,7 @@ from transports.slack.inbound import (
     to_event,
     users_to_name,
 )
+from transports.slack.marks import MarkSaver
 from transports.slack.names import DisplayNames
 from transports.slack.outbound import SlackOutbound
 from transports.slack.settings import SlackSettings
@@ -87,6 +97,11 @@ HEALTHY_AFTER_S = 30.0
 
 Sleep = Callable[[float], Awaitable[None]]
 
+
+CATCH_UP_HOLD_S = 2.0
+"""Live events wait at most this long for the catch-up of their connection: long
+enough to keep a room's order after a short outage, short enough that Slack's
+3-second acknowledgement window is kept when reading history takes longer."""
 
 HANDED_OVER = "chatbridge_handed_over"
 """Set in a request's Bolt context once a listener has dealt with its event."""
@@ -128,17 +143,28 @@ class SlackTransport(Transport):
         settings: SlackSettings,
         rooms: Sequence[RoomBinding],
         *,
+        marks: SeenMarks | None = None,
         backoff: Backoff | None = None,
         sleep: Sleep = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
-        """``backoff``, ``sleep`` and ``clock`` are for tests (reconnect delays)."""
+        """``marks``: where the newest message seen per channel and thread is kept;
+        without it nothing is caught up. ``backoff``, ``sleep``, ``clock`` (reconnect
+        delays) and ``wall`` (the catch-up's maximum age) are for tests."""
         self._settings = settings
         self._rooms: Mapping[RoomId, RoomBinding] = {r.room_id: r for r in rooms}
         self._room_ids = frozenset(self._rooms)
         self._backoff = backoff or Backoff(cap=settings.reconnect_max_s)
         self._sleep = sleep
         self._clock = clock
+        self._wall = wall
+        self._marks = marks
+        self._saver = MarkSaver(marks) if marks is not None else None
+        self._caught_up = asyncio.Event()
+        self._caught_up.set()
+        self.caught_up_events = 0
+        """Messages read from history and handed over (a metric, and for tests)."""
         self._up_since: float | None = None
         self._client = web_client(settings.bot_token.get_secret_value(), settings.api_url)
         self.names = DisplayNames(self._display_name)
@@ -175,11 +201,17 @@ class SlackTransport(Transport):
         start-up fails at once naming it (and so does a later reconnect, as
         the Matrix transport does when its token is revoked).
         """
+        saver = None
+        if self._saver is not None:
+            saver = asyncio.create_task(self._saver.run(), name="slack-seen-marks")
         try:
             await self._serve(sink, ready)
         finally:
             for task in self._handing:
                 task.cancel()
+            if saver is not None:
+                saver.cancel()
+                await asyncio.wait([saver])
 
     async def _serve(self, sink: InboundSink, ready: asyncio.Event) -> None:
         while True:
@@ -205,14 +237,29 @@ class SlackTransport(Transport):
     async def _serve_once(self, sink: InboundSink, ready: asyncio.Event) -> None:
         identity = await self._identify()
         app = self._bolt_app(identity, sink)
+        catching_up: list[asyncio.Task[None]] = []
 
         def up() -> None:
             self.connections += 1
             self.reconnects = self.connections - 1
             log.info("slack connected (%s mode) as %s", self._settings.mode, identity.user_id)
             self._up_since = self._clock()
+            if self._marks is not None and self._settings.catch_up_max_age_s > 0:
+                self._caught_up.clear()
+                catch_up = self._catch_up(self._marks, identity, sink)
+                catching_up.append(asyncio.create_task(catch_up, name="slack-catch-up"))
             ready.set()
 
+        try:
+            await self._connect(app, up)
+        finally:
+            for task in catching_up:
+                task.cancel()
+            if catching_up:
+                await asyncio.wait(catching_up)
+            self._caught_up.set()
+
+    async def _connect(self, app: AsyncApp, up: Callable[[], None]) -> None:
         if self._settings.mode == "events":
 
             def listening(port: int) -> None:
@@ -319,22 +366,101 @@ class SlackTransport(Transport):
                 "slack: the approval click of %s on %s was lost", action.sender, action.message_id
             )
 
+    async def _catch_up(self, marks: SeenMarks, identity: BotIdentity, sink: InboundSink) -> None:
+        """Hand over what every served channel got since its mark (see :mod:`.catch_up`).
+
+        Retried with backoff until one pass succeeds (a pass hands over again
+        only what the store has not accepted); live events wait for it at most
+        :data:`CATCH_UP_HOLD_S`.
+        """
+        try:
+            await retry(
+                lambda: self._catch_up_once(marks, identity, sink),
+                what="slack catch-up",
+                backoff=Backoff(cap=self._settings.reconnect_max_s),
+                fatal=(SinkClosed,),
+                sleep=self._sleep,
+            )
+        except SinkClosed:
+            log.info("slack catch-up: shutting down; the next start reads the rest")
+        finally:
+            self._caught_up.set()
+
+    async def _catch_up_once(
+        self, store: SeenMarks, identity: BotIdentity, sink: InboundSink
+    ) -> None:
+        cutoff = ts_of(self._wall() - self._settings.catch_up_max_age_s)
+        marks: dict[str, dict[str, str]] = {}
+        for room, last in (await store.seen_marks(SLACK)).items():
+            marks.setdefault(room.room_id, {})[room.thread] = last
+        history = History(self._client)
+        for channel in sorted(self._room_ids):
+            try:
+                missed = await history.missed(
+                    channel, marks.get(channel, {}), cutoff, identity.user_id
+                )
+            except Unreadable as exc:
+                log.warning("slack catch-up: cannot read %s (%s); skipped", channel, exc)
+                continue
+            await self._hand_over_missed(channel, missed, identity, sink)
+            # The skipped ones are told once, not at every start.
+            newest = later(missed.newest or cutoff, cutoff) if missed.skipped else missed.newest
+            if newest is not None and self._saver is not None:
+                self._saver.note(RoomKey(SLACK, RoomId(channel)), newest)
+
+    async def _hand_over_missed(
+        self, channel: str, missed: Missed, identity: BotIdentity, sink: InboundSink
+    ) -> None:
+        log.info(
+            "slack catch-up: %d message(s) of %s since chatbridge last saw it, %d skipped",
+            len(missed.events),
+            channel,
+            missed.skipped,
+        )
+        for event in missed.events:
+            if await self._deliver(event, identity, sink, None, live=False):
+                self.caught_up_events += 1
+        if missed.skipped:
+            hours = self._settings.catch_up_max_age_s / 3600
+            notice = Reply(
+                RoomKey(SLACK, RoomId(channel)),
+                f"{missed.skipped} message(s) sent here while chatbridge was away are older"
+                f" than {hours:g} h and were not run (`slack.catch_up_max_age_s`);"
+                " send them again if they are still wanted.",
+            )
+            try:
+                await self._outbound.send(notice)
+            except TransportError as exc:
+                # A notice: not worth reading the history again for.
+                log.warning("slack catch-up: could not tell %s what was skipped: %s", channel, exc)
+
     async def _deliver(
         self,
         event: Mapping[str, Any],
         identity: BotIdentity,
         sink: InboundSink,
         ticket: tuple[Turns, int] | None,
-    ) -> None:
-        """Hand ``event`` over; with a ``ticket`` (Socket Mode), in the envelopes' order."""
+        *,
+        live: bool = True,
+    ) -> bool:
+        """Hand ``event`` over; with a ``ticket`` (Socket Mode), in the envelopes' order.
+
+        True if a message or change went to the sink. A live event waits (at
+        most :data:`CATCH_UP_HOLD_S`) for the connection's catch-up, so what
+        was missed goes first.
+        """
         stages.stamp("received")
         parsed = to_event(event, identity.user_id, identity.bot_id, self._room_ids)
         if parsed is None:
-            return
+            return False
         key = dedup_key(event)
         if key in self._recent:
             log.debug("slack redelivered %s in %s; already handed over", key[1], key[0])
-            return
+            return False
+        if live and not self._caught_up.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CATCH_UP_HOLD_S):
+                    await self._caught_up.wait()
         wanted = users_to_name(parsed)
         names = await self.names.resolve(wanted) if wanted else {}
         if ticket is not None:
@@ -350,6 +476,13 @@ class SlackTransport(Transport):
         # answer), and events of other channels must not wait behind it.
         await sink(decoded(parsed, names))
         self._recent.add(key)
+        if self._saver is not None and isinstance(parsed, InboundMessage):
+            self._saver.note(parsed.room, parsed.external_id)
+            if parsed.thread:
+                self._saver.note(
+                    RoomKey(SLACK, parsed.room.room_id, parsed.thread), parsed.external_id
+                )
+        return True
 
     async def fetch_attachment(self, attachment: Attachment, dest: Path, limit_bytes: int) -> None:
         """Download a shared file with the bot's token (only from Slack's hosts, see .files)."""
