@@ -27,7 +27,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bridge.core.transport import RateLimited, TransportError
-from transports.slack.inbound import SLACK
+from transports.slack.inbound import HUMAN_SUBTYPES, SLACK
 from transports.slack.web import error_code, retry_after_seconds
 
 log = logging.getLogger(__name__)
@@ -155,13 +155,14 @@ class History:
                     continue
                 found.setdefault(ts, reply)
         if _key(own) < cut:
-            missed.skipped = await self._count_before(channel, own, cutoff)
+            missed.skipped = await self._count_before(channel, own, cutoff, bridge_user)
         ordered = sorted(found.items(), key=lambda item: _key(item[0]))
         missed.events = [{**m, "type": "message", "channel": channel} for _, m in ordered]
         return missed
 
-    async def _count_before(self, channel: str, after: str, before: str) -> int:
-        """How many people's top-level messages lie between ``after`` and ``before``."""
+    async def _count_before(self, channel: str, after: str, before: str, bridge_user: str) -> int:
+        """How many top-level messages of people (not bots, not ``bridge_user``) lie
+        between ``after`` and ``before``."""
         low, high = _key(after), _key(before)
         found = await self._read(
             "conversations.history", channel=channel, oldest=after, latest=before
@@ -171,7 +172,8 @@ class History:
             for m in found
             if low < _key(m.get("ts")) <= high
             and m.get("bot_id") is None
-            and m.get("subtype") is None
+            and m.get("user") != bridge_user
+            and m.get("subtype") in (None, *HUMAN_SUBTYPES)
         )
 
     async def _read(self, method: str, **args: Any) -> list[dict[str, Any]]:

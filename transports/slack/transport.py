@@ -161,8 +161,9 @@ class SlackTransport(Transport):
         self._wall = wall
         self._marks = marks
         self._saver = MarkSaver(marks) if marks is not None else None
-        self._caught_up = asyncio.Event()
-        self._caught_up.set()
+        self.caught_up = asyncio.Event()
+        """Clear while a connection's catch-up is under way."""
+        self.caught_up.set()
         self.caught_up_events = 0
         """Messages read from history and handed over (a metric, and for tests)."""
         self._up_since: float | None = None
@@ -245,7 +246,7 @@ class SlackTransport(Transport):
             log.info("slack connected (%s mode) as %s", self._settings.mode, identity.user_id)
             self._up_since = self._clock()
             if self._marks is not None and self._settings.catch_up_max_age_s > 0:
-                self._caught_up.clear()
+                self.caught_up.clear()
                 catch_up = self._catch_up(self._marks, identity, sink)
                 catching_up.append(asyncio.create_task(catch_up, name="slack-catch-up"))
             ready.set()
@@ -257,7 +258,7 @@ class SlackTransport(Transport):
                 task.cancel()
             if catching_up:
                 await asyncio.wait(catching_up)
-            self._caught_up.set()
+            self.caught_up.set()
 
     async def _connect(self, app: AsyncApp, up: Callable[[], None]) -> None:
         if self._settings.mode == "events":
@@ -384,7 +385,7 @@ class SlackTransport(Transport):
         except SinkClosed:
             log.info("slack catch-up: shutting down; the next start reads the rest")
         finally:
-            self._caught_up.set()
+            self.caught_up.set()
 
     async def _catch_up_once(
         self, store: SeenMarks, identity: BotIdentity, sink: InboundSink
@@ -457,10 +458,10 @@ class SlackTransport(Transport):
         if key in self._recent:
             log.debug("slack redelivered %s in %s; already handed over", key[1], key[0])
             return False
-        if live and not self._caught_up.is_set():
+        if live and not self.caught_up.is_set():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(CATCH_UP_HOLD_S):
-                    await self._caught_up.wait()
+                    await self.caught_up.wait()
         wanted = users_to_name(parsed)
         names = await self.names.resolve(wanted) if wanted else {}
         if ticket is not None:
