@@ -33,7 +33,6 @@ Outbound: :mod:`.outbound` over one Web API client that never sleeps on a 429.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import time
@@ -162,7 +161,7 @@ class SlackTransport(Transport):
         self._marks = marks
         self._saver = MarkSaver(marks) if marks is not None else None
         self.caught_up = asyncio.Event()
-        """Clear while a connection's catch-up is under way."""
+        """Clear while a connection's catch-up is under way (and live events wait for it)."""
         self.caught_up.set()
         self.caught_up_events = 0
         """Messages read from history and handed over (a metric, and for tests)."""
@@ -370,13 +369,14 @@ class SlackTransport(Transport):
     async def _catch_up(self, marks: SeenMarks, identity: BotIdentity, sink: InboundSink) -> None:
         """Hand over what every served channel got since its mark (see :mod:`.catch_up`).
 
-        Retried with backoff until one pass succeeds (a pass hands over again
-        only what the store has not accepted); live events wait for it at most
-        :data:`CATCH_UP_HOLD_S`.
+        Retried with backoff (at least as long as a ``ratelimited`` answer asks)
+        until every channel is done; a channel done is not read again. Live
+        events wait for it at most :data:`CATCH_UP_HOLD_S`.
         """
+        pending = set(self._room_ids)
         try:
             await retry(
-                lambda: self._catch_up_once(marks, identity, sink),
+                lambda: self._catch_up_once(marks, pending, identity, sink),
                 what="slack catch-up",
                 backoff=Backoff(cap=self._settings.reconnect_max_s),
                 fatal=(SinkClosed,),
@@ -388,26 +388,28 @@ class SlackTransport(Transport):
             self.caught_up.set()
 
     async def _catch_up_once(
-        self, store: SeenMarks, identity: BotIdentity, sink: InboundSink
+        self, store: SeenMarks, pending: set[RoomId], identity: BotIdentity, sink: InboundSink
     ) -> None:
         cutoff = ts_of(self._wall() - self._settings.catch_up_max_age_s)
         marks: dict[str, dict[str, str]] = {}
         for room, last in (await store.seen_marks(SLACK)).items():
             marks.setdefault(room.room_id, {})[room.thread] = last
         history = History(self._client)
-        for channel in sorted(self._room_ids):
+        for channel in sorted(pending):
             try:
                 missed = await history.missed(
                     channel, marks.get(channel, {}), cutoff, identity.user_id
                 )
             except Unreadable as exc:
                 log.warning("slack catch-up: cannot read %s (%s); skipped", channel, exc)
+                pending.discard(channel)
                 continue
             await self._hand_over_missed(channel, missed, identity, sink)
             # The skipped ones are told once, not at every start.
             newest = later(missed.newest or cutoff, cutoff) if missed.skipped else missed.newest
             if newest is not None and self._saver is not None:
                 self._saver.note(RoomKey(SLACK, RoomId(channel)), newest)
+            pending.discard(channel)
 
     async def _hand_over_missed(
         self, channel: str, missed: Missed, identity: BotIdentity, sink: InboundSink
@@ -459,9 +461,12 @@ class SlackTransport(Transport):
             log.debug("slack redelivered %s in %s; already handed over", key[1], key[0])
             return False
         if live and not self.caught_up.is_set():
-            with contextlib.suppress(TimeoutError):
+            try:
                 async with asyncio.timeout(CATCH_UP_HOLD_S):
                     await self.caught_up.wait()
+            except TimeoutError:
+                # A long catch-up (rate limits): live events stop waiting for it.
+                self.caught_up.set()
         wanted = users_to_name(parsed)
         names = await self.names.resolve(wanted) if wanted else {}
         if ticket is not None:
