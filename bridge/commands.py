@@ -25,6 +25,7 @@ from bridge.core.transport import ApprovalChoice
 from bridge.duration import format_duration
 from bridge.live_controls import LiveControls
 from bridge.store.base import AuditAction, RunRecord, Store, StoreError
+from bridge.worktree_lifetime import Lifetimes, found, listing
 from bridge.worktrees import Worktree, Worktrees, worktree_of
 from dispatcher import Dispatcher, RoomStatus, StopResult
 
@@ -40,6 +41,7 @@ class CommandName(StrEnum):
     DENY = "deny"
     MODEL = "model"
     MODE = "mode"
+    WORKTREES = "worktrees"
     HELP = "help"
 
 
@@ -67,6 +69,10 @@ _SUMMARY: dict[CommandName, str] = {
     CommandName.MODE: (
         "show the permission mode of this room's runs; `{p}mode MODE` sets it like"
         f" `{{p}}model` ({', '.join(PERMISSION_MODES)}; `{{p}}mode reset`; approvers)"
+    ),
+    CommandName.WORKTREES: (
+        "list this room's thread worktrees (`worktree = true`); `{p}worktrees prune` removes"
+        " those no run works in, keeping their work on their branches (approvers)"
     ),
     CommandName.HELP: "list the commands",
 }
@@ -231,6 +237,8 @@ class CommandHandler:
     """Counts an answer or command refused for want of approval rights."""
     worktrees: Worktrees | None = None
     """Thread conversations' worktrees: shown by ``!status``, removed by ``!reset``."""
+    lifetimes: Lifetimes | None = None
+    """Lists and prunes a room's worktrees (``!worktrees``)."""
     automation: Callable[[RoomKey], list[str]] = lambda _room: []
     """The room's schedules and webhooks, for the end of ``!status`` (bridge/schedules.py,
     bridge/webhooks.py)."""
@@ -294,6 +302,8 @@ class CommandHandler:
                 await self._model(message, command.rest)
             case CommandName.MODE:
                 await self._mode(message, command.rest)
+            case CommandName.WORKTREES:
+                await self._worktrees(message, command.argument)
             case CommandName.HELP:
                 await self.answer(message, help_text(self.prefix))
             case None:
@@ -301,6 +311,29 @@ class CommandHandler:
                     message,
                     f"Unknown command `{self.prefix}{command.word}`; try `{self.prefix}help`.",
                 )
+
+    async def _worktrees(self, message: Message, argument: str) -> None:
+        """``!worktrees``: the room's thread worktrees; ``!worktrees prune`` (approvers):
+        retire every one no run works in."""
+        room = message.room.channel
+        settings = self.rooms(room)
+        if settings is None or not settings.worktree or self.lifetimes is None:
+            await self.answer(message, "This room gives threads no worktrees (`worktree`).")
+            return
+        if argument.lower() != "prune":
+            trees = found(room, settings, self.dispatcher.conversations, self.wall_clock())
+            await self.answer(message, listing(trees))
+            return
+        if not await self._approver(message):
+            return
+        count = await self.lifetimes.prune(
+            room, settings, 0.0, f"pruned by {self.prefix}worktrees prune"
+        )
+        await self.answer(
+            message,
+            f"Pruned {_plural(count, 'worktree')} no run works in; each thread was told"
+            " where its work is.",
+        )
 
     def _opens_thread(self, message: Message) -> bool:
         """``message`` is top-level in a room of thread conversations (so it opened

@@ -71,6 +71,7 @@ from bridge.store.cluster import Leases, ReplicaIdInUse
 from bridge.store.sql import SqlStore
 from bridge.usage import LimitResumes
 from bridge.webhooks import Webhooks
+from bridge.worktree_lifetime import Lifetimes
 from dispatcher import (
     Clock,
     DispatchedRun,
@@ -151,6 +152,7 @@ class Service:
     replier: Replier = field(init=False)
     outbox: Outbox = field(init=False)
     notices: Notices = field(init=False)
+    lifetimes: Lifetimes = field(init=False)
     approvals: ApprovalFlow = field(init=False)
     scheduler: Scheduler = field(init=False)
     webhooks: Webhooks = field(init=False)
@@ -230,6 +232,12 @@ class Service:
             max_prestarts=settings.runner.prestart_limit,
             room_cap=self._max_runs_per_room,
         )
+        self.lifetimes = Lifetimes(
+            self.executor.worktrees,
+            lambda: list(settings.room_settings.items()),
+            self.dispatcher.conversations,
+            self.notices.say,
+        )
         self.limits = LimitResumes(
             self.store,
             self.dispatcher.submit,
@@ -252,6 +260,7 @@ class Service:
             live=self.approvals,
             refused=self._refused,
             worktrees=self.executor.worktrees,
+            lifetimes=self.lifetimes,
             automation=self._automation_status,
             status_parts=(Budgets(settings, self.store).status_lines, self.limits.status_lines),
         )
@@ -604,6 +613,7 @@ class Service:
             self._tasks = tg
             background = [
                 tg.create_task(self._housekeeping(), name="housekeeping"),
+                tg.create_task(self.lifetimes.sweep_forever(), name="worktree lifetimes"),
                 tg.create_task(self.approvals.expire_forever(), name="approval expiry"),
             ]
             if self.cluster is not None:
