@@ -7,24 +7,17 @@ name ``Alice (@U0ALICE)`` spelt in fullwidth brackets and at-sign reached claude
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import unicodedata
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from bridge.core.model import (
-    Batch,
-    ExternalMessageId,
-    Message,
-    MessageId,
-    RoomId,
-    RoomKey,
-    TransportName,
-    UserId,
-)
+from bridge.core.model import Batch, Message, RoomId, RoomKey, TransportName
 from bridge.display_names import clean_display_name
 from bridge.prompt import NAME_CHARS, author, build_prompt
+from tests.bridge.test_prompt import msg
 
 FORBIDDEN = set('@()[]{}<>"`')
 ID_LIKE = re.compile(r"[(\[{<]\s*@?\s*[\w.:-]+\s*[)\]}>]|@\s*[\w.:-]+")
@@ -32,15 +25,7 @@ ID_LIKE = re.compile(r"[(\[{<]\s*@?\s*[\w.:-]+\s*[)\]}>]|@\s*[\w.:-]+")
 
 def message(n: int, sender: str, name: str, transport: str) -> Message:
     room = RoomKey(TransportName(transport), RoomId("C1" if transport == "slack" else "!r:hs"))
-    return Message(
-        id=MessageId(n),
-        room=room,
-        sender=UserId(sender),
-        text="go ahead",
-        external_id=ExternalMessageId(f"e{n}"),
-        received_at=0.0,
-        sender_name=name,
-    )
+    return dataclasses.replace(msg(n, "go ahead", sender=sender, name=name), room=room)
 
 
 def test_a_fullwidth_id_in_a_slack_name_does_not_reach_the_attribution() -> None:
