@@ -69,8 +69,8 @@ def later(a: str, b: str) -> str:
 
 
 def ts_of(seconds: float) -> str:
-    """The Slack ts of a wall-clock time."""
-    return f"{seconds:.6f}"
+    """The Slack ts of a wall-clock time (the epoch at the earliest)."""
+    return f"{max(0.0, seconds):.6f}"
 
 
 @dataclass(slots=True)
