@@ -93,3 +93,24 @@ async def test_messages_sent_while_the_bridge_was_down_run_once_after_it_starts(
     assert "stranger" not in missed
     assert "another bot" not in missed
     assert len(found) == len(runs)
+
+
+async def test_in_a_thread_room_missed_replies_continue_their_threads(tmp_path: Path) -> None:
+    times = tmp_path / "times"
+    env = {**ECHO, "FAKE_CLAUDE_TIMES": str(times)}
+    async with bridged(tmp_path, "socket", env, room_extra={"conversation": "thread"}) as b:
+        first = await b.slack.post_message(peer.ALICE, "thread one")
+        await wait_for_answers(b, 1)
+        await b.wait_for_reaction(first, "white_check_mark")
+        await stop(b, signal.SIGKILL)
+        await b.slack.post_message(peer.ALICE, "more for thread one", thread_ts=first)
+        second = await b.slack.post_message(peer.ALICE, "thread two")
+        async with b.restarted() as again:
+            await wait_for_answers(again, 3)
+            await again.wait_for_reaction(second, "white_check_mark")
+            found = await answers(again)
+    runs = prompts(times)
+    assert sorted(runs) == sorted(["thread one", "more for thread one", "thread two"])
+    by_thread = {str(m["thread_ts"]): str(m["text"]) for m in found}
+    assert "thread two" in by_thread[second]
+    assert "more for thread one" in [str(m["text"]) for m in found if m["thread_ts"] == first][-1]

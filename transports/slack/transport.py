@@ -132,6 +132,18 @@ class BotIdentity:
     bot_id: str | None
 
 
+@dataclass(slots=True)
+class _CatchUp:
+    """One connection's catch-up, across its attempts."""
+
+    pending: set[RoomId]
+    """Channels not done yet."""
+    cutoff: str
+    """Nothing older is read (the ts of the maximum age, from the start)."""
+    marks: dict[str, dict[str, str]] | None = None
+    """Seen marks by channel and thread ("" the channel's own), as read at the start."""
+
+
 class SlackTransport(Transport):
     """Serves the configured Slack channels and DMs."""
 
@@ -370,13 +382,17 @@ class SlackTransport(Transport):
         """Hand over what every served channel got since its mark (see :mod:`.catch_up`).
 
         Retried with backoff (at least as long as a ``ratelimited`` answer asks)
-        until every channel is done; a channel done is not read again. Live
-        events wait for it at most :data:`CATCH_UP_HOLD_S`.
+        until every channel is done; a channel done is not read again, and the
+        others are read from the marks as they were at the start (live events
+        let through meanwhile move them). Live events wait for it at most
+        :data:`CATCH_UP_HOLD_S`.
         """
-        pending = set(self._room_ids)
+        work = _CatchUp(
+            set(self._room_ids), ts_of(self._wall() - self._settings.catch_up_max_age_s)
+        )
         try:
             await retry(
-                lambda: self._catch_up_once(marks, pending, identity, sink),
+                lambda: self._catch_up_once(marks, work, identity, sink),
                 what="slack catch-up",
                 backoff=Backoff(cap=self._settings.reconnect_max_s),
                 fatal=(SinkClosed,),
@@ -388,12 +404,14 @@ class SlackTransport(Transport):
             self.caught_up.set()
 
     async def _catch_up_once(
-        self, store: SeenMarks, pending: set[RoomId], identity: BotIdentity, sink: InboundSink
+        self, store: SeenMarks, work: _CatchUp, identity: BotIdentity, sink: InboundSink
     ) -> None:
-        cutoff = ts_of(self._wall() - self._settings.catch_up_max_age_s)
-        marks: dict[str, dict[str, str]] = {}
-        for room, last in (await store.seen_marks(SLACK)).items():
-            marks.setdefault(room.room_id, {})[room.thread] = last
+        if work.marks is None:
+            marks: dict[str, dict[str, str]] = {}
+            for room, last in (await store.seen_marks(SLACK)).items():
+                marks.setdefault(room.room_id, {})[room.thread] = last
+            work.marks = marks
+        marks, cutoff, pending = work.marks, work.cutoff, work.pending
         history = History(self._client)
         for channel in sorted(pending):
             try:
@@ -405,10 +423,11 @@ class SlackTransport(Transport):
                 pending.discard(channel)
                 continue
             await self._hand_over_missed(channel, missed, identity, sink)
-            # The skipped ones are told once, not at every start.
-            newest = later(missed.newest or cutoff, cutoff) if missed.skipped else missed.newest
-            if newest is not None and self._saver is not None:
-                self._saver.note(RoomKey(SLACK, RoomId(channel)), newest)
+            # Nothing before the cutoff is read again (the skipped ones are told once).
+            if self._saver is not None:
+                self._saver.note(
+                    RoomKey(SLACK, RoomId(channel)), later(missed.newest or cutoff, cutoff)
+                )
             pending.discard(channel)
 
     async def _hand_over_missed(
@@ -483,11 +502,14 @@ class SlackTransport(Transport):
         await sink(decoded(parsed, names))
         self._recent.add(key)
         if self._saver is not None and isinstance(parsed, InboundMessage):
-            self._saver.note(parsed.room, parsed.external_id)
-            if parsed.thread:
+            # A reply marks its thread only: the channel's mark is where its own
+            # timeline was read up to (a reply may be seen before an earlier post).
+            if parsed.thread and parsed.thread != parsed.external_id:
                 self._saver.note(
                     RoomKey(SLACK, parsed.room.room_id, parsed.thread), parsed.external_id
                 )
+            else:
+                self._saver.note(parsed.room, parsed.external_id)
         return True
 
     async def fetch_attachment(self, attachment: Attachment, dest: Path, limit_bytes: int) -> None:
