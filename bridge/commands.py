@@ -25,7 +25,7 @@ from bridge.core.transport import ApprovalChoice
 from bridge.duration import format_duration
 from bridge.live_controls import LiveControls
 from bridge.store.base import AuditAction, RunRecord, Store, StoreError
-from bridge.worktree_lifetime import Lifetimes, found, listing
+from bridge.worktree_lifetime import Lifetimes, listing
 from bridge.worktrees import Worktree, Worktrees, worktree_of
 from dispatcher import Dispatcher, RoomStatus, StopResult
 
@@ -321,8 +321,7 @@ class CommandHandler:
             await self.answer(message, "This room gives threads no worktrees (`worktree`).")
             return
         if argument.lower() != "prune":
-            trees = found(room, settings, self.dispatcher.conversations, self.wall_clock())
-            await self.answer(message, listing(trees))
+            await self.answer(message, listing(await self.lifetimes.found(room, settings)))
             return
         if not await self._approver(message):
             return

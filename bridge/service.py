@@ -236,6 +236,7 @@ class Service:
             self.executor.worktrees,
             lambda: list(settings.room_settings.items()),
             self.dispatcher.conversations,
+            self._running_conversations,
             self.notices.say,
         )
         self.limits = LimitResumes(
@@ -822,6 +823,10 @@ class Service:
                 await cluster.leave()
         except StoreError:
             log.warning("could not hand conversations over; their leases run out")
+
+    async def _running_conversations(self) -> list[RoomKey]:
+        """Conversations with a run marked running (any replica's): their worktrees stay."""
+        return [run.room for run in await self.store.running_runs()]
 
     async def _housekeeping(self) -> None:
         retention_s = self.settings.database.retention_days * 86400

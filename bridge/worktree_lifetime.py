@@ -39,18 +39,24 @@ class Found:
 
 Busy = Callable[[RoomKey], Sequence[RoomKey]]
 """The conversations of a room that have work now (the dispatcher's)."""
+Running = Callable[[], Awaitable[Sequence[RoomKey]]]
+"""The conversations with a run marked running in the store: any replica's, since
+replicas may share a working directory (docs/replicas.md)."""
 Say = Callable[[RoomKey, str], Awaitable[None]]
 """A notice to a conversation."""
 
 
-def found(room: RoomKey, settings: RoomSettings, busy: Busy, now: float) -> list[Found]:
-    """The worktrees under ``room``'s cwd, longest idle first."""
+def found(
+    room: RoomKey, settings: RoomSettings, busy: Sequence[RoomKey], now: float
+) -> list[Found]:
+    """The worktrees under ``room``'s cwd, longest idle first; ``busy``: the
+    conversations with work now."""
     top = settings.cwd.resolve() / WORKTREES
     try:
         entries = sorted(p for p in top.iterdir() if (p / ".git").exists())
     except OSError:
         return []
-    working = {tree.path for tree in _in_use(room, settings, busy)}
+    working = {tree.path for tree in _in_use(settings, busy)}
     trees = []
     for path in entries:
         tree = named(path.name, settings, _thread(path))
@@ -95,18 +101,29 @@ class Lifetimes:
     worktrees: Worktrees
     rooms: Callable[[], Sequence[tuple[RoomKey, RoomSettings]]]
     busy: Busy
+    running: Running
     say: Say
     clock: Callable[[], float] = time.time
+
+    async def busy_in(self, room: RoomKey) -> list[RoomKey]:
+        """``room``'s conversations with work here, or a run on any replica."""
+        channel = room.channel
+        others = [key for key in await self.running() if key.channel == channel]
+        return [*self.busy(room), *others]
+
+    async def found(self, room: RoomKey, settings: RoomSettings) -> list[Found]:
+        """:func:`found`, with what is busy now."""
+        return found(room, settings, await self.busy_in(room), self.clock())
 
     async def prune(self, room: RoomKey, settings: RoomSettings, idle_s: float, why: str) -> int:
         """Retire ``room``'s worktrees not in use and idle at least ``idle_s``; how many
         were looked at. Each thread (or, not knowing it, the room) is told the outcome."""
         done = 0
-        for f in found(room, settings, self.busy, self.clock()):
+        for f in await self.found(room, settings):
             if f.in_use or f.idle_s < idle_s:
                 continue
             # Looked up again at the last moment: a run may have started meanwhile.
-            if f.tree.path in {t.path for t in _in_use(room, settings, self.busy)}:
+            if f.tree.path in {t.path for t in _in_use(settings, await self.busy_in(room))}:
                 continue
             note = await self.worktrees.retire(f.tree, why)
             done += 1
@@ -135,5 +152,5 @@ class Lifetimes:
                 log.exception("could not prune the worktrees of %s", room)
 
 
-def _in_use(room: RoomKey, settings: RoomSettings, busy: Busy) -> list[Worktree]:
-    return [t for key in busy(room) if (t := worktree_of(key, settings)) is not None]
+def _in_use(settings: RoomSettings, busy: Sequence[RoomKey]) -> list[Worktree]:
+    return [t for key in busy if (t := worktree_of(key, settings)) is not None]

@@ -10,9 +10,10 @@ import os
 import time
 from pathlib import Path
 
-from bridge.config import load_settings
-from bridge.core.model import ReplyKind
-from bridge.worktrees import slug
+from bridge.config import RoomSettings, load_settings
+from bridge.core.model import ReplyKind, RoomId, RoomKey, TransportName
+from bridge.worktree_lifetime import Lifetimes, listing
+from bridge.worktrees import Worktrees, slug, worktree_of
 from tests.bridge.chat_room import GUARD_S, ChatRoom, serving
 from tests.bridge.harness import write_config
 from tests.bridge.test_worktrees import AT_ONCE, git, notices, repo
@@ -142,3 +143,31 @@ async def test_worktrees_are_listed_and_pruned_by_approvers_only(
         await chat.wait_until(lambda: notices(chat)[-1].startswith("This room has no"))
     assert "Pruned 2 worktrees" in " ".join(notices(chat))
     assert branches(repo) == ["main"]
+
+
+async def test_a_worktree_another_replica_runs_in_stays(repo: Path) -> None:
+    """Replicas may share a working directory: a run marked running in the store, on
+    any replica, keeps its thread's worktree, however old its stamp."""
+    room = RoomKey(TransportName("slack"), RoomId("C1"))
+    settings = RoomSettings(key=room, cwd=repo, conversation="thread", worktree=True)
+    worktrees = Worktrees()
+    for thread in ("mine", "theirs"):
+        tree = worktree_of(room.in_thread(thread), settings)
+        assert tree is not None
+        await worktrees.ensure(tree)
+        idle_for(repo, thread, 30)
+    told: list[tuple[RoomKey, str]] = []
+
+    async def running() -> list[RoomKey]:
+        return [room.in_thread("theirs")]
+
+    async def say(where: RoomKey, text: str) -> None:
+        told.append((where, text))
+
+    lifetimes = Lifetimes(worktrees, lambda: [(room, settings)], lambda _: [], running, say)
+    listed = listing(await lifetimes.found(room, settings))
+    await lifetimes.sweep()
+    assert not tree_of(repo, "mine").exists()
+    assert tree_of(repo, "theirs").exists()
+    assert [where for where, _ in told] == [room.in_thread("mine")]
+    assert f"`{branch_of('theirs')}` at `{tree_of(repo, 'theirs')}`: in use" in listed
