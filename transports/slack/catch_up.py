@@ -116,11 +116,13 @@ class History:
         since = _key(later(own, cutoff))
         found: dict[str, dict[str, Any]] = {}
         threads: dict[str, str] = {}
+        parents: set[str] = set()
         for message in window:
             ts = message.get("ts")
             key = ts_key(ts)
             if not isinstance(ts, str) or key is None or key <= cut:
                 continue
+            parents.add(ts)
             if key > since:
                 found[ts] = message
                 if missed.newest is None or key > _key(missed.newest):
@@ -129,7 +131,6 @@ class History:
             if _replied_after(message, after, bridge_user):
                 threads[ts] = after
         # Threads the bridge saw recently whose parent is older than the window.
-        parents = {m.get("ts") for m in window}
         recent = sorted(
             ((t, m) for t, m in marks.items() if t and t not in parents and _key(m) >= cut),
             key=lambda item: _key(item[1]),
