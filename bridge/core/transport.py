@@ -120,9 +120,9 @@ class SeenMarks(Protocol):
         """The newest message seen in each room and thread of ``transport``."""
         ...
 
-    async def mark_seen(self, marks: Mapping[RoomKey, ExternalMessageId]) -> None:
-        """Record each mark in one transaction; an older id than the one kept changes
-        nothing (marks never go back, whichever replica writes)."""
+    async def mark_seen(self, marks: Mapping[RoomKey, ExternalMessageId], at: float) -> None:
+        """Record each mark (seen at ``at``) in one transaction; an older id than the
+        one kept changes nothing (marks never go back, whichever replica writes)."""
         ...
 
 

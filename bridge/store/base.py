@@ -599,14 +599,16 @@ class Store(Protocol):
         """The newest message ``transport`` saw in each room and thread (``thread`` "")."""
         ...
 
-    async def mark_seen(self, marks: Mapping[RoomKey, ExternalMessageId]) -> None:
-        """Record the marks in one transaction; marks never go back (ids compare as text)."""
+    async def mark_seen(self, marks: Mapping[RoomKey, ExternalMessageId], at: float) -> None:
+        """Record the marks (seen at ``at``) in one transaction; marks never go back (ids
+        compare as text). :meth:`prune` forgets threads' marks not moved since then."""
         ...
 
     async def prune(self, older_than: float) -> int:
         """Delete audit rows, finished messages and finished runs older than ``older_than``.
 
-        Also ledger rows of runs that ended before then, outbox entries
+        Also ledger rows of runs that ended before then, threads' seen marks
+        not moved since then (rooms' own stay), outbox entries
         delivered or given up before then, and
         approvals decided before then (pending ones are kept). Never touches
         pending or dispatched messages, running runs or pending deliveries

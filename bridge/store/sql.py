@@ -1638,7 +1638,7 @@ class SqlStore:
 
         return await self._read(body)
 
-    async def mark_seen(self, marks: Mapping[RoomKey, ExternalMessageId]) -> None:
+    async def mark_seen(self, marks: Mapping[RoomKey, ExternalMessageId], at: float) -> None:
         """Record the marks in one transaction; marks never go back (two replicas may
         both write)."""
         if not marks:
@@ -1648,12 +1648,12 @@ class SqlStore:
         upserts = []
         for room, last in sorted(marks.items()):
             upsert = self._insert(SeenMarkRow).values(
-                transport=room.transport, room_id=_stored_id(room), last_id=last
+                transport=room.transport, room_id=_stored_id(room), last_id=last, seen_at=at
             )
             upserts.append(
                 upsert.on_conflict_do_update(
                     index_elements=["transport", "room_id"],
-                    set_={"last_id": upsert.excluded.last_id},
+                    set_={"last_id": upsert.excluded.last_id, "seen_at": upsert.excluded.seen_at},
                     where=SeenMarkRow.last_id < upsert.excluded.last_id,
                 )
             )
@@ -1705,7 +1705,14 @@ class SqlStore:
                 )
             )
             spend = s.execute(delete(SpendRow).where(SpendRow.at < older_than))
-            counts = (audit, messages, runs, outbox, approvals, spend)
+            # Threads' marks only: a room's own is where its catch-up starts.
+            marks = s.execute(
+                delete(SeenMarkRow).where(
+                    SeenMarkRow.room_id.contains(THREAD_SEPARATOR, autoescape=True),
+                    SeenMarkRow.seen_at < older_than,
+                )
+            )
+            counts = (audit, messages, runs, outbox, approvals, spend, marks)
             return sum(_rowcount(c) for c in counts)
 
         return await self._write(body)

@@ -289,6 +289,8 @@ class SeenMarkRow(Base):
     transport: Mapped[str] = mapped_column(String(32), primary_key=True)
     room_id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
     last_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    seen_at: Mapped[float] = mapped_column(Double)
+    """When the mark last moved: a thread's mark not moved since the retention is pruned."""
 
 
 class SpendRow(Base):

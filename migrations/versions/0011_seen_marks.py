@@ -28,6 +28,7 @@ def upgrade() -> None:
         sa.Column("transport", sa.String(32), nullable=False),
         sa.Column("room_id", sa.String(ID), nullable=False),
         sa.Column("last_id", sa.String(ID), nullable=False),
+        sa.Column("seen_at", sa.Double(), nullable=False),
         sa.PrimaryKeyConstraint("transport", "room_id", name="pk_seen_marks"),
     )
 

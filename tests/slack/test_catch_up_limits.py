@@ -52,7 +52,7 @@ async def test_messages_older_than_the_maximum_age_are_told_once_and_not_run(
     store = MemoryStore()
     async with peer.run_local_slack(tmp_path, "socket") as slack:
         seen = await slack.post_message(peer.ALICE, "seen before the bridge went down")
-        await store.mark_seen({CHANNEL: ExternalMessageId(seen)})
+        await store.mark_seen({CHANNEL: ExternalMessageId(seen)}, time.time())
         for text in ("old one", "old two", "old three"):
             await slack.post_message(peer.ALICE, text)
         await slack.post_message(peer.BOT_USER, "the bridge's own, not counted")

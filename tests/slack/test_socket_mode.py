@@ -128,7 +128,7 @@ async def test_every_connection_catches_up_what_was_sent_while_none_was_open() -
     every reconnect, waiting out a 429 as Slack's Retry-After asks (issue 25)."""
     store = MemoryStore()
     channel = RoomKey(TransportName("slack"), RoomId(CHANNEL))
-    await store.mark_seen({channel: ExternalMessageId("100.000001")})
+    await store.mark_seen({channel: ExternalMessageId("100.000001")}, 1000.0)
     async with session(marks=store) as s:
         s.fake.history += [human("99.000001", "long seen"), human("100.000002", "while down")]
         s.fake.rate_limited["conversations.history"] = [0]

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import Callable
 
 from bridge.core.model import ExternalMessageId, RoomKey
 from bridge.core.transport import SeenMarks
@@ -27,8 +29,9 @@ EVERY_S = 1.0
 class MarkSaver:
     """Writes noted marks while :meth:`run` runs; the last ones when it is cancelled."""
 
-    def __init__(self, store: SeenMarks) -> None:
+    def __init__(self, store: SeenMarks, wall: Callable[[], float] = time.time) -> None:
         self._store = store
+        self._wall = wall
         self._noted: dict[RoomKey, ExternalMessageId] = {}
         self._wake = asyncio.Event()
 
@@ -57,7 +60,7 @@ class MarkSaver:
         if not marks:
             return
         try:
-            await self._store.mark_seen(marks)
+            await self._store.mark_seen(marks, self._wall())
         except Exception as exc:
             # Only costs a longer catch-up; keep them for the next write.
             log.warning("slack: could not save seen marks: %s: %s", type(exc).__name__, exc)

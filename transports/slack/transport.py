@@ -171,7 +171,7 @@ class SlackTransport(Transport):
         self._clock = clock
         self._wall = wall
         self._marks = marks
-        self._saver = MarkSaver(marks) if marks is not None else None
+        self._saver = MarkSaver(marks, wall) if marks is not None else None
         self.caught_up = asyncio.Event()
         """Clear while a connection's catch-up is under way (and live events wait for it)."""
         self.caught_up.set()
