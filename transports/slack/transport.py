@@ -176,7 +176,7 @@ class SlackTransport(Transport):
         """Clear while a connection's catch-up is under way (and live events wait for it)."""
         self.caught_up.set()
         self.caught_up_events = 0
-        """Messages read from history and handed over (a metric, and for tests)."""
+        """Messages read from history and handed over (for tests and the log)."""
         self._up_since: float | None = None
         self._client = web_client(settings.bot_token.get_secret_value(), settings.api_url)
         self.names = DisplayNames(self._display_name)
