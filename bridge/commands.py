@@ -27,6 +27,7 @@ from bridge.live_controls import LiveControls
 from bridge.room_history import RoomHistory
 from bridge.rule_commands import RuleCommands
 from bridge.store.base import AuditAction, RunRecord, Store, StoreError
+from bridge.worktree_lifetime import Lifetimes, listing
 from bridge.worktrees import Worktree, Worktrees, worktree_of
 from dispatcher import Dispatcher, RoomStatus, StopResult
 
@@ -47,6 +48,7 @@ class CommandName(StrEnum):
     RESUME = "resume"
     FORK = "fork"
     USAGE = "usage"
+    WORKTREES = "worktrees"
     HELP = "help"
 
 
@@ -90,6 +92,10 @@ _SUMMARY: dict[CommandName, str] = {
         "the next run starts from a copy of the current session, which stays as it is"
     ),
     CommandName.USAGE: "today's spending of this room and of the service, and the costliest runs",
+    CommandName.WORKTREES: (
+        "list this room's thread worktrees (`worktree = true`); `{p}worktrees prune` removes"
+        " those no run works in, keeping their work on their branches (approvers)"
+    ),
     CommandName.HELP: "list the commands",
 }
 
@@ -266,6 +272,8 @@ class CommandHandler:
     """Counts an answer or command refused for want of approval rights."""
     worktrees: Worktrees | None = None
     """Thread conversations' worktrees: shown by ``!status``, removed by ``!reset``."""
+    lifetimes: Lifetimes | None = None
+    """Lists and prunes a room's worktrees (``!worktrees``)."""
     automation: Callable[[RoomKey], list[str]] = lambda _room: []
     """The room's schedules and webhooks, for the end of ``!status`` (bridge/schedules.py,
     bridge/webhooks.py)."""
@@ -343,6 +351,8 @@ class CommandHandler:
                 await self._mode(message, command.rest)
             case CommandName.SESSIONS | CommandName.RESUME | CommandName.FORK | CommandName.USAGE:
                 await self._history(command, message)
+            case CommandName.WORKTREES:
+                await self._worktrees(message, command.argument)
             case CommandName.HELP:
                 await self.answer(message, help_text(self.prefix))
             case None:
@@ -364,6 +374,28 @@ class CommandHandler:
                 await self.history.fork(message)
             case _:
                 await self.history.usage(message)
+
+    async def _worktrees(self, message: Message, argument: str) -> None:
+        """``!worktrees``: the room's thread worktrees; ``!worktrees prune`` (approvers):
+        retire every one no run works in."""
+        room = message.room.channel
+        settings = self.rooms(room)
+        if settings is None or not settings.worktree or self.lifetimes is None:
+            await self.answer(message, "This room gives threads no worktrees (`worktree`).")
+            return
+        if argument.lower() != "prune":
+            await self.answer(message, listing(await self.lifetimes.found(room, settings)))
+            return
+        if not await self._approver(message):
+            return
+        count = await self.lifetimes.prune(
+            room, settings, 0.0, f"pruned by {self.prefix}worktrees prune"
+        )
+        await self.answer(
+            message,
+            f"Pruned {_plural(count, 'worktree')} no run works in; each thread was told"
+            " where its work is.",
+        )
 
     def _opens_thread(self, message: Message) -> bool:
         """``message`` is top-level in a room of thread conversations (so it opened

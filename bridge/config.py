@@ -212,6 +212,9 @@ class RoomDefaults(_Section):
     """Runs of one room's conversations at once (``thread`` rooms); unset: only the global cap."""
     worktree: bool = False
     """``thread`` rooms in a git repository: each thread works in a git worktree of its own."""
+    worktree_idle_days: float = Field(14.0, ge=0)
+    """A thread's worktree with no run for this long is removed (its work kept on its
+    branch, see bridge/worktree_lifetime.py); 0: never for idleness."""
     max_budget_usd: float | None = Field(None, gt=0)
     """One run's spending cap, passed to claude as ``--max-budget-usd``; None: no cap."""
     daily_budget_usd: float | None = Field(None, gt=0)

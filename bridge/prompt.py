@@ -5,7 +5,8 @@ names: none of them may pass for a line chatbridge writes. So every line of
 a message's text is quoted (``> ``), after splitting on every line break
 Python knows (``\\r``, ``\\u2028``...), and everything else that comes from
 chat goes onto chatbridge's own lines only in a form that cannot end them:
-names without line breaks or brackets, the reply quote and file names as
+names without line breaks, brackets, quotes or ``@`` (bridge.display_names,
+after NFKC), the reply quote and file names as
 JSON strings (escaped quotes, no line breaks). A message whose text says
 ``Bob wrote:`` is then ``> Bob wrote:``, never an attribution.
 
@@ -22,12 +23,13 @@ from collections.abc import Sequence
 
 from bridge.attachments import FetchedFile, human_size
 from bridge.core.model import Batch, Message
+from bridge.display_names import clean_display_name
 from bridge.synthetic import is_synthetic
 
 QUOTE_CHARS = 300
 """A replied-to message is quoted up to this many characters."""
 NAME_CHARS = 64
-_NOT_IN_NAMES = re.compile(r"[\s()\[\]<>\"`]+")
+_NOT_IN_IDS = re.compile(r"[\s()\[\]<>\"`]+")
 _MIME = re.compile(r"[^A-Za-z0-9.+/-]")
 _LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 """Every character ``str.splitlines`` breaks at."""
@@ -70,11 +72,12 @@ def _message(message: Message, files: Sequence[FetchedFile]) -> str:
 def author(message: Message) -> str:
     """``Alice (@alice:hs)``: the display name, if any, then the id that no name can fake.
 
-    A name loses brackets, quotes and ``@``, so it cannot hold an id of its own:
-    ``Alice (@alice:hs)`` as Eve's display name reads ``Alice alice:hs (@eve:hs)``.
+    A name loses brackets, quotes and ``@`` (also their fullwidth and other
+    look-alikes), so it cannot hold an id of its own: ``Alice (@alice:hs)`` or
+    its fullwidth form as Eve's display name reads ``Alice alice:hs (@eve:hs)``.
     """
     sender = _clean(message.sender, 255)
-    name = _clean(message.sender_name or "", NAME_CHARS, names=True)
+    name = clean_display_name(message.sender_name or "", NAME_CHARS)
     if not name or name == sender:
         return sender
     return f"{name} ({sender})"
@@ -114,11 +117,9 @@ def _one_line(text: str) -> str:
     return " ".join("".join(ch for ch in text if ch.isprintable() or ch.isspace()).split())
 
 
-def _clean(text: str, limit: int, *, names: bool = False) -> str:
+def _clean(text: str, limit: int) -> str:
     printable = "".join(ch for ch in text if ch.isprintable() or ch.isspace())
-    if names:
-        printable = printable.replace("@", " ")
-    return " ".join(_NOT_IN_NAMES.sub(" ", printable).split())[:limit].strip()
+    return " ".join(_NOT_IN_IDS.sub(" ", printable).split())[:limit].strip()
 
 
 def _mime(mime: str) -> str:

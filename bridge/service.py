@@ -48,7 +48,7 @@ from bridge.core.model import (
     RunReport,
     RunStatus,
 )
-from bridge.core.transport import RoomBinding, RunPhase, TransportError
+from bridge.core.transport import RoomBinding, RunPhase, SeenMarks, TransportError
 from bridge.database_lock import database_lock
 from bridge.delivery import Outbox
 from bridge.errors import ChatbridgeError, StartupError, reason
@@ -72,6 +72,7 @@ from bridge.store.cluster import Leases, ReplicaIdInUse
 from bridge.store.sql import SqlStore
 from bridge.usage import LimitResumes
 from bridge.webhooks import Webhooks
+from bridge.worktree_lifetime import Lifetimes
 from dispatcher import (
     Clock,
     DispatchedRun,
@@ -103,8 +104,11 @@ _REACHES = {"matrix": "matrix.homeserver", "slack": "slack.api_url"}
 """The setting to check when a part does not connect in time (it keeps retrying meanwhile)."""
 
 
-def build_transports(settings: Settings) -> list[Transport]:
-    """One transport per configured chat system; library imports stay lazy."""
+def build_transports(settings: Settings, marks: SeenMarks | None = None) -> list[Transport]:
+    """One transport per configured chat system; library imports stay lazy.
+
+    ``marks`` (the store) keeps where Slack got to in each channel, for its catch-up.
+    """
     transports: list[Transport] = []
 
     def bindings(name: str) -> list[RoomBinding]:
@@ -130,7 +134,7 @@ def build_transports(settings: Settings) -> list[Transport]:
     if settings.slack is not None:
         from transports.slack import SlackTransport
 
-        transports.append(SlackTransport(settings.slack, bindings("slack")))
+        transports.append(SlackTransport(settings.slack, bindings("slack"), marks=marks))
     return transports
 
 
@@ -149,6 +153,7 @@ class Service:
     replier: Replier = field(init=False)
     outbox: Outbox = field(init=False)
     notices: Notices = field(init=False)
+    lifetimes: Lifetimes = field(init=False)
     approvals: ApprovalFlow = field(init=False)
     scheduler: Scheduler = field(init=False)
     webhooks: Webhooks = field(init=False)
@@ -228,6 +233,13 @@ class Service:
             max_prestarts=settings.runner.prestart_limit,
             room_cap=self._max_runs_per_room,
         )
+        self.lifetimes = Lifetimes(
+            self.executor.worktrees,
+            lambda: list(settings.room_settings.items()),
+            self.dispatcher.conversations,
+            self._running_conversations,
+            self.notices.say,
+        )
         self.limits = LimitResumes(
             self.store,
             self.dispatcher.submit,
@@ -250,6 +262,7 @@ class Service:
             live=self.approvals,
             refused=self._refused,
             worktrees=self.executor.worktrees,
+            lifetimes=self.lifetimes,
             automation=self._automation_status,
             status_parts=(Budgets(settings, self.store).status_lines, self.limits.status_lines),
             history=RoomHistory(
@@ -609,6 +622,7 @@ class Service:
             self._tasks = tg
             background = [
                 tg.create_task(self._housekeeping(), name="housekeeping"),
+                tg.create_task(self.lifetimes.sweep_forever(), name="worktree lifetimes"),
                 tg.create_task(self.approvals.expire_forever(), name="approval expiry"),
             ]
             if self.cluster is not None:
@@ -818,6 +832,10 @@ class Service:
         except StoreError:
             log.warning("could not hand conversations over; their leases run out")
 
+    async def _running_conversations(self) -> list[RoomKey]:
+        """Conversations with a run marked running (any replica's): their worktrees stay."""
+        return [run.room for run in await self.store.running_runs()]
+
     async def _housekeeping(self) -> None:
         retention_s = self.settings.database.retention_days * 86400
         while True:
@@ -893,7 +911,7 @@ async def run_service(settings: Settings) -> None:
         for problem in await checking:
             # Warnings, not failures: the directory or binary may appear later.
             log.warning("%s", problem)
-        service = Service(settings, store, build_transports(settings))
+        service = Service(settings, store, build_transports(settings, store))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, service.request_stop)

@@ -17,8 +17,10 @@ with an argument list, never through a shell; thread ids become names through
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,11 +50,19 @@ class Worktree:
     workdir: Path
     """Where runs work: the place of ``repo`` inside the worktree (a ``cwd`` below
     the repository's top has the same place in each thread's checkout)."""
+    thread: str = ""
+    """The thread's id, when known (a worktree found on disk names it in its thread file)."""
 
     @property
     def base_file(self) -> Path:
-        """Where the commit the worktree started from is kept (for the removal check)."""
+        """Where the commit the worktree started from is kept (for the removal check).
+        Touched at every run's start: its age is how long the thread has been idle."""
         return self.path.with_name(self.path.name + ".base")
+
+    @property
+    def thread_file(self) -> Path:
+        """Where the thread's id is kept, so a worktree found on disk can name its thread."""
+        return self.path.with_name(self.path.name + ".thread")
 
 
 def slug(thread: str) -> str:
@@ -67,12 +77,17 @@ def worktree_of(key: RoomKey, room: RoomSettings) -> Worktree | None:
     """The worktree of the conversation ``key``, if its room gives threads one."""
     if not room.worktree or not key.thread:
         return None
-    name = slug(key.thread)
+    return named(slug(key.thread), room, key.thread)
+
+
+def named(name: str, room: RoomSettings, thread: str = "") -> Worktree:
+    """The worktree called ``name`` (a :func:`slug`) of ``room``."""
     repo = room.cwd.resolve()
     path = repo / WORKTREES / name
     top = _top(repo)
     workdir = path if top is None else path / repo.relative_to(top)
-    return Worktree(repo=repo, path=path, branch=BRANCH_PREFIX + name, workdir=workdir)
+    branch = BRANCH_PREFIX + name
+    return Worktree(repo=repo, path=path, branch=branch, workdir=workdir, thread=thread)
 
 
 def _top(directory: Path) -> Path | None:
@@ -150,6 +165,12 @@ class Worktrees:
                 await self._make(tree)
             # cwd may be a directory the commit lacks (nothing tracked there yet).
             tree.workdir.mkdir(parents=True, exist_ok=True)
+            # A run starts in it: the thread is not idle (bridge/worktree_lifetime.py).
+            with contextlib.suppress(OSError):
+                os.utime(tree.base_file)
+            with contextlib.suppress(OSError):
+                if tree.thread and not tree.thread_file.exists():
+                    tree.thread_file.write_text(tree.thread + "\n", encoding="utf-8")
 
     async def _make(self, tree: Worktree) -> None:
         """Make the worktree (under the repository lock)."""
@@ -242,7 +263,70 @@ class Worktrees:
         if status != 0:
             return f"The thread's worktree `{tree.path}` stays: git said {out}"
         tree.base_file.unlink(missing_ok=True)
+        tree.thread_file.unlink(missing_ok=True)
         # Every commit of the branch is in its base or on a remote (checked above).
         await git(tree.repo, "branch", "-D", tree.branch)
         log.info("removed worktree %s and branch %s", tree.path, tree.branch)
         return f"Removed the thread's worktree and its branch `{tree.branch}`."
+
+    async def retire(self, tree: Worktree, why: str) -> str:
+        """Remove the worktree of a thread that is done with it (``why``: idle, pruned),
+        keeping its work; what the thread is told ("" if there was none).
+
+        Nothing to lose: the worktree and its branch go, as with ``!reset``.
+        Otherwise the uncommitted changes are committed to the branch, and the
+        worktree goes while the branch stays with all the work. When they
+        cannot be committed (git refuses, HEAD is not on the branch) the
+        worktree stays, and the message says why.
+        """
+        async with self._lock(tree):
+            if not (tree.path / ".git").exists():
+                return ""
+            try:
+                return await self._retire(tree, why)
+            except WorktreeError as problem:
+                return f"The thread's worktree `{tree.path}` stays: {problem}."
+
+    async def _retire(self, tree: Worktree, why: str) -> str:
+        unsaved = await self.unsaved(tree)
+        if not unsaved:
+            note = await self._remove(tree)
+            return f"{why}: {note}" if note.startswith("Removed") else note
+        status, head = await git(tree.path, "symbolic-ref", "--quiet", "HEAD")
+        if status != 0 or head != f"refs/heads/{tree.branch}":
+            return (
+                f"The thread's worktree `{tree.path}` stays ({why}): it is not on its branch"
+                f" `{tree.branch}`, so its work would not be kept there. Remove it by hand."
+            )
+        saved = ""
+        _, changes = await git(tree.path, "status", "--porcelain")
+        if changes:
+            await git(tree.path, "add", "--all")
+            status, out = await git(
+                tree.path,
+                *_COMMITTER,
+                "commit",
+                "--quiet",
+                "--no-verify",
+                "--message",
+                f"chatbridge: uncommitted work of thread worktree {tree.path.name} ({why})",
+            )
+            if status != 0:
+                return f"The thread's worktree `{tree.path}` stays ({why}): git commit said {out}"
+            _, commit = await git(tree.path, "rev-parse", "--short", "HEAD")
+            saved = f" Its uncommitted changes were committed there as {commit}."
+        status, out = await git(tree.repo, "worktree", "remove", str(tree.path))
+        if status != 0:
+            return f"The thread's worktree `{tree.path}` stays ({why}): git said {out}"
+        tree.base_file.unlink(missing_ok=True)
+        tree.thread_file.unlink(missing_ok=True)
+        log.info("retired worktree %s (%s); branch %s kept", tree.path, why, tree.branch)
+        return (
+            f"{why}: removed the thread's worktree; its work stays on branch `{tree.branch}`."
+            f"{saved} A new run here starts from that branch."
+        )
+
+
+_COMMITTER = ("-c", "user.name=chatbridge", "-c", "user.email=chatbridge@localhost")
+"""The commit that keeps an idle thread's uncommitted work is chatbridge's: it says
+so whatever identity the repository configures, and needs none configured."""

@@ -18,11 +18,19 @@ Errors a transport raises::
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
 
-from bridge.core.model import ExternalMessageId, InboundMessage, RoomId, RoomKey, UserId
+from bridge.core.model import (
+    ExternalMessageId,
+    InboundMessage,
+    RoomId,
+    RoomKey,
+    TransportName,
+    UserId,
+)
 
 
 class Accepted(StrEnum):
@@ -96,6 +104,26 @@ transport may start several calls one after the other without awaiting them
 and they are recorded in that order (and together, see bridge.store.batching);
 within a room they also take effect in that order (queued, a command carried
 out, an edit made), each call returning once its own has (bridge.room_order)."""
+
+
+class SeenMarks(Protocol):
+    """Where a transport got to in each room and thread, kept across restarts.
+
+    A transport without a sync position of its own (Slack) reads what it
+    missed from the room's history, from the newest message it saw there
+    (docs/conversations.md, "Messages sent while chatbridge was down"). Keys
+    are conversation keys whose ``thread`` is "" for the room's own timeline;
+    ids compare as text, so a transport keeps them of one length (Slack ts).
+    """
+
+    async def seen_marks(self, transport: TransportName) -> dict[RoomKey, ExternalMessageId]:
+        """The newest message seen in each room and thread of ``transport``."""
+        ...
+
+    async def mark_seen(self, marks: Mapping[RoomKey, ExternalMessageId], at: float) -> None:
+        """Record each mark (seen at ``at``) in one transaction; an older id than the
+        one kept changes nothing (marks never go back, whichever replica writes)."""
+        ...
 
 
 class RunPhase(StrEnum):

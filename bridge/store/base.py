@@ -7,7 +7,7 @@ contract suite in ``tests/store`` runs against all of them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -25,6 +25,7 @@ from bridge.core.model import (
     RunReport,
     RunStatus,
     SessionId,
+    TransportName,
     UserId,
 )
 
@@ -682,10 +683,20 @@ class Store(Protocol):
         time than the one recorded changes nothing (marks never go back)."""
         ...
 
+    async def seen_marks(self, transport: TransportName) -> dict[RoomKey, ExternalMessageId]:
+        """The newest message ``transport`` saw in each room and thread (``thread`` "")."""
+        ...
+
+    async def mark_seen(self, marks: Mapping[RoomKey, ExternalMessageId], at: float) -> None:
+        """Record the marks (seen at ``at``) in one transaction; marks never go back (ids
+        compare as text). :meth:`prune` forgets threads' marks not moved since then."""
+        ...
+
     async def prune(self, older_than: float) -> int:
         """Delete audit rows, finished messages and finished runs older than ``older_than``.
 
-        Also ledger rows of runs that ended before then, outbox entries
+        Also ledger rows of runs that ended before then, threads' seen marks
+        not moved since then (rooms' own stay), outbox entries
         delivered or given up before then, and
         approvals decided before then (pending ones are kept). Never touches
         pending or dispatched messages, running runs or pending deliveries

@@ -7,7 +7,7 @@ awaiting, so each one is atomic with respect to other tasks.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from bridge.core.model import (
@@ -24,6 +24,7 @@ from bridge.core.model import (
     RunReport,
     RunStatus,
     SessionId,
+    TransportName,
     UserId,
 )
 from bridge.store.base import (
@@ -44,6 +45,7 @@ from bridge.store.base import (
     ToolRule,
     TranscriptStamp,
 )
+from bridge.store.keys import stored_id
 from bridge.store.rules import (
     APPROVAL_ACTIONS,
     LIVE_STATES,
@@ -87,6 +89,7 @@ class MemoryStore:
         self._approvals: dict[int, Approval] = {}
         self._last_number: dict[RoomKey, int] = {}
         self._schedule_marks: dict[str, float] = {}
+        self._seen_marks: dict[RoomKey, tuple[ExternalMessageId, float]] = {}
         self._next_approval = 1
         self._rules: dict[int, ToolRule] = {}
         self._audit: list[AuditRecord] = []
@@ -587,6 +590,22 @@ class MemoryStore:
         require_storable(name)
         self._schedule_marks[name] = max(fired_at, self._schedule_marks.get(name, fired_at))
 
+    async def seen_marks(self, transport: TransportName) -> dict[RoomKey, ExternalMessageId]:
+        """The newest message ``transport`` saw in each room and thread."""
+        self._check_open()
+        return {k: v for k, (v, _) in self._seen_marks.items() if k.transport == transport}
+
+    async def mark_seen(self, marks: Mapping[RoomKey, ExternalMessageId], at: float) -> None:
+        """Record the marks; marks never go back."""
+        self._check_open()
+        for room, last in marks.items():
+            require_storable(stored_id(room))
+            require_storable(last)
+        for room, last in marks.items():
+            kept = self._seen_marks.get(room)
+            if kept is None or kept[0] < last:
+                self._seen_marks[room] = (last, at)
+
     async def set_room_model(self, room: RoomKey, model: str | None) -> None:
         """Set (None: clear) the model of the room's next runs."""
         self._check_open()
@@ -922,6 +941,11 @@ class MemoryStore:
         for approval_id in finished:
             del self._approvals[approval_id]
         deleted += len(finished)
+
+        stale = [k for k, (_, at) in self._seen_marks.items() if k.thread and at < older_than]
+        for key in stale:
+            del self._seen_marks[key]
+        deleted += len(stale)
 
         old = [run_id for run_id, (_, at, _) in self._spend.items() if at < older_than]
         for run_id in old:

@@ -65,6 +65,7 @@ from bridge.core.model import (
     RunReport,
     RunStatus,
     SessionId,
+    TransportName,
     UserId,
 )
 from bridge.store.base import (
@@ -128,6 +129,7 @@ from bridge.store.tables import (
     RunMessageRow,
     RunRow,
     ScheduleMarkRow,
+    SeenMarkRow,
     SessionTranscriptRow,
     SpendRow,
     ToolRuleRow,
@@ -1752,6 +1754,48 @@ class SqlStore:
 
     # Retention
 
+    # Seen marks
+
+    async def seen_marks(self, transport: TransportName) -> dict[RoomKey, ExternalMessageId]:
+        """The newest message ``transport`` saw in each room and thread."""
+
+        def body(s: Session) -> dict[RoomKey, ExternalMessageId]:
+            query = select(SeenMarkRow.room_id, SeenMarkRow.last_id).where(
+                SeenMarkRow.transport == transport
+            )
+            return {
+                _room(transport, room_id): ExternalMessageId(last_id)
+                for room_id, last_id in s.execute(query)
+            }
+
+        return await self._read(body)
+
+    async def mark_seen(self, marks: Mapping[RoomKey, ExternalMessageId], at: float) -> None:
+        """Record the marks in one transaction; marks never go back (two replicas may
+        both write)."""
+        if not marks:
+            return
+        # One statement per mark: a multi-row upsert's conflict clause cannot keep
+        # the larger id per row on both SQLite and PostgreSQL alike.
+        upserts = []
+        for room, last in sorted(marks.items()):
+            upsert = self._insert(SeenMarkRow).values(
+                transport=room.transport, room_id=_stored_id(room), last_id=last, seen_at=at
+            )
+            upserts.append(
+                upsert.on_conflict_do_update(
+                    index_elements=["transport", "room_id"],
+                    set_={"last_id": upsert.excluded.last_id, "seen_at": upsert.excluded.seen_at},
+                    where=SeenMarkRow.last_id < upsert.excluded.last_id,
+                )
+            )
+
+        def body(s: Session) -> None:
+            for upsert in upserts:
+                s.execute(upsert)
+
+        await self._write(body)
+
     async def prune(self, older_than: float) -> int:
         """Delete old audit rows, old finished messages and runs left empty.
 
@@ -1793,7 +1837,14 @@ class SqlStore:
                 )
             )
             spend = s.execute(delete(SpendRow).where(SpendRow.at < older_than))
-            counts = (audit, messages, runs, outbox, approvals, spend)
+            # Threads' marks only: a room's own is where its catch-up starts.
+            marks = s.execute(
+                delete(SeenMarkRow).where(
+                    SeenMarkRow.room_id.contains(THREAD_SEPARATOR, autoescape=True),
+                    SeenMarkRow.seen_at < older_than,
+                )
+            )
+            counts = (audit, messages, runs, outbox, approvals, spend, marks)
             return sum(_rowcount(c) for c in counts)
 
         return await self._write(body)

@@ -309,6 +309,23 @@ class ScheduleMarkRow(Base):
     """The scheduled time (epoch seconds) of the latest firing run, skipped or missed."""
 
 
+class SeenMarkRow(Base):
+    """The newest message a transport saw in a room or thread (bridge.core.transport.SeenMarks).
+
+    Slack's catch-up after a restart reads each channel's and thread's history
+    from here on. ``room_id`` is kept as conversation keys are (the thread
+    after the room's id); ``last_id`` compares as text.
+    """
+
+    __tablename__ = "seen_marks"
+
+    transport: Mapped[str] = mapped_column(String(32), primary_key=True)
+    room_id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    last_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    seen_at: Mapped[float] = mapped_column(Double)
+    """When the mark last moved: a thread's mark not moved since the retention is pruned."""
+
+
 class SpendRow(Base):
     """The budget ledger: what one run cost, by room and time (docs/budgets.md).
 

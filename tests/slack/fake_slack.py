@@ -81,6 +81,9 @@ class FakeSlack:
     """Set once the post ``stall_post`` was carried out and its answer is held back."""
     posted: list[dict[str, Any]] = field(default_factory=list)
     """Messages the bot posted, oldest first, as Slack stores them (with metadata)."""
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """People's messages in the channel, oldest first (``conversations.history`` lists
+    them, newest first, with the bot's own posts)."""
     display_names: dict[str, str] = field(default_factory=dict)
     """User id -> display name that ``users.info`` answers with."""
     users_info_hangs: bool = False
@@ -149,9 +152,12 @@ async def _api(request: web.Request) -> web.StreamResponse:
     if method in ("conversations.history", "conversations.replies"):
         args = await _args(request)
         if method == "conversations.history":
-            found = [m for m in reversed(fake.posted) if "thread_ts" not in m]
+            timeline = sorted([*fake.posted, *fake.history], key=lambda m: float(m["ts"]))
+            found = [m for m in reversed(timeline) if m.get("thread_ts", m["ts"]) == m["ts"]]
         else:
-            found = [m for m in fake.posted if m.get("thread_ts") == args.get("ts")]
+            found = [
+                m for m in [*fake.history, *fake.posted] if m.get("thread_ts") == args.get("ts")
+            ]
         if not args.get("include_all_metadata"):
             found = [{k: v for k, v in m.items() if k != "metadata"} for m in found]
         return web.json_response({"ok": True, "messages": found, "has_more": False})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 from bridge.core.model import InboundMessage, RoomId
-from bridge.core.transport import Accepted, InboundEvent, RoomBinding
+from bridge.core.transport import Accepted, InboundEvent, RoomBinding, SeenMarks
 from tests.slack import peer
 from transports.backoff import Backoff
 from transports.slack.settings import SlackSettings
@@ -108,14 +109,31 @@ async def running(
         if events_port is not None:
             overrides.setdefault("listen", f"127.0.0.1:{events_port}")
         settings = configure(slack_settings(mode, slack.api_url, **overrides))
-        transport = SlackTransport(settings, rooms, backoff=Backoff(base=0.05, cap=0.5))
-        sink = sink or RecordingSink()
-        ready = asyncio.Event()
-        async with asyncio.TaskGroup() as tg:
-            task = tg.create_task(transport.run(sink, ready))
-            async with asyncio.timeout(10):
-                await ready.wait()
-            try:
-                yield Running(slack, transport, sink)
-            finally:
-                task.cancel()
+        async with connected(slack, settings, rooms, sink) as running:
+            yield running
+
+
+@contextlib.asynccontextmanager
+async def connected(
+    slack: peer.LocalSlack,
+    settings: SlackSettings,
+    rooms: tuple[RoomBinding, ...] = DEFAULT_ROOMS,
+    sink: RecordingSink | None = None,
+    *,
+    marks: SeenMarks | None = None,
+    wall: Callable[[], float] = time.time,
+) -> AsyncIterator[Running]:
+    """A transport connected to a running local-slack; stopped on exit."""
+    transport = SlackTransport(
+        settings, rooms, marks=marks, backoff=Backoff(base=0.05, cap=0.5), wall=wall
+    )
+    sink = sink or RecordingSink()
+    ready = asyncio.Event()
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(transport.run(sink, ready))
+        async with asyncio.timeout(10):
+            await ready.wait()
+        try:
+            yield Running(slack, transport, sink)
+        finally:
+            task.cancel()

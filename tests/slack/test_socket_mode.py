@@ -16,8 +16,9 @@ from pathlib import Path
 from aiohttp import web
 from sqlalchemy import event
 
-from bridge.core.model import InboundMessage, RoomId
-from bridge.core.transport import Accepted, InboundEvent, RoomBinding
+from bridge.core.model import ExternalMessageId, InboundMessage, RoomId, RoomKey, TransportName
+from bridge.core.transport import Accepted, InboundEvent, RoomBinding, SeenMarks
+from bridge.store.memory import MemoryStore
 from bridge.store.sql import SqlStore
 from tests.slack.fake_slack import (
     BOT_USER,
@@ -63,7 +64,9 @@ class ManualClock:
 
 @asynccontextmanager
 async def session(
-    clock: ManualClock | None = None, backoff: Backoff | None = None
+    clock: ManualClock | None = None,
+    backoff: Backoff | None = None,
+    marks: SeenMarks | None = None,
 ) -> AsyncIterator[Session]:
     async with fake_slack() as fake:
         settings = SlackSettings(
@@ -72,8 +75,10 @@ async def session(
         transport = SlackTransport(
             settings,
             [RoomBinding(RoomId(CHANNEL))],
+            marks=marks,
             backoff=backoff or Backoff(base=0.01, cap=0.05),
             clock=clock or ManualClock(),
+            wall=lambda: 1000.0,
         )
         sink = RecordingSink()
         ready = asyncio.Event()
@@ -111,6 +116,35 @@ async def test_disconnect_envelope_reconnects_without_loss_or_doubling() -> None
         assert s.fake.calls_to("apps.connections.open") == 2
         assert s.transport.connections == 2
         assert s.transport.reconnects == 1
+
+
+def human(ts: str, text: str) -> dict[str, object]:
+    return {"type": "message", "user": "U0ALICE", "ts": ts, "text": text}
+
+
+async def test_every_connection_catches_up_what_was_sent_while_none_was_open() -> None:
+    """Slack drops events sent while no connection is open: the transport reads them
+    from the channel's history after the newest it saw, on the first connection and on
+    every reconnect, waiting out a 429 as Slack's Retry-After asks (issue 25)."""
+    store = MemoryStore()
+    channel = RoomKey(TransportName("slack"), RoomId(CHANNEL))
+    await store.mark_seen({channel: ExternalMessageId("100.000001")}, 1000.0)
+    async with session(marks=store) as s:
+        s.fake.history += [human("99.000001", "long seen"), human("100.000002", "while down")]
+        s.fake.rate_limited["conversations.history"] = [0]
+        first = await s.next_socket()
+        await s.sink.wait_for(1)
+        await first.send_json(message_envelope("E1", "100.000003", "live"))
+        assert await s.ack() == "E1"
+        s.fake.history += [human("100.000003", "live"), human("100.000004", "in the gap")]
+        await first.send_json(disconnect("refresh_requested"))
+        await s.next_socket()
+        await s.sink.wait_for(3)  # the last from the second connection's catch-up
+        async with asyncio.timeout(10):
+            await s.transport.caught_up.wait()
+        assert s.sink.texts == ["while down", "live", "in the gap"]
+        assert s.transport.caught_up_events == 2
+        assert s.fake.calls_to("conversations.history") == 3  # one answered 429
 
 
 async def test_unsettled_envelope_is_not_acked_and_is_taken_on_redelivery() -> None:

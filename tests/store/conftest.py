@@ -33,7 +33,8 @@ EMPTY_ALL_TABLES = (
     "DELETE FROM audit; DELETE FROM run_messages; DELETE FROM messages;"
     " DELETE FROM live_runs; DELETE FROM runs; DELETE FROM rooms; DELETE FROM outbox;"
     " DELETE FROM approvals; DELETE FROM schedule_marks; DELETE FROM spend;"
-    " DELETE FROM limit_resumes; DELETE FROM session_transcripts; DELETE FROM tool_rules"
+    " DELETE FROM limit_resumes; DELETE FROM session_transcripts; DELETE FROM tool_rules;"
+    " DELETE FROM seen_marks"
 )
 
 

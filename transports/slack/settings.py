@@ -42,6 +42,9 @@ class SlackSettings(BaseModel):
     """A result longer than this is uploaded as a Markdown file instead; 0 never uploads."""
     reconnect_max_s: float = Field(60.0, gt=0)
     """Upper bound of the reconnect backoff."""
+    catch_up_max_age_s: float = Field(86400.0, ge=0)
+    """On every connection, messages missed while not connected are read from the
+    channels' history up to this old; older ones are not run (the room is told). 0: none."""
 
     @field_validator("api_url")
     @classmethod

@@ -21,6 +21,12 @@ and a ``429`` raises instead of sleeping. Shared files are only described
 here; the service fetches them (:meth:`SlackTransport.fetch_attachment`)
 when their run is prepared.
 
+Catch-up: on every connection, what was posted while no connection was open
+is read from the channels' history (:mod:`.catch_up`) and handed over like a
+live event, oldest first; live events wait for it (briefly) so that a room's
+messages keep their order. Every message handed over moves its channel's and
+thread's seen mark (:mod:`.marks`).
+
 Outbound: :mod:`.outbound` over one Web API client that never sleeps on a 429.
 """
 
@@ -57,12 +63,14 @@ from bridge.core.transport import (
     InboundSink,
     RoomBinding,
     RunPhase,
+    SeenMarks,
     SinkClosed,
     TransportError,
 )
-from transports.backoff import Backoff
+from transports.backoff import Backoff, retry
 from transports.base import Transport
 from transports.slack.approvals import ACTION_PREFIX, approval_fits, to_action
+from transports.slack.catch_up import History, Missed, Unreadable, later, ts_of
 from transports.slack.events_http import serve_events
 from transports.slack.files import STUB_PREFIX, attachments, download, may_have_token
 from transports.slack.inbound import (
@@ -73,6 +81,7 @@ from transports.slack.inbound import (
     to_event,
     users_to_name,
 )
+from transports.slack.marks import MarkSaver
 from transports.slack.names import DisplayNames
 from transports.slack.outbound import SlackOutbound
 from transports.slack.settings import SlackSettings
@@ -87,6 +96,11 @@ HEALTHY_AFTER_S = 30.0
 
 Sleep = Callable[[float], Awaitable[None]]
 
+
+CATCH_UP_HOLD_S = 2.0
+"""Live events wait at most this long for the catch-up of their connection: long
+enough to keep a room's order after a short outage, short enough that Slack's
+3-second acknowledgement window is kept when reading history takes longer."""
 
 HANDED_OVER = "chatbridge_handed_over"
 """Set in a request's Bolt context once a listener has dealt with its event."""
@@ -118,6 +132,18 @@ class BotIdentity:
     bot_id: str | None
 
 
+@dataclass(slots=True)
+class _CatchUp:
+    """One connection's catch-up, across its attempts."""
+
+    pending: set[RoomId]
+    """Channels not done yet."""
+    cutoff: str
+    """Nothing older is read (the ts of the maximum age, from the start)."""
+    marks: dict[str, dict[str, str]] | None = None
+    """Seen marks by channel and thread ("" the channel's own), as read at the start."""
+
+
 class SlackTransport(Transport):
     """Serves the configured Slack channels and DMs."""
 
@@ -128,17 +154,29 @@ class SlackTransport(Transport):
         settings: SlackSettings,
         rooms: Sequence[RoomBinding],
         *,
+        marks: SeenMarks | None = None,
         backoff: Backoff | None = None,
         sleep: Sleep = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
-        """``backoff``, ``sleep`` and ``clock`` are for tests (reconnect delays)."""
+        """``marks``: where the newest message seen per channel and thread is kept;
+        without it nothing is caught up. ``backoff``, ``sleep``, ``clock`` (reconnect
+        delays) and ``wall`` (the catch-up's maximum age) are for tests."""
         self._settings = settings
         self._rooms: Mapping[RoomId, RoomBinding] = {r.room_id: r for r in rooms}
         self._room_ids = frozenset(self._rooms)
         self._backoff = backoff or Backoff(cap=settings.reconnect_max_s)
         self._sleep = sleep
         self._clock = clock
+        self._wall = wall
+        self._marks = marks
+        self._saver = MarkSaver(marks, wall) if marks is not None else None
+        self.caught_up = asyncio.Event()
+        """Clear while a connection's catch-up is under way (and live events wait for it)."""
+        self.caught_up.set()
+        self.caught_up_events = 0
+        """Messages read from history and handed over (for tests and the log)."""
         self._up_since: float | None = None
         self._client = web_client(settings.bot_token.get_secret_value(), settings.api_url)
         self.names = DisplayNames(self._display_name)
@@ -175,11 +213,17 @@ class SlackTransport(Transport):
         start-up fails at once naming it (and so does a later reconnect, as
         the Matrix transport does when its token is revoked).
         """
+        saver = None
+        if self._saver is not None:
+            saver = asyncio.create_task(self._saver.run(), name="slack-seen-marks")
         try:
             await self._serve(sink, ready)
         finally:
             for task in self._handing:
                 task.cancel()
+            if saver is not None:
+                saver.cancel()
+                await asyncio.wait([saver])
 
     async def _serve(self, sink: InboundSink, ready: asyncio.Event) -> None:
         while True:
@@ -205,14 +249,29 @@ class SlackTransport(Transport):
     async def _serve_once(self, sink: InboundSink, ready: asyncio.Event) -> None:
         identity = await self._identify()
         app = self._bolt_app(identity, sink)
+        catching_up: list[asyncio.Task[None]] = []
 
         def up() -> None:
             self.connections += 1
             self.reconnects = self.connections - 1
             log.info("slack connected (%s mode) as %s", self._settings.mode, identity.user_id)
             self._up_since = self._clock()
+            if self._marks is not None and self._settings.catch_up_max_age_s > 0:
+                self.caught_up.clear()
+                catch_up = self._catch_up(self._marks, identity, sink)
+                catching_up.append(asyncio.create_task(catch_up, name="slack-catch-up"))
             ready.set()
 
+        try:
+            await self._connect(app, up)
+        finally:
+            for task in catching_up:
+                task.cancel()
+            if catching_up:
+                await asyncio.wait(catching_up)
+            self.caught_up.set()
+
+    async def _connect(self, app: AsyncApp, up: Callable[[], None]) -> None:
         if self._settings.mode == "events":
 
             def listening(port: int) -> None:
@@ -319,22 +378,114 @@ class SlackTransport(Transport):
                 "slack: the approval click of %s on %s was lost", action.sender, action.message_id
             )
 
+    async def _catch_up(self, marks: SeenMarks, identity: BotIdentity, sink: InboundSink) -> None:
+        """Hand over what every served channel got since its mark (see :mod:`.catch_up`).
+
+        Retried with backoff (at least as long as a ``ratelimited`` answer asks)
+        until every channel is done; a channel done is not read again, and the
+        others are read from the marks as they were at the start (live events
+        let through meanwhile move them). Live events wait for it at most
+        :data:`CATCH_UP_HOLD_S`.
+        """
+        work = _CatchUp(
+            set(self._room_ids), ts_of(self._wall() - self._settings.catch_up_max_age_s)
+        )
+        try:
+            await retry(
+                lambda: self._catch_up_once(marks, work, identity, sink),
+                what="slack catch-up",
+                backoff=Backoff(cap=self._settings.reconnect_max_s),
+                fatal=(SinkClosed,),
+                sleep=self._sleep,
+            )
+        except SinkClosed:
+            log.info("slack catch-up: shutting down; the next start reads the rest")
+        finally:
+            self.caught_up.set()
+
+    async def _catch_up_once(
+        self, store: SeenMarks, work: _CatchUp, identity: BotIdentity, sink: InboundSink
+    ) -> None:
+        if work.marks is None:
+            marks: dict[str, dict[str, str]] = {}
+            for room, last in (await store.seen_marks(SLACK)).items():
+                marks.setdefault(room.room_id, {})[room.thread] = last
+            work.marks = marks
+        marks, cutoff, pending = work.marks, work.cutoff, work.pending
+        history = History(self._client)
+        for channel in sorted(pending):
+            try:
+                missed = await history.missed(
+                    channel, marks.get(channel, {}), cutoff, identity.user_id
+                )
+            except Unreadable as exc:
+                log.warning("slack catch-up: cannot read %s (%s); skipped", channel, exc)
+                pending.discard(channel)
+                continue
+            await self._hand_over_missed(channel, missed, identity, sink)
+            # Nothing before the cutoff is read again (the skipped ones are told once).
+            if self._saver is not None:
+                self._saver.note(
+                    RoomKey(SLACK, RoomId(channel)), later(missed.newest or cutoff, cutoff)
+                )
+            pending.discard(channel)
+
+    async def _hand_over_missed(
+        self, channel: str, missed: Missed, identity: BotIdentity, sink: InboundSink
+    ) -> None:
+        log.info(
+            "slack catch-up: %d message(s) of %s since chatbridge last saw it, %d skipped",
+            len(missed.events),
+            channel,
+            missed.skipped,
+        )
+        for event in missed.events:
+            if await self._deliver(event, identity, sink, None, live=False):
+                self.caught_up_events += 1
+        if missed.skipped:
+            hours = self._settings.catch_up_max_age_s / 3600
+            notice = Reply(
+                RoomKey(SLACK, RoomId(channel)),
+                f"{missed.skipped} message(s) sent here while chatbridge was away are older"
+                f" than {hours:g} h and were not run (`slack.catch_up_max_age_s`);"
+                " send them again if they are still wanted.",
+            )
+            try:
+                await self._outbound.send(notice)
+            except TransportError as exc:
+                # A notice: not worth reading the history again for.
+                log.warning("slack catch-up: could not tell %s what was skipped: %s", channel, exc)
+
     async def _deliver(
         self,
         event: Mapping[str, Any],
         identity: BotIdentity,
         sink: InboundSink,
         ticket: tuple[Turns, int] | None,
-    ) -> None:
-        """Hand ``event`` over; with a ``ticket`` (Socket Mode), in the envelopes' order."""
+        *,
+        live: bool = True,
+    ) -> bool:
+        """Hand ``event`` over; with a ``ticket`` (Socket Mode), in the envelopes' order.
+
+        True if a message or change went to the sink. A live event waits (at
+        most :data:`CATCH_UP_HOLD_S`) for the connection's catch-up, so what
+        was missed goes first.
+        """
         stages.stamp("received")
         parsed = to_event(event, identity.user_id, identity.bot_id, self._room_ids)
         if parsed is None:
-            return
+            return False
         key = dedup_key(event)
         if key in self._recent:
             log.debug("slack redelivered %s in %s; already handed over", key[1], key[0])
-            return
+            return False
+        if live and not self.caught_up.is_set():
+            try:
+                async with asyncio.timeout(CATCH_UP_HOLD_S):
+                    await self.caught_up.wait()
+            except TimeoutError:
+                # A long catch-up (rate limits): live events stop waiting for it.
+                self.caught_up.set()
         wanted = users_to_name(parsed)
         names = await self.names.resolve(wanted) if wanted else {}
         if ticket is not None:
@@ -350,6 +501,16 @@ class SlackTransport(Transport):
         # answer), and events of other channels must not wait behind it.
         await sink(decoded(parsed, names))
         self._recent.add(key)
+        if self._saver is not None and isinstance(parsed, InboundMessage):
+            # A reply marks its thread only: the channel's mark is where its own
+            # timeline was read up to (a reply may be seen before an earlier post).
+            if parsed.thread and parsed.thread != parsed.external_id:
+                self._saver.note(
+                    RoomKey(SLACK, parsed.room.room_id, parsed.thread), parsed.external_id
+                )
+            else:
+                self._saver.note(parsed.room, parsed.external_id)
+        return True
 
     async def fetch_attachment(self, attachment: Attachment, dest: Path, limit_bytes: int) -> None:
         """Download a shared file with the bot's token (only from Slack's hosts, see .files)."""
