@@ -171,6 +171,8 @@ class Service:
     over: one that begins meanwhile is drained (or detached) like any other."""
     http_port: int | None = field(init=False, default=None)
     """The port /healthz, /readyz and /metrics listen on, once bound."""
+    public_http_port: int | None = field(init=False, default=None)
+    """The port the webhooks listen on, once bound (``http_port`` when they share it)."""
     spares: Spares = field(init=False, default_factory=Spares)
     """A supervisor started ahead of the next run: from recovery's end to the shutdown's."""
 
@@ -391,9 +393,12 @@ class Service:
                 return f"{transport.name}: not connected"
         return None
 
-    def _http_bound(self, port: int) -> None:
-        self.http_port = port
-        log.info("http listening on port %d", port)
+    def _http_bound(self, setting: str, port: int) -> None:
+        if setting == "listen":
+            self.http_port = port
+        else:
+            self.public_http_port = port
+        log.info("http.%s listening on port %d", setting, port)
 
     def request_stop(self) -> None:
         """First call: graceful shutdown. Second call: stop runs at once."""
@@ -608,22 +613,34 @@ class Service:
                 # while the transports connect.
                 background.append(tg.create_task(self.cluster.serve(), name="cluster"))
             readies: dict[str, asyncio.Event] = {}
-            if self.settings.http.listen:
+            http_settings = self.settings.http
+            if http_settings.listen or http_settings.public_listen:
                 # Imported here: a start with HTTP off loads nothing of the endpoint.
+                from bridge.core.web_server import Limits
                 from bridge.http import serve_http
 
                 listening = readies["http"] = asyncio.Event()
+                wanted = {http_settings.listen, http_settings.public_listen} - {None}
+                ports: set[str] = set()
 
-                def bound(port: int) -> None:
-                    self._http_bound(port)
-                    listening.set()
+                def bound(setting: str, port: int) -> None:
+                    self._http_bound(setting, port)
+                    ports.add(setting)
+                    if len(ports) >= len(wanted):
+                        listening.set()
 
                 http = serve_http(
-                    self.settings.http.listen,
+                    http_settings.listen,
                     self.readiness,
                     self.metrics.exposition,
                     bound,
+                    public_listen=http_settings.public_listen,
                     webhooks=self.webhooks if self.settings.webhooks else None,
+                    limits=Limits(
+                        head_timeout_s=http_settings.head_timeout_s,
+                        body_timeout_s=http_settings.body_timeout_s,
+                        max_connections=http_settings.max_connections,
+                    ),
                 )
                 background.append(tg.create_task(self._part("http", http), name="http"))
             input_ended = asyncio.Event()
