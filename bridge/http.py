@@ -39,6 +39,8 @@ Readiness = Callable[[], Awaitable[str | None]]
 Response = tuple[int, bytes, str]
 """(status, body, content type)"""
 
+DEFAULT_LIMITS = Limits()
+
 Bound = Callable[[str, int], None]
 """Called with the setting (``listen``, ``public_listen``) and the port once it listens."""
 
@@ -90,8 +92,7 @@ def _add_private(
 def _add_public(app: web.Application, webhooks: Webhooks) -> None:
     async def deliver(request: web.Request) -> web.Response:
         path = request.path
-        limit = webhooks.body_limit(path)
-        assert limit is not None  # routed here only for a webhook's path
+        limit = webhooks.body_limit(path) or 0  # routed here only for a webhook's path
         try:
             body = await read_body(request, limit)
         except web.HTTPRequestEntityTooLarge:
@@ -116,7 +117,7 @@ async def serve_http(
     *,
     public_listen: HostPort | None = None,
     webhooks: Webhooks | None = None,
-    limits: Limits = Limits(),
+    limits: Limits = DEFAULT_LIMITS,
     mounts: Mapping[str, web.Application] | None = None,
 ) -> None:
     """Serve until cancelled; ``bound`` hears of each listener's port once it listens.

@@ -273,8 +273,7 @@ async def test_other_methods_and_unknown_paths(tmp_path: Path) -> None:
             "127.0.0.1", int(hooks_.base.rsplit(":")[-1])
         )
         writer.write(
-            b"POST /hooks/github HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-            b"0\r\n\r\n"
+            b"POST /hooks/github HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
         )
         await writer.drain()
         head = await reader.readline()
