@@ -180,8 +180,10 @@ class _Tracked(asyncio.Protocol):
         self._handler.data_received(data)
 
     def eof_received(self) -> bool | None:
-        self._handler.eof_received()
-        return None
+        # A client may send its request and shut its side (half-close): its answer still goes
+        # out, then the connection closes; an idle one ends at its head deadline.
+        self._handler.close()
+        return True
 
     def pause_writing(self) -> None:
         self._handler.pause_writing()

@@ -460,3 +460,28 @@ async def test_the_service_serves_webhooks_on_public_listen_and_metrics_on_liste
         async with client.post(private + "/hooks/deploy", data=b"{}") as response:
             assert response.status == 404
         await session.finish()
+
+
+def half_closed_exchange(port: int, request: bytes) -> bytes:
+    """Send ``request``, shut the sending side (as some probes do), read until the end."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+        client.sendall(request)
+        client.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := client.recv(65536):
+            answer += chunk
+        return answer
+
+
+async def test_a_client_that_shuts_its_side_after_the_request_still_gets_the_answer() -> None:
+    async with serving() as port:
+        answers = [
+            await asyncio.to_thread(half_closed_exchange, port, request)
+            for request in (
+                HEALTHZ,
+                b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: \xb2\r\n\r\n",
+            )
+        ]
+    assert answers[0].startswith(b"HTTP/1.1 200 ")
+    assert answers[0].endswith(b"\r\n\r\nok\n")
+    assert answers[1].startswith(b"HTTP/1.0 400 ")
