@@ -6,7 +6,9 @@ proxy in front: docs/deployment.md). The same address for both serves all of
 them on one listener; otherwise metrics, which show room ids and spending,
 are never on the public one. Both are aiohttp applications served by
 bridge/core/web_server.py, which bounds every client (head and body
-deadlines, a connection cap that a slow client cannot fill).
+deadlines, a connection cap that a slow client cannot fill), on sockets bound
+at start-up (bridge/http_sockets.py): this module, and aiohttp with it, is
+imported only once the rest of the service is ready.
 
 Mounting more on the private listener (a web console, say): pass
 ``mounts={"/console": app}``; each ``aiohttp.web.Application`` is added as a
@@ -20,8 +22,6 @@ body deadline) and handed to :class:`Webhooks` (bridge/webhooks.py decides).
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from typing import Protocol
@@ -29,9 +29,8 @@ from typing import Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from bridge.core.hostport import HostPort
 from bridge.core.web_server import Limits, listening, read_body
-from bridge.errors import StartupError
+from bridge.http_sockets import HttpSockets
 
 Readiness = Callable[[], Awaitable[str | None]]
 """Returns None when ready, else the reason it is not."""
@@ -40,9 +39,6 @@ Response = tuple[int, bytes, str]
 """(status, body, content type)"""
 
 DEFAULT_LIMITS = Limits()
-
-Bound = Callable[[str, int], None]
-"""Called with the setting (``listen``, ``public_listen``) and the port once it listens."""
 
 
 class Webhooks(Protocol):
@@ -110,48 +106,27 @@ def _add_public(app: web.Application, webhooks: Webhooks) -> None:
 
 
 async def serve_http(
-    listen: HostPort | None,
+    sockets: HttpSockets,
     readiness: Readiness,
     exposition: Callable[[], bytes],
-    bound: Bound,
     *,
-    public_listen: HostPort | None = None,
     webhooks: Webhooks | None = None,
     limits: Limits = DEFAULT_LIMITS,
     mounts: Mapping[str, web.Application] | None = None,
 ) -> None:
-    """Serve until cancelled; ``bound`` hears of each listener's port once it listens.
-
-    An address that cannot be bound is a :class:`StartupError` naming its setting.
-    """
-    private = web.Application() if listen is not None else None
-    if private is not None:
-        _add_private(private, readiness, exposition, mounts or {})
-    public = private if public_listen == listen else web.Application()
-    if public is not None and webhooks is not None:
-        _add_public(public, webhooks)
-    sites = [("listen", listen, private)]
-    if public is not private:
-        sites.append(("public_listen", public_listen, public))
-    async with AsyncExitStack() as stack:
-        for setting, address, app in sites:
-            if address is None or app is None:
-                continue
-            try:
-                port = await stack.enter_async_context(listening(app, address, limits))
-            except OSError as exc:
-                raise StartupError(
-                    f"http.{setting} = {address}: cannot listen: {_reason(exc)}"
-                ) from None
-            bound(setting, port)
-            if app is public and public_listen is not None and setting == "listen":
-                bound("public_listen", port)  # one listener serves both
-        await asyncio.Event().wait()  # until cancelled
-
-
-def _reason(exc: OSError) -> str:
-    """The one line the operator sees after the setting and the address."""
-    if isinstance(exc, socket.gaierror):
-        return exc.strerror or str(exc)  # its errno is getaddrinfo's, unknown to os.strerror
-    # asyncio words a bind error as "error while attempting to bind on address ...: ..."
-    return os.strerror(exc.errno) if exc.errno else str(exc)
+    """Serve the bound ``sockets`` (bridge/http_sockets.py) until cancelled, then close them."""
+    try:
+        private = web.Application() if sockets.private is not None else None
+        if private is not None:
+            _add_private(private, readiness, exposition, mounts or {})
+        public = private if sockets.public is sockets.private else web.Application()
+        if public is not None and webhooks is not None:
+            _add_public(public, webhooks)
+        async with AsyncExitStack() as stack:
+            if sockets.private is not None and private is not None:
+                await stack.enter_async_context(listening(private, sockets.private, limits))
+            if sockets.public is not None and public is not private and public is not None:
+                await stack.enter_async_context(listening(public, sockets.public, limits))
+            await asyncio.Event().wait()  # until cancelled
+    finally:
+        sockets.close()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from typing import Any, cast
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from bridge.core.hostport import HostPort
+from bridge.core.listen_socket import BACKLOG
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,6 @@ class Limits:
     head_timeout_s: float = 5.0
     body_timeout_s: float = 10.0
     max_connections: int = 64
-    backlog: int = 128
-    """Connections the kernel queues before they are accepted."""
     max_head_line: int = 8190
     """Bytes of the request line, and of each header line (aiohttp's own default)."""
     max_headers: int = 64
@@ -244,11 +243,12 @@ def _middleware(connections: _Connections) -> Any:
 
 
 @asynccontextmanager
-async def listening(app: web.Application, listen: HostPort, limits: Limits) -> AsyncIterator[int]:
-    """Serve ``app`` on ``listen`` within the block; yields the bound port (port 0: any).
+async def listening(
+    app: web.Application, sock: socket.socket, limits: Limits
+) -> AsyncIterator[None]:
+    """Serve ``app`` on ``sock`` (a listening socket, bridge/core/listen_socket.py) in the block.
 
-    Raises :class:`OSError` when ``listen`` cannot be bound (the caller names its setting).
-    Leaving the block closes every connection.
+    Leaving the block closes the socket and every connection.
     """
     connections = _Connections(limits)
     app[_CONNECTIONS] = connections
@@ -273,14 +273,10 @@ async def listening(app: web.Application, listen: HostPort, limits: Limits) -> A
             raise RuntimeError("aiohttp runner not set up")
         loop = asyncio.get_running_loop()
         listener = await loop.create_server(
-            lambda: _Tracked(server(), connections),
-            listen.host,
-            listen.port,
-            backlog=limits.backlog,
-            reuse_address=True,
+            lambda: _Tracked(server(), connections), sock=sock, backlog=BACKLOG
         )
         try:
-            yield int(listener.sockets[0].getsockname()[1])
+            yield
         finally:
             listener.close()
             connections.close_all()

@@ -18,6 +18,7 @@ from bridge.core.transport import InboundSink
 from bridge.core.web_server import Limits
 from bridge.errors import StartupError
 from bridge.http import DEFAULT_LIMITS, Readiness, Response, serve_http
+from bridge.http_sockets import bind_http
 from bridge.service import Service, open_store
 from tests.bridge.harness import ConsoleSession, write_config
 from transports.base import Transport
@@ -33,21 +34,15 @@ async def get(port: int, path: str) -> tuple[int, str]:
 
 async def test_readyz_is_503_with_the_reason_until_ready() -> None:
     reason: str | None = "matrix: not connected"
-    bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
     async def readiness() -> str | None:
         return reason
 
-    server = asyncio.create_task(
-        serve_http(
-            HostPort("127.0.0.1", 0),
-            readiness,
-            lambda: b"# metrics\n",
-            lambda setting, port: bound.set_result(port),
-        )
-    )
+    sockets = bind_http(HostPort("127.0.0.1", 0), None)
+    server = asyncio.create_task(serve_http(sockets, readiness, lambda: b"# metrics\n"))
     try:
-        port = await bound
+        port = sockets.private_port
+        assert port is not None
         assert await get(port, "/readyz") == (503, "not ready: matrix: not connected\n")
         assert (await get(port, "/healthz"))[0] == 200
         reason = None
@@ -179,26 +174,15 @@ async def serving(
     webhooks: Hooks | None = None,
 ) -> AsyncIterator[int]:
     """One listener for all endpoints on 127.0.0.1, any port; yields the port, then stops it."""
-    bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     address = HostPort("127.0.0.1", 0)
-
-    def on_bound(setting: str, port: int) -> None:
-        if setting == "listen":
-            bound.set_result(port)
-
+    sockets = bind_http(address, address)
     server = asyncio.create_task(
-        serve_http(
-            address,
-            readiness,
-            exposition,
-            on_bound,
-            public_listen=address,
-            webhooks=webhooks,
-            limits=limits,
-        )
+        serve_http(sockets, readiness, exposition, webhooks=webhooks, limits=limits)
     )
     try:
-        yield await bound
+        port = sockets.private_port
+        assert port is not None
+        yield port
     finally:
         server.cancel()
         await asyncio.wait({server})
@@ -304,9 +288,9 @@ async def test_a_host_that_does_not_resolve_is_named_with_the_resolver_s_reason(
     with pytest.raises(socket.gaierror) as resolving:
         socket.getaddrinfo(host, 0)
     with pytest.raises(StartupError) as caught:
-        await serve_http(HostPort(host, 0), always_ready, lambda: b"", lambda setting, port: None)
+        bind_http(HostPort("127.0.0.1", 0), HostPort(host, 0))
     assert str(caught.value) == (
-        f"http.listen = {host}:0: cannot listen: {resolving.value.strerror}"
+        f"http.public_listen = {host}:0: cannot listen: {resolving.value.strerror}"
     )
 
 
@@ -382,35 +366,26 @@ async def test_a_webhook_body_needs_a_length_within_the_limit() -> None:
 
 
 async def test_metrics_stay_off_the_public_listener_and_webhooks_off_the_private_one() -> None:
-    ports: dict[str, int] = {}
-    both = asyncio.Event()
-
-    def bound(setting: str, port: int) -> None:
-        ports[setting] = port
-        if len(ports) == 2:
-            both.set()
-
     console = web.Application()
 
     async def page(request: web.Request) -> web.Response:
         return web.Response(text="console\n")
 
     console.router.add_get("/", page)
+    sockets = bind_http(HostPort("127.0.0.1", 0), HostPort("127.0.0.2", 0))
     server = asyncio.create_task(
         serve_http(
-            HostPort("127.0.0.1", 0),
+            sockets,
             always_ready,
             lambda: b"# room spend\n",
-            bound,
-            public_listen=HostPort("127.0.0.2", 0),
             webhooks=Hooks(),
             mounts={"/console": console},
         )
     )
     try:
-        await both.wait()
-        private, public = ports["listen"], ports["public_listen"]
-        assert private != public
+        private, public = sockets.private_port, sockets.public_port
+        assert private is not None
+        assert public is not None
         async with aiohttp.ClientSession() as client:
 
             async def status(host: str, port: int, method: str, path: str) -> int:

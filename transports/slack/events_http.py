@@ -28,6 +28,7 @@ from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
 
 from bridge.core.hostport import HostPort
+from bridge.core.listen_socket import bind, port_of
 from bridge.core.web_server import Limits, listening, read_body
 from transports.slack.web import SettingRefused
 
@@ -77,14 +78,15 @@ async def serve_events(
     """
     async with AsyncExitStack() as stack:
         try:
-            served = listening(events_application(app, settled), listen, limits)
-            bound = await stack.enter_async_context(served)
+            sock = bind(listen)
         except OSError as exc:
             # The one line the operator sees: the setting, the address, the reason.
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
             raise SettingRefused(
                 "slack", f"slack.listen = {listen}: cannot listen: {reason}"
             ) from None
+        await stack.enter_async_context(listening(events_application(app, settled), sock, limits))
+        bound = port_of(sock)
         log.info("slack events endpoint listening on %s:%s%s", listen.host, bound, EVENTS_PATH)
         on_listening(bound)
         await asyncio.Future()  # serve until cancelled
