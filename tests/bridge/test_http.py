@@ -295,17 +295,28 @@ async def test_a_host_that_does_not_resolve_is_named_with_the_resolver_s_reason(
 
 
 WEBHOOK_HEAD = b"POST /hooks/a HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n"
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 async def held_back_bodies(port: int, count: int) -> list[socket.socket]:
-    """``count`` raw connections that each send a webhook's head and hold back its body."""
+    """``count`` raw connections that each send a webhook's head and hold back its body.
+
+    Each waits for the server's 100 Continue: its head is read and its body awaited, the
+    state that once counted as "being answered" and so was never closed for a newcomer.
+    """
     loop = asyncio.get_running_loop()
     clients = []
+    head = WEBHOOK_HEAD.replace(b"\r\n\r\n", b"\r\nExpect: 100-continue\r\n\r\n")
     for _ in range(count):
         client = socket.socket()
         client.setblocking(False)
         await loop.sock_connect(client, ("127.0.0.1", port))
-        await loop.sock_sendall(client, WEBHOOK_HEAD + b"{")
+        await loop.sock_sendall(client, head)
+        got = b""
+        while len(got) < len(CONTINUE) and (chunk := await loop.sock_recv(client, 64)):
+            got += chunk
+        assert got == CONTINUE
+        await loop.sock_sendall(client, b"{")
         clients.append(client)
     return clients
 
@@ -322,7 +333,10 @@ async def head_of_answer(port: int, request: bytes) -> bytes:
 async def test_slow_webhook_bodies_cannot_keep_health_and_readiness_probes_out() -> None:
     # A connection waiting for its body once counted as "being answered", so a cap's worth of
     # them locked every client out for as long as the attacker renewed them.
-    async with serving(webhooks=Hooks(), limits=Limits(max_connections=8)) as port:
+    async with (
+        asyncio.timeout(60),
+        serving(webhooks=Hooks(), limits=Limits(max_connections=8)) as port,
+    ):
         clients = await held_back_bodies(port, 8)
         for round_ in range(3):
             # The flood renewed before each probe: the newest connections are the attacker's.
