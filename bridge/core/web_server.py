@@ -1,4 +1,4 @@
-"""Serve an aiohttp application on one address, with every client bounded in time and number.
+"""Serve an aiohttp application on a listening socket, every client bounded in time and number.
 
 aiohttp parses HTTP (strictly: a malformed request line, header or
 ``Content-Length`` is answered 400 and the connection closed); this module adds
@@ -57,11 +57,9 @@ class _Quiet(logging.LoggerAdapter):  # type: ignore[type-arg]
     """aiohttp's log of a request it could not parse: a client's error, at DEBUG, one line."""
 
     def exception(self, msg: object, *args: object, **kwargs: Any) -> None:
-        kwargs.pop("exc_info", None)
-        self.debug("%s", f"{msg}" % args if args else msg)
+        self.debug(msg, *args)  # without exc_info: the client's error, not a traceback of ours
 
     def error(self, msg: object, *args: object, **kwargs: Any) -> None:
-        kwargs.pop("exc_info", None)
         self.debug(msg, *args)
 
 
