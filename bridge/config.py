@@ -409,9 +409,18 @@ class BudgetSettings(_Section):
 
 class HttpSettings(_Section):
     listen: HostPort | None = HostPort("127.0.0.1", 8080)
-    """``host:port`` for /healthz, /readyz and /metrics; empty disables it."""
+    """``host:port`` of the private listener (/healthz, /readyz, /metrics); empty disables it."""
+    public_listen: HostPort | None = None
+    """``host:port`` of the public listener (the ``[[webhooks]]`` paths); the same address
+    as ``listen`` serves both on one listener, metrics included."""
+    head_timeout_s: float = Field(5.0, gt=0, le=300)
+    """A request head must be in within this of the connection's opening or the previous answer."""
+    body_timeout_s: float = Field(10.0, gt=0, le=600)
+    """A body must be in within this of its head (408 beyond)."""
+    max_connections: int = Field(64, ge=1, le=100_000)
+    """Connections open at once, per listener; one more closes the oldest not being answered."""
 
-    @field_validator("listen", mode="before")
+    @field_validator("listen", "public_listen", mode="before")
     @classmethod
     def _empty_disables(cls, value: object) -> object:
         return None if value == "" else value
@@ -582,8 +591,12 @@ class Settings(BaseSettings):
         twice = sorted({p for p in paths if paths.count(p) > 1})
         if twice:
             raise ValueError(f"webhooks: path(s) {', '.join(twice)} used twice")
-        if self.webhooks and self.http.listen is None:
-            raise ValueError("webhooks: need the HTTP listener ([http] listen is empty)")
+        if self.webhooks and self.http.public_listen is None:
+            # [http] listen served webhooks before public_listen existed: say what moved.
+            raise ValueError(
+                "webhooks: need [http] public_listen (webhooks are not served on [http] listen,"
+                " which shows /metrics; the same address as listen keeps both on one listener)"
+            )
 
     @property
     def web_secret_file(self) -> Path:

@@ -53,6 +53,7 @@ from bridge.database_lock import database_lock
 from bridge.delivery import Outbox
 from bridge.errors import ChatbridgeError, StartupError, reason
 from bridge.file_posts import FilePosts
+from bridge.http_sockets import HttpSockets, bind_http
 from bridge.intake import Intake
 from bridge.leader_gate import LeaderGated
 from bridge.metrics import Metrics
@@ -177,6 +178,8 @@ class Service:
     over: one that begins meanwhile is drained (or detached) like any other."""
     http_port: int | None = field(init=False, default=None)
     """The port /healthz, /readyz and /metrics listen on, once bound."""
+    public_http_port: int | None = field(init=False, default=None)
+    """The port the webhooks listen on, once bound (``http_port`` when they share it)."""
     spares: Spares = field(init=False, default_factory=Spares)
     """A supervisor started ahead of the next run: from recovery's end to the shutdown's."""
 
@@ -412,9 +415,26 @@ class Service:
                 return f"{transport.name}: not connected"
         return None
 
-    def _http_bound(self, port: int) -> None:
-        self.http_port = port
-        log.info("http listening on port %d", port)
+    def _http_bound(self, sockets: HttpSockets) -> None:
+        self.http_port, self.public_http_port = sockets.private_port, sockets.public_port
+        for setting, port in (("listen", self.http_port), ("public_listen", self.public_http_port)):
+            if port is not None:
+                log.info("http.%s listening on port %d", setting, port)
+
+    async def _serve_http(self, sockets: HttpSockets) -> None:
+        from bridge.core.web_server import Limits
+        from bridge.http import serve_http
+
+        http = self.settings.http
+        limits = Limits(
+            head_timeout_s=http.head_timeout_s,
+            body_timeout_s=http.body_timeout_s,
+            max_connections=http.max_connections,
+        )
+        webhooks = self.webhooks if self.settings.webhooks else None
+        await serve_http(
+            sockets, self.readiness, self.metrics.exposition, webhooks=webhooks, limits=limits
+        )
 
     def request_stop(self) -> None:
         """First call: graceful shutdown. Second call: stop runs at once."""
@@ -618,6 +638,17 @@ class Service:
             await shielded(self.spares.close())
 
     async def _serve_parts(self) -> None:
+        # Bound now (a taken port fails the start), served once ready: the server's
+        # import (aiohttp) is not on the start-up's path; early clients wait queued.
+        http = self.settings.http
+        sockets = bind_http(http.listen, http.public_listen)
+        self._http_bound(sockets)
+        try:
+            await self._serve_parts_bound(sockets)
+        finally:
+            sockets.close()
+
+    async def _serve_parts_bound(self, sockets: HttpSockets) -> None:
         async with asyncio.TaskGroup() as tg:
             self._tasks = tg
             background = [
@@ -630,24 +661,6 @@ class Service:
                 # while the transports connect.
                 background.append(tg.create_task(self.cluster.serve(), name="cluster"))
             readies: dict[str, asyncio.Event] = {}
-            if self.settings.http.listen:
-                # Imported here: a start with HTTP off loads nothing of the endpoint.
-                from bridge.http import serve_http
-
-                listening = readies["http"] = asyncio.Event()
-
-                def bound(port: int) -> None:
-                    self._http_bound(port)
-                    listening.set()
-
-                http = serve_http(
-                    self.settings.http.listen,
-                    self.readiness,
-                    self.metrics.exposition,
-                    bound,
-                    webhooks=self.webhooks if self.settings.webhooks else None,
-                )
-                background.append(tg.create_task(self._part("http", http), name="http"))
             input_ended = asyncio.Event()
             for transport in self.transports:
                 ready = readies[transport.name] = asyncio.Event()
@@ -661,6 +674,8 @@ class Service:
                 # Fired from here on: a firing is a message, which needs the dispatcher.
                 background.append(tg.create_task(self.scheduler.run(), name="schedules"))
                 background.append(tg.create_task(self.limits.serve(), name="limit resumes"))
+                if sockets.private is not None or sockets.public is not None:
+                    background.append(tg.create_task(self._serve_http(sockets), name="http"))
                 log.info("chatbridge ready")
                 self.ready.set()
                 if self._closed_at_start:

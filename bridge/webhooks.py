@@ -1,6 +1,6 @@
 """``[[webhooks]]``: signed HTTP deliveries that start a run in a room.
 
-A delivery is a POST to the webhook's path on the HTTP listener
+A delivery is a POST to the webhook's path on the public HTTP listener
 (bridge/http.py reads it, bounded; this module decides). In order:
 
 1. a body over ``max_body_bytes`` is refused (413) before it is read;
@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 MAX_SKEW_S = 300.0
 """How far a generic delivery's timestamp may be from now (a captured request replays no later)."""
+_SECONDS = re.compile(r"[0-9]{1,12}")
 _DELIVERY = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 
 Response = tuple[int, bytes, str]
@@ -76,6 +77,9 @@ class Webhooks:
 
     def __post_init__(self) -> None:
         self._by_path = {c.path: c for c in self.configs}
+
+    def paths(self) -> list[str]:
+        return list(self._by_path)
 
     def body_limit(self, path: str) -> int | None:
         """The largest body a webhook at ``path`` takes; None: no webhook there."""
@@ -134,7 +138,10 @@ class Webhooks:
             given, signed = headers.get("x-chatbridge-signature", ""), body
             stamp = headers.get("x-chatbridge-timestamp")
             if stamp is not None:
-                if not stamp.isdigit() or abs(self.wall_clock() - int(stamp)) > MAX_SKEW_S:
+                # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+                if not _SECONDS.fullmatch(stamp):
+                    return False
+                if abs(self.wall_clock() - int(stamp)) > MAX_SKEW_S:
                     return False
                 signed = stamp.encode() + b"." + body
         expected = "sha256=" + hmac.new(key, signed, hashlib.sha256).hexdigest()

@@ -27,10 +27,16 @@ HEAVY = ("alembic", "aiohttp", "nio", "slack_bolt", "slack_sdk", "asyncpg", "mar
 """Libraries a console bridge on SQLite with HTTP off never needs."""
 
 _PROBE = """
-import json, sys
+import json, logging, sys
 from bridge.cli import main
+at_ready = []
+def snapshot(record):
+    if record.getMessage() == "chatbridge ready":
+        at_ready.extend(sys.modules)
+    return True
+logging.getLogger("bridge.service").addFilter(snapshot)
 code = main(sys.argv[1:])
-print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
+print(json.dumps({"code": code, "modules": sorted(sys.modules), "at_ready": sorted(at_ready)}))
 """
 
 
@@ -38,8 +44,9 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("CHATBRIDGE_")}
 
 
-def probe(*args: str, cwd: Path) -> tuple[int, set[str]]:
-    """Run ``chatbridge ARGS`` in a child interpreter; its exit code and every module it loaded."""
+def probe(*args: str, cwd: Path, at_ready: bool = False) -> tuple[int, set[str]]:
+    """Run ``chatbridge ARGS`` in a child interpreter; its exit code and every module it loaded
+    (``at_ready``: by the time it logged "chatbridge ready")."""
     result = subprocess.run(
         [sys.executable, "-c", _PROBE, *args],
         stdin=subprocess.DEVNULL,
@@ -52,7 +59,8 @@ def probe(*args: str, cwd: Path) -> tuple[int, set[str]]:
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.splitlines()[-1])
-    return report["code"], {name.partition(".")[0] for name in report["modules"]}
+    modules = report["at_ready" if at_ready else "modules"]
+    return report["code"], {name.partition(".")[0] for name in modules}
 
 
 def chatbridge(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -81,12 +89,12 @@ def assert_one_clear_line(
         assert needle in errors[0]
 
 
-def test_console_start_imports_only_what_it_uses(tmp_path: Path) -> None:
-    # HTTP on, as in the embedded defaults: its listener needs no aiohttp.
+def test_console_start_imports_only_what_it_uses_before_ready(tmp_path: Path) -> None:
+    # HTTP on, as in the embedded defaults: its server (aiohttp) is imported once ready.
     path = str(config(tmp_path, {"http": {"listen": "127.0.0.1:0"}}))
     # The first start creates the schema (Alembic is needed then, and only then).
     assert probe("run", "--config", path, cwd=tmp_path)[0] == 0
-    code, loaded = probe("run", "--config", path, cwd=tmp_path)
+    code, loaded = probe("run", "--config", path, cwd=tmp_path, at_ready=True)
     assert code == 0
     assert loaded.isdisjoint(HEAVY), sorted(loaded & set(HEAVY))
     assert "sqlalchemy" in loaded  # the probe did reach the store

@@ -33,7 +33,7 @@ ANSWER = "webhook:/hooks/github wrote:\n> Review PR #7: Fix the flaky test (open
 
 def hooks(**github: Any) -> Table:
     return {
-        "http": {"listen": "127.0.0.1:0"},
+        "http": {"listen": "127.0.0.1:0", "public_listen": "127.0.0.1:0"},
         "webhooks": [
             {
                 "room": "console:console",
@@ -272,7 +272,9 @@ async def test_other_methods_and_unknown_paths(tmp_path: Path) -> None:
         reader, writer = await asyncio.open_connection(
             "127.0.0.1", int(hooks_.base.rsplit(":")[-1])
         )
-        writer.write(b"POST /hooks/github HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+        writer.write(
+            b"POST /hooks/github HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+        )
         await writer.drain()
         head = await reader.readline()
         writer.close()
@@ -320,9 +322,53 @@ def test_bad_webhooks_are_configuration_errors(tmp_path: Path, change: Table, er
     assert error in str(raised.value)
 
 
-def test_webhooks_need_the_listener(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"\[http\] listen is empty"):
-        load_settings(write_config(tmp_path, {**hooks(), "http": {"listen": ""}}))
+def test_webhooks_need_the_public_listener_and_say_they_left_the_private_one(
+    tmp_path: Path,
+) -> None:
+    # A configuration from before public_listen: webhooks beside /metrics on [http] listen.
+    with pytest.raises(ConfigError, match=r"need \[http\] public_listen \(webhooks are not served"):
+        load_settings(write_config(tmp_path, {**hooks(), "http": {"listen": "127.0.0.1:0"}}))
+
+
+async def exchange(hooks_: Hooks, request: bytes) -> bytes:
+    """One raw request on its own connection; the answer's head."""
+    assert hooks_.session.service is not None
+    port = hooks_.session.service.http_port
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        return await reader.readuntil(b"\r\n\r\n")
+    finally:
+        writer.close()
+
+
+async def test_numbers_that_only_look_like_digits_are_refused_with_an_answer(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # "\xb2" (superscript two) passes str.isdigit() and fails int(): once the request was dropped
+    # unanswered with an ERROR traceback; an unsigned client could send it.
+    caplog.set_level(logging.DEBUG)
+    body = json.dumps({"ref": "main"}).encode()
+    async with serving(tmp_path) as hooks_:
+        length = await exchange(
+            hooks_, b"POST /hooks/deploy HTTP/1.1\r\nHost: x\r\nContent-Length: \xb2\r\n\r\n"
+        )
+        # As latin-1 (the old reader's decoding) and as UTF-8 (aiohttp's).
+        stamped = [
+            await exchange(
+                hooks_,
+                b"POST /hooks/deploy HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
+                b"X-Chatbridge-Signature: sha256=00\r\nX-Chatbridge-Timestamp: %s\r\n\r\n%s"
+                % (len(body), two, body),
+            )
+            for two in (b"\xb2", "\u00b2".encode())
+        ]
+        assert hooks_.counted("bad_signature") == 2
+    assert length.split(b"\r\n")[0] == b"HTTP/1.0 400 Bad Request"
+    assert [answer.split(b"\r\n")[0] for answer in stamped] == [b"HTTP/1.1 401 Unauthorized"] * 2
+    assert webhook_messages(tmp_path) == []
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
 
 
 def test_templates_insert_payload_fields_as_text() -> None:

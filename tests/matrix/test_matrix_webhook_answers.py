@@ -38,7 +38,7 @@ async def test_a_delivery_is_answered_with_no_relation(
     room = await alice.create_room([bot.user_id])
     port = free_port()
     extra = {
-        "http": {"listen": f"127.0.0.1:{port}"},
+        "http": {"listen": "127.0.0.1:0", "public_listen": f"127.0.0.1:{port}"},
         "webhooks": [
             {
                 "room": f"matrix:{room}",

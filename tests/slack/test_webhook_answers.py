@@ -25,7 +25,7 @@ SECRET = "a-secret-of-sixteen-plus"
 async def test_a_delivery_is_answered_at_the_top_of_the_channel(tmp_path: Path) -> None:
     port = peer.free_port()
     extra = {
-        "http": {"listen": f"127.0.0.1:{port}"},
+        "http": {"listen": "127.0.0.1:0", "public_listen": f"127.0.0.1:{port}"},
         "webhooks": [
             {
                 "room": f"slack:{peer.CHANNEL}",

@@ -6,8 +6,12 @@ Bolt verifies the signature and timestamp (``X-Slack-Signature``,
 returns 200 after the listener has handed the message to the service. A 200
 from Bolt for an event no listener finished becomes a 500 (see ``settled``).
 
-An address that cannot be bound (taken, not local, a privileged port) is a
-:class:`~.web.SettingRefused` naming ``slack.listen``, like ``http.listen``.
+The endpoint is public (Slack, or a proxy in front, reaches it): it is served
+by bridge/core/web_server.py with the same bounds as ``[http] public_listen``
+(head and body deadlines, a connection cap slow clients cannot fill), and a
+body over :data:`BODY_LIMIT` is refused unread. An address that cannot be
+bound (taken, not local, a privileged port) is a :class:`~.web.SettingRefused`
+naming ``slack.listen``, like ``http.listen``.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
@@ -23,12 +28,18 @@ from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
 
 from bridge.core.hostport import HostPort
+from bridge.core.listen_socket import bind, port_of
+from bridge.core.web_server import Limits, listening, read_body
 from transports.slack.web import SettingRefused
 
 log = logging.getLogger(__name__)
 
 EVENTS_PATH = "/slack/events"
+BODY_LIMIT = 1 << 20
+"""Bytes of an event's body: Slack's are a few kilobytes."""
 
+
+DEFAULT_LIMITS = Limits()
 
 Settled = Callable[[AsyncBoltRequest, int], bool]
 
@@ -37,6 +48,7 @@ def events_application(app: AsyncApp, settled: Settled) -> web.Application:
     """An aiohttp application serving Bolt at :data:`EVENTS_PATH`."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
+        await read_body(request, BODY_LIMIT)  # bounded; Bolt reads it again from the request
         bolt_request = await to_bolt_request(request)
         bolt_response = await app.async_dispatch(bolt_request)
         if bolt_response.status == 200 and not settled(bolt_request, 200):
@@ -57,28 +69,24 @@ async def serve_events(
     settled: Settled,
     listen: HostPort,
     on_listening: Callable[[int], None],
+    limits: Limits = DEFAULT_LIMITS,
 ) -> None:
     """Serve the endpoint on ``listen`` until cancelled; ``on_listening`` gets the bound port.
 
     ``settled`` decides whether Bolt's 200 for a request may stand. Raises
     :class:`~.web.SettingRefused` when ``listen`` cannot be bound.
     """
-    runner = web.AppRunner(events_application(app, settled), access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, listen.host, listen.port)
+    async with AsyncExitStack() as stack:
         try:
-            await site.start()
+            sock = bind(listen)
         except OSError as exc:
             # The one line the operator sees: the setting, the address, the reason.
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
             raise SettingRefused(
                 "slack", f"slack.listen = {listen}: cannot listen: {reason}"
             ) from None
-        # With port 0 the OS picks one; the runner knows which.
-        bound = runner.addresses[0][1] if runner.addresses else listen.port
+        await stack.enter_async_context(listening(events_application(app, settled), sock, limits))
+        bound = port_of(sock)
         log.info("slack events endpoint listening on %s:%s%s", listen.host, bound, EVENTS_PATH)
-        on_listening(int(bound))
+        on_listening(bound)
         await asyncio.Future()  # serve until cancelled
-    finally:
-        await runner.cleanup()
