@@ -24,6 +24,9 @@ class _Bound:
     """claude's requests by id: an answer allows the input claude asked with."""
     session: SessionId | None = None
     """The Claude session the run writes to (its ``init``): session rules hold in it."""
+    doing: str = ""
+    """The last tool use claude announced, as the progress message says it (the web
+    console's "last thing claude did")."""
 
 
 @dataclass(slots=True)
@@ -69,3 +72,16 @@ class LiveRuns:
         if bound is None or (run_id is not None and bound.run_id != run_id):
             return None
         return bound.session
+
+    def did(self, room: RoomKey, run_id: RunId, what: str) -> None:
+        """claude announced a tool use, described as ``what``."""
+        bound = self._rooms.get(room)
+        if bound is not None and bound.run_id == run_id:
+            bound.doing = what
+
+    def doing(self, run_id: str) -> str | None:
+        """What run ``run_id`` (if it runs here) did last; None if it does not run here."""
+        for bound in self._rooms.values():
+            if bound.run_id == run_id:
+                return bound.doing or "working"
+        return None

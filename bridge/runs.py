@@ -974,6 +974,7 @@ class RunExecutor:
                 case ToolUse(name=name, input=tool_input) if live.position > live.shown:
                     # (A reattached run replays its journal: what the room saw is not shown again.)
                     run.progress.tool_used(name, tool_input)
+                    self.live_runs.did(run.batch.room, run.id, run.progress.tools[-1])
                     live.shown = live.position
                     live.shown_moved.set()
                 case PermissionAsked() if self.approvals is not None:

@@ -26,6 +26,7 @@ import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bridge.approval_flow import ApprovalFlow
 from bridge.approvals import Verdict
@@ -92,6 +93,12 @@ from runner import (
     remove_run_dir,
 )
 from transports.base import Transport
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+WEB_PREFIX = "/web"
+"""Where the web console is mounted on the private listener (docs/web.md)."""
 
 log = logging.getLogger(__name__)
 
@@ -432,8 +439,46 @@ class Service:
             max_connections=http.max_connections,
         )
         webhooks = self.webhooks if self.settings.webhooks else None
+        mounts = {WEB_PREFIX: self._web_console()} if self.settings.web.enabled else {}
         await serve_http(
-            sockets, self.readiness, self.metrics.exposition, webhooks=webhooks, limits=limits
+            sockets,
+            self.readiness,
+            self.metrics.exposition,
+            webhooks=webhooks,
+            limits=limits,
+            mounts=mounts,
+        )
+
+    def _web_console(self) -> web.Application:
+        """The web console (docs/web.md), on the private listener."""
+        from bridge.status_report import status_text
+        from bridge.web.actions import DeskActions
+        from bridge.web.app import web_app
+        from bridge.web.tokens import Signer, load_secret
+
+        if not isinstance(self.store, SqlStore):
+            raise StartupError("web.enabled: the web console reads a SQL database")
+        settings = self.settings
+
+        def budgets() -> tuple[float | None, dict[str, float]]:
+            rooms = {
+                f"{key.transport}:{key.room_id}": room.daily_budget_usd
+                for key, room in settings.room_settings.items()
+                if room.daily_budget_usd is not None
+            }
+            return settings.budget.daily_usd, rooms
+
+        async def cluster_text() -> str:
+            return await status_text(settings)
+
+        return web_app(
+            settings.web,
+            Signer(load_secret(settings.web_secret_file)),
+            self.store.engine,
+            DeskActions(self.store, self.approvals.desk(), settings.room),
+            activity=self.executor.live_runs.doing,
+            cluster_text=cluster_text,
+            budgets=budgets,
         )
 
     def request_stop(self) -> None:

@@ -198,7 +198,8 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     Raises the answer to send instead: 411 without ``Content-Length``, 413 over
     ``limit`` (unread), 408 past the deadline (the connection is then closed).
     """
-    connections = request.app[_CONNECTIONS]
+    # config_dict: also from a sub-application mounted on the listener (the web console).
+    connections = request.config_dict[_CONNECTIONS]
     handler = request.protocol
     length = request.content_length
     if length is None:

@@ -16,7 +16,9 @@ from aiohttp import web
 
 log = logging.getLogger(__name__)
 
-MAX_STREAMS = 64
+MAX_STREAMS = 16
+"""Live pages open at once, per process: each holds a connection of the private
+listener ([http] max_connections, 64 by default), which health probes need too."""
 KEEPALIVE_S = 15.0
 
 

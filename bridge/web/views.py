@@ -19,6 +19,7 @@ from aiohttp import web
 
 from bridge.core.model import RunStatus
 from bridge.core.transport import ApprovalChoice
+from bridge.core.web_server import read_body
 from bridge.store.base import AuditAction
 from bridge.web.auth import CALLER, Caller, Gate
 from bridge.web.reads import ApprovalView, AuditQuery, Reads, RunQuery, SpendDay
@@ -32,6 +33,7 @@ NAV = (
     ("cluster", "Cluster"),
 )
 MAX_REASON = 500
+MAX_FORM_BYTES = 16 * 1024
 
 
 class Actions(Protocol):
@@ -160,7 +162,8 @@ class Console:
 
     async def answer(self, request: web.Request) -> web.Response:
         caller: Caller = request[CALLER]
-        form = await request.post()
+        body = await read_body(request, MAX_FORM_BYTES)
+        form = {k: v[0] for k, v in urllib.parse.parse_qs(body.decode(errors="replace")).items()}
         if not self.gate.form_ok(caller, request, str(form.get("csrf", ""))):
             raise web.HTTPForbidden(
                 text="This form is not yours (CSRF check failed): reload the page."

@@ -5,15 +5,17 @@ and a browser is in test_console_browser.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 
+from bridge.core.hostport import HostPort
 from bridge.core.model import (
     Batch,
     ExternalMessageId,
@@ -28,6 +30,8 @@ from bridge.core.model import (
     UserId,
 )
 from bridge.core.transport import ApprovalChoice
+from bridge.http import serve_http
+from bridge.http_sockets import bind_http
 from bridge.store.base import AuditAction
 from bridge.store.sql import SqlStore
 from bridge.web.app import web_app
@@ -58,8 +62,22 @@ class Answers:
 
 
 @dataclass
+class Client:
+    """A browser-like client of the console on the real listener (cookies kept)."""
+
+    session: aiohttp.ClientSession
+    base: str
+
+    async def get(self, path: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        return await self.session.get(self.base + path, **kwargs)
+
+    async def post(self, path: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        return await self.session.post(self.base + path, **kwargs)
+
+
+@dataclass
 class Console:
-    client: TestClient[web.Request, web.Application]
+    client: Client
     store: SqlStore
     signer: Signer
     answers: Answers
@@ -124,14 +142,23 @@ async def console(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterat
         cluster_text=cluster_text,
         budgets=lambda: (5.0, {"slack:C1": 2.0}),
     )
-    parent = web.Application()
-    parent.add_subapp("/web/", sub)
-    client = TestClient(TestServer(parent))
-    await client.start_server()
+    sockets = bind_http(HostPort("127.0.0.1", 0), None)
+    port = sockets.private_port
+
+    async def ready() -> None:
+        return None
+
+    server = asyncio.create_task(
+        serve_http(sockets, ready, lambda: b"", mounts={"/web": sub}), name="listener"
+    )
+    session = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
     try:
-        yield Console(client, store, signer, answers)
+        yield Console(Client(session, f"http://127.0.0.1:{port}"), store, signer, answers)
     finally:
-        await client.close()
+        await session.close()
+        server.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await server
         await store.close()
 
 
