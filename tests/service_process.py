@@ -74,19 +74,20 @@ class RunningService:
 
 @asynccontextmanager
 async def run_service(
-    config: Path, env: Mapping[str, str], secrets: tuple[str, ...] = ()
+    config: Path, env: Mapping[str, str], secrets: tuple[str, ...] = (), *, stdin: bool = False
 ) -> AsyncIterator[RunningService]:
     """Start ``chatbridge run``, wait for its ready line, stop it (SIGTERM, then KILL) on exit.
 
     ``env`` is added to this process's environment; none of ``secrets`` may
-    appear in the service's log.
+    appear in the service's log. ``stdin``: a pipe (the console room's input) in
+    place of none.
     """
     require_service()
     process = await asyncio.create_subprocess_exec(
         str(CHATBRIDGE), "run", "--config", str(config),
         env={**os.environ, **env},
         cwd=config.parent,
-        stdin=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip

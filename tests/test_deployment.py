@@ -106,6 +106,11 @@ def test_compose_services(compose: dict[str, Any]) -> None:
     assert "healthcheck" in bridge
     assert "healthcheck" in services["postgres"]
     assert services["synapse"]["profiles"] == ["dev"]
+    # The web console only behind a signing-in proxy, and only its /web/ paths.
+    console = services["console"]
+    assert console["profiles"] == ["web"]
+    assert "--upstream=http://chatbridge:8080/web/" in console["command"]
+    assert "127.0.0.1:4180:4180" in console["ports"]
     assert bridge["env_file"] == ".env"
     assert bridge["init"] is True
     # Replicas: three by default, coordinating through PostgreSQL, each with its own

@@ -28,7 +28,8 @@ OPEN = ("/web/login", "/web/static/")
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; form-action 'self'",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # Not no-referrer: with it browsers send "Origin: null" on the console's own forms.
+    "Referrer-Policy": "same-origin",
     "X-Frame-Options": "DENY",
 }
 
@@ -64,11 +65,15 @@ def web_app(
                 response = await handler(request)
                 if new_nonce is not None:
                     gate.set_nonce(response, new_nonce)
-        response.headers.update(SECURITY_HEADERS)
+        for name, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
         return response
 
     async def login(request: web.Request) -> web.StreamResponse:
-        response = web.Response(status=303, headers={"Location": ROOT})
+        # The sign-in token is in this address: it goes nowhere from here.
+        response = web.Response(
+            status=303, headers={"Location": ROOT, "Referrer-Policy": "no-referrer"}
+        )
         if not gate.sign_in(response, request.query.get("token", "")):
             return _signin(401, "That sign-in link is not valid (expired, or for no known person).")
         return response
