@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import secrets
 import time
@@ -268,6 +269,30 @@ def _cancelled_status(dispatched: DispatchedRun) -> RunStatus:
     return RunStatus.INTERRUPTED  # shutdown, or a failing service
 
 
+class _Left(enum.Enum):
+    """A run's ending that records no outcome here."""
+
+    DETACHED = "detached"
+    """Left to its supervisor at a detaching shutdown: the next start reattaches it."""
+    MOVED = "moved"
+    """Never began here; another replica owns the conversation and runs its messages."""
+
+
+def with_claude_figures(report: RunReport, result: Result | None) -> RunReport:
+    """``report`` with what claude's last ``result`` said of the run (its cost, turns,
+    time) where the report has none: a stopped or interrupted turn's result still
+    tells what the process spent (``total_cost_usd`` is the process's sum so far).
+    No result: the cost stays unknown (None), never zero."""
+    if result is None:
+        return report
+    return replace(
+        report,
+        cost_usd=report.cost_usd if report.cost_usd is not None else result.cost_usd,
+        num_turns=report.num_turns if report.num_turns is not None else result.num_turns,
+        duration_ms=report.duration_ms if report.duration_ms is not None else result.duration_ms,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class _Run:
     """What finishing a run needs to know about it."""
@@ -328,6 +353,9 @@ class _Live:
     """Set once the answer exists or the run's end is being shown: from then on the room
     is not shown the run running (see :meth:`RunExecutor._opening`)."""
     init: Init | None = None
+    result: Result | None = None
+    """The last result claude printed (any turn's, an interrupted one's too): its cost
+    is the run's (see :func:`with_claude_figures`)."""
     control: RunControl = field(default_factory=RunControl)
     """The run's input side: steering, answers to tool requests, model and mode."""
     held: tuple[Result, int] | None = None
@@ -577,60 +605,75 @@ class RunExecutor:
         dispatched: DispatchedRun,
         drive: Coroutine[Any, Any, RunReport],
     ) -> None:
-        """Drive the run to its report, record and report its end (or leave it, detached)."""
+        """Drive the run to its ending, and end it there (:meth:`_end`), once."""
         try:
             report = await drive
         except asyncio.CancelledError:
-            if live.detached:
-                # Left to its supervisor: the next start reattaches; nothing ends here.
-                await self._settle(self._leave(run, live))
-                raise
-            if not self._reached_claude(run, live) and not self.holds(run.batch.room):
-                # The conversation moved (the cluster dropped the room) before claude
-                # got the prompt: its new owner finds the run never began and runs its
-                # messages. Recorded here, it would be interrupted, offering `!retry`.
-                log.warning(
-                    "run %s cancelled before claude got the prompt: %s moved to another"
-                    " replica, which runs its messages",
-                    run.id, run.batch.room,
-                )  # fmt: skip
-                await self._settle(self._drop(run, live))
-                raise
-            # The runner has already killed the process tree; record and report
-            # the end even if we are cancelled again meanwhile. A run that had
-            # printed its answer keeps it (the answer task records it).
-            # A stop interrupts claude's turn first: its session stays resumable.
-            session = live.init.session_id if live.init is not None else None
-            report = RunReport(_cancelled_status(dispatched), session_id=session)
-            await self._settle(self._finalize(run, live, report))
-            await self._settle(self._save_transcript(run, live))
+            await self._settle(self._end(run, live, self._cancelled_ending(run, live, dispatched)))
             raise
         except Exception as exc:
             log.exception("the run failed inside chatbridge")
             report = RunReport(
                 RunStatus.FAILED, error=f"internal error ({type(exc).__name__}); see the log"
             )
-        if report.not_started:
+        ending: RunReport | _Left = _Left.MOVED if report.not_started else report
+        if ending is _Left.MOVED:
             log.warning(
                 "run %s not started: %s moved to another replica, which runs its messages",
                 run.id, run.batch.room,
             )  # fmt: skip
-            # Nothing recorded (the new owner does), but nothing of it stays here
-            # either: a retry in a new session may come after a first try that ran.
-            await self._settle(self._drop(run, live))
-            return
         # A !stop landing while the end is reported must not cut the answer off.
-        await self._settle(self._finalize(run, live, report))
-        # After the answer, before the room is free: the conversation's next run,
-        # here or on another replica, resumes what this one left.
-        await self._settle(self._save_transcript(run, live))
+        await self._settle(self._end(run, live, ending))
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             # Cancelled after claude had printed its result: run_claude stopped
             # the run and returned the answer instead of raising, and the
             # answer is now recorded. The cancellation still propagates.
             raise asyncio.CancelledError
-        self._keep_warm(run.batch.room, report)
+        if isinstance(ending, RunReport):
+            self._keep_warm(run.batch.room, ending)
+
+    def _cancelled_ending(
+        self, run: _Run, live: _Live, dispatched: DispatchedRun
+    ) -> RunReport | _Left:
+        """How a run the dispatcher cancelled ends (the runner has stopped claude by now)."""
+        if live.detached:
+            return _Left.DETACHED  # left to its supervisor: the next start reattaches
+        if not self._reached_claude(run, live) and not self.holds(run.batch.room):
+            # The conversation moved (the cluster dropped the room) before claude
+            # got the prompt: its new owner finds the run never began and runs its
+            # messages. Recorded here, it would be interrupted, offering `!retry`.
+            log.warning(
+                "run %s cancelled before claude got the prompt: %s moved to another"
+                " replica, which runs its messages",
+                run.id, run.batch.room,
+            )  # fmt: skip
+            return _Left.MOVED
+        # A stop interrupts claude's turn first: its session stays resumable, and the
+        # interrupted turn's result says what it cost (added by _end). A run that had
+        # printed its answer keeps it (the answer task records it).
+        session = live.init.session_id if live.init is not None else None
+        return RunReport(_cancelled_status(dispatched), session_id=session)
+
+    async def _end(self, run: _Run, live: _Live, ending: RunReport | _Left) -> None:
+        """Every ending of a run started here or reattached comes here, once: an outcome
+        is recorded with the cost claude reported (unknown, None, if it printed no
+        result) and its answer or notice; a run left to its supervisor or to another
+        replica records nothing here (its end is recorded where it goes on)."""
+        if ending is _Left.DETACHED:
+            await self._leave(run, live)
+            return
+        if ending is _Left.MOVED:
+            # Nothing recorded (the new owner does), but nothing of it stays here
+            # either: a retry in a new session may come after a first try that ran.
+            await self._drop(run, live)
+            return
+        try:
+            await self._finalize(run, live, with_claude_figures(ending, live.result))
+        finally:
+            # After the answer, before the room is free: the conversation's next run,
+            # here or on another replica, resumes what this one left.
+            await self._save_transcript(run, live)
 
     def _keep_warm(self, room: RoomKey, report: RunReport) -> None:
         """Start the room's next claude now (``prestart_keep_s``), after a run that ended
@@ -978,6 +1021,7 @@ class RunExecutor:
                 case UsageLimited():
                     live.limited = event
                 case Result():
+                    live.result = event
                     self._on_result(run, live, event)
                 case _:
                     pass
