@@ -251,6 +251,7 @@ class Service:
             worktrees=self.executor.worktrees,
             automation=self._automation_status,
             status_parts=(Budgets(settings, self.store).status_lines, self.limits.status_lines),
+            call_off_retries=self.limits.call_off,
         )
         self.intake = Intake(
             settings,
