@@ -1087,7 +1087,12 @@ class RunExecutor:
         (after an interrupt of the running turn, in ``interrupt`` mode), or, once the run
         takes no more input or after a ``!reset`` (``generation``: the room's when the
         run began), back to the dispatcher, which queues it (False): after a reset the
-        messages start the new session, not the conversation the room asked to forget."""
+        messages start the new session, not the conversation the room asked to forget.
+
+        Taken, the batch is promised to the run at once (the end rule waits for it)
+        and written into claude only once it is recorded as the run's
+        (:meth:`_steer_in`): a crash in between leaves it unsent, never sent and
+        still pending (which would run it a second time after the restart)."""
 
         def steer(batch: Batch, interrupt: bool) -> bool:
             control = live.control
@@ -1099,29 +1104,52 @@ class RunExecutor:
                 return False
             if any(m.attachments for m in batch.messages):
                 return False  # files are fetched as a run is prepared: a follow-up run
+            prompt = build_prompt(batch)
             try:
-                if interrupt:
-                    control.interrupt_now()
-                control.send(build_prompt(batch))
+                uid = control.reserve(prompt)
             except InputClosed:
                 return False
-            log.info("%d message(s) steered into the run", len(batch.messages))
             live.before_end.append(
                 asyncio.create_task(
-                    self._record_steered(run_id, live, batch), name=f"steer {run_id}"
+                    self._steer_in(run_id, live, batch, (prompt, uid), interrupt),
+                    name=f"steer {run_id}",
                 )
             )
             return True
 
         return steer
 
-    async def _record_steered(self, run_id: RunId, live: _Live, batch: Batch) -> None:
-        """The steered messages belong to the run from now on (retried; a failure leaves
-        them pending, to run again after a restart)."""
-        if not await self._written(
+    async def _steer_in(
+        self,
+        run_id: RunId,
+        live: _Live,
+        batch: Batch,
+        message: tuple[str, str],
+        interrupt: bool,
+    ) -> None:
+        """Record the steered messages as the run's (retried), then write them into
+        claude (``message``: the prompt and the uuid it was promised under). Should the
+        record keep failing, they are sent all the same (they stay pending: a restart
+        runs them again; the log says so)."""
+        recorded = await self._written(
             lambda: self.store.steer_into_run(run_id, batch, self.wall_clock())
-        ):
+        )
+        if not recorded:
             log.error("could not record the messages steered into the run")
+        control = live.control
+        prompt, uid = message
+        try:
+            if interrupt:
+                control.interrupt_now()
+            control.send(prompt, uid)
+        except InputClosed:
+            # The run's input closed while the record was written (a stop, claude's
+            # exit): the messages are the run's and share its outcome (a stop drops
+            # them; a failure offers them to `!retry` with the run).
+            log.info("the run took no more input; the steered message(s) were not sent")
+        else:
+            log.info("%d message(s) steered into the run", len(batch.messages))
+        if not recorded:
             return
         live.steered.append(batch)
         await self._cosmetic(

@@ -397,6 +397,17 @@ def _ended() -> asyncio.StreamReader:
     return reader
 
 
+PROMISE_WAIT_S = 10.0
+"""A run being left to its supervisor waits this long for the messages promised to it
+(``RunControl.reserve``: steered, being recorded; the store's retries take ~8 s)."""
+
+
+async def _promises_kept(control: RunControl, run_id: str) -> None:
+    """Wait (bounded) for the messages promised to a run being left to its supervisor."""
+    if not await control.promises_kept(PROMISE_WAIT_S):
+        log.error("run %s: left to its supervisor with steered messages not sent", run_id)
+
+
 async def _follow(  # noqa: PLR0917
     request: RunRequest,
     supervised: Supervised,
@@ -416,6 +427,9 @@ async def _follow(  # noqa: PLR0917
             answered = run.answered  # before the stop: its interrupted turn is no answer
             if isinstance(exc, asyncio.CancelledError) and detach is not None and detach():
                 # Shutting down: the supervisor carries on alone; a restart attaches again.
+                # Messages promised to the run are being recorded: they go in first
+                # (record, then send; unsent, the reattached run would never see them).
+                await shielded(_promises_kept(control, request.run_id))
                 control.unbind()
                 supervised.detach()
                 await shielded(run.abandon())
