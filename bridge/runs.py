@@ -276,6 +276,14 @@ class _Left(enum.Enum):
     """Left to its supervisor at a detaching shutdown: the next start reattaches it."""
     MOVED = "moved"
     """Never began here; another replica owns the conversation and runs its messages."""
+    LOST = "lost"
+    """Began here, but this replica lost the conversation's lease meanwhile (a pause):
+    its new owner reports the run (interrupted, with the `!retry` offer); only the
+    owner speaks for a conversation, so nothing more is said or recorded here."""
+
+
+async def _nothing() -> None:
+    """The wait for replies when there are none."""
 
 
 def with_claude_figures(report: RunReport, result: Result | None) -> RunReport:
@@ -353,6 +361,8 @@ class _Live:
     """Set once the answer exists or the run's end is being shown: from then on the room
     is not shown the run running (see :meth:`RunExecutor._opening`)."""
     init: Init | None = None
+    lost: bool = False
+    """Its answer came after this replica lost the conversation: nothing of it is shown."""
     result: Result | None = None
     """The last result claude printed (any turn's, an interrupted one's too): its cost
     is the run's (see :func:`with_claude_figures`)."""
@@ -649,6 +659,8 @@ class RunExecutor:
                 run.id, run.batch.room,
             )  # fmt: skip
             return _Left.MOVED
+        if live.answer is None and not self.holds(run.batch.room):
+            return _Left.LOST  # cancelled because the cluster took the room away
         # A stop interrupts claude's turn first: its session stays resumable, and the
         # interrupted turn's result says what it cost (added by _end). A run that had
         # printed its answer keeps it (the answer task records it).
@@ -667,6 +679,9 @@ class RunExecutor:
             # Nothing recorded (the new owner does), but nothing of it stays here
             # either: a retry in a new session may come after a first try that ran.
             await self._drop(run, live)
+            return
+        if ending is _Left.LOST or (live.answer is None and not self.holds(run.batch.room)):
+            await self._lose(run, live)
             return
         try:
             await self._finalize(run, live, with_claude_figures(ending, live.result))
@@ -1223,6 +1238,25 @@ class RunExecutor:
         self._finish_later(run, LEFT_RUNNING)
         log.info("left the run to its supervisor; the next start reattaches it")
 
+    async def _lose(self, run: _Run, live: _Live) -> None:
+        """The run began here and this replica lost the conversation meanwhile: its
+        claude is gone (the runner stopped it, or it ended), and the run is the new
+        owner's to report. Nothing is recorded or said here: no outcome, no reply, no
+        reaction, no last edit of the progress message."""
+        log.warning(
+            "run %s ended after this replica lost %s; its new owner reports it",
+            run.id, run.batch.room,
+        )  # fmt: skip
+        self.live_runs.unbind(run.batch.room, run.id)
+        run.progress.close()
+        live.concluding.set()  # an opening still waiting shows nothing now
+        if live.before_end:
+            await asyncio.gather(*live.before_end, return_exceptions=True)
+        await _wind_down(live)
+        await run.progress.abandon()
+        # The directory stays: on this host it tells a later start that the run began.
+        self._remove_journal(live, keep_dir=True)
+
     def _reached_claude(self, run: _Run, live: _Live) -> bool:
         """Whether claude may have got the run's prompt: it was spawned for it (or a
         prestarted one was given it: ``Spawned`` comes right after), or a spawn got as far
@@ -1352,7 +1386,7 @@ class RunExecutor:
                     )
                 report = replace(report, status=RunStatus.SUCCEEDED)
             await self._cosmetics(run, live, report.status, settled)
-            if self.approvals is not None:
+            if self.approvals is not None and not live.lost:
                 # A request still being recorded (claude asked as the run ended) is
                 # cancelled too: cancelled before its record lands, it would stay
                 # pending for !status and the next !approve (bounded: a store write
@@ -1371,13 +1405,19 @@ class RunExecutor:
             # Unrecorded, the empty directory stays: it tells the next start
             # that the run began (bridge.stale_runs), so its messages are not
             # run a second time as if they never had been.
-            self._remove_journal(live, keep_dir=live.end_unrecorded)
+            self._remove_journal(live, keep_dir=live.end_unrecorded or live.lost)
 
     async def _conclude(
         self, run: _Run, live: _Live, report: RunReport
     ) -> Callable[[], Awaitable[None]]:
         """Record the outcome with its replies and hand them to the outbox; a wait for them."""
         batch = run.batch
+        if not self.holds(batch.room):
+            # An answer read after this replica lost the conversation (a pause): the new
+            # owner has reported, or reports, the run; this one says nothing more.
+            live.lost = True
+            log.warning("run %s answered after this replica lost %s", run.id, batch.room)
+            return _nothing
         if live.registered is not None:
             # Begun at the spawn, so done long before claude answers: the outcome
             # takes the run out of the registry, which must not come after.
@@ -1425,6 +1465,9 @@ class RunExecutor:
         self, run: _Run, live: _Live, status: RunStatus, settled: Callable[[], Awaitable[None]]
     ) -> None:
         """The end of the run as the room sees it beside the answer, after the answer."""
+        if live.lost:
+            run.progress.close()
+            return  # not this replica's conversation any more: nothing is shown
         run.progress.close()
         live.concluding.set()  # an opening still waiting shows nothing now
         if live.pump is not None:

@@ -64,7 +64,7 @@ from bridge.prestarts import Prestarts
 from bridge.replies import Replier, in_conversation
 from bridge.runs import RunExecutor, new_run_id
 from bridge.schedules import Scheduler, WallClock
-from bridge.stale_runs import never_started
+from bridge.stale_runs import interruption_text, never_started
 from bridge.state_lock import state_dir_lock
 from bridge.store.base import Approval, RegisteredRun, RunRecord, Store, StoreError
 from bridge.store.cluster import Leases, ReplicaIdInUse
@@ -533,14 +533,7 @@ class Service:
                 run.id, run.room, len(run.message_ids),
             )  # fmt: skip
             return False
-        # Honest for both ways a run stays "running": a crash or restart
-        # during it, or an end whose outcome the failing database could
-        # not take (its answer may have gone out).
-        text = (
-            f"The last run (`{run.id}`) did not finish before chatbridge restarted"
-            " (or its end could not be recorded). If its answer is not above,"
-            f" `{prefix}retry {run.id}` runs it again."
-        )
+        text, error = interruption_text(run, self.settings.cluster.replica_id, prefix)
         notice = (
             in_conversation(Batch(run.room, tuple(messages)), text, ReplyKind.NOTICE)
             if messages
@@ -548,7 +541,7 @@ class Service:
         )
         await self.store.finish_run(
             run.id,
-            RunReport(RunStatus.INTERRUPTED, error="chatbridge restarted during the run"),
+            RunReport(RunStatus.INTERRUPTED, error=error),
             time.time(),
             [notice],
         )
