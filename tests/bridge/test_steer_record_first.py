@@ -6,7 +6,6 @@ the fake claude, SQLite)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -16,7 +15,7 @@ from bridge.config import load_settings
 from bridge.core.model import Batch, RoomId, RoomKey, RunId, TransportName
 from bridge.store.base import Store, StoreError
 from tests.bridge.harness import ConsoleSession, write_config
-from tests.bridge.test_live_runs import WAIT_S, during_run, rows, tool_log
+from tests.bridge.test_live_runs import WAIT_S, during_run, rows, until_tool_runs
 
 CONSOLE = RoomKey(TransportName("console"), RoomId("console"))
 
@@ -58,16 +57,6 @@ class CrashPoint:
         await self.release.wait()
 
 
-async def until(check: Callable[[], bool], bridge: ConsoleSession) -> None:
-    while not check():
-        bridge.out.changed.clear()
-        try:
-            async with asyncio.timeout(0.05):
-                await bridge.out.changed.wait()
-        except TimeoutError:
-            pass
-
-
 @pytest.mark.parametrize("mode", ["steer", "interrupt"])
 @pytest.mark.parametrize("where", ["before the record", "between tries", "after the commit"])
 async def test_a_steered_message_is_written_into_claude_only_after_it_is_recorded(
@@ -89,7 +78,7 @@ async def test_a_steered_message_is_written_into_claude_only_after_it_is_recorde
     async with asyncio.timeout(WAIT_S), ConsoleSession(settings, wrap_store=wrap) as bridge:
         assert bridge.service is not None
         bridge.send("first tok-A")
-        await until(lambda: bool(tool_log(tmp_path)), bridge)
+        await until_tool_runs(bridge, tmp_path)
         bridge.send("second tok-B")
         await crash[0].reached.wait()
         try:

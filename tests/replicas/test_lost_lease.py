@@ -73,5 +73,6 @@ async def test_a_run_taken_over_from_a_replica_is_reported_as_that_replica_stopp
         " above, `!retry run-of-a` runs it again."
     )
     assert "restarted" not in notice
-    assert ended is not None and ended.report is not None
+    assert ended is not None
+    assert ended.report is not None
     assert ended.report.error == "replica a stopped answering during the run"
