@@ -276,10 +276,6 @@ class _Left(enum.Enum):
     """Left to its supervisor at a detaching shutdown: the next start reattaches it."""
     MOVED = "moved"
     """Never began here; another replica owns the conversation and runs its messages."""
-    LOST = "lost"
-    """Began here, but this replica lost the conversation's lease meanwhile (a pause):
-    its new owner reports the run (interrupted, with the `!retry` offer); only the
-    owner speaks for a conversation, so nothing more is said or recorded here."""
 
 
 async def _nothing() -> None:
@@ -362,7 +358,7 @@ class _Live:
     is not shown the run running (see :meth:`RunExecutor._opening`)."""
     init: Init | None = None
     lost: bool = False
-    """Its answer came after this replica lost the conversation: nothing of it is shown."""
+    """It ended after this replica lost the conversation: nothing of its end is shown here."""
     result: Result | None = None
     """The last result claude printed (any turn's, an interrupted one's too): its cost
     is the run's (see :func:`with_claude_figures`)."""
@@ -659,8 +655,6 @@ class RunExecutor:
                 run.id, run.batch.room,
             )  # fmt: skip
             return _Left.MOVED
-        if live.answer is None and not self.holds(run.batch.room):
-            return _Left.LOST  # cancelled because the cluster took the room away
         # A stop interrupts claude's turn first: its session stays resumable, and the
         # interrupted turn's result says what it cost (added by _end). A run that had
         # printed its answer keeps it (the answer task records it).
@@ -679,9 +673,6 @@ class RunExecutor:
             # Nothing recorded (the new owner does), but nothing of it stays here
             # either: a retry in a new session may come after a first try that ran.
             await self._drop(run, live)
-            return
-        if ending is _Left.LOST or (live.answer is None and not self.holds(run.batch.room)):
-            await self._lose(run, live)
             return
         try:
             await self._finalize(run, live, with_claude_figures(ending, live.result))
@@ -1238,25 +1229,6 @@ class RunExecutor:
         self._finish_later(run, LEFT_RUNNING)
         log.info("left the run to its supervisor; the next start reattaches it")
 
-    async def _lose(self, run: _Run, live: _Live) -> None:
-        """The run began here and this replica lost the conversation meanwhile: its
-        claude is gone (the runner stopped it, or it ended), and the run is the new
-        owner's to report. Nothing is recorded or said here: no outcome, no reply, no
-        reaction, no last edit of the progress message."""
-        log.warning(
-            "run %s ended after this replica lost %s; its new owner reports it",
-            run.id, run.batch.room,
-        )  # fmt: skip
-        self.live_runs.unbind(run.batch.room, run.id)
-        run.progress.close()
-        live.concluding.set()  # an opening still waiting shows nothing now
-        if live.before_end:
-            await asyncio.gather(*live.before_end, return_exceptions=True)
-        await _wind_down(live)
-        await run.progress.abandon()
-        # The directory stays: on this host it tells a later start that the run began.
-        self._remove_journal(live, keep_dir=True)
-
     def _reached_claude(self, run: _Run, live: _Live) -> bool:
         """Whether claude may have got the run's prompt: it was spawned for it (or a
         prestarted one was given it: ``Spawned`` comes right after), or a spawn got as far
@@ -1405,19 +1377,13 @@ class RunExecutor:
             # Unrecorded, the empty directory stays: it tells the next start
             # that the run began (bridge.stale_runs), so its messages are not
             # run a second time as if they never had been.
-            self._remove_journal(live, keep_dir=live.end_unrecorded or live.lost)
+            self._remove_journal(live, keep_dir=live.end_unrecorded)
 
     async def _conclude(
         self, run: _Run, live: _Live, report: RunReport
     ) -> Callable[[], Awaitable[None]]:
         """Record the outcome with its replies and hand them to the outbox; a wait for them."""
         batch = run.batch
-        if not self.holds(batch.room):
-            # An answer read after this replica lost the conversation (a pause): the new
-            # owner has reported, or reports, the run; this one says nothing more.
-            live.lost = True
-            log.warning("run %s answered after this replica lost %s", run.id, batch.room)
-            return _nothing
         if live.registered is not None:
             # Begun at the spawn, so done long before claude answers: the outcome
             # takes the run out of the registry, which must not come after.
@@ -1450,7 +1416,20 @@ class RunExecutor:
             # Posted straight to the transport, while the answer goes through the
             # outbox: waited for, or "Working…" could land below the answer.
             await self._cosmetic("post the progress message first", run.progress.posted())
-        settled = self.outbox.submit(entries)
+        settled: Callable[[], Awaitable[None]]
+        if not self.holds(batch.room):
+            # This replica lost the conversation meanwhile (a pause past its lease).
+            # Only the owner speaks for it: the end is recorded (the first report of a
+            # run stands: the new owner's, if it reported first), and any reply recorded
+            # here is the owner's to deliver (its recheck); nothing is shown from here.
+            live.lost = True
+            log.warning(
+                "run %s ended after this replica lost %s; its owner speaks for it",
+                run.id, batch.room,
+            )  # fmt: skip
+            settled = _nothing
+        else:
+            settled = self.outbox.submit(entries)
         self.metrics.runs_finished.labels(report.status.value).inc()
         self.metrics.run_duration.observe(max(0.0, ended - run.started))
         if report.cost_usd:
@@ -1466,8 +1445,13 @@ class RunExecutor:
     ) -> None:
         """The end of the run as the room sees it beside the answer, after the answer."""
         if live.lost:
-            run.progress.close()
-            return  # not this replica's conversation any more: nothing is shown
+            # Not this replica's conversation any more: no reaction, typing or last
+            # edit of the progress message from here.
+            live.concluding.set()  # an opening still waiting shows nothing now
+            if live.pump is not None:
+                live.pump.cancel()
+            await run.progress.abandon()
+            return
         run.progress.close()
         live.concluding.set()  # an opening still waiting shows nothing now
         if live.pump is not None:
