@@ -12,6 +12,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from bridge.cluster_role import ClusterRole
 from bridge.core.model import Batch, ExternalMessageId, InboundMessage, ReplyKind, RunId, UserId
 from bridge.core.transport import RunPhase
 from tests.bridge.harness import ECHO
@@ -23,8 +24,14 @@ GUARD_S = 15.0
 
 @pytest.mark.parametrize("ending", ["claude answers", "the run is stopped"])
 async def test_a_replica_that_lost_the_lease_says_nothing_more_of_its_run(
-    tmp_path: Path, cluster_db: str, ending: str
+    tmp_path: Path, cluster_db: str, ending: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Only the executor is told of the loss below; its cluster still holds the room and
+    # would deliver the recorded replies as their owner: its recheck stays out of it.
+    async def no_recheck(self: ClusterRole) -> None:
+        return None
+
+    monkeypatch.setattr(ClusterRole, "recheck", no_recheck)
     gate = tmp_path / "gate"
     env = {**ECHO, "FAKE_CLAUDE_WAIT_FOR": str(gate)}
     async with replica(replica_settings(tmp_path, "a", cluster_db, env=env)) as a:
