@@ -444,6 +444,11 @@ async def _follow(  # noqa: PLR0917
             if isinstance(exc, asyncio.CancelledError) and answered:
                 return run.report(Answered(lingering=True))
             raise
+        if isinstance(ending, Expired):
+            # The supervisor interrupted claude at its time limit: its result (what the
+            # run cost) comes before it exits, unless the grace period runs out first.
+            ends: set[asyncio.Future[Any]] = {supervised.claude_exit, supervised.gone}
+            await asyncio.wait(ends, timeout=request.stop_grace_s)
         try:
             await shielded(run.close(stop=must_stop(ending)))
         except asyncio.CancelledError:

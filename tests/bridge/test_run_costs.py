@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from tests.bridge.test_live_runs import WAIT_S, gated, rows, session, until_tool_runs
 from tests.config_files import Table
 
@@ -35,14 +37,24 @@ async def test_a_stopped_runs_cost_reaches_the_ledger_and_the_budget_binds(tmp_p
     assert "chatbridge_claude_cost_usd_total 1.0" in metrics
 
 
-async def test_a_run_killed_before_any_result_has_an_unknown_cost_not_zero(
-    tmp_path: Path,
+@pytest.mark.parametrize("limit", ["run_timeout_s", "idle_timeout_s"])
+async def test_a_run_cut_by_a_time_limit_reports_what_claude_spent(
+    tmp_path: Path, limit: str
 ) -> None:
-    # The time limit kills claude (SIGTERM) in its first turn: no result, no figure.
-    config: Table = {"defaults": {"daily_budget_usd": 0.5, "run_timeout_s": 1}}
+    # At the limit the supervisor interrupts claude (SIGINT) before it stops the run:
+    # claude's interrupted turn prints its result, with the cost.
+    config: Table = {"defaults": {"daily_budget_usd": 0.5, limit: 1}}
     env = {**gated(tmp_path), "FAKE_CLAUDE_COST": "1.0"}
     async with asyncio.timeout(WAIT_S), session(tmp_path, config, **env) as bridge:
+        assert bridge.service is not None
         bridge.send("a long job")
-        await bridge.wait_for("time limit")
-    assert rows(tmp_path, "select status, cost_usd from runs") == [("timed_out", None)]
-    assert rows(tmp_path, "select count(*) from spend") == [(0,)]
+        await bridge.wait_for("`!retry run-")
+        await bridge.service.dispatcher.wait_idle()
+        bridge.send("another job")
+        await bridge.wait_for("this room's daily budget is spent")
+    status = "timed_out" if limit == "run_timeout_s" else "stalled"
+    assert rows(tmp_path, "select status, cost_usd from runs order by seq") == [
+        (status, 1.0),
+        ("failed", None),
+    ]
+    assert rows(tmp_path, "select cost_usd from spend") == [(1.0,)]
