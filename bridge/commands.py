@@ -19,7 +19,7 @@ from bridge.approval_desk import ApprovalDesk
 from bridge.approval_text import code_span, status_line
 from bridge.approvals import Verdict, refusal
 from bridge.config import PERMISSION_MODES, RoomSettings
-from bridge.core.model import Batch, Message, MessageId, RoomKey, UserId
+from bridge.core.model import Batch, Message, MessageId, RoomKey, RunId, UserId
 from bridge.core.text import safe_text
 from bridge.core.transport import ApprovalChoice
 from bridge.duration import format_duration
@@ -284,6 +284,26 @@ class CommandHandler:
     """With replicas: the threads of a room that other replicas run (docs/replicas.md)."""
     history: RoomHistory | None = None
     """``!sessions``, ``!resume``, ``!fork``, ``!usage``."""
+    call_off_retries: Callable[[RoomKey], Awaitable[list[RunId]]] | None = None
+    """Calls off the room's retries waiting for a usage limit to reset, for ``!stop`` and
+    ``!reset`` (:meth:`bridge.usage.LimitResumes.call_off`); the runs they were of."""
+
+    async def _called_off(self, room: RoomKey) -> str:
+        """Call off the room's waiting retries; what the command's answer adds about them."""
+        if self.call_off_retries is None:
+            return ""
+        try:
+            runs = await self.call_off_retries(room)
+        except StoreError:
+            log.exception("could not call off the retries after the usage limit")
+            return " Could not call off the retry after the usage limit: the database failed."
+        if not runs:
+            return ""
+        named = ", ".join(f"`{run}`" for run in runs)
+        return (
+            f" Called off the retry after the usage limit of run {named}"
+            f" (`{self.prefix}retry RUN` still runs it)."
+        )
 
     def _worktree(self, room: RoomKey) -> Worktree | None:
         settings = self.rooms(room)
@@ -317,7 +337,8 @@ class CommandHandler:
             before = self.dispatcher.status(room)
             result = self.dispatcher.stop(room)
             await self._audit_command(command, message)
-            await self._stopped(message, before.stopping, result, before.steered)
+            called_off = await self._called_off(room)
+            await self._stopped(message, before.stopping, result, before.steered, called_off)
             return
         await self._audit_command(command, message)
         match command.name:
@@ -330,7 +351,8 @@ class CommandHandler:
                 )
                 text = "The next run starts a new Claude session."
                 note = await self._end_worktree(room)
-                await self.answer(message, f"{text} {note}" if note else text)
+                called_off = await self._called_off(room)
+                await self.answer(message, (f"{text} {note}" if note else text) + called_off)
             case CommandName.RETRY:
                 await self._retry(message, command.argument)
             case CommandName.APPROVE | CommandName.DENY:
@@ -499,7 +521,12 @@ class CommandHandler:
             log.exception("could not audit command %s from %s", command.word, message.sender)
 
     async def _stopped(
-        self, message: Message, stopping: bool, result: StopResult, steered: int = 0
+        self,
+        message: Message,
+        stopping: bool,
+        result: StopResult,
+        steered: int = 0,
+        called_off: str = "",
     ) -> None:
         """Record the stop the dispatcher just made; the drop holds only once it is recorded.
 
@@ -535,13 +562,14 @@ class CommandHandler:
         dropped = _plural(len(result.dropped), "waiting message")
         if result.stopped is not None:
             size = _run_size(len(result.stopped.messages), steered)
-            await self.answer(message, f"Stopping the run of {size}; dropped {dropped}.")
+            text = f"Stopping the run of {size}; dropped {dropped}."
         elif stopping:
-            await self.answer(message, f"The run is already stopping; dropped {dropped}.")
+            text = f"The run is already stopping; dropped {dropped}."
         elif result.dropped:
-            await self.answer(message, f"Nothing was running; dropped {dropped}.")
+            text = f"Nothing was running; dropped {dropped}."
         else:
-            await self.answer(message, "Nothing is running and nothing is waiting.")
+            text = "Nothing is running and nothing is waiting."
+        await self.answer(message, text + called_off)
 
     async def _stop_failed(self, message: Message, running: bool, waiting: int) -> None:
         kept = _plural(waiting, "waiting message") if waiting else "waiting messages"

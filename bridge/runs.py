@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import secrets
 import time
@@ -270,6 +271,34 @@ def _cancelled_status(dispatched: DispatchedRun) -> RunStatus:
     return RunStatus.INTERRUPTED  # shutdown, or a failing service
 
 
+class _Left(enum.Enum):
+    """A run's ending that records no outcome here."""
+
+    DETACHED = "detached"
+    """Left to its supervisor at a detaching shutdown: the next start reattaches it."""
+    MOVED = "moved"
+    """Never began here; another replica owns the conversation and runs its messages."""
+
+
+async def _nothing() -> None:
+    """The wait for replies when there are none."""
+
+
+def with_claude_figures(report: RunReport, result: Result | None) -> RunReport:
+    """``report`` with what claude's last ``result`` said of the run (its cost, turns,
+    time) where the report has none: a stopped or interrupted turn's result still
+    tells what the process spent (``total_cost_usd`` is the process's sum so far).
+    No result: the cost stays unknown (None), never zero."""
+    if result is None:
+        return report
+    return replace(
+        report,
+        cost_usd=report.cost_usd if report.cost_usd is not None else result.cost_usd,
+        num_turns=report.num_turns if report.num_turns is not None else result.num_turns,
+        duration_ms=report.duration_ms if report.duration_ms is not None else result.duration_ms,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class _Run:
     """What finishing a run needs to know about it."""
@@ -330,6 +359,11 @@ class _Live:
     """Set once the answer exists or the run's end is being shown: from then on the room
     is not shown the run running (see :meth:`RunExecutor._opening`)."""
     init: Init | None = None
+    lost: bool = False
+    """It ended after this replica lost the conversation: nothing of its end is shown here."""
+    result: Result | None = None
+    """The last result claude printed (any turn's, an interrupted one's too): its cost
+    is the run's (see :func:`with_claude_figures`)."""
     control: RunControl = field(default_factory=RunControl)
     """The run's input side: steering, answers to tool requests, model and mode."""
     held: tuple[Result, int] | None = None
@@ -589,60 +623,75 @@ class RunExecutor:
         dispatched: DispatchedRun,
         drive: Coroutine[Any, Any, RunReport],
     ) -> None:
-        """Drive the run to its report, record and report its end (or leave it, detached)."""
+        """Drive the run to its ending, and end it there (:meth:`_end`), once."""
         try:
             report = await drive
         except asyncio.CancelledError:
-            if live.detached:
-                # Left to its supervisor: the next start reattaches; nothing ends here.
-                await self._settle(self._leave(run, live))
-                raise
-            if not self._reached_claude(run, live) and not self.holds(run.batch.room):
-                # The conversation moved (the cluster dropped the room) before claude
-                # got the prompt: its new owner finds the run never began and runs its
-                # messages. Recorded here, it would be interrupted, offering `!retry`.
-                log.warning(
-                    "run %s cancelled before claude got the prompt: %s moved to another"
-                    " replica, which runs its messages",
-                    run.id, run.batch.room,
-                )  # fmt: skip
-                await self._settle(self._drop(run, live))
-                raise
-            # The runner has already killed the process tree; record and report
-            # the end even if we are cancelled again meanwhile. A run that had
-            # printed its answer keeps it (the answer task records it).
-            # A stop interrupts claude's turn first: its session stays resumable.
-            session = live.init.session_id if live.init is not None else None
-            report = RunReport(_cancelled_status(dispatched), session_id=session)
-            await self._settle(self._finalize(run, live, report))
-            await self._settle(self._save_transcript(run, live))
+            await self._settle(self._end(run, live, self._cancelled_ending(run, live, dispatched)))
             raise
         except Exception as exc:
             log.exception("the run failed inside chatbridge")
             report = RunReport(
                 RunStatus.FAILED, error=f"internal error ({type(exc).__name__}); see the log"
             )
-        if report.not_started:
+        ending: RunReport | _Left = _Left.MOVED if report.not_started else report
+        if ending is _Left.MOVED:
             log.warning(
                 "run %s not started: %s moved to another replica, which runs its messages",
                 run.id, run.batch.room,
             )  # fmt: skip
-            # Nothing recorded (the new owner does), but nothing of it stays here
-            # either: a retry in a new session may come after a first try that ran.
-            await self._settle(self._drop(run, live))
-            return
         # A !stop landing while the end is reported must not cut the answer off.
-        await self._settle(self._finalize(run, live, report))
-        # After the answer, before the room is free: the conversation's next run,
-        # here or on another replica, resumes what this one left.
-        await self._settle(self._save_transcript(run, live))
+        await self._settle(self._end(run, live, ending))
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             # Cancelled after claude had printed its result: run_claude stopped
             # the run and returned the answer instead of raising, and the
             # answer is now recorded. The cancellation still propagates.
             raise asyncio.CancelledError
-        self._keep_warm(run.batch.room, report)
+        if isinstance(ending, RunReport):
+            self._keep_warm(run.batch.room, ending)
+
+    def _cancelled_ending(
+        self, run: _Run, live: _Live, dispatched: DispatchedRun
+    ) -> RunReport | _Left:
+        """How a run the dispatcher cancelled ends (the runner has stopped claude by now)."""
+        if live.detached:
+            return _Left.DETACHED  # left to its supervisor: the next start reattaches
+        if not self._reached_claude(run, live) and not self.holds(run.batch.room):
+            # The conversation moved (the cluster dropped the room) before claude
+            # got the prompt: its new owner finds the run never began and runs its
+            # messages. Recorded here, it would be interrupted, offering `!retry`.
+            log.warning(
+                "run %s cancelled before claude got the prompt: %s moved to another"
+                " replica, which runs its messages",
+                run.id, run.batch.room,
+            )  # fmt: skip
+            return _Left.MOVED
+        # A stop interrupts claude's turn first: its session stays resumable, and the
+        # interrupted turn's result says what it cost (added by _end). A run that had
+        # printed its answer keeps it (the answer task records it).
+        session = live.init.session_id if live.init is not None else None
+        return RunReport(_cancelled_status(dispatched), session_id=session)
+
+    async def _end(self, run: _Run, live: _Live, ending: RunReport | _Left) -> None:
+        """Every ending of a run started here or reattached comes here, once: an outcome
+        is recorded with the cost claude reported (unknown, None, if it printed no
+        result) and its answer or notice; a run left to its supervisor or to another
+        replica records nothing here (its end is recorded where it goes on)."""
+        if ending is _Left.DETACHED:
+            await self._leave(run, live)
+            return
+        if ending is _Left.MOVED:
+            # Nothing recorded (the new owner does), but nothing of it stays here
+            # either: a retry in a new session may come after a first try that ran.
+            await self._drop(run, live)
+            return
+        try:
+            await self._finalize(run, live, with_claude_figures(ending, live.result))
+        finally:
+            # After the answer, before the room is free: the conversation's next run,
+            # here or on another replica, resumes what this one left.
+            await self._save_transcript(run, live)
 
     def _keep_warm(self, room: RoomKey, report: RunReport) -> None:
         """Start the room's next claude now (``prestart_keep_s``), after a run that ended
@@ -1010,6 +1059,7 @@ class RunExecutor:
                         )
                     )
                 case Result():
+                    live.result = event
                     self._on_result(run, live, event)
                 case _:
                     pass
@@ -1075,7 +1125,12 @@ class RunExecutor:
         (after an interrupt of the running turn, in ``interrupt`` mode), or, once the run
         takes no more input or after a ``!reset`` (``generation``: the room's when the
         run began), back to the dispatcher, which queues it (False): after a reset the
-        messages start the new session, not the conversation the room asked to forget."""
+        messages start the new session, not the conversation the room asked to forget.
+
+        Taken, the batch is promised to the run at once (the end rule waits for it)
+        and written into claude only once it is recorded as the run's
+        (:meth:`_steer_in`): a crash in between leaves it unsent, never sent and
+        still pending (which would run it a second time after the restart)."""
 
         def steer(batch: Batch, interrupt: bool) -> bool:
             control = live.control
@@ -1087,29 +1142,52 @@ class RunExecutor:
                 return False
             if any(m.attachments for m in batch.messages):
                 return False  # files are fetched as a run is prepared: a follow-up run
+            prompt = build_prompt(batch)
             try:
-                if interrupt:
-                    control.interrupt_now()
-                control.send(build_prompt(batch))
+                uid = control.reserve(prompt)
             except InputClosed:
                 return False
-            log.info("%d message(s) steered into the run", len(batch.messages))
             live.before_end.append(
                 asyncio.create_task(
-                    self._record_steered(run_id, live, batch), name=f"steer {run_id}"
+                    self._steer_in(run_id, live, batch, (prompt, uid), interrupt),
+                    name=f"steer {run_id}",
                 )
             )
             return True
 
         return steer
 
-    async def _record_steered(self, run_id: RunId, live: _Live, batch: Batch) -> None:
-        """The steered messages belong to the run from now on (retried; a failure leaves
-        them pending, to run again after a restart)."""
-        if not await self._written(
+    async def _steer_in(
+        self,
+        run_id: RunId,
+        live: _Live,
+        batch: Batch,
+        message: tuple[str, str],
+        interrupt: bool,
+    ) -> None:
+        """Record the steered messages as the run's (retried), then write them into
+        claude (``message``: the prompt and the uuid it was promised under). Should the
+        record keep failing, they are sent all the same (they stay pending: a restart
+        runs them again; the log says so)."""
+        recorded = await self._written(
             lambda: self.store.steer_into_run(run_id, batch, self.wall_clock())
-        ):
+        )
+        if not recorded:
             log.error("could not record the messages steered into the run")
+        control = live.control
+        prompt, uid = message
+        try:
+            if interrupt:
+                control.interrupt_now()
+            control.send(prompt, uid)
+        except InputClosed:
+            # The run's input closed while the record was written (a stop, claude's
+            # exit): the messages are the run's and share its outcome (a stop drops
+            # them; a failure offers them to `!retry` with the run).
+            log.info("the run took no more input; the steered message(s) were not sent")
+        else:
+            log.info("%d message(s) steered into the run", len(batch.messages))
+        if not recorded:
             return
         live.steered.append(batch)
         await self._cosmetic(
@@ -1312,7 +1390,7 @@ class RunExecutor:
                     )
                 report = replace(report, status=RunStatus.SUCCEEDED)
             await self._cosmetics(run, live, report.status, settled)
-            if self.approvals is not None:
+            if self.approvals is not None and not live.lost:
                 # A request still being recorded (claude asked as the run ended) is
                 # cancelled too: cancelled before its record lands, it would stay
                 # pending for !status and the next !approve (bounded: a store write
@@ -1370,7 +1448,20 @@ class RunExecutor:
             # Posted straight to the transport, while the answer goes through the
             # outbox: waited for, or "Working…" could land below the answer.
             await self._cosmetic("post the progress message first", run.progress.posted())
-        settled = self.outbox.submit(entries)
+        settled: Callable[[], Awaitable[None]]
+        if not self.holds(batch.room):
+            # This replica lost the conversation meanwhile (a pause past its lease).
+            # Only the owner speaks for it: the end is recorded (the first report of a
+            # run stands: the new owner's, if it reported first), and any reply recorded
+            # here is the owner's to deliver (its recheck); nothing is shown from here.
+            live.lost = True
+            log.warning(
+                "run %s ended after this replica lost %s; its owner speaks for it",
+                run.id, batch.room,
+            )  # fmt: skip
+            settled = _nothing
+        else:
+            settled = self.outbox.submit(entries)
         self.metrics.runs_finished.labels(report.status.value).inc()
         self.metrics.run_duration.observe(max(0.0, ended - run.started))
         if report.cost_usd:
@@ -1385,6 +1476,14 @@ class RunExecutor:
         self, run: _Run, live: _Live, status: RunStatus, settled: Callable[[], Awaitable[None]]
     ) -> None:
         """The end of the run as the room sees it beside the answer, after the answer."""
+        if live.lost:
+            # Not this replica's conversation any more: no reaction, typing or last
+            # edit of the progress message from here.
+            live.concluding.set()  # an opening still waiting shows nothing now
+            if live.pump is not None:
+                live.pump.cancel()
+            await run.progress.abandon()
+            return
         run.progress.close()
         live.concluding.set()  # an opening still waiting shows nothing now
         if live.pump is not None:

@@ -67,7 +67,7 @@ from bridge.replies import Replier, in_conversation
 from bridge.room_history import RoomHistory
 from bridge.runs import RunExecutor, new_run_id
 from bridge.schedules import Scheduler, WallClock
-from bridge.stale_runs import never_started
+from bridge.stale_runs import interruption_text, never_started
 from bridge.state_lock import state_dir_lock
 from bridge.store.base import Approval, RegisteredRun, RunRecord, Store, StoreError
 from bridge.store.cluster import Leases, ReplicaIdInUse
@@ -282,6 +282,7 @@ class Service:
                 self.notices.answer,
                 forget_session=self.executor.reset_session,
             ),
+            call_off_retries=self.limits.call_off,
         )
         self.intake = Intake(
             settings,
@@ -618,14 +619,7 @@ class Service:
                 run.id, run.room, len(run.message_ids),
             )  # fmt: skip
             return False
-        # Honest for both ways a run stays "running": a crash or restart
-        # during it, or an end whose outcome the failing database could
-        # not take (its answer may have gone out).
-        text = (
-            f"The last run (`{run.id}`) did not finish before chatbridge restarted"
-            " (or its end could not be recorded). If its answer is not above,"
-            f" `{prefix}retry {run.id}` runs it again."
-        )
+        text, error = interruption_text(run, self.settings.cluster.replica_id, prefix)
         notice = (
             in_conversation(Batch(run.room, tuple(messages)), text, ReplyKind.NOTICE)
             if messages
@@ -633,7 +627,7 @@ class Service:
         )
         await self.store.finish_run(
             run.id,
-            RunReport(RunStatus.INTERRUPTED, error="chatbridge restarted during the run"),
+            RunReport(RunStatus.INTERRUPTED, error=error),
             time.time(),
             [notice],
         )

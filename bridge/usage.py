@@ -4,7 +4,10 @@ claude reports the limit as a ``rate_limit_event`` whose status is
 ``rejected`` (decoded as :class:`runner.UsageLimited`), with the time it
 resets; the turn then ends with an error result. The room is told when the
 limit resets. With ``[runner] resume_after_limit`` the run is retried then,
-once, the way ``!retry`` would: its messages are queued again.
+once, the way ``!retry`` would: its messages are queued again, if the run is still
+offered (``Store.retryable_runs``: a later successful run of the room withdraws it, as
+it withdraws ``!retry``'s offer); ``!stop`` and ``!reset`` call it off
+(:meth:`LimitResumes.call_off`), and ``!status`` lists it. See docs/budgets.md.
 
 Once, also across restarts: the retry is written to the store
 (``Store.add_limit_resume``) before the run's end is recorded, and made by
@@ -119,19 +122,28 @@ class LimitResumes:
         return limit_text(limited, run_id, self.prefix, resumes)
 
     async def status_lines(self, room: RoomKey) -> list[str]:
-        """``!status``'s line on the room's runs waiting for a usage limit to reset."""
+        """``!status``'s line on the room's runs waiting for a usage limit to reset (those
+        still offered: one the room moved past is not retried)."""
         try:
-            waiting = [
-                w
-                for w in await self.store.limit_resumes()
-                if (w.room.transport, w.room.room_id) == (room.transport, room.room_id)
-            ]
+            offered = {r.id for r in await self.store.retryable_runs(room)}
+            waiting = [w for w in await self.store.limit_resumes() if w.run_id in offered]
         except StoreError:
             return []
         if not waiting:
             return []
         runs = ", ".join(f"`{w.run_id}` at {when(w.resets_at)}" for w in waiting)
         return [f"Retried when the usage limit resets: {runs}."]
+
+    async def call_off(self, room: RoomKey) -> list[RunId]:
+        """``!stop`` or ``!reset`` in ``room``: its waiting retries are not made; the runs
+        whose retry was called off (``!retry RUN`` still runs one, by hand)."""
+        called_off = []
+        for waiting in await self.store.limit_resumes():
+            if waiting.room == room and await self.store.drop_limit_resume(waiting.run_id):
+                called_off.append(waiting.run_id)
+        if called_off:
+            log.info("called off the retry after the usage limit of %s", called_off)
+        return called_off
 
     def noted(self) -> None:
         """A retry was noted and its run's end recorded: :meth:`serve` looks again."""
@@ -188,8 +200,9 @@ class LimitResumes:
             self.submit(message)
         await self.store.drop_limit_resume(entry.run_id)
         if not messages:
-            # Retried already (a !retry, or a process before this one): nothing runs twice.
-            log.info("run %s was retried already; no retry after the usage limit", entry.run_id)
+            # Retried already (a !retry, or a process before this one), or no longer
+            # offered (a later run of the room succeeded: it moved on): nothing runs.
+            log.info("run %s is not offered any more; no retry after the usage limit", entry.run_id)
             return True
         self.metrics.usage_limits.labels("resumed").inc()
         await self._audit(entry.room, entry.run_id, len(messages))

@@ -99,6 +99,11 @@ class RunControl:
         self._sent: set[str] = set()
         self._taken: set[str] = set()
         self._settled = False
+        self._reserved: set[str] = set()
+        """Messages promised to the run and not sent yet (see :meth:`reserve`)."""
+        self._kept = asyncio.Event()
+        """Set while no promise is outstanding."""
+        self._kept.set()
         self._after_result = False
         """A message was sent or taken since the last result (see :attr:`last_result_answers`)."""
         self._results = 0
@@ -128,21 +133,58 @@ class RunControl:
         """Permission requests claude waits on, oldest first (rebuilt on a reattach)."""
         return tuple(a for rid, a in self._asked.items() if rid not in self._answered)
 
-    def send(self, text: str) -> str:
+    def send(self, text: str, reserved: str | None = None) -> str:
         """Send a user message into the running session; return its uuid.
 
         claude folds it into the running turn (one result answers both) or
         starts a new turn with it. Raises :class:`InputClosed` once the run
         takes no more input: the caller makes a follow-up run of it instead.
+        ``reserved``: the uuid :meth:`reserve` gave for it (its promise is kept now).
         """
+        uid = reserved if reserved is not None else new_uuid()
+        self._reserved.discard(uid)
+        if not self._reserved:
+            self._kept.set()
+        line = self._line(text, uid)
+        self._put(line)
+        self._note_sent(uid)
+        return uid
+
+    def reserve(self, text: str) -> str:
+        """Promise the run the user message ``text``, to be sent later with :meth:`send`
+        (after the caller recorded it: record, then send); its uuid. Until then the end
+        rule cannot hold (a message is coming), so the run still takes it when it is
+        sent, unless its input was closed meanwhile (a stop, claude's exit). Raises
+        :class:`InputClosed` (:class:`MessageTooLong`) as :meth:`send` would now."""
         uid = new_uuid()
+        self._line(text, uid)
+        if not self.accepting:
+            raise InputClosed("the run takes no more input")
+        self._reserved.add(uid)
+        self._kept.clear()
+        return uid
+
+    async def promises_kept(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for every :meth:`reserve` to be sent; whether they were
+        (a run left to its supervisor first lets its promised messages in)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._kept.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def _line(self, text: str, uid: str) -> bytes:
         line = user_message(text, uid)
         if self._max_line_bytes is not None and too_long(line, self._max_line_bytes):
             # Sent, it would end the run unreadable, this message never answered.
             raise MessageTooLong(f"the message is too long for the run ({len(line)} bytes)")
-        self._put(line)
-        self._note_sent(uid)
-        return uid
+        return line
+
+    @property
+    def messages_sent(self) -> int:
+        """User messages written into the run so far (its prompt included)."""
+        return len(self._sent)
 
     def answer(self, request_id: str, decision: Decision) -> bool:
         """Answer claude's permission request; False if it was answered already (or is unknown).
@@ -267,8 +309,9 @@ class RunControl:
 
     @property
     def settled(self) -> bool:
-        """A result came after every message sent was taken, and stdin is still open."""
-        return self._settled and not self._closed
+        """A result came after every message sent was taken, none is promised
+        (:meth:`reserve`), and stdin is still open."""
+        return self._settled and not self._closed and not self._reserved
 
     @property
     def last_result_answers(self) -> bool:

@@ -406,6 +406,17 @@ def _ended() -> asyncio.StreamReader:
     return reader
 
 
+PROMISE_WAIT_S = 10.0
+"""A run being left to its supervisor waits this long for the messages promised to it
+(``RunControl.reserve``: steered, being recorded; the store's retries take ~8 s)."""
+
+
+async def _promises_kept(control: RunControl, run_id: str) -> None:
+    """Wait (bounded) for the messages promised to a run being left to its supervisor."""
+    if not await control.promises_kept(PROMISE_WAIT_S):
+        log.error("run %s: left to its supervisor with steered messages not sent", run_id)
+
+
 async def _follow(  # noqa: PLR0917
     request: RunRequest,
     supervised: Supervised,
@@ -425,6 +436,9 @@ async def _follow(  # noqa: PLR0917
             answered = run.answered  # before the stop: its interrupted turn is no answer
             if isinstance(exc, asyncio.CancelledError) and detach is not None and detach():
                 # Shutting down: the supervisor carries on alone; a restart attaches again.
+                # Messages promised to the run are being recorded: they go in first
+                # (record, then send; unsent, the reattached run would never see them).
+                await shielded(_promises_kept(control, request.run_id))
                 control.unbind()
                 supervised.detach()
                 await shielded(run.abandon())
@@ -439,6 +453,11 @@ async def _follow(  # noqa: PLR0917
             if isinstance(exc, asyncio.CancelledError) and answered:
                 return run.report(Answered(lingering=True))
             raise
+        if isinstance(ending, Expired):
+            # The supervisor interrupted claude at its time limit: its result (what the
+            # run cost) comes before it exits, unless the grace period runs out first.
+            ends: set[asyncio.Future[Any]] = {supervised.claude_exit, supervised.gone}
+            await asyncio.wait(ends, timeout=request.stop_grace_s)
         try:
             await shielded(run.close(stop=must_stop(ending)))
         except asyncio.CancelledError:

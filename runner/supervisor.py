@@ -323,6 +323,9 @@ class Supervisor:
         self.stop_deadline: float | None = None
         """Set once the stop began: when the grace period ends."""
         self.kill_deadline: float | None = None
+        self.interrupt_deadline: float | None = None
+        """Set once a time limit interrupted claude (SIGINT): when the stop begins if
+        claude has not exited by then."""
         self.exit_code: int | None = None
         """Set once ``done`` is written: the run is over."""
         self.done_deadline = 0.0
@@ -802,7 +805,15 @@ class Supervisor:
         self._signal_tree((signal.SIGTERM,))
 
     def expire(self, status: str) -> None:
+        """A time limit passed. claude is interrupted first (SIGINT: it ends its turn
+        with a result that says what the run cost, and exits), given the grace period,
+        then the tree is stopped (SIGTERM, on which claude prints no result)."""
         self.journal.append(header("expired", status=status))
+        if status in {"timed_out", "stalled"} and self.claude and self.claude_running:
+            with contextlib.suppress(OSError):
+                os.kill(self.claude, signal.SIGINT)
+            self.interrupt_deadline = time.monotonic() + self.options.grace_s
+            return
         self.stop("expired")
 
     def kill_tree(self) -> None:
@@ -860,6 +871,21 @@ class Supervisor:
         self.exit_code = code
         self.done_deadline = time.monotonic() + DONE_LINGER_S
 
+    def check_limits(self, now: float) -> None:
+        """Expire the run at a time limit; stop it once an interrupt's grace ran out."""
+        options = self.options
+        if self.stop_deadline is not None:
+            return
+        if self.interrupt_deadline is not None:
+            if now >= self.interrupt_deadline:
+                self.stop("expired")
+        elif now >= self.run_deadline:
+            self.expire("timed_out")
+        elif not self.asking and now >= self.last_output + options.idle_timeout_s:
+            self.expire("stalled")
+        elif self.orphan_since is not None and now >= self.orphan_since + options.orphan_timeout_s:
+            self.expire("orphaned")
+
     def serve(self) -> int:
         """The event loop: claude's pipes, the bridge's connections, signals, deadlines."""
         options = self.options
@@ -871,17 +897,7 @@ class Supervisor:
                 elif self.claude and not self.claude_running:
                     # After the reaping: with no child left the stop scans nothing.
                     self.stop("exited")
-                now = time.monotonic()
-                if self.stop_deadline is None:
-                    if now >= self.run_deadline:
-                        self.expire("timed_out")
-                    elif not self.asking and now >= self.last_output + options.idle_timeout_s:
-                        self.expire("stalled")
-                    elif (
-                        self.orphan_since is not None
-                        and now >= self.orphan_since + options.orphan_timeout_s
-                    ):
-                        self.expire("orphaned")
+                self.check_limits(time.monotonic())
             now = time.monotonic()
             timeout: float | None
             if self.exit_code is not None:
@@ -903,6 +919,8 @@ class Supervisor:
                     timeout = KILL_POLL_S
                 else:
                     timeout = self.stop_deadline - now
+            elif self.interrupt_deadline is not None:
+                timeout = max(0.0, self.interrupt_deadline - now)
             else:
                 deadline = self.run_deadline
                 if not self.asking:

@@ -439,10 +439,13 @@ class Store(Protocol):
         ...
 
     async def requeue_run(self, run_id: RunId) -> list[Message]:
-        """Mark pending again the messages that failed with ``run_id`` as their last run.
+        """Mark pending again the messages that failed with ``run_id`` as their last run,
+        if the run is offered by the rule of :meth:`retryable_runs` (whoever asks: ``!retry``,
+        the retry after a usage limit).
 
         Returns them in order; empty if the run is not offered any more (a
-        second ``!retry`` of the same run re-queues nothing).
+        second ``!retry`` of the same run re-queues nothing, nor does a retry of a run
+        the room moved past).
         """
         ...
 

@@ -506,8 +506,12 @@ class MemoryStore:
         )
 
     async def requeue_run(self, run_id: RunId) -> list[Message]:
-        """Mark pending the messages that failed with this run as their last."""
+        """Mark pending the messages that failed with this run as their last, while the
+        run is offered (the rule of :meth:`retryable_runs`)."""
         self._check_open()
+        run = self._runs.get(run_id)
+        if run is None or run_id not in {r.id for r in await self.retryable_runs(run.room)}:
+            return []
         found = [
             stored
             for _, stored in sorted(self._messages.items())

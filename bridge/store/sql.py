@@ -1066,42 +1066,25 @@ class SqlStore:
 
     async def retryable_runs(self, room: RoomKey) -> list[RunRecord]:
         """The room's offered runs, oldest first (the rule is in the protocol)."""
-        later = aliased(RunRow)
-        link = aliased(RunMessageRow)
-        newer = aliased(MessageRow)
-        still_failed = exists().where(
-            MessageRow.run_id == RunRow.id,
-            MessageRow.state == MessageState.FAILED.value,
-        )
-        superseded = exists().where(
-            later.transport == RunRow.transport,
-            later.room_id == RunRow.room_id,
-            later.seq > RunRow.seq,
-            later.status == RunStatus.SUCCEEDED.value,
-            link.run_id == later.id,
-            newer.id == link.message_id,
-            newer.received_at > func.coalesce(RunRow.ended_at, RunRow.started_at),
-        )
-        retryable = [str(status) for status in RunStatus if status.retryable]
 
         def body(s: Session) -> list[RunRecord]:
             return self._records(
                 s,
                 (RunRow.transport == room.transport)
                 & (RunRow.room_id == _stored_id(room))
-                & RunRow.status.in_(retryable)
-                & still_failed
-                & ~superseded,
+                & _offered(),
             )
 
         return await self._read(body)
 
     async def requeue_run(self, run_id: RunId) -> list[Message]:
-        """Mark pending the messages that failed with this run as their last.
+        """Mark pending the messages that failed with this run as their last, while the
+        run is offered (the rule of :meth:`retryable_runs`).
 
         One conditional UPDATE: of two concurrent retries of a run, one
         re-queues the messages and the other finds none.
         """
+        offered = select(RunRow.id).where(RunRow.id == run_id, _offered())
 
         def body(s: Session) -> list[Message]:
             rows = (
@@ -1110,6 +1093,7 @@ class SqlStore:
                     .where(
                         MessageRow.run_id == run_id,
                         MessageRow.state == MessageState.FAILED.value,
+                        exists(offered),
                     )
                     .values(state=MessageState.PENDING.value)
                     .returning(MessageRow)
@@ -2047,6 +2031,30 @@ def _outbox_row(reply: Reply, at: float, run_id: RunId | None) -> OutboxRow:
         state=DeliveryState.PENDING.value,
         created=at,
     )
+
+
+def _offered() -> ColumnElement[bool]:
+    """The rule of the retry offer (``Store.retryable_runs``), on :class:`RunRow`: a
+    retryable status, messages still failed with it, and no later successful run of
+    the room with a message received after it ended."""
+    later = aliased(RunRow)
+    link = aliased(RunMessageRow)
+    newer = aliased(MessageRow)
+    still_failed = exists().where(
+        MessageRow.run_id == RunRow.id,
+        MessageRow.state == MessageState.FAILED.value,
+    )
+    superseded = exists().where(
+        later.transport == RunRow.transport,
+        later.room_id == RunRow.room_id,
+        later.seq > RunRow.seq,
+        later.status == RunStatus.SUCCEEDED.value,
+        link.run_id == later.id,
+        newer.id == link.message_id,
+        newer.received_at > func.coalesce(RunRow.ended_at, RunRow.started_at),
+    )
+    retryable = [str(status) for status in RunStatus if status.retryable]
+    return RunRow.status.in_(retryable) & still_failed & ~superseded
 
 
 def _spend_values(finish: _Finish, room: RoomKey) -> dict[str, Any]:

@@ -154,6 +154,26 @@ async def test_usage_limit_tells_the_reset_and_resumes_once_after_a_restart(
     assert [r[0] for r in runs] == ["failed", "succeeded"]
 
 
+async def test_stop_and_reset_call_off_the_retry_after_the_usage_limit(tmp_path: Path) -> None:
+    env = {**ECHO, "FAKE_CLAUDE_USAGE_LIMIT": "3600"}
+    config = {"runner": {"resume_after_limit": True}, "defaults": {"env": env}}
+    settings = load_settings(write_config(tmp_path, config))
+    async with ConsoleSession(settings) as session:
+        for command in ("!stop", "!reset"):
+            session.send(f"job before {command}")
+            await session.wait_for(
+                "chatbridge retries this run then (once)", count=1 + (command == "!reset")
+            )
+            [(run_id,)] = db_rows(tmp_path, "select run_id from limit_resumes")
+            session.send(command)
+            await session.wait_for(f"Called off the retry after the usage limit of run `{run_id}`")
+            assert db_rows(tmp_path, "select run_id from limit_resumes") == []
+            session.send("!status")
+            out = await session.wait_for("Spent today", count=1 + (command == "!reset"))
+            assert f"Retried when the usage limit resets: `{run_id}`" not in out
+        await session.finish()
+
+
 async def test_without_resume_the_room_is_told_when_to_retry(tmp_path: Path) -> None:
     env = {**ECHO, "FAKE_CLAUDE_USAGE_LIMIT": "3600"}
     settings = load_settings(write_config(tmp_path, {"defaults": {"env": env}}))

@@ -174,3 +174,34 @@ async def test_a_room_no_longer_configured_keeps_its_retry_waiting() -> None:
     assert await store.limit_resumes() == [LimitResume(RUN, ROOM, 100.0)]
     # Still failed with its run: a !retry (or the room's return) runs it.
     assert [m.id for m in await store.requeue_run(RUN)] == [message.id]
+
+
+async def test_the_retry_of_a_run_the_room_moved_past_is_not_made() -> None:
+    store, submitted, clock = MemoryStore(), list[Message](), [150.0]
+    await limited_run(store)
+    await store.finish_run(RUN, RunReport(RunStatus.FAILED, error="limit"), 30.0)
+    # A later message ran and succeeded: `!retry` no longer offers the run.
+    later = await store.accept(
+        InboundMessage(ROOM, UserId("@u:x"), "other job", ExternalMessageId("$2")), 40.0
+    )
+    assert later is not None
+    await store.start_run(RunId("run-2"), Batch(ROOM, (later,)), 41.0)
+    await store.finish_run(RunId("run-2"), RunReport(RunStatus.SUCCEEDED), 42.0)
+    limits = resumes(store, submitted, clock)
+    assert await limits.status_lines(ROOM) == []  # not listed as waiting either
+
+    assert await limits._resume(LimitResume(RUN, ROOM, 100.0)) is True
+    assert submitted == []
+    assert await store.limit_resumes() == []
+    assert await notices(store) == []
+
+
+async def test_call_off_drops_the_rooms_waiting_retries_only() -> None:
+    store, submitted, clock = MemoryStore(), list[Message](), [50.0]
+    await limited_run(store)
+    other = RoomKey(TransportName("matrix"), RoomId("!b:x"))
+    await store.add_limit_resume(RunId("run-elsewhere"), other, 100.0)
+    limits = resumes(store, submitted, clock)
+    assert await limits.call_off(ROOM) == [RUN]
+    assert await store.limit_resumes() == [LimitResume(RunId("run-elsewhere"), other, 100.0)]
+    assert await limits.call_off(ROOM) == []

@@ -131,3 +131,28 @@ async def test_control_requests_await_their_answer() -> None:
 
     with pytest.raises(ControlError, match="did not answer"):
         await control.interrupt()  # nobody answers within the timeout
+
+
+async def test_a_promised_message_holds_the_end_rule_until_it_is_sent() -> None:
+    control, written, _ = bound()
+    prompt = control.send("the prompt")
+    control.note(MessageTaken(prompt))
+    promised = control.reserve("steered")
+    assert written == [user_message("the prompt", prompt)]  # nothing written yet
+    assert control.messages_sent == 1
+    control.note(RESULT)  # the prompt's turn ended while the steered one was recorded
+    assert not control.settled  # not the run's end: a message is coming
+    assert not await control.promises_kept(0.01)
+    assert control.send("steered", promised) == promised
+    assert await control.promises_kept(0.01)
+    assert written[-1] == user_message("steered", promised)
+    control.note(MessageTaken(promised))
+    control.note(RESULT)
+    assert control.settled
+
+
+def test_a_promise_is_refused_when_the_run_takes_no_input() -> None:
+    control, _, _ = bound()
+    control.close_input()
+    with pytest.raises(InputClosed):
+        control.reserve("too late")

@@ -310,7 +310,10 @@ async def test_stall_before_any_output(run_id: RunId, tmp_path: Path, recorder: 
     )
     report = await run_claude(request, recorder)
     assert report.status is RunStatus.STALLED
-    assert [type(e) for e in recorder.events] == [Spawned]
+    # The limit interrupts claude first (SIGINT): its interrupted result says what the
+    # run cost before the run is stopped.
+    assert [type(e) for e in recorder.events] == [Spawned, Result]
+    assert report.cost_usd is not None
     assert pids_with_marker(run_id) == []
 
 

@@ -954,6 +954,18 @@ async def test_requeue_run_takes_the_failed_messages_once(store: InspectableStor
     assert await store.requeue_run(r1) == []
 
 
+async def test_requeue_run_refuses_a_run_the_room_moved_past(store: InspectableStore) -> None:
+    # The rule of the offer is the rule of the re-queue: whoever asks (`!retry RUN`, the
+    # retry after a usage limit), a run no longer offered is not run again.
+    [limited] = await accept_many(store, 1)
+    r1 = await fail(store, "r1", [limited], at=300.0)
+    moved_on = await accept(store, "$later", at=400.0)
+    await fail(store, "r2", [moved_on], RunStatus.SUCCEEDED, at=410.0)
+    assert await offered(store) == []
+    assert await store.requeue_run(r1) == []
+    assert await store.message_states([limited.id]) == {limited.id: MessageState.FAILED}
+
+
 async def test_dropped_messages_withdraw_the_offer(store: InspectableStore) -> None:
     msgs = await accept_many(store, 2)
     r1 = await fail(store, "r1", msgs)
