@@ -31,6 +31,7 @@ BENCHES = [
     "bench_run_end.py",
     "bench_slack_ping.py",
     "bench_dispatcher.py",
+    "bench_timer.py",
     "bench_stop.py",
     "bench_intake.py",
     "bench_store.py",
