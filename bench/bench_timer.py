@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -20,6 +21,10 @@ from collections.abc import Callable
 from dispatcher.clock import MonotonicClock
 
 GOAL_S = 0.0001
+
+
+def _late_by(fired: asyncio.Future[float], when: float) -> None:
+    fired.set_result(time.monotonic() - when)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -31,9 +36,9 @@ async def lateness(arm: Callable[[float, Callable[[], None]], object], timers: i
     late: list[float] = []
     loop = asyncio.get_running_loop()
     for n in range(timers):
-        fired = loop.create_future()
+        fired: asyncio.Future[float] = loop.create_future()
         when = time.monotonic() + 0.005 + (n % 7) * 0.0013  # off the millisecond grid
-        arm(when, lambda when=when, fired=fired: fired.set_result(time.monotonic() - when))
+        arm(when, functools.partial(_late_by, fired, when))
         late.append(await fired)
     return late
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 import pytest
@@ -76,9 +77,13 @@ async def test_monotonic_clock_callbacks_never_run_before_their_time() -> None:
     clock = MonotonicClock()
     seen: list[tuple[float, float]] = []
     done = asyncio.Event()
+
+    def note(when: float) -> None:
+        seen.append((when, time.monotonic()))
+
     for n in range(20):
         when = clock.now() + n * 0.0007
-        clock.call_at(when, lambda when=when: seen.append((when, time.monotonic())))
+        clock.call_at(when, functools.partial(note, when))
     clock.call_at(clock.now() + 0.02, done.set)
     await asyncio.wait_for(done.wait(), GUARD_S)
     assert len(seen) == 20
