@@ -90,7 +90,7 @@ class Typing:
     """Who types in a room now (all of them: anyone not named stopped).
 
     Nothing is recorded: it only keeps a waiting batch's window open while its
-    senders type (docs/dispatching.md). A transport that knows (Matrix's
+    senders type (docs/live-runs.md). A transport that knows (Matrix's
     ``m.typing``) hands it over after the messages it came with.
     """
 

@@ -1,4 +1,4 @@
-"""A window that follows typing (docs/dispatching.md): examples on the room, then the
+"""A window that follows typing (docs/live-runs.md): examples on the room, then the
 driver with a manual clock."""
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ log = logging.getLogger(__name__)
 
 _SYNC_FILTER: dict[str, Any] = {
     # Presence and receipts are noise to the bridge; typing keeps a batch's
-    # window open (docs/dispatching.md); room state is kept because nio needs
+    # window open (docs/live-runs.md); room state is kept because nio needs
     # the members to encrypt.
     "presence": {"not_types": ["*"]},
     "account_data": {"not_types": ["*"]},
