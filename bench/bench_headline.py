@@ -36,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -194,13 +195,13 @@ async def console_service(config: Path) -> AsyncIterator[asyncio.subprocess.Proc
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert process.stderr is not None
+    drain: asyncio.Task[None] | None = None
     try:
         async with asyncio.timeout(60):
             while b"chatbridge ready" not in await process.stderr.readline():
                 pass
         drain = asyncio.create_task(_drain(process.stderr))
         yield process
-        drain.cancel()
     finally:
         if process.returncode is None:
             assert process.stdin is not None
@@ -211,11 +212,20 @@ async def console_service(config: Path) -> AsyncIterator[asyncio.subprocess.Proc
             except TimeoutError:
                 process.kill()
                 await process.wait()
+        if drain is not None:
+            await drain  # to the end of its log: the prestarts given up at shutdown too
+
+
+PRESTARTS: Counter[str] = Counter()
+"""Prestart outcomes the console services logged: how often one is started for nothing."""
 
 
 async def _drain(stream: asyncio.StreamReader) -> None:
-    while await stream.readline():
-        pass
+    while line := (await stream.readline()).decode(errors="replace"):
+        if " prestart " in line and " used" in line:
+            PRESTARTS["used"] += 1
+        elif " prestart " in line and "given up: " in line:
+            PRESTARTS["wasted: " + line.rsplit("given up: ", 1)[1].strip()] += 1
 
 
 async def console(
@@ -303,6 +313,7 @@ async def main(runs: int, matrix: bool) -> None:
                     if memory:
                         mib = {k: [round(v / 2**20, 1) for v in vs] for k, vs in memory.items()}
                         print(f"    RSS MiB during an open window: {mib}")
+            print(f"  prestarts of the console runs above: {dict(PRESTARTS)}")
             if matrix:
                 from bench_headline_matrix import bench_matrix
 
