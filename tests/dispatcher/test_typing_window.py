@@ -3,9 +3,9 @@ driver with a manual clock."""
 
 from __future__ import annotations
 
-from bridge.core.model import UserId
-from dispatcher import Dispatcher, DispatchLimits, ManualClock
-from dispatcher.room import REQUEST_SLOT, ArmTimer, Phase, Room
+from bridge.core.model import Batch, UserId
+from dispatcher import Dispatcher, DispatchLimits, DuringRun, ManualClock
+from dispatcher.room import REQUEST_SLOT, ArmTimer, Phase, Room, StartRun, SteerRun
 from tests.dispatcher.fakes import FakeExecute, Messages, room, serving
 
 LIMITS = DispatchLimits(coalesce_s=1.5, max_wait_s=15.0, max_batch=5, max_concurrent_runs=2)
@@ -93,3 +93,19 @@ async def test_a_burst_typed_in_pieces_makes_one_run_on_the_driver() -> None:
         assert call.batch.messages == (first, second)
         assert call.run.batch is call.batch
         assert d.status(KEY).running_since == 3.0 + IDLE
+
+
+def test_a_steer_batch_window_follows_typing_too() -> None:
+    make = Messages()
+    r = Room(KEY, LIMITS, idle_s=IDLE)
+    r.message(make(KEY), now=0.0)
+    r.tick(IDLE)
+    [start] = r.slot_granted(IDLE)
+    assert isinstance(start, StartRun)
+    assert r.begin()
+    steer = make(KEY)
+    assert r.message(steer, now=5.0, mode=DuringRun.STEER) == [ArmTimer(5.3)]
+    assert r.typing(frozenset({ALICE}), now=5.1) == []
+    assert r.tick(5.3) == [ArmTimer(20.0)]  # held while its sender types
+    assert r.typing(frozenset(), now=7.0) == [ArmTimer(7.3)]
+    assert r.tick(7.3) == [SteerRun(Batch(KEY, (steer,)), interrupt=False)]
