@@ -23,7 +23,7 @@ Goals printed beside the figures: with prestart, at most window + claude's
 turn + 25 ms; following typing with a single message, at most ``idle_ms`` +
 claude's turn + 25 ms; the sign of life at most 100 ms at p99.
 
-    python bench/bench_headline.py [--runs 12] [--matrix]
+    python bench/bench_headline.py [--runs 12] [--matrix] [--no-console]
 """
 
 from __future__ import annotations
@@ -280,7 +280,7 @@ def rss_by_kind(pid: int) -> dict[str, list[int]]:
 # -- main --------------------------------------------------------------------------------------
 
 
-async def main(runs: int, matrix: bool) -> None:
+async def main(runs: int, matrix: bool, console_too: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-headline-") as tmp_name:
         tmp = Path(tmp_name)
         async with model_server() as url:
@@ -298,7 +298,7 @@ async def main(runs: int, matrix: bool) -> None:
                 await turn({**os.environ, **env}, work, runs),
             )
             print(f"console through chatbridge, {runs} messages each (answer / sign of life)")
-            for coalesce_ms in (300, 1500):
+            for coalesce_ms in (300, 1500) if console_too else ():
                 for prestart in (True, False):
                     name = f"coalesce {coalesce_ms}, prestart {'on' if prestart else 'off'}"
                     answers, signs, memory = await console(
@@ -324,9 +324,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=12)
     parser.add_argument("--matrix", action="store_true")
+    parser.add_argument("--no-console", action="store_true", help="claude alone and Matrix only")
     parser.add_argument("--serve-model", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_model:
         asyncio.run(serve_model())
     else:
-        asyncio.run(main(args.runs, args.matrix))
+        asyncio.run(main(args.runs, args.matrix, not args.no_console))

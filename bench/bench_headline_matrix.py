@@ -4,7 +4,9 @@ through chatbridge against a bare echo bot on one Synapse, and the first sign of
 The user's message to the answer in their own ``/sync``, chatbridge and echo
 pinged alternately (so the homeserver's costs are the same for both), with
 the default window (follows typing, ``idle_ms`` 300; the user sends no typing
-notices, as a script would not) and plain windows of 300 and 1500 ms. The
+notices, as a script would not), the same with ``prestart_keep_s`` 30 (a
+claude kept warm: the only way a 300 ms window hides claude's start-up), and
+plain windows of 300 and 1500 ms. The
 sign of life: the message to the bot's typing as the user's ``/sync``
 delivers it.
 """
@@ -93,6 +95,11 @@ async def bench_matrix(tmp: Path, claude: dict[str, str], runs: int, turn_p50: f
             await join_all(echo, [echo_room])
             cases: tuple[tuple[str, dict[str, str], int], ...] = (
                 ("window follows typing (default, idle 300)", {}, 300),
+                (
+                    "window follows typing, prestart_keep_s 30",
+                    {"CHATBRIDGE_RUNNER__PRESTART_KEEP_S": "30"},
+                    300,
+                ),
                 ("plain window 300", {"CHATBRIDGE_DEFAULTS__FOLLOW_TYPING": "false"}, 300),
                 (
                     "plain window 1500",
