@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import re
+import sys
+import tomllib
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,7 +15,7 @@ import pytest
 from bridge.core.model import RunId, RunStatus
 from runner import Result, Spawned, run_claude
 from runner.prestart import prestart
-from tests.fakes.model_server import ModelServer, Turn, claude_bin
+from tests.fakes.model_server import ModelServer, Turn, claude_bin, claude_env
 from tests.runner.conftest import Recorder, is_alive, pids_with_marker
 from tests.runner.test_real_claude import real_request
 
@@ -71,3 +76,33 @@ async def test_a_prestart_that_does_not_match_gives_way_to_a_cold_start(
     assert spawned.pid != started.live.claude_pid
     assert not is_alive(started.live.claude_pid)
     assert pids_with_marker(run_id) == []
+
+
+async def test_prestart_is_on_by_default_and_the_run_takes_the_prestarted_real_claude(
+    tmp_path: Path,
+) -> None:
+    """The whole path: ``chatbridge run`` (console) with no prestart setting, the real claude."""
+    from tests.bridge.harness import write_config
+
+    async with ModelServer([Turn(text="Warm answer.")]) as server:
+        env = claude_env(server.url, tmp_path / "home")
+        config = write_config(
+            tmp_path,
+            {"runner": {"claude_bin": str(claude_bin())}, "dispatcher": {"coalesce_ms": 1500}},
+            env=env,
+        )
+        assert "prestart" not in tomllib.loads(config.read_text())["runner"]
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bridge", "run", "--config", str(config),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=tmp_path,
+            env={k: v for k, v in os.environ.items() if not k.startswith("CHATBRIDGE_")},
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(process.communicate(b"hello\n"), timeout=120)
+    log = err.decode()
+    assert process.returncode == 0, log
+    assert "Warm answer." in out.decode()
+    assert len(re.findall(r"prestart \S+ used", log)) == 1, log
+    assert "given up" not in log
