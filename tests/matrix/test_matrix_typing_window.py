@@ -14,41 +14,18 @@ from pathlib import Path
 import pytest
 from nio import RoomTypingResponse
 
-from tests.matrix.matrix_helpers import Human, Seen, joined, message_from
+from tests.matrix.matrix_helpers import Human, Seen, joined
 from tests.matrix.matrix_service import service
 from tests.matrix.synapse_peer import MatrixUser, SynapseServer
+from tests.matrix.test_matrix_service_e2e import ALICE, ECHO, answer_in, notice_in, typing_in
 
 pytestmark = [pytest.mark.synapse, pytest.mark.slow]
 
-ECHO = {"FAKE_CLAUDE_ECHO": "1", "FAKE_CLAUDE_NO_TOOL": "1"}
-ALICE = "@alice:localhost"
 NEVER = {"dispatcher": {"coalesce_ms": 600_000, "max_wait_ms": 600_000}}
 
 
-def answer_in(bot: MatrixUser, room: str) -> Callable[[Seen], bool]:
-    def match(seen: Seen) -> bool:
-        return message_from(bot.user_id, room)(seen) and seen.content.get("msgtype") == "m.text"
-
-    return match
-
-
-def notice_in(bot: MatrixUser, room: str, contains: str) -> Callable[[Seen], bool]:
-    def match(seen: Seen) -> bool:
-        return (
-            message_from(bot.user_id, room)(seen)
-            and seen.content.get("msgtype") == "m.notice"
-            and contains.lower() in str(seen.content.get("body", "")).lower()
-        )
-
-    return match
-
-
 def bot_typing(bot: MatrixUser, room: str) -> Callable[[Seen], bool]:
-    def match(seen: Seen) -> bool:
-        users = seen.source.get("users") or []
-        return seen.ephemeral and seen.room_id == room and bot.user_id in users
-
-    return match
+    return typing_in(bot, room, on=True)
 
 
 async def typing(human: Human, room: str, on: bool) -> None:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import os
 import re
-import sys
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +14,7 @@ from runner import Result, Spawned, run_claude
 from runner.prestart import prestart
 from tests.fakes.model_server import ModelServer, Turn, claude_bin, claude_env
 from tests.runner.conftest import Recorder, is_alive, pids_with_marker
-from tests.runner.test_real_claude import real_request
+from tests.runner.test_real_claude import chatbridge_console, real_request
 
 pytestmark = [
     pytest.mark.slow,
@@ -92,17 +89,8 @@ async def test_prestart_is_on_by_default_and_the_run_takes_the_prestarted_real_c
             env=env,
         )
         assert "prestart" not in tomllib.loads(config.read_text())["runner"]
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bridge", "run", "--config", str(config),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=tmp_path,
-            env={k: v for k, v in os.environ.items() if not k.startswith("CHATBRIDGE_")},
-        )  # fmt: skip
-        out, err = await asyncio.wait_for(process.communicate(b"hello\n"), timeout=120)
-    log = err.decode()
-    assert process.returncode == 0, log
-    assert "Warm answer." in out.decode()
+        returncode, out, log = await chatbridge_console(config, b"hello\n")
+    assert returncode == 0, log
+    assert "Warm answer." in out
     assert len(re.findall(r"prestart \S+ used", log)) == 1, log
     assert "given up" not in log
