@@ -21,6 +21,9 @@ from tests.matrix.test_matrix_service_e2e import ALICE, ECHO, answer_in, notice_
 
 pytestmark = [pytest.mark.synapse, pytest.mark.slow]
 
+LAPSE_S = 30.0
+"""A typing notice the bot does not clear lapses after this long (the transport's
+``typing_refresh_s`` 20 s, times 1.5)."""
 NEVER = {"dispatcher": {"coalesce_ms": 600_000, "max_wait_ms": 600_000}}
 
 
@@ -66,7 +69,7 @@ async def test_a_burst_typed_in_pieces_is_one_run_held_open_while_its_sender_typ
     assert len(answers) == 1
 
 
-async def test_a_single_message_closes_its_window_after_idle_ms_not_coalesce_ms(
+async def test_a_single_message_closes_its_window_after_idle_ms_and_its_sign_of_life_clears(
     tmp_path: Path, synapse: SynapseServer, bot: MatrixUser, alice: Human
 ) -> None:
     room = await alice.create_room([bot.user_id])
@@ -75,7 +78,16 @@ async def test_a_single_message_closes_its_window_after_idle_ms_not_coalesce_ms(
     ):
         await alice.wait_for(joined(bot.user_id, room))
         await alice.send(room, "just one")
+        await alice.wait_for(bot_typing(bot, room))  # the sign of life
         answer = await alice.wait_for(answer_in(bot, room))
+        # Cleared with the run's outcome, after the answer (never in front of it).
+        answered_at = next(n for n, seen in enumerate(alice.seen) if seen is answer)
+
+        def cleared_after_the_answer(seen: Seen) -> bool:
+            later = any(s is seen for s in alice.seen[answered_at + 1 :])
+            return later and typing_in(bot, room, on=False)(seen)
+
+        await alice.wait_for(cleared_after_the_answer, timeout=LAPSE_S / 3)
     assert "just one" in answer.content["body"]
 
 
