@@ -16,7 +16,8 @@ one PostgreSQL: throughput with 1, 2 and 3 replica processes, failover after
 (bench_cluster); how late the window's timer wakes (bench_timer); and the
 headline with the real claude CLI: a message to its answer through chatbridge
 (console) against ``claude -p`` run directly, the sign of life and memory
-(bench_headline; ``--matrix`` adds Synapse and an echo bot).
+(bench_headline; ``--matrix`` adds Synapse and an echo bot), and the bridge's RSS
+with 1,000 configured rooms and 100 active (bench_rooms_memory).
 Figures are recorded in docs/performance.md.
 """
 
@@ -36,6 +37,7 @@ BENCHES = [
     "bench_dispatcher.py",
     "bench_timer.py",
     "bench_headline.py",
+    "bench_rooms_memory.py",
     "bench_stop.py",
     "bench_intake.py",
     "bench_store.py",
