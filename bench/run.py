@@ -13,7 +13,11 @@ writes and 20 runs ending at once (bench_store), and claude's output relayed
 through the run's supervisor against a direct pipe (bench_relay); replicas on
 one PostgreSQL: throughput with 1, 2 and 3 replica processes, failover after
 ``kill -9`` and a command accepted on one replica acting on another
-(bench_cluster).
+(bench_cluster); how late the window's timer wakes (bench_timer); and the
+headline with the real claude CLI: a message to its answer through chatbridge
+(console) against ``claude -p`` run directly, the sign of life and memory
+(bench_headline; ``--matrix`` adds Synapse and an echo bot), and the bridge's RSS
+with 1,000 configured rooms and 100 active (bench_rooms_memory).
 Figures are recorded in docs/performance.md.
 """
 
@@ -31,6 +35,9 @@ BENCHES = [
     "bench_run_end.py",
     "bench_slack_ping.py",
     "bench_dispatcher.py",
+    "bench_timer.py",
+    "bench_headline.py",
+    "bench_rooms_memory.py",
     "bench_stop.py",
     "bench_intake.py",
     "bench_store.py",

@@ -62,8 +62,9 @@ class RunnerSettings(_Section):
     """A run's journal stops taking progress at this size (its answer is always kept)."""
     resume_after_limit: bool = False
     """A run cut short by a usage limit that names its reset time is retried then, once."""
-    prestart: bool = False
-    """Start claude when a batch opens in an idle room, so the run skips the cold start."""
+    prestart: bool = True
+    """Start claude when a batch opens in an idle room, so the run skips the cold start
+    (its cost: docs/live-runs.md); ``false`` to start each run's claude cold."""
     max_prestarts: int | None = Field(None, ge=0)
     """Prestarted claudes at once; None: as many as ``max_concurrent_runs``."""
     prestart_keep_s: float = Field(0.0, ge=0)
@@ -203,6 +204,15 @@ class RoomDefaults(_Section):
     """A request cannot be approved by a sender of the messages the run is working on."""
     approval_timeout_s: float = Field(900, gt=0)
     """A request unanswered this long is denied (claude is told it timed out)."""
+    follow_typing: bool = True
+    """Matrix rooms: a batch's window follows typing. It stays open (up to ``max_wait_ms``)
+    while a sender of a waiting message types, and closes ``idle_ms`` after the last message
+    or the end of their typing, instead of ``coalesce_ms``. False: the plain window."""
+    idle_ms: int = Field(300, ge=0)
+    """With ``follow_typing``: how long the window stays open once nobody it waits for types."""
+    sign_of_life: bool = True
+    """Show at once that a message was received, while its window is open: typing on
+    Matrix, a reaction on Slack, a line on the console (cosmetic)."""
     during_run: DuringRun = "queue"
     """Messages during a run: ``queue`` (a follow-up run), ``steer`` (into it), ``interrupt``."""
     conversation: Literal["channel", "thread"] = "channel"

@@ -25,6 +25,7 @@ from bridge.core.transport import (
     InboundEvent,
     MessageDeleted,
     MessageEdited,
+    Typing,
 )
 from bridge.logs import log_context
 from bridge.metrics import Metrics
@@ -108,6 +109,10 @@ class Intake:
         deletion) happens in the order of the calls in its room, so it
         returns once that is done too (see :mod:`bridge.room_order`).
         """
+        if isinstance(event, Typing):
+            # Nothing to record or order: the windows of the room's batches hear it now.
+            self.dispatcher.typing(event.room, event.users)
+            return Accepted.IGNORED
         # Before the first wait: the turn follows the order of the calls.
         turn = self._order.take(event.room)
         try:

@@ -83,12 +83,14 @@ class Taken:
             why = "changed"
         elif started is not None and await self._ready(started):
             metrics.prestarts.labels("used", "").inc()
+            log.info("prestart %s used", self._pending.run_id)
             # The part of its start that lay before the batch was flushed.
             ready_at = self._pending.ready_at
             done = self._at if ready_at is None else min(ready_at, self._at)
             metrics.prestart_saved.inc(max(0.0, done - self._pending.began))
             return started
         metrics.prestarts.labels("wasted", why).inc()
+        log.info("prestart %s given up: %s", self._pending.run_id, why)
         if started is not None:
             await started.cancel()
         return None
@@ -97,6 +99,7 @@ class Taken:
         """The run never started: its prestart goes, counted wasted for ``why``."""
         started = await self._started()
         self._prestarts.metrics.prestarts.labels("wasted", why).inc()
+        log.info("prestart %s given up: %s", self._pending.run_id, why)
         if started is not None:
             await started.cancel()
 

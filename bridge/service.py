@@ -242,6 +242,7 @@ class Service:
             prestarter=self.executor.prestarts,
             max_prestarts=settings.runner.prestart_limit,
             room_cap=self._max_runs_per_room,
+            idle_of=self._idle_of,
         )
         self.lifetimes = Lifetimes(
             self.executor.worktrees,
@@ -405,6 +406,13 @@ class Service:
 
     def _automation_status(self, room: RoomKey) -> list[str]:
         return self.scheduler.status_lines(room) + self.webhooks.status_lines(room)
+
+    def _idle_of(self, room: RoomKey) -> float | None:
+        """A room's window follows typing where its transport says who types (Matrix)."""
+        settings = self.settings.room(room)
+        if room.transport != "matrix" or settings is None or not settings.follow_typing:
+            return None
+        return settings.idle_ms / 1000
 
     def _during_run(self, room: RoomKey) -> DuringRun:
         settings = self.settings.room(room)
@@ -646,8 +654,11 @@ class Service:
         return False
 
     def _show_received(self, message: Message) -> None:
-        # In the service's task group, so the transport's acknowledgement does
-        # not wait for a reaction (the replier never raises).
+        # The sign of life: in the service's task group, so the transport's
+        # acknowledgement does not wait for it (the replier never raises).
+        settings = self.settings.room(message.room)
+        if settings is not None and not settings.sign_of_life:
+            return
         if self._tasks is not None:
             batch = Batch(message.room, (message,))
             self._tasks.create_task(self.replier.phase(batch, RunPhase.RECEIVED))

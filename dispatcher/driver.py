@@ -29,7 +29,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 
-from bridge.core.model import Batch, Message, RoomKey
+from bridge.core.model import Batch, Message, RoomKey, UserId
 from dispatcher.clock import Clock, MonotonicClock, TimerHandle
 from dispatcher.limits import DispatchLimits
 from dispatcher.policy import DuringRun, Prestarter
@@ -94,11 +94,15 @@ class Dispatcher:
         prestarter: Prestarter | None = None,
         max_prestarts: int = 0,
         room_cap: Callable[[RoomKey], int | None] | None = None,
+        idle_of: Callable[[RoomKey], float | None] | None = None,
     ) -> None:
         """``mode_of`` gives a room's :class:`DuringRun` mode (None: ``queue``
         everywhere); it is asked at each message. ``prestarter`` gets up to
         ``max_prestarts`` prestarts at once (none without a prestarter).
-        ``room_cap``: runs one room's conversations may have at once (None: no cap)."""
+        ``room_cap``: runs one room's conversations may have at once (None: no cap).
+        ``idle_of``: a room's window follows typing and closes this long (seconds)
+        after its senders stop (None, or no ``idle_of``: the plain window); asked
+        when a room gets work."""
         self._limits = limits
         self._execute = execute
         self._clock: Clock = clock if clock is not None else MonotonicClock()
@@ -110,6 +114,7 @@ class Dispatcher:
             mode_of=mode_of,
             max_prestarts=max_prestarts if prestarter is not None else 0,
             room_cap=room_cap,
+            idle_of=idle_of,
         )
         self._runs: dict[RoomKey, DispatchedRun] = {}
         self._adopted: list[tuple[DispatchedRun, Execute]] = []
@@ -185,6 +190,10 @@ class Dispatcher:
         (``!retry``) is the same call.
         """
         self._after(self._scheduler.submit(message, self._clock.now(), arrived))
+
+    def typing(self, room: RoomKey, users: frozenset[UserId]) -> None:
+        """``users`` (all of them) type in ``room`` (a channel) now. Never blocks."""
+        self._after(self._scheduler.typing(room, users, self._clock.now()))
 
     def stop(self, room: RoomKey) -> StopResult:
         """Cancel the room's active run and drop its messages not yet in a run.

@@ -46,6 +46,15 @@ drained with steer messages not taken puts them in front of its queue; a
 stop drops them, the offered batch too (an answer that comes later is
 ignored, as any answer to an offer the room no longer has).
 
+A room may *follow typing* (``idle_s`` set, for transports that say who is
+typing): the window of a batch (or steer batch) then stays open, up to max
+wait, while a sender of one of its messages is typing (:meth:`Room.typing`),
+and closes ``idle_s`` after the last message or the moment the last of them
+stopped typing, instead of ``coalesce_s`` after the last message. A burst
+typed in pieces still makes one batch; a single message waits only
+``idle_s``. Typing that stops moves the window earlier: the room arms a new
+timer then (the later one goes stale).
+
 A run that is already going (an earlier process started it and a restarted
 one reattached to it) is *adopted* (:meth:`Room.adopt`): it becomes the
 room's run, begun from the start, and takes a run slot even beyond the cap,
@@ -57,7 +66,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from bridge.core.model import Batch, Message, MessageId, RoomKey
+from bridge.core.model import Batch, Message, MessageId, RoomKey, UserId
 from dispatcher.limits import DispatchLimits
 from dispatcher.policy import DuringRun
 from dispatcher.status import EndReason
@@ -198,6 +207,7 @@ class Room:
         "_began",
         "_cancel",
         "_first_at",
+        "_idle_s",
         "_interrupt",
         "_last_at",
         "_limits",
@@ -211,12 +221,27 @@ class Room:
         "_steer_due",
         "_steered",
         "_timer_at",
+        "_typing",
         "key",
     )
 
-    def __init__(self, key: RoomKey, limits: DispatchLimits) -> None:
+    def __init__(
+        self,
+        key: RoomKey,
+        limits: DispatchLimits,
+        *,
+        idle_s: float | None = None,
+        typing: frozenset[UserId] = frozenset(),
+    ) -> None:
+        """``idle_s``: the room follows typing (see the module docstring); ``typing``:
+        who types in it now."""
+        if idle_s is not None and idle_s < 0:
+            raise ValueError("idle_s must not be negative")
         self.key = key
         self._limits = limits
+        self._idle_s = idle_s
+        self._typing = typing
+        """Who types in the room now (only read when following typing)."""
         self._pending: list[Message] = []
         """Messages not yet in a run, in arrival order."""
         self._steer: list[Message] = []
@@ -234,7 +259,8 @@ class Room:
         self._first_at = 0.0
         """Arrival of the open (or steer) batch's first message."""
         self._last_at = 0.0
-        """Arrival of the open (or steer) batch's last message."""
+        """Arrival of the open (or steer) batch's last message, or (following typing)
+        when the last of its senders stopped typing, if later."""
         self._timer_at: float | None = None
         """The tick asked for; earlier ticks are stale."""
         self._ready = False
@@ -416,6 +442,31 @@ class Room:
         self._timer_at = deadline
         return [ArmTimer(deadline)]
 
+    def typing(self, users: frozenset[UserId], now: float) -> list[Effect]:
+        """``users`` type in the room from ``now`` on (all of them: the others stopped).
+
+        Only a room following typing listens, and only while a window is open.
+        When the last sender of the open batch's messages stops, its window
+        closes ``idle_s`` later (at once if that has passed); while one types,
+        it stays open up to max wait.
+        """
+        if self._idle_s is None:
+            return []
+        was = self._sender_typing()
+        self._typing = users
+        if self._timer_at is None:
+            return []  # no window open: the batch is due, queued, or there is none
+        if was and not self._sender_typing():
+            self._last_at = max(self._last_at, now)
+        deadline = self._deadline()
+        if now >= deadline:
+            return self._steer_ready() if self._run is not None else self._become_ready()
+        if deadline < self._timer_at:
+            # The window moved earlier: the armed tick would come late.
+            self._timer_at = deadline
+            return [ArmTimer(deadline)]
+        return []
+
     def steer_answered(self, batch: Batch, taken: bool) -> tuple[bool, list[Effect]]:
         """The run answered the offer of ``batch``: ``taken`` into it, or refused.
 
@@ -588,9 +639,19 @@ class Room:
             self._last_at = max(self._last_at, at)
 
     def _deadline(self) -> float:
-        return min(
-            self._last_at + self._limits.coalesce_s, self._first_at + self._limits.max_wait_s
-        )
+        latest = self._first_at + self._limits.max_wait_s
+        if self._idle_s is None:
+            return min(self._last_at + self._limits.coalesce_s, latest)
+        if self._sender_typing():
+            return latest
+        return min(self._last_at + self._idle_s, latest)
+
+    def _sender_typing(self) -> bool:
+        """A sender of the open (or steer) batch's messages is typing."""
+        if not self._typing:
+            return False
+        gathering = self._steer if self._run is not None else self._pending
+        return any(message.sender in self._typing for message in gathering)
 
     def _steers(self, message: Message) -> bool:
         """Whether ``message`` may steer the run.

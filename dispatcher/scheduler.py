@@ -24,6 +24,11 @@ to wait for a slot: then every prestart of a room not itself waiting gives
 way, since the process budget belongs to the runs then. Prestarts never
 enter the slot pool: runs are granted exactly as without them.
 
+Typing (:meth:`typing`): who types in a room (a channel: its threads'
+conversations hear it too) is kept while anyone does, and handed to the
+rooms that follow typing (``idle_of`` gives a room's ``idle_s``, None: the
+plain window); see :mod:`dispatcher.room`.
+
 A run already going when this process started is adopted (:meth:`adopt`):
 it holds a slot at once, even beyond the cap, and rooms ready to run then
 wait until the runs are below the cap again. So only runs this scheduler
@@ -37,7 +42,7 @@ import heapq
 import itertools
 from collections.abc import Callable
 
-from bridge.core.model import Batch, Message, RoomKey
+from bridge.core.model import Batch, Message, RoomKey, UserId
 from dispatcher.limits import DispatchLimits
 from dispatcher.policy import DuringRun, PrestartCancel
 from dispatcher.room import (
@@ -69,6 +74,10 @@ def _queue_everywhere(room: RoomKey) -> DuringRun:
     return DuringRun.QUEUE
 
 
+def _plain_window(room: RoomKey) -> float | None:
+    return None
+
+
 class Scheduler:
     """The dispatch state of all rooms; see the module docstring.
 
@@ -84,11 +93,17 @@ class Scheduler:
         mode_of: Callable[[RoomKey], DuringRun] | None = None,
         max_prestarts: int = 0,
         room_cap: Callable[[RoomKey], int | None] | None = None,
+        idle_of: Callable[[RoomKey], float | None] | None = None,
     ) -> None:
         if max_prestarts < 0:
             raise ValueError("max_prestarts must not be negative")
         self._limits = limits
         self._mode_of = mode_of if mode_of is not None else _queue_everywhere
+        self._idle_of = idle_of if idle_of is not None else _plain_window
+        self._typing: dict[RoomKey, frozenset[UserId]] = {}
+        """Who types, by channel; only channels where someone does."""
+        self._following: dict[RoomKey, set[RoomKey]] = {}
+        """The rooms with state that follow typing, by channel."""
         self._max_prestarts = max_prestarts
         self._prestarts: dict[RoomKey, None] = {}
         """Rooms holding a prestart, without a granted run yet (in the order begun)."""
@@ -206,6 +221,19 @@ class Scheduler:
         self._apply(room, room.message(message, now, mode, arrived), now)
         if opens:
             self._maybe_prestart(room)
+        return self.take_actions()
+
+    def typing(self, channel: RoomKey, users: frozenset[UserId], now: float) -> list[Action]:
+        """``users`` (all of them) type in ``channel`` from ``now`` on; its conversations
+        that follow typing hear it (see :mod:`dispatcher.room`)."""
+        channel = channel.channel
+        if users:
+            self._typing[channel] = users
+        else:
+            self._typing.pop(channel, None)
+        for key in list(self._following.get(channel, ())):
+            room = self._rooms[key]
+            self._apply(room, room.typing(users, now), now)
         return self.take_actions()
 
     def fire_timers(self, now: float) -> list[Action]:
@@ -411,8 +439,13 @@ class Scheduler:
     def _room(self, key: RoomKey) -> Room:
         room = self._rooms.get(key)
         if room is None:
-            room = self._rooms[key] = Room(key, self._limits)
+            idle_s = self._idle_of(key)
+            channel = key.channel
+            typing = self._typing.get(channel, frozenset())
+            room = self._rooms[key] = Room(key, self._limits, idle_s=idle_s, typing=typing)
             self._rooms_peak = max(self._rooms_peak, len(self._rooms))
+            if idle_s is not None:
+                self._following.setdefault(channel, set()).add(key)
         return room
 
     def _apply(self, room: Room, effects: list[Effect], now: float) -> None:
@@ -494,6 +527,11 @@ class Scheduler:
             return
         self._cancel_prestart(room.key, PrestartCancel.IDLE)
         del self._rooms[room.key]
+        following = self._following.get(room.key.channel)
+        if following is not None:
+            following.discard(room.key)
+            if not following:
+                del self._following[room.key.channel]
         # A dict never shrinks on deletion: after a burst of rooms its table
         # would stay at the peak size forever. Rebuild it once mostly empty
         # (amortized O(1) per room) so idle rooms really cost nothing.

@@ -12,7 +12,7 @@ import asyncio
 import selectors
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO, TextIO
@@ -27,7 +27,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.core.transport import Delivery, InboundSink, SinkClosed
+from bridge.core.transport import Delivery, InboundSink, RunPhase, SinkClosed
 from transports.base import Transport
 
 NAME = TransportName("console")
@@ -101,6 +101,13 @@ class ConsoleTransport(Transport):
                 yield line
         finally:
             transport.close()
+
+    async def set_phase(
+        self, room: RoomKey, message_ids: Sequence[ExternalMessageId], phase: RunPhase
+    ) -> None:
+        """The sign of life: a line as soon as a message is received."""
+        if phase is RunPhase.RECEIVED:
+            self._print("· received")
 
     def _print(self, text: str) -> None:
         self._stdout.write(text + "\n")

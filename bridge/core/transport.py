@@ -1,9 +1,9 @@
 """What a transport and the service exchange, in core types only.
 
 Inbound, a transport hands the sink one :data:`InboundEvent` at a time: a new
-message, an edit or deletion of one it handed over before, or a person's
+message, an edit or deletion of one it handed over before, a person's
 answer to an approval request (:class:`ApprovalAction`: a Slack button, a
-Matrix reaction). Outbound, the
+Matrix reaction), or who is typing in a room (:class:`Typing`, Matrix). Outbound, the
 service calls the transport (``transports.base.Transport``) with a
 :class:`~bridge.core.model.Reply` and, for answers from the durable outbox, a
 :class:`Delivery` that makes sending idempotent across retries and restarts.
@@ -93,7 +93,20 @@ class ApprovalAction:
     choice: ApprovalChoice
 
 
-InboundEvent = InboundMessage | MessageEdited | MessageDeleted | ApprovalAction
+@dataclass(frozen=True, slots=True)
+class Typing:
+    """Who types in a room now (all of them: anyone not named stopped).
+
+    Nothing is recorded: it only keeps a waiting batch's window open while its
+    senders type (docs/live-runs.md). A transport that knows (Matrix's
+    ``m.typing``) hands it over after the messages it came with.
+    """
+
+    room: RoomKey
+    users: frozenset[UserId]
+
+
+InboundEvent = InboundMessage | MessageEdited | MessageDeleted | ApprovalAction | Typing
 
 InboundSink = Callable[[InboundEvent], Awaitable[Accepted]]
 """The service's entry point. Returns only after the event is durably recorded,

@@ -106,7 +106,10 @@ def test_environment_overrides_file_values(tmp_path: Path, monkeypatch: pytest.M
         ),
         ("[runner]\nmax_prestarts = -1\n", "runner.max_prestarts"),
         ("[runner]\nmax_concurrent_runs = 2\nmax_prestarts = 3\n", "must not exceed"),
-        ("[runner]\nprestart_keep_s = 30\n", "prestart_keep_s (30) needs prestart = true"),
+        (
+            "[runner]\nprestart = false\nprestart_keep_s = 30\n",
+            "prestart_keep_s (30) needs prestart = true",
+        ),
         ("[runner]\nprestart = true\nprestart_keep_s = -1\n", "runner.prestart_keep_s"),
         ("[cluster]\nenabled = true\n", "replicas need a PostgreSQL database.url"),
         (
@@ -299,14 +302,18 @@ def test_without_approvers_the_allowed_users_approve(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "limit"),
     [
-        ("", 0),
+        ("", 4),
+        ("[runner]\nprestart = false\n", 0),
         ("[runner]\nprestart = true\n", 4),
         ("[runner]\nprestart = true\nmax_prestarts = 1\n", 1),
         ("[runner]\nprestart = true\nmax_prestarts = 0\n", 0),
-        ("[runner]\nmax_prestarts = 2\n", 0),
+        ("[runner]\nmax_prestarts = 2\n", 2),
+        ("[runner]\nprestart = false\nmax_prestarts = 2\n", 0),
     ],
 )
-def test_prestart_limit_defaults_to_the_run_slots(tmp_path: Path, text: str, limit: int) -> None:
+def test_prestart_is_on_by_default_and_its_limit_defaults_to_the_run_slots(
+    tmp_path: Path, text: str, limit: int
+) -> None:
     assert load_settings(write(tmp_path, text)).runner.prestart_limit == limit
 
 
@@ -324,7 +331,7 @@ def test_keep_warm_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("CHATBRIDGE_RUNNER__PRESTART", "true")
     monkeypatch.setenv("CHATBRIDGE_RUNNER__PRESTART_KEEP_S", "12.5")
     assert load_settings(None).runner.prestart_keep_s == 12.5
-    monkeypatch.delenv("CHATBRIDGE_RUNNER__PRESTART")
+    monkeypatch.setenv("CHATBRIDGE_RUNNER__PRESTART", "false")
     with pytest.raises(ConfigError, match="needs prestart = true"):
         load_settings(None)
 

@@ -53,7 +53,8 @@ async def test_a_burst_becomes_one_attributed_batch(tmp_path: Path) -> None:
 
 async def test_progress_then_result(tmp_path: Path) -> None:
     out = (await run_console(write_config(tmp_path), ["hello"])).splitlines()
-    progress = [line for line in out if line.startswith("· ")]
+    assert out[0] == "· received"  # the sign of life, while the window is open
+    progress = [line for line in out[1:] if line.startswith("· ")]
     assert progress[0].startswith("· Working")
     # The answer first; the progress message's last edit only after it.
     assert out[-2] == "hello"
@@ -259,7 +260,10 @@ async def test_duplicate_delivery_is_stored_and_dispatched_once(tmp_path: Path) 
 
 
 async def test_status_answers_from_the_store_during_and_after_a_run(tmp_path: Path) -> None:
-    path = write_config(tmp_path, env={"FAKE_CLAUDE_SLEEP": "2"})
+    # Cold: the tool use shows while the run sleeps (a prestarted claude's comes so
+    # soon after the progress message that its edit waits for the next tick).
+    cold = {"runner": {"prestart": False}}
+    path = write_config(tmp_path, cold, env={"FAKE_CLAUDE_SLEEP": "2"})
     async with ConsoleSession(load_settings(path)) as session:
         session.send("job")
         await session.wait_for("Bash: echo hello")
@@ -295,7 +299,8 @@ class PhaseRecordingConsole(ConsoleTransport):
 
 
 async def test_batches_show_received_running_and_done(tmp_path: Path) -> None:
-    settings = load_settings(write_config(tmp_path))
+    # Cold: a prestarted fake claude answers before the run could be shown running.
+    settings = load_settings(write_config(tmp_path, {"runner": {"prestart": False}}))
     read_fd, write_fd = os.pipe()
     os.write(write_fd, b"one\ntwo\n")
     os.close(write_fd)

@@ -33,12 +33,14 @@ class Messages:
     def __init__(self) -> None:
         self._ids = itertools.count(1)
 
-    def __call__(self, key: RoomKey, text: str = "hi", thread: str | None = None) -> Message:
+    def __call__(
+        self, key: RoomKey, text: str = "hi", thread: str | None = None, sender: str = "alice"
+    ) -> Message:
         n = next(self._ids)
         return Message(
             id=MessageId(n),
             room=key,
-            sender=UserId("alice"),
+            sender=UserId(sender),
             text=text,
             external_id=ExternalMessageId(f"ev-{n}"),
             received_at=0.0,

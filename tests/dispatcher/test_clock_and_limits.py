@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import time
+
 import pytest
 
-from dispatcher import DispatchLimits, ManualClock
+from dispatcher import DispatchLimits, ManualClock, MonotonicClock
+from dispatcher.clock import EARLY_S
+from tests.dispatcher.fakes import GUARD_S
 
 
 def test_manual_clock_runs_due_callbacks_in_time_order_at_their_time() -> None:
@@ -64,3 +70,34 @@ def test_limits_from_configuration_milliseconds() -> None:
 def test_limits_reject_nonsense(coalesce: float, max_wait: float, max_batch: int, cap: int) -> None:
     with pytest.raises(ValueError, match="must"):
         DispatchLimits(coalesce, max_wait, max_batch, cap)
+
+
+async def test_monotonic_clock_callbacks_never_run_before_their_time() -> None:
+    # The loop is woken early (the selector rounds up); the clock waits out the rest.
+    clock = MonotonicClock()
+    seen: list[tuple[float, float]] = []
+    done = asyncio.Event()
+
+    def note(when: float) -> None:
+        seen.append((when, time.monotonic()))
+
+    for n in range(20):
+        when = clock.now() + n * 0.0007
+        clock.call_at(when, functools.partial(note, when))
+    clock.call_at(clock.now() + 0.02, done.set)
+    await asyncio.wait_for(done.wait(), GUARD_S)
+    assert len(seen) == 20
+    assert all(fired >= when for when, fired in seen)
+
+
+async def test_a_monotonic_timer_cancelled_while_waiting_out_its_last_moments_never_runs() -> None:
+    clock = MonotonicClock()
+    fired: list[str] = []
+    done = asyncio.Event()
+    when = clock.now() + 0.01
+    handle = clock.call_at(when, lambda: fired.append("cancelled one"))
+    # Due before it, within the early wake-up: cancels it while it yields to the loop.
+    clock.call_at(when - EARLY_S / 4, handle.cancel)
+    clock.call_at(when + 0.01, done.set)
+    await asyncio.wait_for(done.wait(), GUARD_S)
+    assert fired == []

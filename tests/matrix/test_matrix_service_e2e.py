@@ -87,7 +87,11 @@ async def test_messages_during_a_run_make_one_follow_up_run(
 ) -> None:
     room = await alice.create_room([bot.user_id])
     env = {**ECHO, "FAKE_CLAUDE_SLEEP": "2"}
-    async with service(tmp_path, synapse, bot, room, allowed=(ALICE,), claude_env=env):
+    # No sign of life: the bot typing then means the run is active.
+    quiet = {"sign_of_life": False}
+    async with service(
+        tmp_path, synapse, bot, room, allowed=(ALICE,), claude_env=env, room_extra=quiet
+    ):
         await alice.wait_for(joined(bot.user_id, room))
         await alice.send(room, "first task")
         await alice.wait_for(typing_in(bot, room, on=True))  # the run is active
@@ -215,7 +219,10 @@ async def test_a_run_survives_a_crash_of_the_bridge_and_answers_once_in_its_room
     other = await alice.create_room([bot.user_id])
     go = tmp_path / "go"
     env = {**ECHO, "FAKE_CLAUDE_WAIT_FOR": str(go), "FAKE_CLAUDE_TIMES": str(tmp_path / "times")}
-    async with service(tmp_path, synapse, bot, room, allowed=(ALICE,), claude_env=env) as svc:
+    quiet = {"sign_of_life": False}  # the bot typing then means the run is registered
+    async with service(
+        tmp_path, synapse, bot, room, allowed=(ALICE,), claude_env=env, room_extra=quiet
+    ) as svc:
         await alice.wait_for(joined(bot.user_id, room))
         asked = await alice.send(room, "the long task")
         await alice.wait_for(typing_in(bot, room, on=True))  # registered, then shown

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import tomllib
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,9 +12,9 @@ import pytest
 from bridge.core.model import RunId, RunStatus
 from runner import Result, Spawned, run_claude
 from runner.prestart import prestart
-from tests.fakes.model_server import ModelServer, Turn, claude_bin
+from tests.fakes.model_server import ModelServer, Turn, claude_bin, claude_env
 from tests.runner.conftest import Recorder, is_alive, pids_with_marker
-from tests.runner.test_real_claude import real_request
+from tests.runner.test_real_claude import chatbridge_console, real_request
 
 pytestmark = [
     pytest.mark.slow,
@@ -71,3 +73,24 @@ async def test_a_prestart_that_does_not_match_gives_way_to_a_cold_start(
     assert spawned.pid != started.live.claude_pid
     assert not is_alive(started.live.claude_pid)
     assert pids_with_marker(run_id) == []
+
+
+async def test_prestart_is_on_by_default_and_the_run_takes_the_prestarted_real_claude(
+    tmp_path: Path,
+) -> None:
+    """The whole path: ``chatbridge run`` (console) with no prestart setting, the real claude."""
+    from tests.bridge.harness import write_config
+
+    async with ModelServer([Turn(text="Warm answer.")]) as server:
+        env = claude_env(server.url, tmp_path / "home")
+        config = write_config(
+            tmp_path,
+            {"runner": {"claude_bin": str(claude_bin())}, "dispatcher": {"coalesce_ms": 1500}},
+            env=env,
+        )
+        assert "prestart" not in tomllib.loads(config.read_text())["runner"]
+        returncode, out, log = await chatbridge_console(config, b"hello\n")
+    assert returncode == 0, log
+    assert "Warm answer." in out
+    assert len(re.findall(r"prestart \S+ used", log)) == 1, log
+    assert "given up" not in log

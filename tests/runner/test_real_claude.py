@@ -226,6 +226,21 @@ async def test_overloaded_api_is_retried_to_claudes_own_end(
     assert any(isinstance(e, Result) for e in recorder.events)
 
 
+async def chatbridge_console(config: Path, stdin: bytes) -> tuple[int | None, str, str]:
+    """``chatbridge run`` (console) in ``config``'s directory, fed ``stdin`` to its end:
+    its exit code, stdout and log. No ``CHATBRIDGE_`` variable of ours reaches it."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bridge", "run", "--config", str(config),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=config.parent,
+        env={k: v for k, v in os.environ.items() if not k.startswith("CHATBRIDGE_")},
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(stdin), timeout=120)
+    return process.returncode, out.decode(), err.decode()
+
+
 async def test_room_is_told_at_once_when_claude_cannot_authenticate(tmp_path: Path) -> None:
     """The whole path: ``chatbridge run`` (console), the real claude, an API refusing its key."""
     from tests.bridge.harness import write_config
@@ -233,18 +248,10 @@ async def test_room_is_told_at_once_when_claude_cannot_authenticate(tmp_path: Pa
     async with ModelServer([], refuse=401) as server:
         env = {**claude_env(server.url, tmp_path / "home"), "CLAUDE_CODE_MAX_RETRIES": "10"}
         config = write_config(tmp_path, {"runner": {"claude_bin": str(claude_bin())}}, env=env)
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bridge", "run", "--config", str(config),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=tmp_path,
-            env={k: v for k, v in os.environ.items() if not k.startswith("CHATBRIDGE_")},
-        )  # fmt: skip
-        out, err = await asyncio.wait_for(process.communicate(b"hello\n"), timeout=120)
+        returncode, out, err = await chatbridge_console(config, b"hello\n")
         tries = len([r for r in server.requests if r.path.endswith("/v1/messages")])
-    assert process.returncode == 0, err.decode()
-    assert "claude could not authenticate: HTTP 401" in out.decode()
+    assert returncode == 0, err
+    assert "claude could not authenticate: HTTP 401" in out
     assert tries < 10  # the room was told before claude's retries ran out
 
 

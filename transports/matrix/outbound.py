@@ -11,6 +11,7 @@ import copy
 import io
 import logging
 import mimetypes
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,7 +23,13 @@ from nio.exceptions import LocalProtocolError, OlmTrustError
 
 from bridge.core import stages
 from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey
-from bridge.core.transport import Delivery, RateLimited, TransportError, Undeliverable
+from bridge.core.transport import (
+    Delivery,
+    RateLimited,
+    RunPhase,
+    TransportError,
+    Undeliverable,
+)
 from transports.backoff import Backoff
 from transports.matrix.approvals import HOWTO, MARKER, REACTIONS, KnownRequests
 from transports.matrix.client import AUTH_ERRORS, RATE_LIMITED
@@ -71,6 +78,9 @@ class MatrixOutbound:
         self._send_attempts = send_attempts
         self._renderer = MarkdownRenderer()
         self._typing: set[RoomId] = set()
+        self._received: dict[RoomId, float] = {}
+        """Rooms shown typing as a sign of life (not renewed), until a run's typing
+        takes over or an outcome clears it: when it was sent (monotonic)."""
         self.client: AsyncClient | None = None
         """Set by the transport while logged in; None otherwise."""
 
@@ -299,9 +309,31 @@ class MatrixOutbound:
                 # Cosmetic: the outcome is shown; a late reaction is answered "decided".
                 log.info("matrix: could not take back reaction %s: %s", reaction, response)
 
+    async def set_phase(self, room: RoomKey, phase: RunPhase) -> None:
+        """Matrix shows no phase on messages. A batch received is shown by the bot typing
+        at once (the sign of life), not renewed: it lapses on its own if no run follows.
+        The run's outcome, which comes after its answer, clears it."""
+        room_id = room_id_of(room)
+        client = self.client
+        if phase is RunPhase.RECEIVED:
+            if room_id in self._typing:
+                return  # a run of the room shows typing already
+            sent = self._received.get(room_id)
+            now = time.monotonic()
+            if sent is not None and now - sent < self._typing_refresh_s / 2:
+                return  # shown, and far from lapsing: a burst costs one request
+            self._received[room_id] = now
+            if client is not None:
+                await self._send_typing(client, room_id, True)
+        elif phase is not RunPhase.RUNNING and room_id in self._received:
+            del self._received[room_id]
+            if room_id not in self._typing and client is not None:
+                await self._send_typing(client, room_id, False)
+
     async def set_typing(self, room: RoomKey, typing: bool) -> None:
         """Show the bot typing while a run is active; renewed until cleared."""
         room_id = room_id_of(room)
+        self._received.pop(room_id, None)  # the run's typing takes over, or is cleared
         if typing:
             self._typing.add(room_id)
         else:

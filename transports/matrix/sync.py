@@ -38,11 +38,12 @@ from nio import (
     RedactionEvent,
     RoomGetEventResponse,
     SyncResponse,
+    TypingNoticeEvent,
 )
 from nio.exceptions import EncryptionError, LocalProtocolError
 
 from bridge.core import stages
-from bridge.core.model import InboundMessage, RoomId
+from bridge.core.model import InboundMessage, RoomId, RoomKey, TransportName, UserId
 from bridge.core.transport import (
     ApprovalAction,
     InboundEvent,
@@ -51,6 +52,7 @@ from bridge.core.transport import (
     RoomBinding,
     SinkClosed,
     TransportError,
+    Typing,
 )
 from transports.backoff import Backoff
 from transports.matrix.approvals import MARKER, KnownRequests
@@ -66,13 +68,14 @@ from transports.matrix.undecryptable import TellRoom, WaitingForKeys
 log = logging.getLogger(__name__)
 
 _SYNC_FILTER: dict[str, Any] = {
-    # Presence, typing and receipts are noise to the bridge; room state is
-    # kept because nio needs the members to encrypt.
+    # Presence and receipts are noise to the bridge; typing keeps a batch's
+    # window open (docs/live-runs.md); room state is kept because nio needs
+    # the members to encrypt.
     "presence": {"not_types": ["*"]},
     "account_data": {"not_types": ["*"]},
     "room": {
         "timeline": {"limit": 50},
-        "ephemeral": {"not_types": ["*"]},
+        "ephemeral": {"types": ["m.typing"]},
         "account_data": {"not_types": ["*"]},
     },
 }
@@ -182,6 +185,7 @@ class Syncer:
                 elif not self._inbound_closed:
                     await self._set_aside.retry(sink, self._translator(client))
                     await self._deliver(client, response, token, sink)
+                    await self._typing(response, sink)
                     await self._waiting.retry(client, sink)
             except SinkClosed:
                 # The service is shutting down and takes nothing more: leave the
@@ -334,6 +338,17 @@ class Syncer:
                 await self._set_aside.offer(sink, room_id, event, inbound)
         if together:
             await self._set_aside.offer_together(sink, together)
+
+    async def _typing(self, response: SyncResponse, sink: InboundSink) -> None:
+        """Who types in each configured room, as the response says: after its messages,
+        so a window hears of typing once the message it waits for is queued."""
+        for room_id, info in response.rooms.join.items():
+            if room_id not in self._rooms:
+                continue
+            for event in info.ephemeral:
+                if isinstance(event, TypingNoticeEvent):
+                    users = frozenset(UserId(user) for user in event.users)
+                    await sink(Typing(RoomKey(TransportName("matrix"), RoomId(room_id)), users))
 
     async def _hand_over(
         self, client: AsyncClient, room_id: str, event: object, sink: InboundSink

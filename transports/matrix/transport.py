@@ -20,7 +20,13 @@ from bridge.core.model import (
     RoomKey,
     TransportName,
 )
-from bridge.core.transport import Delivery, InboundSink, RoomBinding, TransportError
+from bridge.core.transport import (
+    Delivery,
+    InboundSink,
+    RoomBinding,
+    RunPhase,
+    TransportError,
+)
 from transports.backoff import Backoff
 from transports.base import Transport
 from transports.matrix.approvals import KnownRequests
@@ -150,6 +156,12 @@ class MatrixTransport(Transport):
 
     async def set_typing(self, room: RoomKey, typing: bool) -> None:
         await self._outbound.set_typing(room, typing)
+
+    async def set_phase(
+        self, room: RoomKey, message_ids: Sequence[ExternalMessageId], phase: RunPhase
+    ) -> None:
+        """A batch received shows the bot typing at once (see ``MatrixOutbound.set_phase``)."""
+        await self._outbound.set_phase(room, phase)
 
     async def fetch_attachment(self, attachment: Attachment, dest: Path, limit_bytes: int) -> None:
         """Download a shared file (decrypted and hash-checked when encrypted, see .media)."""
