@@ -132,3 +132,107 @@ def test_a_deny_rule_wins_over_an_allow_rule() -> None:
 
 def test_a_bare_tool_rule_text_round_trips() -> None:
     assert parse_rule("WebSearch") == RuleText("WebSearch", None)
+
+
+def deny_and_allow_all(deny: str) -> list[ToolRule]:
+    return [kept(1, "Bash", RuleEffect.ALLOW), kept(2, deny, RuleEffect.DENY)]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "rm -rf / ; true",
+        "rm -rf /; true",
+        "true && rm -rf /",
+        "true || rm -rf /",
+        "true | rm -rf /",
+        "true & rm -rf /",
+        "true\nrm -rf /",
+        "echo $(rm -rf /)",
+        "echo `rm -rf /`",
+        "(rm -rf /)",
+        "{ rm -rf /; }",
+        "FOO=1 rm -rf /",
+        "if true; then rm -rf /; fi",
+        "  rm -rf /",
+        "\trm -rf /",
+    ],
+)
+def test_a_deny_rule_covers_its_command_wherever_it_runs_in_the_line(command: str) -> None:
+    chosen = ruling(deny_and_allow_all("Bash(rm:*)"), "Bash", {"command": command})
+    assert chosen is not None
+    assert chosen.effect is RuleEffect.DENY
+
+
+def test_an_exact_deny_rule_covers_its_command_chained_too() -> None:
+    rules = deny_and_allow_all("Bash(rm -rf build)")
+    chosen = ruling(rules, "Bash", {"command": "rm -rf build; echo done"})
+    assert chosen is not None
+    assert chosen.effect is RuleEffect.DENY
+    assert ruling(rules, "Bash", {"command": "rm -rf builder"}) == rules[0]
+
+
+@pytest.mark.parametrize("blank", ["\xa0", "\x1c", "\x1f", "\x0b", "\x0c", "\x85", "\u2003"])
+def test_an_allow_rule_splits_words_as_bash_does(blank: str) -> None:
+    # Bash splits words on spaces and tabs only: anything else is part of the word, so
+    # the command run is not the one the rule names.
+    assert not covers("Bash(git status:*)", "Bash", {"command": f"git{blank}status"})
+    assert not covers("Bash(git status:*)", "Bash", {"command": f"git status{blank}x"})
+    assert not covers("Bash(ls build)", "Bash", {"command": f"ls build{blank}"})
+    assert not covers("Bash(ls build)", "Bash", {"command": f"{blank}ls build"})
+
+
+@pytest.mark.parametrize(
+    ("rule", "path"),
+    [
+        ("Edit(/srv/app/**)", "/srv/app/../../etc/passwd"),
+        ("Edit(/srv/app/**)", "/srv/app/sub/../../other/x"),
+        ("Edit(/srv/app/*)", "/srv/app/.."),
+        ("Edit(/srv/app/*/x)", "/srv/app/../x"),
+    ],
+)
+def test_an_allow_file_rule_never_covers_a_path_that_climbs(rule: str, path: str) -> None:
+    assert not covers(rule, "Edit", {"file_path": path, "old_string": "a", "new_string": "b"})
+
+
+@pytest.mark.parametrize(
+    "path", ["/srv/app/sub/../.env", "/srv/app//.env", "/srv/app/./.env", "/srv/other/../app/.env"]
+)
+def test_a_deny_file_rule_covers_its_file_however_the_path_is_spelled(path: str) -> None:
+    rules = [kept(1, "Read", RuleEffect.ALLOW), kept(2, "Read(/srv/app/.env)", RuleEffect.DENY)]
+    chosen = ruling(rules, "Read", {"file_path": path})
+    assert chosen is not None
+    assert chosen.effect is RuleEffect.DENY
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        # Node's URL (claude's) reads these as evil.com; Python's urlsplit as example.com.
+        "http://evil.com\\@example.com/",
+        "https://evil.com\\.example.com/",
+        "https://evil.com\\@example.com:443/x",
+    ],
+)
+def test_a_webfetch_rule_reads_the_host_as_claude_does(url: str) -> None:
+    assert not covers("WebFetch(domain:example.com)", "WebFetch", {"url": url})
+    rules = [
+        kept(1, "WebFetch", RuleEffect.ALLOW),
+        kept(2, "WebFetch(domain:evil.com)", RuleEffect.DENY),
+    ]
+    chosen = ruling(rules, "WebFetch", {"url": url})
+    assert chosen is not None
+    assert chosen.effect is RuleEffect.DENY
+
+
+@pytest.mark.parametrize(
+    "url", ["https://EVIL.com./x", "http://evil%2ecom/", "https://evil.com:8443/"]
+)
+def test_a_webfetch_deny_rule_covers_its_host_however_it_is_spelled(url: str) -> None:
+    rules = [
+        kept(1, "WebFetch", RuleEffect.ALLOW),
+        kept(2, "WebFetch(domain:evil.com)", RuleEffect.DENY),
+    ]
+    chosen = ruling(rules, "WebFetch", {"url": url})
+    assert chosen is not None
+    assert chosen.effect is RuleEffect.DENY
