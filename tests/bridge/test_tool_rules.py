@@ -236,3 +236,23 @@ def test_a_webfetch_deny_rule_covers_its_host_however_it_is_spelled(url: str) ->
     chosen = ruling(rules, "WebFetch", {"url": url})
     assert chosen is not None
     assert chosen.effect is RuleEffect.DENY
+
+
+@pytest.mark.parametrize(
+    ("tool", "tool_input"),
+    [
+        ("Bash", {"command": "   "}),
+        ("Bash", {"command": "\n"}),
+        ("Bash", {"command": 3}),
+        ("Bash", {}),
+        ("Edit", {"file_path": "", "old_string": "a", "new_string": "b"}),
+        ("Write", {"content": "x"}),
+        ("WebFetch", {"url": "file:///etc/passwd", "prompt": "p"}),
+        ("WebFetch", {"prompt": "p"}),
+    ],
+)
+def test_no_rule_is_kept_for_a_use_with_nothing_narrower_than_the_whole_tool(
+    tool: str, tool_input: dict[str, Any]
+) -> None:
+    # A blank command approved for the session must not allow every command after it.
+    assert rule_for(tool, tool_input) is None
