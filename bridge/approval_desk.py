@@ -96,6 +96,8 @@ class ApprovalDesk:
             return None, ""
         effect = RuleEffect.DENY if choice is ApprovalChoice.DENY else RuleEffect.ALLOW
         wanted = rule_for(approval.tool_name, parse_input(approval.input_json))
+        if wanted is None:
+            return None, "No rule was kept: nothing narrower than the whole tool covers this use."
         if not keepable(wanted):
             return None, "No rule was kept: the use is too long to keep as a rule."
         rule = str(wanted)

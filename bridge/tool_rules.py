@@ -7,18 +7,25 @@ Pure, no I/O. A rule is written in claude's rule syntax, ``Tool`` or
 is a path (``*`` within a directory, ``**`` across them); ``WebFetch(domain:
 example.com)`` names a host; a bare tool name covers every use of the tool.
 The bridge matches them itself (they never reach claude's settings), and
-matches narrowly: a ``:*`` Bash rule never covers a command that chains,
-pipes, redirects or substitutes, so ``Bash(npm test:*)`` does not allow
-``npm test && rm -rf /``.
+matches an allow rule narrowly and a deny rule broadly: a ``:*`` allow rule
+never covers a command that chains, pipes, redirects or substitutes (so
+``Bash(npm test:*)`` does not allow ``npm test && rm -rf /``), while a deny
+rule covers each command of the line (``Bash(rm:*)`` denies ``true; rm x``);
+words are split as bash splits them (spaces and tabs only); an allow path rule
+never covers a path with ``..``, a deny path rule covers the path normalised
+too; a URL's host is read as claude (Node's URL) reads it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import posixpath
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from bridge.store.base import RuleEffect, ToolRule
 from bridge.store.rules import RULE_LIMIT_BYTES
@@ -29,6 +36,15 @@ _PATH_KEYS = ("file_path", "notebook_path")
 _PREFIX = ":*"
 _SHELL_JOINS = re.compile(r"[;&|<>`\n\r]|\$\(")
 """What lets one Bash command line run more than its first command."""
+_BLANKS = " \t"
+"""What bash splits words on (Python's ``split()`` also splits on NBSP, ``\\x1c``...)."""
+_COMMAND_BREAKS = re.compile(r"[;&|<>`\n\r(){}]|\$\(")
+"""Where another command may start in a line (a deny rule looks at each)."""
+_BEFORE_COMMAND = frozenset({"if", "then", "else", "elif", "do", "while", "until", "!", "time"})
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+_QUOTING = re.compile(r"['\"\\]")
+_SPECIAL_SCHEMES = frozenset({"http", "https", "ws", "wss", "ftp", "file"})
+"""Schemes whose URLs Node reads ``\\`` in as ``/`` (the WHATWG URL standard)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,45 +69,56 @@ def parse_rule(text: str) -> RuleText | None:
     if match is None:
         return None
     pattern = match["pattern"]
-    if pattern is not None and not pattern.strip():
+    if pattern is not None and not pattern.strip(_BLANKS + "\n\r"):
         return None
     return RuleText(match["tool"], pattern)
 
 
-def rule_for(tool_name: str, tool_input: Mapping[str, Any]) -> RuleText:
+def rule_for(tool_name: str, tool_input: Mapping[str, Any]) -> RuleText | None:
     """The narrowest rule that covers this request again: the exact command, the file,
-    the URL's host; for a tool with no such field, the tool (claude's own convention)."""
-    command = tool_input.get("command")
-    if tool_name == "Bash" and isinstance(command, str) and command.strip():
-        return RuleText(tool_name, _exact(command))
+    the URL's host; for another tool, the tool (claude's own convention). None when
+    Bash, a file tool or WebFetch lacks its command, path or host: the rule would be
+    the whole tool, far more than what was shown."""
+    if tool_name == "Bash":
+        command = tool_input.get("command")
+        if isinstance(command, str) and command.strip(_BLANKS + "\n\r"):
+            return RuleText(tool_name, _exact(command))
+        return None
     if tool_name in _PATH_TOOLS:
         path = _path(tool_input)
-        if path:
-            return RuleText(tool_name, _exact(path))
-    url = tool_input.get("url")
-    if tool_name == "WebFetch" and isinstance(url, str):
-        host = urlsplit(url).hostname
-        if host:
-            return RuleText(tool_name, f"domain:{host}")
+        return RuleText(tool_name, _exact(path)) if path else None
+    if tool_name == "WebFetch":
+        host = _host(tool_input.get("url"))
+        return RuleText(tool_name, f"domain:{host}") if host else None
     return RuleText(tool_name, None)
 
 
-def matches(rule: RuleText, tool_name: str, tool_input: Mapping[str, Any]) -> bool:
-    """Whether ``rule`` covers claude's request to use ``tool_name`` with ``tool_input``."""
+def matches(
+    rule: RuleText,
+    tool_name: str,
+    tool_input: Mapping[str, Any],
+    effect: RuleEffect = RuleEffect.ALLOW,
+) -> bool:
+    """Whether ``rule`` covers claude's request to use ``tool_name`` with ``tool_input``:
+    narrowly for an allow rule, broadly for a deny rule (``effect``)."""
     if rule.tool != tool_name:
         return False
     if rule.pattern is None:
         return True
+    deny = effect is RuleEffect.DENY
     if tool_name == "Bash":
         command = tool_input.get("command")
-        return isinstance(command, str) and _command_matches(rule.pattern, command)
+        if not isinstance(command, str):
+            return False
+        if deny:
+            return _command_denied(rule.pattern, command)
+        return _command_matches(rule.pattern, command)
     if tool_name in _PATH_TOOLS:
         path = _path(tool_input)
-        return path is not None and _glob(rule.pattern).fullmatch(path) is not None
+        return path is not None and _path_matches(rule.pattern, path, deny)
     if tool_name == "WebFetch" and rule.pattern.startswith("domain:"):
-        url = tool_input.get("url")
-        host = urlsplit(url).hostname if isinstance(url, str) else None
-        return host is not None and host == rule.pattern.removeprefix("domain:").lower()
+        host = _host(tool_input.get("url"))
+        return host is not None and host == _normal_host(rule.pattern.removeprefix("domain:"))
     return False
 
 
@@ -103,7 +130,8 @@ def ruling(
     covering = [
         rule
         for rule in rules
-        if (text := parse_rule(rule.rule)) is not None and matches(text, tool_name, tool_input)
+        if (text := parse_rule(rule.rule)) is not None
+        and matches(text, tool_name, tool_input, rule.effect)
     ]
     denying = [rule for rule in covering if rule.effect is RuleEffect.DENY]
     return next(iter(denying or covering), None)
@@ -111,13 +139,74 @@ def ruling(
 
 def _command_matches(pattern: str, command: str) -> bool:
     if not pattern.endswith(_PREFIX):
-        return command.strip() == _unescape(pattern).strip()
-    prefix = _unescape(pattern[: -len(_PREFIX)]).strip()
+        return command.strip(_BLANKS) == _unescape(pattern).strip(_BLANKS)
     if _SHELL_JOINS.search(command):
         return False
-    words = command.split()
-    wanted = prefix.split()
-    return bool(wanted) and words[: len(wanted)] == wanted
+    wanted = _words(_unescape(pattern[: -len(_PREFIX)]))
+    return bool(wanted) and _words(command)[: len(wanted)] == wanted
+
+
+def _command_denied(pattern: str, command: str) -> bool:
+    """Whether a deny rule covers any command of the line: its words, unquoted and
+    past assignments and keywords, start with (``:*``) or are the rule's."""
+    prefix = pattern.endswith(_PREFIX)
+    wanted = [
+        _unquoted(w) for w in _words(_unescape(pattern[: -len(_PREFIX)] if prefix else pattern))
+    ]
+    if not wanted:
+        return False
+    for words in _commands(command):
+        if words[: len(wanted)] == wanted and (prefix or len(words) == len(wanted)):
+            return True
+    return False
+
+
+def _commands(line: str) -> Iterator[list[str]]:
+    for part in _COMMAND_BREAKS.split(line):
+        words = [_unquoted(w) for w in _words(part)]
+        while words and (words[0] in _BEFORE_COMMAND or _ASSIGNMENT.match(words[0])):
+            words = words[1:]
+        if words:
+            yield words
+
+
+def _words(text: str) -> list[str]:
+    return [word for word in re.split(f"[{_BLANKS}]+", text) if word]
+
+
+def _unquoted(word: str) -> str:
+    return _QUOTING.sub("", word)
+
+
+def _path_matches(pattern: str, path: str, deny: bool) -> bool:
+    glob = _glob(pattern)
+    if deny:
+        return bool(glob.fullmatch(path) or glob.fullmatch(posixpath.normpath(path)))
+    # ``a/../b``: the kernel resolves ``a`` first (it may be a link), so no pattern
+    # says where it leads.
+    return ".." not in PurePosixPath(path).parts and glob.fullmatch(path) is not None
+
+
+def _host(url: object) -> str | None:
+    """The host claude fetches ``url`` from, as Node's URL reads it; None if none."""
+    if not isinstance(url, str):
+        return None
+    text = re.sub(r"[\t\n\r]", "", url.strip("".join(map(chr, range(0x21)))))
+    if text.partition(":")[0].lower() in _SPECIAL_SCHEMES:
+        text = text.replace("\\", "/")
+    try:
+        host = urlsplit(text).hostname
+    except ValueError:
+        return None
+    return _normal_host(host) if host else None
+
+
+def _normal_host(host: str) -> str | None:
+    """``host`` as compared: percent-decoded, lower case, no trailing dot, IDNA."""
+    name = unquote(host).lower().rstrip(".")
+    with contextlib.suppress(UnicodeError):  # not a name IDNA takes: compared as it is
+        name = name.encode("idna").decode("ascii")
+    return name or None
 
 
 def _path(tool_input: Mapping[str, Any]) -> str | None:

@@ -89,6 +89,7 @@ def test_the_rule_kept_for_a_request_is_the_narrowest_one(
     tool: str, tool_input: dict[str, Any], rule: str
 ) -> None:
     kept = rule_for(tool, tool_input)
+    assert kept is not None
     assert str(kept) == rule
     assert parse_rule(rule) == kept
     assert matches(kept, tool, tool_input)
@@ -100,12 +101,14 @@ _COMMANDS = st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_si
 @given(command=_COMMANDS, other=_COMMANDS)
 def test_the_rule_kept_for_a_command_covers_that_command_alone(command: str, other: str) -> None:
     kept = rule_for("Bash", {"command": command})
+    if kept is None:
+        assert not command.strip(" \t\n\r")
+        return
     again = parse_rule(str(kept))
-    assert again is not None
-    if command.strip():
-        assert matches(again, "Bash", {"command": command})
-        if other.strip() != command.strip():
-            assert not matches(again, "Bash", {"command": other})
+    assert again == kept
+    assert matches(again, "Bash", {"command": command})
+    if other.strip(" \t") != command.strip(" \t"):
+        assert not matches(again, "Bash", {"command": other})
 
 
 @pytest.mark.parametrize("text", ["", "Bash()", "Bash(  )", "(x)", "Bash(x", "-rf"])
@@ -156,6 +159,9 @@ def deny_and_allow_all(deny: str) -> list[ToolRule]:
         "if true; then rm -rf /; fi",
         "  rm -rf /",
         "\trm -rf /",
+        "'rm' -rf /",
+        '"rm" -rf /',
+        "r\\m -rf /",
     ],
 )
 def test_a_deny_rule_covers_its_command_wherever_it_runs_in_the_line(command: str) -> None:
