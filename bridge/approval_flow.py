@@ -36,6 +36,7 @@ from bridge.approvals import (
     Verdict,
     cancel_reason,
     deny_message,
+    judge,
     timeout_message,
 )
 from bridge.config import Settings
@@ -43,7 +44,7 @@ from bridge.core.model import Batch, ReplyKind, RoomKey, RunId, SessionId, UserI
 from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
 from bridge.live_runs import LiveRuns
 from bridge.replies import Replier, in_conversation
-from bridge.store.base import Approval, ApprovalState, RuleEffect, Store, StoreError
+from bridge.store.base import Approval, ApprovalState, RuleEffect, Store, StoreError, ToolRule
 from bridge.tool_rules import ruling
 from runner.control import Allow, ControlError, Deny, InputClosed, RunControl
 from runner.events import PermissionAsked
@@ -144,6 +145,7 @@ class ApprovalFlow:
         except StoreError:
             log.warning("could not read the rules of %s: the room is asked", approval.room)
             return approval, False
+        rules = await self._not_own(approval, rules)
         rule = ruling(rules, approval.tool_name, parse_input(approval.input_json))
         if rule is None:
             return approval, False
@@ -155,6 +157,20 @@ class ApprovalFlow:
         decided = await self.store.decide_approval(approval, state, None, self.wall_clock(), why)
         current = await self.store.approval_by_number(approval.room, approval.number)
         return (approval if current is None else current), decided
+
+    async def _not_own(self, approval: Approval, rules: list[ToolRule]) -> list[ToolRule]:
+        """``rules`` but, with ``require_other_approver``, the allow rules one of the run's
+        own senders kept: nobody approves what they asked for, by a rule neither."""
+        room = self.settings.room(approval.room)
+        if room is None or not room.require_other_approver:
+            return rules
+        senders = await self.desk().batch_senders(approval)
+        return [
+            rule
+            for rule in rules
+            if rule.effect is RuleEffect.DENY
+            or judge(room, rule.created_by, senders) is not Verdict.OWN_RUN
+        ]
 
     async def apply_rules(self, room: RoomKey) -> None:
         """A rule was kept: the waiting requests of the room's runs here that it covers
