@@ -138,3 +138,25 @@ async def test_a_use_too_long_for_a_rule_is_allowed_once_and_no_rule_is_kept() -
     assert too_long is not None
     assert "is not a rule" in too_long
     assert await room.store.active_rules(ROOM, SessionId("s-1")) == []
+
+
+async def test_a_rule_that_could_never_match_is_refused_not_kept() -> None:
+    # The room would read "Kept rule 1: deny `bash`" and believe Bash denied.
+    room = make_room(approvers=[BOB])
+    for rule in (
+        "bash",
+        "webfetch(domain:evil.com)",
+        "WebFetch(https://evil.com)",
+        "Edit(src/**)",
+        "Read(.env)",
+        "mcp__db__query(DROP:*)",
+        "WebSearch(cats)",
+    ):
+        refused = await room.say(BOB, f"!rules deny {rule}")
+        assert refused is not None
+        assert "could never" in refused, rule
+    assert await room.store.active_rules(ROOM, None) == []
+    for rule in ("Edit(/srv/app/**)", "Read(**/.env)", "WebFetch(domain:x.org)", "mcp__db__query"):
+        kept = await room.say(BOB, f"!rules deny {rule}")
+        assert kept is not None
+        assert kept.startswith("Kept rule"), rule
