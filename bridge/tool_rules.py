@@ -74,6 +74,45 @@ def parse_rule(text: str) -> RuleText | None:
     return RuleText(match["tool"], pattern)
 
 
+_BUILT_IN = {
+    name.lower(): name
+    for name in (
+        *_PATH_TOOLS,
+        "Bash",
+        "WebFetch",
+        "WebSearch",
+        "Glob",
+        "Grep",
+        "LS",
+        "Task",
+        "TodoWrite",
+        "BashOutput",
+        "KillShell",
+        "ExitPlanMode",
+        "AskUserQuestion",
+    )
+}
+
+
+def unmatchable(rule: RuleText) -> str | None:
+    """Why ``rule`` could never cover a request (the room would believe it holds);
+    None if it can."""
+    known = _BUILT_IN.get(rule.tool.lower())
+    if known is not None and known != rule.tool:
+        return f"the tool is `{known}`, not `{rule.tool}`"
+    if rule.pattern is None or rule.tool == "Bash":
+        return None
+    if rule.tool in _PATH_TOOLS:
+        if rule.pattern.startswith(("/", "*")):
+            return None
+        return "claude names files by absolute path: start the pattern with `/` or `**/`"
+    if rule.tool == "WebFetch":
+        if rule.pattern.startswith("domain:") and _normal_host(rule.pattern[len("domain:") :]):
+            return None
+        return "a WebFetch pattern is `domain:HOST`"
+    return "only Bash, the file tools and WebFetch take a pattern (a bare name covers every use)"
+
+
 def rule_for(tool_name: str, tool_input: Mapping[str, Any]) -> RuleText | None:
     """The narrowest rule that covers this request again: the exact command, the file,
     the URL's host; for another tool, the tool (claude's own convention). None when
