@@ -262,3 +262,15 @@ def test_no_rule_is_kept_for_a_use_with_nothing_narrower_than_the_whole_tool(
 ) -> None:
     # A blank command approved for the session must not allow every command after it.
     assert rule_for(tool, tool_input) is None
+
+
+def test_an_allow_rule_of_a_command_never_covers_it_run_outside_the_sandbox() -> None:
+    # The approver saw (and the rule was kept for) the command in claude's sandbox.
+    unsandboxed = {"command": "npm test", "dangerouslyDisableSandbox": True}
+    assert not covers("Bash(npm test)", "Bash", unsandboxed)
+    assert not covers("Bash(npm test:*)", "Bash", unsandboxed)
+    assert covers("Bash(npm test)", "Bash", {**unsandboxed, "dangerouslyDisableSandbox": False})
+    assert covers("Bash", "Bash", unsandboxed)
+    denied = ruling(deny_and_allow_all("Bash(npm:*)"), "Bash", unsandboxed)
+    assert denied is not None
+    assert denied.effect is RuleEffect.DENY
