@@ -151,7 +151,9 @@ def matches(
             return False
         if deny:
             return _command_denied(rule.pattern, command)
-        return _command_matches(rule.pattern, command)
+        # Out of claude's sandbox is not the use the rule was kept for: asked each time.
+        unsandboxed = tool_input.get("dangerouslyDisableSandbox") is True
+        return not unsandboxed and _command_matches(rule.pattern, command)
     if tool_name in _PATH_TOOLS:
         path = _path(tool_input)
         return path is not None and _path_matches(rule.pattern, path, deny)
