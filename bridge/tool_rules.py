@@ -152,7 +152,7 @@ def matches(
         if deny:
             return _command_denied(rule.pattern, command)
         # Out of claude's sandbox is not the use the rule was kept for: asked each time.
-        unsandboxed = tool_input.get("dangerouslyDisableSandbox") is True
+        unsandboxed = tool_input.get("dangerouslyDisableSandbox") not in (None, False)
         return not unsandboxed and _command_matches(rule.pattern, command)
     if tool_name in _PATH_TOOLS:
         path = _path(tool_input)
