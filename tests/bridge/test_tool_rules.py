@@ -274,3 +274,13 @@ def test_an_allow_rule_of_a_command_never_covers_it_run_outside_the_sandbox() ->
     denied = ruling(deny_and_allow_all("Bash(npm:*)"), "Bash", unsandboxed)
     assert denied is not None
     assert denied.effect is RuleEffect.DENY
+
+
+@pytest.mark.parametrize("tool", ["Grep", "Glob", "LS"])
+def test_the_rule_kept_for_a_search_covers_its_path_not_every_search(tool: str) -> None:
+    # Approving a search of one directory for the session must not allow ~/.ssh.
+    kept = rule_for(tool, {"pattern": "TODO", "path": "/srv/other"})
+    assert kept is not None
+    assert str(kept) == f"{tool}(/srv/other)"
+    assert matches(kept, tool, {"pattern": "FIXME", "path": "/srv/other"})
+    assert not matches(kept, tool, {"pattern": "TODO", "path": "/root/.ssh"})
