@@ -3,9 +3,10 @@
 Pure, no I/O. A rule is written in claude's rule syntax, ``Tool`` or
 ``Tool(pattern)``: ``Bash(npm test)`` is that command exactly,
 ``Bash(npm test:*)`` that command with any arguments; for the file tools
-(``Read``, ``Edit``, ``MultiEdit``, ``Write``, ``NotebookEdit``) the pattern
-is a path (``*`` within a directory, ``**`` across them); ``WebFetch(domain:
-example.com)`` names a host; a bare tool name covers every use of the tool.
+(``Read``, ``Edit``, ``MultiEdit``, ``Write``, ``NotebookEdit``, and the
+searches ``Grep``, ``Glob``, ``LS`` by their directory) the pattern is a
+path (``*`` within a directory, ``**`` across them);
+``WebFetch(domain:example.com)`` names a host; a bare tool name covers every use of the tool.
 The bridge matches them itself (they never reach claude's settings), and
 matches an allow rule narrowly and a deny rule broadly: a ``:*`` allow rule
 never covers a command that chains, pipes, redirects or substitutes (so
@@ -31,8 +32,11 @@ from bridge.store.base import RuleEffect, ToolRule
 from bridge.store.rules import RULE_LIMIT_BYTES
 
 _RULE = re.compile(r"(?P<tool>[A-Za-z_][A-Za-z0-9_.:-]{0,199})(?:\((?P<pattern>.*)\))?", re.DOTALL)
-_PATH_TOOLS = frozenset({"Read", "Edit", "MultiEdit", "Write", "NotebookEdit"})
-_PATH_KEYS = ("file_path", "notebook_path")
+_PATH_TOOLS = frozenset(
+    {"Read", "Edit", "MultiEdit", "Write", "NotebookEdit", "Grep", "Glob", "LS"}
+)
+_PATH_KEYS = ("file_path", "notebook_path", "path")
+"""(The searches' ``path`` is a directory: their rule covers searches of it.)"""
 _PREFIX = ":*"
 _SHELL_JOINS = re.compile(r"[;&|<>`\n\r]|\$\(")
 """What lets one Bash command line run more than its first command."""
@@ -81,9 +85,6 @@ _BUILT_IN = {
         "Bash",
         "WebFetch",
         "WebSearch",
-        "Glob",
-        "Grep",
-        "LS",
         "Task",
         "TodoWrite",
         "BashOutput",
@@ -110,7 +111,10 @@ def unmatchable(rule: RuleText) -> str | None:
         if rule.pattern.startswith("domain:") and _normal_host(rule.pattern[len("domain:") :]):
             return None
         return "a WebFetch pattern is `domain:HOST`"
-    return "only Bash, the file tools and WebFetch take a pattern (a bare name covers every use)"
+    return (
+        "only Bash, the file tools, the searches and WebFetch take a pattern"
+        " (a bare name covers every use)"
+    )
 
 
 def rule_for(tool_name: str, tool_input: Mapping[str, Any]) -> RuleText | None:
