@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from bridge.core.model import RoomId, RoomKey, TransportName, UserId
@@ -284,3 +287,38 @@ def test_the_rule_kept_for_a_search_covers_its_path_not_every_search(tool: str) 
     assert str(kept) == f"{tool}(/srv/other)"
     assert matches(kept, tool, {"pattern": "FIXME", "path": "/srv/other"})
     assert not matches(kept, tool, {"pattern": "TODO", "path": "/root/.ssh"})
+
+
+def test_a_path_rule_with_many_wildcards_decides_a_long_path_at_once() -> None:
+    # A backtracking match of `/**a**a**a**a**a**a**b` against a long path would hold
+    # the event loop (every room) for hours; the bound only turns such a hang into a
+    # failure.
+    script = (
+        "from bridge.tool_rules import parse_rule, matches\n"
+        "r = parse_rule('Read(/**a**a**a**a**a**a**b)')\n"
+        "assert not matches(r, 'Read', {'file_path': '/' + 'a' * 4000})\n"
+        "assert matches(r, 'Read', {'file_path': '/' + 'a' * 4000 + 'b'})\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+
+
+_GLOB_TEXT = st.text(alphabet="ab/*?.", min_size=1, max_size=12)
+
+
+@given(pattern=_GLOB_TEXT, path=st.text(alphabet="ab/.", max_size=12))
+def test_path_patterns_mean_what_they_say(pattern: str, path: str) -> None:
+    # `**` any run, `*` and `?` any (one) character but `/`: the regular expression
+    # spelling of the same pattern agrees on every path.
+    spelled = "".join(
+        ".*"
+        if part == "**"
+        else "[^/]*"
+        if part == "*"
+        else "[^/]"
+        if part == "?"
+        else re.escape(part)
+        for part in re.findall(r"\*\*|\*|\?|[^*?]", pattern)
+    )
+    assume(path and ".." not in path.split("/"))  # (never covered by an allow rule)
+    expected = re.fullmatch(spelled, path, re.DOTALL) is not None
+    assert covers(f"Read({pattern})", "Read", {"file_path": path}) is expected
