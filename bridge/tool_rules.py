@@ -224,12 +224,11 @@ def _unquoted(word: str) -> str:
 
 
 def _path_matches(pattern: str, path: str, deny: bool) -> bool:
-    glob = _glob(pattern)
     if deny:
-        return bool(glob.fullmatch(path) or glob.fullmatch(posixpath.normpath(path)))
+        return _glob_matches(pattern, path) or _glob_matches(pattern, posixpath.normpath(path))
     # ``a/../b``: the kernel resolves ``a`` first (it may be a link), so no pattern
     # says where it leads.
-    return ".." not in PurePosixPath(path).parts and glob.fullmatch(path) is not None
+    return ".." not in PurePosixPath(path).parts and _glob_matches(pattern, path)
 
 
 def _host(url: object) -> str | None:
@@ -262,27 +261,70 @@ def _path(tool_input: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _glob(pattern: str) -> re.Pattern[str]:
-    """A path pattern: ``**`` crosses directories, ``*`` and ``?`` do not; the rest is literal."""
-    out = []
+_ANY = "**"
+_WITHIN = "*"
+_ONE = "?"
+
+
+def _glob_matches(pattern: str, path: str) -> bool:
+    """Whether ``path`` matches the path pattern: ``**`` crosses directories, ``*`` and
+    ``?`` do not, ``\\`` escapes; the rest is literal. The pattern's steps are followed
+    all at once (a set of positions), never by backtracking: time is the path's length
+    times the pattern's, whatever either holds."""
+    steps = _glob_steps(pattern)
+    at = _past_stars(steps, {0})
+    for char in path:
+        moved = set()
+        for i in at:
+            if i == len(steps):
+                continue
+            special, text = steps[i]
+            if special and text == _ANY:
+                moved.add(i)
+            elif special and text == _WITHIN:
+                if char != "/":
+                    moved.add(i)
+            elif special:  # _ONE
+                if char != "/":
+                    moved.add(i + 1)
+            elif text == char:
+                moved.add(i + 1)
+        at = _past_stars(steps, moved)
+        if not at:
+            return False
+    return len(steps) in at
+
+
+def _glob_steps(pattern: str) -> list[tuple[bool, str]]:
+    """The pattern as steps: (True, a wildcard) or (False, a literal character)."""
+    steps = []
     i = 0
     while i < len(pattern):
-        if pattern.startswith("**", i):
-            out.append(".*")
+        if pattern.startswith(_ANY, i):
+            steps.append((True, _ANY))
             i += 2
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
+        elif pattern[i] in (_WITHIN, _ONE):
+            steps.append((True, pattern[i]))
             i += 1
         elif pattern[i] == "\\" and i + 1 < len(pattern):
-            out.append(re.escape(pattern[i + 1]))
+            steps.append((False, pattern[i + 1]))
             i += 2
         else:
-            out.append(re.escape(pattern[i]))
+            steps.append((False, pattern[i]))
             i += 1
-    return re.compile("".join(out), re.DOTALL)
+    return steps
+
+
+def _past_stars(steps: list[tuple[bool, str]], at: set[int]) -> set[int]:
+    """``at`` and the positions past the stars there (a star may match nothing)."""
+    todo = list(at)
+    reached = set(at)
+    while todo:
+        i = todo.pop()
+        if i < len(steps) and steps[i] in ((True, _ANY), (True, _WITHIN)) and i + 1 not in reached:
+            reached.add(i + 1)
+            todo.append(i + 1)
+    return reached
 
 
 _SPECIAL = re.compile(r"[\\*?()]")
