@@ -59,3 +59,22 @@ async def test_a_rule_never_lets_an_approver_allow_their_own_run_when_asked_not_
     assert tool_log(tmp_path) == []
     [(state,)] = rows(tmp_path, "select state from approvals")
     assert state == ApprovalState.CANCELLED.value
+
+
+async def test_an_approver_who_is_not_an_allowed_user_manages_rules(tmp_path: Path) -> None:
+    # They may keep a room rule by `!approve always`: they must be able to list and
+    # revoke it, and keep one by `!rules`, as the docs say approvers do.
+    config = {"defaults": {"allowed_users": ["someone-else"], "approvers": ["local"]}}
+    async with asyncio.timeout(WAIT_S), session(tmp_path, config) as bridge:
+        bridge.send("!rules allow Bash(echo hello:*)")
+        await bridge.wait_for("Kept rule `1`")
+        bridge.send("!rules")
+        await bridge.wait_for("- `1` allow")
+        bridge.send("!rules revoke 1")
+        await bridge.wait_for("is revoked")
+    assert [
+        a for (a,) in rows(tmp_path, "select action from audit where action like 'rule_%'")
+    ] == [
+        "rule_added",
+        "rule_revoked",
+    ]
