@@ -214,6 +214,15 @@ def test_a_deny_file_rule_covers_its_file_however_the_path_is_spelled(path: str)
     assert chosen.effect is RuleEffect.DENY
 
 
+def denied_by_evil_com(url: str) -> bool:
+    rules = [
+        kept(1, "WebFetch", RuleEffect.ALLOW),
+        kept(2, "WebFetch(domain:evil.com)", RuleEffect.DENY),
+    ]
+    chosen = ruling(rules, "WebFetch", {"url": url})
+    return chosen is not None and chosen.effect is RuleEffect.DENY
+
+
 @pytest.mark.parametrize(
     "url",
     [
@@ -225,26 +234,14 @@ def test_a_deny_file_rule_covers_its_file_however_the_path_is_spelled(path: str)
 )
 def test_a_webfetch_rule_reads_the_host_as_claude_does(url: str) -> None:
     assert not covers("WebFetch(domain:example.com)", "WebFetch", {"url": url})
-    rules = [
-        kept(1, "WebFetch", RuleEffect.ALLOW),
-        kept(2, "WebFetch(domain:evil.com)", RuleEffect.DENY),
-    ]
-    chosen = ruling(rules, "WebFetch", {"url": url})
-    assert chosen is not None
-    assert chosen.effect is RuleEffect.DENY
+    assert denied_by_evil_com(url)
 
 
 @pytest.mark.parametrize(
     "url", ["https://EVIL.com./x", "http://evil%2ecom/", "https://evil.com:8443/"]
 )
 def test_a_webfetch_deny_rule_covers_its_host_however_it_is_spelled(url: str) -> None:
-    rules = [
-        kept(1, "WebFetch", RuleEffect.ALLOW),
-        kept(2, "WebFetch(domain:evil.com)", RuleEffect.DENY),
-    ]
-    chosen = ruling(rules, "WebFetch", {"url": url})
-    assert chosen is not None
-    assert chosen.effect is RuleEffect.DENY
+    assert denied_by_evil_com(url)
 
 
 @pytest.mark.parametrize(
