@@ -154,7 +154,10 @@ class ApprovalFlow:
         else:
             state, why = ApprovalState.ALLOWED, f"allowed by rule {rule.id} ({rule.rule})"
         # Compare-and-set: if someone answered meanwhile, their answer stands.
-        decided = await self.store.decide_approval(approval, state, None, self.wall_clock(), why)
+        # ... and only while the rule holds: a revoke meanwhile means the room is asked.
+        decided = await self.store.decide_approval(
+            approval, state, None, self.wall_clock(), why, rule_id=rule.id
+        )
         current = await self.store.approval_by_number(approval.room, approval.number)
         return (approval if current is None else current), decided
 
