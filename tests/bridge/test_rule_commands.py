@@ -151,6 +151,7 @@ async def test_a_rule_that_could_never_match_is_refused_not_kept() -> None:
         "Read(.env)",
         "mcp__db__query(DROP:*)",
         "WebSearch(cats)",
+        "WebFetch(domain:*.evil.com)",
     ):
         refused = await room.say(BOB, f"!rules deny {rule}")
         assert refused is not None
