@@ -108,9 +108,10 @@ def unmatchable(rule: RuleText) -> str | None:
             return None
         return "claude names files by absolute path: start the pattern with `/` or `**/`"
     if rule.tool == "WebFetch":
-        if rule.pattern.startswith("domain:") and _normal_host(rule.pattern[len("domain:") :]):
+        host = rule.pattern.removeprefix("domain:")
+        if rule.pattern.startswith("domain:") and _normal_host(host) and "*" not in host:
             return None
-        return "a WebFetch pattern is `domain:HOST`"
+        return "a WebFetch pattern is `domain:HOST`, one host exactly"
     return (
         "only Bash, the file tools, the searches and WebFetch take a pattern"
         " (a bare name covers every use)"
