@@ -161,3 +161,19 @@ async def test_a_rule_that_could_never_match_is_refused_not_kept() -> None:
         kept = await room.say(BOB, f"!rules deny {rule}")
         assert kept is not None
         assert kept.startswith("Kept rule"), rule
+
+
+async def test_a_deny_rule_kept_says_it_stops_only_what_claude_asks() -> None:
+    # claude reads its directory, runs `cat` and (acceptEdits) edits without asking: a deny
+    # rule never sees those, and the room must not believe it stops them.
+    room = make_room(approvers=[BOB])
+    await room.ask("r1")
+    for said in (
+        await room.say(BOB, "!rules deny Read(/srv/app/.env)"),
+        await room.say(BOB, "!deny always #1"),
+    ):
+        assert said is not None
+        assert "only what claude asks for" in said
+    allowed = await room.say(BOB, "!rules allow Bash(npm test:*)")
+    assert allowed is not None
+    assert "only what claude asks for" not in allowed
