@@ -30,7 +30,7 @@ from bridge.store.base import (
     StoreError,
     ToolRule,
 )
-from bridge.tool_rules import keepable, rule_for
+from bridge.tool_rules import DENY_REACH, keepable, rule_for
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,8 @@ class ApprovalDesk:
             log.warning("could not keep the rule of request #%d", approval.number, exc_info=True)
             return None, "No rule was kept: the database failed."
         where = "this session" if scope is RuleScope.SESSION else "this room"
-        return kept, f"Kept rule {kept.id}: {effect.value} {code_span(rule)} in {where}."
+        said = f"Kept rule {kept.id}: {effect.value} {code_span(rule)} in {where}."
+        return kept, f"{said} {DENY_REACH}" if effect is RuleEffect.DENY else said
 
     async def expire_due(self) -> list[Approval]:
         """Deny every request nobody answered in time, telling claude it timed out."""

@@ -18,7 +18,7 @@ from bridge.core.model import Message
 from bridge.duration import format_duration
 from bridge.live_controls import LiveControls
 from bridge.store.base import RuleEffect, RuleScope, Store, ToolRule
-from bridge.tool_rules import keepable, parse_rule, unmatchable
+from bridge.tool_rules import DENY_REACH, keepable, parse_rule, unmatchable
 
 _ID = re.compile(r"#?([0-9]{1,12})")
 REVOKE_WORD = "revoke"
@@ -113,11 +113,11 @@ class RuleCommands:
         )
         if self.live is not None:
             await self.live.apply_rules(message.room)
-        await self.answer(
-            message,
+        said = (
             f"Kept rule `{kept.id}`: {effect.value} {code_span(kept.rule)} in this room,"
-            f" in every session, until `{self.prefix}rules revoke {kept.id}`.",
+            f" in every session, until `{self.prefix}rules revoke {kept.id}`."
         )
+        await self.answer(message, f"{said} {DENY_REACH}" if effect is RuleEffect.DENY else said)
 
 
 def rule_line(rule: ToolRule, now: float) -> str:

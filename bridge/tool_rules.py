@@ -95,6 +95,14 @@ _BUILT_IN = {
 }
 
 
+DENY_REACH = (
+    "A deny rule stops only what claude asks for: not what its permission mode lets it"
+    " do unasked (reading files of its directory, commands like `cat`, edits under"
+    " `acceptEdits`)."
+)
+"""Told with every deny rule kept, so the room does not believe it stops more."""
+
+
 def unmatchable(rule: RuleText) -> str | None:
     """Why ``rule`` could never cover a request (the room would believe it holds);
     None if it can."""
