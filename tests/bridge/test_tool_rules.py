@@ -319,3 +319,12 @@ def test_path_patterns_mean_what_they_say(pattern: str, path: str) -> None:
     assume(path and ".." not in path.split("/"))  # (never covered by an allow rule)
     expected = re.fullmatch(spelled, path, re.DOTALL) is not None
     assert covers(f"Read({pattern})", "Read", {"file_path": path}) is expected
+
+
+def test_a_deny_rule_of_a_shell_word_covers_it_too() -> None:
+    # `time` and `FOO=1` are skipped to find the command after them, and still denied
+    # when a rule names them.
+    for deny, command in (("Bash(time:*)", "time ls"), ("Bash(FOO=1 make:*)", "FOO=1 make x")):
+        chosen = ruling(deny_and_allow_all(deny), "Bash", {"command": command})
+        assert chosen is not None
+        assert chosen.effect is RuleEffect.DENY, deny
