@@ -216,12 +216,15 @@ def _command_denied(pattern: str, command: str) -> bool:
 
 
 def _commands(line: str) -> Iterator[list[str]]:
+    """Each command of the line as words, also from each word on that may start it
+    (past keywords and assignments)."""
     for part in _COMMAND_BREAKS.split(line):
         words = [_unquoted(w) for w in _words(part)]
-        while words and (words[0] in _BEFORE_COMMAND or _ASSIGNMENT.match(words[0])):
-            words = words[1:]
-        if words:
+        while words:
             yield words
+            if not (words[0] in _BEFORE_COMMAND or _ASSIGNMENT.match(words[0])):
+                break
+            words = words[1:]
 
 
 def _words(text: str) -> list[str]:
