@@ -44,7 +44,11 @@ _BLANKS = " \t"
 """What bash splits words on (Python's ``split()`` also splits on NBSP, ``\\x1c``...)."""
 _COMMAND_BREAKS = re.compile(r"[;&|<>`\n\r(){}]|\$\(")
 """Where another command may start in a line (a deny rule looks at each)."""
-_BEFORE_COMMAND = frozenset({"if", "then", "else", "elif", "do", "while", "until", "!", "time"})
+_BEFORE_COMMAND = frozenset(
+    {"if", "then", "else", "elif", "do", "while", "until", "!", "time"}
+    | {"sudo", "env", "nohup", "exec", "command", "builtin", "nice", "xargs", "doas"}
+)
+"""Words after which a line's command may start (keywords, and the usual wrappers)."""
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 _QUOTING = re.compile(r"['\"\\]")
 _SPECIAL_SCHEMES = frozenset({"http", "https", "ws", "wss", "ftp", "file"})
@@ -222,6 +226,8 @@ def _commands(line: str) -> Iterator[list[str]]:
         words = [_unquoted(w) for w in _words(part)]
         while words:
             yield words
+            if "/" in words[0]:  # /bin/rm is rm
+                yield [posixpath.basename(words[0]), *words[1:]]
             if not (words[0] in _BEFORE_COMMAND or _ASSIGNMENT.match(words[0])):
                 break
             words = words[1:]
