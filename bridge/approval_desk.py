@@ -75,7 +75,7 @@ class ApprovalDesk:
                 current = await self._current(approval)
                 kept, said = await self._keep(sender, current, choice, for_room)
                 told = deny_message(reason) if choice is ApprovalChoice.DENY else ""
-                note = await self.live.decide(current, choice, sender, told)
+                note = await self.live.decide(current, choice, sender, told, shown=said)
                 if kept is not None:
                     await self.live.apply_rules(current.room)
                 return " ".join(part for part in (outcome_text(current), said, note) if part)

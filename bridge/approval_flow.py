@@ -274,10 +274,16 @@ class ApprovalFlow:
     # -- LiveControls --
 
     async def decide(
-        self, approval: Approval, choice: ApprovalChoice, sender: UserId | None, reason: str
+        self,
+        approval: Approval,
+        choice: ApprovalChoice,
+        sender: UserId | None,
+        reason: str,
+        *,
+        shown: str = "",
     ) -> str:
         note = await self._answer(approval, choice, reason)
-        await self._show(approval)
+        await self._show(approval, shown)
         return note
 
     async def set_model(self, room: RoomKey, name: str) -> str:
@@ -319,8 +325,9 @@ class ApprovalFlow:
         # False: answered already (a replay after a restart), or withdrawn by claude.
         return "" if delivered else "(claude no longer waits on it.)"
 
-    async def _show(self, approval: Approval) -> None:
+    async def _show(self, approval: Approval, said: str = "") -> None:
         current = await self.store.approval_by_number(approval.room, approval.number)
         shown = current or approval
         if shown.message_id is not None:
-            await self.replier.close_approval(shown.room, shown.message_id, outcome_text(shown))
+            text = " ".join(part for part in (outcome_text(shown), said) if part)
+            await self.replier.close_approval(shown.room, shown.message_id, text)

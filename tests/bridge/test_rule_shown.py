@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import cast
 
 from bridge.approval_flow import ApprovalFlow
-from bridge.core.model import ExternalMessageId, RoomKey, SessionId
+from bridge.core.model import SessionId
 from bridge.core.transport import ApprovalAction, ApprovalChoice
 from bridge.live_runs import LiveRuns
 from bridge.replies import Replier
@@ -21,7 +21,9 @@ class Closing(Posting):
         super().__init__()
         self.closed: list[str] = []
 
-    async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
+    async def close_approval(self, *args: object) -> None:
+        *_where, text = args  # (room, message id, text)
+        assert isinstance(text, str)
         self.closed.append(text)
 
 
