@@ -30,7 +30,7 @@ from bridge.store.base import (
     StoreError,
     ToolRule,
 )
-from bridge.tool_rules import keepable, rule_for
+from bridge.tool_rules import DENY_REACH, keepable, rule_for
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class ApprovalDesk:
                 current = await self._current(approval)
                 kept, said = await self._keep(sender, current, choice, for_room)
                 told = deny_message(reason) if choice is ApprovalChoice.DENY else ""
-                note = await self.live.decide(current, choice, sender, told)
+                note = await self.live.decide(current, choice, sender, told, shown=said)
                 if kept is not None:
                     await self.live.apply_rules(current.room)
                 text = " ".join(part for part in (outcome_text(current), said, note) if part)
@@ -118,6 +118,8 @@ class ApprovalDesk:
             return None, ""
         effect = RuleEffect.DENY if choice is ApprovalChoice.DENY else RuleEffect.ALLOW
         wanted = rule_for(approval.tool_name, parse_input(approval.input_json))
+        if wanted is None:
+            return None, "No rule was kept: nothing narrower than the whole tool covers this use."
         if not keepable(wanted):
             return None, "No rule was kept: the use is too long to keep as a rule."
         rule = str(wanted)
@@ -140,7 +142,8 @@ class ApprovalDesk:
             log.warning("could not keep the rule of request #%d", approval.number, exc_info=True)
             return None, "No rule was kept: the database failed."
         where = "this session" if scope is RuleScope.SESSION else "this room"
-        return kept, f"Kept rule {kept.id}: {effect.value} {code_span(rule)} in {where}."
+        said = f"Kept rule {kept.id}: {effect.value} {code_span(rule)} in {where}."
+        return kept, f"{said} {DENY_REACH}" if effect is RuleEffect.DENY else said
 
     async def expire_due(self) -> list[Approval]:
         """Deny every request nobody answered in time, telling claude it timed out."""

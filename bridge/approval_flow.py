@@ -39,6 +39,7 @@ from bridge.approvals import (
     Verdict,
     cancel_reason,
     deny_message,
+    judge,
     timeout_message,
 )
 from bridge.config import Settings
@@ -55,7 +56,7 @@ from bridge.core.model import (
 from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
 from bridge.live_runs import LiveRuns
 from bridge.replies import Replier, in_conversation
-from bridge.store.base import Approval, ApprovalState, RuleEffect, Store, StoreError
+from bridge.store.base import Approval, ApprovalState, RuleEffect, Store, StoreError, ToolRule
 from bridge.tool_rules import ruling
 from bridge.tool_view import ToolView, input_digest, render
 from bridge.worktrees import in_worktree
@@ -176,6 +177,7 @@ class ApprovalFlow:
         except StoreError:
             log.warning("could not read the rules of %s: the room is asked", approval.room)
             return approval, False
+        rules = await self._not_own(approval, rules)
         rule = ruling(rules, approval.tool_name, parse_input(approval.input_json))
         if rule is None:
             return approval, False
@@ -184,9 +186,26 @@ class ApprovalFlow:
         else:
             state, why = ApprovalState.ALLOWED, f"allowed by rule {rule.id} ({rule.rule})"
         # Compare-and-set: if someone answered meanwhile, their answer stands.
-        decided = await self.store.decide_approval(approval, state, None, self.wall_clock(), why)
+        # ... and only while the rule holds: a revoke meanwhile means the room is asked.
+        decided = await self.store.decide_approval(
+            approval, state, None, self.wall_clock(), why, rule_id=rule.id
+        )
         current = await self.store.approval_by_number(approval.room, approval.number)
         return (approval if current is None else current), decided
+
+    async def _not_own(self, approval: Approval, rules: list[ToolRule]) -> list[ToolRule]:
+        """``rules`` but, with ``require_other_approver``, the allow rules one of the run's
+        own senders kept: nobody approves what they asked for, by a rule neither."""
+        room = self.settings.room(approval.room)
+        if room is None or not room.require_other_approver:
+            return rules
+        senders = await self.desk().batch_senders(approval)
+        return [
+            rule
+            for rule in rules
+            if rule.effect is RuleEffect.DENY
+            or judge(room, rule.created_by, senders) is not Verdict.OWN_RUN
+        ]
 
     async def apply_rules(self, room: RoomKey) -> None:
         """A rule was kept: the waiting requests of the room's runs here that it covers
@@ -356,10 +375,16 @@ class ApprovalFlow:
     # -- LiveControls --
 
     async def decide(
-        self, approval: Approval, choice: ApprovalChoice, sender: UserId | None, reason: str
+        self,
+        approval: Approval,
+        choice: ApprovalChoice,
+        sender: UserId | None,
+        reason: str,
+        *,
+        shown: str = "",
     ) -> str:
         note = await self._answer(approval, choice, reason)
-        await self._show(approval)
+        await self._show(approval, shown)
         return note
 
     async def set_model(self, room: RoomKey, name: str) -> str:
@@ -447,11 +472,12 @@ class ApprovalFlow:
         # False: answered already (a replay after a restart), or withdrawn by claude.
         return "" if delivered else "(claude no longer waits on it.)"
 
-    async def _show(self, approval: Approval) -> None:
+    async def _show(self, approval: Approval, said: str = "") -> None:
         current = await self.store.approval_by_number(approval.room, approval.number)
         shown = current or approval
         if shown.message_id is not None:
-            await self.replier.close_approval(shown.room, shown.message_id, outcome_text(shown))
+            text = " ".join(part for part in (outcome_text(shown), said) if part)
+            await self.replier.close_approval(shown.room, shown.message_id, text)
 
 
 def _write_private(path: Path, text: str) -> None:

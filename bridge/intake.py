@@ -36,8 +36,9 @@ from dispatcher import Dispatcher, RoomStatus
 
 log = logging.getLogger(__name__)
 
-_ANSWERS = frozenset({CommandName.APPROVE, CommandName.DENY})
-"""The commands of approvers who are not allowed users (answers to tool requests)."""
+_ANSWERS = frozenset({CommandName.APPROVE, CommandName.DENY, CommandName.RULES})
+"""The commands of approvers who are not allowed users: answers to tool requests and
+the rules those answers keep (`!rules`)."""
 
 
 def conversation_of(inbound: InboundMessage, room: RoomSettings) -> InboundMessage:

@@ -16,15 +16,22 @@ from bridge.store.base import Approval
 
 class LiveControls(Protocol):
     async def decide(
-        self, approval: Approval, choice: ApprovalChoice, sender: UserId | None, reason: str
+        self,
+        approval: Approval,
+        choice: ApprovalChoice,
+        sender: UserId | None,
+        reason: str,
+        *,
+        shown: str = "",
     ) -> str:
         """Hand a decision the store has just recorded to the run that asked.
 
         Called once per request (after the store's compare-and-set). For a
         denial ``reason`` is the message claude gets (``deny_message`` or
-        ``timeout_message``); ``sender`` is None for an expiry. Returns a
-        note for the room ("" when there is nothing to add, e.g. "the run
-        had already ended").
+        ``timeout_message``); ``sender`` is None for an expiry. ``shown``:
+        said with the outcome where the request is shown (the rule the answer
+        kept: a button's clicker gets no other answer). Returns a note for the
+        room ("" when there is nothing to add, e.g. "the run had already ended").
         """
         ...
 

@@ -18,7 +18,7 @@ from bridge.core.model import Message
 from bridge.duration import format_duration
 from bridge.live_controls import LiveControls
 from bridge.store.base import RuleEffect, RuleScope, Store, ToolRule
-from bridge.tool_rules import keepable, parse_rule
+from bridge.tool_rules import DENY_REACH, keepable, parse_rule, unmatchable
 
 _ID = re.compile(r"#?([0-9]{1,12})")
 REVOKE_WORD = "revoke"
@@ -51,7 +51,7 @@ class RuleCommands:
         p = self.prefix
         return (
             f"Say `{p}rules`, `{p}rules revoke N`, `{p}rules allow RULE` or"
-            f" `{p}rules deny RULE` (a rule: `Bash(npm test:*)`, `Edit(src/**)`, `WebFetch`)."
+            f" `{p}rules deny RULE` (a rule: `Bash(npm test:*)`, `Edit(/srv/app/**)`, `WebFetch`)."
         )
 
     async def _list(self, message: Message) -> None:
@@ -96,6 +96,12 @@ class RuleCommands:
         if rule is None or not keepable(rule):
             await self.answer(message, f"{code_span(argument)} is not a rule. {self._usage()}")
             return
+        why = unmatchable(rule)
+        if why is not None:
+            await self.answer(
+                message, f"{code_span(argument)} could never match a request: {why}. Not kept."
+            )
+            return
         kept = await self.store.add_rule(
             message.room,
             scope=RuleScope.ROOM,
@@ -107,11 +113,11 @@ class RuleCommands:
         )
         if self.live is not None:
             await self.live.apply_rules(message.room)
-        await self.answer(
-            message,
+        said = (
             f"Kept rule `{kept.id}`: {effect.value} {code_span(kept.rule)} in this room,"
-            f" in every session, until `{self.prefix}rules revoke {kept.id}`.",
+            f" in every session, until `{self.prefix}rules revoke {kept.id}`."
         )
+        await self.answer(message, f"{said} {DENY_REACH}" if effect is RuleEffect.DENY else said)
 
 
 def rule_line(rule: ToolRule, now: float) -> str:

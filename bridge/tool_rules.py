@@ -3,32 +3,56 @@
 Pure, no I/O. A rule is written in claude's rule syntax, ``Tool`` or
 ``Tool(pattern)``: ``Bash(npm test)`` is that command exactly,
 ``Bash(npm test:*)`` that command with any arguments; for the file tools
-(``Read``, ``Edit``, ``MultiEdit``, ``Write``, ``NotebookEdit``) the pattern
-is a path (``*`` within a directory, ``**`` across them); ``WebFetch(domain:
-example.com)`` names a host; a bare tool name covers every use of the tool.
+(``Read``, ``Edit``, ``MultiEdit``, ``Write``, ``NotebookEdit``, and the
+searches ``Grep``, ``Glob``, ``LS`` by their directory) the pattern is a
+path (``*`` within a directory, ``**`` across them);
+``WebFetch(domain:example.com)`` names a host; a bare tool name covers every use of the tool.
 The bridge matches them itself (they never reach claude's settings), and
-matches narrowly: a ``:*`` Bash rule never covers a command that chains,
-pipes, redirects or substitutes, so ``Bash(npm test:*)`` does not allow
-``npm test && rm -rf /``.
+matches an allow rule narrowly and a deny rule broadly: a ``:*`` allow rule
+never covers a command that chains, pipes, redirects or substitutes (so
+``Bash(npm test:*)`` does not allow ``npm test && rm -rf /``), while a deny
+rule covers each command of the line (``Bash(rm:*)`` denies ``true; rm x``);
+words are split as bash splits them (spaces and tabs only); an allow path rule
+never covers a path with ``..``, a deny path rule covers the path normalised
+too; a URL's host is read as claude (Node's URL) reads it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import posixpath
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from bridge.store.base import RuleEffect, ToolRule
 from bridge.store.rules import RULE_LIMIT_BYTES
 
 _RULE = re.compile(r"(?P<tool>[A-Za-z_][A-Za-z0-9_.:-]{0,199})(?:\((?P<pattern>.*)\))?", re.DOTALL)
-_PATH_TOOLS = frozenset({"Read", "Edit", "MultiEdit", "Write", "NotebookEdit"})
-_PATH_KEYS = ("file_path", "notebook_path")
+_PATH_TOOLS = frozenset(
+    {"Read", "Edit", "MultiEdit", "Write", "NotebookEdit", "Grep", "Glob", "LS"}
+)
+_PATH_KEYS = ("file_path", "notebook_path", "path")
+"""(The searches' ``path`` is a directory: their rule covers searches of it.)"""
 _PREFIX = ":*"
 _SHELL_JOINS = re.compile(r"[;&|<>`\n\r]|\$\(")
 """What lets one Bash command line run more than its first command."""
+_BLANKS = " \t"
+"""What bash splits words on (Python's ``split()`` also splits on NBSP, ``\\x1c``...)."""
+_COMMAND_BREAKS = re.compile(r"[;&|<>`\n\r(){}]|\$\(")
+"""Where another command may start in a line (a deny rule looks at each)."""
+_BEFORE_COMMAND = frozenset(
+    {"if", "then", "else", "elif", "do", "while", "until", "!", "time"}
+    | {"sudo", "env", "nohup", "exec", "command", "builtin", "nice", "xargs", "doas"}
+)
+"""Words after which a line's command may start (keywords, and the usual wrappers)."""
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+_QUOTING = re.compile(r"['\"\\]")
+_SPECIAL_SCHEMES = frozenset({"http", "https", "ws", "wss", "ftp", "file"})
+"""Schemes whose URLs Node reads ``\\`` in as ``/`` (the WHATWG URL standard)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,45 +77,106 @@ def parse_rule(text: str) -> RuleText | None:
     if match is None:
         return None
     pattern = match["pattern"]
-    if pattern is not None and not pattern.strip():
+    if pattern is not None and not pattern.strip(_BLANKS + "\n\r"):
         return None
     return RuleText(match["tool"], pattern)
 
 
-def rule_for(tool_name: str, tool_input: Mapping[str, Any]) -> RuleText:
+_BUILT_IN = {
+    name.lower(): name
+    for name in (
+        *_PATH_TOOLS,
+        "Bash",
+        "WebFetch",
+        "WebSearch",
+        "Task",
+        "TodoWrite",
+        "BashOutput",
+        "KillShell",
+        "ExitPlanMode",
+        "AskUserQuestion",
+    )
+}
+
+
+DENY_REACH = (
+    "A deny rule stops only what claude asks for: not what its permission mode lets it"
+    " do unasked (reading files of its directory, commands like `cat`, edits under"
+    " `acceptEdits`)."
+)
+"""Told with every deny rule kept, so the room does not believe it stops more."""
+
+
+def unmatchable(rule: RuleText) -> str | None:
+    """Why ``rule`` could never cover a request (the room would believe it holds);
+    None if it can."""
+    known = _BUILT_IN.get(rule.tool.lower())
+    if known is not None and known != rule.tool:
+        return f"the tool is `{known}`, not `{rule.tool}`"
+    if rule.pattern is None or rule.tool == "Bash":
+        return None
+    if rule.tool in _PATH_TOOLS:
+        if rule.pattern.startswith(("/", "*")):
+            return None
+        return "claude names files by absolute path: start the pattern with `/` or `**/`"
+    if rule.tool == "WebFetch":
+        host = rule.pattern.removeprefix("domain:")
+        if rule.pattern.startswith("domain:") and _normal_host(host) and "*" not in host:
+            return None
+        return "a WebFetch pattern is `domain:HOST`, one host exactly"
+    return (
+        "only Bash, the file tools, the searches and WebFetch take a pattern"
+        " (a bare name covers every use)"
+    )
+
+
+def rule_for(tool_name: str, tool_input: Mapping[str, Any]) -> RuleText | None:
     """The narrowest rule that covers this request again: the exact command, the file,
-    the URL's host; for a tool with no such field, the tool (claude's own convention)."""
-    command = tool_input.get("command")
-    if tool_name == "Bash" and isinstance(command, str) and command.strip():
-        return RuleText(tool_name, _exact(command))
+    the URL's host; for another tool, the tool (claude's own convention). None when
+    Bash, a file tool or WebFetch lacks its command, path or host: the rule would be
+    the whole tool, far more than what was shown."""
+    if tool_name == "Bash":
+        command = tool_input.get("command")
+        if isinstance(command, str) and command.strip(_BLANKS + "\n\r"):
+            return RuleText(tool_name, _exact(command))
+        return None
     if tool_name in _PATH_TOOLS:
         path = _path(tool_input)
-        if path:
-            return RuleText(tool_name, _exact(path))
-    url = tool_input.get("url")
-    if tool_name == "WebFetch" and isinstance(url, str):
-        host = urlsplit(url).hostname
-        if host:
-            return RuleText(tool_name, f"domain:{host}")
+        return RuleText(tool_name, _exact(path)) if path else None
+    if tool_name == "WebFetch":
+        host = _host(tool_input.get("url"))
+        return RuleText(tool_name, f"domain:{host}") if host else None
     return RuleText(tool_name, None)
 
 
-def matches(rule: RuleText, tool_name: str, tool_input: Mapping[str, Any]) -> bool:
-    """Whether ``rule`` covers claude's request to use ``tool_name`` with ``tool_input``."""
+def matches(
+    rule: RuleText,
+    tool_name: str,
+    tool_input: Mapping[str, Any],
+    effect: RuleEffect = RuleEffect.ALLOW,
+) -> bool:
+    """Whether ``rule`` covers claude's request to use ``tool_name`` with ``tool_input``:
+    narrowly for an allow rule, broadly for a deny rule (``effect``)."""
     if rule.tool != tool_name:
         return False
     if rule.pattern is None:
         return True
+    deny = effect is RuleEffect.DENY
     if tool_name == "Bash":
         command = tool_input.get("command")
-        return isinstance(command, str) and _command_matches(rule.pattern, command)
+        if not isinstance(command, str):
+            return False
+        if deny:
+            return _command_denied(rule.pattern, command)
+        # Out of claude's sandbox is not the use the rule was kept for: asked each time.
+        unsandboxed = tool_input.get("dangerouslyDisableSandbox") not in (None, False)
+        return not unsandboxed and _command_matches(rule.pattern, command)
     if tool_name in _PATH_TOOLS:
         path = _path(tool_input)
-        return path is not None and _glob(rule.pattern).fullmatch(path) is not None
+        return path is not None and _path_matches(rule.pattern, path, deny)
     if tool_name == "WebFetch" and rule.pattern.startswith("domain:"):
-        url = tool_input.get("url")
-        host = urlsplit(url).hostname if isinstance(url, str) else None
-        return host is not None and host == rule.pattern.removeprefix("domain:").lower()
+        host = _host(tool_input.get("url"))
+        return host is not None and host == _normal_host(rule.pattern.removeprefix("domain:"))
     return False
 
 
@@ -103,7 +188,8 @@ def ruling(
     covering = [
         rule
         for rule in rules
-        if (text := parse_rule(rule.rule)) is not None and matches(text, tool_name, tool_input)
+        if (text := parse_rule(rule.rule)) is not None
+        and matches(text, tool_name, tool_input, rule.effect)
     ]
     denying = [rule for rule in covering if rule.effect is RuleEffect.DENY]
     return next(iter(denying or covering), None)
@@ -111,13 +197,78 @@ def ruling(
 
 def _command_matches(pattern: str, command: str) -> bool:
     if not pattern.endswith(_PREFIX):
-        return command.strip() == _unescape(pattern).strip()
-    prefix = _unescape(pattern[: -len(_PREFIX)]).strip()
+        return command.strip(_BLANKS) == _unescape(pattern).strip(_BLANKS)
     if _SHELL_JOINS.search(command):
         return False
-    words = command.split()
-    wanted = prefix.split()
-    return bool(wanted) and words[: len(wanted)] == wanted
+    wanted = _words(_unescape(pattern[: -len(_PREFIX)]))
+    return bool(wanted) and _words(command)[: len(wanted)] == wanted
+
+
+def _command_denied(pattern: str, command: str) -> bool:
+    """Whether a deny rule covers any command of the line: its words, unquoted and
+    past assignments and keywords, start with (``:*``) or are the rule's."""
+    prefix = pattern.endswith(_PREFIX)
+    wanted = [
+        _unquoted(w) for w in _words(_unescape(pattern[: -len(_PREFIX)] if prefix else pattern))
+    ]
+    if not wanted:
+        return False
+    for words in _commands(command):
+        if words[: len(wanted)] == wanted and (prefix or len(words) == len(wanted)):
+            return True
+    return False
+
+
+def _commands(line: str) -> Iterator[list[str]]:
+    """Each command of the line as words, also from each word on that may start it
+    (past keywords and assignments)."""
+    for part in _COMMAND_BREAKS.split(line):
+        words = [_unquoted(w) for w in _words(part)]
+        while words:
+            yield words
+            if "/" in words[0]:  # /bin/rm is rm
+                yield [posixpath.basename(words[0]), *words[1:]]
+            if not (words[0] in _BEFORE_COMMAND or _ASSIGNMENT.match(words[0])):
+                break
+            words = words[1:]
+
+
+def _words(text: str) -> list[str]:
+    return [word for word in re.split(f"[{_BLANKS}]+", text) if word]
+
+
+def _unquoted(word: str) -> str:
+    return _QUOTING.sub("", word)
+
+
+def _path_matches(pattern: str, path: str, deny: bool) -> bool:
+    if deny:
+        return _glob_matches(pattern, path) or _glob_matches(pattern, posixpath.normpath(path))
+    # ``a/../b``: the kernel resolves ``a`` first (it may be a link), so no pattern
+    # says where it leads.
+    return ".." not in PurePosixPath(path).parts and _glob_matches(pattern, path)
+
+
+def _host(url: object) -> str | None:
+    """The host claude fetches ``url`` from, as Node's URL reads it; None if none."""
+    if not isinstance(url, str):
+        return None
+    text = re.sub(r"[\t\n\r]", "", url.strip("".join(map(chr, range(0x21)))))
+    if text.partition(":")[0].lower() in _SPECIAL_SCHEMES:
+        text = text.replace("\\", "/")
+    try:
+        host = urlsplit(text).hostname
+    except ValueError:
+        return None
+    return _normal_host(host) if host else None
+
+
+def _normal_host(host: str) -> str | None:
+    """``host`` as compared: percent-decoded, lower case, no trailing dot, IDNA."""
+    name = unquote(host).lower().rstrip(".")
+    with contextlib.suppress(UnicodeError):  # not a name IDNA takes: compared as it is
+        name = name.encode("idna").decode("ascii")
+    return name or None
 
 
 def _path(tool_input: Mapping[str, Any]) -> str | None:
@@ -128,27 +279,70 @@ def _path(tool_input: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _glob(pattern: str) -> re.Pattern[str]:
-    """A path pattern: ``**`` crosses directories, ``*`` and ``?`` do not; the rest is literal."""
-    out = []
+_ANY = "**"
+_WITHIN = "*"
+_ONE = "?"
+
+
+def _glob_matches(pattern: str, path: str) -> bool:
+    """Whether ``path`` matches the path pattern: ``**`` crosses directories, ``*`` and
+    ``?`` do not, ``\\`` escapes; the rest is literal. The pattern's steps are followed
+    all at once (a set of positions), never by backtracking: time is the path's length
+    times the pattern's, whatever either holds."""
+    steps = _glob_steps(pattern)
+    at = _past_stars(steps, {0})
+    for char in path:
+        moved = set()
+        for i in at:
+            if i == len(steps):
+                continue
+            special, text = steps[i]
+            if special and text == _ANY:
+                moved.add(i)
+            elif special and text == _WITHIN:
+                if char != "/":
+                    moved.add(i)
+            elif special:  # _ONE
+                if char != "/":
+                    moved.add(i + 1)
+            elif text == char:
+                moved.add(i + 1)
+        at = _past_stars(steps, moved)
+        if not at:
+            return False
+    return len(steps) in at
+
+
+def _glob_steps(pattern: str) -> list[tuple[bool, str]]:
+    """The pattern as steps: (True, a wildcard) or (False, a literal character)."""
+    steps = []
     i = 0
     while i < len(pattern):
-        if pattern.startswith("**", i):
-            out.append(".*")
+        if pattern.startswith(_ANY, i):
+            steps.append((True, _ANY))
             i += 2
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
+        elif pattern[i] in (_WITHIN, _ONE):
+            steps.append((True, pattern[i]))
             i += 1
         elif pattern[i] == "\\" and i + 1 < len(pattern):
-            out.append(re.escape(pattern[i + 1]))
+            steps.append((False, pattern[i + 1]))
             i += 2
         else:
-            out.append(re.escape(pattern[i]))
+            steps.append((False, pattern[i]))
             i += 1
-    return re.compile("".join(out), re.DOTALL)
+    return steps
+
+
+def _past_stars(steps: list[tuple[bool, str]], at: set[int]) -> set[int]:
+    """``at`` and the positions past the stars there (a star may match nothing)."""
+    todo = list(at)
+    reached = set(at)
+    while todo:
+        i = todo.pop()
+        if i < len(steps) and steps[i] in ((True, _ANY), (True, _WITHIN)) and i + 1 not in reached:
+            reached.add(i + 1)
+            todo.append(i + 1)
+    return reached
 
 
 _SPECIAL = re.compile(r"[\\*?()]")

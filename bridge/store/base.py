@@ -600,12 +600,15 @@ class Store(Protocol):
         decided_by: UserId | None,
         decided_at: float,
         reason: str = "",
+        *,
+        rule_id: int | None = None,
     ) -> bool:
         """Decide a pending request (allowed, allowed_session, denied, expired), audited.
 
         Compare-and-set: only a request still pending changes, so of two
         approvers answering at once exactly one call returns True; the
-        other changes nothing, audits nothing and returns False.
+        other changes nothing, audits nothing and returns False. ``rule_id``:
+        the kept rule deciding it, which must still hold (not revoked) too.
         """
         ...
 

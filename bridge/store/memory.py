@@ -755,8 +755,10 @@ class MemoryStore:
         decided_by: UserId | None,
         decided_at: float,
         reason: str = "",
+        *,
+        rule_id: int | None = None,
     ) -> bool:
-        """Decide the request if it is still pending, audited."""
+        """Decide the request if it is still pending (and its rule holds), audited."""
         self._check_open()
         require_decision(state)
         require_storable(reason)
@@ -764,6 +766,10 @@ class MemoryStore:
         stored = self._approvals.get(approval.id)
         if stored is None or stored.state is not ApprovalState.PENDING:
             return False
+        if rule_id is not None:
+            rule = self._rules.get(rule_id)
+            if rule is None or rule.revoked_at is not None:
+                return False
         self._approvals[approval.id] = replace(
             stored, state=state, decided_by=decided_by, decided_at=decided_at, reason=reason
         )

@@ -1504,10 +1504,21 @@ class SqlStore:
         decided_by: UserId | None,
         decided_at: float,
         reason: str = "",
+        *,
+        rule_id: int | None = None,
     ) -> bool:
-        """Decide the request if it is still pending (one conditional UPDATE), audited."""
+        """Decide the request if it is still pending and its rule (if any) holds (one
+        conditional UPDATE), audited."""
         require_decision(state)
         reason = approval_reason(reason)
+        holds = []
+        if rule_id is not None:
+            if not 0 < rule_id <= _MAX_NUMBER:
+                return False
+            rule = select(ToolRuleRow.id).where(
+                ToolRuleRow.id == rule_id, ToolRuleRow.revoked_at.is_(None)
+            )
+            holds.append(rule.exists())
 
         def body(s: Session) -> bool:
             decided = s.scalar(
@@ -1515,6 +1526,7 @@ class SqlStore:
                 .where(
                     ApprovalRow.id == approval.id,
                     ApprovalRow.state == ApprovalState.PENDING.value,
+                    *holds,
                 )
                 .values(
                     state=state.value,

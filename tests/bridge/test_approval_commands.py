@@ -53,7 +53,13 @@ class FakeLive:
         self.rules_applied.append(room)
 
     async def decide(
-        self, approval: Approval, choice: ApprovalChoice, sender: UserId | None, reason: str
+        self,
+        approval: Approval,
+        choice: ApprovalChoice,
+        sender: UserId | None,
+        reason: str,
+        *,
+        shown: str = "",
     ) -> str:
         self.decisions.append((approval.number, choice, sender, reason))
         return ""

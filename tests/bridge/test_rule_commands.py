@@ -138,3 +138,42 @@ async def test_a_use_too_long_for_a_rule_is_allowed_once_and_no_rule_is_kept() -
     assert too_long is not None
     assert "is not a rule" in too_long
     assert await room.store.active_rules(ROOM, SessionId("s-1")) == []
+
+
+async def test_a_rule_that_could_never_match_is_refused_not_kept() -> None:
+    # The room would read "Kept rule 1: deny `bash`" and believe Bash denied.
+    room = make_room(approvers=[BOB])
+    for rule in (
+        "bash",
+        "webfetch(domain:evil.com)",
+        "WebFetch(https://evil.com)",
+        "Edit(src/**)",
+        "Read(.env)",
+        "mcp__db__query(DROP:*)",
+        "WebSearch(cats)",
+        "WebFetch(domain:*.evil.com)",
+    ):
+        refused = await room.say(BOB, f"!rules deny {rule}")
+        assert refused is not None
+        assert "could never" in refused, rule
+    assert await room.store.active_rules(ROOM, None) == []
+    for rule in ("Edit(/srv/app/**)", "Read(**/.env)", "WebFetch(domain:x.org)", "mcp__db__query"):
+        kept = await room.say(BOB, f"!rules deny {rule}")
+        assert kept is not None
+        assert kept.startswith("Kept rule"), rule
+
+
+async def test_a_deny_rule_kept_says_it_stops_only_what_claude_asks() -> None:
+    # claude reads its directory, runs `cat` and (acceptEdits) edits without asking: a deny
+    # rule never sees those, and the room must not believe it stops them.
+    room = make_room(approvers=[BOB])
+    await room.ask("r1")
+    for said in (
+        await room.say(BOB, "!rules deny Read(/srv/app/.env)"),
+        await room.say(BOB, "!deny always #1"),
+    ):
+        assert said is not None
+        assert "only what claude asks for" in said
+    allowed = await room.say(BOB, "!rules allow Bash(npm test:*)")
+    assert allowed is not None
+    assert "only what claude asks for" not in allowed

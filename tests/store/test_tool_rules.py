@@ -7,8 +7,9 @@ import asyncio
 import pytest
 
 from bridge.core.model import RoomId, RoomKey, SessionId, TransportName, UserId
-from bridge.store.base import AuditAction, RuleEffect, RuleScope, ToolRule
+from bridge.store.base import ApprovalState, AuditAction, RuleEffect, RuleScope, ToolRule
 from tests.store.conftest import InspectableStore
+from tests.store.test_approvals import ask
 
 ROOM = RoomKey(TransportName("slack"), RoomId("C1"))
 THREAD = ROOM.in_thread("1700000000.000100")
@@ -125,3 +126,20 @@ async def test_of_two_revokes_at_once_one_revokes_and_one_row_is_audited(
     assert [r is not None for r in (first, second)].count(True) == 1
     trail = await store.audit_trail(room=ROOM)
     assert [a.action for a in trail].count(AuditAction.RULE_REVOKED) == 1
+
+
+async def test_a_rule_decides_a_request_only_while_it_holds(store: InspectableStore) -> None:
+    # A revoke landing between reading the rules and deciding: "asked again" holds.
+    kept = await keep(store, "Bash(ls)")
+    first = await ask(store, "r1", room=ROOM)
+    second = await ask(store, "r2", room=ROOM)
+    assert await store.decide_approval(
+        first, ApprovalState.ALLOWED, None, 101.0, "by rule", rule_id=kept.id
+    )
+    await store.revoke_rule(ROOM, kept.id, BOB, 102.0)
+    assert not await store.decide_approval(
+        second, ApprovalState.ALLOWED, None, 103.0, "by rule", rule_id=kept.id
+    )
+    found = await store.approval_by_number(ROOM, second.number)
+    assert found is not None
+    assert found.state is ApprovalState.PENDING
