@@ -239,6 +239,11 @@ class RoomDefaults(_Section):
     """The largest file ``send_file`` posts (``"20M"`` accepted)."""
     send_files_need_approval: bool = False
     """``send_file`` is not pre-allowed: claude's own rules (and ``approve_tools``) decide."""
+    summarize_changes: bool = True
+    """A run in a git working directory that changed files: its answer ends with what
+    changed, and the whole diff follows as a file (bridge/changes.py)."""
+    run_figures: bool = True
+    """The run's status message ends with its turns and cost beside its duration."""
 
     @field_validator("memory_max", "max_send_file_bytes", mode="before")
     @classmethod

@@ -194,6 +194,25 @@ class FilePosts:
             log.info("file %s queued for the room", copy.name)
         self.outbox.submit(entries)
 
+    async def post_text(
+        self, run_id: RunId, batch: Batch, tag: str, *, name: str, text: str, comment: str
+    ) -> None:
+        """Post ``text`` as a file ``name`` in ``batch``'s conversation, once per run and
+        ``tag`` (a run's diff): written privately under the state directory, recorded,
+        handed to the outbox, which removes it once posted. Never raises (but
+        cancellation)."""
+        key = post_key(run_id, tag)
+        into = (self.state_dir / FILES_DIR / key).absolute()
+        try:
+            path = await asyncio.to_thread(_write_private, into / name, text)
+            reply = replace(in_conversation(batch, comment, ReplyKind.RESULT), file=str(path))
+            entries = await self._record(reply, key)
+            if entries:
+                self.metrics.files_sent.labels("queued").inc()
+            self.outbox.submit(entries)
+        except Exception:
+            log.exception("could not post %s to the room", name)
+
     async def _record(self, reply: Reply, key: str) -> list[OutboxEntry]:
         """``enqueue_once``, tried again while the store fails (safe: keyed)."""
         for delay in (*RECORD_RETRY_DELAYS_S, None):
@@ -230,3 +249,13 @@ class RunFiles:
             case _:
                 pass
         return None
+
+
+def _write_private(path: Path, text: str) -> Path:
+    """``text`` into ``path`` (its folder 0700, the file 0600, whatever the umask)."""
+    private_dirs(path.parent)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE)
+    os.fchmod(fd, FILE_MODE)
+    with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
+        f.write(text)
+    return path

@@ -83,6 +83,8 @@ class ProgressMessage:
     _last_sent: float | None = None
     _dirty: bool = False
     _skipped: bool = False
+    figures: str = ""
+    """What the run's end says beside its duration (turns, cost): its last edit shows it."""
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _closed: asyncio.Event = field(default_factory=asyncio.Event)
     _posting: asyncio.Future[None] | None = None
@@ -92,6 +94,8 @@ class ProgressMessage:
         head = f"{finished} after {elapsed}" if finished else f"Working… {elapsed}"
         if self.tool_count:
             head += f" · {self.tool_count} tool use{'s' if self.tool_count != 1 else ''}"
+        if finished and self.figures:
+            head += f" · {self.figures}"
         return "\n".join([head, *(f"- {t}" for t in self.tools)])
 
     def close(self) -> None:

@@ -68,6 +68,7 @@ from typing import Any
 from bridge.approval_flow import ApprovalFlow
 from bridge.attachments import FetchedFile, Inbox, Limits, shown_images
 from bridge.budget import Budgets
+from bridge.changes import Changes, Snapshot, changes, snapshot, summary_line
 from bridge.config import RoomSettings, Settings
 from bridge.core import stages
 from bridge.core.aio import shielded
@@ -377,6 +378,8 @@ class _Live:
     """The task asking the room each of claude's requests, by request id: a withdrawal
     is recorded only after its request was (else the request would be posted after it)."""
     limited: UsageLimited | None = None
+    baseline: Snapshot | None = None
+    """The run's git working directory before claude got the prompt (``summarize_changes``)."""
     """claude said the account's usage limit refused the run (see :mod:`bridge.usage`)."""
     journal_trouble: bool = False
     """The room was told its journal cannot be written (once per run)."""
@@ -796,6 +799,10 @@ class RunExecutor:
         if isinstance(prepared, RunReport):
             return prepared
         request, prestarted = prepared
+        room = self.settings.room(batch.room)
+        if room is not None and room.summarize_changes and live.baseline is None:
+            # Before claude has the prompt: nothing of the run has touched the files yet.
+            live.baseline = await snapshot(request.cwd)
         session = request.session_id
         on_event = self._on_event(run, live)
 
@@ -869,6 +876,9 @@ class RunExecutor:
         prompt = build_prompt(batch, files)
         request = await self._request(batch.room, room, run.id, prompt, state)
         request = replace(request, images=tuple(images))
+        if request.fork_session:
+            # Used up by the run that forks (not by a prestart, which may be given up).
+            await self._forking(batch.room)
         prestarted = await taken.prestarted(request) if taken is not None else None
         return request, prestarted
 
@@ -919,8 +929,6 @@ class RunExecutor:
             await asyncio.sleep(delay)
         if session is not None:
             await self._restore_transcript(key, room, session)
-        if overrides.fork:
-            await self._forking(key)
         return run_request(self.settings, room, run_id, prompt, session, overrides)
 
     async def _forking(self, key: RoomKey) -> None:
@@ -1389,6 +1397,9 @@ class RunExecutor:
                         report.exit_code,
                     )
                 report = replace(report, status=RunStatus.SUCCEEDED)
+            room = self.settings.room(run.batch.room)
+            if room is not None and room.run_figures:
+                run.progress.figures = _figures(report)
             await self._cosmetics(run, live, report.status, settled)
             if self.approvals is not None and not live.lost:
                 # A request still being recorded (claude asked as the run ended) is
@@ -1429,6 +1440,9 @@ class RunExecutor:
             report, result_text=safe_text(report.result_text), error=safe_text(report.error)
         )
         replies = self._replies(run.id, batch, report)
+        changed = await self._changes(live)
+        if changed is not None and replies:
+            replies[0] = replace(replies[0], text=f"{replies[0].text}\n\n{summary_line(changed)}")
         # A usage limit: the room is told when it resets (and of the retry then).
         limits = self.limits if report.status is RunStatus.FAILED else None
         limited = usage_limit(live.limited, report.result_text) if limits else None
@@ -1462,6 +1476,8 @@ class RunExecutor:
             settled = _nothing
         else:
             settled = self.outbox.submit(entries)
+            if changed is not None and replies:
+                await self._post_diff(run, changed)
         self.metrics.runs_finished.labels(report.status.value).inc()
         self.metrics.run_duration.observe(max(0.0, ended - run.started))
         if report.cost_usd:
@@ -1471,6 +1487,41 @@ class RunExecutor:
             )
         log.info("run ended: %s", report.status.value)
         return settled
+
+    async def _changes(self, live: _Live) -> Changes | None:
+        """What the run changed in its git working directory; None if nothing (or not
+        asked for, or git could not say in time: the answer does not wait longer)."""
+        if live.baseline is None:
+            return None
+        try:
+            async with asyncio.timeout(CHANGES_TIMEOUT_S):
+                return await changes(live.baseline)
+        except TimeoutError:
+            log.warning("git took over %gs to say what the run changed", CHANGES_TIMEOUT_S)
+            return None
+
+    async def _post_diff(self, run: _Run, changed: Changes) -> None:
+        """The whole diff, after the answer, within the room's file limits."""
+        room = self.settings.room(run.batch.room)
+        if self.file_posts is None or room is None or not changed.patch:
+            return
+        size = len(changed.patch.encode())
+        if not room.send_files or size > room.max_send_file_bytes:
+            await self.notices.say(
+                run.batch.room,
+                f"The run's diff ({size} bytes) is not attached: it is over the room's file"
+                " limit (`max_send_file_bytes`).",
+                about=run.batch,
+            )
+            return
+        await self.file_posts.post_text(
+            run.id,
+            run.batch,
+            "changes",
+            name=f"{run.id}.diff",
+            text=changed.patch,
+            comment="The run's changes.",
+        )
 
     async def _cosmetics(
         self, run: _Run, live: _Live, status: RunStatus, settled: Callable[[], Awaitable[None]]
@@ -1603,3 +1654,17 @@ class RunExecutor:
             log.info("gave up waiting to %s after %gs", what, self.cosmetic_timeout_s)
         except Exception:
             log.warning("could not %s", what, exc_info=True)
+
+
+CHANGES_TIMEOUT_S = 10.0
+"""How long the answer waits for git to say what the run changed."""
+
+
+def _figures(report: RunReport) -> str:
+    """``3 turns · $0.0123``: what the status message's last edit adds (unknown left out)."""
+    parts = []
+    if report.num_turns:
+        parts.append(f"{report.num_turns} turn{'s' if report.num_turns != 1 else ''}")
+    if report.cost_usd is not None:
+        parts.append(f"${report.cost_usd:.4f}")
+    return " · ".join(parts)
