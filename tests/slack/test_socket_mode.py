@@ -147,6 +147,32 @@ async def test_every_connection_catches_up_what_was_sent_while_none_was_open() -
         assert s.fake.calls_to("conversations.history") == 3  # one answered 429
 
 
+async def test_a_live_message_during_an_unfinished_catch_up_does_not_lose_what_it_missed() -> None:
+    """A live message let through while the catch-up still waits (a 429) must not move
+    the channel's mark past what the catch-up has yet to read: after a restart the
+    message sent while down is still caught up."""
+    store = MemoryStore()
+    channel = RoomKey(TransportName("slack"), RoomId(CHANNEL))
+    await store.mark_seen({channel: ExternalMessageId("100.000001")}, 1000.0)
+    down = human("100.000002", "while down")
+    async with session(marks=store) as s:
+        s.fake.history.append(down)
+        s.fake.rate_limited["conversations.history"] = [3600]  # the catch-up waits an hour
+        ws = await s.next_socket()
+        await ws.send_json(message_envelope("E1", "100.000003", "live"))
+        assert await s.ack() == "E1"  # handed over once the live hold ran out
+        assert s.sink.texts == ["live"]
+    assert (await store.seen_marks(TransportName("slack")))[channel] < "100.000002"
+    async with session(marks=store) as s:
+        s.fake.history += [down, human("100.000003", "live")]
+        await s.next_socket()
+        await s.sink.wait_for(1)
+        async with asyncio.timeout(10):
+            await s.transport.caught_up.wait()
+        # "live" again too: the store's idempotent accept drops it.
+        assert s.sink.texts == ["while down", "live"]
+
+
 async def test_unsettled_envelope_is_not_acked_and_is_taken_on_redelivery() -> None:
     async with session() as s:
         first = await s.next_socket()
