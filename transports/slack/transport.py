@@ -417,7 +417,7 @@ class SlackTransport(Transport):
                 marks.setdefault(room.room_id, {})[room.thread] = last
             work.marks = marks
         marks, cutoff, pending = work.marks, work.cutoff, work.pending
-        history = History(self._client)
+        history = History(self._client, self._sleep)
         for channel in sorted(pending):
             try:
                 missed = await history.missed(
