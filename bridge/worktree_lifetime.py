@@ -4,9 +4,9 @@ removed by a sweep once its thread has had no run for ``worktree_idle_days``.
 A worktree in use (its conversation has a run or waiting messages) is never
 touched. Rooms may share a repository: a room lists and prunes only its own
 threads' worktrees (and those made before worktrees named their room), and
-any room's work keeps a worktree in use. Removing one keeps its work (:meth:`Worktrees.retire`): uncommitted
-changes are committed to its branch, which stays; the thread is told. See
-docs/conversations.md ("Worktrees").
+any room's work keeps a worktree in use. Removing one keeps its work
+(:meth:`Worktrees.retire`): uncommitted changes are committed to its
+branch, which stays; the thread is told. See docs/conversations.md ("Worktrees").
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ that are counted, so the room can be told. A channel the bot cannot read
 (``not_in_channel``, a missing scope) is skipped with a warning. The marks
 are compared as Slack ts (seconds and microseconds), and so is everything
 read, since a server may ignore ``oldest``. A 429 is waited out where it
-came, so what was read is not read again (Slack may allow one call a minute). See docs/conversations.md.
+came, so what was read is not read again (Slack may allow one call a
+minute). See docs/conversations.md.
 """
 
 from __future__ import annotations
