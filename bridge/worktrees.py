@@ -180,8 +180,18 @@ class Worktrees:
             with contextlib.suppress(OSError):
                 os.utime(tree.base_file)
             with contextlib.suppress(OSError):
-                if tree.thread and not tree.thread_file.exists():
-                    tree.thread_file.write_text(f"{tree.thread}\n{tree.owner}\n", encoding="utf-8")
+                self._name_thread(tree)
+
+    @staticmethod
+    def _name_thread(tree: Worktree) -> None:
+        """Write the thread file, unless it names the thread and its room already (one
+        made before worktrees named their room gets the room now)."""
+        if not tree.thread:
+            return
+        text = f"{tree.thread}\n{tree.owner}\n"
+        file = tree.thread_file
+        if not file.exists() or len(file.read_text(encoding="utf-8").split()) < 3:
+            file.write_text(text, encoding="utf-8")
 
     async def _make(self, tree: Worktree) -> None:
         """Make the worktree (under the repository lock)."""

@@ -204,3 +204,28 @@ async def test_rooms_sharing_a_repository_prune_only_their_own_worktrees(repo: P
     assert pruned == 1
     assert [where for where, _ in told] == [ours.in_thread("mine")]
     assert branch_of("busy") not in listed
+
+
+async def test_a_worktree_made_before_it_named_its_room_gets_it_at_its_next_run(
+    repo: Path,
+) -> None:
+    room = RoomKey(TransportName("slack"), RoomId("C1"))
+    other = RoomKey(TransportName("slack"), RoomId("C2"))
+    settings = RoomSettings(key=room, cwd=repo, conversation="thread", worktree=True)
+    tree = worktree_of(room.in_thread("old"), settings)
+    assert tree is not None
+    worktrees = Worktrees()
+    await worktrees.ensure(tree)
+    tree.thread_file.write_text("old\n", encoding="utf-8")  # as an earlier version wrote it
+
+    async def running() -> list[RoomKey]:
+        return []
+
+    async def say(where: RoomKey, text: str) -> None:
+        pass
+
+    lifetimes = Lifetimes(worktrees, lambda: [(room, settings)], lambda _: [], running, say)
+    assert len(await lifetimes.found(other, settings)) == 1  # not known whose: seen by all
+    await worktrees.ensure(tree)
+    assert await lifetimes.found(other, settings) == []
+    assert [f.tree.thread for f in await lifetimes.found(room, settings)] == ["old"]
