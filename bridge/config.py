@@ -555,6 +555,7 @@ class Settings(BaseSettings):
         self._rooms = rooms
         self._check_automation()
         self._check_ledger()
+        self._check_catch_up()
         self._check_cluster()
         return self
 
@@ -584,6 +585,20 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"database.retention_days: {self.database.retention_days:g} is too short for"
                 " a daily budget, which sums the day's runs: it must be at least 1"
+            )
+
+    def _check_catch_up(self) -> None:
+        """Slack's catch-up hands over again what it reads after a thread's mark; the
+        store drops it only while it keeps the message (and the mark)."""
+        if self.slack is None:
+            return
+        max_age_s = self.slack.catch_up_max_age_s
+        if max_age_s > self.database.retention_days * 86400:
+            raise ValueError(
+                f"slack.catch_up_max_age_s: {max_age_s:g} reaches further back than"
+                f" database.retention_days ({self.database.retention_days:g}) keeps messages,"
+                " so a message caught up again after its record was pruned would run twice:"
+                " lower it or keep messages longer"
             )
 
     def _check_automation(self) -> None:

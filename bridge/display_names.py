@@ -3,13 +3,15 @@
 The name is NFKC-normalised first, so the fullwidth form of ``(@U0ALICE)``
 is judged as what it reads as; then every bracket, quote and at-sign, and
 every look-alike NFKC does not fold (ornamental brackets, modifier quotes),
-goes, with invisible and bidi control characters. Repeated until nothing
+goes (by category, and by what its Unicode name says it is), with invisible
+and bidi control characters. Repeated until nothing
 changes, so what is left NFKC-folds to nothing of the kind either.
 See docs/files-and-context.md ("What claude is told").
 """
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 _GONE_CATEGORIES = frozenset({"Ps", "Pe", "Pi", "Pf", "Cc", "Cf", "Co", "Cn", "Cs", "Zl", "Zp"})
@@ -25,6 +27,11 @@ _GONE_CHARS = frozenset(
 """Characters outside those categories that read as a bracket, quote or ``@``, or
 show as nothing."""
 _VARIATION_SELECTORS = (range(0xFE00, 0xFE10), range(0xE0100, 0xE01F0), range(0x180B, 0x1810))
+_NAMED_LIKE = re.compile(
+    r"PARENTHESIS|BRACKET|COMMERCIAL AT|QUOTATION|DOUBLE APOSTROPHE|LESS-THAN|GREATER-THAN"
+)
+"""What a character's Unicode name says when it reads as a bracket, quote or ``@``
+whatever its category: bracket pieces (``⎛``), math brackets, combining parentheses."""
 
 
 def clean_display_name(name: str, limit: int) -> str:
@@ -43,4 +50,6 @@ def _gone(ch: str) -> bool:
     if ch in _GONE_CHARS or unicodedata.category(ch) in _GONE_CATEGORIES:
         return True
     code = ord(ch)
-    return any(code in selectors for selectors in _VARIATION_SELECTORS)
+    if any(code in selectors for selectors in _VARIATION_SELECTORS):
+        return True
+    return not ch.isascii() and _NAMED_LIKE.search(unicodedata.name(ch, "")) is not None

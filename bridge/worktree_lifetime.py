@@ -2,9 +2,11 @@
 removed by a sweep once its thread has had no run for ``worktree_idle_days``.
 
 A worktree in use (its conversation has a run or waiting messages) is never
-touched. Removing one keeps its work (:meth:`Worktrees.retire`): uncommitted
-changes are committed to its branch, which stays; the thread is told. See
-docs/conversations.md ("Worktrees").
+touched. Rooms may share a repository: a room lists and prunes only its own
+threads' worktrees (and those made before worktrees named their room), and
+any room's work keeps a worktree in use. Removing one keeps its work
+(:meth:`Worktrees.retire`): uncommitted changes are committed to its
+branch, which stays; the thread is told. See docs/conversations.md ("Worktrees").
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from bridge.config import RoomSettings
 from bridge.core.model import RoomKey
-from bridge.worktrees import WORKTREES, Worktree, Worktrees, named, worktree_of
+from bridge.worktrees import WORKTREES, Worktree, Worktrees, named, owner_of, worktree_of
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +61,10 @@ def found(
     working = {tree.path for tree in _in_use(settings, busy)}
     trees = []
     for path in entries:
-        tree = named(path.name, settings, _thread(path))
+        thread, owner = _thread(path)
+        if owner and owner != owner_of(room):
+            continue  # another room's thread, in the same repository
+        tree = named(path.name, settings, thread, owner)
         try:
             idle = max(0.0, now - tree.base_file.stat().st_mtime)
         except OSError:
@@ -68,11 +73,14 @@ def found(
     return sorted(trees, key=lambda f: -f.idle_s)
 
 
-def _thread(path: Path) -> str:
+def _thread(path: Path) -> tuple[str, str]:
+    """The thread and the room (:func:`owner_of`) a worktree's thread file names."""
     try:
-        return path.with_name(path.name + ".thread").read_text(encoding="utf-8").strip()
+        text = path.with_name(path.name + ".thread").read_text(encoding="utf-8")
     except OSError:
-        return ""
+        return "", ""
+    thread, _, owner = text.partition("\n")
+    return thread.strip(), owner.strip()
 
 
 def listing(trees: Sequence[Found]) -> str:
@@ -106,10 +114,10 @@ class Lifetimes:
     clock: Callable[[], float] = time.time
 
     async def busy_in(self, room: RoomKey) -> list[RoomKey]:
-        """``room``'s conversations with work here, or a run on any replica."""
-        channel = room.channel
-        others = [key for key in await self.running() if key.channel == channel]
-        return [*self.busy(room), *others]
+        """Conversations with work here or a run on any replica, of every room: rooms
+        may share ``room``'s repository, and a worktree is found by its thread alone."""
+        here = [key for other, _ in self.rooms() for key in self.busy(other)]
+        return [*self.busy(room), *here, *await self.running()]
 
     async def found(self, room: RoomKey, settings: RoomSettings) -> list[Found]:
         """:func:`found`, with what is busy now."""

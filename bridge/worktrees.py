@@ -52,6 +52,9 @@ class Worktree:
     the repository's top has the same place in each thread's checkout)."""
     thread: str = ""
     """The thread's id, when known (a worktree found on disk names it in its thread file)."""
+    owner: str = ""
+    """The room whose thread it is (:func:`owner_of`), when known: rooms may share a
+    repository, and each lists and prunes only its own threads' worktrees."""
 
     @property
     def base_file(self) -> Path:
@@ -61,8 +64,14 @@ class Worktree:
 
     @property
     def thread_file(self) -> Path:
-        """Where the thread's id is kept, so a worktree found on disk can name its thread."""
+        """Where the thread's id and its room (:attr:`owner`) are kept, one a line, so a
+        worktree found on disk can name its thread."""
         return self.path.with_name(self.path.name + ".thread")
+
+
+def owner_of(room: RoomKey) -> str:
+    """How a worktree names the room of its thread (transport and room id, no blanks)."""
+    return f"{room.transport} {room.room_id}"
 
 
 def slug(thread: str) -> str:
@@ -77,17 +86,19 @@ def worktree_of(key: RoomKey, room: RoomSettings) -> Worktree | None:
     """The worktree of the conversation ``key``, if its room gives threads one."""
     if not room.worktree or not key.thread:
         return None
-    return named(slug(key.thread), room, key.thread)
+    return named(slug(key.thread), room, key.thread, owner_of(key))
 
 
-def named(name: str, room: RoomSettings, thread: str = "") -> Worktree:
+def named(name: str, room: RoomSettings, thread: str = "", owner: str = "") -> Worktree:
     """The worktree called ``name`` (a :func:`slug`) of ``room``."""
     repo = room.cwd.resolve()
     path = repo / WORKTREES / name
     top = _top(repo)
     workdir = path if top is None else path / repo.relative_to(top)
     branch = BRANCH_PREFIX + name
-    return Worktree(repo=repo, path=path, branch=branch, workdir=workdir, thread=thread)
+    return Worktree(
+        repo=repo, path=path, branch=branch, workdir=workdir, thread=thread, owner=owner
+    )
 
 
 def _top(directory: Path) -> Path | None:
@@ -169,8 +180,18 @@ class Worktrees:
             with contextlib.suppress(OSError):
                 os.utime(tree.base_file)
             with contextlib.suppress(OSError):
-                if tree.thread and not tree.thread_file.exists():
-                    tree.thread_file.write_text(tree.thread + "\n", encoding="utf-8")
+                self._name_thread(tree)
+
+    @staticmethod
+    def _name_thread(tree: Worktree) -> None:
+        """Write the thread file, unless it names the thread and its room already (one
+        made before worktrees named their room gets the room now)."""
+        if not tree.thread:
+            return
+        text = f"{tree.thread}\n{tree.owner}\n"
+        file = tree.thread_file
+        if not file.exists() or len(file.read_text(encoding="utf-8").split()) < 3:
+            file.write_text(text, encoding="utf-8")
 
     async def _make(self, tree: Worktree) -> None:
         """Make the worktree (under the repository lock)."""

@@ -350,3 +350,21 @@ def test_host_port_settings_come_from_the_environment_as_text(
     assert settings.slack is not None
     assert str(settings.slack.listen) == "0.0.0.0:3001"
     assert str(settings.http.listen) == "0.0.0.0:8080"
+
+
+def test_slack_catch_up_reaches_no_further_back_than_the_database_keeps_messages(
+    tmp_path: Path,
+) -> None:
+    # The catch-up hands over again what it reads after a thread's (or a thread
+    # broadcast's) mark; the store drops it only while it still keeps the message.
+    # Kept for half a day and caught up from a day back, a reply run in the morning
+    # ran again after an evening restart.
+    slack = "[slack]\nbot_token = 'x'\napp_token = 'y'\n"
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, f"[database]\nretention_days = 0.5\n{slack}"))
+    assert "slack.catch_up_max_age_s" in str(info.value)
+    assert "database.retention_days" in str(info.value)
+    short = f"{slack}catch_up_max_age_s = 43200\n"
+    off = f"{slack}catch_up_max_age_s = 0\n"
+    for fine in (short, off):
+        load_settings(write(tmp_path, f"[database]\nretention_days = 0.5\n{fine}"))

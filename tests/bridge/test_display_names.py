@@ -92,3 +92,20 @@ def test_the_real_id_is_always_the_last_bracket_of_an_attribution(
         assert last == f"{sender})"
         assert before
         assert not FORBIDDEN & set(before)
+
+
+LOOKS_ID_SHAPED = re.compile(
+    r"PARENTHESIS|BRACKET|COMMERCIAL AT|QUOTATION|DOUBLE APOSTROPHE|LESS-THAN|GREATER-THAN"
+)
+
+
+def test_no_character_named_a_bracket_quote_or_at_sign_survives() -> None:
+    """Not only Ps/Pe/Pi/Pf: bracket pieces (``⎛U0ALICE⎞``, math symbols), combining
+    parentheses and the like read as brackets too, whatever their category."""
+    kept = []
+    for code in range(0x110000):
+        ch = chr(code)
+        if LOOKS_ID_SHAPED.search(unicodedata.name(ch, "")):
+            shown = clean_display_name(f"Alice {ch}U0ALICE{ch}", NAME_CHARS)
+            kept += [c for c in shown if LOOKS_ID_SHAPED.search(unicodedata.name(c, ""))]
+    assert kept == []

@@ -171,3 +171,61 @@ async def test_a_worktree_another_replica_runs_in_stays(repo: Path) -> None:
     assert tree_of(repo, "theirs").exists()
     assert [where for where, _ in told] == [room.in_thread("mine")]
     assert f"`{branch_of('theirs')}` at `{tree_of(repo, 'theirs')}`: in use" in listed
+
+
+async def test_rooms_sharing_a_repository_prune_only_their_own_worktrees(repo: Path) -> None:
+    """Two rooms may work in one repository (one cwd): a prune in one neither removes
+    the other's worktrees (one with a run starting in it above all) nor tells it there."""
+    ours = RoomKey(TransportName("slack"), RoomId("C1"))
+    theirs = RoomKey(TransportName("slack"), RoomId("C2"))
+    rooms = [
+        (room, RoomSettings(key=room, cwd=repo, conversation="thread", worktree=True))
+        for room in (ours, theirs)
+    ]
+    worktrees = Worktrees()
+    for (room, settings), thread in zip(rooms, ("mine", "busy"), strict=True):
+        tree = worktree_of(room.in_thread(thread), settings)
+        assert tree is not None
+        await worktrees.ensure(tree)
+    busy = {theirs: [theirs.in_thread("busy")]}
+    told: list[tuple[RoomKey, str]] = []
+
+    async def running() -> list[RoomKey]:
+        return []
+
+    async def say(where: RoomKey, text: str) -> None:
+        told.append((where, text))
+
+    lifetimes = Lifetimes(worktrees, lambda: rooms, lambda r: busy.get(r, []), running, say)
+    listed = listing(await lifetimes.found(ours, rooms[0][1]))
+    pruned = await lifetimes.prune(ours, rooms[0][1], 0.0, "pruned")
+    assert tree_of(repo, "busy").exists()
+    assert not tree_of(repo, "mine").exists()
+    assert pruned == 1
+    assert [where for where, _ in told] == [ours.in_thread("mine")]
+    assert branch_of("busy") not in listed
+
+
+async def test_a_worktree_made_before_it_named_its_room_gets_it_at_its_next_run(
+    repo: Path,
+) -> None:
+    room = RoomKey(TransportName("slack"), RoomId("C1"))
+    other = RoomKey(TransportName("slack"), RoomId("C2"))
+    settings = RoomSettings(key=room, cwd=repo, conversation="thread", worktree=True)
+    tree = worktree_of(room.in_thread("old"), settings)
+    assert tree is not None
+    worktrees = Worktrees()
+    await worktrees.ensure(tree)
+    tree.thread_file.write_text("old\n", encoding="utf-8")  # as an earlier version wrote it
+
+    async def running() -> list[RoomKey]:
+        return []
+
+    async def say(where: RoomKey, text: str) -> None:
+        pass
+
+    lifetimes = Lifetimes(worktrees, lambda: [(room, settings)], lambda _: [], running, say)
+    assert len(await lifetimes.found(other, settings)) == 1  # not known whose: seen by all
+    await worktrees.ensure(tree)
+    assert await lifetimes.found(other, settings) == []
+    assert [f.tree.thread for f in await lifetimes.found(room, settings)] == ["old"]

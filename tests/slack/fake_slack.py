@@ -84,6 +84,10 @@ class FakeSlack:
     history: list[dict[str, Any]] = field(default_factory=list)
     """People's messages in the channel, oldest first (``conversations.history`` lists
     them, newest first, with the bot's own posts)."""
+    history_spacing_s: float = 0.0
+    """``conversations.*`` answers one call per this many seconds, a 429 with that
+    Retry-After in between (Slack's limit for some apps is one a minute)."""
+    history_answered_at: float | None = None
     display_names: dict[str, str] = field(default_factory=dict)
     """User id -> display name that ``users.info`` answers with."""
     users_info_hangs: bool = False
@@ -122,6 +126,16 @@ async def _api(request: web.Request) -> web.StreamResponse:
             status=429,
             headers={"Retry-After": str(retry_after)},
         )
+    if fake.history_spacing_s and method.startswith("conversations."):
+        now = asyncio.get_running_loop().time()
+        last = fake.history_answered_at
+        if last is not None and now - last < fake.history_spacing_s:
+            return web.json_response(
+                {"ok": False, "error": "ratelimited"},
+                status=429,
+                headers={"Retry-After": str(fake.history_spacing_s)},
+            )
+        fake.history_answered_at = now
     failures = fake.errors.get(method)
     if failures:
         return web.json_response({"ok": False, "error": failures.pop(0)})

@@ -147,6 +147,59 @@ async def test_every_connection_catches_up_what_was_sent_while_none_was_open() -
         assert s.fake.calls_to("conversations.history") == 3  # one answered 429
 
 
+async def test_a_live_message_during_an_unfinished_catch_up_does_not_lose_what_it_missed() -> None:
+    """A live message let through while the catch-up still waits (a 429) must not move
+    the channel's mark past what the catch-up has yet to read: after a restart the
+    message sent while down is still caught up."""
+    store = MemoryStore()
+    channel = RoomKey(TransportName("slack"), RoomId(CHANNEL))
+    await store.mark_seen({channel: ExternalMessageId("100.000001")}, 1000.0)
+    down = human("100.000002", "while down")
+    async with session(marks=store) as s:
+        s.fake.history.append(down)
+        s.fake.rate_limited["conversations.history"] = [3600]  # the catch-up waits an hour
+        ws = await s.next_socket()
+        await ws.send_json(message_envelope("E1", "100.000003", "live"))
+        assert await s.ack() == "E1"  # handed over once the live hold ran out
+        assert s.sink.texts == ["live"]
+    assert (await store.seen_marks(TransportName("slack")))[channel] < "100.000002"
+    async with session(marks=store) as s:
+        s.fake.history += [down, human("100.000003", "live")]
+        await s.next_socket()
+        await s.sink.wait_for(1)
+        async with asyncio.timeout(10):
+            await s.transport.caught_up.wait()
+        # "live" again too: the store's idempotent accept drops it.
+        assert s.sink.texts == ["while down", "live"]
+
+
+async def test_a_catch_up_needing_more_calls_than_a_rate_limit_window_allows_finishes() -> None:
+    """Some apps may call conversations.* once a minute: each answered call must count,
+    not be read again from the channel's first page after every 429."""
+    store = MemoryStore()
+    channel = RoomKey(TransportName("slack"), RoomId(CHANNEL))
+    await store.mark_seen({channel: ExternalMessageId("100.000001")}, 1000.0)
+    async with session(marks=store) as s:
+        parent = human("100.000002", "a question")
+        parent.update(
+            thread_ts="100.000002",
+            reply_count=2,
+            latest_reply="100.000004",
+            reply_users=["U0ALICE"],
+        )
+        s.fake.history += [parent, human("100.000005", "a follow-up")]
+        for ts in ("100.000003", "100.000004"):
+            s.fake.history.append({**human(ts, f"reply {ts}"), "thread_ts": "100.000002"})
+        s.fake.history.sort(key=lambda m: str(m["ts"]))
+        s.fake.history_spacing_s = 0.3
+        await s.next_socket()
+        async with asyncio.timeout(10):
+            await s.sink.wait_for(4)
+            await s.transport.caught_up.wait()
+        replies = ["reply 100.000003", "reply 100.000004"]
+        assert s.sink.texts == ["a question", *replies, "a follow-up"]
+
+
 async def test_unsettled_envelope_is_not_acked_and_is_taken_on_redelivery() -> None:
     async with session() as s:
         first = await s.next_socket()

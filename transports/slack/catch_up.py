@@ -13,18 +13,22 @@ Nothing older than the maximum age is read; top-level messages skipped for
 that are counted, so the room can be told. A channel the bot cannot read
 (``not_in_channel``, a missing scope) is skipped with a warning. The marks
 are compared as Slack ts (seconds and microseconds), and so is everything
-read, since a server may ignore ``oldest``. See docs/conversations.md.
+read, since a server may ignore ``oldest``. A 429 is waited out where it
+came, so what was read is not read again (Slack may allow one call a
+minute). See docs/conversations.md.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from bridge.core.transport import RateLimited, TransportError
 from transports.slack.inbound import HUMAN_SUBTYPES, SLACK
@@ -38,6 +42,9 @@ MAX_PAGES = 50
 """Pages read per channel or thread at most: a bound on one catch-up's work."""
 MAX_THREADS = 100
 """Threads with recent activity read per channel at most (the most recent first)."""
+WAITS_PER_CALL = 10
+"""429s one call waits out (each as long as Slack asks) before the catch-up gives up
+on this attempt: a limit of one call a minute must not restart a channel's reading."""
 UNREADABLE = frozenset({"not_in_channel", "channel_not_found", "missing_scope", "no_permission"})
 """Answers no retry changes: the channel is skipped (and the log says why)."""
 
@@ -87,8 +94,12 @@ class Missed:
 class History:
     """Reads a channel's history with the bot's Web API client."""
 
-    def __init__(self, client: AsyncWebClient) -> None:
+    def __init__(
+        self, client: AsyncWebClient, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    ) -> None:
+        """``sleep`` waits out a 429 (for tests)."""
         self._client = client
+        self._sleep = sleep
 
     async def missed(
         self, channel: str, marks: Mapping[str, str], cutoff: str, bridge_user: str
@@ -182,15 +193,7 @@ class History:
         messages: list[dict[str, Any]] = []
         cursor = ""
         for _ in range(MAX_PAGES):
-            call = (
-                self._client.conversations_history
-                if method == "conversations.history"
-                else self._client.conversations_replies
-            )
-            try:
-                response = await call(**args, limit=PAGE, cursor=cursor or None)
-            except SlackApiError as exc:
-                raise _translated(exc, method) from exc
+            response = await self._call(method, limit=PAGE, cursor=cursor or None, **args)
             page = response.get("messages")
             messages.extend(m for m in page or () if isinstance(m, dict))
             meta = response.get("response_metadata") or {}
@@ -199,6 +202,26 @@ class History:
                 return messages
         log.warning("slack catch-up: %s of %s has more than %d pages", method, args, MAX_PAGES)
         return messages
+
+    async def _call(self, method: str, **args: Any) -> AsyncSlackResponse:
+        """One page, a 429 waited out (up to :data:`WAITS_PER_CALL` times) so that what
+        was read so far is not read again."""
+        call = (
+            self._client.conversations_history
+            if method == "conversations.history"
+            else self._client.conversations_replies
+        )
+        waits = 0
+        while True:
+            try:
+                return await call(**args)
+            except SlackApiError as exc:
+                problem = _translated(exc, method)
+                if not isinstance(problem, RateLimited) or waits >= WAITS_PER_CALL:
+                    raise problem from exc
+            waits += 1
+            log.info("slack catch-up: %s rate limited; waiting %gs", method, problem.retry_after_s)
+            await self._sleep(problem.retry_after_s)
 
 
 def _replied_after(parent: Mapping[str, Any], after: str, bridge_user: str) -> bool:

@@ -5,7 +5,10 @@ saver writes the newest noted marks to the store (:class:`SeenMarks`) in one
 transaction, coalescing what is noted meanwhile, so no event waits for the
 write. A mark not written yet (a crash first) only makes the next catch-up
 read from an older place, and the store's idempotent accept drops what was
-handed over already. See transports/slack/catch_up.py.
+handed over already. While a connection's catch-up has yet to finish a
+channel, that channel's marks are held back (:meth:`MarkSaver.hold`): a live
+message let through meanwhile must not move the mark past what the catch-up
+has not read yet. See transports/slack/catch_up.py.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
-from bridge.core.model import ExternalMessageId, RoomKey
+from bridge.core.model import ExternalMessageId, RoomId, RoomKey
 from bridge.core.transport import SeenMarks
 from transports.slack.catch_up import ts_key
 
@@ -33,14 +36,31 @@ class MarkSaver:
         self._store = store
         self._wall = wall
         self._noted: dict[RoomKey, ExternalMessageId] = {}
+        self._held: dict[RoomId, dict[RoomKey, ExternalMessageId]] = {}
         self._wake = asyncio.Event()
 
     def note(self, room: RoomKey, ts: str) -> None:
         """``ts`` was handed over in ``room`` (its thread, or "" for the channel). Never waits."""
-        kept = self._noted.get(room)
-        if kept is None or (ts_key(ts) or (0, 0)) > (ts_key(kept) or (0, 0)):
-            self._noted[room] = ExternalMessageId(ts)
+        held = self._held.get(room.room_id)
+        if held is not None:
+            _keep_newer(held, room, ts)
+        elif _keep_newer(self._noted, room, ts):
             self._wake.set()
+
+    def hold(self, channels: Iterable[RoomId]) -> None:
+        """Keep the marks noted in ``channels`` back until :meth:`release` (a catch-up
+        is to read them); what was held for an earlier catch-up is forgotten."""
+        self._held = {channel: {} for channel in channels}
+
+    def release(self, channel: RoomId) -> None:
+        """``channel`` is caught up: its held marks (and later ones) are written."""
+        for room, ts in self._held.pop(channel, {}).items():
+            self.note(room, ts)
+
+    def forget_held(self) -> None:
+        """A catch-up ended unfinished: its channels' held marks are not written (the
+        next catch-up reads from the older marks; the store drops what it had)."""
+        self._held = {}
 
     async def run(self) -> None:
         """Write noted marks until cancelled; then write what is left, once."""
@@ -66,3 +86,12 @@ class MarkSaver:
             log.warning("slack: could not save seen marks: %s: %s", type(exc).__name__, exc)
             for room, ts in marks.items():
                 self.note(room, ts)
+
+
+def _keep_newer(marks: dict[RoomKey, ExternalMessageId], room: RoomKey, ts: str) -> bool:
+    """Put ``ts`` in ``marks`` unless an as new one is there; whether it was put."""
+    kept = marks.get(room)
+    if kept is None or (ts_key(ts) or (0, 0)) > (ts_key(kept) or (0, 0)):
+        marks[room] = ExternalMessageId(ts)
+        return True
+    return False

@@ -258,6 +258,9 @@ class SlackTransport(Transport):
             self._up_since = self._clock()
             if self._marks is not None and self._settings.catch_up_max_age_s > 0:
                 self.caught_up.clear()
+                if self._saver is not None:
+                    # Until a channel is caught up, no mark of it may pass what it missed.
+                    self._saver.hold(self._room_ids)
                 catch_up = self._catch_up(self._marks, identity, sink)
                 catching_up.append(asyncio.create_task(catch_up, name="slack-catch-up"))
             ready.set()
@@ -401,6 +404,8 @@ class SlackTransport(Transport):
         except SinkClosed:
             log.info("slack catch-up: shutting down; the next start reads the rest")
         finally:
+            if self._saver is not None:
+                self._saver.forget_held()
             self.caught_up.set()
 
     async def _catch_up_once(
@@ -412,7 +417,7 @@ class SlackTransport(Transport):
                 marks.setdefault(room.room_id, {})[room.thread] = last
             work.marks = marks
         marks, cutoff, pending = work.marks, work.cutoff, work.pending
-        history = History(self._client)
+        history = History(self._client, self._sleep)
         for channel in sorted(pending):
             try:
                 missed = await history.missed(
@@ -421,6 +426,8 @@ class SlackTransport(Transport):
             except Unreadable as exc:
                 log.warning("slack catch-up: cannot read %s (%s); skipped", channel, exc)
                 pending.discard(channel)
+                if self._saver is not None:
+                    self._saver.release(channel)
                 continue
             await self._hand_over_missed(channel, missed, identity, sink)
             # Nothing before the cutoff is read again (the skipped ones are told once).
@@ -428,6 +435,7 @@ class SlackTransport(Transport):
                 self._saver.note(
                     RoomKey(SLACK, RoomId(channel)), later(missed.newest or cutoff, cutoff)
                 )
+                self._saver.release(channel)
             pending.discard(channel)
 
     async def _hand_over_missed(
