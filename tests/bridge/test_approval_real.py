@@ -50,3 +50,49 @@ async def test_an_edit_with_replace_all_is_shown_as_the_files_diff_and_runs_as_s
             bridge.send("!approve")
             await bridge.wait_for("Debug is on.")
     assert conf.read_text() == "name = x\ndebug = true\nport = 1\ndebug = true\n"
+
+
+@pytest.mark.parametrize(
+    ("before", "edit", "removed", "after"),
+    [
+        # An old_string replaced by nothing takes its line's newline: the line goes.
+        ("one\ntwo\nthree\n", ("two", ""), "\n* -two\n*  three", "one\nthree\n"),
+        # Straight quotes find the file's curly ones; the CLI edits that line.
+        (
+            "a\nsay \u2018hi\u2019\n",
+            ("say 'hi'", "say 'bye'"),
+            "\n* -say \u2018hi\u2019\n",
+            "a\nsay \u2018bye\u2019\n",
+        ),
+    ],
+)
+async def test_an_edit_is_shown_as_the_real_cli_applies_it(
+    tmp_path: Path, before: str, edit: tuple[str, str], removed: str, after: str
+) -> None:
+    path = tmp_path / "f.txt"
+    path.write_text(before)
+    old, new = edit
+    script = [
+        Turn(tools=(ToolCall("Read", {"file_path": str(path)}),)),
+        Turn(
+            tools=(
+                ToolCall("Edit", {"file_path": str(path), "old_string": old, "new_string": new}),
+            )
+        ),
+        Turn(text="Edited."),
+    ]
+    async with ModelServer(script) as server:
+        config = write_config(
+            tmp_path,
+            {"runner": {"claude_bin": str(claude_bin())}, "defaults": {"approve_tools": True}},
+            env=claude_env(server.url, tmp_path / "home"),
+        )
+        async with asyncio.timeout(WAIT_S), ConsoleSession(load_settings(config)) as bridge:
+            bridge.send("edit it")
+            out = await bridge.wait_for("Unanswered, it is denied in")
+            shown = out[out.index("Claude asks to use `Edit`") :]
+            assert removed in shown
+            assert "not in the file" not in shown
+            bridge.send("!approve")
+            await bridge.wait_for("Edited.")
+    assert path.read_text() == after
