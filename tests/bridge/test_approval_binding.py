@@ -9,7 +9,7 @@ from typing import cast
 import pytest
 
 from bridge.approval_flow import CHANGED, STALE, ApprovalFlow
-from bridge.core.model import Reply
+from bridge.core.model import ExternalMessageId, Reply
 from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
 from bridge.live_runs import LiveRuns
 from bridge.replies import Replier
@@ -166,3 +166,42 @@ async def test_an_edit_of_an_unchanged_file_is_allowed_as_shown(tmp_path: Path) 
     await bound.flow.on_action(bound.act(ApprovalChoice.ALLOW))
     [answer] = bound.answers()
     assert answer == {"behavior": "allow", "updatedInput": edit}
+
+
+class Narrow(Room):
+    """A chat whose request message holds ``limit`` characters; files post."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.requests: list[str] = []
+        self.files: list[str] = []
+
+    def approval_fits(self, room: object, text: str) -> bool:
+        return len(text) <= self.limit
+
+    async def post_file(self, reply: Reply, key: str) -> bool:
+        assert reply.file is not None
+        self.files.append(Path(reply.file).read_text())
+        return True
+
+    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
+        self.requests.append(request.text)
+        return await super().post_approval(request, ref)
+
+
+async def test_a_request_of_many_short_fields_is_never_cut_unsaid(tmp_path: Path) -> None:
+    # Each field is short, so none is shortened; together they do not fit: the request
+    # must not go out for the transport to cut (the last fields, the answer line).
+    fields: dict[str, object] = {f"field_{i:02d}": "v" * 150 for i in range(30)}
+    fields["bcc"] = "everyone@evil.example"
+    bound = Bound(tmp_path)
+    room = Narrow(3000)
+    bound.flow.replier = cast(Replier, room)
+    await bound.asks(PermissionAsked("r1", "mcp__mail__send", fields, "tu1", "", ()))
+    [whole] = room.files
+    assert "everyone@evil.example" in whole
+    [request] = room.requests
+    assert len(request) <= room.limit
+    assert "approve #1" in request
+    assert "everyone@evil.example" in request or "not shown here" in request
