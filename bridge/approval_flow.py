@@ -170,7 +170,12 @@ class ApprovalFlow:
         limit = SHORT_BLOCK
         while True:
             text = request_text(approval, prefix, timeout_s, view.markdown(limit))
-            if limit <= MIN_BLOCK or self.replier.approval_fits(batch.room, text):
+            if self.replier.approval_fits(batch.room, text):
+                break
+            if limit <= MIN_BLOCK:
+                # Fields too many to fit even shortened (none is cut inline): say so,
+                # rather than leave the transport to cut off the last ones unsaid.
+                text = request_text(approval, prefix, timeout_s, view.pointer())
                 break
             limit //= 2
         return await self.replier.post_approval(

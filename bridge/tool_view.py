@@ -70,6 +70,13 @@ class ToolView:
             lines.append(f"{label}:\n{code_block(text, part.info)}")
         return "\n".join(lines) if lines else "(no input)"
 
+    def pointer(self) -> str:
+        """In place of the parts, when even shortened they do not fit: how much there is."""
+        return (
+            f"[{len(self.parts)} fields, {self.size} characters: not shown here, too"
+            f" many to fit; {ELSEWHERE}]"
+        )
+
     @property
     def size(self) -> int:
         """Characters of all the parts' text and keys (what "how much there is" counts)."""
