@@ -64,13 +64,15 @@ async def test_an_edit_with_replace_all_is_shown_as_the_files_diff_and_runs_as_s
             "\n* -say \u2018hi\u2019\n",
             "a\nsay \u2018bye\u2019\n",
         ),
+        # A file of CRLF lines: the CLI matches "a\nb" and keeps the file's line ends.
+        ("a\r\nb\r\nc\r\n", ("a\nb", "x\ny"), "\n* -a\n* -b\n* +x\n* +y\n", "x\r\ny\r\nc\r\n"),
     ],
 )
 async def test_an_edit_is_shown_as_the_real_cli_applies_it(
     tmp_path: Path, before: str, edit: tuple[str, str], removed: str, after: str
 ) -> None:
     path = tmp_path / "f.txt"
-    path.write_text(before)
+    path.write_bytes(before.encode())
     old, new = edit
     script = [
         Turn(tools=(ToolCall("Read", {"file_path": str(path)}),)),
@@ -95,4 +97,4 @@ async def test_an_edit_is_shown_as_the_real_cli_applies_it(
             assert "not in the file" not in shown
             bridge.send("!approve")
             await bridge.wait_for("Edited.")
-    assert path.read_text() == after
+    assert path.read_bytes().decode() == after

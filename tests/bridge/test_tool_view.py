@@ -176,3 +176,13 @@ def test_an_edit_matching_only_with_curly_quotes_shows_the_lines_it_changes(
     assert "not in the file" not in shown
     assert "-say \u2018hi\u2019\n+say" in shown
     assert "quotes" in shown
+
+
+def test_an_edit_of_a_crlf_file_shows_the_lines_it_changes(tmp_path: Path) -> None:
+    # The real CLI matches "\n" in old_string against the file's "\r\n" (and keeps them).
+    path = tmp_path / "f.txt"
+    path.write_bytes(b"a\r\nb\r\nc\r\n")
+    edit = {"file_path": str(path), "old_string": "a\nb", "new_string": "x\ny"}
+    shown = render("Edit", edit).markdown()
+    assert "not in the file" not in shown
+    assert "-a\n-b\n+x\n+y\n c" in shown
