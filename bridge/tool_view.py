@@ -189,6 +189,8 @@ def _change(tool_name: str, tool_input: Mapping[str, Any], path: Path | None) ->
         return None
     used = frozenset({"edits"} if tool_name == "MultiEdit" else {"old_string", "new_string"})
     if current is not None:
+        # As the CLI: old_string's "\n" matches the file's "\r\n" (kept in the file).
+        current = current.replace("\r\n", "\n")
         after, missing, curly = _apply(current, edits)
         if missing is None:
             label = "Change"
