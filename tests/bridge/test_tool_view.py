@@ -186,3 +186,15 @@ def test_an_edit_of_a_crlf_file_shows_the_lines_it_changes(tmp_path: Path) -> No
     shown = render("Edit", edit).markdown()
     assert "not in the file" not in shown
     assert "-a\n-b\n+x\n+y\n c" in shown
+
+
+def test_characters_that_render_as_nothing_are_shown_as_escapes() -> None:
+    # Variation selectors and Hangul fillers are letters or marks, not formatting
+    # characters, yet show as nothing or as a blank: a payload spelled in them
+    # ("emoji smuggling") would run unseen.
+    hidden = "".join(chr(0xFE00 + i) for i in range(16)) + "\U000e0100\u3164\u115f\u034f"
+    command = f"python3 -c \"exec(bytes(ord(c) - 0xFE00 for c in 'x{hidden}'))\""
+    shown = render("Bash", {"command": command}).markdown()
+    assert not set(hidden) & set(shown)
+    for char in hidden:
+        assert f"\\u{{{ord(char):04x}}}" in shown
