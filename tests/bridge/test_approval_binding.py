@@ -205,3 +205,28 @@ async def test_a_request_of_many_short_fields_is_never_cut_unsaid(tmp_path: Path
     assert len(request) <= room.limit
     assert "approve #1" in request
     assert "everyone@evil.example" in request or "not shown here" in request
+
+
+class Down(Room):
+    """A chat that takes notices but not the request (a post failing after its retries)."""
+
+    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
+        self.posted.set()
+        return None
+
+
+async def test_a_request_the_room_could_not_be_posted_is_denied_not_left_to_approve_blind(
+    tmp_path: Path,
+) -> None:
+    # Left waiting, it would be listed by !status ("approve #N") and answerable by
+    # command, though nobody was ever shown what it runs.
+    bound = Bound(tmp_path)
+    room = Down()
+    bound.flow.replier = cast(Replier, room)
+    await bound.asks(bound.asked)
+    assert await bound.store.pending_approvals() == []
+    [answer] = bound.answers()
+    assert isinstance(answer, dict)
+    assert answer["behavior"] == "deny"
+    [said] = room.sent
+    assert "denied without asking" in said
