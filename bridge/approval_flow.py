@@ -145,6 +145,10 @@ class ApprovalFlow:
             posted = await self._post(batch, approval, view, room.approval_timeout_s)
             if posted is not None:
                 await self.store.set_approval_message(approval, posted)
+            elif (await self._current(approval)).state is ApprovalState.PENDING:
+                # Not shown (the post failed): left waiting it would be listed by
+                # !status and answerable by command, approved by someone who never saw it.
+                await self._refuse_unseen(batch, approval, "the request could not be posted")
         finally:
             self._posting.discard(posting)
             posting.set_result(None)
@@ -385,9 +389,11 @@ class ApprovalFlow:
         # False: answered already (a replay after a restart), or withdrawn by claude.
         return "" if delivered else "(claude no longer waits on it.)"
 
+    async def _current(self, approval: Approval) -> Approval:
+        return await self.store.approval_by_number(approval.room, approval.number) or approval
+
     async def _show(self, approval: Approval) -> None:
-        current = await self.store.approval_by_number(approval.room, approval.number)
-        shown = current or approval
+        shown = await self._current(approval)
         if shown.message_id is not None:
             await self.replier.close_approval(shown.room, shown.message_id, outcome_text(shown))
 
