@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 from pathlib import Path
 
 from hypothesis import given
@@ -198,3 +201,22 @@ def test_characters_that_render_as_nothing_are_shown_as_escapes() -> None:
     assert not set(hidden) & set(shown)
     for char in hidden:
         assert f"\\u{{{ord(char):04x}}}" in shown
+
+
+async def test_a_fifo_in_place_of_the_file_is_not_read(tmp_path: Path) -> None:
+    # The CLI asks only for a regular file, but the path can be swapped for a FIFO
+    # (or a device: /dev/zero never ends) before the bridge reads it: the read must
+    # neither block forever nor grow without end.
+    fifo = tmp_path / "f.txt"
+    os.mkfifo(fifo)
+    try:
+        async with asyncio.timeout(30):  # a guard: the read returns at once, or never
+            view = await asyncio.to_thread(
+                render, "Write", {"file_path": str(fifo), "content": "x"}
+            )
+    finally:
+        with contextlib.suppress(OSError):  # a reader still blocked: let it end
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert "not a regular file" in view.markdown()
+    edit = {"file_path": "/dev/zero", "old_string": "a", "new_string": "b"}
+    assert "not a regular file" in render("Edit", edit).markdown()
