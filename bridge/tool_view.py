@@ -19,7 +19,9 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -271,14 +273,21 @@ def _read(path: Path | None) -> tuple[str | None, str | None]:
     if path is None:
         return None, "a relative path and no working directory"
     try:
-        size = path.stat().st_size
-        if size > FILE_LIMIT_BYTES:
-            return None, "too large"
-        data = path.read_bytes()
+        # Non-blocking: a FIFO swapped in for the file must not hold the open.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return None, None
     except OSError as exc:
         return None, exc.strerror or type(exc).__name__
+    try:
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None, "not a regular file"  # a device may never end
+            data = f.read(FILE_LIMIT_BYTES + 1)
+    except OSError as exc:
+        return None, exc.strerror or type(exc).__name__
+    if len(data) > FILE_LIMIT_BYTES:
+        return None, "too large"
     if b"\0" in data:
         return None, "binary (NUL bytes)"
     try:
