@@ -170,7 +170,7 @@ def test_an_edit_to_nothing_removes_its_line_as_claude_does(tmp_path: Path) -> N
 def test_an_edit_matching_only_with_curly_quotes_shows_the_lines_it_changes(
     tmp_path: Path,
 ) -> None:
-    # The real CLI finds "say 'hi'" as the file's "say ‘hi’" and edits it: the room must
+    # The real CLI finds "say 'hi'" as the file's curly-quoted one and edits it: the room must
     # not be told the edit does not apply.
     path = tmp_path / "f.txt"
     path.write_text("a\nsay \u2018hi\u2019\nb\n")
