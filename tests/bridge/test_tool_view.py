@@ -220,3 +220,14 @@ async def test_a_fifo_in_place_of_the_file_is_not_read(tmp_path: Path) -> None:
     assert "not a regular file" in view.markdown()
     edit = {"file_path": "/dev/zero", "old_string": "a", "new_string": "b"}
     assert "not a regular file" in render("Edit", edit).markdown()
+
+
+def test_a_write_that_changes_only_line_separators_shows_the_change(tmp_path: Path) -> None:
+    # To bash, U+2028 is no line break: the existing file's last line is one comment.
+    # The Write makes `rm -rf ~` a command of its own; the view must not say "no change".
+    path = tmp_path / "run.sh"
+    path.write_text("echo start\n# note\u2028rm -rf ~\n")
+    shown = render("Write", {"file_path": str(path), "content": "echo start\n# note\nrm -rf ~\n"})
+    text = shown.markdown()
+    assert "(no change)" not in text
+    assert "-# note\\u{2028}rm -rf ~\n+# note\n+rm -rf ~" in text
