@@ -298,9 +298,11 @@ def _read(path: Path | None) -> tuple[str | None, str | None]:
 
 def _diff(before: str, after: str, path: Path | None) -> str:
     name = str(path) if path is not None else ""
+    # Lines end at "\n" only: another separator (CR, U+2028...) stays in its line and
+    # shows as an escape, as it is no line break to most programs that read the file.
     lines = difflib.unified_diff(
-        before.splitlines(),
-        after.splitlines(),
+        before.split("\n"),
+        after.split("\n"),
         f"a{name}" if name else "before",
         f"b{name}" if name else "after",
         lineterm="",
