@@ -122,6 +122,14 @@ class Room(Told):
             PermissionAsked("r1", "SomeDialog", {}, "tu1", "", (), requires_user_interaction=True),
             "only its own user interface",
         ),
+        # The real CLI asks ExitPlanMode with input {}: the plan is elsewhere, and an
+        # allow would end plan mode on a plan nobody was shown.
+        (
+            PermissionAsked(
+                "r1", "ExitPlanMode", {}, "tu1", "", (), requires_user_interaction=True
+            ),
+            "the plan is not in the request",
+        ),
     ],
 )
 async def test_what_cannot_be_shown_faithfully_is_denied_unasked(
