@@ -134,6 +134,9 @@ class ApprovalFlow:
         problem = view.problem
         if event.requires_user_interaction and event.tool_name not in PERSON_TOOLS:
             problem = "claude says only its own user interface can answer this tool"
+        elif event.tool_name == "ExitPlanMode" and not event.input.get("plan"):
+            # The CLI asks with input {}: an allow would end plan mode on a plan unseen.
+            problem = "the plan is not in the request, so it cannot be shown"
         if problem is not None:
             await self._refuse_unseen(batch, approval, problem)
             return
