@@ -152,6 +152,9 @@ def test_a_key_cannot_write_markup_or_terminal_escapes_into_the_request() -> Non
     assert "\\u{001b}[1A" in shown
     assert "\n```\nCommand" not in shown
     assert [part.label for part in view.parts] == list(tool_input)
+    # Nor can a name of only allowed characters mark text up (Slack reads `a._b_` as
+    # "a." and an italic "b").
+    assert "`a._b_`: `c`" in render("mcp__srv__run", {"a._b_": "c"}).markdown()
 
 
 def test_a_key_holding_nul_cannot_be_shown_faithfully() -> None:
