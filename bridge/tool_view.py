@@ -96,7 +96,7 @@ def input_digest(tool_input: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-_PLAIN_KEY = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+_PLAIN_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,99}")
 
 
 def _key_label(key: str) -> str:
