@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
 import pytest
 
 from bridge.approval_flow import CHANGED, STALE, ApprovalFlow
-from bridge.core.model import ExternalMessageId, Reply
+from bridge.core.model import Batch, ExternalMessageId, Reply
 from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
 from bridge.live_runs import LiveRuns
 from bridge.replies import Replier
@@ -238,3 +240,40 @@ async def test_a_request_the_room_could_not_be_posted_is_denied_not_left_to_appr
     assert answer["behavior"] == "deny"
     [said] = room.sent
     assert "denied without asking" in said
+
+
+class Gated(Narrow):
+    """Reads a posted file only once every file of the test is written."""
+
+    def __init__(self, limit: int, files: int) -> None:
+        super().__init__(limit)
+        self.waiting = files
+        self.all_written = asyncio.Event()
+
+    async def post_file(self, reply: Reply, key: str) -> bool:
+        self.waiting -= 1
+        if not self.waiting:
+            self.all_written.set()
+        await self.all_written.wait()
+        return await super().post_file(reply, key)
+
+
+async def test_two_conversations_requests_of_one_number_post_each_its_own_whole(
+    tmp_path: Path,
+) -> None:
+    # Numbers count per conversation: two threads both have a request #1, posted whole
+    # at once. Each thread must get its own, never the other's (another room's text).
+    bound = Bound(tmp_path)
+    room = Gated(3000, files=2)
+    bound.flow.replier = cast(Replier, room)
+    asks = []
+    for thread in ("t1", "t2"):
+        key = replace(bound.key, thread=thread)
+        message = replace(bound.batch.messages[0], room=key, thread=thread)
+        event = PermissionAsked("r1", "Bash", {"command": f"echo {thread} " * 500}, "tu", "", ())
+        asks.append(bound.flow.ask(RUN, Batch(key, (message,)), event))
+    await asyncio.gather(*asks)
+    assert sorted(("echo t1" in whole, "echo t2" in whole) for whole in room.files) == [
+        (False, True),
+        (True, False),
+    ]
