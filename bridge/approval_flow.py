@@ -20,6 +20,8 @@ import asyncio
 import json
 import logging
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
@@ -191,14 +193,16 @@ class ApprovalFlow:
 
     async def _post_whole(self, batch: Batch, approval: Approval, whole: str, comment: str) -> bool:
         """Post ``whole`` as a file (a snippet in Slack) in the request's conversation."""
-        folder = self.settings.runner.state_dir / "requests"
+        # A folder of its own: numbers count per conversation, so another's request
+        # of the same number may be posted at the same time.
+        folder = await asyncio.to_thread(_private_folder, self.settings.runner.state_dir)
         path = folder / f"request-{approval.number}.md"
         try:
             await asyncio.to_thread(_write_private, path, whole)
             reply = replace(in_conversation(batch, comment, ReplyKind.NOTICE), file=str(path))
             return await self.replier.post_file(reply, f"request-{approval.id}")
         finally:
-            await asyncio.to_thread(path.unlink, missing_ok=True)
+            await asyncio.to_thread(shutil.rmtree, folder, True)
 
     async def _refuse_unseen(self, batch: Batch, approval: Approval, problem: str) -> None:
         """Deny a request nobody could be shown faithfully: never approved blind."""
@@ -401,8 +405,13 @@ class ApprovalFlow:
             await self.replier.close_approval(shown.room, shown.message_id, outcome_text(shown))
 
 
+def _private_folder(state_dir: Path) -> Path:
+    parent = state_dir / "requests"
+    parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=parent))
+
+
 def _write_private(path: Path, text: str) -> None:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
         f.write(text)
