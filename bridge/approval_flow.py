@@ -26,6 +26,8 @@ import asyncio
 import json
 import logging
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
@@ -154,6 +156,9 @@ class ApprovalFlow:
         problem = view.problem
         if event.requires_user_interaction and event.tool_name not in PERSON_TOOLS:
             problem = "claude says only its own user interface can answer this tool"
+        elif event.tool_name == "ExitPlanMode" and not event.input.get("plan"):
+            # The CLI asks with input {}: an allow would end plan mode on a plan unseen.
+            problem = "the plan is not in the request, so it cannot be shown"
         if problem is not None:
             await self._refuse_unseen(batch, approval, problem)
             return
@@ -165,6 +170,10 @@ class ApprovalFlow:
             posted = await self._post(batch, approval, view, room.approval_timeout_s)
             if posted is not None:
                 await self.store.set_approval_message(approval, posted)
+            elif (await self._current(approval)).state is ApprovalState.PENDING:
+                # Not shown (the post failed): left waiting it would be listed by
+                # !status and answerable by command, approved by someone who never saw it.
+                await self._refuse_unseen(batch, approval, "the request could not be posted")
         finally:
             self._posting.discard(posting)
             posting.set_result(None)
@@ -255,7 +264,12 @@ class ApprovalFlow:
         limit = SHORT_BLOCK
         while True:
             text = request_text(approval, prefix, timeout_s, view.markdown(limit))
-            if limit <= MIN_BLOCK or self.replier.approval_fits(batch.room, text):
+            if self.replier.approval_fits(batch.room, text):
+                break
+            if limit <= MIN_BLOCK:
+                # Fields too many to fit even shortened (none is cut inline): say so,
+                # rather than leave the transport to cut off the last ones unsaid.
+                text = request_text(approval, prefix, timeout_s, view.pointer())
                 break
             limit //= 2
         return await self.replier.post_approval(
@@ -264,14 +278,16 @@ class ApprovalFlow:
 
     async def _post_whole(self, batch: Batch, approval: Approval, whole: str, comment: str) -> bool:
         """Post ``whole`` as a file (a snippet in Slack) in the request's conversation."""
-        folder = self.settings.runner.state_dir / "requests"
+        # A folder of its own: numbers count per conversation, so another's request
+        # of the same number may be posted at the same time.
+        folder = await asyncio.to_thread(_private_folder, self.settings.runner.state_dir)
         path = folder / f"request-{approval.number}.md"
         try:
             await asyncio.to_thread(_write_private, path, whole)
             reply = replace(in_conversation(batch, comment, ReplyKind.NOTICE), file=str(path))
             return await self.replier.post_file(reply, f"request-{approval.id}")
         finally:
-            await asyncio.to_thread(path.unlink, missing_ok=True)
+            await asyncio.to_thread(shutil.rmtree, folder, True)
 
     async def _refuse_unseen(self, batch: Batch, approval: Approval, problem: str) -> None:
         """Deny a request nobody could be shown faithfully: never approved blind."""
@@ -472,16 +488,23 @@ class ApprovalFlow:
         # False: answered already (a replay after a restart), or withdrawn by claude.
         return "" if delivered else "(claude no longer waits on it.)"
 
+    async def _current(self, approval: Approval) -> Approval:
+        return await self.store.approval_by_number(approval.room, approval.number) or approval
+
     async def _show(self, approval: Approval, said: str = "") -> None:
-        current = await self.store.approval_by_number(approval.room, approval.number)
-        shown = current or approval
+        shown = await self._current(approval)
         if shown.message_id is not None:
             text = " ".join(part for part in (outcome_text(shown), said) if part)
             await self.replier.close_approval(shown.room, shown.message_id, text)
 
 
+def _private_folder(state_dir: Path) -> Path:
+    parent = state_dir / "requests"
+    parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=parent))
+
+
 def _write_private(path: Path, text: str) -> None:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
         f.write(text)

@@ -174,7 +174,7 @@ class Replier:
         """Post a tool-use request with its actions; None if it could not be posted.
 
         Not cosmetic: claude waits on it. A rate limit is waited out (a few
-        times); the request stays answerable by command whatever happens.
+        times); a request that could not be posted is denied (nobody saw it).
         """
         transport = self._transport(request.room)
         if transport is None:

@@ -19,6 +19,9 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
+import re
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +46,8 @@ class Part:
     label: str
     text: str
     info: str | None = None
+    key: bool = False
+    """The label is a key of the input (claude's text, shown escaped), not the bridge's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,17 +64,25 @@ class ToolView:
         (head and tail, saying how much is not shown and that the whole is elsewhere)."""
         lines = []
         for part in self.parts:
+            label = _key_label(part.label) if part.key else part.label
             if part.info is None:
-                lines.append(f"{part.label}: {code_span(part.text, None)}")
+                lines.append(f"{label}: {code_span(part.text, None)}")
                 continue
             text = part.text if limit is None else _ends(part.text, limit)
-            lines.append(f"{part.label}:\n{code_block(text, part.info)}")
+            lines.append(f"{label}:\n{code_block(text, part.info)}")
         return "\n".join(lines) if lines else "(no input)"
+
+    def pointer(self) -> str:
+        """In place of the parts, when even shortened they do not fit: how much there is."""
+        return (
+            f"[{len(self.parts)} fields, {self.size} characters: not shown here, too"
+            f" many to fit; {ELSEWHERE}]"
+        )
 
     @property
     def size(self) -> int:
-        """Characters of all the parts' text (what "how much there is" counts)."""
-        return sum(len(p.text) for p in self.parts)
+        """Characters of all the parts' text and keys (what "how much there is" counts)."""
+        return sum(len(p.text) + (len(p.label) if p.key else 0) for p in self.parts)
 
     @property
     def digest(self) -> str:
@@ -81,6 +94,15 @@ def input_digest(tool_input: Mapping[str, Any]) -> str:
     """sha256 of the input's canonical JSON: the input an answer applies to."""
     canonical = json.dumps(tool_input, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,99}")
+
+
+def _key_label(key: str) -> str:
+    """A key as a label: a plain name as it is, anything else as a code span (escaped:
+    no markup, line break or terminal escape of claude's reaches the room)."""
+    return key if _PLAIN_KEY.fullmatch(key) else code_span(key, None)
 
 
 def _ends(text: str, limit: int) -> str:
@@ -116,7 +138,7 @@ def render(tool_name: str, tool_input: Mapping[str, Any], cwd: Path | None = Non
     for key, value in tool_input.items():
         if key not in used:
             parts.append(_field(key, value))
-    if any("\0" in p.text for p in parts):
+    if any("\0" in p.text or "\0" in p.label for p in parts):
         problems.append("the input holds binary data (NUL characters)")
     view = ToolView(tool_name, tuple(parts))
     if view.size > WHOLE_LIMIT:
@@ -127,12 +149,12 @@ def render(tool_name: str, tool_input: Mapping[str, Any], cwd: Path | None = Non
 def _field(key: str, value: object) -> Part:
     if isinstance(value, str):
         if "\n" in value or len(value) > FIELD_LIMIT:
-            return Part(key, value, "")
-        return Part(key, value)
+            return Part(key, value, "", key=True)
+        return Part(key, value, key=True)
     compact = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     if len(compact) <= FIELD_LIMIT:
-        return Part(key, compact)
-    return Part(key, json.dumps(value, ensure_ascii=False, indent=2), "json")
+        return Part(key, compact, key=True)
+    return Part(key, json.dumps(value, ensure_ascii=False, indent=2), "json", key=True)
 
 
 def _resolve(path: str, cwd: Path | None) -> Path | None:
@@ -169,9 +191,17 @@ def _change(tool_name: str, tool_input: Mapping[str, Any], path: Path | None) ->
         return None
     used = frozenset({"edits"} if tool_name == "MultiEdit" else {"old_string", "new_string"})
     if current is not None:
-        after, missing = _apply(current, edits)
+        # As the CLI: old_string's "\n" matches the file's "\r\n" (kept in the file).
+        current = current.replace("\r\n", "\n")
+        after, missing, curly = _apply(current, edits)
         if missing is None:
-            return _Change((Part("Change", _diff(current, after, path), "diff"),), used)
+            label = "Change"
+            if curly:
+                label += (
+                    " (found in the file with its curly quotes; claude may write the"
+                    " new text's quotes curly too)"
+                )
+            return _Change((Part(label, _diff(current, after, path), "diff"),), used)
         why = f"`old_string` of edit {missing + 1} is not in the file as it is now"
     else:
         why = f"the file could not be read: {unread or 'it does not exist'}"
@@ -210,13 +240,32 @@ def _edits(tool_name: str, tool_input: Mapping[str, Any]) -> list[_Edit] | None:
     return edits
 
 
-def _apply(text: str, edits: list[_Edit]) -> tuple[str, int | None]:
-    """``text`` after the edits, and the index of the first that does not apply (or None)."""
+def _apply(text: str, edits: list[_Edit]) -> tuple[str, int | None, bool]:
+    """``text`` after the edits as the CLI makes them, the index of the first that does
+    not apply (or None), and whether one was found only through curly quotes."""
+    curly = False
     for index, edit in enumerate(edits):
-        if not edit.old or edit.old not in text:
-            return text, index
-        text = text.replace(edit.old, edit.new, -1 if edit.every else 1)
-    return text, None
+        old = _as_in(text, edit.old)
+        if not old:
+            return text, index, curly
+        curly = curly or old != edit.old
+        # As the CLI: an old_string replaced by nothing takes its line's newline along.
+        if not edit.new and not old.endswith("\n") and old + "\n" in text:
+            old += "\n"
+        text = text.replace(old, edit.new, -1 if edit.every else 1)
+    return text, None, curly
+
+
+_STRAIGHT = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
+
+
+def _as_in(text: str, old: str) -> str:
+    """``old`` as it is in ``text``: itself, or (as the CLI finds it) the text that
+    reads as ``old`` once curly quotes are straightened; "" if neither is there."""
+    if not old or old in text:
+        return old
+    at = text.translate(_STRAIGHT).find(old.translate(_STRAIGHT))
+    return "" if at < 0 else text[at : at + len(old)]
 
 
 def _read(path: Path | None) -> tuple[str | None, str | None]:
@@ -224,14 +273,21 @@ def _read(path: Path | None) -> tuple[str | None, str | None]:
     if path is None:
         return None, "a relative path and no working directory"
     try:
-        size = path.stat().st_size
-        if size > FILE_LIMIT_BYTES:
-            return None, "too large"
-        data = path.read_bytes()
+        # Non-blocking: a FIFO swapped in for the file must not hold the open.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return None, None
     except OSError as exc:
         return None, exc.strerror or type(exc).__name__
+    try:
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None, "not a regular file"  # a device may never end
+            data = f.read(FILE_LIMIT_BYTES + 1)
+    except OSError as exc:
+        return None, exc.strerror or type(exc).__name__
+    if len(data) > FILE_LIMIT_BYTES:
+        return None, "too large"
     if b"\0" in data:
         return None, "binary (NUL bytes)"
     try:
@@ -242,9 +298,11 @@ def _read(path: Path | None) -> tuple[str | None, str | None]:
 
 def _diff(before: str, after: str, path: Path | None) -> str:
     name = str(path) if path is not None else ""
+    # Lines end at "\n" only: another separator (CR, U+2028...) stays in its line and
+    # shows as an escape, as it is no line break to most programs that read the file.
     lines = difflib.unified_diff(
-        before.splitlines(),
-        after.splitlines(),
+        before.split("\n"),
+        after.split("\n"),
         f"a{name}" if name else "before",
         f"b{name}" if name else "after",
         lineterm="",

@@ -31,18 +31,39 @@ def safe_text(text: str) -> str:
     return text
 
 
+_IGNORABLE = (
+    (0x034F, 0x034F),
+    (0x115F, 0x1160),
+    (0x17B4, 0x17B5),
+    (0x180B, 0x180F),
+    (0x3164, 0x3164),
+    (0xFE00, 0xFE0F),
+    (0xFFA0, 0xFFA0),
+    (0xE0000, 0xE0FFF),
+)
+"""Unicode's default-ignorable code points that are not ``Cf``: variation selectors,
+Hangul fillers, the grapheme joiner. They render as nothing (or a blank), so text
+spelled in them ("emoji smuggling") would pass unseen."""
+
+
+def _ignorable(char: str) -> bool:
+    point = ord(char)
+    return any(low <= point <= high for low, high in _IGNORABLE)
+
+
 def visible(text: str, *, keep_newlines: bool = False) -> str:
     """``text`` with what would not show (or would show misleadingly) escaped.
 
-    Control characters and Unicode format characters (``Cf``: bidi
-    overrides, zero-width joiners) become ``\\u{…}``; a newline stays only
-    with ``keep_newlines`` (in a block), a tab stays.
+    Control characters, Unicode format characters (``Cf``: bidi overrides,
+    zero-width joiners) and the other default-ignorable ones (variation
+    selectors, Hangul fillers) become ``\\u{…}``; a newline stays only with
+    ``keep_newlines`` (in a block), a tab stays.
     """
     out = []
     for char in safe_text(text):
         if (char == "\n" and keep_newlines) or char == "\t":
             out.append(char)
-        elif unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp"):
+        elif unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp") or _ignorable(char):
             out.append(f"\\u{{{ord(char):04x}}}")
         else:
             out.append(char)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
 import pytest
 
 from bridge.approval_flow import CHANGED, STALE, ApprovalFlow
-from bridge.core.model import Reply
+from bridge.core.model import Batch, ExternalMessageId, Reply
 from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
 from bridge.live_runs import LiveRuns
 from bridge.replies import Replier
@@ -122,6 +124,14 @@ class Room(Told):
             PermissionAsked("r1", "SomeDialog", {}, "tu1", "", (), requires_user_interaction=True),
             "only its own user interface",
         ),
+        # The real CLI asks ExitPlanMode with input {}: the plan is elsewhere, and an
+        # allow would end plan mode on a plan nobody was shown.
+        (
+            PermissionAsked(
+                "r1", "ExitPlanMode", {}, "tu1", "", (), requires_user_interaction=True
+            ),
+            "the plan is not in the request",
+        ),
     ],
 )
 async def test_what_cannot_be_shown_faithfully_is_denied_unasked(
@@ -166,3 +176,104 @@ async def test_an_edit_of_an_unchanged_file_is_allowed_as_shown(tmp_path: Path) 
     await bound.flow.on_action(bound.act(ApprovalChoice.ALLOW))
     [answer] = bound.answers()
     assert answer == {"behavior": "allow", "updatedInput": edit}
+
+
+class Narrow(Room):
+    """A chat whose request message holds ``limit`` characters; files post."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.requests: list[str] = []
+        self.files: list[str] = []
+
+    def approval_fits(self, room: object, text: str) -> bool:
+        return len(text) <= self.limit
+
+    async def post_file(self, reply: Reply, key: str) -> bool:
+        assert reply.file is not None
+        self.files.append(Path(reply.file).read_text())
+        return True
+
+    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
+        self.requests.append(request.text)
+        return await super().post_approval(request, ref)
+
+
+async def test_a_request_of_many_short_fields_is_never_cut_unsaid(tmp_path: Path) -> None:
+    # Each field is short, so none is shortened; together they do not fit: the request
+    # must not go out for the transport to cut (the last fields, the answer line).
+    fields: dict[str, object] = {f"field_{i:02d}": "v" * 150 for i in range(30)}
+    fields["bcc"] = "everyone@evil.example"
+    bound = Bound(tmp_path)
+    room = Narrow(3000)
+    bound.flow.replier = cast(Replier, room)
+    await bound.asks(PermissionAsked("r1", "mcp__mail__send", fields, "tu1", "", ()))
+    [whole] = room.files
+    assert "everyone@evil.example" in whole
+    [request] = room.requests
+    assert len(request) <= room.limit
+    assert "approve #1" in request
+    assert "everyone@evil.example" in request or "not shown here" in request
+
+
+class Down(Room):
+    """A chat that takes notices but not the request (a post failing after its retries)."""
+
+    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
+        self.posted.set()
+        return None
+
+
+async def test_a_request_the_room_could_not_be_posted_is_denied_not_left_to_approve_blind(
+    tmp_path: Path,
+) -> None:
+    # Left waiting, it would be listed by !status ("approve #N") and answerable by
+    # command, though nobody was ever shown what it runs.
+    bound = Bound(tmp_path)
+    room = Down()
+    bound.flow.replier = cast(Replier, room)
+    await bound.asks(bound.asked)
+    assert await bound.store.pending_approvals() == []
+    [answer] = bound.answers()
+    assert isinstance(answer, dict)
+    assert answer["behavior"] == "deny"
+    [said] = room.sent
+    assert "denied without asking" in said
+
+
+class Gated(Narrow):
+    """Reads a posted file only once every file of the test is written."""
+
+    def __init__(self, limit: int, files: int) -> None:
+        super().__init__(limit)
+        self.waiting = files
+        self.all_written = asyncio.Event()
+
+    async def post_file(self, reply: Reply, key: str) -> bool:
+        self.waiting -= 1
+        if not self.waiting:
+            self.all_written.set()
+        await self.all_written.wait()
+        return await super().post_file(reply, key)
+
+
+async def test_two_conversations_requests_of_one_number_post_each_its_own_whole(
+    tmp_path: Path,
+) -> None:
+    # Numbers count per conversation: two threads both have a request #1, posted whole
+    # at once. Each thread must get its own, never the other's (another room's text).
+    bound = Bound(tmp_path)
+    room = Gated(3000, files=2)
+    bound.flow.replier = cast(Replier, room)
+    asks = []
+    for thread in ("t1", "t2"):
+        key = replace(bound.key, thread=thread)
+        message = replace(bound.batch.messages[0], room=key, thread=thread)
+        event = PermissionAsked("r1", "Bash", {"command": f"echo {thread} " * 500}, "tu", "", ())
+        asks.append(bound.flow.ask(RUN, Batch(key, (message,)), event))
+    await asyncio.gather(*asks)
+    assert sorted(("echo t1" in whole, "echo t2" in whole) for whole in room.files) == [
+        (False, True),
+        (True, False),
+    ]

@@ -155,3 +155,18 @@ async def test_an_unsigned_or_forged_click_is_refused(tmp_path: Path) -> None:
             async with http.post(url, data=body, headers=genuine) as response:
                 assert response.status == 200
         assert len(await env.sink.wait_for(2)) == 2
+
+
+async def test_the_answer_to_a_click_in_a_thread_is_shown_in_that_thread(env: Running) -> None:
+    # A refused click on a request in a thread: told privately where they clicked
+    # (a person in a thread, e.g. on a phone, does not see the channel).
+    root = await env.slack.post_message(peer.ALICE, "do the thing")
+    ts = await env.transport.post_approval(Reply(ROOM, TEXT, thread=root), "#8")
+    assert ts is not None
+    await env.slack.click(peer.ALICE, ts, button(await posted(env, ts), ApprovalChoice.ALLOW))
+    received = await env.sink.wait_for(2)  # alice's message, then her click
+    [action] = [a for a in received if isinstance(a, ApprovalAction)]
+    await env.transport.answer_action(action, "You may not answer tool requests here.")
+    [told] = [m for m in await env.slack.messages() if m.get("subtype") == "ephemeral"]
+    assert told["ephemeral_to"] == peer.ALICE
+    assert told.get("thread_ts") == root

@@ -125,6 +125,12 @@ def to_action(
     )
     if not isinstance(ts, str):
         return None
+    # The thread the request is in (not its own, should it have replies): an answer to
+    # the click goes there, where the person is looking.
+    thread = container.get("thread_ts") or (
+        message.get("thread_ts") if isinstance(message, Mapping) else None
+    )
+    thread = thread if isinstance(thread, str) and thread != ts else ""
     for action in payload.get("actions") or ():
         action_id = action.get("action_id") if isinstance(action, Mapping) else None
         if not isinstance(action_id, str) or not action_id.startswith(ACTION_PREFIX):
@@ -134,6 +140,9 @@ def to_action(
         except ValueError:
             continue
         return ApprovalAction(
-            RoomKey(SLACK, RoomId(channel_id)), UserId(user_id), ExternalMessageId(ts), choice
+            RoomKey(SLACK, RoomId(channel_id), thread),
+            UserId(user_id),
+            ExternalMessageId(ts),
+            choice,
         )
     return None

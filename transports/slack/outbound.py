@@ -419,7 +419,11 @@ class SlackOutbound:
         return ExternalMessageId(str(response["ts"]))
 
     async def ephemeral(self, room: RoomKey, user: UserId, text: str) -> None:
-        """Post ``text`` in ``room`` visible to ``user`` only (``chat.postEphemeral``)."""
+        """Post ``text`` in ``room`` (its thread, if any) visible to ``user`` only
+        (``chat.postEphemeral``)."""
+        args: dict[str, Any] = {}
+        if room.thread:
+            args["thread_ts"] = room.thread
         await self._call(
             "chat.postEphemeral",
             channel=room.room_id,
@@ -427,6 +431,7 @@ class SlackOutbound:
             text=self._one_message(text),
             parse="none",
             link_names=False,
+            **args,
         )
 
     async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
