@@ -5,13 +5,15 @@ are images (docs/operations.md, "Files and permissions")."""
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from bridge.attachments import image_type
 from bridge.config import load_settings
-from bridge.core.model import Attachment
+from bridge.core.model import Attachment, RoomKey
 from bridge.file_posts import copy_file
 from bridge.transcripts import write_atomically
 from tests.bridge.harness import ECHO, write_config
@@ -110,3 +112,42 @@ def test_a_file_claude_sends_is_copied_privately(tmp_path: Path, umask: int) -> 
 )
 def test_an_image_type_is_read_from_the_first_bytes(data: bytes, kind: str | None) -> None:
     assert image_type(data) == kind
+
+
+class SwappingRoom(FileRoom):
+    """A chat whose download is raced: while it runs, something in the room's directory
+    (a tool left running by an earlier run) replaces the new inbox file by ``swap``."""
+
+    def __init__(self, room: RoomKey, files: dict[str, bytes], swap: Callable[[Path], None]) -> None:
+        super().__init__(room, "local", files)
+        self.swap = swap
+        self.root: Path | None = None
+
+    async def fetch_attachment(self, attachment: Attachment, dest: Path, limit_bytes: int) -> None:
+        assert self.root is not None
+        (planted,) = (self.root / ".chatbridge" / "inbox").rglob(attachment.name)
+        planted.unlink()
+        self.swap(planted)
+        await super().fetch_attachment(attachment, dest, limit_bytes)
+
+
+@pytest.mark.parametrize("link", ["symbolic", "hard"])
+async def test_a_link_swapped_in_for_an_inbox_file_while_it_downloads_is_not_written_through(
+    tmp_path: Path, link: str
+) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep me")
+
+    def swap(path: Path) -> None:
+        if link == "symbolic":
+            path.symlink_to(victim)
+        else:
+            os.link(victim, path)
+
+    settings = load_settings(write_config(tmp_path))
+    chat = SwappingRoom(console_room(settings), {"ref-notes": b"chat text!!"}, swap)
+    chat.root = tmp_path
+    prompt = await prompt_of(settings, chat, with_files(chat.room, "f-1", NOTES, text="read it"))
+    assert victim.read_bytes() == b"keep me"
+    assert "notes.txt" in prompt
+    assert "replaced while it was downloaded" in prompt
