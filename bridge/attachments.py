@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import dataclasses
+import errno
 import logging
 import os
 import unicodedata
@@ -214,17 +214,24 @@ class Inbox:
         inbox, inbox_fd = inbox_at
         name = names.claim(attachment.name)
         relative = inbox / name
-        # Through the inbox's fd: the path the transport writes to cannot lead
-        # anywhere else, whatever is renamed or linked meanwhile.
+        # The transport writes the file created here, through its own fd (not by its
+        # name): whatever is renamed, linked or planted in the inbox meanwhile, what it
+        # writes cannot land anywhere else.
         dest = Path(f"/proc/self/fd/{inbox_fd}") / name
         try:
-            os.close(os.open(name, _NEW_PRIVATE_FILE, FILE_MODE, dir_fd=inbox_fd))
+            file_fd = os.open(name, _NEW_PRIVATE_FILE, FILE_MODE, dir_fd=inbox_fd)
+        except OSError as exc:
+            log.warning("could not create a file of message %s: %s", message_id, exc)
+            return missing("failed", f"could not be written ({exc.strerror})")
+        try:
             now = asyncio.get_running_loop().time()
             # Past the run's deadline this gives up at once: the later files are named as
             # timed out, and claude starts.
             async with asyncio.timeout_at(min(now + self._timeout, deadline)):
-                await transport.fetch_attachment(attachment, dest, limit)
-            size = dest.stat().st_size
+                await transport.fetch_attachment(
+                    attachment, Path(f"/proc/self/fd/{file_fd}"), limit
+                )
+            size = _still_named(file_fd, name, inbox_fd)
         except asyncio.CancelledError:
             _remove(dest)  # the run was stopped while preparing: no part file stays
             raise
@@ -242,8 +249,23 @@ class Inbox:
             _remove(dest)
             log.exception("fetching a file of message %s failed inside chatbridge", message_id)
             return missing("failed", "could not be downloaded (an error in chatbridge)")
+        finally:
+            os.close(file_fd)
         self._metrics.files.labels("fetched").inc()
         return FetchedFile(message_id, attachment, relative, size)
+
+
+def _still_named(fd: int, name: str, inbox_fd: int) -> int:
+    """The size of the file open as ``fd``; raises OSError unless ``name`` in the inbox
+    is still that file (it was replaced while it downloaded: its name now leads elsewhere)."""
+    info = os.fstat(fd)
+    try:
+        named = os.stat(name, dir_fd=inbox_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        named = None
+    if named is None or (named.st_dev, named.st_ino) != (info.st_dev, info.st_ino):
+        raise OSError(errno.EEXIST, "it was replaced while it was downloaded")
+    return info.st_size
 
 
 _NEW_PRIVATE_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -258,8 +280,12 @@ def _too_large(limits: Limits, left: int) -> str:
 
 
 def _remove(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
+    try:
         os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # not a file (a folder planted there): left as it is
+        log.warning("could not remove %s: %s", path, exc)
 
 
 def human_size(size: int) -> str:

@@ -118,7 +118,9 @@ class SwappingRoom(FileRoom):
     """A chat whose download is raced: while it runs, something in the room's directory
     (a tool left running by an earlier run) replaces the new inbox file by ``swap``."""
 
-    def __init__(self, room: RoomKey, files: dict[str, bytes], swap: Callable[[Path], None]) -> None:
+    def __init__(
+        self, room: RoomKey, files: dict[str, bytes], swap: Callable[[Path], None]
+    ) -> None:
         super().__init__(room, "local", files)
         self.swap = swap
         self.root: Path | None = None
