@@ -8,6 +8,7 @@ for real and freed again. The supervisor is the real one
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 from pathlib import Path
@@ -33,6 +34,7 @@ from runner.journal import Journal
 from tests.runner.conftest import Recorder
 from tests.runner.test_containment import until_exited
 from tests.runner.test_detached import (
+    EOF,
     detached,
     journal,
     read_line,
@@ -219,3 +221,38 @@ async def test_a_tool_request_made_while_the_disk_is_full_is_asked_and_answered(
     assert asked.tool_name == "Bash"
     assert len((tmp_path / "tools").read_text().splitlines()) == 1
     assert recorder.of(JournalUnwritable)
+
+
+async def test_records_a_bridge_read_from_memory_and_then_lost_are_written_once_space_returns(
+    run_id: RunId, tmp_path: Path, recorder: Recorder, small_disk: SmallDisk
+) -> None:
+    """A bridge that read the held answer from memory may die before it posted it (a
+    chat server's rate limit, a kill -9): the supervisor writes it anyway, so the
+    bridge that comes back finds it in the file."""
+    request = waiting_request(
+        run_id, tmp_path, state_dir=small_disk.root / "state", switches={"result": ANSWER}
+    )
+    live = await detached(request, recorder)
+    small_disk.fill()
+    dirfd = os.open(live.run_dir, os.O_PATH | os.O_DIRECTORY)
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        raw.connect(f"/proc/self/fd/{dirfd}/sock")
+        raw.sendall(b'{"t":"attach","v":[2],"offset":0}\n' + EOF)
+        release(tmp_path)
+        seen = b""
+        while b'{"t":"done"' not in seen:  # all of it, from memory
+            chunk = await asyncio.to_thread(raw.recv, 65536)
+            assert chunk, seen[-300:]
+            seen += chunk
+    finally:
+        raw.close()  # the bridge dies before it posts the answer
+        os.close(dirfd)
+    assert b'"t":"done"' not in journal(live)
+    with contextlib.suppress(TimeoutError):  # (one that exits now has lost them)
+        await until_exited([live.supervisor_pid], within=3)
+    small_disk.free()
+    await until_exited([live.supervisor_pid])
+    kinds = [head["t"] for head, _, _ in records(journal(live))]
+    assert kinds[-1] == "done"
+    assert b"THE-ANSWER" in journal(live)
