@@ -394,7 +394,11 @@ class Supervised:
                 return
             if pidfd is not None and self.gone.done():
                 # Its journal ended: it is exiting. Once it has, nothing of the run is left.
-                await wait_exited([pidfd], CLOSE_S)
+                if await wait_exited([pidfd], CLOSE_S) and proc is not None:
+                    # Still writing what a full disk held back (docs/detached-runs.md).
+                    _reap_later(proc, pidfd)
+                    pidfd = None
+                    return
             if proc is not None:
                 proc.poll()  # our child: reap it
         finally:

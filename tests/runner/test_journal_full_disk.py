@@ -26,6 +26,7 @@ from runner import (
     PermissionAsked,
     RunControl,
     RunEvent,
+    Spawned,
     ToolResult,
     attach_claude,
     run_claude,
@@ -51,6 +52,14 @@ ANSWER = "THE-ANSWER " * 1000
 """Longer than a page: a full tmpfs still takes what fits in a file's last page."""
 
 
+async def supervisor_gone(recorder: Recorder) -> None:
+    """Until the run's supervisor exited (the event loop reaps it)."""
+    (spawned,) = recorder.of(Spawned)
+    assert spawned.live is not None
+    await until_exited([spawned.live.supervisor_pid])
+    await asyncio.sleep(0)  # (the loop's reader of its pidfd reaps it now)
+
+
 async def welcome_size(live: LiveRun) -> int:
     """The journal's length as the supervisor's ``welcome`` says (a bridge's attach)."""
     dirfd = os.open(live.run_dir, os.O_PATH | os.O_DIRECTORY)
@@ -71,8 +80,9 @@ async def held_back(live: LiveRun) -> None:
         while True:
             try:
                 size = await welcome_size(live)
-            except (FileNotFoundError, ConnectionRefusedError):
-                # Past ``done`` (it stopped listening), which the file does not have.
+            except (FileNotFoundError, ConnectionError, EOFError):
+                # Past ``done`` (it stopped listening, or closed what it had not
+                # answered yet), which the file does not have.
                 assert b'"t":"done"' not in journal(live)
                 return
             if size > len(journal(live)):
@@ -95,6 +105,7 @@ async def test_an_answer_printed_while_the_disk_is_full_reaches_the_live_bridge(
         report = await asyncio.wait_for(asyncio.shield(task), 30)
     finally:
         small_disk.free()
+    await supervisor_gone(recorder)  # it stayed to write what it held
     assert report.status is RunStatus.SUCCEEDED
     assert report.result_text == ANSWER
     (unwritable,) = recorder.of(JournalUnwritable)
@@ -216,6 +227,7 @@ async def test_a_tool_request_made_while_the_disk_is_full_is_asked_and_answered(
         report = await asyncio.wait_for(asyncio.shield(task), 30)  # not the run's timeout
     finally:
         small_disk.free()
+    await supervisor_gone(recorder)
     assert report.status is RunStatus.SUCCEEDED, report.error
     (asked,) = recorder.of(PermissionAsked)
     assert asked.tool_name == "Bash"
