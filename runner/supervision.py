@@ -392,13 +392,18 @@ class Supervised:
                     _reap_later(proc, pidfd)  # it takes the pidfd over
                     pidfd = None
                 return
-            if pidfd is not None and self.gone.done():
-                # Its journal ended: it is exiting. Once it has, nothing of the run is left.
-                if await wait_exited([pidfd], CLOSE_S) and proc is not None:
-                    # Still writing what a full disk held back (docs/detached-runs.md).
-                    _reap_later(proc, pidfd)
-                    pidfd = None
-                    return
+            # Its journal ended: it is exiting. Once it has, nothing of the run is left
+            # (one still writing what a full disk held back is reaped once it has:
+            # docs/detached-runs.md).
+            if (
+                pidfd is not None
+                and self.gone.done()
+                and await wait_exited([pidfd], CLOSE_S)
+                and proc is not None
+            ):
+                _reap_later(proc, pidfd)
+                pidfd = None
+                return
             if proc is not None:
                 proc.poll()  # our child: reap it
         finally:
