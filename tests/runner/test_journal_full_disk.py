@@ -268,3 +268,32 @@ async def test_records_a_bridge_read_from_memory_and_then_lost_are_written_once_
     kinds = [head["t"] for head, _, _ in records(journal(live))]
     assert kinds[-1] == "done"
     assert b"THE-ANSWER" in journal(live)
+
+
+def test_a_bridge_is_sent_the_whole_memory_bound_of_the_smallest_records_in_one_pass(
+    small_disk: SmallDisk,
+) -> None:
+    """8 MiB held as the smallest records there are (a claude that writes stderr a few
+    bytes at a time) reach a bridge that attaches from the start: each record is found
+    from its offset directly (a scan of all held ones per record took half an hour, the
+    supervisor serving nothing else meanwhile; pytest's timeout fails it)."""
+    path = small_disk.root / "journal"
+    journal = Journal(str(path))
+    try:
+        small_disk.fill()
+        while not journal.full:
+            journal.append(b'{"t":"err","n":1}\n', b"x")
+        sent = bytearray()
+        offset = journal.written
+        while offset < journal.size:  # as the supervisor's send: what the socket took, on
+            piece = journal.held_from(offset)[:7]  # (a socket may take part of a record)
+            sent += piece
+            offset += len(piece)
+        kinds = [head["t"] for head, _, _ in records(bytes(sent))]
+        assert kinds[0] == "unwritable"
+        assert kinds[-1] == "held_full"
+        assert kinds.count("err") > 200_000
+        assert len(sent) == journal.size - journal.written
+    finally:
+        os.close(journal.fd)
+        os.close(journal.read_fd)
