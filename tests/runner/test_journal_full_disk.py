@@ -154,6 +154,16 @@ def whole_records(data: bytes) -> list[tuple[dict[str, Any], bytes]]:
     return [(head, payload) for head, payload, _ in parsed]
 
 
+def held_bytes(journal: Journal) -> bytes:
+    """What the journal holds, read as the supervisor sends it: from the file's end on."""
+    out = bytearray()
+    while journal.written + len(out) < journal.size:
+        piece = journal.held_from(journal.written + len(out))
+        assert piece
+        out += piece
+    return bytes(out)
+
+
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -183,6 +193,8 @@ def test_the_journal_file_is_always_whole_records_in_order_and_all_once_space_re
             assert len(data) == journal.written
             outs = [payload for head, payload in whole_records(data) if head["t"] == "out"]
             assert outs == sent[: len(outs)]  # a prefix of what was appended, in order
+            logical = data + held_bytes(journal)  # what a bridge reading from 0 is sent
+            assert [p for head, p in whole_records(logical) if head["t"] == "out"] == sent
         if small_disk.filler.exists():
             small_disk.free()
         assert journal.flush()
