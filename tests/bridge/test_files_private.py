@@ -153,3 +153,44 @@ async def test_a_link_swapped_in_for_an_inbox_file_while_it_downloads_is_not_wri
     assert victim.read_bytes() == b"keep me"
     assert "notes.txt" in prompt
     assert "replaced while it was downloaded" in prompt
+
+
+class MovingRoom(FileRoom):
+    """A chat whose download is followed at once by a swap of the run's inbox folder
+    for a link to another folder holding a file of the same name."""
+
+    def __init__(self, room: RoomKey, files: dict[str, bytes], elsewhere: Path) -> None:
+        super().__init__(room, "local", files)
+        self.elsewhere = elsewhere
+        self.root: Path | None = None
+
+    async def fetch_attachment(self, attachment: Attachment, dest: Path, limit_bytes: int) -> None:
+        await super().fetch_attachment(attachment, dest, limit_bytes)
+        assert self.root is not None
+        (run_inbox,) = (self.root / ".chatbridge" / "inbox").iterdir()
+        run_inbox.rename(run_inbox.with_name("moved"))
+        run_inbox.symlink_to(self.elsewhere)
+
+
+async def test_an_image_is_read_back_without_following_a_link_swapped_in_after_its_download(
+    tmp_path: Path,
+) -> None:
+    record = tmp_path / "claude.json"
+    env = {**ECHO, "FAKE_CLAUDE_RECORD": str(record)}
+    settings = load_settings(write_config(tmp_path, env=env))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    large = PNG + b"\0" * 4_000_000  # over the images' budget: never to be read whole
+    (elsewhere / "real.png").write_bytes(large)
+    chat = MovingRoom(console_room(settings), {"img": PNG}, elsewhere)
+    chat.root = tmp_path
+    sent = with_files(
+        console_room(settings),
+        "f-1",
+        Attachment("real.png", "image/png", len(PNG), "img"),
+        text="what is in the picture?",
+    )
+    prompt = await prompt_of(settings, chat, sent)
+    assert "shown to you as an image" not in prompt
+    content = json.loads(record.read_text())["content"]
+    assert content == prompt  # text only: nothing read through the link went with it
