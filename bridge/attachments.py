@@ -25,6 +25,7 @@ import dataclasses
 import errno
 import logging
 import os
+import stat
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -320,6 +321,27 @@ def image_type(data: bytes) -> str | None:
     return None
 
 
+def _read_back(cwd: Path, path: Path, size: int) -> bytes:
+    """The file ``path`` of the inbox as it was written: reached as it was made, folder
+    by folder without following a link, and only if it is still the regular file of
+    ``size`` bytes (nothing swapped in since can make it read more, or block). Raises
+    OSError otherwise."""
+    folder = open_private_dirs(cwd, path.parent.parts)
+    try:
+        fd = os.open(path.name, _READ_BACK, dir_fd=folder)
+    finally:
+        os.close(folder)
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+            raise OSError(errno.ESTALE, "it changed since it was downloaded")
+        return file.read(size)
+
+
+_READ_BACK = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+"""(Non-blocking: a FIFO swapped in does not hold the run back.)"""
+
+
 async def shown_images(
     cwd: Path, fetched: Sequence[FetchedFile], budget_bytes: int
 ) -> tuple[list[FetchedFile], list[PromptImage]]:
@@ -341,7 +363,7 @@ async def shown_images(
         ):
             continue
         try:
-            data = await asyncio.to_thread((cwd / file.path).read_bytes)
+            data = await asyncio.to_thread(_read_back, cwd, file.path, file.size)
         except OSError as exc:
             log.warning("could not read back an image of the run: %s", exc)
             continue
