@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bridge.attachments import image_type
-from bridge.config import load_settings
+from bridge.config import Settings, load_settings
 from bridge.core.model import Attachment, RoomKey
 from bridge.file_posts import copy_file
 from bridge.transcripts import write_atomically
@@ -57,12 +57,17 @@ async def test_an_inbox_link_planted_in_the_room_is_not_followed_and_the_prompt_
     assert list(elsewhere.rglob("*")) == []
 
 
+def recorded(tmp_path: Path) -> tuple[Settings, Path]:
+    """The settings of a service whose fake claude records what it is sent (in the path)."""
+    record = tmp_path / "claude.json"
+    env = {**ECHO, "FAKE_CLAUDE_RECORD": str(record)}
+    return load_settings(write_config(tmp_path, env=env)), record
+
+
 async def test_a_file_declared_an_image_is_shown_as_one_only_if_its_bytes_are(
     tmp_path: Path,
 ) -> None:
-    record = tmp_path / "claude.json"
-    env = {**ECHO, "FAKE_CLAUDE_RECORD": str(record)}
-    settings = load_settings(write_config(tmp_path, env=env))
+    settings, record = recorded(tmp_path)
     fake = b"#!/bin/sh\necho not a picture\n"
     chat = FileRoom(console_room(settings), "local", {"fake": fake, "img": PNG})
     sent = with_files(
@@ -175,9 +180,7 @@ class MovingRoom(FileRoom):
 async def test_an_image_is_read_back_without_following_a_link_swapped_in_after_its_download(
     tmp_path: Path,
 ) -> None:
-    record = tmp_path / "claude.json"
-    env = {**ECHO, "FAKE_CLAUDE_RECORD": str(record)}
-    settings = load_settings(write_config(tmp_path, env=env))
+    settings, record = recorded(tmp_path)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     large = PNG + b"\0" * 4_000_000  # over the images' budget: never to be read whole
