@@ -309,3 +309,24 @@ def test_a_bridge_is_sent_the_whole_memory_bound_of_the_smallest_records_in_one_
     finally:
         os.close(journal.fd)
         os.close(journal.read_fd)
+
+
+async def test_a_run_started_while_the_disk_is_full_answers_and_says_so(
+    run_id: RunId, tmp_path: Path, recorder: Recorder, small_disk: SmallDisk
+) -> None:
+    request = waiting_request(
+        run_id, tmp_path, state_dir=small_disk.root / "state", switches={"result": ANSWER}
+    )
+    (small_disk.root / "state").mkdir()
+    small_disk.fill()
+    release(tmp_path)
+    task = asyncio.create_task(run_claude(request, recorder))
+    try:
+        report = await asyncio.wait_for(asyncio.shield(task), 30)
+    finally:
+        small_disk.free()
+    await supervisor_gone(recorder)
+    assert report.status is RunStatus.SUCCEEDED, report.error
+    assert report.result_text == ANSWER
+    (unwritable,) = recorder.of(JournalUnwritable)  # the room is told, as later in a run
+    assert "No space left" in unwritable.error
