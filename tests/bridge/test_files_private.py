@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import struct
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -101,14 +103,36 @@ def test_a_file_claude_sends_is_copied_privately(tmp_path: Path, umask: int) -> 
     assert [mode(p) for p in [copy, into, into.parent, into.parent.parent]] == [0o600] + [0o700] * 3
 
 
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+_IHDR = _chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 6, 0, 0, 0))
+_JPEG_SOF = b"\xff\xc0\0\x0b\x08\0\x01\0\x01\x01\x01\x11\0"
+_JPEG = b"\xff\xd8\xff\xe0\0\x10JFIF\0\x01\x01\0\0\x01\0\x01\0\0" + _JPEG_SOF + b"\xff\xd9"
+_WEBP_BODY = b"WEBPVP8L\x05\0\0\0\x2f\0\0\0\0\0"
+_WEBP = b"RIFF" + struct.pack("<I", len(_WEBP_BODY)) + _WEBP_BODY
+
+
 @pytest.mark.parametrize(
     ("data", "kind"),
     [
-        (b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR", "image/png"),
-        (b"\xff\xd8\xff\xe0\0\x10JFIF", "image/jpeg"),
-        (b"GIF87a\x01\0", "image/gif"),
-        (b"GIF89a\x01\0", "image/gif"),
-        (b"RIFF\x24\0\0\0WEBPVP8 ", "image/webp"),
+        (PNG, "image/png"),
+        (PNG + b"PK\x03\x04 a zip after it", "image/png"),  # what follows IEND is not read
+        (b"\x89PNG\r\n\x1a\n", None),  # the signature alone
+        (b"\x89PNG\r\n\x1a\n" + _IHDR, None),  # no image data, no end
+        (PNG[:-20], None),  # cut short
+        (PNG[:20] + b"\0" + PNG[21:], None),  # a chunk whose checksum fails
+        (_JPEG, "image/jpeg"),
+        (b"\xff\xd8\xff\xe0\0\x10JFIF", None),  # cut inside its first segment
+        (b"\xff\xd8\xff<script>alert(1)</script>", None),
+        (b"GIF87a\x01\0\x01\0\0\0\0;", "image/gif"),
+        (b"GIF89a\x01\0\x01\0\0\0\0;", "image/gif"),
+        (b"GIF89a\x01\0", None),  # its screen descriptor cut
+        (b"GIF89a\0\0\0\0\0\0\0;", None),  # no pixels
+        (_WEBP, "image/webp"),
+        (_WEBP[:-4], None),  # shorter than its RIFF header says
+        (b"RIFF\x24\0\0\0WEBPVP8 ", None),
         (b"RIFF\x24\0\0\0WAVEfmt ", None),  # a RIFF that is sound
         (b"<svg xmlns='http://www.w3.org/2000/svg'/>", None),
         (b"\x89PN", None),
