@@ -26,7 +26,9 @@ import errno
 import logging
 import os
 import stat
+import struct
 import unicodedata
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -309,16 +311,68 @@ MAX_IMAGES = 20
 
 
 def image_type(data: bytes) -> str | None:
-    """The image type ``data`` is by its first bytes (one of :data:`IMAGE_TYPES`), or None."""
-    if data.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "image/png"
-    if data.startswith(b"\xff\xd8\xff"):
-        return "image/jpeg"
+    """The image type ``data`` is (one of :data:`IMAGE_TYPES`), or None.
+
+    Not by its first bytes alone: its structure must be whole as far as it can be
+    checked cheaply (a PNG's chunks and their checksums up to ``IEND``, a JPEG's
+    segments up to its frame header, a GIF's screen, a WebP's RIFF length), so a
+    file cut short or a signature before other content is no image (the model's
+    API refuses an image it cannot decode).
+    """
+    if data.startswith(_PNG_SIGNATURE):
+        return "image/png" if _whole_png(data) else None
+    if data.startswith(b"\xff\xd8"):
+        return "image/jpeg" if _jpeg_frame(data) else None
     if data[:6] in (b"GIF87a", b"GIF89a"):
-        return "image/gif"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "image/webp"
+        width, height = struct.unpack_from("<HH", data, 6) if len(data) >= 13 else (0, 0)
+        return "image/gif" if width and height else None
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP" and len(data) >= 20:
+        (riff_size,) = struct.unpack_from("<I", data, 4)
+        whole = riff_size >= 12 and len(data) >= 8 + riff_size
+        return "image/webp" if whole and data[12:16] in _WEBP_CHUNKS else None
     return None
+
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_WEBP_CHUNKS = (b"VP8 ", b"VP8L", b"VP8X")
+_JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+"""The JPEG markers that start a frame (SOFn; not DHT, JPG, DAC)."""
+
+
+def _whole_png(data: bytes) -> bool:
+    """Whether ``data``'s chunks are whole, their checksums right, from ``IHDR`` to ``IEND``."""
+    offset = len(_PNG_SIGNATURE)
+    first = True
+    while offset + 12 <= len(data):
+        length, kind = struct.unpack_from(">I4s", data, offset)
+        end = offset + 12 + length
+        if end > len(data):
+            return False
+        (crc,) = struct.unpack_from(">I", data, end - 4)
+        if zlib.crc32(data[offset + 4 : end - 4]) != crc or first != (kind == b"IHDR"):
+            return False
+        if kind == b"IEND":
+            return True
+        first = False
+        offset = end
+    return False
+
+
+def _jpeg_frame(data: bytes) -> bool:
+    """Whether ``data``'s segments lead whole to a frame header of a non-empty image."""
+    offset = 2
+    while offset + 4 <= len(data) and data[offset] == 0xFF:
+        marker = data[offset + 1]
+        (length,) = struct.unpack_from(">H", data, offset + 2)
+        if length < 2 or offset + 2 + length > len(data):
+            return False
+        if marker in _JPEG_FRAMES:
+            if length < 8:
+                return False
+            height, width = struct.unpack_from(">HH", data, offset + 5)
+            return bool(height and width)
+        offset += 2 + length
+    return False
 
 
 def _read_back(cwd: Path, path: Path, size: int) -> bytes:

@@ -122,7 +122,7 @@ _WEBP = b"RIFF" + struct.pack("<I", len(_WEBP_BODY)) + _WEBP_BODY
         (b"\x89PNG\r\n\x1a\n", None),  # the signature alone
         (b"\x89PNG\r\n\x1a\n" + _IHDR, None),  # no image data, no end
         (PNG[:-20], None),  # cut short
-        (PNG[:20] + b"\0" + PNG[21:], None),  # a chunk whose checksum fails
+        (PNG[:19] + b"\x02" + PNG[20:], None),  # a chunk whose checksum fails (width 2)
         (_JPEG, "image/jpeg"),
         (b"\xff\xd8\xff\xe0\0\x10JFIF", None),  # cut inside its first segment
         (b"\xff\xd8\xff<script>alert(1)</script>", None),
