@@ -362,6 +362,9 @@ def _jpeg_frame(data: bytes) -> bool:
     """Whether ``data``'s segments lead whole to a frame header of a non-empty image."""
     offset = 2
     while offset + 4 <= len(data) and data[offset] == 0xFF:
+        if data[offset + 1] == 0xFF:  # a fill byte before a marker
+            offset += 1
+            continue
         marker = data[offset + 1]
         (length,) = struct.unpack_from(">H", data, offset + 2)
         if length < 2 or offset + 2 + length > len(data):
