@@ -221,3 +221,21 @@ async def test_an_image_is_read_back_without_following_a_link_swapped_in_after_i
     assert "shown to you as an image" not in prompt
     content = json.loads(record.read_text())["content"]
     assert content == prompt  # text only: nothing read through the link went with it
+
+
+@pytest.mark.parametrize("declared", ["Image/PNG", "image/png; name=pic.png", " image/png"])
+async def test_a_declared_image_type_is_read_as_media_types_are_case_and_parameters_aside(
+    tmp_path: Path, declared: str
+) -> None:
+    settings, record = recorded(tmp_path)
+    chat = FileRoom(console_room(settings), "local", {"img": PNG})
+    sent = with_files(
+        console_room(settings),
+        "f-1",
+        Attachment("pic.png", declared, len(PNG), "img"),
+        text="what is in the picture?",
+    )
+    prompt = await prompt_of(settings, chat, sent)
+    assert "shown to you as an image" in prompt
+    (image,) = [c for c in json.loads(record.read_text())["content"] if c["type"] == "image"]
+    assert image["source"]["media_type"] == "image/png"
