@@ -310,6 +310,12 @@ MAX_IMAGES = 20
 """At most this many images are shown with one prompt."""
 
 
+def media_type(declared: str) -> str:
+    """A declared media type as it compares: its parameters aside, lower case (RFC 2045:
+    ``Image/PNG; name=a.png`` is ``image/png``)."""
+    return declared.split(";", 1)[0].strip().lower()
+
+
 def image_type(data: bytes) -> str | None:
     """The image type ``data`` is (one of :data:`IMAGE_TYPES`), or None.
 
@@ -414,7 +420,7 @@ async def shown_images(
         if (
             file.path is None
             or file.size is None
-            or file.attachment.mime not in IMAGE_TYPES
+            or media_type(file.attachment.mime) not in IMAGE_TYPES
             or file.size > min(IMAGE_MAX_BYTES, budget_bytes)
             or len(images) >= MAX_IMAGES
         ):
@@ -424,11 +430,12 @@ async def shown_images(
         except OSError as exc:
             log.warning("could not read back an image of the run: %s", exc)
             continue
-        if image_type(data) != file.attachment.mime:
+        declared = media_type(file.attachment.mime)
+        if image_type(data) != declared:
             # Only named: claude reads it from disk as the file it is.
             log.info("a file declared %s is not one by its content", file.attachment.mime)
             continue
         budget_bytes -= len(data)
-        images.append(PromptImage(file.attachment.mime, base64.b64encode(data).decode("ascii")))
+        images.append(PromptImage(declared, base64.b64encode(data).decode("ascii")))
         marked[index] = dataclasses.replace(file, shown=True)
     return marked, images
