@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import dataclasses
+import errno
 import logging
 import os
+import stat
+import struct
 import unicodedata
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,17 +217,24 @@ class Inbox:
         inbox, inbox_fd = inbox_at
         name = names.claim(attachment.name)
         relative = inbox / name
-        # Through the inbox's fd: the path the transport writes to cannot lead
-        # anywhere else, whatever is renamed or linked meanwhile.
+        # The transport writes the file created here, through its own fd (not by its
+        # name): whatever is renamed, linked or planted in the inbox meanwhile, what it
+        # writes cannot land anywhere else.
         dest = Path(f"/proc/self/fd/{inbox_fd}") / name
         try:
-            os.close(os.open(name, _NEW_PRIVATE_FILE, FILE_MODE, dir_fd=inbox_fd))
+            file_fd = os.open(name, _NEW_PRIVATE_FILE, FILE_MODE, dir_fd=inbox_fd)
+        except OSError as exc:
+            log.warning("could not create a file of message %s: %s", message_id, exc)
+            return missing("failed", f"could not be written ({exc.strerror})")
+        try:
             now = asyncio.get_running_loop().time()
             # Past the run's deadline this gives up at once: the later files are named as
             # timed out, and claude starts.
             async with asyncio.timeout_at(min(now + self._timeout, deadline)):
-                await transport.fetch_attachment(attachment, dest, limit)
-            size = dest.stat().st_size
+                await transport.fetch_attachment(
+                    attachment, Path(f"/proc/self/fd/{file_fd}"), limit
+                )
+            size = _still_named(file_fd, name, inbox_fd)
         except asyncio.CancelledError:
             _remove(dest)  # the run was stopped while preparing: no part file stays
             raise
@@ -242,8 +252,23 @@ class Inbox:
             _remove(dest)
             log.exception("fetching a file of message %s failed inside chatbridge", message_id)
             return missing("failed", "could not be downloaded (an error in chatbridge)")
+        finally:
+            os.close(file_fd)
         self._metrics.files.labels("fetched").inc()
         return FetchedFile(message_id, attachment, relative, size)
+
+
+def _still_named(fd: int, name: str, inbox_fd: int) -> int:
+    """The size of the file open as ``fd``; raises OSError unless ``name`` in the inbox
+    is still that file (it was replaced while it downloaded: its name now leads elsewhere)."""
+    info = os.fstat(fd)
+    try:
+        named = os.stat(name, dir_fd=inbox_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        named = None
+    if named is None or (named.st_dev, named.st_ino) != (info.st_dev, info.st_ino):
+        raise OSError(errno.EEXIST, "it was replaced while it was downloaded")
+    return info.st_size
 
 
 _NEW_PRIVATE_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -258,8 +283,12 @@ def _too_large(limits: Limits, left: int) -> str:
 
 
 def _remove(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
+    try:
         os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # not a file (a folder planted there): left as it is
+        log.warning("could not remove %s: %s", path, exc)
 
 
 def human_size(size: int) -> str:
@@ -281,17 +310,99 @@ MAX_IMAGES = 20
 """At most this many images are shown with one prompt."""
 
 
+def media_type(declared: str) -> str:
+    """A declared media type as it compares: its parameters aside, lower case (RFC 2045:
+    ``Image/PNG; name=a.png`` is ``image/png``)."""
+    return declared.split(";", 1)[0].strip().lower()
+
+
 def image_type(data: bytes) -> str | None:
-    """The image type ``data`` is by its first bytes (one of :data:`IMAGE_TYPES`), or None."""
-    if data.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "image/png"
-    if data.startswith(b"\xff\xd8\xff"):
-        return "image/jpeg"
+    """The image type ``data`` is (one of :data:`IMAGE_TYPES`), or None.
+
+    Not by its first bytes alone: its structure must be whole as far as it can be
+    checked cheaply (a PNG's chunks and their checksums up to ``IEND``, a JPEG's
+    segments up to its frame header, a GIF's screen, a WebP's RIFF length), so a
+    file cut short or a signature before other content is no image (the model's
+    API refuses an image it cannot decode).
+    """
+    if data.startswith(_PNG_SIGNATURE):
+        return "image/png" if _whole_png(data) else None
+    if data.startswith(b"\xff\xd8"):
+        return "image/jpeg" if _jpeg_frame(data) else None
     if data[:6] in (b"GIF87a", b"GIF89a"):
-        return "image/gif"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "image/webp"
+        width, height = struct.unpack_from("<HH", data, 6) if len(data) >= 13 else (0, 0)
+        return "image/gif" if width and height else None
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP" and len(data) >= 20:
+        (riff_size,) = struct.unpack_from("<I", data, 4)
+        whole = riff_size >= 12 and len(data) >= 8 + riff_size
+        return "image/webp" if whole and data[12:16] in _WEBP_CHUNKS else None
     return None
+
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_WEBP_CHUNKS = (b"VP8 ", b"VP8L", b"VP8X")
+_JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+"""The JPEG markers that start a frame (SOFn; not DHT, JPG, DAC)."""
+
+
+def _whole_png(data: bytes) -> bool:
+    """Whether ``data``'s chunks are whole, their checksums right, from ``IHDR`` to ``IEND``."""
+    offset = len(_PNG_SIGNATURE)
+    first = True
+    while offset + 12 <= len(data):
+        length, kind = struct.unpack_from(">I4s", data, offset)
+        end = offset + 12 + length
+        if end > len(data):
+            return False
+        (crc,) = struct.unpack_from(">I", data, end - 4)
+        if zlib.crc32(data[offset + 4 : end - 4]) != crc or first != (kind == b"IHDR"):
+            return False
+        if kind == b"IEND":
+            return True
+        first = False
+        offset = end
+    return False
+
+
+def _jpeg_frame(data: bytes) -> bool:
+    """Whether ``data``'s segments lead whole to a frame header of a non-empty image."""
+    offset = 2
+    while offset + 4 <= len(data) and data[offset] == 0xFF:
+        if data[offset + 1] == 0xFF:  # a fill byte before a marker
+            offset += 1
+            continue
+        marker = data[offset + 1]
+        (length,) = struct.unpack_from(">H", data, offset + 2)
+        if length < 2 or offset + 2 + length > len(data):
+            return False
+        if marker in _JPEG_FRAMES:
+            if length < 8:
+                return False
+            height, width = struct.unpack_from(">HH", data, offset + 5)
+            return bool(height and width)
+        offset += 2 + length
+    return False
+
+
+def _read_back(cwd: Path, path: Path, size: int) -> bytes:
+    """The file ``path`` of the inbox as it was written: reached as it was made, folder
+    by folder without following a link, and only if it is still the regular file of
+    ``size`` bytes (nothing swapped in since can make it read more, or block). Raises
+    OSError otherwise."""
+    folder = open_private_dirs(cwd, path.parent.parts)
+    try:
+        fd = os.open(path.name, _READ_BACK, dir_fd=folder)
+    finally:
+        os.close(folder)
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+            raise OSError(errno.ESTALE, "it changed since it was downloaded")
+        return file.read(size)
+
+
+_READ_BACK = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+"""(Non-blocking: a FIFO swapped in does not hold the run back.)"""
 
 
 async def shown_images(
@@ -309,21 +420,22 @@ async def shown_images(
         if (
             file.path is None
             or file.size is None
-            or file.attachment.mime not in IMAGE_TYPES
+            or media_type(file.attachment.mime) not in IMAGE_TYPES
             or file.size > min(IMAGE_MAX_BYTES, budget_bytes)
             or len(images) >= MAX_IMAGES
         ):
             continue
         try:
-            data = await asyncio.to_thread((cwd / file.path).read_bytes)
+            data = await asyncio.to_thread(_read_back, cwd, file.path, file.size)
         except OSError as exc:
             log.warning("could not read back an image of the run: %s", exc)
             continue
-        if image_type(data) != file.attachment.mime:
+        declared = media_type(file.attachment.mime)
+        if image_type(data) != declared:
             # Only named: claude reads it from disk as the file it is.
             log.info("a file declared %s is not one by its content", file.attachment.mime)
             continue
         budget_bytes -= len(data)
-        images.append(PromptImage(file.attachment.mime, base64.b64encode(data).decode("ascii")))
+        images.append(PromptImage(declared, base64.b64encode(data).decode("ascii")))
         marked[index] = dataclasses.replace(file, shown=True)
     return marked, images

@@ -8,11 +8,11 @@ the socket or from the file. Standard library only: the supervisor imports it.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import errno
 import json
 import os
-from collections import deque
 
 PROTOCOL_VERSIONS = (1, 2)
 """The journal and socket protocol versions this supervisor speaks (docs/detached-runs.md)."""
@@ -46,7 +46,11 @@ class Journal:
         self.read_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         self.size = 0
         self.written = 0
-        self.held: deque[bytes] = deque()
+        self._held: list[bytes] = []
+        """The records held, in order; those before ``_first`` are written already."""
+        self._starts: list[int] = []
+        """Each held record's journal offset: a reader's record is found by bisection."""
+        self._first = 0
         self.held_bytes = 0
         self.held_max_bytes = held_max_bytes
         self.error: OSError | None = None
@@ -55,6 +59,11 @@ class Journal:
         """Bytes held since the journal became unwritable."""
         self.said_full = False
         """A ``held_full`` record was held: the memory bound is reached."""
+
+    @property
+    def held(self) -> int:
+        """How many records are held (not written yet)."""
+        return len(self._held) - self._first
 
     @property
     def full(self) -> bool:
@@ -77,7 +86,8 @@ class Journal:
             self._hold(header("held_full", max=self.held_max_bytes))
 
     def _hold(self, record: bytes) -> None:
-        self.held.append(record)
+        self._held.append(record)
+        self._starts.append(self.size)
         self.held_bytes += len(record)
         self.held_period += len(record)
         self.size += len(record)
@@ -86,23 +96,36 @@ class Journal:
         """Write what is held, in order, as far as the disk takes it; whether all is.
         (The caller says so in the journal, with ``writable``, unless it has ended.)"""
         while self.held:
-            record = self.held[0]
+            record = self._held[self._first]
             if not self._write(record, b""):
+                self._forget_written()
                 return False
-            self.held.popleft()
+            self._first += 1
             self.held_bytes -= len(record)
+        self._held.clear()
+        self._starts.clear()
+        self._first = 0
         self.error = None
         self.said_full = False
         return True
 
+    def _forget_written(self) -> None:
+        """Drop the records written already once they are half the list (amortised: the
+        memory bound counts only what is held)."""
+        if self._first * 2 >= len(self._held):
+            del self._held[: self._first]
+            del self._starts[: self._first]
+            self._first = 0
+
     def held_from(self, offset: int) -> bytes:
-        """The held bytes from journal ``offset`` (at least :attr:`written`) on."""
-        skip = offset - self.written
-        for record in self.held:
-            if skip < len(record):
-                return record[skip:] if skip else record
-            skip -= len(record)
-        return b""
+        """The held bytes from journal ``offset`` (at least :attr:`written`) on: the rest
+        of the record ``offset`` falls in."""
+        index = bisect.bisect_right(self._starts, offset, lo=self._first) - 1
+        if index < self._first or index >= len(self._held):
+            return b""
+        record = self._held[index]
+        skip = offset - self._starts[index]
+        return record[skip:] if skip else record
 
     def _write(self, head: bytes, payload: bytes) -> bool:
         """Write one whole record at the file's end; a record cut short is cut off again."""

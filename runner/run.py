@@ -577,6 +577,8 @@ class _Run:
         framer = LineFramer(self._request.max_line_bytes)
         decoding = True
         last_out = 0
+        if supervised.unwritable_at_start is not None:  # read before ``spawned``, at the start
+            await self._journal_trouble(supervised.unwritable_at_start)
         while (record := await supervised.read()) is not None:
             if record.end >= supervised.history_end:
                 self._bind()  # the replay caught up (this record's events are live)

@@ -172,6 +172,9 @@ class Supervised:
         self._claude_fd: int | None = None
         self.cgroup: str | None = None
         """The run's cgroup v2 group, if it has one (from the ``spawned`` record)."""
+        self.unwritable_at_start: Record | None = None
+        """The journal's ``unwritable``, when the start read it (a disk full from the
+        run's first record on): the reader of the records after ``spawned`` is told."""
         loop = asyncio.get_running_loop()
         self.claude_exit: asyncio.Future[int] = loop.create_future()
         """claude's return code (negative for a signal), once it exited."""
@@ -392,9 +395,18 @@ class Supervised:
                     _reap_later(proc, pidfd)  # it takes the pidfd over
                     pidfd = None
                 return
-            if pidfd is not None and self.gone.done():
-                # Its journal ended: it is exiting. Once it has, nothing of the run is left.
-                await wait_exited([pidfd], CLOSE_S)
+            # Its journal ended: it is exiting. Once it has, nothing of the run is left
+            # (one still writing what a full disk held back is reaped once it has:
+            # docs/detached-runs.md).
+            if (
+                pidfd is not None
+                and self.gone.done()
+                and await wait_exited([pidfd], CLOSE_S)
+                and proc is not None
+            ):
+                _reap_later(proc, pidfd)
+                pidfd = None
+                return
             if proc is not None:
                 proc.poll()  # our child: reap it
         finally:
@@ -629,7 +641,7 @@ async def _spawned(  # noqa: PLR0917
     the connection left off. Raises :class:`Unanswered` (having stopped the
     run) for a supervisor that says nothing of claude within :data:`WELCOME_S`.
     """
-    hello: dict[str, Any] = {}
+    early: dict[str, Record] = {}
     fields: dict[str, Any] | None = None
     offset = 0
     source: asyncio.StreamReader | None = None
@@ -637,7 +649,7 @@ async def _spawned(  # noqa: PLR0917
     try:
         async with asyncio.timeout(WELCOME_S):
             if await _welcome(reader) is not None:
-                fields, offset = await _until_spawned(reader, offset, hello)
+                fields, offset = await _until_spawned(reader, offset, early)
                 source = reader if fields is not None else None
     except TimeoutError:
         killed = await _kill_unanswered(run_id, str(run_dir), pidfd, proc.pid)
@@ -651,12 +663,13 @@ async def _spawned(  # noqa: PLR0917
         source = journal_from(run_dir, offset)
         from_file = True
         if source is not None:
-            fields, offset = await _until_spawned(source, offset, hello)
+            fields, offset = await _until_spawned(source, offset, early)
     if source is None or fields is None:
         await wait_exited([pidfd], SUPERVISOR_KILL_S)
         raise SpawnFailed(f"the run's supervisor exited with {proc.poll()}", None)
     if fields["t"] == "spawn_failed":
         raise SpawnFailed(str(fields.get("error")), fields.get("errno"))
+    hello = early["hello"].fields if "hello" in early else {}
     live = LiveRun(
         run_id=run_id,
         supervisor_pid=proc.pid,
@@ -675,6 +688,7 @@ async def _spawned(  # noqa: PLR0917
         pidfd=pidfd,
     )
     supervised._note(Record("spawned", fields, b"", offset))
+    supervised.unwritable_at_start = early.get("unwritable")
     if _is_int(hello.get("v")):
         supervised.version = hello["v"]
     if fields.get("cgroup_error"):
@@ -685,17 +699,17 @@ async def _spawned(  # noqa: PLR0917
 
 
 async def _until_spawned(
-    source: asyncio.StreamReader, offset: int, hello: dict[str, Any]
+    source: asyncio.StreamReader, offset: int, early: dict[str, Record]
 ) -> tuple[dict[str, Any] | None, int]:
-    """Read records up to ``spawned`` or ``spawn_failed`` (``hello`` is filled on the way):
-    that record, or None if the stream ended first; and the offset just past it."""
+    """Read records up to ``spawned`` or ``spawn_failed`` (``early`` gets the ones on the
+    way by kind: ``hello``, and ``unwritable`` if the disk was full from the start): that
+    record, or None if the stream ended first; and the offset just past it."""
     while (line := await _line(source)) is not None:
         fields = parse_header(line)
         offset += len(line)
-        if fields["t"] == "hello":
-            hello.update(fields)
-        elif fields["t"] in ("spawned", "spawn_failed"):
+        if fields["t"] in ("spawned", "spawn_failed"):
             return fields, offset
+        early.setdefault(fields["t"], Record(fields["t"], fields, b"", offset))
     return None, offset
 
 

@@ -936,26 +936,26 @@ class Supervisor:
             self.relay()
 
     def _linger(self, now: float) -> float | None:
-        """After ``done``: how long to wait for the bridge (or the disk); None: exit now."""
+        """After ``done``: how long to wait for the bridge to read the rest; None: exit now."""
         self.relay()
-        if self.held_back(now):
-            return FLUSH_RETRY_S
         if not any(c.attached and c.events & _WRITE for c in self.clients.values()):
             return None
         if now >= self.done_deadline:
             return None
         return self.done_deadline - now
 
-    def held_back(self, now: float) -> bool:
-        """After ``done``: whether to stay for what a full disk held back. The supervisor
-        stays until it is written, unless an attached bridge has read all of it, for at
-        most ``--orphan-timeout-s`` after ``done``: a bridge that comes later reads the file."""
+    def write_held(self) -> None:
+        """After ``done`` and the connections: what a full disk still holds is written as
+        soon as it can be, for at most ``--orphan-timeout-s`` after ``done`` (or until a
+        stop signal). Even if the bridge read all of it: one that dies before it acted on
+        what it read (the answer not posted yet) reads it again from the file."""
+        until = self.done_deadline - DONE_LINGER_S + self.options.orphan_timeout_s
         journal = self.journal
-        if not journal.held:
-            return False
-        if any(c.attached and c.offset >= journal.size for c in self.clients.values()):
-            return False
-        return now < self.done_deadline - DONE_LINGER_S + self.options.orphan_timeout_s
+        self.stop_signalled = False  # (one that stopped the run is long handled)
+        while journal.held and not journal.flush():
+            if self.stop_signalled or time.monotonic() >= until:
+                return
+            time.sleep(FLUSH_RETRY_S)  # nothing else to serve: the disk is all it waits for
 
     def _exit(self) -> int:
         """Close the connections gracefully, then exit.
@@ -992,6 +992,7 @@ class Supervisor:
         draining.close()
         for client in clients:
             self.drop(client)
+        self.write_held()
         return EXIT_CLEAN if self.exit_code is None else self.exit_code
 
 

@@ -117,8 +117,9 @@ class Transport:
     async def fetch_attachment(self, attachment: Attachment, dest: Path, limit_bytes: int) -> None:
         """Write the content of ``attachment`` (one this transport handed over) to ``dest``.
 
-        ``dest`` exists, empty and private (0600), reached through the inbox's
-        fd: write it in place (open it for writing), never replace or move it.
+        ``dest`` exists, empty and private (0600), reached through its own open
+        fd (``/proc/self/fd/N``: never a name that can be swapped for a link):
+        write it in place (open it for writing), never replace or move it.
 
         Stops with :class:`~bridge.core.transport.FileTooLarge` once more than
         ``limit_bytes`` arrived (``dest`` then holds a part: the caller removes

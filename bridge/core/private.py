@@ -38,7 +38,11 @@ def private_file(path: Path | str) -> None:
 
 def sqlite_files(database: Path | str) -> None:
     """A SQLite database's file and its companions (``-wal``, ``-shm``, ``-journal``)
-    private before SQLite opens them: SQLite gives its companions the database's mode."""
+    private before SQLite opens them: SQLite gives its companions the database's mode.
+
+    A symlink the operator made to place the database elsewhere is followed, as
+    SQLite does (its companions are beside the file it leads to)."""
+    database = os.path.realpath(database)
     private_file(database)
     for suffix in ("-wal", "-shm", "-journal"):
         narrow(f"{database}{suffix}", FILE_MODE)

@@ -67,3 +67,20 @@ async def test_a_database_left_readable_by_an_earlier_version_is_made_private(
         }
     finally:
         await store.close()
+
+
+async def test_a_database_the_operator_placed_elsewhere_by_a_symlink_opens_and_is_private(
+    tmp_path: Path, umask: int
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (tmp_path / "chatbridge.db").symlink_to(data / "chatbridge.db")
+    store = await SqlStore.open(f"sqlite+aiosqlite:///{tmp_path / 'chatbridge.db'}")
+    try:
+        room = RoomKey(TransportName("console"), RoomId("c"))
+        await store.accept(
+            InboundMessage(room, UserId("u"), "the password", ExternalMessageId("x")), 1.0
+        )
+    finally:
+        await store.close()
+    assert mode(data / "chatbridge.db") == 0o600
