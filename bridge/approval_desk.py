@@ -11,12 +11,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bridge.approval_text import outcome_text
-from bridge.approvals import Verdict, deny_message, judge, refusal, state_of, timeout_message
+from bridge.approvals import Verdict, judge, judge_answer, refusal, state_of, timeout_message
 from bridge.config import RoomSettings
 from bridge.core.model import RoomKey, UserId
 from bridge.core.transport import ApprovalChoice
 from bridge.live_controls import LiveControls
+from bridge.questions import ASK, deny_text, outcome, unanswerable
 from bridge.store.base import Approval, ApprovalState, Store
 
 
@@ -38,22 +38,31 @@ class ApprovalDesk:
         settings = self.rooms(approval.room)
         if settings is None:
             return None
-        verdict = judge(settings, sender, await self.batch_senders(approval))
+        senders = await self.batch_senders(approval)
+        if approval.tool_name == ASK:
+            verdict = judge_answer(settings, sender, senders)
+        else:
+            verdict = judge(settings, sender, senders)
         if verdict is not Verdict.APPROVER:
             self.refused(verdict)
             return refusal(verdict)
+        unfit = unanswerable(approval, choice, reason)
+        if unfit is not None and approval.state is ApprovalState.PENDING:
+            return unfit
         if approval.state is ApprovalState.PENDING:
             decided = await self.store.decide_approval(
                 approval, state_of(choice), sender, self.wall_clock(), reason
             )
             if decided:
                 current = await self._current(approval)
-                told = deny_message(reason) if choice is ApprovalChoice.DENY else ""
+                told = (
+                    deny_text(approval.tool_name, reason) if choice is ApprovalChoice.DENY else ""
+                )
                 note = await self.live.decide(current, choice, sender, told)
-                return f"{outcome_text(current)} {note}".rstrip()
+                return f"{outcome(current)} {note}".rstrip()
         # Someone else answered first (or it had ended): say how it stands.
         current = await self._current(approval)
-        return f"Already answered. {outcome_text(current)}"
+        return f"Already answered. {outcome(current)}"
 
     async def expire_due(self) -> list[Approval]:
         """Deny every request nobody answered in time, telling claude it timed out."""

@@ -24,18 +24,20 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from bridge.approval_desk import ApprovalDesk
-from bridge.approval_text import outcome_text, parse_input, request_text
-from bridge.approvals import (
-    WITHDRAWN,
-    Verdict,
-    cancel_reason,
-    deny_message,
-    timeout_message,
-)
+from bridge.approval_text import parse_input
+from bridge.approvals import WITHDRAWN, Verdict, cancel_reason, timeout_message
 from bridge.config import Settings
 from bridge.core.model import Batch, ReplyKind, RoomKey, RunId, UserId
 from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
 from bridge.live_runs import LiveRuns
+from bridge.questions import (
+    INTERACTIVE,
+    NO_EXPIRY_S,
+    answer_decision,
+    deny_text,
+    outcome,
+    request_message,
+)
 from bridge.replies import Replier, in_conversation
 from bridge.store.base import Approval, ApprovalState, Store, StoreError
 from runner.control import Allow, ControlError, Deny, InputClosed, RunControl
@@ -87,14 +89,19 @@ class ApprovalFlow:
             return
         self.runs.asked(batch.room, run_id, event)
         now = self.wall_clock()
+        interactive = event.tool_name in INTERACTIVE
+        wait_s = room.question_timeout_s if interactive else room.approval_timeout_s
         approval = await self.store.add_approval(
             batch.room,
             run_id,
             event.request_id,
             tool_name=event.tool_name,
-            input_json=json.dumps(event.input, ensure_ascii=False),
+            # A plan's request holds {}: the plan is in claude's tool_use block.
+            input_json=json.dumps(
+                self.runs.full_input(batch.room, run_id, event), ensure_ascii=False
+            ),
             asked_at=now,
-            expires_at=now + room.approval_timeout_s,
+            expires_at=now + (wait_s or NO_EXPIRY_S),
         )
         choice = _CHOICES.get(approval.state)
         if choice is not None:
@@ -103,7 +110,7 @@ class ApprovalFlow:
             if approval.state is ApprovalState.EXPIRED:
                 told = timeout_message(approval.expires_at - approval.asked_at)
             elif choice is ApprovalChoice.DENY:
-                told = deny_message(approval.reason)
+                told = deny_text(approval.tool_name, approval.reason)
             if not await self._answer(approval, choice, told):
                 # Delivered only now: the bridge stopped before showing the outcome too
                 # (a request still showing its buttons would be clicked in vain).
@@ -111,7 +118,7 @@ class ApprovalFlow:
             return
         if approval.state is not ApprovalState.PENDING or approval.message_id is not None:
             return
-        text = request_text(approval, self.settings.commands.prefix, room.approval_timeout_s)
+        text = request_message(approval, self.settings.commands.prefix, wait_s)
         # Done once the post is recorded (or failed): a click waits for this, not for
         # the task posting, which is the run's own and lives as long as the run.
         posting: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -231,6 +238,8 @@ class ApprovalFlow:
         decision: Allow | Deny
         if choice is ApprovalChoice.DENY:
             decision = Deny(told)
+        elif approval.tool_name in INTERACTIVE:
+            decision = answer_decision(approval, choice)
         else:
             tool_input = asked.input if asked is not None else parse_input(approval.input_json)
             session = choice is ApprovalChoice.ALLOW_SESSION and asked is not None
@@ -246,4 +255,4 @@ class ApprovalFlow:
         current = await self.store.approval_by_number(approval.room, approval.number)
         shown = current or approval
         if shown.message_id is not None:
-            await self.replier.close_approval(shown.room, shown.message_id, outcome_text(shown))
+            await self.replier.close_approval(shown.room, shown.message_id, outcome(shown))

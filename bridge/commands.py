@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from bridge.approval_desk import ApprovalDesk
-from bridge.approval_text import code_span, status_line
+from bridge.approval_text import code_span, parse_input, status_line
 from bridge.approvals import Verdict, refusal
 from bridge.config import PERMISSION_MODES, RoomSettings
 from bridge.core.model import Batch, Message, MessageId, RoomKey, UserId
@@ -24,6 +24,7 @@ from bridge.core.text import safe_text
 from bridge.core.transport import ApprovalChoice
 from bridge.duration import format_duration
 from bridge.live_controls import LiveControls
+from bridge.questions import ASK, AnswerError, questions, read_answers
 from bridge.store.base import AuditAction, RunRecord, Store, StoreError
 from bridge.worktrees import Worktree, Worktrees, worktree_of
 from dispatcher import Dispatcher, RoomStatus, StopResult
@@ -38,6 +39,7 @@ class CommandName(StrEnum):
     RETRY = "retry"
     APPROVE = "approve"
     DENY = "deny"
+    ANSWER = "answer"
     MODEL = "model"
     MODE = "mode"
     HELP = "help"
@@ -56,9 +58,18 @@ _SUMMARY: dict[CommandName, str] = {
     ),
     CommandName.APPROVE: (
         "allow a tool request: `{p}approve #N`, or `{p}approve session #N` to allow uses"
-        " like it for the rest of the session; without `#N` the oldest waiting one"
+        " like it for the rest of the session; without `#N` the oldest waiting one;"
+        " a plan: `{p}approve #N` (edits asked one by one) or `{p}approve edits #N`"
+        " (edits accepted)"
     ),
-    CommandName.DENY: "deny a tool request: `{p}deny #N reason` (reason and `#N` optional)",
+    CommandName.DENY: (
+        "deny a tool request: `{p}deny #N reason` (reason and `#N` optional);"
+        " a plan: `{p}deny #N feedback` keeps claude planning"
+    ),
+    CommandName.ANSWER: (
+        "answer claude's question: `{p}answer #N 2` (an option), `{p}answer #N 1,3`"
+        " (several), `{p}answer #N your words`; `;` between the answers to several questions"
+    ),
     CommandName.MODEL: (
         "show the model of this room's runs; `{p}model NAME` sets it, for the running run"
         " from its next step and for the next runs, `{p}model reset` goes back to the"
@@ -122,7 +133,8 @@ def parse_decision(command: Command) -> Decision | None:
     session = False
     for word in command.rest.split():
         match = _NUMBER.fullmatch(word)
-        if word.lower() == "session" and not session:
+        # "edits": a plan started with edits accepted (the session-wide choice).
+        if word.lower() in {"session", "edits"} and not session:
             session = True
         elif match is not None and number is None:
             number = int(match[1])
@@ -290,6 +302,8 @@ class CommandHandler:
                 await self._retry(message, command.argument)
             case CommandName.APPROVE | CommandName.DENY:
                 await self._decide(command, message)
+            case CommandName.ANSWER:
+                await self._answer_question(command, message)
             case CommandName.MODEL:
                 await self._model(message, command.rest)
             case CommandName.MODE:
@@ -571,6 +585,35 @@ class CommandHandler:
             approval = found
         desk = ApprovalDesk(self.store, self.rooms, self.live, self.refused, self.wall_clock)
         text = await desk.answer(message.sender, approval, decision.choice, decision.reason)
+        if text is not None:
+            await self.answer(message, text)
+
+    async def _answer_question(self, command: Command, message: Message) -> None:
+        """``!answer #N reply``: claude's question answered (by its run's senders or an
+        approver; the desk judges), the reply read against its options first."""
+        first, *after = command.rest.split(maxsplit=1) or [""]
+        match = _NUMBER.fullmatch(first)
+        number = int(match[1]) if match is not None else None
+        reply = after[0] if match is not None and after else command.rest
+        if self.live is None:
+            await self.answer(message, "Questions cannot be answered: no live runs here.")
+            return
+        room = message.room
+        if number is None:
+            waiting = [a for a in await self.store.pending_approvals(room) if a.tool_name == ASK]
+            found = waiting[0] if waiting else None
+        else:
+            found = await self.store.approval_by_number(room, number)
+        if found is None or found.tool_name != ASK:
+            await self.answer(message, "No question of claude's is waiting as that.")
+            return
+        try:
+            kept = read_answers(questions(parse_input(found.input_json)), safe_text(reply))
+        except AnswerError as exc:
+            await self.answer(message, str(exc))
+            return
+        desk = ApprovalDesk(self.store, self.rooms, self.live, self.refused, self.wall_clock)
+        text = await desk.answer(message.sender, found, ApprovalChoice.ALLOW, kept)
         if text is not None:
             await self.answer(message, text)
 

@@ -202,6 +202,11 @@ class RoomDefaults(_Section):
     """A request cannot be approved by a sender of the messages the run is working on."""
     approval_timeout_s: float = Field(900, gt=0)
     """A request unanswered this long is denied (claude is told it timed out)."""
+    question_timeout_s: float | None = Field(None, gt=0)
+    """claude's questions and plans unanswered this long are declined; None: they wait."""
+    questions_from: Literal["senders_and_approvers", "approvers"] = "senders_and_approvers"
+    """Who answers claude's questions: the senders of the run's messages and the approvers,
+    or the approvers only (plans are always the approvers')."""
     during_run: DuringRun = "queue"
     """Messages during a run: ``queue`` (a follow-up run), ``steer`` (into it), ``interrupt``."""
     conversation: Literal["channel", "thread"] = "channel"

@@ -951,11 +951,14 @@ class RunExecutor:
                 case Init(session_id=sid):
                     live.init = event
                     log.debug("the run writes to session %s", sid)
-                case ToolUse(name=name, input=tool_input) if live.position > live.shown:
-                    # (A reattached run replays its journal: what the room saw is not shown again.)
-                    run.progress.tool_used(name, tool_input)
-                    live.shown = live.position
-                    live.shown_moved.set()
+                case ToolUse(name=name, input=tool_input):
+                    self.live_runs.used(run.batch.room, run.id, event)
+                    if live.position > live.shown:
+                        # (A reattached run replays its journal: what the room saw is not
+                        # shown again.)
+                        run.progress.tool_used(name, tool_input)
+                        live.shown = live.position
+                        live.shown_moved.set()
                 case PermissionAsked() if self.approvals is not None:
                     asking = asyncio.create_task(
                         self.approvals.ask(run.id, run.batch, event), name=f"ask {run.id}"
