@@ -100,8 +100,7 @@ async def test_multi_select_and_free_text_answers_reach_claude(tmp_path: Path) -
     assert "`Which checks?` (one or more)" in out
     # An answer none of the options names is worded differently by claude 2.1.
     expected = (
-        'The user answered: "Which checks?"="ruff, pytest",'
-        ' "Which database?"="DuckDB, in memory".'
+        'The user answered: "Which checks?"="ruff, pytest", "Which database?"="DuckDB, in memory".'
     )
     assert any(t.startswith(expected) for t in texts)
 
@@ -135,24 +134,26 @@ def planning(notes: Path) -> list[Turn]:
     ]
 
 
-async def planned(tmp_path: Path, *replies: str, until: str) -> tuple[str, list[str]]:
+async def planned(tmp_path: Path, reply: str, *then: str) -> tuple[str, list[str]]:
+    """A run in plan mode whose plan is answered ``reply``; ``then``: the answers to the
+    request that follows it (the Write), if one is expected."""
     notes = tmp_path / "notes.md"
     async with asyncio.timeout(WAIT_S), ModelServer(planning(notes)) as server:
         bridge = Bridge(config(tmp_path, server, permission_mode="plan"))
         await bridge.start()
         bridge.send("plan it")
         await bridge.wait_for("Claude proposes this plan (plan `#1`)")
-        for reply in replies:
-            bridge.send(reply)
-        await bridge.wait_for(until)
+        bridge.send(reply)
+        for answer in then:
+            await bridge.wait_for("(request `#2`")
+            bridge.send(answer)
+        await bridge.wait_for("Plan carried out.")
         assert await bridge.end_input() == 0
         return bridge.out, told(server)
 
 
 async def test_a_plan_is_shown_in_full_and_approved_with_edits_asked(tmp_path: Path) -> None:
-    out, texts = await planned(
-        tmp_path, "!approve #1", until="(request `#2`"
-    )  # the Write is asked
+    out, texts = await planned(tmp_path, "!approve #1", "!approve #2")  # the Write is asked
     assert "40. `rm -rf /srv/data`" in out  # the whole plan, its last step too
     assert "Plan `#1`: approved by" in out
     assert "each edit asked one by one" in out
@@ -160,16 +161,14 @@ async def test_a_plan_is_shown_in_full_and_approved_with_edits_asked(tmp_path: P
 
 
 async def test_a_plan_approved_with_edits_accepted_runs_its_edits_unasked(tmp_path: Path) -> None:
-    out, _ = await planned(tmp_path, "!approve edits #1", until="Plan carried out.")
+    out, _ = await planned(tmp_path, "!approve edits #1")
     assert "claude starts with edits accepted" in out
     assert "(request `#2`" not in out
     assert (tmp_path / "notes.md").read_text() == "notes\n"
 
 
 async def test_a_plan_sent_back_gives_claude_the_feedback(tmp_path: Path) -> None:
-    out, texts = await planned(
-        tmp_path, "!deny #1 back up /srv/data first", until="(request `#2`"
-    )
+    out, texts = await planned(tmp_path, "!deny #1 back up /srv/data first", "!deny #2")
     assert "Plan `#1`: sent back to planning by" in out
     assert "The user wants you to keep planning: back up /srv/data first" in texts
     assert not any(t.startswith("User has approved your plan.") for t in texts)
