@@ -252,6 +252,11 @@ class ApprovalFlow:
         return "" if delivered else "(claude no longer waits on it.)"
 
     async def _show(self, approval: Approval) -> None:
+        if self._posting:
+            # Answered while still being posted (a command typed as the request appears;
+            # Matrix adds its reactions before the post returns): its message id is
+            # recorded once the post is done, and only then can it be edited.
+            await asyncio.wait(set(self._posting), timeout=POSTING_WAIT_S)
         current = await self.store.approval_by_number(approval.room, approval.number)
         shown = current or approval
         if shown.message_id is not None:
