@@ -42,6 +42,7 @@ class CommandName(StrEnum):
     ANSWER = "answer"
     MODEL = "model"
     MODE = "mode"
+    PLAN = "plan"
     HELP = "help"
 
 
@@ -78,6 +79,10 @@ _SUMMARY: dict[CommandName, str] = {
     CommandName.MODE: (
         "show the permission mode of this room's runs; `{p}mode MODE` sets it like"
         f" `{{p}}model` ({', '.join(PERMISSION_MODES)}; `{{p}}mode reset`; approvers)"
+    ),
+    CommandName.PLAN: (
+        "the next runs start in permission mode `plan`: claude proposes a plan for the room"
+        " to approve before it edits anything (`{p}mode reset` ends it; approvers)"
     ),
     CommandName.HELP: "list the commands",
 }
@@ -308,6 +313,8 @@ class CommandHandler:
                 await self._model(message, command.rest)
             case CommandName.MODE:
                 await self._mode(message, command.rest)
+            case CommandName.PLAN:
+                await self._mode(message, "plan")
             case CommandName.HELP:
                 await self.answer(message, help_text(self.prefix))
             case None:

@@ -218,3 +218,18 @@ async def test_a_plan_waiting_at_a_restart_is_approved_after_it(
         assert await again.end_input() == 0
     assert "Claude proposes" not in again.out
     assert notes.read_text() == "notes\n"
+
+
+async def test_plan_command_starts_the_next_run_in_plan_mode(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.md"
+    async with asyncio.timeout(WAIT_S), ModelServer(planning(notes)) as server:
+        bridge = Bridge(config(tmp_path, server))  # configured mode: default
+        await bridge.start()
+        bridge.send("!plan")
+        await bridge.wait_for("permission mode `plan` from now on")
+        bridge.send("plan it")
+        await bridge.wait_for("Claude proposes this plan (plan `#1`)")
+        bridge.send("!approve edits #1")
+        await bridge.wait_for("Plan carried out.")
+        assert await bridge.end_input() == 0
+    assert notes.read_text() == "notes\n"
