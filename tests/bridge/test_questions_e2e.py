@@ -174,25 +174,36 @@ async def test_a_plan_sent_back_gives_claude_the_feedback(tmp_path: Path) -> Non
     assert not any(t.startswith("User has approved your plan.") for t in texts)
 
 
+async def answered_after_a_restart(
+    path: Path, how: signal.Signals, *, prompt: str, asked: str, reply: str, last: str
+) -> str:
+    """``prompt`` sent, the bridge ended by ``how`` once ``asked`` was posted, started
+    again, ``reply`` sent; the second bridge's output once ``last`` came."""
+    bridge = Bridge(path)
+    await bridge.start()
+    bridge.send(prompt)
+    await bridge.wait_for(asked)
+    await wait_rows(path.parent, "select message_id is not null from approvals", [(1,)])
+    bridge.signal(how)
+    await bridge.exit_code()
+    again = Bridge(path)
+    await again.start()
+    again.send(reply)
+    await again.wait_for(last)
+    assert await again.end_input() == 0
+    return again.out
+
+
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
 async def test_a_question_waiting_at_a_restart_is_answered_after_it_once(
     tmp_path: Path, how: signal.Signals
 ) -> None:
     async with asyncio.timeout(WAIT_S), ModelServer(asking(SINGLE)) as server:
-        path = config(tmp_path, server)
-        bridge = Bridge(path)
-        await bridge.start()
-        bridge.send("ask me")
-        await bridge.wait_for("Claude asks (question `#1`)")
-        await wait_rows(tmp_path, "select message_id is not null from approvals", [(1,)])
-        bridge.signal(how)
-        await bridge.exit_code()
-        again = Bridge(path)
-        await again.start()
-        again.send("!answer #1 2")
-        await again.wait_for("Thanks, noted.")
-        assert await again.end_input() == 0
-    assert "Claude asks" not in again.out  # not posted twice
+        out = await answered_after_a_restart(
+            config(tmp_path, server), how, prompt="ask me",
+            asked="Claude asks (question `#1`)", reply="!answer #1 2", last="Thanks, noted.",
+        )  # fmt: skip
+    assert "Claude asks" not in out  # not posted twice
     assert rows(tmp_path, "select number, state from approvals") == [(1, "allowed")]
     assert any('"Which database?"="PostgreSQL"' in t for t in told(server))
 
@@ -203,20 +214,13 @@ async def test_a_plan_waiting_at_a_restart_is_approved_after_it(
 ) -> None:
     notes = tmp_path / "notes.md"
     async with asyncio.timeout(WAIT_S), ModelServer(planning(notes)) as server:
-        path = config(tmp_path, server, permission_mode="plan")
-        bridge = Bridge(path)
-        await bridge.start()
-        bridge.send("plan it")
-        await bridge.wait_for("Claude proposes this plan (plan `#1`)")
-        await wait_rows(tmp_path, "select message_id is not null from approvals", [(1,)])
-        bridge.signal(how)
-        await bridge.exit_code()
-        again = Bridge(path)
-        await again.start()
-        again.send("!approve edits #1")
-        await again.wait_for("Plan carried out.")
-        assert await again.end_input() == 0
-    assert "Claude proposes" not in again.out
+        out = await answered_after_a_restart(
+            config(tmp_path, server, permission_mode="plan"), how, prompt="plan it",
+            asked="Claude proposes this plan (plan `#1`)", reply="!approve edits #1",
+            last="Plan carried out.",
+        )  # fmt: skip
+    assert "Claude proposes" not in out
+    assert rows(tmp_path, "select number, state from approvals") == [(1, "allowed_session")]
     assert notes.read_text() == "notes\n"
 
 

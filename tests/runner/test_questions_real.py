@@ -13,6 +13,7 @@ import pytest
 from bridge.core.model import RunId, RunStatus
 from bridge.questions import ACCEPT_EDITS
 from runner import Allow, Deny, PermissionAsked, RunControl, RunEvent, ToolUse, run_claude
+from tests.bridge.test_questions_e2e import MULTI, SINGLE
 from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin
 from tests.runner.conftest import Recorder
 from tests.runner.live_helpers import asking
@@ -24,27 +25,7 @@ pytestmark = [
     pytest.mark.skipif(not claude_bin().exists(), reason="claude binary not installed"),
 ]
 
-QUESTIONS = [
-    {
-        "question": "Which database?",
-        "header": "DB",
-        "options": [
-            {"label": "SQLite", "description": "a file"},
-            {"label": "PostgreSQL", "description": "a server"},
-        ],
-        "multiSelect": False,
-    },
-    {
-        "question": "Which checks?",
-        "header": "Checks",
-        "options": [
-            {"label": "ruff", "description": "lint"},
-            {"label": "mypy", "description": "types"},
-            {"label": "pytest", "description": "tests"},
-        ],
-        "multiSelect": True,
-    },
-]
+QUESTIONS = [SINGLE, MULTI]
 
 
 async def test_answers_in_updated_input_reach_the_model(
