@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bridge.approvals import Verdict, judge_answer
 from bridge.core.model import RoomId, RoomKey, RunId, TransportName
 from bridge.core.transport import ApprovalChoice
 from bridge.questions import (
@@ -24,6 +25,7 @@ from bridge.questions import (
 )
 from bridge.store.base import Approval, ApprovalState
 from runner.control import Allow
+from tests.bridge.test_approvals import ALICE, BOB, EVE, room
 
 SINGLE = Question("Which database?", "DB", ("SQLite", "PostgreSQL"), ("", ""), multi=False)
 MULTI = Question("Which checks?", "", ("ruff", "mypy", "pytest"), ("", "", ""), multi=True)
@@ -125,3 +127,14 @@ def test_a_question_needs_answers_not_a_bare_approval() -> None:
     assert unanswerable(question, ApprovalChoice.ALLOW, "") is not None
     assert unanswerable(question, ApprovalChoice.ALLOW_SESSION, '["x"]') is not None
     assert unanswerable(question, ApprovalChoice.ALLOW, '["x"]') is None
+
+
+def test_the_runs_senders_answer_questions_unless_the_room_keeps_them_to_approvers() -> None:
+    default = room(approvers=[BOB])
+    assert judge_answer(default, ALICE, {ALICE}) is Verdict.APPROVER  # her run
+    assert judge_answer(default, BOB, {ALICE}) is Verdict.APPROVER
+    assert judge_answer(default, ALICE, {BOB}) is Verdict.NOT_APPROVER  # not her run
+    assert judge_answer(default, EVE, {EVE}) is Verdict.STRANGER  # never a stranger
+    strict = room(approvers=[BOB], questions_from="approvers", require_other_approver=True)
+    assert judge_answer(strict, ALICE, {ALICE}) is Verdict.NOT_APPROVER
+    assert judge_answer(strict, BOB, {BOB}) is Verdict.APPROVER  # a question is no approval
