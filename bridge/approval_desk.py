@@ -15,12 +15,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bridge.approval_text import code_span, outcome_text, parse_input
-from bridge.approvals import Verdict, deny_message, judge, refusal, state_of, timeout_message
+from bridge.approval_text import code_span, parse_input
+from bridge.approvals import Verdict, judge, judge_answer, refusal, state_of, timeout_message
 from bridge.config import RoomSettings
 from bridge.core.model import RoomKey, UserId
 from bridge.core.transport import ApprovalChoice
 from bridge.live_controls import LiveControls
+from bridge.questions import ASK, INTERACTIVE, deny_text, outcome, unanswerable
 from bridge.store.base import (
     Approval,
     ApprovalState,
@@ -84,26 +85,41 @@ class ApprovalDesk:
         settings = self.rooms(approval.room)
         if settings is None:
             return Answered(None, False)
-        verdict = judge(settings, sender, await self.batch_senders(approval))
+        senders = await self.batch_senders(approval)
+        if approval.tool_name == ASK:
+            verdict = judge_answer(settings, sender, senders)
+        else:
+            verdict = judge(settings, sender, senders)
         if verdict is not Verdict.APPROVER:
             self.refused(verdict)
             return Answered(refusal(verdict), False)
+        unfit = unanswerable(approval, choice, reason)
+        if unfit is not None and approval.state is ApprovalState.PENDING:
+            return Answered(unfit, False)
         if approval.state is ApprovalState.PENDING:
             decided = await self.store.decide_approval(
                 approval, state_of(choice), sender, self.wall_clock(), reason
             )
             if decided:
                 current = await self._current(approval)
-                kept, said = await self._keep(sender, current, choice, for_room)
-                told = deny_message(reason) if choice is ApprovalChoice.DENY else ""
+                # A question's answer or a plan's start keeps no tool rule ("edits"
+                # starts a plan with edits accepted: that is claude's own mode).
+                kept, said = (
+                    (None, "")
+                    if approval.tool_name in INTERACTIVE
+                    else await self._keep(sender, current, choice, for_room)
+                )
+                told = (
+                    deny_text(approval.tool_name, reason) if choice is ApprovalChoice.DENY else ""
+                )
                 note = await self.live.decide(current, choice, sender, told, shown=said)
                 if kept is not None:
                     await self.live.apply_rules(current.room)
-                text = " ".join(part for part in (outcome_text(current), said, note) if part)
+                text = " ".join(part for part in (outcome(current), said, note) if part)
                 return Answered(text, True)
         # Someone else answered first (or it had ended): say how it stands.
         current = await self._current(approval)
-        return Answered(f"Already answered. {outcome_text(current)}", False)
+        return Answered(f"Already answered. {outcome(current)}", False)
 
     async def _keep(
         self, sender: UserId, approval: Approval, choice: ApprovalChoice, for_room: bool

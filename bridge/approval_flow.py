@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.approval_desk import ApprovalDesk
-from bridge.approval_text import code_span, outcome_text, parse_input, request_text
+from bridge.approval_text import code_span, parse_input, request_text
 from bridge.approvals import (
     WITHDRAWN,
     Verdict,
@@ -57,10 +57,20 @@ from bridge.core.model import (
 )
 from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
 from bridge.live_runs import LiveRuns
+from bridge.questions import (
+    INTERACTIVE,
+    NO_EXPIRY_S,
+    PLAN,
+    answer_decision,
+    deny_text,
+    outcome,
+    plan_of,
+    request_message,
+)
 from bridge.replies import Replier, in_conversation
 from bridge.store.base import Approval, ApprovalState, RuleEffect, Store, StoreError, ToolRule
 from bridge.tool_rules import ruling
-from bridge.tool_view import ToolView, input_digest, render
+from bridge.tool_view import ToolView, ends, input_digest, render
 from bridge.worktrees import in_worktree
 from runner.control import Allow, ControlError, Deny, InputClosed, RunControl
 from runner.events import PermissionAsked
@@ -123,16 +133,20 @@ class ApprovalFlow:
             return
         self.runs.asked(batch.room, run_id, event)
         # As the room will be shown it, the file to edit as it is now (read off the loop).
-        view = await self._view(batch.room, event.tool_name, event.input)
+        full = self.runs.full_input(batch.room, run_id, event)
+        view = await self._view(batch.room, event.tool_name, full)
         now = self.wall_clock()
+        interactive = event.tool_name in INTERACTIVE
+        wait_s = room.question_timeout_s if interactive else room.approval_timeout_s
         approval = await self.store.add_approval(
             batch.room,
             run_id,
             event.request_id,
             tool_name=event.tool_name,
-            input_json=json.dumps(event.input, ensure_ascii=False),
+            # A plan's request holds {}: the plan is in claude's tool_use block.
+            input_json=json.dumps(full, ensure_ascii=False),
             asked_at=now,
-            expires_at=now + room.approval_timeout_s,
+            expires_at=now + (wait_s or NO_EXPIRY_S),
             shown_digest=view.digest,
         )
         if approval.state is ApprovalState.PENDING and approval.message_id is None:
@@ -145,7 +159,7 @@ class ApprovalFlow:
             if approval.state is ApprovalState.EXPIRED:
                 told = timeout_message(approval.expires_at - approval.asked_at)
             elif choice is ApprovalChoice.DENY:
-                told = deny_message(approval.reason)
+                told = deny_text(approval.tool_name, approval.reason)
             if not await self._answer(approval, choice, told):
                 # Delivered only now: the bridge stopped before showing the outcome too
                 # (a request still showing its buttons would be clicked in vain).
@@ -156,8 +170,9 @@ class ApprovalFlow:
         problem = view.problem
         if event.requires_user_interaction and event.tool_name not in PERSON_TOOLS:
             problem = "claude says only its own user interface can answer this tool"
-        elif event.tool_name == "ExitPlanMode" and not event.input.get("plan"):
-            # The CLI asks with input {}: an allow would end plan mode on a plan unseen.
+        elif event.tool_name == PLAN and not plan_of(parse_input(approval.input_json)):
+            # No plan in the request nor in claude's tool use: an allow would end plan
+            # mode on a plan nobody saw.
             problem = "the plan is not in the request, so it cannot be shown"
         if problem is not None:
             await self._refuse_unseen(batch, approval, problem)
@@ -167,7 +182,10 @@ class ApprovalFlow:
         posting: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._posting.add(posting)
         try:
-            posted = await self._post(batch, approval, view, room.approval_timeout_s)
+            if interactive:
+                posted = await self._post_interactive(batch, approval, wait_s)
+            else:
+                posted = await self._post(batch, approval, view, room.approval_timeout_s)
             if posted is not None:
                 await self.store.set_approval_message(approval, posted)
             elif (await self._current(approval)).state is ApprovalState.PENDING:
@@ -272,6 +290,27 @@ class ApprovalFlow:
                 text = request_text(approval, prefix, timeout_s, view.pointer())
                 break
             limit //= 2
+        return await self.replier.post_approval(
+            in_conversation(batch, text, ReplyKind.NOTICE), f"#{approval.number}"
+        )
+
+    async def _post_interactive(
+        self, batch: Batch, approval: Approval, wait_s: float | None
+    ) -> ExternalMessageId | None:
+        """A question or a plan: whole if the room's message holds it; otherwise the whole
+        as a file first, then the message with the plan's head and tail (saying so)."""
+        prefix = self.settings.commands.prefix
+        text = request_message(approval, prefix, wait_s)
+        if not self.replier.approval_fits(batch.room, text):
+            comment = f"The whole of `#{approval.number}`: what `{prefix}approve` approves."
+            if not await self._post_whole(batch, approval, text, comment):
+                await self._refuse_unseen(batch, approval, "the room could not be shown it in full")
+                return None
+            tool_input = parse_input(approval.input_json)
+            plan = plan_of(tool_input)
+            if plan:
+                short = json.dumps({**tool_input, "plan": ends(plan, SHORT_BLOCK)})
+                text = request_message(replace(approval, input_json=short), prefix, wait_s)
         return await self.replier.post_approval(
             in_conversation(batch, text, ReplyKind.NOTICE), f"#{approval.number}"
         )
@@ -464,6 +503,9 @@ class ApprovalFlow:
         shown = parse_input(approval.input_json)
         if choice is ApprovalChoice.DENY:
             decision = Deny(told)
+        elif approval.tool_name in INTERACTIVE:
+            # A question's answers or a plan as recorded (and shown): answer_decision.
+            decision = answer_decision(approval, choice)
         elif asked is not None and input_digest(asked.input) != input_digest(shown):
             decision = Deny(CHANGED)
         elif (
@@ -492,9 +534,14 @@ class ApprovalFlow:
         return await self.store.approval_by_number(approval.room, approval.number) or approval
 
     async def _show(self, approval: Approval, said: str = "") -> None:
+        if self._posting:
+            # Answered while still being posted (a command typed as the request appears;
+            # Matrix adds its reactions before the post returns): its message id is
+            # recorded once the post is done, and only then can it be edited.
+            await asyncio.wait(set(self._posting), timeout=POSTING_WAIT_S)
         shown = await self._current(approval)
         if shown.message_id is not None:
-            text = " ".join(part for part in (outcome_text(shown), said) if part)
+            text = " ".join(part for part in (outcome(shown), said) if part)
             await self.replier.close_approval(shown.room, shown.message_id, text)
 
 

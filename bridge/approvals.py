@@ -57,6 +57,19 @@ def judge(room: RoomSettings, sender: UserId, batch_senders: Collection[UserId])
     return Verdict.STRANGER
 
 
+def judge_answer(room: RoomSettings, sender: UserId, batch_senders: Collection[UserId]) -> Verdict:
+    """How ``sender``'s answer to a question of claude's is taken: by default the senders of
+    the run's messages may answer it too (it is their run), beside the approvers."""
+    if (
+        room.questions_from == "senders_and_approvers"
+        and sender in batch_senders
+        and room.allows(sender)
+    ):
+        return Verdict.APPROVER
+    verdict = judge(room, sender, batch_senders)
+    return Verdict.APPROVER if verdict is Verdict.OWN_RUN else verdict
+
+
 def may_approve(room: RoomSettings, sender: UserId, batch_senders: Collection[UserId]) -> bool:
     """Whether ``sender`` may answer a request of a run working on ``batch_senders``' messages."""
     return judge(room, sender, batch_senders) is Verdict.APPROVER

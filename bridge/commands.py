@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from bridge.approval_desk import ApprovalDesk
-from bridge.approval_text import code_span, status_line
+from bridge.approval_text import code_span, parse_input, status_line
 from bridge.approvals import Verdict, refusal
 from bridge.config import PERMISSION_MODES, RoomSettings
 from bridge.core.model import Batch, Message, MessageId, RoomKey, RunId, UserId
@@ -24,6 +24,7 @@ from bridge.core.text import safe_text
 from bridge.core.transport import ApprovalChoice
 from bridge.duration import format_duration
 from bridge.live_controls import LiveControls
+from bridge.questions import ASK, AnswerError, questions, read_answers
 from bridge.room_history import RoomHistory
 from bridge.rule_commands import RuleCommands
 from bridge.store.base import AuditAction, RunRecord, Store, StoreError
@@ -49,6 +50,8 @@ class CommandName(StrEnum):
     FORK = "fork"
     USAGE = "usage"
     WORKTREES = "worktrees"
+    ANSWER = "answer"
+    PLAN = "plan"
     HELP = "help"
 
 
@@ -66,16 +69,23 @@ _SUMMARY: dict[CommandName, str] = {
     CommandName.APPROVE: (
         "allow a tool request: `{p}approve #N`; `{p}approve session #N` also keeps a rule"
         " allowing the same use in this Claude session (until `{p}reset`), `{p}approve always"
-        " #N` in this room (until revoked); without `#N` the oldest waiting one (approvers)"
+        " #N` in this room (until revoked); without `#N` the oldest waiting one (approvers);"
+        " a plan: `{p}approve #N` (edits asked one by one) or `{p}approve edits #N`"
+        " (edits accepted)"
     ),
     CommandName.DENY: (
         "deny a tool request: `{p}deny #N reason` (reason and `#N` optional);"
-        " `{p}deny always #N reason` also keeps a rule denying the same use in this room"
+        " `{p}deny always #N reason` also keeps a rule denying the same use in this room;"
+        " a plan: `{p}deny #N feedback` keeps claude planning"
     ),
     CommandName.RULES: (
         "list the tool rules that hold here; `{p}rules revoke N` ends one,"
         " `{p}rules allow RULE` / `{p}rules deny RULE` keep one for the room, e.g."
         " `Bash(npm test:*)` (approvers)"
+    ),
+    CommandName.ANSWER: (
+        "answer claude's question: `{p}answer #N 2` (an option), `{p}answer #N 1,3`"
+        " (several), `{p}answer #N your words`; `;` between the answers to several questions"
     ),
     CommandName.MODEL: (
         "show the model of this room's runs; `{p}model NAME` sets it, for the running run"
@@ -95,6 +105,10 @@ _SUMMARY: dict[CommandName, str] = {
     CommandName.WORKTREES: (
         "list this room's thread worktrees (`worktree = true`); `{p}worktrees prune` removes"
         " those no run works in, keeping their work on their branches (approvers)"
+    ),
+    CommandName.PLAN: (
+        "the next runs start in permission mode `plan`: claude proposes a plan for the room"
+        " to approve before it edits anything (`{p}mode reset` ends it; approvers)"
     ),
     CommandName.HELP: "list the commands",
 }
@@ -161,8 +175,9 @@ def parse_decision(command: Command) -> Decision | None:
     scope = ""
     for word in command.rest.split():
         match = _NUMBER.fullmatch(word)
-        if word.lower() in ("session", ALWAYS_WORD) and not scope:
-            scope = word.lower()
+        # "edits": a plan started with edits accepted (the session-wide choice).
+        if word.lower() in ("session", "edits", ALWAYS_WORD) and not scope:
+            scope = "session" if word.lower() == "edits" else word.lower()
         elif match is not None and number is None:
             number = int(match[1])
         else:
@@ -367,6 +382,8 @@ class CommandHandler:
                     self.wall_clock,
                 )
                 await rules.handle(message, command.rest)
+            case CommandName.ANSWER:
+                await self._answer_question(command, message)
             case CommandName.MODEL:
                 await self._model(message, command.rest)
             case CommandName.MODE:
@@ -375,6 +392,8 @@ class CommandHandler:
                 await self._history(command, message)
             case CommandName.WORKTREES:
                 await self._worktrees(message, command.argument)
+            case CommandName.PLAN:
+                await self._mode(message, "plan")
             case CommandName.HELP:
                 await self.answer(message, help_text(self.prefix))
             case None:
@@ -701,6 +720,35 @@ class CommandHandler:
             decision.reason,
             for_room=decision.for_room,
         )
+        if text is not None:
+            await self.answer(message, text)
+
+    async def _answer_question(self, command: Command, message: Message) -> None:
+        """``!answer #N reply``: claude's question answered (by its run's senders or an
+        approver; the desk judges), the reply read against its options first."""
+        first, *after = command.rest.split(maxsplit=1) or [""]
+        match = _NUMBER.fullmatch(first)
+        number = int(match[1]) if match is not None else None
+        reply = after[0] if match is not None and after else command.rest
+        if self.live is None:
+            await self.answer(message, "Questions cannot be answered: no live runs here.")
+            return
+        room = message.room
+        if number is None:
+            waiting = [a for a in await self.store.pending_approvals(room) if a.tool_name == ASK]
+            found = waiting[0] if waiting else None
+        else:
+            found = await self.store.approval_by_number(room, number)
+        if found is None or found.tool_name != ASK:
+            await self.answer(message, "No question of claude's is waiting as that.")
+            return
+        try:
+            kept = read_answers(questions(parse_input(found.input_json)), safe_text(reply))
+        except AnswerError as exc:
+            await self.answer(message, str(exc))
+            return
+        desk = ApprovalDesk(self.store, self.rooms, self.live, self.refused, self.wall_clock)
+        text = await desk.answer(message.sender, found, ApprovalChoice.ALLOW, kept)
         if text is not None:
             await self.answer(message, text)
 

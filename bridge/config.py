@@ -213,6 +213,11 @@ class RoomDefaults(_Section):
     sign_of_life: bool = True
     """Show at once that a message was received, while its window is open: typing on
     Matrix, a reaction on Slack, a line on the console (cosmetic)."""
+    question_timeout_s: float | None = Field(None, gt=0)
+    """claude's questions and plans unanswered this long are declined; None: they wait."""
+    questions_from: Literal["senders_and_approvers", "approvers"] = "senders_and_approvers"
+    """Who answers claude's questions: the senders of the run's messages and the approvers,
+    or the approvers only (plans are always the approvers')."""
     during_run: DuringRun = "queue"
     """Messages during a run: ``queue`` (a follow-up run), ``steer`` (into it), ``interrupt``."""
     conversation: Literal["channel", "thread"] = "channel"

@@ -10,10 +10,12 @@ its run.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from bridge.core.model import RoomKey, RunId, SessionId
+from bridge.questions import PLAN
 from runner.control import RunControl
-from runner.events import PermissionAsked
+from runner.events import PermissionAsked, ToolUse
 
 
 @dataclass(slots=True)
@@ -27,6 +29,9 @@ class _Bound:
     doing: str = ""
     """The last tool use claude announced, as the progress message says it (the web
     console's "last thing claude did")."""
+    planned: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The inputs of claude's ExitPlanMode tool uses by tool_use id: the plan, which the
+    request itself does not hold (docs/live-runs.md)."""
 
 
 @dataclass(slots=True)
@@ -52,6 +57,20 @@ class LiveRuns:
         bound = self._rooms.get(room)
         if bound is not None and bound.run_id == run_id:
             bound.asked[event.request_id] = event
+
+    def used(self, room: RoomKey, run_id: RunId, use: ToolUse) -> None:
+        """claude's model called a tool; a plan's is kept until its request comes."""
+        bound = self._rooms.get(room)
+        if bound is not None and bound.run_id == run_id and use.name == PLAN:
+            bound.planned[use.id] = use.input
+
+    def full_input(self, room: RoomKey, run_id: RunId, event: PermissionAsked) -> dict[str, Any]:
+        """The request's input, completed from its tool_use block when the request's is
+        empty (ExitPlanMode's plan)."""
+        bound = self._rooms.get(room)
+        if event.input or bound is None or bound.run_id != run_id:
+            return event.input
+        return bound.planned.get(event.tool_use_id, event.input)
 
     def request(self, room: RoomKey, run_id: RunId, request_id: str) -> PermissionAsked | None:
         bound = self._rooms.get(room)

@@ -1028,12 +1028,15 @@ class RunExecutor:
                     live.init = event
                     self.live_runs.started(run.batch.room, run.id, sid)
                     log.debug("the run writes to session %s", sid)
-                case ToolUse(name=name, input=tool_input) if live.position > live.shown:
-                    # (A reattached run replays its journal: what the room saw is not shown again.)
-                    run.progress.tool_used(name, tool_input)
-                    self.live_runs.did(run.batch.room, run.id, run.progress.tools[-1])
-                    live.shown = live.position
-                    live.shown_moved.set()
+                case ToolUse(name=name, input=tool_input):
+                    self.live_runs.used(run.batch.room, run.id, event)
+                    if live.position > live.shown:
+                        # (A reattached run replays its journal: what the room saw is not
+                        # shown again.)
+                        run.progress.tool_used(name, tool_input)
+                        self.live_runs.did(run.batch.room, run.id, run.progress.tools[-1])
+                        live.shown = live.position
+                        live.shown_moved.set()
                 case PermissionAsked() if self.approvals is not None:
                     asking = asyncio.create_task(
                         self.approvals.ask(run.id, run.batch, event), name=f"ask {run.id}"

@@ -68,7 +68,7 @@ class ToolView:
             if part.info is None:
                 lines.append(f"{label}: {code_span(part.text, None)}")
                 continue
-            text = part.text if limit is None else _ends(part.text, limit)
+            text = part.text if limit is None else ends(part.text, limit)
             lines.append(f"{label}:\n{code_block(text, part.info)}")
         return "\n".join(lines) if lines else "(no input)"
 
@@ -105,7 +105,7 @@ def _key_label(key: str) -> str:
     return key if _PLAIN_KEY.fullmatch(key) else code_span(key, None)
 
 
-def _ends(text: str, limit: int) -> str:
+def ends(text: str, limit: int) -> str:
     """``text``, or its head and tail around a line saying what is left out."""
     if len(text) <= limit:
         return text
