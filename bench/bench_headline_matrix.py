@@ -25,7 +25,7 @@ from bench_ping import RUN_END_PAUSE_S, client, echo_bot, homeserver, join_all
 from nio import AsyncClient, RoomCreateResponse, RoomMessageText, SyncResponse, TypingNoticeEvent
 
 from tests.fakes.model_server import claude_bin
-from tests.matrix.matrix_service import service
+from tests.transports.matrix.matrix_service import service
 
 SYNC_FILTER = {"presence": {"not_types": ["*"]}, "room": {"state": {"lazy_load_members": True}}}
 

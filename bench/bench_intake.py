@@ -29,7 +29,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
-from bridge.commands import CommandHandler
 from bridge.config import Settings
 from bridge.core.model import (
     ExternalMessageId,
@@ -40,7 +39,8 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.intake import Intake
+from bridge.inbound.commands import CommandHandler
+from bridge.inbound.intake import Intake
 from bridge.metrics import Metrics
 from bridge.store.base import Store
 from bridge.store.memory import MemoryStore

@@ -42,8 +42,8 @@ from breakdown import Ping, per_ping, stamps
 from breakdown import report as report_breakdown
 from versus import report as report_versus
 
-from tests.matrix.matrix_service import service
-from tests.matrix.synapse_peer import MatrixUser, SynapseServer, synapse_python
+from tests.transports.matrix.matrix_service import service
+from tests.transports.matrix.synapse_peer import MatrixUser, SynapseServer, synapse_python
 
 SYNC_FILTER = {"presence": {"not_types": ["*"]}, "room": {"state": {"lazy_load_members": True}}}
 

@@ -35,10 +35,9 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.core.transport import Accepted, Delivery, InboundSink
+from bridge.core.transport import Accepted, Delivery, InboundSink, Transport
 from bridge.service import Service, open_store
 from tests.fakes.fake_claude import FAKE_CLAUDE
-from transports.base import Transport
 
 MATRIX = TransportName("matrix")
 

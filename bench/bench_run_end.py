@@ -44,13 +44,12 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.core.transport import Delivery, InboundSink, RunPhase
+from bridge.core.transport import Delivery, InboundSink, RunPhase, Transport
 from bridge.service import Service
 from bridge.store.base import Store
 from bridge.store.memory import MemoryStore
 from bridge.store.sql import SqlStore
 from tests.fakes.fake_claude import install
-from transports.base import Transport
 
 MATRIX = TransportName("matrix")
 GUARD_S = 120.0

@@ -48,7 +48,7 @@ from versus import report as report_versus
 
 from tests.config_files import merged, toml_text
 from tests.service_process import base_config, run_service
-from tests.slack import peer
+from tests.transports.slack import peer
 
 ALICE = peer.ALICE
 BRIDGE_CHANNEL = "C0BRIDGE"

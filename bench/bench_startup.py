@@ -34,10 +34,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
-from tests.matrix.matrix_service import config_toml as matrix_config
-from tests.matrix.synapse_peer import SynapseServer, synapse_python
-from tests.slack import peer
-from tests.slack.service import config_toml as slack_config
+from tests.transports.matrix.matrix_service import config_toml as matrix_config
+from tests.transports.matrix.synapse_peer import SynapseServer, synapse_python
+from tests.transports.slack import peer
+from tests.transports.slack.service import config_toml as slack_config
 
 CHATBRIDGE = Path(sys.executable).parent / "chatbridge"
 READY_LINE = b"chatbridge ready"

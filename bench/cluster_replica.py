@@ -41,9 +41,8 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.core.transport import Delivery, InboundSink, RunPhase
+from bridge.core.transport import Delivery, InboundSink, RunPhase, Transport
 from bridge.service import Service, open_store
-from transports.base import Transport
 
 SLACK = TransportName("slack")
 

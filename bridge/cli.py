@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from bridge.config import load_settings
     from bridge.errors import ConfigError
-    from bridge.logs import setup_logging
+    from bridge.host.logs import setup_logging
 
     try:
         settings = load_settings(_config_path(args.config))
@@ -107,7 +107,7 @@ def _check_config(settings: Settings) -> int:
     """The effective configuration on stdout; on stderr the claude binary runs would use."""
     import json
 
-    from bridge.claude_check import check_binary, credentials_warning
+    from bridge.host.claude_check import check_binary, credentials_warning
 
     print(json.dumps(settings.redacted(), indent=2, sort_keys=True))
     binary = check_binary(settings.runner.claude_bin, os.environ)
@@ -154,7 +154,7 @@ async def _migrate(settings: Settings) -> None:
 
 
 async def _status(settings: Settings) -> None:
-    from bridge.status_report import status_text
+    from bridge.cluster.status_report import status_text
 
     print(await status_text(settings))
 

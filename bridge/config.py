@@ -25,7 +25,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from bridge.automation_config import ScheduleConfig, WebhookConfig
+from bridge.automation.config import ScheduleConfig, WebhookConfig
 from bridge.core.hostport import HostPort
 from bridge.core.model import MAX_THREAD_ROOM_ID, RoomId, RoomKey, TransportName, UserId
 from bridge.errors import ConfigError
@@ -229,7 +229,7 @@ class RoomDefaults(_Section):
     """``thread`` rooms in a git repository: each thread works in a git worktree of its own."""
     worktree_idle_days: float = Field(14.0, ge=0)
     """A thread's worktree with no run for this long is removed (its work kept on its
-    branch, see bridge/worktree_lifetime.py); 0: never for idleness."""
+    branch, see bridge/runs/worktree_lifetime.py); 0: never for idleness."""
     max_budget_usd: float | None = Field(None, gt=0)
     """One run's spending cap, passed to claude as ``--max-budget-usd``; None: no cap."""
     daily_budget_usd: float | None = Field(None, gt=0)
@@ -246,7 +246,7 @@ class RoomDefaults(_Section):
     """``send_file`` is not pre-allowed: claude's own rules (and ``approve_tools``) decide."""
     summarize_changes: bool = True
     """A run in a git working directory that changed files: its answer ends with what
-    changed, and the whole diff follows as a file (bridge/changes.py)."""
+    changed, and the whole diff follows as a file (bridge/runs/changes.py)."""
     run_figures: bool = True
     """The run's status message ends with its turns and cost beside its duration."""
 

@@ -28,16 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bridge.approval_flow import ApprovalFlow
-from bridge.approvals import Verdict
-from bridge.attachments import Inbox
-from bridge.budget import Budgets
-from bridge.claude_check import credentials_warning
-from bridge.cluster import Cluster
-from bridge.cluster_role import ClusterRole
-from bridge.commands import CommandHandler
+from bridge.automation.schedules import Scheduler, WallClock
+from bridge.automation.webhooks import Webhooks
+from bridge.cluster.leader_gate import LeaderGated
+from bridge.cluster.paused_holders import stop_paused_holders
+from bridge.cluster.replica import Cluster
+from bridge.cluster.role import ClusterRole
 from bridge.config import Settings
-from bridge.containment import report_containment
 from bridge.core.aio import shielded
 from bridge.core.model import (
     Batch,
@@ -49,32 +46,35 @@ from bridge.core.model import (
     RunReport,
     RunStatus,
 )
-from bridge.core.transport import RoomBinding, RunPhase, SeenMarks, TransportError
-from bridge.database_lock import database_lock
-from bridge.delivery import Outbox
+from bridge.core.transport import RoomBinding, RunPhase, SeenMarks, Transport, TransportError
 from bridge.errors import ChatbridgeError, StartupError, reason
-from bridge.file_posts import FilePosts
-from bridge.http_sockets import HttpSockets, bind_http
-from bridge.intake import Intake
-from bridge.leader_gate import LeaderGated
+from bridge.host.claude_check import credentials_warning
+from bridge.host.containment import report_containment
+from bridge.host.database_lock import database_lock
+from bridge.host.http_sockets import HttpSockets, bind_http
+from bridge.host.preflight import run_problems
+from bridge.host.state_lock import state_dir_lock
+from bridge.inbound.commands import CommandHandler
+from bridge.inbound.history import RoomHistory
+from bridge.inbound.intake import Intake
+from bridge.live.approval_flow import ApprovalFlow
+from bridge.live.approvals import Verdict
 from bridge.metrics import Metrics
-from bridge.notices import Notices
-from bridge.pacing import Pacing
-from bridge.paused_holders import stop_paused_holders
-from bridge.preflight import run_problems
-from bridge.prestarts import Prestarts
-from bridge.replies import Replier, in_conversation
-from bridge.room_history import RoomHistory
-from bridge.runs import RunExecutor, new_run_id
-from bridge.schedules import Scheduler, WallClock
-from bridge.stale_runs import interruption_text, never_started
-from bridge.state_lock import state_dir_lock
+from bridge.outbound.notices import Notices
+from bridge.outbound.outbox import Outbox
+from bridge.outbound.pacing import Pacing
+from bridge.outbound.replies import Replier, in_conversation
+from bridge.runs.budget import Budgets
+from bridge.runs.executor import RunExecutor, new_run_id
+from bridge.runs.file_posts import FilePosts
+from bridge.runs.inbox import Inbox
+from bridge.runs.prestarts import Prestarts
+from bridge.runs.stale_runs import interruption_text, never_started
+from bridge.runs.usage import LimitResumes
+from bridge.runs.worktree_lifetime import Lifetimes
 from bridge.store.base import Approval, RegisteredRun, RunRecord, Store, StoreError
 from bridge.store.cluster import Leases, ReplicaIdInUse
 from bridge.store.sql import SqlStore
-from bridge.usage import LimitResumes
-from bridge.webhooks import Webhooks
-from bridge.worktree_lifetime import Lifetimes
 from dispatcher import (
     Clock,
     DispatchedRun,
@@ -92,7 +92,6 @@ from runner import (
     recover_run,
     remove_run_dir,
 )
-from transports.base import Transport
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -439,7 +438,7 @@ class Service:
 
     async def _serve_http(self, sockets: HttpSockets) -> None:
         from bridge.core.web_server import Limits
-        from bridge.http import serve_http
+        from bridge.host.http import serve_http
 
         http = self.settings.http
         limits = Limits(
@@ -460,7 +459,7 @@ class Service:
 
     def _web_console(self) -> web.Application:
         """The web console (docs/web.md), on the private listener."""
-        from bridge.status_report import status_text
+        from bridge.cluster.status_report import status_text
         from bridge.web.actions import DeskActions
         from bridge.web.app import web_app
         from bridge.web.tokens import Signer, load_secret

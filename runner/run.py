@@ -800,7 +800,7 @@ class _Run:
         elif self._init is not None and self._init.session_id:
             session = self._init.session_id
         if result is not None and not result.is_error and self._control.last_result_answers:
-            # The answer is the outcome, however claude went on (bridge.runs
+            # The answer is the outcome, however claude went on (bridge.runs.executor
             # has already sent it); an odd exit only goes to the log.
             if code != 0 or not isinstance(ending, Answered):
                 log.warning(

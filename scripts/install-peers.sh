@@ -18,7 +18,7 @@ if [ ! -x .peers/local-slack/node_modules/local-slack-linux-x64/bin/local-slack 
     npm install --silent --no-audit --no-fund --no-save --prefix .peers/local-slack \
         "local-slack-linux-x64@$LOCAL_SLACK_VERSION"
 fi
-# HAProxy (Debian's package) in front of the replicas in tests/slack/test_cluster.py.
+# HAProxy (Debian's package) in front of the replicas in tests/transports/slack/test_cluster.py.
 if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null \

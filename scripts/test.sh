@@ -28,7 +28,7 @@ rm -rf "$results" && mkdir -p "$results"
 status=0
 slack_pid=
 if [ "$(id -u)" = 0 ]; then
-    unshare -n bash -c 'ip link set lo up && exec "$0" -m pytest tests/slack -m slack --junitxml="$1"' \
+    unshare -n bash -c 'ip link set lo up && exec "$0" -m pytest tests/transports/slack -m slack --junitxml="$1"' \
         .venv/bin/python "$results/slack.xml" >"$results/slack.log" 2>&1 &
     slack_pid=$!
     # Stopped with the main suite if this script ends early (Ctrl-C, an error).

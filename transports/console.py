@@ -27,8 +27,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.core.transport import Delivery, InboundSink, RunPhase, SinkClosed
-from transports.base import Transport
+from bridge.core.transport import Delivery, InboundSink, RunPhase, SinkClosed, Transport
 
 NAME = TransportName("console")
 

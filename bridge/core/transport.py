@@ -4,7 +4,7 @@ Inbound, a transport hands the sink one :data:`InboundEvent` at a time: a new
 message, an edit or deletion of one it handed over before, a person's
 answer to an approval request (:class:`ApprovalAction`: a Slack button, a
 Matrix reaction), or who is typing in a room (:class:`Typing`, Matrix). Outbound, the
-service calls the transport (``transports.base.Transport``) with a
+service calls the transport (``bridge.core.transport.Transport``) with a
 :class:`~bridge.core.model.Reply` and, for answers from the durable outbox, a
 :class:`Delivery` that makes sending idempotent across retries and restarts.
 
@@ -18,14 +18,19 @@ Errors a transport raises::
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import Protocol
 
 from bridge.core.model import (
+    Attachment,
     ExternalMessageId,
     InboundMessage,
+    Reply,
+    ReplyKind,
     RoomId,
     RoomKey,
     TransportName,
@@ -116,7 +121,7 @@ A message reaches the store's queue before the sink's first wait, so a
 transport may start several calls one after the other without awaiting them
 and they are recorded in that order (and together, see bridge.store.batching);
 within a room they also take effect in that order (queued, a command carried
-out, an edit made), each call returning once its own has (bridge.room_order)."""
+out, an edit made), each call returning once its own has (bridge.inbound.room_order)."""
 
 
 class SeenMarks(Protocol):
@@ -211,3 +216,108 @@ class FileTooLarge(TransportError):
     def __init__(self, transport: str, limit_bytes: int) -> None:
         super().__init__(transport, f"the file is larger than {limit_bytes} bytes")
         self.limit_bytes = limit_bytes
+
+
+class Transport:
+    """Base class: optional capabilities default to doing nothing."""
+
+    name: TransportName
+    reconnects: int = 0
+    """How often the transport reconnected to its peer (a metric)."""
+
+    async def run(self, sink: InboundSink, ready: asyncio.Event) -> None:
+        """Connect, set ``ready``, then feed inbound messages to ``sink`` until cancelled.
+
+        Reconnects with backoff on its own. Returning normally means the
+        transport has no more input (the console at end of file).
+        """
+        raise NotImplementedError
+
+    async def send(
+        self, reply: Reply, delivery: Delivery | None = None
+    ) -> ExternalMessageId | None:
+        """Post a reply; returns the id of the (last) message posted, if any.
+
+        With ``delivery`` (answers from the outbox) the transport skips the
+        parts already delivered and reports each part it posts, so a retry or
+        a restart never posts a part twice. Raises
+        :class:`~bridge.core.transport.RateLimited` when the server asks to
+        wait (without waiting itself), :class:`~bridge.core.transport.Undeliverable`
+        when no retry can help, and ``TransportError`` otherwise.
+        """
+        raise NotImplementedError
+
+    async def send_file(self, reply: Reply, key: str) -> ExternalMessageId | None:
+        """Post the file ``reply.file`` (a path; its base name is the name shown) with
+        ``reply.text`` as its comment, where ``send`` would post ``reply``; returns the id
+        of the message that shows it.
+
+        ``key`` is stable across attempts and restarts (the outbox entry's): a
+        transport derives its idempotency key from it where the server has one
+        (a Matrix transaction id). Raises as :meth:`send` does; by default the
+        transport cannot post files (:class:`~bridge.core.transport.Undeliverable`).
+        """
+        raise Undeliverable(self.name, "this transport cannot post files")
+
+    async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
+        """Replace the text of a message the bridge sent (live progress)."""
+
+    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
+        """Post an approval request with the actions that answer it; returns its message id.
+
+        ``request`` says where (room, thread, the message answered) and what
+        (the text, Markdown); ``ref`` names the approval as commands name it
+        (``#3``). A transport with actions of its own (Slack buttons, Matrix
+        reactions) attaches them and later hands each use of one to the sink
+        as an :class:`~bridge.core.transport.ApprovalAction` carrying the id
+        returned here. By default the request is a plain reply, answered
+        through commands only. Raises as :meth:`send` does.
+        """
+        return await self.send(request)
+
+    async def answer_action(self, action: ApprovalAction, text: str) -> None:
+        """Tell the person behind ``action`` (a click, a reaction) why it decided nothing,
+        as privately as the chat allows. By default a reply to the request (Matrix: a
+        reply everyone sees; a terminal: a line)."""
+        await self.send(Reply(action.room, text, ReplyKind.NOTICE, in_reply_to=action.message_id))
+
+    def approval_fits(self, room: RoomKey, text: str) -> bool:
+        """Whether a request whose text (Markdown) is ``text`` shows whole in one message
+        of ``room``; if not, the bridge posts the whole as a file first and the request
+        shortened. By default (a terminal) every text fits."""
+        return True
+
+    async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
+        """Show an approval request as decided (``text``: its outcome); its actions go.
+
+        By default an :meth:`edit` of the request message.
+        """
+        await self.edit(room, message_id, text)
+
+    async def set_typing(self, room: RoomKey, typing: bool) -> None:
+        """Show or clear a typing indicator while a run is active."""
+
+    async def set_phase(
+        self, room: RoomKey, message_ids: Sequence[ExternalMessageId], phase: RunPhase
+    ) -> None:
+        """Show where the batch made of these messages stands."""
+
+    async def fetch_attachment(self, attachment: Attachment, dest: Path, limit_bytes: int) -> None:
+        """Write the content of ``attachment`` (one this transport handed over) to ``dest``.
+
+        ``dest`` exists, empty and private (0600), reached through its own open
+        fd (``/proc/self/fd/N``: never a name that can be swapped for a link):
+        write it in place (open it for writing), never replace or move it.
+
+        Stops with :class:`~bridge.core.transport.FileTooLarge` once more than
+        ``limit_bytes`` arrived (``dest`` then holds a part: the caller removes
+        it), and checks what the transport can check (Matrix: the encrypted
+        file's hash). Raises ``TransportError`` when the file cannot be had.
+        By default: a transport that hands over no files fetches none.
+        """
+        raise TransportError(self.name, "this transport does not fetch files")
+
+    @property
+    def connected(self) -> bool:
+        """True while the transport is connected to its peer (readiness)."""
+        return True

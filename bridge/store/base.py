@@ -181,7 +181,8 @@ class Approval:
     reason: str
     """Why it was denied or cancelled; empty otherwise."""
     shown_digest: str = ""
-    """sha256 of the request as the room was shown it (:attr:`bridge.tool_view.ToolView.digest`:
+    """sha256 of the request as the room was shown it
+    (:attr:`bridge.live.tool_view.ToolView.digest`:
     the input and, for an edit, the file as it was); "" for requests recorded before it."""
 
 
@@ -212,7 +213,7 @@ class ToolRule:
     """The session a session rule holds in; None for a room rule."""
     effect: RuleEffect
     rule: str
-    """In claude's rule syntax: ``Bash(npm test:*)`` (bridge/tool_rules.py)."""
+    """In claude's rule syntax: ``Bash(npm test:*)`` (bridge/live/tool_rules.py)."""
     created_by: UserId
     created_at: float
     revoked_by: UserId | None = None
@@ -331,9 +332,9 @@ class Store(Protocol):
         it had never been registered (its end is not recorded: the run stays running).
 
         For a try of the run whose claude is gone before the run began in earnest (it
-        lost its session: bridge/runs.py tries again with the same run id): a run left
+        lost its session: bridge/runs/executor.py tries again with the same run id): a run left
         running that no replica registered, with no pid and no run directory, is one
-        that never began (bridge/stale_runs.py), whose messages its conversation's next
+        that never began (bridge/runs/stale_runs.py), whose messages its conversation's next
         owner runs. A run that is not running, or not registered, is left alone.
         """
         ...

@@ -296,7 +296,7 @@ class ToolRuleRow(Base):
 
 
 class ScheduleMarkRow(Base):
-    """The latest firing time each schedule has dealt with (bridge/schedules.py).
+    """The latest firing time each schedule has dealt with (bridge/automation/schedules.py).
 
     What a restart needs to know which firings it missed; a firing's message
     itself is made unique by its external id, as any message.
@@ -411,7 +411,7 @@ class SessionTranscriptRow(Base):
     room_id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
     session_id: Mapped[str] = mapped_column(String(ID_LENGTH))
     content: Mapped[bytes] = mapped_column(LargeBinary)
-    """The session's files as claude keeps them, compressed (bridge/transcripts.py)."""
+    """The session's files as claude keeps them, compressed (bridge/runs/transcripts.py)."""
     size: Mapped[int] = mapped_column(BigInteger)
     """The transcript file's length, uncompressed."""
     digest: Mapped[str] = mapped_column(String(64))

@@ -1,6 +1,6 @@
 """What the console does on a person's behalf: answer a tool request as an approver (docs/web.md).
 
-The answer goes through the same :class:`~bridge.approval_desk.ApprovalDesk`
+The answer goes through the same :class:`~bridge.live.approval_desk.ApprovalDesk`
 as a chat command: the same rules (only the room's approvers, never one's own
 run with ``require_other_approver``), the same compare-and-set and the same
 audit rows, with the person's chat id as the actor.
@@ -12,17 +12,17 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bridge.approval_desk import ApprovalDesk
-from bridge.approvals import Verdict, judge
 from bridge.config import RoomSettings
 from bridge.core.model import RoomKey, UserId
 from bridge.core.text import visible
 from bridge.core.transport import ApprovalChoice
+from bridge.host.worktrees import in_worktree
+from bridge.live.approval_desk import ApprovalDesk
+from bridge.live.approvals import Verdict, judge
+from bridge.live.tool_view import render
 from bridge.store.base import Store
 from bridge.store.keys import room_key
-from bridge.tool_view import render
 from bridge.web.reads import ApprovalView
-from bridge.worktrees import in_worktree
 
 
 @dataclass(slots=True)
@@ -32,7 +32,7 @@ class DeskActions:
     rooms: Callable[[RoomKey], RoomSettings | None]
 
     def shown(self, approval: ApprovalView) -> str:
-        """The request whole, as the room is shown it (:mod:`bridge.tool_view`): every
+        """The request whole, as the room is shown it (:mod:`bridge.live.tool_view`): every
         field in full, edits as a diff of the file as it is now."""
         try:
             data = json.loads(approval.input_json)

@@ -30,10 +30,10 @@ from bridge.core.transport import (
     MessageDeleted,
     MessageEdited,
     RunPhase,
+    Transport,
 )
 from bridge.service import Service, open_store
 from bridge.store.base import Store
-from transports.base import Transport
 
 GUARD_S = 30.0
 

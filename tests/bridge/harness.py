@@ -10,12 +10,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from bridge.config import Settings, load_settings
+from bridge.core.transport import Transport
 from bridge.service import Service, open_store
 from bridge.store.base import Store
 from dispatcher import Clock
 from tests.config_files import Table, merged, write_toml
 from tests.fakes.fake_claude import FAKE_CLAUDE
-from transports.base import Transport
 from transports.console import ConsoleTransport
 
 ECHO = {"FAKE_CLAUDE_ECHO": "1"}

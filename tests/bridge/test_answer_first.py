@@ -305,7 +305,7 @@ async def test_an_answer_before_the_run_is_registered_shows_no_typing(tmp_path: 
             if record.getMessage() == "claude printed its answer":
                 answered.set()  # the executor has taken the answer (its task runs)
 
-    runs_log = logging.getLogger("bridge.runs")
+    runs_log = logging.getLogger("bridge.runs.executor")
     handler = AnswerRead(logging.INFO)
     runs_log.addHandler(handler)
     level = runs_log.level
@@ -498,7 +498,7 @@ async def test_a_stop_racing_the_result_line_records_one_consistent_outcome(
     path = write_config(tmp_path, {"dispatcher": {"coalesce_ms": 0}}, env=env)
     initialised = LogSeen("the run writes to session")  # logged at DEBUG
     initialised.setLevel(logging.DEBUG)
-    runs_log = logging.getLogger("bridge.runs")
+    runs_log = logging.getLogger("bridge.runs.executor")
     level = runs_log.level
     runs_log.setLevel(logging.DEBUG)
     runs_log.addHandler(initialised)

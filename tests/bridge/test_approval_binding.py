@@ -10,11 +10,11 @@ from typing import cast
 
 import pytest
 
-from bridge.approval_flow import CHANGED, STALE, ApprovalFlow
 from bridge.core.model import Batch, ExternalMessageId, Reply
 from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
-from bridge.live_runs import LiveRuns
-from bridge.replies import Replier
+from bridge.live.approval_flow import CHANGED, STALE, ApprovalFlow
+from bridge.live.registry import LiveRuns
+from bridge.outbound.replies import Replier
 from runner.control import RunControl
 from runner.events import PermissionAsked
 from tests.bridge.test_approval_click_race import POSTED, RUN, Asking, Posting

@@ -6,7 +6,6 @@ import asyncio
 from pathlib import Path
 from typing import cast
 
-from bridge.approval_flow import ApprovalFlow
 from bridge.config import load_settings
 from bridge.core.model import (
     Batch,
@@ -21,8 +20,9 @@ from bridge.core.model import (
     UserId,
 )
 from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
-from bridge.live_runs import LiveRuns
-from bridge.replies import Replier
+from bridge.live.approval_flow import ApprovalFlow
+from bridge.live.registry import LiveRuns
+from bridge.outbound.replies import Replier
 from bridge.store.base import Approval, ApprovalState
 from bridge.store.memory import MemoryStore
 from runner.events import PermissionAsked

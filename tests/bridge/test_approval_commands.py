@@ -7,9 +7,6 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from bridge.approval_desk import ApprovalDesk
-from bridge.approvals import DEFAULT_DENIAL, Verdict
-from bridge.commands import CommandHandler, parse_command
 from bridge.config import RoomSettings
 from bridge.core.model import (
     Batch,
@@ -24,6 +21,9 @@ from bridge.core.model import (
     UserId,
 )
 from bridge.core.transport import ApprovalChoice
+from bridge.inbound.commands import CommandHandler, parse_command
+from bridge.live.approval_desk import ApprovalDesk
+from bridge.live.approvals import DEFAULT_DENIAL, Verdict
 from bridge.store.base import Approval, ApprovalState, AuditAction, RoomOverrides
 from bridge.store.memory import MemoryStore
 from dispatcher import DispatchedRun, Dispatcher, DispatchLimits

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bridge.commands import CommandHandler
 from bridge.config import load_settings
 from bridge.core.model import ExternalMessageId, Message, RoomId, RoomKey, TransportName, UserId
 from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
-from bridge.intake import Intake
+from bridge.inbound.commands import CommandHandler
+from bridge.inbound.intake import Intake
 from bridge.metrics import Metrics
 from bridge.store.memory import MemoryStore
 from dispatcher import DispatchedRun, Dispatcher, DispatchLimits

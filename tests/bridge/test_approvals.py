@@ -9,14 +9,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.approval_text import (
+from bridge.config import RoomSettings
+from bridge.core.model import RoomId, RoomKey, RunId, TransportName, UserId
+from bridge.live.approval_text import (
     code_block,
     code_span,
     outcome_text,
     parse_input,
     request_text,
 )
-from bridge.approvals import (
+from bridge.live.approvals import (
     DEFAULT_DENIAL,
     Verdict,
     deny_message,
@@ -25,10 +27,8 @@ from bridge.approvals import (
     refusal,
     timeout_message,
 )
-from bridge.config import RoomSettings
-from bridge.core.model import RoomId, RoomKey, RunId, TransportName, UserId
+from bridge.live.tool_view import render
 from bridge.store.base import Approval, ApprovalState
-from bridge.tool_view import render
 
 ROOM = RoomKey(TransportName("matrix"), RoomId("!r:x"))
 ALICE, BOB, CAROL, EVE = (UserId(u) for u in ("@alice:x", "@bob:x", "@carol:x", "@eve:x"))

@@ -8,7 +8,6 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from bridge.budget import Budgets, day_start
 from bridge.config import load_settings
 from bridge.core.model import (
     Batch,
@@ -23,9 +22,10 @@ from bridge.core.model import (
     UserId,
 )
 from bridge.core.money import usd
+from bridge.runs.budget import Budgets, day_start
+from bridge.runs.usage import limit_text, usage_limit
 from bridge.store.base import StoreError
 from bridge.store.memory import MemoryStore
-from bridge.usage import limit_text, usage_limit
 from runner import UsageLimited
 from tests.bridge.harness import ECHO, ConsoleSession, write_config
 from tests.fakes.fake_claude import FAKE_CLAUDE

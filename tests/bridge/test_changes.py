@@ -1,4 +1,4 @@
-"""What a run changed in its git working directory, with real git (bridge/changes.py)."""
+"""What a run changed in its git working directory, with real git (bridge/runs/changes.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.changes import changes, snapshot, summary_line
+from bridge.runs.changes import changes, snapshot, summary_line
 
 
 def git(cwd: Path, *args: str) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.claude_check import (
+from bridge.host.claude_check import (
     VERSION_SHOWN,
     check_binary,
     credentials_source,

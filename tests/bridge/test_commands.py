@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.commands import (
+from bridge.core.transport import ApprovalChoice
+from bridge.inbound.commands import (
     REASON_LIMIT,
     CommandName,
     Decision,
@@ -12,7 +13,6 @@ from bridge.commands import (
     parse_command,
     parse_decision,
 )
-from bridge.core.transport import ApprovalChoice
 
 
 @pytest.mark.parametrize(

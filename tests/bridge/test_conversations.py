@@ -218,7 +218,7 @@ async def test_a_run_asked_in_a_thread_and_cut_by_a_crash_is_reported_in_that_th
         message = await store.accept(inbound, time.time())
         assert message is not None
         await store.start_run(RunId("run-crashed"), Batch(room, (message,)), time.time())
-        # Begun: its directory is there (see bridge/stale_runs.py).
+        # Begun: its directory is there (see bridge/runs/stale_runs.py).
         make_run_dir(settings.runner.state_dir, RunId("run-crashed"))
     finally:
         await store.close()

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.cron import CronError, CronExpr, local_text, utc_iso, zone_named
+from bridge.automation.cron import CronError, CronExpr, local_text, utc_iso, zone_named
 
 NEW_YORK = ZoneInfo("America/New_York")
 BERLIN = ZoneInfo("Europe/Berlin")

@@ -1,4 +1,4 @@
-"""One chatbridge per database unless they are replicas (bridge/database_lock.py)."""
+"""One chatbridge per database unless they are replicas (bridge/host/database_lock.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from bridge.database_lock import database_lock
 from bridge.errors import StartupError
+from bridge.host.database_lock import database_lock
 from tests.store.conftest import (
     create_database,
     drop_database,

@@ -15,8 +15,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from bridge.core.model import Batch, Message, RoomId, RoomKey, TransportName
-from bridge.display_names import clean_display_name
-from bridge.prompt import NAME_CHARS, author, build_prompt
+from bridge.runs.display_names import clean_display_name
+from bridge.runs.prompt import NAME_CHARS, author, build_prompt
 from tests.bridge.test_prompt import msg
 
 FORBIDDEN = set('@()[]{}<>"`')

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.duration import format_duration
+from bridge.core.duration import format_duration
 
 
 @pytest.mark.parametrize(

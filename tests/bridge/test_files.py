@@ -26,8 +26,8 @@ from bridge.core.model import (
     UserId,
 )
 from bridge.core.transport import Accepted, FileTooLarge, TransportError
+from bridge.host.worktrees import slug
 from bridge.service import open_store
-from bridge.worktrees import slug
 from tests.bridge.chat_room import ChatRoom, serving
 from tests.bridge.harness import ECHO, write_config
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from bridge.attachments import image_type
 from bridge.config import Settings, load_settings
 from bridge.core.model import Attachment, RoomKey
-from bridge.file_posts import copy_file
-from bridge.transcripts import write_atomically
+from bridge.runs.file_posts import copy_file
+from bridge.runs.inbox import image_type
+from bridge.runs.transcripts import write_atomically
 from tests.bridge.harness import ECHO, write_config
 from tests.bridge.test_files import (
     NOTES,

@@ -14,14 +14,13 @@ from aiohttp import web
 from bridge import service as service_module
 from bridge.config import load_settings
 from bridge.core.hostport import HostPort
-from bridge.core.transport import InboundSink
+from bridge.core.transport import InboundSink, Transport
 from bridge.core.web_server import Limits
 from bridge.errors import StartupError
-from bridge.http import DEFAULT_LIMITS, Readiness, Response, serve_http
-from bridge.http_sockets import bind_http
+from bridge.host.http import DEFAULT_LIMITS, Readiness, Response, serve_http
+from bridge.host.http_sockets import bind_http
 from bridge.service import Service, open_store
 from tests.bridge.harness import ConsoleSession, write_config
-from transports.base import Transport
 
 
 async def get(port: int, path: str) -> tuple[int, str]:
@@ -146,7 +145,8 @@ async def always_ready() -> str | None:
 
 
 class Hooks:
-    """A webhook at /hooks/a answering 202 (what bridge/webhooks.py decides is tested elsewhere)."""
+    """A webhook at /hooks/a answering 202 (what bridge/automation/webhooks.py decides is tested
+    elsewhere)."""
 
     def __init__(self) -> None:
         self.bodies: list[bytes] = []

@@ -19,7 +19,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import event
 
-from bridge.commands import CommandHandler
 from bridge.config import load_settings
 from bridge.core.model import (
     Batch,
@@ -36,7 +35,8 @@ from bridge.core.model import (
     UserId,
 )
 from bridge.core.transport import Accepted, InboundEvent, MessageDeleted, MessageEdited
-from bridge.intake import Intake
+from bridge.inbound.commands import CommandHandler
+from bridge.inbound.intake import Intake
 from bridge.metrics import Metrics
 from bridge.store.base import AuditAction, RunRecord
 from bridge.store.memory import MemoryStore

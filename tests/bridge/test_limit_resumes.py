@@ -1,5 +1,5 @@
 """The retry after a usage limit, against the memory store: made once, only after the run's
-end is recorded, whoever retried first (see bridge/usage.py)."""
+end is recorded, whoever retried first (see bridge/runs/usage.py)."""
 
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.delivery import Outbox
 from bridge.metrics import Metrics
-from bridge.notices import Notices
-from bridge.replies import Replier
+from bridge.outbound.notices import Notices
+from bridge.outbound.outbox import Outbox
+from bridge.outbound.replies import Replier
+from bridge.runs.usage import LimitResumes
 from bridge.store.base import LimitResume
 from bridge.store.memory import MemoryStore
-from bridge.usage import LimitResumes
 from runner import UsageLimited
 
 ROOM = RoomKey(TransportName("matrix"), RoomId("!a:x"))

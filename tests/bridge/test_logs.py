@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bridge.config import LoggingSettings
-from bridge.logs import OWN_PACKAGES, setup_logging
+from bridge.host.logs import OWN_PACKAGES, setup_logging
 from tests.bridge.harness import run_console, write_config
 
 
@@ -39,7 +39,7 @@ def test_debug_is_for_chatbridge_only_unless_libraries_are_asked_for(
     restore_logging: None,
 ) -> None:
     setup_logging(LoggingSettings(level="DEBUG"), io.StringIO())
-    assert logging.getLogger("bridge.runs").isEnabledFor(logging.DEBUG)
+    assert logging.getLogger("bridge.runs.executor").isEnabledFor(logging.DEBUG)
     assert logging.getLogger("transports.matrix").isEnabledFor(logging.DEBUG)
     for name in LIBRARIES:
         logger = logging.getLogger(name)
@@ -47,7 +47,7 @@ def test_debug_is_for_chatbridge_only_unless_libraries_are_asked_for(
         assert logger.isEnabledFor(logging.WARNING), name
 
     setup_logging(LoggingSettings(level="INFO", library_level="DEBUG"), io.StringIO())
-    assert not logging.getLogger("bridge.runs").isEnabledFor(logging.DEBUG)
+    assert not logging.getLogger("bridge.runs.executor").isEnabledFor(logging.DEBUG)
     assert all(logging.getLogger(name).isEnabledFor(logging.DEBUG) for name in LIBRARIES)
 
 

@@ -26,14 +26,13 @@ from bridge.core.model import (
     RoomKey,
     TransportName,
 )
-from bridge.core.transport import Delivery, RateLimited, TransportError, Undeliverable
-from bridge.delivery import Outbox
+from bridge.core.transport import Delivery, RateLimited, Transport, TransportError, Undeliverable
 from bridge.metrics import Metrics
+from bridge.outbound.outbox import Outbox
 from bridge.store.base import OutboxEntry, Store
 from bridge.store.memory import MemoryStore
 from bridge.store.sql import SqlStore
 from tests.fakes.flaky_store import FlakyStore
-from transports.base import Transport
 
 MATRIX = TransportName("matrix")
 ROOMS = [RoomKey(MATRIX, RoomId(f"!{name}:localhost")) for name in ("a", "b", "c")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.pacing import RECOVERY_S, Pacing
+from bridge.outbound.pacing import RECOVERY_S, Pacing
 
 
 class Clock:

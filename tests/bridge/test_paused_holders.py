@@ -1,4 +1,4 @@
-"""bridge.paused_holders against real processes holding a real SQLite lock."""
+"""bridge.cluster.paused_holders against real processes holding a real SQLite lock."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.paused_holders import lock_holders, stop_paused_holders
+from bridge.cluster.paused_holders import lock_holders, stop_paused_holders
 from runner.proctree import is_stopped
 
 HOLD = """

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from bridge.config import Settings, load_settings
-from bridge.preflight import run_problems
+from bridge.host.preflight import run_problems
 from tests.config_files import Table, write_toml
 from tests.fakes.fake_claude import FAKE_CLAUDE
 

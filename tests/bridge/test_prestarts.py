@@ -11,7 +11,7 @@ from typing import cast
 
 from bridge.core.model import RoomId, RoomKey, RunId, SessionId, TransportName
 from bridge.metrics import Metrics
-from bridge.prestarts import Prestarts
+from bridge.runs.prestarts import Prestarts
 from runner import Prestarted, RunRequest
 
 WAIT_S = 5.0

@@ -5,10 +5,10 @@ from collections.abc import Callable
 from typing import cast
 
 from bridge.core.model import ExternalMessageId, RoomId, RoomKey, TransportName
-from bridge.pacing import Pacing
-from bridge.progress import ProgressMessage, describe_tool_use
-from bridge.replies import Replier
-from transports.base import Transport
+from bridge.core.transport import Transport
+from bridge.outbound.pacing import Pacing
+from bridge.outbound.progress import ProgressMessage, describe_tool_use
+from bridge.outbound.replies import Replier
 from transports.slack.mrkdwn import to_mrkdwn
 
 

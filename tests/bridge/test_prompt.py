@@ -9,7 +9,6 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.attachments import FetchedFile, _Names, safe_name
 from bridge.core.model import (
     Attachment,
     Batch,
@@ -21,7 +20,8 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.prompt import QUOTE_CHARS, author, build_prompt
+from bridge.runs.inbox import FetchedFile, _Names, safe_name
+from bridge.runs.prompt import QUOTE_CHARS, author, build_prompt
 
 ROOM = RoomKey(TransportName("matrix"), RoomId("!r:hs"))
 INTRO = (

@@ -1,5 +1,5 @@
 """How a person's reply to claude's questions is read, and what a question or plan sends
-claude (bridge/questions.py; docs/live-runs.md, "Questions and plans")."""
+claude (bridge/live/questions.py; docs/live-runs.md, "Questions and plans")."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.approvals import Verdict, judge_answer
 from bridge.core.model import RoomId, RoomKey, RunId, TransportName
 from bridge.core.transport import ApprovalChoice
-from bridge.questions import (
+from bridge.live.approvals import Verdict, judge_answer
+from bridge.live.questions import (
     ACCEPT_EDITS,
     ANSWERS_LIMIT_BYTES,
     AnswerError,

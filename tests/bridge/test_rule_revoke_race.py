@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import cast
 
-from bridge.approval_flow import ApprovalFlow
 from bridge.core.model import UserId
-from bridge.live_runs import LiveRuns
-from bridge.replies import Replier
+from bridge.live.approval_flow import ApprovalFlow
+from bridge.live.registry import LiveRuns
+from bridge.outbound.replies import Replier
 from bridge.store.base import Approval, ApprovalState, RuleEffect, RuleScope
 from bridge.store.memory import MemoryStore
 from tests.bridge.test_approval_click_race import RUN, Asking

@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import cast
 
-from bridge.approval_flow import ApprovalFlow
 from bridge.core.model import SessionId
 from bridge.core.transport import ApprovalAction, ApprovalChoice
-from bridge.live_runs import LiveRuns
-from bridge.replies import Replier
+from bridge.live.approval_flow import ApprovalFlow
+from bridge.live.registry import LiveRuns
+from bridge.outbound.replies import Replier
 from runner.events import PermissionAsked
 from tests.bridge.test_approval_click_race import POSTED, RUN, Asking, Posting
 

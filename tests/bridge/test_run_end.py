@@ -285,7 +285,7 @@ async def test_a_stop_after_claude_answered_keeps_the_answer_and_the_session(
     # The runner would wait this long for the lingering claude to exit by itself.
     path = write_config(tmp_path, {"runner": {"stop_grace_s": 60.0}}, env=env)
     answered = LogSeen("claude printed its answer")
-    runs_log = logging.getLogger("bridge.runs")
+    runs_log = logging.getLogger("bridge.runs.executor")
     level = runs_log.level
     runs_log.setLevel(logging.INFO)
     runs_log.addHandler(answered)

@@ -13,13 +13,12 @@ import pytest
 
 from bridge.config import load_settings
 from bridge.core.model import LiveRun
-from bridge.core.transport import InboundSink, TransportError
+from bridge.core.transport import InboundSink, Transport, TransportError
 from bridge.service import Service, open_store
 from bridge.store.base import Store, StoreError
 from bridge.store.sql import SqlStore
 from runner.process import find_marked
 from tests.bridge.harness import ConsoleSession, write_config
-from transports.base import Transport
 
 WAIT_S = 30.0
 """Generous: each wait ends on an event long before; the bound only turns a hang into a failure."""

@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
+from bridge.automation.schedules import Scheduler, WallClock
 from bridge.config import Settings, load_settings
 from bridge.core.model import InboundMessage
 from bridge.core.transport import Accepted
 from bridge.errors import ConfigError
 from bridge.metrics import Metrics
-from bridge.schedules import Scheduler, WallClock
 from bridge.store.memory import MemoryStore
 from dispatcher import ManualClock, TimerHandle
 from tests.bridge.harness import ECHO, ConsoleSession, write_config

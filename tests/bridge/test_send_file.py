@@ -22,18 +22,17 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.core.transport import RateLimited, TransportError
-from bridge.delivery import Outbox
-from bridge.file_posts import FILES_DIR, FilePosts, copy_file, post_key, send_file_rules
+from bridge.core.transport import RateLimited, Transport, TransportError
 from bridge.metrics import Metrics
-from bridge.runs import run_request
+from bridge.outbound.outbox import Outbox
+from bridge.runs.executor import run_request
+from bridge.runs.file_posts import FILES_DIR, FilePosts, copy_file, post_key, send_file_rules
 from bridge.service import open_store
 from bridge.store.base import Store
 from runner.events import ToolResult, ToolUse
 from runner.mcp_server import QUALIFIED_TOOL, NotSendable, check_sendable
 from tests.bridge.harness import ConsoleSession, run_console, write_config
 from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin, claude_env
-from transports.base import Transport
 
 ROOM = RoomKey(TransportName("console"), RoomId("console"))
 

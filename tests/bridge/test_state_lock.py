@@ -1,4 +1,4 @@
-"""The state directory's lock and checks at start-up (bridge/state_lock.py)."""
+"""The state directory's lock and checks at start-up (bridge/host/state_lock.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bridge.errors import StartupError
-from bridge.state_lock import state_dir_lock
+from bridge.host.state_lock import state_dir_lock
 
 
 def test_a_lax_state_dir_is_made_private_and_a_symlink_to_it_is_followed(tmp_path: Path) -> None:

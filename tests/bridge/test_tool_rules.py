@@ -1,4 +1,4 @@
-"""Which requests a kept rule covers (bridge/tool_rules.py): narrowly, never more."""
+"""Which requests a kept rule covers (bridge/live/tool_rules.py): narrowly, never more."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from bridge.core.model import RoomId, RoomKey, TransportName, UserId
+from bridge.live.tool_rules import RuleText, matches, parse_rule, rule_for, ruling
 from bridge.store.base import RuleEffect, RuleScope, ToolRule
-from bridge.tool_rules import RuleText, matches, parse_rule, rule_for, ruling
 
 ROOM = RoomKey(TransportName("console"), RoomId("console"))
 
@@ -294,7 +294,7 @@ def test_a_path_rule_with_many_wildcards_decides_a_long_path_at_once() -> None:
     # the event loop (every room) for hours; the bound only turns such a hang into a
     # failure.
     script = (
-        "from bridge.tool_rules import parse_rule, matches\n"
+        "from bridge.live.tool_rules import parse_rule, matches\n"
         "r = parse_rule('Read(/**a**a**a**a**a**a**b)')\n"
         "assert not matches(r, 'Read', {'file_path': '/' + 'a' * 4000})\n"
         "assert matches(r, 'Read', {'file_path': '/' + 'a' * 4000 + 'b'})\n"

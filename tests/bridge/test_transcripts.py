@@ -20,10 +20,7 @@ import pytest
 
 from bridge.config import load_settings
 from bridge.core.model import RoomId, RoomKey, SessionId, TransportName
-from bridge.service import open_store
-from bridge.store.base import TranscriptStamp
-from bridge.store.memory import MemoryStore
-from bridge.transcripts import (
+from bridge.runs.transcripts import (
     TooLarge,
     TranscriptError,
     Transcripts,
@@ -31,6 +28,9 @@ from bridge.transcripts import (
     pack,
     transcript_path,
 )
+from bridge.service import open_store
+from bridge.store.base import TranscriptStamp
+from bridge.store.memory import MemoryStore
 from tests.bridge.harness import ConsoleSession, run_console, write_config
 from tests.fakes.model_server import ModelServer, Turn, claude_bin, claude_env
 

@@ -18,9 +18,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from bridge.automation.webhook_template import VALUE_LIMIT, TemplateError, check_template, render
 from bridge.config import load_settings
 from bridge.errors import ConfigError
-from bridge.webhook_template import VALUE_LIMIT, TemplateError, check_template, render
 from tests.bridge.harness import ConsoleSession, write_config
 from tests.config_files import Table
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from bridge.config import RoomSettings, load_settings
 from bridge.core.model import ReplyKind, RoomId, RoomKey, TransportName
-from bridge.worktree_lifetime import Lifetimes, listing
-from bridge.worktrees import Worktrees, slug, worktree_of
+from bridge.host.worktrees import Worktrees, slug, worktree_of
+from bridge.runs.worktree_lifetime import Lifetimes, listing
 from tests.bridge.chat_room import GUARD_S, ChatRoom, serving
 from tests.bridge.harness import write_config
 from tests.bridge.test_worktrees import AT_ONCE, git, notices, repo

@@ -14,7 +14,7 @@ import pytest
 from bridge.config import load_settings
 from bridge.core.model import ReplyKind
 from bridge.errors import ConfigError
-from bridge.worktrees import slug
+from bridge.host.worktrees import slug
 from tests.bridge.chat_room import GUARD_S, ChatRoom, serving
 from tests.bridge.harness import ECHO, write_config
 

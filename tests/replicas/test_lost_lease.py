@@ -12,7 +12,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from bridge.cluster_role import ClusterRole
+from bridge.cluster.role import ClusterRole
 from bridge.core.model import Batch, ExternalMessageId, InboundMessage, ReplyKind, RunId, UserId
 from bridge.core.transport import RunPhase
 from tests.bridge.harness import ECHO

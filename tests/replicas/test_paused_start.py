@@ -17,7 +17,7 @@ import asyncpg
 import pytest
 
 from bridge.core.model import Batch, ReplyKind, RoomKey, RunId
-from bridge.runs import RunExecutor
+from bridge.runs.executor import RunExecutor
 from tests.bridge.harness import ECHO
 from tests.replicas.conftest import replica, replica_settings, until
 from tests.store.conftest import _asyncpg_dsn

@@ -1,6 +1,6 @@
 """Two replicas on one PostgreSQL: who runs a conversation, forwarding, commands,
 fencing and failover (docs/replicas.md). The process-level suite (kill -9, SIGSTOP,
-PostgreSQL restarts, a load balancer) is in tests/cluster."""
+PostgreSQL restarts, a load balancer) is in tests/replicas."""
 
 from __future__ import annotations
 
@@ -217,7 +217,7 @@ async def test_a_top_level_stop_drops_only_what_waits_in_unowned_threads(
 async def test_status_prints_the_replicas_and_who_owns_what(
     tmp_path: Path, cluster_db: str
 ) -> None:
-    from bridge.status_report import status_text
+    from bridge.cluster.status_report import status_text
 
     settings = replica_settings(tmp_path, "a", cluster_db)
     async with replica(settings) as a, replica(replica_settings(tmp_path, "b", cluster_db)):
@@ -399,7 +399,7 @@ async def test_a_top_level_stop_in_a_thread_room_stops_every_replicas_threads(
 
 
 async def test_an_idle_conversation_is_let_go(tmp_path: Path, cluster_db: str) -> None:
-    from bridge.status_report import status_text
+    from bridge.cluster.status_report import status_text
 
     settings = replica_settings(tmp_path, "a", cluster_db, {"cluster": {"lease_ttl_s": 1}})
     async with replica(settings) as a:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from bridge.config import RoomDefaults, Settings
-from bridge.containment import report_containment
 from bridge.core.model import RunId, RunStatus
+from bridge.host.containment import report_containment
 from runner import ToolResult, run_claude
 from runner.cgroups import probe
 from runner.proctree import own_cgroup

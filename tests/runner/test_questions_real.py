@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bridge.core.model import RunId, RunStatus
-from bridge.questions import ACCEPT_EDITS
+from bridge.live.questions import ACCEPT_EDITS
 from runner import Allow, Deny, PermissionAsked, RunControl, RunEvent, ToolUse, run_claude
 from tests.bridge.test_questions_e2e import MULTI, SINGLE
 from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin

@@ -402,7 +402,7 @@ async def test_process_lingering_after_result_is_stopped(
     assert report.status is RunStatus.SUCCEEDED
     assert report.result_text == "Done."
     assert report.exit_code == 143  # the fake exits like the real CLI on SIGTERM
-    # The outcome is what the result line alone said (what bridge.runs sends
+    # The outcome is what the result line alone said (what bridge.runs.executor sends
     # before claude exits), plus the exit status.
     [init], [result] = recorder.of(Init), recorder.of(Result)
     assert replace(report, exit_code=None) == answer_report(result, init)

@@ -25,9 +25,9 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.delivery import Outbox
-from bridge.file_posts import FilePosts
 from bridge.metrics import Metrics
+from bridge.outbound.outbox import Outbox
+from bridge.runs.file_posts import FilePosts
 from bridge.store.memory import MemoryStore
 from runner import Init, RunRequest, ToolResult, ToolUse, run_claude
 from runner.mcp_server import QUALIFIED_TOOL

@@ -30,8 +30,8 @@ from bridge.core.model import (
     UserId,
 )
 from bridge.core.transport import ApprovalChoice
-from bridge.http import serve_http
-from bridge.http_sockets import bind_http
+from bridge.host.http import serve_http
+from bridge.host.http_sockets import bind_http
 from bridge.store.base import AuditAction
 from bridge.store.sql import SqlStore
 from bridge.web.app import web_app

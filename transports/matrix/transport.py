@@ -25,10 +25,10 @@ from bridge.core.transport import (
     InboundSink,
     RoomBinding,
     RunPhase,
+    Transport,
     TransportError,
 )
 from transports.backoff import Backoff
-from transports.base import Transport
 from transports.matrix.approvals import KnownRequests
 from transports.matrix.client import new_client
 from transports.matrix.inbound import InboundPolicy

@@ -65,10 +65,10 @@ from bridge.core.transport import (
     RunPhase,
     SeenMarks,
     SinkClosed,
+    Transport,
     TransportError,
 )
 from transports.backoff import Backoff, retry
-from transports.base import Transport
 from transports.slack.approvals import ACTION_PREFIX, approval_fits, to_action
 from transports.slack.catch_up import History, Missed, Unreadable, later, ts_of
 from transports.slack.events_http import serve_events

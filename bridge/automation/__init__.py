@@ -1,0 +1,1 @@
+"""Prompts no one typed: cron schedules and signed webhooks (docs/automation.md)."""

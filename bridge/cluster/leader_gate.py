@@ -1,0 +1,125 @@
+"""A transport only one replica may connect at a time: Matrix (docs/replicas.md).
+
+Matrix's sync is one stream per device: two replicas syncing would both
+accept every event, and their device keys and sync position (under
+``[matrix] store_path``) are one set. So with replicas the Matrix transport
+runs behind this gate: a replica connects it only while it holds the
+transport's leader lease, and owns the Matrix conversations only then.
+The others count as ready without it (they serve the other transports) and
+keep trying for the lease; when the leader dies, the lease runs out and one
+of them connects, from the sync position the leader saved.
+
+A leader that loses its lease (paused past it, cut off from the database)
+stops: the gate fails the service (a restart makes it a follower), rather
+than risk two replicas syncing one account. One paused while it held the
+shared store's lock would keep its successor from using the store: the
+successor stops it first (``unblock``, :mod:`bridge.cluster.paused_holders`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+from bridge.cluster.replica import Cluster
+from bridge.core.model import Attachment, ExternalMessageId, Reply, RoomKey
+from bridge.core.transport import Delivery, InboundSink, RunPhase, Transport, TransportError
+from bridge.store.base import StoreError
+
+log = logging.getLogger(__name__)
+
+
+class LeaderGated(Transport):
+    """``inner``, connected only while this replica leads its transport."""
+
+    def __init__(
+        self,
+        inner: Transport,
+        cluster: Cluster,
+        retry_s: float,
+        unblock: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self._cluster = cluster
+        self._retry_s = retry_s
+        self._unblock = unblock
+        """Frees what a predecessor paused past its lease holds, before connecting."""
+
+    @property
+    def reconnects(self) -> int:  # type: ignore[override]
+        return self.inner.reconnects
+
+    @property
+    def connected(self) -> bool:
+        # A follower is ready without the connection: it is not its to hold.
+        return self.inner.connected if self._cluster.leads(self.name) else True
+
+    async def run(self, sink: InboundSink, ready: asyncio.Event) -> None:
+        ready.set()
+        await self._wait_for_lead()
+        if self._unblock is not None:
+            try:
+                await self._unblock()
+            except (OSError, StoreError) as exc:
+                # Connecting goes on: at worst its sync retries until the store is free.
+                log.warning("could not look for a paused predecessor of %s: %s", self.name, exc)
+        log.info("this replica leads %s: connecting", self.name)
+        lost = asyncio.ensure_future(self._cluster.lost_lead.wait())
+        inner = asyncio.ensure_future(self.inner.run(sink, asyncio.Event()))
+        try:
+            await asyncio.wait({lost, inner}, return_when=asyncio.FIRST_COMPLETED)
+            if inner.done():
+                return inner.result()  # input ended, or the transport failed
+            raise TransportError(
+                self.name, "lost the leader lease: stopping rather than sync beside another replica"
+            )
+        finally:
+            for task in (lost, inner):
+                task.cancel()
+            await asyncio.wait({lost, inner})
+
+    async def _wait_for_lead(self) -> None:
+        """Until this replica leads (the lease is free once the leader is gone)."""
+        while True:
+            try:
+                if await self._cluster.try_lead(self.name):
+                    return
+            except StoreError as exc:
+                log.warning("could not ask for the %s leader lease: %s", self.name, exc)
+            await asyncio.sleep(self._retry_s)
+
+    # Outbound: only the leader owns this transport's conversations, so only it sends.
+
+    async def send(
+        self, reply: Reply, delivery: Delivery | None = None
+    ) -> ExternalMessageId | None:
+        return await self.inner.send(reply, delivery)
+
+    async def send_file(self, reply: Reply, key: str) -> ExternalMessageId | None:
+        return await self.inner.send_file(reply, key)
+
+    async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
+        await self.inner.edit(room, message_id, text)
+
+    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
+        return await self.inner.post_approval(request, ref)
+
+    async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
+        await self.inner.close_approval(room, message_id, text)
+
+    async def set_typing(self, room: RoomKey, typing: bool) -> None:
+        await self.inner.set_typing(room, typing)
+
+    async def set_phase(
+        self, room: RoomKey, message_ids: Sequence[ExternalMessageId], phase: RunPhase
+    ) -> None:
+        await self.inner.set_phase(room, message_ids, phase)
+
+    async def fetch_attachment(self, attachment: Attachment, dest: Path, limit_bytes: int) -> None:
+        await self.inner.fetch_attachment(attachment, dest, limit_bytes)
+
+
+__all__ = ["LeaderGated"]

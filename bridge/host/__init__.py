@@ -1,0 +1,1 @@
+"""The machine chatbridge runs on: preflight checks, locks, containment, HTTP, logs."""

@@ -1,0 +1,106 @@
+"""The runs going on now, by room: what chat reaches while claude works.
+
+The executor binds each run's :class:`~runner.control.RunControl` here once
+claude is spawned (also after a reattach) and unbinds it when the run ends;
+commands, buttons, reactions, expiry and steering find the run through it.
+At most one run per room is bound (the dispatcher's rule), so a room names
+its run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from bridge.core.model import RoomKey, RunId, SessionId
+from bridge.live.questions import PLAN
+from runner.control import RunControl
+from runner.events import PermissionAsked, ToolUse
+
+
+@dataclass(slots=True)
+class _Bound:
+    run_id: RunId
+    control: RunControl
+    asked: dict[str, PermissionAsked] = field(default_factory=dict)
+    """claude's requests by id: an answer allows the input claude asked with."""
+    session: SessionId | None = None
+    """The Claude session the run writes to (its ``init``): session rules hold in it."""
+    doing: str = ""
+    """The last tool use claude announced, as the progress message says it (the web
+    console's "last thing claude did")."""
+    planned: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The inputs of claude's ExitPlanMode tool uses by tool_use id: the plan, which the
+    request itself does not hold (docs/live-runs.md)."""
+
+
+@dataclass(slots=True)
+class LiveRuns:
+    _rooms: dict[RoomKey, _Bound] = field(default_factory=dict)
+
+    def bind(self, room: RoomKey, run_id: RunId, control: RunControl) -> None:
+        self._rooms[room] = _Bound(run_id, control)
+
+    def unbind(self, room: RoomKey, run_id: RunId) -> None:
+        bound = self._rooms.get(room)
+        if bound is not None and bound.run_id == run_id:
+            del self._rooms[room]
+
+    def control(self, room: RoomKey, run_id: RunId | None = None) -> RunControl | None:
+        """The room's running run's control (only if it is ``run_id``, when given)."""
+        bound = self._rooms.get(room)
+        if bound is None or (run_id is not None and bound.run_id != run_id):
+            return None
+        return bound.control
+
+    def asked(self, room: RoomKey, run_id: RunId, event: PermissionAsked) -> None:
+        bound = self._rooms.get(room)
+        if bound is not None and bound.run_id == run_id:
+            bound.asked[event.request_id] = event
+
+    def used(self, room: RoomKey, run_id: RunId, use: ToolUse) -> None:
+        """claude's model called a tool; a plan's is kept until its request comes."""
+        bound = self._rooms.get(room)
+        if bound is not None and bound.run_id == run_id and use.name == PLAN:
+            bound.planned[use.id] = use.input
+
+    def full_input(self, room: RoomKey, run_id: RunId, event: PermissionAsked) -> dict[str, Any]:
+        """The request's input, completed from its tool_use block when the request's is
+        empty (ExitPlanMode's plan)."""
+        bound = self._rooms.get(room)
+        if event.input or bound is None or bound.run_id != run_id:
+            return event.input
+        return bound.planned.get(event.tool_use_id, event.input)
+
+    def request(self, room: RoomKey, run_id: RunId, request_id: str) -> PermissionAsked | None:
+        bound = self._rooms.get(room)
+        if bound is None or bound.run_id != run_id:
+            return None
+        return bound.asked.get(request_id)
+
+    def started(self, room: RoomKey, run_id: RunId, session: SessionId) -> None:
+        """The run writes to ``session`` (claude's ``init``)."""
+        bound = self._rooms.get(room)
+        if bound is not None and bound.run_id == run_id:
+            bound.session = session
+
+    def session(self, room: RoomKey, run_id: RunId | None = None) -> SessionId | None:
+        """The session the room's run (only if it is ``run_id``, when given) writes to;
+        None if unknown or no such run is bound."""
+        bound = self._rooms.get(room)
+        if bound is None or (run_id is not None and bound.run_id != run_id):
+            return None
+        return bound.session
+
+    def did(self, room: RoomKey, run_id: RunId, what: str) -> None:
+        """claude announced a tool use, described as ``what``."""
+        bound = self._rooms.get(room)
+        if bound is not None and bound.run_id == run_id:
+            bound.doing = what
+
+    def doing(self, run_id: str) -> str | None:
+        """What run ``run_id`` (if it runs here) did last; None if it does not run here."""
+        for bound in self._rooms.values():
+            if bound.run_id == run_id:
+                return bound.doing or "working"
+        return None

@@ -1,0 +1,1 @@
+"""Everything said to a room: the durable outbox, notices, replies, progress and their pacing."""

@@ -1,0 +1,162 @@
+"""Approval requests and reactions against a real Synapse, plain and encrypted rooms."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import uuid4
+
+import pytest
+from nio import Api, RoomSendResponse
+
+from bridge.core.model import ExternalMessageId, Reply, RoomId, RoomKey, TransportName, UserId
+from bridge.core.transport import ApprovalAction, ApprovalChoice
+from tests.transports.matrix.matrix_helpers import (
+    Human,
+    RecordingSink,
+    Seen,
+    TransportFactory,
+    joined,
+    running,
+)
+from transports.matrix.approvals import MARKER
+
+pytestmark = [pytest.mark.synapse, pytest.mark.slow]
+
+BOT = "@chatbridge:localhost"
+
+
+def key(room_id: str) -> RoomKey:
+    return RoomKey(TransportName("matrix"), RoomId(room_id))
+
+
+async def react(
+    human: Human, room_id: str, event_id: str, emoji: str, *, encrypt: bool = False
+) -> str:
+    """React as ``human``; ``encrypt`` as Element does in an encrypted room.
+
+    (nio's ``room_send`` never encrypts a reaction; the group session was
+    shared by a message ``human`` sent before.)
+    """
+    content: dict[str, Any] = {
+        "m.relates_to": {"rel_type": "m.annotation", "event_id": event_id, "key": emoji}
+    }
+    client = human.client
+    if not encrypt:
+        response = await client.room_send(room_id, "m.reaction", content)
+    else:
+        kind, sealed = client.encrypt(room_id, "m.reaction", content)
+        assert kind == "m.room.encrypted"
+        assert "ciphertext" in sealed
+        method, path, data = Api.room_send(client.access_token, room_id, kind, sealed, uuid4().hex)
+        response = await client._send(
+            RoomSendResponse, method, path, data, response_data=(room_id,)
+        )
+    assert isinstance(response, RoomSendResponse), response
+    return str(response.event_id)
+
+
+def reaction_of(sender: str, event_id: str) -> Any:
+    def match(seen: Seen) -> bool:
+        relates = seen.content.get("m.relates_to") or {}
+        return (
+            seen.source.get("type") == "m.reaction"
+            and seen.source.get("sender") == sender
+            and relates.get("event_id") == event_id
+        )
+
+    return match
+
+
+async def offered(alice: Human, event_id: str) -> list[str]:
+    """The reactions the bot put on ``event_id``, as alice sees them.
+
+    (Sent in the clear even in an encrypted room: nio does not encrypt reactions.)
+    """
+    seen = await alice.wait_for_all(reaction_of(BOT, event_id), 3)
+    return [s.content["m.relates_to"]["key"] for s in seen]
+
+
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
+async def test_a_reaction_on_a_request_reaches_the_sink(
+    alice: Human, make_transport: TransportFactory, encrypted: bool
+) -> None:
+    room = await alice.create_room([BOT], encrypted=encrypted)
+    sink = RecordingSink()
+    transport = make_transport([room])
+    async with running(transport, sink):
+        await alice.wait_for(joined(BOT, room))
+        await alice.sync()  # learn the bot's device before encrypting to it
+        own = await alice.send(room, "a message of alice's")
+        await sink.wait_for_text("a message of alice's")
+        request = await transport.post_approval(
+            Reply(key(room), "Claude wants to run **Bash**: `ls`"), "#1"
+        )
+        assert request is not None
+        shown = await alice.wait_for(lambda s: s.source.get("event_id") == request)
+        assert shown.content[MARKER] == {"ref": "#1"}
+        assert "React ✅" in shown.content["body"]
+        assert await offered(alice, request) == ["✅", "🔁", "❌"]
+        # Not answers: a ✅ on a message that is no request, another emoji.
+        await react(alice, room, own, "✅", encrypt=encrypted)
+        await react(alice, room, request, "👍", encrypt=encrypted)
+        await react(alice, room, request, "🔁", encrypt=encrypted)
+        wanted = ApprovalAction(
+            key(room),
+            UserId(alice.user.user_id),
+            ExternalMessageId(request),
+            ApprovalChoice.ALLOW_SESSION,
+        )
+        await sink.wait_for_event(wanted)
+        actions = [e for e in sink.events if isinstance(e, ApprovalAction)]
+        assert actions == [wanted]  # the bot's own three reactions are not answers
+
+
+async def test_a_reaction_after_a_restart_is_recognised_and_closing_takes_the_reactions_back(
+    alice: Human, make_transport: TransportFactory
+) -> None:
+    room = await alice.create_room([BOT])
+    first = make_transport([room])
+    async with running(first, RecordingSink()):
+        await alice.wait_for(joined(BOT, room))
+        request = await first.post_approval(Reply(key(room), "Claude wants to edit a file"), "#2")
+        assert request is not None
+        await offered(alice, request)
+    sink = RecordingSink()
+    second = make_transport([room])  # a restart: nothing of the request is remembered
+    async with running(second, sink):
+        await react(alice, room, request, "❌")
+        wanted = ApprovalAction(
+            key(room), UserId(alice.user.user_id), ExternalMessageId(request), ApprovalChoice.DENY
+        )
+        await sink.wait_for_event(wanted)
+        # Closing edits the request into its outcome.
+        await second.close_approval(key(room), ExternalMessageId(request), "❌ denied by alice")
+        edit = await alice.wait_for(
+            lambda s: (
+                (s.content.get("m.relates_to") or {}).get("event_id") == request
+                and s.content.get("m.relates_to", {}).get("rel_type") == "m.replace"
+            )
+        )
+        assert edit.content["m.new_content"]["body"] == "❌ denied by alice"
+
+
+async def test_closing_a_request_takes_the_bots_reactions_back(
+    alice: Human, make_transport: TransportFactory
+) -> None:
+    room = await alice.create_room([BOT])
+    transport = make_transport([room])
+    async with running(transport, RecordingSink()):
+        await alice.wait_for(joined(BOT, room))
+        request = await transport.post_approval(Reply(key(room), "Claude wants to fetch"), "#3")
+        assert request is not None
+        reactions = [
+            s.source["event_id"] for s in await alice.wait_for_all(reaction_of(BOT, request), 3)
+        ]
+        await transport.close_approval(key(room), ExternalMessageId(request), "✅ allowed by alice")
+        redacted = await alice.wait_for_all(
+            lambda s: s.source.get("type") == "m.room.redaction" and s.source.get("sender") == BOT,
+            3,
+        )
+        # Synapse puts "redacts" at the top level (and in content from room v11 on).
+        taken = sorted(str(s.source.get("redacts") or s.content.get("redacts")) for s in redacted)
+        assert taken == sorted(reactions)

@@ -1,0 +1,90 @@
+"""claude's questions and plans answered from Matrix, end to end: ``chatbridge run`` with the
+real ``claude`` against the scripted model server, and the test Synapse
+(docs/live-runs.md, "Questions and plans")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.bridge.test_questions_e2e import SINGLE, asking, planning, told
+from tests.fakes.model_server import ModelServer, claude_bin, claude_env
+from tests.transports.matrix.matrix_helpers import Human, joined
+from tests.transports.matrix.matrix_service import service
+from tests.transports.matrix.synapse_peer import MatrixUser, SynapseServer
+from tests.transports.matrix.test_matrix_approvals import react
+from tests.transports.matrix.test_matrix_approvals_e2e import (
+    ALICE,
+    MALLORY,
+    answer_to,
+    edit_of,
+    request_in,
+)
+
+pytestmark = [
+    pytest.mark.synapse,
+    pytest.mark.slow,
+    pytest.mark.claude,
+    pytest.mark.skipif(not claude_bin().exists(), reason="claude binary not installed"),
+]
+
+
+def real(tmp_path: Path, server: ModelServer, **defaults: object) -> dict[str, object]:
+    return {
+        "runner": {"claude_bin": str(claude_bin())},
+        "defaults": {
+            "approve_tools": True,
+            "env": claude_env(server.url, tmp_path / "home"),
+            **defaults,
+        },
+    }
+
+
+async def test_a_question_is_answered_in_matrix_with_free_text(
+    tmp_path: Path, synapse: SynapseServer, bot: MatrixUser, alice: Human
+) -> None:
+    room = await alice.create_room([bot.user_id])
+    async with ModelServer(asking(SINGLE)) as server:
+        async with service(
+            tmp_path, synapse, bot, room, allowed=(ALICE,), extra=real(tmp_path, server)
+        ):
+            await alice.wait_for(joined(bot.user_id, room))
+            await alice.send(room, "ask me")
+            question = await alice.wait_for(request_in(bot, room, "#1"))
+            body = str(question.content["body"])
+            assert "Which database?" in body
+            assert "2. `PostgreSQL`" in body
+            await alice.send(room, "!answer #1 DuckDB, in memory")
+            # (The edit comes first: the question is shown answered before claude goes on.)
+            await alice.wait_for(edit_of(str(question.source["event_id"]), "answered by"))
+            await alice.wait_for(answer_to(bot, room, "Thanks, noted."))
+        assert any('"Which database?"="DuckDB, in memory"' in t for t in told(server))
+
+
+async def test_a_plan_sent_back_by_a_reaction_keeps_claude_planning(
+    tmp_path: Path, synapse: SynapseServer, bot: MatrixUser, alice: Human, mallory: Human
+) -> None:
+    room = await alice.create_room([bot.user_id, mallory.user.user_id])
+    await mallory.join(room)
+    async with ModelServer(planning(tmp_path / "notes.md")) as server:
+        async with service(
+            tmp_path,
+            synapse,
+            bot,
+            room,
+            allowed=(ALICE,),
+            room_extra={"approvers": [ALICE, MALLORY]},
+            extra=real(tmp_path, server, permission_mode="plan"),
+        ):
+            await alice.wait_for(joined(bot.user_id, room))
+            await alice.send(room, "plan it")
+            plan = await alice.wait_for(request_in(bot, room, "#1"))
+            assert "40. `rm -rf /srv/data`" in str(plan.content["body"])
+            await mallory.sync(timeout_ms=0)
+            await react(mallory, room, str(plan.source["event_id"]), "❌")
+            await alice.wait_for(edit_of(str(plan.source["event_id"]), "sent back to planning"))
+            write = await alice.wait_for(request_in(bot, room, "#2"))
+            await react(mallory, room, str(write.source["event_id"]), "❌")
+            await alice.wait_for(answer_to(bot, room, "Plan carried out."))
+        assert "The user wants you to keep planning; the plan is not approved yet." in told(server)

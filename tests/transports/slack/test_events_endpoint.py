@@ -1,0 +1,81 @@
+"""Events mode specifics against local-slack: redeliveries and request verification."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from slack_sdk.signature import SignatureVerifier
+
+from tests.transports.slack import peer
+from tests.transports.slack.harness import Running, running
+
+pytestmark = pytest.mark.slack
+
+
+def signed(body: str, secret: str = peer.SIGNING_SECRET, age_s: int = 0) -> dict[str, str]:
+    # Slack signs with the current Unix time; Bolt rejects anything 5 minutes off.
+    timestamp = str(int(time.time()) - age_s)
+    return {
+        "Content-Type": "application/json",
+        "X-Slack-Request-Timestamp": timestamp,
+        "X-Slack-Signature": str(
+            SignatureVerifier(secret).generate_signature(timestamp=timestamp, body=body)
+        ),
+    }
+
+
+async def post(env: Running, body: str, headers: dict[str, str]) -> tuple[int, str]:
+    url = f"http://127.0.0.1:{env.transport.events_port}/slack/events"
+    async with aiohttp.ClientSession() as http, http.post(url, data=body, headers=headers) as r:
+        return r.status, await r.text()
+
+
+async def delivered_body(env: Running) -> str:
+    """The signed body local-slack POSTed for the last event."""
+    posts = [e for e in await env.slack.log() if e["direction"] == "to_bot"]
+    return str(posts[-1]["detail"])
+
+
+@pytest.fixture
+async def events(tmp_path: Path) -> AsyncIterator[Running]:
+    async with running(tmp_path, "events") as env:
+        yield env
+
+
+async def test_a_redelivered_event_is_handed_over_once(events: Running) -> None:
+    await events.slack.post_message(peer.ALICE, "do it once")
+    body = await delivered_body(events)
+    retry = {**signed(body), "X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "http_timeout"}
+    assert (await post(events, body, retry))[0] == 200
+    # The same message as an app_mention (Slack sends both when subscribed to both).
+    mention = json.loads(body)
+    mention["event"]["type"] = "app_mention"
+    mention["event_id"] = "Ev0OTHER"
+    mention_body = json.dumps(mention)
+    assert (await post(events, mention_body, signed(mention_body)))[0] == 200
+    assert events.sink.texts == ["do it once"]
+
+
+async def test_forged_and_stale_requests_are_refused(events: Running) -> None:
+    await events.slack.post_message(peer.ALICE, "genuine")
+    body = json.loads(await delivered_body(events))
+    body["event"]["ts"] = "1700000000.000001"
+    body["event"]["text"] = "forged"
+    forged = json.dumps(body)
+    assert (await post(events, forged, signed(forged, secret="not-the-secret")))[0] == 401
+    assert (await post(events, forged, signed(forged, age_s=600)))[0] == 401
+    assert (await post(events, forged, {"Content-Type": "application/json"}))[0] == 401
+    assert events.sink.texts == ["genuine"]
+
+
+async def test_url_verification_is_answered(events: Running) -> None:
+    body = json.dumps({"type": "url_verification", "challenge": "c-123", "token": "t"})
+    status, text = await post(events, body, signed(body))
+    assert status == 200
+    assert "c-123" in text
+    assert events.sink.received == []
