@@ -474,3 +474,24 @@ async def test_a_client_that_shuts_its_side_after_the_request_still_gets_the_ans
     assert answers[0].startswith(b"HTTP/1.1 200 ")
     assert answers[0].endswith(b"\r\n\r\nok\n")
     assert answers[1].startswith(b"HTTP/1.0 400 ")
+
+
+async def test_the_cap_closes_an_idle_connection_before_one_still_receiving_its_answer() -> None:
+    body = b"m" * (16 << 20)  # far more than the sockets' buffers hold: the answer is mid-way
+    async with serving(
+        exposition=lambda: body, limits=Limits(max_connections=2, head_timeout_s=60)
+    ) as port:
+        slow = socket.socket()
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        slow.connect(("127.0.0.1", port))
+        reader, writer = await asyncio.open_connection(sock=slow)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await reader.readuntil(b"\r\n\r\n")  # its answer has begun, and waits for it
+        idle_reader, idle_writer = await connect(port)  # newer, and idle
+        assert (await raw_exchange(port, HEALTHZ)).startswith(b"HTTP/1.1 200 ")
+        answer = await reader.readexactly(len(body))  # the answer under way was left alone
+        writer.close()
+        assert await idle_reader.read() == b""  # the idle one made room
+        idle_writer.close()
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert answer == body
