@@ -13,10 +13,11 @@ what a listener facing unknown clients needs beyond that, as docs/operations.md
   must have the whole body within ``body_timeout_s`` of the head (408 beyond,
   connection closed); a request whose handler leaves its body unread is cut
   off at the same deadline;
-- at most ``max_connections`` are open: one more closes the oldest that is not
-  being answered (idle, sending its head, or sending its body), so that a
-  request sent at once is answered behind any number of slow clients; when
-  every open connection is being answered, the newcomer is closed.
+- at most ``max_connections`` are open: one more closes the oldest that is idle,
+  sending its head or sending its body, failing that the oldest still reading
+  its answer, so that a request sent at once is answered behind any number of
+  slow clients; when every open connection's handler is running, the
+  newcomer is closed.
 
 A handler's exception is logged here and answered 500; what aiohttp reports
 about malformed requests goes to the DEBUG log (one client's garbage is not
@@ -82,13 +83,29 @@ class _Connections:
 
     def admit(self, handler: RequestHandler, transport: asyncio.Transport) -> bool:
         if len(self._open) >= self._limits.max_connections:
-            idle = next((h for h, c in self._open.items() if not c.answering), None)
-            if idle is None:
+            evicted = self._evictable()
+            if evicted is None:
                 return False
-            self._end(idle)
+            self._end(evicted)
         self._open[handler] = _Connection(transport)
         self._arm(handler, self._limits.head_timeout_s)
         return True
+
+    def _evictable(self) -> RequestHandler | None:
+        """The oldest connection idle or sending its request; else the oldest reading its answer.
+
+        An answer still in the transport's buffer is under way: its client is cut off only
+        when nothing else can make room (a slow reader is still bounded by the head deadline).
+        """
+        sending = None
+        for handler, connection in self._open.items():
+            if connection.answering:
+                continue
+            if not connection.transport.get_write_buffer_size():
+                return handler
+            if sending is None:
+                sending = handler
+        return sending
 
     def lost(self, handler: RequestHandler) -> None:
         connection = self._open.pop(handler, None)
