@@ -57,11 +57,11 @@ class Limits:
 class _Quiet(logging.LoggerAdapter):  # type: ignore[type-arg]
     """aiohttp's log of a request it could not parse: a client's error, at DEBUG, one line."""
 
-    def exception(self, msg: object, *args: object, **kwargs: Any) -> None:
-        self.debug(msg, *args)  # without exc_info: the client's error, not a traceback of ours
-
-    def error(self, msg: object, *args: object, **kwargs: Any) -> None:
-        self.debug(msg, *args)
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        # Every level aiohttp picks (debug, error, exception) comes through here; exc_info is
+        # dropped: the client's error, not a traceback of ours (a handler's failure is logged by
+        # the middleware, with its traceback).
+        super().log(logging.DEBUG, msg, *args)
 
 
 @dataclass(slots=True)
