@@ -14,6 +14,7 @@ import pytest
 
 from bridge.core.model import InboundMessage, RoomId
 from bridge.core.transport import Accepted, InboundEvent, RoomBinding
+from bridge.core.web_server import Limits
 from tests.slack import peer
 from transports.backoff import Backoff
 from transports.slack.settings import SlackSettings
@@ -99,6 +100,7 @@ async def running(
     rooms: tuple[RoomBinding, ...] = DEFAULT_ROOMS,
     sink: RecordingSink | None = None,
     configure: Callable[[SlackSettings], SlackSettings] = lambda s: s,
+    limits: Limits | None = None,
     **overrides: Any,
 ) -> AsyncIterator[Running]:
     """local-slack plus a connected transport; everything stopped on exit."""
@@ -108,7 +110,9 @@ async def running(
         if events_port is not None:
             overrides.setdefault("listen", f"127.0.0.1:{events_port}")
         settings = configure(slack_settings(mode, slack.api_url, **overrides))
-        transport = SlackTransport(settings, rooms, backoff=Backoff(base=0.05, cap=0.5))
+        transport = SlackTransport(
+            settings, rooms, backoff=Backoff(base=0.05, cap=0.5), http_limits=limits
+        )
         sink = sink or RecordingSink()
         ready = asyncio.Event()
         async with asyncio.TaskGroup() as tg:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -11,6 +12,7 @@ import aiohttp
 import pytest
 from slack_sdk.signature import SignatureVerifier
 
+from bridge.core.web_server import Limits
 from tests.slack import peer
 from tests.slack.harness import Running, running
 
@@ -79,3 +81,20 @@ async def test_url_verification_is_answered(events: Running) -> None:
     assert status == 200
     assert "c-123" in text
     assert events.sink.received == []
+
+
+async def test_the_endpoint_holds_its_clients_to_the_http_limits_it_is_given(
+    tmp_path: Path,
+) -> None:
+    # [http] max_connections and the deadlines bound this public listener too (docs/operations.md).
+    async with running(tmp_path, "events", limits=Limits(max_connections=2)) as env:
+        port = env.transport.events_port
+        assert port is not None
+        oldest_reader, oldest_writer = await asyncio.open_connection("127.0.0.1", port)
+        _, newer_writer = await asyncio.open_connection("127.0.0.1", port)
+        body = json.dumps({"type": "url_verification", "challenge": "c-1", "token": "t"})
+        assert (await post(env, body, signed(body)))[0] == 200  # a third: the oldest made room
+        oldest_writer.write(b"GET /slack/events HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert await oldest_reader.read() == b""
+        oldest_writer.close()
+        newer_writer.close()
