@@ -29,7 +29,8 @@ from typing import Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from bridge.core.web_server import Limits, listening, read_body
+from bridge.core.http_limits import Limits
+from bridge.core.web_server import listening, read_body
 from bridge.http_sockets import HttpSockets
 
 Readiness = Callable[[], Awaitable[str | None]]

@@ -35,9 +35,10 @@ from bridge.claude_check import credentials_warning
 from bridge.cluster import Cluster
 from bridge.cluster_role import ClusterRole
 from bridge.commands import CommandHandler
-from bridge.config import Settings
+from bridge.config import HttpSettings, Settings
 from bridge.containment import report_containment
 from bridge.core.aio import shielded
+from bridge.core.http_limits import Limits
 from bridge.core.model import (
     Batch,
     Message,
@@ -103,6 +104,15 @@ _REACHES = {"matrix": "matrix.homeserver", "slack": "slack.api_url"}
 """The setting to check when a part does not connect in time (it keeps retrying meanwhile)."""
 
 
+def http_limits(http: HttpSettings) -> Limits:
+    """``[http]``'s bounds on each client, for its listeners and the Slack events endpoint."""
+    return Limits(
+        head_timeout_s=http.head_timeout_s,
+        body_timeout_s=http.body_timeout_s,
+        max_connections=http.max_connections,
+    )
+
+
 def build_transports(settings: Settings) -> list[Transport]:
     """One transport per configured chat system; library imports stay lazy."""
     transports: list[Transport] = []
@@ -130,7 +140,11 @@ def build_transports(settings: Settings) -> list[Transport]:
     if settings.slack is not None:
         from transports.slack import SlackTransport
 
-        transports.append(SlackTransport(settings.slack, bindings("slack")))
+        transports.append(
+            SlackTransport(
+                settings.slack, bindings("slack"), http_limits=http_limits(settings.http)
+            )
+        )
     return transports
 
 
@@ -401,15 +415,9 @@ class Service:
                 log.info("http.%s listening on port %d", setting, port)
 
     async def _serve_http(self, sockets: HttpSockets) -> None:
-        from bridge.core.web_server import Limits
         from bridge.http import serve_http
 
-        http = self.settings.http
-        limits = Limits(
-            head_timeout_s=http.head_timeout_s,
-            body_timeout_s=http.body_timeout_s,
-            max_connections=http.max_connections,
-        )
+        limits = http_limits(self.settings.http)
         webhooks = self.webhooks if self.settings.webhooks else None
         await serve_http(
             sockets, self.readiness, self.metrics.exposition, webhooks=webhooks, limits=limits

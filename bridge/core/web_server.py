@@ -37,21 +37,10 @@ from typing import Any, cast
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from bridge.core.http_limits import Limits
 from bridge.core.listen_socket import BACKLOG
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """What one client may take of a listener."""
-
-    head_timeout_s: float = 5.0
-    body_timeout_s: float = 10.0
-    max_connections: int = 64
-    max_head_line: int = 8190
-    """Bytes of the request line, and of each header line (aiohttp's own default)."""
-    max_headers: int = 64
 
 
 class _Quiet(logging.LoggerAdapter):  # type: ignore[type-arg]

@@ -14,8 +14,8 @@ from aiohttp import web
 from bridge import service as service_module
 from bridge.config import load_settings
 from bridge.core.hostport import HostPort
+from bridge.core.http_limits import Limits
 from bridge.core.transport import InboundSink
-from bridge.core.web_server import Limits
 from bridge.errors import StartupError
 from bridge.http import DEFAULT_LIMITS, Readiness, Response, serve_http
 from bridge.http_sockets import bind_http

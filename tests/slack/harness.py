@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from bridge.core.http_limits import Limits
 from bridge.core.model import InboundMessage, RoomId
 from bridge.core.transport import Accepted, InboundEvent, RoomBinding
-from bridge.core.web_server import Limits
 from tests.slack import peer
 from transports.backoff import Backoff
 from transports.slack.settings import SlackSettings
@@ -100,6 +100,7 @@ async def running(
     rooms: tuple[RoomBinding, ...] = DEFAULT_ROOMS,
     sink: RecordingSink | None = None,
     configure: Callable[[SlackSettings], SlackSettings] = lambda s: s,
+    *,
     limits: Limits | None = None,
     **overrides: Any,
 ) -> AsyncIterator[Running]:

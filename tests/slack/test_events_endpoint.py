@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from slack_sdk.signature import SignatureVerifier
 
-from bridge.core.web_server import Limits
+from bridge.core.http_limits import Limits
 from tests.slack import peer
 from tests.slack.harness import Running, running
 

@@ -7,7 +7,7 @@ returns 200 after the listener has handed the message to the service. A 200
 from Bolt for an event no listener finished becomes a 500 (see ``settled``).
 
 The endpoint is public (Slack, or a proxy in front, reaches it): it is served
-by bridge/core/web_server.py with the same bounds as ``[http] public_listen``
+by bridge/core/web_server.py with ``[http]``'s bounds, as ``[http] public_listen`` is
 (head and body deadlines, a connection cap slow clients cannot fill), and a
 body over :data:`BODY_LIMIT` is refused unread. An address that cannot be
 bound (taken, not local, a privileged port) is a :class:`~.web.SettingRefused`
@@ -28,8 +28,9 @@ from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
 
 from bridge.core.hostport import HostPort
+from bridge.core.http_limits import Limits
 from bridge.core.listen_socket import bind, port_of
-from bridge.core.web_server import Limits, listening, read_body
+from bridge.core.web_server import listening, read_body
 from transports.slack.web import SettingRefused
 
 log = logging.getLogger(__name__)

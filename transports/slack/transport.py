@@ -43,6 +43,7 @@ from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.errors import SlackApiError
 
 from bridge.core import stages
+from bridge.core.http_limits import Limits
 from bridge.core.model import (
     Attachment,
     ExternalMessageId,
@@ -131,9 +132,14 @@ class SlackTransport(Transport):
         backoff: Backoff | None = None,
         sleep: Sleep = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
+        http_limits: Limits | None = None,
     ) -> None:
-        """``backoff``, ``sleep`` and ``clock`` are for tests (reconnect delays)."""
+        """``http_limits``: what each client of the events endpoint may take (``[http]``'s).
+
+        ``backoff``, ``sleep`` and ``clock`` are for tests (reconnect delays).
+        """
         self._settings = settings
+        self._http_limits = http_limits or Limits()
         self._rooms: Mapping[RoomId, RoomBinding] = {r.room_id: r for r in rooms}
         self._room_ids = frozenset(self._rooms)
         self._backoff = backoff or Backoff(cap=settings.reconnect_max_s)
@@ -220,7 +226,7 @@ class SlackTransport(Transport):
                 self._listening = True
                 up()
 
-            await serve_events(app, settled, self._settings.listen, listening)
+            await serve_events(app, settled, self._settings.listen, listening, self._http_limits)
             return
 
         turns = Turns()
