@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import socket
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -499,3 +500,22 @@ async def test_the_cap_closes_an_idle_connection_before_one_still_receiving_its_
         idle_writer.close()
     assert head.startswith(b"HTTP/1.1 200 ")
     assert answer == body
+
+
+class LargeHooks(Hooks):
+    """A webhook taking bodies up to 4 MiB (``max_body_bytes`` goes up to 64 MiB)."""
+
+    def body_limit(self, path: str) -> int | None:
+        return 4 << 20 if path == "/hooks/a" else None
+
+
+async def test_a_webhook_takes_a_body_up_to_its_own_limit_even_past_a_mebibyte() -> None:
+    hooks = LargeHooks()
+    body = b"x" * (2 << 20)
+    async with (
+        serving(webhooks=hooks) as port,
+        aiohttp.ClientSession() as client,
+        client.post(f"http://127.0.0.1:{port}/hooks/a", data=io.BytesIO(body)) as response,
+    ):
+        assert response.status == 202
+    assert hooks.bodies == [body]
