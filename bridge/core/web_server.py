@@ -203,6 +203,8 @@ async def read_body(request: web.Request, limit: int) -> bytes:
 
     Raises the answer to send instead: 411 without ``Content-Length``, 413 over
     ``limit`` (unread), 408 past the deadline (the connection is then closed).
+    The application's ``client_max_size`` must be at least ``limit`` (aiohttp's own
+    cap, 1 MiB unless set).
     """
     connections = request.app[_CONNECTIONS]
     handler = request.protocol

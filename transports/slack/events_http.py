@@ -60,7 +60,7 @@ def events_application(app: AsyncApp, settled: Settled) -> web.Application:
         response: web.StreamResponse = await to_aiohttp_response(bolt_response)
         return response
 
-    web_app = web.Application()
+    web_app = web.Application(client_max_size=BODY_LIMIT)  # read_body's limit, and aiohttp's
     web_app.router.add_post(EVENTS_PATH, handle)
     return web_app
 
