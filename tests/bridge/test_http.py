@@ -519,3 +519,19 @@ async def test_a_webhook_takes_a_body_up_to_its_own_limit_even_past_a_mebibyte()
     ):
         assert response.status == 202
     assert hooks.bodies == [body]
+
+
+async def test_the_cap_closes_the_connection_idle_longest_not_the_first_opened() -> None:
+    async with serving(limits=Limits(max_connections=2, head_timeout_s=60)) as port:
+        kept_reader, kept_writer = await connect(port)  # a client that keeps its connection
+        kept_writer.write(HEALTHZ)
+        await kept_reader.readuntil(b"ok\n")
+        idle_reader, idle_writer = await connect(port)  # opened later, never used
+        kept_writer.write(HEALTHZ)  # used again: now the idle one has waited longer
+        await kept_reader.readuntil(b"ok\n")
+        assert (await raw_exchange(port, HEALTHZ)).startswith(b"HTTP/1.1 200 ")
+        kept_writer.write(HEALTHZ)
+        assert (await kept_reader.readuntil(b"ok\n")).startswith(b"HTTP/1.1 200 ")
+        assert await idle_reader.read() == b""
+        kept_writer.close()
+        idle_writer.close()
