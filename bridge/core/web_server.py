@@ -13,9 +13,9 @@ what a listener facing unknown clients needs beyond that, as docs/operations.md
   must have the whole body within ``body_timeout_s`` of the head (408 beyond,
   connection closed); a request whose handler leaves its body unread is cut
   off at the same deadline;
-- at most ``max_connections`` are open: one more closes the oldest that is idle,
-  sending its head or sending its body, failing that the oldest still reading
-  its answer, so that a request sent at once is answered behind any number of
+- at most ``max_connections`` are open: one more closes the one idle longest
+  (since its opening or its last answer) that is idle, sending its head or
+  sending its body, failing that the longest still reading its answer, so that a request sent at once is answered behind any number of
   slow clients; when every open connection's handler is running, the
   newcomer is closed.
 
@@ -63,7 +63,7 @@ class _Connection:
 
 
 class _Connections:
-    """The open connections of one listener, oldest first."""
+    """The open connections of one listener, by their last answer (or opening), oldest first."""
 
     def __init__(self, limits: Limits) -> None:
         self._limits = limits
@@ -132,9 +132,10 @@ class _Connections:
             self._answering(connection)
 
     def request_done(self, handler: RequestHandler) -> None:
-        connection = self._open.get(handler)
+        connection = self._open.pop(handler, None)
         if connection is not None:
             connection.answering = False
+            self._open[handler] = connection  # now the newest: eviction goes by idle time
             self._arm(handler, self._limits.head_timeout_s)
 
     def _answering(self, connection: _Connection) -> None:
