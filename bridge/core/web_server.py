@@ -13,11 +13,12 @@ what a listener facing unknown clients needs beyond that, as docs/operations.md
   must have the whole body within ``body_timeout_s`` of the head (408 beyond,
   connection closed); a request whose handler leaves its body unread is cut
   off at the same deadline;
-- at most ``max_connections`` are open: one more closes the one idle longest
-  (since its opening or its last answer) that is idle, sending its head or
-  sending its body, failing that the longest still reading its answer, so that a request sent at once is answered behind any number of
-  slow clients; when every open connection's handler is running, the
-  newcomer is closed.
+- at most ``max_connections`` are open: one more closes, of those idle or
+  sending their head or body, the one opened or last answered longest ago;
+  failing that, the one still reading its answer that was answered longest
+  ago; so a request sent at once is answered behind any number of slow
+  clients; when every open connection's handler is running, the newcomer is
+  closed.
 
 A handler's exception is logged here and answered 500; what aiohttp reports
 about malformed requests goes to the DEBUG log (one client's garbage is not
