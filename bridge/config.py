@@ -414,7 +414,7 @@ class HttpSettings(_Section):
     body_timeout_s: float = Field(10.0, gt=0, le=600)
     """A body must be in within this of its head (408 beyond)."""
     max_connections: int = Field(64, ge=1, le=100_000)
-    """Connections open at once, per listener; one more closes the one idle longest."""
+    """Connections open at once, per listener; one more closes the oldest not being answered."""
 
     @field_validator("listen", "public_listen", mode="before")
     @classmethod

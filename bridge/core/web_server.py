@@ -13,12 +13,12 @@ what a listener facing unknown clients needs beyond that, as docs/operations.md
   must have the whole body within ``body_timeout_s`` of the head (408 beyond,
   connection closed); a request whose handler leaves its body unread is cut
   off at the same deadline;
-- at most ``max_connections`` are open: one more closes, of those idle or
-  sending their head or body, the one opened or last answered longest ago;
-  failing that, the one still reading its answer that was answered longest
-  ago; so a request sent at once is answered behind any number of slow
-  clients; when every open connection's handler is running, the newcomer is
-  closed.
+- at most ``max_connections`` are open: one more closes the one opened
+  longest ago whose handler is not running (idle, sending its head or its
+  body, or reading its answer), so a request sent at once is answered behind
+  any number of slow clients: only as many connections opened after it can
+  close it, whatever the others do on theirs; when every open connection's
+  handler is running, the newcomer is closed.
 
 A handler's exception is logged here and answered 500; what aiohttp reports
 about malformed requests goes to the DEBUG log (one client's garbage is not
@@ -64,7 +64,7 @@ class _Connection:
 
 
 class _Connections:
-    """The open connections of one listener, by their last answer (or opening), oldest first."""
+    """The open connections of one listener, in the order they opened."""
 
     def __init__(self, limits: Limits) -> None:
         self._limits = limits
@@ -73,29 +73,15 @@ class _Connections:
 
     def admit(self, handler: RequestHandler, transport: asyncio.Transport) -> bool:
         if len(self._open) >= self._limits.max_connections:
-            evicted = self._evictable()
-            if evicted is None:
+            # By opening order, never by activity: clients that keep their connections
+            # busy would otherwise push a newcomer's to the front.
+            idle = next((h for h, c in self._open.items() if not c.answering), None)
+            if idle is None:
                 return False
-            self._end(evicted)
+            self._end(idle)
         self._open[handler] = _Connection(transport)
         self._arm(handler, self._limits.head_timeout_s)
         return True
-
-    def _evictable(self) -> RequestHandler | None:
-        """The oldest connection idle or sending its request; else the oldest reading its answer.
-
-        An answer still in the transport's buffer is under way: its client is cut off only
-        when nothing else can make room (a slow reader is still bounded by the head deadline).
-        """
-        sending = None
-        for handler, connection in self._open.items():
-            if connection.answering:
-                continue
-            if not connection.transport.get_write_buffer_size():
-                return handler
-            if sending is None:
-                sending = handler
-        return sending
 
     def lost(self, handler: RequestHandler) -> None:
         connection = self._open.pop(handler, None)
@@ -133,10 +119,9 @@ class _Connections:
             self._answering(connection)
 
     def request_done(self, handler: RequestHandler) -> None:
-        connection = self._open.pop(handler, None)
+        connection = self._open.get(handler)
         if connection is not None:
             connection.answering = False
-            self._open[handler] = connection  # now the newest: eviction goes by idle time
             self._arm(handler, self._limits.head_timeout_s)
 
     def _answering(self, connection: _Connection) -> None:
