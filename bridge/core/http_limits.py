@@ -17,5 +17,5 @@ class Limits:
     body_timeout_s: float = 10.0
     max_connections: int = 64
     max_head_line: int = 8190
-    """Bytes of the request line, and of each header line (aiohttp's own default)."""
+    """Bytes of the request target, and of each header's name and value (aiohttp's default)."""
     max_headers: int = 64
