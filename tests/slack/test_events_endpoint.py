@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import json
 import time
 from collections.abc import AsyncIterator
@@ -98,3 +99,28 @@ async def test_the_endpoint_holds_its_clients_to_the_http_limits_it_is_given(
         assert await oldest_reader.read() == b""
         oldest_writer.close()
         newer_writer.close()
+
+
+async def test_a_body_that_is_no_slack_request_is_400_without_an_error_logged(
+    events: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Unsigned garbage is a client's error: neither a 500 nor a traceback in the log.
+    port = events.transport.events_port
+    assert port is not None
+    bodies = [
+        (b"\xff\xfe", "application/json"),  # not UTF-8
+        (b"{}", "application/json; charset=no-such-charset"),
+        (b"payload=%7B", "application/x-www-form-urlencoded"),  # a payload that is not JSON
+    ]
+    caplog.set_level(logging.WARNING)
+    for body, kind in bodies:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /slack/events HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (kind.encode(), len(body), body)
+        )
+        answer = await reader.read()
+        writer.close()
+        assert answer.split(b"\r\n")[0] == b"HTTP/1.1 400 Bad Request", body
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert events.sink.texts == []
