@@ -19,11 +19,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 
 from aiohttp import web
-from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
+from slack_bolt.adapter.aiohttp import to_aiohttp_response
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
 
@@ -49,8 +49,17 @@ def events_application(app: AsyncApp, settled: Settled) -> web.Application:
     """An aiohttp application serving Bolt at :data:`EVENTS_PATH`."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        await read_body(request, BODY_LIMIT)  # bounded; Bolt reads it again from the request
-        bolt_request = await to_bolt_request(request)
+        body = await read_body(request, BODY_LIMIT)
+        try:
+            # Slack's bodies are UTF-8 whatever the header says; Bolt parses as it is built.
+            headers: dict[str, str | Sequence[str]] = {
+                name: request.headers.getall(name) for name in request.headers
+            }
+            bolt_request = AsyncBoltRequest(
+                body=body.decode(), query=request.query_string, headers=headers
+            )
+        except ValueError:  # not UTF-8, or a form's payload that is not JSON: not from Slack
+            return web.Response(status=400, text="not a Slack request\n")
         bolt_response = await app.async_dispatch(bolt_request)
         if bolt_response.status == 200 and not settled(bolt_request, 200):
             # A 200 for an event no listener handed over would be taken as
