@@ -34,8 +34,9 @@ from bridge.cluster.leader_gate import LeaderGated
 from bridge.cluster.paused_holders import stop_paused_holders
 from bridge.cluster.replica import Cluster
 from bridge.cluster.role import ClusterRole
-from bridge.config import Settings
+from bridge.config import HttpSettings, Settings
 from bridge.core.aio import shielded
+from bridge.core.http_limits import Limits
 from bridge.core.model import (
     Batch,
     Message,
@@ -111,6 +112,15 @@ _REACHES = {"matrix": "matrix.homeserver", "slack": "slack.api_url"}
 """The setting to check when a part does not connect in time (it keeps retrying meanwhile)."""
 
 
+def http_limits(http: HttpSettings) -> Limits:
+    """``[http]``'s bounds on each client, for its listeners and the Slack events endpoint."""
+    return Limits(
+        head_timeout_s=http.head_timeout_s,
+        body_timeout_s=http.body_timeout_s,
+        max_connections=http.max_connections,
+    )
+
+
 def build_transports(settings: Settings, marks: SeenMarks | None = None) -> list[Transport]:
     """One transport per configured chat system; library imports stay lazy.
 
@@ -141,7 +151,14 @@ def build_transports(settings: Settings, marks: SeenMarks | None = None) -> list
     if settings.slack is not None:
         from transports.slack import SlackTransport
 
-        transports.append(SlackTransport(settings.slack, bindings("slack"), marks=marks))
+        transports.append(
+            SlackTransport(
+                settings.slack,
+                bindings("slack"),
+                marks=marks,
+                http_limits=http_limits(settings.http),
+            )
+        )
     return transports
 
 
@@ -437,15 +454,9 @@ class Service:
                 log.info("http.%s listening on port %d", setting, port)
 
     async def _serve_http(self, sockets: HttpSockets) -> None:
-        from bridge.core.web_server import Limits
         from bridge.host.http import serve_http
 
-        http = self.settings.http
-        limits = Limits(
-            head_timeout_s=http.head_timeout_s,
-            body_timeout_s=http.body_timeout_s,
-            max_connections=http.max_connections,
-        )
+        limits = http_limits(self.settings.http)
         webhooks = self.webhooks if self.settings.webhooks else None
         mounts = {WEB_PREFIX: self._web_console()} if self.settings.web.enabled else {}
         await serve_http(

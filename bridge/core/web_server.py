@@ -13,10 +13,12 @@ what a listener facing unknown clients needs beyond that, as docs/operations.md
   must have the whole body within ``body_timeout_s`` of the head (408 beyond,
   connection closed); a request whose handler leaves its body unread is cut
   off at the same deadline;
-- at most ``max_connections`` are open: one more closes the oldest that is not
-  being answered (idle, sending its head, or sending its body), so that a
-  request sent at once is answered behind any number of slow clients; when
-  every open connection is being answered, the newcomer is closed.
+- at most ``max_connections`` are open: one more closes the one opened
+  longest ago whose handler is not running (idle, sending its head or its
+  body, or reading its answer), so a request sent at once is answered behind
+  any number of slow clients: only as many connections opened after it can
+  close it, whatever the others do on theirs; when every open connection's
+  handler is running, the newcomer is closed.
 
 A handler's exception is logged here and answered 500; what aiohttp reports
 about malformed requests goes to the DEBUG log (one client's garbage is not
@@ -36,31 +38,20 @@ from typing import Any, cast
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from bridge.core.http_limits import Limits
 from bridge.core.listen_socket import BACKLOG
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """What one client may take of a listener."""
-
-    head_timeout_s: float = 5.0
-    body_timeout_s: float = 10.0
-    max_connections: int = 64
-    max_head_line: int = 8190
-    """Bytes of the request line, and of each header line (aiohttp's own default)."""
-    max_headers: int = 64
-
-
 class _Quiet(logging.LoggerAdapter):  # type: ignore[type-arg]
     """aiohttp's log of a request it could not parse: a client's error, at DEBUG, one line."""
 
-    def exception(self, msg: object, *args: object, **kwargs: Any) -> None:
-        self.debug(msg, *args)  # without exc_info: the client's error, not a traceback of ours
-
-    def error(self, msg: object, *args: object, **kwargs: Any) -> None:
-        self.debug(msg, *args)
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        # Every level aiohttp picks (debug, error, exception) comes through here; exc_info is
+        # dropped: the client's error, not a traceback of ours (a handler's failure is logged by
+        # the middleware, with its traceback).
+        super().log(logging.DEBUG, msg, *args)
 
 
 @dataclass(slots=True)
@@ -73,7 +64,7 @@ class _Connection:
 
 
 class _Connections:
-    """The open connections of one listener, oldest first."""
+    """The open connections of one listener, in the order they opened."""
 
     def __init__(self, limits: Limits) -> None:
         self._limits = limits
@@ -82,6 +73,8 @@ class _Connections:
 
     def admit(self, handler: RequestHandler, transport: asyncio.Transport) -> bool:
         if len(self._open) >= self._limits.max_connections:
+            # By opening order, never by activity: clients that keep their connections
+            # busy would otherwise push a newcomer's to the front.
             idle = next((h for h, c in self._open.items() if not c.answering), None)
             if idle is None:
                 return False
@@ -197,6 +190,8 @@ async def read_body(request: web.Request, limit: int) -> bytes:
 
     Raises the answer to send instead: 411 without ``Content-Length``, 413 over
     ``limit`` (unread), 408 past the deadline (the connection is then closed).
+    The application's ``client_max_size`` must be at least ``limit`` (aiohttp's own
+    cap, 1 MiB unless set).
     """
     # config_dict: also from a sub-application mounted on the listener (the web console).
     connections = request.config_dict[_CONNECTIONS]

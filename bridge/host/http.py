@@ -29,7 +29,8 @@ from typing import Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from bridge.core.web_server import Limits, listening, read_body
+from bridge.core.http_limits import Limits
+from bridge.core.web_server import listening, read_body
 from bridge.host.http_sockets import HttpSockets
 
 Readiness = Callable[[], Awaitable[str | None]]
@@ -39,6 +40,8 @@ Response = tuple[int, bytes, str]
 """(status, body, content type)"""
 
 DEFAULT_LIMITS = Limits()
+AIOHTTP_BODY_CAP = 1 << 20
+"""aiohttp's own default ``client_max_size``: what a mounted application's routes may read."""
 
 
 class Webhooks(Protocol):
@@ -105,6 +108,17 @@ def _add_public(app: web.Application, webhooks: Webhooks) -> None:
         app.router.add_post(path, deliver)
 
 
+def _body_cap(webhooks: Webhooks | None) -> int:
+    """The applications' ``client_max_size``.
+
+    aiohttp refuses a body over it whatever :func:`read_body` was given: the largest
+    webhook's ``max_body_bytes`` (up to 64 MiB) must fit.
+    """
+    if webhooks is None:
+        return AIOHTTP_BODY_CAP
+    return max([AIOHTTP_BODY_CAP, *(webhooks.body_limit(p) or 0 for p in webhooks.paths())])
+
+
 async def serve_http(
     sockets: HttpSockets,
     readiness: Readiness,
@@ -117,10 +131,13 @@ async def serve_http(
     """Serve the bound ``sockets`` (bridge/host/http_sockets.py) until cancelled, then close
     them."""
     try:
-        private = web.Application() if sockets.private is not None else None
+        cap = _body_cap(webhooks)
+        private = web.Application(client_max_size=cap) if sockets.private is not None else None
         if private is not None:
             _add_private(private, readiness, exposition, mounts or {})
-        public = private if sockets.public is sockets.private else web.Application()
+        public = (
+            private if sockets.public is sockets.private else web.Application(client_max_size=cap)
+        )
         if public is not None and webhooks is not None:
             _add_public(public, webhooks)
         async with AsyncExitStack() as stack:

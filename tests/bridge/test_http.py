@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import socket
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -14,8 +15,8 @@ from aiohttp import web
 from bridge import service as service_module
 from bridge.config import load_settings
 from bridge.core.hostport import HostPort
+from bridge.core.http_limits import Limits
 from bridge.core.transport import InboundSink, Transport
-from bridge.core.web_server import Limits
 from bridge.errors import StartupError
 from bridge.host.http import DEFAULT_LIMITS, Readiness, Response, serve_http
 from bridge.host.http_sockets import bind_http
@@ -113,12 +114,16 @@ async def test_unknown_paths_methods_and_malformed_heads_are_refused(
             b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: \xc2\xb2\r\n\r\n",
             b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: +1\r\n\r\n",
             b"GET /healthz HTTP/1.1\nHost: x\n\n",
+            b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",  # TLS spoken to plain HTTP
+            b"FOO /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
         ]
         for request in malformed:
             answer = await raw_exchange(port, request)
             assert answer.split(b"\r\n")[0] == b"HTTP/1.0 400 Bad Request", request[:40]
     # A client's garbage is no error of the bridge's: nothing above DEBUG, no traceback.
-    assert not [r for r in caplog.records if r.levelno > logging.DEBUG and "http" in r.name]
+    ours = [r for r in caplog.records if "http" in r.name or "web_server" in r.name]
+    assert ours
+    assert not [r for r in ours if r.levelno > logging.DEBUG or r.exc_info]
 
 
 async def test_a_transport_that_never_connects_fails_the_start_naming_what_to_check(
@@ -474,3 +479,42 @@ async def test_a_client_that_shuts_its_side_after_the_request_still_gets_the_ans
     assert answers[0].startswith(b"HTTP/1.1 200 ")
     assert answers[0].endswith(b"\r\n\r\nok\n")
     assert answers[1].startswith(b"HTTP/1.0 400 ")
+
+
+class LargeHooks(Hooks):
+    """A webhook taking bodies up to 4 MiB (``max_body_bytes`` goes up to 64 MiB)."""
+
+    def body_limit(self, path: str) -> int | None:
+        return 4 << 20 if path == "/hooks/a" else None
+
+
+async def test_a_webhook_takes_a_body_up_to_its_own_limit_even_past_a_mebibyte() -> None:
+    hooks = LargeHooks()
+    body = b"x" * (2 << 20)
+    async with (
+        serving(webhooks=hooks) as port,
+        aiohttp.ClientSession() as client,
+        client.post(f"http://127.0.0.1:{port}/hooks/a", data=io.BytesIO(body)) as response,
+    ):
+        assert response.status == 202
+    assert hooks.bodies == [body]
+
+
+async def test_a_new_connection_outlasts_fewer_newcomers_than_the_cap_whatever_the_others_do() -> (
+    None
+):
+    # Clients that keep their connections busy (answered over and over, or never reading
+    # their answers) cannot make a newcomer's connection the first to go: only a cap's worth
+    # of connections opened after it can.
+    cap = 4
+    async with serving(limits=Limits(max_connections=cap, head_timeout_s=60)) as port:
+        busy = [await connect(port) for _ in range(cap - 1)]
+        newcomer_reader, newcomer_writer = await connect(port)  # its head not yet sent
+        for reader, writer in busy:  # answered after the newcomer opened
+            writer.write(HEALTHZ)
+            await reader.readuntil(b"ok\n")
+        later = [await connect(port) for _ in range(cap - 2)]  # fewer than the cap
+        newcomer_writer.write(HEALTHZ)
+        assert (await newcomer_reader.readuntil(b"ok\n")).startswith(b"HTTP/1.1 200 ")
+        for _, writer in [*busy, *later, (newcomer_reader, newcomer_writer)]:
+            writer.close()

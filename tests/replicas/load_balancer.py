@@ -53,6 +53,7 @@ defaults
     timeout server 3s
     retries 3
     option redispatch 1
+    option http-server-close
 
 frontend slack_events
     bind 127.0.0.1:{port}

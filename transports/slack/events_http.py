@@ -7,7 +7,7 @@ returns 200 after the listener has handed the message to the service. A 200
 from Bolt for an event no listener finished becomes a 500 (see ``settled``).
 
 The endpoint is public (Slack, or a proxy in front, reaches it): it is served
-by bridge/core/web_server.py with the same bounds as ``[http] public_listen``
+by bridge/core/web_server.py with ``[http]``'s bounds, as ``[http] public_listen`` is
 (head and body deadlines, a connection cap slow clients cannot fill), and a
 body over :data:`BODY_LIMIT` is refused unread. An address that cannot be
 bound (taken, not local, a privileged port) is a :class:`~.web.SettingRefused`
@@ -19,17 +19,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 
 from aiohttp import web
-from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
+from slack_bolt.adapter.aiohttp import to_aiohttp_response
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
 
 from bridge.core.hostport import HostPort
+from bridge.core.http_limits import Limits
 from bridge.core.listen_socket import bind, port_of
-from bridge.core.web_server import Limits, listening, read_body
+from bridge.core.web_server import listening, read_body
 from transports.slack.web import SettingRefused
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,17 @@ def events_application(app: AsyncApp, settled: Settled) -> web.Application:
     """An aiohttp application serving Bolt at :data:`EVENTS_PATH`."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        await read_body(request, BODY_LIMIT)  # bounded; Bolt reads it again from the request
-        bolt_request = await to_bolt_request(request)
+        body = await read_body(request, BODY_LIMIT)
+        try:
+            # Slack's bodies are UTF-8 whatever the header says; Bolt parses as it is built.
+            headers: dict[str, str | Sequence[str]] = {
+                name: request.headers.getall(name) for name in request.headers
+            }
+            bolt_request = AsyncBoltRequest(
+                body=body.decode(), query=request.query_string, headers=headers
+            )
+        except ValueError:  # not UTF-8, or a form's payload that is not JSON: not from Slack
+            return web.Response(status=400, text="not a Slack request\n")
         bolt_response = await app.async_dispatch(bolt_request)
         if bolt_response.status == 200 and not settled(bolt_request, 200):
             # A 200 for an event no listener handed over would be taken as
@@ -59,7 +69,7 @@ def events_application(app: AsyncApp, settled: Settled) -> web.Application:
         response: web.StreamResponse = await to_aiohttp_response(bolt_response)
         return response
 
-    web_app = web.Application()
+    web_app = web.Application(client_max_size=BODY_LIMIT)  # read_body's limit, and aiohttp's
     web_app.router.add_post(EVENTS_PATH, handle)
     return web_app
 

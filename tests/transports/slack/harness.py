@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from bridge.core.http_limits import Limits
 from bridge.core.model import InboundMessage, RoomId
 from bridge.core.transport import Accepted, InboundEvent, RoomBinding, SeenMarks
 from tests.transports.slack import peer
@@ -100,6 +101,8 @@ async def running(
     rooms: tuple[RoomBinding, ...] = DEFAULT_ROOMS,
     sink: RecordingSink | None = None,
     configure: Callable[[SlackSettings], SlackSettings] = lambda s: s,
+    *,
+    limits: Limits | None = None,
     **overrides: Any,
 ) -> AsyncIterator[Running]:
     """local-slack plus a connected transport; everything stopped on exit."""
@@ -109,7 +112,7 @@ async def running(
         if events_port is not None:
             overrides.setdefault("listen", f"127.0.0.1:{events_port}")
         settings = configure(slack_settings(mode, slack.api_url, **overrides))
-        async with connected(slack, settings, rooms, sink) as running:
+        async with connected(slack, settings, rooms, sink, limits=limits) as running:
             yield running
 
 
@@ -122,10 +125,16 @@ async def connected(
     *,
     marks: SeenMarks | None = None,
     wall: Callable[[], float] = time.time,
+    limits: Limits | None = None,
 ) -> AsyncIterator[Running]:
     """A transport connected to a running local-slack; stopped on exit."""
     transport = SlackTransport(
-        settings, rooms, marks=marks, backoff=Backoff(base=0.05, cap=0.5), wall=wall
+        settings,
+        rooms,
+        marks=marks,
+        backoff=Backoff(base=0.05, cap=0.5),
+        wall=wall,
+        http_limits=limits,
     )
     sink = sink or RecordingSink()
     ready = asyncio.Event()

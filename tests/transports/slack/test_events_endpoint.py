@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,6 +13,7 @@ import aiohttp
 import pytest
 from slack_sdk.signature import SignatureVerifier
 
+from bridge.core.http_limits import Limits
 from tests.transports.slack import peer
 from tests.transports.slack.harness import Running, running
 
@@ -79,3 +82,46 @@ async def test_url_verification_is_answered(events: Running) -> None:
     assert status == 200
     assert "c-123" in text
     assert events.sink.received == []
+
+
+async def test_the_endpoint_holds_its_clients_to_the_http_limits_it_is_given(
+    tmp_path: Path,
+) -> None:
+    # [http] max_connections and the deadlines bound this public listener too (docs/operations.md).
+    async with running(tmp_path, "events", limits=Limits(max_connections=2)) as env:
+        port = env.transport.events_port
+        assert port is not None
+        oldest_reader, oldest_writer = await asyncio.open_connection("127.0.0.1", port)
+        _, newer_writer = await asyncio.open_connection("127.0.0.1", port)
+        body = json.dumps({"type": "url_verification", "challenge": "c-1", "token": "t"})
+        assert (await post(env, body, signed(body)))[0] == 200  # a third: the oldest made room
+        oldest_writer.write(b"GET /slack/events HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert await oldest_reader.read() == b""
+        oldest_writer.close()
+        newer_writer.close()
+
+
+async def test_a_body_that_is_no_slack_request_is_400_without_an_error_logged(
+    events: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Unsigned garbage is a client's error: neither a 500 nor a traceback in the log.
+    port = events.transport.events_port
+    assert port is not None
+    bodies = [
+        (b"\xff\xfe", "application/json", b"400 Bad Request"),  # not UTF-8
+        (b"payload=%7B", "application/x-www-form-urlencoded", b"400 Bad Request"),  # not JSON
+        # Read as UTF-8, as Slack sends it, whatever the header says: then unsigned.
+        (b"{}", "application/json; charset=no-such-charset", b"401 Unauthorized"),
+    ]
+    caplog.set_level(logging.WARNING)
+    for body, kind, status in bodies:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /slack/events HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (kind.encode(), len(body), body)
+        )
+        answer = await reader.read()
+        writer.close()
+        assert answer.split(b"\r\n")[0] == b"HTTP/1.1 " + status, body
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert events.sink.texts == []
