@@ -116,3 +116,27 @@ async def test_a_room_with_follow_typing_off_keeps_the_plain_window_and_no_sign_
     assert "running" not in status.content["body"].lower()
     assert not [s for s in alice.seen if answer_in(bot, room)(s)]
     assert not [s for s in alice.seen if bot_typing(bot, room)(s)]
+
+
+async def test_a_batch_dropped_by_stop_clears_its_sign_of_life(
+    tmp_path: Path, synapse: SynapseServer, bot: MatrixUser, alice: Human
+) -> None:
+    room = await alice.create_room([bot.user_id])
+    async with service(
+        tmp_path, synapse, bot, room, allowed=(ALICE,), claude_env=ECHO, extra=NEVER
+    ):
+        await alice.wait_for(joined(bot.user_id, room))
+        await typing(alice, room, True)  # holds the window open: the message waits
+        await alice.send(room, "dropped before it runs")
+        shown = await alice.wait_for(bot_typing(bot, room))  # the sign of life
+        shown_at = next(n for n, seen in enumerate(alice.seen) if seen is shown)
+        await alice.send(room, "!stop")
+        await alice.wait_for(notice_in(bot, room, "dropped 1"))
+
+        def cleared_after_the_drop(seen: Seen) -> bool:
+            later = any(s is seen for s in alice.seen[shown_at + 1 :])
+            return later and typing_in(bot, room, on=False)(seen)
+
+        # Not left to lapse (LAPSE_S): nothing will answer the dropped message.
+        await alice.wait_for(cleared_after_the_drop, timeout=LAPSE_S / 3)
+    assert not [s for s in alice.seen if answer_in(bot, room)(s)]
