@@ -249,6 +249,7 @@ class Service:
             rooms=settings.room,
             live=self.approvals,
             refused=self._refused,
+            dropped=self._show_dropped,
             worktrees=self.executor.worktrees,
             automation=self._automation_status,
             status_parts=(Budgets(settings, self.store).status_lines, self.limits.status_lines),
@@ -582,6 +583,19 @@ class Service:
         if self._tasks is not None:
             batch = Batch(message.room, (message,))
             self._tasks.create_task(self.replier.phase(batch, RunPhase.RECEIVED))
+
+    def _show_dropped(self, messages: Sequence[Message]) -> None:
+        # A sign of life shown for messages a stop dropped ends now (Matrix's typing
+        # would otherwise go on until it lapses): they are shown stopped.
+        conversations: dict[RoomKey, list[Message]] = {}
+        for message in messages:
+            conversations.setdefault(message.room, []).append(message)
+        for room, dropped in conversations.items():
+            settings = self.settings.room(room)
+            if self._tasks is None or (settings is not None and not settings.sign_of_life):
+                continue
+            batch = Batch(room, tuple(dropped))
+            self._tasks.create_task(self.replier.phase(batch, RunPhase.STOPPED))
 
     async def serve(self) -> None:
         try:
