@@ -53,6 +53,17 @@ def test_typing_never_holds_the_window_past_max_wait() -> None:
     assert r.tick(15.0) == [REQUEST_SLOT]
 
 
+def test_deleting_the_typing_senders_message_lets_the_rest_close_idle_after() -> None:
+    make = Messages()
+    r = Room(KEY, LIMITS, idle_s=IDLE, typing=frozenset({ALICE}))
+    held = make(KEY, sender="alice")
+    assert r.message(held, now=10.0) == [ArmTimer(25.0)]  # alice types: up to max wait
+    r.message(make(KEY, sender="bob"), now=10.1)
+    # bob's message no longer waits for alice: quiet from the deletion on.
+    assert r.remove(held, now=12.0) == (True, [ArmTimer(12.3)])
+    assert r.tick(12.3) == [REQUEST_SLOT]
+
+
 def test_typing_that_stops_after_the_idle_time_is_due_at_once() -> None:
     make = Messages()
     r = Room(KEY, LIMITS, idle_s=0.0, typing=frozenset({ALICE}))
