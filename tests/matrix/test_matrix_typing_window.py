@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from nio import RoomTypingResponse
+from nio import RoomRedactResponse, RoomTypingResponse
 
 from tests.matrix.matrix_helpers import Human, Seen, joined
 from tests.matrix.matrix_service import service
@@ -139,4 +139,28 @@ async def test_a_batch_dropped_by_stop_clears_its_sign_of_life(
 
         # Not left to lapse (LAPSE_S): nothing will answer the dropped message.
         await alice.wait_for(cleared_after_the_drop, timeout=LAPSE_S / 3)
+    assert not [s for s in alice.seen if answer_in(bot, room)(s)]
+
+
+async def test_deleting_the_only_waiting_message_clears_its_sign_of_life(
+    tmp_path: Path, synapse: SynapseServer, bot: MatrixUser, alice: Human
+) -> None:
+    room = await alice.create_room([bot.user_id])
+    async with service(
+        tmp_path, synapse, bot, room, allowed=(ALICE,), claude_env=ECHO, extra=NEVER
+    ):
+        await alice.wait_for(joined(bot.user_id, room))
+        await typing(alice, room, True)  # holds the window open: the message waits
+        waiting = await alice.send(room, "taken back before it runs")
+        shown = await alice.wait_for(bot_typing(bot, room))  # the sign of life
+        shown_at = next(n for n, seen in enumerate(alice.seen) if seen is shown)
+        redacted = await alice.client.room_redact(room, waiting)
+        assert isinstance(redacted, RoomRedactResponse), redacted
+
+        def cleared_after_the_deletion(seen: Seen) -> bool:
+            later = any(s is seen for s in alice.seen[shown_at + 1 :])
+            return later and typing_in(bot, room, on=False)(seen)
+
+        # Not left to lapse (LAPSE_S): nothing waits in the room any more.
+        await alice.wait_for(cleared_after_the_deletion, timeout=LAPSE_S / 3)
     assert not [s for s in alice.seen if answer_in(bot, room)(s)]
