@@ -261,6 +261,7 @@ class Service:
             commands,
             self.metrics,
             on_accepted=self._show_received,
+            on_withdrawn=lambda message: self._show_dropped((message,)),
             on_approval_action=self.approvals.on_action,
         )
         accept = self.intake.accept_synthetic
@@ -585,8 +586,9 @@ class Service:
             self._tasks.create_task(self.replier.phase(batch, RunPhase.RECEIVED))
 
     def _show_dropped(self, messages: Sequence[Message]) -> None:
-        # A sign of life shown for messages a stop dropped ends now (Matrix's typing
-        # would otherwise go on until it lapses): they are shown stopped.
+        # A sign of life shown for messages a stop dropped (or the last one waiting,
+        # deleted) ends now (Matrix's typing would otherwise go on until it lapses):
+        # they are shown stopped.
         conversations: dict[RoomKey, list[Message]] = {}
         for message in messages:
             conversations.setdefault(message.room, []).append(message)
