@@ -100,7 +100,8 @@ class Harness:
         if room.phase is Phase.GATHERING:
             deadline = room.deadline
             assert deadline is not None
-            assert self.timers and min(self.timers) <= deadline, "a window with no timer"
+            assert self.timers, "a window with no timer"
+            assert min(self.timers) <= deadline, "a window whose timer comes late"
             first = min(self.arrived[m.id] for m in self.submitted if self.waits(m))
             assert deadline <= first + LIMITS.max_wait_s + 1e-9, "held past max wait"
         ids = [m.id for m in self.delivered]
