@@ -120,3 +120,21 @@ def test_a_steer_batch_window_follows_typing_too() -> None:
     assert r.tick(5.3) == [ArmTimer(20.0)]  # held while its sender types
     assert r.typing(frozenset(), now=7.0) == [ArmTimer(7.3)]
     assert r.tick(7.3) == [SteerRun(Batch(KEY, (steer,)), interrupt=False)]
+
+
+async def test_a_deletion_on_the_driver_lets_the_rest_run_idle_after_it() -> None:
+    clock = ManualClock()
+    execute = FakeExecute(cap=2)
+    d = Dispatcher(LIMITS, execute, clock, idle_of={KEY: IDLE}.get)
+    make = Messages()
+    async with serving(d):
+        d.typing(KEY, frozenset({ALICE}))
+        held, rest = make(KEY, sender="alice"), make(KEY, sender="bob")
+        d.submit(held)
+        d.submit(rest)
+        clock.advance(2.0)
+        assert d.remove(held)  # alice's message goes: nothing holds bob's open
+        clock.advance(IDLE)
+        call = await execute.started(KEY)
+        assert call.batch.messages == (rest,)
+        assert d.status(KEY).running_since == 2.0 + IDLE
