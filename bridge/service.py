@@ -288,6 +288,7 @@ class Service:
             rooms=settings.room,
             live=self.approvals,
             refused=self._refused,
+            dropped=self._show_dropped,
             worktrees=self.executor.worktrees,
             lifetimes=self.lifetimes,
             automation=self._automation_status,
@@ -308,6 +309,7 @@ class Service:
             commands,
             self.metrics,
             on_accepted=self._show_received,
+            on_withdrawn=lambda message: self._show_dropped((message,)),
             on_approval_action=self.approvals.on_action,
         )
         accept = self.intake.accept_synthetic
@@ -672,6 +674,20 @@ class Service:
         if self._tasks is not None:
             batch = Batch(message.room, (message,))
             self._tasks.create_task(self.replier.phase(batch, RunPhase.RECEIVED))
+
+    def _show_dropped(self, messages: Sequence[Message]) -> None:
+        # A sign of life shown for messages a stop dropped (or the last one waiting,
+        # deleted) ends now (Matrix's typing would otherwise go on until it lapses):
+        # they are shown stopped.
+        conversations: dict[RoomKey, list[Message]] = {}
+        for message in messages:
+            conversations.setdefault(message.room, []).append(message)
+        for room, dropped in conversations.items():
+            settings = self.settings.room(room)
+            if self._tasks is None or (settings is not None and not settings.sign_of_life):
+                continue
+            batch = Batch(room, tuple(dropped))
+            self._tasks.create_task(self.replier.phase(batch, RunPhase.STOPPED))
 
     async def serve(self) -> None:
         try:

@@ -392,32 +392,35 @@ class Room:
                     return True
         return False
 
-    def remove(self, message: Message) -> tuple[bool, list[Effect]]:
-        """A deletion: the pending message with ``message.id`` never runs.
+    def remove(self, message: Message, now: float) -> tuple[bool, list[Effect]]:
+        """A deletion at ``now``: the pending message with ``message.id`` never runs.
 
         False if it is not pending. A room left with nothing gives up its
-        slot request and goes idle; the window of the rest is not moved.
+        slot request and goes idle; the window of the rest is not moved,
+        unless (following typing) it was held open only for the deleted
+        message's typing sender: then the rest is quiet from ``now`` on.
         """
+        was = self._sender_typing()
         for index, queued in enumerate(self._steer):
             if queued.id == message.id:
                 del self._steer[index]
                 if not self._steer:
                     self._timer_at = None
                     self._steer_due = False
-                return True, []
+                return True, self._senders_changed(was, now)
         for index, queued in enumerate(self._pending):
             if queued.id == message.id:
                 del self._pending[index]
                 break
         else:
             return False, []
-        effects: list[Effect] = []
         if not self._pending and self._run is None:
+            self._timer_at = None
             if self._ready:
                 self._ready = False
-                effects.append(WITHDRAW_SLOT_REQUEST)
-            self._timer_at = None
-        return True, effects
+                return True, [WITHDRAW_SLOT_REQUEST]
+            return True, []
+        return True, self._senders_changed(was, now)
 
     def _arrived(self, opens: bool, now: float, at: float | None = None) -> list[Effect]:
         if self._run is not None or self._ready:
@@ -454,7 +457,12 @@ class Room:
             return []
         was = self._sender_typing()
         self._typing = users
-        if self._timer_at is None:
+        return self._senders_changed(was, now)
+
+    def _senders_changed(self, was: bool, now: float) -> list[Effect]:
+        """Who types, or whose messages wait, changed at ``now`` (``was``: a sender of
+        the open batch typed before): following typing, its window may close earlier."""
+        if self._idle_s is None or self._timer_at is None:
             return []  # no window open: the batch is due, queued, or there is none
         if was and not self._sender_typing():
             self._last_at = max(self._last_at, now)

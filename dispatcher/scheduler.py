@@ -369,16 +369,11 @@ class Scheduler:
         room = self._rooms.get(message.room)
         if room is None:
             return False
-        removed, effects = room.remove(message)
+        removed, effects = room.remove(message, now)
         if removed:
             self._queued -= 1
-        for effect in effects:
-            match effect:
-                case WithdrawSlotRequest():
-                    self._slots.withdraw(room.key)
-                case _:
-                    raise AssertionError(f"unexpected effect of a removal: {effect}")
-        self._forget_if_idle(room)
+        # A slot request given up, or (following typing) the rest of the batch quiet now.
+        self._apply(room, effects, now)
         return removed
 
     def drain(self) -> None:
@@ -462,6 +457,8 @@ class Scheduler:
                 case ReleaseSlot():
                     for key in self._slots.release(room.key):
                         self._grant(key, now)
+                case WithdrawSlotRequest():
+                    self._slots.withdraw(room.key)
                 case SteerRun():
                     self._actions.append(effect)
                 case _:

@@ -285,6 +285,8 @@ class CommandHandler:
     """The live runs; None until the bridge wires them: requests cannot be answered then."""
     refused: Callable[[Verdict], None] = lambda _verdict: None
     """Counts an answer or command refused for want of approval rights."""
+    dropped: Callable[[Sequence[Message]], None] = lambda _messages: None
+    """Shows that messages a stop dropped will get no answer (once the drop is recorded)."""
     worktrees: Worktrees | None = None
     """Thread conversations' worktrees: shown by ``!status``, removed by ``!reset``."""
     lifetimes: Lifetimes | None = None
@@ -520,6 +522,7 @@ class CommandHandler:
                 for key, _, gone in stopped:
                     self.dispatcher.restore(key, gone)
                 return runs, dropped, False
+            self.dropped(dropped)
         return runs, dropped, True
 
     async def _audit_command(self, command: Command, message: Message) -> None:
@@ -567,6 +570,7 @@ class CommandHandler:
                 self.dispatcher.restore(room, result.dropped)
                 await self._stop_failed(message, result.stopped is not None, len(result.dropped))
                 return
+            self.dropped(result.dropped)
         try:
             await self.store.audit(
                 AuditAction.STOP_REQUESTED,

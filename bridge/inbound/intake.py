@@ -82,6 +82,9 @@ class Intake:
     metrics: Metrics
     on_accepted: Callable[[Message], None] = lambda message: None
     """Called for each message that will go to a run (shows it as received)."""
+    on_withdrawn: Callable[[Message], None] = lambda message: None
+    """Called for a deleted message that was the last waiting in its conversation, with
+    no run going there (what showed it received ends: nothing will answer)."""
     on_approval_action: Callable[[ApprovalAction], Awaitable[Accepted]] | None = None
     """Decides a transport's approval action (a button, a reaction); None: not wired yet,
     each action is logged and ignored."""
@@ -174,7 +177,11 @@ class Intake:
             deleted = await self.store.delete_pending(message.id, event.sender, now)
             if deleted is None:
                 return self._ignored_change(event, "went into a run meanwhile")
-            if not self.dispatcher.remove(deleted) and self.placement is not None:
+            if self.dispatcher.remove(deleted):
+                left = self.dispatcher.status(deleted.room)
+                if left.running is None and not left.waiting:
+                    self.on_withdrawn(deleted)
+            elif self.placement is not None:
                 await self.placement.changed(deleted, deleted=True)
             self.metrics.messages.labels("deleted").inc()
             log.info("message %s was deleted before it ran", message.id)

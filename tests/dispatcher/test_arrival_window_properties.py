@@ -93,7 +93,7 @@ def test_review4_arrivals_never_lose_double_or_strand_a_message(
             apply(effects)
         elif kind == "delete" and submitted:
             m = submitted[o[1] % len(submitted)]
-            removed, effects = room.remove(m)
+            removed, effects = room.remove(m, now)
             if removed:
                 deleted.add(m.id)
             apply(effects)

@@ -294,9 +294,9 @@ def test_replace_and_remove_touch_only_waiting_messages(make: Messages) -> None:
     )
     assert r.replace(edited)
     assert not r.replace(Message(in_run.id, KEY, in_run.sender, "x", in_run.external_id, 0.0))
-    assert r.remove(in_run) == (False, [])
-    assert r.remove(edited) == (True, [])
-    assert r.remove(edited) == (False, [])  # a duplicate deletion
+    assert r.remove(in_run, 0.0) == (False, [])
+    assert r.remove(edited, 0.0) == (True, [])
+    assert r.remove(edited, 0.0) == (False, [])  # a duplicate deletion
     assert r.pending == 0
 
 
@@ -306,7 +306,7 @@ def test_removing_the_last_waiting_message_gives_up_the_slot_request(make: Messa
     r.message(m, now=0.0)
     r.tick(1.0)
     assert r.ready
-    assert r.remove(m) == (True, [WithdrawSlotRequest()])
+    assert r.remove(m, 0.0) == (True, [WithdrawSlotRequest()])
     assert r.idle
     assert r.tick(2.0) == []
 

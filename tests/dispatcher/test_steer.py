@@ -225,10 +225,10 @@ def test_edits_and_deletions_reach_steer_messages_not_offered(make: Messages) ->
         received_at=0.0,
     )
     assert r.replace(edited)
-    assert r.remove(m1) == (True, [])
+    assert r.remove(m1, 0.0) == (True, [])
     assert offered(r.tick(3.0)).messages == (edited,)
     assert not r.replace(edited)  # with the run now
-    assert r.remove(edited) == (False, [])
+    assert r.remove(edited, 0.0) == (False, [])
 
 
 # -- the scheduler -------------------------------------------------------------
@@ -295,7 +295,7 @@ def test_an_edit_of_a_message_waiting_twice_reaches_the_older_copy(make: Message
     )
     assert r.replace(edited)
     assert offered(r.tick(3.1)).messages == (edited,)
-    assert r.remove(m) == (True, [])  # the queued copy
+    assert r.remove(m, 0.0) == (True, [])  # the queued copy
     assert r.pending == 1  # the offer
 
 

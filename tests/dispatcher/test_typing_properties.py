@@ -12,14 +12,16 @@ message or the moment its last typing sender stopped; plain,
 - never two runs in a room; each run is the batch the model expects;
 - a batch starts exactly at its deadline (or at once when full), never
   before, and no open batch is past its deadline: max wait always holds;
-- nothing lost: at the end every message ran exactly once, in order.
+- nothing lost: at the end every message ran exactly once, in order (but
+  those deleted while waiting: a batch that loses its typing sender's
+  messages is quiet from then on).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from bridge.core.model import Message, RoomId, RoomKey, TransportName, UserId
@@ -123,6 +125,25 @@ class Harness:
                 self.model.rooms[key].quiet = max(self.model.rooms[key].quiet, self.model.now)
         self.apply(self.scheduler.typing(channel, users, self.model.now))
 
+    def delete(self, key: RoomKey, pick: int) -> None:
+        """A waiting message is deleted: a batch left with no sender typing is quiet
+        from now on (as if its typing sender stopped)."""
+        c = self.model.rooms[key]
+        waiting = c.open + c.queued
+        if not waiting:
+            return
+        message = waiting[pick % len(waiting)]
+        was = self.model.sender_typing(key)
+        if message in c.open:
+            c.open.remove(message)
+            if c.open and was and not self.model.sender_typing(key):
+                c.quiet = max(c.quiet, self.model.now)
+        else:
+            c.queued.remove(message)
+        self.model.submitted[key].remove(message)
+        assert self.scheduler.remove(message, self.model.now)
+        self.apply(self.scheduler.take_actions())
+
     def advance(self, seconds: float) -> None:
         target = self.model.now + seconds
         while (due := self.scheduler.next_deadline()) is not None and due <= target:
@@ -148,6 +169,7 @@ steps = st.lists(
         ),
         st.tuples(st.just("advance"), st.sampled_from((0.05, 0.1, 0.3, 0.7, 1.5, 4.0))),
         st.tuples(st.just("finish"), st.sampled_from(ROOMS)),
+        st.tuples(st.just("delete"), st.sampled_from(ROOMS), st.integers(0, 9)),
     ),
     max_size=60,
 )
@@ -155,6 +177,15 @@ steps = st.lists(
 
 @settings(max_examples=400, deadline=None)
 @given(steps)
+@example(
+    [  # the typing sender's message deleted: the rest is quiet from then, not held
+        ("type", MATRIX, frozenset({UserId("alice")})),
+        ("submit", MATRIX, "alice"),
+        ("submit", MATRIX, "bob"),
+        ("delete", MATRIX, 0),
+        ("advance", 1.5),
+    ]
+)
 def test_typing_windows_lose_nothing_and_keep_their_deadlines(
     plan: list[tuple[object, ...]],
 ) -> None:
@@ -169,6 +200,8 @@ def test_typing_windows_lose_nothing_and_keep_their_deadlines(
                 h.advance(seconds)
             case ("finish", RoomKey() as key):
                 h.finish(key)
+            case ("delete", RoomKey() as key, int(pick)):
+                h.delete(key, pick)
         h.check()
     # Everyone stops typing; every run ends; every window closes.
     for channel in (MATRIX, OTHER):

@@ -53,6 +53,17 @@ def test_typing_never_holds_the_window_past_max_wait() -> None:
     assert r.tick(15.0) == [REQUEST_SLOT]
 
 
+def test_deleting_the_typing_senders_message_lets_the_rest_close_idle_after() -> None:
+    make = Messages()
+    r = Room(KEY, LIMITS, idle_s=IDLE, typing=frozenset({ALICE}))
+    held = make(KEY, sender="alice")
+    assert r.message(held, now=10.0) == [ArmTimer(25.0)]  # alice types: up to max wait
+    r.message(make(KEY, sender="bob"), now=10.1)
+    # bob's message no longer waits for alice: quiet from the deletion on.
+    assert r.remove(held, now=12.0) == (True, [ArmTimer(12.3)])
+    assert r.tick(12.3) == [REQUEST_SLOT]
+
+
 def test_typing_that_stops_after_the_idle_time_is_due_at_once() -> None:
     make = Messages()
     r = Room(KEY, LIMITS, idle_s=0.0, typing=frozenset({ALICE}))
@@ -109,3 +120,21 @@ def test_a_steer_batch_window_follows_typing_too() -> None:
     assert r.tick(5.3) == [ArmTimer(20.0)]  # held while its sender types
     assert r.typing(frozenset(), now=7.0) == [ArmTimer(7.3)]
     assert r.tick(7.3) == [SteerRun(Batch(KEY, (steer,)), interrupt=False)]
+
+
+async def test_a_deletion_on_the_driver_lets_the_rest_run_idle_after_it() -> None:
+    clock = ManualClock()
+    execute = FakeExecute(cap=2)
+    d = Dispatcher(LIMITS, execute, clock, idle_of={KEY: IDLE}.get)
+    make = Messages()
+    async with serving(d):
+        d.typing(KEY, frozenset({ALICE}))
+        held, rest = make(KEY, sender="alice"), make(KEY, sender="bob")
+        d.submit(held)
+        d.submit(rest)
+        clock.advance(2.0)
+        assert d.remove(held)  # alice's message goes: nothing holds bob's open
+        clock.advance(IDLE)
+        call = await execute.started(KEY)
+        assert call.batch.messages == (rest,)
+        assert d.status(KEY).running_since == 2.0 + IDLE

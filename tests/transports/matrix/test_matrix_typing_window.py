@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from nio import RoomTypingResponse
+from nio import RoomRedactResponse, RoomTypingResponse
 
 from tests.transports.matrix.matrix_helpers import Human, Seen, joined
 from tests.transports.matrix.matrix_service import service
@@ -40,6 +40,17 @@ def bot_typing(bot: MatrixUser, room: str) -> Callable[[Seen], bool]:
 async def typing(human: Human, room: str, on: bool) -> None:
     response = await human.client.room_typing(room, on, timeout=60_000)
     assert isinstance(response, RoomTypingResponse), response
+
+
+def cleared_after(human: Human, bot: MatrixUser, room: str, seen: Seen) -> Callable[[Seen], bool]:
+    """The bot's typing shown cleared in an event ``human`` saw after ``seen``."""
+    at = next(n for n, earlier in enumerate(human.seen) if earlier is seen)
+
+    def match(later: Seen) -> bool:
+        after = any(s is later for s in human.seen[at + 1 :])
+        return after and typing_in(bot, room, on=False)(later)
+
+    return match
 
 
 async def test_a_burst_typed_in_pieces_is_one_run_held_open_while_its_sender_types(
@@ -87,13 +98,7 @@ async def test_a_single_message_closes_its_window_after_idle_ms_and_its_sign_of_
         await alice.wait_for(bot_typing(bot, room))  # the sign of life
         answer = await alice.wait_for(answer_in(bot, room))
         # Cleared with the run's outcome, after the answer (never in front of it).
-        answered_at = next(n for n, seen in enumerate(alice.seen) if seen is answer)
-
-        def cleared_after_the_answer(seen: Seen) -> bool:
-            later = any(s is seen for s in alice.seen[answered_at + 1 :])
-            return later and typing_in(bot, room, on=False)(seen)
-
-        await alice.wait_for(cleared_after_the_answer, timeout=LAPSE_S / 3)
+        await alice.wait_for(cleared_after(alice, bot, room, answer), timeout=LAPSE_S / 3)
     assert "just one" in answer.content["body"]
 
 
@@ -122,3 +127,27 @@ async def test_a_room_with_follow_typing_off_keeps_the_plain_window_and_no_sign_
     assert "running" not in status.content["body"].lower()
     assert not [s for s in alice.seen if answer_in(bot, room)(s)]
     assert not [s for s in alice.seen if bot_typing(bot, room)(s)]
+
+
+@pytest.mark.parametrize("how", ["!stop", "deleted"])
+async def test_a_waiting_message_that_will_never_run_clears_its_sign_of_life(
+    tmp_path: Path, synapse: SynapseServer, bot: MatrixUser, alice: Human, how: str
+) -> None:
+    """Dropped by ``!stop``, or the only one waiting and deleted: its sign of life
+    ends then, not when it lapses (LAPSE_S), since nothing will answer."""
+    room = await alice.create_room([bot.user_id])
+    async with service(
+        tmp_path, synapse, bot, room, allowed=(ALICE,), claude_env=ECHO, extra=NEVER
+    ):
+        await alice.wait_for(joined(bot.user_id, room))
+        await typing(alice, room, True)  # holds the window open: the message waits
+        waiting = await alice.send(room, "never runs")
+        shown = await alice.wait_for(bot_typing(bot, room))  # the sign of life
+        if how == "!stop":
+            await alice.send(room, "!stop")
+            await alice.wait_for(notice_in(bot, room, "dropped 1"))
+        else:
+            redacted = await alice.client.room_redact(room, waiting)
+            assert isinstance(redacted, RoomRedactResponse), redacted
+        await alice.wait_for(cleared_after(alice, bot, room, shown), timeout=LAPSE_S / 3)
+    assert not [s for s in alice.seen if answer_in(bot, room)(s)]

@@ -84,6 +84,19 @@ async def test_only_an_allowed_user_can_stop_a_run(tmp_path: Path) -> None:
         assert await answers(b) == []
 
 
+async def test_a_message_a_stop_dropped_in_its_window_is_shown_stopped_not_received(
+    tmp_path: Path,
+) -> None:
+    window = {"dispatcher": {"coalesce_ms": 600_000, "max_wait_ms": 600_000}}
+    async with bridged(tmp_path, "socket", ECHO, extra=window) as b:
+        waiting = await b.slack.post_message(peer.ALICE, "never runs")
+        await b.wait_for_reaction(waiting, "eyes")  # the sign of life
+        await b.slack.post_message(peer.ALICE, "!stop")
+        await b.wait_for_reaction(waiting, "octagonal_sign")
+        assert await b.reactions(waiting) == ["octagonal_sign"]
+        assert await answers(b) == []
+
+
 async def test_a_long_answer_is_split_in_the_thread(tmp_path: Path) -> None:
     long_answer = "\n\n".join(f"Paragraph {i}. " + "word " * 60 for i in range(8))
     env = {"FAKE_CLAUDE_NO_TOOL": "1", "FAKE_CLAUDE_RESULT": long_answer}
