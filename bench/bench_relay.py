@@ -98,7 +98,7 @@ async def via_supervisor(argv: list[str], state_dir: Path) -> AsyncIterator[byte
         argv,
         env=dict(os.environ),
         run_dir=run_dir,
-        limits=supervision.Limits(),
+        limits=supervision.RunLimits(),
         first=b"",
     )
     try:

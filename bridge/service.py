@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bridge.automation.schedules import Scheduler, WallClock
+from bridge.automation.schedules import CronSchedules, WallClock
 from bridge.automation.webhooks import Webhooks
 from bridge.cluster.leader_gate import LeaderGated
 from bridge.cluster.paused_holders import stop_paused_holders
@@ -36,7 +36,7 @@ from bridge.cluster.replica import Cluster
 from bridge.cluster.role import ClusterRole
 from bridge.config import HttpSettings, Settings
 from bridge.core.aio import shielded
-from bridge.core.http_limits import Limits
+from bridge.core.http_limits import ClientLimits
 from bridge.core.model import (
     Batch,
     Message,
@@ -112,9 +112,9 @@ _REACHES = {"matrix": "matrix.homeserver", "slack": "slack.api_url"}
 """The setting to check when a part does not connect in time (it keeps retrying meanwhile)."""
 
 
-def http_limits(http: HttpSettings) -> Limits:
+def http_limits(http: HttpSettings) -> ClientLimits:
     """``[http]``'s bounds on each client, for its listeners and the Slack events endpoint."""
-    return Limits(
+    return ClientLimits(
         head_timeout_s=http.head_timeout_s,
         body_timeout_s=http.body_timeout_s,
         max_connections=http.max_connections,
@@ -179,7 +179,7 @@ class Service:
     notices: Notices = field(init=False)
     lifetimes: Lifetimes = field(init=False)
     approvals: ApprovalFlow = field(init=False)
-    scheduler: Scheduler = field(init=False)
+    scheduler: CronSchedules = field(init=False)
     webhooks: Webhooks = field(init=False)
     limits: LimitResumes = field(init=False)
     commands: CommandHandler = field(init=False)
@@ -313,7 +313,7 @@ class Service:
             on_approval_action=self.approvals.on_action,
         )
         accept = self.intake.accept_synthetic
-        self.scheduler = Scheduler(
+        self.scheduler = CronSchedules(
             settings.schedules,
             self.store,
             accept,

@@ -36,7 +36,7 @@ from runner.request import RunRequest
 from runner.rundir import make_run_dir, remove_run_dir
 from runner.spare import Spares
 from runner.stream import LineFramer, parse_line
-from runner.supervision import Limits, Malformed, Record, Supervised, parse_header
+from runner.supervision import Malformed, Record, RunLimits, Supervised, parse_header
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ async def prestart(request: RunRequest, spares: Spares | None = None) -> Prestar
     ``Unanswered``, ``InvalidRequest``); cancelled, it leaves nothing."""
     argv = build_argv(request)
     env = build_env(request, os.environ)
-    limits = Limits(request.cgroup_parent, request.memory_max, request.pids_max)
+    limits = RunLimits(request.cgroup_parent, request.memory_max, request.pids_max)
     run_dir = make_run_dir(request.state_dir, request.run_id)
     try:
         supervised = await supervision.start(

@@ -95,7 +95,7 @@ from runner.request import RunRequest
 from runner.rundir import make_run_dir, remove_run_dir
 from runner.spare import Spares
 from runner.stream import LineFramer, parse_line
-from runner.supervision import Limits, Record, Refused, SpawnFailed, Supervised, Unanswered
+from runner.supervision import Record, Refused, RunLimits, SpawnFailed, Supervised, Unanswered
 
 log = logging.getLogger(__name__)
 
@@ -273,7 +273,7 @@ async def run_claude(
         env = build_env(request, os.environ)
     except InvalidRequest as exc:
         return RunReport(RunStatus.FAILED, error=str(exc))
-    limits = Limits(request.cgroup_parent, request.memory_max, request.pids_max)
+    limits = RunLimits(request.cgroup_parent, request.memory_max, request.pids_max)
     try:
         run_dir = make_run_dir(request.state_dir, request.run_id)
     except OSError as exc:

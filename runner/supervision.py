@@ -63,7 +63,7 @@ waiting on would hang the room: the bridge stops the run itself instead."""
 
 
 @dataclass(frozen=True)
-class Limits:
+class RunLimits:
     """Where the run's cgroup goes and what it may use; an empty parent means no cgroup."""
 
     cgroup_parent: str = ""
@@ -464,7 +464,7 @@ def _pin_if(pid: int, holds: Callable[[list[bytes]], bool]) -> int | None:
 
 
 def supervisor_options(
-    request: RunRequest, argv: list[str], *, run_dir: Path, limits: Limits
+    request: RunRequest, argv: list[str], *, run_dir: Path, limits: RunLimits
 ) -> list[str]:
     """The supervisor's options for a run (its id, paths and limits), ``--`` and claude's
     argv: never any chat text. A spare gets them as its orders. The cwd is made absolute
@@ -543,7 +543,7 @@ async def start(
     *,
     env: Mapping[str, str],
     run_dir: Path,
-    limits: Limits,
+    limits: RunLimits,
     first: bytes,
     spares: Spares | None = None,
 ) -> Supervised:
@@ -630,7 +630,7 @@ async def _spawned(  # noqa: PLR0917
     run_dir: Path,
     proc: subprocess.Popen[bytes],
     pidfd: int,
-    limits: Limits,
+    limits: RunLimits,
 ) -> Supervised:
     """Read ``welcome``, the journal's ``hello`` and ``spawned``: the run as a :class:`Supervised`.
 

@@ -80,7 +80,7 @@ class _Schedule:
 
 
 @dataclass(slots=True)
-class Scheduler:
+class CronSchedules:
     """Fires every schedule at its times; :meth:`run` until cancelled."""
 
     configs: Sequence[ScheduleConfig]

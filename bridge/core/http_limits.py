@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
+class ClientLimits:
     """What one client may take of a listener."""
 
     head_timeout_s: float = 5.0

@@ -38,7 +38,7 @@ from typing import Any, cast
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from bridge.core.http_limits import Limits
+from bridge.core.http_limits import ClientLimits
 from bridge.core.listen_socket import BACKLOG
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class _Connection:
 class _Connections:
     """The open connections of one listener, in the order they opened."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: ClientLimits) -> None:
         self._limits = limits
         self._loop = asyncio.get_running_loop()
         self._open: dict[RequestHandler, _Connection] = {}
@@ -238,7 +238,7 @@ def _middleware(connections: _Connections) -> Any:
 
 @asynccontextmanager
 async def listening(
-    app: web.Application, sock: socket.socket, limits: Limits
+    app: web.Application, sock: socket.socket, limits: ClientLimits
 ) -> AsyncIterator[None]:
     """Serve ``app`` on ``sock`` (a listening socket, bridge/core/listen_socket.py) in the block.
 

@@ -29,7 +29,7 @@ from typing import Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from bridge.core.http_limits import Limits
+from bridge.core.http_limits import ClientLimits
 from bridge.core.web_server import listening, read_body
 from bridge.host.http_sockets import HttpSockets
 
@@ -39,7 +39,7 @@ Readiness = Callable[[], Awaitable[str | None]]
 Response = tuple[int, bytes, str]
 """(status, body, content type)"""
 
-DEFAULT_LIMITS = Limits()
+DEFAULT_LIMITS = ClientLimits()
 AIOHTTP_BODY_CAP = 1 << 20
 """aiohttp's own default ``client_max_size``: what a mounted application's routes may read."""
 
@@ -125,7 +125,7 @@ async def serve_http(
     exposition: Callable[[], bytes],
     *,
     webhooks: Webhooks | None = None,
-    limits: Limits = DEFAULT_LIMITS,
+    limits: ClientLimits = DEFAULT_LIMITS,
     mounts: Mapping[str, web.Application] | None = None,
 ) -> None:
     """Serve the bound ``sockets`` (bridge/host/http_sockets.py) until cancelled, then close

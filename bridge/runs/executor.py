@@ -94,7 +94,7 @@ from bridge.outbound.replies import Replier, in_conversation
 from bridge.runs.budget import Budgets
 from bridge.runs.changes import Changes, Snapshot, changes, snapshot, summary_line
 from bridge.runs.file_posts import FilePosts, send_file_rules
-from bridge.runs.inbox import FetchedFile, Inbox, Limits, shown_images
+from bridge.runs.inbox import FetchedFile, FileLimits, Inbox, shown_images
 from bridge.runs.prestarts import Prestarts, Taken
 from bridge.runs.prompt import build_prompt
 from bridge.runs.transcripts import Transcripts
@@ -868,7 +868,7 @@ class RunExecutor:
         files: list[FetchedFile] = []
         images: list[PromptImage] = []
         if self.inbox is not None:
-            limits = Limits(room.max_file_bytes, room.max_message_files_bytes)
+            limits = FileLimits(room.max_file_bytes, room.max_message_files_bytes)
             files = await self.inbox.fetch(run.id, batch, room.cwd, limits)
             # Base64 grows by a third; the line must stay well under the runner's limit.
             budget = self.settings.runner.max_line_bytes // 2 * 3 // 4

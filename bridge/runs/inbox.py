@@ -120,7 +120,7 @@ class _Names:
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
+class FileLimits:
     max_file_bytes: int
     max_message_bytes: int
 
@@ -141,7 +141,7 @@ class Inbox:
         self._total = fetch_total_s
 
     async def fetch(
-        self, run_id: RunId, batch: Batch, cwd: Path, limits: Limits
+        self, run_id: RunId, batch: Batch, cwd: Path, limits: FileLimits
     ) -> list[FetchedFile]:
         """Fetch every file of ``batch`` into the run's inbox, in message order.
 
@@ -200,7 +200,7 @@ class Inbox:
         attachment: Attachment,
         inbox_at: tuple[Path, int],
         names: _Names,
-        limits: Limits,
+        limits: FileLimits,
         left: int,
         deadline: float,
     ) -> FetchedFile:
@@ -275,7 +275,7 @@ _NEW_PRIVATE_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_
 existing file, never through a link."""
 
 
-def _too_large(limits: Limits, left: int) -> str:
+def _too_large(limits: FileLimits, left: int) -> str:
     if limits.max_file_bytes <= left:
         return f"larger than the limit of {human_size(limits.max_file_bytes)} per file"
     return f"over the limit of {human_size(limits.max_message_bytes)} for the files of one message"

@@ -15,7 +15,7 @@ from aiohttp import web
 from bridge import service as service_module
 from bridge.config import load_settings
 from bridge.core.hostport import HostPort
-from bridge.core.http_limits import Limits
+from bridge.core.http_limits import ClientLimits
 from bridge.core.transport import InboundSink, Transport
 from bridge.errors import StartupError
 from bridge.host.http import DEFAULT_LIMITS, Readiness, Response, serve_http
@@ -175,7 +175,7 @@ async def serving(
     readiness: Readiness = always_ready,
     exposition: Callable[[], bytes] = lambda: b"",
     *,
-    limits: Limits = DEFAULT_LIMITS,
+    limits: ClientLimits = DEFAULT_LIMITS,
     webhooks: Hooks | None = None,
 ) -> AsyncIterator[int]:
     """One listener for all endpoints on 127.0.0.1, any port; yields the port, then stops it."""
@@ -201,7 +201,7 @@ HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
 async def test_a_head_not_sent_in_time_is_closed_without_an_answer() -> None:
-    async with serving(limits=Limits(head_timeout_s=0.2)) as port:
+    async with serving(limits=ClientLimits(head_timeout_s=0.2)) as port:
         reader, writer = await connect(port)
         writer.write(b"GET /healthz HTTP/1.1\r\n")  # and never the end of the head
         assert await reader.read() == b""
@@ -216,7 +216,7 @@ async def test_a_client_that_does_not_read_its_answer_is_cut_off() -> None:
         answering.set()
         return body
 
-    async with serving(exposition=exposition, limits=Limits(head_timeout_s=0.2)) as port:
+    async with serving(exposition=exposition, limits=ClientLimits(head_timeout_s=0.2)) as port:
         slow = socket.socket()
         slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         slow.connect(("127.0.0.1", port))
@@ -235,7 +235,7 @@ async def test_a_client_that_does_not_read_its_answer_is_cut_off() -> None:
 
 
 async def test_beyond_the_connection_cap_the_oldest_idle_one_makes_room() -> None:
-    async with serving(limits=Limits(max_connections=2)) as port:
+    async with serving(limits=ClientLimits(max_connections=2)) as port:
         oldest_reader, oldest_writer = await connect(port)
         idle_reader, idle_writer = await connect(port)
         # A probe behind idle connections is answered: they cannot lock it out.
@@ -255,7 +255,7 @@ async def test_at_the_cap_with_every_connection_answering_a_new_one_is_closed() 
         await release.wait()
         return None
 
-    async with serving(readiness, limits=Limits(max_connections=1)) as port:
+    async with serving(readiness, limits=ClientLimits(max_connections=1)) as port:
         reader, writer = await connect(port)
         writer.write(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
         await entered.wait()
@@ -340,7 +340,7 @@ async def test_slow_webhook_bodies_cannot_keep_health_and_readiness_probes_out()
     # them locked every client out for as long as the attacker renewed them.
     async with (
         asyncio.timeout(60),
-        serving(webhooks=Hooks(), limits=Limits(max_connections=8)) as port,
+        serving(webhooks=Hooks(), limits=ClientLimits(max_connections=8)) as port,
     ):
         clients = await held_back_bodies(port, 8)
         for round_ in range(3):
@@ -355,7 +355,7 @@ async def test_slow_webhook_bodies_cannot_keep_health_and_readiness_probes_out()
 
 async def test_a_body_not_sent_by_its_deadline_is_answered_408_and_the_connection_closed() -> None:
     hooks = Hooks()
-    limits = Limits(body_timeout_s=0.2, head_timeout_s=30)
+    limits = ClientLimits(body_timeout_s=0.2, head_timeout_s=30)
     async with serving(webhooks=hooks, limits=limits) as port:
         reader, writer = await connect(port)
         writer.write(WEBHOOK_HEAD + b"{")  # and the rest never comes
@@ -507,7 +507,7 @@ async def test_a_new_connection_outlasts_fewer_newcomers_than_the_cap_whatever_t
     # their answers) cannot make a newcomer's connection the first to go: only a cap's worth
     # of connections opened after it can.
     cap = 4
-    async with serving(limits=Limits(max_connections=cap, head_timeout_s=60)) as port:
+    async with serving(limits=ClientLimits(max_connections=cap, head_timeout_s=60)) as port:
         busy = [await connect(port) for _ in range(cap - 1)]
         newcomer_reader, newcomer_writer = await connect(port)  # its head not yet sent
         for reader, writer in busy:  # answered after the newcomer opened

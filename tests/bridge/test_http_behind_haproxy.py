@@ -14,7 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from bridge.core.http_limits import Limits
+from bridge.core.http_limits import ClientLimits
 from tests.bridge.test_http import Hooks, serving
 from tests.replicas.load_balancer import INSTALL_HINT, binary
 from tests.transports.slack.peer import free_port
@@ -55,7 +55,7 @@ async def test_deliveries_through_the_balancer_never_meet_a_connection_the_liste
     head_timeout = 0.2
     hooks = Hooks()
     front = free_port()
-    async with serving(webhooks=hooks, limits=Limits(head_timeout_s=head_timeout)) as port:
+    async with serving(webhooks=hooks, limits=ClientLimits(head_timeout_s=head_timeout)) as port:
         config = tmp_path / "haproxy.cfg"
         config.write_text(on_loopback(front, port, port))
         log = (tmp_path / "haproxy.log").open("wb")

@@ -2,7 +2,7 @@
 
 The scheduler's clock is a :class:`ManualClock` set to wall-clock epoch
 seconds; each test moves it to a firing time and waits until the scheduler
-has dealt with that time (:meth:`Scheduler.settled`), then looks at what the
+has dealt with that time (:meth:`CronSchedules.settled`), then looks at what the
 room shows and what the metrics counted. Nothing sleeps real minutes.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from bridge.automation.schedules import Scheduler, WallClock
+from bridge.automation.schedules import CronSchedules, WallClock
 from bridge.config import Settings, load_settings
 from bridge.core.model import InboundMessage
 from bridge.core.transport import Accepted
@@ -60,7 +60,7 @@ def counted(session: ConsoleSession, outcome: str) -> float:
     return value or 0.0
 
 
-def scheduler(session: ConsoleSession) -> Scheduler:
+def scheduler(session: ConsoleSession) -> CronSchedules:
     assert session.service is not None
     return session.service.scheduler
 
@@ -315,7 +315,7 @@ async def test_two_replicas_on_one_store_fire_once(tmp_path: Path) -> None:
     clock = ManualClock(NINE - 60)
     metrics = Metrics()
     replicas = [
-        Scheduler(settings.schedules, store, accept, lambda _room: False, metrics, 3600, clock)
+        CronSchedules(settings.schedules, store, accept, lambda _room: False, metrics, 3600, clock)
         for _ in range(2)
     ]
     async with asyncio.timeout(WAIT_S), asyncio.TaskGroup() as tasks:

@@ -23,7 +23,7 @@ from bridge.core.model import RunId, RunStatus
 from runner import Init, Spares, Spawned, build_env, run_claude, supervision
 from runner.recovery import _find_supervisor
 from runner.spare import Spare, start_spare
-from runner.supervision import Limits, supervisor_options
+from runner.supervision import RunLimits, supervisor_options
 from tests.runner.conftest import Recorder, exit_of, is_alive
 from tests.runner.test_run_fake import assert_nothing_left, fake_env, make_request
 
@@ -101,7 +101,7 @@ async def test_big_orders_to_a_frozen_spare_do_not_block_the_bridge(
     thaw.start()
     request = make_request(run_id, tmp_path)
     argv = ["claude", "--append-system-prompt", "x" * BIG]
-    options = supervisor_options(request, argv, run_dir=tmp_path, limits=Limits())
+    options = supervisor_options(request, argv, run_dir=tmp_path, limits=RunLimits())
     began = time.monotonic()
     try:
         taken = spare.send(options, {"PATH": "/usr/bin"})

@@ -28,7 +28,7 @@ from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
 
 from bridge.core.hostport import HostPort
-from bridge.core.http_limits import Limits
+from bridge.core.http_limits import ClientLimits
 from bridge.core.listen_socket import bind, port_of
 from bridge.core.web_server import listening, read_body
 from transports.slack.web import SettingRefused
@@ -40,7 +40,7 @@ BODY_LIMIT = 1 << 20
 """Bytes of an event's body: Slack's are a few kilobytes."""
 
 
-DEFAULT_LIMITS = Limits()
+DEFAULT_LIMITS = ClientLimits()
 
 Settled = Callable[[AsyncBoltRequest, int], bool]
 
@@ -79,7 +79,7 @@ async def serve_events(
     settled: Settled,
     listen: HostPort,
     on_listening: Callable[[int], None],
-    limits: Limits = DEFAULT_LIMITS,
+    limits: ClientLimits = DEFAULT_LIMITS,
 ) -> None:
     """Serve the endpoint on ``listen`` until cancelled; ``on_listening`` gets the bound port.
 

@@ -49,7 +49,7 @@ from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.errors import SlackApiError
 
 from bridge.core import stages
-from bridge.core.http_limits import Limits
+from bridge.core.http_limits import ClientLimits
 from bridge.core.model import (
     Attachment,
     ExternalMessageId,
@@ -160,14 +160,14 @@ class SlackTransport(Transport):
         sleep: Sleep = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
-        http_limits: Limits | None = None,
+        http_limits: ClientLimits | None = None,
     ) -> None:
         """``marks``: where the newest message seen per channel and thread is kept;
         without it nothing is caught up. ``http_limits``: what each client of the events
         endpoint may take (``[http]``'s). ``backoff``, ``sleep``, ``clock`` (reconnect
         delays) and ``wall`` (the catch-up's maximum age) are for tests."""
         self._settings = settings
-        self._http_limits = http_limits or Limits()
+        self._http_limits = http_limits or ClientLimits()
         self._rooms: Mapping[RoomId, RoomBinding] = {r.room_id: r for r in rooms}
         self._room_ids = frozenset(self._rooms)
         self._backoff = backoff or Backoff(cap=settings.reconnect_max_s)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bridge.core.http_limits import Limits
+from bridge.core.http_limits import ClientLimits
 from bridge.core.model import InboundMessage, RoomId
 from bridge.core.transport import Accepted, InboundEvent, RoomBinding, SeenMarks
 from tests.transports.slack import peer
@@ -102,7 +102,7 @@ async def running(
     sink: RecordingSink | None = None,
     configure: Callable[[SlackSettings], SlackSettings] = lambda s: s,
     *,
-    limits: Limits | None = None,
+    limits: ClientLimits | None = None,
     **overrides: Any,
 ) -> AsyncIterator[Running]:
     """local-slack plus a connected transport; everything stopped on exit."""
@@ -125,7 +125,7 @@ async def connected(
     *,
     marks: SeenMarks | None = None,
     wall: Callable[[], float] = time.time,
-    limits: Limits | None = None,
+    limits: ClientLimits | None = None,
 ) -> AsyncIterator[Running]:
     """A transport connected to a running local-slack; stopped on exit."""
     transport = SlackTransport(

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from slack_sdk.signature import SignatureVerifier
 
-from bridge.core.http_limits import Limits
+from bridge.core.http_limits import ClientLimits
 from tests.transports.slack import peer
 from tests.transports.slack.harness import Running, running
 
@@ -88,7 +88,7 @@ async def test_the_endpoint_holds_its_clients_to_the_http_limits_it_is_given(
     tmp_path: Path,
 ) -> None:
     # [http] max_connections and the deadlines bound this public listener too (docs/operations.md).
-    async with running(tmp_path, "events", limits=Limits(max_connections=2)) as env:
+    async with running(tmp_path, "events", limits=ClientLimits(max_connections=2)) as env:
         port = env.transport.events_port
         assert port is not None
         oldest_reader, oldest_writer = await asyncio.open_connection("127.0.0.1", port)

@@ -24,7 +24,7 @@ from bridge.core.model import (
 )
 from bridge.core.transport import RoomBinding
 from bridge.metrics import Metrics
-from bridge.runs.inbox import Inbox, Limits
+from bridge.runs.inbox import FileLimits, Inbox
 from transports.slack.settings import SlackSettings
 from transports.slack.transport import SlackTransport
 
@@ -72,7 +72,7 @@ async def fetch_from_stalling_server(tmp_path: Path, *, trickle: bool) -> None:
         stalled = Attachment("big.bin", "application/octet-stream", 1000, api_url + "files/F1")
         async with asyncio.timeout(30):
             [file] = await inbox.fetch(
-                RunId("run-1"), batch_with(stalled), tmp_path, Limits(10_000, 10_000)
+                RunId("run-1"), batch_with(stalled), tmp_path, FileLimits(10_000, 10_000)
             )
     assert file.path is None
     assert file.missing_reason == "could not be downloaded (the download timed out)"
@@ -104,7 +104,7 @@ async def test_the_files_of_a_run_together_are_given_up_in_bounded_time(tmp_path
         ]
         async with asyncio.timeout(30):
             files = await inbox.fetch(
-                RunId("run-1"), batch_with(*stalled), tmp_path, Limits(10_000, 10_000)
+                RunId("run-1"), batch_with(*stalled), tmp_path, FileLimits(10_000, 10_000)
             )
     assert [f.missing_reason for f in files] == [
         "could not be downloaded (the download timed out)"
