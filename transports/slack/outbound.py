@@ -52,6 +52,11 @@ PHASE_REACTIONS: Mapping[RunPhase, str] = {
     RunPhase.FAILED: "x",
     RunPhase.STOPPED: "octagonal_sign",
 }
+ASSISTANT_STATUS = {
+    RunPhase.RECEIVED: "is reading your message…",
+    RunPhase.RUNNING: "is working on it…",
+}
+"""An assistant thread's status line per phase; the others clear it (the answer is there)."""
 
 METADATA_EVENT = "chatbridge_reply_part"
 """``metadata.event_type`` of every part of a reply posted with a delivery key."""
@@ -161,8 +166,10 @@ class SlackOutbound:
         upload_threshold: int,
         remembered_phases: int = 2048,
         remembered_deliveries: int = 4096,
+        assistant: bool = False,
     ) -> None:
         self._client = client
+        self._assistant = assistant
         self._rooms = rooms
         self._limit = message_limit
         self._upload_threshold = upload_threshold
@@ -453,7 +460,10 @@ class SlackOutbound:
     async def set_phase(
         self, room: RoomKey, message_ids: Sequence[ExternalMessageId], phase: RunPhase
     ) -> None:
-        """Show ``phase`` as a reaction on each message, replacing the previous phase's."""
+        """Show ``phase``: an assistant's thread status line, else a reaction on each
+        message, replacing the previous phase's."""
+        if self._assistant and room.thread and await self._status(room, phase):
+            return
         name = PHASE_REACTIONS[phase]
         for ts in message_ids:
             key = (room.room_id, str(ts))
@@ -467,6 +477,26 @@ class SlackOutbound:
             self._phases.move_to_end(key)
             while len(self._phases) > self._remembered:
                 self._phases.popitem(last=False)
+
+    async def _status(self, room: RoomKey, phase: RunPhase) -> bool:
+        """The thread's status line for ``phase`` (cleared at the end); False when Slack
+        refuses it (not an assistant thread, no scope): reactions from then on."""
+        status = ASSISTANT_STATUS.get(phase, "")
+        try:
+            await self._client.api_call(
+                "assistant.threads.setStatus",
+                json={"channel_id": room.room_id, "thread_ts": room.thread, "status": status},
+            )
+        except SlackApiError as exc:
+            log.warning(
+                "assistant.threads.setStatus refused (%s): phases are shown as reactions",
+                error_code(exc),
+            )
+            self._assistant = False
+            return False
+        except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
+            raise translate("assistant.threads.setStatus", exc) from exc
+        return True
 
     async def _react(self, method: str, channel: str, ts: str, name: str) -> None:
         try:

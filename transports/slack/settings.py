@@ -42,6 +42,11 @@ class SlackSettings(BaseModel):
     """A result longer than this is uploaded as a Markdown file instead; 0 never uploads."""
     reconnect_max_s: float = Field(60.0, gt=0)
     """Upper bound of the reconnect backoff."""
+    assistant: bool = False
+    """The app is a Slack AI assistant (Agents & AI Apps, scope ``assistant:write``): in a
+    thread conversation its status line (``assistant.threads.setStatus``) shows that a
+    message was received and that a run works, in place of reactions; cleared at the
+    run's end. Refused by Slack (not an assistant thread, no scope): reactions again."""
     catch_up_max_age_s: float = Field(86400.0, ge=0)
     """On every connection, messages missed while not connected are read from the
     channels' history up to this old; older ones are not run (the room is told). 0: none."""

@@ -190,6 +190,7 @@ class SlackTransport(Transport):
             self._rooms,
             message_limit=settings.message_limit,
             upload_threshold=settings.upload_threshold,
+            assistant=settings.assistant,
         )
         self._recent = RecentKeys()
         self._socket: SocketModeConnection | None = None

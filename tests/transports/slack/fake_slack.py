@@ -2,8 +2,9 @@
 
 Only for what local-slack cannot show: ``disconnect`` envelopes, dropped
 sockets, redelivered envelopes, ``429`` answers, a post whose answer is
-lost, and message metadata (local-slack drops ``metadata`` from posted
-messages). Frames and answers follow Slack's documented payloads.
+lost, message metadata (local-slack drops ``metadata`` from posted
+messages) and an assistant thread's status line. Frames and answers follow Slack's documented
+payloads.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ class FakeSlack:
     sockets: asyncio.Queue[web.WebSocketResponse] = field(default_factory=asyncio.Queue)
     acks: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
     calls: list[str] = field(default_factory=list)
+    statuses: list[dict[str, Any]] = field(default_factory=list)
+    """The arguments of each ``assistant.threads.setStatus`` call, in order (local-slack
+    has no assistant threads)."""
     rate_limited: dict[str, list[int]] = field(default_factory=dict)
     """Method -> Retry-After values to answer with 429 before answering normally."""
     errors: dict[str, list[str]] = field(default_factory=dict)
@@ -139,6 +143,9 @@ async def _api(request: web.Request) -> web.StreamResponse:
     failures = fake.errors.get(method)
     if failures:
         return web.json_response({"ok": False, "error": failures.pop(0)})
+    if method == "assistant.threads.setStatus":
+        fake.statuses.append(await _args(request))
+        return web.json_response({"ok": True})
     if method == "auth.test":
         return web.json_response(
             {"ok": True, "user_id": BOT_USER, "bot_id": "B0FAKE", "team_id": "T0FAKE"}
