@@ -1,9 +1,9 @@
 """Serve an aiohttp application on a listening socket, every client bounded in time and number.
 
 On top of aiohttp's strict parsing: a head within ``head_timeout_s``, a body only through
-:func:`read_body` (411 / 413 unread, 408 past ``body_timeout_s``), at most
-``max_connections`` (one more closes the oldest not being answered). A handler's exception is
-logged and answered 500; malformed requests are logged at DEBUG only
+:func:`read_body` (411 / 413 unread, 408 past ``body_timeout_s``), at most ``max_connections``
+(one more closes the one opened longest ago whose handler is not running). A handler's
+exception is logged and answered 500; malformed requests are logged at DEBUG only
 (docs/operations.md, "The HTTP listeners").
 """
 

@@ -2,7 +2,7 @@
 
 Bolt verifies signature and timestamp (401 otherwise) and answers ``url_verification``; a
 200 comes only after the listener handed the message to the service (else 500, see
-``settled``). Served by bridge/core/web_server.py with the public bounds; a body over
+``settled``). Served by bridge/core/web_server.py with ``[http]``'s bounds; a body over
 :data:`BODY_LIMIT` is refused unread; an address that cannot be bound is a
 :class:`~.web.SettingRefused` naming ``slack.listen`` (docs/deployment.md, "Inside the Slack
 transport").
