@@ -1,13 +1,11 @@
 """The supervisor of one run: claude's parent, its pipes' owner, the run's journal and guard.
 
-Started detached by path under ``python -I -S`` (standard library only, imported through
-:mod:`runner.bare`), or as a spare (``--standby``, :func:`standby`). It starts claude in
-``--cwd``, journals its output in ``--run-dir`` and serves the run's socket there; as a
-child subreaper (and with ``--cgroup``, a cgroup of its own) it stops the whole tree on
-``stop``, a signal, a time limit, the orphan timeout or claude's exit, and exits only once
-nothing of the run is left. Files, journal, socket, command line and exit statuses:
-docs/detached-runs.md ("The journal", "The socket", "The bridge's side (`runner`)");
-what it contains: docs/operations.md, "What contains a run".
+Started detached under ``python -I -S`` (standard library only, via :mod:`runner.bare`), or as
+a spare (:func:`standby`). It starts claude in ``--cwd``, journals its output and serves the
+run's socket in ``--run-dir``; a child subreaper (with ``--cgroup``, in a cgroup of its own),
+it stops the whole tree on ``stop``, a signal, a time limit, the orphan timeout or claude's
+exit, and exits only once nothing of the run is left (docs/detached-runs.md: "The journal",
+"The socket", "The bridge's side (`runner`)"; docs/operations.md, "What contains a run").
 """
 
 from __future__ import annotations
