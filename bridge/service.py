@@ -1,17 +1,10 @@
 """The service's lifecycle: build the parts, recover, serve, shut down in order.
 
-One owner for every task: :func:`serve` runs a single TaskGroup holding the
-dispatcher, the transports and the housekeeping loop. The parts are built
-once, in :meth:`Service.__post_init__`, and never rewired.
-
-Shutdown is a single, ordered path (see docs/operations.md):
-
-1. the dispatcher drains: no run begins any more; messages that arrive keep
-   being accepted durably (recorded pending, they run after the restart);
-2. active runs may finish within ``shutdown_grace_s``; the rest are
-   interrupted (no process survives) and their rooms told;
-3. the answers of ended runs are handed over to the transports;
-4. only then are the transports closed, and the store after them.
+:func:`serve` runs one TaskGroup owning the dispatcher, the transports and the housekeeping
+loop; the parts are built once (:meth:`Service.__post_init__`) and never rewired. Shutdown is
+one ordered path: no run begins (messages are still accepted durably), runs are detached or
+finish within the grace, answers are delivered, then the transports close, the store last
+(docs/operations.md, "Stopping").
 """
 
 from __future__ import annotations

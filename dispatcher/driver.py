@@ -1,25 +1,11 @@
 """The asyncio shell around :class:`~dispatcher.scheduler.Scheduler`.
 
-It owns one task per active run (in a TaskGroup) and a single clock
-callback for all rooms, armed for the scheduler's earliest deadline. Timer
-callbacks and run ends feed the scheduler synchronously, so with a
-:class:`~dispatcher.clock.ManualClock` the dispatcher has fully reacted to a
-deadline when ``advance`` returns. Every rule (which run begins, what a stop
-drops, why a run was cancelled, what a drain keeps) is the scheduler's; this
-module only carries its decisions out.
-
-Steering and prestarts are the scheduler's decisions too; the driver hands
-a :class:`~dispatcher.room.SteerRun` to the room's run
-(:attr:`DispatchedRun.steer`, synchronously, and feeds the answer straight
-back) and calls the :class:`~dispatcher.policy.Prestarter` where it applies
-the other decisions. A failing hook is logged: a steer hook that raises
-counts as a refusal (the messages queue for the next run rather than being
-lost), a prestarter that raises is otherwise ignored.
-
-Runs may outlive the process. A drain may leave the runs it cuts off to
-their supervisors (``reason=DETACHED``) instead of interrupting them, and a
-restarted bridge hands the runs it reattached to :meth:`Dispatcher.adopt`,
-each with the ``execute`` that carries it on.
+It owns one task per active run (in a TaskGroup) and one clock callback for all rooms, and
+only carries out the scheduler's decisions (runs, stops, drains, steer offers, prestarts,
+adopted runs). Timers and run ends feed the scheduler synchronously, so with a
+:class:`~dispatcher.clock.ManualClock` the dispatcher has fully reacted when ``advance``
+returns. A steer hook that raises counts as a refusal; a failing prestarter is logged
+(docs/live-runs.md, "Dispatcher (`dispatcher/`)").
 """
 
 from __future__ import annotations

@@ -1,64 +1,10 @@
 """One room's dispatch rules, as a pure state machine.
 
-A :class:`Room` gets events with an explicit ``now`` and answers with
-effects for its owner to carry out; it never reads a clock, sleeps or
-schedules anything, so every rule can be tested (and property-tested) with
-exact times.
-
-A room is in one of four phases:
-
-- idle: nothing pending, no run. The owner drops the record.
-- gathering: an open batch waits for its window to close (timer armed).
-- ready: the batch is due and the room waits for a run slot; it keeps
-  gathering messages meanwhile.
-- running: a run was granted (or adopted); new messages queue behind it
-  (or steer it, see below). When it ends, queued messages are ready at
-  once (no new debounce).
-
-A batch never mixes threads (its answers go to its first message's): a run
-takes the leading messages of one thread, and the next thread's messages head
-the queue, ready when the run ends. Only messages of the run's thread steer it.
-
-A granted run has *begun* once its owner is about to carry it out
-(:meth:`Room.begin`). Until then nothing has happened outside: a stop drops
-its messages with the rest, and a drain (shutdown) puts them back in front
-of the queue, so they stay pending and run after a restart. A begun run is
-cancelled with a reason (:class:`~dispatcher.status.EndReason`): stopped by
-the room, or interrupted or detached by shutdown (the drain says which); a
-stop that comes while a run cut off by shutdown winds down makes it stopped
-(the user's word wins).
-
-Steering (:class:`~dispatcher.policy.DuringRun` ``steer`` / ``interrupt``,
-given per message by the owner): while a begun run goes (not being
-cancelled) and nothing is queued behind it, arriving messages gather into a
-*steer batch* under the same window rules as a batch (the window restarts
-per message, capped by max wait and max batch). When it is due the room
-offers it (:class:`SteerRun`) and waits for the answer
-(:meth:`Room.steer_answered`); messages arriving meanwhile gather into the
-next steer batch, offered after the answer. Taken: its messages are the
-run's (a stop of the run does not give them back; a shutdown neither: they
-were sent into claude). Refused: it becomes the room's queue, ahead of
-whatever queued since, exactly as if the room were in ``queue`` mode; from
-then on messages queue behind it (a steered message would overtake them).
-So the room's messages not in a run are always, oldest first: the offered
-steer batch, the gathering one, the queue. A run that ends, is cancelled or
-drained with steer messages not taken puts them in front of its queue; a
-stop drops them, the offered batch too (an answer that comes later is
-ignored, as any answer to an offer the room no longer has).
-
-A room may *follow typing* (``idle_s`` set, for transports that say who is
-typing): the window of a batch (or steer batch) then stays open, up to max
-wait, while a sender of one of its messages is typing (:meth:`Room.typing`),
-and closes ``idle_s`` after the last message or the moment the last of them
-stopped typing, instead of ``coalesce_s`` after the last message. A burst
-typed in pieces still makes one batch; a single message waits only
-``idle_s``. Typing that stops moves the window earlier: the room arms a new
-timer then (the later one goes stale).
-
-A run that is already going (an earlier process started it and a restarted
-one reattached to it) is *adopted* (:meth:`Room.adopt`): it becomes the
-room's run, begun from the start, and takes a run slot even beyond the cap,
-since it cannot wait for one. From then on it is a run like any other.
+A :class:`Room` gets events with an explicit ``now`` and answers with effects for its
+owner to carry out; it never reads a clock, sleeps or schedules anything. Its phases
+(idle, gathering, ready, running), batches that never mix threads, begun and adopted
+runs, steering and windows that follow typing: docs/live-runs.md, "One room's rules"
+and "Dispatcher (`dispatcher/`)".
 """
 
 from __future__ import annotations

@@ -1,39 +1,10 @@
 """Every room plus the slot pool plus one timer heap: the whole dispatch logic, pure.
 
-:class:`Scheduler` composes :class:`~dispatcher.room.Room` state machines
-with the global :class:`~dispatcher.slots.SlotPool` and keeps one heap of
-deadlines for all rooms. Its methods take ``now`` and return the
-:data:`Action` s to carry out, in the order decided (methods that answer
-something else leave theirs for :meth:`Scheduler.take_actions`); the asyncio
-driver only carries those out and tells it when timers fire, runs end and
-runs answer steer offers. Rooms with nothing to do are forgotten.
-
-Steering: each message's room mode comes from ``mode_of`` (``queue`` once
-draining); the rooms decide (see :mod:`dispatcher.room`).
-
-Prestarts (``max_prestarts`` > 0): when a batch opens in a room without a
-run and stays open (gathering), a prestart begins for the room
-(:class:`BeginPrestart`) if fewer than ``max_prestarts`` are held, the runs
-plus the prestarts held are below the slot capacity, and no room waits for
-a slot. The room's next grant carries it (``StartRun.prestarted``); it is
-consumed when that run begins. It is cancelled (:class:`CancelPrestart`)
-when the room's batch is dropped by a stop (also a granted run that never
-began), when the room goes idle, when a room adopts a run, at a drain (also
-for a granted run the drain keeps from beginning), and when some room has
-to wait for a slot: then every prestart of a room not itself waiting gives
-way, since the process budget belongs to the runs then. Prestarts never
-enter the slot pool: runs are granted exactly as without them.
-
-Typing (:meth:`typing`): who types in a room (a channel: its threads'
-conversations hear it too) is kept while anyone does, and handed to the
-rooms that follow typing (``idle_of`` gives a room's ``idle_s``, None: the
-plain window); see :mod:`dispatcher.room`.
-
-A run already going when this process started is adopted (:meth:`adopt`):
-it holds a slot at once, even beyond the cap, and rooms ready to run then
-wait until the runs are below the cap again. So only runs this scheduler
-grants itself are bounded by the cap. A shutdown cancels the begun runs
-(:meth:`interrupt`) as interrupted or as detached (left to their supervisors).
+:class:`Scheduler` composes :class:`~dispatcher.room.Room` state machines with the global
+:class:`~dispatcher.slots.SlotPool`; its methods take ``now`` and return the :data:`Action` s
+to carry out, in order (or leave them for :meth:`Scheduler.take_actions`). It also decides
+prestarts, typing, adopted runs and shutdown (docs/live-runs.md, "Dispatcher (`dispatcher/`)"
+and "One room's rules").
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
-"""``RunControl``: talking to a running claude, and the run's end rule (docs/live-runs.md).
+"""``RunControl``: talking to a running claude, and the run's end rule.
 
-A run is started streaming: its stdin stays open through the supervisor, and
-the caller may send more user messages, answer claude's permission requests,
-and make control requests (interrupt, model, permission mode). The caller
-creates a ``RunControl`` and hands it to ``run_claude`` / ``attach_claude``,
-which bind it to the run once the supervisor is reached.
-
-The end rule lives here too, since it is a matter of what was sent and what
-claude took: a run is over when a ``result`` came and every user message sent
-had been taken (echoed) before it. The runner then closes claude's stdin
-(``eof``); from that moment :meth:`RunControl.send` raises
-:class:`InputClosed`, in the same event loop turn, so a ``send`` that
-returned was counted and its message is answered by this run.
-
-The state is fed from the journal in its order (``in`` records: what was
-written to stdin; ``out`` lines: echoes, results, permission requests), so a
-restarted bridge that attaches to a run rebuilds it (messages sent and taken,
-permission requests pending or answered) by reading the journal from its start.
+The caller creates it and hands it to ``run_claude`` / ``attach_claude``, which bind it once
+the supervisor is reached; then it sends user messages, answers permission requests and
+makes control requests. The end rule: a run is over when a ``result`` came and every message
+sent was taken before it; from the ``eof`` on, :meth:`RunControl.send` raises
+:class:`InputClosed`. Its state is fed from the journal, so a reattach rebuilds it
+(docs/live-runs.md, "The runner's API (`runner/`)").
 """
 
 from __future__ import annotations

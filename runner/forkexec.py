@@ -1,19 +1,9 @@
 """How the supervisor starts claude: in a session of its own, on the run's pipes, in its cgroup.
 
-With ``clone3(CLONE_INTO_CGROUP)`` (Linux 5.7+) the new process begins in the
-run's group. The other way, a child that moves itself there before ``exec``
-(subprocess's ``preexec_fn`` writing ``cgroup.procs``), waits for the kernel's
-cgroup lock to switch modes, an RCU grace period: measured here 10-11 ms a
-run against 1 ms, and a ``preexec_fn`` also rules out subprocess's ``vfork``.
-Where ``clone3`` is refused (an older kernel; a seccomp filter, such as
-Docker's default one, answers ``ENOSYS``), subprocess does it as before; that
-module is imported only then (a run's start waits for the supervisor's imports).
-
-Between ``clone3`` and ``exec`` the child runs Python without the interpreter's
-after-fork care. That is sound here: the supervisor has no other thread (no lock
-can be held by one), ctypes' ``PyDLL`` keeps the GIL across the call, and the child
-only rearranges file descriptors and ``exec`` s; a failure goes back to the parent
-as an errno over a close-on-exec pipe (its end of file means ``exec`` worked).
+By ``clone3(CLONE_INTO_CGROUP)``; where that is refused (old kernel, seccomp ``ENOSYS``), by
+subprocess, imported only then. A failure to ``exec`` comes back to the parent as an errno
+over a close-on-exec pipe. Why, and why the child may run Python between ``clone3`` and
+``exec``: docs/detached-runs.md, "The bridge's side (`runner`)".
 """
 
 from __future__ import annotations

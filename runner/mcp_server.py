@@ -1,22 +1,10 @@
 """The ``chatbridge`` MCP server of a run's claude: one tool, ``send_file``.
 
-claude is told of it as an SDK server (``--mcp-config``, ``"type": "sdk"``):
-it has no process; claude sends each JSON-RPC 2.0 message to its host in an
-``mcp_message`` control request, and the run's supervisor answers with
-:class:`Server` (``runner/supervisor.py``), so it answers while no bridge is
-attached too. The tool only checks that the file may be sent and answers
-``queued <name>``: the bridge sees the tool use and its successful result in
-claude's stream-json output, checks the path again itself, copies the file
-and posts it through its outbox (docs/files.md).
-
-It was a process of its own (stdio), started by every claude, whose start-up
-waits for its MCP servers (../shared/claude-cli.md): 15 ms at best, in a bare
-interpreter. The supervisor imports this module at start (the standard
-library only, and of it only ``os`` and ``stat`` at import).
-
-The path rule (:func:`check_sendable`) is shared with the bridge, which
-applies it on its own side again: a tool claude could talk to otherwise
-(a forged tool result, a file swapped after the check) decides nothing.
+An SDK server (no process): claude sends each JSON-RPC message in an ``mcp_message`` control
+request, and the run's supervisor answers with :class:`Server`, attached bridge or not. The
+tool only checks the path (:func:`check_sendable`, applied again by the bridge) and answers
+``queued <name>``. Imported by the supervisor at start: standard library only, ``os`` and
+``stat`` at import (docs/files.md, "The tool" and "Why our own server").
 """
 
 from __future__ import annotations

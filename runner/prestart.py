@@ -1,20 +1,10 @@
 """Prestart: claude started (supervisor and all) before the prompt is known.
 
-claude's start-up (its own, and its MCP servers') is most of a short run's
-latency; a streaming claude idles until its first user message. So while a
-batch is still being debounced, the bridge can :func:`prestart` its run:
-the supervisor starts claude and sends ``initialize``; ``Prestarted.ready``
-says claude answered it. When the batch is flushed, ``run_claude(request,
-..., prestarted=p)`` sends the prompt as the first user message into it, or,
-if it does not match the request, died or never got ready, cancels it and
-starts cold. ``await p.cancel()`` (the batch was dropped, the slot is
-needed) stops it and leaves nothing: no process, no run directory.
-
-The run id: it is the run's marker (in claude's environment) and its
-directory's name, so it is fixed when claude starts. A prestart is created
-with the run id the run will use (the bridge allots the run id when it
-prestarts, and builds the run's request with it); :meth:`Prestarted.matches`
-compares the whole request but its prompt.
+:func:`prestart` starts the supervisor and claude for a request with the run id the run will
+use and sends ``initialize`` (``Prestarted.ready``); ``run_claude(..., prestarted=p)`` sends the
+prompt into it, or starts cold if it does not match (:meth:`Prestarted.matches`: the whole
+request but its prompt), died or never got ready. ``await p.cancel()`` leaves nothing: no
+process, no run directory (docs/live-runs.md, "The runner's API" and "Prestart").
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """Stopping a run's processes without its supervisor: the bridge's fallbacks.
 
-Each run is contained by its supervisor (``runner/supervisor.py``), which
-leaves nothing behind. When the supervisor cannot do it (it was killed or
-stopped; or a restarted bridge found it gone with the run's journal cut
-short), the bridge stops the run itself with what it can still find,
-strongest first:
-
-- :func:`kill_tree`: a supervisor that is still alive (stopped, stuck) is
-  frozen, and every process re-parented to it is found by its parent link,
-  frozen and killed before the supervisor itself is; nothing escapes this;
-- :func:`kill_cgroup`: the run's cgroup, when it has one, holds every process
-  of the run, whatever its parent or environment (``cgroup.kill``);
-- :func:`kill_marked`: the run's marker, an environment variable inherited
-  by every descendant that does not clear its environment.
-
-Every process is pinned with a pidfd before it is signalled, so a recycled
-pid is never hit. Finding processes by their parent link or their marker
-means reading every process of the host in /proc (tens of milliseconds
-with a thousand processes, and a read can stall behind a process in
-uninterruptible sleep): those scans run in a worker thread, never on the
-event loop. Only a cgroup lists a run's processes without a scan.
+When the supervisor cannot contain the run (killed, stopped, or found gone with the journal
+cut short), the bridge stops what it can still find, strongest first: :func:`kill_tree`
+(by parent link, a live supervisor frozen first), :func:`kill_cgroup` (``cgroup.kill``),
+:func:`kill_marked` (the run's environment marker). Every process is pinned with a pidfd
+before it is signalled; /proc scans run in a worker thread, never on the event loop
+(docs/operations.md, "What contains a run").
 """
 
 from __future__ import annotations

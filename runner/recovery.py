@@ -1,17 +1,10 @@
 """After a restart: stop what is left of a run the bridge will not attach to again.
 
-A run's supervisor outlives the bridge (docs/detached-runs.md): a restarted
-bridge attaches to the runs its registry knows (``attach_claude``). The
-others (a crash between spawn and registration, a run of the previous
-version, a run directory no registry row names) are stopped here: a live
-old supervisor is asked to stop (SIGTERM, pinned with a pidfd) and given its
-grace period and kill phase to finish, never killed mid-stop, since that
-would orphan the tools it was about to kill; only one that does not finish
-is stopped by force together with its whole tree. Then the run's cgroup,
-which holds every process of the run whatever its environment, and last the
-marker sweep. Finding the old supervisor and the marker sweep read every
-process of the host in /proc: both run in a worker thread, off the event
-loop (recovery itself runs before the transports start).
+Runs the registry does not name (spawned but not registered, a previous version's, a stray
+run directory): a live old supervisor gets SIGTERM (pinned with a pidfd), its grace and kill
+phase, and is stopped by force with its tree only if it does not finish; then the run's
+cgroup and the marker sweep. /proc scans run in a worker thread
+(docs/operations.md, "What contains a run"; docs/detached-runs.md).
 """
 
 from __future__ import annotations

@@ -1,62 +1,11 @@
 """``run_claude`` and ``attach_claude``: one run of ``claude -p``, followed to its end.
 
-claude runs under a supervisor process of its own (``runner/supervisor.py``),
-started detached: a child subreaper that every process of the run re-parents
-to, which owns claude's pipes and journals them, keeps the run's time limits,
-stops the whole tree and exits only once nothing of it is left. The bridge's
-death does not stop it; no bridge attached for ``orphan_timeout_s`` does. This
-module reads the journal (over the supervisor's socket, or from its file once
-the supervisor is gone), hands claude's output on as events, and decides
-whether to stop.
-
-claude is started streaming (docs/live-runs.md): the prompt is its first user
-message, and a :class:`~runner.control.RunControl` may send more, answer
-permission requests and make control requests while it runs. Each turn ends
-with a ``result``; the end rule (runner.control) says which is the final
-one: a result after every user message sent was taken. Then this module
-closes claude's stdin (``eof``), and claude exits.
-
-A run ends in exactly one of these ways (an :data:`Ending`), each mapped to a
-``RunReport``:
-
-- claude printed its final ``result`` line: done, whatever it does next (a
-  process that lingers after it is given ``stop_grace_s`` and then stopped;
-  a non-error result is the outcome even if claude then exits non-zero).
-  ``on_event`` gets every :class:`Result` before any of that: the caller can
-  answer the room at once (:func:`answer_report`) while this module stops
-  and reaps the run; the report is built from the last one (a success
-  stands only if it answered every message sent: claude dying in a later
-  turn fails the run);
-- claude exited without a result: failed, with a stderr tail (and
-  ``session_not_found`` when ``--resume`` named an unknown session);
-- its output was not stream-json (bad JSON, a line over the cap): failed;
-- the supervisor's ``expired`` record: ``run_timeout_s`` passed, or
-  ``idle_timeout_s`` without output (timed out / stalled), or no bridge was
-  attached for ``orphan_timeout_s`` (interrupted);
-- the supervisor exited before claude did (something killed it): failed; or,
-  found so at a restart, interrupted;
-- the supervisor stopped answering (frozen, stuck) well past the run's time
-  limit: failed, the bridge stops the run itself;
-- claude's credentials were refused (an ``api_retry`` line with 401/403):
-  failed at once, stopped, instead of after its minutes of retries;
-- the task running ``run_claude`` was cancelled (``!stop``, shutdown): the stop
-  sequence runs shielded (first claude is interrupted and let exit on its
-  own, keeping its session resumable; then the hard stop), then
-  ``CancelledError`` propagates; unless claude had already printed its final
-  result: then the run is stopped all the same and
-  its report returned (the answer is not thrown away), with the task still
-  marked cancelling (``Task.cancelling()``), for the caller to re-raise once
-  it has recorded the report. With ``detach`` saying so, a cancellation
-  instead leaves the run to its supervisor (a shutdown that a restart
-  attaches to again).
-
-Whatever the ending (but a detach), ``run_claude`` returns only once the
-supervisor is gone, and with it every process of the run, including tools
-that cleared their environment, double-forked or started their own session.
-A supervisor that went without saying it stopped the run (its ``done``
-record), or that does not finish in time, is replaced by the bridge's own
-fallbacks (:meth:`Supervised.contain`); docs/operations.md says what they can
-miss.
+claude runs under its detached supervisor (``runner/supervisor.py``); this module reads
+the run's journal (over the supervisor's socket, or from its file once the supervisor is
+gone), hands claude's output on as events, applies the end rule and decides whether to
+stop. A run ends in exactly one :data:`Ending`, mapped to a ``RunReport``; whatever the
+ending (but a detach) it returns only once every process of the run is gone
+(docs/detached-runs.md, "The bridge's side (`runner`)"; docs/live-runs.md, "The runner's API").
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """Spare supervisors: a run's supervisor started before the run is known.
 
-Every run waits for its supervisor's start: a Python interpreter and the
-supervisor's imports, about 30 ms on this project's machines, three times
-what the interpreter alone takes (docs/performance.md). A spare is started
-ahead of need, its imports done, and waits on a pipe for its orders: the
-run's command line and claude's environment (``standby`` in
-``runner/supervisor.py``). Taken by a run, it is the run's supervisor from
-then on, as if started for it. The next spare is started a little later
-(``REFILL_DELAY_S``): started at once, it slowed the taking run's claude
-start by a quarter on two cores (docs/performance.md).
-
-A spare is started in a session of its own with an empty environment: it
-holds none of the bridge's settings or secrets, and is never a run's until
-its orders say which. Its pipe ending without orders lets it go, so a bridge
-that dies leaves no spare behind.
+A spare is started ahead of need (its interpreter and imports, about 30 ms, off the run's
+path), in a session of its own with an empty environment, and waits on a pipe for its orders
+(``standby`` in ``runner/supervisor.py``); taken, it is the run's supervisor. The next one
+starts ``REFILL_DELAY_S`` later. Its pipe ending without orders lets it go, so a dead bridge
+leaves no spare (docs/detached-runs.md, "The socket": spares).
 """
 
 from __future__ import annotations

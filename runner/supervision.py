@@ -1,21 +1,10 @@
 """The bridge's side of a run's supervisor (``runner/supervisor.py``): a client of its socket.
 
-The supervisor is started detached (a session of its own, ``subprocess.Popen``
-rather than an asyncio subprocess, whose transport kills its child when
-closed), with one end of a socketpair as its first connection. It owns
-claude's pipes and journals them; the bridge reads the journal over the
-connection (docs/detached-runs.md), from offset 0 whether the run is new,
-re-attached after a restart, or over and only its journal is left: one
-reader (:class:`Supervised`) for all three.
-
-The connection's end after the ``done`` record is the run's end. An end
-before it is not yet the run's: a supervisor still alive is attached to
-again (once: our connection may have been taken over), or waited for; then
-the rest of the journal is read from its file, from where the connection
-left off. Only a journal whose file has no ``done`` either means the
-supervisor died. Closing our end without ``stop`` leaves the run to the
-supervisor (a detach): it goes on journaling and a later bridge attaches
-again.
+Starts the supervisor detached (``subprocess.Popen``, a session of its own, a socketpair end
+as its first connection) and reads the run's journal from offset 0 with one reader,
+:class:`Supervised`, whether the run is new, reattached or over. Only the ``done`` record ends
+a run: an earlier end of the connection means attach again once, or wait and read the file.
+Closing without ``stop`` is a detach (docs/detached-runs.md, "The socket" and "The bridge's side").
 """
 
 from __future__ import annotations

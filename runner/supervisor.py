@@ -1,55 +1,11 @@
 """The supervisor of one run: claude's parent, its pipes' owner, the run's journal and guard.
 
-The runner starts it detached (a session of its own, not a child the bridge's
-death affects), by path and with ``-I -S`` so it imports only the standard
-library and no room setting (``PYTHONPATH``...) changes what runs. It is
-imported as a module of a bare ``runner`` package (:mod:`runner.bare`: only
-this module, ``runner.journal`` and ``runner.proctree``, which need nothing
-but the standard library), whose compiled form is cached::
-
-    python -I -S -c BOOTSTRAP .../runner/supervisor.py --run-id=ID --run-dir=DIR --cwd=DIR
-        --conn-fd=N --grace-s=S --run-timeout-s=S --idle-timeout-s=S
-        --orphan-timeout-s=S --spool-max-bytes=N --max-line-bytes=N
-        [--cgroup=DIR [--memory-max=BYTES] [--pids-max=N]] [--send-file-max-bytes=N]
-        -- CLAUDE_ARGV...
-
-with claude's environment (or, as a spare started ahead of its run, as
-``... supervisor.py --standby --conn-fd=N`` with an empty environment, reading
-that command line's options and claude's environment from stdin first:
-:func:`standby`, ``runner/spare.py``); it starts claude in ``--cwd`` and works in
-``--run-dir`` (mode 0700), where it writes the run's journal (``journal``) and
-serves a Unix socket (``sock``), as docs/detached-runs.md specifies: claude's
-stdout and stderr go to the journal, the attached bridge gets the journal
-(replay and live are one ``sendfile`` from its offset; what a full disk
-keeps out of the file is held in memory, bounded, sent from there and
-written once it can be), and sends claude's stdin and a ``stop``. The first
-connection is inherited (``--conn-fd``).
-
-It is a child subreaper, so a tool that double-forks, clears its environment
-or starts its own session still re-parents to it, never to init: "no child
-left" means nothing of the run is left. With ``--cgroup`` claude also runs in
-its own cgroup v2 group under DIR, killed at once with ``cgroup.kill``.
-
-With ``--send-file-max-bytes`` it also answers claude's ``mcp_message`` control
-requests for the run's own MCP server, ``chatbridge`` (``send_file`` in
-``--cwd``; :mod:`runner.mcp_server`, docs/files.md).
-
-The run is stopped when the bridge says ``stop``; on SIGTERM, SIGINT or
-SIGHUP; when a time limit passes (``--run-timeout-s``, ``--idle-timeout-s``
-without stdout: an ``expired`` record first); when no bridge has been
-attached for ``--orphan-timeout-s``; and, for what claude left, when claude
-exits. The bridge's death alone does not stop it: a restarted bridge attaches
-again. The stop, whatever asked for it: SIGTERM to claude and to every
-descendant, up to the grace period for them to go, then freeze (SIGSTOP, or
-``cgroup.kill``) and SIGKILL whatever is left, reaping, until there is no
-child; then the ``done`` record. Exit status: 0 when nothing is left, 1 when
-something survived SIGKILL, 2 for bad arguments, 3 when claude could not be
-started.
-
-Start-up cost matters (every run waits for it): standard library modules that
-``-I -S`` Python loads anyway, plus ctypes (prctl, clone3), json, socket
-and contextlib; no subprocess (claude starts by ``clone3``,
-:mod:`runner.forkexec`), no dataclasses, no inspect.
+Started detached under ``python -I -S`` (standard library only, via :mod:`runner.bare`), or as
+a spare (:func:`standby`). It starts claude in ``--cwd``, journals its output and serves the
+run's socket in ``--run-dir``; a child subreaper (with ``--cgroup``, in a cgroup of its own),
+it stops the whole tree on ``stop``, a signal, a time limit, the orphan timeout or claude's
+exit, and exits only once nothing of the run is left (docs/detached-runs.md: "The journal",
+"The socket", "The bridge's side (`runner`)"; docs/operations.md, "What contains a run").
 """
 
 from __future__ import annotations

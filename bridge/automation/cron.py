@@ -1,24 +1,9 @@
 """Five-field cron expressions, evaluated in an IANA time zone.
 
-Our own small parser rather than a dependency: the five standard fields are
-a few dozen lines, and owning them lets the daylight-saving rules below be
-exactly what docs/configuration.md promises (and what the tests check).
-
-Fields: minute (0-59), hour (0-23), day of month (1-31), month (1-12 or
-``jan``-``dec``), day of week (0-7 or ``sun``-``sat``; 0 and 7 are Sunday).
-Each field is ``*``, a number, a range ``a-b``, any of these with a step
-``/n``, or a comma list of them. As in every cron, when both day fields are
-restricted a day matches if *either* does.
-
-Daylight saving time, where the local clock jumps:
-
-- forward (a local time that does not exist, e.g. 02:30 in the gap): the
-  firing happens as if the clock had not jumped, i.e. as many minutes after
-  the jump as it was meant to be after the gap's start (02:30 fires at 03:30);
-  firings that land on the same instant fire once;
-- back (a local time that happens twice): the firing happens at its first
-  occurrence only, unless the hour field is ``*``, in which case the repeated
-  hour fires again (an every-15-minutes job keeps its rhythm).
+Fields and syntax as in docs/configuration.md (``[[schedules]]`` ``cron``; both day fields
+restricted: either matching is enough). Where the local clock jumps forward a firing comes
+as many minutes after the jump as it was meant after the gap's start; where it goes back, the
+first occurrence only, unless the hour field is ``*`` (docs/automation.md, "Schedules").
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """``[[schedules]]``: prompts that fire on a cron schedule, one loop for all of them.
 
-Each firing is a message in the durable inbox (:mod:`bridge.core.synthetic`),
-named by its schedule and scheduled time, so the store refuses it a second
-time: a restart or a second replica never fires it twice.
-
-What a schedule has dealt with is kept in the store as its *mark*: the
-scheduled time of its latest firing, run or not. At start, a schedule with
-no mark gets one at "now" (nothing before it is due); one with a mark finds
-what it missed while chatbridge was down: the latest missed firing runs
-once, if it is at most ``catch_up_s`` old, and is otherwise counted as
-missed. Once running, a firing due since the loop last looked always runs,
-however late the loop wakes (slow timers, a suspended host).
-
-Time comes from an injected clock (wall-clock seconds; the tests move a
-:class:`dispatcher.ManualClock`), so nothing here waits real minutes in tests.
+Each firing is a message in the durable inbox (:mod:`bridge.core.synthetic`) named by its
+schedule and scheduled time, so it never fires twice (restart, second replica). Each
+schedule's *mark* says what it has dealt with; a firing missed while down runs once if at most
+``catch_up_s`` old. Time comes from an injected clock, so tests wait no real minutes
+(docs/automation.md, "Schedules").
 """
 
 from __future__ import annotations

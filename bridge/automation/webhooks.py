@@ -1,29 +1,10 @@
 """``[[webhooks]]``: signed HTTP deliveries that start a run in a room.
 
-A delivery is a POST to the webhook's path on the public HTTP listener
-(bridge/host/http.py reads it, bounded; this module decides). In order:
-
-1. a body over ``max_body_bytes`` is refused (413) before it is read;
-2. the signature is checked (constant-time) before anything else looks at
-   the body: a bad or missing one is 401 and starts nothing;
-3. the body must be a JSON document (400 otherwise);
-4. the prompt is rendered (bridge/automation/webhook_template.py) and enters the room's
-   inbox as a message from ``webhook:<path>`` whose external id is
-   ``webhook:<path>:<delivery id>``: a replayed delivery is refused by the
-   store (200, "duplicate") and starts nothing; a new one answers 202.
-
-Signatures (docs/configuration.md, "Webhooks"):
-
-- ``github``: ``X-Hub-Signature-256: sha256=<hex HMAC-SHA256 of the body>``,
-  delivery id from ``X-GitHub-Delivery``; a ``ping`` event is answered and
-  starts nothing.
-- ``generic``: ``X-Chatbridge-Signature: sha256=<hex HMAC-SHA256>`` of the
-  body, or, when ``X-Chatbridge-Timestamp: <unix seconds>`` is sent, of
-  ``<timestamp>.<body>`` (then a timestamp more than :data:`MAX_SKEW_S` away
-  from now is refused); delivery id from ``X-Chatbridge-Delivery``.
-
-Without a delivery id header, the body's SHA-256 is the delivery id (the
-same body twice is a replay). The secret is never logged.
+A POST to the webhook's path (read, bounded, by bridge/host/http.py) is refused unread when
+too large (413), checked (constant-time signature, ``github`` or ``generic``) before anything
+looks at its body (401), must be JSON (400), and enters the room's inbox as a message from
+``webhook:<path>`` keyed by its delivery id, so a replay starts nothing (200 "duplicate",
+202 when new). The secret is never logged (docs/automation.md, "Webhooks").
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
-"""A transport only one replica may connect at a time: Matrix (docs/replicas.md).
+"""A transport only one replica may connect at a time: Matrix.
 
-Matrix's sync is one stream per device: two replicas syncing would both
-accept every event, and their device keys and sync position (under
-``[matrix] store_path``) are one set. So with replicas the Matrix transport
-runs behind this gate: a replica connects it only while it holds the
-transport's leader lease, and owns the Matrix conversations only then.
-The others count as ready without it (they serve the other transports) and
-keep trying for the lease; when the leader dies, the lease runs out and one
-of them connects, from the sync position the leader saved.
-
-A leader that loses its lease (paused past it, cut off from the database)
-stops: the gate fails the service (a restart makes it a follower), rather
-than risk two replicas syncing one account. One paused while it held the
-shared store's lock would keep its successor from using the store: the
-successor stops it first (``unblock``, :mod:`bridge.cluster.paused_holders`).
+With replicas, the Matrix transport runs behind this gate: a replica connects it (and owns
+the Matrix conversations) only while it holds the transport's leader lease; the others are
+ready without it and keep trying. A leader that loses its lease fails the service rather than
+risk two replicas syncing one account; a paused holder of the shared store's lock is stopped
+first (``unblock``, :mod:`bridge.cluster.paused_holders`) (docs/replicas.md, "Transports").
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """A replica paused while it held a lock on a shared file, stopped by the replica that needs it.
 
-The Matrix leader keeps its device keys in nio's SQLite store under the
-shared ``[matrix] store_path``. A leader paused (``SIGSTOP``, a debugger)
-inside one of that store's transactions keeps the file's lock while paused:
-its successor's writes (the key queries after a sync) fail with "database
-is locked" for as long as the pause lasts, which may be forever. The old
-leader has lost its lease and would stop the moment it ran again
-(:mod:`bridge.cluster.leader_gate`); its successor makes that happen now: a process
-that holds a lock on the store, is stopped, and is a replica registered on
-this host is killed (``SIGKILL``: a stopped process acts on no other
-signal). Its runs are detached and are taken over as after a ``kill -9``.
-
-A replica on another host, or in a container of its own (another pid
-namespace), is out of reach: the successor's sync retries until that
-replica runs again, stops, or dies (docs/replicas.md, "Transports").
+Before a new Matrix leader connects, a process that holds a lock on nio's store under the
+shared ``[matrix] store_path``, is stopped, and is a replica registered on this host is killed
+(``SIGKILL``; it lost its lease and would stop once it ran); its runs are taken over as after
+a ``kill -9``. A holder on another host or in another pid namespace is out of reach
+(docs/replicas.md, "Transports").
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""This replica's part in a cluster of replicas on one PostgreSQL (docs/replicas.md).
+"""This replica's part in a cluster of replicas on one PostgreSQL.
 
-It keeps the replica registered, renews the leases it holds, takes the
-conversations it is to serve, gives up those it lost, and carries the
-notifications between replicas. What a lease means for the rest of the
-service (recovering a conversation taken over, letting go of one lost,
-acting on a forwarded message) is the service's, through the callbacks.
-
-Safety does not rest on this module's view of time: every run's start is
-fenced in the database (:func:`bridge.store.cluster.check_fence`). This
-module's own deadline (no successful renewal for a lease's lifetime, on the
-monotonic clock, counted from when the last successful renewal was sent)
-only makes a replica that was paused or cut off stop its runs promptly.
+It keeps the replica registered, renews its leases, takes the conversations it is to serve,
+gives up those it lost, and carries notifications between replicas; what a lease means for
+the rest of the service is the service's, through callbacks. Safety rests on the fence in the
+database (:func:`bridge.store.cluster.check_fence`), not on this module's monotonic deadline,
+which only makes a paused replica stop its runs promptly (docs/replicas.md, "Replicas and leases").
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """What a transport and the service exchange, in core types only.
 
-Inbound, a transport hands the sink one :data:`InboundEvent` at a time: a new
-message, an edit or deletion of one it handed over before, a person's
-answer to an approval request (:class:`ApprovalAction`: a Slack button, a
-Matrix reaction), or who is typing in a room (:class:`Typing`, Matrix). Outbound, the
-service calls the transport (``bridge.core.transport.Transport``) with a
-:class:`~bridge.core.model.Reply` and, for answers from the durable outbox, a
-:class:`Delivery` that makes sending idempotent across retries and restarts.
-
-Errors a transport raises::
+Inbound, a transport hands the sink one :data:`InboundEvent` at a time (a message, an edit or
+deletion, an :class:`ApprovalAction`, a :class:`Typing`). Outbound, the service calls the
+``Transport`` with a :class:`~bridge.core.model.Reply` and, from the outbox, a :class:`Delivery`
+that makes sending idempotent across retries and restarts. Errors a transport raises::
 
     TransportError        could not deliver or connect (retry later)
     ├── RateLimited       the server said "too many requests": wait retry_after_s

@@ -1,28 +1,10 @@
 """Serve an aiohttp application on a listening socket, every client bounded in time and number.
 
-aiohttp parses HTTP (strictly: a malformed request line, header or
-``Content-Length`` is answered 400 and the connection closed); this module adds
-what a listener facing unknown clients needs beyond that, as docs/operations.md
-("The HTTP listeners") describes:
-
-- a request head must be in within ``head_timeout_s`` of the connection's
-  opening or of the previous answer (this also bounds the time a client takes
-  to read an answer, and a keep-alive connection's idle time);
-- a body is read only through :func:`read_body`, which refuses a missing
-  ``Content-Length`` (411) or one over the route's limit (413) unread, and
-  must have the whole body within ``body_timeout_s`` of the head (408 beyond,
-  connection closed); a request whose handler leaves its body unread is cut
-  off at the same deadline;
-- at most ``max_connections`` are open: one more closes the one opened
-  longest ago whose handler is not running (idle, sending its head or its
-  body, or reading its answer), so a request sent at once is answered behind
-  any number of slow clients: only as many connections opened after it can
-  close it, whatever the others do on theirs; when every open connection's
-  handler is running, the newcomer is closed.
-
-A handler's exception is logged here and answered 500; what aiohttp reports
-about malformed requests goes to the DEBUG log (one client's garbage is not
-the operator's error).
+On top of aiohttp's strict parsing: a head within ``head_timeout_s``, a body only through
+:func:`read_body` (411 / 413 unread, 408 past ``body_timeout_s``), at most ``max_connections``
+(one more closes the one opened longest ago whose handler is not running). A handler's
+exception is logged and answered 500; malformed requests are logged at DEBUG only
+(docs/operations.md, "The HTTP listeners").
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """First-run checks of the claude CLI: which binary, which version, whether it can authenticate.
 
-The version check trusts nothing the binary does: ``--version`` runs in a
-session of its own with a time limit, the whole process group is killed
-once it answered (or failed to), at most :data:`VERSION_OUTPUT_LIMIT` bytes
-are read, and only its first line is shown, bounded in length and without
-control characters or terminal escapes; a line that does not look like
-Claude Code's (``2.1.330 (Claude Code)``) is pointed out.
-
-The credential check only looks where the CLI looks (it never reads a
-secret's value into a message): the environment claude gets
-(``ANTHROPIC_API_KEY``, ``ANTHROPIC_AUTH_TOKEN``, ``CLAUDE_CODE_OAUTH_TOKEN``,
-a provider switch that claude reads as on: ``1``, ``true``, ``yes`` or
-``on``, any case), then the login ``claude /login`` stores under
-``$CLAUDE_CONFIG_DIR`` (default ``~/.claude``): ``.credentials.json`` with a
-``claudeAiOauth`` entry on Linux, and ``.claude.json`` (in the config dir when
-``CLAUDE_CONFIG_DIR`` is set, else in the home directory) with an
-``oauthAccount`` or ``primaryApiKey``; ``settings.json`` may name an
-``apiKeyHelper`` or set the key in its ``env``. On macOS a login lives in the
-Keychain, which this check cannot see: it then reports "no credentials" as a
-warning only, and the service starts all the same.
+The version check trusts nothing the binary does (own session, time limit, group killed,
+output bounded, one sanitised line shown). The credential check only looks where the CLI
+looks (environment, ``$CLAUDE_CONFIG_DIR`` files) and never reads a secret's value into a
+message; a login it cannot see (the macOS Keychain) is a warning only
+(docs/operations.md, "Starting" and "Secrets and claude").
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
-"""One chatbridge per database, unless they are replicas (docs/replicas.md).
+"""One chatbridge per database, unless they are replicas.
 
-Two independent chatbridges on one database would recover each other's runs
-as interrupted and deliver each other's answers twice. So a start takes a
-lock on the database for the service's life:
-
-- SQLite (a file): an exclusive ``flock`` on ``<file>.lock`` beside it; the
-  kernel drops it when the process dies. SQLite is never for replicas.
-- PostgreSQL: a session-level advisory lock on a connection held open,
-  exclusive for a single chatbridge and shared for replicas, so a replica
-  and a chatbridge that is not one refuse each other too. The server drops
-  it with the connection. (If the server restarts, the lock is gone until
-  the next start: it guards against a mistake at start-up, while the
-  replicas' leases guard the runs.)
+A start takes a lock for the service's life: on SQLite an exclusive ``flock`` on
+``<file>.lock``; on PostgreSQL a session-level advisory lock on a connection held open,
+exclusive for a lone chatbridge and shared for replicas, so each refuses the other
+(docs/replicas.md, the introduction).
 """
 
 from __future__ import annotations

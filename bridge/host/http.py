@@ -1,22 +1,10 @@
 """The HTTP listeners: private (``/healthz``, ``/readyz``, ``/metrics``) and public (webhooks).
 
-``[http] listen`` serves the private endpoints; ``[http] public_listen`` the
-``[[webhooks]]`` paths (docs/operations.md, "The HTTP listeners"; a reverse
-proxy in front: docs/deployment.md). The same address for both serves all of
-them on one listener; otherwise metrics, which show room ids and spending,
-are never on the public one. Both are aiohttp applications served by
-bridge/core/web_server.py, which bounds every client (head and body
-deadlines, a connection cap that a slow client cannot fill), on sockets bound
-at start-up (bridge/host/http_sockets.py): this module, and aiohttp with it, is
-imported only once the rest of the service is ready.
-
-Mounting more on the private listener (a web console, say): pass
-``mounts={"/console": app}``; each ``aiohttp.web.Application`` is added as a
-sub-application at its prefix, behind the same limits. Its routes read a
-body only through :func:`bridge.core.web_server.read_body`.
-
-A webhook's body is read (bounded by the webhook's ``max_body_bytes`` and the
-body deadline) and handed to :class:`Webhooks` (bridge/automation/webhooks.py decides).
+``[http] listen`` serves the private endpoints (and ``mounts``, sub-applications at a prefix,
+behind the same limits); ``[http] public_listen`` the ``[[webhooks]]`` paths, whose bodies are
+read bounded and handed to :class:`Webhooks`. Metrics are never on the public listener unless
+both are one address. Served by bridge/core/web_server.py on sockets bound at start-up;
+imported only once the service is ready (docs/operations.md, "The HTTP listeners").
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """A git worktree per thread conversation (``worktree = true`` with ``conversation = "thread"``).
 
-Each thread of such a room works in a worktree of its own, on a branch of its
-own, under the room's ``cwd`` (``.chatbridge/worktrees/<thread>``, branch
-``chatbridge/<thread>``), made on the thread's first run from the room's
-checked-out commit. Threads then never edit each other's files, and each
-thread's work can be reviewed and merged like any branch.
-
-A worktree is removed only when nothing in it would be lost: no uncommitted
-change and no commit that is neither in the commit it started from nor on a
-remote. Otherwise it stays and the room is told why (``!reset`` in the thread
-asks for the removal; see docs/conversations.md). git runs as a subprocess
-with an argument list, never through a shell; thread ids become names through
-:func:`slug`, so no chat text reaches git.
+Each thread works in ``.chatbridge/worktrees/<thread>`` under the room's ``cwd``, on branch
+``chatbridge/<thread>``, made on its first run; it is removed only when nothing would be lost
+(no uncommitted change, no commit neither in its base nor on a remote). git runs with an
+argument list, never a shell, and thread ids become names through :func:`slug`
+(docs/conversations.md, "Worktrees").
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """The hand-overs of one room's events, in the order their accepts were called.
 
-Transports hand several events of a room over at once (one Matrix sync
-response, one Slack burst): the intake records each as soon as it comes, so
-the store's group commit takes them together, in call order. What follows
-the record (the dispatcher's queue, a command, an edit or a deletion) must
-still happen in that order: ``!retry`` awaits the store before it queues
-the retried messages, and the message after it must not overtake them;
-``!stop`` must drop what came before it and nothing after it.
-
-So each accept takes a :class:`Turn` when it is called, before its first
-wait, and waits for the turn before it only for its hand-over. A turn that
-ends early (ignored, a duplicate, a failure, a cancellation) still lets the
-next one go only once the turns before it are done. A room is remembered
-only while it has a turn under way.
+Each accept takes a :class:`Turn` when it is called, before its first wait, and waits for the
+turn before it only for its hand-over (queue, command, edit, deletion); a turn that ends early
+still lets the next go only once the turns before it are done. A room is remembered only
+while it has a turn under way (docs/live-runs.md, "One room's events stay in order").
 """
 
 from __future__ import annotations

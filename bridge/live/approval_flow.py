@@ -1,23 +1,10 @@
-"""Tool-use requests from a run to the room and answers back (docs/live-runs.md).
+"""Tool-use requests from a run to the room and answers back.
 
-claude asks (``PermissionAsked``, with ``approve_tools``): the request is
-recorded (idempotent on the run and claude's request id, so a reattach that
-replays the journal finds it again), posted once with its actions (Slack
-buttons, Matrix reactions; commands everywhere), and then waits for an
-answer: a command, a button, a reaction, its expiry, or its run's end. Every
-answer goes through :class:`~bridge.live.approval_desk.ApprovalDesk` (judged,
-recorded by compare-and-set) and reaches claude here (:meth:`decide`), which
-also shows the request as decided.
-
-A request already decided when it is asked again (the decision was recorded
-but the bridge stopped before claude got it) is answered again from the
-record: claude never waits on an answer the room already gave.
-
-A new request that one of chatbridge's kept rules covers (the room's, or the
-run's session's; :mod:`bridge.live.tool_rules`) is decided by the rule, recorded
-and audited like any answer, and is not posted. A deny rule wins over an
-allow rule. claude is only ever told "allow this input" or "deny": never a
-rule, a settings change or a permission mode.
+A ``PermissionAsked`` is recorded (idempotent, so a reattach finds it again), decided by a
+kept rule (:mod:`bridge.live.tool_rules`) or posted once with its actions, and answered by a
+command, button, reaction, expiry or the run's end, each judged and recorded through
+:class:`~bridge.live.approval_desk.ApprovalDesk` before :meth:`decide` tells claude. claude is
+only ever told "allow this input" or "deny" (docs/live-runs.md, "Tool requests" and "Tool rules").
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
-"""chatbridge's own tool rules: what a rule says, which request it covers (docs/live-runs.md).
+"""chatbridge's own tool rules: what a rule says, which request it covers.
 
-Pure, no I/O. A rule is written in claude's rule syntax, ``Tool`` or
-``Tool(pattern)``: ``Bash(npm test)`` is that command exactly,
-``Bash(npm test:*)`` that command with any arguments; for the file tools
-(``Read``, ``Edit``, ``MultiEdit``, ``Write``, ``NotebookEdit``, and the
-searches ``Grep``, ``Glob``, ``LS`` by their directory) the pattern is a
-path (``*`` within a directory, ``**`` across them);
-``WebFetch(domain:example.com)`` names a host; a bare tool name covers every use of the tool.
-The bridge matches them itself (they never reach claude's settings), and
-matches an allow rule narrowly and a deny rule broadly: a ``:*`` allow rule
-never covers a command that chains, pipes, redirects or substitutes (so
-``Bash(npm test:*)`` does not allow ``npm test && rm -rf /``), while a deny
-rule covers each command of the line (``Bash(rm:*)`` denies ``true; rm x``);
-words are split as bash splits them (spaces and tabs only); an allow path rule
-never covers a path with ``..``, a deny path rule covers the path normalised
-too; a URL's host is read as claude (Node's URL) reads it.
+Pure, no I/O. Rules use claude's syntax (``Tool`` or ``Tool(pattern)``: commands, paths,
+``domain:`` hosts) but the bridge matches them itself and they never reach claude's settings:
+an allow rule narrowly (never a command that chains, pipes, redirects or substitutes; never a
+path with ``..``), a deny rule broadly (each command of a line, the normalised path)
+(docs/live-runs.md, "Tool rules").
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """A tool use's input as a person is shown it: every field, nothing silently cut.
 
-:func:`render` turns a tool name and input (as claude sent it) into a
-:class:`ToolView`: labelled parts, each the whole of one field. Edit and
-MultiEdit show as a unified diff of the file as it is now, Write as a diff
-against the existing file or as the whole new content, Bash as its command;
-every other key (known or not: ``replace_all``, ``dangerouslyDisableSandbox``,
-``run_in_background``, a key no version knew) is rendered too, never dropped.
-:meth:`ToolView.markdown` gives the whole, or with a ``limit`` a shortened
-form whose long parts show their head and tail and say how much is left
-out and where the whole is. What cannot be shown faithfully (binary text, a
-file too large to diff, a rendering too large for any room) carries a
-``problem``: such a request is never approved blind. Pure apart from reading
-the edited file. Narrative: docs/live-runs.md ("What a person sees").
+:func:`render` turns a tool name and input into a :class:`ToolView` of labelled parts, each one
+whole field, unknown keys included; :meth:`ToolView.markdown` gives the whole or, with a
+``limit``, a shortened form that says what is left out and where. What cannot be shown
+faithfully carries a ``problem``: never approved blind. Pure apart from reading the edited
+file (docs/live-runs.md, "What a person sees").
 """
 
 from __future__ import annotations

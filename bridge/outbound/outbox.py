@@ -1,37 +1,10 @@
 """The outbox worker: delivers recorded replies, in order per room, until they arrive.
 
-A run's answer (or its failure notice) is recorded in the store together
-with the run's outcome (:meth:`~bridge.store.base.Store.finish_run`) and then
-handed here. The worker sends each entry through its room's transport with a
-:class:`~bridge.core.transport.Delivery`, so that no part is posted twice:
-the transport skips the parts already done and reports each part it posts,
-which is recorded at once. On start it picks up every entry a crash or a
-restart left undelivered.
-
-Order and retries:
-
-- A room's entries go strictly one after another, in recording order (entry
-  ids): an answer never overtakes an earlier one. Nothing is delivered until
-  the start-up read of what earlier runs left is done, so an answer recorded
-  meanwhile cannot overtake an older one still pending. Rooms are delivered
-  in parallel.
-- :class:`~bridge.core.transport.RateLimited`: wait what the server asked,
-  then try the same entry again (and tell the pacing, so cosmetic updates
-  back off too).
-- :class:`~bridge.core.transport.Undeliverable`: give up on that entry (it is
-  marked failed, logged and counted) and go on with the room's next one.
-- Anything else (the server is down, the store failed to record a part, an
-  attempt that hung for ``send_timeout_s``): exponential backoff, then the
-  same entry again; the delivery's idempotency makes the retry safe.
-- An entry for a transport that is not configured (any more) stays pending,
-  untouched, for a start that has it again; it is logged once.
-
-A file post (an entry with ``Reply.file``, see :mod:`bridge.runs.file_posts`) is
-one part, posted with ``Transport.send_file``; once it settled its copy is
-removed, and one refused for good is told to the room with a notice.
-
-A room's worker never ends the service: whatever fails in it (a bug
-included) is logged and the entry tried again after a backoff.
+Entries recorded with the run's outcome (``Store.finish_run``) are sent through the room's
+transport with a :class:`~bridge.core.transport.Delivery`, so no part is posted twice; a
+room's entries go strictly in recording order, rooms in parallel, retried (rate limit,
+backoff) until delivered or refused for good; on start it picks up what was left. A room's
+worker never ends the service (docs/operations.md, "Answers and rate limits").
 """
 
 from __future__ import annotations

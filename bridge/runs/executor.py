@@ -1,55 +1,12 @@
 """Executes one batch: record the run, drive claude, report back, record the outcome.
 
-The dispatcher calls :meth:`RunExecutor.execute` in a task it owns and
-cancels that task to stop the run; the runner then leaves no process behind
-and this module records the run as the dispatcher says it ended
-(``DispatchedRun.end_reason``): stopped if the room asked for it
-(``!stop``), otherwise interrupted (shutdown, a failing service), which
-``!retry`` can run again.
-
-The start of a run: the room's session is read, claude is spawned, and only
-then is the room shown that it runs (phase and typing once claude has worked
-for ``TYPING_AFTER_S`` without answering, the progress message once the run has
-lasted ``[progress] show_after_s``), and that only after
-the run is in the registry of live runs (where its detached supervisor is
-reached, and claude's pid), written beside the stream, never in front of it.
-A run still running at a detaching shutdown is left to its supervisor; the
-next start reattaches it (:meth:`RunExecutor.reattach`).
-
-The end of a run, in this order: the moment claude prints a non-error
-``result`` line, that answer is the outcome. It is recorded with the reply
-in one transaction (``Store.finish_run``) and handed to the outbox worker
-(:mod:`bridge.outbound.outbox`) at once, by a task the run owns, while the runner
-reaps claude (its exit status is only logged, a ``!stop`` from then on no
-longer changes the outcome). A run without such a result (an error result,
-no result, a stop, a time limit) is recorded the same way once the runner
-returned. Only then come the cosmetic updates (typing off, the progress
-message's last edit, the phase reaction), each bounded in time, after the
-answer was delivered or its wait ran out. The progress message's last edit
-may have to wait for the transport's edit budget: it is made by a task the
-executor owns, beside the room, which is free for its next batch meanwhile
-(:meth:`RunExecutor.drain` waits for these at shutdown). The room stays busy
-until the run's processes are gone, and, with ``[runner] transcripts_in_db``,
-until the session's transcript is saved to the database (after the answer;
-the next run, on any replica, restores it before resuming:
-:mod:`bridge.runs.transcripts`). Whatever fails on the way, the run ends
-with an outcome, recorded once, and the room is free for its next batch.
-
-No progress message is posted once the outcome exists; a post already under
-way then is waited for (bounded) before the answer is handed to the outbox,
-so "Working…" lands above the answer, and it is finished after the answer.
-
-A run that never began here because its conversation moved to another replica
-(docs/replicas.md: ``run_claude`` refused to start it, or the cluster dropped the
-room before claude got the prompt) records nothing and tells the room nothing: the
-new owner finds it never began and runs its messages. Nothing of it stays here
-either (its binding, tasks, typing, a first try's registration).
-
-Store errors on the way in: a failing ``start_run`` is retried in order
-while the batch keeps its room (newer messages cannot overtake it), for a
-bounded time; then the room is told and the messages stay pending for the
-next start. A failing registration is only logged: the run goes on (a
-restart during it cannot reattach it, and stops and reports it instead).
+The dispatcher calls :meth:`RunExecutor.execute` in a task it owns and cancels it to stop
+the run; the run is recorded as the dispatcher says it ended (stopped or interrupted).
+claude's first non-error ``result`` is the outcome, recorded with its reply in one
+transaction and handed to the outbox at once; cosmetic updates come after, bounded.
+Whatever fails, the run ends with one outcome and the room is free for its next batch
+(docs/operations.md, "Answers and rate limits"; docs/live-runs.md, "Messages during a run";
+docs/replicas.md, "Replicas and leases", for a run whose conversation moved).
 """
 
 from __future__ import annotations

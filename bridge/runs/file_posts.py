@@ -1,22 +1,10 @@
 """Files claude posts to the room with the ``chatbridge`` MCP tool ``send_file``.
 
-The MCP server (:mod:`runner.mcp_server`) only checks the path and answers
-``queued <name>``. The bridge acts on claude's stream-json: a ``tool_use`` of
-``mcp__chatbridge__send_file`` gives the path and comment, its successful
-``tool_result`` says claude's side accepted it. Then, trusting nothing the
-tool said, the bridge checks the path again by the same rule, copies the
-file into its state directory (later edits in the cwd do not change what is
-posted) and records the post in the outbox (:mod:`bridge.outbound.outbox`), which
-delivers it through ``Transport.send_file`` and removes the copy once it
-has settled.
-
-Exactly once: the outbox key is derived from the run and the tool use id
-(:func:`post_key`) and recorded with :meth:`~bridge.store.base.Store.enqueue_once`,
-so a reattached run replaying its journal records nothing new, and the
-copy's directory is named by that key, so a copy made before a crash is
-used as it is, not made again from a file that may have changed since.
-A refusal by the bridge's check is recorded under the same key as a notice:
-one entry per tool use, whichever it is.
+From claude's stream-json (a ``tool_use`` of ``mcp__chatbridge__send_file`` and its successful
+result), the bridge checks the path again by the same rule, copies the file into its state
+directory and records the post in the outbox, exactly once per tool use (:func:`post_key`,
+``Store.enqueue_once``; a refusal is recorded under the same key as a notice)
+(docs/files.md, "How the file reaches the room").
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Files shared with a batch's messages, fetched into the run's inbox when the run is prepared.
 
-The inbox is ``.chatbridge/inbox/<run id>/`` inside the room's working
-directory, so claude reaches the files by relative paths and nothing is
-written outside the directory the room already gives it. Each file is
-fetched through the transport that handed its message over
-(``Transport.fetch_attachment``), within the room's limits: a file over
-``max_file_bytes`` (as reported, or found while downloading), or beyond what
-is left of ``max_message_files_bytes`` for its message, is not kept, and
-neither is one the chat server would not give; the prompt says which and why.
-
-File names come from chat and are untrusted: :func:`safe_name` keeps only a
-plain name (no path separators, no ``..``, no leading dot, no control
-characters, bounded length) and :class:`_Names` makes them unique in the run.
-The inbox is private (0700 folders, 0600 files) and opened folder by folder
-without following a link; an image is shown as one only if its bytes say so
-(:func:`image_type`). docs/files-and-context.md.
+The inbox is ``.chatbridge/inbox/<run id>/`` in the room's working directory (0700 folders,
+0600 files, opened without following a link). Each file is fetched through its transport
+within the room's limits, under a safe unique name (:func:`safe_name`); an image counts as
+one only by its bytes (:func:`image_type`); the prompt says what was not kept and why
+(docs/files-and-context.md, "Files in").
 """
 
 from __future__ import annotations

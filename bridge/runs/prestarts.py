@@ -1,31 +1,11 @@
 """Speculative start: a room's claude started while its batch is still gathering.
 
-The dispatcher decides when (:class:`~dispatcher.Prestarter`: a batch opened
-in an idle room, within ``[runner] max_prestarts``, never in the way of a
-run); this module does it. ``begin`` allots the run id the run will use and
-starts the room's claude in a task (the room's session and settings are read
-first, as for a run); the run takes it (:meth:`Prestarts.take`) when the
-batch is flushed; ``cancel`` stops it and leaves nothing. A prestart that no
-longer matches the run's request (the settings or the session changed:
-wasted, ``changed``) or that failed or died (``failed``) is given up and the
-run starts cold (:meth:`Taken.prestarted` decides, ``runner.run_claude``
-also falls back for one that died since).
-
-Kept warm (``[runner] prestart_keep_s``): when a run of a room ends (its
-claude gone, its outcome and session recorded), :meth:`Prestarts.keep_warm`
-starts the room's next claude at once, so the next message skips the start-up
-even when it comes after the debounce window would have hidden it. It waits
-up to ``keep_s`` for the room's next run (wasted, ``expired``, after that), at
-most ``keep_limit`` across rooms (the oldest goes: ``evicted``). The room's
-next run takes it whether or not the dispatcher announced a prestart (a claude
-left running beside the run would be a second claude of the session); the
-dispatcher's ``begin`` adopts it (from then on it is the dispatcher's, its
-``cancel`` ends it); :meth:`Prestarts.let_go` stops it when the replica lets
-the room go.
-
-Metrics: prestarts used, wasted (by why) and the start-up time they saved:
-the part of claude's start (spawn to ``initialize`` answered) that lay
-before the batch was flushed.
+The dispatcher decides when (:class:`~dispatcher.Prestarter`); this module does it: ``begin``
+allots the run id and starts the room's claude, the run takes it (:meth:`Prestarts.take`;
+:meth:`Taken.prestarted` gives up one that no longer matches or died, and the run starts
+cold), ``cancel`` stops it leaving nothing. :meth:`Prestarts.keep_warm` starts a room's next
+claude when a run ends (``[runner] prestart_keep_s``); :meth:`Prestarts.let_go` stops it
+(docs/live-runs.md, "Prestart (`bridge/runs/prestarts.py`)").
 """
 
 from __future__ import annotations

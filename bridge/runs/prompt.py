@@ -1,18 +1,10 @@
 """The prompt of a batch: who wrote what, what it replies to, which files came with it.
 
-Chat text is untrusted, and so are display names, quoted replies and file
-names: none of them may pass for a line chatbridge writes. So every line of
-a message's text is quoted (``> ``), after splitting on every line break
-Python knows (``\\r``, ``\\u2028``...), and everything else that comes from
-chat goes onto chatbridge's own lines only in a form that cannot end them:
-names without line breaks, brackets, quotes or ``@`` (bridge.runs.display_names,
-after NFKC), the reply quote and file names as
-JSON strings (escaped quotes, no line breaks). A message whose text says
-``Bob wrote:`` is then ``> Bob wrote:``, never an attribution.
-
-A batch of one message from the chat without files or a reply is passed as
-its text alone, as before: nothing in it is attributed to anyone, so
-nothing can be forged.
+Chat text, display names, quoted replies and file names are untrusted and never pass for a
+line chatbridge writes: every line of a message is quoted (``> ``, split at every line break
+Python knows), names are cleaned (bridge.runs.display_names), reply quotes and file names are
+JSON strings. A batch of one plain message is its text alone
+(docs/files-and-context.md, "The prompt").
 """
 
 from __future__ import annotations

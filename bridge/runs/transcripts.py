@@ -1,26 +1,10 @@
 """Claude session transcripts in the database: a conversation resumes on any replica.
 
-claude keeps a session as files under its config directory
-(``$CLAUDE_CONFIG_DIR``, else ``$HOME/.claude``):
-``projects/<project>/<session>.jsonl``, the transcript ``--resume`` reads,
-and ``projects/<project>/<session>/`` beside it (large tool results,
-subagents' transcripts). ``<project>`` is derived from claude's working
-directory (every character but letters and digits becomes ``-``; a long
-path is cut and given a hash), which is the room's ``cwd`` and the same on
-every replica, so the name found where a session was saved is the name it
-is restored under. Only the transcript is needed for ``--resume``; the side
-files are carried so what it points at is there too.
-
-After a run that kept its session, :meth:`Transcripts.save_after` packs
-these files (tar, gzip, off the event loop) into the conversation's row of
-``session_transcripts``; before a run that resumes a session,
-:meth:`Transcripts.restore_before` writes them back unless this host's copy
-is the stored version or a later one of it. claude only appends to a
-transcript, so the stored size and SHA-256 tell (:class:`TranscriptStamp`):
-a copy whose first ``size`` bytes hash to the digest is that version (as
-long) or a later one (longer: turns this host ran whose save did not land,
-kept); any other copy is older, or of a run another replica superseded,
-and is replaced. Facts and trade-offs: docs/replicas-sessions.md.
+:meth:`Transcripts.save_after` packs a session's files under claude's config directory
+(tar, gzip, off the event loop) into the conversation's ``session_transcripts`` row after a
+run that kept it; :meth:`Transcripts.restore_before` writes them back before a resume unless
+this host's copy is that version or a later one of it (:class:`TranscriptStamp`: size and
+SHA-256 of the prefix) (docs/replicas-sessions.md).
 """
 
 from __future__ import annotations

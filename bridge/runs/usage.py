@@ -1,21 +1,10 @@
 """Usage limits: a run cut short by the account's usage limit, and its retry once it resets.
 
-claude reports the limit as a ``rate_limit_event`` whose status is
-``rejected`` (decoded as :class:`runner.UsageLimited`), with the time it
-resets; the turn then ends with an error result. The room is told when the
-limit resets. With ``[runner] resume_after_limit`` the run is retried then,
-once, the way ``!retry`` would: its messages are queued again, if the run is still
-offered (``Store.retryable_runs``: a later successful run of the room withdraws it, as
-it withdraws ``!retry``'s offer); ``!stop`` and ``!reset`` call it off
-(:meth:`LimitResumes.call_off`), and ``!status`` lists it. See docs/budgets.md.
-
-Once, also across restarts: the retry is written to the store
-(``Store.add_limit_resume``) before the run's end is recorded, and made by
-:meth:`LimitResumes.serve` from the store's list. Making it re-queues the
-run's failed messages, which the store does at most once for a run
-(``requeue_run``: a later call, or a ``!retry`` that came first, finds
-nothing), and only then is the record dropped; so a crash between the two
-cannot retry twice, and a crash before them retries at the next start.
+A ``rate_limit_event`` rejected (:class:`runner.UsageLimited`) ends the turn; the room is told
+when the limit resets. With ``[runner] resume_after_limit`` the run is retried then, once, as
+``!retry`` would, also across restarts (``Store.add_limit_resume`` before the run's end,
+:meth:`LimitResumes.serve`); ``!stop`` and ``!reset`` call it off (:meth:`LimitResumes.call_off`)
+(docs/budgets.md, "Usage limits").
 """
 
 from __future__ import annotations

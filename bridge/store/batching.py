@@ -1,32 +1,9 @@
 """Group commit: concurrent writes share one transaction, with no background task.
 
-Each durable commit costs a disk sync, so writes that arrive while one is in
-flight wait and then go into the next transaction together. Leader/follower:
-the first caller that finds no transaction under way becomes the *leader*.
-It takes the queued items (its own first, at most ``limit``), runs them in
-one transaction through the ``write`` callable, hands every caller its result
-and passes the lead to the oldest caller still queued, then returns its own
-result. The others (*followers*) wait on a future for their result or for the
-lead. Nothing runs that no caller awaits.
-
-Order: items are written in the order :meth:`GroupCommit.submit` was called,
-and one transaction runs at a time.
-
-Cancellation:
-
-- A follower cancelled while still queued is removed: nothing is written.
-  So is a leader cancelled in the one turn of the loop it lets pass before
-  taking the queue (so that callers submitting together share a transaction).
-  Cancelled once its item is in a transaction, it may still be committed;
-  the others are unaffected (the same as a cancellation that lands right
-  after a lone commit).
-- A leader cancelled before its transaction reaches its commit rolls it back,
-  puts the others' items back at the head of the queue and passes the lead
-  on; its own item is not written. Cancelled during the commit, it waits for
-  the outcome so the others get a true answer, then lets the cancellation
-  through (its own item may be committed).
-- An error of a transaction goes to exactly the callers whose items were in
-  it; a ``write`` may also fail single items (:class:`Failed`).
+:meth:`GroupCommit.submit` writes items in submission order, one transaction at a time,
+led by a caller (leader/follower); each caller gets its own item's result or error, and a
+cancelled caller's item is either not written or reported truly to the others
+(docs/operations.md, "How the store writes").
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
 """Creating the async engine: the one place that knows backend quirks.
 
-SQLite connections get WAL (readers do not block the writer), a busy timeout
-(a second writer waits instead of failing at once), foreign keys (off by
-default in SQLite) and ``BEGIN IMMEDIATE``: a deferred transaction that reads
-before it writes can fail with "database is locked" without waiting, an
-immediate one takes the write lock up front and so honours the timeout.
-
-Two kinds of engine: the *writer* (:func:`create_engine`; on a SQLite file
-one connection, since SQLite admits one writer anyway) and the *readers*
-(:func:`create_reader`) for read-only transactions, so that a read is never
-queued behind a write's disk sync: on a SQLite file a few connections of
-their own in deferred transactions (WAL lets them read beside the writer),
-on PostgreSQL the writer's pool in ``READ ONLY`` transactions.
-
-On a SQLite file the store itself writes and reads through synchronous
-engines of its own, in threads (:mod:`bridge.store.transactions`), with the
-same settings (:func:`configure_sqlite`); the asyncio engine serves the
-rest (migrations, the schema check).
-
-A writer transaction whose commit need not reach the disk runs on
-:func:`without_sync` (see ``SqlStore.start_run`` for why that is safe):
-SQLite commits it with ``synchronous=NORMAL`` (in WAL mode: written to the
-log, synced only by the next ``FULL`` commit or a checkpoint), PostgreSQL
-with ``SET LOCAL synchronous_commit = off``.
+:func:`create_engine` (the writer), :func:`create_reader` (read-only transactions never
+queued behind a write), :func:`configure_sqlite` (WAL, busy timeout, foreign keys,
+``BEGIN IMMEDIATE``) and :func:`without_sync` (commits that need not reach the disk)
+(docs/operations.md, "How the store writes").
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Schema migrations, driven from code: no ``alembic.ini`` needed at runtime.
 
-The Alembic environment lives in the ``migrations`` package (shipped in the
-wheel); :func:`alembic_config` points Alembic at it. Each function here opens
-its own short-lived engine and hands Alembic that connection, so ``env.py``
-never builds an engine of its own when called from the service.
-
-Alembic is imported only when a migration really runs: a start-up whose
-database is already at :data:`migrations.HEAD` reads the revision with one
-plain query and never pays for Alembic's import. Revision ids begin with a
-four-digit sequence number (``0001_initial``, ``0002``), so a database that a
-newer chatbridge migrated (after a rollback of the code) is recognised the same
-way, without Alembic: its revision's number is above the head's.
+:func:`alembic_config` points Alembic at the ``migrations`` package; each function opens
+its own short-lived engine. Alembic is imported only when a migration really runs, and a
+database migrated by a newer chatbridge is recognised by its revision's sequence number
+(docs/operations.md, "The database" and "How the store writes").
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """The durable store on SQLAlchemy: SQLite or PostgreSQL.
 
-Every public method is one short transaction, written as a *body*: a plain
-function of a session, which :mod:`bridge.store.transactions` runs in a
-thread of the store's own on a SQLite file and on the asyncio driver on
-PostgreSQL (:meth:`SqlStore._write`, :meth:`SqlStore._read`). Every
-SQLAlchemy or driver error leaves as :class:`StoreError`. Cancellation is
-not an error and propagates untouched (what a cancelled write leaves:
-:mod:`bridge.store.transactions`).
-
-The cost of a run on the critical path is two commits synced to disk:
-``accept`` (the transport acknowledges upstream after it) and ``finish_run``
-(the outcome with the answer). ``start_run``, which claude's spawn waits
-for, commits without a sync on SQLite; ``register_live_run`` (where the
-run's supervisor is reached, and claude's pid), made beside the running
-process, syncs it (why, and why PostgreSQL syncs the start itself:
-:meth:`SqlStore.start_run`).
-``set_delivered_offset``, the room's progress through a run's journal, is
-not synced: losing the last few only repeats a little progress. Reads run in
-read-only transactions on reader connections (:func:`create_reader`), never
-queued behind a write. Concurrent ``accept`` calls share one transaction, as
-do concurrent ``finish_run`` calls (group commit, :mod:`bridge.store.batching`).
+Every public method is one short transaction (a body run by :mod:`bridge.store.transactions`);
+every SQLAlchemy or driver error leaves as :class:`StoreError`, cancellation propagates
+untouched. Which commits are synced to disk and which share a transaction:
+docs/operations.md, "How the store writes".
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """The SQL schema as typed ORM models.
 
-Times are float seconds since the epoch (``Double``), the same on SQLite and
-PostgreSQL and exactly what the :class:`~bridge.store.base.Store` interface
-speaks, so no timezone conversion can creep in. Enum-like columns are short
-strings (not native enums) so adding a state needs no type migration.
-
-Surrogate keys never repeat (``sqlite_autoincrement``; PostgreSQL sequences
-never do): audit rows outlive pruned messages and must not come to name a
-newer message that reused a deleted id.
-
-The migrations (``0001_initial`` to ``0011``) create exactly this schema; a test
-compares the two with Alembic's autogenerate.
+Times are float seconds since the epoch, enum-like columns short strings, surrogate keys
+never reused; the migrations create exactly this schema (a test compares the two)
+(docs/operations.md, "How the store writes").
 """
 
 from __future__ import annotations

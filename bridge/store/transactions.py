@@ -1,36 +1,10 @@
 """Running the store's transactions: each is a plain function of a session.
 
-:class:`~bridge.store.sql.SqlStore` writes every transaction as a *body*, a
-synchronous function of a SQLAlchemy :class:`~sqlalchemy.orm.Session`, and
-hands it to one of two runners:
-
-- :class:`InThreads` (a SQLite file): the body runs whole in a thread of its
-  own, on the standard library's driver. One hop from the event loop to that
-  thread and back per transaction, where the asyncio driver (aiosqlite)
-  makes three per statement: on a run's path (accept, start, registration,
-  end) the hops cost about three times the SQL and the disk syncs together
-  (a run's start: 4.5 ms through aiosqlite, 1.4 ms in a thread; 2026-11-27).
-  One writer thread with one connection, as SQLite admits one writer anyway;
-  a few reader threads with a connection each, so that a read never waits
-  behind a write's disk sync.
-- :class:`OnDriver` (PostgreSQL, and an in-memory SQLite database, which no
-  second connection could see): the body runs on the asyncio driver through
-  ``AsyncSession.run_sync``; every statement is a network round trip anyway.
-
-Either way a body runs in one transaction, committed when it returns. A body
-must not await (it cannot) and must not keep the session.
-
-Cancellation: a transaction whose caller is cancelled before its commit began
-is rolled back, and the caller gets the cancellation: nothing was written.
-In a thread, the statement under way finishes first, and no other statement
-of the body runs: milliseconds, except for a write waiting for another
-process's lock on the file, which waits until the lock comes free or the busy
-timeout (5 s) runs out (SQLite's interrupt does not stop its busy wait; no
-other process writes the file while chatbridge runs, but a CLI command may).
-Once the commit has begun it is waited for; the caller then still gets the
-cancellation, and what it wrote may be committed, except for a group commit's
-transaction (``committing`` given), which reports its outcome so that the
-leader can hand the others their results (:mod:`bridge.store.batching`).
+:class:`~bridge.store.sql.SqlStore` writes every transaction as a *body*, a synchronous
+function of a SQLAlchemy ``Session``, run in one transaction committed when it returns:
+:class:`InThreads` (a SQLite file: a writer thread and reader threads) or :class:`OnDriver`
+(PostgreSQL, in-memory SQLite). A caller cancelled before the commit began writes nothing
+(docs/operations.md, "How the store writes").
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Files in Matrix rooms: ``m.file`` / ``m.image`` / ``m.audio`` / ``m.video``, plain or
 encrypted, described at the edge and fetched when their run is prepared.
 
-An :class:`~bridge.core.model.Attachment` ``ref`` is JSON: ``{"url": "mxc://..."}``
-for plain media, plus ``"file"`` (the event's ``file`` object: key, iv and
-SHA-256 hash) for media in an encrypted room. The content is fetched from the
-homeserver's media repository with the bot's login and, when encrypted,
-decrypted with that key after its hash was checked (nio's
-``decrypt_attachment`` refuses a mismatch), so a tampered file is never kept.
-
-nio downloads a file into memory; the limit is checked on the declared size
-before the download and on what arrived after it, so the homeserver's own
-upload limit bounds what a file without a declared size can cost.
+An :class:`~bridge.core.model.Attachment` ``ref`` is JSON: ``{"url": "mxc://..."}``, plus
+``"file"`` (key, iv, SHA-256 hash) in an encrypted room. An encrypted file is kept only if
+its hash matches; the size limit is checked before and after the download
+(docs/deployment.md, "Inside the Matrix transport"; docs/files-and-context.md, "Files in").
 """
 
 from __future__ import annotations

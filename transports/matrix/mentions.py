@@ -1,24 +1,10 @@
 """Whether an event the bot sends must declare that it mentions no one.
 
-An event with ``m.mentions`` is notified by its declared mentions alone: the
-homeserver's legacy push rules, which notify a member whose display name or
-user name appears in the body and everyone on ``@room``, are off for it. The
-bot declares ``m.mentions: {}`` so that a name or an ``@room`` in an answer
-notifies nobody. Without any such text the legacy rules cannot fire, and the
-event notifies exactly the same without the declaration, which Synapse checks
-at a cost: it validates ``m.mentions`` against a JSON schema on every event
-(about 4 ms on the answer's ``PUT``, measured 2026-11-27, Synapse 1.163).
-
-So the declaration is left out only when it cannot matter: the text holds no
-``@room`` and none of the room's members' names, compared as substrings
-without case (the rules want whole words; any occurrence counts here). A
-name with a glob character (``*``, ``?``) always counts: the homeserver
-matches display names and user names as globs, so ``B?b`` is notified by
-"Bob" and ``*`` by anything.
-
-A member who joined or was renamed after the bot's last sync is not known
-here: the sync is a long poll, so that gap is the time the homeserver takes
-to tell the bot, and the text would have to name them meanwhile.
+The bot declares ``m.mentions: {}`` so that a name or ``@room`` in its text notifies nobody,
+and leaves the declaration out (Synapse validates it at a cost) only when the text holds no
+``@room`` and none of the room's members' names, compared as substrings without case; a
+name with a glob character always counts (docs/deployment.md, "Matrix bot account" and
+"Inside the Matrix transport").
 """
 
 from __future__ import annotations

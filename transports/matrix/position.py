@@ -1,16 +1,9 @@
 """Saving the sync position off the event loop, latest wins.
 
-Writing ``sync_position`` takes an fsync: done on the loop after every sync
-response it held up the next sync (and everything else) for a disk flush.
-The sync loop now only *notes* a position once every message of its response
-was accepted, and this saver writes it from a worker thread. Positions noted
-while a write is under way are coalesced: only the newest is written next.
-
-The safety rule is unchanged: a position is noted only after the service has
-durably recorded what came before it, so a saved position is never ahead of
-the accepted messages. A write that has not happened yet (a crash first) only
-means the next start syncs from an older position and replays, and the
-service drops the duplicates.
+The sync loop *notes* a position once every message before it was durably accepted; this
+saver writes it (with an fsync) from a worker thread, the newest of those noted meanwhile
+next. A saved position is never ahead of the accepted messages (docs/deployment.md, "Inside
+the Matrix transport").
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """Events the service fails to take: retried a few times, then set aside, never dropped.
 
-The sync position moves only after every event of a batch was handed over,
-so an event the sink keeps refusing would hold back every later event of
-every room for good. Which failure is which cannot be told from here (the
-sink's store errors are not the transport's types), so the rule is by count:
-
-- a failure is retried with the whole batch (the sync loop backs off), so
-  a store outage loses nothing and keeps the order (consecutive messages
-  are offered together and fail together when the store is down; one the
-  store refuses fails alone, and the others of its group stay taken);
-- once one event has failed :data:`ATTEMPTS` times in a row it is saved to
-  ``set_aside.json`` (before the position moves past it), logged as an
-  error, and the others go on. Set-aside events are offered again with a
-  backoff of their own, and at once whenever the sink takes an event again
-  (the store is back), until the sink takes them or they are redacted.
+A failure is retried with the whole batch; an event that failed :data:`ATTEMPTS` times in a
+row is saved to ``set_aside.json`` before the position moves past it, and offered again
+with a backoff of its own (at once when the sink takes events again) until taken or
+redacted (docs/deployment.md, "Matrix bot account" and "Inside the Matrix transport").
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """What the transport keeps under ``store_path`` besides nio's device keys.
 
-- ``sync_position``: the sync token after the last batch of events that the
-  service durably accepted. Written after the sink returned (from a worker
-  thread, newest first: see :mod:`.position`), so a crash replays (the
-  service drops duplicates) rather than loses.
-- ``undecryptable.json``: encrypted events whose keys have not arrived yet.
-- ``set_aside.json``: events the service failed to take again and again,
-  kept to be offered again later instead of blocking every other event.
-- ``session.json``: user, device and access token from a password login, so
-  the same device (and its encryption keys) is reused on every start.
-
-All are written atomically (temp file, fsync, rename) and readable only by
-the owner, since the session holds a secret. A damaged file (a disk fault,
-an edit by hand) never stops the bridge: it is moved aside and logged.
+``sync_position``, ``undecryptable.json``, ``set_aside.json`` and ``session.json``, each
+written atomically (temp file, fsync, rename) and readable only by the owner; a damaged
+file never stops the bridge: it is moved aside and logged (docs/deployment.md, "Inside the
+Matrix transport").
 """
 
 from __future__ import annotations

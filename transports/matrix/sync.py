@@ -1,24 +1,10 @@
 """The sync loop: a loop of our own around nio's ``sync``.
 
-nio's ``sync_forever`` saves the sync token *before* the events are handled
-and has swallowed cancellation in the past, so this module owns the loop:
-
-1. ``sync`` from the persisted position (nio decrypts what it can);
-2. keep the encryption keys in shape (upload, query, claim, to-device);
-3. accept invites to configured rooms (a join that fails is retried later,
-   as soon as the server allows);
-4. hand every new message of a configured room to the sink, in order (an
-   encrypted one that cannot be read yet is saved to wait for its key, see
-   :mod:`.undecryptable`; one the sink keeps refusing is set aside, see
-   :mod:`.setaside`), and retry those whose keys may have arrived;
-5. only then persist the new position (written off the loop, the newest
-   noted winning, by :mod:`.position`).
-
-A failure anywhere (a raised error or an error response) backs off with
-jitter and retries from the last persisted position, so a crash or a lost
-server replays rather than loses; the service drops the duplicates. On the
-very first start (no position yet) the initial sync only sets the position:
-history from before the bridge existed is not served.
+Each round: sync from the saved position, keep the encryption keys in shape, accept invites
+to configured rooms, hand every new message to the sink in order (undecryptable ones wait
+for their key, :mod:`.undecryptable`; refused ones are set aside, :mod:`.setaside`), and only
+then note the new position (:mod:`.position`). A failure backs off and replays from the
+saved position (docs/deployment.md, "Inside the Matrix transport").
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """What a Slack channel got while chatbridge was not listening, read from its history.
 
-Slack retries an event a few times only and may drop the ones sent while no
-Socket Mode connection is open; so on every connection the transport reads
-each served channel's ``conversations.history`` after the newest message it
-saw there (its seen mark), and ``conversations.replies`` of the threads with
-recent activity (threads it saw within the maximum age, and threads of the
-messages read), and hands what it missed to the sink as live events are
-handed, oldest first. The store's idempotent accept drops what was handed
-over already (a live redelivery racing the catch-up included).
-
-Nothing older than the maximum age is read; top-level messages skipped for
-that are counted, so the room can be told. A channel the bot cannot read
-(``not_in_channel``, a missing scope) is skipped with a warning. The marks
-are compared as Slack ts (seconds and microseconds), and so is everything
-read, since a server may ignore ``oldest``. A 429 is waited out where it
-came, so what was read is not read again (Slack may allow one call a
-minute). See docs/conversations.md.
+On every connection: each served channel's history after its seen mark, and the replies of
+recently active threads, handed to the sink oldest first like live events (the store's
+idempotent accept drops what it has). Nothing older than the maximum age is read (skipped
+top-level messages are counted); a 429 is waited out where it came
+(docs/deployment.md, "Slack app", ``*:history``; docs/conversations.md).
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """The Events API endpoint: an aiohttp server handing requests to Bolt.
 
-Bolt verifies the signature and timestamp (``X-Slack-Signature``,
-``X-Slack-Request-Timestamp``; stale or forged requests get 401), answers
-``url_verification``, and, because the app processes before responding, only
-returns 200 after the listener has handed the message to the service. A 200
-from Bolt for an event no listener finished becomes a 500 (see ``settled``).
-
-The endpoint is public (Slack, or a proxy in front, reaches it): it is served
-by bridge/core/web_server.py with ``[http]``'s bounds, as ``[http] public_listen`` is
-(head and body deadlines, a connection cap slow clients cannot fill), and a
-body over :data:`BODY_LIMIT` is refused unread. An address that cannot be
-bound (taken, not local, a privileged port) is a :class:`~.web.SettingRefused`
-naming ``slack.listen``, like ``http.listen``.
+Bolt verifies signature and timestamp (401 otherwise) and answers ``url_verification``; a
+200 comes only after the listener handed the message to the service (else 500, see
+``settled``). Served by bridge/core/web_server.py with ``[http]``'s bounds; a body over
+:data:`BODY_LIMIT` is refused unread; an address that cannot be bound is a
+:class:`~.web.SettingRefused` naming ``slack.listen`` (docs/deployment.md, "Inside the Slack
+transport").
 """
 
 from __future__ import annotations

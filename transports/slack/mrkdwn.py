@@ -1,21 +1,9 @@
 """Markdown (as Claude writes it) to Slack's mrkdwn.
 
-Slack renders its own dialect: ``*bold*``, ``_italic_``, ``~strike~``,
-``<url|label>`` links, no headings, no tables, and ``&``, ``<``, ``>`` must be
-escaped everywhere. The conversion is line-oriented and deliberately
-forgiving: anything it does not recognise is passed through as text.
-
-Safety: ``<...>`` is also how Slack writes mentions and broadcasts
-(``<@U1>``, ``<!channel>``, ``<!subteam^S1>``, ``<#C1>``), so the only ``<``
-this module ever emits opens a link whose target is ``http(s)://`` or
-``mailto:`` and contains no ``<``, ``>``, ``|`` or whitespace. Every other
-``<``, ``>`` and ``&`` of the input is escaped, so no text (a user's echoed
-word, Claude's answer) can ping or broadcast.
-
-Slack's ``markdown`` block would take Claude's Markdown as is, but it is
-limited to 12,000 characters per message, its treatment of ``<!channel>``
-and ``@here`` inside it is undocumented, and a notification still needs a
-``text`` fallback rendered safely; this converter keeps one, tested path.
+Line-oriented and forgiving: what it does not recognise passes through as text. Safety: the
+only ``<`` it emits opens an ``http(s)://`` or ``mailto:`` link with no ``<``, ``>``, ``|`` or
+whitespace in its target; every other ``<``, ``>`` and ``&`` is escaped, so no text can
+mention or broadcast (docs/deployment.md, "Inside the Slack transport").
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Replies, edits and status reactions: core types in, Web API calls out.
 
-Errors: a ``429`` becomes :class:`RateLimited` (the caller waits; nothing
-here sleeps), a refusal no retry can help becomes :class:`Undeliverable`,
-anything else :class:`TransportError`.
-
-Idempotent replies: a reply is split the same way on every attempt, and
-each posted part carries message metadata naming its delivery key and part
-index. When the outcome of an earlier attempt is unknown (the connection
-broke after the request went out, the attempt was cancelled in flight, the
-outbox failed to record a part, or the process restarted between posting a
-part and recording it) the channel's or thread's recent messages are
-searched for the parts already posted before anything is posted again.
+A ``429`` becomes :class:`RateLimited` (nothing here sleeps), a refusal no retry can help
+:class:`Undeliverable`, anything else :class:`TransportError`. Replies are idempotent: every
+part carries metadata naming its delivery key and index, and when an earlier attempt's
+outcome is unknown the recent messages are searched before posting again
+(docs/deployment.md, "Slack app").
 """
 
 from __future__ import annotations

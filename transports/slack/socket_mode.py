@@ -1,17 +1,9 @@
 """One Socket Mode connection, read by the transport's own loop.
 
-slack_sdk's Socket Mode clients reconnect in background futures nobody owns,
-retry ``connect()`` internally at a fixed interval, and hide a failing
-connection from their caller. This module does one connection and nothing
-else: it ends (returns or raises) when the connection ends, and the
-transport's loop decides when to open the next one, with backoff.
-
-Protocol (Slack's documented Socket Mode frames): ``apps.connections.open``
-gives a ``wss`` URL; the server sends ``hello``, then envelopes
-``{"envelope_id", "type", "payload", "retry_attempt", ...}`` that are
-acknowledged by sending ``{"envelope_id"}`` back, and ``disconnect``
-(``reason``: ``warning``, ``refresh_requested``, ``link_disabled``) before it
-closes a connection. An envelope without acknowledgement is delivered again.
+It ends (returns or raises) when the connection ends; the transport's loop decides when to
+open the next one, with backoff. Slack's documented frames: ``apps.connections.open`` gives
+a ``wss`` URL; ``hello``, envelopes acknowledged by their ``envelope_id``, ``disconnect``
+(docs/deployment.md, "Inside the Slack transport").
 """
 
 from __future__ import annotations

@@ -1,33 +1,10 @@
 """The Slack transport: a Bolt ``AsyncApp`` fed by Socket Mode or the Events API.
 
-Inbound: every ``message`` / ``app_mention`` event passes through Bolt's
-middleware (self-event filtering, request verification) into one listener,
-which translates it (:mod:`.inbound`) and hands it to the service's sink.
-The app processes before responding, so Slack's acknowledgement (socket ack
-or HTTP 200) is sent only after the sink returned, that is, after the
-message is durably recorded; if the sink fails, no acknowledgement is sent
-and Slack delivers the event again. Redeliveries already handled are
-recognised by (channel, ts) and acknowledged without a second hand-over.
-
-Socket Mode envelopes are handled as they arrive, without waiting for the
-ones before (a burst is recorded in one commit), yet handed to the sink in
-their order (:mod:`.turns`).
-
-Nothing on that path waits for more than it must: no lock is held while
-the sink runs (the store's idempotent accept settles concurrent
-redeliveries), display names are looked up within a short wait budget
-shared by all events (:mod:`.names`: the sender's and mentioned users'),
-and a ``429`` raises instead of sleeping. Shared files are only described
-here; the service fetches them (:meth:`SlackTransport.fetch_attachment`)
-when their run is prepared.
-
-Catch-up: on every connection, what was posted while no connection was open
-is read from the channels' history (:mod:`.catch_up`) and handed over like a
-live event, oldest first; live events wait for it (briefly) so that a room's
-messages keep their order. Every message handed over moves its channel's and
-thread's seen mark (:mod:`.marks`).
-
-Outbound: :mod:`.outbound` over one Web API client that never sleeps on a 429.
+Every ``message`` / ``app_mention`` event is translated (:mod:`.inbound`) and handed to the
+service's sink in order (:mod:`.turns`), and acknowledged only once it is recorded; what
+was posted while no connection was open is caught up first (:mod:`.catch_up`). Nothing on
+that path sleeps or holds a lock. Outbound: :mod:`.outbound` (docs/deployment.md, "Slack
+app" and "Inside the Slack transport").
 """
 
 from __future__ import annotations

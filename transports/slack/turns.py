@@ -1,19 +1,9 @@
 """Handing a burst of Socket Mode envelopes to the sink concurrently, in order.
 
-Envelopes used to be handled one after the other: each message's accept
-(a commit with a disk sync) and acknowledgement came before the next
-envelope was even read. Now every envelope is handled as soon as it arrives,
-and each takes a ticket (:class:`Turns`) in arrival order, which orders the hand-overs:
-
-- a message is handed to the sink once the envelope before it has handed
-  its event over (or had none to hand over). The service's sink records a
-  message before its first wait, so the store receives the messages of a
-  burst in order, and its group commit records those that arrive together
-  in one transaction;
-- an edit or a deletion acts on what is already recorded, so it waits until
-  every envelope before it has finished.
-
-Each envelope is still acknowledged only once its own event is recorded.
+Each envelope takes a ticket (:class:`Turns`) in arrival order: a message is handed over
+once the envelope before it has handed its event over, an edit or a deletion once every
+envelope before it has finished. Each envelope is acknowledged only once its own event is
+recorded (docs/deployment.md, "Inside the Slack transport").
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """The Web API client: one place that sets base URL, token and retry policy.
 
-The client retries nothing. A ``429`` surfaces at once (as
-``SlackApiError``; :mod:`.outbound` turns it into ``RateLimited`` with the
-server's ``Retry-After``) because every caller has a better answer than
-sleeping inside the call: the durable outbox waits and retries answers; a
-reply to a command or a display-name lookup sits on the inbound path, where
-a sleep would delay the acknowledgement of every later event; progress
-edits and reactions are cosmetic and are dropped first. Dropped connections
-are not retried either: a ``chat.postMessage`` whose connection broke may
-have been posted, and only the caller knows how to find out (see
-:meth:`.outbound.SlackOutbound.send`).
-
-A refused token is the one answer no caller retries: :func:`check_token`
-turns it into :class:`SettingRefused`, naming the setting to change.
+The client retries nothing: a ``429`` surfaces at once as ``SlackApiError`` (with its
+``Retry-After``), and a dropped connection is not retried. :func:`check_token` turns a
+refused token into :class:`SettingRefused`, naming the setting to change
+(docs/deployment.md, "Inside the Slack transport").
 """
 
 from __future__ import annotations
