@@ -20,6 +20,8 @@ LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 LEAF = "bridge.core is the leaf"
 INDEPENDENT = "are independent of each other"
 ONLY_CORE = "take nothing from bridge but"
+LAYERS = "bridge's groups follow the path of a message"
+WEB_ON_TOP = "the web console is on top"
 
 
 def copy_tree(dest: Path) -> None:
@@ -53,7 +55,11 @@ def test_the_copied_tree_keeps_every_contract(tmp_path: Path) -> None:
     [
         ("bridge/core/aio.py", "import bridge.store.base", LEAF),
         ("bridge/core/model.py", "import bridge.config", LEAF),
-        ("runner/request.py", "import bridge.core.transport", INDEPENDENT),
+        ("runner/request.py", "import transports.console", INDEPENDENT),
+        ("bridge/outbound/notices.py", "import bridge.runs.executor", LAYERS),
+        ("bridge/host/logs.py", "import bridge.inbound.intake", LAYERS),
+        ("bridge/live/tool_view.py", "import bridge.cluster.role", LAYERS),
+        ("bridge/runs/prompt.py", "import bridge.web.reads", WEB_ON_TOP),
         ("bridge/store/rules.py", "import dispatcher", INDEPENDENT),
         ("transports/text.py", "import bridge.config", ONLY_CORE),
         ("dispatcher/slots.py", "import bridge.metrics", ONLY_CORE),

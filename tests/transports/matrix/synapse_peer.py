@@ -24,7 +24,7 @@ from pathlib import Path
 
 SYNAPSE_VERSION = "1.163.2"
 SERVER_NAME = "localhost"
-PEERS_DIR = Path(__file__).resolve().parents[2] / ".peers"
+PEERS_DIR = Path(__file__).resolve().parents[3] / ".peers"
 INSTALL_HINT = (
     f"uv venv {PEERS_DIR}/synapse --python 3.11 && "
     f"uv pip install -p {PEERS_DIR}/synapse matrix-synapse=={SYNAPSE_VERSION}"

@@ -277,7 +277,7 @@ async def crash_child(url: str, store: Path, record: Path, step: str) -> int:
         str(record),
         step,
         "s3",
-        cwd=Path(__file__).parents[2],
+        cwd=Path(__file__).parents[3],
     )
     try:
         async with asyncio.timeout(60):

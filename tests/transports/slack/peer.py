@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BINARY_ENV = "CHATBRIDGE_LOCAL_SLACK"
 DEFAULT_BINARY = ROOT / ".peers/local-slack/node_modules/local-slack-linux-x64/bin/local-slack"
 INSTALL_HINT = (
