@@ -58,13 +58,18 @@ from bridge.core.model import (
 from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
 from bridge.live_runs import LiveRuns
 from bridge.questions import (
+    ASK,
     INTERACTIVE,
     NO_EXPIRY_S,
     PLAN,
+    AnswerError,
     answer_decision,
+    asked_of,
     deny_text,
     outcome,
     plan_of,
+    questions,
+    read_answers,
     request_message,
 )
 from bridge.replies import Replier, in_conversation
@@ -312,7 +317,9 @@ class ApprovalFlow:
                 short = json.dumps({**tool_input, "plan": ends(plan, SHORT_BLOCK)})
                 text = request_message(replace(approval, input_json=short), prefix, wait_s)
         return await self.replier.post_approval(
-            in_conversation(batch, text, ReplyKind.NOTICE), f"#{approval.number}"
+            in_conversation(batch, text, ReplyKind.NOTICE),
+            f"#{approval.number}",
+            asked_of(approval),
         )
 
     async def _post_whole(self, batch: Batch, approval: Approval, whole: str, comment: str) -> bool:
@@ -397,7 +404,23 @@ class ApprovalFlow:
             # Its run is another replica's: that one answers claude and the room.
             await self.forward(action, approval.room)
             return Accepted.ACCEPTED
-        answered = await self.desk().take(action.sender, approval, action.choice)
+        if action.guide:
+            # Slack's "Keep planning": feedback is words, said by command.
+            prefix = self.settings.commands.prefix
+            await self.replier.answer_action(
+                action,
+                f"To keep planning, say `{prefix}deny #{approval.number} what to change`:"
+                " claude reads it and plans again.",
+            )
+            return Accepted.ACCEPTED
+        reason = ""
+        if action.answer and approval.tool_name == ASK:
+            try:
+                reason = read_answers(questions(parse_input(approval.input_json)), action.answer)
+            except AnswerError as exc:
+                await self.replier.answer_action(action, str(exc))
+                return Accepted.ACCEPTED
+        answered = await self.desk().take(action.sender, approval, action.choice, reason)
         log.info(
             "request #%d in %s: %s by %s: %s",
             approval.number, action.room, action.choice.value, action.sender, answered.text,

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from bridge.cluster import Cluster
 from bridge.core.model import Attachment, ExternalMessageId, Reply, RoomKey
-from bridge.core.transport import Delivery, InboundSink, RunPhase, TransportError
+from bridge.core.transport import TOOL_ASKED, Asked, Delivery, InboundSink, RunPhase, TransportError
 from bridge.store.base import StoreError
 from transports.base import Transport
 
@@ -105,8 +105,10 @@ class LeaderGated(Transport):
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         await self.inner.edit(room, message_id, text)
 
-    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
-        return await self.inner.post_approval(request, ref)
+    async def post_approval(
+        self, request: Reply, ref: str, asked: Asked = TOOL_ASKED
+    ) -> ExternalMessageId | None:
+        return await self.inner.post_approval(request, ref, asked)
 
     async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         await self.inner.close_approval(room, message_id, text)

@@ -27,7 +27,7 @@ from bridge.approval_text import (
     parse_input,
 )
 from bridge.approvals import deny_message
-from bridge.core.transport import ApprovalChoice
+from bridge.core.transport import ApprovalChoice, Asked, AskedQuestion, AskKind
 from bridge.duration import format_duration
 from bridge.store.base import Approval, ApprovalState
 from runner.control import Allow
@@ -79,6 +79,14 @@ def questions(tool_input: Mapping[str, Any]) -> list[Question]:
             )
         )
     return found
+
+
+def asked_of(approval: Approval) -> Asked:
+    """What a question or plan asks, for the transport's own actions (buttons, reactions)."""
+    if approval.tool_name == PLAN:
+        return Asked(AskKind.PLAN)
+    asked = questions(parse_input(approval.input_json))
+    return Asked(AskKind.QUESTION, tuple(AskedQuestion(q.options, q.multi) for q in asked))
 
 
 def plan_of(tool_input: Mapping[str, Any]) -> str:

@@ -21,7 +21,9 @@ from bridge.core.model import (
     TransportName,
 )
 from bridge.core.transport import (
+    TOOL_ASKED,
     ApprovalAction,
+    Asked,
     Delivery,
     InboundSink,
     RunPhase,
@@ -74,7 +76,9 @@ class Transport:
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         """Replace the text of a message the bridge sent (live progress)."""
 
-    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
+    async def post_approval(
+        self, request: Reply, ref: str, asked: Asked = TOOL_ASKED
+    ) -> ExternalMessageId | None:
         """Post an approval request with the actions that answer it; returns its message id.
 
         ``request`` says where (room, thread, the message answered) and what

@@ -27,7 +27,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.core.transport import Delivery, InboundSink, RunPhase, SinkClosed
+from bridge.core.transport import TOOL_ASKED, Asked, Delivery, InboundSink, RunPhase, SinkClosed
 from transports.base import Transport
 
 NAME = TransportName("console")
@@ -146,7 +146,9 @@ class ConsoleTransport(Transport):
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         self._print("· " + " | ".join(text.splitlines()))
 
-    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
+    async def post_approval(
+        self, request: Reply, ref: str, asked: Asked = TOOL_ASKED
+    ) -> ExternalMessageId | None:
         """The request as a notice: a terminal has no buttons; its text says which
         commands answer it."""
         return await self.send(replace(request, kind=ReplyKind.NOTICE))

@@ -24,6 +24,8 @@ from nio.exceptions import LocalProtocolError, OlmTrustError
 from bridge.core import stages
 from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey
 from bridge.core.transport import (
+    TOOL_ASKED,
+    Asked,
     Delivery,
     RateLimited,
     RunPhase,
@@ -256,7 +258,9 @@ class MatrixOutbound:
         """Whether a request of ``text`` is one event (see :meth:`post_approval`)."""
         return len(self._parts(Reply(room, f"{text}\n\n{HOWTO}"))) == 1
 
-    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId:
+    async def post_approval(
+        self, request: Reply, ref: str, asked: Asked = TOOL_ASKED
+    ) -> ExternalMessageId:
         """Post an approval request as one message, then react ✅ 🔁 ❌ to it as the bot.
 
         One event whatever the length (the reactions belong to one): a text

@@ -31,6 +31,8 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bridge.core import stages
 from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey, UserId
 from bridge.core.transport import (
+    TOOL_ASKED,
+    Asked,
     Delivery,
     RateLimited,
     RoomBinding,
@@ -396,7 +398,9 @@ class SlackOutbound:
         chunks = self._chunks(text) or [" "]
         return to_mrkdwn(chunks[0])
 
-    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId:
+    async def post_approval(
+        self, request: Reply, ref: str, asked: Asked = TOOL_ASKED
+    ) -> ExternalMessageId:
         """Post an approval request with its buttons (see :mod:`.approvals`); returns its ts.
 
         One message, whatever the length (the buttons belong to one): a long
@@ -407,7 +411,7 @@ class SlackOutbound:
             "channel": request.room.room_id,
             # The notification's text: the same safe rendering as the section's.
             "text": text,
-            "blocks": request_blocks(text, ref),
+            "blocks": request_blocks(text, ref, asked),
             "mrkdwn": True,
             "parse": "none",
             "link_names": False,
