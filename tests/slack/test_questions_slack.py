@@ -122,14 +122,18 @@ async def test_a_question_button_of_someone_not_asked_is_refused_privately(
     async with (
         ModelServer(asking(SINGLE)) as server,
         bridged(
-            tmp_path, "socket", allowed=(peer.ALICE, peer.BOB), extra=real(tmp_path, server)
+            tmp_path,
+            "socket",
+            allowed=(peer.ALICE, peer.BOB),
+            room_extra={"approvers": [peer.ALICE]},
+            extra=real(tmp_path, server),
         ) as b,
     ):
         await b.slack.post_message(peer.ALICE, "ask me")
         question = await posted(b, "Claude asks (question")
         # Bob sent nothing of the run and approves nothing: told so, only him.
         await b.slack.click(peer.BOB, str(question["ts"]), buttons(question)["option_1"])
-        await wait_for_ephemeral(b, peer.BOB, "")
+        await wait_for_ephemeral(b, peer.BOB, "not an approver")
         assert buttons(await message(b, str(question["ts"])))
         await b.slack.click(peer.ALICE, str(question["ts"]), buttons(question)["option_1"])
         await said(b, "Thanks, noted.")
