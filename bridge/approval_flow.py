@@ -414,7 +414,13 @@ class ApprovalFlow:
             )
             return Accepted.ACCEPTED
         reason = ""
-        if action.answer and approval.tool_name == ASK:
+        if action.answer and approval.tool_name != ASK:
+            # A number or a reply on what is not a question: never an approval.
+            await self.replier.answer_action(
+                action, f"`#{approval.number}` is not a question: it takes no answer."
+            )
+            return Accepted.ACCEPTED
+        if action.answer:
             try:
                 reason = read_answers(questions(parse_input(approval.input_json)), action.answer)
             except AnswerError as exc:

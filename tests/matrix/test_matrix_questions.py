@@ -82,3 +82,74 @@ async def test_a_plan_sent_back_by_a_reaction_keeps_claude_planning(
             await react(mallory, room, str(write.source["event_id"]), "❌")
             await alice.wait_for(answer_to(bot, room, "Plan carried out."))
         assert "The user wants you to keep planning; the plan is not approved yet." in told(server)
+
+
+async def test_a_question_is_answered_by_a_reply_and_offers_no_tool_reactions(
+    tmp_path: Path, synapse: SynapseServer, bot: MatrixUser, alice: Human
+) -> None:
+    room = await alice.create_room([bot.user_id])
+    async with ModelServer(asking(SINGLE)) as server:
+        async with service(
+            tmp_path, synapse, bot, room, allowed=(ALICE,), extra=real(tmp_path, server)
+        ):
+            await alice.wait_for(joined(bot.user_id, room))
+            await alice.send(room, "ask me")
+            question = await alice.wait_for(request_in(bot, room, "#1"))
+            body = str(question.content["body"])
+            assert "allow once" not in body
+            assert "Reply to this message" in body
+            asked = str(question.source["event_id"])
+            reply = {"m.relates_to": {"m.in_reply_to": {"event_id": asked}}}
+            await alice.send(room, "2", extra=reply)
+            await alice.wait_for(edit_of(asked, "answered by"))
+            await alice.wait_for(answer_to(bot, room, "Thanks, noted."))
+        assert any('"Which database?"="PostgreSQL"' in t for t in told(server))
+
+
+async def test_a_single_choice_question_is_answered_by_a_number_reaction(
+    tmp_path: Path, synapse: SynapseServer, bot: MatrixUser, alice: Human
+) -> None:
+    room = await alice.create_room([bot.user_id])
+    async with ModelServer(asking(SINGLE)) as server:
+        async with service(
+            tmp_path, synapse, bot, room, allowed=(ALICE,), extra=real(tmp_path, server)
+        ):
+            await alice.wait_for(joined(bot.user_id, room))
+            await alice.send(room, "ask me")
+            question = await alice.wait_for(request_in(bot, room, "#1"))
+            asked = str(question.source["event_id"])
+            await react(alice, room, asked, "1\ufe0f\u20e3")
+            await alice.wait_for(edit_of(asked, "answered by"))
+            await alice.wait_for(answer_to(bot, room, "Thanks, noted."))
+        assert any('"Which database?"="SQLite"' in t for t in told(server))
+
+
+async def test_a_plan_is_started_with_edits_asked_by_a_check_reaction(
+    tmp_path: Path, synapse: SynapseServer, bot: MatrixUser, alice: Human, mallory: Human
+) -> None:
+    room = await alice.create_room([bot.user_id, mallory.user.user_id])
+    await mallory.join(room)
+    notes = tmp_path / "notes.md"
+    async with ModelServer(planning(notes)) as server:
+        async with service(
+            tmp_path,
+            synapse,
+            bot,
+            room,
+            allowed=(ALICE,),
+            room_extra={"approvers": [ALICE, MALLORY]},
+            extra=real(tmp_path, server, permission_mode="plan"),
+        ):
+            await alice.wait_for(joined(bot.user_id, room))
+            await alice.send(room, "plan it")
+            plan = await alice.wait_for(request_in(bot, room, "#1"))
+            body = str(plan.content["body"])
+            assert "allow once" not in body
+            assert "✅ to start with each edit asked" in body
+            await mallory.sync(timeout_ms=0)
+            await react(mallory, room, str(plan.source["event_id"]), "✅")
+            await alice.wait_for(edit_of(str(plan.source["event_id"]), "each edit asked"))
+            write = await alice.wait_for(request_in(bot, room, "#2"))
+            await react(mallory, room, str(write.source["event_id"]), "✅")
+            await alice.wait_for(answer_to(bot, room, "Plan carried out."))
+        assert notes.read_text() == "notes\n"
