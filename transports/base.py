@@ -83,8 +83,10 @@ class Transport:
 
         ``request`` says where (room, thread, the message answered) and what
         (the text, Markdown); ``ref`` names the approval as commands name it
-        (``#3``). A transport with actions of its own (Slack buttons, Matrix
-        reactions) attaches them and later hands each use of one to the sink
+        (``#3``); ``asked`` what it asks (a tool use, claude's questions with
+        their options, a plan). A transport with actions of its own (Slack
+        buttons, Matrix reactions) attaches the ones that answer it and later
+        hands each use of one (a question's answer in ``answer``) to the sink
         as an :class:`~bridge.core.transport.ApprovalAction` carrying the id
         returned here. By default the request is a plain reply, answered
         through commands only. Raises as :meth:`send` does.
