@@ -404,9 +404,9 @@ class ApprovalFlow:
             # Its run is another replica's: that one answers claude and the room.
             await self.forward(action, approval.room)
             return Accepted.ACCEPTED
+        prefix = self.settings.commands.prefix
         if action.guide:
             # Slack's "Keep planning": feedback is words, said by command.
-            prefix = self.settings.commands.prefix
             await self.replier.answer_action(
                 action,
                 f"To keep planning, say `{prefix}deny #{approval.number} what to change`:"
@@ -418,6 +418,12 @@ class ApprovalFlow:
             # A number or a reply on what is not a question: never an approval.
             await self.replier.answer_action(
                 action, f"`#{approval.number}` is not a question: it takes no answer."
+            )
+            return Accepted.ACCEPTED
+        if action.answer.startswith(prefix):
+            # A command sent as a reply to a question (Matrix): never taken as its answer.
+            await self.replier.answer_action(
+                action, f"Send `{prefix}` commands as messages of their own, not as a reply."
             )
             return Accepted.ACCEPTED
         if action.answer:

@@ -60,3 +60,12 @@ async def test_keep_planning_tells_the_person_how_and_decides_nothing(tmp_path: 
     assert "deny #1 what to change" in text
     assert bound.answers() == []
     assert len(await bound.store.pending_approvals()) == 1
+
+
+async def test_a_command_sent_as_a_reply_to_a_question_is_not_its_answer(tmp_path: Path) -> None:
+    bound = Bound(tmp_path)
+    await bound.asks(QUESTION)
+    await bound.flow.on_action(action(bound, "!deny #1"))
+    [(_, text)] = bound.told.told
+    assert "messages of their own" in text
+    assert bound.answers() == []
