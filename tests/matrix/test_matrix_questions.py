@@ -52,6 +52,31 @@ async def asked(
         yield server, room, await alice.wait_for(request_in(bot, room, "#1"))
 
 
+@contextlib.asynccontextmanager
+async def planned(
+    notes: Path, synapse: SynapseServer, bot: MatrixUser, alice: Human, mallory: Human
+) -> AsyncIterator[tuple[ModelServer, str, Seen]]:
+    """Alice's run in plan mode proposes PLAN (then writes ``notes``), Mallory approving:
+    the model server, the room, the plan's event."""
+    room = await alice.create_room([bot.user_id, mallory.user.user_id])
+    await mallory.join(room)
+    async with (
+        ModelServer(planning(notes)) as server,
+        service(
+            notes.parent,
+            synapse,
+            bot,
+            room,
+            allowed=(ALICE,),
+            room_extra={"approvers": [ALICE, MALLORY]},
+            extra=real(notes.parent, server, permission_mode="plan"),
+        ),
+    ):
+        await alice.wait_for(joined(bot.user_id, room))
+        await alice.send(room, "plan it")
+        yield server, room, await alice.wait_for(request_in(bot, room, "#1"))
+
+
 async def test_a_question_is_answered_in_matrix_with_free_text(
     tmp_path: Path, synapse: SynapseServer, bot: MatrixUser, alice: Human
 ) -> None:
@@ -69,28 +94,14 @@ async def test_a_question_is_answered_in_matrix_with_free_text(
 async def test_a_plan_sent_back_by_a_reaction_keeps_claude_planning(
     tmp_path: Path, synapse: SynapseServer, bot: MatrixUser, alice: Human, mallory: Human
 ) -> None:
-    room = await alice.create_room([bot.user_id, mallory.user.user_id])
-    await mallory.join(room)
-    async with ModelServer(planning(tmp_path / "notes.md")) as server:
-        async with service(
-            tmp_path,
-            synapse,
-            bot,
-            room,
-            allowed=(ALICE,),
-            room_extra={"approvers": [ALICE, MALLORY]},
-            extra=real(tmp_path, server, permission_mode="plan"),
-        ):
-            await alice.wait_for(joined(bot.user_id, room))
-            await alice.send(room, "plan it")
-            plan = await alice.wait_for(request_in(bot, room, "#1"))
-            assert "40. `rm -rf /srv/data`" in str(plan.content["body"])
-            await mallory.sync(timeout_ms=0)
-            await react(mallory, room, str(plan.source["event_id"]), "❌")
-            await alice.wait_for(edit_of(str(plan.source["event_id"]), "sent back to planning"))
-            write = await alice.wait_for(request_in(bot, room, "#2"))
-            await react(mallory, room, str(write.source["event_id"]), "❌")
-            await alice.wait_for(answer_to(bot, room, "Plan carried out."))
+    async with planned(tmp_path / "notes.md", synapse, bot, alice, mallory) as (server, room, plan):
+        assert "40. `rm -rf /srv/data`" in str(plan.content["body"])
+        await mallory.sync(timeout_ms=0)
+        await react(mallory, room, str(plan.source["event_id"]), "❌")
+        await alice.wait_for(edit_of(str(plan.source["event_id"]), "sent back to planning"))
+        write = await alice.wait_for(request_in(bot, room, "#2"))
+        await react(mallory, room, str(write.source["event_id"]), "❌")
+        await alice.wait_for(answer_to(bot, room, "Plan carried out."))
         assert "The user wants you to keep planning; the plan is not approved yet." in told(server)
 
 
@@ -123,29 +134,15 @@ async def test_a_single_choice_question_is_answered_by_a_number_reaction(
 async def test_a_plan_is_started_with_edits_asked_by_a_check_reaction(
     tmp_path: Path, synapse: SynapseServer, bot: MatrixUser, alice: Human, mallory: Human
 ) -> None:
-    room = await alice.create_room([bot.user_id, mallory.user.user_id])
-    await mallory.join(room)
     notes = tmp_path / "notes.md"
-    async with ModelServer(planning(notes)) as server:
-        async with service(
-            tmp_path,
-            synapse,
-            bot,
-            room,
-            allowed=(ALICE,),
-            room_extra={"approvers": [ALICE, MALLORY]},
-            extra=real(tmp_path, server, permission_mode="plan"),
-        ):
-            await alice.wait_for(joined(bot.user_id, room))
-            await alice.send(room, "plan it")
-            plan = await alice.wait_for(request_in(bot, room, "#1"))
-            body = str(plan.content["body"])
-            assert "allow once" not in body
-            assert "✅ to start with each edit asked" in body
-            await mallory.sync(timeout_ms=0)
-            await react(mallory, room, str(plan.source["event_id"]), "✅")
-            await alice.wait_for(edit_of(str(plan.source["event_id"]), "each edit asked"))
-            write = await alice.wait_for(request_in(bot, room, "#2"))
-            await react(mallory, room, str(write.source["event_id"]), "✅")
-            await alice.wait_for(answer_to(bot, room, "Plan carried out."))
+    async with planned(notes, synapse, bot, alice, mallory) as (_server, room, plan):
+        body = str(plan.content["body"])
+        assert "allow once" not in body
+        assert "✅ to start with each edit asked" in body
+        await mallory.sync(timeout_ms=0)
+        await react(mallory, room, str(plan.source["event_id"]), "✅")
+        await alice.wait_for(edit_of(str(plan.source["event_id"]), "each edit asked"))
+        write = await alice.wait_for(request_in(bot, room, "#2"))
+        await react(mallory, room, str(write.source["event_id"]), "✅")
+        await alice.wait_for(answer_to(bot, room, "Plan carried out."))
         assert notes.read_text() == "notes\n"
