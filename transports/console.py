@@ -27,7 +27,15 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.core.transport import Delivery, InboundSink, RunPhase, SinkClosed, Transport
+from bridge.core.transport import (
+    TOOL_ASKED,
+    Asked,
+    Delivery,
+    InboundSink,
+    RunPhase,
+    SinkClosed,
+    Transport,
+)
 
 NAME = TransportName("console")
 
@@ -145,7 +153,9 @@ class ConsoleTransport(Transport):
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         self._print("· " + " | ".join(text.splitlines()))
 
-    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
+    async def post_approval(
+        self, request: Reply, ref: str, asked: Asked = TOOL_ASKED
+    ) -> ExternalMessageId | None:
         """The request as a notice: a terminal has no buttons; its text says which
         commands answer it."""
         return await self.send(replace(request, kind=ReplyKind.NOTICE))

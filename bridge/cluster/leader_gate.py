@@ -16,7 +16,15 @@ from pathlib import Path
 
 from bridge.cluster.replica import Cluster
 from bridge.core.model import Attachment, ExternalMessageId, Reply, RoomKey
-from bridge.core.transport import Delivery, InboundSink, RunPhase, Transport, TransportError
+from bridge.core.transport import (
+    TOOL_ASKED,
+    Asked,
+    Delivery,
+    InboundSink,
+    RunPhase,
+    Transport,
+    TransportError,
+)
 from bridge.store.base import StoreError
 
 log = logging.getLogger(__name__)
@@ -95,8 +103,10 @@ class LeaderGated(Transport):
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         await self.inner.edit(room, message_id, text)
 
-    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
-        return await self.inner.post_approval(request, ref)
+    async def post_approval(
+        self, request: Reply, ref: str, asked: Asked = TOOL_ASKED
+    ) -> ExternalMessageId | None:
+        return await self.inner.post_approval(request, ref, asked)
 
     async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         await self.inner.close_approval(room, message_id, text)

@@ -111,7 +111,13 @@ class ClusterRole:
             await self.on_approval_action(action)
             return
         self.metrics.forwarded.labels("action").inc()
-        body = {"sender": action.sender, "message": action.message_id, "choice": action.choice}
+        body = {
+            "sender": action.sender,
+            "message": action.message_id,
+            "choice": action.choice,
+            "answer": action.answer,
+            "guide": action.guide,
+        }
         await self.cluster.tell(owner, "action", action.room, body)
 
     async def changed(self, message: Message, *, deleted: bool) -> None:
@@ -218,6 +224,8 @@ class ClusterRole:
                 UserId(str(notice.body["sender"])),
                 ExternalMessageId(str(notice.body["message"])),
                 ApprovalChoice(str(notice.body["choice"])),
+                str(notice.body.get("answer") or ""),
+                notice.body.get("guide") is True,
             )
             await self.on_approval_action(action)
 

@@ -91,6 +91,42 @@ class ApprovalAction:
     message_id: ExternalMessageId
     """The transport's id of the approval request message (as ``post_approval`` returned it)."""
     choice: ApprovalChoice
+    answer: str = ""
+    """A question's answer as ``!answer`` reads it (``2``, ``1,3``, words; ``;`` between
+    questions): a Slack option button or submit, a Matrix reply or number reaction."""
+    guide: bool = False
+    """The person asked how to answer (Slack's "Keep planning"): tell them, decide nothing."""
+
+
+class AskKind(StrEnum):
+    """What a request asks of the room."""
+
+    TOOL = "tool"
+    """A tool use: allow once, for the session, or deny."""
+    QUESTION = "question"
+    """claude's questions (AskUserQuestion): answered with options or words."""
+    PLAN = "plan"
+    """claude's plan (ExitPlanMode): start with edits asked, with edits accepted, or keep
+    planning."""
+
+
+@dataclass(frozen=True, slots=True)
+class AskedQuestion:
+    options: tuple[str, ...]
+    """The options' labels, numbered from 1."""
+    multi: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """What a posted request asks, so a transport offers the actions that answer it."""
+
+    kind: AskKind = AskKind.TOOL
+    questions: tuple[AskedQuestion, ...] = ()
+
+
+TOOL_ASKED = Asked()
+"""A tool-use request's: allow once, for the session, or deny."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,13 +293,17 @@ class Transport:
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         """Replace the text of a message the bridge sent (live progress)."""
 
-    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
+    async def post_approval(
+        self, request: Reply, ref: str, asked: Asked = TOOL_ASKED
+    ) -> ExternalMessageId | None:
         """Post an approval request with the actions that answer it; returns its message id.
 
         ``request`` says where (room, thread, the message answered) and what
         (the text, Markdown); ``ref`` names the approval as commands name it
-        (``#3``). A transport with actions of its own (Slack buttons, Matrix
-        reactions) attaches them and later hands each use of one to the sink
+        (``#3``); ``asked`` what it asks (a tool use, claude's questions with
+        their options, a plan). A transport with actions of its own (Slack
+        buttons, Matrix reactions) attaches the ones that answer it and later
+        hands each use of one (a question's answer in ``answer``) to the sink
         as an :class:`~bridge.core.transport.ApprovalAction` carrying the id
         returned here. By default the request is a plain reply, answered
         through commands only. Raises as :meth:`send` does.

@@ -45,13 +45,18 @@ from bridge.live.approvals import (
     timeout_message,
 )
 from bridge.live.questions import (
+    ASK,
     INTERACTIVE,
     NO_EXPIRY_S,
     PLAN,
+    AnswerError,
     answer_decision,
+    asked_of,
     deny_text,
     outcome,
     plan_of,
+    questions,
+    read_answers,
     request_message,
 )
 from bridge.live.registry import LiveRuns
@@ -299,7 +304,9 @@ class ApprovalFlow:
                 short = json.dumps({**tool_input, "plan": ends(plan, SHORT_BLOCK)})
                 text = request_message(replace(approval, input_json=short), prefix, wait_s)
         return await self.replier.post_approval(
-            in_conversation(batch, text, ReplyKind.NOTICE), f"#{approval.number}"
+            in_conversation(batch, text, ReplyKind.NOTICE),
+            f"#{approval.number}",
+            asked_of(approval),
         )
 
     async def _post_whole(self, batch: Batch, approval: Approval, whole: str, comment: str) -> bool:
@@ -384,7 +391,35 @@ class ApprovalFlow:
             # Its run is another replica's: that one answers claude and the room.
             await self.forward(action, approval.room)
             return Accepted.ACCEPTED
-        answered = await self.desk().take(action.sender, approval, action.choice)
+        prefix = self.settings.commands.prefix
+        if action.guide:
+            # Slack's "Keep planning": feedback is words, said by command.
+            await self.replier.answer_action(
+                action,
+                f"To keep planning, say `{prefix}deny #{approval.number} what to change`:"
+                " claude reads it and plans again.",
+            )
+            return Accepted.ACCEPTED
+        reason = ""
+        if action.answer and approval.tool_name != ASK:
+            # A number or a reply on what is not a question: never an approval.
+            await self.replier.answer_action(
+                action, f"`#{approval.number}` is not a question: it takes no answer."
+            )
+            return Accepted.ACCEPTED
+        if action.answer.startswith(prefix):
+            # A command sent as a reply to a question (Matrix): never taken as its answer.
+            await self.replier.answer_action(
+                action, f"Send `{prefix}` commands as messages of their own, not as a reply."
+            )
+            return Accepted.ACCEPTED
+        if action.answer:
+            try:
+                reason = read_answers(questions(parse_input(approval.input_json)), action.answer)
+            except AnswerError as exc:
+                await self.replier.answer_action(action, str(exc))
+                return Accepted.ACCEPTED
+        answered = await self.desk().take(action.sender, approval, action.choice, reason)
         log.info(
             "request #%d in %s: %s by %s: %s",
             approval.number, action.room, action.choice.value, action.sender, answered.text,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge.core.duration import format_duration
-from bridge.core.transport import ApprovalChoice
+from bridge.core.transport import ApprovalChoice, Asked, AskedQuestion, AskKind
 from bridge.live.approval_text import (
     code_block,
     code_span,
@@ -79,6 +79,14 @@ def questions(tool_input: Mapping[str, Any]) -> list[Question]:
             )
         )
     return found
+
+
+def asked_of(approval: Approval) -> Asked:
+    """What a question or plan asks, for the transport's own actions (buttons, reactions)."""
+    if approval.tool_name == PLAN:
+        return Asked(AskKind.PLAN)
+    asked = questions(parse_input(approval.input_json))
+    return Asked(AskKind.QUESTION, tuple(AskedQuestion(q.options, q.multi) for q in asked))
 
 
 def plan_of(tool_input: Mapping[str, Any]) -> str:

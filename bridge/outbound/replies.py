@@ -31,7 +31,14 @@ from bridge.core.model import (
 )
 from bridge.core.synthetic import is_synthetic
 from bridge.core.text import safe_text
-from bridge.core.transport import ApprovalAction, RateLimited, RunPhase, Transport
+from bridge.core.transport import (
+    TOOL_ASKED,
+    ApprovalAction,
+    Asked,
+    RateLimited,
+    RunPhase,
+    Transport,
+)
 from bridge.outbound.pacing import Pacing
 
 _T = TypeVar("_T")
@@ -169,7 +176,9 @@ class Replier:
         except Exception:
             log.debug("could not show phase %s in %s", phase, batch.room, exc_info=True)
 
-    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
+    async def post_approval(
+        self, request: Reply, ref: str, asked: Asked = TOOL_ASKED
+    ) -> ExternalMessageId | None:
         """Post a tool-use request with its actions; None if it could not be posted.
 
         Not cosmetic: claude waits on it. A rate limit is waited out (a few
@@ -180,7 +189,7 @@ class Replier:
             return None
         safe = replace(request, text=safe_text(request.text))
         return await self._insisting(
-            request.room, "a tool request", lambda: transport.post_approval(safe, ref)
+            request.room, "a tool request", lambda: transport.post_approval(safe, ref, asked)
         )
 
     async def _insisting(

@@ -11,7 +11,7 @@ from typing import cast
 import pytest
 
 from bridge.core.model import Batch, ExternalMessageId, Reply
-from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
+from bridge.core.transport import TOOL_ASKED, Accepted, ApprovalAction, ApprovalChoice, Asked
 from bridge.live.approval_flow import CHANGED, STALE, ApprovalFlow
 from bridge.live.registry import LiveRuns
 from bridge.outbound.replies import Replier
@@ -195,7 +195,9 @@ class Narrow(Room):
         self.files.append(Path(reply.file).read_text())
         return True
 
-    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
+    async def post_approval(
+        self, request: Reply, ref: str, asked: Asked = TOOL_ASKED
+    ) -> ExternalMessageId | None:
         self.requests.append(request.text)
         return await super().post_approval(request, ref)
 
@@ -220,7 +222,9 @@ async def test_a_request_of_many_short_fields_is_never_cut_unsaid(tmp_path: Path
 class Down(Room):
     """A chat that takes notices but not the request (a post failing after its retries)."""
 
-    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
+    async def post_approval(
+        self, request: Reply, ref: str, asked: Asked = TOOL_ASKED
+    ) -> ExternalMessageId | None:
         self.posted.set()
         return None
 

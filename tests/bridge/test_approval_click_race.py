@@ -19,7 +19,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
+from bridge.core.transport import TOOL_ASKED, Accepted, ApprovalAction, ApprovalChoice, Asked
 from bridge.live.approval_flow import ApprovalFlow
 from bridge.live.registry import LiveRuns
 from bridge.outbound.replies import Replier
@@ -53,7 +53,9 @@ class Posting:
     def approval_fits(self, room: RoomKey, text: str) -> bool:
         return True
 
-    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
+    async def post_approval(
+        self, request: Reply, ref: str, asked: Asked = TOOL_ASKED
+    ) -> ExternalMessageId | None:
         self.posted.set()
         return POSTED
 

@@ -30,8 +30,8 @@ from bridge.core.model import (
     UserId,
 )
 from bridge.core.text import safe_text
-from bridge.core.transport import ApprovalAction, MessageDeleted, MessageEdited
-from transports.matrix.approvals import choice_of
+from bridge.core.transport import ApprovalAction, ApprovalChoice, MessageDeleted, MessageEdited
+from transports.matrix.approvals import choice_of, number_of
 from transports.matrix.media import attachment_of, caption
 
 TRANSPORT = TransportName("matrix")
@@ -167,10 +167,11 @@ def to_inbound(
     is set, so the service can record them. An edit (``m.replace``) becomes
     :class:`MessageEdited` of the original, a redaction :class:`MessageDeleted`:
     the service applies them to messages not yet run and ignores the rest.
-    A reaction ✅ 🔁 ❌ by anyone but the bridge (and, with
+    A reaction ✅ 🔁 ❌ (or 1️⃣ … 9️⃣, an answer) by anyone but the bridge (and, with
     ``ignore_other_bots``, but ``ignore_users``) becomes an
     :class:`ApprovalAction` on the event it annotates; whether that event is
-    an approval request is for the caller to check (it takes a lookup).
+    an approval request (a question, for a number) is for the caller to check
+    (it takes a lookup), as whether a reply answers a question (:func:`as_answer`).
     ``display_name`` is the bot's name in the room, for leading mentions.
     """
     room = RoomKey(TRANSPORT, RoomId(room_id))
@@ -212,10 +213,27 @@ def _reaction(event: ReactionEvent, room: RoomKey, bot: InboundPolicy) -> Approv
         return None  # the bot's own reactions: the buttons it offers
     if bot.ignore_other_bots and event.sender in bot.ignore_users:
         return None
-    choice = choice_of(event.key)
-    if choice is None or not event.reacts_to:
+    if not event.reacts_to:
         return None
-    return ApprovalAction(room, UserId(event.sender), ExternalMessageId(event.reacts_to), choice)
+    target = ExternalMessageId(event.reacts_to)
+    number = number_of(event.key)
+    if number is not None:
+        # 1️⃣ … on a question: that option (the caller drops it on anything else).
+        return ApprovalAction(room, UserId(event.sender), target, ApprovalChoice.ALLOW, number)
+    choice = choice_of(event.key)
+    if choice is None:
+        return None
+    return ApprovalAction(room, UserId(event.sender), target, choice)
+
+
+def as_answer(message: InboundMessage, question: ExternalMessageId) -> ApprovalAction | None:
+    """A message replying to ``question`` (a question request) as its answer; None for a
+    bot's."""
+    if message.sender_is_bot or not message.text.strip():
+        return None
+    return ApprovalAction(
+        message.room, message.sender, question, ApprovalChoice.ALLOW, message.text.strip()
+    )
 
 
 def _files(

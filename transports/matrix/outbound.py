@@ -24,6 +24,8 @@ from nio.exceptions import LocalProtocolError, OlmTrustError
 from bridge.core import stages
 from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey
 from bridge.core.transport import (
+    TOOL_ASKED,
+    Asked,
     Delivery,
     RateLimited,
     RunPhase,
@@ -31,7 +33,7 @@ from bridge.core.transport import (
     Undeliverable,
 )
 from transports.backoff import Backoff
-from transports.matrix.approvals import HOWTO, MARKER, REACTIONS, KnownRequests
+from transports.matrix.approvals import MARKER, WIDEST_HOWTO, KnownRequests, offered
 from transports.matrix.client import AUTH_ERRORS, RATE_LIMITED
 from transports.matrix.inbound import TRANSPORT
 from transports.matrix.mentions import must_declare
@@ -254,9 +256,11 @@ class MatrixOutbound:
 
     def approval_fits(self, room: RoomKey, text: str) -> bool:
         """Whether a request of ``text`` is one event (see :meth:`post_approval`)."""
-        return len(self._parts(Reply(room, f"{text}\n\n{HOWTO}"))) == 1
+        return len(self._parts(Reply(room, f"{text}\n\n{WIDEST_HOWTO}"))) == 1
 
-    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId:
+    async def post_approval(
+        self, request: Reply, ref: str, asked: Asked = TOOL_ASKED
+    ) -> ExternalMessageId:
         """Post an approval request as one message, then react ✅ 🔁 ❌ to it as the bot.
 
         One event whatever the length (the reactions belong to one): a text
@@ -269,19 +273,20 @@ class MatrixOutbound:
         """
         room_id = room_id_of(request.room)
         client = self._logged_in()
-        parts = self._parts(replace(request, text=f"{request.text}\n\n{HOWTO}"))
+        keys, howto = offered(asked)
+        parts = self._parts(replace(request, text=f"{request.text}\n\n{howto}"))
         content = parts[0]
         if len(parts) > 1:
             content["body"] += "\n…"
             content["formatted_body"] += "<p>…</p>"
-        content[MARKER] = {"ref": ref}
+        content[MARKER] = {"ref": ref, "kind": asked.kind.value}
         await self._known_room(client, room_id)
         event_id = await self._room_send(client, room_id, content, uuid4().hex)
-        self._requests.note(event_id, True)
+        self._requests.note(event_id, True, asked.kind.value)
         reactions: list[str] = []
         # In an encrypted room nio sends reactions in the clear (it never
         # encrypts m.reaction); they only show which emoji to click.
-        for key in REACTIONS:
+        for key in keys:
             annotation = {
                 "m.relates_to": {"rel_type": "m.annotation", "event_id": event_id, "key": key}
             }

@@ -29,9 +29,17 @@ from nio import (
 from nio.exceptions import EncryptionError, LocalProtocolError
 
 from bridge.core import stages
-from bridge.core.model import InboundMessage, RoomId, RoomKey, TransportName, UserId
+from bridge.core.model import (
+    ExternalMessageId,
+    InboundMessage,
+    RoomId,
+    RoomKey,
+    TransportName,
+    UserId,
+)
 from bridge.core.transport import (
     ApprovalAction,
+    AskKind,
     InboundEvent,
     InboundSink,
     MessageEdited,
@@ -43,8 +51,8 @@ from bridge.core.transport import (
 from transports.backoff import Backoff
 from transports.matrix.approvals import MARKER, KnownRequests
 from transports.matrix.client import RATE_LIMITED, Retryable, check
-from transports.matrix.context import with_context
-from transports.matrix.inbound import InboundPolicy, history_before, to_inbound
+from transports.matrix.context import replied_to, with_context
+from transports.matrix.inbound import InboundPolicy, as_answer, history_before, to_inbound
 from transports.matrix.position import PositionSaver
 from transports.matrix.setaside import Offer, SetAsideEvents, Translate
 from transports.matrix.settings import MatrixSettings
@@ -367,34 +375,52 @@ class Syncer:
             client, room_id, inbound.external_id, event
         ):
             return None
-        if isinstance(inbound, ApprovalAction) and not await self._is_request(
-            client, room_id, inbound.message_id
-        ):
-            return None  # a ✅ on anything else is just a reaction
+        if isinstance(inbound, ApprovalAction):
+            kind = await self._request_kind(client, room_id, inbound.message_id)
+            if not kind:
+                return None  # a ✅ on anything else is just a reaction
+            if inbound.answer and kind != AskKind.QUESTION.value:
+                return None  # a 2️⃣ on a tool request or plan too
         if isinstance(inbound, InboundMessage):
             source = getattr(event, "source", None)
             content = source.get("content") if isinstance(source, dict) else None
             if isinstance(content, dict):
+                answer = await self._answer_of(client, room_id, inbound, content)
+                if answer is not None:
+                    return answer
                 inbound = await with_context(client, room_id, inbound, content)
         return inbound
 
-    async def _is_request(self, client: AsyncClient, room_id: str, event_id: str) -> bool:
-        """Whether ``event_id`` is an approval request the bot posted (marked, see .approvals).
+    async def _answer_of(
+        self, client: AsyncClient, room_id: str, message: InboundMessage, content: dict[str, Any]
+    ) -> ApprovalAction | None:
+        """A reply to a question request: its answer (any other message stays a message)."""
+        question = replied_to(content)
+        if question is None:
+            return None
+        kind = await self._request_kind(client, room_id, ExternalMessageId(question))
+        if kind != AskKind.QUESTION.value:
+            return None
+        return as_answer(message, ExternalMessageId(question))
+
+    async def _request_kind(self, client: AsyncClient, room_id: str, event_id: str) -> str:
+        """The kind of approval request ``event_id`` is (``tool``, ``question``, ``plan``;
+        marked, see .approvals), "" for any other event.
 
         Known for the requests this process posted; otherwise the event is
         fetched (and decrypted: the bot can read its own messages) once and
         the answer remembered.
         """
-        known = self._requests.get(event_id)
+        known = self._requests.kind(event_id)
         if known is not None:
             return known
         response = await client.room_get_event(room_id, event_id)
         if not isinstance(response, RoomGetEventResponse):
             if getattr(response, "status_code", None) in ("M_NOT_FOUND", "M_FORBIDDEN"):
                 self._requests.note(event_id, False)
-                return False
+                return ""
             check("fetch reacted-to event", response)
-            return False
+            return ""
         event: object = response.event
         if isinstance(event, MegolmEvent) and client.olm is not None:
             try:
@@ -402,16 +428,16 @@ class Syncer:
             except (EncryptionError, LocalProtocolError) as exc:
                 # Not remembered: the key may still come (unlikely for the bot's own).
                 log.warning("matrix: cannot read %s to check a reaction: %s", event_id, exc)
-                return False
+                return ""
         source = getattr(event, "source", None)
         content = source.get("content") if isinstance(source, dict) else None
-        is_request = (
-            getattr(event, "sender", None) == self._policy.user_id
-            and isinstance(content, dict)
-            and isinstance(content.get(MARKER), dict)
+        marker = content.get(MARKER) if isinstance(content, dict) else None
+        is_request = getattr(event, "sender", None) == self._policy.user_id and isinstance(
+            marker, dict
         )
-        self._requests.note(event_id, is_request)
-        return is_request
+        kind = str(marker.get("kind") or AskKind.TOOL.value) if isinstance(marker, dict) else ""
+        self._requests.note(event_id, is_request, kind)
+        return kind if is_request else ""
 
     async def _same_sender(
         self, client: AsyncClient, room_id: str, original: str, edit: object

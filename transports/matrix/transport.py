@@ -21,6 +21,8 @@ from bridge.core.model import (
     TransportName,
 )
 from bridge.core.transport import (
+    TOOL_ASKED,
+    Asked,
     Delivery,
     InboundSink,
     RoomBinding,
@@ -142,9 +144,11 @@ class MatrixTransport(Transport):
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         await self._outbound.edit(room, message_id, text)
 
-    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
+    async def post_approval(
+        self, request: Reply, ref: str, asked: Asked = TOOL_ASKED
+    ) -> ExternalMessageId | None:
         """Post the request and react ✅ 🔁 ❌ to it, for people to click (see .approvals)."""
-        return await self._outbound.post_approval(request, ref)
+        return await self._outbound.post_approval(request, ref, asked)
 
     def approval_fits(self, room: RoomKey, text: str) -> bool:
         """Whether the request (with the line on its reactions) is one event."""

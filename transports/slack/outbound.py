@@ -25,6 +25,8 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bridge.core import stages
 from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey, UserId
 from bridge.core.transport import (
+    TOOL_ASKED,
+    Asked,
     Delivery,
     RateLimited,
     RoomBinding,
@@ -397,7 +399,9 @@ class SlackOutbound:
         chunks = self._chunks(text) or [" "]
         return to_mrkdwn(chunks[0])
 
-    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId:
+    async def post_approval(
+        self, request: Reply, ref: str, asked: Asked = TOOL_ASKED
+    ) -> ExternalMessageId:
         """Post an approval request with its buttons (see :mod:`.approvals`); returns its ts.
 
         One message, whatever the length (the buttons belong to one): a long
@@ -408,7 +412,7 @@ class SlackOutbound:
             "channel": request.room.room_id,
             # The notification's text: the same safe rendering as the section's.
             "text": text,
-            "blocks": request_blocks(text, ref),
+            "blocks": request_blocks(text, ref, asked),
             "mrkdwn": True,
             "parse": "none",
             "link_names": False,

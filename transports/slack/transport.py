@@ -36,7 +36,9 @@ from bridge.core.model import (
     RoomKey,
 )
 from bridge.core.transport import (
+    TOOL_ASKED,
     ApprovalAction,
+    Asked,
     Delivery,
     InboundSink,
     RoomBinding,
@@ -47,7 +49,7 @@ from bridge.core.transport import (
     TransportError,
 )
 from transports.backoff import Backoff, retry
-from transports.slack.approvals import ACTION_PREFIX, approval_fits, to_action
+from transports.slack.approvals import ACTION_PREFIX, PICK_PREFIX, approval_fits, to_action
 from transports.slack.catch_up import History, Missed, Unreadable, later, ts_of
 from transports.slack.events_http import serve_events
 from transports.slack.files import STUB_PREFIX, attachments, download, may_have_token
@@ -334,10 +336,16 @@ class SlackTransport(Transport):
             if action is not None:
                 self._on_approval(action, sink)
 
+        async def on_pick(ack: Callable[[], Awaitable[None]]) -> None:
+            await ack()
+
         app.event("message")(on_message)
         app.event("app_mention")(on_message)
         app.event(re.compile(".*"))(on_other_event)
         app.action(re.compile(f"^{re.escape(ACTION_PREFIX)}"))(on_approval)
+        # Picking a question's option answers nothing yet (its "Answer" button does):
+        # acknowledged, so Slack shows the person no error.
+        app.action(re.compile(f"^{re.escape(PICK_PREFIX)}"))(on_pick)
         return app
 
     def _on_approval(self, action: ApprovalAction, sink: InboundSink) -> None:
@@ -568,9 +576,11 @@ class SlackTransport(Transport):
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         await self._outbound.edit(room, message_id, text)
 
-    async def post_approval(self, request: Reply, ref: str) -> ExternalMessageId | None:
+    async def post_approval(
+        self, request: Reply, ref: str, asked: Asked = TOOL_ASKED
+    ) -> ExternalMessageId | None:
         """Post the request with Allow once · Allow for this session · Deny buttons."""
-        return await self._outbound.post_approval(request, ref)
+        return await self._outbound.post_approval(request, ref, asked)
 
     async def answer_action(self, action: ApprovalAction, text: str) -> None:
         """An ephemeral message: only the person who clicked sees it."""

@@ -8,8 +8,16 @@ import pytest
 from nio import Event
 
 from bridge.core.model import ExternalMessageId, RoomId, RoomKey, TransportName, UserId
-from bridge.core.transport import ApprovalAction, ApprovalChoice
-from transports.matrix.approvals import KnownRequests, choice_of
+from bridge.core.transport import ApprovalAction, ApprovalChoice, Asked, AskedQuestion, AskKind
+from transports.matrix.approvals import (
+    HOWTO,
+    NUMBERS,
+    WIDEST_HOWTO,
+    KnownRequests,
+    choice_of,
+    number_of,
+    offered,
+)
 from transports.matrix.inbound import InboundPolicy, to_inbound
 
 BOT = InboundPolicy("@bot:hs", ignore_other_bots=True, ignore_users=frozenset({"@ci:hs"}))
@@ -62,3 +70,35 @@ def test_known_requests_are_bounded() -> None:
     known.note("$c", True)
     assert (known.get("$a"), known.get("$b"), known.get("$c")) == (None, False, True)
     assert "$a" not in known.reactions
+
+
+def test_number_reactions_are_read_as_options_and_other_keys_are_not() -> None:
+    assert number_of("2\ufe0f\u20e3") == "2"
+    assert number_of("9\u20e3") == "9"
+    assert number_of("0\ufe0f\u20e3") is None
+    assert number_of("✅") is None
+
+
+def test_a_question_and_a_plan_say_how_they_are_answered_not_how_tools_are() -> None:
+    one = Asked(AskKind.QUESTION, (AskedQuestion(("a", "b", "c"), False),))
+    keys, howto = offered(one)
+    assert keys == NUMBERS[:3]
+    assert "allow" not in howto
+    assert "Reply to this message" in howto
+    multi = Asked(AskKind.QUESTION, (AskedQuestion(("a", "b"), True),))
+    assert offered(multi)[0] == ()
+    keys, howto = offered(Asked(AskKind.PLAN))
+    assert keys == ("✅", "🔁", "❌")
+    assert "keep planning" in howto
+    assert offered(Asked())[1] == HOWTO
+    assert all(len(h) <= len(WIDEST_HOWTO) for h in (offered(one)[1], offered(multi)[1]))
+
+
+def test_known_requests_keep_their_kind() -> None:
+    known = KnownRequests()
+    known.note("$q", True, "question")
+    known.note("$x", False)
+    assert known.kind("$q") == "question"
+    assert known.kind("$x") == ""
+    assert known.kind("$y") is None
+    assert known.get("$q") is True

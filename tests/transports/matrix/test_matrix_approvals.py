@@ -93,7 +93,7 @@ async def test_a_reaction_on_a_request_reaches_the_sink(
         )
         assert request is not None
         shown = await alice.wait_for(lambda s: s.source.get("event_id") == request)
-        assert shown.content[MARKER] == {"ref": "#1"}
+        assert shown.content[MARKER] == {"ref": "#1", "kind": "tool"}
         assert "React ✅" in shown.content["body"]
         assert await offered(alice, request) == ["✅", "🔁", "❌"]
         # Not answers: a ✅ on a message that is no request, another emoji.

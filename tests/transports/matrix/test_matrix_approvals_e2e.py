@@ -39,7 +39,10 @@ def tool_log(tmp_path: Path) -> list[dict[str, Any]]:
 
 def request_in(bot: MatrixUser, room: str, ref: str) -> Callable[[Seen], bool]:
     def match(seen: Seen) -> bool:
-        return message_from(bot.user_id, room)(seen) and seen.content.get(MARKER) == {"ref": ref}
+        return (
+            message_from(bot.user_id, room)(seen)
+            and (seen.content.get(MARKER) or {}).get("ref") == ref
+        )
 
     return match
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from bridge.core.model import ExternalMessageId, RoomId, RoomKey, TransportName, UserId
-from bridge.core.transport import ApprovalAction, ApprovalChoice
+from bridge.core.transport import ApprovalAction, ApprovalChoice, Asked, AskedQuestion, AskKind
 from transports.slack.approvals import (
     SECTION_LIMIT,
     approval_fits,
@@ -66,3 +66,83 @@ def test_a_request_is_measured_after_escaping() -> None:
     assert len(text) < SECTION_LIMIT
     assert not approval_fits(text)
     assert approval_fits("```sh\n" + "a and " * 400 + "\n```")
+
+
+SINGLE = Asked(AskKind.QUESTION, (AskedQuestion(("SQLite", "PostgreSQL"), False),))
+TWO = Asked(
+    AskKind.QUESTION,
+    (
+        AskedQuestion(("ruff", "mypy", "pytest"), True),
+        AskedQuestion(("SQLite", "PostgreSQL"), False),
+    ),
+)
+
+
+def elements(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for b in blocks if b["type"] == "actions" for e in b["elements"]]
+
+
+def test_a_single_choice_question_offers_one_button_per_option_and_no_allow() -> None:
+    shown = elements(request_blocks("q", "#4", SINGLE))
+    assert [e["action_id"] for e in shown] == [
+        "chatbridge_approval_option_1",
+        "chatbridge_approval_option_2",
+    ]
+    assert [e["text"]["text"] for e in shown] == ["1. SQLite", "2. PostgreSQL"]
+    assert {e["value"] for e in shown} == {"#4"}
+
+
+def test_a_multi_select_question_offers_checkboxes_and_an_answer_button() -> None:
+    shown = elements(request_blocks("q", "#4", TWO))
+    assert [e["type"] for e in shown] == ["checkboxes", "radio_buttons", "button"]
+    assert [o["value"] for o in shown[0]["options"]] == ["1", "2", "3"]
+    assert shown[2]["action_id"] == "chatbridge_approval_submit"
+
+
+def test_a_plan_offers_start_with_edits_asked_or_accepted_and_keep_planning() -> None:
+    shown = elements(request_blocks("p", "#2", Asked(AskKind.PLAN)))
+    assert [e["text"]["text"] for e in shown] == [
+        "Start, edits asked",
+        "Start, edits accepted",
+        "Keep planning",
+    ]
+
+
+def test_an_option_button_is_read_as_that_answer() -> None:
+    action = to_action(
+        click(actions=[{"action_id": "chatbridge_approval_option_2", "value": "#1"}]), "UBOT", ROOMS
+    )
+    assert action is not None
+    assert (action.choice, action.answer, action.guide) == (ApprovalChoice.ALLOW, "2", False)
+
+
+def test_the_answer_button_reads_the_checkboxes_and_radio_groups_picked() -> None:
+    state = {
+        "values": {
+            "chatbridge_pick_1": {
+                "chatbridge_pick_1": {
+                    "type": "checkboxes",
+                    "selected_options": [{"value": "1"}, {"value": "3"}],
+                }
+            },
+            "chatbridge_pick_2": {
+                "chatbridge_pick_2": {"type": "radio_buttons", "selected_option": {"value": "2"}}
+            },
+        }
+    }
+    submit = [{"action_id": "chatbridge_approval_submit", "value": "#1"}]
+    action = to_action(click(actions=submit, state=state), "UBOT", ROOMS)
+    assert action is not None
+    assert (action.choice, action.answer) == (ApprovalChoice.ALLOW, "1,3; 2")
+    # Nothing picked for the first: its part is empty, so the bridge asks for one per question.
+    del state["values"]["chatbridge_pick_1"]
+    action = to_action(click(actions=submit, state=state), "UBOT", ROOMS)
+    assert action is not None
+    assert action.answer == "; 2"
+
+
+def test_keep_planning_is_read_as_a_request_for_guidance_not_a_decision() -> None:
+    keep = [{"action_id": "chatbridge_approval_keep_planning", "value": "#1"}]
+    action = to_action(click(actions=keep), "UBOT", ROOMS)
+    assert action is not None
+    assert action.guide
