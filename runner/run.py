@@ -444,11 +444,6 @@ async def _follow(  # noqa: PLR0917
             if isinstance(exc, asyncio.CancelledError) and answered:
                 return run.report(Answered(lingering=True))
             raise
-        if isinstance(ending, Expired):
-            # The supervisor interrupted claude at its time limit: its result (what the
-            # run cost) comes before it exits, unless the grace period runs out first.
-            ends: set[asyncio.Future[Any]] = {supervised.claude_exit, supervised.gone}
-            await asyncio.wait(ends, timeout=request.stop_grace_s)
         try:
             await shielded(run.close(stop=must_stop(ending)))
         except asyncio.CancelledError:
@@ -534,6 +529,12 @@ class _Run:
             both: set[asyncio.Future[Any]] = {exited, supervised.gone}
             await asyncio.wait(both, timeout=request.stop_grace_s)
             return Answered(lingering=not exited.done())
+        if isinstance(ending, Expired):
+            # The supervisor interrupted claude at its time limit: its result (what the
+            # run cost) comes before it exits, unless the grace period runs out first.
+            # Waited for here, so a stop meanwhile stops the run as any stop does.
+            ends: set[asyncio.Future[Any]] = {supervised.claude_exit, supervised.gone}
+            await asyncio.wait(ends, timeout=request.stop_grace_s)
         return ending
 
     def _bind(self) -> None:

@@ -39,7 +39,7 @@ async def test_a_stop_during_a_time_limits_grace_leaves_no_claude_behind(
         tmp_path,
         env=fake_env(tmp_path, sleep="60", ignore_int="1"),
         run_timeout_s=1,
-        stop_grace_s=20.0,
+        stop_grace_s=5.0,
         state_dir=state,
     )
     async with asyncio.timeout(WAIT_S):
