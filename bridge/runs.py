@@ -821,6 +821,8 @@ class RunExecutor:
             first, live.registered = live.registered, None
             await shielded(self._unregister(run.id, first))
             live.control = RunControl()
+            # The first try's result (zeroed: no session) says nothing of this one's cost.
+            live.result = None
             report = await attempt(replace(request, session_id=None), None)
         return report
 
