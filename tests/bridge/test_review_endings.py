@@ -1,13 +1,22 @@
-"""Review of issue 25's endings in the bridge: what a run's end records of its cost
-(docs/budgets.md). The console room, the fake claude, SQLite."""
+"""Review of issue 25's endings in the bridge: what a run's end records of its cost, and
+the retry after a usage limit as an offer a ``!stop`` calls off (docs/budgets.md). The
+console room, the fake claude, SQLite."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
-from bridge.core.model import RoomId, RoomKey, SessionId, TransportName
+from bridge.config import load_settings
+from bridge.core.model import Message, RoomId, RoomKey, RunId, SessionId, TransportName
+from bridge.store.base import Store
+from tests.bridge.harness import ECHO, ConsoleSession, write_config
 from tests.bridge.test_live_runs import WAIT_S, rows, session
+from tests.config_files import Table
+
+T = TypeVar("T")
 
 CONSOLE = RoomKey(TransportName("console"), RoomId("console"))
 
@@ -29,3 +38,68 @@ async def test_a_retry_in_a_new_session_does_not_take_the_lost_sessions_cost(
         await bridge.service.dispatcher.wait_idle()
     assert rows(tmp_path, "select status, cost_usd from runs") == [("failed", None)]
     assert rows(tmp_path, "select cost_usd from spend") in ([], [(None,)])
+
+
+class RetryAtStop:
+    """Wraps the store: the retry after a usage limit, fired at the reset, stops at its
+    re-queue until ``!stop`` calls the retry off (``drop_limit_resume``): the two race."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.reached = asyncio.Event()
+        self.called_off = asyncio.Event()
+        self.done = asyncio.Event()
+
+    @property
+    def store(self) -> Store:
+        return cast(Store, self)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def drop_limit_resume(self, run_id: RunId) -> bool:
+        dropped = await self.inner.drop_limit_resume(run_id)
+        self.called_off.set()
+        return dropped
+
+    async def requeue_run(self, run_id: RunId) -> list[Message]:
+        return await self._raced(self.inner.requeue_run(run_id))
+
+    async def requeue_limit_resume(self, run_id: RunId) -> list[Message] | None:
+        return await self._raced(self.inner.requeue_limit_resume(run_id))
+
+    async def _raced(self, requeue: Awaitable[T]) -> T:
+        self.reached.set()
+        await self.called_off.wait()
+        try:
+            return await requeue
+        finally:
+            self.done.set()
+
+
+async def test_a_limit_retry_firing_at_a_stop_is_either_called_off_or_stopped(
+    tmp_path: Path,
+) -> None:
+    once = tmp_path / "limited-once"
+    env = {"FAKE_CLAUDE_USAGE_LIMIT": "1", "FAKE_CLAUDE_USAGE_LIMIT_ONCE": str(once)}
+    config: Table = {"runner": {"resume_after_limit": True}}
+    raced: list[RetryAtStop] = []
+
+    def wrap(store: Store) -> Store:
+        raced.append(RetryAtStop(store))
+        return raced[0].store
+
+    settings = load_settings(write_config(tmp_path, config, env={**ECHO, **env}))
+    async with asyncio.timeout(WAIT_S), ConsoleSession(settings, wrap_store=wrap) as bridge:
+        assert bridge.service is not None
+        bridge.send("the job tok-L")
+        await bridge.wait_for("chatbridge retries this run then (once)")
+        await raced[0].reached.wait()  # the reset came: the retry is being made
+        bridge.send("!stop")
+        out = await bridge.wait_for("Called off the retry after the usage limit")
+        await raced[0].done.wait()
+        await bridge.service.dispatcher.wait_idle()
+        out = await bridge.finish()
+    # Told it was called off, the room must not see it run (nor its answer).
+    assert out.count("the job tok-L\n") == 0
+    assert rows(tmp_path, "select status from runs order by seq") == [("failed",)]
