@@ -11,11 +11,12 @@ it withdraws ``!retry``'s offer); ``!stop`` and ``!reset`` call it off
 
 Once, also across restarts: the retry is written to the store
 (``Store.add_limit_resume``) before the run's end is recorded, and made by
-:meth:`LimitResumes.serve` from the store's list. Making it re-queues the
-run's failed messages, which the store does at most once for a run
-(``requeue_run``: a later call, or a ``!retry`` that came first, finds
-nothing), and only then is the record dropped; so a crash between the two
-cannot retry twice, and a crash before them retries at the next start.
+:meth:`LimitResumes.serve` from the store's list. Making it drops the record and
+re-queues the run's failed messages in one transaction
+(``Store.requeue_limit_resume``; the store re-queues a run's messages at most once: a
+``!retry`` that came first leaves nothing), so a crash cannot retry twice, one before
+it retries at the next start, and of a retry and a ``!stop`` or ``!reset`` calling it
+off, one wins: called off, it never runs.
 """
 
 from __future__ import annotations
@@ -195,10 +196,12 @@ class LimitResumes:
         run = await self.store.get_run(entry.run_id)
         if run is not None and run.status is RunStatus.RUNNING:
             return False
-        messages = await self.store.requeue_run(entry.run_id)
+        messages = await self.store.requeue_limit_resume(entry.run_id)
+        if messages is None:
+            log.info("the retry of run %s after the usage limit was called off", entry.run_id)
+            return True
         for message in messages:
             self.submit(message)
-        await self.store.drop_limit_resume(entry.run_id)
         if not messages:
             # Retried already (a !retry, or a process before this one), or no longer
             # offered (a later run of the room succeeded: it moved on): nothing runs.

@@ -499,6 +499,13 @@ class Store(Protocol):
         """Forget the waiting retry of ``run_id``; whether there was one."""
         ...
 
+    async def requeue_limit_resume(self, run_id: RunId) -> list[Message] | None:
+        """Make the waiting retry of ``run_id``: in one transaction, forget it and re-queue
+        the run's messages as :meth:`requeue_run` does (empty if the run is not offered any
+        more). None if no retry was waiting (called off: :meth:`drop_limit_resume`, or made
+        already): of a retry and its calling off, one wins, whatever the interleaving."""
+        ...
+
     # Approvals
 
     async def add_approval(

@@ -624,6 +624,13 @@ class MemoryStore:
         self._check_open()
         return self._resumes.pop(run_id, None) is not None
 
+    async def requeue_limit_resume(self, run_id: RunId) -> list[Message] | None:
+        """Forget the waiting retry and re-queue its run's messages; None if none waited."""
+        self._check_open()
+        if self._resumes.pop(run_id, None) is None:
+            return None
+        return await self.requeue_run(run_id)
+
     # Approvals
 
     async def add_approval(
