@@ -10,10 +10,27 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from bridge.config import load_settings
-from bridge.core.model import Message, RoomId, RoomKey, RunId, SessionId, TransportName
-from bridge.store.base import Store
+import pytest
+
+from bridge.core.model import (
+    Batch,
+    Message,
+    RoomId,
+    RoomKey,
+    RunId,
+    SessionId,
+    TransportName,
+)
+from bridge.store.base import Store, StoreError
 from tests.bridge.harness import ECHO, ConsoleSession, write_config
-from tests.bridge.test_live_runs import WAIT_S, rows, session
+from tests.bridge.test_live_runs import (
+    WAIT_S,
+    during_run,
+    gated,
+    rows,
+    session,
+    until_tool_runs,
+)
 from tests.config_files import Table
 
 T = TypeVar("T")
@@ -103,3 +120,46 @@ async def test_a_limit_retry_firing_at_a_stop_is_either_called_off_or_stopped(
     # Told it was called off, the room must not see it run (nor its answer).
     assert out.count("the job tok-L\n") == 0
     assert rows(tmp_path, "select status from runs order by seq") == [("failed",)]
+
+
+class SteerNeverRecorded:
+    """Wraps the store: recording a message steered into a run keeps failing."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+
+    @property
+    def store(self) -> Store:
+        return cast(Store, self)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def steer_into_run(self, run_id: RunId, batch: Batch, at: float) -> None:
+        raise StoreError("injected: the database keeps failing")
+
+
+@pytest.mark.parametrize("mode", ["steer", "interrupt"])
+async def test_a_steered_message_that_cannot_be_recorded_is_not_sent(
+    tmp_path: Path, mode: str
+) -> None:
+    # Record, then send: sent unrecorded, claude answers it and it stays pending, so
+    # the next start runs it a second time.
+    env = {**ECHO, **gated(tmp_path), "FAKE_CLAUDE_TOOL_LOG": str(tmp_path / "tools.jsonl")}
+    settings = load_settings(write_config(tmp_path, during_run(mode), env=env))
+    async with (
+        asyncio.timeout(WAIT_S),
+        ConsoleSession(settings, wrap_store=lambda s: SteerNeverRecorded(s).store) as bridge,
+    ):
+        assert bridge.service is not None
+        bridge.service.executor.store_retry_delays_s = (0.01,)
+        bridge.send("first tok-A")
+        await until_tool_runs(bridge, tmp_path)
+        bridge.send("second tok-B")
+        await bridge.wait_for("could not be added to the run")
+        (tmp_path / "gate").touch()
+        await bridge.service.dispatcher.wait_idle()
+        out = await bridge.finish()
+    [(state,)] = rows(tmp_path, "select state from messages where text like '%tok-B%'")
+    assert state == "pending"  # kept for the next start, which runs it once
+    assert "second tok-B\n" not in out  # so claude never had it
