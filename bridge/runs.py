@@ -674,6 +674,11 @@ class RunExecutor:
             # either: a retry in a new session may come after a first try that ran.
             await self._drop(run, live)
             return
+        held, live.held = live.held, None
+        if held is not None and ending.status is not RunStatus.SUCCEEDED:
+            # A result held back (a message was promised after it, or may have been sent
+            # after it before a restart) that the run did not end on: an earlier turn's.
+            self._turn_answered(run, live, *held)
         try:
             await self._finalize(run, live, with_claude_figures(ending, live.result))
         finally:
@@ -1051,9 +1056,10 @@ class RunExecutor:
         held, live.held = live.held, None
         if held is not None:
             self._turn_answered(run, live, *held)  # a later result came: an earlier turn's
-        if control.settled and live.position < control.history_end:
+        if (control.settled and live.position < control.history_end) or control.promised:
             # Replayed history (a reattach): a message steered in as claude printed this
-            # may come after it in the journal; the next result (or the end) tells.
+            # may come after it in the journal; or a steered message is promised (being
+            # recorded): sent, the next result tells; withdrawn, the run ends on this.
             live.held = (event, live.position)
         elif not (control.settled or control.closed):
             # An earlier turn's result: messages steered into the run came after it.
@@ -1137,15 +1143,25 @@ class RunExecutor:
     ) -> None:
         """Record the steered messages as the run's (retried), then write them into
         claude (``message``: the prompt and the uuid it was promised under). Should the
-        record keep failing, they are sent all the same (they stay pending: a restart
-        runs them again; the log says so)."""
+        record keep failing, they are not sent (sent, they would stay pending and a
+        restart would run them again): the promise is withdrawn, the room told, and the
+        messages, pending, run at the next start."""
         recorded = await self._written(
             lambda: self.store.steer_into_run(run_id, batch, self.wall_clock())
         )
-        if not recorded:
-            log.error("could not record the messages steered into the run")
         control = live.control
         prompt, uid = message
+        if not recorded:
+            log.error("could not record the messages steered into the run; not sent")
+            control.withdraw(uid)
+            which = "Your messages" if len(batch.messages) > 1 else "Your message"
+            await self.notices.say(
+                batch.room,
+                f"{which} could not be added to the run: the database kept failing."
+                " Kept, they run when chatbridge restarts.",
+                about=batch,
+            )
+            return
         try:
             if interrupt:
                 control.interrupt_now()
@@ -1157,8 +1173,6 @@ class RunExecutor:
             log.info("the run took no more input; the steered message(s) were not sent")
         else:
             log.info("%d message(s) steered into the run", len(batch.messages))
-        if not recorded:
-            return
         live.steered.append(batch)
         await self._cosmetic(
             "show the steered messages", self.replier.phase(batch, RunPhase.RUNNING)

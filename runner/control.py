@@ -104,6 +104,8 @@ class RunControl:
         self._kept = asyncio.Event()
         """Set while no promise is outstanding."""
         self._kept.set()
+        self._withdrawn = asyncio.Event()
+        """Set when a promise was withdrawn (see :meth:`withdraw`)."""
         self._after_result = False
         """A message was sent or taken since the last result (see :attr:`last_result_answers`)."""
         self._results = 0
@@ -163,6 +165,33 @@ class RunControl:
         self._reserved.add(uid)
         self._kept.clear()
         return uid
+
+    def withdraw(self, uid: str) -> None:
+        """Take back the promise :meth:`reserve` gave as ``uid``: the message is not sent
+        (its record failed). The end rule it held may hold now: the runner looks again
+        (:meth:`promise_withdrawn`)."""
+        if uid not in self._reserved:
+            return
+        self._reserved.discard(uid)
+        if not self._reserved:
+            self._kept.set()
+        self._withdrawn.set()
+
+    async def promise_withdrawn(self) -> None:
+        """Wait until a promise is withdrawn (the runner's side of :meth:`withdraw`)."""
+        await self._withdrawn.wait()
+        self._withdrawn.clear()
+
+    @property
+    def promised(self) -> bool:
+        """A message is promised to the run and not sent yet: a result now may answer
+        the run, or an earlier turn (the promise, kept or withdrawn, tells)."""
+        return bool(self._reserved)
+
+    @property
+    def read_offset(self) -> int:
+        """How far the runner has read the run's journal (:meth:`note_read`)."""
+        return self._read
 
     async def promises_kept(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for every :meth:`reserve` to be sent; whether they were

@@ -123,10 +123,14 @@ async def test_a_limit_retry_firing_at_a_stop_is_either_called_off_or_stopped(
 
 
 class SteerNeverRecorded:
-    """Wraps the store: recording a message steered into a run keeps failing."""
+    """Wraps the store: recording a message steered into a run keeps failing (each try
+    once ``release`` is set)."""
 
     def __init__(self, inner: Store) -> None:
         self.inner = inner
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+        self.release.set()
 
     @property
     def store(self) -> Store:
@@ -136,30 +140,63 @@ class SteerNeverRecorded:
         return getattr(self.inner, name)
 
     async def steer_into_run(self, run_id: RunId, batch: Batch, at: float) -> None:
+        self.reached.set()
+        await self.release.wait()
         raise StoreError("injected: the database keeps failing")
 
 
+@pytest.mark.parametrize("answered_meanwhile", [False, True])
 @pytest.mark.parametrize("mode", ["steer", "interrupt"])
 async def test_a_steered_message_that_cannot_be_recorded_is_not_sent(
-    tmp_path: Path, mode: str
+    tmp_path: Path, mode: str, answered_meanwhile: bool
 ) -> None:
     # Record, then send: sent unrecorded, claude answers it and it stays pending, so
-    # the next start runs it a second time.
+    # the next start runs it a second time. ``answered_meanwhile``: claude answers the
+    # run's prompt while the record is tried: the run ends on that answer, given once.
     env = {**ECHO, **gated(tmp_path), "FAKE_CLAUDE_TOOL_LOG": str(tmp_path / "tools.jsonl")}
     settings = load_settings(write_config(tmp_path, during_run(mode), env=env))
-    async with (
-        asyncio.timeout(WAIT_S),
-        ConsoleSession(settings, wrap_store=lambda s: SteerNeverRecorded(s).store) as bridge,
-    ):
+    failing: list[SteerNeverRecorded] = []
+
+    def wrap(store: Store) -> Store:
+        failing.append(SteerNeverRecorded(store))
+        return failing[0].store
+
+    async with asyncio.timeout(WAIT_S), ConsoleSession(settings, wrap_store=wrap) as bridge:
         assert bridge.service is not None
         bridge.service.executor.store_retry_delays_s = (0.01,)
+        if answered_meanwhile:
+            failing[0].release.clear()
         bridge.send("first tok-A")
         await until_tool_runs(bridge, tmp_path)
         bridge.send("second tok-B")
+        await failing[0].reached.wait()
+        if answered_meanwhile:
+            (tmp_path / "gate").touch()
+            # The answer is held while the message is promised: not shown yet.
+            await until_result_read(bridge)
+            failing[0].release.set()
         await bridge.wait_for("could not be added to the run")
         (tmp_path / "gate").touch()
+        out = await bridge.wait_for("first tok-A\n")
         await bridge.service.dispatcher.wait_idle()
         out = await bridge.finish()
     [(state,)] = rows(tmp_path, "select state from messages where text like '%tok-B%'")
     assert state == "pending"  # kept for the next start, which runs it once
     assert "second tok-B\n" not in out  # so claude never had it
+    assert out.count("first tok-A\n") == 1
+    assert rows(tmp_path, "select status from runs") == [("succeeded",)]
+
+
+async def until_result_read(bridge: ConsoleSession) -> None:
+    """The run's control saw claude's result (the run's prompt answered)."""
+    assert bridge.service is not None
+    while True:
+        control = bridge.service.executor.live_runs.control(CONSOLE)
+        if control is not None and control._results:  # noqa: SLF001
+            return
+        bridge.out.changed.clear()
+        try:
+            async with asyncio.timeout(0.1):
+                await bridge.out.changed.wait()
+        except TimeoutError:
+            pass
