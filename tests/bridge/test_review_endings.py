@@ -9,9 +9,9 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from bridge.config import load_settings
 import pytest
 
+from bridge.config import load_settings
 from bridge.core.model import (
     Batch,
     Message,
@@ -192,7 +192,7 @@ async def until_result_read(bridge: ConsoleSession) -> None:
     assert bridge.service is not None
     while True:
         control = bridge.service.executor.live_runs.control(CONSOLE)
-        if control is not None and control._results:  # noqa: SLF001
+        if control is not None and control._results:
             return
         bridge.out.changed.clear()
         try:
