@@ -22,6 +22,8 @@ from bridge.core.model import (
     TransportName,
 )
 from bridge.store.base import Store, StoreError
+from runner import run as runner_run
+from runner.control import RunControl
 from tests.bridge.harness import ECHO, ConsoleSession, write_config
 from tests.bridge.test_live_runs import (
     WAIT_S,
@@ -200,3 +202,84 @@ async def until_result_read(bridge: ConsoleSession) -> None:
                 await bridge.out.changed.wait()
         except TimeoutError:
             pass
+
+
+class SlowSteer:
+    """Wraps the store: recording a steered message waits for ``release`` (a database
+    slower than a detaching shutdown waits for it)."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+
+    @property
+    def store(self) -> Store:
+        return cast(Store, self)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def steer_into_run(self, run_id: RunId, batch: Batch, at: float) -> None:
+        self.reached.set()
+        await self.release.wait()
+        await self.inner.steer_into_run(run_id, batch, at)
+
+
+async def until_sent(bridge: ConsoleSession, count: int) -> None:
+    """The reattached run was written ``count`` user messages (or takes no more)."""
+    assert bridge.service is not None
+    while True:
+        control = bridge.service.executor.live_runs.control(CONSOLE)
+        if control is not None and (control.messages_sent >= count or control.closed):
+            return
+        await asyncio.sleep(0.01)
+
+
+async def until_closed(control: RunControl) -> None:
+    while not control.closed:
+        await asyncio.sleep(0.01)
+
+
+async def test_a_message_recorded_into_a_run_but_not_sent_reaches_it_after_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The state a kill -9 between a steered message's record and its send leaves (here:
+    # the record lands after a detaching shutdown gave up waiting for it): the message
+    # is the run's, and claude never had it. The reattached run gets it (the journal
+    # tells it was never written), rather than ending without it, the room untold.
+    monkeypatch.setattr(runner_run, "PROMISE_WAIT_S", 0.2)
+    env = {**ECHO, **gated(tmp_path), "FAKE_CLAUDE_TOOL_LOG": str(tmp_path / "tools.jsonl")}
+    settings = load_settings(write_config(tmp_path, during_run("steer"), env=env))
+    slow: list[SlowSteer] = []
+
+    def wrap(store: Store) -> Store:
+        slow.append(SlowSteer(store))
+        return slow[0].store
+
+    async with asyncio.timeout(WAIT_S):
+        async with ConsoleSession(settings, wrap_store=wrap) as bridge:
+            assert bridge.service is not None
+            bridge.send("first tok-A")
+            await until_tool_runs(bridge, tmp_path)
+            control = bridge.service.executor.live_runs.control(CONSOLE)
+            assert control is not None
+            bridge.send("second tok-B")
+            await slow[0].reached.wait()
+            bridge.service.request_stop()  # a shutdown: the run is left running
+            finishing = asyncio.create_task(bridge.finish())
+            await until_closed(control)  # left to its supervisor, tok-B unsent
+            slow[0].release.set()
+            await finishing
+        assert rows(tmp_path, "select state from messages where text like '%tok-B%'") == [
+            ("dispatched",)
+        ]
+        async with ConsoleSession(settings) as bridge:
+            assert bridge.service is not None
+            await until_sent(bridge, 2)  # the prompt (replayed), then tok-B
+            (tmp_path / "gate").touch()
+            out = await bridge.wait_for("tok-B")
+            await bridge.service.dispatcher.wait_idle()
+            out = await bridge.finish()
+    assert "second tok-B" in out
+    assert rows(tmp_path, "select state from messages order by id") == [("done",), ("done",)]
