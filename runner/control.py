@@ -104,6 +104,8 @@ class RunControl:
         self._kept = asyncio.Event()
         """Set while no promise is outstanding."""
         self._kept.set()
+        self._attached = asyncio.Event()
+        """Set once bound, or unbound (see :meth:`attached`)."""
         self._withdrawn = asyncio.Event()
         """Set when a promise was withdrawn (see :meth:`withdraw`)."""
         self._after_result = False
@@ -152,13 +154,30 @@ class RunControl:
         self._note_sent(uid)
         return uid
 
-    def reserve(self, text: str) -> str:
+    def promise(self, uid: str) -> None:
+        """Promise the run a message recorded before this bridge attached to it, before
+        it is known whether it was sent (a reattach: :meth:`sent` tells once the journal's
+        history is read); the end rule waits for it. :meth:`send` or :meth:`withdraw`
+        settles it."""
+        self._reserved.add(uid)
+        self._kept.clear()
+
+    def sent(self, uid: str) -> bool:
+        """Whether the user message ``uid`` was written into the run (by any bridge)."""
+        return uid in self._sent
+
+    async def attached(self) -> None:
+        """Wait until the run takes input, or never will (bound after the replay, or over)."""
+        await self._attached.wait()
+
+    def reserve(self, text: str, uid: str | None = None) -> str:
         """Promise the run the user message ``text``, to be sent later with :meth:`send`
         (after the caller recorded it: record, then send); its uuid. Until then the end
         rule cannot hold (a message is coming), so the run still takes it when it is
         sent, unless its input was closed meanwhile (a stop, claude's exit). Raises
-        :class:`InputClosed` (:class:`MessageTooLong`) as :meth:`send` would now."""
-        uid = new_uuid()
+        :class:`InputClosed` (:class:`MessageTooLong`) as :meth:`send` would now.
+        ``uid``: the uuid to send it under (one a restart can find again)."""
+        uid = uid if uid is not None else new_uuid()
         self._line(text, uid)
         if not self.accepting:
             raise InputClosed("the run takes no more input")
@@ -301,11 +320,13 @@ class RunControl:
         ``max_line_bytes``: the run's cap on a stdout line (a message's echo is one)."""
         self._write, self._close = write, close
         self._max_line_bytes = max_line_bytes
+        self._attached.set()
 
     def unbind(self) -> None:
         """The run is over (or left to its supervisor): no more input, nobody answers."""
         self._closed = True
         self._write = self._close = None
+        self._attached.set()
         for future in self._waiting.values():
             if not future.done():
                 future.set_exception(ControlError("the run ended"))

@@ -81,6 +81,11 @@ class RunRecord:
     """The replica that started it (docs/replicas.md); None for a single process."""
 
 
+STEERED = "steered"
+"""The detail of the ``message_dispatched`` audit rows of messages steered into a running
+run (``Store.steer_into_run``): one steer's rows share their time."""
+
+
 @dataclass(frozen=True, slots=True)
 class AuditRecord:
     id: int

@@ -27,6 +27,7 @@ from bridge.core.model import (
     UserId,
 )
 from bridge.store.base import (
+    STEERED,
     Approval,
     ApprovalState,
     AuditAction,
@@ -281,7 +282,7 @@ class MemoryStore:
         if missing:
             raise StoreError(f"run {run_id}: messages {missing} do not exist")
         self._runs[run_id] = replace(run, message_ids=run.message_ids + batch.ids)
-        self._dispatch_into(run_id, batch, at, detail="steered")
+        self._dispatch_into(run_id, batch, at, detail=STEERED)
 
     def _dispatch_into(self, run_id: RunId, batch: Batch, at: float, detail: str = "") -> None:
         """The batch's messages go into the run, one ``message_dispatched`` row each."""

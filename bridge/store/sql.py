@@ -68,6 +68,7 @@ from bridge.core.model import (
     UserId,
 )
 from bridge.store.base import (
+    STEERED,
     Approval,
     ApprovalState,
     AuditAction,
@@ -650,7 +651,7 @@ class SqlStore:
                 select(func.max(_RUN_MESSAGES.c.position)).where(_RUN_MESSAGES.c.run_id == run_id)
             )
             first = 0 if last is None else int(last) + 1
-            audit = _dispatch_into(s, run_id, batch, at, first=first, detail="steered")
+            audit = _dispatch_into(s, run_id, batch, at, first=first, detail=STEERED)
             s.execute(insert_statement(_AUDIT), audit)
 
         await self._write(body, synced=self._server_may_restart)
