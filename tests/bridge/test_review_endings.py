@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TypeVar
 
 import pytest
 
@@ -31,9 +31,11 @@ from tests.bridge.test_live_runs import (
     gated,
     rows,
     session,
+    until_output_and,
     until_tool_runs,
 )
 from tests.config_files import Table
+from tests.fakes.flaky_store import StoreWrapper
 
 T = TypeVar("T")
 
@@ -59,22 +61,15 @@ async def test_a_retry_in_a_new_session_does_not_take_the_lost_sessions_cost(
     assert rows(tmp_path, "select cost_usd from spend") in ([], [(None,)])
 
 
-class RetryAtStop:
+class RetryAtStop(StoreWrapper):
     """Wraps the store: the retry after a usage limit, fired at the reset, stops at its
     re-queue until ``!stop`` calls the retry off (``drop_limit_resume``): the two race."""
 
     def __init__(self, inner: Store) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.reached = asyncio.Event()
         self.called_off = asyncio.Event()
         self.done = asyncio.Event()
-
-    @property
-    def store(self) -> Store:
-        return cast(Store, self)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
     async def drop_limit_resume(self, run_id: RunId) -> bool:
         dropped = await self.inner.drop_limit_resume(run_id)
@@ -124,22 +119,15 @@ async def test_a_limit_retry_firing_at_a_stop_is_either_called_off_or_stopped(
     assert rows(tmp_path, "select status from runs order by seq") == [("failed",)]
 
 
-class SteerNeverRecorded:
+class SteerNeverRecorded(StoreWrapper):
     """Wraps the store: recording a message steered into a run keeps failing (each try
     once ``release`` is set)."""
 
     def __init__(self, inner: Store) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.reached = asyncio.Event()
         self.release = asyncio.Event()
         self.release.set()
-
-    @property
-    def store(self) -> Store:
-        return cast(Store, self)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
     async def steer_into_run(self, run_id: RunId, batch: Batch, at: float) -> None:
         self.reached.set()
@@ -191,34 +179,24 @@ async def test_a_steered_message_that_cannot_be_recorded_is_not_sent(
 
 async def until_result_read(bridge: ConsoleSession) -> None:
     """The run's control saw claude's result (the run's prompt answered)."""
-    assert bridge.service is not None
-    while True:
-        control = bridge.service.executor.live_runs.control(CONSOLE)
-        if control is not None and control._results:
-            return
-        bridge.out.changed.clear()
-        try:
-            async with asyncio.timeout(0.1):
-                await bridge.out.changed.wait()
-        except TimeoutError:
-            pass
+    service = bridge.service
+    assert service is not None
+
+    def read() -> bool:
+        control = service.executor.live_runs.control(CONSOLE)
+        return control is not None and bool(control._results)
+
+    await until_output_and(bridge, read)
 
 
-class SlowSteer:
+class SlowSteer(StoreWrapper):
     """Wraps the store: recording a steered message waits for ``release`` (a database
     slower than a detaching shutdown waits for it)."""
 
     def __init__(self, inner: Store) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.reached = asyncio.Event()
         self.release = asyncio.Event()
-
-    @property
-    def store(self) -> Store:
-        return cast(Store, self)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
     async def steer_into_run(self, run_id: RunId, batch: Batch, at: float) -> None:
         self.reached.set()
