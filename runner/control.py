@@ -93,6 +93,10 @@ class RunControl:
         self._kept = asyncio.Event()
         """Set while no promise is outstanding."""
         self._kept.set()
+        self._attached = asyncio.Event()
+        """Set once bound, or unbound (see :meth:`attached`)."""
+        self._withdrawn = asyncio.Event()
+        """Set when a promise was withdrawn (see :meth:`withdraw`)."""
         self._after_result = False
         """A message was sent or taken since the last result (see :attr:`last_result_answers`)."""
         self._results = 0
@@ -139,19 +143,63 @@ class RunControl:
         self._note_sent(uid)
         return uid
 
-    def reserve(self, text: str) -> str:
+    def promise(self, uid: str) -> None:
+        """Promise the run a message recorded before this bridge attached to it, before
+        it is known whether it was sent (a reattach: :meth:`sent` tells once the journal's
+        history is read); the end rule waits for it. :meth:`send` or :meth:`withdraw`
+        settles it."""
+        self._reserved.add(uid)
+        self._kept.clear()
+
+    def sent(self, uid: str) -> bool:
+        """Whether the user message ``uid`` was written into the run (by any bridge)."""
+        return uid in self._sent
+
+    async def attached(self) -> None:
+        """Wait until the run takes input, or never will (bound after the replay, or over)."""
+        await self._attached.wait()
+
+    def reserve(self, text: str, uid: str | None = None) -> str:
         """Promise the run the user message ``text``, to be sent later with :meth:`send`
         (after the caller recorded it: record, then send); its uuid. Until then the end
         rule cannot hold (a message is coming), so the run still takes it when it is
         sent, unless its input was closed meanwhile (a stop, claude's exit). Raises
-        :class:`InputClosed` (:class:`MessageTooLong`) as :meth:`send` would now."""
-        uid = new_uuid()
+        :class:`InputClosed` (:class:`MessageTooLong`) as :meth:`send` would now.
+        ``uid``: the uuid to send it under (one a restart can find again)."""
+        uid = uid if uid is not None else new_uuid()
         self._line(text, uid)
         if not self.accepting:
             raise InputClosed("the run takes no more input")
         self._reserved.add(uid)
         self._kept.clear()
         return uid
+
+    def withdraw(self, uid: str) -> None:
+        """Take back the promise :meth:`reserve` gave as ``uid``: the message is not sent
+        (its record failed). The end rule it held may hold now: the runner looks again
+        (:meth:`promise_withdrawn`)."""
+        if uid not in self._reserved:
+            return
+        self._reserved.discard(uid)
+        if not self._reserved:
+            self._kept.set()
+        self._withdrawn.set()
+
+    async def promise_withdrawn(self) -> None:
+        """Wait until a promise is withdrawn (the runner's side of :meth:`withdraw`)."""
+        await self._withdrawn.wait()
+        self._withdrawn.clear()
+
+    @property
+    def promised(self) -> bool:
+        """A message is promised to the run and not sent yet: a result now may answer
+        the run, or an earlier turn (the promise, kept or withdrawn, tells)."""
+        return bool(self._reserved)
+
+    @property
+    def read_offset(self) -> int:
+        """How far the runner has read the run's journal (:meth:`note_read`)."""
+        return self._read
 
     async def promises_kept(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for every :meth:`reserve` to be sent; whether they were
@@ -277,11 +325,13 @@ class RunControl:
         ``max_line_bytes``: the run's cap on a stdout line (a message's echo is one)."""
         self._write, self._close = write, close
         self._max_line_bytes = max_line_bytes
+        self._attached.set()
 
     def unbind(self) -> None:
         """The run is over (or left to its supervisor): no more input, nobody answers."""
         self._closed = True
         self._write = self._close = None
+        self._attached.set()
         for future in self._waiting.values():
             if not future.done():
                 future.set_exception(ControlError("the run ended"))

@@ -402,11 +402,6 @@ async def _follow(  # noqa: PLR0917
             if isinstance(exc, asyncio.CancelledError) and answered:
                 return run.report(Answered(lingering=True))
             raise
-        if isinstance(ending, Expired):
-            # The supervisor interrupted claude at its time limit: its result (what the
-            # run cost) comes before it exits, unless the grace period runs out first.
-            ends: set[asyncio.Future[Any]] = {supervised.claude_exit, supervised.gone}
-            await asyncio.wait(ends, timeout=request.stop_grace_s)
         try:
             await shielded(run.close(stop=must_stop(ending)))
         except asyncio.CancelledError:
@@ -478,6 +473,7 @@ class _Run:
         await self._on_event(Spawned(supervised.claude_pid, supervised.live))
         self._task(self._feed_stdin())
         self._task(self._pump())
+        self._task(self._end_rule_on_withdrawal())
         # The supervisor keeps the time limits; this only catches one that froze.
         backstop = request.run_timeout_s + request.stop_grace_s + supervision.SUPERVISOR_KILL_S
         # A supervisor whose connection ended early is waited for as long, no longer.
@@ -492,6 +488,12 @@ class _Run:
             both: set[asyncio.Future[Any]] = {exited, supervised.gone}
             await asyncio.wait(both, timeout=request.stop_grace_s)
             return Answered(lingering=not exited.done())
+        if isinstance(ending, Expired):
+            # The supervisor interrupted claude at its time limit: its result (what the
+            # run cost) comes before it exits, unless the grace period runs out first.
+            # Waited for here, so a stop meanwhile stops the run as any stop does.
+            ends: set[asyncio.Future[Any]] = {supervised.claude_exit, supervised.gone}
+            await asyncio.wait(ends, timeout=request.stop_grace_s)
         return ending
 
     def _bind(self) -> None:
@@ -645,6 +647,13 @@ class _Run:
                     self._end(Unauthenticated(event.describe()))
             await self._on_event(event)
         return self._check_end(position) or self._ending.done()
+
+    async def _end_rule_on_withdrawal(self) -> None:
+        """A message promised to the run was withdrawn, never sent (its record failed):
+        the end rule the promise held may hold now, and no journal record comes to say so."""
+        while not self._final:
+            await self._control.promise_withdrawn()
+            self._check_end(self._control.read_offset)
 
     def _check_end(self, position: int) -> bool:
         """The end rule (runner.control): once it holds, and the journal's history was

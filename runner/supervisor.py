@@ -761,11 +761,12 @@ class Supervisor:
         self._signal_tree((signal.SIGTERM,))
 
     def expire(self, status: str) -> None:
-        """A time limit passed. claude is interrupted first (SIGINT: it ends its turn
+        """A time limit passed (the run's, the stall's, or no bridge attached for
+        ``orphan_timeout_s``). claude is interrupted first (SIGINT: it ends its turn
         with a result that says what the run cost, and exits), given the grace period,
         then the tree is stopped (SIGTERM, on which claude prints no result)."""
         self.journal.append(header("expired", status=status))
-        if status in {"timed_out", "stalled"} and self.claude and self.claude_running:
+        if self.claude and self.claude_running:
             with contextlib.suppress(OSError):
                 os.kill(self.claude, signal.SIGINT)
             self.interrupt_deadline = time.monotonic() + self.options.grace_s

@@ -17,6 +17,7 @@ import enum
 import logging
 import secrets
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,6 +30,7 @@ from bridge.core.model import (
     Batch,
     ExternalMessageId,
     LiveRun,
+    Message,
     Reply,
     ReplyKind,
     RoomKey,
@@ -57,6 +59,7 @@ from bridge.runs.prompt import build_prompt
 from bridge.runs.transcripts import Transcripts
 from bridge.runs.usage import LimitResumes, usage_limit
 from bridge.store.base import (
+    STEERED,
     AuditAction,
     Fence,
     OutboxEntry,
@@ -255,6 +258,13 @@ def with_claude_figures(report: RunReport, result: Result | None) -> RunReport:
         num_turns=report.num_turns if report.num_turns is not None else result.num_turns,
         duration_ms=report.duration_ms if report.duration_ms is not None else result.duration_ms,
     )
+
+
+def steer_uuid(run_id: RunId, batch: Batch) -> str:
+    """The uuid a steered batch is written into claude under: made of the run and the
+    messages, so a restart can tell from the journal whether it was written."""
+    ids = ",".join(str(i) for i in batch.ids)
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"chatbridge:steer:{run_id}:{ids}"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -552,6 +562,15 @@ class RunExecutor:
                 live = _Live(dispatched, shown=entry.delivered_offset, supervisor=entry.live)
                 dispatched.steer = self._steer_hook(run_id, live, generation)
                 log.info("reattaching to the run (journal shown up to %d)", entry.delivered_offset)
+                steered = await self._steered_into(run_id, batch)
+                for into in steered:
+                    live.control.promise(steer_uuid(run_id, into))
+                if steered:
+                    live.beside(
+                        asyncio.create_task(
+                            self._steer_unsent(run, live, steered), name=f"unsent {run_id}"
+                        )
+                    )
                 request = run_request(
                     self.settings, in_worktree(batch.room, room), run_id, "", None
                 )
@@ -566,6 +585,54 @@ class RunExecutor:
                 await self._follow(run, live, dispatched, drive)
 
         return execute
+
+    async def _steered_into(self, run_id: RunId, batch: Batch) -> list[Batch]:
+        """The batches recorded as steered into a run a previous process followed (by
+        the audit trail: one steer's rows share their time), in order."""
+        try:
+            trail = await self.store.audit_trail(run_id=run_id)
+        except StoreError:
+            log.warning("could not read which messages were steered into the run")
+            return []
+        steers: dict[float, list[Message]] = {}
+        by_id = {m.id: m for m in batch.messages}
+        for row in trail:
+            if (
+                row.action is AuditAction.MESSAGE_DISPATCHED
+                and row.detail == STEERED
+                and row.message_id in by_id
+            ):
+                steers.setdefault(row.at, []).append(by_id[row.message_id])
+        return [Batch(batch.room, tuple(messages)) for messages in steers.values()]
+
+    async def _steer_unsent(self, run: _Run, live: _Live, steered: list[Batch]) -> None:
+        """A reattached run's steered batches, promised to it until the journal's history
+        is read: one the previous process recorded and died before writing into claude
+        (record, then send) is written now; if the run takes no more input, the room is
+        told that claude never saw it."""
+        control = live.control
+        await control.attached()
+        for batch in steered:
+            uid = steer_uuid(run.id, batch)
+            if control.sent(uid):
+                control.withdraw(uid)  # written before the restart
+            else:
+                try:
+                    control.send(build_prompt(batch), uid)
+                except InputClosed:
+                    control.withdraw(uid)
+                    log.warning("a message recorded into the run never reached claude")
+                    which = "Your messages" if len(batch.messages) > 1 else "Your message"
+                    await self.notices.say(
+                        batch.room,
+                        f"{which} did not reach claude: chatbridge stopped as it was added"
+                        f" to run `{run.id}`, which ended without it. Please send it again.",
+                        about=batch,
+                    )
+                    continue
+                log.info("%d recorded message(s) written into the run after the restart",
+                         len(batch.messages))  # fmt: skip
+            live.steered.append(batch)
 
     async def _reset_since(self, room: RoomKey, started: float) -> bool:
         """Whether the room's session was reset since ``started`` (by the audit trail: a
@@ -646,6 +713,11 @@ class RunExecutor:
             # either: a retry in a new session may come after a first try that ran.
             await self._drop(run, live)
             return
+        held, live.held = live.held, None
+        if held is not None and ending.status is not RunStatus.SUCCEEDED:
+            # A result held back (a message was promised after it, or may have been sent
+            # after it before a restart) that the run did not end on: an earlier turn's.
+            self._turn_answered(run, live, *held)
         try:
             await self._finalize(run, live, with_claude_figures(ending, live.result))
         finally:
@@ -797,6 +869,8 @@ class RunExecutor:
             first, live.registered = live.registered, None
             await shielded(self._unregister(run.id, first))
             live.control = RunControl()
+            # The first try's result (zeroed: no session) says nothing of this one's cost.
+            live.result = None
             report = await attempt(replace(request, session_id=None), None)
         return report
 
@@ -1049,9 +1123,10 @@ class RunExecutor:
         held, live.held = live.held, None
         if held is not None:
             self._turn_answered(run, live, *held)  # a later result came: an earlier turn's
-        if control.settled and live.position < control.history_end:
+        if (control.settled and live.position < control.history_end) or control.promised:
             # Replayed history (a reattach): a message steered in as claude printed this
-            # may come after it in the journal; the next result (or the end) tells.
+            # may come after it in the journal; or a steered message is promised (being
+            # recorded): sent, the next result tells; withdrawn, the run ends on this.
             live.held = (event, live.position)
         elif not (control.settled or control.closed):
             # An earlier turn's result: messages steered into the run came after it.
@@ -1112,7 +1187,7 @@ class RunExecutor:
                 return False  # files are fetched as a run is prepared: a follow-up run
             prompt = build_prompt(batch)
             try:
-                uid = control.reserve(prompt)
+                uid = control.reserve(prompt, steer_uuid(run_id, batch))
             except InputClosed:
                 return False
             live.before_end.append(
@@ -1135,15 +1210,25 @@ class RunExecutor:
     ) -> None:
         """Record the steered messages as the run's (retried), then write them into
         claude (``message``: the prompt and the uuid it was promised under). Should the
-        record keep failing, they are sent all the same (they stay pending: a restart
-        runs them again; the log says so)."""
+        record keep failing, they are not sent (sent, they would stay pending and a
+        restart would run them again): the promise is withdrawn, the room told, and the
+        messages, pending, run at the next start."""
         recorded = await self._written(
             lambda: self.store.steer_into_run(run_id, batch, self.wall_clock())
         )
-        if not recorded:
-            log.error("could not record the messages steered into the run")
         control = live.control
         prompt, uid = message
+        if not recorded:
+            log.error("could not record the messages steered into the run; not sent")
+            control.withdraw(uid)
+            which = "Your messages" if len(batch.messages) > 1 else "Your message"
+            await self.notices.say(
+                batch.room,
+                f"{which} could not be added to the run: the database kept failing."
+                " Kept, they run when chatbridge restarts.",
+                about=batch,
+            )
+            return
         try:
             if interrupt:
                 control.interrupt_now()
@@ -1155,8 +1240,6 @@ class RunExecutor:
             log.info("the run took no more input; the steered message(s) were not sent")
         else:
             log.info("%d message(s) steered into the run", len(batch.messages))
-        if not recorded:
-            return
         live.steered.append(batch)
         await self._cosmetic(
             "show the steered messages", self.replier.phase(batch, RunPhase.RUNNING)

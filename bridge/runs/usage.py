@@ -2,9 +2,10 @@
 
 A ``rate_limit_event`` rejected (:class:`runner.UsageLimited`) ends the turn; the room is told
 when the limit resets. With ``[runner] resume_after_limit`` the run is retried then, once, as
-``!retry`` would, also across restarts (``Store.add_limit_resume`` before the run's end,
-:meth:`LimitResumes.serve`); ``!stop`` and ``!reset`` call it off (:meth:`LimitResumes.call_off`)
-(docs/budgets.md, "Usage limits").
+``!retry`` would, also across restarts (``Store.add_limit_resume`` before the run's end;
+:meth:`LimitResumes.serve` drops the record and re-queues in one transaction,
+``Store.requeue_limit_resume``, so of a retry and a ``!stop`` or ``!reset`` calling it off,
+one wins) (docs/budgets.md, "Usage limits").
 """
 
 from __future__ import annotations
@@ -184,10 +185,12 @@ class LimitResumes:
         run = await self.store.get_run(entry.run_id)
         if run is not None and run.status is RunStatus.RUNNING:
             return False
-        messages = await self.store.requeue_run(entry.run_id)
+        messages = await self.store.requeue_limit_resume(entry.run_id)
+        if messages is None:
+            log.info("the retry of run %s after the usage limit was called off", entry.run_id)
+            return True
         for message in messages:
             self.submit(message)
-        await self.store.drop_limit_resume(entry.run_id)
         if not messages:
             # Retried already (a !retry, or a process before this one), or no longer
             # offered (a later run of the room succeeded: it moved on): nothing runs.

@@ -90,6 +90,11 @@ class RunRecord:
     """The replica that started it (docs/replicas.md); None for a single process."""
 
 
+STEERED = "steered"
+"""The detail of the ``message_dispatched`` audit rows of messages steered into a running
+run (``Store.steer_into_run``): one steer's rows share their time."""
+
+
 @dataclass(frozen=True, slots=True)
 class AuditRecord:
     id: int
@@ -555,6 +560,13 @@ class Store(Protocol):
 
     async def drop_limit_resume(self, run_id: RunId) -> bool:
         """Forget the waiting retry of ``run_id``; whether there was one."""
+        ...
+
+    async def requeue_limit_resume(self, run_id: RunId) -> list[Message] | None:
+        """Make the waiting retry of ``run_id``: in one transaction, forget it and re-queue
+        the run's messages as :meth:`requeue_run` does (empty if the run is not offered any
+        more). None if no retry was waiting (called off: :meth:`drop_limit_resume`, or made
+        already): of a retry and its calling off, one wins, whatever the interleaving."""
         ...
 
     # Approvals

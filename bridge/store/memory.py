@@ -28,6 +28,7 @@ from bridge.core.model import (
     UserId,
 )
 from bridge.store.base import (
+    STEERED,
     Approval,
     ApprovalState,
     AuditAction,
@@ -290,7 +291,7 @@ class MemoryStore:
         if missing:
             raise StoreError(f"run {run_id}: messages {missing} do not exist")
         self._runs[run_id] = replace(run, message_ids=run.message_ids + batch.ids)
-        self._dispatch_into(run_id, batch, at, detail="steered")
+        self._dispatch_into(run_id, batch, at, detail=STEERED)
 
     def _dispatch_into(self, run_id: RunId, batch: Batch, at: float, detail: str = "") -> None:
         """The batch's messages go into the run, one ``message_dispatched`` row each."""
@@ -659,6 +660,13 @@ class MemoryStore:
         """Forget the waiting retry of ``run_id``; whether there was one."""
         self._check_open()
         return self._resumes.pop(run_id, None) is not None
+
+    async def requeue_limit_resume(self, run_id: RunId) -> list[Message] | None:
+        """Forget the waiting retry and re-queue its run's messages; None if none waited."""
+        self._check_open()
+        if self._resumes.pop(run_id, None) is None:
+            return None
+        return await self.requeue_run(run_id)
 
     # Approvals
 

@@ -53,6 +53,7 @@ from bridge.core.model import (
     UserId,
 )
 from bridge.store.base import (
+    STEERED,
     Approval,
     ApprovalState,
     AuditAction,
@@ -642,7 +643,7 @@ class SqlStore:
                 select(func.max(_RUN_MESSAGES.c.position)).where(_RUN_MESSAGES.c.run_id == run_id)
             )
             first = 0 if last is None else int(last) + 1
-            audit = _dispatch_into(s, run_id, batch, at, first=first, detail="steered")
+            audit = _dispatch_into(s, run_id, batch, at, first=first, detail=STEERED)
             s.execute(insert_statement(_AUDIT), audit)
 
         await self._write(body, synced=self._server_may_restart)
@@ -1068,24 +1069,7 @@ class SqlStore:
         One conditional UPDATE: of two concurrent retries of a run, one
         re-queues the messages and the other finds none.
         """
-        offered = select(RunRow.id).where(RunRow.id == run_id, _offered())
-
-        def body(s: Session) -> list[Message]:
-            rows = (
-                s.scalars(
-                    update(MessageRow)
-                    .where(
-                        MessageRow.run_id == run_id,
-                        MessageRow.state == MessageState.FAILED.value,
-                        exists(offered),
-                    )
-                    .values(state=MessageState.PENDING.value)
-                    .returning(MessageRow)
-                )
-            ).all()
-            return [_message(r) for r in sorted(rows, key=lambda r: r.id)]
-
-        return await self._write(body)
+        return await self._write(lambda s: _requeue(s, run_id))
 
     def _last_run(self, s: Session, room: RoomKey) -> RunRecord | None:
         last = s.scalar(
@@ -1345,6 +1329,19 @@ class SqlStore:
         def body(s: Session) -> bool:
             result = s.execute(delete(LimitResumeRow).where(LimitResumeRow.run_id == run_id))
             return _rowcount(result) > 0
+
+        return await self._write(body)
+
+    async def requeue_limit_resume(self, run_id: RunId) -> list[Message] | None:
+        """Forget the waiting retry and re-queue its run's messages, in one transaction
+        (the delete's row lock orders it against a concurrent call-off); None if none
+        waited."""
+
+        def body(s: Session) -> list[Message] | None:
+            result = s.execute(delete(LimitResumeRow).where(LimitResumeRow.run_id == run_id))
+            if _rowcount(result) == 0:
+                return None
+            return _requeue(s, run_id)
 
         return await self._write(body)
 
@@ -2027,6 +2024,26 @@ def _outbox_row(reply: Reply, at: float, run_id: RunId | None) -> OutboxRow:
         state=DeliveryState.PENDING.value,
         created=at,
     )
+
+
+def _requeue(s: Session, run_id: RunId) -> list[Message]:
+    """Mark pending the messages that failed with ``run_id`` as their last, while it is
+    offered (:func:`_offered`); them, in order. One conditional UPDATE: of two concurrent
+    re-queues of a run, one takes the messages and the other finds none."""
+    offered = select(RunRow.id).where(RunRow.id == run_id, _offered())
+    rows = (
+        s.scalars(
+            update(MessageRow)
+            .where(
+                MessageRow.run_id == run_id,
+                MessageRow.state == MessageState.FAILED.value,
+                exists(offered),
+            )
+            .values(state=MessageState.PENDING.value)
+            .returning(MessageRow)
+        )
+    ).all()
+    return [_message(r) for r in sorted(rows, key=lambda r: r.id)]
 
 
 def _offered() -> ColumnElement[bool]:

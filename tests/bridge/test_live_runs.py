@@ -10,6 +10,7 @@ import contextlib
 import json
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -132,10 +133,15 @@ def gated(tmp_path: Path) -> dict[str, str]:
 
 async def until_tool_runs(bridge: ConsoleSession, tmp_path: Path) -> None:
     """The run's tool started (it logs its input once it runs)."""
-    while not tool_log(tmp_path):
+    # The progress line of the tool use is printed when claude announces it;
+    # the log follows at once: wait on output, then on the file.
+    await until_output_and(bridge, lambda: bool(tool_log(tmp_path)))
+
+
+async def until_output_and(bridge: ConsoleSession, check: Callable[[], bool]) -> None:
+    """Until ``check`` holds, looked at on each output and at least every 0.1 s."""
+    while not check():
         bridge.out.changed.clear()
-        # The progress line of the tool use is printed when claude announces it;
-        # the log follows at once: wait on output, then on the file.
         try:
             async with asyncio.timeout(0.1):
                 await bridge.out.changed.wait()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, cast
 
 import pytest
 
@@ -16,27 +15,21 @@ from bridge.core.model import Batch, RoomId, RoomKey, RunId, TransportName
 from bridge.store.base import Store, StoreError
 from tests.bridge.harness import ConsoleSession, write_config
 from tests.bridge.test_live_runs import WAIT_S, during_run, rows, until_tool_runs
+from tests.fakes.flaky_store import StoreWrapper
 
 CONSOLE = RoomKey(TransportName("console"), RoomId("console"))
 
 
-class CrashPoint:
+class CrashPoint(StoreWrapper):
     """Wraps the store: ``steer_into_run`` stops at ``where`` until released (a crash
     there: nothing after it happens), its other calls go through."""
 
     def __init__(self, inner: Store, where: str) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.where = where
         self.reached = asyncio.Event()
         self.release = asyncio.Event()
         self.tries = 0
-
-    @property
-    def store(self) -> Store:
-        return cast(Store, self)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
     async def steer_into_run(self, run_id: RunId, batch: Batch, at: float) -> None:
         self.tries += 1

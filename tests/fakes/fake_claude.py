@@ -64,6 +64,9 @@ Behaviour switches (environment variables; unset or empty means off):
 ``FAKE_CLAUDE_IGNORE_TERM=1``
     Ignore SIGTERM (only SIGKILL stops it). By default SIGTERM exits with 143
     and no result line, as the real one does; children are left running.
+``FAKE_CLAUDE_IGNORE_INT=1``
+    Ignore SIGINT (the supervisor's interrupt at a time limit): a claude that does
+    not end its turn when asked.
 ``FAKE_CLAUDE_GRANDCHILD=1``
     Start ``sh -c 'sleep 300 & wait'`` in its own session (setsid) with stdio
     on /dev/null, like the real Bash tool: a grandchild outside claude's
@@ -1551,7 +1554,7 @@ def main() -> None:
         )
         _exit_now(0, "sigint")
 
-    signal.signal(signal.SIGINT, on_interrupt)
+    signal.signal(signal.SIGINT, signal.SIG_IGN if _env("FAKE_CLAUDE_IGNORE_INT") else on_interrupt)
     if streaming:
         sys.exit(_Session(opts, cwd, session_id, sessions, history).serve())
 

@@ -14,6 +14,22 @@ from typing import Any, cast
 from bridge.store.base import Store, StoreError
 
 
+class StoreWrapper:
+    """Wraps a real store: a subclass defines the methods it changes, every other call
+    goes through."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+
+    @property
+    def store(self) -> Store:
+        """This wrapper, typed as the store it stands in for."""
+        return cast(Store, self)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 class FlakyStore:
     def __init__(self, inner: Store) -> None:
         self.inner = inner

@@ -97,6 +97,20 @@ async def test_limit_resumes_are_kept_once_and_dropped_once(store: InspectableSt
     assert await store.limit_resumes() == [LimitResume(RunId("run-b"), OTHER_ROOM, 3000.0)]
 
 
+async def test_a_limit_retry_and_its_calling_off_one_wins(store: InspectableStore) -> None:
+    limited = await finish(store, "run-a", 0.0, 1000.0, status=RunStatus.FAILED)
+    await store.add_limit_resume(limited, ROOM, 2000.0)
+    await store.add_limit_resume(RunId("run-b"), ROOM, 2000.0)
+    # Made: the retry is forgotten and the messages queued again, together.
+    [message] = await store.requeue_limit_resume(limited) or []
+    assert message.external_id == "$run-a"
+    assert await store.limit_resumes() == [LimitResume(RunId("run-b"), ROOM, 2000.0)]
+    assert await store.requeue_limit_resume(limited) is None  # not made twice
+    # Called off first: never made.
+    assert await store.drop_limit_resume(RunId("run-b")) is True
+    assert await store.requeue_limit_resume(RunId("run-b")) is None
+
+
 async def test_a_threads_cost_is_its_rooms_and_its_retry_keeps_the_thread(
     store: InspectableStore,
 ) -> None:
