@@ -730,7 +730,8 @@ class CommandHandler:
         first, *after = command.rest.split(maxsplit=1) or [""]
         match = _NUMBER.fullmatch(first)
         number = int(match[1]) if match is not None else None
-        reply = after[0] if match is not None and after else command.rest
+        # After an id, the rest is the answer, if any: never the id itself.
+        reply = command.rest if match is None else "".join(after)
         if self.live is None:
             await self.answer(message, "Questions cannot be answered: no live runs here.")
             return
