@@ -5,7 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from bridge.config import load_settings
-from bridge.core.model import ExternalMessageId, Message, RoomId, RoomKey, TransportName, UserId
+from bridge.core.model import (
+    ExternalMessageId,
+    InboundMessage,
+    Message,
+    RoomId,
+    RoomKey,
+    TransportName,
+    UserId,
+)
 from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
 from bridge.inbound.commands import CommandHandler
 from bridge.inbound.intake import Intake
@@ -60,3 +68,28 @@ async def test_an_approval_action_goes_to_the_handler(tmp_path: Path) -> None:
     other = RoomKey(TransportName("console"), RoomId("elsewhere"))
     assert await intake.accept(_action(other)) is Accepted.IGNORED
     assert seen == [_action()]
+
+
+async def test_an_approver_who_is_not_an_allowed_user_may_answer_claudes_questions(
+    tmp_path: Path,
+) -> None:
+    # Approvers answer questions (docs/live-runs.md), as they answer plans with
+    # `!approve`: their `!answer` must reach the command handler like `!approve` does.
+    config = {"defaults": {"allowed_users": ["someone-else"], "approvers": ["local"]}}
+    settings = load_settings(write_config(tmp_path, config))
+    store = MemoryStore()
+    dispatcher = Dispatcher(DispatchLimits(1.0, 10.0, 100, 1), _never_runs)
+    answered: list[str] = []
+
+    async def answer(_message: Message, text: str) -> None:
+        answered.append(text)
+
+    commands = CommandHandler(dispatcher, store, "!", answer, _no_reset)
+    intake = Intake(settings, store, dispatcher, commands, Metrics())
+    for number, text in enumerate(["!approve #1", "!answer #1 2"]):
+        inbound = InboundMessage(ROOM, UserId("local"), text, ExternalMessageId(f"m{number}"))
+        assert await intake.accept(inbound) is Accepted.ACCEPTED
+    assert answered == [
+        "Tool requests cannot be answered: no live runs here.",
+        "Questions cannot be answered: no live runs here.",
+    ]
