@@ -86,10 +86,6 @@ async def test_an_approver_who_is_not_an_allowed_user_may_answer_claudes_questio
 
     commands = CommandHandler(dispatcher, store, "!", answer, _no_reset)
     intake = Intake(settings, store, dispatcher, commands, Metrics())
-    for number, text in enumerate(["!approve #1", "!answer #1 2"]):
-        inbound = InboundMessage(ROOM, UserId("local"), text, ExternalMessageId(f"m{number}"))
-        assert await intake.accept(inbound) is Accepted.ACCEPTED
-    assert answered == [
-        "Tool requests cannot be answered: no live runs here.",
-        "Questions cannot be answered: no live runs here.",
-    ]
+    inbound = InboundMessage(ROOM, UserId("local"), "!answer #1 2", ExternalMessageId("m1"))
+    assert await intake.accept(inbound) is Accepted.ACCEPTED
+    assert answered == ["Questions cannot be answered: no live runs here."]
