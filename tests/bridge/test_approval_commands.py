@@ -364,3 +364,20 @@ async def test_without_live_runs_requests_cannot_be_answered() -> None:
     await room.ask("r1")
     assert "cannot be answered" in (await room.say(BOB, "!approve") or "")
     assert len(await room.store.pending_approvals(ROOM)) == 1
+
+
+async def test_approve_edits_is_for_plans_and_never_keeps_a_rule_of_a_tool_use() -> None:
+    # `edits` starts a plan with edits accepted; said of a tool request (a wrong number,
+    # or the oldest request being a command) it once allowed it and kept a session rule.
+    room = make_room(approvers=[BOB])
+    await room.ask("r1")
+    answer = await room.say(BOB, "!approve edits #1")
+    assert answer is not None
+    assert "plan" in answer
+    assert room.live.decisions == []
+    assert await room.store.active_rules(ROOM, SessionId("s-1")) == []
+    answer = await room.say(BOB, "!approve edits")
+    assert room.live.decisions == []
+    approval = await room.store.approval_by_number(ROOM, 1)
+    assert approval is not None
+    assert approval.state is ApprovalState.PENDING
