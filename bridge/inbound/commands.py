@@ -26,7 +26,7 @@ from bridge.live.approval_desk import ApprovalDesk
 from bridge.live.approval_text import code_span, parse_input, status_line
 from bridge.live.approvals import Verdict, refusal
 from bridge.live.controls import LiveControls
-from bridge.live.questions import ASK, AnswerError, questions, read_answers
+from bridge.live.questions import ASK, PLAN, AnswerError, questions, read_answers
 from bridge.live.rule_commands import RuleCommands
 from bridge.runs.worktree_lifetime import Lifetimes, listing
 from bridge.store.base import AuditAction, RunRecord, Store, StoreError
@@ -143,6 +143,8 @@ class Decision:
     reason: str = ""
     for_room: bool = False
     """``always``: keep the answer as a rule of the room."""
+    edits: bool = False
+    """``edits``: a plan started with edits accepted (said of anything but a plan, refused)."""
 
 
 ALWAYS_WORD = "always"
@@ -183,7 +185,8 @@ def parse_decision(command: Command) -> Decision | None:
         else:
             return None
     if scope == "session":
-        return Decision(ApprovalChoice.ALLOW_SESSION, number)
+        edits = "edits" in command.rest.lower().split()
+        return Decision(ApprovalChoice.ALLOW_SESSION, number, edits=edits)
     return Decision(ApprovalChoice.ALLOW, number, for_room=scope == ALWAYS_WORD)
 
 
@@ -703,8 +706,11 @@ class CommandHandler:
         room = message.room
         if decision.number is None:
             pending = await self.store.pending_approvals(room)
+            if decision.edits:
+                pending = [a for a in pending if a.tool_name == PLAN]
             if not pending:
-                await self.answer(message, "No tool request is waiting.")
+                what = "plan" if decision.edits else "tool request"
+                await self.answer(message, f"No {what} is waiting.")
                 return
             approval = pending[0]
         else:
@@ -713,6 +719,16 @@ class CommandHandler:
                 await self.answer(message, f"There is no request `#{decision.number}` here.")
                 return
             approval = found
+        if decision.edits and approval.tool_name != PLAN:
+            # Never an allow for the session of a tool use typed as a plan's start.
+            number = f"#{approval.number}"
+            await self.answer(
+                message,
+                f"`{self.prefix}approve edits` starts a plan with edits accepted: request"
+                f" `{number}` is not a plan. Say `{self.prefix}approve {number}` or"
+                f" `{self.prefix}approve session {number}`.",
+            )
+            return
         desk = ApprovalDesk(self.store, self.rooms, self.live, self.refused, self.wall_clock)
         text = await desk.answer(
             message.sender,
