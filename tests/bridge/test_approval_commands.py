@@ -381,3 +381,22 @@ async def test_approve_edits_is_for_plans_and_never_keeps_a_rule_of_a_tool_use()
     approval = await room.store.approval_by_number(ROOM, 1)
     assert approval is not None
     assert approval.state is ApprovalState.PENDING
+
+
+@pytest.mark.parametrize("tool", ["ExitPlanMode", "AskUserQuestion"])
+async def test_feedback_on_a_plan_too_long_to_keep_is_refused_never_cut(tool: str) -> None:
+    # claude reads a plan's feedback as the person's instructions: cut, it would read
+    # less than they wrote (and not know it).
+    room = make_room(approvers=[BOB])
+    await room.ask("r1", tool)
+    feedback = "keep the data; " * 40 + "and never drop the production database"
+    answer = await room.say(BOB, f"!deny #1 {feedback}")
+    assert answer is not None
+    assert "shorter" in answer
+    assert room.live.decisions == []
+    await room.say(BOB, "!deny #1 keep the data")
+    assert [d[3] for d in room.live.decisions] == [
+        "The user wants you to keep planning: keep the data"
+        if tool == "ExitPlanMode"
+        else "The user declined to answer: keep the data"
+    ]
