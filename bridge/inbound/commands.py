@@ -26,7 +26,14 @@ from bridge.live.approval_desk import ApprovalDesk
 from bridge.live.approval_text import code_span, parse_input, status_line
 from bridge.live.approvals import Verdict, refusal
 from bridge.live.controls import LiveControls
-from bridge.live.questions import ASK, PLAN, AnswerError, questions, read_answers
+from bridge.live.questions import (
+    ASK,
+    INTERACTIVE,
+    PLAN,
+    AnswerError,
+    questions,
+    read_answers,
+)
 from bridge.live.rule_commands import RuleCommands
 from bridge.runs.worktree_lifetime import Lifetimes, listing
 from bridge.store.base import AuditAction, RunRecord, Store, StoreError
@@ -145,6 +152,8 @@ class Decision:
     """``always``: keep the answer as a rule of the room."""
     edits: bool = False
     """``edits``: a plan started with edits accepted (said of anything but a plan, refused)."""
+    cut: bool = False
+    """The reason was longer than ``REASON_LIMIT`` and is cut (refused for a plan's feedback)."""
 
 
 ALWAYS_WORD = "always"
@@ -169,8 +178,10 @@ def parse_decision(command: Command) -> Decision | None:
             if match is None:
                 return None
             reason = _reason(" ".join(after))
-            return Decision(ApprovalChoice.DENY, int(match[1]), reason, for_room)
-        return Decision(ApprovalChoice.DENY, None, _reason(rest), for_room)
+            cut = reason != _reason(" ".join(after), None)
+            return Decision(ApprovalChoice.DENY, int(match[1]), reason, for_room, cut=cut)
+        cut = _reason(rest) != _reason(rest, None)
+        return Decision(ApprovalChoice.DENY, None, _reason(rest), for_room, cut=cut)
     if command.name is not CommandName.APPROVE:
         return None
     number: int | None = None
@@ -190,9 +201,9 @@ def parse_decision(command: Command) -> Decision | None:
     return Decision(ApprovalChoice.ALLOW, number, for_room=scope == ALWAYS_WORD)
 
 
-def _reason(text: str) -> str:
+def _reason(text: str, limit: int | None = REASON_LIMIT) -> str:
     reason = " ".join(safe_text(text).split())
-    return reason if len(reason) <= REASON_LIMIT else reason[: REASON_LIMIT - 1] + "…"
+    return reason if limit is None or len(reason) <= limit else reason[: limit - 1] + "…"
 
 
 def parse_command(text: str, prefix: str) -> Command | None:
@@ -719,6 +730,14 @@ class CommandHandler:
                 await self.answer(message, f"There is no request `#{decision.number}` here.")
                 return
             approval = found
+        if decision.cut and approval.tool_name in INTERACTIVE:
+            # claude reads it as the person's words: never less than they wrote.
+            await self.answer(
+                message,
+                f"Feedback is kept up to {REASON_LIMIT} characters: say it shorter"
+                f" (`#{approval.number}` still waits).",
+            )
+            return
         if decision.edits and approval.tool_name != PLAN:
             # Never an allow for the session of a tool use typed as a plan's start.
             number = f"#{approval.number}"
