@@ -400,3 +400,21 @@ async def test_feedback_on_a_plan_too_long_to_keep_is_refused_never_cut(tool: st
         if tool == "ExitPlanMode"
         else "The user declined to answer: keep the data"
     ]
+
+
+async def test_the_runs_sender_may_decline_a_question_by_command_as_by_button() -> None:
+    # A question is its run's senders' to answer (questions_from's default): `!deny`
+    # declines it for them as the Deny button does, and stays an approver's for a tool.
+    room = make_room(approvers=[BOB])
+    await start_run_of(room, ALICE)
+    await room.ask("r1", "AskUserQuestion")
+    await room.ask("r2")
+    answer = await room.say(ALICE, "!deny #1 not now")
+    assert answer == "Question `#1`: declined by `@alice:x`."
+    assert room.live.decisions == [
+        (1, ApprovalChoice.DENY, ALICE, "The user declined to answer: not now")
+    ]
+    refused = await room.say(ALICE, "!deny #2")
+    assert refused is not None
+    assert "not an approver" in refused
+    assert len(room.live.decisions) == 1
