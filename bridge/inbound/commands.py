@@ -699,9 +699,9 @@ class CommandHandler:
 
     async def _decide(self, command: Command, message: Message) -> None:
         """``!approve`` / ``!deny``: judged, recorded once, then handed to the run."""
-        if not await self._approver(message):
-            return
         decision = parse_decision(command)
+        if not await self._may_decide(message, decision):
+            return
         if decision is None:
             p = self.prefix
             await self.answer(
@@ -758,6 +758,18 @@ class CommandHandler:
         )
         if text is not None:
             await self.answer(message, text)
+
+    async def _may_decide(self, message: Message, decision: Decision | None) -> bool:
+        """Whether the sender may go on with ``!approve`` / ``!deny``: an approver, or anyone
+        declining a question by its id (the desk judges them as it judges ``!answer``)."""
+        settings = self.rooms(message.room)
+        if settings is not None and settings.approves(message.sender):
+            return True
+        if decision is not None and decision.choice is ApprovalChoice.DENY and decision.number:
+            found = await self.store.approval_by_number(message.room, decision.number)
+            if found is not None and found.tool_name == ASK:
+                return True
+        return await self._approver(message)
 
     async def _answer_question(self, command: Command, message: Message) -> None:
         """``!answer #N reply``: claude's question answered (by its run's senders or an
