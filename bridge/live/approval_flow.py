@@ -53,7 +53,6 @@ from bridge.live.approvals import (
     WITHDRAWN,
     Verdict,
     cancel_reason,
-    deny_message,
     judge,
     timeout_message,
 )
@@ -246,7 +245,8 @@ class ApprovalFlow:
             if not decided:
                 continue
             choice = _CHOICES[ruled.state]
-            told = deny_message(ruled.reason) if choice is ApprovalChoice.DENY else ""
+            # As at the ask: a question is declined, a plan sent back, a tool use denied.
+            told = deny_text(ruled.tool_name, ruled.reason) if choice is ApprovalChoice.DENY else ""
             await self.decide(ruled, choice, None, told)
 
     async def session_of(self, approval: Approval) -> SessionId | None:
