@@ -26,7 +26,14 @@ from bridge.live.approval_desk import ApprovalDesk
 from bridge.live.approval_text import code_span, parse_input, status_line
 from bridge.live.approvals import Verdict, refusal
 from bridge.live.controls import LiveControls
-from bridge.live.questions import ASK, AnswerError, questions, read_answers
+from bridge.live.questions import (
+    ASK,
+    INTERACTIVE,
+    PLAN,
+    AnswerError,
+    questions,
+    read_answers,
+)
 from bridge.live.rule_commands import RuleCommands
 from bridge.runs.worktree_lifetime import Lifetimes, listing
 from bridge.store.base import AuditAction, RunRecord, Store, StoreError
@@ -143,6 +150,10 @@ class Decision:
     reason: str = ""
     for_room: bool = False
     """``always``: keep the answer as a rule of the room."""
+    edits: bool = False
+    """``edits``: a plan started with edits accepted (said of anything but a plan, refused)."""
+    cut: bool = False
+    """The reason was longer than ``REASON_LIMIT`` and is cut (refused for a plan's feedback)."""
 
 
 ALWAYS_WORD = "always"
@@ -167,8 +178,10 @@ def parse_decision(command: Command) -> Decision | None:
             if match is None:
                 return None
             reason = _reason(" ".join(after))
-            return Decision(ApprovalChoice.DENY, int(match[1]), reason, for_room)
-        return Decision(ApprovalChoice.DENY, None, _reason(rest), for_room)
+            cut = reason != _reason(" ".join(after), None)
+            return Decision(ApprovalChoice.DENY, int(match[1]), reason, for_room, cut=cut)
+        cut = _reason(rest) != _reason(rest, None)
+        return Decision(ApprovalChoice.DENY, None, _reason(rest), for_room, cut=cut)
     if command.name is not CommandName.APPROVE:
         return None
     number: int | None = None
@@ -183,13 +196,14 @@ def parse_decision(command: Command) -> Decision | None:
         else:
             return None
     if scope == "session":
-        return Decision(ApprovalChoice.ALLOW_SESSION, number)
+        edits = "edits" in command.rest.lower().split()
+        return Decision(ApprovalChoice.ALLOW_SESSION, number, edits=edits)
     return Decision(ApprovalChoice.ALLOW, number, for_room=scope == ALWAYS_WORD)
 
 
-def _reason(text: str) -> str:
+def _reason(text: str, limit: int | None = REASON_LIMIT) -> str:
     reason = " ".join(safe_text(text).split())
-    return reason if len(reason) <= REASON_LIMIT else reason[: REASON_LIMIT - 1] + "…"
+    return reason if limit is None or len(reason) <= limit else reason[: limit - 1] + "…"
 
 
 def parse_command(text: str, prefix: str) -> Command | None:
@@ -689,9 +703,9 @@ class CommandHandler:
 
     async def _decide(self, command: Command, message: Message) -> None:
         """``!approve`` / ``!deny``: judged, recorded once, then handed to the run."""
-        if not await self._approver(message):
-            return
         decision = parse_decision(command)
+        if not await self._may_decide(message, decision):
+            return
         if decision is None:
             p = self.prefix
             await self.answer(
@@ -707,8 +721,11 @@ class CommandHandler:
         room = message.room
         if decision.number is None:
             pending = await self.store.pending_approvals(room)
+            if decision.edits:
+                pending = [a for a in pending if a.tool_name == PLAN]
             if not pending:
-                await self.answer(message, "No tool request is waiting.")
+                what = "plan" if decision.edits else "tool request"
+                await self.answer(message, f"No {what} is waiting.")
                 return
             approval = pending[0]
         else:
@@ -717,6 +734,24 @@ class CommandHandler:
                 await self.answer(message, f"There is no request `#{decision.number}` here.")
                 return
             approval = found
+        if decision.cut and approval.tool_name in INTERACTIVE:
+            # claude reads it as the person's words: never less than they wrote.
+            await self.answer(
+                message,
+                f"Feedback is kept up to {REASON_LIMIT} characters: say it shorter"
+                f" (`#{approval.number}` still waits).",
+            )
+            return
+        if decision.edits and approval.tool_name != PLAN:
+            # Never an allow for the session of a tool use typed as a plan's start.
+            number = f"#{approval.number}"
+            await self.answer(
+                message,
+                f"`{self.prefix}approve edits` starts a plan with edits accepted: request"
+                f" `{number}` is not a plan. Say `{self.prefix}approve {number}` or"
+                f" `{self.prefix}approve session {number}`.",
+            )
+            return
         desk = ApprovalDesk(self.store, self.rooms, self.live, self.refused, self.wall_clock)
         text = await desk.answer(
             message.sender,
@@ -728,13 +763,26 @@ class CommandHandler:
         if text is not None:
             await self.answer(message, text)
 
+    async def _may_decide(self, message: Message, decision: Decision | None) -> bool:
+        """Whether the sender may go on with ``!approve`` / ``!deny``: an approver, or anyone
+        declining a question by its id (the desk judges them as it judges ``!answer``)."""
+        settings = self.rooms(message.room)
+        if settings is not None and settings.approves(message.sender):
+            return True
+        if decision is not None and decision.choice is ApprovalChoice.DENY and decision.number:
+            found = await self.store.approval_by_number(message.room, decision.number)
+            if found is not None and found.tool_name == ASK:
+                return True
+        return await self._approver(message)
+
     async def _answer_question(self, command: Command, message: Message) -> None:
         """``!answer #N reply``: claude's question answered (by its run's senders or an
         approver; the desk judges), the reply read against its options first."""
         first, *after = command.rest.split(maxsplit=1) or [""]
         match = _NUMBER.fullmatch(first)
         number = int(match[1]) if match is not None else None
-        reply = after[0] if match is not None and after else command.rest
+        # After an id, the rest is the answer, if any: never the id itself.
+        reply = command.rest if match is None else "".join(after)
         if self.live is None:
             await self.answer(message, "Questions cannot be answered: no live runs here.")
             return

@@ -36,9 +36,9 @@ from dispatcher import Dispatcher, RoomStatus
 
 log = logging.getLogger(__name__)
 
-_ANSWERS = frozenset({CommandName.APPROVE, CommandName.DENY, CommandName.RULES})
-"""The commands of approvers who are not allowed users: answers to tool requests and
-the rules those answers keep (`!rules`)."""
+_ANSWERS = frozenset({CommandName.APPROVE, CommandName.DENY, CommandName.ANSWER, CommandName.RULES})
+"""The commands of approvers who are not allowed users: answers to tool requests and to
+claude's questions and plans, and the rules those answers keep (`!rules`)."""
 
 
 def conversation_of(inbound: InboundMessage, room: RoomSettings) -> InboundMessage:

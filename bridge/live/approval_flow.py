@@ -40,7 +40,6 @@ from bridge.live.approvals import (
     WITHDRAWN,
     Verdict,
     cancel_reason,
-    deny_message,
     judge,
     timeout_message,
 )
@@ -238,7 +237,8 @@ class ApprovalFlow:
             if not decided:
                 continue
             choice = _CHOICES[ruled.state]
-            told = deny_message(ruled.reason) if choice is ApprovalChoice.DENY else ""
+            # As at the ask: a question is declined, a plan sent back, a tool use denied.
+            told = deny_text(ruled.tool_name, ruled.reason) if choice is ApprovalChoice.DENY else ""
             await self.decide(ruled, choice, None, told)
 
     async def session_of(self, approval: Approval) -> SessionId | None:
@@ -294,7 +294,7 @@ class ApprovalFlow:
         prefix = self.settings.commands.prefix
         text = request_message(approval, prefix, wait_s)
         if not self.replier.approval_fits(batch.room, text):
-            comment = f"The whole of `#{approval.number}`: what `{prefix}approve` approves."
+            comment = f"The whole of `#{approval.number}`: what its answer answers."
             if not await self._post_whole(batch, approval, text, comment):
                 await self._refuse_unseen(batch, approval, "the room could not be shown it in full")
                 return None
@@ -303,6 +303,12 @@ class ApprovalFlow:
             if plan:
                 short = json.dumps({**tool_input, "plan": ends(plan, SHORT_BLOCK)})
                 text = request_message(replace(approval, input_json=short), prefix, wait_s)
+            else:
+                # A question's texts, each cut (saying so) until the message holds them.
+                limit = SHORT_BLOCK
+                while not self.replier.approval_fits(batch.room, text) and limit >= MIN_BLOCK:
+                    text = request_message(approval, prefix, wait_s, limit)
+                    limit //= 2
         return await self.replier.post_approval(
             in_conversation(batch, text, ReplyKind.NOTICE),
             f"#{approval.number}",

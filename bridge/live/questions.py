@@ -49,7 +49,9 @@ so the store's one expiry rule serves every request."""
 KEEP_PLANNING = "The user wants you to keep planning; the plan is not approved yet."
 """What claude is told of a plan sent back without feedback."""
 
-_CHOICES = re.compile(r"[0-9]+(\s*,\s*[0-9]+)*")
+_CHOICES = re.compile(r"[0-9]{1,9}(\s*,\s*[0-9]{1,9})*")
+"""Option numbers (more digits than any option could have are free text, never an int
+conversion Python refuses)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,21 +161,27 @@ def answered_input(tool_input: Mapping[str, Any], kept: str) -> dict[str, Any]:
 
 
 def question_text(
-    number: int, tool_input: Mapping[str, Any], prefix: str, timeout_s: float | None
+    number: int,
+    tool_input: Mapping[str, Any],
+    prefix: str,
+    timeout_s: float | None,
+    limit: int | None = None,
 ) -> str:
-    """The message asking the room claude's questions, options numbered."""
+    """The message asking the room claude's questions, options numbered: every text whole
+    (an answer sends claude the whole label), or each cut to ``limit`` characters, saying
+    so, when the whole was posted before as a file."""
     asked = questions(tool_input)
     lines = [f"Claude asks (question `#{number}`):"]
     for index, question in enumerate(asked, 1):
         head = f"**{index}.** " if len(asked) > 1 else ""
         kind = " (one or more)" if question.multi else ""
-        header = f"[{code_span(question.header, 100)}] " if question.header else ""
-        lines.append(f"{head}{header}{code_span(question.text)}{kind}")
+        header = f"[{code_span(question.header, limit)}] " if question.header else ""
+        lines.append(f"{head}{header}{code_span(question.text, limit)}{kind}")
         for option, (label, description) in enumerate(
             zip(question.options, question.descriptions, strict=True), 1
         ):
-            about = f": {code_span(description)}" if description else ""
-            lines.append(f"    {option}. {code_span(label, 200)}{about}")
+            about = f": {code_span(description, limit)}" if description else ""
+            lines.append(f"    {option}. {code_span(label, limit)}{about}")
     several = " (one answer per question, separated by `;`)" if len(asked) > 1 else ""
     lines.append(
         f"Answer `{prefix}answer #{number} 1` (an option), `{prefix}answer #{number} 1,3`"
@@ -257,12 +265,15 @@ def deny_text(tool_name: str, reason: str) -> str:
     return deny_message(reason)
 
 
-def request_message(approval: Approval, prefix: str, timeout_s: float | None) -> str:
+def request_message(
+    approval: Approval, prefix: str, timeout_s: float | None, limit: int | None = None
+) -> str:
     """The message asking the room: a question or a plan (a tool use's is
-    :func:`bridge.live.approval_text.request_text`, shown through bridge/live/tool_view.py)."""
+    :func:`bridge.live.approval_text.request_text`, shown through bridge/live/tool_view.py);
+    ``limit``: a question's texts cut to that, once its whole was posted."""
     tool_input = parse_input(approval.input_json)
     if approval.tool_name == ASK:
-        return question_text(approval.number, tool_input, prefix, timeout_s)
+        return question_text(approval.number, tool_input, prefix, timeout_s, limit)
     return plan_request_text(approval.number, tool_input, prefix, timeout_s)
 
 
@@ -272,9 +283,11 @@ def answer_decision(approval: Approval, choice: ApprovalChoice) -> Allow:
     tool_input = parse_input(approval.input_json)
     if approval.tool_name == ASK:
         return Allow(answered_input(tool_input, approval.reason))
+    # The plan as shown, and nothing else of the tool use (its message shows no other field).
+    shown = {"plan": plan_of(tool_input)}
     if choice is ApprovalChoice.ALLOW_SESSION:
-        return Allow(tool_input, (ACCEPT_EDITS,))
-    return Allow(tool_input)
+        return Allow(shown, (ACCEPT_EDITS,))
+    return Allow(shown)
 
 
 def unanswerable(approval: Approval, choice: ApprovalChoice, reason: str) -> str | None:

@@ -17,6 +17,7 @@ from bridge.core.duration import format_duration
 from bridge.core.model import Message
 from bridge.live.approval_text import code_span
 from bridge.live.controls import LiveControls
+from bridge.live.questions import INTERACTIVE
 from bridge.live.tool_rules import DENY_REACH, keepable, parse_rule, unmatchable
 from bridge.store.base import RuleEffect, RuleScope, Store, ToolRule
 
@@ -97,6 +98,8 @@ class RuleCommands:
             await self.answer(message, f"{code_span(argument)} is not a rule. {self._usage()}")
             return
         why = unmatchable(rule)
+        if why is None and effect is RuleEffect.ALLOW and rule.tool in INTERACTIVE:
+            why = "a person answers claude's questions and plans, never an allow rule"
         if why is not None:
             await self.answer(
                 message, f"{code_span(argument)} could never match a request: {why}. Not kept."

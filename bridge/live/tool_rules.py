@@ -18,6 +18,7 @@ from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from bridge.live.questions import INTERACTIVE
 from bridge.store.base import RuleEffect, ToolRule
 from bridge.store.rules import RULE_LIMIT_BYTES
 
@@ -174,12 +175,14 @@ def ruling(
     rules: Iterable[ToolRule], tool_name: str, tool_input: Mapping[str, Any]
 ) -> ToolRule | None:
     """The rule that decides the request: the first deny rule covering it, else the
-    first allow rule, else None (the room is asked). Unparsable rules cover nothing."""
+    first allow rule, else None (the room is asked). Unparsable rules cover nothing; no
+    allow rule covers a question or a plan (a person answers it, having read it)."""
     covering = [
         rule
         for rule in rules
         if (text := parse_rule(rule.rule)) is not None
         and matches(text, tool_name, tool_input, rule.effect)
+        and (rule.effect is RuleEffect.DENY or tool_name not in INTERACTIVE)
     ]
     denying = [rule for rule in covering if rule.effect is RuleEffect.DENY]
     return next(iter(denying or covering), None)

@@ -364,3 +364,57 @@ async def test_without_live_runs_requests_cannot_be_answered() -> None:
     await room.ask("r1")
     assert "cannot be answered" in (await room.say(BOB, "!approve") or "")
     assert len(await room.store.pending_approvals(ROOM)) == 1
+
+
+async def test_approve_edits_is_for_plans_and_never_keeps_a_rule_of_a_tool_use() -> None:
+    # `edits` starts a plan with edits accepted; said of a tool request (a wrong number,
+    # or the oldest request being a command) it once allowed it and kept a session rule.
+    room = make_room(approvers=[BOB])
+    await room.ask("r1")
+    answer = await room.say(BOB, "!approve edits #1")
+    assert answer is not None
+    assert "plan" in answer
+    assert room.live.decisions == []
+    assert await room.store.active_rules(ROOM, SessionId("s-1")) == []
+    answer = await room.say(BOB, "!approve edits")
+    assert room.live.decisions == []
+    approval = await room.store.approval_by_number(ROOM, 1)
+    assert approval is not None
+    assert approval.state is ApprovalState.PENDING
+
+
+@pytest.mark.parametrize("tool", ["ExitPlanMode", "AskUserQuestion"])
+async def test_feedback_on_a_plan_too_long_to_keep_is_refused_never_cut(tool: str) -> None:
+    # claude reads a plan's feedback as the person's instructions: cut, it would read
+    # less than they wrote (and not know it).
+    room = make_room(approvers=[BOB])
+    await room.ask("r1", tool)
+    feedback = "keep the data; " * 40 + "and never drop the production database"
+    answer = await room.say(BOB, f"!deny #1 {feedback}")
+    assert answer is not None
+    assert "shorter" in answer
+    assert room.live.decisions == []
+    await room.say(BOB, "!deny #1 keep the data")
+    assert [d[3] for d in room.live.decisions] == [
+        "The user wants you to keep planning: keep the data"
+        if tool == "ExitPlanMode"
+        else "The user declined to answer: keep the data"
+    ]
+
+
+async def test_the_runs_sender_may_decline_a_question_by_command_as_by_button() -> None:
+    # A question is its run's senders' to answer (questions_from's default): `!deny`
+    # declines it for them as the Deny button does, and stays an approver's for a tool.
+    room = make_room(approvers=[BOB])
+    await start_run_of(room, ALICE)
+    await room.ask("r1", "AskUserQuestion")
+    await room.ask("r2")
+    answer = await room.say(ALICE, "!deny #1 not now")
+    assert answer == "Question `#1`: declined by `@alice:x`."
+    assert room.live.decisions == [
+        (1, ApprovalChoice.DENY, ALICE, "The user declined to answer: not now")
+    ]
+    refused = await room.say(ALICE, "!deny #2")
+    assert refused is not None
+    assert "not an approver" in refused
+    assert len(room.live.decisions) == 1

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bridge.core.model import RoomId, RoomKey, RunId, TransportName
+from bridge.core.text import visible
 from bridge.core.transport import ApprovalChoice
 from bridge.live.approvals import Verdict, judge_answer
 from bridge.live.questions import (
@@ -18,6 +19,7 @@ from bridge.live.questions import (
     AnswerError,
     Question,
     answer_decision,
+    question_text,
     questions,
     read_answers,
     recorded_answers,
@@ -138,3 +140,49 @@ def test_the_runs_senders_answer_questions_unless_the_room_keeps_them_to_approve
     strict = room(approvers=[BOB], questions_from="approvers", require_other_approver=True)
     assert judge_answer(strict, ALICE, {ALICE}) is Verdict.NOT_APPROVER
     assert judge_answer(strict, BOB, {BOB}) is Verdict.APPROVER  # a question is no approval
+
+
+def test_a_reply_of_thousands_of_digits_is_refused_not_a_crash() -> None:
+    # int() refuses more than 4300 digits with a plain ValueError.
+    with pytest.raises(AnswerError):
+        read_answers([SINGLE], "1" * 5000)
+    with pytest.raises(AnswerError):
+        read_answers([MULTI], "1," + "2" * 5000)
+
+
+LONG_LABEL = "Yes, deploy to staging" + " " * 300 + "and to production, dropping its database"
+LONG_INPUT = {
+    "questions": [
+        {"question": "Deploy? " + "x" * 400 + " (answer 1 to drop production)",
+         "header": "H" * 150, "multiSelect": False,
+         "options": [{"label": LONG_LABEL, "description": "d" * 400 + " drops production"},
+                     {"label": "No"}]},
+    ]
+}  # fmt: skip
+
+
+def test_a_question_shows_every_option_whole_as_its_answer_sends_it() -> None:
+    # The answer `1` sends claude the whole label: the room is shown the whole of it,
+    # the question and the descriptions too (a long question is posted as a file).
+    text = question_text(3, LONG_INPUT, "!", None)
+    assert "more characters" not in text
+    assert visible(LONG_LABEL) in text
+    assert "(answer 1 to drop production)" in text
+    assert "drops production" in text
+    assert "H" * 150 in text
+    asked = questions(LONG_INPUT)
+    sent = answer_decision(
+        approval("AskUserQuestion", LONG_INPUT, read_answers(asked, "1")), ApprovalChoice.ALLOW
+    )
+    assert isinstance(sent, Allow)
+    assert list(sent.updated_input["answers"].values()) == [LONG_LABEL]
+
+
+def test_a_plan_is_approved_with_the_plan_shown_and_nothing_else() -> None:
+    # The plan's message shows only `plan`: any other field of the tool use (one the
+    # CLI reads, like `planFilePath`) would be approved unseen.
+    plan = approval("ExitPlanMode", {"plan": "## do it", "planFilePath": "/srv/other-plan.md"})
+    assert answer_decision(plan, ApprovalChoice.ALLOW) == Allow({"plan": "## do it"})
+    assert answer_decision(plan, ApprovalChoice.ALLOW_SESSION) == Allow(
+        {"plan": "## do it"}, (ACCEPT_EDITS,)
+    )

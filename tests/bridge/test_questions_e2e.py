@@ -114,6 +114,8 @@ async def test_an_answer_that_fits_no_option_is_refused_and_the_question_waits(
         await bridge.start()
         bridge.send("ask me")
         await bridge.wait_for("Claude asks (question `#1`)")
+        bridge.send("!answer #1")  # once answered with the free text "#1"
+        await bridge.wait_for("1 question(s), 0 answer(s)")
         bridge.send("!answer #1 1,2")
         await bridge.wait_for("Question 1 takes one option, not `1,2`.")
         bridge.send("!answer #1 7")
@@ -123,6 +125,7 @@ async def test_an_answer_that_fits_no_option_is_refused_and_the_question_waits(
         bridge.send("!answer #1 1")
         await bridge.wait_for("Thanks, noted.")
         assert await bridge.end_input() == 0
+    assert not any("#1" in t for t in told(server))
     assert any('"Which database?"="SQLite"' in t for t in told(server))
 
 

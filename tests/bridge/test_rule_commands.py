@@ -177,3 +177,17 @@ async def test_a_deny_rule_kept_says_it_stops_only_what_claude_asks() -> None:
     allowed = await room.say(BOB, "!rules allow Bash(npm test:*)")
     assert allowed is not None
     assert "only what claude asks for" not in allowed
+
+
+async def test_an_allow_rule_for_questions_or_plans_is_refused_a_deny_rule_kept() -> None:
+    # No allow rule answers a question or approves a plan (a person does): kept, the
+    # room would believe claude's plans approved by it.
+    room = make_room(approvers=[BOB])
+    for tool in ("AskUserQuestion", "ExitPlanMode"):
+        refused = await room.say(BOB, f"!rules allow {tool}")
+        assert refused is not None
+        assert "could never" in refused, tool
+    assert await room.store.active_rules(ROOM, None) == []
+    kept = await room.say(BOB, "!rules deny AskUserQuestion")
+    assert kept is not None
+    assert kept.startswith("Kept rule")

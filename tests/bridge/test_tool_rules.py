@@ -331,3 +331,16 @@ def test_a_deny_rule_of_a_shell_word_covers_it_too() -> None:
         chosen = ruling(deny_and_allow_all(deny), "Bash", {"command": command})
         assert chosen is not None
         assert chosen.effect is RuleEffect.DENY, deny
+
+
+@pytest.mark.parametrize("tool", ["AskUserQuestion", "ExitPlanMode"])
+def test_no_allow_rule_answers_a_question_or_approves_a_plan(tool: str) -> None:
+    # A question wants a person's answers and a plan a person's reading: a rule that
+    # "allows" them would answer nothing, or end planning on a plan nobody saw.
+    allow = [kept(1, tool, RuleEffect.ALLOW)]
+    assert ruling(allow, tool, {"plan": "rm -rf /srv/data"}) is None
+    assert ruling(allow, tool, {}) is None
+    deny = [kept(2, tool, RuleEffect.DENY), *allow]
+    chosen = ruling(deny, tool, {})
+    assert chosen is not None
+    assert chosen.id == 2

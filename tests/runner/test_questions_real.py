@@ -127,3 +127,39 @@ async def test_a_plan_denied_with_feedback_keeps_claude_planning(
     # Still in plan mode, where claude 2.1 leaves an edit to its host: asked, as in
     # default mode (the room sees it as a tool request).
     assert [a.tool_name for a in later] == ["Write"]
+
+
+async def test_edits_accepted_with_a_plan_end_with_its_run_not_its_session(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    # `!approve edits` holds for the run's claude: the next run, resuming the session
+    # with no permission mode of the room's, has its edits asked again.
+    control = RunControl()
+    notes = tmp_path / "work" / "notes.md"
+
+    async def on_event(event: RunEvent) -> None:
+        await recorder(event)
+        if isinstance(event, PermissionAsked):
+            decision = Allow({"plan": PLAN}, (ACCEPT_EDITS,))
+            control.answer(event.request_id, decision if event.tool_name == "ExitPlanMode"
+                           else Deny("not now"))  # fmt: skip
+
+    first = [Turn(tools=(ToolCall("ExitPlanMode", {"plan": PLAN}),)), Turn(text="Planned.")]
+    second = [
+        Turn(tools=(ToolCall("Write", {"file_path": str(notes), "content": "again\n"}),)),
+        Turn(text="Done."),
+    ]
+    async with ModelServer(first + second) as server:
+        fields: dict[str, object] = {"allowed_tools": (), "approve_tools": True}
+        request = real_request(run_id, tmp_path, server, "plan", permission_mode="plan", **fields)
+        report = await run_claude(request, on_event, control=control)
+        assert report.status is RunStatus.SUCCEEDED, report.error
+        control = RunControl()
+        again = real_request(
+            RunId(f"{run_id}-2"), tmp_path, server, "write it",
+            permission_mode="", session_id=report.session_id, **fields,
+        )  # fmt: skip
+        report = await run_claude(again, on_event, control=control)
+    assert report.status is RunStatus.SUCCEEDED, report.error
+    assert [a.tool_name for a in recorder.of(PermissionAsked)] == ["ExitPlanMode", "Write"]
+    assert not notes.exists()
