@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from bridge.live.approval_text import code_span
+
 GIT_TIMEOUT_S = 30.0
 OWN = ".chatbridge"
 """Inbox files and worktrees chatbridge keeps under a room's cwd: never a run's change."""
@@ -165,6 +167,6 @@ def summary_line(changes: Changes) -> str:
     shown = []
     for f in changes.files[:SHOWN_FILES]:
         lines = "binary" if f.added is None else f"+{f.added} -{f.removed}"
-        shown.append(f"`{f.path}` ({lines})")
+        shown.append(f"{code_span(f.path)} ({lines})")
     more = f", and {n - SHOWN_FILES} more" if n > SHOWN_FILES else ""
     return f"{head}: {', '.join(shown)}{more}."

@@ -99,3 +99,20 @@ async def test_binary_files_and_renames_are_named(repo: Path) -> None:
     assert by_path["blob.bin"] == (None, None)
     assert "main.py" in by_path
     assert "binary" in summary_line(found)
+
+
+async def test_file_names_cannot_break_the_summary_line(repo: Path) -> None:
+    # A run names files as it likes: a backtick must not close the code span, a newline
+    # or an escape sequence must not reach the chat as such.
+    before = await snapshot(repo)
+    assert before is not None
+    names = ["a`@room`b.txt", "two\nlines.txt", "bell\x1b[31mred.txt"]
+    for name in names:
+        (repo / name).write_text("x\n")
+    found = await changes(before)
+    assert found is not None
+    line = summary_line(found)
+    assert "\n" not in line
+    assert "\x1b" not in line
+    # The backtick name sits whole in one code span (fenced with two backticks).
+    assert "``a`@room`b.txt``" in line
