@@ -502,9 +502,11 @@ class RunExecutor:
             self.transcripts = Transcripts(self.store, runner.transcript_max_bytes, self.wall_clock)
 
     async def reset_session(self, room: RoomKey) -> None:
-        """Forget the room's Claude session, also for the run active now."""
+        """Forget the room's Claude session, also for the run active now, and a ``!fork``
+        of it not yet used (it would fork whatever session comes next)."""
         self._generations[room] = self._generations.get(room, 0) + 1
         await self.store.set_session(room, None)
+        await self.store.set_room_fork(room, False)
 
     async def drain(self, timeout_s: float) -> None:
         """At shutdown, while the transports still run: the progress messages' last
