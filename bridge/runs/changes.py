@@ -48,7 +48,9 @@ class FileChange:
 class Changes:
     files: tuple[FileChange, ...]
     patch: str
-    """The whole diff (``git diff`` of the two trees), binary files named, not shown."""
+    """The whole diff (``git diff`` of the two trees), binary files named, not shown;
+    "" when it is over the size asked for (``patch_over``) or git failed."""
+    patch_over: bool = False
 
     @property
     def added(self) -> int:
@@ -59,7 +61,11 @@ class Changes:
         return sum(f.removed or 0 for f in self.files)
 
 
-async def _git(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> tuple[int, bytes]:
+async def _git(
+    cwd: Path, *args: str, env: Mapping[str, str] | None = None, limit: int | None = None
+) -> tuple[int, bytes]:
+    """git's exit code and output; with ``limit``, at most ``limit + 1`` bytes of it are
+    read (git is stopped there: its code is then -1)."""
     try:
         process = await asyncio.create_subprocess_exec(
             "git",
@@ -75,7 +81,13 @@ async def _git(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> t
         return -1, b""
     try:
         async with asyncio.timeout(GIT_TIMEOUT_S):
-            out, _ = await process.communicate()
+            if limit is None:
+                out, _ = await process.communicate()
+            else:
+                out = await _read_at_most(process, limit + 1)
+                if len(out) > limit:
+                    return -1, out
+                await process.wait()
     except TimeoutError:
         return -1, b""
     finally:
@@ -83,6 +95,16 @@ async def _git(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> t
             process.kill()
             await process.wait()
     return process.returncode or 0, out
+
+
+async def _read_at_most(process: asyncio.subprocess.Process, n: int) -> bytes:
+    assert process.stdout is not None
+    chunks: list[bytes] = []
+    got = 0
+    while got < n and (chunk := await process.stdout.read(min(n - got, 1 << 16))):
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
 
 
 async def snapshot(cwd: Path) -> Snapshot | None:
@@ -118,8 +140,9 @@ def _relative(top: Path, path: Path) -> str:
         return str(path)
 
 
-async def changes(before: Snapshot) -> Changes | None:
-    """What changed since ``before``; None if nothing did (or git cannot say)."""
+async def changes(before: Snapshot, max_patch_bytes: int | None = None) -> Changes | None:
+    """What changed since ``before``; None if nothing did (or git cannot say). A diff
+    longer than ``max_patch_bytes`` is not read past that (``patch_over``)."""
     after = await snapshot(before.cwd)
     if after is None or after.tree == before.tree:
         return None
@@ -130,8 +153,16 @@ async def changes(before: Snapshot) -> Changes | None:
     if not files:
         return None
     code, patch = await _git(
-        before.top, "diff", "--no-color", "--no-ext-diff", before.tree, after.tree
+        before.top,
+        "diff",
+        "--no-color",
+        "--no-ext-diff",
+        before.tree,
+        after.tree,
+        limit=max_patch_bytes,
     )
+    if max_patch_bytes is not None and len(patch) > max_patch_bytes:
+        return Changes(files, "", patch_over=True)
     return Changes(files, patch.decode(errors="replace") if code == 0 else "")
 
 

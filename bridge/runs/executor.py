@@ -1445,7 +1445,7 @@ class RunExecutor:
             report, result_text=safe_text(report.result_text), error=safe_text(report.error)
         )
         replies = self._replies(run.id, batch, report)
-        changed = await self._changes(live)
+        changed = await self._changes(live, batch.room)
         if changed is not None and replies:
             replies[0] = replace(replies[0], text=f"{replies[0].text}\n\n{summary_line(changed)}")
         # A usage limit: the room is told when it resets (and of the retry then).
@@ -1493,14 +1493,17 @@ class RunExecutor:
         log.info("run ended: %s", report.status.value)
         return settled
 
-    async def _changes(self, live: _Live) -> Changes | None:
+    async def _changes(self, live: _Live, key: RoomKey) -> Changes | None:
         """What the run changed in its git working directory; None if nothing (or not
         asked for, or git could not say in time: the answer does not wait longer)."""
         if live.baseline is None:
             return None
+        room = self.settings.room(key)
+        # Only a diff that may be attached is read whole: a bigger one only says so.
+        limit = room.max_send_file_bytes if room is not None and room.send_files else 0
         try:
             async with asyncio.timeout(CHANGES_TIMEOUT_S):
-                return await changes(live.baseline)
+                return await changes(live.baseline, max_patch_bytes=limit)
         except TimeoutError:
             log.warning("git took over %gs to say what the run changed", CHANGES_TIMEOUT_S)
             return None
@@ -1508,16 +1511,17 @@ class RunExecutor:
     async def _post_diff(self, run: _Run, changed: Changes) -> None:
         """The whole diff, after the answer, within the room's file limits."""
         room = self.settings.room(run.batch.room)
-        if self.file_posts is None or room is None or not changed.patch:
+        if self.file_posts is None or room is None or not room.send_files:
             return
-        size = len(changed.patch.encode())
-        if not room.send_files or size > room.max_send_file_bytes:
+        if changed.patch_over:
             await self.notices.say(
                 run.batch.room,
-                f"The run's diff ({size} bytes) is not attached: it is over the room's file"
-                " limit (`max_send_file_bytes`).",
+                f"The run's diff is not attached: it is over the room's file limit"
+                f" (`max_send_file_bytes`, {room.max_send_file_bytes} bytes).",
                 about=run.batch,
             )
+            return
+        if not changed.patch:
             return
         await self.file_posts.post_text(
             run.id,

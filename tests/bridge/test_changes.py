@@ -116,3 +116,20 @@ async def test_file_names_cannot_break_the_summary_line(repo: Path) -> None:
     assert "\x1b" not in line
     # The backtick name sits whole in one code span (fenced with two backticks).
     assert "``a`@room`b.txt``" in line
+
+
+async def test_a_diff_over_the_limit_is_not_read_whole(repo: Path) -> None:
+    # A run that writes a big text file (a log, a data set) must not have its whole diff
+    # read into the bridge's memory when only the size decides it is not attached.
+    before = await snapshot(repo)
+    assert before is not None
+    (repo / "data.csv").write_text("1,2,3\n" * 400_000)  # 2.4 MB of diff
+    found = await changes(before, max_patch_bytes=10_000)
+    assert found is not None
+    assert [(f.path, f.added) for f in found.files] == [("data.csv", 400_000)]
+    assert found.patch == ""
+    assert found.patch_over
+    small = await changes(before, max_patch_bytes=10_000_000)
+    assert small is not None
+    assert not small.patch_over
+    assert "+1,2,3" in small.patch
