@@ -6,7 +6,9 @@ private copy of the index, so the repository's own index, branch and stash
 are never touched; after the run the same again, and the two trees are
 compared. Commits the run made, edits left uncommitted and new files all
 count; chatbridge's own ``.chatbridge/`` does not. git runs with an argument
-list, never a shell (docs/conversations.md, "What a run changed").
+list, never a shell, and with nothing the repository's configuration names run
+(fsmonitor, hooks, clean filters, textconv, external diffs): a run that may edit
+files may write ``.git/config`` (docs/conversations.md, "What a run changed").
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class Snapshot:
     cwd: Path
     tree: str
     """The git tree of the working directory as it was."""
+    guard: tuple[str, ...] = ()
+    """git's ``-c`` options that keep the repository's configuration from running commands."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +111,22 @@ async def _read_at_most(process: asyncio.subprocess.Process, n: int) -> bytes:
     return b"".join(chunks)
 
 
+async def _guard(top: Path) -> tuple[str, ...] | None:
+    """``-c`` options that turn off what a repository's configuration could make our git
+    run: a run that may edit files may write ``.git/config``, and chatbridge's own git
+    asks nobody (the fsmonitor, hooks, and every configured clean filter; diffs are
+    taken with ``--no-textconv --no-ext-diff``)."""
+    code, out = await _git(top, "config", "-z", "--name-only", "--get-regexp", r"^filter\.")
+    if code not in (0, 1):  # 1: no filter configured
+        return None
+    guard = ["-c", "core.fsmonitor=false", "-c", f"core.hooksPath={os.devnull}"]
+    for name in out.decode(errors="surrogateescape").split("\0"):
+        driver, _, key = name.rpartition(".")
+        if driver.startswith("filter.") and key in ("clean", "smudge", "process"):
+            guard += ["-c", f"{driver}.{key}="]
+    return tuple(guard)
+
+
 async def snapshot(cwd: Path) -> Snapshot | None:
     """The working directory's state as a git tree; None where ``cwd`` is not in a work
     tree of git (or git fails): such runs get no summary of changes."""
@@ -116,6 +136,9 @@ async def snapshot(cwd: Path) -> Snapshot | None:
         return None
     top = Path(lines[0])
     index = Path(lines[1]) if os.path.isabs(lines[1]) else cwd / lines[1]
+    guard = await _guard(top)
+    if guard is None:
+        return None
     with tempfile.TemporaryDirectory(prefix="chatbridge-index-") as private:
         temp_index = Path(private) / "index"
         # From the real index: git then rehashes only what changed since it.
@@ -123,14 +146,14 @@ async def snapshot(cwd: Path) -> Snapshot | None:
             shutil.copyfile(index, temp_index)
         env = {"GIT_INDEX_FILE": str(temp_index)}
         own = f":(top,exclude){_relative(top, cwd / OWN)}"
-        code, _ = await _git(top, "add", "-A", "--", ":(top)", own, env=env)
+        code, _ = await _git(top, *guard, "add", "-A", "--", ":(top)", own, env=env)
         if code != 0:
             return None
-        code, out = await _git(top, "write-tree", env=env)
+        code, out = await _git(top, *guard, "write-tree", env=env)
     tree = out.decode().strip()
     if code != 0 or not tree:
         return None
-    return Snapshot(top, cwd, tree)
+    return Snapshot(top, cwd, tree, guard)
 
 
 def _relative(top: Path, path: Path) -> str:
@@ -146,7 +169,10 @@ async def changes(before: Snapshot, max_patch_bytes: int | None = None) -> Chang
     after = await snapshot(before.cwd)
     if after is None or after.tree == before.tree:
         return None
-    code, out = await _git(before.top, "diff", "--numstat", "-z", before.tree, after.tree)
+    plain = ("--no-textconv", "--no-ext-diff")
+    code, out = await _git(
+        before.top, *after.guard, "diff", *plain, "--numstat", "-z", before.tree, after.tree
+    )
     if code != 0:
         return None
     files = tuple(_numstat(out))
@@ -154,9 +180,10 @@ async def changes(before: Snapshot, max_patch_bytes: int | None = None) -> Chang
         return None
     code, patch = await _git(
         before.top,
+        *after.guard,
         "diff",
+        *plain,
         "--no-color",
-        "--no-ext-diff",
         before.tree,
         after.tree,
         limit=max_patch_bytes,

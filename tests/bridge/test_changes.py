@@ -133,3 +133,40 @@ async def test_a_diff_over_the_limit_is_not_read_whole(repo: Path) -> None:
     assert small is not None
     assert not small.patch_over
     assert "+1,2,3" in small.patch
+
+
+@pytest.mark.parametrize(
+    ("config", "attributes"),
+    [
+        ({"core.fsmonitor": "{hook}"}, ""),
+        ({"filter.pwn.clean": "{hook}", "filter.pwn.process": "{hook}"}, "*.txt filter=pwn\n"),
+        ({"diff.pwn.textconv": "{hook}"}, "*.txt diff=pwn\n"),
+        ({"core.hooksPath": "{hooks}"}, ""),
+    ],
+)
+async def test_a_run_that_writes_git_config_gets_no_command_run_by_the_summary(
+    repo: Path, tmp_path: Path, config: dict[str, str], attributes: str
+) -> None:
+    # A run allowed to edit files may write .git/config (and .gitattributes): git commands
+    # chatbridge runs there itself, with no approval asked, must not run what it names.
+    ran = tmp_path / "ran"
+    hook = tmp_path / "hook.sh"
+    hook.write_text(f"#!/bin/sh\ntouch {ran}\ncat\n")
+    hook.chmod(0o755)
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "post-index-change").symlink_to(hook)
+    before = await snapshot(repo)
+    assert before is not None
+    for key, value in config.items():
+        git(repo, "config", key, value.format(hook=hook, hooks=hooks))
+    if attributes:
+        (repo / ".gitattributes").write_text(attributes)
+    (repo / "note.txt").write_text("hello\n")
+    found = await changes(before)
+    assert found is not None
+    assert "note.txt" in [f.path for f in found.files]
+    assert "+hello" in found.patch
+    again = await snapshot(repo)
+    assert again is not None
+    assert not ran.exists()
