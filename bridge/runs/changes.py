@@ -102,7 +102,8 @@ async def _git(
 
 
 async def _read_at_most(process: asyncio.subprocess.Process, n: int) -> bytes:
-    assert process.stdout is not None
+    if process.stdout is None:  # started with stdout=PIPE: always there
+        return b""
     chunks: list[bytes] = []
     got = 0
     while got < n and (chunk := await process.stdout.read(min(n - got, 1 << 16))):

@@ -11,19 +11,21 @@ from bridge.config import load_settings
 from bridge.errors import ConfigError
 from tests.bridge.harness import write_config
 
+REFUSED = r"web\.enabled: the console is served on \[http\] listen"
+
 
 def test_a_console_on_the_public_listeners_address_is_refused(tmp_path: Path) -> None:
     shared = {
         "http": {"listen": "0.0.0.0:8080", "public_listen": "0.0.0.0:8080"},
         "web": {"enabled": True, "identities": {"alice": ["U0ALICE"]}},
     }
-    with pytest.raises(ConfigError, match=r"web\.enabled: the console is served on \[http\] listen"):
+    with pytest.raises(ConfigError, match=REFUSED):
         load_settings(write_config(tmp_path, shared))
 
 
 def test_a_console_without_a_private_listener_is_refused(tmp_path: Path) -> None:
     config = {"http": {"listen": ""}, "web": {"enabled": True, "identities": {"a": ["U1"]}}}
-    with pytest.raises(ConfigError, match=r"web\.enabled: the console is served on \[http\] listen"):
+    with pytest.raises(ConfigError, match=REFUSED):
         load_settings(write_config(tmp_path, config))
 
 
