@@ -120,10 +120,13 @@ class Gate:
 
     def sign_in(self, response: web.StreamResponse, token: str) -> bool:
         """Exchange a login token for a session cookie; False if the token is no good."""
-        identity = self.signer.verify(LOGIN, token, self.clock())
-        if identity is None or not self.settings.knows(identity):
+        now = self.clock()
+        valid = self.signer.verified(LOGIN, token, now)
+        if valid is None or not self.settings.knows(valid[0]):
             return False
-        expires = self.clock() + self.settings.token_ttl_s
+        identity, token_expires = valid
+        # Never longer than the link itself was good for (``web-token --hours``).
+        expires = min(now + self.settings.token_ttl_s, token_expires)
         path = self.root
         session = self.signer.mint(SESSION, identity, expires)
         for name, value in ((SESSION_COOKIE, session), (NONCE_COOKIE, secrets.token_urlsafe(16))):
@@ -131,7 +134,7 @@ class Gate:
                 name,
                 value,
                 path=path,
-                max_age=int(self.settings.token_ttl_s),
+                max_age=max(1, int(expires - now)),
                 httponly=True,
                 samesite="Strict",
                 secure=self.settings.secure_cookies,

@@ -414,3 +414,16 @@ async def test_an_answer_through_a_tls_proxy_passes_the_origin_check(console: Co
     )
     assert response.status == 200
     assert console.answers.calls == [(("U0ALICE",), int(approval_id), ApprovalChoice.ALLOW, "")]
+
+
+async def test_a_session_never_outlives_the_sign_in_link_that_made_it(console: Console) -> None:
+    # `chatbridge web-token --hours 0.1` for someone briefly: their browser's session
+    # ends when the link would have, not token_ttl_s (8 h) after they opened it.
+    expires = time.time() + 360
+    token = console.signer.mint("login", "alice", expires)
+    response = await console.client.get(f"/web/login?token={token}", allow_redirects=False)
+    assert response.status == 303
+    cookie = response.cookies[SESSION_COOKIE]
+    assert int(cookie["max-age"]) <= 360
+    session_expiry = int(cookie.value.split(".")[2])
+    assert session_expiry <= int(expires)
