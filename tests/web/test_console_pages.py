@@ -427,3 +427,22 @@ async def test_a_session_never_outlives_the_sign_in_link_that_made_it(console: C
     assert int(cookie["max-age"]) <= 360
     session_expiry = int(cookie.value.split(".")[2])
     assert session_expiry <= int(expires)
+
+
+async def test_live_pages_closed_by_their_browsers_free_their_places(console: Console) -> None:
+    # A browser that navigates away closes its stream; its place must be free again soon,
+    # or a few people clicking through fill the cap and every page opened next is
+    # refused (EventSource does not try again after a 503). It took 15 s.
+    opened = [await console.client.get("/web/events", headers=console.bearer()) for _ in range(16)]
+    assert [r.status for r in opened] == [200] * 16
+    refused = await console.client.get("/web/events", headers=console.bearer())
+    assert refused.status == 503
+    for response in opened:
+        response.close()
+    async with asyncio.timeout(10):
+        while True:
+            again = await console.client.get("/web/events", headers=console.bearer())
+            again.close()
+            if again.status == 200:
+                break
+            await asyncio.sleep(0.1)
