@@ -804,7 +804,7 @@ class RunExecutor:
         room = self.settings.room(batch.room)
         if room is not None and room.summarize_changes and live.baseline is None:
             # Before claude has the prompt: nothing of the run has touched the files yet.
-            live.baseline = await snapshot(request.cwd)
+            live.baseline = await self._baseline(request.cwd)
         session = request.session_id
         on_event = self._on_event(run, live)
 
@@ -1492,6 +1492,16 @@ class RunExecutor:
             )
         log.info("run ended: %s", report.status.value)
         return settled
+
+    async def _baseline(self, cwd: Path) -> Snapshot | None:
+        """The working directory before the run, if git says it in time: the run does not
+        wait for its summary longer than its answer does."""
+        try:
+            async with asyncio.timeout(CHANGES_TIMEOUT_S):
+                return await snapshot(cwd)
+        except TimeoutError:
+            log.warning("git took over %gs to read the working directory", CHANGES_TIMEOUT_S)
+            return None
 
     async def _changes(self, live: _Live, key: RoomKey) -> Changes | None:
         """What the run changed in its git working directory; None if nothing (or not
