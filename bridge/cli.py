@@ -128,8 +128,8 @@ def _web_token(settings: Settings, identity: str, hours: float | None) -> int:
         print(f"chatbridge: {identity!r} is not in [web] identities", file=sys.stderr)
         return EXIT_CONFIG
     ttl = settings.web.token_ttl_s if hours is None else hours * 3600
-    if ttl <= 0:
-        print("chatbridge: --hours must be more than 0", file=sys.stderr)
+    if not 0 < ttl < 10 * 365 * 86400:  # also false for nan; inf would crash the minting
+        print("chatbridge: --hours must be more than 0 and less than ten years", file=sys.stderr)
         return EXIT_CONFIG
     signer = Signer(load_secret(settings.web_secret_file))
     token = signer.mint("login", identity, time.time() + ttl)

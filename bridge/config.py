@@ -559,6 +559,7 @@ class Settings(BaseSettings):
             )
         self._rooms = rooms
         self._check_automation()
+        self._check_web()
         self._check_ledger()
         self._check_catch_up()
         self._check_cluster()
@@ -604,6 +605,19 @@ class Settings(BaseSettings):
                 f" database.retention_days ({self.database.retention_days:g}) keeps messages,"
                 " so a message caught up again after its record was pruned would run twice:"
                 " lower it or keep messages longer"
+            )
+
+    def _check_web(self) -> None:
+        """The console is on the private listener only: one shared with webhooks is public."""
+        if not self.web.enabled:
+            return
+        listen, public = self.http.listen, self.http.public_listen
+        if listen is None or listen == public:
+            where = "no address" if listen is None else f"{listen}, which public_listen shares"
+            raise ValueError(
+                "web.enabled: the console is served on [http] listen, the private listener,"
+                f" which has {where}: give listen its own private address (the console is"
+                " never served on the listener that takes webhooks from the internet)"
             )
 
     def _check_automation(self) -> None:

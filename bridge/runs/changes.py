@@ -6,7 +6,9 @@ private copy of the index, so the repository's own index, branch and stash
 are never touched; after the run the same again, and the two trees are
 compared. Commits the run made, edits left uncommitted and new files all
 count; chatbridge's own ``.chatbridge/`` does not. git runs with an argument
-list, never a shell (docs/conversations.md, "What a run changed").
+list, never a shell, and with nothing the repository's configuration names run
+(fsmonitor, hooks, clean filters, textconv, external diffs): a run that may edit
+files may write ``.git/config`` (docs/conversations.md, "What a run changed").
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from bridge.live.approval_text import code_span
+
 GIT_TIMEOUT_S = 30.0
 OWN = ".chatbridge"
 """Inbox files and worktrees chatbridge keeps under a room's cwd: never a run's change."""
@@ -32,6 +36,8 @@ class Snapshot:
     cwd: Path
     tree: str
     """The git tree of the working directory as it was."""
+    guard: tuple[str, ...] = ()
+    """git's ``-c`` options that keep the repository's configuration from running commands."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +52,9 @@ class FileChange:
 class Changes:
     files: tuple[FileChange, ...]
     patch: str
-    """The whole diff (``git diff`` of the two trees), binary files named, not shown."""
+    """The whole diff (``git diff`` of the two trees), binary files named, not shown;
+    "" when it is over the size asked for (``patch_over``) or git failed."""
+    patch_over: bool = False
 
     @property
     def added(self) -> int:
@@ -57,7 +65,11 @@ class Changes:
         return sum(f.removed or 0 for f in self.files)
 
 
-async def _git(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> tuple[int, bytes]:
+async def _git(
+    cwd: Path, *args: str, env: Mapping[str, str] | None = None, limit: int | None = None
+) -> tuple[int, bytes]:
+    """git's exit code and output; with ``limit``, at most ``limit + 1`` bytes of it are
+    read (git is stopped there: its code is then -1)."""
     try:
         process = await asyncio.create_subprocess_exec(
             "git",
@@ -73,7 +85,13 @@ async def _git(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> t
         return -1, b""
     try:
         async with asyncio.timeout(GIT_TIMEOUT_S):
-            out, _ = await process.communicate()
+            if limit is None:
+                out, _ = await process.communicate()
+            else:
+                out = await _read_at_most(process, limit + 1)
+                if len(out) > limit:
+                    return -1, out
+                await process.wait()
     except TimeoutError:
         return -1, b""
     finally:
@@ -81,6 +99,33 @@ async def _git(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> t
             process.kill()
             await process.wait()
     return process.returncode or 0, out
+
+
+async def _read_at_most(process: asyncio.subprocess.Process, n: int) -> bytes:
+    if process.stdout is None:  # started with stdout=PIPE: always there
+        return b""
+    chunks: list[bytes] = []
+    got = 0
+    while got < n and (chunk := await process.stdout.read(min(n - got, 1 << 16))):
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+async def _guard(top: Path) -> tuple[str, ...] | None:
+    """``-c`` options that turn off what a repository's configuration could make our git
+    run: a run that may edit files may write ``.git/config``, and chatbridge's own git
+    asks nobody (the fsmonitor, hooks, and every configured clean filter; diffs are
+    taken with ``--no-textconv --no-ext-diff``)."""
+    code, out = await _git(top, "config", "-z", "--name-only", "--get-regexp", r"^filter\.")
+    if code not in (0, 1):  # 1: no filter configured
+        return None
+    guard = ["-c", "core.fsmonitor=false", "-c", f"core.hooksPath={os.devnull}"]
+    for name in out.decode(errors="surrogateescape").split("\0"):
+        driver, _, key = name.rpartition(".")
+        if driver.startswith("filter.") and key in ("clean", "smudge", "process"):
+            guard += ["-c", f"{driver}.{key}="]
+    return tuple(guard)
 
 
 async def snapshot(cwd: Path) -> Snapshot | None:
@@ -92,6 +137,9 @@ async def snapshot(cwd: Path) -> Snapshot | None:
         return None
     top = Path(lines[0])
     index = Path(lines[1]) if os.path.isabs(lines[1]) else cwd / lines[1]
+    guard = await _guard(top)
+    if guard is None:
+        return None
     with tempfile.TemporaryDirectory(prefix="chatbridge-index-") as private:
         temp_index = Path(private) / "index"
         # From the real index: git then rehashes only what changed since it.
@@ -99,14 +147,14 @@ async def snapshot(cwd: Path) -> Snapshot | None:
             shutil.copyfile(index, temp_index)
         env = {"GIT_INDEX_FILE": str(temp_index)}
         own = f":(top,exclude){_relative(top, cwd / OWN)}"
-        code, _ = await _git(top, "add", "-A", "--", ":(top)", own, env=env)
+        code, _ = await _git(top, *guard, "add", "-A", "--", ":(top)", own, env=env)
         if code != 0:
             return None
-        code, out = await _git(top, "write-tree", env=env)
+        code, out = await _git(top, *guard, "write-tree", env=env)
     tree = out.decode().strip()
     if code != 0 or not tree:
         return None
-    return Snapshot(top, cwd, tree)
+    return Snapshot(top, cwd, tree, guard)
 
 
 def _relative(top: Path, path: Path) -> str:
@@ -116,20 +164,33 @@ def _relative(top: Path, path: Path) -> str:
         return str(path)
 
 
-async def changes(before: Snapshot) -> Changes | None:
-    """What changed since ``before``; None if nothing did (or git cannot say)."""
+async def changes(before: Snapshot, max_patch_bytes: int | None = None) -> Changes | None:
+    """What changed since ``before``; None if nothing did (or git cannot say). A diff
+    longer than ``max_patch_bytes`` is not read past that (``patch_over``)."""
     after = await snapshot(before.cwd)
     if after is None or after.tree == before.tree:
         return None
-    code, out = await _git(before.top, "diff", "--numstat", "-z", before.tree, after.tree)
+    plain = ("--no-textconv", "--no-ext-diff")
+    code, out = await _git(
+        before.top, *after.guard, "diff", *plain, "--numstat", "-z", before.tree, after.tree
+    )
     if code != 0:
         return None
     files = tuple(_numstat(out))
     if not files:
         return None
     code, patch = await _git(
-        before.top, "diff", "--no-color", "--no-ext-diff", before.tree, after.tree
+        before.top,
+        *after.guard,
+        "diff",
+        *plain,
+        "--no-color",
+        before.tree,
+        after.tree,
+        limit=max_patch_bytes,
     )
+    if max_patch_bytes is not None and len(patch) > max_patch_bytes:
+        return Changes(files, "", patch_over=True)
     return Changes(files, patch.decode(errors="replace") if code == 0 else "")
 
 
@@ -165,6 +226,6 @@ def summary_line(changes: Changes) -> str:
     shown = []
     for f in changes.files[:SHOWN_FILES]:
         lines = "binary" if f.added is None else f"+{f.added} -{f.removed}"
-        shown.append(f"`{f.path}` ({lines})")
+        shown.append(f"{code_span(f.path)} ({lines})")
     more = f", and {n - SHOWN_FILES} more" if n > SHOWN_FILES else ""
     return f"{head}: {', '.join(shown)}{more}."

@@ -469,9 +469,11 @@ class RunExecutor:
             self.transcripts = Transcripts(self.store, runner.transcript_max_bytes, self.wall_clock)
 
     async def reset_session(self, room: RoomKey) -> None:
-        """Forget the room's Claude session, also for the run active now."""
+        """Forget the room's Claude session, also for the run active now, and a ``!fork``
+        of it not yet used (it would fork whatever session comes next)."""
         self._generations[room] = self._generations.get(room, 0) + 1
         await self.store.set_session(room, None)
+        await self.store.set_room_fork(room, False)
 
     async def drain(self, timeout_s: float) -> None:
         """At shutdown, while the transports still run: the progress messages' last
@@ -831,7 +833,7 @@ class RunExecutor:
         room = self.settings.room(batch.room)
         if room is not None and room.summarize_changes and live.baseline is None:
             # Before claude has the prompt: nothing of the run has touched the files yet.
-            live.baseline = await snapshot(request.cwd)
+            live.baseline = await self._baseline(request.cwd)
         session = request.session_id
         on_event = self._on_event(run, live)
 
@@ -1483,7 +1485,7 @@ class RunExecutor:
             report, result_text=safe_text(report.result_text), error=safe_text(report.error)
         )
         replies = self._replies(run.id, batch, report)
-        changed = await self._changes(live)
+        changed = await self._changes(live, batch.room)
         if changed is not None and replies:
             replies[0] = replace(replies[0], text=f"{replies[0].text}\n\n{summary_line(changed)}")
         # A usage limit: the room is told when it resets (and of the retry then).
@@ -1531,14 +1533,27 @@ class RunExecutor:
         log.info("run ended: %s", report.status.value)
         return settled
 
-    async def _changes(self, live: _Live) -> Changes | None:
+    async def _baseline(self, cwd: Path) -> Snapshot | None:
+        """The working directory before the run, if git says it in time: the run does not
+        wait for its summary longer than its answer does."""
+        try:
+            async with asyncio.timeout(CHANGES_TIMEOUT_S):
+                return await snapshot(cwd)
+        except TimeoutError:
+            log.warning("git took over %gs to read the working directory", CHANGES_TIMEOUT_S)
+            return None
+
+    async def _changes(self, live: _Live, key: RoomKey) -> Changes | None:
         """What the run changed in its git working directory; None if nothing (or not
         asked for, or git could not say in time: the answer does not wait longer)."""
         if live.baseline is None:
             return None
+        room = self.settings.room(key)
+        # Only a diff that may be attached is read whole: a bigger one only says so.
+        limit = room.max_send_file_bytes if room is not None and room.send_files else 0
         try:
             async with asyncio.timeout(CHANGES_TIMEOUT_S):
-                return await changes(live.baseline)
+                return await changes(live.baseline, max_patch_bytes=limit)
         except TimeoutError:
             log.warning("git took over %gs to say what the run changed", CHANGES_TIMEOUT_S)
             return None
@@ -1546,16 +1561,17 @@ class RunExecutor:
     async def _post_diff(self, run: _Run, changed: Changes) -> None:
         """The whole diff, after the answer, within the room's file limits."""
         room = self.settings.room(run.batch.room)
-        if self.file_posts is None or room is None or not changed.patch:
+        if self.file_posts is None or room is None or not room.send_files:
             return
-        size = len(changed.patch.encode())
-        if not room.send_files or size > room.max_send_file_bytes:
+        if changed.patch_over:
             await self.notices.say(
                 run.batch.room,
-                f"The run's diff ({size} bytes) is not attached: it is over the room's file"
-                " limit (`max_send_file_bytes`).",
+                f"The run's diff is not attached: it is over the room's file limit"
+                f" (`max_send_file_bytes`, {room.max_send_file_bytes} bytes).",
                 about=run.batch,
             )
+            return
+        if not changed.patch:
             return
         await self.file_posts.post_text(
             run.id,

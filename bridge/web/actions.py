@@ -18,7 +18,8 @@ from bridge.core.text import visible
 from bridge.core.transport import ApprovalChoice
 from bridge.host.worktrees import in_worktree
 from bridge.live.approval_desk import ApprovalDesk
-from bridge.live.approvals import Verdict, judge
+from bridge.live.approvals import Verdict, judge, refusal
+from bridge.live.questions import INTERACTIVE
 from bridge.live.tool_view import render
 from bridge.store.base import Store
 from bridge.store.keys import room_key
@@ -56,6 +57,10 @@ class DeskActions:
         if settings is None:
             return "That request's room is not configured here."
         senders = await self.desk.batch_senders(approval)
+        own = settings.require_other_approver and approval.tool_name not in INTERACTIVE
+        if own and any(UserId(c) in senders for c in chat_ids):
+            # One person, several chat ids: another of their ids may not approve their own run.
+            return refusal(Verdict.OWN_RUN) or ""
         for chat_id in chat_ids:
             if judge(settings, UserId(chat_id), senders) is Verdict.APPROVER:
                 told = await self.desk.answer(UserId(chat_id), approval, choice, reason)

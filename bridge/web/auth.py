@@ -83,7 +83,9 @@ class Gate:
         elif self.settings.identity_header and _trusted(
             request.remote, self.settings.trusted_proxies
         ):
-            identity = request.headers.get(self.settings.identity_header, "").strip() or None
+            # Two of them: one may be the client's, kept by a proxy that added its own.
+            values = request.headers.getall(self.settings.identity_header, [])
+            identity = values[0].strip() or None if len(values) == 1 else None
             via = Via.PROXY
         if identity is None or not self.settings.knows(identity):
             return None
@@ -98,18 +100,33 @@ class Gate:
         if caller.via is Via.BEARER:
             return True
         origin = request.headers.get("Origin")
-        if origin is not None and origin != f"{request.scheme}://{request.host}":
+        if origin is not None and origin not in self._origins(request):
             return False
         if not caller.nonce or not token:
             return False
         return secrets.compare_digest(token, self.signer.csrf(caller.identity, caller.nonce))
 
+    def _origins(self, request: web.Request) -> set[str]:
+        """The console's own origins: as requested, and as a TLS proxy in front serves it
+        (``secure_cookies``, or the ``X-Forwarded-Proto`` of a trusted proxy)."""
+        schemes = {request.scheme}
+        if self.settings.secure_cookies:
+            schemes.add("https")
+        if _trusted(request.remote, self.settings.trusted_proxies):
+            forwarded = request.headers.get("X-Forwarded-Proto", "").strip().lower()
+            if forwarded in ("http", "https"):
+                schemes.add(forwarded)
+        return {f"{scheme}://{request.host}" for scheme in schemes}
+
     def sign_in(self, response: web.StreamResponse, token: str) -> bool:
         """Exchange a login token for a session cookie; False if the token is no good."""
-        identity = self.signer.verify(LOGIN, token, self.clock())
-        if identity is None or not self.settings.knows(identity):
+        now = self.clock()
+        valid = self.signer.verified(LOGIN, token, now)
+        if valid is None or not self.settings.knows(valid[0]):
             return False
-        expires = self.clock() + self.settings.token_ttl_s
+        identity, token_expires = valid
+        # Never longer than the link itself was good for (``web-token --hours``).
+        expires = min(now + self.settings.token_ttl_s, token_expires)
         path = self.root
         session = self.signer.mint(SESSION, identity, expires)
         for name, value in ((SESSION_COOKIE, session), (NONCE_COOKIE, secrets.token_urlsafe(16))):
@@ -117,7 +134,7 @@ class Gate:
                 name,
                 value,
                 path=path,
-                max_age=int(self.settings.token_ttl_s),
+                max_age=max(1, int(expires - now)),
                 httponly=True,
                 samesite="Strict",
                 secure=self.settings.secure_cookies,

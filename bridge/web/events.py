@@ -19,7 +19,10 @@ log = logging.getLogger(__name__)
 MAX_STREAMS = 16
 """Live pages open at once, per process: each holds a connection of the private
 listener ([http] max_connections, 64 by default), which health probes need too."""
-KEEPALIVE_S = 15.0
+KEEPALIVE_S = 2.0
+"""Also how soon a stream its browser closed frees its place: the server does not read
+a stream's connection, so only a failing write tells it the browser left (the second
+after the close); a few bytes a second per stream."""
 
 
 @dataclass(slots=True)

@@ -61,6 +61,11 @@ class Signer:
 
     def verify(self, kind: str, token: str, now: float) -> str | None:
         """The identity a valid, unexpired ``kind`` token names; None otherwise."""
+        valid = self.verified(kind, token, now)
+        return None if valid is None else valid[0]
+
+    def verified(self, kind: str, token: str, now: float) -> tuple[str, int] | None:
+        """The identity a valid, unexpired ``kind`` token names, and when it expires."""
         parts = token.split(".")
         if len(parts) != 4 or parts[0] != kind:
             return None
@@ -70,7 +75,7 @@ class Signer:
         if not parts[2].isascii() or not parts[2].isdigit() or int(parts[2]) <= now:
             return None
         try:
-            return _unb64(parts[1]).decode()
+            return _unb64(parts[1]).decode(), int(parts[2])
         except (ValueError, UnicodeDecodeError):
             return None
 

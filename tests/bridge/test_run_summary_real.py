@@ -99,6 +99,20 @@ async def test_a_run_that_changed_files_says_what_and_attaches_the_whole_diff(
     assert "Done after " in out
 
 
+async def test_a_diff_over_the_rooms_file_limit_is_named_not_attached(tmp_path: Path) -> None:
+    project = repo(tmp_path)
+    write = ToolCall("Write", {"file_path": str(project / "data.csv"), "content": "1,2\n" * 3000})
+    async with (
+        ModelServer([Turn(tools=(write,)), Turn(text="wrote the data")]) as server,
+        session(tmp_path, server, project, max_send_file_bytes=4096) as bridge,
+    ):
+        bridge.send("write the data")
+        await see(bridge, "Changed 1 file (+3000 -0)")
+        out = await see(bridge, "The run's diff is not attached")
+    assert "(`max_send_file_bytes`, 4096 bytes)" in out
+    assert rows(tmp_path, "select count(*) from outbox where file is not null") == [(0,)]
+
+
 async def test_a_run_that_changed_nothing_or_is_outside_git_says_nothing_of_changes(
     tmp_path: Path,
 ) -> None:

@@ -158,3 +158,40 @@ async def test_usage_shows_todays_spend_against_the_budgets_and_the_costliest_ru
     assert "the whole service $2.50 of $50.00" in usage
     run_ids = [r[0] for r in rows(tmp_path, "select id from runs")]
     assert all(f"`{run_id}`: $1.25" in usage for run_id in run_ids)
+
+
+async def fork_asked(bridge: ConsoleSession) -> None:
+    """One run, then ``!fork`` of its session, not yet used."""
+    bridge.send("base work")
+    await answered(bridge, "base work")
+    bridge.send("!fork")
+    await bridge.wait_for("The next run starts from a copy of session")
+
+
+async def test_a_fork_given_up_by_reset_does_not_fork_a_later_session(tmp_path: Path) -> None:
+    # !fork, then !reset: the next run starts fresh; the fork asked for the old session
+    # must not wait to fork the new one a run later.
+    async with asyncio.timeout(WAIT_S), session(tmp_path) as bridge:
+        await fork_asked(bridge)
+        bridge.send("!reset")
+        await bridge.wait_for("The next run starts a new Claude session.")
+        bridge.send("fresh start")
+        await answered(bridge, "fresh start")
+        bridge.send("go on")
+        await answered(bridge, "go on")
+    assert "--fork-session" not in argv_of_last_run(tmp_path)
+    _, fresh, continued = (r[0] for r in rows(tmp_path, "select session_id from runs order by seq"))
+    assert continued == fresh
+
+
+async def test_resume_after_fork_continues_the_session_it_names(tmp_path: Path) -> None:
+    # "!resume N" says the next run continues session N: a !fork asked before is given up.
+    async with asyncio.timeout(WAIT_S), session(tmp_path) as bridge:
+        await fork_asked(bridge)
+        bridge.send("!resume 1")
+        await bridge.wait_for("The next run continues session")
+        bridge.send("go on")
+        await answered(bridge, "go on")
+    assert "--fork-session" not in argv_of_last_run(tmp_path)
+    first, second = (r[0] for r in rows(tmp_path, "select session_id from runs order by seq"))
+    assert second == first

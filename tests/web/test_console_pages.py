@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from multidict import CIMultiDict
 
 from bridge.core.hostport import HostPort
 from bridge.core.model import (
@@ -381,3 +382,67 @@ async def test_every_page_forbids_framing_and_scripts_from_elsewhere(console: Co
     response = await console.client.get("/web/", headers=console.bearer())
     assert "frame-ancestors 'none'" in response.headers["Content-Security-Policy"]
     assert response.headers["X-Content-Type-Options"] == "nosniff"
+
+
+async def test_a_repeated_identity_header_names_nobody(console: Console) -> None:
+    # A proxy that adds its header after the client's would leave the client's first:
+    # picking either is a guess, so two are refused (as a webhook's repeated signature).
+    headers = CIMultiDict([("X-Forwarded-Email", "bob"), ("X-Forwarded-Email", "alice")])
+    response = await console.client.get("/web/runs", headers=headers)
+    assert response.status == 401
+    assert SECRET_TEXT not in await response.text()
+
+
+async def test_an_answer_through_a_tls_proxy_passes_the_origin_check(console: Console) -> None:
+    # Behind TLS the browser's Origin is https://…, while the proxy talks plain HTTP to us.
+    proxy = {"X-Forwarded-Email": "alice", "X-Forwarded-Proto": "https"}
+    page = await (await console.client.get("/web/approvals", headers=proxy)).text()
+    marker = 'name="csrf" value="'
+    start = page.index(marker) + len(marker)
+    csrf = page[start : page.index('"', start)]
+    approval_id = page.split('id="request-')[1].split('"')[0]
+    host = console.client.base.removeprefix("http://")
+    form = {"choice": "allow", "digest": _digest_of(page), "csrf": csrf}
+    elsewhere = await console.client.post(
+        f"/web/approvals/{approval_id}",
+        data=form,
+        headers={**proxy, "Origin": "https://evil.example"},
+    )
+    assert elsewhere.status == 403
+    response = await console.client.post(
+        f"/web/approvals/{approval_id}", data=form, headers={**proxy, "Origin": f"https://{host}"}
+    )
+    assert response.status == 200
+    assert console.answers.calls == [(("U0ALICE",), int(approval_id), ApprovalChoice.ALLOW, "")]
+
+
+async def test_a_session_never_outlives_the_sign_in_link_that_made_it(console: Console) -> None:
+    # `chatbridge web-token --hours 0.1` for someone briefly: their browser's session
+    # ends when the link would have, not token_ttl_s (8 h) after they opened it.
+    expires = time.time() + 360
+    token = console.signer.mint("login", "alice", expires)
+    response = await console.client.get(f"/web/login?token={token}", allow_redirects=False)
+    assert response.status == 303
+    cookie = response.cookies[SESSION_COOKIE]
+    assert int(cookie["max-age"]) <= 360
+    session_expiry = int(cookie.value.split(".")[2])
+    assert session_expiry <= int(expires)
+
+
+async def test_live_pages_closed_by_their_browsers_free_their_places(console: Console) -> None:
+    # A browser that navigates away closes its stream; its place must be free again soon,
+    # or a few people clicking through fill the cap and every page opened next is
+    # refused (EventSource does not try again after a 503). It took 15 s.
+    opened = [await console.client.get("/web/events", headers=console.bearer()) for _ in range(16)]
+    assert [r.status for r in opened] == [200] * 16
+    refused = await console.client.get("/web/events", headers=console.bearer())
+    assert refused.status == 503
+    for response in opened:
+        response.close()
+    async with asyncio.timeout(10):
+        while True:
+            again = await console.client.get("/web/events", headers=console.bearer())
+            again.close()
+            if again.status == 200:
+                break
+            await asyncio.sleep(0.1)
