@@ -37,8 +37,16 @@ class Run:
     """The replica that started it (``FAKE_CLAUDE_RUN_TAG``)."""
     run: str = ""
     messages: list[str] = field(default_factory=list)
+    given_prompt: bool = False
+    """The fake logged a prompt (one without a message id counts too)."""
     end: float | None = None
     how: str | None = None
+
+    @property
+    def prompted(self) -> bool:
+        """claude was given a prompt; a claude started ahead (a prestart) and never given
+        one runs nothing, so it is no run of its conversation."""
+        return self.given_prompt or bool(self.messages)
 
 
 def read_runs(path: Path) -> list[Run]:
@@ -60,6 +68,7 @@ def read_runs(path: Path) -> list[Run]:
                 str(entry.get("run", "")),
             )
         elif entry["event"] == "prompt":
+            runs[pid].given_prompt = True
             runs[pid].messages += MESSAGE_ID.findall(entry["text"])
         elif entry["event"] == "end":
             runs[pid].end = float(entry["t"])
@@ -121,12 +130,17 @@ def check(runs: list[Run], accepted: Iterable[str], interrupted: Iterable[str] =
         by_cwd[run.cwd].append(run)
     for same in by_cwd.values():
         for i, later in enumerate(same):
-            earlier = same[:i]
+            if not later.prompted:
+                continue
+            live = [r for r in same[:i] if r.end is None or r.end > later.start]
+            earlier = [r for r in same[:i] if r.prompted]
             clash = [r for r in earlier if r.end is not None and r.end > later.start]
             if later.overlap and not clash:
                 clash = [r for r in earlier if r.end is None or r.end > later.start][-1:]
             overlapping += [(r.pid, later.pid) for r in clash]
-            if later.overlap and not clash:
+            # The lock may be held by a claude started ahead that never had a prompt
+            # (a paused or killed replica's prestart): idle, it runs nothing.
+            if later.overlap and not clash and not any(not r.prompted for r in live):
                 overlapping.append((later.pid, later.pid))
     first = {m: min(r.start for r in runs if r.pid in pids) for m, pids in where.items()}
     return Verdict(runs, lost, twice, overlapping, first, reported_unrun)

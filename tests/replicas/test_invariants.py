@@ -101,3 +101,14 @@ def test_a_message_in_two_runs_is_run_twice_and_interrupted_ones_are_told_apart(
     assert verdict.lost == []
     assert verdict.reported_unrun == ["C0R01-0002"]
     assert "more than once" in verdict.problems()[0]
+
+
+def test_a_claude_started_ahead_and_never_prompted_is_no_run_of_its_conversation() -> None:
+    """An idle prestart (a paused or killed replica's) holds the conversation's lock but
+    runs nothing: the new owner's run beside it is not two runs; two prompted ones are."""
+    idle = Run(1, "/w/C1", 10.0, False, "r1", "run-a", end=20.0, how="sigterm")
+    owner = Run(2, "/w/C1", 12.0, True, "r2", "run-b", ["C1-0001"], end=13.0, how="exit")
+    assert check([idle, owner], ["C1-0001"]).overlapping == []
+    busy = Run(1, "/w/C1", 10.0, False, "r1", "run-a", ["C1-0001"], end=20.0, how="sigterm")
+    other = Run(2, "/w/C1", 12.0, True, "r2", "run-b", ["C1-0002"], end=13.0, how="exit")
+    assert check([busy, other], ["C1-0001", "C1-0002"]).overlapping == [(1, 2)]
