@@ -264,10 +264,6 @@ class Client:
 class Supervisor:
     """Journals, relays and reaps; stops the tree once asked, expired, orphaned or claude exited."""
 
-    prompted: bool = False
-    """A user message was written to claude: before one, claude was started ahead
-    (a prestart) and is of use to its bridge alone."""
-
     def __init__(self, options: Options, journal: Journal, listener: socket.socket | None) -> None:
         self.options = options
         self.journal = journal
@@ -482,7 +478,6 @@ class Supervisor:
             if uid is not None:
                 self.unechoed.add(uid)
                 self.settled = False
-                self.prompted = True
             elif answers and b'"control_response"' in line:
                 response = _object(line).get("response")
                 if isinstance(response, dict) and isinstance(response.get("request_id"), str):
@@ -597,11 +592,6 @@ class Supervisor:
         os.close(client.fd)
         if client.attached and not any(c.attached for c in self.clients.values()):
             self.orphan_since = time.monotonic()
-            if self.claude and self.claude_running and not self.prompted:
-                # Started ahead and never given a prompt: without its bridge it has no
-                # work and no one to hand it any (the conversation may be run elsewhere).
-                self.expire("orphaned")
-                return
             self.auto_eof()
 
     def read_client(self, fd: int, mask: int) -> None:
