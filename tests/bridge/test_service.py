@@ -288,24 +288,37 @@ async def test_status_answers_from_the_store_during_and_after_a_run(tmp_path: Pa
 
 
 class PhaseRecordingConsole(ConsoleTransport):
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    """Records the phases shown; once one is shown running, creates ``running``
+    (the fake claude's ``FAKE_CLAUDE_WAIT_FOR``: it answers only then)."""
+
+    def __init__(self, *args: object, running: Path, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.phases: list[tuple[tuple[str, ...], RunPhase]] = []
+        self.running = running
 
     async def set_phase(
         self, room: RoomKey, message_ids: Sequence[ExternalMessageId], phase: RunPhase
     ) -> None:
         self.phases.append((tuple(message_ids), phase))
+        if phase is RunPhase.RUNNING:
+            self.running.touch()
 
 
 async def test_batches_show_received_running_and_done(tmp_path: Path) -> None:
     # Cold: a prestarted fake claude answers before the run could be shown running.
-    settings = load_settings(write_config(tmp_path, {"runner": {"prestart": False}}))
+    # The answer waits for the phase (a run that ends first is never shown running).
+    running = tmp_path / "shown-running"
+    path = write_config(
+        tmp_path, {"runner": {"prestart": False}}, env={**ECHO, "FAKE_CLAUDE_WAIT_FOR": str(running)}
+    )
+    settings = load_settings(path)
     read_fd, write_fd = os.pipe()
     os.write(write_fd, b"one\ntwo\n")
     os.close(write_fd)
     with os.fdopen(read_fd, "rb") as reader:
-        console = PhaseRecordingConsole("console", "local", stdin=reader, stdout=io.StringIO())
+        console = PhaseRecordingConsole(
+            "console", "local", stdin=reader, stdout=io.StringIO(), running=running
+        )
         store = await open_store(settings)
         try:
             service = Service(settings, store, [console])
