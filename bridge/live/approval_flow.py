@@ -78,8 +78,6 @@ STALE = (
     "Denied: the file changed since the user was shown this edit, so it would not do"
     " what they approved. Read the file again and ask again."
 )
-PERSON_TOOLS = frozenset({"AskUserQuestion", "ExitPlanMode"})
-"""Tools that need a person and are answered in chat (not as approvals of a tool use)."""
 EXPIRY_CHECK_S = 5.0
 """How often waiting requests are checked for their expiry (a 900 s default wait)."""
 
@@ -159,7 +157,7 @@ class ApprovalFlow:
         if approval.state is not ApprovalState.PENDING or approval.message_id is not None:
             return
         problem = view.problem
-        if event.requires_user_interaction and event.tool_name not in PERSON_TOOLS:
+        if event.requires_user_interaction and event.tool_name not in INTERACTIVE:
             problem = "claude says only its own user interface can answer this tool"
         elif event.tool_name == PLAN and not plan_of(parse_input(approval.input_json)):
             # No plan in the request nor in claude's tool use: an allow would end plan
