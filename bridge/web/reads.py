@@ -157,7 +157,8 @@ def _like(text: str) -> str:
     return f"%{escaped}%"
 
 
-def _run_view(row: RunRow, senders: Sequence[str] = (), prompt: str = "") -> RunView:
+def _run_view(row: RunRow, batch: Sequence[MessageRow]) -> RunView:
+    """``row`` with its batch's senders (each once) and its first message as the prompt."""
     return RunView(
         id=row.id,
         seq=row.seq,
@@ -170,8 +171,8 @@ def _run_view(row: RunRow, senders: Sequence[str] = (), prompt: str = "") -> Run
         replica=row.replica,
         result_excerpt=row.result_excerpt or "",
         error_excerpt=row.error_excerpt or "",
-        senders=tuple(dict.fromkeys(senders)),
-        prompt=prompt,
+        senders=tuple(dict.fromkeys(m.sender for m in batch)),
+        prompt=batch[0].text if batch else "",
     )
 
 
@@ -240,12 +241,7 @@ class Reads:
         async with AsyncSession(self.engine) as conn:
             rows = list((await conn.execute(query)).scalars().all())
             batches = await self._batches(conn, [r.id for r in rows])
-        return [
-            _run_view(
-                r, [m.sender for m in batches[r.id]], batches[r.id][0].text if batches[r.id] else ""
-            )
-            for r in rows
-        ]
+        return [_run_view(r, batches[r.id]) for r in rows]
 
     async def _batches(
         self, conn: AsyncSession, run_ids: Iterable[str]
@@ -281,7 +277,7 @@ class Reads:
                 )
             ).scalars()
             return RunDetail(
-                run=_run_view(row, [m.sender for m in batch], batch[0].text if batch else ""),
+                run=_run_view(row, batch),
                 messages=[_message_view(m) for m in batch],
                 answers=[AnswerView(a.text, a.kind, a.state, a.created) for a in answers],
                 audit=[_audit_view(a) for a in audit],
@@ -329,9 +325,7 @@ class Reads:
             return found.setdefault(conversation, Waiting(conversation))
 
         for r in running:
-            view = _run_view(
-                r, [m.sender for m in batches[r.id]], batches[r.id][0].text if batches[r.id] else ""
-            )
+            view = _run_view(r, batches[r.id])
             found[view.conversation] = Waiting(
                 view.conversation,
                 view,
