@@ -123,15 +123,10 @@ class RoomHistory:
             return
         await self.forget_session(room)
         await self.store.set_session(room, chosen.session_id)
-        await self.store.audit(
-            AuditAction.SESSION_RESUMED,
-            self.wall_clock(),
-            room=room,
-            actor=message.sender,
-            detail=f"session={chosen.session_id}",
-        )
-        await self.answer(
+        await self._done(
             message,
+            AuditAction.SESSION_RESUMED,
+            chosen.session_id,
             f"The next run continues session `{chosen.session_id}`"
             f" (began with “{_excerpt(chosen.first_prompt)}”).",
         )
@@ -143,18 +138,26 @@ class RoomHistory:
             await self.answer(message, "There is no session to fork: the next run starts fresh.")
             return
         await self.store.set_room_fork(room, True)
-        await self.store.audit(
-            AuditAction.SESSION_FORKED,
-            self.wall_clock(),
-            room=room,
-            actor=message.sender,
-            detail=f"session={session}",
-        )
-        await self.answer(
+        await self._done(
             message,
+            AuditAction.SESSION_FORKED,
+            session,
             f"The next run starts from a copy of session `{session}`; that session stays as"
             f" it is (`{self.prefix}sessions` lists both, `{self.prefix}resume` goes back).",
         )
+
+    async def _done(
+        self, message: Message, action: AuditAction, session: SessionId, text: str
+    ) -> None:
+        """Audit a change to the room's session asked by ``message``, then answer ``text``."""
+        await self.store.audit(
+            action,
+            self.wall_clock(),
+            room=message.room,
+            actor=message.sender,
+            detail=f"session={session}",
+        )
+        await self.answer(message, text)
 
     async def usage(self, message: Message) -> None:
         room = message.room
