@@ -41,61 +41,57 @@ class LiveRuns:
     def bind(self, room: RoomKey, run_id: RunId, control: RunControl) -> None:
         self._rooms[room] = _Bound(run_id, control)
 
-    def unbind(self, room: RoomKey, run_id: RunId) -> None:
+    def _bound(self, room: RoomKey, run_id: RunId | None) -> _Bound | None:
+        """The room's bound run, if it is ``run_id`` (any run, when None)."""
         bound = self._rooms.get(room)
-        if bound is not None and bound.run_id == run_id:
+        if bound is None or (run_id is not None and bound.run_id != run_id):
+            return None
+        return bound
+
+    def unbind(self, room: RoomKey, run_id: RunId) -> None:
+        if self._bound(room, run_id) is not None:
             del self._rooms[room]
 
     def control(self, room: RoomKey, run_id: RunId | None = None) -> RunControl | None:
         """The room's running run's control (only if it is ``run_id``, when given)."""
-        bound = self._rooms.get(room)
-        if bound is None or (run_id is not None and bound.run_id != run_id):
-            return None
-        return bound.control
+        bound = self._bound(room, run_id)
+        return None if bound is None else bound.control
 
     def asked(self, room: RoomKey, run_id: RunId, event: PermissionAsked) -> None:
-        bound = self._rooms.get(room)
-        if bound is not None and bound.run_id == run_id:
+        if (bound := self._bound(room, run_id)) is not None:
             bound.asked[event.request_id] = event
 
     def used(self, room: RoomKey, run_id: RunId, use: ToolUse) -> None:
         """claude's model called a tool; a plan's is kept until its request comes."""
-        bound = self._rooms.get(room)
-        if bound is not None and bound.run_id == run_id and use.name == PLAN:
+        if use.name == PLAN and (bound := self._bound(room, run_id)) is not None:
             bound.planned[use.id] = use.input
 
     def full_input(self, room: RoomKey, run_id: RunId, event: PermissionAsked) -> dict[str, Any]:
         """The request's input, completed from its tool_use block when the request's is
         empty (ExitPlanMode's plan)."""
-        bound = self._rooms.get(room)
-        if event.input or bound is None or bound.run_id != run_id:
+        bound = self._bound(room, run_id)
+        if event.input or bound is None:
             return event.input
         return bound.planned.get(event.tool_use_id, event.input)
 
     def request(self, room: RoomKey, run_id: RunId, request_id: str) -> PermissionAsked | None:
-        bound = self._rooms.get(room)
-        if bound is None or bound.run_id != run_id:
-            return None
-        return bound.asked.get(request_id)
+        bound = self._bound(room, run_id)
+        return None if bound is None else bound.asked.get(request_id)
 
     def started(self, room: RoomKey, run_id: RunId, session: SessionId) -> None:
         """The run writes to ``session`` (claude's ``init``)."""
-        bound = self._rooms.get(room)
-        if bound is not None and bound.run_id == run_id:
+        if (bound := self._bound(room, run_id)) is not None:
             bound.session = session
 
     def session(self, room: RoomKey, run_id: RunId | None = None) -> SessionId | None:
         """The session the room's run (only if it is ``run_id``, when given) writes to;
         None if unknown or no such run is bound."""
-        bound = self._rooms.get(room)
-        if bound is None or (run_id is not None and bound.run_id != run_id):
-            return None
-        return bound.session
+        bound = self._bound(room, run_id)
+        return None if bound is None else bound.session
 
     def did(self, room: RoomKey, run_id: RunId, what: str) -> None:
         """claude announced a tool use, described as ``what``."""
-        bound = self._rooms.get(room)
-        if bound is not None and bound.run_id == run_id:
+        if (bound := self._bound(room, run_id)) is not None:
             bound.doing = what
 
     def doing(self, run_id: str) -> str | None:
