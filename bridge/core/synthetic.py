@@ -18,22 +18,21 @@ WEBHOOK = "webhook:"
 
 
 def schedule_message(room: RoomKey, name: str, fired_at_iso: str, prompt: str) -> InboundMessage:
-    return InboundMessage(
-        room=room,
-        sender=UserId(f"{SCHEDULE}{name}"),
-        text=prompt,
-        external_id=ExternalMessageId(f"{SCHEDULE}{name}:{fired_at_iso}"),
-        mentions_bot=True,  # addressed to the bot, also in a trigger = "mention" room
-    )
+    return _synthetic(room, f"{SCHEDULE}{name}", fired_at_iso, prompt)
 
 
 def webhook_message(room: RoomKey, path: str, delivery: str, text: str) -> InboundMessage:
+    return _synthetic(room, f"{WEBHOOK}{path}", delivery, text)
+
+
+def _synthetic(room: RoomKey, sender: str, occurrence: str, text: str) -> InboundMessage:
+    """A message from ``sender``; its id names the occurrence, so a repeat is one message."""
     return InboundMessage(
         room=room,
-        sender=UserId(f"{WEBHOOK}{path}"),
+        sender=UserId(sender),
         text=text,
-        external_id=ExternalMessageId(f"{WEBHOOK}{path}:{delivery}"),
-        mentions_bot=True,
+        external_id=ExternalMessageId(f"{sender}:{occurrence}"),
+        mentions_bot=True,  # addressed to the bot, also in a trigger = "mention" room
     )
 
 
