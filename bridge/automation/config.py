@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Callable
 from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -16,6 +17,15 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from bridge.automation.cron import CronError, CronExpr, zone_named
 from bridge.automation.webhook_template import TemplateError, check_template
 from bridge.core.model import RoomId, RoomKey, TransportName
+
+
+def _accepted(check: Callable[[str], object], value: str, error: type[Exception]) -> str:
+    """``value`` if ``check`` takes it; else its ``error``, as the ValueError pydantic reports."""
+    try:
+        check(value)
+    except error as exc:
+        raise ValueError(str(exc)) from None
+    return value
 
 
 class _Entry(BaseModel):
@@ -62,20 +72,12 @@ class ScheduleConfig(_Entry):
     @field_validator("cron")
     @classmethod
     def _cron(cls, value: str) -> str:
-        try:
-            CronExpr.parse(value)
-        except CronError as exc:
-            raise ValueError(str(exc)) from None
-        return value
+        return _accepted(CronExpr.parse, value, CronError)
 
     @field_validator("timezone")
     @classmethod
     def _zone(cls, value: str) -> str:
-        try:
-            zone_named(value)
-        except CronError as exc:
-            raise ValueError(str(exc)) from None
-        return value
+        return _accepted(zone_named, value, CronError)
 
     @field_validator("name")
     @classmethod
@@ -118,11 +120,7 @@ class WebhookConfig(_Entry):
     @field_validator("prompt")
     @classmethod
     def _template(cls, value: str) -> str:
-        try:
-            check_template(value)
-        except TemplateError as exc:
-            raise ValueError(str(exc)) from None
-        return value
+        return _accepted(check_template, value, TemplateError)
 
     @model_validator(mode="before")
     @classmethod
