@@ -20,6 +20,7 @@ from pathlib import Path
 
 from bridge.config import RoomSettings
 from bridge.core.model import RoomKey
+from bridge.host.git import run_git
 
 log = logging.getLogger(__name__)
 
@@ -113,28 +114,14 @@ async def git(cwd: Path, *args: str) -> tuple[int, str]:
     directory) or hangs: the room is told that, not of an internal error.
     """
     try:
-        process = await asyncio.create_subprocess_exec(
-            "git",
-            "-C",
-            str(cwd),
-            *args,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+        code, out = await run_git(
+            cwd, *args, timeout_s=GIT_TIMEOUT_S, stderr=asyncio.subprocess.STDOUT
         )
     except OSError as exc:
         raise WorktreeError(f"could not run git: {exc.strerror or exc}") from exc
-    try:
-        async with asyncio.timeout(GIT_TIMEOUT_S):
-            out, _ = await process.communicate()
     except TimeoutError:
         raise WorktreeError(f"git {args[0]} took longer than {GIT_TIMEOUT_S:g}s") from None
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    code = process.returncode
-    return (-1 if code is None else code), out.decode(errors="replace").strip()
+    return code, out.decode(errors="replace").strip()
 
 
 def _glob_escaped(path: str) -> str:

@@ -13,7 +13,6 @@ files may write ``.git/config`` (docs/conversations.md, "What a run changed").
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import shutil
@@ -22,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from bridge.host.git import run_git
 from bridge.live.approval_text import code_span
 
 GIT_TIMEOUT_S = 30.0
@@ -68,48 +68,13 @@ class Changes:
 async def _git(
     cwd: Path, *args: str, env: Mapping[str, str] | None = None, limit: int | None = None
 ) -> tuple[int, bytes]:
-    """git's exit code and output; with ``limit``, at most ``limit + 1`` bytes of it are
-    read (git is stopped there: its code is then -1)."""
+    """git's exit code and output (-1 and none when git cannot start or hangs); with
+    ``limit``, at most ``limit + 1`` bytes of it are read (git is stopped there: its code
+    is then -1)."""
     try:
-        process = await asyncio.create_subprocess_exec(
-            "git",
-            "-C",
-            str(cwd),
-            *args,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-            env=None if env is None else {**os.environ, **env},
-        )
-    except OSError:
+        return await run_git(cwd, *args, timeout_s=GIT_TIMEOUT_S, env=env, limit=limit)
+    except (OSError, TimeoutError):
         return -1, b""
-    try:
-        async with asyncio.timeout(GIT_TIMEOUT_S):
-            if limit is None:
-                out, _ = await process.communicate()
-            else:
-                out = await _read_at_most(process, limit + 1)
-                if len(out) > limit:
-                    return -1, out
-                await process.wait()
-    except TimeoutError:
-        return -1, b""
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    return process.returncode or 0, out
-
-
-async def _read_at_most(process: asyncio.subprocess.Process, n: int) -> bytes:
-    if process.stdout is None:  # started with stdout=PIPE: always there
-        return b""
-    chunks: list[bytes] = []
-    got = 0
-    while got < n and (chunk := await process.stdout.read(min(n - got, 1 << 16))):
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
 
 
 async def _guard(top: Path) -> tuple[str, ...] | None:
