@@ -40,5 +40,6 @@ async def test_output_over_the_limit_stops_git(tmp_path: Path) -> None:
 async def test_a_git_that_cannot_start_or_hangs_raises(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         await run_git(tmp_path, "--version", timeout_s=30, env={"PATH": str(tmp_path)})
+    # The alias's sleep does not hold git's output open, so git's end is the call's end.
     with pytest.raises(TimeoutError):
-        await run_git(tmp_path, "-c", "alias.wait=!sleep 5", "wait", timeout_s=0.1)
+        await run_git(tmp_path, "-c", "alias.wait=!exec >/dev/null; sleep 5", "wait", timeout_s=0.1)
