@@ -546,14 +546,7 @@ class CommandHandler:
         lock (``busy_timeout``) before failing; the log keeps the trace.
         """
         try:
-            await self.store.audit(
-                AuditAction.COMMAND,
-                self.wall_clock(),
-                room=message.room,
-                actor=message.sender,
-                message_id=message.id,
-                detail=command.word,
-            )
+            await self._audited(message, AuditAction.COMMAND, command.word)
         except StoreError:
             log.exception("could not audit command %s from %s", command.word, message.sender)
 
@@ -586,13 +579,11 @@ class CommandHandler:
                 return
             self.dropped(result.dropped)
         try:
-            await self.store.audit(
+            await self._audited(
+                message,
                 AuditAction.STOP_REQUESTED,
-                now,
-                room=room,
-                actor=message.sender,
-                message_id=message.id,
-                detail=f"running={result.stopped is not None} dropped={len(result.dropped)}",
+                f"running={result.stopped is not None} dropped={len(result.dropped)}",
+                at=now,
             )
         except StoreError:
             # The stop itself is recorded (drops, the run's end): only the audit row is missing.
@@ -806,13 +797,7 @@ class CommandHandler:
             await self.answer(message, text)
 
     async def _model(self, message: Message, name: str) -> None:
-        if not name:
-            await self.answer(message, (await self._model_lines(message.room))[0])
-            return
-        if not await self._approver(message, "model"):
-            return
-        if name.lower() == RESET_WORD:
-            await self._reset_override(message, "model")
+        if not await self._overriding(message, "model", name):
             return
         if _MODEL_NAME.fullmatch(name) is None:
             await self.answer(message, f"{code_span(name)} is not a model name.")
@@ -824,13 +809,7 @@ class CommandHandler:
         await self.answer(message, f"{text} {note}".rstrip())
 
     async def _mode(self, message: Message, mode: str) -> None:
-        if not mode:
-            await self.answer(message, (await self._model_lines(message.room))[1])
-            return
-        if not await self._approver(message, "mode"):
-            return
-        if mode.lower() == RESET_WORD:
-            await self._reset_override(message, "mode")
+        if not await self._overriding(message, "mode", mode):
             return
         known = {m.lower(): m for m in PERMISSION_MODES}
         canonical = known.get(mode.lower())
@@ -845,6 +824,21 @@ class CommandHandler:
         note = await self.live.set_mode(message.room, canonical) if self.live else ""
         text = f"This room's runs use permission mode `{canonical}` from now on."
         await self.answer(message, f"{text} {note}".rstrip())
+
+    async def _overriding(self, message: Message, what: str, value: str) -> bool:
+        """What ``!model`` and ``!mode`` do first: with no value, show the room's; then only
+        an approver goes on, and ``reset`` goes back to the configured one. True when
+        ``value`` is still to be checked and set."""
+        if not value:
+            shown = await self._model_lines(message.room)
+            await self.answer(message, shown[0] if what == "model" else shown[1])
+            return False
+        if not await self._approver(message, what):
+            return False
+        if value.lower() == RESET_WORD:
+            await self._reset_override(message, what)
+            return False
+        return True
 
     async def _reset_override(self, message: Message, what: str) -> None:
         """``!model reset`` / ``!mode reset``: back to the room's configured value."""
@@ -868,9 +862,15 @@ class CommandHandler:
         await self.answer(message, f"{text} {note}".rstrip())
 
     async def _override_set(self, message: Message, detail: str) -> None:
+        await self._audited(message, AuditAction.ROOM_OVERRIDE_SET, detail)
+
+    async def _audited(
+        self, message: Message, action: AuditAction, detail: str, *, at: float | None = None
+    ) -> None:
+        """The audit row of what ``message`` asked, in its room (at ``at``, or now)."""
         await self.store.audit(
-            AuditAction.ROOM_OVERRIDE_SET,
-            self.wall_clock(),
+            action,
+            self.wall_clock() if at is None else at,
             room=message.room,
             actor=message.sender,
             message_id=message.id,
