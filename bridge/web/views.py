@@ -195,13 +195,9 @@ class Console:
             before_seq=_int(params.get("before")),
         )
         runs = await self.reads.runs(q)
-        more = urllib.parse.urlencode(
-            {
-                "q": q.text,
-                "conversation": q.conversation,
-                "status": q.status,
-                "before": runs[-1].seq if runs else "",
-            }
+        more = _older(
+            {"q": q.text, "conversation": q.conversation, "status": q.status},
+            runs[-1].seq if runs else None,
         )
         return self._render(
             request,
@@ -262,14 +258,14 @@ class Console:
             before_id=_int(params.get("before")),
         )
         rows = await self.reads.audit(q)
-        more = urllib.parse.urlencode(
+        more = _older(
             {
                 "action": q.action,
                 "conversation": q.conversation,
                 "actor": q.actor,
                 "run": q.run_id,
-                "before": rows[-1].id if rows else "",
-            }
+            },
+            rows[-1].id if rows else None,
         )
         return self._render(
             request,
@@ -286,6 +282,11 @@ class Console:
 
 
 _NO_STORE = {"Cache-Control": "no-store"}
+
+
+def _older(filters: Mapping[str, str], before: int | None) -> str:
+    """The query of the next, older page: the same filters, before the last row shown."""
+    return urllib.parse.urlencode({**filters, "before": "" if before is None else before})
 
 
 def _int(value: str | None) -> int | None:
