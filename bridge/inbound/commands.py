@@ -802,11 +802,8 @@ class CommandHandler:
         if _MODEL_NAME.fullmatch(name) is None:
             await self.answer(message, f"{code_span(name)} is not a model name.")
             return
-        await self.store.set_room_model(message.room, name)
-        await self._override_set(message, f"model={name}")
-        note = await self.live.set_model(message.room, name) if self.live else ""
         text = f"This room's runs use model {code_span(name)} from now on."
-        await self.answer(message, f"{text} {note}".rstrip())
+        await self._keep_override(message, "model", name, name, text)
 
     async def _mode(self, message: Message, mode: str) -> None:
         if not await self._overriding(message, "mode", mode):
@@ -819,11 +816,8 @@ class CommandHandler:
                 f"{code_span(mode)} is not a permission mode: {', '.join(PERMISSION_MODES)}.",
             )
             return
-        await self.store.set_room_mode(message.room, canonical)
-        await self._override_set(message, f"permission_mode={canonical}")
-        note = await self.live.set_mode(message.room, canonical) if self.live else ""
         text = f"This room's runs use permission mode `{canonical}` from now on."
-        await self.answer(message, f"{text} {note}".rstrip())
+        await self._keep_override(message, "mode", canonical, canonical, text)
 
     async def _overriding(self, message: Message, what: str, value: str) -> bool:
         """What ``!model`` and ``!mode`` do first: with no value, show the room's; then only
@@ -842,27 +836,36 @@ class CommandHandler:
 
     async def _reset_override(self, message: Message, what: str) -> None:
         """``!model reset`` / ``!mode reset``: back to the room's configured value."""
-        room = message.room
-        settings = self.rooms(room)
+        settings = self.rooms(message.room)
         if what == "model":
-            await self.store.set_room_model(room, None)
             configured = settings.model if settings else ""
-            # An empty model asks claude for its default.
-            note = await self.live.set_model(room, configured) if self.live else ""
             shown = code_span(configured) if configured else "claude's default"
-            await self._override_set(message, "model=(configured)")
             text = f"This room's runs use the configured model ({shown}) from now on."
+            # An empty model asks claude for its default.
+            await self._keep_override(message, what, None, configured, text)
         else:
-            await self.store.set_room_mode(room, None)
-            configured = settings.permission_mode if settings else ""
-            mode = configured or "default"
-            note = await self.live.set_mode(room, mode) if self.live else ""
-            await self._override_set(message, "permission_mode=(configured)")
+            mode = (settings.permission_mode if settings else "") or "default"
             text = f"This room's runs use the configured permission mode (`{mode}`) from now on."
-        await self.answer(message, f"{text} {note}".rstrip())
+            await self._keep_override(message, what, None, mode, text)
 
-    async def _override_set(self, message: Message, detail: str) -> None:
-        await self._audited(message, AuditAction.ROOM_OVERRIDE_SET, detail)
+    async def _keep_override(
+        self, message: Message, what: str, kept: str | None, applied: str, text: str
+    ) -> None:
+        """Keep ``kept`` as the room's model or mode (None: the configured one again),
+        audit it, switch the room's running run to ``applied``, and answer ``text``."""
+        room = message.room
+        model = what == "model"
+        await (self.store.set_room_model if model else self.store.set_room_mode)(room, kept)
+        key = "model" if model else "permission_mode"
+        await self._audited(
+            message,
+            AuditAction.ROOM_OVERRIDE_SET,
+            f"{key}={'(configured)' if kept is None else kept}",
+        )
+        note = ""
+        if self.live is not None:
+            note = await (self.live.set_model if model else self.live.set_mode)(room, applied)
+        await self.answer(message, f"{text} {note}".rstrip())
 
     async def _audited(
         self, message: Message, action: AuditAction, detail: str, *, at: float | None = None
