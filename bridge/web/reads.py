@@ -204,6 +204,11 @@ def _approval_view(row: ApprovalRow) -> ApprovalView:
     )
 
 
+async def _rows(conn: AsyncSession, query: Select[T]) -> list[T]:
+    """The rows ``query`` selects (one entity or column), in ``conn``'s transaction."""
+    return list((await conn.execute(query)).scalars().all())
+
+
 def day_of(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d")
 
@@ -214,7 +219,7 @@ class Reads:
 
     async def _scalars(self, query: Select[T]) -> list[T]:
         async with AsyncSession(self.engine) as conn:
-            return list((await conn.execute(query)).scalars().all())
+            return await _rows(conn, query)
 
     async def runs(self, q: RunQuery) -> list[RunView]:
         query = select(RunRow).order_by(RunRow.seq.desc()).limit(min(q.limit, 500))
@@ -239,7 +244,7 @@ class Reads:
                 )
             )
         async with AsyncSession(self.engine) as conn:
-            rows = list((await conn.execute(query)).scalars().all())
+            rows = await _rows(conn, query)
             batches = await self._batches(conn, [r.id for r in rows])
         return [_run_view(r, batches[r.id]) for r in rows]
 
@@ -266,16 +271,12 @@ class Reads:
             if row is None:
                 return None
             batch = (await self._batches(conn, [run_id]))[run_id]
-            answers = (
-                await conn.execute(
-                    select(OutboxRow).where(OutboxRow.run_id == run_id).order_by(OutboxRow.id)
-                )
-            ).scalars()
-            audit = (
-                await conn.execute(
-                    select(AuditRow).where(AuditRow.run_id == run_id).order_by(AuditRow.id)
-                )
-            ).scalars()
+            answers = await _rows(
+                conn, select(OutboxRow).where(OutboxRow.run_id == run_id).order_by(OutboxRow.id)
+            )
+            audit = await _rows(
+                conn, select(AuditRow).where(AuditRow.run_id == run_id).order_by(AuditRow.id)
+            )
             return RunDetail(
                 run=_run_view(row, batch),
                 messages=[_message_view(m) for m in batch],
@@ -286,38 +287,20 @@ class Reads:
     async def waiting(self) -> list[Waiting]:
         """Conversations with a run going, messages queued or requests open, oldest first."""
         async with AsyncSession(self.engine) as conn:
-            running = (
-                (
-                    await conn.execute(
-                        select(RunRow).where(RunRow.status == "running").order_by(RunRow.seq)
-                    )
-                )
-                .scalars()
-                .all()
+            running = await _rows(
+                conn, select(RunRow).where(RunRow.status == "running").order_by(RunRow.seq)
             )
             batches = await self._batches(conn, [r.id for r in running])
-            pending = (
-                (
-                    await conn.execute(
-                        select(MessageRow)
-                        .where(MessageRow.state == "pending")
-                        .order_by(MessageRow.id)
-                        .limit(1000)
-                    )
-                )
-                .scalars()
-                .all()
+            pending = await _rows(
+                conn,
+                select(MessageRow)
+                .where(MessageRow.state == "pending")
+                .order_by(MessageRow.id)
+                .limit(1000),
             )
-            asks = (
-                (
-                    await conn.execute(
-                        select(ApprovalRow)
-                        .where(ApprovalRow.state == "pending")
-                        .order_by(ApprovalRow.id)
-                    )
-                )
-                .scalars()
-                .all()
+            asks = await _rows(
+                conn,
+                select(ApprovalRow).where(ApprovalRow.state == "pending").order_by(ApprovalRow.id),
             )
         found: dict[str, Waiting] = {}
 
