@@ -744,15 +744,15 @@ class CommandHandler:
             )
             return
         desk = ApprovalDesk(self.store, self.rooms, self.live, self.refused, self.wall_clock)
-        text = await desk.answer(
+        answered = await desk.take(
             message.sender,
             approval,
             decision.choice,
             decision.reason,
             for_room=decision.for_room,
         )
-        if text is not None:
-            await self.answer(message, text)
+        if answered.text is not None:
+            await self.answer(message, answered.text)
 
     async def _may_decide(self, message: Message, decision: Decision | None) -> bool:
         """Whether the sender may go on with ``!approve`` / ``!deny``: an approver, or anyone
@@ -792,9 +792,9 @@ class CommandHandler:
             await self.answer(message, str(exc))
             return
         desk = ApprovalDesk(self.store, self.rooms, self.live, self.refused, self.wall_clock)
-        text = await desk.answer(message.sender, found, ApprovalChoice.ALLOW, kept)
-        if text is not None:
-            await self.answer(message, text)
+        answered = await desk.take(message.sender, found, ApprovalChoice.ALLOW, kept)
+        if answered.text is not None:
+            await self.answer(message, answered.text)
 
     async def _model(self, message: Message, name: str) -> None:
         if not await self._overriding(message, "model", name):

@@ -56,22 +56,6 @@ class ApprovalDesk:
     owns: Callable[[RoomKey], bool] = lambda room: True
     """Expires only the requests of conversations this process runs (replicas)."""
 
-    async def answer(
-        self,
-        sender: UserId,
-        approval: Approval,
-        choice: ApprovalChoice,
-        reason: str = "",
-        *,
-        for_room: bool = False,
-    ) -> str | None:
-        """Take ``sender``'s answer to ``approval``; returns what to tell them (None: nothing).
-
-        ``for_room``: keep the answer as a rule of the room (allow or deny);
-        ``ALLOW_SESSION`` keeps an allow rule of the run's session.
-        """
-        return (await self.take(sender, approval, choice, reason, for_room=for_room)).text
-
     async def take(
         self,
         sender: UserId,
@@ -81,7 +65,11 @@ class ApprovalDesk:
         *,
         for_room: bool = False,
     ) -> Answered:
-        """Take ``sender``'s answer to ``approval``: what to tell them, and if it decided."""
+        """Take ``sender``'s answer to ``approval``: what to tell them, and if it decided.
+
+        ``for_room``: keep the answer as a rule of the room (allow or deny);
+        ``ALLOW_SESSION`` keeps an allow rule of the run's session.
+        """
         settings = self.rooms(approval.room)
         if settings is None:
             return Answered(None, False)

@@ -63,6 +63,6 @@ class DeskActions:
             return refusal(Verdict.OWN_RUN) or ""
         for chat_id in chat_ids:
             if judge(settings, UserId(chat_id), senders) is Verdict.APPROVER:
-                told = await self.desk.answer(UserId(chat_id), approval, choice, reason)
-                return told or "Answered."
+                answered = await self.desk.take(UserId(chat_id), approval, choice, reason)
+                return answered.text or "Answered."
         return "You may not answer this request: none of your chat ids is an approver there."
