@@ -100,10 +100,6 @@ class Scheduler:
     # -- queries -------------------------------------------------------------
 
     @property
-    def limits(self) -> DispatchLimits:
-        return self._limits
-
-    @property
     def capacity(self) -> int:
         return self._slots.capacity
 
