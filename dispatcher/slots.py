@@ -8,6 +8,7 @@ the run slots").
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Callable
 
@@ -194,19 +195,20 @@ class SlotPool:
         return cap is not None and self._per_room[room.channel] >= cap
 
     def _grant(self) -> list[RoomKey]:
-        granted: list[RoomKey] = []
-        free = self._capacity - len(self._holders)
         # Runs already going first: one that waited for a person is not starved by new ones.
-        for room in self._reclaiming:
-            if len(granted) >= free:
-                break
-            granted.append(room)
-        for room in granted:
+        free = self._capacity - len(self._holders)
+        reclaimed = list(itertools.islice(self._reclaiming, max(free, 0)))
+        for room in reclaimed:
             del self._reclaiming[room]
             self._lent.remove(room)
             self._holders.add(room)  # its room's count never dropped
         if self._reclaiming:
-            return granted
+            return reclaimed
+        return reclaimed + self._grant_waiting()
+
+    def _grant_waiting(self) -> list[RoomKey]:
+        granted: list[RoomKey] = []
+        free = self._capacity - len(self._holders)
         # Oldest first, as far as the free slots go: a long queue costs only the
         # conversations passed over (their rooms at their caps).
         for room in self._waiting:
