@@ -69,7 +69,8 @@ class Lending(RuleBasedStateMachine):
                     started = True
                 case Reclaimed(key):
                     assert not started, "a reclaimer resumed after a new run in the same step"
-                    assert self.queue and self.queue[0] == key, (key, self.queue)
+                    assert self.queue, key
+                    assert self.queue[0] == key, (key, self.queue)
                     self.queue.pop(0)
                     self.runs[key] = HELD
                 case _:
@@ -96,7 +97,9 @@ class Lending(RuleBasedStateMachine):
     @rule(data=st.data())
     def lend(self, data: st.DataObject) -> None:
         key = data.draw(
-            st.sampled_from(sorted(k for k, s in self.runs.items() if s == HELD and k in self.begun))
+            st.sampled_from(
+                sorted(k for k, s in self.runs.items() if s == HELD and k in self.begun)
+            )
         )
         self.runs[key] = LENT
         self.apply(self.scheduler.lend(key, self.now))

@@ -1,0 +1,78 @@
+"""A run waiting for a person lends its run slot: another conversation runs meanwhile,
+through the real service and the fake claude (docs/live-runs.md, "Waiting runs and the
+run slots")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bridge.config import load_settings
+from bridge.core.model import ReplyKind
+from tests.bridge.chat_room import ChatRoom, serving
+from tests.bridge.harness import ECHO, write_config
+
+# Every message is a batch at once: the test follows runs, not windows.
+AT_ONCE = {"coalesce_ms": 600_000, "max_wait_ms": 600_000, "max_batch": 1}
+
+
+def results(chat: ChatRoom) -> list[tuple[str | None, str]]:
+    return [(r.thread, r.text) for r in chat.replies if r.kind is ReplyKind.RESULT]
+
+
+def said(chat: ChatRoom, text: str, thread: str) -> bool:
+    return any(text in r.text and r.thread == thread for r in chat.replies)
+
+
+async def test_a_run_waiting_for_approval_lets_another_conversation_run_with_one_slot(
+    tmp_path: Path,
+) -> None:
+    config = {
+        "dispatcher": AT_ONCE,
+        "runner": {"max_concurrent_runs": 1, "prestart": False},
+        "defaults": {"conversation": "thread", "approve_tools": True},
+    }
+    settings = load_settings(write_config(tmp_path, config, env=ECHO))
+    async with serving(settings) as (service, chat):
+        # Thread b's runs use no approval (the fake asks for every Bash otherwise).
+        await chat.say("!mode bypassPermissions", thread="b")
+        await chat.wait_until(lambda: said(chat, "bypassPermissions", "b"))
+        await chat.say("job a", thread="a")
+        await chat.wait_until(lambda: said(chat, "(request `#1`", "a"))
+        # a's run waits for a person: its slot went back to the pool.
+        assert service.dispatcher.active_runs == 1
+        assert service.dispatcher.lent_runs == 1
+        await chat.say("job b", thread="b")
+        await chat.wait_until(lambda: ("b", "job b") in results(chat))
+        assert results(chat) == [("b", "job b")]  # a still waits
+        await chat.say("!approve #1", thread="a")
+        await chat.wait_until(lambda: ("a", "job a") in results(chat))
+        assert service.dispatcher.lent_runs == 0
+    assert results(chat) == [("b", "job b"), ("a", "job a")]
+
+
+async def test_an_answer_waits_for_a_slot_while_another_run_holds_it_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """With the only slot taken by b's run, a's approval is queued (the room is told)
+    and delivered once b's run ends; a then completes."""
+    gate = tmp_path / "go"
+    env = {**ECHO, "FAKE_CLAUDE_TOOL_WAIT_FOR": str(gate)}
+    config = {
+        "dispatcher": AT_ONCE,
+        "runner": {"max_concurrent_runs": 1, "prestart": False},
+        "defaults": {"conversation": "thread", "approve_tools": True},
+    }
+    settings = load_settings(write_config(tmp_path, config, env=env))
+    async with serving(settings) as (service, chat):
+        await chat.say("!mode bypassPermissions", thread="b")
+        await chat.wait_until(lambda: said(chat, "bypassPermissions", "b"))
+        await chat.say("job a", thread="a")
+        await chat.wait_until(lambda: said(chat, "(request `#1`", "a"))
+        await chat.say("job b", thread="b")  # runs in a's lent slot; its tool waits for go
+        await chat.wait_until(lambda: service.dispatcher.active_runs == 2)
+        await chat.say("!approve #1", thread="a")
+        await chat.wait_until(lambda: said(chat, "Queued: 0 waiting run(s) ahead", "a"))
+        assert results(chat) == []
+        gate.touch()  # b's run ends; a gets the slot, hears its answer and goes on
+        await chat.wait_until(lambda: ("a", "job a") in results(chat))
+    assert results(chat) == [("b", "job b"), ("a", "job a")]
