@@ -80,6 +80,8 @@ STALE = (
 )
 PERSON_TOOLS = frozenset({"AskUserQuestion", "ExitPlanMode"})
 """Tools that need a person and are answered in chat (not as approvals of a tool use)."""
+QUEUED = "Queued:"
+"""Begins the note of an answer that waits for its run's slot back."""
 EXPIRY_CHECK_S = 5.0
 """How often waiting requests are checked for their expiry (a 900 s default wait)."""
 
@@ -441,9 +443,10 @@ class ApprovalFlow:
             "request #%d in %s: %s by %s: %s",
             approval.number, action.room, action.choice.value, action.sender, answered.text,
         )  # fmt: skip
-        if not answered.decided and answered.text is not None:
+        if answered.text is not None and (not answered.decided or QUEUED in answered.text):
             # Refused (not an approver, their own run) or too late: the request's
-            # message does not change, so only this tells the person why.
+            # message does not change, so only this tells the person why. Or taken, but
+            # claude hears it only once a run slot frees: the message cannot say when.
             await self.replier.answer_action(action, answered.text)
         return Accepted.ACCEPTED
 
@@ -571,7 +574,7 @@ class ApprovalFlow:
             self._followups.add(task)
             task.add_done_callback(self._followups.discard)
             return (
-                f"(Queued: {waiting.ahead} waiting run(s) ahead; every run slot is busy,"
+                f"({QUEUED} {waiting.ahead} waiting run(s) ahead; every run slot is busy,"
                 " and the run goes on with this answer when one frees.)"
             )
         try:

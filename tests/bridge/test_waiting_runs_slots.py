@@ -4,12 +4,17 @@ run slots")."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from bridge.config import load_settings
 from bridge.core.model import ReplyKind
-from tests.bridge.chat_room import ChatRoom, serving
+from bridge.core.transport import Accepted, ApprovalChoice
+from dispatcher.lending import SlotLease
+from tests.bridge.chat_room import GUARD_S, ChatRoom, serving
 from tests.bridge.harness import ECHO, write_config
+from tests.bridge.test_approval_binding import Bound
+from tests.bridge.test_approval_click_race import RUN
 
 # Every message is a batch at once: the test follows runs, not windows.
 AT_ONCE = {"coalesce_ms": 600_000, "max_wait_ms": 600_000, "max_batch": 1}
@@ -76,3 +81,23 @@ async def test_an_answer_waits_for_a_slot_while_another_run_holds_it_and_says_so
         gate.touch()  # b's run ends; a gets the slot, hears its answer and goes on
         await chat.wait_until(lambda: ("a", "job a") in results(chat))
     assert results(chat) == [("b", "job b"), ("a", "job a")]
+
+
+async def test_a_click_whose_answer_waits_for_a_slot_tells_the_person_and_claude_hears_it_later(
+    tmp_path: Path,
+) -> None:
+    lent: list[bool] = []
+    lease = SlotLease(lambda: lent.append(True), lambda: 2)  # two reclaimers ahead
+    bound = Bound(tmp_path)
+    bound.runs.bind(bound.key, RUN, bound.control, lease)
+    await bound.asks(bound.asked)
+    assert lent == [True]  # posted: the run lent its slot
+    assert await bound.flow.on_action(bound.act(ApprovalChoice.ALLOW)) is Accepted.ACCEPTED
+    [(_, text)] = bound.told.told
+    assert "Queued: 2 waiting run(s) ahead" in text
+    assert bound.answers() == []  # claude waits with the run
+    lease.resumed(True)
+    async with asyncio.timeout(GUARD_S):
+        while not bound.answers():
+            await asyncio.sleep(0)
+    assert bound.answers() == [{"behavior": "allow", "updatedInput": {"command": "ls"}}]
