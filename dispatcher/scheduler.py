@@ -285,6 +285,7 @@ class Scheduler:
                 self._grant(other, now)
         if key in granted:
             return None, self.take_actions()  # at once: nothing to announce
+        self._give_way()  # a run waits for a slot: prestarts give way, as for a room
         return self._slots.ahead(key), self.take_actions()
 
     def adopt(self, batch: Batch, now: float) -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
-from dispatcher import Dispatcher, DispatchLimits, EndReason, ManualClock
+from dispatcher import Dispatcher, DispatchLimits, EndReason, ManualClock, PrestartCancel
+from dispatcher.room import BeginPrestart, CancelPrestart, StartRun
+from dispatcher.scheduler import Scheduler
 from tests.dispatcher.fakes import GUARD_S, FakeExecute, Messages, room, serving
 
 LIMITS = DispatchLimits(coalesce_s=1.0, max_wait_s=5.0, max_batch=1, max_concurrent_runs=1)
-A, B, C = room("a"), room("b"), room("c")
+A, B, C, E, G = (room(n) for n in "abceg")
 
 
 async def test_a_lent_slot_runs_another_room_and_the_reclaimer_goes_on_when_it_ends() -> None:
@@ -59,3 +61,23 @@ async def test_a_run_stopped_while_reclaiming_hears_false_and_leaks_no_slot() ->
         await execute.finish(B)
         dispatcher.submit(messages(C))  # the one slot is free: nothing was lost
         await execute.finish(C)
+
+
+def test_a_reclaim_that_waits_makes_the_prestarts_of_rooms_not_waiting_give_way() -> None:
+    messages = Messages()
+    limits = DispatchLimits(coalesce_s=1.0, max_wait_s=5.0, max_batch=3, max_concurrent_runs=2)
+    scheduler = Scheduler(limits, max_prestarts=1)
+    scheduler.set_capacity(2, 0.0)
+    scheduler.submit(messages(A), 0.0)
+    assert [type(x) for x in scheduler.fire_timers(1.0)] == [StartRun]
+    assert scheduler.begin(A)
+    scheduler.lend(A, 1.0)  # A waits for a person
+    scheduler.submit(messages(B), 1.0)  # gathers, with the one prestart
+    scheduler.submit(messages(G), 1.1)  # gathers, without
+    assert [type(x) for x in scheduler.fire_timers(2.0)] == [StartRun]  # B
+    assert scheduler.submit(messages(E), 2.0) == [BeginPrestart(E)]
+    assert [type(x) for x in scheduler.fire_timers(2.1)] == [StartRun]  # G: every slot taken
+    ahead, actions = scheduler.reclaim(A, 2.1)
+    assert ahead == 0
+    # A waits for a slot: E's prestart would take a claude its run cannot have soon.
+    assert actions == [CancelPrestart(E, PrestartCancel.SLOT_NEEDED)]

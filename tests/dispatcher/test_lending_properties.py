@@ -13,7 +13,9 @@ After every step it checks:
 - reclaimers are given slots first-come and ahead of new runs: within a step,
   every :class:`Reclaimed` comes before any new :class:`StartRun`, none starts
   while a reclaimer waits, and reclaimers resume in the order they asked;
-- once draining, a reclaim is answered at once and nothing starts.
+- once draining, a reclaim is answered at once and nothing starts;
+- prestarts: none begins while a run waits for its slot back, and those of
+  rooms not waiting for a slot themselves give way to it.
 
 At the end it finishes every run not reclaiming and checks every reclaimer
 resumed (then finishes them too): no reclaimer waits forever once slots free.
@@ -27,7 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from bridge.core.model import RoomKey
 from dispatcher.limits import DispatchLimits
-from dispatcher.room import StartRun
+from dispatcher.room import BeginPrestart, CancelPrestart, StartRun
 from dispatcher.scheduler import Action, Scheduler
 from dispatcher.status import Reclaimed
 from tests.dispatcher.fakes import Messages, room
@@ -49,11 +51,13 @@ class Lending(RuleBasedStateMachine):
         self.queue: list[RoomKey] = []
         """Reclaimers in the order they asked."""
         self.draining = False
+        self.prestarts: set[RoomKey] = set()
 
-    @initialize(cap=st.integers(1, 3))
-    def start(self, cap: int) -> None:
+    @initialize(cap=st.integers(1, 3), prestarts=st.integers(0, 3))
+    def start(self, cap: int, prestarts: int) -> None:
         self.cap = cap
-        self.scheduler = Scheduler(DispatchLimits(1.0, 3.0, 3, cap))
+        limits = DispatchLimits(1.0, 3.0, 3, cap)
+        self.scheduler = Scheduler(limits, max_prestarts=min(prestarts, cap))
         self.apply(self.scheduler.set_capacity(cap, self.now))
 
     def apply(self, actions: list[Action]) -> None:
@@ -62,6 +66,7 @@ class Lending(RuleBasedStateMachine):
         for action in actions:
             match action:
                 case StartRun(batch):
+                    self.prestarts.discard(batch.room)  # taken by its run
                     assert not self.draining, "a run started while draining"
                     assert batch.room not in self.runs, "two runs in one room"
                     assert not self.queue, "a new run started while a run waits for its slot"
@@ -73,6 +78,11 @@ class Lending(RuleBasedStateMachine):
                     assert self.queue[0] == key, (key, self.queue)
                     self.queue.pop(0)
                     self.runs[key] = HELD
+                case BeginPrestart(key):
+                    assert not self.queue, "a prestart began while a run waits for its slot"
+                    self.prestarts.add(key)
+                case CancelPrestart(key):
+                    self.prestarts.discard(key)
                 case _:
                     pass
         assert self.queue == waited[len(waited) - len(self.queue) :]
@@ -160,6 +170,9 @@ class Lending(RuleBasedStateMachine):
         assert self.scheduler._slots.reclaiming == self.queue
         if self.queue:
             assert held == self.cap, "a reclaimer waits beside a free slot"
+            # As for a room waiting: the others' prestarts gave way.
+            waiting = {k for k in self.prestarts if self.scheduler._slots.is_waiting(k)}
+            assert self.prestarts == waiting
 
     def teardown(self) -> None:
         # Everything not waiting for its slot back ends: every reclaimer resumes.
