@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from bridge.config import load_settings
+from bridge.config import Settings, load_settings
 from bridge.core.model import ReplyKind
 from bridge.core.transport import Accepted, ApprovalChoice
 from dispatcher.lending import SlotLease
@@ -28,21 +28,30 @@ def said(chat: ChatRoom, text: str, thread: str) -> bool:
     return any(text in r.text and r.thread == thread for r in chat.replies)
 
 
-async def test_a_run_waiting_for_approval_lets_another_conversation_run_with_one_slot(
-    tmp_path: Path,
-) -> None:
+def one_slot(tmp_path: Path, env: dict[str, str]) -> Settings:
+    """One run slot; each thread a conversation; every tool use asked."""
     config = {
         "dispatcher": AT_ONCE,
         "runner": {"max_concurrent_runs": 1, "prestart": False},
         "defaults": {"conversation": "thread", "approve_tools": True},
     }
-    settings = load_settings(write_config(tmp_path, config, env=ECHO))
-    async with serving(settings) as (service, chat):
-        # Thread b's runs use no approval (the fake asks for every Bash otherwise).
-        await chat.say("!mode bypassPermissions", thread="b")
-        await chat.wait_until(lambda: said(chat, "bypassPermissions", "b"))
-        await chat.say("job a", thread="a")
-        await chat.wait_until(lambda: said(chat, "(request `#1`", "a"))
+    return load_settings(write_config(tmp_path, config, env=env))
+
+
+async def a_waits_for_approval(chat: ChatRoom) -> None:
+    """Thread a's run waits on request #1; thread b's runs ask nothing (the fake asks
+    for every Bash otherwise)."""
+    await chat.say("!mode bypassPermissions", thread="b")
+    await chat.wait_until(lambda: said(chat, "bypassPermissions", "b"))
+    await chat.say("job a", thread="a")
+    await chat.wait_until(lambda: said(chat, "(request `#1`", "a"))
+
+
+async def test_a_run_waiting_for_approval_lets_another_conversation_run_with_one_slot(
+    tmp_path: Path,
+) -> None:
+    async with serving(one_slot(tmp_path, ECHO)) as (service, chat):
+        await a_waits_for_approval(chat)
         # a's run waits for a person: its slot went back to the pool.
         assert service.dispatcher.active_runs == 1
         assert service.dispatcher.lent_runs == 1
@@ -62,17 +71,8 @@ async def test_an_answer_waits_for_a_slot_while_another_run_holds_it_and_says_so
     and delivered once b's run ends; a then completes."""
     gate = tmp_path / "go"
     env = {**ECHO, "FAKE_CLAUDE_TOOL_WAIT_FOR": str(gate)}
-    config = {
-        "dispatcher": AT_ONCE,
-        "runner": {"max_concurrent_runs": 1, "prestart": False},
-        "defaults": {"conversation": "thread", "approve_tools": True},
-    }
-    settings = load_settings(write_config(tmp_path, config, env=env))
-    async with serving(settings) as (service, chat):
-        await chat.say("!mode bypassPermissions", thread="b")
-        await chat.wait_until(lambda: said(chat, "bypassPermissions", "b"))
-        await chat.say("job a", thread="a")
-        await chat.wait_until(lambda: said(chat, "(request `#1`", "a"))
+    async with serving(one_slot(tmp_path, env)) as (service, chat):
+        await a_waits_for_approval(chat)
         await chat.say("job b", thread="b")  # runs in a's lent slot; its tool waits for go
         await chat.wait_until(lambda: service.dispatcher.active_runs == 2)
         await chat.say("!approve #1", thread="a")

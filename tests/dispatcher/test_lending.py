@@ -8,22 +8,28 @@ import asyncio
 from dispatcher import Dispatcher, DispatchLimits, EndReason, ManualClock, PrestartCancel
 from dispatcher.room import BeginPrestart, CancelPrestart, StartRun
 from dispatcher.scheduler import Scheduler
-from tests.dispatcher.fakes import GUARD_S, FakeExecute, Messages, room, serving
+from tests.dispatcher.fakes import GUARD_S, Call, FakeExecute, Messages, room, serving
 
 LIMITS = DispatchLimits(coalesce_s=1.0, max_wait_s=5.0, max_batch=1, max_concurrent_runs=1)
 A, B, C, E, G = (room(n) for n in "abceg")
+
+
+async def lent_to_b(dispatcher: Dispatcher, execute: FakeExecute, messages: Messages) -> Call:
+    """A's run lends the one slot and B's run takes it; A's call."""
+    dispatcher.submit(messages(A))
+    a = await execute.started(A)
+    a.run.slot.lend()
+    assert dispatcher.lent_runs == 1
+    dispatcher.submit(messages(B))  # full batch: due at once, and a slot is free
+    await execute.started(B)
+    return a
 
 
 async def test_a_lent_slot_runs_another_room_and_the_reclaimer_goes_on_when_it_ends() -> None:
     messages, execute = Messages(), FakeExecute()
     dispatcher = Dispatcher(LIMITS, execute, ManualClock())
     async with serving(dispatcher):
-        dispatcher.submit(messages(A))
-        a = await execute.started(A)
-        a.run.slot.lend()
-        assert dispatcher.lent_runs == 1
-        dispatcher.submit(messages(B))  # full batch: due at once, and a slot is free
-        await execute.started(B)
+        a = await lent_to_b(dispatcher, execute, messages)
         dispatcher.submit(messages(C))
         reclaim = a.run.slot.reclaim()
         assert reclaim.ahead == 0
@@ -41,11 +47,7 @@ async def test_a_run_stopped_while_reclaiming_hears_false_and_leaks_no_slot() ->
     messages, execute = Messages(), FakeExecute()
     dispatcher = Dispatcher(LIMITS, execute, ManualClock())
     async with serving(dispatcher):
-        dispatcher.submit(messages(A))
-        a = await execute.started(A)
-        a.run.slot.lend()
-        dispatcher.submit(messages(B))
-        await execute.started(B)
+        a = await lent_to_b(dispatcher, execute, messages)
         reclaim = a.run.slot.reclaim()
         assert not reclaim.resumed.done()
         dispatcher.stop(A)

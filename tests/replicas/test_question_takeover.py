@@ -16,22 +16,11 @@ from bridge.store.base import ApprovalState
 from dispatcher import EndReason
 from tests.bridge.chat_room import ChatRoom
 from tests.bridge.harness import ECHO
+from tests.bridge.test_questions_e2e import SINGLE
 from tests.replicas.conftest import ROOM, replica, replica_settings, until
 
 GUARD_S = 60.0
-QUESTION = {
-    "questions": [
-        {
-            "question": "Which database?",
-            "header": "DB",
-            "options": [
-                {"label": "SQLite", "description": "a file"},
-                {"label": "PostgreSQL", "description": "a server"},
-            ],
-            "multiSelect": False,
-        }
-    ]
-}
+QUESTION = {"questions": [SINGLE]}
 
 
 def posts(chat: ChatRoom, text: str) -> int:
