@@ -195,7 +195,7 @@ messages joined by newlines. The extra knobs:
 ``FAKE_CLAUDE_QUESTION=JSON``
     Before the Bash tool, call ``AskUserQuestion`` with this input
     (``{"questions": [...]}``), asked of the host with ``--permission-prompt-tool
-    stdio`` as the real CLI asks (``requires_user_interaction``); the answers of the
+    stdio`` (``can_use_tool``, the model's input as it is); the answers of the
     allow's ``updatedInput`` become the tool_result (``Your questions have been
     answered: "Q"="A"``, or ``The user did not answer the questions`` without
     them), and the input it ran with goes to ``FAKE_CLAUDE_TOOL_LOG``.
@@ -1417,7 +1417,7 @@ class _Session:
             request.update(display_name="Bash", input=tool_input, description=command)
         elif tool == "AskUserQuestion":
             rule = {"toolName": tool}
-            request.update(display_name=tool, input=tool_input, requires_user_interaction=True)
+            request.update(display_name=tool, input=tool_input)
         else:
             # An MCP tool, as the real CLI asks for one: its server, no description,
             # and a rule for the whole tool.
