@@ -176,6 +176,8 @@ class Scheduler:
             stopping=state.stopping,
             steering=state.steering,
             steered=state.steered,
+            lent=self._slots.lends(room),
+            reclaiming=(self._slots.ahead(room) if room in self._slots.reclaiming else None),
         )
 
     def take_actions(self) -> list[Action]:

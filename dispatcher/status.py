@@ -63,6 +63,10 @@ class RoomStatus:
     """Of ``waiting``: messages gathering into a steer batch or offered to the active run."""
     steered: int = 0
     """Messages the active run took by steering, besides its batch (not in ``running``)."""
+    lent: bool = False
+    """The active run lent its run slot while it waits for a person (reclaiming included)."""
+    reclaiming: int | None = None
+    """The active run waits for its slot back: how many runs are ahead of it."""
 
 
 IDLE = RoomStatus()

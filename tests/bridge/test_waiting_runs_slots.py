@@ -55,6 +55,8 @@ async def test_a_run_waiting_for_approval_lets_another_conversation_run_with_one
         # a's run waits for a person: its slot went back to the pool.
         assert service.dispatcher.active_runs == 1
         assert service.dispatcher.lent_runs == 1
+        await chat.say("!status", thread="a")
+        await chat.wait_until(lambda: said(chat, "its run slot serves other rooms", "a"))
         await chat.say("job b", thread="b")
         await chat.wait_until(lambda: ("b", "job b") in results(chat))
         assert results(chat) == [("b", "job b")]  # a still waits
@@ -78,6 +80,8 @@ async def test_an_answer_waits_for_a_slot_while_another_run_holds_it_and_says_so
         await chat.say("!approve #1", thread="a")
         await chat.wait_until(lambda: said(chat, "Queued: 0 waiting run(s) ahead", "a"))
         assert results(chat) == []
+        await chat.say("!status", thread="a")
+        await chat.wait_until(lambda: said(chat, "goes on when a run slot frees (0 waiting", "a"))
         gate.touch()  # b's run ends; a gets the slot, hears its answer and goes on
         await chat.wait_until(lambda: ("a", "job a") in results(chat))
     assert results(chat) == [("b", "job b"), ("a", "job a")]
