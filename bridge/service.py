@@ -334,7 +334,8 @@ class Service:
             Leases(self.store.engine, settings.lease_ttl_s),
             self.metrics,
             self.settings.runner.max_concurrent_runs,
-            lambda: self.dispatcher.active_runs,
+            # Placement counts what the dispatcher counts: runs waiting for a person lent theirs.
+            lambda: self.dispatcher.active_runs - self.dispatcher.lent_runs,
             str(self.settings.runner.state_dir.absolute()),
             # Slack spreads its events over every replica; Matrix syncs on one.
             serves=lambda transport: transport != "matrix" or cluster.leads(transport),

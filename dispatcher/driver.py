@@ -17,11 +17,12 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from bridge.core.model import Batch, Message, RoomKey, UserId
 from dispatcher.clock import Clock, MonotonicClock, TimerHandle
+from dispatcher.lending import SlotLease
 from dispatcher.limits import DispatchLimits
 from dispatcher.policy import DuringRun, Prestarter
 from dispatcher.room import BeginPrestart, CancelPrestart, StartRun, SteerRun
 from dispatcher.scheduler import Action, Scheduler
-from dispatcher.status import EndReason, RoomStatus, StopResult
+from dispatcher.status import EndReason, Reclaimed, RoomStatus, StopResult
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ SteerHook = Callable[[Batch, bool], bool]
 class DispatchedRun:
     """One run as ``execute`` sees it: its batch, why it was cancelled, its hooks."""
 
-    __slots__ = ("batch", "end_reason", "prestarted", "steer", "task")
+    __slots__ = ("batch", "end_reason", "prestarted", "slot", "steer", "task")
 
     task: asyncio.Task[None]
     """Set right after construction: the task needs the run to exist first."""
@@ -56,6 +57,17 @@ class DispatchedRun:
         shutdown does not give them back). False: they queue for the room's
         next run, and so does everything arriving after them while this run
         goes. Must not block; an exception counts as False."""
+        self.slot = SlotLease(_no_lend, _no_reclaim)
+        """Lends the run's slot while it waits for a person and takes one back
+        (the dispatcher's; a no-op for a run made outside a dispatcher)."""
+
+
+def _no_lend() -> None:
+    pass
+
+
+def _no_reclaim() -> int | None:
+    return None
 
 
 Execute = Callable[[DispatchedRun], Awaitable[None]]
@@ -238,7 +250,7 @@ class Dispatcher:
         supervisor.
         """
         self._scheduler.adopt(batch, self._clock.now())
-        run = DispatchedRun(batch)
+        run = self._new_run(batch)
         self._runs[batch.room] = run
         if self._group is None:
             self._adopted.append((run, execute))
@@ -343,6 +355,12 @@ class Dispatcher:
         return self._scheduler.active_runs
 
     @property
+    def lent_runs(self) -> int:
+        """Active runs that lent their slot while they wait for a person (and not
+        yet given one back); ``active_runs - lent_runs`` hold slots."""
+        return self._scheduler.lent_runs
+
+    @property
     def queued(self) -> int:
         """Messages accepted but not yet in a run, across rooms."""
         return self._scheduler.queued
@@ -368,6 +386,9 @@ class Dispatcher:
                     self._call_prestarter("begin", room)
                 case CancelPrestart(room, why):
                     self._call_prestarter("cancel", room, why)
+                case Reclaimed(room):
+                    if (run := self._runs.get(room)) is not None:
+                        run.slot.resumed(True)
         self._arm()
         if self._scheduler.room_count:
             self._idle.clear()
@@ -378,8 +399,24 @@ class Dispatcher:
         else:
             self._no_runs.set()
 
-    def _start(self, batch: Batch, *, prestarted: bool) -> None:
+    def _new_run(self, batch: Batch, *, prestarted: bool = False) -> DispatchedRun:
         run = DispatchedRun(batch, prestarted=prestarted)
+        run.slot = SlotLease(lambda: self._lend(run), lambda: self._reclaim(run))
+        return run
+
+    def _lend(self, run: DispatchedRun) -> None:
+        if self._runs.get(run.batch.room) is run:
+            self._after(self._scheduler.lend(run.batch.room, self._clock.now()))
+
+    def _reclaim(self, run: DispatchedRun) -> int | None:
+        if self._runs.get(run.batch.room) is not run:
+            return None
+        ahead, actions = self._scheduler.reclaim(run.batch.room, self._clock.now())
+        self._after(actions)
+        return ahead
+
+    def _start(self, batch: Batch, *, prestarted: bool) -> None:
+        run = self._new_run(batch, prestarted=prestarted)
         self._runs[batch.room] = run
         self._spawn(run, self._execute)
 
@@ -449,6 +486,7 @@ class Dispatcher:
             return  # already finished (shutdown reconciliation)
         del self._runs[run.batch.room]
         self._entered.discard(run)
+        run.slot.ended()
         self._after(self._scheduler.run_finished(run.batch.room, self._clock.now()))
 
     def _arm(self) -> None:

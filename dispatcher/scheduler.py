@@ -35,9 +35,9 @@ from dispatcher.room import (
     WithdrawSlotRequest,
 )
 from dispatcher.slots import SlotPool
-from dispatcher.status import IDLE, EndReason, RoomStatus, StopResult
+from dispatcher.status import IDLE, EndReason, Reclaimed, RoomStatus, StopResult
 
-Action = StartRun | SteerRun | BeginPrestart | CancelPrestart
+Action = StartRun | SteerRun | BeginPrestart | CancelPrestart | Reclaimed
 """What the scheduler asks its owner to do."""
 
 
@@ -118,6 +118,11 @@ class Scheduler:
         return self._running
 
     @property
+    def lent_runs(self) -> int:
+        """Runs that lent their slot (waiting for a person, or for a slot back)."""
+        return self._slots.lent
+
+    @property
     def queued(self) -> int:
         """Messages accepted but not yet in a run, across rooms."""
         return self._queued
@@ -167,6 +172,8 @@ class Scheduler:
             stopping=state.stopping,
             steering=state.steering,
             steered=state.steered,
+            lent=self._slots.lends(room),
+            reclaiming=(self._slots.ahead(room) if room in self._slots.reclaiming else None),
         )
 
     def take_actions(self) -> list[Action]:
@@ -236,6 +243,48 @@ class Scheduler:
         self._running -= 1
         self._apply(room, room.run_finished(now), now)
         return self.take_actions()
+
+    def lend(self, key: RoomKey, now: float) -> list[Action]:
+        """The room's run waits for a person: its slot goes to the next in line.
+
+        Nothing happens unless the run holds a slot (already lent: no-op).
+        The run stays the room's run; it counts for its room's cap still.
+        """
+        room = self._rooms.get(key)
+        if room is None or room.run is None:
+            raise RuntimeError(f"room {key} has no run to lend a slot")
+        if self._slots.holds(key):
+            for granted in self._slots.lend(key):
+                self._grant(granted, now)
+        return self.take_actions()
+
+    def reclaim(self, key: RoomKey, now: float) -> tuple[int | None, list[Action]]:
+        """The room's run is to go on: it wants its slot back.
+
+        Gives None if the run holds a slot now (it had not lent it, or one was
+        free); otherwise how many reclaimers are ahead of it: a
+        :class:`Reclaimed` action tells when it holds one again (a run that ends
+        first gets none). Reclaimers go before rooms waiting to start. Once
+        draining, the slot comes back at once: the going runs finish.
+        """
+        room = self._rooms.get(key)
+        if room is None or room.run is None:
+            raise RuntimeError(f"room {key} has no run to reclaim a slot")
+        if not self._slots.lends(key):
+            return None, self.take_actions()
+        if key in self._slots.reclaiming:
+            return self._slots.ahead(key), self.take_actions()
+        if self._draining:
+            self._slots.reclaim_now(key)
+            return None, self.take_actions()
+        granted = self._slots.reclaim(key)
+        for other in granted:
+            if other != key:
+                self._grant(other, now)
+        if key in granted:
+            return None, self.take_actions()  # at once: nothing to announce
+        self._give_way()  # a run waits for a slot: prestarts give way, as for a room
+        return self._slots.ahead(key), self.take_actions()
 
     def adopt(self, batch: Batch, now: float) -> None:
         """A run already going (reattached after a restart) becomes its room's run.
@@ -352,6 +401,10 @@ class Scheduler:
         """
         self._draining = True
         self._slots.resize(0)
+        # Runs already going finish: whoever waits for its slot back has it now.
+        for key in self._slots.reclaiming:
+            self._slots.reclaim_now(key)
+            self._actions.append(Reclaimed(key))
         for room in self._rooms.values():
             for effect in room.drain():
                 match effect:
@@ -433,6 +486,10 @@ class Scheduler:
         self._forget_if_idle(room)
 
     def _grant(self, key: RoomKey, now: float) -> None:
+        if self._rooms[key].run is not None:
+            # A reclaimer (a room waiting to start has no run): its run goes on.
+            self._actions.append(Reclaimed(key))
+            return
         for effect in self._rooms[key].slot_granted(now):
             match effect:
                 case StartRun(batch):
@@ -462,7 +519,7 @@ class Scheduler:
             room.phase is Phase.GATHERING
             and room.key not in self._prestarts
             and len(self._prestarts) < self._max_prestarts
-            and self._running + len(self._prestarts) < self._slots.capacity
+            and self._slots.in_use + len(self._prestarts) < self._slots.capacity
             and not self._slots.short
         ):
             self._prestarts[room.key] = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from bridge.core.model import Batch, Message
+from bridge.core.model import Batch, Message, RoomKey
 
 
 class EndReason(StrEnum):
@@ -23,6 +23,13 @@ class EndReason(StrEnum):
     def by_shutdown(self) -> bool:
         """A reason a shutdown cancels runs for; a stop that comes later overrides it."""
         return self is not EndReason.STOPPED
+
+
+@dataclass(frozen=True, slots=True)
+class Reclaimed:
+    """The room's run, which lent its slot, holds one again: it may go on."""
+
+    room: RoomKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +63,10 @@ class RoomStatus:
     """Of ``waiting``: messages gathering into a steer batch or offered to the active run."""
     steered: int = 0
     """Messages the active run took by steering, besides its batch (not in ``running``)."""
+    lent: bool = False
+    """The active run lent its run slot while it waits for a person (reclaiming included)."""
+    reclaiming: int | None = None
+    """The active run waits for its slot back: how many runs are ahead of it."""
 
 
 IDLE = RoomStatus()

@@ -87,6 +87,8 @@ class Cluster:
     capacity: int
     """This replica's ``[runner] max_concurrent_runs``."""
     active_runs: Callable[[], int]
+    """Runs holding a run slot here: a run that lent its slot while it waits for a
+    person does not count, as in the dispatcher (docs/live-runs.md)."""
     state_dir: str
     """This replica's ``[runner] state_dir`` (absolute): recorded for the others."""
     serves: Callable[[str], bool]

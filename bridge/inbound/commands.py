@@ -626,6 +626,13 @@ class CommandHandler:
             lines.append(f"Running ({size}).")
         else:
             lines.append("Idle.")
+        if status.reclaiming is not None:
+            lines.append(
+                "It was answered and goes on when a run slot frees"
+                f" ({_plural(status.reclaiming, 'waiting run')} ahead)."
+            )
+        elif status.lent:
+            lines.append("It waits for a person; its run slot serves other rooms meanwhile.")
         lines.append(f"Waiting: {_plural(status.waiting, 'message')}.")
         session = await self.store.get_session(room)
         lines.append(

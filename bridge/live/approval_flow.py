@@ -78,6 +78,8 @@ STALE = (
     "Denied: the file changed since the user was shown this edit, so it would not do"
     " what they approved. Read the file again and ask again."
 )
+QUEUED = "Queued:"
+"""Begins the note of an answer that waits for its run's slot back."""
 EXPIRY_CHECK_S = 5.0
 """How often waiting requests are checked for their expiry (a 900 s default wait)."""
 
@@ -105,7 +107,8 @@ class ApprovalFlow:
     """Hands an action on another replica's request to that replica."""
     _posting: set[asyncio.Future[None]] = field(default_factory=set)
     _followups: set[asyncio.Task[None]] = field(default_factory=set)
-    """Switches (``!model``, ``!mode``) waiting for claude's answer; ended with the expiry loop."""
+    """Switches (``!model``, ``!mode``) waiting for claude's answer, and answers waiting
+    for their run's slot back; ended with the expiry loop."""
     """Asks posting their request now: a click may come before its id is recorded."""
 
     def desk(self) -> ApprovalDesk:
@@ -154,7 +157,11 @@ class ApprovalFlow:
                 # (a request still showing its buttons would be clicked in vain).
                 await self._show(approval)
             return
-        if approval.state is not ApprovalState.PENDING or approval.message_id is not None:
+        if approval.state is not ApprovalState.PENDING:
+            return
+        if approval.message_id is not None:
+            # Posted before a restart or a takeover, still waiting for a person.
+            self.runs.lend(batch.room, run_id)
             return
         problem = view.problem
         if event.requires_user_interaction and event.tool_name not in INTERACTIVE:
@@ -166,6 +173,9 @@ class ApprovalFlow:
         if problem is not None:
             await self._refuse_unseen(batch, approval, problem)
             return
+        # The run waits for a person from here: its run slot serves other rooms meanwhile
+        # (taken back before claude is answered, in _answer).
+        self.runs.lend(batch.room, run_id)
         # Done once the post is recorded (or failed): a click waits for this, not for
         # the task posting, which is the run's own and lives as long as the run.
         posting: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -373,6 +383,9 @@ class ApprovalFlow:
             return
         for approval in cancelled:
             await self._show(approval)
+        if cancelled:
+            # claude goes on (the interrupt's next turn): it holds a slot again when one frees.
+            self.runs.reclaim(room, run_id)
 
     # -- from the room --
 
@@ -428,9 +441,10 @@ class ApprovalFlow:
             "request #%d in %s: %s by %s: %s",
             approval.number, action.room, action.choice.value, action.sender, answered.text,
         )  # fmt: skip
-        if not answered.decided and answered.text is not None:
+        if answered.text is not None and (not answered.decided or QUEUED in answered.text):
             # Refused (not an approver, their own run) or too late: the request's
-            # message does not change, so only this tells the person why.
+            # message does not change, so only this tells the person why. Or taken, but
+            # claude hears it only once a run slot frees: the message cannot say when.
             await self.replier.answer_action(action, answered.text)
         return Accepted.ACCEPTED
 
@@ -547,6 +561,20 @@ class ApprovalFlow:
             # The input as shown (and recorded), and nothing more: claude's permission
             # suggestions (rules for its settings files, a mode) are never sent back.
             decision = Allow(shown)
+        waiting = self.runs.reclaim(approval.room, approval.run_id)
+        if waiting is not None:
+            # The run lent its slot while it waited and none is free now: claude hears
+            # the answer once the run holds one again (before any new run starts).
+            task = asyncio.get_running_loop().create_task(
+                _answer_when_resumed(control, approval.request_id, decision, waiting.resumed),
+                name=f"answer #{approval.number} in {approval.room} when a slot frees",
+            )
+            self._followups.add(task)
+            task.add_done_callback(self._followups.discard)
+            return (
+                f"({QUEUED} {waiting.ahead} waiting run(s) ahead; every run slot is busy,"
+                " and the run goes on with this answer when one frees.)"
+            )
         try:
             delivered = control.answer(approval.request_id, decision)
         except InputClosed:
@@ -569,6 +597,18 @@ class ApprovalFlow:
         if shown.message_id is not None:
             text = " ".join(part for part in (outcome(shown), said) if part)
             await self.replier.close_approval(shown.room, shown.message_id, text)
+
+
+async def _answer_when_resumed(
+    control: RunControl, request_id: str, decision: Allow | Deny, resumed: asyncio.Future[bool]
+) -> None:
+    """Tell claude ``decision`` once its run holds a run slot again (not if it ended)."""
+    if not await asyncio.shield(resumed):
+        return
+    try:
+        control.answer(request_id, decision)
+    except InputClosed:
+        log.info("request %s: the run ended before its answer could be given", request_id)
 
 
 def _private_folder(state_dir: Path) -> Path:

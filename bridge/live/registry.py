@@ -14,6 +14,7 @@ from typing import Any
 
 from bridge.core.model import RoomKey, RunId, SessionId
 from bridge.live.questions import PLAN
+from dispatcher.lending import Reclaim, SlotLease
 from runner.control import RunControl
 from runner.events import PermissionAsked, ToolUse
 
@@ -32,14 +33,33 @@ class _Bound:
     planned: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The inputs of claude's ExitPlanMode tool uses by tool_use id: the plan, which the
     request itself does not hold (docs/live-runs.md)."""
+    slot: SlotLease | None = None
+    """The run's run slot, lent while it waits for a person (None: not the dispatcher's)."""
 
 
 @dataclass(slots=True)
 class LiveRuns:
     _rooms: dict[RoomKey, _Bound] = field(default_factory=dict)
 
-    def bind(self, room: RoomKey, run_id: RunId, control: RunControl) -> None:
-        self._rooms[room] = _Bound(run_id, control)
+    def bind(
+        self, room: RoomKey, run_id: RunId, control: RunControl, slot: SlotLease | None = None
+    ) -> None:
+        self._rooms[room] = _Bound(run_id, control, slot=slot)
+
+    def lend(self, room: RoomKey, run_id: RunId) -> None:
+        """The run waits for a person: its run slot may serve another room meanwhile."""
+        bound = self._rooms.get(room)
+        if bound is not None and bound.run_id == run_id and bound.slot is not None:
+            bound.slot.lend()
+
+    def reclaim(self, room: RoomKey, run_id: RunId) -> Reclaim | None:
+        """The run is to go on: its slot back; None if it need not wait (it holds one,
+        or it is not bound here)."""
+        bound = self._rooms.get(room)
+        if bound is None or bound.run_id != run_id or bound.slot is None:
+            return None
+        reclaim = bound.slot.reclaim()
+        return None if reclaim.resumed.done() else reclaim
 
     def _bound(self, room: RoomKey, run_id: RunId | None) -> _Bound | None:
         """The room's bound run, if it is ``run_id`` (any run, when None)."""

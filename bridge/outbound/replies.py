@@ -208,7 +208,8 @@ class Replier:
         return None
 
     async def answer_action(self, action: ApprovalAction, text: str) -> None:
-        """Tell the person behind a click or reaction why it decided nothing; best effort."""
+        """Tell the person behind a click or reaction what only they need to hear (why it
+        decided nothing, or that its answer waits for a run slot); best effort."""
         transport = self._transport(action.room)
         if transport is None:
             return

@@ -1009,7 +1009,8 @@ class RunExecutor:
     def _spawned(self, run: _Run, live: _Live, supervisor: LiveRun) -> None:
         """claude runs: only now the room is shown that it does, once the registry
         (which takes claude's pid too) can find the run again after a restart."""
-        self.live_runs.bind(run.batch.room, run.id, live.control)
+        slot = live.dispatched.slot if live.dispatched is not None else None
+        self.live_runs.bind(run.batch.room, run.id, live.control, slot)
         live.supervisor = supervisor
         live.registered = asyncio.create_task(
             self._register(run.id, supervisor), name=f"register {run.id}"

@@ -192,6 +192,13 @@ messages joined by newlines. The extra knobs:
     Append the input each tool use ran with (after approval) as a JSON line.
 ``FAKE_CLAUDE_TOOL_TURNS=N``
     Only the first N turns use the tool; later ones answer in text.
+``FAKE_CLAUDE_QUESTION=JSON``
+    Before the Bash tool, call ``AskUserQuestion`` with this input
+    (``{"questions": [...]}``), asked of the host with ``--permission-prompt-tool
+    stdio`` (``can_use_tool``, the model's input as it is); the answers of the
+    allow's ``updatedInput`` become the tool_result (``Your questions have been
+    answered: "Q"="A"``, or ``The user did not answer the questions`` without
+    them), and the input it ran with goes to ``FAKE_CLAUDE_TOOL_LOG``.
 
 ``--mcp-config JSON`` (JSON text, variadic like the real flag): each stdio server in
 ``mcpServers`` is started at start-up, before stdin is read (the real CLI has them
@@ -1203,6 +1210,8 @@ class _Session:
                 sys.stdout.flush()
         if _env("FAKE_CLAUDE_HUGE"):
             _line(_assistant(sid, {"type": "text", "text": "x" * int(_env("FAKE_CLAUDE_HUGE"))}))
+        if _env("FAKE_CLAUDE_QUESTION"):
+            self._question(json.loads(_env("FAKE_CLAUDE_QUESTION")))
         tool_turns = _env("FAKE_CLAUDE_TOOL_TURNS")
         if not _env("FAKE_CLAUDE_NO_TOOL") and (not tool_turns or self._turns <= int(tool_turns)):
             self._tool(_env("FAKE_CLAUDE_TOOL_COMMAND") or "echo hello")
@@ -1319,6 +1328,35 @@ class _Session:
         _line(_tool_result(sid, tool_id, output, False))
         self._take_waiting()
 
+    def _question(self, tool_input: dict[str, Any]) -> None:
+        """An AskUserQuestion use: asked of the host; its answers are the tool's result."""
+        sid = self._session_id
+        tool_id = "toolu_" + _uuid4().replace("-", "")[:20]
+        name = "AskUserQuestion"
+        _line(
+            _assistant(sid, {"type": "tool_use", "id": tool_id, "name": name, "input": tool_input})
+        )
+        # Without a host to ask, nobody answers (as print mode without the stdio tool).
+        answered = self._permission(tool_id, tool_input, name) if self._ask else tool_input
+        if isinstance(answered, str):
+            self._denials.append(
+                {"tool_name": name, "tool_use_id": tool_id, "tool_input": tool_input}
+            )
+            _line(_tool_result(sid, tool_id, answered, True))
+        else:
+            if _env("FAKE_CLAUDE_TOOL_LOG"):
+                with open(_env("FAKE_CLAUDE_TOOL_LOG"), "a") as log:
+                    log.write(json.dumps(answered) + "\n")
+            answers = answered.get("answers") or {}
+            text = (
+                "Your questions have been answered: "
+                + ", ".join(f'"{q}"="{a}"' for q, a in answers.items())
+                if answers
+                else "The user did not answer the questions"
+            )
+            _line(_tool_result(sid, tool_id, text, False))
+        self._take_waiting()
+
     def _send_file(self, tool_input: dict[str, Any]) -> None:
         """A ``mcp__chatbridge__send_file`` use, answered by the real MCP server."""
         sid = self._session_id
@@ -1377,6 +1415,9 @@ class _Session:
             command = str(tool_input.get("command", ""))
             rule: dict[str, Any] = {"toolName": "Bash", "ruleContent": command}
             request.update(display_name="Bash", input=tool_input, description=command)
+        elif tool == "AskUserQuestion":
+            rule = {"toolName": tool}
+            request.update(display_name=tool, input=tool_input)
         else:
             # An MCP tool, as the real CLI asks for one: its server, no description,
             # and a rule for the whole tool.

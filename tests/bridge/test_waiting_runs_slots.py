@@ -1,0 +1,107 @@
+"""A run waiting for a person lends its run slot: another conversation runs meanwhile,
+through the real service and the fake claude (docs/live-runs.md, "Waiting runs and the
+run slots")."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from bridge.config import Settings, load_settings
+from bridge.core.model import ReplyKind
+from bridge.core.transport import Accepted, ApprovalChoice
+from dispatcher.lending import SlotLease
+from tests.bridge.chat_room import GUARD_S, ChatRoom, serving
+from tests.bridge.harness import ECHO, write_config
+from tests.bridge.test_approval_binding import Bound
+from tests.bridge.test_approval_click_race import RUN
+
+# Every message is a batch at once: the test follows runs, not windows.
+AT_ONCE = {"coalesce_ms": 600_000, "max_wait_ms": 600_000, "max_batch": 1}
+
+
+def results(chat: ChatRoom) -> list[tuple[str | None, str]]:
+    return [(r.thread, r.text) for r in chat.replies if r.kind is ReplyKind.RESULT]
+
+
+def said(chat: ChatRoom, text: str, thread: str) -> bool:
+    return any(text in r.text and r.thread == thread for r in chat.replies)
+
+
+def one_slot(tmp_path: Path, env: dict[str, str]) -> Settings:
+    """One run slot; each thread a conversation; every tool use asked."""
+    config = {
+        "dispatcher": AT_ONCE,
+        "runner": {"max_concurrent_runs": 1, "prestart": False},
+        "defaults": {"conversation": "thread", "approve_tools": True},
+    }
+    return load_settings(write_config(tmp_path, config, env=env))
+
+
+async def a_waits_for_approval(chat: ChatRoom) -> None:
+    """Thread a's run waits on request #1; thread b's runs ask nothing (the fake asks
+    for every Bash otherwise)."""
+    await chat.say("!mode bypassPermissions", thread="b")
+    await chat.wait_until(lambda: said(chat, "bypassPermissions", "b"))
+    await chat.say("job a", thread="a")
+    await chat.wait_until(lambda: said(chat, "(request `#1`", "a"))
+
+
+async def test_a_run_waiting_for_approval_lets_another_conversation_run_with_one_slot(
+    tmp_path: Path,
+) -> None:
+    async with serving(one_slot(tmp_path, ECHO)) as (service, chat):
+        await a_waits_for_approval(chat)
+        # a's run waits for a person: its slot went back to the pool.
+        assert service.dispatcher.active_runs == 1
+        assert service.dispatcher.lent_runs == 1
+        await chat.say("!status", thread="a")
+        await chat.wait_until(lambda: said(chat, "its run slot serves other rooms", "a"))
+        await chat.say("job b", thread="b")
+        await chat.wait_until(lambda: ("b", "job b") in results(chat))
+        assert results(chat) == [("b", "job b")]  # a still waits
+        await chat.say("!approve #1", thread="a")
+        await chat.wait_until(lambda: ("a", "job a") in results(chat))
+        assert service.dispatcher.lent_runs == 0
+    assert results(chat) == [("b", "job b"), ("a", "job a")]
+
+
+async def test_an_answer_waits_for_a_slot_while_another_run_holds_it_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """With the only slot taken by b's run, a's approval is queued (the room is told)
+    and delivered once b's run ends; a then completes."""
+    gate = tmp_path / "go"
+    env = {**ECHO, "FAKE_CLAUDE_TOOL_WAIT_FOR": str(gate)}
+    async with serving(one_slot(tmp_path, env)) as (service, chat):
+        await a_waits_for_approval(chat)
+        await chat.say("job b", thread="b")  # runs in a's lent slot; its tool waits for go
+        await chat.wait_until(lambda: service.dispatcher.active_runs == 2)
+        await chat.say("!approve #1", thread="a")
+        await chat.wait_until(lambda: said(chat, "Queued: 0 waiting run(s) ahead", "a"))
+        assert results(chat) == []
+        await chat.say("!status", thread="a")
+        await chat.wait_until(lambda: said(chat, "goes on when a run slot frees (0 waiting", "a"))
+        gate.touch()  # b's run ends; a gets the slot, hears its answer and goes on
+        await chat.wait_until(lambda: ("a", "job a") in results(chat))
+    assert results(chat) == [("b", "job b"), ("a", "job a")]
+
+
+async def test_a_click_whose_answer_waits_for_a_slot_tells_the_person_and_claude_hears_it_later(
+    tmp_path: Path,
+) -> None:
+    lent: list[bool] = []
+    lease = SlotLease(lambda: lent.append(True), lambda: 2)  # two reclaimers ahead
+    bound = Bound(tmp_path)
+    bound.runs.bind(bound.key, RUN, bound.control, lease)
+    await bound.asks(bound.asked)
+    assert lent == [True]  # posted: the run lent its slot
+    assert await bound.flow.on_action(bound.act(ApprovalChoice.ALLOW)) is Accepted.ACCEPTED
+    [(_, text)] = bound.told.told
+    assert "Queued: 2 waiting run(s) ahead" in text
+    assert bound.answers() == []  # claude waits with the run
+    lease.resumed(True)
+    async with asyncio.timeout(GUARD_S):
+        while not bound.answers():
+            await asyncio.sleep(0)
+    assert bound.answers() == [{"behavior": "allow", "updatedInput": {"command": "ls"}}]

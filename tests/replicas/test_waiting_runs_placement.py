@@ -1,0 +1,43 @@
+"""Placement counts the runs holding a run slot: a replica whose runs wait for people
+(their slots lent) takes new conversations (docs/live-runs.md, "Waiting runs and the
+run slots")."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from tests.replicas.conftest import ROOM, Replica, replica, replica_settings, until
+from tests.replicas.test_replicas import results
+
+GUARD_S = 60.0
+
+
+def asked(r: Replica) -> int:
+    return sum("(request `#1`" in t for t in r.chat.texts())
+
+
+async def test_a_replica_whose_only_run_waits_for_a_person_takes_a_new_conversation(
+    tmp_path: Path, cluster_db: str
+) -> None:
+    config = {
+        "runner": {"max_concurrent_runs": 1, "prestart": False},
+        "defaults": {"conversation": "thread", "approve_tools": True},
+    }
+    async with asyncio.timeout(GUARD_S):
+        async with replica(replica_settings(tmp_path, "a", cluster_db, config)) as a:
+            await a.chat.say("first job", thread="t1")
+            await a.chat.wait_until(lambda: asked(a) == 1)
+            await until(lambda: a.service.dispatcher.lent_runs == 1)
+            # A new conversation: a has no free slot but the one its waiting run lent.
+            await a.chat.say("second job", thread="t2")
+            # (Each conversation numbers its own requests.)
+            await a.chat.wait_until(lambda: asked(a) == 2)
+            assert a.service.cluster is not None
+            assert a.service.cluster.holds(ROOM.in_thread("t2"))
+            assert a.service.dispatcher.active_runs == 2
+            # Both answered: each takes a slot back in turn and ends.
+            await a.chat.say("!deny #1", thread="t1")
+            await a.chat.say("!deny #1", thread="t2")
+            await a.chat.wait_until(lambda: len(results(a)) == 2)
+            assert sorted(results(a)) == ["first job", "second job"]
