@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from bridge.config import load_settings
+from tests.bridge.edits import replace_all_edit
 from tests.bridge.harness import ConsoleSession, write_config
-from tests.bridge.test_tool_view import replace_all_edit
 from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin, claude_env
 
 pytestmark = [

@@ -15,14 +15,13 @@ from typing import Any
 
 import pytest
 
-from tests.bridge.harness import write_config
-from tests.bridge.test_detached import wait_for_offset, waiting
-from tests.bridge.test_lifecycle import (
+from tests.bridge.bridge_process import (
     Bridge,
-    no_leftovers,  # noqa: F401  (a fixture the tests use by name)
     rows,
     wait_rows,
 )
+from tests.bridge.detached_runs import wait_for_offset, waiting
+from tests.bridge.harness import write_config
 from tests.config_files import Table
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_leftovers")]

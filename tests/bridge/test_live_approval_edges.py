@@ -15,7 +15,7 @@ import pytest
 from bridge.config import load_settings
 from bridge.store.base import Approval, ApprovalState, Store
 from tests.bridge.harness import ConsoleSession, write_config
-from tests.bridge.test_live_runs import (
+from tests.bridge.live_runs import (
     APPROVING,
     WAIT_S,
     gated,

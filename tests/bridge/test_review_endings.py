@@ -25,7 +25,7 @@ from bridge.store.base import Store, StoreError
 from runner import run as runner_run
 from runner.control import RunControl
 from tests.bridge.harness import ECHO, ConsoleSession, write_config
-from tests.bridge.test_live_runs import (
+from tests.bridge.live_runs import (
     WAIT_S,
     during_run,
     gated,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bridge.test_live_runs import WAIT_S, gated, rows, session, until_tool_runs
+from tests.bridge.live_runs import WAIT_S, gated, rows, session, until_tool_runs
 from tests.config_files import Table
 
 COSTLY: Table = {"defaults": {"daily_budget_usd": 0.5}}

@@ -32,7 +32,7 @@ from bridge.store.base import RoomOverrides, Store
 from runner import Prestarted, RunRequest
 from runner.supervision import Supervised
 from tests.bridge.harness import ConsoleSession, write_config
-from tests.bridge.test_live_runs import KEEP_WARM, console_room, kept_warm, run_log, watch_starts
+from tests.bridge.live_runs import KEEP_WARM, console_room, kept_warm, run_log, watch_starts
 from tests.runner.conftest import gone
 from transports.console import ConsoleTransport
 

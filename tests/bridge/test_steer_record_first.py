@@ -14,7 +14,7 @@ from bridge.config import load_settings
 from bridge.core.model import Batch, RoomId, RoomKey, RunId, TransportName
 from bridge.store.base import Store, StoreError
 from tests.bridge.harness import ConsoleSession, write_config
-from tests.bridge.test_live_runs import WAIT_S, during_run, rows, until_tool_runs
+from tests.bridge.live_runs import WAIT_S, during_run, rows, until_tool_runs
 from tests.fakes.flaky_store import StoreWrapper
 
 CONSOLE = RoomKey(TransportName("console"), RoomId("console"))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bridge.store.base import ApprovalState
-from tests.bridge.test_live_runs import APPROVING, WAIT_S, rows, session, tool_log
+from tests.bridge.live_runs import APPROVING, WAIT_S, rows, session, tool_log
 
 pytestmark = pytest.mark.slow
 

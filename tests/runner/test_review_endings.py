@@ -15,9 +15,9 @@ from runner import attach_claude, run_claude
 from runner.journal import JOURNAL
 from runner.rundir import RUNS
 from tests.runner.conftest import Recorder, pids_with_marker
-from tests.runner.test_containment import until_exited
-from tests.runner.test_detached import detached, waiting_request
-from tests.runner.test_run_fake import fake_env, make_request, record
+from tests.runner.containment import until_exited
+from tests.runner.detached_runs import detached, waiting_request
+from tests.runner.fake_runs import fake_env, make_request, record
 
 pytestmark = pytest.mark.slow
 

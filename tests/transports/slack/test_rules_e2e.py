@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.transports.slack import peer
-from tests.transports.slack.service import bridged
-from tests.transports.slack.test_approvals_e2e import (
+from tests.transports.slack.approvals import (
     APPROVING,
     buttons,
     requests,
@@ -20,6 +19,7 @@ from tests.transports.slack.test_approvals_e2e import (
     wait_for_answer,
     wait_for_request,
 )
+from tests.transports.slack.service import bridged
 
 pytestmark = [pytest.mark.slack, pytest.mark.slow]
 
