@@ -3,16 +3,20 @@ claude, SQLite (docs/budgets.md)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sqlite3
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import TypeVar
 
 from bridge.config import load_settings
 from bridge.core.model import (
     Batch,
     ExternalMessageId,
     InboundMessage,
+    Message,
     RoomId,
     RoomKey,
     RunId,
@@ -24,13 +28,17 @@ from bridge.core.model import (
 from bridge.core.money import usd
 from bridge.runs.budget import Budgets, day_start
 from bridge.runs.usage import limit_text, usage_limit
-from bridge.store.base import StoreError
+from bridge.store.base import Store, StoreError
 from bridge.store.memory import MemoryStore
 from runner import UsageLimited
 from tests.bridge.harness import ECHO, ConsoleSession, write_config
+from tests.bridge.live_runs import WAIT_S, rows
+from tests.config_files import Table
 from tests.fakes.fake_claude import FAKE_CLAUDE
+from tests.fakes.flaky_store import StoreWrapper
 
 CONSOLE = RoomKey(TransportName("console"), RoomId("console"))
+T = TypeVar("T")
 
 
 def db_rows(tmp_path: Path, sql: str) -> list[tuple[object, ...]]:
@@ -273,3 +281,62 @@ async def test_a_store_that_cannot_say_lets_the_run_start(tmp_path: Path) -> Non
     budgets = Budgets(load_settings(write_config(tmp_path, config)), _SpendFails())
     assert await budgets.refusal(CONSOLE) is None
     assert await budgets.status_lines(CONSOLE) == ["Spent today: unknown (the database failed)."]
+
+
+class RetryAtStop(StoreWrapper):
+    """Wraps the store: the retry after a usage limit, fired at the reset, stops at its
+    re-queue until ``!stop`` calls the retry off (``drop_limit_resume``): the two race."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.reached = asyncio.Event()
+        self.called_off = asyncio.Event()
+        self.done = asyncio.Event()
+
+    async def drop_limit_resume(self, run_id: RunId) -> bool:
+        dropped = await self.inner.drop_limit_resume(run_id)
+        self.called_off.set()
+        return dropped
+
+    async def requeue_run(self, run_id: RunId) -> list[Message]:
+        return await self._raced(self.inner.requeue_run(run_id))
+
+    async def requeue_limit_resume(self, run_id: RunId) -> list[Message] | None:
+        return await self._raced(self.inner.requeue_limit_resume(run_id))
+
+    async def _raced(self, requeue: Awaitable[T]) -> T:
+        self.reached.set()
+        await self.called_off.wait()
+        try:
+            return await requeue
+        finally:
+            self.done.set()
+
+
+async def test_a_limit_retry_firing_at_a_stop_is_either_called_off_or_stopped(
+    tmp_path: Path,
+) -> None:
+    """Found in the review of issue 25's run endings."""
+    once = tmp_path / "limited-once"
+    env = {"FAKE_CLAUDE_USAGE_LIMIT": "1", "FAKE_CLAUDE_USAGE_LIMIT_ONCE": str(once)}
+    config: Table = {"runner": {"resume_after_limit": True}}
+    raced: list[RetryAtStop] = []
+
+    def wrap(store: Store) -> Store:
+        raced.append(RetryAtStop(store))
+        return raced[0].store
+
+    settings = load_settings(write_config(tmp_path, config, env={**ECHO, **env}))
+    async with asyncio.timeout(WAIT_S), ConsoleSession(settings, wrap_store=wrap) as bridge:
+        assert bridge.service is not None
+        bridge.send("the job tok-L")
+        await bridge.wait_for("chatbridge retries this run then (once)")
+        await raced[0].reached.wait()  # the reset came: the retry is being made
+        bridge.send("!stop")
+        out = await bridge.wait_for("Called off the retry after the usage limit")
+        await raced[0].done.wait()
+        await bridge.service.dispatcher.wait_idle()
+        out = await bridge.finish()
+    # Told it was called off, the room must not see it run (nor its answer).
+    assert out.count("the job tok-L\n") == 0
+    assert rows(tmp_path, "select status from runs order by seq") == [("failed",)]

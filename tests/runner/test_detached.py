@@ -50,6 +50,7 @@ from tests.runner.detached_runs import (
 from tests.runner.fake_runs import assert_nothing_left, fake_env, make_request, record
 
 pytestmark = pytest.mark.slow
+WAIT_S = 30.0
 
 
 def claude_starts(tmp_path: Path) -> int:
@@ -475,3 +476,21 @@ async def test_a_stop_signal_to_the_supervisor_stops_the_run(
     report = await attach_claude(request, live, Recorder())
     assert report.status is RunStatus.FAILED
     assert report.exit_code == 143  # claude's own SIGTERM exit, as the real one
+
+
+async def test_a_run_stopped_for_want_of_a_bridge_reports_what_claude_spent(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    """Found in the review of issue 25's run endings."""
+    # No bridge attached for orphan_timeout_s: the supervisor ends the run as at its
+    # other limits, claude interrupted first, so the bridge that reattaches later
+    # reads the cost of the interrupted turn (SIGTERM alone prints no result: unknown).
+    request = replace(waiting_request(run_id, tmp_path, orphan_timeout_s=1.0), stop_grace_s=5.0)
+    live = await detached(request, recorder)
+    run = record(tmp_path)
+    async with asyncio.timeout(WAIT_S):
+        await until_exited([live.supervisor_pid, run["pid"]])
+    report = await attach_claude(request, live, Recorder())
+    assert report.status is RunStatus.INTERRUPTED
+    assert "no chatbridge was attached to it for 1 s" in report.error
+    assert report.cost_usd is not None
