@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from runner.process import find_marked, kill_marked
-from tests.runner.conftest import is_alive
+from tests.bridge.harness import rows
 
 
 class Bridge:
@@ -84,11 +84,6 @@ class Bridge:
         self.proc.send_signal(sig)
 
 
-def rows(tmp_path: Path, sql: str) -> list[tuple[object, ...]]:
-    with sqlite3.connect(tmp_path / "bridge.db") as db:
-        return db.execute(sql).fetchall()
-
-
 def rows_or_none(tmp_path: Path, sql: str) -> list[tuple[object, ...]] | None:
     try:
         return rows(tmp_path, sql)
@@ -130,7 +125,3 @@ def run_pids(tmp_path: Path) -> list[int]:
     """claude's pid and those of its escaping tools, from the fake's record."""
     record = json.loads((tmp_path / "record.json").read_text())
     return [record["pid"], *record["escaped"]]
-
-
-def alive(pids: list[int]) -> list[int]:
-    return [pid for pid in pids if is_alive(pid)]

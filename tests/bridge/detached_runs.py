@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.bridge.bridge_process import Bridge, escaping_tree, rows, wait_rows
+from tests.bridge.bridge_process import Bridge, escaping_tree, wait_rows
+from tests.bridge.harness import rows
 
 
 def waiting(tmp_path: Path, **more: str) -> dict[str, str]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,21 +13,10 @@ from bridge.core.model import RoomId, RoomKey, TransportName
 from runner import Prestarted, RunRequest
 from tests.bridge.harness import ConsoleSession, write_config
 from tests.config_files import Table
+from tests.fakes.fake_claude import tool_log
 
 WAIT_S = 30.0
 """Each wait ends on an event long before; the bound only turns a hang into a failure."""
-
-
-def rows(tmp_path: Path, sql: str) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(tmp_path / "bridge.db") as db:
-        return db.execute(sql).fetchall()
-
-
-def tool_log(tmp_path: Path) -> list[dict[str, Any]]:
-    path = tmp_path / "tools.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def session(tmp_path: Path, config: Table, **env: str) -> ConsoleSession:

@@ -26,10 +26,11 @@ from bridge.core.model import (
 from bridge.core.transport import Delivery, RunPhase
 from bridge.store.base import Store
 from tests.bridge.chat_room import console_room, serving
-from tests.bridge.harness import ConsoleSession, write_config
+from tests.bridge.harness import ConsoleSession, rows, write_config
 from tests.bridge.log_seen import LogSeen
-from tests.bridge.timeline import WAIT_S, Timeline, alive, rows, settings
+from tests.bridge.timeline import WAIT_S, Timeline, settings
 from tests.config_files import Table
+from tests.runner.conftest import is_alive
 
 
 async def test_the_answer_goes_out_while_claude_still_runs(tmp_path: Path) -> None:
@@ -46,11 +47,11 @@ async def test_the_answer_goes_out_while_claude_still_runs(tmp_path: Path) -> No
         await chat.say("compute it")
         await chat.wait_until(lambda: "THE-ANSWER" in chat.texts(ReplyKind.RESULT))
         pid = json.loads(record.read_text())["pid"]
-        assert alive(pid)
+        assert is_alive(pid)
         # Recorded with the answer, before claude ended.
         assert rows(tmp_path, "select status from runs") == [("succeeded",)]
         assert rows(tmp_path, "select state from messages") == [("done",)]
-    assert not alive(pid)
+    assert not is_alive(pid)
     # The stop that ended the lingering process did not change the outcome.
     assert rows(tmp_path, "select status from runs") == [("succeeded",)]
     assert chat.texts(ReplyKind.RESULT) == ["THE-ANSWER"]
@@ -149,7 +150,7 @@ async def test_claudes_input_is_closed_before_the_answer_is_recorded(tmp_path: P
         await chat.say("hi")
         # The run's end is shown once claude has exited.
         await chat.wait_until(lambda: ("phase", RunPhase.DONE.value) in chat.events)
-    assert not alive(json.loads(record.read_text())["pid"])
+    assert not is_alive(json.loads(record.read_text())["pid"])
     assert held[0].closed_at_finish == [True]
     assert chat.texts(ReplyKind.RESULT) == ["quick"]
     assert rows(tmp_path, "select status from runs") == [("succeeded",)]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sqlite3
 import sys
 from collections.abc import Awaitable
 from pathlib import Path
@@ -31,19 +30,14 @@ from bridge.runs.usage import limit_text, usage_limit
 from bridge.store.base import Store, StoreError
 from bridge.store.memory import MemoryStore
 from runner import UsageLimited
-from tests.bridge.harness import ECHO, ConsoleSession, write_config
-from tests.bridge.live_runs import WAIT_S, rows
+from tests.bridge.harness import ECHO, ConsoleSession, rows, write_config
+from tests.bridge.live_runs import WAIT_S
 from tests.config_files import Table
 from tests.fakes.fake_claude import FAKE_CLAUDE
 from tests.fakes.flaky_store import StoreWrapper
 
 CONSOLE = RoomKey(TransportName("console"), RoomId("console"))
 T = TypeVar("T")
-
-
-def db_rows(tmp_path: Path, sql: str) -> list[tuple[object, ...]]:
-    with sqlite3.connect(tmp_path / "bridge.db") as db:
-        return db.execute(sql).fetchall()
 
 
 async def test_costs_accumulate_until_the_room_budget_refuses_a_run(tmp_path: Path) -> None:
@@ -73,12 +67,12 @@ async def test_costs_accumulate_until_the_room_budget_refuses_a_run(tmp_path: Pa
     assert "`!retry run-" in refused[0]
     assert out.count("daily budget is spent") == 1  # told once for the batch
     assert "third\n" not in out  # never ran
-    runs = db_rows(tmp_path, "select status from runs order by seq")
+    runs = rows(tmp_path, "select status from runs order by seq")
     assert [r[0] for r in runs] == ["succeeded", "succeeded", "failed"]
     # The refused batch is kept, failed: !retry runs it after the reset.
-    states = db_rows(tmp_path, "select text, state from messages where text = 'third'")
+    states = rows(tmp_path, "select text, state from messages where text = 'third'")
     assert states == [("third", "failed")]
-    ledger = db_rows(tmp_path, "select transport, room_id, cost_usd from spend order by at")
+    ledger = rows(tmp_path, "select transport, room_id, cost_usd from spend order by at")
     assert ledger == [("console", "console", 0.3), ("console", "console", 0.3)]
 
 
@@ -140,7 +134,7 @@ async def test_usage_limit_tells_the_reset_and_resumes_once_after_a_restart(
     notice = re.search(r"Claude's 5-hour usage limit was reached\. It resets at (.*?) UTC\.", out)
     assert notice is not None, out
     assert "big job\n" not in out
-    waiting = db_rows(tmp_path, "select run_id from limit_resumes")
+    waiting = rows(tmp_path, "select run_id from limit_resumes")
     assert len(waiting) == 1
 
     async with ConsoleSession(settings) as session:
@@ -150,7 +144,7 @@ async def test_usage_limit_tells_the_reset_and_resumes_once_after_a_restart(
         metrics = session.service.metrics.exposition().decode()
         await session.finish()
     assert 'chatbridge_usage_limits_total{outcome="resumed"} 1.0' in metrics
-    assert db_rows(tmp_path, "select run_id from limit_resumes") == []
+    assert rows(tmp_path, "select run_id from limit_resumes") == []
 
     # A third start finds nothing left to retry: the batch ran once.
     async with ConsoleSession(settings) as session:
@@ -158,7 +152,7 @@ async def test_usage_limit_tells_the_reset_and_resumes_once_after_a_restart(
         out = await session.wait_for("Spent today")
         await session.finish()
     assert "retrying run" not in out
-    runs = db_rows(tmp_path, "select status from runs order by seq")
+    runs = rows(tmp_path, "select status from runs order by seq")
     assert [r[0] for r in runs] == ["failed", "succeeded"]
 
 
@@ -172,10 +166,10 @@ async def test_stop_and_reset_call_off_the_retry_after_the_usage_limit(tmp_path:
             await session.wait_for(
                 "chatbridge retries this run then (once)", count=1 + (command == "!reset")
             )
-            [(run_id,)] = db_rows(tmp_path, "select run_id from limit_resumes")
+            [(run_id,)] = rows(tmp_path, "select run_id from limit_resumes")
             session.send(command)
             await session.wait_for(f"Called off the retry after the usage limit of run `{run_id}`")
-            assert db_rows(tmp_path, "select run_id from limit_resumes") == []
+            assert rows(tmp_path, "select run_id from limit_resumes") == []
             session.send("!status")
             out = await session.wait_for("Spent today", count=1 + (command == "!reset"))
             assert f"Retried when the usage limit resets: `{run_id}`" not in out
@@ -190,7 +184,7 @@ async def test_without_resume_the_room_is_told_when_to_retry(tmp_path: Path) -> 
         out = await session.wait_for("runs it again after that.")
         await session.finish()
     assert re.search(r"It resets at .* UTC\. `!retry run-[0-9a-f]+` runs it again after that", out)
-    assert db_rows(tmp_path, "select run_id from limit_resumes") == []
+    assert rows(tmp_path, "select run_id from limit_resumes") == []
 
 
 async def test_spending_is_counted_by_utc_day(tmp_path: Path) -> None:

@@ -17,17 +17,11 @@ from pathlib import Path
 import pytest
 
 from runner.process import find_marked
-from tests.bridge.bridge_process import (
-    Bridge,
-    alive,
-    rows,
-    run_pids,
-    wait_rows,
-)
+from tests.bridge.bridge_process import Bridge, run_pids, wait_rows
 from tests.bridge.detached_runs import finished_claudes, started_run, supervisor_pid, waiting
-from tests.bridge.harness import write_config
+from tests.bridge.harness import rows, write_config
 from tests.config_files import Table
-from tests.runner.containment import until_exited
+from tests.runner.containment import alive, until_exited
 
 pytestmark = pytest.mark.slow
 

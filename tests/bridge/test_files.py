@@ -8,7 +8,6 @@ import asyncio
 import base64
 import dataclasses
 import json
-import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -31,12 +30,7 @@ from tests.bridge.file_rooms import (
     prompt_of,
     with_files,
 )
-from tests.bridge.harness import ECHO, write_config
-
-
-def db_rows(tmp_path: Path, sql: str) -> list[tuple[object, ...]]:
-    with sqlite3.connect(tmp_path / "bridge.db") as db:
-        return db.execute(sql).fetchall()
+from tests.bridge.harness import ECHO, rows, write_config
 
 
 async def test_a_file_without_text_runs_with_the_file_in_its_inbox(tmp_path: Path) -> None:
@@ -51,7 +45,7 @@ async def test_a_file_without_text_runs_with_the_file_in_its_inbox(tmp_path: Pat
     path = inbox_path(prompt, "notes.txt")
     assert f'File "{path}" (text/plain, 11 B)' in prompt
     assert (tmp_path / path).read_bytes() == b"hello notes"
-    assert db_rows(tmp_path, "select state from messages") == [("done",)]
+    assert rows(tmp_path, "select state from messages") == [("done",)]
 
 
 async def test_files_over_a_limit_are_not_downloaded_and_the_prompt_says_so(
@@ -186,9 +180,7 @@ async def test_a_stop_while_files_are_fetched_leaves_no_part_file(tmp_path: Path
         await chat.sink(with_files(chat.room, "f-1", NOTES))
         await chat.hanging.wait()
         await chat.say("!stop")
-        await chat.wait_until(
-            lambda: db_rows(tmp_path, "select status from runs") == [("stopped",)]
-        )
+        await chat.wait_until(lambda: rows(tmp_path, "select status from runs") == [("stopped",)])
     inbox = next((tmp_path / ".chatbridge" / "inbox").iterdir())
     assert list(inbox.iterdir()) == []
     assert chat.texts(ReplyKind.RESULT) == []
@@ -230,7 +222,7 @@ async def test_a_message_with_files_is_not_steered_but_runs_after_with_its_files
     assert "and this file" not in first
     assert "> and this file" in second
     assert (tmp_path / inbox_path(second, "notes.txt")).read_bytes() == b"hello notes"
-    assert db_rows(tmp_path, "select count(*) from runs") == [(2,)]
+    assert rows(tmp_path, "select count(*) from runs") == [(2,)]
 
 
 async def test_a_threads_files_land_in_its_worktree_and_do_not_keep_it_from_a_reset(

@@ -11,15 +11,9 @@ from pathlib import Path
 import pytest
 
 from runner.process import find_marked
-from tests.bridge.bridge_process import (
-    Bridge,
-    alive,
-    escaping_tree,
-    rows,
-    run_pids,
-    wait_rows,
-)
-from tests.bridge.harness import write_config
+from tests.bridge.bridge_process import Bridge, escaping_tree, run_pids, wait_rows
+from tests.bridge.harness import rows, write_config
+from tests.runner.containment import alive
 
 pytestmark = pytest.mark.slow
 

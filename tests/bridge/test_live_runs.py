@@ -17,7 +17,7 @@ import pytest
 from bridge.config import load_settings
 from bridge.store.base import ApprovalState, AuditAction, Store
 from runner import run as runner_run
-from tests.bridge.harness import ConsoleSession, write_config
+from tests.bridge.harness import ConsoleSession, rows, write_config
 from tests.bridge.live_runs import (
     APPROVING,
     KEEP_WARM,
@@ -26,14 +26,13 @@ from tests.bridge.live_runs import (
     during_run,
     gated,
     kept_warm,
-    rows,
     run_log,
     session,
-    tool_log,
     until_tool_runs,
     watch_starts,
 )
 from tests.config_files import Table
+from tests.fakes.fake_claude import tool_log
 from tests.fakes.flaky_store import FlakyStore
 from tests.runner.conftest import is_alive
 

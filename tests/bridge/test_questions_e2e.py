@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from tests.bridge.bridge_process import Bridge, rows, wait_rows
-from tests.bridge.harness import write_config
+from tests.bridge.bridge_process import Bridge, wait_rows
+from tests.bridge.harness import rows
 from tests.bridge.questions import MULTI, SINGLE, asking, planning, told
-from tests.fakes.model_server import ModelServer, Turn, claude_bin, claude_env
+from tests.bridge.real_claude import real_claude_config
+from tests.fakes.model_server import ModelServer, Turn, claude_bin
 
 pytestmark = [
     pytest.mark.slow,
@@ -26,14 +27,7 @@ WAIT_S = 90.0
 
 
 def config(tmp_path: Path, server: ModelServer, **defaults: Any) -> Path:
-    return write_config(
-        tmp_path,
-        {
-            "runner": {"claude_bin": str(claude_bin())},
-            "defaults": {"approve_tools": True, **defaults},
-        },
-        env=claude_env(server.url, tmp_path / "home"),
-    )
+    return real_claude_config(tmp_path, server, {"defaults": {"approve_tools": True, **defaults}})
 
 
 async def answered(tmp_path: Path, script: list[Turn], reply: str) -> tuple[str, list[str]]:

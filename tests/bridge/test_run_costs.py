@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from bridge.core.model import RoomId, RoomKey, SessionId, TransportName
-from tests.bridge.live_runs import WAIT_S, gated, rows, session, until_tool_runs
+from tests.bridge.harness import rows
+from tests.bridge.live_runs import WAIT_S, gated, session, until_tool_runs
 from tests.config_files import Table
 
 COSTLY: Table = {"defaults": {"daily_budget_usd": 0.5}}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from bridge.core.model import (
 )
 from bridge.core.transport import Accepted, Delivery, RateLimited
 from bridge.store.base import Store, StoreError
-from tests.bridge.harness import ConsoleSession, write_config
+from tests.bridge.harness import ConsoleSession, rows, write_config
 from tests.bridge.log_seen import LogSeen
 from tests.fakes.flaky_store import FlakyStore
 from transports.console import ConsoleTransport
@@ -34,11 +33,6 @@ from transports.console import ConsoleTransport
 ROOM = RoomKey(TransportName("console"), RoomId("console"))
 WAIT_S = 30.0
 """Generous: each wait ends on an event long before; the bound only turns a hang into a failure."""
-
-
-def rows(tmp_path: Path, sql: str) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(tmp_path / "bridge.db") as db:
-        return db.execute(sql).fetchall()
 
 
 class HangingEdits(ConsoleTransport):

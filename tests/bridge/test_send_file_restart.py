@@ -11,13 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.bridge.bridge_process import (
-    Bridge,
-    rows,
-    wait_rows,
-)
+from tests.bridge.bridge_process import Bridge, wait_rows
 from tests.bridge.detached_runs import finished_claudes, started_run, wait_for_offset, waiting
-from tests.bridge.harness import write_config
+from tests.bridge.harness import rows, write_config
 
 pytestmark = pytest.mark.slow
 

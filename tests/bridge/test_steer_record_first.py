@@ -15,15 +15,8 @@ from bridge.core.model import Batch, RoomId, RoomKey, RunId, TransportName
 from bridge.store.base import Store, StoreError
 from runner import run as runner_run
 from runner.control import RunControl
-from tests.bridge.harness import ECHO, ConsoleSession, write_config
-from tests.bridge.live_runs import (
-    WAIT_S,
-    during_run,
-    gated,
-    rows,
-    until_output_and,
-    until_tool_runs,
-)
+from tests.bridge.harness import ECHO, ConsoleSession, rows, write_config
+from tests.bridge.live_runs import WAIT_S, during_run, gated, until_output_and, until_tool_runs
 from tests.fakes.flaky_store import StoreWrapper
 
 CONSOLE = RoomKey(TransportName("console"), RoomId("console"))

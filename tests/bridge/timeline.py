@@ -3,35 +3,20 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from bridge.config import Settings, load_settings
 from bridge.core.model import ExternalMessageId, Reply, RoomKey
 from bridge.core.transport import Delivery, RunPhase
 from runner import MARKER_ENV
 from tests.bridge.chat_room import ChatRoom
-from tests.bridge.harness import write_config
+from tests.bridge.harness import rows, write_config
 from tests.config_files import Table
+from tests.runner.conftest import is_alive
 
 WAIT_S = 30.0
 """Generous: each wait ends on an event long before; the bound only turns a hang into a failure."""
-
-
-def rows(tmp_path: Path, sql: str) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(tmp_path / "bridge.db") as db:
-        return db.execute(sql).fetchall()
-
-
-def alive(pid: int) -> bool:
-    """``pid`` runs (a zombie has exited already)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 CLAUDE_LOG = "claude-runs.jsonl"
@@ -62,7 +47,7 @@ def claude_started(tmp_path: Path) -> bool:
         except OSError:
             continue  # gone, or not ours to read
         # claude, not a supervisor started for the run (which carries the marker too).
-        if marked and b"supervisor.py" not in cmdline and alive(int(proc.name)):
+        if marked and b"supervisor.py" not in cmdline and is_alive(int(proc.name)):
             return True
     return False
 

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 from tests.transports.matrix.matrix_helpers import Seen, message_from
 from tests.transports.matrix.synapse_peer import MatrixUser
@@ -44,13 +41,6 @@ def typing_in(bot: MatrixUser, room: str, on: bool) -> Callable[[Seen], bool]:
 
 
 MALLORY = "@mallory:localhost"
-
-
-def tool_log(tmp_path: Path) -> list[dict[str, Any]]:
-    path = tmp_path / "tools.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def request_in(bot: MatrixUser, room: str, ref: str) -> Callable[[Seen], bool]:

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakes.fake_claude import tool_log
 from tests.transports.matrix.matrix_helpers import Human, Seen, joined, message_from
 from tests.transports.matrix.matrix_service import service
 from tests.transports.matrix.reactions import offered, react
-from tests.transports.matrix.seen import ALICE, MALLORY, answer_to, edit_of, request_in, tool_log
+from tests.transports.matrix.seen import ALICE, MALLORY, answer_to, edit_of, request_in
 from tests.transports.matrix.synapse_peer import MatrixUser, SynapseServer
 
 pytestmark = [pytest.mark.synapse, pytest.mark.slow]

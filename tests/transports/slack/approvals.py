@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from tests.transports.slack.service import Bridged
 
 APPROVING = {"defaults": {"approve_tools": True}}
-
-
-def tool_log(tmp_path: Path) -> list[dict[str, Any]]:
-    path = tmp_path / "tools.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 async def requests(b: Bridged) -> list[dict[str, Any]]:

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakes.fake_claude import tool_log
 from tests.transports.slack import peer
 from tests.transports.slack.approvals import (
     APPROVING,
     buttons,
     message,
-    tool_log,
     wait_closed,
     wait_for_answer,
     wait_for_ephemeral,
