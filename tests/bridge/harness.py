@@ -6,8 +6,10 @@ import asyncio
 import contextlib
 import io
 import os
+import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from bridge.config import Settings, load_settings
 from bridge.core.transport import Transport
@@ -43,6 +45,12 @@ def write_config(
         "defaults": {"cwd": tmp_path, "env": dict(env)},
     }
     return write_toml(tmp_path / "chatbridge.toml", merged(base, config or {}))
+
+
+def rows(tmp_path: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    """The rows ``sql`` selects from the SQLite database ``write_config`` gives the bridge."""
+    with sqlite3.connect(tmp_path / "bridge.db") as db:
+        return db.execute(sql, args).fetchall()
 
 
 async def run_console(settings: Settings | Path, lines: list[str]) -> str:

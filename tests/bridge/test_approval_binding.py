@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import cast
@@ -11,65 +10,12 @@ from typing import cast
 import pytest
 
 from bridge.core.model import Batch, ExternalMessageId, Reply
-from bridge.core.transport import TOOL_ASKED, Accepted, ApprovalAction, ApprovalChoice, Asked
-from bridge.live.approval_flow import CHANGED, STALE, ApprovalFlow
-from bridge.live.registry import LiveRuns
+from bridge.core.transport import TOOL_ASKED, Accepted, ApprovalChoice, Asked
+from bridge.live.approval_flow import CHANGED, STALE
 from bridge.outbound.replies import Replier
 from bridge.store.base import RuleEffect, RuleScope
-from runner.control import RunControl
 from runner.events import PermissionAsked
-from tests.bridge.test_approval_click_race import POSTED, RUN, Asking, Posting
-
-
-class Told(Posting):
-    """Posts at once, and keeps what people were told of their actions."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.told: list[tuple[ApprovalAction, str]] = []
-
-    async def answer_action(self, action: ApprovalAction, text: str) -> None:
-        self.told.append((action, text))
-
-    async def send(self, reply: Reply) -> None:
-        pass
-
-
-class Bound(Asking):
-    """The flow of :class:`Asking` with a live run whose stdin the test reads."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        super().__init__(tmp_path)
-        self.store.gate.set()
-        self.told = Told()
-        self.runs = LiveRuns()
-        self.flow = ApprovalFlow(
-            self.flow.settings, self.store, cast(Replier, self.told), self.runs, lambda _v: None
-        )
-        self.written: list[dict[str, object]] = []
-        self.control = RunControl()
-        self.control.bind(self._write, lambda: None)
-        self.runs.bind(self.key, RUN, self.control)
-
-    def _write(self, line: bytes) -> bool:
-        self.written.append(json.loads(line))
-        return True
-
-    async def asks(self, event: PermissionAsked) -> None:
-        self.control.note(event)
-        await self.flow.ask(RUN, self.batch, event)
-
-    def act(self, choice: ApprovalChoice) -> ApprovalAction:
-        return ApprovalAction(self.key, self.user, POSTED, choice)
-
-    def answers(self) -> list[object]:
-        """claude's stdin: the ``response`` of each answer to a permission request."""
-        found = []
-        for line in self.written:
-            if line["type"] == "control_response":
-                outer = cast(dict[str, object], line["response"])
-                found.append(outer["response"])
-        return found
+from tests.bridge.approval_posts import RUN, Bound, Told
 
 
 async def test_an_allow_sends_back_the_input_shown_not_another(tmp_path: Path) -> None:

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from bridge.config import load_settings
-from tests.bridge.harness import ConsoleSession, write_config
-from tests.bridge.test_tool_view import replace_all_edit
-from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin, claude_env
+from tests.bridge.edits import replace_all_edit
+from tests.bridge.harness import ConsoleSession
+from tests.bridge.real_claude import real_claude_config
+from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin
 
 pytestmark = [
     pytest.mark.slow,
@@ -33,11 +34,7 @@ async def shown_then_approved(tmp_path: Path, path: Path, edit: dict[str, object
         Turn(text="Edited."),
     ]
     async with ModelServer(script) as server:
-        config = write_config(
-            tmp_path,
-            {"runner": {"claude_bin": str(claude_bin())}, "defaults": {"approve_tools": True}},
-            env=claude_env(server.url, tmp_path / "home"),
-        )
+        config = real_claude_config(tmp_path, server, {"defaults": {"approve_tools": True}})
         async with asyncio.timeout(WAIT_S), ConsoleSession(load_settings(config)) as bridge:
             bridge.send("edit it")
             out = await bridge.wait_for("Unanswered, it is denied in")

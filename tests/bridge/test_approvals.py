@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.config import RoomSettings
-from bridge.core.model import RoomId, RoomKey, RunId, TransportName, UserId
+from bridge.core.model import RunId, UserId
 from bridge.live.approval_text import (
     code_block,
     code_span,
@@ -29,15 +28,7 @@ from bridge.live.approvals import (
 )
 from bridge.live.tool_view import render
 from bridge.store.base import Approval, ApprovalState
-
-ROOM = RoomKey(TransportName("matrix"), RoomId("!r:x"))
-ALICE, BOB, CAROL, EVE = (UserId(u) for u in ("@alice:x", "@bob:x", "@carol:x", "@eve:x"))
-
-
-def room(**overrides: object) -> RoomSettings:
-    return RoomSettings.model_validate(
-        {"key": ROOM, "allowed_users": [ALICE, BOB, CAROL], **overrides}
-    )
+from tests.bridge.approval_rooms import ALICE, BOB, CAROL, EVE, ROOM, room
 
 
 def approval(tool: str, tool_input: object, **fields: object) -> Approval:

@@ -3,16 +3,19 @@ claude, SQLite (docs/budgets.md)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
-import sqlite3
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import TypeVar
 
 from bridge.config import load_settings
 from bridge.core.model import (
     Batch,
     ExternalMessageId,
     InboundMessage,
+    Message,
     RoomId,
     RoomKey,
     RunId,
@@ -24,18 +27,17 @@ from bridge.core.model import (
 from bridge.core.money import usd
 from bridge.runs.budget import Budgets, day_start
 from bridge.runs.usage import limit_text, usage_limit
-from bridge.store.base import StoreError
+from bridge.store.base import Store, StoreError
 from bridge.store.memory import MemoryStore
 from runner import UsageLimited
-from tests.bridge.harness import ECHO, ConsoleSession, write_config
+from tests.bridge.harness import ECHO, ConsoleSession, rows, write_config
+from tests.bridge.live_runs import WAIT_S
+from tests.config_files import Table
 from tests.fakes.fake_claude import FAKE_CLAUDE
+from tests.fakes.flaky_store import StoreWrapper
 
 CONSOLE = RoomKey(TransportName("console"), RoomId("console"))
-
-
-def db_rows(tmp_path: Path, sql: str) -> list[tuple[object, ...]]:
-    with sqlite3.connect(tmp_path / "bridge.db") as db:
-        return db.execute(sql).fetchall()
+T = TypeVar("T")
 
 
 async def test_costs_accumulate_until_the_room_budget_refuses_a_run(tmp_path: Path) -> None:
@@ -65,12 +67,12 @@ async def test_costs_accumulate_until_the_room_budget_refuses_a_run(tmp_path: Pa
     assert "`!retry run-" in refused[0]
     assert out.count("daily budget is spent") == 1  # told once for the batch
     assert "third\n" not in out  # never ran
-    runs = db_rows(tmp_path, "select status from runs order by seq")
+    runs = rows(tmp_path, "select status from runs order by seq")
     assert [r[0] for r in runs] == ["succeeded", "succeeded", "failed"]
     # The refused batch is kept, failed: !retry runs it after the reset.
-    states = db_rows(tmp_path, "select text, state from messages where text = 'third'")
+    states = rows(tmp_path, "select text, state from messages where text = 'third'")
     assert states == [("third", "failed")]
-    ledger = db_rows(tmp_path, "select transport, room_id, cost_usd from spend order by at")
+    ledger = rows(tmp_path, "select transport, room_id, cost_usd from spend order by at")
     assert ledger == [("console", "console", 0.3), ("console", "console", 0.3)]
 
 
@@ -132,7 +134,7 @@ async def test_usage_limit_tells_the_reset_and_resumes_once_after_a_restart(
     notice = re.search(r"Claude's 5-hour usage limit was reached\. It resets at (.*?) UTC\.", out)
     assert notice is not None, out
     assert "big job\n" not in out
-    waiting = db_rows(tmp_path, "select run_id from limit_resumes")
+    waiting = rows(tmp_path, "select run_id from limit_resumes")
     assert len(waiting) == 1
 
     async with ConsoleSession(settings) as session:
@@ -142,7 +144,7 @@ async def test_usage_limit_tells_the_reset_and_resumes_once_after_a_restart(
         metrics = session.service.metrics.exposition().decode()
         await session.finish()
     assert 'chatbridge_usage_limits_total{outcome="resumed"} 1.0' in metrics
-    assert db_rows(tmp_path, "select run_id from limit_resumes") == []
+    assert rows(tmp_path, "select run_id from limit_resumes") == []
 
     # A third start finds nothing left to retry: the batch ran once.
     async with ConsoleSession(settings) as session:
@@ -150,7 +152,7 @@ async def test_usage_limit_tells_the_reset_and_resumes_once_after_a_restart(
         out = await session.wait_for("Spent today")
         await session.finish()
     assert "retrying run" not in out
-    runs = db_rows(tmp_path, "select status from runs order by seq")
+    runs = rows(tmp_path, "select status from runs order by seq")
     assert [r[0] for r in runs] == ["failed", "succeeded"]
 
 
@@ -164,10 +166,10 @@ async def test_stop_and_reset_call_off_the_retry_after_the_usage_limit(tmp_path:
             await session.wait_for(
                 "chatbridge retries this run then (once)", count=1 + (command == "!reset")
             )
-            [(run_id,)] = db_rows(tmp_path, "select run_id from limit_resumes")
+            [(run_id,)] = rows(tmp_path, "select run_id from limit_resumes")
             session.send(command)
             await session.wait_for(f"Called off the retry after the usage limit of run `{run_id}`")
-            assert db_rows(tmp_path, "select run_id from limit_resumes") == []
+            assert rows(tmp_path, "select run_id from limit_resumes") == []
             session.send("!status")
             out = await session.wait_for("Spent today", count=1 + (command == "!reset"))
             assert f"Retried when the usage limit resets: `{run_id}`" not in out
@@ -182,7 +184,7 @@ async def test_without_resume_the_room_is_told_when_to_retry(tmp_path: Path) -> 
         out = await session.wait_for("runs it again after that.")
         await session.finish()
     assert re.search(r"It resets at .* UTC\. `!retry run-[0-9a-f]+` runs it again after that", out)
-    assert db_rows(tmp_path, "select run_id from limit_resumes") == []
+    assert rows(tmp_path, "select run_id from limit_resumes") == []
 
 
 async def test_spending_is_counted_by_utc_day(tmp_path: Path) -> None:
@@ -273,3 +275,62 @@ async def test_a_store_that_cannot_say_lets_the_run_start(tmp_path: Path) -> Non
     budgets = Budgets(load_settings(write_config(tmp_path, config)), _SpendFails())
     assert await budgets.refusal(CONSOLE) is None
     assert await budgets.status_lines(CONSOLE) == ["Spent today: unknown (the database failed)."]
+
+
+class RetryAtStop(StoreWrapper):
+    """Wraps the store: the retry after a usage limit, fired at the reset, stops at its
+    re-queue until ``!stop`` calls the retry off (``drop_limit_resume``): the two race."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.reached = asyncio.Event()
+        self.called_off = asyncio.Event()
+        self.done = asyncio.Event()
+
+    async def drop_limit_resume(self, run_id: RunId) -> bool:
+        dropped = await self.inner.drop_limit_resume(run_id)
+        self.called_off.set()
+        return dropped
+
+    async def requeue_run(self, run_id: RunId) -> list[Message]:
+        return await self._raced(self.inner.requeue_run(run_id))
+
+    async def requeue_limit_resume(self, run_id: RunId) -> list[Message] | None:
+        return await self._raced(self.inner.requeue_limit_resume(run_id))
+
+    async def _raced(self, requeue: Awaitable[T]) -> T:
+        self.reached.set()
+        await self.called_off.wait()
+        try:
+            return await requeue
+        finally:
+            self.done.set()
+
+
+async def test_a_limit_retry_firing_at_a_stop_is_either_called_off_or_stopped(
+    tmp_path: Path,
+) -> None:
+    """Found in the review of issue 25's run endings."""
+    once = tmp_path / "limited-once"
+    env = {"FAKE_CLAUDE_USAGE_LIMIT": "1", "FAKE_CLAUDE_USAGE_LIMIT_ONCE": str(once)}
+    config: Table = {"runner": {"resume_after_limit": True}}
+    raced: list[RetryAtStop] = []
+
+    def wrap(store: Store) -> Store:
+        raced.append(RetryAtStop(store))
+        return raced[0].store
+
+    settings = load_settings(write_config(tmp_path, config, env={**ECHO, **env}))
+    async with asyncio.timeout(WAIT_S), ConsoleSession(settings, wrap_store=wrap) as bridge:
+        assert bridge.service is not None
+        bridge.send("the job tok-L")
+        await bridge.wait_for("chatbridge retries this run then (once)")
+        await raced[0].reached.wait()  # the reset came: the retry is being made
+        bridge.send("!stop")
+        out = await bridge.wait_for("Called off the retry after the usage limit")
+        await raced[0].done.wait()
+        await bridge.service.dispatcher.wait_idle()
+        out = await bridge.finish()
+    # Told it was called off, the room must not see it run (nor its answer).
+    assert out.count("the job tok-L\n") == 0
+    assert rows(tmp_path, "select status from runs order by seq") == [("failed",)]

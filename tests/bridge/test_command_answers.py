@@ -4,7 +4,6 @@ goes through the outbox: ordered per room, retried under rate limits, never drop
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from pathlib import Path
 
 from bridge.config import load_settings
@@ -12,15 +11,10 @@ from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomK
 from bridge.core.transport import Accepted, Delivery, RateLimited
 from bridge.service import Service, open_store
 from tests.bridge.chat_room import ChatRoom, serving
-from tests.bridge.harness import write_config
+from tests.bridge.harness import rows, write_config
 
 SINK_GUARD_S = 10.0
 """Far longer than a sink needs; reached only if it waits for the held answer."""
-
-
-def db_rows(tmp_path: Path, sql: str) -> list[tuple[object, ...]]:
-    with sqlite3.connect(tmp_path / "bridge.db") as db:
-        return db.execute(sql).fetchall()
 
 
 async def test_the_sink_returns_before_a_slow_answer_and_answers_keep_their_order(
@@ -38,7 +32,7 @@ async def test_the_sink_returns_before_a_slow_answer_and_answers_keep_their_orde
         assert chat.replies == []
         assert service.dispatcher.status(chat.room).waiting == 1
         # The commands are settled (done) though their answers are not out yet.
-        states = db_rows(tmp_path, "select text, state from messages order by id")
+        states = rows(tmp_path, "select text, state from messages order by id")
         assert states == [("!help", "done"), ("!status", "done"), ("hello", "pending")]
 
         chat.sending.set()
@@ -82,4 +76,4 @@ async def test_a_rate_limited_command_answer_is_sent_again_not_dropped(tmp_path:
         await store.close()
     assert chat.limited == 1
     assert chat.texts(ReplyKind.NOTICE)[0].startswith("Commands:")
-    assert db_rows(tmp_path, "select state from outbox") == [("delivered",)]
+    assert rows(tmp_path, "select state from outbox") == [("delivered",)]

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.bridge.harness import write_config
-from tests.bridge.test_lifecycle import Bridge, rows, wait_rows
+from tests.bridge.bridge_process import Bridge, wait_rows
+from tests.bridge.harness import rows, write_config
 
 pytestmark = pytest.mark.slow
 

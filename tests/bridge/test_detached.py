@@ -10,7 +10,6 @@ marker).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 from pathlib import Path
@@ -18,55 +17,13 @@ from pathlib import Path
 import pytest
 
 from runner.process import find_marked
-from tests.bridge.harness import write_config
-from tests.bridge.test_lifecycle import (
-    Bridge,
-    alive,
-    escaping_tree,
-    no_leftovers,  # noqa: F401  (a fixture the tests use by name)
-    rows,
-    run_pids,
-    wait_rows,
-)
+from tests.bridge.bridge_process import Bridge, run_pids, wait_rows
+from tests.bridge.detached_runs import finished_claudes, started_run, supervisor_pid, waiting
+from tests.bridge.harness import rows, write_config
 from tests.config_files import Table
-from tests.runner.test_containment import until_exited
+from tests.runner.containment import alive, until_exited
 
 pytestmark = pytest.mark.slow
-
-
-def waiting(tmp_path: Path, **more: str) -> dict[str, str]:
-    """A run that answers (its prompt, echoed) once ``tmp_path/go`` exists; one line per
-    claude process that ran to its end in ``tmp_path/times``."""
-    return {
-        "FAKE_CLAUDE_ECHO": "1",
-        "FAKE_CLAUDE_WAIT_FOR": str(tmp_path / "go"),
-        "FAKE_CLAUDE_TIMES": str(tmp_path / "times"),
-        **escaping_tree(tmp_path),
-        "FAKE_CLAUDE_SLEEP": "0",
-        **more,
-    }
-
-
-def finished_claudes(tmp_path: Path) -> list[str]:
-    """The prompts of the claude processes that ran to their end."""
-    path = tmp_path / "times"
-    if not path.exists():
-        return []
-    return [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line]
-
-
-async def started_run(bridge: Bridge, tmp_path: Path, text: str = "long job") -> str:
-    """Send ``text``, wait until its run shows progress and is registered; its id."""
-    bridge.send(text)
-    await bridge.wait_for("Bash: echo hello")
-    run_id = str(rows(tmp_path, "select id from runs")[0][0])
-    # Registered before the room is shown the run; the shown offset follows within a second.
-    await wait_for_offset(tmp_path, run_id)
-    return run_id
-
-
-def supervisor_pid(tmp_path: Path) -> int:
-    return int(str(rows(tmp_path, "select supervisor_pid from live_runs")[0][0]))
 
 
 async def running(tmp_path: Path, config: Table | None = None) -> tuple[Bridge, str, list[int]]:
@@ -75,11 +32,6 @@ async def running(tmp_path: Path, config: Table | None = None) -> tuple[Bridge, 
     await bridge.start()
     run_id = await started_run(bridge, tmp_path)
     return bridge, run_id, run_pids(tmp_path)
-
-
-async def wait_for_offset(tmp_path: Path, run_id: str) -> None:
-    # (The tests have one run at a time.)
-    await wait_rows(tmp_path, "select run_id, delivered_offset > 0 from live_runs", [(run_id, 1)])
 
 
 @pytest.mark.usefixtures("no_leftovers")

@@ -6,35 +6,22 @@ request that ran out of time while the bridge was down is denied."""
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.bridge.harness import write_config
-from tests.bridge.test_detached import wait_for_offset, waiting
-from tests.bridge.test_lifecycle import (
-    Bridge,
-    no_leftovers,  # noqa: F401  (a fixture the tests use by name)
-    rows,
-    wait_rows,
-)
+from tests.bridge.bridge_process import Bridge, wait_rows
+from tests.bridge.detached_runs import wait_for_offset, waiting
+from tests.bridge.harness import rows, write_config
 from tests.config_files import Table
+from tests.fakes.fake_claude import tool_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_leftovers")]
 
 WAIT_S = 60.0
-
-
-def tool_log(tmp_path: Path) -> list[dict[str, Any]]:
-    path = tmp_path / "tools.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 async def asked_then_left(tmp_path: Path, how: signal.Signals, config: Table | None = None) -> Path:

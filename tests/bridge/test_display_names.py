@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from bridge.core.model import Batch, Message, RoomId, RoomKey, TransportName
 from bridge.runs.display_names import clean_display_name
 from bridge.runs.prompt import NAME_CHARS, author, build_prompt
-from tests.bridge.test_prompt import msg
+from tests.bridge.messages import msg
 
 FORBIDDEN = set('@()[]{}<>"`')
 ID_LIKE = re.compile(r"[(\[{<]\s*@?\s*[\w.:-]+\s*[)\]}>]|@\s*[\w.:-]+")

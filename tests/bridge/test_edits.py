@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 
 from bridge.config import load_settings
 from bridge.core.model import ExternalMessageId, ReplyKind
 from bridge.core.transport import Accepted
 from tests.bridge.chat_room import serving
-from tests.bridge.harness import write_config
-
-
-def db_rows(tmp_path: Path, sql: str) -> list[tuple[object, ...]]:
-    with sqlite3.connect(tmp_path / "bridge.db") as db:
-        return db.execute(sql).fetchall()
+from tests.bridge.harness import rows, write_config
 
 
 async def test_edits_and_deletions_change_only_what_waits(tmp_path: Path) -> None:
@@ -49,15 +43,15 @@ async def test_edits_and_deletions_change_only_what_waits(tmp_path: Path) -> Non
     assert "one, edited" in prompt
     assert "two" not in prompt
     assert prompt.index("one, edited") < prompt.index("three") < prompt.index("four")
-    assert db_rows(tmp_path, "select count(*) from runs") == [(1,)]
-    states = db_rows(tmp_path, "select external_id, text, state from messages order by id")
+    assert rows(tmp_path, "select count(*) from runs") == [(1,)]
+    states = rows(tmp_path, "select external_id, text, state from messages order by id")
     assert states == [
         ("in-1", "one, edited", "done"),
         ("in-2", "two", "dropped"),
         ("in-3", "three", "done"),
         ("in-4", "four", "done"),
     ]
-    audit = db_rows(
+    audit = rows(
         tmp_path,
         "select action, actor from audit where action in ('message_edited', 'message_deleted')",
     )

@@ -8,102 +8,29 @@ import asyncio
 import base64
 import dataclasses
 import json
-import re
-import sqlite3
 import subprocess
 import time
 from pathlib import Path
 
-from bridge.config import Settings, load_settings
+from bridge.config import load_settings
 from bridge.core.model import (
     Attachment,
-    ExternalMessageId,
-    InboundMessage,
     ReplyKind,
-    RoomId,
-    RoomKey,
-    TransportName,
-    UserId,
 )
-from bridge.core.transport import Accepted, FileTooLarge, TransportError
+from bridge.core.transport import Accepted
 from bridge.host.worktrees import slug
 from bridge.service import open_store
-from tests.bridge.chat_room import ChatRoom, serving
-from tests.bridge.harness import ECHO, write_config
-
-
-class FileRoom(ChatRoom):
-    """The test room, serving files by ref from memory (the real transports' fetches
-    are tested against Synapse and local-slack)."""
-
-    def __init__(self, room: RoomKey, user: str, files: dict[str, bytes]) -> None:
-        super().__init__(room, user)
-        self.files = files
-        self.fetched: list[str] = []
-        self.hang = False
-        """Each fetch writes a part, then waits forever (a slow chat server)."""
-        self.hanging = asyncio.Event()
-
-    async def fetch_attachment(self, attachment: Attachment, dest: Path, limit_bytes: int) -> None:
-        self.fetched.append(attachment.ref)
-        if self.hang:
-            dest.write_bytes(b"part")
-            self.hanging.set()
-            await asyncio.Event().wait()
-        content = self.files.get(attachment.ref)
-        if content is None:
-            raise TransportError("console", "no such file")
-        if len(content) > limit_bytes:
-            dest.write_bytes(content[:limit_bytes])
-            raise FileTooLarge("console", limit_bytes)
-        dest.write_bytes(content)
-
-
-def db_rows(tmp_path: Path, sql: str) -> list[tuple[object, ...]]:
-    with sqlite3.connect(tmp_path / "bridge.db") as db:
-        return db.execute(sql).fetchall()
-
-
-def with_files(
-    room: RoomKey,
-    external_id: str,
-    *files: Attachment,
-    text: str = "",
-    sender: str = "local",
-    sender_is_bot: bool = False,
-) -> InboundMessage:
-    return InboundMessage(
-        room,
-        UserId(sender),
-        text,
-        ExternalMessageId(external_id),
-        sender_is_bot=sender_is_bot,
-        attachments=files,
-        sender_name="Local Person",
-    )
-
-
-def console_room(settings: Settings) -> RoomKey:
-    return RoomKey(TransportName("console"), RoomId(settings.console.room))
-
-
-NOTES = Attachment("notes.txt", "text/plain", 11, "ref-notes")
-
-
-def inbox_path(prompt: str, name: str) -> str:
-    match = re.search(rf'File "(\.chatbridge/inbox/run-[0-9a-f]+/{re.escape(name)})"', prompt)
-    assert match is not None, prompt
-    return match.group(1)
-
-
-async def prompt_of(settings: Settings, chat: FileRoom, sent: InboundMessage) -> str:
-    """The prompt the run of ``sent`` got (the fake claude answers with it)."""
-    async with serving(settings, chat) as (_, _room):
-        assert chat.sink is not None
-        await chat.sink(sent)
-        await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
-    [prompt] = chat.texts(ReplyKind.RESULT)
-    return prompt
+from tests.bridge.chat_room import serving
+from tests.bridge.file_rooms import (
+    NOTES,
+    PNG,
+    FileRoom,
+    console_room,
+    inbox_path,
+    prompt_of,
+    with_files,
+)
+from tests.bridge.harness import ECHO, rows, write_config
 
 
 async def test_a_file_without_text_runs_with_the_file_in_its_inbox(tmp_path: Path) -> None:
@@ -118,7 +45,7 @@ async def test_a_file_without_text_runs_with_the_file_in_its_inbox(tmp_path: Pat
     path = inbox_path(prompt, "notes.txt")
     assert f'File "{path}" (text/plain, 11 B)' in prompt
     assert (tmp_path / path).read_bytes() == b"hello notes"
-    assert db_rows(tmp_path, "select state from messages") == [("done",)]
+    assert rows(tmp_path, "select state from messages") == [("done",)]
 
 
 async def test_files_over_a_limit_are_not_downloaded_and_the_prompt_says_so(
@@ -214,11 +141,6 @@ async def test_files_pending_at_a_crash_run_after_the_restart(tmp_path: Path) ->
     assert (tmp_path / inbox_path(prompt, "notes.txt")).read_bytes() == b"hello notes"
 
 
-PNG = base64.b64decode(
-    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
-)
-
-
 async def test_images_are_shown_to_claude_as_image_content(tmp_path: Path) -> None:
     record = tmp_path / "claude.json"
     env = {**ECHO, "FAKE_CLAUDE_RECORD": str(record)}
@@ -258,9 +180,7 @@ async def test_a_stop_while_files_are_fetched_leaves_no_part_file(tmp_path: Path
         await chat.sink(with_files(chat.room, "f-1", NOTES))
         await chat.hanging.wait()
         await chat.say("!stop")
-        await chat.wait_until(
-            lambda: db_rows(tmp_path, "select status from runs") == [("stopped",)]
-        )
+        await chat.wait_until(lambda: rows(tmp_path, "select status from runs") == [("stopped",)])
     inbox = next((tmp_path / ".chatbridge" / "inbox").iterdir())
     assert list(inbox.iterdir()) == []
     assert chat.texts(ReplyKind.RESULT) == []
@@ -302,7 +222,7 @@ async def test_a_message_with_files_is_not_steered_but_runs_after_with_its_files
     assert "and this file" not in first
     assert "> and this file" in second
     assert (tmp_path / inbox_path(second, "notes.txt")).read_bytes() == b"hello notes"
-    assert db_rows(tmp_path, "select count(*) from runs") == [(2,)]
+    assert rows(tmp_path, "select count(*) from runs") == [(2,)]
 
 
 async def test_a_threads_files_land_in_its_worktree_and_do_not_keep_it_from_a_reset(

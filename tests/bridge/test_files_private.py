@@ -18,8 +18,7 @@ from bridge.core.model import Attachment, RoomKey
 from bridge.runs.file_posts import copy_file
 from bridge.runs.inbox import image_type
 from bridge.runs.transcripts import write_atomically
-from tests.bridge.harness import ECHO, write_config
-from tests.bridge.test_files import (
+from tests.bridge.file_rooms import (
     NOTES,
     PNG,
     FileRoom,
@@ -28,6 +27,7 @@ from tests.bridge.test_files import (
     prompt_of,
     with_files,
 )
+from tests.bridge.harness import ECHO, write_config
 from tests.file_modes import mode
 
 

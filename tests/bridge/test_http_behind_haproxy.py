@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from bridge.core.http_limits import ClientLimits
-from tests.bridge.test_http import Hooks, serving
+from tests.bridge.http_hooks import Hooks, serving
 from tests.replicas.load_balancer import INSTALL_HINT, binary
 from tests.transports.slack.peer import free_port
 

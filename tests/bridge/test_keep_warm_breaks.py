@@ -13,14 +13,7 @@ import pytest
 from bridge.config import load_settings
 from bridge.store.base import Store
 from tests.bridge.harness import ConsoleSession, write_config
-from tests.bridge.test_live_runs import (
-    KEEP_WARM,
-    WAIT_S,
-    console_room,
-    kept_warm,
-    run_log,
-    watch_starts,
-)
+from tests.bridge.live_runs import KEEP_WARM, WAIT_S, console_room, kept_warm, run_log, watch_starts
 from tests.fakes.flaky_store import FlakyStore
 from tests.runner.conftest import gone
 

@@ -14,17 +14,10 @@ import pytest
 
 from bridge.config import load_settings
 from bridge.store.base import Approval, ApprovalState, Store
-from tests.bridge.harness import ConsoleSession, write_config
-from tests.bridge.test_live_runs import (
-    APPROVING,
-    WAIT_S,
-    gated,
-    rows,
-    session,
-    tool_log,
-    until_tool_runs,
-)
+from tests.bridge.harness import ConsoleSession, rows, write_config
+from tests.bridge.live_runs import APPROVING, WAIT_S, gated, session, until_tool_runs
 from tests.config_files import Table
+from tests.fakes.fake_claude import tool_log
 
 pytestmark = pytest.mark.slow
 

@@ -8,49 +8,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sqlite3
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bridge.config import load_settings
-from bridge.core.model import RoomId, RoomKey, TransportName
 from bridge.store.base import ApprovalState, AuditAction, Store
-from runner import Prestarted, RunRequest
 from runner import run as runner_run
-from tests.bridge.harness import ConsoleSession, write_config
+from tests.bridge.harness import ConsoleSession, rows, write_config
+from tests.bridge.live_runs import (
+    APPROVING,
+    KEEP_WARM,
+    WAIT_S,
+    console_room,
+    during_run,
+    gated,
+    kept_warm,
+    run_log,
+    session,
+    until_tool_runs,
+    watch_starts,
+)
 from tests.config_files import Table
+from tests.fakes.fake_claude import tool_log
 from tests.fakes.flaky_store import FlakyStore
 from tests.runner.conftest import is_alive
 
 pytestmark = pytest.mark.slow
-
-WAIT_S = 30.0
-"""Each wait ends on an event long before; the bound only turns a hang into a failure."""
-
-
-def rows(tmp_path: Path, sql: str) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(tmp_path / "bridge.db") as db:
-        return db.execute(sql).fetchall()
-
-
-def tool_log(tmp_path: Path) -> list[dict[str, Any]]:
-    path = tmp_path / "tools.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def session(tmp_path: Path, config: Table, **env: str) -> ConsoleSession:
-    base_env = {"FAKE_CLAUDE_ECHO": "1", "FAKE_CLAUDE_TOOL_LOG": str(tmp_path / "tools.jsonl")}
-    path = write_config(tmp_path, config, env={**base_env, **env})
-    return ConsoleSession(load_settings(path))
-
-
-APPROVING: Table = {"defaults": {"approve_tools": True}}
 
 
 async def test_a_tool_use_approved_from_chat_runs_and_the_run_answers(tmp_path: Path) -> None:
@@ -124,40 +110,6 @@ async def test_an_approver_must_not_approve_their_own_run_when_asked_not_to(
         bridge.send("!stop")
         await bridge.wait_for("cancelled: the run ended")
     assert tool_log(tmp_path) == []
-
-
-def gated(tmp_path: Path) -> dict[str, str]:
-    """The fake's tool runs until the test opens the gate."""
-    return {"FAKE_CLAUDE_TOOL_WAIT_FOR": str(tmp_path / "gate")}
-
-
-async def until_tool_runs(bridge: ConsoleSession, tmp_path: Path) -> None:
-    """The run's tool started (it logs its input once it runs)."""
-    # The progress line of the tool use is printed when claude announces it;
-    # the log follows at once: wait on output, then on the file.
-    await until_output_and(bridge, lambda: bool(tool_log(tmp_path)))
-
-
-async def until_output_and(bridge: ConsoleSession, check: Callable[[], bool]) -> None:
-    """Until ``check`` holds, looked at on each output and at least every 0.1 s."""
-    while not check():
-        bridge.out.changed.clear()
-        try:
-            async with asyncio.timeout(0.1):
-                await bridge.out.changed.wait()
-        except TimeoutError:
-            pass
-
-
-def during_run(mode: str, **sections: Table) -> Table:
-    """A room whose messages during a run ``mode`` it (steer, interrupt), batched soon;
-    ``defaults`` merged into the room's, other sections added."""
-    defaults = {"during_run": mode, **sections.pop("defaults", {})}
-    return {
-        "defaults": defaults,
-        "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
-        **sections,
-    }
 
 
 async def until_steered(tmp_path: Path) -> None:
@@ -592,46 +544,6 @@ async def test_stop_and_status_during_the_gentle_stop_count_the_steered_messages
         await bridge.wait_for("Stopped")
 
 
-KEEP_WARM: Table = {
-    "runner": {"prestart": True, "prestart_keep_s": 30},
-    # The window counts from a message's arrival: it must outlast the first accept
-    # (a loaded machine: tens of ms) for the first run to take its window's prestart.
-    "dispatcher": {"coalesce_ms": 300, "max_wait_ms": 1000},
-}
-
-
-def run_log(path: Path) -> list[dict[str, Any]]:
-    """The fake claudes' starts, prompts and ends, in the order they happened."""
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def watch_starts(bridge: ConsoleSession) -> asyncio.Queue[RunRequest]:
-    """The request of each claude the service prestarts from now on, once it is ready."""
-    assert bridge.service is not None
-    prestarts = bridge.service.executor.prestarts
-    assert prestarts is not None
-    started: asyncio.Queue[RunRequest] = asyncio.Queue()
-    start = prestarts.start
-
-    async def watched(request: RunRequest) -> Prestarted:
-        prestarted = await start(request)
-        # Handed on once claude answered: it has logged its start, whatever comes next.
-        await asyncio.wait({prestarted.ready})
-        started.put_nowait(request)
-        return prestarted
-
-    prestarts.start = watched
-    return started
-
-
-async def kept_warm(started: asyncio.Queue[RunRequest]) -> RunRequest:
-    """The next claude kept warm after a run: it resumes the run's session (a batch's
-    prestart in a new room has none)."""
-    while (request := await started.get()).session_id is None:
-        pass
-    return request
-
-
 def answered_by(log: list[dict[str, Any]], text: str) -> int:
     [pid] = [e["pid"] for e in log if e["event"] == "prompt" and e["text"] == text]
     return int(pid)
@@ -651,10 +563,6 @@ async def until_queued_not_steering(bridge: ConsoleSession) -> None:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(0.05):
                 await bridge.out.changed.wait()
-
-
-def console_room(bridge: ConsoleSession) -> RoomKey:
-    return RoomKey(TransportName("console"), RoomId(bridge.settings.console.room))
 
 
 def never_overlapped(log: list[dict[str, Any]]) -> bool:

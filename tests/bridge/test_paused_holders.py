@@ -5,67 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sqlite3
-import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from bridge.cluster.paused_holders import lock_holders, stop_paused_holders
 from runner.proctree import is_stopped
-
-HOLD = """
-import sqlite3, sys, time
-db = sqlite3.connect(sys.argv[1], isolation_level=None)
-db.execute("BEGIN IMMEDIATE")
-db.execute("INSERT INTO t VALUES (1)")
-print("locked", flush=True)
-time.sleep(600)
-"""
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    path = tmp_path / "store.db"
-    with sqlite3.connect(path) as conn:
-        conn.execute("CREATE TABLE t (x INTEGER)")
-    conn.close()
-    return path
-
-
-@pytest.fixture
-async def holder(db: Path) -> AsyncIterator[asyncio.subprocess.Process]:
-    """A process in a write transaction on ``db`` (so holding its lock)."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", HOLD, str(db), stdout=asyncio.subprocess.PIPE
-    )
-    assert process.stdout is not None
-    assert await process.stdout.readline() == b"locked\n"
-    yield process
-    if process.returncode is None:
-        process.kill()
-        await process.wait()
-
-
-def writable(db: Path) -> bool:
-    conn = sqlite3.connect(db, timeout=0, isolation_level=None)
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute("ROLLBACK")
-    except sqlite3.OperationalError:
-        return False
-    finally:
-        conn.close()
-    return True
-
-
-async def stopped(process: asyncio.subprocess.Process) -> None:
-    process.send_signal(signal.SIGSTOP)
-    async with asyncio.timeout(10):
-        while not is_stopped(process.pid):
-            await asyncio.sleep(0.01)
+from tests.bridge.paused_holders import stopped, writable
 
 
 async def test_the_holder_of_a_lock_is_found_by_the_file_and_no_other(

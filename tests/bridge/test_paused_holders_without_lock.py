@@ -15,12 +15,7 @@ import pytest
 from bridge.cluster import paused_holders
 from bridge.cluster.paused_holders import stop_paused_holders
 from runner.proctree import is_stopped
-from tests.bridge.test_paused_holders import (  # noqa: F401 (fixtures)
-    db,
-    holder,
-    stopped,
-    writable,
-)
+from tests.bridge.paused_holders import stopped
 
 
 def _other_device(path: Path) -> str:
@@ -30,7 +25,7 @@ def _other_device(path: Path) -> str:
 
 
 async def test_a_lock_on_another_filesystems_file_with_the_stores_inode_number_is_not_the_stores(
-    db: Path,  # noqa: F811
+    db: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

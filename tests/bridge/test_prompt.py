@@ -12,44 +12,17 @@ from hypothesis import strategies as st
 from bridge.core.model import (
     Attachment,
     Batch,
-    ExternalMessageId,
     Message,
     MessageId,
-    RoomId,
-    RoomKey,
-    TransportName,
-    UserId,
 )
 from bridge.runs.inbox import FetchedFile, _Names, safe_name
 from bridge.runs.prompt import QUOTE_CHARS, author, build_prompt
+from tests.bridge.messages import ROOM, msg
 
-ROOM = RoomKey(TransportName("matrix"), RoomId("!r:hs"))
 INTRO = (
     "Files shared in the chat are saved under the working directory at the paths below;"
     " read them as needed."
 )
-
-
-def msg(
-    n: int,
-    text: str,
-    *,
-    sender: str = "@alice:hs",
-    name: str | None = "Alice",
-    reply: str | None = None,
-    files: tuple[Attachment, ...] = (),
-) -> Message:
-    return Message(
-        id=MessageId(n),
-        room=ROOM,
-        sender=UserId(sender),
-        text=text,
-        external_id=ExternalMessageId(f"$e{n}"),
-        received_at=0.0,
-        sender_name=name,
-        reply_to_text=reply,
-        attachments=files,
-    )
 
 
 def batch(*messages: Message) -> Batch:

@@ -8,9 +8,8 @@ from pathlib import Path
 
 from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
 from runner.events import PermissionAsked
-from tests.bridge.test_approval_binding import Bound
-from tests.bridge.test_approval_click_race import POSTED
-from tests.bridge.test_questions_e2e import PLAN, SINGLE
+from tests.bridge.approval_posts import POSTED, Bound
+from tests.bridge.questions import PLAN, SINGLE
 
 QUESTION = PermissionAsked("r1", "AskUserQuestion", {"questions": [SINGLE]}, "tu1", "", ())
 

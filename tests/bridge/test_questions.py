@@ -27,7 +27,7 @@ from bridge.live.questions import (
 )
 from bridge.store.base import Approval, ApprovalState
 from runner.control import Allow
-from tests.bridge.test_approvals import ALICE, BOB, EVE, room
+from tests.bridge.approval_rooms import ALICE, BOB, EVE, room
 
 SINGLE = Question("Which database?", "DB", ("SQLite", "PostgreSQL"), ("", ""), multi=False)
 MULTI = Question("Which checks?", "", ("ruff", "mypy", "pytest"), ("", "", ""), multi=True)

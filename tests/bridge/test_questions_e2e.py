@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
-from tests.bridge.harness import write_config
-from tests.bridge.test_lifecycle import Bridge, rows, wait_rows
-from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin, claude_env
+from tests.bridge.bridge_process import Bridge, wait_rows
+from tests.bridge.harness import rows
+from tests.bridge.questions import MULTI, SINGLE, asking, planning, told
+from tests.bridge.real_claude import real_claude_config
+from tests.fakes.model_server import ModelServer, Turn, claude_bin
 
 pytestmark = [
     pytest.mark.slow,
@@ -23,49 +25,9 @@ pytestmark = [
 
 WAIT_S = 90.0
 
-SINGLE = {
-    "question": "Which database?",
-    "header": "DB",
-    "options": [
-        {"label": "SQLite", "description": "a file"},
-        {"label": "PostgreSQL", "description": "a server"},
-    ],
-    "multiSelect": False,
-}
-MULTI = {
-    "question": "Which checks?",
-    "header": "Checks",
-    "options": [
-        {"label": "ruff", "description": "lint"},
-        {"label": "mypy", "description": "types"},
-        {"label": "pytest", "description": "tests"},
-    ],
-    "multiSelect": True,
-}
-PLAN = "## Plan\n" + "\n".join(f"{i}. step {i}" for i in range(1, 40)) + "\n40. `rm -rf /srv/data`"
-
 
 def config(tmp_path: Path, server: ModelServer, **defaults: Any) -> Path:
-    return write_config(
-        tmp_path,
-        {
-            "runner": {"claude_bin": str(claude_bin())},
-            "defaults": {"approve_tools": True, **defaults},
-        },
-        env=claude_env(server.url, tmp_path / "home"),
-    )
-
-
-def told(server: ModelServer) -> list[str]:
-    """Every text claude sent the model (tool results included)."""
-    return [t for r in server.agent_requests for t in r.texts()]
-
-
-def asking(*questions: dict[str, Any]) -> list[Turn]:
-    return [
-        Turn(tools=(ToolCall("AskUserQuestion", {"questions": list(questions)}),)),
-        Turn(text="Thanks, noted."),
-    ]
+    return real_claude_config(tmp_path, server, {"defaults": {"approve_tools": True, **defaults}})
 
 
 async def answered(tmp_path: Path, script: list[Turn], reply: str) -> tuple[str, list[str]]:
@@ -127,14 +89,6 @@ async def test_an_answer_that_fits_no_option_is_refused_and_the_question_waits(
         assert await bridge.end_input() == 0
     assert not any("#1" in t for t in told(server))
     assert any('"Which database?"="SQLite"' in t for t in told(server))
-
-
-def planning(notes: Path) -> list[Turn]:
-    return [
-        Turn(tools=(ToolCall("ExitPlanMode", {"plan": PLAN}),)),
-        Turn(tools=(ToolCall("Write", {"file_path": str(notes), "content": "notes\n"}),)),
-        Turn(text="Plan carried out."),
-    ]
 
 
 async def planned(tmp_path: Path, reply: str, *then: str) -> tuple[str, list[str]]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from pathlib import Path
 
@@ -24,12 +23,7 @@ from bridge.core.transport import InboundSink
 from bridge.service import Service, open_store
 from runner.rundir import make_run_dir
 from tests.bridge.chat_room import GUARD_S, ChatRoom, serving
-from tests.bridge.harness import ConsoleSession, run_console, write_config
-
-
-def db_rows(tmp_path: Path, sql: str) -> list[tuple[object, ...]]:
-    with sqlite3.connect(tmp_path / "bridge.db") as db:
-        return db.execute(sql).fetchall()
+from tests.bridge.harness import ConsoleSession, rows, run_console, write_config
 
 
 def console_room(settings: Settings) -> RoomKey:
@@ -81,14 +75,14 @@ async def test_the_offer_after_a_restart_survives_the_requeued_messages(tmp_path
 
     assert f"- run `{crashed}`: interrupted " in out
     assert out.rstrip().endswith("There is no failed or interrupted run to retry.")
-    runs = db_rows(tmp_path, "select id, status from runs order by seq")
+    runs = rows(tmp_path, "select id, status from runs order by seq")
     assert [r[1] for r in runs] == ["interrupted", "succeeded", "succeeded"]
-    retried = db_rows(
+    retried = rows(
         tmp_path,
         "select rm.run_id, m.text from run_messages rm join messages m on m.id = rm.message_id",
     )
     assert (runs[2][0], "long job") in retried
-    audit = db_rows(tmp_path, "select run_id from audit where action = 'retry_requested'")
+    audit = rows(tmp_path, "select run_id from audit where action = 'retry_requested'")
     assert audit == [(crashed,)]
 
 
@@ -98,7 +92,7 @@ async def test_retry_names_an_earlier_run_and_queues_behind_an_active_one(
     path = write_config(tmp_path, env={"FAKE_CLAUDE_EXIT": "3"})
     await run_console(path, ["first"])
     await run_console(path, ["second"])
-    first, second = (str(r[0]) for r in db_rows(tmp_path, "select id from runs order by seq"))
+    first, second = (str(r[0]) for r in rows(tmp_path, "select id from runs order by seq"))
 
     write_config(tmp_path, env={"FAKE_CLAUDE_ECHO": "1", "FAKE_CLAUDE_SLEEP": "1"})
     async with ConsoleSession(load_settings(path)) as session:
@@ -114,9 +108,9 @@ async def test_retry_names_an_earlier_run_and_queues_behind_an_active_one(
         await session.wait_for(f"Run `{first}` cannot be retried here")
         await session.finish()
 
-    statuses = db_rows(tmp_path, "select status from runs order by seq")
+    statuses = rows(tmp_path, "select status from runs order by seq")
     assert [s[0] for s in statuses] == ["failed", "failed", "succeeded", "succeeded"]
-    assert db_rows(tmp_path, "select text, state from messages where text not like '!%'") == [
+    assert rows(tmp_path, "select text, state from messages where text not like '!%'") == [
         ("first", "done"),
         ("second", "done"),
     ]
@@ -154,7 +148,7 @@ async def test_the_interrupted_notice_survives_a_start_that_stops_after_recovery
             await serving_task
     finally:
         await store.close()
-    assert db_rows(tmp_path, "select status from runs") == [("interrupted",)]
+    assert rows(tmp_path, "select status from runs") == [("interrupted",)]
     assert unreachable.replies == []
 
     offer = f"The last run (`{crashed}`) did not finish before chatbridge restarted"
@@ -162,7 +156,7 @@ async def test_the_interrupted_notice_survives_a_start_that_stops_after_recovery
         await chat.wait_until(lambda: any(offer in text for text in chat.texts()))
     assert sum(offer in text for text in chat.texts()) == 1
     notices = "select state from outbox where text like '%did not finish before chatbridge%'"
-    assert db_rows(tmp_path, notices) == [("delivered",)]
+    assert rows(tmp_path, notices) == [("delivered",)]
 
 
 async def test_a_run_killed_before_it_began_runs_its_messages_again(tmp_path: Path) -> None:
@@ -177,6 +171,6 @@ async def test_a_run_killed_before_it_began_runs_its_messages_again(tmp_path: Pa
     [answer] = chat.texts(ReplyKind.RESULT)
     assert answer.index("long job") < answer.index("queued one")
     assert not any("did not finish" in text for text in chat.texts())
-    runs = db_rows(tmp_path, "select id, status, error_excerpt from runs order by seq")
+    runs = rows(tmp_path, "select id, status, error_excerpt from runs order by seq")
     assert runs[0] == (crashed, "interrupted", "stopped before claude was started")
     assert [status for _, status, _ in runs[1:]] == ["succeeded"]

@@ -8,7 +8,7 @@ import json
 from bridge.core.model import RunId, SessionId
 from bridge.core.transport import ApprovalChoice
 from bridge.store.base import AuditAction, RuleEffect, RuleScope
-from tests.bridge.test_approval_commands import ALICE, BOB, ROOM, make_room
+from tests.bridge.approval_rooms import ALICE, BOB, ROOM, make_room
 
 
 async def test_approve_session_keeps_an_allow_rule_of_the_runs_session() -> None:

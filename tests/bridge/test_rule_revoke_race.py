@@ -12,7 +12,7 @@ from bridge.live.registry import LiveRuns
 from bridge.outbound.replies import Replier
 from bridge.store.base import Approval, ApprovalState, RuleEffect, RuleScope
 from bridge.store.memory import MemoryStore
-from tests.bridge.test_approval_click_race import RUN, Asking
+from tests.bridge.approval_posts import RUN, Asking
 
 BOB = UserId("bob")
 

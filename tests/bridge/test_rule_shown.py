@@ -13,7 +13,7 @@ from bridge.live.approval_flow import ApprovalFlow
 from bridge.live.registry import LiveRuns
 from bridge.outbound.replies import Replier
 from runner.events import PermissionAsked
-from tests.bridge.test_approval_click_race import POSTED, RUN, Asking, Posting
+from tests.bridge.approval_posts import POSTED, RUN, Asking, Posting
 
 
 class Closing(Posting):

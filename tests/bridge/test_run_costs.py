@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.bridge.test_live_runs import WAIT_S, gated, rows, session, until_tool_runs
+from bridge.core.model import RoomId, RoomKey, SessionId, TransportName
+from tests.bridge.harness import rows
+from tests.bridge.live_runs import WAIT_S, gated, session, until_tool_runs
 from tests.config_files import Table
 
 COSTLY: Table = {"defaults": {"daily_budget_usd": 0.5}}
+CONSOLE = RoomKey(TransportName("console"), RoomId("console"))
 
 
 async def test_a_stopped_runs_cost_reaches_the_ledger_and_the_budget_binds(tmp_path: Path) -> None:
@@ -58,3 +61,23 @@ async def test_a_run_cut_by_a_time_limit_reports_what_claude_spent(
         ("failed", None),
     ]
     assert rows(tmp_path, "select cost_usd from spend") == [(1.0,)]
+
+
+async def test_a_retry_in_a_new_session_does_not_take_the_lost_sessions_cost(
+    tmp_path: Path,
+) -> None:
+    """Found in the review of issue 25's run endings."""
+    # The first try finds the session gone (claude prints a zeroed result); the second,
+    # in a new session, dies before any result: what it cost is unknown, not $0.
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    env = {"FAKE_CLAUDE_SESSIONS_DIR": str(sessions), "FAKE_CLAUDE_EXIT": "1"}
+    async with asyncio.timeout(WAIT_S), session(tmp_path, {}, **env) as bridge:
+        assert bridge.service is not None
+        await bridge.service.store.set_session(CONSOLE, SessionId("a-lost-session"))
+        bridge.send("a job")
+        await bridge.wait_for("continuing in a new session")
+        await bridge.wait_for("`!retry run-")
+        await bridge.service.dispatcher.wait_idle()
+    assert rows(tmp_path, "select status, cost_usd from runs") == [("failed", None)]
+    assert rows(tmp_path, "select cost_usd from spend") in ([], [(None,)])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +25,14 @@ from bridge.core.model import (
 )
 from bridge.core.transport import Accepted, Delivery, RateLimited
 from bridge.store.base import Store, StoreError
-from tests.bridge.harness import ConsoleSession, write_config
+from tests.bridge.harness import ConsoleSession, rows, write_config
+from tests.bridge.log_seen import LogSeen
 from tests.fakes.flaky_store import FlakyStore
 from transports.console import ConsoleTransport
 
 ROOM = RoomKey(TransportName("console"), RoomId("console"))
 WAIT_S = 30.0
 """Generous: each wait ends on an event long before; the bound only turns a hang into a failure."""
-
-
-def rows(tmp_path: Path, sql: str) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(tmp_path / "bridge.db") as db:
-        return db.execute(sql).fetchall()
 
 
 class HangingEdits(ConsoleTransport):
@@ -262,19 +257,6 @@ async def test_a_start_that_keeps_failing_is_told_and_kept_for_the_restart(
         async with asyncio.timeout(WAIT_S):
             await again.wait_for("\nfirst\n")
     assert rows(tmp_path, "select state from messages") == [("done",)]
-
-
-class LogSeen(logging.Handler):
-    """Sets ``seen`` once a record contains ``text`` (logging runs in the loop's thread)."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(logging.INFO)
-        self.text = text
-        self.seen = asyncio.Event()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if self.text in record.getMessage():
-            self.seen.set()
 
 
 async def test_a_stop_after_claude_answered_keeps_the_answer_and_the_session(

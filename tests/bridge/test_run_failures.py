@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,15 +17,10 @@ from bridge.service import Service, open_store
 from bridge.store.base import Store, StoreError
 from bridge.store.sql import SqlStore
 from runner.process import find_marked
-from tests.bridge.harness import ConsoleSession, write_config
+from tests.bridge.harness import ConsoleSession, rows, write_config
 
 WAIT_S = 30.0
 """Generous: each wait ends on an event long before; the bound only turns a hang into a failure."""
-
-
-def rows(tmp_path: Path, sql: str) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(tmp_path / "bridge.db") as db:
-        return db.execute(sql).fetchall()
 
 
 class FailingRegistration:

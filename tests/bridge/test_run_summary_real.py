@@ -6,8 +6,6 @@ what ``--resume`` and ``--fork-session`` do."""
 
 from __future__ import annotations
 
-import asyncio
-import sqlite3
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -15,29 +13,15 @@ from typing import Any
 import pytest
 
 from bridge.config import load_settings
-from tests.bridge.harness import ConsoleSession, write_config
-from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin, claude_env
+from tests.bridge.harness import ConsoleSession, rows
+from tests.bridge.real_claude import real_claude_config, see
+from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.claude,
     pytest.mark.skipif(not claude_bin().exists(), reason="claude binary not installed"),
 ]
-
-STEP_S = 60.0
-
-
-async def see(bridge: ConsoleSession, text: str) -> str:
-    try:
-        async with asyncio.timeout(STEP_S):
-            return await bridge.wait_for(text)
-    except TimeoutError:
-        raise AssertionError(f"never saw {text!r} in:\n{bridge.out.getvalue()[-3000:]}") from None
-
-
-def rows(tmp_path: Path, sql: str) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(tmp_path / "bridge.db") as db:
-        return db.execute(sql).fetchall()
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -59,14 +43,13 @@ def repo(tmp_path: Path) -> Path:
 
 
 def session(tmp_path: Path, server: ModelServer, cwd: Path, **defaults: Any) -> ConsoleSession:
-    config = write_config(
+    config = real_claude_config(
         tmp_path,
+        server,
         {
-            "runner": {"claude_bin": str(claude_bin())},
             "progress": {"show_after_s": 0},
             "defaults": {"permission_mode": "bypassPermissions", "cwd": str(cwd), **defaults},
         },
-        env=claude_env(server.url, tmp_path / "home"),
     )
     return ConsoleSession(load_settings(config))
 

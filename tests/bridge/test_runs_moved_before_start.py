@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,8 +30,8 @@ from bridge.runs.stale_runs import never_started
 from bridge.store.base import RoomOverrides, Store
 from runner import Prestarted, RunRequest
 from runner.supervision import Supervised
-from tests.bridge.harness import ConsoleSession, write_config
-from tests.bridge.test_live_runs import KEEP_WARM, console_room, kept_warm, run_log, watch_starts
+from tests.bridge.harness import ConsoleSession, rows, write_config
+from tests.bridge.live_runs import KEEP_WARM, console_room, kept_warm, run_log, watch_starts
 from tests.runner.conftest import gone
 from transports.console import ConsoleTransport
 
@@ -40,11 +39,6 @@ pytestmark = pytest.mark.slow
 
 WAIT_S = 30.0
 """Each wait ends on an event long before; the bound only turns a hang into a failure."""
-
-
-def rows(tmp_path: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(tmp_path / "bridge.db") as db:
-        return db.execute(sql, args).fetchall()
 
 
 class Typing(ConsoleTransport):

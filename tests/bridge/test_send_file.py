@@ -32,7 +32,8 @@ from bridge.store.base import Store
 from runner.events import ToolResult, ToolUse
 from runner.mcp_server import QUALIFIED_TOOL, NotSendable, check_sendable
 from tests.bridge.harness import ConsoleSession, run_console, write_config
-from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin, claude_env
+from tests.bridge.real_claude import real_claude_config
+from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin
 
 ROOM = RoomKey(TransportName("console"), RoomId("console"))
 
@@ -374,11 +375,7 @@ async def test_the_real_claude_sends_a_file_through_the_service(tmp_path: Path) 
         Turn(text="All sent."),
     ]
     async with ModelServer(script) as server:
-        config = write_config(
-            tmp_path,
-            {"runner": {"claude_bin": str(claude_bin())}},
-            env=claude_env(server.url, tmp_path / "home"),
-        )
+        config = real_claude_config(tmp_path, server)
         out = await run_console(config, ["send me the report"])
     assert "[file] report.txt (18 bytes)\nHere.\n" in out
     assert out.index("[file] report.txt") < out.index("All sent.")

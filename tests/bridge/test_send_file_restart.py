@@ -11,14 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.bridge.harness import write_config
-from tests.bridge.test_detached import finished_claudes, started_run, wait_for_offset, waiting
-from tests.bridge.test_lifecycle import (
-    Bridge,
-    no_leftovers,  # noqa: F401  (a fixture the tests use by name)
-    rows,
-    wait_rows,
-)
+from tests.bridge.bridge_process import Bridge, wait_rows
+from tests.bridge.detached_runs import finished_claudes, started_run, wait_for_offset, waiting
+from tests.bridge.harness import rows, write_config
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,6 @@ import asyncio
 import io
 import json
 import os
-import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,15 +25,11 @@ from bridge.service import Service, open_store
 from bridge.store.base import Store
 from runner.process import find_marked
 from tests.bridge.harness import ECHO, ConsoleSession, run_console, write_config
+from tests.bridge.harness import rows as db_rows
 from tests.fakes.flaky_store import FlakyStore
 from transports.console import ConsoleTransport
 
 ROOM = RoomKey(TransportName("console"), RoomId("console"))
-
-
-def db_rows(tmp_path: Path, sql: str) -> list[tuple[object, ...]]:
-    with sqlite3.connect(tmp_path / "bridge.db") as db:
-        return db.execute(sql).fetchall()
 
 
 async def running_run(tmp_path: Path) -> str:

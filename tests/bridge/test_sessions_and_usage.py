@@ -7,19 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 from pathlib import Path
-from typing import Any
 
 from bridge.config import load_settings
-from tests.bridge.harness import ConsoleSession, write_config
+from tests.bridge.harness import ConsoleSession, rows, write_config
 
 WAIT_S = 30.0
-
-
-def rows(tmp_path: Path, sql: str) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(tmp_path / "bridge.db") as db:
-        return db.execute(sql).fetchall()
 
 
 def session(tmp_path: Path, **env: str) -> ConsoleSession:

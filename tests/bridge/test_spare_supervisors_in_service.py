@@ -14,19 +14,14 @@ import pytest
 from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomKey
 from bridge.core.transport import Delivery, RateLimited, RunPhase
 from runner.process import find_marked
+from tests.bridge.bridge_process import Bridge, run_pids, wait_rows
 from tests.bridge.chat_room import GUARD_S, console_room, serving
+from tests.bridge.detached_runs import started_run, supervisor_pid, waiting
 from tests.bridge.harness import write_config
-from tests.bridge.test_answer_first import Timeline, settings
-from tests.bridge.test_detached import started_run, supervisor_pid, waiting
-from tests.bridge.test_lifecycle import (
-    Bridge,
-    alive,
-    no_leftovers,  # noqa: F401  (a fixture the tests use by name)
-    run_pids,
-    wait_rows,
-)
+from tests.bridge.timeline import Timeline, settings
 from tests.config_files import Table
 from tests.runner.conftest import gone, is_alive
+from tests.runner.containment import alive
 
 RETRY_AFTER_S = 60.0
 """Longer than the wait for the answer before the cosmetics (cosmetic_timeout_s)."""

@@ -4,21 +4,14 @@ begin is never taken for one that never began (bridge/runs/stale_runs.py)."""
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from pathlib import Path
-from typing import Any
 
 from bridge.config import load_settings
 from bridge.store.base import Store
-from tests.bridge.harness import ConsoleSession, write_config
+from tests.bridge.harness import ConsoleSession, rows, write_config
 from tests.fakes.flaky_store import FlakyStore
 
 WAIT_S = 30.0
-
-
-def rows(tmp_path: Path, sql: str) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(tmp_path / "bridge.db") as db:
-        return db.execute(sql).fetchall()
 
 
 async def test_a_run_that_ran_but_whose_end_went_unrecorded_is_not_run_again(

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from bridge.store.base import ApprovalState
-from tests.bridge.test_live_runs import APPROVING, WAIT_S, rows, session, tool_log
+from tests.bridge.harness import rows
+from tests.bridge.live_runs import APPROVING, WAIT_S, session
+from tests.fakes.fake_claude import tool_log
 
 pytestmark = pytest.mark.slow
 

@@ -9,41 +9,22 @@ with ``!reset``. Room rules (``!approve always``, ``!deny always``,
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sqlite3
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from bridge.config import load_settings
 from bridge.store.base import AuditAction
-from tests.bridge.harness import ConsoleSession, write_config
-from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin, claude_env
+from tests.bridge.harness import ConsoleSession, rows
+from tests.bridge.real_claude import real_claude_config, see
+from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.claude,
     pytest.mark.skipif(not claude_bin().exists(), reason="claude binary not installed"),
 ]
-
-STEP_S = 30.0
-"""Each wait ends on an event long before; the bound only turns a hang into a failure."""
-
-
-async def see(bridge: ConsoleSession, text: str) -> str:
-    """The room's output once ``text`` is in it; a failure showing the output if it never is."""
-    try:
-        async with asyncio.timeout(STEP_S):
-            return await bridge.wait_for(text)
-    except TimeoutError:
-        raise AssertionError(f"never saw {text!r} in:\n{bridge.out.getvalue()[-3000:]}") from None
-
-
-def rows(tmp_path: Path, sql: str) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(tmp_path / "bridge.db") as db:
-        return db.execute(sql).fetchall()
 
 
 def bash(command: str) -> Turn:
@@ -55,13 +36,14 @@ def real_session(tmp_path: Path, server: ModelServer, home: str = "home") -> Con
     sessions carried between homes through the database."""
     project = tmp_path / "proj"
     project.mkdir(exist_ok=True)
-    config = write_config(
+    config = real_claude_config(
         tmp_path,
+        server,
         {
-            "runner": {"claude_bin": str(claude_bin()), "transcripts_in_db": True},
+            "runner": {"transcripts_in_db": True},
             "defaults": {"approve_tools": True, "cwd": str(project)},
         },
-        env=claude_env(server.url, tmp_path / home),
+        home,
     )
     return ConsoleSession(load_settings(config))
 

@@ -14,7 +14,7 @@ from bridge.core.model import ExternalMessageId, ReplyKind, RoomKey
 from bridge.core.transport import RunPhase
 from tests.bridge.chat_room import console_room, serving
 from tests.bridge.harness import write_config
-from tests.bridge.test_answer_first import CLAUDE_LOG, WAIT_S, Timeline
+from tests.bridge.timeline import CLAUDE_LOG, WAIT_S, Timeline
 from tests.config_files import Table
 
 

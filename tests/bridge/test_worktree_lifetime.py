@@ -15,10 +15,12 @@ from bridge.core.model import ReplyKind, RoomId, RoomKey, TransportName
 from bridge.host.worktrees import Worktrees, slug, worktree_of
 from bridge.runs.worktree_lifetime import Lifetimes, listing
 from tests.bridge.chat_room import GUARD_S, ChatRoom, serving
+from tests.bridge.git_repos import (
+    AT_ONCE,
+    git,
+    notices,
+)
 from tests.bridge.harness import write_config
-from tests.bridge.test_worktrees import AT_ONCE, git, notices, repo
-
-__all__ = ["repo"]  # the fixture
 
 DAY_S = 86400.0
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,34 +14,13 @@ from bridge.config import load_settings
 from bridge.core.model import ReplyKind
 from bridge.errors import ConfigError
 from bridge.host.worktrees import slug
-from tests.bridge.chat_room import GUARD_S, ChatRoom, serving
+from tests.bridge.chat_room import GUARD_S, serving
+from tests.bridge.git_repos import (
+    AT_ONCE,
+    git,
+    notices,
+)
 from tests.bridge.harness import ECHO, write_config
-
-AT_ONCE = {"coalesce_ms": 600_000, "max_wait_ms": 600_000, "max_batch": 1}
-
-
-def git(cwd: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True
-    )
-    return done.stdout.strip()
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "config", "user.email", "t@example.com")
-    git(repo, "config", "user.name", "t")
-    (repo / "README").write_text("hello\n")
-    git(repo, "add", "README")
-    git(repo, "commit", "-q", "-m", "first")
-    return repo
-
-
-def notices(chat: ChatRoom) -> list[str]:
-    return chat.texts(ReplyKind.NOTICE)
 
 
 async def test_each_thread_works_in_its_own_worktree(tmp_path: Path, repo: Path) -> None:

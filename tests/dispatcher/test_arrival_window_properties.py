@@ -40,9 +40,10 @@ op = st.one_of(
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(op, max_size=60))
-def test_review4_arrivals_never_lose_double_or_strand_a_message(
+def test_arrivals_never_lose_double_or_strand_a_message(
     ops: list[tuple[Any, ...]],
 ) -> None:
+    """Found in review round 4."""
     make = Messages()
     room = Room(KEY, LIMITS)
     now = 0.0

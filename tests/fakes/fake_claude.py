@@ -277,6 +277,15 @@ def install(directory: Path, python: str = sys.executable) -> Path:
     return launcher
 
 
+def tool_log(directory: Path) -> list[dict[str, Any]]:
+    """The tool calls logged to ``directory/tools.jsonl`` (the tests' ``FAKE_CLAUDE_TOOL_LOG``),
+    in the order they ran; none while the file does not exist."""
+    path = directory / "tools.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def _uuid4() -> str:
     """A random (version 4) UUID as text, as ``str(uuid.uuid4())``, without importing uuid."""
     b = bytearray(os.urandom(16))

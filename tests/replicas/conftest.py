@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from bridge.cluster.replica import Notice
 from bridge.config import Settings, load_settings
 from bridge.core.model import RoomId, RoomKey, TransportName
 from bridge.service import Service, open_store
@@ -113,6 +114,24 @@ async def replica(settings: Settings, chat: ChatRoom | None = None) -> AsyncIter
 
 
 Factory = Callable[..., Settings]
+
+
+def held_room_stops(r: Replica) -> asyncio.Event:
+    """Hold ``r``'s handling of every room-stop notice until the returned event is set:
+    as when its poll loop is busy and hears the notice late."""
+    cluster = r.service.cluster
+    assert cluster is not None
+    heard = cluster.on_notice
+    assert heard is not None
+    released = asyncio.Event()
+
+    async def late(notice: Notice) -> None:
+        if notice.kind == "room-stop":
+            await released.wait()
+        await heard(notice)
+
+    cluster.on_notice = late
+    return released
 
 
 async def until(done: Callable[[], bool], guard_s: float = 30.0) -> None:

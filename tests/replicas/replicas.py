@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bridge.core.model import ReplyKind
+from tests.replicas.conftest import Replica
 from tests.service_process import CHATBRIDGE, READY_LINE, START_TIMEOUT_S, require_service
 
 STOP_TIMEOUT_S = 20.0
@@ -147,3 +149,7 @@ class ReplicaProcess:
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log[-lines:])
+
+
+def results(r: Replica) -> list[str]:
+    return r.chat.texts(ReplyKind.RESULT)

@@ -14,7 +14,6 @@ from typing import Any
 import asyncpg
 import pytest
 
-from bridge.cluster.replica import Notice
 from bridge.core.model import (
     Batch,
     ExternalMessageId,
@@ -27,7 +26,14 @@ from bridge.core.model import (
 from bridge.store.base import Fence, StoreError
 from bridge.store.cluster import Leases, Replica
 from bridge.store.sql import SqlStore
-from tests.replicas.conftest import ROOM, SlackRoom, replica, replica_settings, until
+from tests.replicas.conftest import (
+    ROOM,
+    SlackRoom,
+    held_room_stops,
+    replica,
+    replica_settings,
+    until,
+)
 from tests.store.conftest import _asyncpg_dsn
 
 # Everything below is answered within a lease's lifetime and a few polls
@@ -196,19 +202,8 @@ async def test_a_top_level_stop_heard_late_does_not_drop_what_came_after_it(
     ):
         await b.chat.say("on b", thread="t2")
         await b.chat.wait_until(lambda: results(b.chat) == ["on b"])
-        cluster = b.service.cluster
-        assert cluster is not None
-        heard = cluster.on_notice
-        assert heard is not None
-        queued = asyncio.Event()
-
-        async def late(notice: Notice) -> None:
-            if notice.kind == "room-stop":
-                # b's poll loop is busy: the notice is handled after the next message.
-                await queued.wait()
-            await heard(notice)
-
-        cluster.on_notice = late
+        # b's poll loop is busy: the notice is handled after the next message.
+        queued = held_room_stops(b)
         await a.chat.say("!stop")
         await a.chat.wait_until(lambda: len(a.chat.texts(ReplyKind.NOTICE)) >= 1)
         await b.chat.say("after the stop", thread="t2")

@@ -8,7 +8,7 @@ from typing import Any
 
 from bridge.core.model import RoomKey
 from tests.replicas.conftest import ROOM, replica, replica_settings, until
-from tests.replicas.test_replicas import results
+from tests.replicas.replicas import results
 from tests.runner.conftest import is_alive
 
 

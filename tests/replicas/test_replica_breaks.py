@@ -10,11 +10,17 @@ from typing import Any
 
 import pytest
 
-from bridge.cluster.replica import Notice
 from bridge.core.model import ReplyKind, RoomKey
 from bridge.store.base import StoreError
 from bridge.store.cluster import Renewal
-from tests.replicas.conftest import ROOM, SlackRoom, replica, replica_settings, until
+from tests.replicas.conftest import (
+    ROOM,
+    SlackRoom,
+    held_room_stops,
+    replica,
+    replica_settings,
+    until,
+)
 
 # Everything below is answered within a lease's lifetime and a few polls
 # (lease_ttl_s = 4, poll_s = 0.2) when it works; the guard only bounds a failure.
@@ -126,19 +132,8 @@ async def test_a_message_after_a_top_level_stop_in_a_thread_room_is_not_dropped(
         replica(replica_settings(tmp_path, "a", cluster_db, config)) as a,
         replica(replica_settings(tmp_path, "b", cluster_db, config)),
     ):
-        cluster = a.service.cluster
-        assert cluster is not None
-        heard = cluster.on_notice
-        assert heard is not None
-        queued = asyncio.Event()
-
-        async def late(notice: Notice) -> None:
-            if notice.kind == "room-stop":
-                # The notice comes back after the next message was queued.
-                await queued.wait()
-            await heard(notice)
-
-        cluster.on_notice = late
+        # The notice comes back after the next message was queued.
+        queued = held_room_stops(a)
         await a.chat.say("!stop")
         await a.chat.say("after the stop", thread="t1")
         assert a.service.dispatcher.status(thread).waiting == 1

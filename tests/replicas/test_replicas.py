@@ -14,7 +14,8 @@ import pytest
 from bridge.core.model import MessageId, ReplyKind, RoomKey
 from bridge.store.base import AuditAction, Fence
 from bridge.store.cluster import Fenced, Leases
-from tests.replicas.conftest import ROOM, Replica, replica, replica_settings, until
+from tests.replicas.conftest import ROOM, replica, replica_settings, until
+from tests.replicas.replicas import results
 from tests.store.conftest import _asyncpg_dsn
 
 GUARD_S = 30.0
@@ -42,10 +43,6 @@ async def until_a_statement_waits_on_a_lock(url: str) -> None:
                 await asyncio.sleep(0.01)
     finally:
         await conn.close()
-
-
-def results(r: Replica) -> list[str]:
-    return r.chat.texts(ReplyKind.RESULT)
 
 
 async def test_the_owner_runs_what_any_replica_accepts(tmp_path: Path, cluster_db: str) -> None:

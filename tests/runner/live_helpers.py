@@ -22,8 +22,8 @@ from runner.bare import bare_argv
 from runner.spare import SUPERVISOR
 from tests.fakes.model_server import ModelServer, ToolCall, Turn
 from tests.runner.conftest import Recorder
-from tests.runner.test_detached import records
-from tests.runner.test_real_claude import marked_with, real_request, until
+from tests.runner.detached_runs import records
+from tests.runner.real_claude import marked_with, real_request, until
 
 
 def asking(run_id: RunId, tmp_path: Path, server: ModelServer, prompt: str, **kw: Any) -> Any:

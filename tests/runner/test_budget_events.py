@@ -12,8 +12,8 @@ from bridge.core.model import RunId, RunStatus
 from runner import Result, RunControl, UsageLimited, run_claude
 from runner.stream import parse_line
 from tests.runner.conftest import Recorder
+from tests.runner.fake_runs import fake_env, make_request
 from tests.runner.live_helpers import sending_at_the_first_result
-from tests.runner.test_run_fake import fake_env, make_request
 
 # As claude 2.1.332 printed it (tests/fakes/fake_claude.py, FAKE_CLAUDE_USAGE_LIMIT).
 REJECTED = {

@@ -16,9 +16,8 @@ from runner import ToolResult, run_claude
 from runner.cgroups import probe
 from runner.proctree import own_cgroup
 from tests.runner.conftest import Recorder, is_alive
-from tests.runner.test_run_fake import fake_env, make_request, record
-
-HERE = probe("auto", limits=False)
+from tests.runner.containment import HERE
+from tests.runner.fake_runs import fake_env, make_request, record
 
 
 def test_off_means_no_group() -> None:

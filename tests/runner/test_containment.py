@@ -9,7 +9,6 @@ The escaping processes carry no marker, so these tests follow them by pid
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import sys
@@ -19,64 +18,22 @@ import pytest
 
 from bridge.core.model import RunId, RunStatus
 from runner import RunRequest, ToolResult, run_claude
-from runner.cgroups import probe
-from runner.process import wait_exited
 from runner.proctree import own_cgroup
 from tests.fakes.fake_claude import FAKE_CLAUDE
-from tests.runner.conftest import Recorder, is_alive
-from tests.runner.test_run_fake import fake_env, make_request, record
+from tests.runner.conftest import Recorder
+from tests.runner.containment import (
+    CGROUP_PARENTS,
+    alive,
+    escaped,
+    escaping_request,
+    needs_cgroups,
+    ppid,
+    run_in_child_bridge,
+    until_exited,
+)
+from tests.runner.fake_runs import fake_env, make_request, record
 
 pytestmark = pytest.mark.slow
-
-ESCAPES = ("env-i", "double-fork", "background")
-
-HERE = probe("auto", limits=False)
-needs_cgroups = pytest.mark.skipif(not HERE.groups, reason=f"no cgroup groups: {HERE.problem}")
-CGROUP_PARENTS = [
-    pytest.param("", id="subreaper-only"),
-    # The supervisor then finds the run's processes through the group, not /proc.
-    pytest.param("auto", id="cgroup", marks=needs_cgroups),
-]
-
-
-def escaping_request(
-    run_id: RunId, tmp_path: Path, cgroup_parent: str = "", **switches: str
-) -> RunRequest:
-    escape_dir = tmp_path / "escape"
-    escape_dir.mkdir(exist_ok=True)
-    env = fake_env(tmp_path, escape=str(escape_dir), **switches)
-    return make_request(run_id, tmp_path, env=env, stop_grace_s=0.5, cgroup_parent=cgroup_parent)
-
-
-def escaped(tmp_path: Path) -> list[int]:
-    pids = [int((tmp_path / "escape" / f"{name}.pid").read_text()) for name in ESCAPES]
-    assert record(tmp_path)["escaped"] == pids
-    return pids
-
-
-def alive(pids: list[int]) -> list[int]:
-    return [pid for pid in pids if is_alive(pid)]
-
-
-def ppid(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
-async def until_exited(pids: list[int], within: float = 30.0) -> None:
-    """Wait for processes that are not our children to exit; TimeoutError if some do not."""
-    fds = []
-    for pid in pids:
-        try:
-            fds.append(os.pidfd_open(pid))
-        except ProcessLookupError:
-            continue
-    try:
-        running = await wait_exited(fds, within)
-    finally:
-        for fd in fds:
-            os.close(fd)
-    if running:
-        raise TimeoutError(f"{len(running)} process(es) still running after {within:g}s")
 
 
 @pytest.mark.parametrize("cgroup_parent", CGROUP_PARENTS)
@@ -156,42 +113,6 @@ async def test_orphans_are_reaped_during_the_run(
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-
-
-RUN_IN_CHILD = """
-import asyncio, json, sys
-from pathlib import Path
-from runner import RunRequest, run_claude
-
-async def main() -> None:
-    cwd = Path(sys.argv[2])
-    request = RunRequest(**json.loads(sys.argv[1]), cwd=cwd, state_dir=cwd / "state")
-    async def on_event(event: object) -> None:
-        print(type(event).__name__, flush=True)
-    await run_claude(request, on_event)
-
-asyncio.run(main())
-"""
-
-
-async def run_in_child_bridge(
-    request: RunRequest, tmp_path: Path
-) -> tuple[asyncio.subprocess.Process, list[int]]:
-    """Start ``request`` in a child process standing in for the bridge; once its tools run,
-    return that process and the run's pids (claude, its supervisor, the escaped tools)."""
-    # The run's directory under the test's own: a killed bridge leaves it behind.
-    fields = {k: v for k, v in request.__dict__.items() if k not in {"cwd", "state_dir"}}
-    fields["env"] = dict(fields["env"])
-    bridge = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", RUN_IN_CHILD, json.dumps(fields), str(tmp_path),
-        stdout=asyncio.subprocess.PIPE,
-        cwd=Path(__file__).parents[2],
-    )  # fmt: skip
-    assert bridge.stdout is not None
-    while (line := await bridge.stdout.readline()) != b"ToolResult\n":
-        assert line, "the run in the child ended early"
-    claude = record(tmp_path)["pid"]
-    return bridge, [claude, ppid(claude), *escaped(tmp_path)]
 
 
 async def test_kill_9_of_the_bridge_leaves_the_run_to_its_orphan_timeout(

@@ -14,18 +14,15 @@ import json
 import os
 import signal
 import socket
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from bridge.core.model import LiveRun, RunId, RunStatus
+from bridge.core.model import RunId, RunStatus
 from runner import (
     Result,
     RunEvent,
-    RunRequest,
     Spawned,
     ToolResult,
     attach_claude,
@@ -38,87 +35,22 @@ from runner import (
 from runner.bare import bare_argv
 from runner.spare import SUPERVISOR
 from tests.runner.conftest import Recorder, pids_with_marker
-from tests.runner.test_containment import alive, until_exited
-from tests.runner.test_run_fake import assert_nothing_left, fake_env, make_request, record
+from tests.runner.containment import alive, until_exited
+from tests.runner.detached_runs import (
+    EOF,
+    connect,
+    detached,
+    journal,
+    read_line,
+    read_to_end,
+    records,
+    release,
+    waiting_request,
+)
+from tests.runner.fake_runs import assert_nothing_left, fake_env, make_request, record
 
 pytestmark = pytest.mark.slow
-
-
-def records(data: bytes) -> Iterator[tuple[dict[str, Any], bytes, int]]:
-    """Parse journal bytes: (header, payload, offset just past the record)."""
-    pos = 0
-    while pos < len(data):
-        nl = data.index(b"\n", pos)
-        head = json.loads(data[pos:nl])
-        n = head.get("n", 0)
-        yield head, data[nl + 1 : nl + 1 + n], nl + 1 + n
-        pos = nl + 1 + n
-
-
-def journal(live: LiveRun) -> bytes:
-    return (Path(live.run_dir) / "journal").read_bytes()
-
-
-def waiting_request(run_id: RunId, tmp_path: Path, **overrides: Any) -> RunRequest:
-    """A run that holds after its tool events until ``tmp_path/go`` exists."""
-    switches = overrides.pop("switches", {})
-    env = fake_env(
-        tmp_path, wait_for=str(tmp_path / "go"), times=str(tmp_path / "times"), **switches
-    )
-    fields: dict[str, Any] = {"env": env, "state_dir": tmp_path / "state"}
-    fields.update(overrides)
-    return make_request(run_id, tmp_path, **fields)
-
-
-async def detached(request: RunRequest, recorder: Recorder) -> LiveRun:
-    """Start ``request``, and once its tool ran, cancel the bridge's side with ``detach``."""
-    task = asyncio.create_task(run_claude(request, recorder, detach=lambda: True))
-    await recorder.wait_for(ToolResult)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    (spawned,) = recorder.of(Spawned)
-    assert spawned.live is not None
-    return spawned.live
-
-
-EOF = b'{"t":"eof"}\n'
-
-
-def connect(live: LiveRun, offset: int = 0, versions: tuple[int, ...] = (1,)) -> socket.socket:
-    """A raw bridge connection (through the run directory's fd: paths may be long)."""
-    dirfd = os.open(live.run_dir, os.O_PATH | os.O_DIRECTORY)
-    try:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(f"/proc/self/fd/{dirfd}/sock")
-    finally:
-        os.close(dirfd)
-    sock.sendall(
-        json.dumps({"t": "attach", "v": list(versions), "offset": offset}).encode() + b"\n"
-    )
-    return sock
-
-
-async def read_line(sock: socket.socket) -> dict[str, Any]:
-    line = b""
-    while not line.endswith(b"\n"):
-        chunk = await asyncio.to_thread(sock.recv, 1)
-        if not chunk:
-            raise EOFError(line)
-        line += chunk
-    data: dict[str, Any] = json.loads(line)
-    return data
-
-
-async def read_to_end(sock: socket.socket) -> bytes:
-    data = b""
-    while chunk := await asyncio.to_thread(sock.recv, 65536):
-        data += chunk
-    return data
-
-
-def release(tmp_path: Path) -> None:
-    (tmp_path / "go").touch()
+WAIT_S = 30.0
 
 
 def claude_starts(tmp_path: Path) -> int:
@@ -544,3 +476,21 @@ async def test_a_stop_signal_to_the_supervisor_stops_the_run(
     report = await attach_claude(request, live, Recorder())
     assert report.status is RunStatus.FAILED
     assert report.exit_code == 143  # claude's own SIGTERM exit, as the real one
+
+
+async def test_a_run_stopped_for_want_of_a_bridge_reports_what_claude_spent(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    """Found in the review of issue 25's run endings."""
+    # No bridge attached for orphan_timeout_s: the supervisor ends the run as at its
+    # other limits, claude interrupted first, so the bridge that reattaches later
+    # reads the cost of the interrupted turn (SIGTERM alone prints no result: unknown).
+    request = replace(waiting_request(run_id, tmp_path, orphan_timeout_s=1.0), stop_grace_s=5.0)
+    live = await detached(request, recorder)
+    run = record(tmp_path)
+    async with asyncio.timeout(WAIT_S):
+        await until_exited([live.supervisor_pid, run["pid"]])
+    report = await attach_claude(request, live, Recorder())
+    assert report.status is RunStatus.INTERRUPTED
+    assert "no chatbridge was attached to it for 1 s" in report.error
+    assert report.cost_usd is not None

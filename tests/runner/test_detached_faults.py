@@ -33,8 +33,8 @@ from runner import (
 )
 from runner.rundir import make_run_dir
 from tests.runner.conftest import Recorder, pids_with_marker
-from tests.runner.test_containment import alive, until_exited
-from tests.runner.test_detached import (
+from tests.runner.containment import alive, until_exited
+from tests.runner.detached_runs import (
     EOF,
     connect,
     detached,
@@ -45,7 +45,7 @@ from tests.runner.test_detached import (
     release,
     waiting_request,
 )
-from tests.runner.test_run_fake import assert_nothing_left, make_request
+from tests.runner.fake_runs import assert_nothing_left, make_request
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 
 from runner.proctree import cgroup_parent
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.runner.forkexec_scripts import ROOT, script_result
 
 SPAWN = """
 import json, os, signal, sys
@@ -72,20 +71,6 @@ print(json.dumps({
     "cgroup": open("/proc/self/cgroup").read(),
 }))
 """
-
-
-def script_result(script: str, *args: str) -> dict[str, Any]:
-    """What ``script`` prints (one JSON object), run in a fresh single-threaded Python."""
-    done = subprocess.run(
-        [sys.executable, "-c", script, *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-        check=True,
-    )
-    result: dict[str, Any] = json.loads(done.stdout)
-    return result
 
 
 def spawn(mode: str, *, parent: str = "", argv: list[str] | None = None) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.runner.test_forkexec import script_result
+from tests.runner.forkexec_scripts import script_result
 
 SPAWN_IN = """
 import json, os, sys

@@ -33,8 +33,8 @@ from runner import (
 )
 from runner.journal import Journal
 from tests.runner.conftest import Recorder
-from tests.runner.test_containment import until_exited
-from tests.runner.test_detached import (
+from tests.runner.containment import until_exited
+from tests.runner.detached_runs import (
     EOF,
     detached,
     journal,
@@ -43,7 +43,7 @@ from tests.runner.test_detached import (
     release,
     waiting_request,
 )
-from tests.runner.test_run_fake import record
+from tests.runner.fake_runs import record
 from tests.small_disk import SmallDisk, needs_mount
 
 pytestmark = [pytest.mark.slow, needs_mount]

@@ -27,9 +27,9 @@ from runner import (
 )
 from runner.prestart import prestart
 from tests.runner.conftest import Recorder, is_alive, pids_with_marker
+from tests.runner.fake_runs import fake_env, make_request
 from tests.runner.live_helpers import cancelled, sending_at_the_first_result
-from tests.runner.test_real_claude import until
-from tests.runner.test_run_fake import fake_env, make_request
+from tests.runner.real_claude import until
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from tests.runner.live_helpers import (
     sending_at_the_first_result,
     until_running,
 )
-from tests.runner.test_real_claude import real_request
+from tests.runner.real_claude import real_request
 
 pytestmark = [
     pytest.mark.slow,

@@ -9,7 +9,6 @@ a reattach during a permission request, prestart.
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,16 +31,12 @@ from runner import (
     run_claude,
 )
 from runner.prestart import prestart
+from tests.fakes.fake_claude import tool_log
 from tests.runner.conftest import Recorder, is_alive, pids_with_marker
+from tests.runner.fake_runs import fake_env, make_request
 from tests.runner.live_helpers import cancelled, sending_at_the_first_result
-from tests.runner.test_run_fake import fake_env, make_request
 
 pytestmark = pytest.mark.slow
-
-
-def tool_log(tmp_path: Path) -> list[dict[str, str]]:
-    path = tmp_path / "tools.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
 async def test_approvals_allow_and_deny(run_id: RunId, tmp_path: Path, recorder: Recorder) -> None:

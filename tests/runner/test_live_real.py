@@ -32,6 +32,7 @@ from runner import (
 )
 from tests.fakes.model_server import ModelServer, Turn, claude_bin
 from tests.runner.conftest import Recorder, is_alive, pids_with_marker
+from tests.runner.containment import until_exited
 from tests.runner.live_helpers import (
     asking,
     bash_turn,
@@ -41,8 +42,7 @@ from tests.runner.live_helpers import (
     sending_at_the_first_result,
     until_running,
 )
-from tests.runner.test_containment import until_exited
-from tests.runner.test_real_claude import real_request
+from tests.runner.real_claude import real_request
 
 pytestmark = [
     pytest.mark.slow,

@@ -26,7 +26,7 @@ from bridge.core.model import RunId
 from runner import kill_marked, recover_run
 from runner.process import kill_tree
 from tests.runner.conftest import is_alive, pids_with_marker
-from tests.runner.test_process import leave_orphans
+from tests.runner.orphans import leave_orphans
 
 pytestmark = pytest.mark.slow
 

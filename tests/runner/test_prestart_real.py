@@ -14,7 +14,7 @@ from runner import Result, Spawned, run_claude
 from runner.prestart import prestart
 from tests.fakes.model_server import ModelServer, Turn, claude_bin, claude_env
 from tests.runner.conftest import Recorder, is_alive, pids_with_marker
-from tests.runner.test_real_claude import chatbridge_console, real_request
+from tests.runner.real_claude import chatbridge_console, real_request
 
 pytestmark = [
     pytest.mark.slow,

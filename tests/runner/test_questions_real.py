@@ -13,11 +13,11 @@ import pytest
 from bridge.core.model import RunId, RunStatus
 from bridge.live.questions import ACCEPT_EDITS
 from runner import Allow, Deny, PermissionAsked, RunControl, RunEvent, ToolUse, run_claude
-from tests.bridge.test_questions_e2e import MULTI, SINGLE
+from tests.bridge.questions import MULTI, SINGLE
 from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin
 from tests.runner.conftest import Recorder
 from tests.runner.live_helpers import asking
-from tests.runner.test_real_claude import real_request
+from tests.runner.real_claude import real_request
 
 pytestmark = [
     pytest.mark.slow,

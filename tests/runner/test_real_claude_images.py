@@ -13,7 +13,7 @@ from bridge.core.model import RunId, RunStatus
 from runner import PromptImage, run_claude
 from tests.fakes.model_server import ModelServer, Turn, claude_bin
 from tests.runner.conftest import Recorder
-from tests.runner.test_real_claude import real_request
+from tests.runner.real_claude import real_request
 
 pytestmark = [
     pytest.mark.slow,

@@ -16,12 +16,7 @@ import pytest
 
 from bridge.core.model import RunId
 from runner import RunRequest, recover_run
-from tests.runner.test_cgroups import HERE
-from tests.runner.test_containment import (
-    alive,
-    escaping_request,
-    run_in_child_bridge,
-)
+from tests.runner.containment import HERE, alive, escaping_request, run_in_child_bridge
 
 pytestmark = pytest.mark.slow
 

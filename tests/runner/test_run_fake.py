@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -17,54 +15,23 @@ from runner import (
     MessageTaken,
     Result,
     RunEvent,
-    RunRequest,
     Spawned,
     ToolResult,
     ToolUse,
     answer_report,
     run_claude,
 )
-from tests.fakes.fake_claude import install
+from runner.journal import JOURNAL
+from runner.rundir import RUNS
 from tests.runner.conftest import Recorder, is_alive, pids_with_marker
+from tests.runner.fake_runs import assert_nothing_left, fake_env, make_request, record
 
 pytestmark = pytest.mark.slow
+WAIT_S = 30.0
 
 TRICKY_PROMPT = (
     "hello $(rm -rf ~) `id` ; | & > out\n'single' \"double\" \\ 日本語 ✓ 🚀\n\n--help -p"
 )
-
-
-def make_request(run_id: RunId, tmp_path: Path, prompt: str = "hi", **overrides: Any) -> RunRequest:
-    fields: dict[str, Any] = {
-        "run_id": run_id,
-        "claude_bin": str(install(tmp_path)),
-        "cwd": tmp_path,
-        "prompt": prompt,
-        "session_id": None,
-        "run_timeout_s": 60,
-        "idle_timeout_s": 60,
-        "stop_grace_s": 2.0,
-    }
-    fields.update(overrides)
-    return RunRequest(**fields)
-
-
-def fake_env(tmp_path: Path, **switches: str) -> dict[str, str]:
-    env = {"FAKE_CLAUDE_RECORD": str(tmp_path / "record.json")}
-    env.update({f"FAKE_CLAUDE_{k.upper()}": v for k, v in switches.items()})
-    return env
-
-
-def record(tmp_path: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((tmp_path / "record.json").read_text())
-    return data
-
-
-def assert_nothing_left(run_id: RunId, tmp_path: Path | None = None) -> None:
-    assert pids_with_marker(run_id) == []
-    if tmp_path is not None:
-        rec = record(tmp_path)
-        assert [p for p in [rec["pid"], *rec["children"]] if is_alive(p)] == []
 
 
 async def test_success_events_in_order(run_id: RunId, tmp_path: Path, recorder: Recorder) -> None:
@@ -453,4 +420,35 @@ async def test_nothing_starts_when_the_run_may_no_longer_start(
     assert recorder.events == []
     assert not (tmp_path / "record.json").exists()
     assert not (state / "runs" / run_id).exists()
+    assert pids_with_marker(run_id) == []
+
+
+async def until_expired(journal: Path) -> None:
+    """The supervisor journaled the time limit (and interrupted claude)."""
+    while not journal.exists() or b'"t":"expired"' not in journal.read_bytes():
+        await asyncio.sleep(0.05)
+
+
+async def test_a_stop_during_a_time_limits_grace_leaves_no_claude_behind(
+    run_id: RunId, tmp_path: Path, recorder: Recorder
+) -> None:
+    """Found in the review of issue 25's run endings."""
+    # claude does not end its turn at the limit's SIGINT: the grace period runs, and a
+    # !stop (or a shutdown) then cancels the run. Returned, it must have left nothing
+    # running: the room's next run would be a second claude of the conversation.
+    state = tmp_path / "state"
+    request = make_request(
+        run_id,
+        tmp_path,
+        env=fake_env(tmp_path, sleep="60", ignore_int="1"),
+        run_timeout_s=1,
+        stop_grace_s=5.0,
+        state_dir=state,
+    )
+    async with asyncio.timeout(WAIT_S):
+        running = asyncio.create_task(run_claude(request, recorder))
+        await until_expired(state / RUNS / run_id / JOURNAL)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
     assert pids_with_marker(run_id) == []

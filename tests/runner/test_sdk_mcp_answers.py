@@ -32,10 +32,10 @@ from runner.prestart import prestart
 from runner.spare import SUPERVISOR
 from tests.fakes.model_server import ModelServer, ToolCall, Turn, claude_bin
 from tests.runner.conftest import Recorder
+from tests.runner.detached_runs import records
+from tests.runner.fake_runs import make_request
 from tests.runner.live_helpers import asking, run_heads
-from tests.runner.test_detached import records
-from tests.runner.test_real_claude import real_request
-from tests.runner.test_run_fake import make_request
+from tests.runner.real_claude import real_request
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ from runner import MARKER_ENV, Spares, Spawned, run_claude
 from runner.recovery import _supervisor_candidates, recover_run
 from runner.spare import Spare, start_spare
 from tests.runner.conftest import Recorder, exit_of, is_alive
-from tests.runner.test_run_fake import assert_nothing_left, fake_env, make_request, record
+from tests.runner.fake_runs import assert_nothing_left, fake_env, make_request, record
 
 pytestmark = pytest.mark.slow
 

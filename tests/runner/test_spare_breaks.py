@@ -25,7 +25,7 @@ from runner.recovery import _find_supervisor
 from runner.spare import Spare, start_spare
 from runner.supervision import RunLimits, supervisor_options
 from tests.runner.conftest import Recorder, exit_of, is_alive
-from tests.runner.test_run_fake import assert_nothing_left, fake_env, make_request
+from tests.runner.fake_runs import assert_nothing_left, fake_env, make_request
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ import pytest
 from bridge.core.model import RunId, RunStatus
 from runner import Result, ToolResult, run_claude
 from tests.runner.conftest import Recorder
-from tests.runner.test_containment import (
+from tests.runner.containment import (
     CGROUP_PARENTS,
     alive,
     escaped,
@@ -28,7 +28,7 @@ from tests.runner.test_containment import (
     needs_cgroups,
     ppid,
 )
-from tests.runner.test_run_fake import fake_env, make_request, record
+from tests.runner.fake_runs import fake_env, make_request, record
 
 pytestmark = pytest.mark.slow
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.runner.detached_runs import records
 from tests.runner.live_helpers import (
     JournalReader,
     allowed,
@@ -22,7 +23,6 @@ from tests.runner.live_helpers import (
     stdin,
     user,
 )
-from tests.runner.test_detached import records
 
 pytestmark = pytest.mark.slow
 

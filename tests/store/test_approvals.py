@@ -15,37 +15,13 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.store.base import Approval, ApprovalState, AuditAction, RoomOverrides
+from bridge.store.base import ApprovalState, AuditAction, RoomOverrides
+from tests.store.approval_rows import ROOM, RUN, ask
 from tests.store.conftest import InspectableStore
 
-ROOM = RoomKey(TransportName("matrix"), RoomId("!a:localhost"))
 OTHER_ROOM = RoomKey(TransportName("slack"), RoomId("!a:localhost"))  # same id, other transport
-RUN = RunId("run-1")
 ALICE = UserId("@alice:localhost")
 BOB = UserId("@bob:localhost")
-
-
-async def ask(
-    store: InspectableStore,
-    request_id: str,
-    *,
-    room: RoomKey = ROOM,
-    run_id: RunId = RUN,
-    asked_at: float = 100.0,
-    expires_at: float = 1000.0,
-    tool: str = "Bash",
-    shown_digest: str = "",
-) -> Approval:
-    return await store.add_approval(
-        room,
-        run_id,
-        request_id,
-        tool_name=tool,
-        input_json='{"command": "ls"}',
-        asked_at=asked_at,
-        expires_at=expires_at,
-        shown_digest=shown_digest,
-    )
 
 
 async def test_a_request_is_pending_under_the_rooms_next_number(store: InspectableStore) -> None:

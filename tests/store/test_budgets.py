@@ -7,7 +7,7 @@ import asyncio
 from bridge.core.model import RunId, RunReport, RunStatus, SessionId
 from bridge.store.base import LimitResume
 from tests.store.conftest import InspectableStore
-from tests.store.test_contract import OTHER_ROOM, ROOM, SLACK_ROOM, accept, start
+from tests.store.rows import OTHER_ROOM, ROOM, SLACK_ROOM, accept, start
 
 
 async def finish(

@@ -38,44 +38,13 @@ from bridge.store.base import (
 )
 from bridge.store.rules import EXCERPT_LIMIT_BYTES
 from tests.store.conftest import InspectableStore
+from tests.store.rows import ALICE, OTHER_ROOM, ROOM, SLACK_ROOM, accept, inbound, start
 
-ROOM = RoomKey(TransportName("matrix"), RoomId("!a:localhost"))
-OTHER_ROOM = RoomKey(TransportName("matrix"), RoomId("!b:localhost"))
-SLACK_ROOM = RoomKey(TransportName("slack"), RoomId("!a:localhost"))  # same id, other transport
-ALICE = UserId("@alice:localhost")
 BOB = UserId("@bob:localhost")
-
-
-def inbound(
-    external_id: str, room: RoomKey = ROOM, text: str = "hello", thread: str | None = None
-) -> InboundMessage:
-    return InboundMessage(
-        room=room,
-        sender=ALICE,
-        text=text,
-        external_id=ExternalMessageId(external_id),
-        thread=thread,
-    )
-
-
-async def accept(
-    store: InspectableStore, external_id: str, at: float = 100.0, room: RoomKey = ROOM
-) -> Message:
-    message = await store.accept(inbound(external_id, room), at)
-    assert message is not None
-    return message
 
 
 async def accept_many(store: InspectableStore, n: int, at: float = 100.0) -> list[Message]:
     return [await accept(store, f"$e{i}", at + i) for i in range(n)]
-
-
-async def start(
-    store: InspectableStore, run_id: str, messages: list[Message], at: float = 200.0
-) -> RunId:
-    rid = RunId(run_id)
-    await store.start_run(rid, Batch(messages[0].room, tuple(messages)), at)
-    return rid
 
 
 def actions(trail: list[AuditRecord]) -> Counter[AuditAction]:

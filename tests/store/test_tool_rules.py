@@ -8,8 +8,8 @@ import pytest
 
 from bridge.core.model import RoomId, RoomKey, SessionId, TransportName, UserId
 from bridge.store.base import ApprovalState, AuditAction, RuleEffect, RuleScope, ToolRule
+from tests.store.approval_rows import ask
 from tests.store.conftest import InspectableStore
-from tests.store.test_approvals import ask
 
 ROOM = RoomKey(TransportName("slack"), RoomId("C1"))
 THREAD = ROOM.in_thread("1700000000.000100")

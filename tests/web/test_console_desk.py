@@ -7,7 +7,7 @@ from bridge.core.transport import ApprovalChoice
 from bridge.live.approval_desk import ApprovalDesk
 from bridge.store.base import ApprovalState
 from bridge.web.actions import DeskActions
-from tests.bridge.test_approval_commands import ALICE, BOB, ROOM, Room, make_room, start_run_of
+from tests.bridge.approval_rooms import ALICE, BOB, ROOM, Room, make_room, start_run_of
 
 
 def desk_actions(room: Room) -> DeskActions:

@@ -9,55 +9,22 @@ answer), while her messages start nothing.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.fakes.fake_claude import tool_log
 from tests.transports.matrix.matrix_helpers import Human, Seen, joined, message_from
 from tests.transports.matrix.matrix_service import service
+from tests.transports.matrix.reactions import offered, react
+from tests.transports.matrix.seen import ALICE, MALLORY, answer_to, edit_of, request_in
 from tests.transports.matrix.synapse_peer import MatrixUser, SynapseServer
-from tests.transports.matrix.test_matrix_approvals import offered, react
-from transports.matrix.approvals import MARKER
 
 pytestmark = [pytest.mark.synapse, pytest.mark.slow]
 
-ALICE = "@alice:localhost"
-MALLORY = "@mallory:localhost"
 HOSTILE = "echo `id` @room [alice](https://matrix.to/#/@alice:localhost) <b>bold</b> \u202eexe.txt"
 """A command with a room ping, a pill, HTML and a bidi override in it."""
-
-
-def tool_log(tmp_path: Path) -> list[dict[str, Any]]:
-    path = tmp_path / "tools.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def request_in(bot: MatrixUser, room: str, ref: str) -> Callable[[Seen], bool]:
-    def match(seen: Seen) -> bool:
-        return (
-            message_from(bot.user_id, room)(seen)
-            and (seen.content.get(MARKER) or {}).get("ref") == ref
-        )
-
-    return match
-
-
-def edit_of(event_id: str, contains: str) -> Callable[[Seen], bool]:
-    def match(seen: Seen) -> bool:
-        relates = seen.content.get("m.relates_to") or {}
-        new = seen.content.get("m.new_content") or {}
-        return (
-            relates.get("rel_type") == "m.replace"
-            and relates.get("event_id") == event_id
-            and contains in str(new.get("body"))
-        )
-
-    return match
 
 
 def file_from(bot: MatrixUser, room: str, name: str) -> Callable[[Seen], bool]:
@@ -78,17 +45,6 @@ def reply_to(bot: MatrixUser, room: str, event_id: str, text: str) -> Callable[[
             message_from(bot.user_id, room)(seen)
             and (relates.get("m.in_reply_to") or {}).get("event_id") == event_id
             and text in str(seen.content.get("body"))
-        )
-
-    return match
-
-
-def answer_to(bot: MatrixUser, room: str, prompt: str) -> Callable[[Seen], bool]:
-    def match(seen: Seen) -> bool:
-        return (
-            message_from(bot.user_id, room)(seen)
-            and seen.content.get("msgtype") == "m.text"
-            and prompt in str(seen.content.get("body"))
         )
 
     return match

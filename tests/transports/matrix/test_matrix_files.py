@@ -22,8 +22,8 @@ from tests.transports.matrix.matrix_helpers import (
     running,
 )
 from tests.transports.matrix.matrix_service import service
+from tests.transports.matrix.seen import ALICE, answer_in
 from tests.transports.matrix.synapse_peer import MatrixUser, SynapseServer
-from tests.transports.matrix.test_matrix_service_e2e import ALICE, answer_in
 
 pytestmark = [pytest.mark.synapse, pytest.mark.slow]
 

@@ -10,19 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.bridge.test_questions_e2e import SINGLE, asking, planning, told
+from tests.bridge.questions import SINGLE, asking, planning, told
 from tests.fakes.model_server import ModelServer, claude_bin, claude_env
 from tests.transports.matrix.matrix_helpers import Human, Seen, joined
 from tests.transports.matrix.matrix_service import service
+from tests.transports.matrix.reactions import react
+from tests.transports.matrix.seen import ALICE, MALLORY, answer_to, edit_of, request_in
 from tests.transports.matrix.synapse_peer import MatrixUser, SynapseServer
-from tests.transports.matrix.test_matrix_approvals import react
-from tests.transports.matrix.test_matrix_approvals_e2e import (
-    ALICE,
-    MALLORY,
-    answer_to,
-    edit_of,
-    request_in,
-)
 
 pytestmark = [
     pytest.mark.synapse,

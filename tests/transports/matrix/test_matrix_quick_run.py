@@ -13,8 +13,8 @@ import pytest
 
 from tests.transports.matrix.matrix_helpers import Human, joined, message_from
 from tests.transports.matrix.matrix_service import service
+from tests.transports.matrix.seen import ALICE, ECHO, answer_in, notice_in
 from tests.transports.matrix.synapse_peer import MatrixUser, SynapseServer
-from tests.transports.matrix.test_matrix_service_e2e import ALICE, ECHO, answer_in, notice_in
 
 pytestmark = [pytest.mark.synapse, pytest.mark.slow]
 

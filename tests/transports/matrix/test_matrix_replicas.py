@@ -25,8 +25,8 @@ from tests.replicas.slack_cluster import free_ports
 from tests.service_process import base_config
 from tests.store.conftest import _asyncpg_dsn
 from tests.transports.matrix.matrix_helpers import Human, joined
+from tests.transports.matrix.seen import ALICE, ECHO, answer_in
 from tests.transports.matrix.synapse_peer import MatrixUser, SynapseServer
-from tests.transports.matrix.test_matrix_service_e2e import ALICE, ECHO, answer_in
 
 pytestmark = [pytest.mark.synapse, pytest.mark.slow]
 

@@ -9,17 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakes.fake_claude import tool_log
 from tests.transports.matrix.matrix_helpers import Human, joined
 from tests.transports.matrix.matrix_service import service
+from tests.transports.matrix.reactions import offered, react
+from tests.transports.matrix.seen import ALICE, answer_to, edit_of, request_in
 from tests.transports.matrix.synapse_peer import MatrixUser, SynapseServer
-from tests.transports.matrix.test_matrix_approvals import offered, react
-from tests.transports.matrix.test_matrix_approvals_e2e import (
-    ALICE,
-    answer_to,
-    edit_of,
-    request_in,
-    tool_log,
-)
 
 pytestmark = [pytest.mark.synapse, pytest.mark.slow]
 

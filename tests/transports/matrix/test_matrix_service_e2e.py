@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -17,40 +16,12 @@ import pytest
 from nio import MemoryDownloadResponse
 from nio.crypto.attachments import decrypt_attachment
 
-from tests.transports.matrix.matrix_helpers import Human, Seen, joined, message_from
+from tests.transports.matrix.matrix_helpers import Human, joined, message_from
 from tests.transports.matrix.matrix_service import service
+from tests.transports.matrix.seen import ALICE, ECHO, answer_in, notice_in, typing_in
 from tests.transports.matrix.synapse_peer import MatrixUser, SynapseServer
 
 pytestmark = [pytest.mark.synapse, pytest.mark.slow]
-
-ECHO = {"FAKE_CLAUDE_ECHO": "1", "FAKE_CLAUDE_NO_TOOL": "1"}
-ALICE = "@alice:localhost"
-
-
-def answer_in(bot: MatrixUser, room: str) -> Callable[[Seen], bool]:
-    def match(seen: Seen) -> bool:
-        return message_from(bot.user_id, room)(seen) and seen.content.get("msgtype") == "m.text"
-
-    return match
-
-
-def notice_in(bot: MatrixUser, room: str, contains: str = "") -> Callable[[Seen], bool]:
-    def match(seen: Seen) -> bool:
-        return (
-            message_from(bot.user_id, room)(seen)
-            and seen.content.get("msgtype") == "m.notice"
-            and contains.lower() in str(seen.content.get("body", "")).lower()
-        )
-
-    return match
-
-
-def typing_in(bot: MatrixUser, room: str, on: bool) -> Callable[[Seen], bool]:
-    def match(seen: Seen) -> bool:
-        users = seen.source.get("users") or []
-        return seen.ephemeral and seen.room_id == room and (bot.user_id in users) == on
-
-    return match
 
 
 async def test_burst_is_one_run_and_strangers_start_nothing(

@@ -16,14 +16,8 @@ from nio import RoomRedactResponse, RoomTypingResponse
 
 from tests.transports.matrix.matrix_helpers import Human, Seen, joined
 from tests.transports.matrix.matrix_service import service
+from tests.transports.matrix.seen import ALICE, ECHO, answer_in, notice_in, typing_in
 from tests.transports.matrix.synapse_peer import MatrixUser, SynapseServer
-from tests.transports.matrix.test_matrix_service_e2e import (
-    ALICE,
-    ECHO,
-    answer_in,
-    notice_in,
-    typing_in,
-)
 
 pytestmark = [pytest.mark.synapse, pytest.mark.slow]
 

@@ -17,8 +17,8 @@ import pytest
 
 from tests.transports.matrix.matrix_helpers import Human, joined
 from tests.transports.matrix.matrix_service import service
+from tests.transports.matrix.seen import ECHO, answer_in
 from tests.transports.matrix.synapse_peer import MatrixUser, SynapseServer
-from tests.transports.matrix.test_matrix_service_e2e import ECHO, answer_in
 
 pytestmark = [pytest.mark.synapse, pytest.mark.slow]
 

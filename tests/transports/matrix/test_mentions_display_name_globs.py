@@ -43,17 +43,17 @@ def member_room(display_name: str) -> MatrixRoom:
         ("Al*", "ask Alice"),
     ],
 )
-def test_review4_a_glob_display_name_that_synapse_matches_is_declared(
-    display_name: str, text: str
-) -> None:
+def test_a_glob_display_name_that_synapse_matches_is_declared(display_name: str, text: str) -> None:
+    """Found in review round 4."""
     assert must_declare(text, member_room(display_name), BOT)
 
 
 @pytest.mark.synapse
 @pytest.mark.slow
-async def test_review4_a_member_named_with_a_wildcard_is_highlighted_by_an_undeclared_answer(
+async def test_a_member_named_with_a_wildcard_is_highlighted_by_an_undeclared_answer(
     synapse: SynapseServer, alice: Human, mallory: Human, make_transport: TransportFactory
 ) -> None:
+    """Found in review round 4."""
     room = await alice.create_room([BOT, mallory.user.user_id])
     transport = make_transport([room])
     mallory_id = mallory.user.user_id

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,3 +118,22 @@ async def bridged(
         hidden = tuple(secrets.values())
         async with run_service(cfg, env, secrets=hidden) as running:
             yield Bridged(slack, running.process, running.log, cfg, env, hidden)
+
+
+ECHO = {"FAKE_CLAUDE_ECHO": "1", "FAKE_CLAUDE_NO_TOOL": "1"}
+
+
+PROGRESS = re.compile(r"^(Working…|(Done|Failed|Stopped|Timed out|Stalled|Interrupted) after )")
+
+
+async def answers(b: Bridged) -> list[dict[str, object]]:
+    """The bridge's results: messages in threads that are not the run's progress message."""
+    return [m for m in await b.results() if "thread_ts" in m and not PROGRESS.match(str(m["text"]))]
+
+
+async def wait_for_answers(b: Bridged, count: int) -> list[dict[str, object]]:
+    async def enough() -> bool:
+        return len(await answers(b)) >= count
+
+    await b.wait_until(enough, f"{count} answer(s)")
+    return await answers(b)

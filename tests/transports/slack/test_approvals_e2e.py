@@ -9,15 +9,23 @@ who is not an approver changes nothing; a decided request loses its buttons.
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.fakes.fake_claude import tool_log
 from tests.transports.slack import peer
-from tests.transports.slack.service import Bridged, bridged
+from tests.transports.slack.approvals import (
+    APPROVING,
+    buttons,
+    message,
+    wait_closed,
+    wait_for_answer,
+    wait_for_ephemeral,
+    wait_for_request,
+)
+from tests.transports.slack.service import bridged
 
 pytestmark = [pytest.mark.slack, pytest.mark.slow]
 
@@ -25,78 +33,6 @@ HOSTILE = (
     "echo `id` @here <!channel> <!here> <https://evil.example|click me> <@U0ALICE> \u202eexe.txt"
 )
 """A command that would ping the channel, link, mention and hide text, were it not escaped."""
-APPROVING = {"defaults": {"approve_tools": True}}
-
-
-def tool_log(tmp_path: Path) -> list[dict[str, Any]]:
-    path = tmp_path / "tools.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-async def requests(b: Bridged) -> list[dict[str, Any]]:
-    """The bot's approval requests (open or closed), oldest first."""
-    return [
-        m
-        for m in await b.results()
-        if str(m.get("text")).startswith(("Claude asks to use", "Request `#"))
-    ]
-
-
-def buttons(message: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The message's approval buttons by choice (allow, allow_session, deny); none once closed."""
-    found = {}
-    for block in message.get("blocks") or ():
-        if block["type"] == "actions":
-            for element in block["elements"]:
-                choice = element["action_id"].removeprefix("chatbridge_approval_")
-                found[choice] = {**element, "block_id": block.get("block_id")}
-    return found
-
-
-async def wait_for_request(b: Bridged, count: int) -> dict[str, Any]:
-    async def asked() -> bool:
-        return len(await requests(b)) >= count
-
-    await b.wait_until(asked, f"approval request {count}")
-    return (await requests(b))[count - 1]
-
-
-async def message(b: Bridged, ts: str) -> dict[str, Any]:
-    [found] = [m for m in await b.slack.messages() if m["ts"] == ts]
-    return found
-
-
-async def wait_closed(b: Bridged, ts: str, outcome: str) -> dict[str, Any]:
-    async def closed() -> bool:
-        m = await message(b, ts)
-        return not buttons(m) and outcome in str(m.get("text"))
-
-    await b.wait_until(closed, f"request {ts} closed as {outcome}")
-    return await message(b, ts)
-
-
-async def wait_for_ephemeral(b: Bridged, user: str, text: str) -> None:
-    """A message of the bot that only ``user`` sees, saying ``text``."""
-
-    async def told() -> bool:
-        return any(
-            m.get("subtype") == "ephemeral" and m.get("ephemeral_to") == user and text in m["text"]
-            for m in await b.slack.messages()
-        )
-
-    await b.wait_until(told, f"{user} told {text!r}")
-
-
-async def wait_for_answer(b: Bridged, prompt: str) -> None:
-    async def answered() -> bool:
-        return any(
-            prompt in str(m.get("text")) and "Claude asks" not in str(m.get("text"))
-            for m in await b.results()
-        )
-
-    await b.wait_until(answered, f"the answer to {prompt!r}")
 
 
 @pytest.mark.parametrize("mode", ["socket", "events"])

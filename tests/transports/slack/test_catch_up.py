@@ -18,9 +18,8 @@ import aiohttp
 import pytest
 
 from tests.transports.slack import peer
-from tests.transports.slack.service import Bridged, bridged
-from tests.transports.slack.test_events_endpoint import signed
-from tests.transports.slack.test_service_e2e import ECHO, answers, wait_for_answers
+from tests.transports.slack.events import signed
+from tests.transports.slack.service import ECHO, Bridged, answers, bridged, wait_for_answers
 
 pytestmark = [pytest.mark.slack, pytest.mark.slow]
 

@@ -5,31 +5,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
-from slack_sdk.signature import SignatureVerifier
 
 from bridge.core.http_limits import ClientLimits
 from tests.transports.slack import peer
+from tests.transports.slack.events import signed
 from tests.transports.slack.harness import Running, running
 
 pytestmark = pytest.mark.slack
-
-
-def signed(body: str, secret: str = peer.SIGNING_SECRET, age_s: int = 0) -> dict[str, str]:
-    # Slack signs with the current Unix time; Bolt rejects anything 5 minutes off.
-    timestamp = str(int(time.time()) - age_s)
-    return {
-        "Content-Type": "application/json",
-        "X-Slack-Request-Timestamp": timestamp,
-        "X-Slack-Signature": str(
-            SignatureVerifier(secret).generate_signature(timestamp=timestamp, body=body)
-        ),
-    }
 
 
 async def post(env: Running, body: str, headers: dict[str, str]) -> tuple[int, str]:

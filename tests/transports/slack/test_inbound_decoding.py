@@ -9,7 +9,7 @@ import pytest
 
 from bridge.core.model import Attachment, ExternalMessageId, InboundMessage
 from bridge.core.transport import MessageDeleted, MessageEdited
-from tests.transports.slack.test_units import event
+from tests.transports.slack.events import event
 from transports.slack.decode import decode, mentioned_users, strip_leading_mention
 from transports.slack.files import may_have_token
 from transports.slack.inbound import dedup_key, to_event

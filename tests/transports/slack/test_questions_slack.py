@@ -11,16 +11,11 @@ from typing import Any
 
 import pytest
 
-from tests.bridge.test_questions_e2e import MULTI, PLAN, SINGLE, asking, planning, told
+from tests.bridge.questions import MULTI, PLAN, SINGLE, asking, planning, told
 from tests.fakes.model_server import ModelServer, claude_bin, claude_env
 from tests.transports.slack import peer
+from tests.transports.slack.approvals import buttons, message, wait_closed, wait_for_ephemeral
 from tests.transports.slack.service import Bridged, bridged
-from tests.transports.slack.test_approvals_e2e import (
-    buttons,
-    message,
-    wait_closed,
-    wait_for_ephemeral,
-)
 
 pytestmark = [
     pytest.mark.slack,

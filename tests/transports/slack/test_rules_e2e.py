@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakes.fake_claude import tool_log
 from tests.transports.slack import peer
-from tests.transports.slack.service import bridged
-from tests.transports.slack.test_approvals_e2e import (
+from tests.transports.slack.approvals import (
     APPROVING,
     buttons,
     requests,
-    tool_log,
     wait_closed,
     wait_for_answer,
     wait_for_request,
 )
+from tests.transports.slack.service import bridged
 
 pytestmark = [pytest.mark.slack, pytest.mark.slow]
 

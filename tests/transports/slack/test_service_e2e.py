@@ -14,28 +14,10 @@ import aiohttp
 import pytest
 
 from tests.transports.slack import peer
-from tests.transports.slack.service import Bridged, bridged
-from tests.transports.slack.test_events_endpoint import signed
+from tests.transports.slack.events import signed
+from tests.transports.slack.service import ECHO, Bridged, answers, bridged, wait_for_answers
 
 pytestmark = [pytest.mark.slack, pytest.mark.slow]
-
-ECHO = {"FAKE_CLAUDE_ECHO": "1", "FAKE_CLAUDE_NO_TOOL": "1"}
-
-
-PROGRESS = re.compile(r"^(Working…|(Done|Failed|Stopped|Timed out|Stalled|Interrupted) after )")
-
-
-async def answers(b: Bridged) -> list[dict[str, object]]:
-    """The bridge's results: messages in threads that are not the run's progress message."""
-    return [m for m in await b.results() if "thread_ts" in m and not PROGRESS.match(str(m["text"]))]
-
-
-async def wait_for_answers(b: Bridged, count: int) -> list[dict[str, object]]:
-    async def enough() -> bool:
-        return len(await answers(b)) >= count
-
-    await b.wait_until(enough, f"{count} answer(s)")
-    return await answers(b)
 
 
 @pytest.mark.parametrize("mode", ["socket", "events"])

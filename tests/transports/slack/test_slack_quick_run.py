@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.transports.slack import peer
-from tests.transports.slack.service import bridged
-from tests.transports.slack.test_service_e2e import ECHO
+from tests.transports.slack.service import ECHO, bridged
 
 pytestmark = [pytest.mark.slack, pytest.mark.slow]
 

@@ -9,24 +9,13 @@ from pydantic import ValidationError
 
 from bridge.core.model import InboundMessage
 from bridge.core.transport import InboundEvent
+from tests.transports.slack.events import event
 from transports.slack.inbound import RecentKeys, mentions, to_event
 from transports.slack.mrkdwn import to_mrkdwn
 from transports.slack.settings import SlackSettings
 
 BOT = "U0BOT"
 ROOMS = frozenset({"C1", "D1"})
-
-
-def event(**fields: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "type": "message",
-        "channel": "C1",
-        "user": "U0ALICE",
-        "text": "hi",
-        "ts": "1.000001",
-    }
-    base.update(fields)
-    return {k: v for k, v in base.items() if v is not None}
 
 
 # --- settings -----------------------------------------------------------------
