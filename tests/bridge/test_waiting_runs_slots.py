@@ -11,10 +11,9 @@ from bridge.config import Settings, load_settings
 from bridge.core.model import ReplyKind
 from bridge.core.transport import Accepted, ApprovalChoice
 from dispatcher.lending import SlotLease
+from tests.bridge.approval_posts import RUN, Bound
 from tests.bridge.chat_room import GUARD_S, ChatRoom, serving
 from tests.bridge.harness import ECHO, write_config
-from tests.bridge.test_approval_binding import Bound
-from tests.bridge.test_approval_click_race import RUN
 
 # Every message is a batch at once: the test follows runs, not windows.
 AT_ONCE = {"coalesce_ms": 600_000, "max_wait_ms": 600_000, "max_batch": 1}

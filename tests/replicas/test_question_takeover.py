@@ -16,7 +16,7 @@ from bridge.store.base import ApprovalState
 from dispatcher import EndReason
 from tests.bridge.chat_room import ChatRoom
 from tests.bridge.harness import ECHO
-from tests.bridge.test_questions_e2e import SINGLE
+from tests.bridge.questions import SINGLE
 from tests.replicas.conftest import ROOM, replica, replica_settings, until
 
 GUARD_S = 60.0

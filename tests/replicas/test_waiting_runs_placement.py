@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 
 from tests.replicas.conftest import ROOM, Replica, replica, replica_settings, until
-from tests.replicas.test_replicas import results
+from tests.replicas.replicas import results
 
 GUARD_S = 60.0
 
