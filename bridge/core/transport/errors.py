@@ -32,7 +32,7 @@ class Undeliverable(TransportError):
 
 
 class FileTooLarge(TransportError):
-    """A file being fetched (``Transport.fetch_attachment``) grew past ``limit_bytes``;
+    """A file being fetched (``Outbound.fetch_attachment``) grew past ``limit_bytes``;
     what was written is incomplete."""
 
     def __init__(self, transport: str, limit_bytes: int) -> None:
