@@ -1,9 +1,8 @@
-"""The run's journal: its record format, and the file the supervisor appends to.
+"""The run's journal: the file the supervisor appends its records to (:mod:`runner.protocol`).
 
-A record is a JSON header line with a type ``t``, then ``n`` bytes of
-payload when the header has ``n`` (docs/detached-runs.md). The supervisor
-writes the journal and relays it; the bridge reads the same records, from
-the socket or from the file. Standard library only: the supervisor imports it.
+The supervisor writes the journal and relays it; the bridge reads the same records, from
+the socket or from the file (docs/detached-runs.md, "The journal"). Standard library only:
+the supervisor imports it.
 """
 
 from __future__ import annotations
@@ -14,15 +13,10 @@ import errno
 import json
 import os
 
-PROTOCOL_VERSIONS = (1, 2)
-"""The journal and socket protocol versions this supervisor speaks (docs/detached-runs.md)."""
+from runner import protocol
+
 JOURNAL = "journal"
 SOCK = "sock"
-
-
-def header(kind: str, **fields: object) -> bytes:
-    """A record's header line (docs/detached-runs.md)."""
-    return json.dumps({"t": kind, **fields}, separators=(",", ":")).encode() + b"\n"
 
 
 HELD_MAX_BYTES = 8 * 1024 * 1024
@@ -78,12 +72,12 @@ class Journal:
             return
         if not self.held:  # the first record kept out: says so first, in the journal itself
             exc = self.error or OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            self._hold(header("unwritable", error=str(exc), errno=exc.errno))
+            self._hold(protocol.unwritable(str(exc), exc.errno))
             self.held_period = 0
         self._hold(head + payload)
         if self.full and not self.said_full:  # the bound: claude's output is capped from here
             self.said_full = True
-            self._hold(header("held_full", max=self.held_max_bytes))
+            self._hold(protocol.held_full(self.held_max_bytes))
 
     def _hold(self, record: bytes) -> None:
         self._held.append(record)
