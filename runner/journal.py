@@ -143,24 +143,26 @@ class Journal:
 def is_result(line: bytes) -> bool:
     """Whether a stdout line is claude's ``result`` line (parsed only if it may be one:
     ``"result"`` in the raw bytes is a key or that exact string, never escaped text)."""
-    if b'"result"' not in line:
-        return False
-    try:
-        obj = json.loads(line)
-    except ValueError:
-        return False
-    return isinstance(obj, dict) and obj.get("type") == "result"
+    obj = _object_with(line, b'"result"')
+    return obj is not None and obj.get("type") == "result"
 
 
-def _user_line(line: bytes, marker: bytes) -> dict[str, object] | None:
-    """A ``user`` line as an object, parsed only if ``marker`` is in it."""
+def _object_with(line: bytes, marker: bytes) -> dict[str, object] | None:
+    """``line`` as a JSON object, parsed only if ``marker`` is in its raw bytes (lines can
+    be MB long: most are never parsed); None if it is not one."""
     if marker not in line:
         return None
     try:
         obj = json.loads(line)
     except ValueError:
         return None
-    return obj if isinstance(obj, dict) and obj.get("type") == "user" else None
+    return obj if isinstance(obj, dict) else None
+
+
+def _user_line(line: bytes, marker: bytes) -> dict[str, object] | None:
+    """A ``user`` line as an object, parsed only if ``marker`` is in it."""
+    obj = _object_with(line, marker)
+    return obj if obj is not None and obj.get("type") == "user" else None
 
 
 def sent_uuid(line: bytes) -> str | None:
@@ -190,11 +192,6 @@ def is_kept(line: bytes) -> bool:
     permission request's tool input)."""
     if is_result(line) or replayed_uuid(line) is not None:
         return True
-    if b'"control_' not in line:
-        return False
-    try:
-        obj = json.loads(line)
-    except ValueError:
-        return False
-    kind = obj.get("type") if isinstance(obj, dict) else None
+    obj = _object_with(line, b'"control_')
+    kind = obj.get("type") if obj is not None else None
     return isinstance(kind, str) and kind.startswith("control_")

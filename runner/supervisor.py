@@ -75,6 +75,17 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _WRITE = selectors.EVENT_WRITE
 
 
+def _read(fd: int) -> bytes | None:
+    """What a non-blocking ``fd`` has now: None if nothing yet, ``b""`` at its end (or an
+    error, which ends it the same way)."""
+    try:
+        return os.read(fd, READ_CHUNK)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
+
+
 class Options:
     """The parsed command line. A plain class: ``dataclasses`` (with ``inspect``)
     would add about a quarter to this process's start-up, which every run waits for."""
@@ -339,12 +350,9 @@ class Supervisor:
 
     def read_stdout(self, fd: int, mask: int) -> bool:
         """Journal what claude printed; whether there was anything to read."""
-        try:
-            data = os.read(fd, READ_CHUNK)
-        except BlockingIOError:
+        data = _read(fd)
+        if data is None:
             return False
-        except OSError:
-            data = b""
         if not data:
             self._close_stdout()
             return False
@@ -500,12 +508,9 @@ class Supervisor:
 
     def read_stderr(self, fd: int, mask: int) -> bool:
         """Journal what claude wrote to stderr; whether there was anything to read."""
-        try:
-            data = os.read(fd, READ_CHUNK)
-        except BlockingIOError:
+        data = _read(fd)
+        if data is None:
             return False
-        except OSError:
-            data = b""
         if not data:
             self.selector.unregister(fd)
             os.close(fd)
@@ -605,12 +610,9 @@ class Supervisor:
             self.send(client)
             if fd not in self.clients or not mask & selectors.EVENT_READ:
                 return
-        try:
-            data = os.read(fd, READ_CHUNK)
-        except BlockingIOError:
+        data = _read(fd)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if not data:
             self.drop(client)
             return
