@@ -309,23 +309,13 @@ class SlackOutbound(Outbound):
         delivery: Delivery | None = None,
         index: int = 0,
     ) -> ExternalMessageId:
-        # parse=none and link_names=false: Slack must not turn "@here" or
-        # "#general" typed as text into a broadcast or a channel link.
-        args: dict[str, Any] = {
-            "channel": channel,
-            "text": text,
-            "mrkdwn": True,
-            "parse": "none",
-            "link_names": False,
-        }
-        if thread:
-            args["thread_ts"] = thread
+        args: dict[str, Any] = {"mrkdwn": True}
         if delivery is not None:
             args["metadata"] = {
                 "event_type": METADATA_EVENT,
                 "event_payload": {"key": delivery.key, "part": index},
             }
-        response = await self._call("chat.postMessage", **args)
+        response = await self._as_written("chat.postMessage", channel, text, thread=thread, **args)
         return ExternalMessageId(str(response["ts"]))
 
     async def _find_parts(
@@ -400,14 +390,7 @@ class SlackOutbound(Outbound):
 
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         """Replace a posted message's text (cut to the message limit: an edit is one message)."""
-        await self._call(
-            "chat.update",
-            channel=room.room_id,
-            ts=message_id,
-            text=self._one_message(text),
-            parse="none",
-            link_names=False,
-        )
+        await self._as_written("chat.update", room.room_id, self._one_message(text), ts=message_id)
 
     def _one_message(self, text: str) -> str:
         """``text`` as one message's mrkdwn (cut to the message limit)."""
@@ -422,20 +405,16 @@ class SlackOutbound(Outbound):
         One message, whatever the length (the buttons belong to one): a long
         text is cut to what a section holds.
         """
+        # The notification's text: the same safe rendering as the section's.
         text = fitted(request.text)
-        args: dict[str, Any] = {
-            "channel": request.room.room_id,
-            # The notification's text: the same safe rendering as the section's.
-            "text": text,
-            "blocks": request_blocks(text, ref, asked),
-            "mrkdwn": True,
-            "parse": "none",
-            "link_names": False,
-        }
-        thread = self.thread_for(request)
-        if thread:
-            args["thread_ts"] = thread
-        response = await self._call("chat.postMessage", **args)
+        response = await self._as_written(
+            "chat.postMessage",
+            request.room.room_id,
+            text,
+            thread=self.thread_for(request),
+            blocks=request_blocks(text, ref, asked),
+            mrkdwn=True,
+        )
         return ExternalMessageId(str(response["ts"]))
 
     async def answer_action(self, action: ApprovalAction, text: str) -> None:
@@ -445,17 +424,12 @@ class SlackOutbound(Outbound):
     async def ephemeral(self, room: RoomKey, user: UserId, text: str) -> None:
         """Post ``text`` in ``room`` (its thread, if any) visible to ``user`` only
         (``chat.postEphemeral``)."""
-        args: dict[str, Any] = {}
-        if room.thread:
-            args["thread_ts"] = room.thread
-        await self._call(
+        await self._as_written(
             "chat.postEphemeral",
-            channel=room.room_id,
+            room.room_id,
+            self._one_message(text),
+            thread=room.thread or None,
             user=user,
-            text=self._one_message(text),
-            parse="none",
-            link_names=False,
-            **args,
         )
 
     def approval_fits(self, room: RoomKey, text: str) -> bool:
@@ -468,14 +442,8 @@ class SlackOutbound(Outbound):
         (``chat.update`` without ``blocks`` would keep the old ones, buttons included.)
         """
         rendered = fitted(text)
-        await self._call(
-            "chat.update",
-            channel=room.room_id,
-            ts=message_id,
-            text=rendered,
-            blocks=closed_blocks(rendered),
-            parse="none",
-            link_names=False,
+        await self._as_written(
+            "chat.update", room.room_id, rendered, ts=message_id, blocks=closed_blocks(rendered)
         )
 
     # set_typing: Slack has no typing indicator for bots; the ``running`` reaction shows activity.
@@ -553,6 +521,20 @@ class SlackOutbound(Outbound):
         if not found or found[0].ref.startswith(STUB_PREFIX):
             raise TransportError(SLACK, "files.info gave no download URL")
         return found[0]
+
+    async def _as_written(
+        self, method: str, channel: str, text: str, *, thread: str | None = None, **args: Any
+    ) -> Mapping[str, Any]:
+        """Call ``method`` with ``text`` shown as written (in ``thread``, if any).
+
+        parse=none and link_names=false: Slack must not turn "@here" or "#general"
+        typed as text into a broadcast or a channel link.
+        """
+        if thread:
+            args["thread_ts"] = thread
+        return await self._call(
+            method, channel=channel, text=text, parse="none", link_names=False, **args
+        )
 
     async def _call(self, method: str, **kwargs: Any) -> Mapping[str, Any]:
         """Call a Web API method; failures become the contract's errors (see :func:`translate`)."""
