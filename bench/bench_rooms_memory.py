@@ -35,14 +35,14 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.core.transport import Accepted, Delivery, InboundSink, Transport
+from bridge.core.transport import Accepted, Delivery, Duplex, InboundSink
 from bridge.service import Service, open_store
 from tests.fakes.fake_claude import FAKE_CLAUDE
 
 MATRIX = TransportName("matrix")
 
 
-class Feeder(Transport):
+class Feeder(Duplex):
     """A transport named matrix that hands over what the bench gives it."""
 
     name = MATRIX

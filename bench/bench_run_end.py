@@ -44,7 +44,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.core.transport import Delivery, InboundSink, RunPhase, Transport
+from bridge.core.transport import Delivery, Duplex, InboundSink, RunPhase
 from bridge.service import Service
 from bridge.store.base import Store
 from bridge.store.memory import MemoryStore
@@ -56,7 +56,7 @@ GUARD_S = 120.0
 """A round that takes longer than this has hung: fail instead of waiting forever."""
 
 
-class Rooms(Transport):
+class Rooms(Duplex):
     """Stands in for Matrix: hands the service messages, records when answers arrive."""
 
     name = MATRIX

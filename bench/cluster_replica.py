@@ -41,7 +41,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.core.transport import Delivery, InboundSink, RunPhase, Transport
+from bridge.core.transport import Delivery, Duplex, InboundSink, RunPhase
 from bridge.service import Service, open_store
 
 SLACK = TransportName("slack")
@@ -52,7 +52,7 @@ def emit(event: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-class BenchSlack(Transport):
+class BenchSlack(Duplex):
     """Stands in for one replica's Slack connection: messages in, answers timed."""
 
     name = SLACK

@@ -1,9 +1,8 @@
-"""The run's journal: its record format, and the file the supervisor appends to.
+"""The run's journal: the file the supervisor appends its records to (:mod:`runner.protocol`).
 
-A record is a JSON header line with a type ``t``, then ``n`` bytes of
-payload when the header has ``n`` (docs/detached-runs.md). The supervisor
-writes the journal and relays it; the bridge reads the same records, from
-the socket or from the file. Standard library only: the supervisor imports it.
+The supervisor writes the journal and relays it; the bridge reads the same records, from
+the socket or from the file (docs/detached-runs.md, "The journal"). Standard library only:
+the supervisor imports it.
 """
 
 from __future__ import annotations
@@ -14,15 +13,10 @@ import errno
 import json
 import os
 
-PROTOCOL_VERSIONS = (1, 2)
-"""The journal and socket protocol versions this supervisor speaks (docs/detached-runs.md)."""
+from runner import protocol
+
 JOURNAL = "journal"
 SOCK = "sock"
-
-
-def header(kind: str, **fields: object) -> bytes:
-    """A record's header line (docs/detached-runs.md)."""
-    return json.dumps({"t": kind, **fields}, separators=(",", ":")).encode() + b"\n"
 
 
 HELD_MAX_BYTES = 8 * 1024 * 1024
@@ -78,12 +72,12 @@ class Journal:
             return
         if not self.held:  # the first record kept out: says so first, in the journal itself
             exc = self.error or OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            self._hold(header("unwritable", error=str(exc), errno=exc.errno))
+            self._hold(protocol.unwritable(str(exc), exc.errno))
             self.held_period = 0
         self._hold(head + payload)
         if self.full and not self.said_full:  # the bound: claude's output is capped from here
             self.said_full = True
-            self._hold(header("held_full", max=self.held_max_bytes))
+            self._hold(protocol.held_full(self.held_max_bytes))
 
     def _hold(self, record: bytes) -> None:
         self._held.append(record)
@@ -149,24 +143,26 @@ class Journal:
 def is_result(line: bytes) -> bool:
     """Whether a stdout line is claude's ``result`` line (parsed only if it may be one:
     ``"result"`` in the raw bytes is a key or that exact string, never escaped text)."""
-    if b'"result"' not in line:
-        return False
-    try:
-        obj = json.loads(line)
-    except ValueError:
-        return False
-    return isinstance(obj, dict) and obj.get("type") == "result"
+    obj = _object_with(line, b'"result"')
+    return obj is not None and obj.get("type") == "result"
 
 
-def _user_line(line: bytes, marker: bytes) -> dict[str, object] | None:
-    """A ``user`` line as an object, parsed only if ``marker`` is in it."""
+def _object_with(line: bytes, marker: bytes) -> dict[str, object] | None:
+    """``line`` as a JSON object, parsed only if ``marker`` is in its raw bytes (lines can
+    be MB long: most are never parsed); None if it is not one."""
     if marker not in line:
         return None
     try:
         obj = json.loads(line)
     except ValueError:
         return None
-    return obj if isinstance(obj, dict) and obj.get("type") == "user" else None
+    return obj if isinstance(obj, dict) else None
+
+
+def _user_line(line: bytes, marker: bytes) -> dict[str, object] | None:
+    """A ``user`` line as an object, parsed only if ``marker`` is in it."""
+    obj = _object_with(line, marker)
+    return obj if obj is not None and obj.get("type") == "user" else None
 
 
 def sent_uuid(line: bytes) -> str | None:
@@ -196,11 +192,6 @@ def is_kept(line: bytes) -> bool:
     permission request's tool input)."""
     if is_result(line) or replayed_uuid(line) is not None:
         return True
-    if b'"control_' not in line:
-        return False
-    try:
-        obj = json.loads(line)
-    except ValueError:
-        return False
-    kind = obj.get("type") if isinstance(obj, dict) else None
+    obj = _object_with(line, b'"control_')
+    kind = obj.get("type") if obj is not None else None
     return isinstance(kind, str) and kind.startswith("control_")

@@ -22,11 +22,12 @@ from runner.command import build_argv, build_env, control_request
 from runner.errors import StreamError
 from runner.events import ControlAnswer
 from runner.journal import JOURNAL
+from runner.protocol import Malformed, parse_header
 from runner.request import RunRequest
 from runner.rundir import make_run_dir, remove_run_dir
 from runner.spare import Spares
 from runner.stream import LineFramer, parse_line
-from runner.supervision import Malformed, Record, RunLimits, Supervised, parse_header
+from runner.supervision import Record, RunLimits, Supervised
 
 log = logging.getLogger(__name__)
 

@@ -39,12 +39,13 @@ from runner.events import (
     Spawned,
 )
 from runner.prestart import Prestarted
+from runner.protocol import Refused
 from runner.recovery import recover_run
 from runner.request import RunRequest
 from runner.rundir import make_run_dir, remove_run_dir
 from runner.spare import Spares
 from runner.stream import LineFramer, parse_line
-from runner.supervision import Record, Refused, RunLimits, SpawnFailed, Supervised, Unanswered
+from runner.supervision import Record, RunLimits, SpawnFailed, Supervised, Unanswered
 
 log = logging.getLogger(__name__)
 

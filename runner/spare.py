@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import errno
 import fcntl
-import json
 import logging
 import os
 import signal
@@ -22,6 +21,7 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from runner import protocol
 from runner.bare import bare_argv
 from runner.process import wait_exited
 from runner.proctree import is_stopped
@@ -52,7 +52,7 @@ class Spare:
         (without ``--conn-fd``), ``env`` claude's. False if it could not take them
         (it died, or they do not fit in its pipe): then it is let go, and the run
         starts a supervisor of its own."""
-        data = json.dumps({"args": args, "env": dict(env)}).encode()
+        data = protocol.orders(args, env)
         try:
             # Whole into the pipe, or not at all: never a blocking write on the
             # event loop, which a spare frozen (SIGSTOP) or stuck would hold for

@@ -25,18 +25,19 @@ from typing import Any
 from bridge.core import stages
 from bridge.core.aio import shielded
 from bridge.core.model import LiveRun, RunId
+from runner import protocol
 from runner.bare import bare_argv
-from runner.journal import JOURNAL, SOCK, header
+from runner.journal import JOURNAL, SOCK
 from runner.process import has_exited, kill_cgroup, kill_marked, kill_tree, wait_exited
+from runner.protocol import Malformed, Refused, parse_header
 from runner.request import RunRequest
 from runner.spare import SUPERVISOR, Spares
 from runner.supervisor import DONE_LINGER_S, KILL_DEADLINE_S
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSIONS = (1, 2)
-"""The journal and socket protocol versions this bridge reads (2: streaming input,
-``in`` records, the supervisor's own eof; docs/detached-runs.md)."""
+PROTOCOL_VERSIONS = protocol.PROTOCOL_VERSIONS
+"""The journal and socket protocol versions this bridge reads (docs/detached-runs.md)."""
 
 SUPERVISOR_KILL_S = KILL_DEADLINE_S + 1.0
 """The supervisor's own bound after its grace period, plus slack."""
@@ -68,16 +69,8 @@ class SpawnFailed(Exception):
         self.errno = errno
 
 
-class Refused(Exception):
-    """The supervisor speaks none of this bridge's protocol versions (it is newer)."""
-
-
 class Unanswered(Exception):
     """The supervisor did not answer within :data:`WELCOME_S`; the bridge stopped the run."""
-
-
-class Malformed(ValueError):
-    """A journal record that is not one of the protocol's (docs/detached-runs.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,41 +81,6 @@ class Record:
     fields: dict[str, Any]
     payload: bytes
     end: int
-
-
-STOP = header("stop")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def parse_header(line: bytes) -> dict[str, Any]:
-    """A record's header, checked as far as the bridge relies on its fields. Raises Malformed."""
-    try:
-        fields = json.loads(line)
-    except ValueError as exc:
-        raise Malformed(f"not JSON: {line[:80]!r}") from exc
-    if not isinstance(fields, dict) or not isinstance(fields.get("t"), str):
-        raise Malformed(f"not a record: {line[:80]!r}")
-    n = fields.get("n", 0)
-    ok = _is_int(n) and n >= 0
-    match fields["t"]:
-        case "hello":
-            ok = ok and _is_int(fields.get("pid")) and _is_int(fields.get("start"))
-        case "spawned":
-            cgroup = fields.get("cgroup")
-            ok = ok and _is_int(fields.get("pid")) and (cgroup is None or isinstance(cgroup, str))
-        case "spawn_failed":
-            ok = ok and (fields.get("errno") is None or _is_int(fields.get("errno")))
-        case "exited":
-            ok = ok and _is_int(fields.get("code"))
-        case "done":
-            survivors = fields.get("survivors")
-            ok = ok and isinstance(survivors, list) and all(_is_int(p) for p in survivors)
-    if not ok:
-        raise Malformed(f"bad {fields['t']} record: {line[:80]!r}")
-    return fields
 
 
 class Supervised:
@@ -263,7 +221,7 @@ class Supervised:
                 if sock is None:
                     return False
                 reader, writer = await asyncio.open_unix_connection(sock=sock)
-                writer.write(attach_record(self._offset))
+                writer.write(_attach(self._offset))
                 welcome = await _welcome(reader)
         except (TimeoutError, Refused, OSError):
             welcome = None
@@ -274,7 +232,7 @@ class Supervised:
         log.info("run %s: connection ended early; attached again at %d", self.run_id, self._offset)
         self._reader, self._writer = reader, writer
         if self._stop_asked:
-            writer.write(STOP)  # the one asked on the lost connection may not have arrived
+            writer.write(protocol.STOP)  # the one asked on the lost connection may not have arrived
         return True
 
     async def _drop_connection(self) -> None:
@@ -286,7 +244,7 @@ class Supervised:
 
     def _note(self, record: Record) -> None:
         match record.kind:
-            case "hello" if self._writer is None and _is_int(record.fields.get("v")):
+            case "hello" if self._writer is None and protocol.version_of(record.fields):
                 self.version = record.fields["v"]  # a journal's file: attached, welcome told
             case "spawned":
                 self.cgroup = record.fields.get("cgroup") or None
@@ -310,11 +268,11 @@ class Supervised:
 
     def write_stdin(self, lines: bytes) -> bool:
         """Whole lines for claude's stdin; False if they cannot be sent (no connection)."""
-        return self.send(stdin_record(lines))
+        return self.send(protocol.stdin(lines))
 
     def close_stdin(self) -> None:
         """``eof``: claude's stdin is closed once what was sent before is written."""
-        self.send(EOF_RECORD)
+        self.send(protocol.EOF)
 
     async def drain(self) -> None:
         if self._writer is not None and not self._writer.is_closing():
@@ -331,7 +289,7 @@ class Supervised:
         """
         self._stop_asked = True
         if self._writer is not None and not self._writer.is_closing():
-            self._writer.write(STOP)
+            self._writer.write(protocol.STOP)
         elif self._pidfd is not None and not has_exited(self._pidfd):
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(self._pidfd, signal.SIGTERM)
@@ -486,16 +444,8 @@ def supervisor_argv(options: list[str], conn_fd: int) -> list[str]:
     return [*bare_argv(str(SUPERVISOR)), f"--conn-fd={conn_fd}", *options]
 
 
-def stdin_record(data: bytes) -> bytes:
-    """``data`` (whole lines) for claude's stdin, as a ``stdin`` record."""
-    return b'{"t":"stdin","n":%d}\n%s' % (len(data), data)
-
-
-EOF_RECORD = header("eof")
-
-
-def attach_record(offset: int) -> bytes:
-    return header("attach", v=list(PROTOCOL_VERSIONS), offset=offset)
+def _attach(offset: int) -> bytes:
+    return protocol.attach(PROTOCOL_VERSIONS, offset)
 
 
 async def _line(reader: asyncio.StreamReader) -> bytes | None:
@@ -511,19 +461,7 @@ async def _welcome(reader: asyncio.StreamReader) -> dict[str, Any] | None:
 
     Raises :class:`Refused` for a supervisor that speaks none of our versions.
     """
-    line = await _line(reader)
-    try:
-        first = json.loads(line) if line is not None else None
-    except ValueError:
-        return None
-    if not isinstance(first, dict):
-        return None
-    if first.get("t") == "refused":
-        raise Refused(
-            f"the run's supervisor speaks protocol version(s) {first.get('v')}, "
-            f"this bridge {list(PROTOCOL_VERSIONS)}"
-        )
-    return first if first.get("t") == "welcome" else None
+    return protocol.read_answer(await _line(reader), PROTOCOL_VERSIONS)
 
 
 async def start(
@@ -560,7 +498,7 @@ async def start(
     try:
         ours.setblocking(False)
         reader, writer = await asyncio.open_unix_connection(sock=ours)
-        writer.write(attach_record(0) + stdin_record(first))
+        writer.write(_attach(0) + protocol.stdin(first))
         supervised = await _spawned(request.run_id, reader, writer, run_dir, proc, pidfd, limits)
     except BaseException:
         if writer is not None:
@@ -678,7 +616,7 @@ async def _spawned(  # noqa: PLR0917
     )
     supervised._note(Record("spawned", fields, b"", offset))
     supervised.unwritable_at_start = early.get("unwritable")
-    if _is_int(hello.get("v")):
+    if protocol.version_of(hello):
         supervised.version = hello["v"]
     if fields.get("cgroup_error"):
         # Said once at start-up; worth a warning per run only when limits are lost.
@@ -761,7 +699,7 @@ async def attach(run_id: RunId, live: LiveRun) -> Supervised | None:
                 sock = await _connect(live.run_dir)
                 if sock is not None:
                     reader, writer = await asyncio.open_unix_connection(sock=sock)
-                    writer.write(attach_record(0))
+                    writer.write(_attach(0))
                     welcome = await _welcome(reader)
                     if welcome is not None:
                         supervised = Supervised(run_id, reader, writer, live=live, pidfd=pidfd)

@@ -20,13 +20,12 @@ import socket
 import sys
 import time
 
+from runner import protocol
 from runner.forkexec import CgroupRefused, spawn
 from runner.journal import (
     JOURNAL,
-    PROTOCOL_VERSIONS,
     SOCK,
     Journal,
-    header,
     is_kept,
     is_result,
     replayed_uuid,
@@ -42,6 +41,12 @@ from runner.proctree import (
     signal_all,
     start_time,
 )
+
+TYPE_CHECKING = False
+"""As ``typing.TYPE_CHECKING`` (mypy takes either), without importing ``typing`` at each start."""
+
+if TYPE_CHECKING:
+    from typing import Any
 
 KILL_DEADLINE_S = 5.0
 """After SIGKILL: how long to keep killing and reaping before giving up (D state)."""
@@ -68,6 +73,17 @@ EXIT_SPAWN_FAILED = 3
 _PR_SET_CHILD_SUBREAPER = 36
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _WRITE = selectors.EVENT_WRITE
+
+
+def _read(fd: int) -> bytes | None:
+    """What a non-blocking ``fd`` has now: None if nothing yet, ``b""`` at its end (or an
+    error, which ends it the same way)."""
+    try:
+        return os.read(fd, READ_CHUNK)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
 
 
 class Options:
@@ -246,7 +262,7 @@ class Client:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.inbox = bytearray()
-        self.head: dict[str, object] | None = None
+        self.head: dict[str, Any] | None = None
         """A header whose payload has not fully arrived."""
         self.out = bytearray()
         """Lines of our own (``welcome``, ``refused``) that go before the journal."""
@@ -334,12 +350,9 @@ class Supervisor:
 
     def read_stdout(self, fd: int, mask: int) -> bool:
         """Journal what claude printed; whether there was anything to read."""
-        try:
-            data = os.read(fd, READ_CHUNK)
-        except BlockingIOError:
+        data = _read(fd)
+        if data is None:
             return False
-        except OSError:
-            data = b""
         if not data:
             self._close_stdout()
             return False
@@ -382,11 +395,11 @@ class Supervisor:
         """
         if not self.capped():
             self.skipping = False
-            self.journal.append(b'{"t":"out","n":%d}\n' % len(data), data)
+            self.journal.append(protocol.out(len(data)), data)
             return
         if last and not self.skipping and is_kept(data):
             self.flush_dropped()
-            self.journal.append(b'{"t":"out","n":%d}\n' % len(data), data)
+            self.journal.append(protocol.out(len(data)), data)
             return
         if not whole:  # a piece of a line, never a whole result line: the rest goes too
             self.dropped_out += len(data)
@@ -402,7 +415,7 @@ class Supervisor:
         if kept:
             self.flush_dropped()
             out = b"\n".join(kept) + b"\n"
-            self.journal.append(b'{"t":"out","n":%d}\n' % len(out), out)
+            self.journal.append(protocol.out(len(out)), out)
 
     def capped(self) -> bool:
         """Whether only the lines the run depends on are journaled: the spool cap is
@@ -495,19 +508,16 @@ class Supervisor:
 
     def read_stderr(self, fd: int, mask: int) -> bool:
         """Journal what claude wrote to stderr; whether there was anything to read."""
-        try:
-            data = os.read(fd, READ_CHUNK)
-        except BlockingIOError:
+        data = _read(fd)
+        if data is None:
             return False
-        except OSError:
-            data = b""
         if not data:
             self.selector.unregister(fd)
             os.close(fd)
             self.stderr = -1
             return False
         if not self.capped():
-            self.journal.append(b'{"t":"err","n":%d}\n' % len(data), data)
+            self.journal.append(protocol.err(len(data)), data)
         else:
             self.dropped_err += len(data)
             self.err_tail += data
@@ -519,9 +529,9 @@ class Supervisor:
         if self.err_tail:
             tail = bytes(self.err_tail)
             self.err_tail.clear()
-            self.journal.append(b'{"t":"err","n":%d}\n' % len(tail), tail)
+            self.journal.append(protocol.err(len(tail)), tail)
         if self.dropped_out or self.dropped_err:
-            self.journal.append(header("dropped", out=self.dropped_out, err=self.dropped_err))
+            self.journal.append(protocol.dropped(self.dropped_out, self.dropped_err))
             self.dropped_out = self.dropped_err = 0
 
     def write_stdin(self, fd: int = -1, mask: int = 0) -> None:
@@ -559,7 +569,7 @@ class Supervisor:
         self._watch_stdin(0)
         os.close(self.stdin)
         self.stdin = -1
-        self.journal.append(header("stdin_closed"))
+        self.journal.append(protocol.stdin_closed())
 
     # -- the bridge's connections --
 
@@ -600,12 +610,9 @@ class Supervisor:
             self.send(client)
             if fd not in self.clients or not mask & selectors.EVENT_READ:
                 return
-        try:
-            data = os.read(fd, READ_CHUNK)
-        except BlockingIOError:
+        data = _read(fd)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if not data:
             self.drop(client)
             return
@@ -619,18 +626,12 @@ class Supervisor:
                     if len(inbox) > MAX_HEADER_BYTES:
                         self.drop(client)
                     return
-                try:
-                    head = json.loads(inbox[:nl])
-                except ValueError:
-                    head = None
+                head = protocol.read_command(inbox[:nl])
                 del inbox[: nl + 1]
-                if not isinstance(head, dict):
+                if head is None:
                     self.drop(client)
                     return
             n = head.get("n", 0)
-            if not isinstance(n, int) or n < 0:
-                self.drop(client)
-                return
             if len(inbox) < n:
                 client.head = head
                 return
@@ -639,7 +640,7 @@ class Supervisor:
             client.head = None
             self.on_message(client, head, payload)
 
-    def on_message(self, client: Client, head: dict[str, object], payload: bytes) -> None:
+    def on_message(self, client: Client, head: dict[str, Any], payload: bytes) -> None:
         kind = head.get("t")
         if kind == "attach":
             self.on_attach(client, head)
@@ -649,7 +650,7 @@ class Supervisor:
             if self.stdin >= 0 and not self.stdin_eof:
                 # Journaled as written (whole lines): a restarted bridge rebuilds from
                 # it which messages were sent and which requests were answered.
-                self.journal.append(b'{"t":"in","n":%d}\n' % len(payload), payload)
+                self.journal.append(protocol.written_in(len(payload)), payload)
                 self.note_in(payload)
                 self.stdin_buf += payload
                 self.write_stdin()
@@ -660,23 +661,21 @@ class Supervisor:
             self.stop("asked")
         # Anything else is from a later version: ignored.
 
-    def on_attach(self, client: Client, head: dict[str, object]) -> None:
-        wanted = head.get("v")
-        versions = [v for v in wanted if v in PROTOCOL_VERSIONS] if isinstance(wanted, list) else []
+    def on_attach(self, client: Client, head: dict[str, Any]) -> None:
+        versions = protocol.attach_versions(head, protocol.PROTOCOL_VERSIONS)
         if not versions:
-            client.out += header("refused", v=list(PROTOCOL_VERSIONS))
+            client.out += protocol.refused(protocol.PROTOCOL_VERSIONS)
             client.closing = True
             self.send(client)
             return
         for other in list(self.clients.values()):
             if other is not client and other.attached:
                 self.drop(other)  # one bridge at a time: the newer takes over
-        offset = head.get("offset", 0)
         size = self.journal.size
-        client.offset = min(max(offset, 0), size) if isinstance(offset, int) else 0
+        client.offset = protocol.attach_offset(head, size)
         client.attached = True
         self.orphan_since = None
-        client.out += header("welcome", v=max(versions), size=size)
+        client.out += protocol.welcome(max(versions), size)
         self.send(client)
 
     def send(self, client: Client) -> None:
@@ -715,7 +714,7 @@ class Supervisor:
         write what a full disk held back, if it can be now."""
         journal = self.journal
         if journal.held and journal.flush() and self.exit_code is None:
-            journal.append(header("writable", held=journal.held_period))
+            journal.append(protocol.writable(journal.held_period))
         size = journal.size
         for client in list(self.clients.values()):
             # One that waits for its socket to drain is sent to when it does.
@@ -750,13 +749,13 @@ class Supervisor:
             self.partial.clear()
         self.flush_dropped()
         self.close_stdin()
-        self.journal.append(header("exited", code=code))
+        self.journal.append(protocol.exited(code))
 
     def stop(self, why: str) -> None:
         """Begin the stop, once: SIGTERM to the whole tree; the grace period starts now."""
         if self.stop_deadline is not None:
             return
-        self.journal.append(header("stopping", why=why))
+        self.journal.append(protocol.stopping(why))
         self.stop_deadline = time.monotonic() + self.options.grace_s
         self._signal_tree((signal.SIGTERM,))
 
@@ -765,7 +764,7 @@ class Supervisor:
         ``orphan_timeout_s``). claude is interrupted first (SIGINT: it ends its turn
         with a result that says what the run cost, and exits), given the grace period,
         then the tree is stopped (SIGTERM, on which claude prints no result)."""
-        self.journal.append(header("expired", status=status))
+        self.journal.append(protocol.expired(status))
         if self.claude and self.claude_running:
             with contextlib.suppress(OSError):
                 os.kill(self.claude, signal.SIGINT)
@@ -815,7 +814,7 @@ class Supervisor:
         self.stdout = self.stderr = -1
         self.flush_dropped()
         self.close_stdin()
-        self.journal.append(header("done", survivors=survivors))
+        self.journal.append(protocol.done(survivors))
         if self.listener is not None:
             # A bridge that comes now reads the journal instead.
             self.selector.unregister(self.listener)
@@ -1009,7 +1008,7 @@ def _start_claude(options: Options, supervisor: Supervisor) -> str | None:
             claude = spawn(options.argv, options.cwd, theirs, None, options.env)
     except (OSError, ValueError, CgroupRefused) as exc:
         code = exc.errno if isinstance(exc, OSError) else None
-        journal.append(header("spawn_failed", error=str(exc), errno=code))
+        journal.append(protocol.spawn_failed(str(exc), code))
         if cgroup is not None:
             cgroup.remove(0)
         for fd in (*theirs, stdin_w, stdout_r, stderr_r):
@@ -1018,11 +1017,7 @@ def _start_claude(options: Options, supervisor: Supervisor) -> str | None:
     # Only claude and its descendants hold these ends now: their end is the run's end.
     for fd in theirs:
         os.close(fd)
-    journal.append(
-        header(
-            "spawned", pid=claude, cgroup=cgroup.path if cgroup else None, cgroup_error=cgroup_error
-        )
-    )
+    journal.append(protocol.spawned(claude, cgroup.path if cgroup else None, cgroup_error))
     supervisor.attach_claude(claude, cgroup, stdin_w, stdout_r, stderr_r)
     return None
 
@@ -1057,12 +1052,7 @@ def standby(args: list[str]) -> Options | None:
         chunks.append(chunk)
     if not chunks:
         return None
-    orders = json.loads(b"".join(chunks))
-    command, env = (orders.get("args"), orders.get("env")) if isinstance(orders, dict) else ((), ())
-    if not (isinstance(command, list) and all(isinstance(a, str) for a in command)):
-        raise ValueError("bad orders: args")
-    if not (isinstance(env, dict) and all(isinstance(v, str) for v in env.values())):
-        raise ValueError("bad orders: env")
+    command, env = protocol.read_orders(b"".join(chunks))
     options = parse(command)
     options.conn_fd = conn_fd
     options.env = env
@@ -1089,9 +1079,8 @@ def main(args: list[str]) -> int:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     journal = Journal(JOURNAL)
     journal.append(
-        header(
-            "hello",
-            v=PROTOCOL_VERSIONS[-1],
+        protocol.hello(
+            v=protocol.PROTOCOL_VERSIONS[-1],
             run=options.run_id,
             pid=os.getpid(),
             start=start_time(),
@@ -1105,7 +1094,7 @@ def main(args: list[str]) -> int:
     for sig in _STOP_SIGNALS:
         signal.signal(sig, wakeup.stop)
     if not _prctl(_PR_SET_CHILD_SUBREAPER, 1):
-        journal.append(header("spawn_failed", error="cannot become a child subreaper", errno=None))
+        journal.append(protocol.spawn_failed("cannot become a child subreaper", None))
         supervisor.finish([], EXIT_SPAWN_FAILED)
     elif _start_claude(options, supervisor) is not None:
         supervisor.finish([], EXIT_SPAWN_FAILED)

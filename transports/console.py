@@ -31,10 +31,10 @@ from bridge.core.transport import (
     TOOL_ASKED,
     Asked,
     Delivery,
+    Duplex,
     InboundSink,
     RunPhase,
     SinkClosed,
-    Transport,
 )
 
 NAME = TransportName("console")
@@ -50,7 +50,9 @@ def _watchable(fd: int) -> bool:
     return True
 
 
-class ConsoleTransport(Transport):
+class ConsoleTransport(Duplex):
+    """Reads stdin and prints to stdout: one object is both sides."""
+
     name = NAME
 
     def __init__(

@@ -11,20 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 
 from bridge.cluster.replica import Cluster
-from bridge.core.model import Attachment, ExternalMessageId, Reply, RoomKey
-from bridge.core.transport import (
-    TOOL_ASKED,
-    Asked,
-    Delivery,
-    InboundSink,
-    RunPhase,
-    Transport,
-    TransportError,
-)
+from bridge.core.transport import InboundSink, Transport, TransportError
 from bridge.store.base import StoreError
 
 log = logging.getLogger(__name__)
@@ -42,6 +32,9 @@ class LeaderGated(Transport):
     ) -> None:
         self.inner = inner
         self.name = inner.name
+        # Only the leader is connected and owns the transport's conversations, so only it
+        # sends: the outbound side is the inner one, as it is.
+        self.outbound = inner.outbound
         self._cluster = cluster
         self._retry_s = retry_s
         self._unblock = unblock
@@ -89,38 +82,6 @@ class LeaderGated(Transport):
             except StoreError as exc:
                 log.warning("could not ask for the %s leader lease: %s", self.name, exc)
             await asyncio.sleep(self._retry_s)
-
-    # Outbound: only the leader owns this transport's conversations, so only it sends.
-
-    async def send(
-        self, reply: Reply, delivery: Delivery | None = None
-    ) -> ExternalMessageId | None:
-        return await self.inner.send(reply, delivery)
-
-    async def send_file(self, reply: Reply, key: str) -> ExternalMessageId | None:
-        return await self.inner.send_file(reply, key)
-
-    async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
-        await self.inner.edit(room, message_id, text)
-
-    async def post_approval(
-        self, request: Reply, ref: str, asked: Asked = TOOL_ASKED
-    ) -> ExternalMessageId | None:
-        return await self.inner.post_approval(request, ref, asked)
-
-    async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
-        await self.inner.close_approval(room, message_id, text)
-
-    async def set_typing(self, room: RoomKey, typing: bool) -> None:
-        await self.inner.set_typing(room, typing)
-
-    async def set_phase(
-        self, room: RoomKey, message_ids: Sequence[ExternalMessageId], phase: RunPhase
-    ) -> None:
-        await self.inner.set_phase(room, message_ids, phase)
-
-    async def fetch_attachment(self, attachment: Attachment, dest: Path, limit_bytes: int) -> None:
-        await self.inner.fetch_attachment(attachment, dest, limit_bytes)
 
 
 __all__ = ["LeaderGated"]

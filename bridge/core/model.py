@@ -86,7 +86,7 @@ class Attachment:
     """A file shared with a message, as the transport described it (not its content).
 
     The file is fetched when the message's run is prepared, through the
-    transport that handed it over (``Transport.fetch_attachment``): ``ref`` is
+    transport that handed it over (``Outbound.fetch_attachment``): ``ref`` is
     that transport's own handle for it, opaque to everything else, and stored
     with the message so a restart can still fetch it.
     """
@@ -229,7 +229,7 @@ class Reply:
     """The batch's first message: a transport that answers in a new thread
     (Slack's ``reply_in_thread``) opens it under this one."""
     file: str | None = None
-    """A file to post (``Transport.send_file``), ``text`` its comment: the path of the
+    """A file to post (``Outbound.send_file``), ``text`` its comment: the path of the
     bridge's own copy, whose base name is the name the room sees (docs/files.md)."""
 
 

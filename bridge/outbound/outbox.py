@@ -322,7 +322,7 @@ class Outbox:
         for attempt in range(tries):
             try:
                 async with asyncio.timeout(self.send_timeout_s):
-                    await transport.send(reply, Delivery(key, parts_done, part_sent))
+                    await transport.outbound.send(reply, Delivery(key, parts_done, part_sent))
             except Undeliverable as exc:
                 log.error("gave up sending a %s to %s: %s", reply.kind.value, room, exc)
                 return False
@@ -341,20 +341,20 @@ class Outbox:
 
     async def _send(self, entry: OutboxEntry, delivery: Delivery) -> None:
         room = entry.reply.room
-        transport = self.transports[room.transport]  # submit() keeps the others out
+        outbound = self.transports[room.transport].outbound  # submit() keeps the others out
         stages.stamp(f"sending_{entry.reply.kind.value}")
         # A hung server must not hold the room forever; the retry skips the
         # parts done, so giving up an attempt never posts a part twice.
         async with asyncio.timeout(self.send_timeout_s):
             if entry.reply.file is None:
-                await transport.send(entry.reply, delivery)
+                await outbound.send(entry.reply, delivery)
                 return
             # A file post is one part: done once recorded as such.
             if delivery.parts_done >= 1:
                 return
             if not await asyncio.to_thread(Path(entry.reply.file).is_file):
                 raise Undeliverable(room.transport, "the copy of the file to post is gone")
-            message_id = await transport.send_file(entry.reply, delivery.key)
+            message_id = await outbound.send_file(entry.reply, delivery.key)
             await delivery.part_sent(0, message_id or ExternalMessageId(""))
 
     async def _finish(self, entry: OutboxEntry, state: DeliveryState) -> None:

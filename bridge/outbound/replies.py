@@ -35,6 +35,7 @@ from bridge.core.transport import (
     TOOL_ASKED,
     ApprovalAction,
     Asked,
+    Outbound,
     RateLimited,
     RunPhase,
     Transport,
@@ -91,29 +92,31 @@ class Replier:
         if pacing is not None:
             pacing.rate_limited(retry_after_s)
 
-    def _cosmetic(self, room: RoomKey) -> Transport | None:
+    def _cosmetic(self, room: RoomKey) -> Outbound | None:
         """The room's transport, unless cosmetic updates are paused for it."""
         pacing = self._pacing.get(room.transport)
         if pacing is not None and pacing.limited():
             return None
         return self._transport(room)
 
-    def _transport(self, room: RoomKey) -> Transport | None:
+    def _transport(self, room: RoomKey) -> Outbound | None:
+        """The outbound side of the room's transport."""
         transport = self._transports.get(room.transport)
         if transport is None:
             log.warning("no transport %s for room %s", room.transport, room)
-        return transport
+            return None
+        return transport.outbound
 
     async def send(self, reply: Reply) -> ExternalMessageId | None:
         """Send a progress message (or a notice the store could not record) once, best effort."""
         if reply.kind is ReplyKind.PROGRESS:
-            transport = self._cosmetic(reply.room)
+            outbound = self._cosmetic(reply.room)
         else:
-            transport = self._transport(reply.room)
-        if transport is None:
+            outbound = self._transport(reply.room)
+        if outbound is None:
             return None
         try:
-            return await transport.send(replace(reply, text=safe_text(reply.text)))
+            return await outbound.send(replace(reply, text=safe_text(reply.text)))
         except RateLimited as exc:
             self.rate_limited(reply.room.transport, exc.retry_after_s)
             log.warning("rate limited: a %s to %s was dropped", reply.kind.value, reply.room)
@@ -128,12 +131,12 @@ class Replier:
         False when it was skipped (budget spent, rate-limited): the caller
         folds the text into a later edit. A failed edit counts as done.
         """
-        transport = self._cosmetic(room)
+        outbound = self._cosmetic(room)
         pacing = self._pacing.get(room.transport)
-        if transport is None or (pacing is not None and not pacing.try_edit()):
+        if outbound is None or (pacing is not None and not pacing.try_edit()):
             return False
         try:
-            await transport.edit(room, message_id, safe_text(text))
+            await outbound.edit(room, message_id, safe_text(text))
         except RateLimited as exc:
             self.rate_limited(room.transport, exc.retry_after_s)
             return False
@@ -146,11 +149,11 @@ class Replier:
         # after its answer, whose delivery is the likeliest to be rate-limited, and
         # a transport renews typing until it is cleared (Matrix): skipped, the room
         # would show the bot typing until its next run.
-        transport = self._cosmetic(room) if typing else self._transport(room)
-        if transport is None:
+        outbound = self._cosmetic(room) if typing else self._transport(room)
+        if outbound is None:
             return
         try:
-            await transport.set_typing(room, typing)
+            await outbound.set_typing(room, typing)
         except RateLimited as exc:
             self.rate_limited(room.transport, exc.retry_after_s)
         except Exception:
@@ -161,8 +164,8 @@ class Replier:
         # likeliest to meet one): skipped, the message would show the run running for
         # good. One try; what the server refuses then is dropped.
         shown_for_good = phase not in (RunPhase.RECEIVED, RunPhase.RUNNING)
-        transport = self._transport(batch.room) if shown_for_good else self._cosmetic(batch.room)
-        if transport is None:
+        outbound = self._transport(batch.room) if shown_for_good else self._cosmetic(batch.room)
+        if outbound is None:
             return
         ids: Sequence[ExternalMessageId] = [
             m.external_id for m in batch.messages if not is_synthetic(m)
@@ -170,7 +173,7 @@ class Replier:
         if not ids:
             return  # no chat message to show it on
         try:
-            await transport.set_phase(batch.room, ids, phase)
+            await outbound.set_phase(batch.room, ids, phase)
         except RateLimited as exc:
             self.rate_limited(batch.room.transport, exc.retry_after_s)
         except Exception:
@@ -184,12 +187,12 @@ class Replier:
         Not cosmetic: claude waits on it. A rate limit is waited out (a few
         times); a request that could not be posted is denied (nobody saw it).
         """
-        transport = self._transport(request.room)
-        if transport is None:
+        outbound = self._transport(request.room)
+        if outbound is None:
             return None
         safe = replace(request, text=safe_text(request.text))
         return await self._insisting(
-            request.room, "a tool request", lambda: transport.post_approval(safe, ref, asked)
+            request.room, "a tool request", lambda: outbound.post_approval(safe, ref, asked)
         )
 
     async def _insisting(
@@ -210,11 +213,11 @@ class Replier:
     async def answer_action(self, action: ApprovalAction, text: str) -> None:
         """Tell the person behind a click or reaction what only they need to hear (why it
         decided nothing, or that its answer waits for a run slot); best effort."""
-        transport = self._transport(action.room)
-        if transport is None:
+        outbound = self._transport(action.room)
+        if outbound is None:
             return
         try:
-            await transport.answer_action(action, safe_text(text))
+            await outbound.answer_action(action, safe_text(text))
         except RateLimited as exc:
             self.rate_limited(action.room.transport, exc.retry_after_s)
         except Exception:
@@ -222,30 +225,30 @@ class Replier:
 
     def approval_fits(self, room: RoomKey, text: str) -> bool:
         """Whether a request of ``text`` shows whole in one message of ``room``."""
-        transport = self._transport(room)
-        return transport is None or transport.approval_fits(room, safe_text(text))
+        outbound = self._transport(room)
+        return outbound is None or outbound.approval_fits(room, safe_text(text))
 
     async def post_file(self, reply: Reply, key: str) -> bool:
         """Post the file ``reply.file`` now (a request's whole text); False if it was not."""
-        transport = self._transport(reply.room)
-        if transport is None:
+        outbound = self._transport(reply.room)
+        if outbound is None:
             return False
         safe = replace(reply, text=safe_text(reply.text))
 
         async def post() -> bool:
-            await transport.send_file(safe, key)
+            await outbound.send_file(safe, key)
             return True
 
         return await self._insisting(reply.room, "a file", post) is not None
 
     async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         """Show a request as decided (its buttons go); best effort, rate limits waited out."""
-        transport = self._transport(room)
-        if transport is None:
+        outbound = self._transport(room)
+        if outbound is None:
             return
         for _ in range(APPROVAL_TRIES):
             try:
-                await transport.close_approval(room, message_id, safe_text(text))
+                await outbound.close_approval(room, message_id, safe_text(text))
             except RateLimited as exc:
                 self.rate_limited(room.transport, exc.retry_after_s)
                 await asyncio.sleep(exc.retry_after_s)

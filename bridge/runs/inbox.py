@@ -220,7 +220,7 @@ class Inbox:
             # Past the run's deadline this gives up at once: the later files are named as
             # timed out, and claude starts.
             async with asyncio.timeout_at(min(now + self._timeout, deadline)):
-                await transport.fetch_attachment(
+                await transport.outbound.fetch_attachment(
                     attachment, Path(f"/proc/self/fd/{file_fd}"), limit
                 )
             size = _still_named(file_fd, name, inbox_fd)

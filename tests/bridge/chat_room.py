@@ -26,11 +26,11 @@ from bridge.core.model import (
 from bridge.core.transport import (
     Accepted,
     Delivery,
+    Duplex,
     InboundSink,
     MessageDeleted,
     MessageEdited,
     RunPhase,
-    Transport,
 )
 from bridge.service import Service, open_store
 from bridge.store.base import Store
@@ -38,7 +38,7 @@ from bridge.store.base import Store
 GUARD_S = 30.0
 
 
-class ChatRoom(Transport):
+class ChatRoom(Duplex):
     name = TransportName("console")
 
     def __init__(self, room: RoomKey, user: str, id_prefix: str = "in") -> None:

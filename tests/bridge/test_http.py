@@ -14,7 +14,7 @@ from bridge import service as service_module
 from bridge.config import load_settings
 from bridge.core.hostport import HostPort
 from bridge.core.http_limits import ClientLimits
-from bridge.core.transport import InboundSink, Transport
+from bridge.core.transport import Duplex, InboundSink
 from bridge.errors import StartupError
 from bridge.host.http import serve_http
 from bridge.host.http_sockets import bind_http
@@ -54,7 +54,7 @@ async def test_readyz_is_503_with_the_reason_until_ready() -> None:
         await asyncio.wait({server})
 
 
-class Disconnected(Transport):
+class Disconnected(Duplex):
     name = "slack"  # type: ignore[assignment]
 
     async def run(self, sink: InboundSink, ready: asyncio.Event) -> None:

@@ -26,7 +26,14 @@ from bridge.core.model import (
     RoomKey,
     TransportName,
 )
-from bridge.core.transport import Delivery, RateLimited, Transport, TransportError, Undeliverable
+from bridge.core.transport import (
+    Delivery,
+    Duplex,
+    RateLimited,
+    Transport,
+    TransportError,
+    Undeliverable,
+)
 from bridge.metrics import Metrics
 from bridge.outbound.outbox import Outbox
 from bridge.store.base import OutboxEntry, Store
@@ -40,7 +47,7 @@ ROOMS = [RoomKey(MATRIX, RoomId(f"!{name}:localhost")) for name in ("a", "b", "c
 Fault = Callable[[], Exception] | None
 
 
-class Scripted(Transport):
+class Scripted(Duplex):
     """Posts each reply as parts split at ``|``; raises the scripted faults first."""
 
     name = MATRIX

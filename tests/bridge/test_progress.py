@@ -2,10 +2,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import cast
 
 from bridge.core.model import ExternalMessageId, RoomId, RoomKey, TransportName
-from bridge.core.transport import Transport
+from bridge.core.transport import Duplex
 from bridge.outbound.pacing import Pacing
 from bridge.outbound.progress import ProgressMessage, describe_tool_use
 from bridge.outbound.replies import Replier
@@ -125,8 +124,10 @@ async def test_a_run_that_lasted_show_after_posts_its_status_message() -> None:
 CONSOLE = TransportName("console")
 
 
-class Recorder:
+class Recorder(Duplex):
     """Just enough of a transport for :class:`Replier`: the last text of each message."""
+
+    name = CONSOLE
 
     def __init__(self) -> None:
         self.last_text: dict[str, str] = {}
@@ -139,7 +140,7 @@ async def test_runs_ending_together_all_finish_once_the_budget_allows() -> None:
     clock = FakeClock()
     transport = Recorder()
     pacing = Pacing(60.0, clock)  # a burst of 3 edits, then one a second: for all rooms
-    replier = Replier({CONSOLE: cast(Transport, transport)}, {CONSOLE: pacing}, clock)
+    replier = Replier({CONSOLE: transport}, {CONSOLE: pacing}, clock)
 
     async def waited(seconds: float) -> None:
         clock.now += seconds  # the budget refills as time passes

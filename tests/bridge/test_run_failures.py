@@ -12,7 +12,7 @@ import pytest
 
 from bridge.config import load_settings
 from bridge.core.model import LiveRun
-from bridge.core.transport import InboundSink, Transport, TransportError
+from bridge.core.transport import Duplex, InboundSink, TransportError
 from bridge.service import Service, open_store
 from bridge.store.base import Store, StoreError
 from bridge.store.sql import SqlStore
@@ -142,7 +142,7 @@ async def test_reset_right_after_the_answer_starts_a_new_session(
     assert not [a for a in argv if a.startswith("--resume")], f"resumed: {argv} (first: {first})"
 
 
-class FailsOnCue(Transport):
+class FailsOnCue(Duplex):
     """A transport that connects, then loses its server for good when told to."""
 
     name = "matrix"  # type: ignore[assignment]
@@ -179,7 +179,7 @@ async def test_a_run_cut_short_by_a_failing_service_is_interrupted_not_stopped(
     assert rows(tmp_path, "select state from messages") == [("failed",)]
 
 
-class NeverReady(Transport):
+class NeverReady(Duplex):
     name = "slack"  # type: ignore[assignment]
 
     async def run(self, sink: InboundSink, ready: asyncio.Event) -> None:

@@ -22,7 +22,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.core.transport import RateLimited, Transport, TransportError
+from bridge.core.transport import Duplex, RateLimited, TransportError
 from bridge.metrics import Metrics
 from bridge.outbound.outbox import Outbox
 from bridge.runs.executor import run_request
@@ -114,7 +114,7 @@ def test_the_run_request_carries_the_tool_and_the_limit(tmp_path: Path) -> None:
 # -- the bridge's side, against a real SQLite store --------------------------------
 
 
-class Posted(Transport):
+class Posted(Duplex):
     """Keeps what it was asked to post (and a copy of each file's bytes)."""
 
     name = TransportName("console")

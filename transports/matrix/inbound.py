@@ -19,6 +19,7 @@ from nio import (
     RoomMessageMedia,
     RoomMessageNotice,
     RoomMessageText,
+    TypingNoticeEvent,
 )
 
 from bridge.core.model import (
@@ -30,7 +31,13 @@ from bridge.core.model import (
     UserId,
 )
 from bridge.core.text import safe_text
-from bridge.core.transport import ApprovalAction, ApprovalChoice, MessageDeleted, MessageEdited
+from bridge.core.transport import (
+    ApprovalAction,
+    ApprovalChoice,
+    MessageDeleted,
+    MessageEdited,
+    Typing,
+)
 from transports.matrix.approvals import choice_of, number_of
 from transports.matrix.media import attachment_of, caption
 
@@ -315,3 +322,8 @@ def history_before(events: list[Any], user_id: str) -> int:
         elif membership in ("leave", "ban"):
             invited = False
     return start
+
+
+def to_typing(room_id: str, event: TypingNoticeEvent) -> Typing:
+    """Who types in the room now, as an ``m.typing`` event says."""
+    return Typing(RoomKey(TRANSPORT, RoomId(room_id)), frozenset(UserId(u) for u in event.users))

@@ -12,7 +12,7 @@ import io
 import logging
 import mimetypes
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -22,11 +22,19 @@ from nio import AsyncClient, ErrorResponse, MatrixRoom, RoomSendResponse, Upload
 from nio.exceptions import LocalProtocolError, OlmTrustError
 
 from bridge.core import stages
-from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey
+from bridge.core.model import (
+    Attachment,
+    ExternalMessageId,
+    Reply,
+    ReplyKind,
+    RoomId,
+    RoomKey,
+)
 from bridge.core.transport import (
     TOOL_ASKED,
     Asked,
     Delivery,
+    Outbound,
     RateLimited,
     RunPhase,
     TransportError,
@@ -36,6 +44,7 @@ from transports.backoff import Backoff
 from transports.matrix.approvals import MARKER, WIDEST_HOWTO, KnownRequests, offered
 from transports.matrix.client import AUTH_ERRORS, RATE_LIMITED
 from transports.matrix.inbound import TRANSPORT
+from transports.matrix.media import fetch
 from transports.matrix.mentions import must_declare
 from transports.matrix.render import MarkdownRenderer
 from transports.matrix.settings import MatrixSettings
@@ -60,8 +69,10 @@ class FileToPost:
     mime: str
 
 
-class MatrixOutbound:
+class MatrixOutbound(Outbound):
     """Sends through the transport's client while it is logged in (``client`` is set)."""
+
+    name = TRANSPORT
 
     def __init__(
         self,
@@ -314,7 +325,9 @@ class MatrixOutbound:
                 # Cosmetic: the outcome is shown; a late reaction is answered "decided".
                 log.info("matrix: could not take back reaction %s: %s", reaction, response)
 
-    async def set_phase(self, room: RoomKey, phase: RunPhase) -> None:
+    async def set_phase(
+        self, room: RoomKey, message_ids: Sequence[ExternalMessageId], phase: RunPhase
+    ) -> None:
         """Matrix shows no phase on messages. A batch received is shown by the bot typing
         at once (the sign of life), not renewed: it lapses on its own if no run follows.
         The run's outcome, which comes after its answer, clears it."""
@@ -346,6 +359,13 @@ class MatrixOutbound:
         client = self.client
         if client is not None:
             await self._send_typing(client, room_id, typing)
+
+    async def fetch_attachment(self, attachment: Attachment, dest: Path, limit_bytes: int) -> None:
+        """Download a shared file (decrypted and hash-checked when encrypted, see .media)."""
+        client = self.client
+        if client is None:
+            raise TransportError(self.name, "not logged in")
+        await fetch(client, attachment, dest, limit_bytes)
 
     async def keep_typing(self, client: AsyncClient) -> None:
         """Renew the active typing notices before the server expires them; until cancelled."""

@@ -13,13 +13,17 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+E = TypeVar("E", bound="DataclassInstance")
 
 
 def _write_private(path: Path, data: str) -> None:
@@ -133,6 +137,21 @@ class SessionFile:
         self._path.unlink(missing_ok=True)
 
 
+class _EventsFile(Generic[E]):
+    """A list of events kept in one JSON file, each saved as its fields."""
+
+    def __init__(self, path: Path, parse: Callable[[Any], E]) -> None:
+        self._path = path
+        self._parse = parse
+
+    def load(self) -> list[E]:
+        """The saved events; [] when there are none or the file is damaged."""
+        return _load_list(self._path, self._parse)
+
+    def save(self, events: list[E]) -> None:
+        _write_private(self._path, json.dumps([asdict(e) for e in events]))
+
+
 @dataclass(slots=True)
 class Undecryptable:
     """An encrypted event the bridge could not read yet, kept until its key arrives."""
@@ -150,41 +169,21 @@ class Undecryptable:
         return str(self.source.get("event_id", ""))
 
 
-class UndecryptableFile:
+def _undecryptable(item: Any) -> Undecryptable:
+    return Undecryptable(
+        room_id=str(item["room_id"]),
+        source=dict(item["source"]),
+        first_seen=float(item["first_seen"]),
+        noticed=bool(item.get("noticed", False)),
+    )
+
+
+class UndecryptableFile(_EventsFile[Undecryptable]):
     """The encrypted events waiting for their keys, saved before the sync position moves
     past them, so a restart does not lose them."""
 
     def __init__(self, store_path: Path) -> None:
-        self._path = store_path / "undecryptable.json"
-
-    def load(self) -> list[Undecryptable]:
-        """The saved events; [] when there are none or the file is damaged."""
-
-        def parse(item: Any) -> Undecryptable:
-            return Undecryptable(
-                room_id=str(item["room_id"]),
-                source=dict(item["source"]),
-                first_seen=float(item["first_seen"]),
-                noticed=bool(item.get("noticed", False)),
-            )
-
-        return _load_list(self._path, parse)
-
-    def save(self, events: list[Undecryptable]) -> None:
-        _write_private(
-            self._path,
-            json.dumps(
-                [
-                    {
-                        "room_id": e.room_id,
-                        "source": e.source,
-                        "first_seen": e.first_seen,
-                        "noticed": e.noticed,
-                    }
-                    for e in events
-                ]
-            ),
-        )
+        super().__init__(store_path / "undecryptable.json", _undecryptable)
 
 
 @dataclass(slots=True)
@@ -208,44 +207,21 @@ class SetAside:
         return str(self.source.get("event_id", ""))
 
 
-class SetAsideFile:
+def _set_aside(item: Any) -> SetAside:
+    return SetAside(
+        room_id=str(item["room_id"]),
+        source=dict(item["source"]),
+        decrypted=bool(item.get("decrypted", False)),
+        first_failed=float(item["first_failed"]),
+        failures=int(item["failures"]),
+        next_try=float(item["next_try"]),
+        problem=str(item.get("problem", "")),
+    )
+
+
+class SetAsideFile(_EventsFile[SetAside]):
     """The events set aside so one the service cannot take does not block the others;
     saved before the sync position moves past them."""
 
     def __init__(self, store_path: Path) -> None:
-        self._path = store_path / "set_aside.json"
-
-    def load(self) -> list[SetAside]:
-        """The saved events; [] when there are none or the file is damaged."""
-
-        def parse(item: Any) -> SetAside:
-            return SetAside(
-                room_id=str(item["room_id"]),
-                source=dict(item["source"]),
-                decrypted=bool(item.get("decrypted", False)),
-                first_failed=float(item["first_failed"]),
-                failures=int(item["failures"]),
-                next_try=float(item["next_try"]),
-                problem=str(item.get("problem", "")),
-            )
-
-        return _load_list(self._path, parse)
-
-    def save(self, events: list[SetAside]) -> None:
-        _write_private(
-            self._path,
-            json.dumps(
-                [
-                    {
-                        "room_id": e.room_id,
-                        "source": e.source,
-                        "decrypted": e.decrypted,
-                        "first_failed": e.first_failed,
-                        "failures": e.failures,
-                        "next_try": e.next_try,
-                        "problem": e.problem,
-                    }
-                    for e in events
-                ]
-            ),
-        )
+        super().__init__(store_path / "set_aside.json", _set_aside)

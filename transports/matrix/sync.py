@@ -29,14 +29,7 @@ from nio import (
 from nio.exceptions import EncryptionError, LocalProtocolError
 
 from bridge.core import stages
-from bridge.core.model import (
-    ExternalMessageId,
-    InboundMessage,
-    RoomId,
-    RoomKey,
-    TransportName,
-    UserId,
-)
+from bridge.core.model import ExternalMessageId, InboundMessage, RoomId
 from bridge.core.transport import (
     ApprovalAction,
     AskKind,
@@ -46,13 +39,18 @@ from bridge.core.transport import (
     RoomBinding,
     SinkClosed,
     TransportError,
-    Typing,
 )
 from transports.backoff import Backoff
 from transports.matrix.approvals import MARKER, KnownRequests
 from transports.matrix.client import RATE_LIMITED, Retryable, check
 from transports.matrix.context import replied_to, with_context
-from transports.matrix.inbound import InboundPolicy, as_answer, history_before, to_inbound
+from transports.matrix.inbound import (
+    InboundPolicy,
+    as_answer,
+    history_before,
+    to_inbound,
+    to_typing,
+)
 from transports.matrix.position import PositionSaver
 from transports.matrix.setaside import Offer, SetAsideEvents, Translate
 from transports.matrix.settings import MatrixSettings
@@ -341,8 +339,7 @@ class Syncer:
                 continue
             for event in info.ephemeral:
                 if isinstance(event, TypingNoticeEvent):
-                    users = frozenset(UserId(user) for user in event.users)
-                    await sink(Typing(RoomKey(TransportName("matrix"), RoomId(room_id)), users))
+                    await sink(to_typing(room_id, event))
 
     async def _hand_over(
         self, client: AsyncClient, room_id: str, event: object, sink: InboundSink

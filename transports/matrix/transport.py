@@ -2,40 +2,22 @@
 (:mod:`.sync`, inbound via :mod:`.inbound`) and answering (:mod:`.outbound`).
 
 The client lives as long as :meth:`MatrixTransport.run`; the outbound side
-sends through it while it is logged in.
+(``transport.outbound``) sends and fetches through it while it is logged in
+(docs/deployment.md, "Inside the Matrix transport").
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from pathlib import Path
 
-from bridge.core.model import (
-    Attachment,
-    ExternalMessageId,
-    Reply,
-    ReplyKind,
-    RoomId,
-    RoomKey,
-    TransportName,
-)
-from bridge.core.transport import (
-    TOOL_ASKED,
-    Asked,
-    Delivery,
-    InboundSink,
-    RoomBinding,
-    RunPhase,
-    Transport,
-    TransportError,
-)
+from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey, TransportName
+from bridge.core.transport import Delivery, InboundSink, RoomBinding, Transport
 from transports.backoff import Backoff
 from transports.matrix.approvals import KnownRequests
 from transports.matrix.client import new_client
 from transports.matrix.inbound import InboundPolicy
 from transports.matrix.login import log_in
-from transports.matrix.media import fetch
 from transports.matrix.outbound import MatrixOutbound
 from transports.matrix.settings import MatrixSettings
 from transports.matrix.sync import Syncer
@@ -49,6 +31,7 @@ class MatrixTransport(Transport):
     """
 
     name = TransportName("matrix")
+    outbound: MatrixOutbound
 
     def __init__(
         self,
@@ -76,7 +59,7 @@ class MatrixTransport(Transport):
             self._tell_room,
             requests=requests,
         )
-        self._outbound = MatrixOutbound(
+        self.outbound = MatrixOutbound(
             settings,
             self._syncer.synced,
             typing_refresh_s=typing_refresh_s,
@@ -106,11 +89,11 @@ class MatrixTransport(Transport):
         client = new_client(self._settings)
         try:
             await log_in(client, self._settings, self._backoff)
-            self._outbound.client = client
+            self.outbound.client = client
             try:
                 async with asyncio.TaskGroup() as tasks:
                     typing = tasks.create_task(
-                        self._outbound.keep_typing(client), name="matrix-typing"
+                        self.outbound.keep_typing(client), name="matrix-typing"
                     )
                     try:
                         await self._syncer.run(client, sink, ready)
@@ -123,56 +106,13 @@ class MatrixTransport(Transport):
                 # loop's own error, which callers expect as itself.
                 raise group.exceptions[0] from None
         finally:
-            self._outbound.client = None
+            self.outbound.client = None
             await client.close()
 
     async def _tell_room(self, room_id: RoomId, text: str, key: str) -> None:
         """A notice from inside the sync loop: never waits for a sync, posted once per ``key``."""
         reply = Reply(RoomKey(self.name, room_id), text, ReplyKind.NOTICE)
-        await self._outbound.send(reply, Delivery(key, 0, _nothing_to_record), wait_for_room=False)
-
-    async def send(
-        self, reply: Reply, delivery: Delivery | None = None
-    ) -> ExternalMessageId | None:
-        """Post ``reply`` as one or more events; returns the last event's id."""
-        return await self._outbound.send(reply, delivery)
-
-    async def send_file(self, reply: Reply, key: str) -> ExternalMessageId | None:
-        """Upload and post a file (encrypted in an encrypted room); the event's id."""
-        return await self._outbound.send_file(reply, key)
-
-    async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
-        await self._outbound.edit(room, message_id, text)
-
-    async def post_approval(
-        self, request: Reply, ref: str, asked: Asked = TOOL_ASKED
-    ) -> ExternalMessageId | None:
-        """Post the request and react ✅ 🔁 ❌ to it, for people to click (see .approvals)."""
-        return await self._outbound.post_approval(request, ref, asked)
-
-    def approval_fits(self, room: RoomKey, text: str) -> bool:
-        """Whether the request (with the line on its reactions) is one event."""
-        return self._outbound.approval_fits(room, text)
-
-    async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
-        """Edit the request into its outcome; the bot's reactions go."""
-        await self._outbound.close_approval(room, message_id, text)
-
-    async def set_typing(self, room: RoomKey, typing: bool) -> None:
-        await self._outbound.set_typing(room, typing)
-
-    async def set_phase(
-        self, room: RoomKey, message_ids: Sequence[ExternalMessageId], phase: RunPhase
-    ) -> None:
-        """A batch received shows the bot typing at once (see ``MatrixOutbound.set_phase``)."""
-        await self._outbound.set_phase(room, phase)
-
-    async def fetch_attachment(self, attachment: Attachment, dest: Path, limit_bytes: int) -> None:
-        """Download a shared file (decrypted and hash-checked when encrypted, see .media)."""
-        client = self._outbound.client
-        if client is None:
-            raise TransportError(self.name, "not logged in")
-        await fetch(client, attachment, dest, limit_bytes)
+        await self.outbound.send(reply, Delivery(key, 0, _nothing_to_record), wait_for_room=False)
 
 
 async def _nothing_to_record(index: int, message_id: ExternalMessageId) -> None:

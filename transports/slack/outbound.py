@@ -1,4 +1,4 @@
-"""Replies, edits and status reactions: core types in, Web API calls out.
+"""Replies, edits, status reactions and file downloads: core types in, Web API calls out.
 
 A ``429`` becomes :class:`RateLimited` (nothing here sleeps), a refusal no retry can help
 :class:`Undeliverable`, anything else :class:`TransportError`. Replies are idempotent: every
@@ -23,18 +23,30 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bridge.core import stages
-from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomId, RoomKey, UserId
+from bridge.core.model import (
+    Attachment,
+    ExternalMessageId,
+    Reply,
+    ReplyKind,
+    RoomId,
+    RoomKey,
+    UserId,
+)
 from bridge.core.transport import (
     TOOL_ASKED,
+    ApprovalAction,
     Asked,
     Delivery,
+    Outbound,
     RateLimited,
     RoomBinding,
     RunPhase,
     TransportError,
     Undeliverable,
 )
-from transports.slack.approvals import closed_blocks, fitted, request_blocks
+from transports.slack.approvals import approval_fits, closed_blocks, fitted, request_blocks
+from transports.slack.files import STUB_PREFIX, attachments, download, may_have_token
+from transports.slack.inbound import SLACK
 from transports.slack.mrkdwn import to_mrkdwn
 from transports.slack.web import AUTH_ERRORS, error_code, retry_after_seconds
 from transports.text import split_markdown
@@ -144,14 +156,17 @@ class _Part:
     upload: bool = False
 
 
-class SlackOutbound:
-    """Everything the bridge says in Slack, through one Web API client.
+class SlackOutbound(Outbound):
+    """Everything the bridge says in Slack, and the files it fetches, through one Web API
+    client (its token and URL).
 
     Remembers the last phase reaction it put on each message (bounded), so a
     phase change removes the previous reaction instead of piling them up,
     and which delivery keys it has already tried in this process (bounded),
     so only a delivery with an unknown earlier outcome costs a history lookup.
     """
+
+    name = SLACK
 
     def __init__(
         self,
@@ -294,23 +309,13 @@ class SlackOutbound:
         delivery: Delivery | None = None,
         index: int = 0,
     ) -> ExternalMessageId:
-        # parse=none and link_names=false: Slack must not turn "@here" or
-        # "#general" typed as text into a broadcast or a channel link.
-        args: dict[str, Any] = {
-            "channel": channel,
-            "text": text,
-            "mrkdwn": True,
-            "parse": "none",
-            "link_names": False,
-        }
-        if thread:
-            args["thread_ts"] = thread
+        args: dict[str, Any] = {"mrkdwn": True}
         if delivery is not None:
             args["metadata"] = {
                 "event_type": METADATA_EVENT,
                 "event_payload": {"key": delivery.key, "part": index},
             }
-        response = await self._call("chat.postMessage", **args)
+        response = await self._as_written("chat.postMessage", channel, text, thread=thread, **args)
         return ExternalMessageId(str(response["ts"]))
 
     async def _find_parts(
@@ -385,14 +390,7 @@ class SlackOutbound:
 
     async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         """Replace a posted message's text (cut to the message limit: an edit is one message)."""
-        await self._call(
-            "chat.update",
-            channel=room.room_id,
-            ts=message_id,
-            text=self._one_message(text),
-            parse="none",
-            link_names=False,
-        )
+        await self._as_written("chat.update", room.room_id, self._one_message(text), ts=message_id)
 
     def _one_message(self, text: str) -> str:
         """``text`` as one message's mrkdwn (cut to the message limit)."""
@@ -407,37 +405,36 @@ class SlackOutbound:
         One message, whatever the length (the buttons belong to one): a long
         text is cut to what a section holds.
         """
+        # The notification's text: the same safe rendering as the section's.
         text = fitted(request.text)
-        args: dict[str, Any] = {
-            "channel": request.room.room_id,
-            # The notification's text: the same safe rendering as the section's.
-            "text": text,
-            "blocks": request_blocks(text, ref, asked),
-            "mrkdwn": True,
-            "parse": "none",
-            "link_names": False,
-        }
-        thread = self.thread_for(request)
-        if thread:
-            args["thread_ts"] = thread
-        response = await self._call("chat.postMessage", **args)
+        response = await self._as_written(
+            "chat.postMessage",
+            request.room.room_id,
+            text,
+            thread=self.thread_for(request),
+            blocks=request_blocks(text, ref, asked),
+            mrkdwn=True,
+        )
         return ExternalMessageId(str(response["ts"]))
+
+    async def answer_action(self, action: ApprovalAction, text: str) -> None:
+        """An ephemeral message: only the person who clicked sees it."""
+        await self.ephemeral(action.room, action.sender, text)
 
     async def ephemeral(self, room: RoomKey, user: UserId, text: str) -> None:
         """Post ``text`` in ``room`` (its thread, if any) visible to ``user`` only
         (``chat.postEphemeral``)."""
-        args: dict[str, Any] = {}
-        if room.thread:
-            args["thread_ts"] = room.thread
-        await self._call(
+        await self._as_written(
             "chat.postEphemeral",
-            channel=room.room_id,
+            room.room_id,
+            self._one_message(text),
+            thread=room.thread or None,
             user=user,
-            text=self._one_message(text),
-            parse="none",
-            link_names=False,
-            **args,
         )
+
+    def approval_fits(self, room: RoomKey, text: str) -> bool:
+        """Measured as sent: after rendering and escaping (``&`` becomes ``&amp;``)."""
+        return approval_fits(text)
 
     async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
         """Replace an approval request by its outcome; the buttons go with the old blocks.
@@ -445,15 +442,11 @@ class SlackOutbound:
         (``chat.update`` without ``blocks`` would keep the old ones, buttons included.)
         """
         rendered = fitted(text)
-        await self._call(
-            "chat.update",
-            channel=room.room_id,
-            ts=message_id,
-            text=rendered,
-            blocks=closed_blocks(rendered),
-            parse="none",
-            link_names=False,
+        await self._as_written(
+            "chat.update", room.room_id, rendered, ts=message_id, blocks=closed_blocks(rendered)
         )
+
+    # set_typing: Slack has no typing indicator for bots; the ``running`` reaction shows activity.
 
     async def set_phase(
         self, room: RoomKey, message_ids: Sequence[ExternalMessageId], phase: RunPhase
@@ -507,6 +500,41 @@ class SlackOutbound:
             raise translate(method, exc) from exc
         except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
             raise translate(method, exc) from exc
+
+    async def fetch_attachment(self, attachment: Attachment, dest: Path, limit_bytes: int) -> None:
+        """Download a shared file with the bot's token (only from Slack's hosts, see .files)."""
+        if attachment.ref.startswith(STUB_PREFIX):
+            attachment = await self._file_info(attachment)
+        if not may_have_token(attachment.ref, self._client.base_url):
+            raise TransportError(SLACK, "the file is not on a Slack host")
+        token = self._client.token or ""
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(sock_read=30)) as session:
+            await download(session, token, attachment, dest, limit_bytes)
+
+    async def _file_info(self, stub: Attachment) -> Attachment:
+        """The attachment a file stub stands for, with its URL (``files.info``)."""
+        try:
+            response = await self._client.files_info(file=stub.ref.removeprefix(STUB_PREFIX))
+        except SlackApiError as exc:
+            raise TransportError(SLACK, f"files.info failed: {error_code(exc)}") from exc
+        found = attachments({"files": [response.get("file")]})
+        if not found or found[0].ref.startswith(STUB_PREFIX):
+            raise TransportError(SLACK, "files.info gave no download URL")
+        return found[0]
+
+    async def _as_written(
+        self, method: str, channel: str, text: str, *, thread: str | None = None, **args: Any
+    ) -> Mapping[str, Any]:
+        """Call ``method`` with ``text`` shown as written (in ``thread``, if any).
+
+        parse=none and link_names=false: Slack must not turn "@here" or "#general"
+        typed as text into a broadcast or a channel link.
+        """
+        if thread:
+            args["thread_ts"] = thread
+        return await self._call(
+            method, channel=channel, text=text, parse="none", link_names=False, **args
+        )
 
     async def _call(self, method: str, **kwargs: Any) -> Mapping[str, Any]:
         """Call a Web API method; failures become the contract's errors (see :func:`translate`)."""

@@ -15,7 +15,6 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -27,32 +26,20 @@ from slack_sdk.errors import SlackApiError
 
 from bridge.core import stages
 from bridge.core.http_limits import ClientLimits
-from bridge.core.model import (
-    Attachment,
-    ExternalMessageId,
-    InboundMessage,
-    Reply,
-    RoomId,
-    RoomKey,
-)
+from bridge.core.model import InboundMessage, Reply, RoomId, RoomKey
 from bridge.core.transport import (
-    TOOL_ASKED,
     ApprovalAction,
-    Asked,
-    Delivery,
     InboundSink,
     RoomBinding,
-    RunPhase,
     SeenMarks,
     SinkClosed,
     Transport,
     TransportError,
 )
 from transports.backoff import Backoff, retry
-from transports.slack.approvals import ACTION_PREFIX, PICK_PREFIX, approval_fits, to_action
+from transports.slack.approvals import ACTION_PREFIX, PICK_PREFIX, to_action
 from transports.slack.catch_up import History, Missed, Unreadable, later, ts_of
 from transports.slack.events_http import serve_events
-from transports.slack.files import STUB_PREFIX, attachments, download, may_have_token
 from transports.slack.inbound import (
     SLACK,
     RecentKeys,
@@ -67,7 +54,7 @@ from transports.slack.outbound import SlackOutbound
 from transports.slack.settings import SlackSettings
 from transports.slack.socket_mode import SocketModeConnection
 from transports.slack.turns import Turns
-from transports.slack.web import SettingRefused, check_token, error_code, web_client
+from transports.slack.web import SettingRefused, check_token, web_client
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +115,7 @@ class SlackTransport(Transport):
     """Serves the configured Slack channels and DMs."""
 
     name = SLACK
+    outbound: SlackOutbound
 
     def __init__(
         self,
@@ -164,7 +152,7 @@ class SlackTransport(Transport):
         self._client = web_client(settings.bot_token.get_secret_value(), settings.api_url)
         self.names = DisplayNames(self._display_name)
         """Display names of mentioned users (cached ``users.info``)."""
-        self._outbound = SlackOutbound(
+        self.outbound = SlackOutbound(
             self._client,
             self._rooms,
             message_limit=settings.message_limit,
@@ -449,7 +437,7 @@ class SlackTransport(Transport):
                 " send them again if they are still wanted.",
             )
             try:
-                await self._outbound.send(notice)
+                await self.outbound.send(notice)
             except TransportError as exc:
                 # A notice: not worth reading the history again for.
                 log.warning("slack catch-up: could not tell %s what was skipped: %s", channel, exc)
@@ -510,27 +498,6 @@ class SlackTransport(Transport):
                 self._saver.note(parsed.room, parsed.external_id)
         return True
 
-    async def fetch_attachment(self, attachment: Attachment, dest: Path, limit_bytes: int) -> None:
-        """Download a shared file with the bot's token (only from Slack's hosts, see .files)."""
-        if attachment.ref.startswith(STUB_PREFIX):
-            attachment = await self._file_info(attachment)
-        if not may_have_token(attachment.ref, self._settings.api_url):
-            raise TransportError(SLACK, "the file is not on a Slack host")
-        token = self._settings.bot_token.get_secret_value()
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(sock_read=30)) as session:
-            await download(session, token, attachment, dest, limit_bytes)
-
-    async def _file_info(self, stub: Attachment) -> Attachment:
-        """The attachment a file stub stands for, with its URL (``files.info``)."""
-        try:
-            response = await self._client.files_info(file=stub.ref.removeprefix(STUB_PREFIX))
-        except SlackApiError as exc:
-            raise TransportError(SLACK, f"files.info failed: {error_code(exc)}") from exc
-        found = attachments({"files": [response.get("file")]})
-        if not found or found[0].ref.startswith(STUB_PREFIX):
-            raise TransportError(SLACK, "files.info gave no download URL")
-        return found[0]
-
     async def _display_name(self, user: str) -> str | None:
         response = await self._client.users_info(user=user)
         info = response.get("user") or {}
@@ -563,41 +530,3 @@ class SlackTransport(Transport):
             return settled(request, int(response.status))
         finally:
             turns.finish(number)
-
-    async def send(
-        self, reply: Reply, delivery: Delivery | None = None
-    ) -> ExternalMessageId | None:
-        """Post ``reply`` (split, or uploaded when long); returns the last message's ts."""
-        return await self._outbound.send(reply, delivery)
-
-    async def send_file(self, reply: Reply, key: str) -> ExternalMessageId | None:
-        return await self._outbound.send_file(reply, key)
-
-    async def edit(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
-        await self._outbound.edit(room, message_id, text)
-
-    async def post_approval(
-        self, request: Reply, ref: str, asked: Asked = TOOL_ASKED
-    ) -> ExternalMessageId | None:
-        """Post the request with Allow once · Allow for this session · Deny buttons."""
-        return await self._outbound.post_approval(request, ref, asked)
-
-    async def answer_action(self, action: ApprovalAction, text: str) -> None:
-        """An ephemeral message: only the person who clicked sees it."""
-        await self._outbound.ephemeral(action.room, action.sender, text)
-
-    def approval_fits(self, room: RoomKey, text: str) -> bool:
-        """Measured as sent: after rendering and escaping (``&`` becomes ``&amp;``)."""
-        return approval_fits(text)
-
-    async def close_approval(self, room: RoomKey, message_id: ExternalMessageId, text: str) -> None:
-        """Replace the request by its outcome, without buttons."""
-        await self._outbound.close_approval(room, message_id, text)
-
-    async def set_typing(self, room: RoomKey, typing: bool) -> None:
-        """Slack has no typing indicator for bots; the ``running`` reaction shows activity."""
-
-    async def set_phase(
-        self, room: RoomKey, message_ids: Sequence[ExternalMessageId], phase: RunPhase
-    ) -> None:
-        await self._outbound.set_phase(room, message_ids, phase)

@@ -35,7 +35,7 @@ async def test_a_reaction_on_a_request_reaches_the_sink(
         await alice.sync()  # learn the bot's device before encrypting to it
         own = await alice.send(room, "a message of alice's")
         await sink.wait_for_text("a message of alice's")
-        request = await transport.post_approval(
+        request = await transport.outbound.post_approval(
             Reply(key(room), "Claude wants to run **Bash**: `ls`"), "#1"
         )
         assert request is not None
@@ -65,7 +65,9 @@ async def test_a_reaction_after_a_restart_is_recognised_and_closing_takes_the_re
     first = make_transport([room])
     async with running(first, RecordingSink()):
         await alice.wait_for(joined(BOT, room))
-        request = await first.post_approval(Reply(key(room), "Claude wants to edit a file"), "#2")
+        request = await first.outbound.post_approval(
+            Reply(key(room), "Claude wants to edit a file"), "#2"
+        )
         assert request is not None
         await offered(alice, request)
     sink = RecordingSink()
@@ -77,7 +79,9 @@ async def test_a_reaction_after_a_restart_is_recognised_and_closing_takes_the_re
         )
         await sink.wait_for_event(wanted)
         # Closing edits the request into its outcome.
-        await second.close_approval(key(room), ExternalMessageId(request), "❌ denied by alice")
+        await second.outbound.close_approval(
+            key(room), ExternalMessageId(request), "❌ denied by alice"
+        )
         edit = await alice.wait_for(
             lambda s: (
                 (s.content.get("m.relates_to") or {}).get("event_id") == request
@@ -94,12 +98,16 @@ async def test_closing_a_request_takes_the_bots_reactions_back(
     transport = make_transport([room])
     async with running(transport, RecordingSink()):
         await alice.wait_for(joined(BOT, room))
-        request = await transport.post_approval(Reply(key(room), "Claude wants to fetch"), "#3")
+        request = await transport.outbound.post_approval(
+            Reply(key(room), "Claude wants to fetch"), "#3"
+        )
         assert request is not None
         reactions = [
             s.source["event_id"] for s in await alice.wait_for_all(reaction_of(BOT, request), 3)
         ]
-        await transport.close_approval(key(room), ExternalMessageId(request), "✅ allowed by alice")
+        await transport.outbound.close_approval(
+            key(room), ExternalMessageId(request), "✅ allowed by alice"
+        )
         redacted = await alice.wait_for_all(
             lambda s: s.source.get("type") == "m.room.redaction" and s.source.get("sender") == BOT,
             3,

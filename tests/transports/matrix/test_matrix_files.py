@@ -60,10 +60,10 @@ async def test_a_shared_file_is_handed_over_and_fetched(
         assert shared.text == ""
         [file] = shared.attachments
         assert (file.name, file.mime, file.size) == ("notes.txt", "text/plain", len(data))
-        await transport.fetch_attachment(file, tmp_path / "notes.txt", len(data))
+        await transport.outbound.fetch_attachment(file, tmp_path / "notes.txt", len(data))
         assert (tmp_path / "notes.txt").read_bytes() == data
         with pytest.raises(FileTooLarge):
-            await transport.fetch_attachment(file, tmp_path / "cut", len(data) - 1)
+            await transport.outbound.fetch_attachment(file, tmp_path / "cut", len(data) - 1)
 
 
 async def test_an_encrypted_file_is_decrypted_and_its_hash_checked(
@@ -84,7 +84,7 @@ async def test_an_encrypted_file_is_decrypted_and_its_hash_checked(
         await sink.wait_for_text("done")
         [file] = sink.messages[0].attachments
         assert "secret" not in file.ref  # the ref holds the keys, never the content
-        await transport.fetch_attachment(file, tmp_path / "plain", 1000)
+        await transport.outbound.fetch_attachment(file, tmp_path / "plain", 1000)
         assert (tmp_path / "plain").read_bytes() == data
         # A file whose hash does not match is not kept.
         forged = {**keys, "url": url, "hashes": {"sha256": "AAAA" + keys["hashes"]["sha256"][4:]}}
@@ -93,7 +93,7 @@ async def test_an_encrypted_file_is_decrypted_and_its_hash_checked(
         await sink.wait_for_text("done again")
         [bad] = sink.messages[2].attachments
         with pytest.raises(TransportError, match="failed its check"):
-            await transport.fetch_attachment(bad, tmp_path / "bad", 1000)
+            await transport.outbound.fetch_attachment(bad, tmp_path / "bad", 1000)
 
 
 @pytest.mark.parametrize("encrypted", [False, True])

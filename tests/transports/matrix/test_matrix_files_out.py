@@ -76,7 +76,7 @@ async def test_a_sent_file_arrives_with_its_caption(
             in_reply_to=ExternalMessageId(question),
             file=str(copy),
         )
-        event_id = await transport.send_file(reply, "cbf-1")
+        event_id = await transport.outbound.send_file(reply, "cbf-1")
         seen = await alice.wait_for(lambda s: s.source.get("event_id") == event_id)
     content = seen.content
     assert getattr(seen.event, "decrypted", False) is encrypted
@@ -100,7 +100,7 @@ async def test_a_file_without_a_comment_is_named_by_its_body(
     copy.write_text("plain notes")
     async with running(transport, RecordingSink()):
         await alice.wait_for(joined(BOT, room))
-        event_id = await transport.send_file(Reply(key(room), "", file=str(copy)), "cbf-2")
+        event_id = await transport.outbound.send_file(Reply(key(room), "", file=str(copy)), "cbf-2")
         seen = await alice.wait_for(lambda s: s.source.get("event_id") == event_id)
     assert seen.content["msgtype"] == "m.file"
     assert seen.content["body"] == "@room notes.txt"
@@ -122,10 +122,10 @@ async def test_a_long_answer_is_posted_once_as_a_markdown_file(
     async with running(transport, RecordingSink()):
         await alice.wait_for(joined(BOT, room))
         await alice.sync()
-        event_id = await transport.send(reply, parts.delivery("answer-9"))
+        event_id = await transport.outbound.send(reply, parts.delivery("answer-9"))
         # Delivered and recorded: a retry of the same delivery posts nothing.
-        assert await transport.send(reply, parts.delivery("answer-9")) is None
-        short = await transport.send(Reply(key(room), "short answer", ReplyKind.RESULT))
+        assert await transport.outbound.send(reply, parts.delivery("answer-9")) is None
+        short = await transport.outbound.send(Reply(key(room), "short answer", ReplyKind.RESULT))
         await alice.wait_for(lambda s: s.source.get("event_id") == short)
     assert parts.sent == {0: event_id}
     from_bot = [s for s in alice.seen if s.source.get("sender") == BOT and "msgtype" in s.content]

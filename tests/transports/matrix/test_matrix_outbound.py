@@ -61,12 +61,12 @@ async def test_an_event_that_could_notify_declares_that_it_mentions_no_one(
     transport = make_transport([room])
     async with running(transport, RecordingSink()):
         await alice.wait_for(joined(BOT, room))
-        await transport.send(Reply(key(room), "done, @room: see above", ReplyKind.RESULT))
-        await transport.send(Reply(key(room), "ask ALICE about it", ReplyKind.NOTICE))
-        await transport.send(Reply(key(room), "all done", ReplyKind.RESULT))
-        progress = await transport.send(Reply(key(room), "working…", ReplyKind.PROGRESS))
+        await transport.outbound.send(Reply(key(room), "done, @room: see above", ReplyKind.RESULT))
+        await transport.outbound.send(Reply(key(room), "ask ALICE about it", ReplyKind.NOTICE))
+        await transport.outbound.send(Reply(key(room), "all done", ReplyKind.RESULT))
+        progress = await transport.outbound.send(Reply(key(room), "working…", ReplyKind.PROGRESS))
         assert progress is not None
-        await transport.edit(key(room), progress, "working… @room")
+        await transport.outbound.edit(key(room), progress, "working… @room")
         await alice.wait_for(lambda s: "m.new_content" in s.content)
     sent = [s.content for s in alice.seen if s.source.get("sender") == BOT and s.room_id == room]
     messages = [c for c in sent if "msgtype" in c]
@@ -95,8 +95,10 @@ async def test_the_bots_events_highlight_no_one_with_or_without_the_declaration(
         await mallory.join(room)
         await alice.wait_for(joined(BOT, room))
         await alice.wait_for(joined(mallory.user.user_id, room))
-        await transport.send(Reply(key(room), "mallory: the build is green", ReplyKind.RESULT))
-        await transport.send(Reply(key(room), "the build is green", ReplyKind.RESULT))
+        await transport.outbound.send(
+            Reply(key(room), "mallory: the build is green", ReplyKind.RESULT)
+        )
+        await transport.outbound.send(Reply(key(room), "the build is green", ReplyKind.RESULT))
         await alice.client.room_send(
             room, "m.room.message", {"msgtype": "m.text", "body": "mallory: look"}
         )
@@ -115,7 +117,7 @@ async def test_a_long_answer_in_an_encrypted_room_is_split_to_fit_after_encrypti
     async with running(transport, RecordingSink()):
         await alice.wait_for(joined(BOT, room))
         await alice.sync()
-        last = await transport.send(Reply(key(room), text, ReplyKind.RESULT))
+        last = await transport.outbound.send(Reply(key(room), text, ReplyKind.RESULT))
         await alice.wait_for(lambda s: s.source.get("event_id") == last)
     parts = [s for s in alice.seen if s.source.get("sender") == BOT and "body" in s.content]
     assert len(parts) >= 2
@@ -136,10 +138,10 @@ async def test_parts_already_delivered_are_skipped_and_a_resent_part_posts_once(
         await alice.sync()
         # Part 3 is posted, but the bridge "crashes" before recording it ...
         with pytest.raises(RuntimeError, match="before recording"):
-            await transport.send(reply, outbox.delivery("answer-1"))
+            await transport.outbound.send(reply, outbox.delivery("answer-1"))
         assert sorted(outbox.sent) == [0, 1, 2]
         # ... so the next attempt sends part 3 again, with the same transaction id.
-        last = await transport.send(reply, outbox.delivery("answer-1"))
+        last = await transport.outbound.send(reply, outbox.delivery("answer-1"))
         assert sorted(outbox.sent) == list(range(6))
         await alice.wait_for(lambda s: s.source.get("event_id") == last)
     parts = [s for s in alice.seen if s.source.get("sender") == BOT and "body" in s.content]
@@ -167,7 +169,7 @@ async def test_a_rate_limited_answer_is_delivered_whole_by_retrying(
         last = None
         while last is None:
             try:
-                last = await transport.send(reply, outbox.delivery("answer-16"))
+                last = await transport.outbound.send(reply, outbox.delivery("answer-16"))
             except RateLimited as limited:
                 waits.append(limited.retry_after_s)
                 # What the outbox does: wait as long as the server asked.

@@ -235,7 +235,9 @@ async def test_closed_sink_leaves_the_position_and_keeps_the_client_sending(
     async with asyncio.timeout(30):
         await polled_on.wait()
     # Shutting down, the service still answers the runs of its grace period.
-    sent = await bridge.send(Reply(RoomKey(TransportName("matrix"), RoomId(ROOM)), "answer"))
+    sent = await bridge.outbound.send(
+        Reply(RoomKey(TransportName("matrix"), RoomId(ROOM)), "answer")
+    )
     assert sent is not None
     assert sent.startswith("$sent-")
     assert not task.done()

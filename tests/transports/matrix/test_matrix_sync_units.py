@@ -232,7 +232,7 @@ async def test_a_notice_for_a_room_the_bot_is_not_in_does_not_wait_for_a_sync(
         [RoomBinding(RoomId(ROOM))],
     )
     client = StandInClient()  # client.rooms is empty: the bot left ROOM
-    transport._outbound.client = as_client(client)
+    transport.outbound.client = as_client(client)
     waiting = transport._syncer._waiting
     await waiting.keep(as_client(client), ROOM, encrypted("$gone"))
     # A wait for a sync would never end here: the test's own timeout is the proof.

@@ -56,7 +56,7 @@ async def test_delivers_messages_in_order_and_replies(
         assert not first.sender_is_bot
         assert first.thread is None
 
-        sent = await transport.send(
+        sent = await transport.outbound.send(
             Reply(key(room), "**done**", ReplyKind.RESULT, in_reply_to=ExternalMessageId(ids[-1]))
         )
         answer = await alice.wait_for(message_from(BOT, room))
@@ -66,7 +66,7 @@ async def test_delivers_messages_in_order_and_replies(
         assert answer.content["formatted_body"] == "<p><strong>done</strong></p>"
         assert answer.content["m.relates_to"] == {"m.in_reply_to": {"event_id": ids[-1]}}
 
-        await transport.send(Reply(key(room), "unknown command", ReplyKind.NOTICE))
+        await transport.outbound.send(Reply(key(room), "unknown command", ReplyKind.NOTICE))
         notice = await alice.wait_for(
             lambda s: message_from(BOT, room)(s) and s.content.get("msgtype") == "m.notice"
         )
@@ -259,7 +259,7 @@ async def test_encrypted_room_round_trip(alice: Human, make_transport: Transport
         asked = await alice.send(room, "secret question")
         message = await sink.wait_for_text("secret question")
         assert message.external_id == asked
-        await transport.send(
+        await transport.outbound.send(
             Reply(key(room), "secret *answer*", ReplyKind.RESULT, in_reply_to=message.external_id)
         )
         answer = await alice.wait_for(message_from(BOT, room))
@@ -281,7 +281,7 @@ async def test_long_markdown_reply_arrives_split_and_rendered(
     async with running(transport, RecordingSink()):
         await alice.wait_for(joined(BOT, room))
         asked = await alice.send(room, "please be long")
-        last = await transport.send(
+        last = await transport.outbound.send(
             Reply(key(room), text, ReplyKind.RESULT, in_reply_to=ExternalMessageId(asked))
         )
         await alice.wait_for(lambda s: s.source.get("event_id") == last)
@@ -316,9 +316,9 @@ async def test_typing_notice_while_a_run_is_active(
 
     async with running(transport, RecordingSink()):
         await alice.wait_for(joined(BOT, room))
-        await transport.set_typing(key(room), True)
+        await transport.outbound.set_typing(key(room), True)
         await alice.wait_for(typing([BOT]))
-        await transport.set_typing(key(room), False)
+        await transport.outbound.set_typing(key(room), False)
         await alice.wait_for(typing([]))
 
 
@@ -327,9 +327,9 @@ async def test_edit_replaces_a_notice(alice: Human, make_transport: TransportFac
     transport = make_transport([room])
     async with running(transport, RecordingSink()):
         await alice.wait_for(joined(BOT, room))
-        progress = await transport.send(Reply(key(room), "working…", ReplyKind.PROGRESS))
+        progress = await transport.outbound.send(Reply(key(room), "working…", ReplyKind.PROGRESS))
         assert progress is not None
-        await transport.edit(key(room), progress, "working… `ls`")
+        await transport.outbound.edit(key(room), progress, "working… `ls`")
         edit = await alice.wait_for(
             lambda s: message_from(BOT, room)(s) and "m.new_content" in s.content
         )
@@ -343,7 +343,7 @@ async def test_send_to_a_room_of_another_transport_is_refused(
 ) -> None:
     transport = make_transport([])
     with pytest.raises(TransportError, match="not a Matrix room"):
-        await transport.send(Reply(RoomKey(TransportName("slack"), RoomId("C1")), "hi"))
+        await transport.outbound.send(Reply(RoomKey(TransportName("slack"), RoomId("C1")), "hi"))
 
 
 async def test_recovers_when_synapse_restarts_and_loses_nothing(

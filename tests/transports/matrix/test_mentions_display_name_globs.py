@@ -64,7 +64,7 @@ async def test_a_member_named_with_a_wildcard_is_highlighted_by_an_undeclared_an
         # A per-room display name (this room's state only).
         # The bot must know the new name before it answers: it learns it from its sync.
         renamed = asyncio.Event()
-        client = transport._outbound.client
+        client = transport.outbound.client
         assert client is not None
 
         async def seen(_room: MatrixRoom, event: RoomMemberEvent) -> None:
@@ -80,7 +80,7 @@ async def test_a_member_named_with_a_wildcard_is_highlighted_by_an_undeclared_an
         )
         async with asyncio.timeout(30):
             await renamed.wait()
-        await transport.send(
+        await transport.outbound.send(
             Reply(
                 RoomKey(TransportName("matrix"), RoomId(room)),
                 "Bob: the build is green",

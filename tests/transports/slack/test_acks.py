@@ -53,7 +53,9 @@ class CommandAnsweringSink:
         if text.startswith("!") and self.transport is not None:
             # The service logs a failed answer; the outbox would retry it.
             with contextlib.suppress(TransportError):
-                await self.transport.send(Reply(event.room, "status: idle", ReplyKind.NOTICE))
+                await self.transport.outbound.send(
+                    Reply(event.room, "status: idle", ReplyKind.NOTICE)
+                )
         return Accepted.ACCEPTED
 
 

@@ -39,7 +39,7 @@ async def posted(env: Running, ts: str) -> dict[str, Any]:
 
 
 async def test_a_request_has_safe_text_and_three_buttons_carrying_its_ref(env: Running) -> None:
-    ts = await env.transport.post_approval(Reply(ROOM, TEXT), "#3")
+    ts = await env.transport.outbound.post_approval(Reply(ROOM, TEXT), "#3")
     assert ts is not None
     message = await posted(env, ts)
     section, actions = message["blocks"]
@@ -58,7 +58,7 @@ async def test_a_request_has_safe_text_and_three_buttons_carrying_its_ref(env: R
 
 
 async def test_a_click_reaches_the_sink_as_an_approval_action(env: Running) -> None:
-    ts = await env.transport.post_approval(Reply(ROOM, TEXT), "#3")
+    ts = await env.transport.outbound.post_approval(Reply(ROOM, TEXT), "#3")
     assert ts is not None
     message = await posted(env, ts)
     await env.slack.click(peer.ALICE, ts, button(message, ApprovalChoice.ALLOW_SESSION))
@@ -78,7 +78,7 @@ async def test_a_click_reaches_the_sink_as_an_approval_action(env: Running) -> N
 async def test_clicks_of_the_bot_other_buttons_and_other_rooms_are_not_handed_over(
     env: Running,
 ) -> None:
-    ts = await env.transport.post_approval(Reply(ROOM, TEXT), "#4")
+    ts = await env.transport.outbound.post_approval(Reply(ROOM, TEXT), "#4")
     assert ts is not None
     message = await posted(env, ts)
     allow = button(message, ApprovalChoice.ALLOW)
@@ -96,9 +96,9 @@ async def test_clicks_of_the_bot_other_buttons_and_other_rooms_are_not_handed_ov
 
 
 async def test_closing_a_request_shows_its_outcome_without_buttons(env: Running) -> None:
-    ts = await env.transport.post_approval(Reply(ROOM, TEXT), "#5")
+    ts = await env.transport.outbound.post_approval(Reply(ROOM, TEXT), "#5")
     assert ts is not None
-    await env.transport.close_approval(ROOM, ts, "✅ allowed by @alice <!here>")
+    await env.transport.outbound.close_approval(ROOM, ts, "✅ allowed by @alice <!here>")
     message = await posted(env, ts)
     assert [b["type"] for b in message["blocks"]] == ["section"]
     assert message["text"] == "✅ allowed by @alice &lt;!here&gt;"
@@ -107,14 +107,14 @@ async def test_closing_a_request_shows_its_outcome_without_buttons(env: Running)
 
 async def test_a_request_answers_in_the_thread_of_its_reply(env: Running) -> None:
     root = await env.slack.post_message(peer.ALICE, "do the thing")
-    ts = await env.transport.post_approval(Reply(ROOM, TEXT, thread=root), "#6")
+    ts = await env.transport.outbound.post_approval(Reply(ROOM, TEXT, thread=root), "#6")
     assert ts is not None
     assert (await posted(env, ts)).get("thread_ts") == root
 
 
 async def test_an_unsigned_or_forged_click_is_refused(tmp_path: Path) -> None:
     async with running(tmp_path, "events") as env:
-        ts = await env.transport.post_approval(Reply(ROOM, TEXT), "#7")
+        ts = await env.transport.outbound.post_approval(Reply(ROOM, TEXT), "#7")
         assert ts is not None
         message = await posted(env, ts)
         await env.slack.click(peer.ALICE, ts, button(message, ApprovalChoice.ALLOW))
@@ -161,12 +161,12 @@ async def test_the_answer_to_a_click_in_a_thread_is_shown_in_that_thread(env: Ru
     # A refused click on a request in a thread: told privately where they clicked
     # (a person in a thread, e.g. on a phone, does not see the channel).
     root = await env.slack.post_message(peer.ALICE, "do the thing")
-    ts = await env.transport.post_approval(Reply(ROOM, TEXT, thread=root), "#8")
+    ts = await env.transport.outbound.post_approval(Reply(ROOM, TEXT, thread=root), "#8")
     assert ts is not None
     await env.slack.click(peer.ALICE, ts, button(await posted(env, ts), ApprovalChoice.ALLOW))
     received = await env.sink.wait_for(2)  # alice's message, then her click
     [action] = [a for a in received if isinstance(a, ApprovalAction)]
-    await env.transport.answer_action(action, "You may not answer tool requests here.")
+    await env.transport.outbound.answer_action(action, "You may not answer tool requests here.")
     [told] = [m for m in await env.slack.messages() if m.get("subtype") == "ephemeral"]
     assert told["ephemeral_to"] == peer.ALICE
     assert told.get("thread_ts") == root

@@ -56,8 +56,12 @@ async def test_parts_are_reported_in_order_and_done_parts_skipped() -> None:
     async with fake_slack() as fake:
         outbox = Outbox()
         slack = transport(fake.api_url)
-        last = await slack.send(Reply(ROOM, THREE_PARTS, ReplyKind.RESULT), outbox.delivery())
-        again = await slack.send(Reply(ROOM, THREE_PARTS, ReplyKind.RESULT), outbox.delivery())
+        last = await slack.outbound.send(
+            Reply(ROOM, THREE_PARTS, ReplyKind.RESULT), outbox.delivery()
+        )
+        again = await slack.outbound.send(
+            Reply(ROOM, THREE_PARTS, ReplyKind.RESULT), outbox.delivery()
+        )
     assert sorted(outbox.done) == [0, 1, 2]
     assert last == outbox.done[2]
     assert again is None  # nothing left to send
@@ -69,10 +73,10 @@ async def test_a_restart_between_post_and_record_does_not_post_the_part_again() 
         outbox = Outbox(crash_after=1)
         reply = Reply(ROOM, THREE_PARTS, ReplyKind.RESULT)
         with pytest.raises(RuntimeError):
-            await transport(fake.api_url).send(reply, outbox.delivery())
+            await transport(fake.api_url).outbound.send(reply, outbox.delivery())
         assert sorted(outbox.done) == [0]
         # A new process: it knows nothing of the first attempt.
-        await transport(fake.api_url).send(reply, outbox.delivery())
+        await transport(fake.api_url).outbound.send(reply, outbox.delivery())
     assert posted_parts(fake.posted) == ["a", "b", "c"]
     assert outbox.done[1] == fake.posted[1]["ts"]
 
@@ -84,8 +88,8 @@ async def test_a_lost_answer_is_looked_up_before_posting_again() -> None:
         reply = Reply(ROOM, THREE_PARTS, ReplyKind.RESULT, thread="0.000001")
         fake.lost_answers = 1  # part 0 is posted, but the answer says 500
         with pytest.raises(TransportError):
-            await slack.send(reply, outbox.delivery())
-        await slack.send(reply, outbox.delivery())
+            await slack.outbound.send(reply, outbox.delivery())
+        await slack.outbound.send(reply, outbox.delivery())
     assert posted_parts(fake.posted) == ["a", "b", "c"]
     assert outbox.done[0] == fake.posted[0]["ts"]
     assert fake.calls_to("conversations.replies") == 2  # first sight, then the unknown outcome
@@ -99,15 +103,17 @@ async def test_a_rate_limited_part_is_retried_without_another_lookup() -> None:
         fake.rate_limited["chat.postMessage"] = [0, 0]
         for _ in range(2):
             with pytest.raises(RateLimited):
-                await slack.send(reply, outbox.delivery())
-        await slack.send(reply, outbox.delivery())
+                await slack.outbound.send(reply, outbox.delivery())
+        await slack.outbound.send(reply, outbox.delivery())
     assert posted_parts(fake.posted) == ["a", "b", "c"]
     assert fake.calls_to("conversations.history") == 1
 
 
 async def test_each_part_carries_its_delivery_key_and_index() -> None:
     async with fake_slack() as fake:
-        await transport(fake.api_url).send(Reply(ROOM, THREE_PARTS), Outbox("k-7").delivery())
+        await transport(fake.api_url).outbound.send(
+            Reply(ROOM, THREE_PARTS), Outbox("k-7").delivery()
+        )
     assert [m["metadata"] for m in fake.posted] == [
         {"event_type": "chatbridge_reply_part", "event_payload": {"key": "k-7", "part": i}}
         for i in range(3)
@@ -121,8 +127,8 @@ async def test_a_part_whose_record_failed_is_looked_up_not_posted_again() -> Non
         outbox = Outbox(crash_after=1)
         reply = Reply(ROOM, THREE_PARTS, ReplyKind.RESULT)
         with pytest.raises(RuntimeError):
-            await slack.send(reply, outbox.delivery())
-        await slack.send(reply, outbox.delivery())
+            await slack.outbound.send(reply, outbox.delivery())
+        await slack.outbound.send(reply, outbox.delivery())
     assert posted_parts(fake.posted) == ["a", "b", "c"]
     assert outbox.done[1] == fake.posted[1]["ts"]
     assert fake.calls_to("conversations.history") == 2
@@ -135,13 +141,13 @@ async def test_a_post_cancelled_in_flight_is_looked_up_not_posted_again() -> Non
         outbox = Outbox()
         reply = Reply(ROOM, THREE_PARTS, ReplyKind.RESULT)
         fake.stall_post = 1  # part 1 is posted, its answer never comes
-        attempt = asyncio.create_task(slack.send(reply, outbox.delivery()))
+        attempt = asyncio.create_task(slack.outbound.send(reply, outbox.delivery()))
         async with asyncio.timeout(10):
             await fake.stalled.wait()
         attempt.cancel()
         with pytest.raises(asyncio.CancelledError):
             await attempt
-        await slack.send(reply, outbox.delivery())
+        await slack.outbound.send(reply, outbox.delivery())
     assert posted_parts(fake.posted) == ["a", "b", "c"]
     assert outbox.done[1] == fake.posted[1]["ts"]
 
@@ -160,8 +166,8 @@ async def test_parts_fit_the_limit_as_sent_after_escaping() -> None:
         )
         slack = SlackTransport(settings, [RoomBinding(RoomId(CHANNEL))])
         outbox = Outbox()
-        await slack.send(Reply(ROOM, text, ReplyKind.RESULT), outbox.delivery())
-        await slack.edit(ROOM, ExternalMessageId(str(fake.posted[0]["ts"])), text)
+        await slack.outbound.send(Reply(ROOM, text, ReplyKind.RESULT), outbox.delivery())
+        await slack.outbound.edit(ROOM, ExternalMessageId(str(fake.posted[0]["ts"])), text)
     assert fake.calls_to("chat.postMessage") == len(fake.posted) == len(outbox.done) > 1
     assert all(len(str(m["text"])) <= 39000 for m in fake.posted)
     sent = "\n".join(str(m["text"]) for m in fake.posted)

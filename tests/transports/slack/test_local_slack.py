@@ -78,7 +78,7 @@ async def test_a_burst_arrives_complete_and_in_order(env: Running) -> None:
 
 async def test_replies_land_in_the_batch_thread(env: Running) -> None:
     first = await env.slack.post_message(peer.ALICE, "question")
-    answer = await env.transport.send(
+    answer = await env.transport.outbound.send(
         Reply(
             ROOM,
             "**Answer**: see `x < y`",
@@ -98,11 +98,13 @@ async def test_reply_keeps_an_explicit_thread_and_dm_rooms_can_answer_inline(
 ) -> None:
     root = await env.slack.post_message(peer.ALICE, "root")
     inner = await env.slack.post_message(peer.ALICE, "inner", thread_ts=root)
-    await env.transport.send(
+    await env.transport.outbound.send(
         Reply(ROOM, "threaded", ReplyKind.NOTICE, ExternalMessageId(inner), thread=root)
     )
     dm = await env.slack.post_message(peer.ALICE, "hi", channel=peer.DM)
-    await env.transport.send(Reply(DM_ROOM, "inline", ReplyKind.RESULT, ExternalMessageId(dm)))
+    await env.transport.outbound.send(
+        Reply(DM_ROOM, "inline", ReplyKind.RESULT, ExternalMessageId(dm))
+    )
     [threaded] = await env.slack.bot_messages()
     assert threaded["thread_ts"] == root
     [inline] = await env.slack.bot_messages(peer.DM)
@@ -114,15 +116,15 @@ async def test_reply_keeps_an_explicit_thread_and_dm_rooms_can_answer_inline(
 async def test_reactions_follow_the_batch_phase(env: Running, end: RunPhase) -> None:
     batch = [ExternalMessageId(await env.slack.post_message(peer.ALICE, t)) for t in "ab"]
     for phase in (RunPhase.RECEIVED, RunPhase.RUNNING, end):
-        await env.transport.set_phase(ROOM, batch, phase)
+        await env.transport.outbound.set_phase(ROOM, batch, phase)
         for message in await env.slack.messages():
             assert [r["name"] for r in message.get("reactions", [])] == [PHASE_REACTIONS[phase]]
 
 
 async def test_edit_replaces_the_text(env: Running) -> None:
-    posted = await env.transport.send(Reply(ROOM, "working", ReplyKind.PROGRESS))
+    posted = await env.transport.outbound.send(Reply(ROOM, "working", ReplyKind.PROGRESS))
     assert posted is not None
-    await env.transport.edit(ROOM, posted, "_done_ after **3** tools")
+    await env.transport.outbound.edit(ROOM, posted, "_done_ after **3** tools")
     [message] = await env.slack.bot_messages()
     assert message["text"] == "_done_ after *3* tools"
 
@@ -155,7 +157,7 @@ async def test_a_long_reply_is_split_at_paragraphs_and_fences(tmp_path: Path, mo
     prose = "\n\n".join(f"Paragraph {i}: " + "word " * 30 for i in range(6))
     async with running(tmp_path, mode, message_limit=400, upload_threshold=0) as env:
         first = await env.slack.post_message(peer.ALICE, "long please")
-        last = await env.transport.send(
+        last = await env.transport.outbound.send(
             Reply(
                 ROOM,
                 f"{prose}\n\n{code}",
@@ -179,7 +181,7 @@ async def test_a_very_long_result_is_uploaded_as_a_file(tmp_path: Path, mode: st
     text = "# Report\n\n" + "line of the answer\n" * 200
     async with running(tmp_path, mode, upload_threshold=1000) as env:
         first = await env.slack.post_message(peer.ALICE, "report please")
-        posted_id = await env.transport.send(
+        posted_id = await env.transport.outbound.send(
             Reply(
                 ROOM,
                 text,
@@ -242,19 +244,19 @@ async def test_shared_files_are_handed_over_and_fetched_with_the_bot_token(
     assert all(m.sender == peer.ALICE for m in env.sink.messages)
     [notes] = env.sink.messages[0].attachments
     assert (notes.name, notes.size) == ("notes.txt", len(b"some notes"))
-    await env.transport.fetch_attachment(notes, tmp_path / "notes", 1000)
+    await env.transport.outbound.fetch_attachment(notes, tmp_path / "notes", 1000)
     assert (tmp_path / "notes").read_bytes() == b"some notes"
     with pytest.raises(FileTooLarge):
-        await env.transport.fetch_attachment(notes, tmp_path / "cut", 4)
+        await env.transport.outbound.fetch_attachment(notes, tmp_path / "cut", 4)
     # A stub of the file (Slack sends those at times) is looked up with files.info.
     file_id = notes_id(await env.slack.messages())
     stub = Attachment(file_id, "application/octet-stream", None, f"slack-file:{file_id}")
-    await env.transport.fetch_attachment(stub, tmp_path / "stub", 1000)
+    await env.transport.outbound.fetch_attachment(stub, tmp_path / "stub", 1000)
     assert (tmp_path / "stub").read_bytes() == b"some notes"
     # The token goes to Slack's hosts and the configured API's only.
     elsewhere = dataclasses.replace(notes, ref="http://127.0.0.2:9/steal")
     with pytest.raises(TransportError, match="not on a Slack host"):
-        await env.transport.fetch_attachment(elsewhere, tmp_path / "x", 1000)
+        await env.transport.outbound.fetch_attachment(elsewhere, tmp_path / "x", 1000)
 
 
 def notes_id(messages: list[dict[str, Any]]) -> str:

@@ -33,7 +33,7 @@ async def test_a_429_raises_rate_limited_with_retry_after_and_is_not_retried() -
     async with fake_slack() as fake:
         fake.rate_limited["chat.postMessage"] = [30]
         with pytest.raises(RateLimited) as caught:
-            await transport(fake.api_url).send(Reply(ROOM, "hi", ReplyKind.RESULT))
+            await transport(fake.api_url).outbound.send(Reply(ROOM, "hi", ReplyKind.RESULT))
     assert caught.value.retry_after_s == 30.0
     assert fake.calls_to("chat.postMessage") == 1
 
@@ -44,9 +44,9 @@ async def test_rate_limited_reactions_and_edits_raise_at_once() -> None:
         fake.rate_limited["chat.update"] = [7]
         slack = transport(fake.api_url)
         with pytest.raises(RateLimited):
-            await slack.set_phase(ROOM, [ExternalMessageId("1.000001")], RunPhase.RECEIVED)
+            await slack.outbound.set_phase(ROOM, [ExternalMessageId("1.000001")], RunPhase.RECEIVED)
         with pytest.raises(RateLimited):
-            await slack.edit(ROOM, ExternalMessageId("1.000001"), "progress")
+            await slack.outbound.edit(ROOM, ExternalMessageId("1.000001"), "progress")
     assert fake.calls_to("reactions.add") == 1
     assert fake.calls_to("chat.update") == 1
 
@@ -66,7 +66,7 @@ async def test_permanent_refusals_are_undeliverable(code: str) -> None:
     async with fake_slack() as fake:
         fake.errors["chat.postMessage"] = [code]
         with pytest.raises(Undeliverable, match=code):
-            await transport(fake.api_url).send(Reply(ROOM, "hi"))
+            await transport(fake.api_url).outbound.send(Reply(ROOM, "hi"))
 
 
 @pytest.mark.parametrize(
@@ -79,7 +79,7 @@ async def test_a_refused_token_is_undeliverable_and_logged_loudly(
     async with fake_slack() as fake:
         fake.errors["chat.postMessage"] = [code]
         with pytest.raises(Undeliverable, match=code):
-            await transport(fake.api_url).send(Reply(ROOM, "hi"))
+            await transport(fake.api_url).outbound.send(Reply(ROOM, "hi"))
     assert [r.levelno for r in caplog.records if code in r.getMessage()] == [logging.ERROR]
 
 
@@ -87,5 +87,5 @@ async def test_other_errors_are_transport_errors_to_retry() -> None:
     async with fake_slack() as fake:
         fake.errors["chat.postMessage"] = ["some_error_slack_adds_later"]
         with pytest.raises(TransportError) as caught:
-            await transport(fake.api_url).send(Reply(ROOM, "hi"))
+            await transport(fake.api_url).outbound.send(Reply(ROOM, "hi"))
     assert not isinstance(caught.value, RateLimited | Undeliverable)

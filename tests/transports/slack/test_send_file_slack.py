@@ -30,7 +30,7 @@ async def test_a_file_is_uploaded_into_the_batch_thread(tmp_path: Path) -> None:
             anchor=ExternalMessageId(first),
             file=str(copy),
         )
-        posted_id = await env.transport.send_file(reply, "cbf-key")
+        posted_id = await env.transport.outbound.send_file(reply, "cbf-key")
         posted = await env.slack.bot_messages()
     [message] = posted
     assert message["ts"] == posted_id
