@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import secrets
 import time
@@ -54,6 +53,31 @@ from bridge.runs.budget import Budgets
 from bridge.runs.changes import Changes, Snapshot, changes, snapshot, summary_line
 from bridge.runs.file_posts import FilePosts, send_file_rules
 from bridge.runs.inbox import FetchedFile, FileLimits, Inbox, shown_images
+from bridge.runs.lifecycle import (
+    CONCLUDE,
+    AbandonStart,
+    Action,
+    Answered,
+    ClaudeSpawned,
+    DetachAsked,
+    DriveCancelled,
+    DriveEnded,
+    Drop,
+    End,
+    ErrorResult,
+    Event,
+    GiveUp,
+    Leave,
+    Lost,
+    Retried,
+    RunState,
+    StartRecorded,
+    StartRefused,
+    Stopping,
+    Unrecorded,
+    advance,
+    reattached,
+)
 from bridge.runs.prestarts import Prestarts, Taken
 from bridge.runs.prompt import build_prompt
 from bridge.runs.transcripts import Transcripts
@@ -70,7 +94,7 @@ from bridge.store.base import (
 )
 from bridge.store.cluster import ClusterFull, Fenced
 from bridge.store.rules import delivery_key
-from dispatcher import DispatchedRun, EndReason, Execute
+from dispatcher import DispatchedRun, Execute
 from runner import (
     EventCallback,
     Prestarted,
@@ -225,22 +249,6 @@ _NOT_KEPT = frozenset({RunStatus.STOPPED, RunStatus.INTERRUPTED})
 """Ends after which no claude is kept warm for the room: a stop, a shutdown, a lost room."""
 
 
-def _cancelled_status(dispatched: DispatchedRun) -> RunStatus:
-    """How a cancelled run is recorded: as the dispatcher says it ended."""
-    if dispatched.end_reason is EndReason.STOPPED:
-        return RunStatus.STOPPED
-    return RunStatus.INTERRUPTED  # shutdown, or a failing service
-
-
-class _Left(enum.Enum):
-    """A run's ending that records no outcome here."""
-
-    DETACHED = "detached"
-    """Left to its supervisor at a detaching shutdown: the next start reattaches it."""
-    MOVED = "moved"
-    """Never began here; another replica owns the conversation and runs its messages."""
-
-
 async def _nothing() -> None:
     """The wait for replies when there are none."""
 
@@ -312,10 +320,8 @@ class _Live:
     offsets: asyncio.Task[None] | None = None
     """Keeps the registry's delivered offset up with what the room was shown."""
     shown_moved: asyncio.Event = field(default_factory=asyncio.Event)
-    detached: bool = False
-    """The run was left to its supervisor at shutdown (see :meth:`detach`)."""
-    end_unrecorded: bool = False
-    """Its outcome could not be recorded: it stays marked running for the next start."""
+    state: RunState = field(default_factory=RunState)
+    """Its phase and what was decided of its end (bridge/runs/lifecycle.py)."""
     opening: asyncio.Task[bool] | None = None
     """Phase and typing, started once claude is spawned (and registered); its result:
     whether it showed them (not when the answer came first)."""
@@ -327,8 +333,6 @@ class _Live:
     """Set once the answer exists or the run's end is being shown: from then on the room
     is not shown the run running (see :meth:`RunExecutor._opening`)."""
     init: Init | None = None
-    lost: bool = False
-    """It ended after this replica lost the conversation: nothing of its end is shown here."""
     result: Result | None = None
     """The last result claude printed (any turn's, an interrupted one's too): its cost
     is the run's (see :func:`with_claude_figures`)."""
@@ -337,8 +341,6 @@ class _Live:
     held: tuple[Result, int] | None = None
     """A replayed result (and its offset) nothing was pending at: the run's answer, or an
     earlier turn's if another result follows (see :meth:`RunExecutor._on_result`)."""
-    final: bool = False
-    """claude printed the run's last result (the end rule held): nothing more goes in."""
     side: set[asyncio.Task[None]] = field(default_factory=set)
     """Tool requests being asked in the room, steered messages being recorded."""
     asking: dict[str, asyncio.Task[None]] = field(default_factory=dict)
@@ -356,6 +358,15 @@ class _Live:
     """Steered messages being recorded into the run, earlier turns' answers being put
     into the outbox: both come before the run's end is recorded."""
 
+    def feed(self, event: Event) -> tuple[Action, ...]:
+        """Advance the run's lifecycle by ``event``; the actions it calls for."""
+        self.state, actions = advance(self.state, event)
+        return actions
+
+    def stopping(self) -> None:
+        """The dispatcher cancelled the run: its lifecycle learns why (as it says now)."""
+        self.feed(Stopping(self.dispatched.end_reason if self.dispatched is not None else None))
+
     def beside(self, task: asyncio.Task[None]) -> None:
         self.side.add(task)
         task.add_done_callback(self.side.discard)
@@ -372,16 +383,16 @@ class _Live:
         by the next); the decision is kept, so the executor acts on the same.
         """
         registered = self.registered
-        self.detached = (
-            self.dispatched is not None
-            and self.dispatched.end_reason is EndReason.DETACHED
-            and registered is not None
-            and registered.done()
-            and not registered.cancelled()
-            and registered.result()
-            and self.answer is None
+        self.stopping()
+        self.feed(
+            DetachAsked(
+                registered is not None
+                and registered.done()
+                and not registered.cancelled()
+                and registered.result()
+            )
         )
-        return self.detached
+        return self.state.detached
 
 
 def _shown_running(live: _Live) -> bool:
@@ -524,11 +535,15 @@ class RunExecutor:
             try:
                 recorded = await self._start(run_id, batch, started)
             except asyncio.CancelledError:
-                await self._settle(self._cancelled_at_start(run_id, dispatched, taken))
+                live.stopping()
+                for action in live.feed(DriveCancelled()):
+                    await self._settle(self._unstarted(run_id, batch, taken, action))
                 raise
             if not recorded:
-                await self._settle(self._give_up(taken, "failed"))
+                for action in live.feed(StartRefused()):
+                    await self._settle(self._unstarted(run_id, batch, taken, action))
                 return
+            live.feed(StartRecorded())
             stages.stamp("start_recorded")
             self.metrics.runs_started.inc()
             if len(batch.messages) > 1:
@@ -561,7 +576,12 @@ class RunExecutor:
                     # not to become the room's (a generation before the current).
                     generation -= 1
                 run = _Run(run_id, batch, started, generation, self._progress(batch, started))
-                live = _Live(dispatched, shown=entry.delivered_offset, supervisor=entry.live)
+                live = _Live(
+                    dispatched,
+                    shown=entry.delivered_offset,
+                    supervisor=entry.live,
+                    state=reattached(),
+                )
                 dispatched.steer = self._steer_hook(run_id, live, generation)
                 log.info("reattaching to the run (journal shown up to %d)", entry.delivered_offset)
                 steered = await self._steered_into(run_id, batch)
@@ -656,72 +676,73 @@ class RunExecutor:
         try:
             report = await drive
         except asyncio.CancelledError:
-            await self._settle(self._end(run, live, self._cancelled_ending(run, live, dispatched)))
+            # The runner has stopped claude by now (or left it to its supervisor).
+            live.stopping()
+            cancelled = DriveCancelled(
+                holds=self.holds(run.batch.room),
+                dir_made=run_dir_made(self.settings.runner.state_dir, run.id),
+            )
+            for action in live.feed(cancelled):
+                await self._settle(self._end(run, live, action, None))
             raise
         except Exception as exc:
             log.exception("the run failed inside chatbridge")
             report = RunReport(
                 RunStatus.FAILED, error=f"internal error ({type(exc).__name__}); see the log"
             )
-        ending: RunReport | _Left = _Left.MOVED if report.not_started else report
-        if ending is _Left.MOVED:
-            log.warning(
-                "run %s not started: %s moved to another replica, which runs its messages",
-                run.id, run.batch.room,
-            )  # fmt: skip
-        # A !stop landing while the end is reported must not cut the answer off.
-        await self._settle(self._end(run, live, ending))
+        actions = live.feed(DriveEnded(not_started=report.not_started))
+        for action in actions:
+            # A !stop landing while the end is reported must not cut the answer off.
+            await self._settle(self._end(run, live, action, report))
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             # Cancelled after claude had printed its result: run_claude stopped
             # the run and returned the answer instead of raising, and the
             # answer is now recorded. The cancellation still propagates.
             raise asyncio.CancelledError
-        if isinstance(ending, RunReport):
-            self._keep_warm(run.batch.room, ending)
+        if any(isinstance(action, End) for action in actions):
+            self._keep_warm(run.batch.room, report)
 
-    def _cancelled_ending(
-        self, run: _Run, live: _Live, dispatched: DispatchedRun
-    ) -> RunReport | _Left:
-        """How a run the dispatcher cancelled ends (the runner has stopped claude by now)."""
-        if live.detached:
-            return _Left.DETACHED  # left to its supervisor: the next start reattaches
-        if not self._reached_claude(run, live) and not self.holds(run.batch.room):
-            # The conversation moved (the cluster dropped the room) before claude
-            # got the prompt: its new owner finds the run never began and runs its
-            # messages. Recorded here, it would be interrupted, offering `!retry`.
-            log.warning(
-                "run %s cancelled before claude got the prompt: %s moved to another"
-                " replica, which runs its messages",
-                run.id, run.batch.room,
-            )  # fmt: skip
-            return _Left.MOVED
-        # A stop interrupts claude's turn first: its session stays resumable, and the
-        # interrupted turn's result says what it cost (added by _end). A run that had
-        # printed its answer keeps it (the answer task records it).
-        session = live.init.session_id if live.init is not None else None
-        return RunReport(_cancelled_status(dispatched), session_id=session)
-
-    async def _end(self, run: _Run, live: _Live, ending: RunReport | _Left) -> None:
-        """Every ending of a run started here or reattached comes here, once: an outcome
-        is recorded with the cost claude reported (unknown, None, if it printed no
-        result) and its answer or notice; a run left to its supervisor or to another
-        replica records nothing here (its end is recorded where it goes on)."""
-        if ending is _Left.DETACHED:
-            await self._leave(run, live)
-            return
-        if ending is _Left.MOVED:
-            # Nothing recorded (the new owner does), but nothing of it stays here
-            # either: a retry in a new session may come after a first try that ran.
-            await self._drop(run, live)
-            return
+    async def _end(self, run: _Run, live: _Live, action: Action, report: RunReport | None) -> None:
+        """Every ending of a run started here or reattached comes here, once (the
+        lifecycle's ending action): an outcome is recorded with the cost claude reported
+        (unknown, None, if it printed no result) and its answer or notice; a run left to
+        its supervisor or to another replica records nothing here (its end is recorded
+        where it goes on). ``report``: the drive's, when it was not cancelled."""
+        match action:
+            case Leave():
+                await self._leave(run, live)  # the next start reattaches it
+                return
+            case Drop():
+                # Nothing recorded (the new owner does), but nothing of it stays here
+                # either: a retry in a new session may come after a first try that ran.
+                log.warning(
+                    "run %s %s: %s moved to another replica, which runs its messages",
+                    run.id,
+                    "not started"
+                    if report is not None
+                    else "cancelled before claude got the prompt",
+                    run.batch.room,
+                )
+                await self._drop(run, live)
+                return
+            case End(cancelled=RunStatus() as status):
+                # A stop interrupts claude's turn first: its session stays resumable, and
+                # the interrupted turn's result says what it cost (added below). A run
+                # that had printed its answer keeps it (the answer task records it).
+                session = live.init.session_id if live.init is not None else None
+                ending = RunReport(status, session_id=session)
+            case End() if report is not None:
+                ending = report
+            case _:
+                return
         held, live.held = live.held, None
         if held is not None and ending.status is not RunStatus.SUCCEEDED:
             # A result held back (a message was promised after it, or may have been sent
             # after it before a restart) that the run did not end on: an earlier turn's.
             self._turn_answered(run, live, *held)
         try:
-            await self._finalize(run, live, with_claude_figures(ending, live.result))
+            await self._finalize(run, live, with_claude_figures(ending, live.result), action.record)
         finally:
             # After the answer, before the room is free: the conversation's next run,
             # here or on another replica, resumes what this one left.
@@ -803,12 +824,22 @@ class RunExecutor:
         if taken is not None:
             await taken.give_up(why)
 
-    async def _cancelled_at_start(
-        self, run_id: RunId, dispatched: DispatchedRun, taken: Taken | None
+    async def _unstarted(
+        self, run_id: RunId, batch: Batch, taken: Taken | None, action: Action
     ) -> None:
-        status = _cancelled_status(dispatched)
+        """The ending of a run whose start never went through."""
+        match action:
+            case GiveUp(why=why):
+                await self._give_up(taken, why)
+            case AbandonStart(status=status):
+                await self._cancelled_at_start(run_id, batch, taken, status)
+            case _:
+                pass
+
+    async def _cancelled_at_start(
+        self, run_id: RunId, batch: Batch, taken: Taken | None, status: RunStatus
+    ) -> None:
         await self._give_up(taken, "dropped" if status is RunStatus.STOPPED else "shutdown")
-        batch = dispatched.batch
         if await self.store.get_run(run_id) is not None:
             await self.store.finish_run(run_id, RunReport(status), self.wall_clock())
         elif status is RunStatus.STOPPED:
@@ -870,6 +901,7 @@ class RunExecutor:
             self._remove_journal(live)
             first, live.registered = live.registered, None
             await shielded(self._unregister(run.id, first))
+            live.feed(Retried())
             live.control = RunControl()
             # The first try's result (zeroed: no session) says nothing of this one's cost.
             live.result = None
@@ -1011,6 +1043,7 @@ class RunExecutor:
         (which takes claude's pid too) can find the run again after a restart."""
         self.live_runs.bind(run.batch.room, run.id, live.control)
         live.supervisor = supervisor
+        live.feed(ClaudeSpawned())
         live.registered = asyncio.create_task(
             self._register(run.id, supervisor), name=f"register {run.id}"
         )
@@ -1133,15 +1166,15 @@ class RunExecutor:
         elif not (control.settled or control.closed):
             # An earlier turn's result: messages steered into the run came after it.
             self._turn_answered(run, live, event, live.position)
-        elif not event.is_error and live.answer is None:
+        elif not event.is_error and CONCLUDE in live.feed(Answered()):
             # The answer exists: record it and hand it over now, while the runner reaps
             # claude. From here on this is the outcome, whatever comes next (a stop, a
             # lingering process, an exit status); see run_claude. claude's input is
             # closed at once, not after the record: a replica stalled in between (a
             # pause) would keep an answered claude alive past its lease, beside the
             # new owner's run of the conversation (the replicas' chaos test saw it).
+            # (Final now, before the runner closes claude's input: no steering.)
             stages.stamp("result_read")
-            live.final = True  # (before the runner closes claude's input: no steering)
             log.info("claude printed its answer")
             run.progress.close()
             answer = answer_report(event, live.init)
@@ -1150,7 +1183,7 @@ class RunExecutor:
             )
             live.concluding.set()
         else:
-            live.final = True
+            live.feed(ErrorResult())
             log.info("claude printed an error result")
 
     def _turn_answered(self, run: _Run, live: _Live, event: Result, position: int) -> None:
@@ -1183,7 +1216,7 @@ class RunExecutor:
                 return False
             # (A reattach takes nothing before its replay caught up: the run may have
             # taken its last input while no bridge was there.)
-            if live.final or not control.accepting or control.replaying:
+            if live.state.final or not control.accepting or control.replaying:
                 return False
             if any(m.attachments for m in batch.messages):
                 return False  # files are fetched as a run is prepared: a follow-up run
@@ -1314,12 +1347,6 @@ class RunExecutor:
         self._finish_later(run, LEFT_RUNNING)
         log.info("left the run to its supervisor; the next start reattaches it")
 
-    def _reached_claude(self, run: _Run, live: _Live) -> bool:
-        """Whether claude may have got the run's prompt: it was spawned for it (or a
-        prestarted one was given it: ``Spawned`` comes right after), or a spawn got as far
-        as the run's directory (which the new owner would see: bridge/runs/stale_runs.py)."""
-        return live.supervisor is not None or run_dir_made(self.settings.runner.state_dir, run.id)
-
     async def _drop(self, run: _Run, live: _Live) -> None:
         """The run never began here and another replica runs its messages: nothing of
         its end is recorded, nor told, but nothing of it stays here either."""
@@ -1427,14 +1454,16 @@ class RunExecutor:
             started_at=time.monotonic() - elapsed,
         )
 
-    async def _finalize(self, run: _Run, live: _Live, report: RunReport) -> None:
-        """Record the run's end with its reply unless its answer did already, then the cosmetics."""
+    async def _finalize(self, run: _Run, live: _Live, report: RunReport, record: bool) -> None:
+        """Record the run's end with its reply unless its answer did already (``record``
+        False), then the cosmetics."""
         self.live_runs.unbind(run.batch.room, run.id)
         try:
-            if live.answer is None:
+            answer = live.answer
+            if record or answer is None:
                 settled = await self._conclude(run, live, report)
             else:
-                settled = await live.answer
+                settled = await answer
                 if report.status is not RunStatus.SUCCEEDED or report.exit_code != 0:
                     log.info(
                         "after its answer the run ended %s (exit %s); the answer stands",
@@ -1446,7 +1475,7 @@ class RunExecutor:
             if room is not None and room.run_figures:
                 run.progress.figures = _figures(report)
             await self._cosmetics(run, live, report.status, settled)
-            if self.approvals is not None and not live.lost:
+            if self.approvals is not None and not live.state.lost:
                 # A request still being recorded (claude asked as the run ended) is
                 # cancelled too: cancelled before its record lands, it would stay
                 # pending for !status and the next !approve (bounded: a store write
@@ -1465,7 +1494,7 @@ class RunExecutor:
             # Unrecorded, the empty directory stays: it tells the next start
             # that the run began (bridge.runs.stale_runs), so its messages are not
             # run a second time as if they never had been.
-            self._remove_journal(live, keep_dir=live.end_unrecorded)
+            self._remove_journal(live, keep_dir=live.state.unrecorded)
 
     async def _conclude(
         self, run: _Run, live: _Live, report: RunReport
@@ -1498,7 +1527,7 @@ class RunExecutor:
         stages.stamp("finishing")
         entries = await self._record_end(run, report, ended, replies)
         if entries is None:
-            live.end_unrecorded = True
+            live.feed(Unrecorded())
             entries = await self._record_replies_alone(replies)
         if limits is not None and limited is not None:
             limits.noted()
@@ -1513,7 +1542,7 @@ class RunExecutor:
             # Only the owner speaks for it: the end is recorded (the first report of a
             # run stands: the new owner's, if it reported first), and any reply recorded
             # here is the owner's to deliver (its recheck); nothing is shown from here.
-            live.lost = True
+            live.feed(Lost())
             log.warning(
                 "run %s ended after this replica lost %s; its owner speaks for it",
                 run.id, batch.room,
@@ -1586,7 +1615,7 @@ class RunExecutor:
         self, run: _Run, live: _Live, status: RunStatus, settled: Callable[[], Awaitable[None]]
     ) -> None:
         """The end of the run as the room sees it beside the answer, after the answer."""
-        if live.lost:
+        if live.state.lost:
             # Not this replica's conversation any more: no reaction, typing or last
             # edit of the progress message from here.
             live.concluding.set()  # an opening still waiting shows nothing now

@@ -91,7 +91,7 @@ class Stopping:
 
 
 @dataclass(frozen=True, slots=True)
-class Spawned:
+class ClaudeSpawned:
     """claude was spawned for the run (or a prestarted one was given it)."""
 
 
@@ -149,7 +149,7 @@ Event = (
     StartRecorded
     | StartRefused
     | Stopping
-    | Spawned
+    | ClaudeSpawned
     | Retried
     | Answered
     | ErrorResult
@@ -256,7 +256,7 @@ def _before_start(state: RunState, event: Event) -> tuple[RunState, tuple[Action
 
 def _under_way(state: RunState, event: Event) -> tuple[RunState, tuple[Action, ...]]:
     match event:
-        case Spawned():
+        case ClaudeSpawned():
             running = Phase.RUNNING if state.phase is Phase.STARTED else state.phase
             return replace(state, phase=running, reached=True), ()
         case Retried() if not state.concluded:

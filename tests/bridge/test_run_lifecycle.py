@@ -12,6 +12,7 @@ from bridge.runs.lifecycle import (
     AbandonStart,
     Action,
     Answered,
+    ClaudeSpawned,
     Conclude,
     DetachAsked,
     DriveCancelled,
@@ -26,7 +27,6 @@ from bridge.runs.lifecycle import (
     Phase,
     Retried,
     RunState,
-    Spawned,
     StartRecorded,
     StartRefused,
     Stopping,
@@ -48,13 +48,13 @@ def run(*events: Event, state: RunState | None = None) -> tuple[RunState, list[A
 
 
 def test_a_run_that_answers_records_its_outcome_at_the_answer() -> None:
-    state, actions = run(StartRecorded(), Spawned(), Answered(), DriveEnded())
+    state, actions = run(StartRecorded(), ClaudeSpawned(), Answered(), DriveEnded())
     assert state.phase is Phase.ENDED
     assert actions == [Conclude(), End(record=False)]
 
 
 def test_a_run_without_an_answer_records_its_outcome_at_its_end() -> None:
-    state, actions = run(StartRecorded(), Spawned(), ErrorResult(), DriveEnded())
+    state, actions = run(StartRecorded(), ClaudeSpawned(), ErrorResult(), DriveEnded())
     assert state.phase is Phase.ENDED
     assert state.final
     assert actions == [End(record=True)]
@@ -63,7 +63,7 @@ def test_a_run_without_an_answer_records_its_outcome_at_its_end() -> None:
 def test_phases_in_order() -> None:
     phases = []
     state = RunState()
-    for event in (StartRecorded(), Spawned(), Answered(), DriveEnded()):
+    for event in (StartRecorded(), ClaudeSpawned(), Answered(), DriveEnded()):
         state, _ = advance(state, event)
         phases.append(state.phase)
     assert phases == [Phase.STARTED, Phase.RUNNING, Phase.ANSWERED, Phase.ENDED]
@@ -87,7 +87,7 @@ def test_a_shutdown_before_the_start_abandons_it_as_interrupted() -> None:
 
 
 def test_a_stop_during_the_run_records_it_stopped() -> None:
-    state, actions = run(StartRecorded(), Spawned(), Stopping(EndReason.STOPPED))
+    state, actions = run(StartRecorded(), ClaudeSpawned(), Stopping(EndReason.STOPPED))
     assert state.phase is Phase.STOPPING
     state, actions = run(DriveCancelled(), state=state)
     assert state.phase is Phase.ENDED
@@ -96,7 +96,7 @@ def test_a_stop_during_the_run_records_it_stopped() -> None:
 
 def test_a_stop_after_the_answer_keeps_the_answer_as_the_outcome() -> None:
     state, actions = run(
-        StartRecorded(), Spawned(), Answered(), Stopping(EndReason.STOPPED), DriveCancelled()
+        StartRecorded(), ClaudeSpawned(), Answered(), Stopping(EndReason.STOPPED), DriveCancelled()
     )
     assert state.phase is Phase.ENDED
     assert actions == [Conclude(), End(record=False, cancelled=RunStatus.STOPPED)]
@@ -105,7 +105,7 @@ def test_a_stop_after_the_answer_keeps_the_answer_as_the_outcome() -> None:
 def test_a_detaching_shutdown_leaves_a_registered_run_to_its_supervisor() -> None:
     state, actions = run(
         StartRecorded(),
-        Spawned(),
+        ClaudeSpawned(),
         Stopping(EndReason.DETACHED),
         DetachAsked(registered=True),
     )
@@ -118,7 +118,7 @@ def test_a_detaching_shutdown_leaves_a_registered_run_to_its_supervisor() -> Non
 def test_an_unregistered_run_is_not_detached_but_interrupted() -> None:
     state, actions = run(
         StartRecorded(),
-        Spawned(),
+        ClaudeSpawned(),
         Stopping(EndReason.DETACHED),
         DetachAsked(registered=False),
         DriveCancelled(),
@@ -130,7 +130,7 @@ def test_an_unregistered_run_is_not_detached_but_interrupted() -> None:
 def test_an_answered_run_is_not_detached() -> None:
     state, _ = run(
         StartRecorded(),
-        Spawned(),
+        ClaudeSpawned(),
         Answered(),
         Stopping(EndReason.DETACHED),
         DetachAsked(registered=True),
@@ -148,7 +148,10 @@ def test_a_run_cancelled_before_claude_in_a_room_gone_elsewhere_is_moved() -> No
 
 def test_a_run_that_reached_claude_is_recorded_even_if_its_room_moved() -> None:
     _, actions = run(
-        StartRecorded(), Spawned(), Stopping(EndReason.INTERRUPTED), DriveCancelled(holds=False)
+        StartRecorded(),
+        ClaudeSpawned(),
+        Stopping(EndReason.INTERRUPTED),
+        DriveCancelled(holds=False),
     )
     assert actions == [End(record=True, cancelled=RunStatus.INTERRUPTED)]
     _, actions = run(
@@ -160,7 +163,7 @@ def test_a_run_that_reached_claude_is_recorded_even_if_its_room_moved() -> None:
 
 
 def test_a_retry_forgets_that_claude_was_reached() -> None:
-    state, _ = run(StartRecorded(), Spawned(), ErrorResult(), Retried())
+    state, _ = run(StartRecorded(), ClaudeSpawned(), ErrorResult(), Retried())
     assert state.phase is Phase.STARTED
     assert not state.reached
     assert state.final  # the first try's error closed the run to steering
@@ -182,7 +185,7 @@ def test_a_reattached_run_has_reached_claude() -> None:
 
 
 def test_flags_of_the_end() -> None:
-    state, _ = run(StartRecorded(), Spawned(), Lost(), Unrecorded())
+    state, _ = run(StartRecorded(), ClaudeSpawned(), Lost(), Unrecorded())
     assert state.lost
     assert state.unrecorded
 
@@ -202,7 +205,7 @@ EVENTS: st.SearchStrategy[Event] = st.one_of(
     st.just(StartRecorded()),
     st.just(StartRefused()),
     st.builds(Stopping, st.sampled_from([None, *EndReason])),
-    st.just(Spawned()),
+    st.just(ClaudeSpawned()),
     st.just(Retried()),
     st.just(Answered()),
     st.just(ErrorResult()),
