@@ -5,8 +5,9 @@ state and the actions for the executor to carry out; it never awaits, reads a cl
 or touches a process. Every way out of a run goes through exactly one ending action
 (:class:`End`, :class:`Leave`, :class:`Drop`, :class:`AbandonStart`, :class:`GiveUp`);
 the outcome, with its cost, is recorded once (:class:`Conclude`, or :class:`End` with
-``record``); a run in a final phase takes no more events. The phases and what each
-ending does: docs/live-runs.md, "A run's lifecycle".
+``record``); a run in a final phase stays there (an ended one still notes what its
+ending found). The phases and what each ending does: docs/live-runs.md, "A run's
+lifecycle".
 """
 
 from __future__ import annotations
@@ -217,9 +218,10 @@ def cancelled_status(stop: EndReason | None) -> RunStatus:
 
 
 def advance(state: RunState, event: Event) -> tuple[RunState, tuple[Action, ...]]:
-    """The state after ``event`` and what to do; a final state takes nothing."""
+    """The state after ``event`` and what to do; a final state takes nothing (but what
+    carrying out an ending finds: a lost room, an outcome not recorded)."""
     if state.over:
-        return state, ()
+        return _while_ending(state, event), ()
     match event:
         case Stopping(reason=reason):
             return _stopping(state, reason), ()
@@ -278,6 +280,19 @@ def _under_way(state: RunState, event: Event) -> tuple[RunState, tuple[Action, .
             return replace(state, unrecorded=True), ()
         case _:
             return state, ()
+
+
+def _while_ending(state: RunState, event: Event) -> RunState:
+    """An ended run's ending is still being carried out: what it finds is noted."""
+    if state.phase is not Phase.ENDED:
+        return state
+    match event:
+        case Lost():
+            return replace(state, lost=True)
+        case Unrecorded():
+            return replace(state, unrecorded=True)
+        case _:
+            return state
 
 
 def _cancelled(state: RunState, event: DriveCancelled) -> tuple[RunState, tuple[Action, ...]]:

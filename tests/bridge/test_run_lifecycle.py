@@ -190,6 +190,17 @@ def test_flags_of_the_end() -> None:
     assert state.unrecorded
 
 
+def test_an_ended_run_notes_what_carrying_out_its_end_found() -> None:
+    # The outcome is recorded after the run ended (its ending action does it).
+    state, _ = run(StartRecorded(), ClaudeSpawned(), DriveEnded(), Lost(), Unrecorded())
+    assert state.phase is Phase.ENDED
+    assert state.lost
+    assert state.unrecorded
+    state, _ = run(StartRefused(), Lost(), Unrecorded())
+    assert not state.lost
+    assert not state.unrecorded
+
+
 def test_a_stop_after_a_shutdown_restates_why() -> None:
     state, actions = run(
         StartRecorded(),
@@ -233,7 +244,7 @@ def test_any_order_of_events_ends_once_and_records_the_outcome_once(
         state, done = advance(state, event)
         actions += done
         if before.over:
-            assert state == before  # no transition out of a final phase
+            assert state.phase is before.phase  # no transition out of a final phase
             assert not done
     if not state.over:
         # The executor ends a run whose start never went through by its cancellation.
@@ -249,4 +260,6 @@ def test_any_order_of_events_ends_once_and_records_the_outcome_once(
     if any(isinstance(a, Conclude) for a in actions):
         assert state.phase is Phase.ENDED
     for event in after:
-        assert advance(state, event) == (state, ())
+        later, done = advance(state, event)
+        assert later.phase is state.phase
+        assert not done
