@@ -30,7 +30,7 @@ from bridge.core.model import (
     RunStatus,
 )
 from bridge.host.logs import log_context
-from bridge.host.worktrees import Worktrees, in_worktree
+from bridge.host.worktrees import in_worktree
 from bridge.live.approval_flow import ApprovalFlow
 from bridge.live.registry import LiveRuns
 from bridge.metrics import Metrics
@@ -40,7 +40,6 @@ from bridge.outbound.replies import Replier
 from bridge.runs.cosmetics import COSMETIC_TIMEOUT_S, PROGRESS_FINISH_TIMEOUT_S, TYPING_AFTER_S
 from bridge.runs.events import RunEvents
 from bridge.runs.file_posts import FilePosts
-from bridge.runs.inbox import Inbox
 from bridge.runs.lifecycle import (
     DriveCancelled,
     DriveEnded,
@@ -51,7 +50,7 @@ from bridge.runs.lifecycle import (
     reattached,
 )
 from bridge.runs.prestarts import Prestarts, Taken
-from bridge.runs.request import RunRequests, run_request
+from bridge.runs.request import RunRequests, kept_transcripts, run_request
 from bridge.runs.running import (
     STORE_RETRY_DELAYS_S,
     Live,
@@ -85,8 +84,17 @@ def new_run_id() -> RunId:
     return RunId(f"run-{secrets.token_hex(8)}")
 
 
+def unfenced(room: RoomKey) -> None:
+    """A run's start alone: under no replica's claim."""
+
+
+def held_alone(room: RoomKey) -> bool:
+    """Alone, this process owns every room."""
+    return True
+
+
 @dataclass(slots=True)
-class RunExecutor(RunStart, RunEvents, RunRequests):
+class RunExecutor(RunStart, RunEvents):
     """Runs batches for the dispatcher: one :meth:`execute` call per run."""
 
     settings: Settings
@@ -110,32 +118,27 @@ class RunExecutor(RunStart, RunEvents, RunRequests):
     """Claudes started while their batch gathered (``[runner] prestart``)."""
     spares: Spares | None = None
     """Supervisors started ahead of their runs (runner/spare.py); None: each run starts its own."""
-    worktrees: Worktrees = field(default_factory=Worktrees)
-    """Thread conversations' git worktrees (``worktree = true``)."""
     limits: LimitResumes | None = None
     """Tells the room about usage limits and retries after them; None: a plain failure."""
-    inbox: Inbox | None = None
-    """Fetches the files shared with a batch into the run's inbox; None: files are only named."""
     file_posts: FilePosts | None = None
     """Posts the files claude sends with ``send_file`` (docs/files.md); None: not posted."""
-    fence_of: Callable[[RoomKey], Fence | None] = lambda room: None
+    fence_of: Callable[[RoomKey], Fence | None] = unfenced
     """The replica's claim a run's start is recorded under (docs/replicas.md); None alone."""
-    holds: Callable[[RoomKey], bool] = lambda room: True
+    holds: Callable[[RoomKey], bool] = held_alone
     """Whether this replica owns the room now (docs/replicas.md); alone, always."""
     transcripts: Transcripts | None = None
     """Carries sessions between replicas through the database (docs/replicas-sessions.md);
     None: made from ``[runner] transcripts_in_db`` (off: sessions stay on this host)."""
+    requests: RunRequests = field(kw_only=True)
+    """Builds the runs' requests (the prestarts' too)."""
     _finishing: set[asyncio.Task[None]] = field(default_factory=set)
     """The progress messages' last edits still under way (see :meth:`drain`)."""
     _generations: dict[RoomKey, int] = field(default_factory=dict)
     """Bumped by ``!reset``: a run that began before keeps its session to itself."""
 
     def __post_init__(self) -> None:
-        runner = self.settings.runner
-        # Replicas always keep them: the next run may be another replica's.
-        keep = runner.transcripts_in_db or self.settings.cluster.enabled
-        if self.transcripts is None and keep:
-            self.transcripts = Transcripts(self.store, runner.transcript_max_bytes, self.wall_clock)
+        if self.transcripts is None:
+            self.transcripts = kept_transcripts(self.settings, self.store, self.wall_clock)
 
     async def reset_session(self, room: RoomKey) -> None:
         """Forget the room's Claude session, also for the run active now, and a ``!fork``
@@ -294,7 +297,7 @@ class RunExecutor(RunStart, RunEvents, RunRequests):
         """Run claude (again without the session if claude lost it); its last report."""
         batch = run.batch
         try:
-            prepared = await self._prepare(run, taken, live.room_state)
+            prepared = await self.requests.prepare(run, taken, live.room_state)
         except BaseException as exc:
             # Ended before it reached claude (a !stop, a store that kept failing):
             # a claude started for it (prestarted, or kept warm) goes with it, or

@@ -1,17 +1,18 @@
 """A run's request: the room's settings for it, its prompt and files, its session.
 
 :func:`run_request` builds what the runner starts claude with; :class:`RunRequests`
-(a part of :class:`~bridge.runs.executor.RunExecutor`) checks the budgets and the
-worktree, fetches the files, reads the room's session (its transcript restored from
-the database where another replica ran it last) and what a prestart would start with.
+(the executor's, and the prestarts') checks the budgets and the worktree, fetches the
+files, reads the room's session (its transcript restored from the database where another
+replica ran it last) and says what a prestart would start with.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from bridge.config import RoomSettings, Settings
 from bridge.core.model import (
@@ -29,6 +30,7 @@ from bridge.runs.inbox import FetchedFile, FileLimits, Inbox, shown_images
 from bridge.runs.prestarts import Taken
 from bridge.runs.prompt import build_prompt
 from bridge.runs.running import (
+    STORE_RETRY_DELAYS_S,
     RoomState,
     Run,
     give_up,
@@ -103,19 +105,23 @@ class Refusal:
     """The budget that refused it (``room`` or ``service``), if one did."""
 
 
+@dataclass(slots=True)
 class RunRequests:
-    """The requests of runs (a part of :class:`RunExecutor`)."""
+    """Builds runs' requests: the executor's, with their files, and the prestarts'."""
 
     settings: Settings
     store: Store
     metrics: Metrics
-    wall_clock: Callable[[], float]
-    store_retry_delays_s: tuple[float, ...]
-    worktrees: Worktrees
-    inbox: Inbox | None
-    transcripts: Transcripts | None
+    worktrees: Worktrees = field(default_factory=Worktrees)
+    """Thread conversations' git worktrees (``worktree = true``)."""
+    inbox: Inbox | None = None
+    """Fetches the files shared with a batch into the run's inbox; None: files are only named."""
+    transcripts: Transcripts | None = None
+    """Restores a session's transcript from the database (docs/replicas-sessions.md)."""
+    wall_clock: Callable[[], float] = time.time
+    store_retry_delays_s: tuple[float, ...] = STORE_RETRY_DELAYS_S
 
-    async def _prepare(
+    async def prepare(
         self, run: Run, taken: Taken | None, state: RoomState | None = None
     ) -> tuple[RunRequest, Prestarted | None] | RunReport:
         """The run's request, and the claude started for it if one was (a report instead
@@ -126,7 +132,7 @@ class RunRequests:
         if room is None:
             await give_up(taken, "failed")
             return RunReport(RunStatus.FAILED, error="room not configured")
-        prepared = await self._room_for_run(batch.room, room)
+        prepared = await self.room_for_run(batch.room, room)
         if isinstance(prepared, Refusal):
             # Recorded as a failed run: the room is told (once, for this batch), and
             # after a budget's refusal `!retry` runs the messages once it has reset.
@@ -160,12 +166,12 @@ class RunRequests:
         room = self.settings.room(key)
         if room is None:
             return None
-        prepared = await self._room_for_run(key, room)
+        prepared = await self.room_for_run(key, room)
         if isinstance(prepared, Refusal):
             return None  # the run will say why
         return await self._request(key, prepared, run_id, "")
 
-    async def _room_for_run(self, key: RoomKey, room: RoomSettings) -> RoomSettings | Refusal:
+    async def room_for_run(self, key: RoomKey, room: RoomSettings) -> RoomSettings | Refusal:
         """``room``'s settings for a run of ``key`` now (in its worktree, made if need be),
         or why no run of it may start."""
         refused = await Budgets(self.settings, self.store, self.wall_clock).refusal(key)
@@ -225,3 +231,14 @@ class RunRequests:
         except Exception:
             # claude then finds no session and the run goes on in a new one (see _drive).
             log.warning("could not restore the transcript of session %s", session, exc_info=True)
+
+
+def kept_transcripts(
+    settings: Settings, store: Store, wall_clock: Callable[[], float] = time.time
+) -> Transcripts | None:
+    """Where sessions' transcripts are kept in the database, if they are (``[runner]
+    transcripts_in_db``; replicas always keep them: the next run may be another's)."""
+    runner = settings.runner
+    if runner.transcripts_in_db or settings.cluster.enabled:
+        return Transcripts(store, runner.transcript_max_bytes, wall_clock)
+    return None
