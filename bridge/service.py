@@ -195,6 +195,11 @@ class Service:
         settings = self.settings
         if settings.cluster.enabled:
             self.cluster = self._new_cluster()
+        cluster = self.cluster
+        # Which conversations this process speaks for: with replicas, the one whose
+        # lease it has (delivery, tool requests) or holds now (runs, limit resumes).
+        has = cluster.has if cluster is not None else held_alone
+        holds = cluster.holds if cluster is not None else held_alone
         by_name = {t.name: t for t in self.transports}
         pacing = {
             name: Pacing(settings.delivery.edits_per_minute(name), time.monotonic)
@@ -207,10 +212,13 @@ class Service:
             self.metrics,
             on_rate_limited=self.replier.rate_limited,
             retry_cap_s=settings.delivery.retry_max_s,
+            owns=has,
         )
         self.notices = Notices(self.store, self.outbox, self.replier)
         live_runs = LiveRuns()
-        self.approvals = ApprovalFlow(settings, self.store, self.replier, live_runs, self._refused)
+        self.approvals = ApprovalFlow(
+            settings, self.store, self.replier, live_runs, self._refused, owns=has
+        )
         transcripts = kept_transcripts(settings, self.store)
         requests = RunRequests(
             settings,
@@ -261,8 +269,8 @@ class Service:
             settings.runner.resume_after_limit,
             settings.commands.prefix,
             configured=lambda room: settings.room(room) is not None,
+            owns=holds,
         )
-        cluster = self.cluster
         self.executor = RunExecutor(
             settings,
             self.store,
@@ -277,7 +285,7 @@ class Service:
             limits=self.limits,
             file_posts=FilePosts(self.store, self.outbox, self.metrics, settings.runner.state_dir),
             fence_of=cluster.fence if cluster is not None else unfenced,
-            holds=cluster.holds if cluster is not None else held_alone,
+            holds=holds,
             transcripts=transcripts,
             requests=requests,
         )
@@ -404,10 +412,7 @@ class Service:
         cluster.on_notice = role.heard
         cluster.recheck = role.recheck
         self.intake.placement = role
-        self.outbox.owns = cluster.has
-        self.approvals.owns = cluster.has
         self.approvals.forward = role.forward_action
-        self.limits.owns = cluster.holds
         cluster.idle = self._idle
         role.stop_threads = self.commands.stop_threads
         self.commands.elsewhere = role
