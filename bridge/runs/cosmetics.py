@@ -16,21 +16,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bridge.config import Settings
-from bridge.core.model import (
-    Batch,
-    ExternalMessageId,
-    ReplyKind,
-    RunReport,
-    RunStatus,
-)
+from bridge.core.model import Batch, ExternalMessageId, ReplyKind, RunReport, RunStatus
 from bridge.core.transport import RunPhase
 from bridge.outbound.progress import ProgressMessage
 from bridge.outbound.replies import Replier, in_conversation
-from bridge.runs.running import (
-    Live,
-    Run,
-    shown_running,
-)
+from bridge.runs.running import Live, Run, shown_running
 
 # The executor's parts log under its name (its log is one story per run).
 log = logging.getLogger("bridge.runs.executor").getChild("cosmetics")
@@ -88,7 +78,8 @@ def run_figures(report: RunReport) -> str:
 
 
 class RunCosmetics:
-    """The cosmetic steps of a run (a part of :class:`RunExecutor`)."""
+    """The cosmetic steps of a run (a part of :class:`RunExecutor`; the fields it names are
+    the executor's that it uses)."""
 
     settings: Settings
     replier: Replier

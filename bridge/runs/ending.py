@@ -17,15 +17,7 @@ from pathlib import Path
 
 from bridge.config import RoomSettings
 from bridge.core import stages
-from bridge.core.model import (
-    Batch,
-    Reply,
-    ReplyKind,
-    RoomKey,
-    RunId,
-    RunReport,
-    RunStatus,
-)
+from bridge.core.model import Batch, Reply, ReplyKind, RoomKey, RunId, RunReport, RunStatus
 from bridge.core.text import safe_text
 from bridge.core.transport import RunPhase
 from bridge.live.approval_flow import ApprovalFlow
@@ -37,37 +29,15 @@ from bridge.outbound.replies import in_conversation
 from bridge.runs.changes import Changes, Snapshot, changes, snapshot, summary_line
 from bridge.runs.cosmetics import LEFT_RUNNING, MOVED, RunCosmetics, run_figures
 from bridge.runs.file_posts import FilePosts
-from bridge.runs.lifecycle import (
-    Action,
-    Drop,
-    End,
-    Leave,
-    Lost,
-    Unrecorded,
-)
+from bridge.runs.lifecycle import Action, Drop, End, Leave, Lost, Unrecorded
 from bridge.runs.prestarts import Prestarts
-from bridge.runs.running import (
-    Live,
-    Run,
-    nothing,
-    shown_running,
-    wind_down,
-    with_claude_figures,
-)
+from bridge.runs.running import Live, Run, nothing, shown_running, wind_down, with_claude_figures
 from bridge.runs.transcripts import Transcripts
 from bridge.runs.usage import LimitResumes, usage_limit
-from bridge.store.base import (
-    OutboxEntry,
-    Store,
-    StoreError,
-)
+from bridge.store.base import OutboxEntry, Store, StoreError
 from bridge.store.rules import delivery_key
-from runner import (
-    remove_run_dir,
-)
-from runner.events import (
-    Result,
-)
+from runner import remove_run_dir
+from runner.events import Result
 
 # The executor's parts log under its name (its log is one story per run).
 log = logging.getLogger("bridge.runs.executor").getChild("ending")
@@ -115,7 +85,8 @@ NOT_KEPT = frozenset({RunStatus.STOPPED, RunStatus.INTERRUPTED})
 
 
 class RunEndings(RunCosmetics):
-    """The endings of a run (a part of :class:`RunExecutor`)."""
+    """The endings of a run (a part of :class:`RunExecutor`; the fields it names are
+    the executor's that it uses)."""
 
     store: Store
     metrics: Metrics

@@ -14,34 +14,15 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from bridge.core import stages
-from bridge.core.model import (
-    Batch,
-    LiveRun,
-    RunId,
-)
+from bridge.core.model import Batch, LiveRun, RunId
 from bridge.core.transport import RunPhase
 from bridge.host.worktrees import in_worktree
 from bridge.runs.ending import RunEndings
-from bridge.runs.lifecycle import (
-    CONCLUDE,
-    Answered,
-    ClaudeSpawned,
-    ErrorResult,
-)
+from bridge.runs.lifecycle import CONCLUDE, Answered, ClaudeSpawned, ErrorResult
 from bridge.runs.prompt import build_prompt
-from bridge.runs.running import (
-    Live,
-    Run,
-    being_stopped,
-    steer_uuid,
-)
-from bridge.store.base import (
-    StoreError,
-)
-from runner import (
-    EventCallback,
-    answer_report,
-)
+from bridge.runs.running import Live, Run, being_stopped, steer_uuid
+from bridge.store.base import StoreError
+from runner import EventCallback, answer_report
 from runner.control import InputClosed
 from runner.events import (
     Init,
@@ -71,7 +52,8 @@ def _unwritable_text(error: str) -> str:
 
 
 class RunEvents(RunEndings):
-    """The events of a running run (a part of :class:`RunExecutor`)."""
+    """The events of a running run (a part of :class:`RunExecutor`; the fields it names are
+    the executor's that it uses)."""
 
     def _spawned(self, run: Run, live: Live, supervisor: LiveRun) -> None:
         """claude runs: only now the room is shown that it does, once the registry

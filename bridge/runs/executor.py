@@ -23,12 +23,7 @@ from typing import Any
 from bridge.config import Settings
 from bridge.core import stages
 from bridge.core.aio import shielded
-from bridge.core.model import (
-    RoomKey,
-    RunId,
-    RunReport,
-    RunStatus,
-)
+from bridge.core.model import RoomKey, RunId, RunReport, RunStatus
 from bridge.host.logs import log_context
 from bridge.host.worktrees import in_worktree
 from bridge.live.approval_flow import ApprovalFlow
@@ -51,30 +46,13 @@ from bridge.runs.lifecycle import (
 )
 from bridge.runs.prestarts import Prestarts, Taken
 from bridge.runs.request import RunRequests, kept_transcripts, run_request
-from bridge.runs.running import (
-    STORE_RETRY_DELAYS_S,
-    Live,
-    Run,
-    give_up,
-    steer_uuid,
-)
+from bridge.runs.running import STORE_RETRY_DELAYS_S, Live, Run, give_up, steer_uuid
 from bridge.runs.start import START_RETRY_DELAYS_S, RunStart
 from bridge.runs.transcripts import Transcripts
 from bridge.runs.usage import LimitResumes
-from bridge.store.base import (
-    Fence,
-    RegisteredRun,
-    Store,
-)
+from bridge.store.base import Fence, RegisteredRun, Store
 from dispatcher import DispatchedRun, Execute
-from runner import (
-    Prestarted,
-    RunRequest,
-    Spares,
-    attach_claude,
-    run_claude,
-    run_dir_made,
-)
+from runner import Prestarted, RunRequest, Spares, attach_claude, run_claude, run_dir_made
 from runner.control import RunControl
 
 log = logging.getLogger(__name__)

@@ -15,13 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from bridge.config import RoomSettings, Settings
-from bridge.core.model import (
-    RoomKey,
-    RunId,
-    RunReport,
-    RunStatus,
-    SessionId,
-)
+from bridge.core.model import RoomKey, RunId, RunReport, RunStatus, SessionId
 from bridge.host.worktrees import WorktreeError, Worktrees
 from bridge.metrics import Metrics
 from bridge.runs.budget import Budgets
@@ -29,23 +23,10 @@ from bridge.runs.file_posts import send_file_rules
 from bridge.runs.inbox import FetchedFile, FileLimits, Inbox, shown_images
 from bridge.runs.prestarts import Taken
 from bridge.runs.prompt import build_prompt
-from bridge.runs.running import (
-    STORE_RETRY_DELAYS_S,
-    RoomState,
-    Run,
-    give_up,
-)
+from bridge.runs.running import STORE_RETRY_DELAYS_S, RoomState, Run, give_up
 from bridge.runs.transcripts import Transcripts
-from bridge.store.base import (
-    RoomOverrides,
-    Store,
-    StoreError,
-)
-from runner import (
-    Prestarted,
-    PromptImage,
-    RunRequest,
-)
+from bridge.store.base import RoomOverrides, Store, StoreError
+from runner import Prestarted, PromptImage, RunRequest
 
 # The executor's parts log under its name (its log is one story per run).
 log = logging.getLogger("bridge.runs.executor").getChild("request")

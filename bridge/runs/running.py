@@ -10,34 +10,15 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
-from bridge.core.model import (
-    Batch,
-    LiveRun,
-    RunId,
-    RunReport,
-    SessionId,
-)
+from bridge.core.model import Batch, LiveRun, RunId, RunReport, SessionId
 from bridge.outbound.progress import ProgressMessage
 from bridge.runs.changes import Snapshot
-from bridge.runs.lifecycle import (
-    Action,
-    DetachAsked,
-    Event,
-    RunState,
-    Stopping,
-    advance,
-)
+from bridge.runs.lifecycle import Action, DetachAsked, Event, RunState, Stopping, advance
 from bridge.runs.prestarts import Taken
-from bridge.store.base import (
-    RoomOverrides,
-)
+from bridge.store.base import RoomOverrides
 from dispatcher import DispatchedRun
 from runner.control import RunControl
-from runner.events import (
-    Init,
-    Result,
-    UsageLimited,
-)
+from runner.events import Init, Result, UsageLimited
 
 STORE_RETRY_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 4.0)
 """Pauses between tries of a failing store write at a run's start and end."""

@@ -11,35 +11,13 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from bridge.core.model import (
-    Batch,
-    Message,
-    RoomKey,
-    RunId,
-    RunReport,
-    RunStatus,
-)
+from bridge.core.model import Batch, Message, RoomKey, RunId, RunReport, RunStatus
 from bridge.outbound.notices import Notices
-from bridge.runs.lifecycle import (
-    AbandonStart,
-    Action,
-    GiveUp,
-)
+from bridge.runs.lifecycle import AbandonStart, Action, GiveUp
 from bridge.runs.prestarts import Taken
 from bridge.runs.prompt import build_prompt
-from bridge.runs.running import (
-    Live,
-    Run,
-    give_up,
-    steer_uuid,
-)
-from bridge.store.base import (
-    STEERED,
-    AuditAction,
-    Fence,
-    Store,
-    StoreError,
-)
+from bridge.runs.running import Live, Run, give_up, steer_uuid
+from bridge.store.base import STEERED, AuditAction, Fence, Store, StoreError
 from bridge.store.cluster import ClusterFull, Fenced
 from runner.control import InputClosed
 
@@ -55,7 +33,8 @@ START_RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 
 
 class RunStart:
-    """The start of a run (a part of :class:`RunExecutor`)."""
+    """The start of a run (a part of :class:`RunExecutor`; the fields it names are
+    the executor's that it uses)."""
 
     store: Store
     notices: Notices
