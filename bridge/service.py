@@ -1,9 +1,10 @@
 """The service's lifecycle: build the parts, recover, serve, shut down in order.
 
 :func:`serve` runs one TaskGroup owning the dispatcher, the transports and the housekeeping
-loop; the parts are built once (:meth:`Service.__post_init__`) and never rewired. Shutdown is
-one ordered path: no run begins (messages are still accepted durably), runs are detached or
-finish within the grace, answers are delivered, then the transports close, the store last
+loop; the parts are built once (:meth:`Service.__post_init__`, each given what it needs in
+its constructor). Recovery, the runs left from before, is :mod:`bridge.recovery`'s. Shutdown
+is one ordered path: no run begins (messages are still accepted durably), runs are detached
+or finish within the grace, answers are delivered, then the transports close, the store last
 (docs/operations.md, "Stopping").
 """
 
@@ -14,33 +15,27 @@ import functools
 import logging
 import os
 import signal
-import socket
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bridge.assembly import build_transports, http_limits, open_store, sqlite_file_problem
 from bridge.automation.schedules import CronSchedules, WallClock
 from bridge.automation.webhooks import Webhooks
 from bridge.cluster.leader_gate import LeaderGated
 from bridge.cluster.paused_holders import stop_paused_holders
 from bridge.cluster.replica import Cluster
 from bridge.cluster.role import ClusterRole
-from bridge.config import HttpSettings, Settings
+from bridge.config import Settings
 from bridge.core.aio import shielded
-from bridge.core.http_limits import ClientLimits
 from bridge.core.model import (
     Batch,
     Message,
-    Reply,
-    ReplyKind,
     RoomKey,
-    RunId,
-    RunReport,
-    RunStatus,
 )
-from bridge.core.transport import RoomBinding, RunPhase, SeenMarks, Transport, TransportError
+from bridge.core.transport import RunPhase, Transport, TransportError
 from bridge.errors import ChatbridgeError, StartupError, reason
 from bridge.host.claude_check import credentials_warning
 from bridge.host.containment import report_containment
@@ -53,21 +48,23 @@ from bridge.inbound.history import RoomHistory
 from bridge.inbound.intake import Intake
 from bridge.live.approval_flow import ApprovalFlow
 from bridge.live.approvals import Verdict
+from bridge.live.registry import LiveRuns
 from bridge.metrics import Metrics
 from bridge.outbound.notices import Notices
 from bridge.outbound.outbox import Outbox
 from bridge.outbound.pacing import Pacing
-from bridge.outbound.replies import Replier, in_conversation
+from bridge.outbound.replies import Replier
+from bridge.recovery import Recovery
 from bridge.runs.budget import Budgets
-from bridge.runs.executor import RunExecutor, new_run_id
+from bridge.runs.executor import RunExecutor, held_alone, new_run_id, unfenced
 from bridge.runs.file_posts import FilePosts
 from bridge.runs.inbox import Inbox
 from bridge.runs.prestarts import Prestarts
-from bridge.runs.stale_runs import interruption_text, never_started
+from bridge.runs.request import RunRequests, kept_transcripts
 from bridge.runs.usage import LimitResumes
 from bridge.runs.worktree_lifetime import Lifetimes
-from bridge.store.base import Approval, RegisteredRun, RunRecord, Store, StoreError
-from bridge.store.cluster import Leases, ReplicaIdInUse
+from bridge.store.base import Approval, Store, StoreError
+from bridge.store.cluster import Leases
 from bridge.store.sql import SqlStore
 from dispatcher import (
     Clock,
@@ -80,11 +77,7 @@ from dispatcher import (
 )
 from runner import (
     Spares,
-    clean_stray_runs,
-    journal_exists,
     prestart,
-    recover_run,
-    remove_run_dir,
 )
 
 if TYPE_CHECKING:
@@ -96,63 +89,9 @@ WEB_PREFIX = "/web"
 log = logging.getLogger(__name__)
 
 PRUNE_INTERVAL_S = 3600.0
-MIN_IDLE_TRANSACTION_S = 2.0
-"""Replicas' PostgreSQL sessions idle in a transaction longer than this (or than the
-renewal period, if longer) are ended by the server: no transaction of ours idles that
-long unless its process was paused (docs/replicas.md)."""
 READY_TIMEOUT_S = 60.0
 _REACHES = {"matrix": "matrix.homeserver", "slack": "slack.api_url"}
 """The setting to check when a part does not connect in time (it keeps retrying meanwhile)."""
-
-
-def http_limits(http: HttpSettings) -> ClientLimits:
-    """``[http]``'s bounds on each client, for its listeners and the Slack events endpoint."""
-    return ClientLimits(
-        head_timeout_s=http.head_timeout_s,
-        body_timeout_s=http.body_timeout_s,
-        max_connections=http.max_connections,
-    )
-
-
-def build_transports(settings: Settings, marks: SeenMarks | None = None) -> list[Transport]:
-    """One transport per configured chat system; library imports stay lazy.
-
-    ``marks`` (the store) keeps where Slack got to in each channel, for its catch-up.
-    """
-    transports: list[Transport] = []
-
-    def bindings(name: str) -> list[RoomBinding]:
-        return [
-            RoomBinding(key.room_id, trigger=room.trigger, reply_in_thread=room.reply_in_thread)
-            for key, room in settings.room_settings.items()
-            if key.transport == name
-        ]
-
-    if settings.console_active:
-        from transports.console import ConsoleTransport
-
-        transports.append(
-            ConsoleTransport(
-                settings.console.room,
-                settings.console.user,
-            )
-        )
-    if settings.matrix is not None:
-        from transports.matrix import MatrixTransport
-
-        transports.append(MatrixTransport(settings.matrix, bindings("matrix")))
-    if settings.slack is not None:
-        from transports.slack import SlackTransport
-
-        transports.append(
-            SlackTransport(
-                settings.slack,
-                bindings("slack"),
-                marks=marks,
-                http_limits=http_limits(settings.http),
-            )
-        )
-    return transports
 
 
 @dataclass(slots=True)
@@ -177,11 +116,10 @@ class Service:
     limits: LimitResumes = field(init=False)
     commands: CommandHandler = field(init=False)
     _closed_at_start: list[Approval] = field(default_factory=list, init=False)
-    _adopted: set[RunId] = field(default_factory=set, init=False)
-    """Runs reattached at start: their run directories are not strays."""
+    """Tool requests of runs interrupted by the restart: shown closed once connected."""
+    recovery: Recovery = field(init=False)
     cluster: Cluster | None = field(init=False, default=None)
     """This replica's part in the cluster (``[cluster] enabled``), None alone."""
-    """Tool requests of runs interrupted by the restart: shown closed once connected."""
     metrics: Metrics = field(init=False, default_factory=Metrics)
     _stop: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     _stop_now: asyncio.Event = field(init=False, default_factory=asyncio.Event)
@@ -203,6 +141,11 @@ class Service:
         settings = self.settings
         if settings.cluster.enabled:
             self.cluster = self._new_cluster()
+        cluster = self.cluster
+        # Which conversations this process speaks for: with replicas, the one whose
+        # lease it has (delivery, tool requests) or holds now (runs, limit resumes).
+        has = cluster.has if cluster is not None else held_alone
+        holds = cluster.holds if cluster is not None else held_alone
         by_name = {t.name: t for t in self.transports}
         pacing = {
             name: Pacing(settings.delivery.edits_per_minute(name), time.monotonic)
@@ -215,29 +158,33 @@ class Service:
             self.metrics,
             on_rate_limited=self.replier.rate_limited,
             retry_cap_s=settings.delivery.retry_max_s,
+            owns=has,
         )
         self.notices = Notices(self.store, self.outbox, self.replier)
-        self.executor = RunExecutor(
-            settings, self.store, self.replier, self.metrics, self.outbox, self.notices
-        )
-        self.executor.spares = self.spares
+        live_runs = LiveRuns()
         self.approvals = ApprovalFlow(
-            settings, self.store, self.replier, self.executor.live_runs, self._refused
+            settings, self.store, self.replier, live_runs, self._refused, owns=has
         )
-        self.executor.approvals = self.approvals
-        self.executor.inbox = Inbox(by_name, self.metrics)
-        self.executor.file_posts = FilePosts(
-            self.store, self.outbox, self.metrics, settings.runner.state_dir
+        transcripts = kept_transcripts(settings, self.store)
+        requests = RunRequests(
+            settings,
+            self.store,
+            self.metrics,
+            inbox=Inbox(by_name, self.metrics),
+            transcripts=transcripts,
         )
-        if settings.runner.prestart:
-            self.executor.prestarts = Prestarts(
-                self.executor.prestart_request,
+        prestarts = (
+            Prestarts(
+                requests.prestart_request,
                 self.metrics,
                 new_run_id,
                 start=functools.partial(prestart, spares=self.spares),
                 keep_s=settings.runner.prestart_keep_s,
                 keep_limit=settings.runner.prestart_limit,
             )
+            if settings.runner.prestart
+            else None
+        )
         d = settings.dispatcher
         self.dispatcher = Dispatcher(
             DispatchLimits(
@@ -248,13 +195,13 @@ class Service:
             ),
             self._execute,
             mode_of=self._during_run,
-            prestarter=self.executor.prestarts,
+            prestarter=prestarts,
             max_prestarts=settings.runner.prestart_limit,
             room_cap=self._max_runs_per_room,
             idle_of=self._idle_of,
         )
         self.lifetimes = Lifetimes(
-            self.executor.worktrees,
+            requests.worktrees,
             lambda: list(settings.room_settings.items()),
             self.dispatcher.conversations,
             self._running_conversations,
@@ -268,8 +215,26 @@ class Service:
             settings.runner.resume_after_limit,
             settings.commands.prefix,
             configured=lambda room: settings.room(room) is not None,
+            owns=holds,
         )
-        self.executor.limits = self.limits
+        self.executor = RunExecutor(
+            settings,
+            self.store,
+            self.replier,
+            self.metrics,
+            self.outbox,
+            self.notices,
+            live_runs=live_runs,
+            approvals=self.approvals,
+            prestarts=prestarts,
+            spares=self.spares,
+            limits=self.limits,
+            file_posts=FilePosts(self.store, self.outbox, self.metrics, settings.runner.state_dir),
+            fence_of=cluster.fence if cluster is not None else unfenced,
+            holds=holds,
+            transcripts=transcripts,
+            requests=requests,
+        )
         # Command answers are recorded in the outbox and sent from its per-room
         # worker: the transport's acknowledgement never waits for the network.
         commands = self.commands = CommandHandler(
@@ -282,7 +247,7 @@ class Service:
             live=self.approvals,
             refused=self._refused,
             dropped=self._show_dropped,
-            worktrees=self.executor.worktrees,
+            worktrees=requests.worktrees,
             lifetimes=self.lifetimes,
             automation=self._automation_status,
             status_parts=(Budgets(settings, self.store).status_lines, self.limits.status_lines),
@@ -321,8 +286,18 @@ class Service:
             lambda: self.dispatcher.queued,
             self.transports,
         )
-        if self.cluster is not None:
-            self._join_cluster(self.cluster)
+        self.recovery = Recovery(
+            settings,
+            self.store,
+            self.dispatcher,
+            self.executor,
+            self.intake,
+            self.approvals,
+            self._closed,
+            cluster,
+        )
+        if cluster is not None:
+            self._join_cluster(cluster)
 
     def _new_cluster(self) -> Cluster:
         """This replica's cluster part; Matrix goes behind its leader lease."""
@@ -365,7 +340,7 @@ class Service:
             self.intake,
             self.outbox,
             self.metrics,
-            self._recover_run,
+            self.recovery.recover_run,
             self.approvals.on_action,
             taken=self.limits.noted,
         )
@@ -384,12 +359,7 @@ class Service:
         cluster.on_notice = role.heard
         cluster.recheck = role.recheck
         self.intake.placement = role
-        self.executor.fence_of = cluster.fence
-        self.executor.holds = cluster.holds
-        self.outbox.owns = cluster.has
-        self.approvals.owns = cluster.has
         self.approvals.forward = role.forward_action
-        self.limits.owns = cluster.holds
         cluster.idle = self._idle
         role.stop_threads = self.commands.stop_threads
         self.commands.elsewhere = role
@@ -502,162 +472,12 @@ class Service:
             self._stop_now.set()
         self._stop.set()
 
-    async def recover(self) -> None:
-        """Reattach the runs a previous process left running, sweep the rest, re-queue
-        what never ran.
-
-        A run in the registry of live runs on this host goes back to its room
-        as that room's active run (:meth:`Dispatcher.adopt`), before the room's
-        waiting messages, which become its follow-up batch; whether its
-        supervisor is still there is the runner's to find out (a run that
-        ended meanwhile is reported from its journal, one whose supervisor was
-        killed as interrupted). Any other run still marked running is
-        interrupted: an interrupted run's notice is recorded in the outbox with
-        its outcome, in one transaction: it goes out once a transport is
-        connected, exactly once, also if this start stops before that (the
-        next start sends it).
-        """
-        if self.cluster is not None:
-            await self._recover_replica(self.cluster)
-            return
-        registered = {entry.live.run_id: entry for entry in await self.store.live_runs()}
-        adopted: set[RunId] = set()
-        state_dir = self.settings.runner.state_dir
-        for run in await self.store.running_runs():
-            entry = registered.get(run.id)
-            never = never_started(run, entry, state_dir)
-            if await self._recover_run(run, entry, True, never_started=never):
-                adopted.add(run.id)
-        await self._clean_strays(adopted)
-        resumed = await self.intake.recover(await self.store.pending_messages())
-        if resumed:
-            log.info("re-queued %d message(s) accepted before the restart", resumed)
-
-    async def _recover_replica(self, cluster: Cluster) -> None:
-        """A replica's start (docs/replicas.md): join, keep the conversations it held
-        (each recovered as it is kept), and stop its own runs in conversations it
-        no longer holds. Pending messages elsewhere are found by the poll."""
-        try:
-            await cluster.register()
-        except ReplicaIdInUse as exc:
-            raise StartupError(f"cluster.replica_id: {exc}") from None
-        kept = set(await cluster.keep_own())
-        registered = {entry.live.run_id: entry for entry in await self.store.live_runs()}
-        state_dir = self.settings.runner.state_dir
-        followed_elsewhere: set[RunId] = set()
-        for run in await self.store.running_runs():
-            if run.replica == cluster.replica_id:
-                if run.room not in kept and await self._owned_elsewhere(cluster, run.room):
-                    # Its conversation's new owner recovered it (it may be following
-                    # the run from this host): not this replica's to stop any more.
-                    followed_elsewhere.add(run.id)
-                    continue
-                # A kept conversation is recovered as a restart recovers: its
-                # detached run reattached (or reported); in the others it is stopped.
-                entry = registered.get(run.id)
-                never = never_started(run, entry, state_dir)
-                await self._recover_run(run, entry, run.room in kept, never_started=never)
-        # After the recovery: the runs it reattached, and those another replica
-        # follows, are not strays.
-        await self._clean_strays(set(self._adopted) | followed_elsewhere)
-        if kept:
-            pending = [m for m in await self.store.pending_messages() if m.room in kept]
-            await self.intake.recover(pending, keep_commands=True)
-            log.info("kept %d conversation(s) held before the restart", len(kept))
-
-    @staticmethod
-    async def _owned_elsewhere(cluster: Cluster, room: RoomKey) -> bool:
-        found = await cluster.leases.lease(room)
-        return found is not None and found[1] and found[0].owner != cluster.replica_id
-
-    async def _clean_strays(self, adopted: set[RunId]) -> None:
-        # Run directories of runs that are no longer running (their outcome is
-        # recorded, or they never got registered): whatever is left of them goes.
-        killed = await clean_stray_runs(
-            self.settings.runner.state_dir, set(adopted), self.settings.runner.cgroup_root
-        )
-        if killed:
-            log.warning("stopped %d process(es) of runs no record names", killed)
-
-    async def _recover_run(
-        self,
-        run: RunRecord,
-        entry: RegisteredRun | None,
-        may_follow: bool,
-        *,
-        never_started: bool = False,
-    ) -> bool:
-        """Reattach one run left running (True), or stop it and report it interrupted.
-
-        A run in the registry of live runs on this host goes back to its room
-        as that room's active run (:meth:`Dispatcher.adopt`), before the room's
-        waiting messages, which become its follow-up batch. Otherwise its
-        notice is recorded with its outcome in one transaction; it goes out
-        once a transport is connected.
-        """
-        prefix = self.settings.commands.prefix
-        host = socket.gethostname()
-        followable = (
-            may_follow
-            and entry is not None
-            and entry.live.host == host
-            and self.settings.room(run.room) is not None
-            # No journal: the run ended here but its end could not be recorded.
-            and journal_exists(entry.live)
-        )
-        # Also for a run not followed: its notice goes where the run was asked.
-        messages = await self.store.messages(run.message_ids)
-        if followable and entry is not None and messages:
-            batch = Batch(run.room, tuple(messages))
-            self.dispatcher.adopt(batch, self.executor.reattach(entry, run.started_at))
-            log.info("run %s in %s: reattaching to its supervisor", run.id, run.room)
-            self._adopted.add(run.id)
-            return True
-        # Not to be followed (no registry entry, no journal, its room gone):
-        # its supervisor, if still there, is asked to stop and waited for;
-        # then the run's cgroup and the marker sweep (runner/recovery.py).
-        killed = await recover_run(run.id, self.settings.runner.cgroup_root)
-        if never_started and not killed:
-            # Its start was recorded, and then its process died before it spawned
-            # anything: its messages never ran, and run now as if it never began.
-            # One transaction: a failure between ending it and re-queueing its
-            # messages would leave them failed, and nothing to say so.
-            await self.store.finish_run(
-                run.id,
-                RunReport(RunStatus.INTERRUPTED, error="stopped before claude was started"),
-                time.time(),
-                requeue=True,
-            )
-            log.warning(
-                "run %s in %s never started; its %d message(s) wait to run again",
-                run.id, run.room, len(run.message_ids),
-            )  # fmt: skip
-            return False
-        text, error = interruption_text(run, self.settings.cluster.replica_id, prefix)
-        notice = (
-            in_conversation(Batch(run.room, tuple(messages)), text, ReplyKind.NOTICE)
-            if messages
-            else Reply(run.room, text, ReplyKind.NOTICE, thread=run.room.thread or None)
-        )
-        await self.store.finish_run(
-            run.id,
-            RunReport(RunStatus.INTERRUPTED, error=error),
-            time.time(),
-            [notice],
-        )
-        # Its waiting tool requests can no longer be answered: out of `!status` and
-        # out of reach of an `!approve` meant for a live run (shown once connected).
-        closed = await self.approvals.cancel_run(run.id, RunStatus.INTERRUPTED.value)
+    def _closed(self, closed: list[Approval]) -> None:
+        """Tool requests of runs interrupted by the restart: shown closed once connected."""
         if self.ready.is_set() and self._tasks is not None:
             self._tasks.create_task(self.approvals.show(closed), name="close requests")
         else:
             self._closed_at_start += closed
-        log.warning(
-            "run %s in %s was interrupted (killed %d process(es))", run.id, run.room, killed
-        )
-        if entry is not None and entry.live.host == host:
-            remove_run_dir(entry.live.run_dir)  # (another host's is not ours to touch)
-        return False
 
     def _show_received(self, message: Message) -> None:
         # The sign of life: in the service's task group, so the transport's
@@ -700,7 +520,7 @@ class Service:
 
     async def _serve_locked(self) -> None:
         report_containment(self.settings)
-        await self.recover()
+        await self.recovery.recover()
         self.spares.refill()  # the first run's supervisor, ready well before it
         try:
             await self._serve_parts()
@@ -933,52 +753,6 @@ class Service:
             await asyncio.sleep(PRUNE_INTERVAL_S)
 
 
-def sqlite_file_problem(url: str) -> str | None:
-    """Why a SQLite database file at ``url`` cannot be opened for writing; None if it can.
-
-    Checked before connecting: the driver's own failure says only "unable to
-    open database file", and a connection that failed to open can outlive the
-    event loop (aiosqlite's worker thread) and print a traceback at exit.
-    """
-    from sqlalchemy.engine import make_url
-
-    parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
-        return None
-    path = Path(parsed.database or "")
-    if path.exists():
-        if path.is_dir():
-            return f"{path} is a directory"
-        if not os.access(path, os.R_OK | os.W_OK):
-            return f"{path} is not readable and writable by this user"
-        return None
-    parent = path.parent
-    if not parent.is_dir():
-        return f"cannot create {path}: {parent} is not a directory"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"cannot create {path}: {parent} is not writable by this user"
-    return None
-
-
-async def open_store(settings: Settings) -> Store:
-    problem = sqlite_file_problem(settings.database.url)
-    if problem is not None:
-        raise StartupError(f"database.url: {problem}")
-    try:
-        cluster = settings.cluster
-        return await SqlStore.open(
-            settings.database.url,
-            auto_migrate=settings.database.auto_migrate,
-            # A paused replica's open transaction must not hold the others' takeovers.
-            idle_transaction_timeout_s=(
-                max(MIN_IDLE_TRANSACTION_S, cluster.renew_every_s) if cluster.enabled else None
-            ),
-        )
-    except StoreError as exc:
-        # SQLAlchemy appends a "Background on this error" link line: one line is enough.
-        raise StartupError(f"database.url: {str(exc).splitlines()[0]}") from exc
-
-
 async def run_service(settings: Settings) -> None:
     """Build, serve until stopped, close. Installs SIGTERM/SIGINT handlers."""
     warning = credentials_warning(settings, os.environ)
@@ -1009,4 +783,4 @@ async def run_service(settings: Settings) -> None:
         await store.close()
 
 
-__all__ = ["Service", "build_transports", "open_store", "run_service"]
+__all__ = ["Service", "build_transports", "open_store", "run_service", "sqlite_file_problem"]

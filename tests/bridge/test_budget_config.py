@@ -10,7 +10,7 @@ import pytest
 from bridge.config import load_settings
 from bridge.core.model import RoomId, RoomKey, RunId, TransportName
 from bridge.errors import ConfigError
-from bridge.runs.executor import run_request
+from bridge.runs.request import run_request
 from runner import build_argv
 from tests.bridge.config_text import clean_env, write  # noqa: F401 (clean_env: an autouse fixture)
 

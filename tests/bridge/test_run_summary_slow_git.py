@@ -33,7 +33,7 @@ async def test_a_git_that_hangs_does_not_hold_up_the_run(
     )
     (slow / "git").chmod(0o755)
     monkeypatch.setenv("PATH", f"{slow}:{os.environ['PATH']}")
-    monkeypatch.setattr("bridge.runs.executor.CHANGES_TIMEOUT_S", 0.5)
+    monkeypatch.setattr("bridge.runs.ending.CHANGES_TIMEOUT_S", 0.5)
     path = write_config(
         tmp_path, {"defaults": {"cwd": str(project)}}, env={"FAKE_CLAUDE_ECHO": "1"}
     )

@@ -25,8 +25,8 @@ from bridge.core.model import (
 from bridge.core.transport import Duplex, RateLimited, TransportError
 from bridge.metrics import Metrics
 from bridge.outbound.outbox import Outbox
-from bridge.runs.executor import run_request
 from bridge.runs.file_posts import FILES_DIR, FilePosts, copy_file, post_key, send_file_rules
+from bridge.runs.request import run_request
 from bridge.service import open_store
 from bridge.store.base import Store
 from runner.events import ToolResult, ToolUse

@@ -73,7 +73,7 @@ async def test_a_run_taken_over_from_a_replica_is_reported_as_that_replica_stopp
         run = await store.get_run(run_id)
         assert run is not None
         # Left running by replica a, which stopped answering (paused, or dead).
-        await b.service._recover_run(dataclasses.replace(run, replica="a"), None, False)
+        await b.service.recovery.recover_run(dataclasses.replace(run, replica="a"), None, False)
         await b.chat.wait_until(lambda: bool(b.chat.texts(ReplyKind.NOTICE)))
         [notice] = b.chat.texts(ReplyKind.NOTICE)
         ended = await store.get_run(run_id)
