@@ -22,7 +22,7 @@ from bridge.core.text import safe_text
 from bridge.core.transport import ApprovalChoice
 from bridge.host.worktrees import Worktree, Worktrees, worktree_of
 from bridge.inbound.history import RoomHistory
-from bridge.live.approval_desk import ApprovalDesk
+from bridge.live.approval_desk import ApprovalDesk, DeskStore
 from bridge.live.approval_text import code_span, parse_input, status_line
 from bridge.live.approvals import Verdict, refusal
 from bridge.live.controls import LiveControls
@@ -36,7 +36,13 @@ from bridge.live.questions import (
 )
 from bridge.live.rule_commands import RuleCommands
 from bridge.runs.worktree_lifetime import Lifetimes, listing
-from bridge.store.base import AuditAction, RunRecord, Store, StoreError
+from bridge.store.base import (
+    AuditAction,
+    AuditStore,
+    RoomStore,
+    RunRecord,
+    StoreError,
+)
 from dispatcher import Dispatcher, RoomStatus, StopResult
 
 log = logging.getLogger(__name__)
@@ -282,12 +288,16 @@ class RoomWideElsewhere(Protocol):
         ...
 
 
+class CommandStore(DeskStore, RoomStore, AuditStore, Protocol):
+    """The store's roles :class:`CommandHandler` uses (and the desk and rules it makes)."""
+
+
 @dataclass(slots=True)
 class CommandHandler:
     """Carries out commands against the dispatcher and the store."""
 
     dispatcher: Dispatcher
-    store: Store
+    store: CommandStore
     prefix: str
     answer: Answer
     reset_session: Callable[[RoomKey], Awaitable[None]]

@@ -9,13 +9,22 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from bridge.config import Settings
 from bridge.core.duration import format_duration
 from bridge.core.model import Message, RoomKey, SessionId
 from bridge.core.text import visible
 from bridge.runs.budget import day_start
-from bridge.store.base import AuditAction, RunRecord, Store
+from bridge.store.base import (
+    AuditAction,
+    AuditStore,
+    LedgerStore,
+    MessageStore,
+    RoomStore,
+    RunRecord,
+    RunStore,
+)
 
 HISTORY = 200
 """Runs of a conversation read to list its sessions."""
@@ -49,9 +58,13 @@ def _excerpt(text: str) -> str:
     return line if len(line) <= PROMPT_CHARS else line[: PROMPT_CHARS - 1] + "…"
 
 
+class HistoryStore(MessageStore, RunStore, RoomStore, LedgerStore, AuditStore, Protocol):
+    """The store's roles :class:`RoomHistory` uses."""
+
+
 @dataclass(slots=True)
 class RoomHistory:
-    store: Store
+    store: HistoryStore
     settings: Settings
     prefix: str
     answer: Callable[[Message, str], Awaitable[None]]

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from bridge.config import RoomSettings
 from bridge.core.model import RoomKey, UserId
@@ -26,9 +27,12 @@ from bridge.live.tool_rules import DENY_REACH, keepable, rule_for
 from bridge.store.base import (
     Approval,
     ApprovalState,
+    ApprovalStore,
+    MessageStore,
     RuleEffect,
     RuleScope,
-    Store,
+    RuleStore,
+    RunStore,
     StoreError,
     ToolRule,
 )
@@ -45,9 +49,13 @@ class Answered:
     decided: bool
 
 
+class DeskStore(MessageStore, RunStore, ApprovalStore, RuleStore, Protocol):
+    """The store's roles :class:`ApprovalDesk` uses."""
+
+
 @dataclass(slots=True)
 class ApprovalDesk:
-    store: Store
+    store: DeskStore
     rooms: Callable[[RoomKey], RoomSettings | None]
     live: LiveControls
     refused: Callable[[Verdict], None]

@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from bridge.config import Settings
 from bridge.core.model import (
@@ -34,7 +34,7 @@ from bridge.core.model import (
 )
 from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
 from bridge.host.worktrees import in_worktree
-from bridge.live.approval_desk import ApprovalDesk
+from bridge.live.approval_desk import ApprovalDesk, DeskStore
 from bridge.live.approval_text import code_span, parse_input, request_text
 from bridge.live.approvals import (
     WITHDRAWN,
@@ -62,7 +62,14 @@ from bridge.live.registry import LiveRuns
 from bridge.live.tool_rules import ruling
 from bridge.live.tool_view import ToolView, ends, input_digest, render
 from bridge.outbound.replies import Replier, in_conversation
-from bridge.store.base import Approval, ApprovalState, RuleEffect, Store, StoreError, ToolRule
+from bridge.store.base import (
+    Approval,
+    ApprovalState,
+    RoomStore,
+    RuleEffect,
+    StoreError,
+    ToolRule,
+)
 from runner.control import Allow, ControlError, Deny, InputClosed, RunControl
 from runner.events import PermissionAsked
 
@@ -91,12 +98,16 @@ _CHOICES = {
 }
 
 
+class FlowStore(DeskStore, RoomStore, Protocol):
+    """The store's roles :class:`ApprovalFlow` uses (and the desk it makes)."""
+
+
 @dataclass(slots=True)
 class ApprovalFlow:
     """Implements :class:`~bridge.live.controls.LiveControls` over the live runs."""
 
     settings: Settings
-    store: Store
+    store: FlowStore
     replier: Replier
     runs: LiveRuns
     refused: Callable[[Verdict], None]

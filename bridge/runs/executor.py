@@ -65,7 +65,7 @@ from bridge.store.base import (
     OutboxEntry,
     RegisteredRun,
     RoomOverrides,
-    Store,
+    RunLifecycleStore,
     StoreError,
 )
 from bridge.store.cluster import ClusterFull, Fenced
@@ -421,7 +421,7 @@ class RunExecutor:
     """Runs batches for the dispatcher: one :meth:`execute` call per run."""
 
     settings: Settings
-    store: Store
+    store: RunLifecycleStore
     replier: Replier
     metrics: Metrics
     outbox: Outbox

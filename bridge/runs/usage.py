@@ -17,11 +17,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Protocol
 
 from bridge.core.model import Batch, Message, RoomKey, RunId, RunStatus
 from bridge.metrics import Metrics
 from bridge.outbound.notices import Notices
-from bridge.store.base import AuditAction, LimitResume, Store, StoreError
+from bridge.store.base import (
+    AuditAction,
+    AuditStore,
+    LedgerStore,
+    LimitResume,
+    RunStore,
+    StoreError,
+)
 from runner import UsageLimited
 
 log = logging.getLogger(__name__)
@@ -72,11 +80,15 @@ def limit_text(limited: UsageLimited, run_id: RunId, prefix: str, resumes: bool)
     return f"{text} `{prefix}retry {run_id}` runs it again after that."
 
 
+class LimitResumeStore(RunStore, LedgerStore, AuditStore, Protocol):
+    """The store's roles :class:`LimitResumes` uses."""
+
+
 @dataclass(slots=True)
 class LimitResumes:
     """The retries waiting for a usage limit to reset, made at their time."""
 
-    store: Store
+    store: LimitResumeStore
     submit: Callable[[Message], None]
     """Hands a re-queued message to the dispatcher (as ``!retry`` does)."""
     notices: Notices

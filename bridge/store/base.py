@@ -1,13 +1,16 @@
 """What the service records, and the one interface every store implements.
 
-The service talks only to :class:`Store`. Implementations: ``memory`` (unit
-tests, no durability) and ``sql`` (SQLAlchemy: SQLite or PostgreSQL). One
-contract suite in ``tests/store`` runs against all of them.
+:class:`Store` combines role protocols (messages, runs, live runs, outbox,
+rooms, transcripts, ledger, approvals, rules, audit, schedules, upkeep, and
+the transports' :class:`~bridge.core.transport.SeenMarks`): the service holds
+a ``Store``, each consumer takes only the roles it uses. Implementations:
+``memory`` (unit tests, no durability) and ``sql`` (SQLAlchemy: SQLite or
+PostgreSQL). One contract suite in ``tests/store`` runs against all of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -25,9 +28,9 @@ from bridge.core.model import (
     RunReport,
     RunStatus,
     SessionId,
-    TransportName,
     UserId,
 )
+from bridge.core.transport import SeenMarks
 
 
 class AuditAction(StrEnum):
@@ -273,8 +276,8 @@ class StoreError(Exception):
     """The store could not do what was asked (connection lost, schema missing...)."""
 
 
-class Store(Protocol):
-    """Durable state of the bridge. Every method is atomic."""
+class MessageStore(Protocol):
+    """Inbound messages: accepted, queued, edited, dropped (``bridge.inbound``)."""
 
     async def accept(self, msg: InboundMessage, received_at: float) -> Message | None:
         """Record ``msg`` as pending and audit it as accepted, in one transaction.
@@ -297,9 +300,41 @@ class Store(Protocol):
         that conversation), in acceptance order (recovery)."""
         ...
 
+    async def pending_message(
+        self, room: RoomKey, external_id: ExternalMessageId
+    ) -> Message | None:
+        """The message with this transport id in ``room`` (in any of its thread
+        conversations), if it is still pending."""
+        ...
+
+    async def edit_pending(
+        self, message_id: MessageId, text: str, actor: UserId | None, at: float
+    ) -> Message | None:
+        """Replace the text of a pending message, with one audit row, atomically.
+
+        Returns the message as it now reads; None, changing nothing, if it
+        is not pending any more or already reads ``text`` (a redelivered edit).
+        """
+        ...
+
+    async def delete_pending(
+        self, message_id: MessageId, actor: UserId | None, at: float
+    ) -> Message | None:
+        """Drop a pending message that was deleted, with one audit row, atomically.
+
+        Returns the message; None, changing nothing, if it is not pending.
+        """
+        ...
+
     async def mark_dropped(self, ids: Sequence[MessageId], actor: UserId | None, at: float) -> None:
         """Mark messages dropped by ``!stop``, one audit row each."""
         ...
+
+    async def messages(self, ids: Sequence[MessageId]) -> list[Message]: ...
+
+
+class RunStore(Protocol):
+    """Runs: started, steered into, finished, looked up, offered again (``!retry``)."""
 
     async def start_run(
         self, run_id: RunId, batch: Batch, at: float, fence: Fence | None = None
@@ -316,6 +351,75 @@ class Store(Protocol):
         dispatched into it after its own messages, audited (detail ``steered``), atomically.
         A run that is not running raises :class:`StoreError`."""
         ...
+
+    async def finish_run(
+        self,
+        run_id: RunId,
+        report: RunReport,
+        at: float,
+        replies: Sequence[Reply] = (),
+        *,
+        keep_session: bool = False,
+        requeue: bool = False,
+    ) -> list[OutboxEntry]:
+        """Record how a run ended and the replies that tell the room, in one transaction.
+
+        Its messages become done (succeeded), dropped (stopped) or failed (or,
+        with ``requeue``, for a run that never began: pending again), and
+        its row in the registry of live runs goes (it is no longer live). The
+        ``replies`` go into the outbox, pending, in order; the new entries are
+        returned. With ``keep_session`` the report's session (if any) becomes
+        the room's, in the same transaction, unless ``set_session`` was called
+        for the room after this call (a ``!reset`` answered while the end
+        waited for its commit is not undone). Only the first report counts:
+        finishing a run that already ended records nothing and returns that
+        run's entries still pending, in order: a caller retrying after a lost
+        acknowledgement (the first try did commit) hands its answer over.
+        A report with a cost (``cost_usd``) also writes the run's row of the
+        budget ledger (see :meth:`spend`), in the same transaction.
+        """
+        ...
+
+    async def get_run(self, run_id: RunId) -> RunRecord | None: ...
+
+    async def running_runs(self) -> list[RunRecord]:
+        """Runs still marked running: after a crash these are the ones to sweep."""
+        ...
+
+    async def last_run(self, room: RoomKey) -> RunRecord | None:
+        """The room's most recently started run."""
+        ...
+
+    async def room_runs(self, room: RoomKey, limit: int) -> list[RunRecord]:
+        """The conversation's ``limit`` most recently started runs, newest first
+        (``!sessions``, ``!usage``)."""
+        ...
+
+    async def retryable_runs(self, room: RoomKey) -> list[RunRecord]:
+        """The room's runs that ``!retry`` may run again, oldest first.
+
+        A run is offered while its status is retryable and its messages are
+        still failed with it as their last run (a retry, a ``!stop`` or a
+        deletion ends that), until a later successful run of the room
+        contains a message received after it ended: the conversation moved
+        on. Messages re-queued from before the run ended never withdraw it.
+        """
+        ...
+
+    async def requeue_run(self, run_id: RunId) -> list[Message]:
+        """Mark pending again the messages that failed with ``run_id`` as their last run,
+        if the run is offered by the rule of :meth:`retryable_runs` (whoever asks: ``!retry``,
+        the retry after a usage limit).
+
+        Returns them in order; empty if the run is not offered any more (a
+        second ``!retry`` of the same run re-queues nothing, nor does a retry of a run
+        the room moved past).
+        """
+        ...
+
+
+class LiveRunStore(Protocol):
+    """The registry of live runs: where each run's supervisor is, what its room saw."""
 
     async def register_live_run(self, live: LiveRun, at: float) -> None:
         """Record where the run's supervisor is reached, and claude's pid, durably.
@@ -359,33 +463,9 @@ class Store(Protocol):
         """
         ...
 
-    async def finish_run(
-        self,
-        run_id: RunId,
-        report: RunReport,
-        at: float,
-        replies: Sequence[Reply] = (),
-        *,
-        keep_session: bool = False,
-        requeue: bool = False,
-    ) -> list[OutboxEntry]:
-        """Record how a run ended and the replies that tell the room, in one transaction.
 
-        Its messages become done (succeeded), dropped (stopped) or failed (or,
-        with ``requeue``, for a run that never began: pending again), and
-        its row in the registry of live runs goes (it is no longer live). The
-        ``replies`` go into the outbox, pending, in order; the new entries are
-        returned. With ``keep_session`` the report's session (if any) becomes
-        the room's, in the same transaction, unless ``set_session`` was called
-        for the room after this call (a ``!reset`` answered while the end
-        waited for its commit is not undone). Only the first report counts:
-        finishing a run that already ended records nothing and returns that
-        run's entries still pending, in order: a caller retrying after a lost
-        acknowledgement (the first try did commit) hands its answer over.
-        A report with a cost (``cost_usd``) also writes the run's row of the
-        budget ledger (see :meth:`spend`), in the same transaction.
-        """
-        ...
+class OutboxStore(Protocol):
+    """Replies recorded for durable delivery, and how their delivery goes (``bridge.outbound``)."""
 
     async def enqueue(self, replies: Sequence[Reply], at: float) -> list[OutboxEntry]:
         """Put replies into the outbox, pending, in order (not tied to a run's end)."""
@@ -418,70 +498,9 @@ class Store(Protocol):
         """Mark an entry delivered or failed (given up)."""
         ...
 
-    async def get_run(self, run_id: RunId) -> RunRecord | None: ...
 
-    async def running_runs(self) -> list[RunRecord]:
-        """Runs still marked running: after a crash these are the ones to sweep."""
-        ...
-
-    async def last_run(self, room: RoomKey) -> RunRecord | None:
-        """The room's most recently started run."""
-        ...
-
-    async def room_runs(self, room: RoomKey, limit: int) -> list[RunRecord]:
-        """The conversation's ``limit`` most recently started runs, newest first
-        (``!sessions``, ``!usage``)."""
-        ...
-
-    async def retryable_runs(self, room: RoomKey) -> list[RunRecord]:
-        """The room's runs that ``!retry`` may run again, oldest first.
-
-        A run is offered while its status is retryable and its messages are
-        still failed with it as their last run (a retry, a ``!stop`` or a
-        deletion ends that), until a later successful run of the room
-        contains a message received after it ended: the conversation moved
-        on. Messages re-queued from before the run ended never withdraw it.
-        """
-        ...
-
-    async def requeue_run(self, run_id: RunId) -> list[Message]:
-        """Mark pending again the messages that failed with ``run_id`` as their last run,
-        if the run is offered by the rule of :meth:`retryable_runs` (whoever asks: ``!retry``,
-        the retry after a usage limit).
-
-        Returns them in order; empty if the run is not offered any more (a
-        second ``!retry`` of the same run re-queues nothing, nor does a retry of a run
-        the room moved past).
-        """
-        ...
-
-    async def pending_message(
-        self, room: RoomKey, external_id: ExternalMessageId
-    ) -> Message | None:
-        """The message with this transport id in ``room`` (in any of its thread
-        conversations), if it is still pending."""
-        ...
-
-    async def edit_pending(
-        self, message_id: MessageId, text: str, actor: UserId | None, at: float
-    ) -> Message | None:
-        """Replace the text of a pending message, with one audit row, atomically.
-
-        Returns the message as it now reads; None, changing nothing, if it
-        is not pending any more or already reads ``text`` (a redelivered edit).
-        """
-        ...
-
-    async def delete_pending(
-        self, message_id: MessageId, actor: UserId | None, at: float
-    ) -> Message | None:
-        """Drop a pending message that was deleted, with one audit row, atomically.
-
-        Returns the message; None, changing nothing, if it is not pending.
-        """
-        ...
-
-    async def messages(self, ids: Sequence[MessageId]) -> list[Message]: ...
+class RoomStore(Protocol):
+    """A conversation's session and what ``!model``, ``!mode`` and ``!fork`` set for its runs."""
 
     async def get_session(self, room: RoomKey) -> SessionId | None: ...
 
@@ -489,7 +508,29 @@ class Store(Protocol):
         """Remember the room's session; None forgets it, and its stored transcript with it."""
         ...
 
-    # Session transcripts: a conversation's session on any replica (docs/replicas-sessions.md)
+    async def room_overrides(self, room: RoomKey) -> RoomOverrides:
+        """The room's model and permission mode set by command (none set: both None)."""
+        ...
+
+    async def room_state(self, room: RoomKey) -> tuple[SessionId | None, RoomOverrides]:
+        """:meth:`get_session` and :meth:`room_overrides` in one read (a run's start needs both)."""
+        ...
+
+    async def set_room_model(self, room: RoomKey, model: str | None) -> None:
+        """Set (None: clear) the model the room's next runs use; kept across ``!reset``."""
+        ...
+
+    async def set_room_fork(self, room: RoomKey, fork: bool) -> None:
+        """Whether the room's next run forks its session (``!fork``; cleared as it does)."""
+        ...
+
+    async def set_room_mode(self, room: RoomKey, mode: str | None) -> None:
+        """Set (None: clear) the permission mode the room's next runs use."""
+        ...
+
+
+class TranscriptStore(Protocol):
+    """Session transcripts: a conversation's session on any replica (docs/replicas-sessions.md)."""
 
     async def save_transcript(
         self,
@@ -519,27 +560,9 @@ class Store(Protocol):
         """Forget the conversation's stored transcript, if any."""
         ...
 
-    async def room_overrides(self, room: RoomKey) -> RoomOverrides:
-        """The room's model and permission mode set by command (none set: both None)."""
-        ...
 
-    async def room_state(self, room: RoomKey) -> tuple[SessionId | None, RoomOverrides]:
-        """:meth:`get_session` and :meth:`room_overrides` in one read (a run's start needs both)."""
-        ...
-
-    async def set_room_model(self, room: RoomKey, model: str | None) -> None:
-        """Set (None: clear) the model the room's next runs use; kept across ``!reset``."""
-        ...
-
-    async def set_room_fork(self, room: RoomKey, fork: bool) -> None:
-        """Whether the room's next run forks its session (``!fork``; cleared as it does)."""
-        ...
-
-    async def set_room_mode(self, room: RoomKey, mode: str | None) -> None:
-        """Set (None: clear) the permission mode the room's next runs use."""
-        ...
-
-    # Budgets and usage limits (docs/budgets.md)
+class LedgerStore(Protocol):
+    """Budgets and usage limits: the spend ledger, retries waiting for a limit (docs/budgets.md)."""
 
     async def spend(self, since: float, room: RoomKey | None = None) -> float:
         """USD the runs that ended at or after ``since`` cost: in ``room``, or in all rooms.
@@ -569,7 +592,9 @@ class Store(Protocol):
         already): of a retry and its calling off, one wins, whatever the interleaving."""
         ...
 
-    # Approvals
+
+class ApprovalStore(Protocol):
+    """Tool-use requests asked in a room and their answers (docs/live-runs.md)."""
 
     async def add_approval(
         self,
@@ -640,7 +665,9 @@ class Store(Protocol):
         """
         ...
 
-    # Tool rules (docs/live-runs.md)
+
+class RuleStore(Protocol):
+    """Tool rules chatbridge keeps and applies itself (docs/live-runs.md)."""
 
     async def add_rule(
         self,
@@ -671,6 +698,10 @@ class Store(Protocol):
         revoked, or None if the channel has no such unrevoked rule (compare-and-set)."""
         ...
 
+
+class AuditStore(Protocol):
+    """The audit trail: one row per logical action."""
+
     async def audit(
         self,
         action: AuditAction,
@@ -693,6 +724,10 @@ class Store(Protocol):
         """Audit rows matching every given filter, oldest first."""
         ...
 
+
+class ScheduleStore(Protocol):
+    """Which firing of each schedule was dealt with (docs/automation.md)."""
+
     async def schedule_marks(self) -> dict[str, float]:
         """Each schedule's latest firing time dealt with (fired, skipped or missed), by name."""
         ...
@@ -702,14 +737,9 @@ class Store(Protocol):
         time than the one recorded changes nothing (marks never go back)."""
         ...
 
-    async def seen_marks(self, transport: TransportName) -> dict[RoomKey, ExternalMessageId]:
-        """The newest message ``transport`` saw in each room and thread (``thread`` "")."""
-        ...
 
-    async def mark_seen(self, marks: Mapping[RoomKey, ExternalMessageId], at: float) -> None:
-        """Record the marks (seen at ``at``) in one transaction; marks never go back (ids
-        compare as text). :meth:`prune` forgets threads' marks not moved since then."""
-        ...
+class Upkeep(Protocol):
+    """The store itself: pruning, reachability, closing (the service's lifecycle)."""
 
     async def prune(self, older_than: float) -> int:
         """Delete audit rows, finished messages and finished runs older than ``older_than``.
@@ -729,3 +759,40 @@ class Store(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class Store(
+    MessageStore,
+    RunStore,
+    LiveRunStore,
+    OutboxStore,
+    RoomStore,
+    TranscriptStore,
+    LedgerStore,
+    ApprovalStore,
+    RuleStore,
+    AuditStore,
+    ScheduleStore,
+    Upkeep,
+    SeenMarks,
+    Protocol,
+):
+    """Durable state of the bridge: every role in one. Every method is atomic.
+
+    The service holds a ``Store``; each consumer takes only the roles it uses.
+    """
+
+
+class RunLifecycleStore(
+    MessageStore,
+    RunStore,
+    LiveRunStore,
+    OutboxStore,
+    RoomStore,
+    TranscriptStore,
+    LedgerStore,
+    AuditStore,
+    Protocol,
+):
+    """What a run's start, steering and ending record (``bridge.runs``): its messages,
+    its row and registry entry, its replies, its room's session, transcript and spend."""
