@@ -1,0 +1,70 @@
+"""The SQL store's :class:`~bridge.store.base.AuditStore`: the audit trail."""
+
+from __future__ import annotations
+
+from sqlalchemy import ColumnElement, select
+from sqlalchemy.orm import Session
+
+from bridge.core.model import MessageId, RoomKey, RunId, UserId
+from bridge.store.base import AuditAction, AuditRecord
+from bridge.store.keys import stored_id as _stored_id
+from bridge.store.sql.rows import audit_row, to_audit_record
+from bridge.store.sql.shared import SqlBase
+from bridge.store.tables import AuditRow
+
+
+class AuditSql(SqlBase):
+    """The audit trail."""
+
+    async def audit(
+        self,
+        action: AuditAction,
+        at: float,
+        *,
+        room: RoomKey | None = None,
+        actor: UserId | None = None,
+        message_id: MessageId | None = None,
+        run_id: RunId | None = None,
+        detail: str = "",
+    ) -> None:
+        """Append one audit row."""
+
+        def body(s: Session) -> None:
+            s.add(
+                audit_row(
+                    action,
+                    at,
+                    room=room,
+                    actor=actor,
+                    message_id=message_id,
+                    run_id=run_id,
+                    detail=detail,
+                )
+            )
+
+        await self._write(body)
+
+    async def audit_trail(
+        self,
+        *,
+        room: RoomKey | None = None,
+        message_id: MessageId | None = None,
+        run_id: RunId | None = None,
+    ) -> list[AuditRecord]:
+        """Audit rows matching every given filter, in the order they were written."""
+        conditions: list[ColumnElement[bool]] = []
+        if room is not None:
+            conditions += [
+                AuditRow.transport == room.transport,
+                AuditRow.room_id == _stored_id(room),
+            ]
+        if message_id is not None:
+            conditions.append(AuditRow.message_id == message_id)
+        if run_id is not None:
+            conditions.append(AuditRow.run_id == run_id)
+
+        def body(s: Session) -> list[AuditRecord]:
+            rows = s.scalars(select(AuditRow).where(*conditions).order_by(AuditRow.id))
+            return [to_audit_record(r) for r in rows]
+
+        return await self._read(body)

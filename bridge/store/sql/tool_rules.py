@@ -1,0 +1,120 @@
+"""The SQL store's :class:`~bridge.store.base.RuleStore`: the tool rules chatbridge keeps
+(docs/live-runs.md).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from bridge.core.model import RoomKey, SessionId, UserId
+from bridge.store.base import AuditAction, RuleEffect, RuleScope, ToolRule
+from bridge.store.keys import stored_id as _stored_id
+from bridge.store.rules import require_rule, rule_detail
+from bridge.store.sql.rows import audit_row, to_tool_rule
+from bridge.store.sql.shared import MAX_NUMBER, SqlBase
+from bridge.store.tables import ToolRuleRow
+
+
+class RulesSql(SqlBase):
+    """Tool rules, kept per channel."""
+
+    async def add_rule(
+        self,
+        room: RoomKey,
+        *,
+        scope: RuleScope,
+        effect: RuleEffect,
+        rule: str,
+        session_id: SessionId | None,
+        created_by: UserId,
+        at: float,
+    ) -> ToolRule:
+        """Keep a rule for the room's channel, audited, in one transaction."""
+        require_rule(scope, session_id, rule)
+        channel = room.channel
+
+        def body(s: Session) -> ToolRule:
+            row = ToolRuleRow(
+                transport=channel.transport,
+                room_id=_stored_id(channel),
+                scope=scope.value,
+                session_id=session_id,
+                effect=effect.value,
+                rule=rule,
+                created_by=created_by,
+                created_at=at,
+            )
+            s.add(row)
+            s.flush()
+            kept = to_tool_rule(row)
+            s.add(
+                audit_row(
+                    AuditAction.RULE_ADDED,
+                    at,
+                    room=channel,
+                    actor=created_by,
+                    detail=rule_detail(kept),
+                )
+            )
+            return kept
+
+        return await self._write(body)
+
+    async def active_rules(self, room: RoomKey, session_id: SessionId | None) -> list[ToolRule]:
+        """The channel's unrevoked room rules and ``session_id``'s, oldest first."""
+        channel = room.channel
+        scoped = ToolRuleRow.scope == RuleScope.ROOM.value
+        if session_id is not None:
+            scoped = scoped | (ToolRuleRow.session_id == session_id)
+        query = (
+            select(ToolRuleRow)
+            .where(
+                ToolRuleRow.transport == channel.transport,
+                ToolRuleRow.room_id == _stored_id(channel),
+                ToolRuleRow.revoked_at.is_(None),
+                scoped,
+            )
+            .order_by(ToolRuleRow.id)
+        )
+
+        def body(s: Session) -> list[ToolRule]:
+            return [to_tool_rule(row) for row in s.scalars(query)]
+
+        return await self._read(body)
+
+    async def revoke_rule(
+        self, room: RoomKey, rule_id: int, actor: UserId, at: float
+    ) -> ToolRule | None:
+        """End an unrevoked rule of the channel (one conditional UPDATE), audited."""
+        channel = room.channel
+        if not 0 < rule_id <= MAX_NUMBER:
+            return None  # no such id, and the driver would refuse the query
+
+        def body(s: Session) -> ToolRule | None:
+            row = s.scalars(
+                update(ToolRuleRow)
+                .where(
+                    ToolRuleRow.id == rule_id,
+                    ToolRuleRow.transport == channel.transport,
+                    ToolRuleRow.room_id == _stored_id(channel),
+                    ToolRuleRow.revoked_at.is_(None),
+                )
+                .values(revoked_by=actor, revoked_at=at)
+                .returning(ToolRuleRow)
+            ).one_or_none()
+            if row is None:
+                return None
+            revoked = to_tool_rule(row)
+            s.add(
+                audit_row(
+                    AuditAction.RULE_REVOKED,
+                    at,
+                    room=channel,
+                    actor=actor,
+                    detail=rule_detail(revoked),
+                )
+            )
+            return revoked
+
+        return await self._write(body)
