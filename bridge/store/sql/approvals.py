@@ -13,7 +13,7 @@ from bridge.store.base import Approval, ApprovalState, AuditAction, StoreError
 from bridge.store.keys import stored_id as _stored_id
 from bridge.store.rules import APPROVAL_ACTIONS, approval_detail, approval_reason, require_decision
 from bridge.store.sql.rows import audit_row, to_approval
-from bridge.store.sql.shared import MAX_NUMBER, SqlBase, in_room
+from bridge.store.sql.shared import MAX_NUMBER, SqlBase, in_room, of_conversation, pending_rows
 from bridge.store.tables import ApprovalRow, RoomRow, ToolRuleRow
 
 
@@ -114,22 +114,15 @@ class ApprovalsSql(SqlBase):
 
     async def pending_approvals(self, room: RoomKey | None = None) -> list[Approval]:
         """Pending requests, of one room or of all, oldest first."""
-        where = [ApprovalRow.state == ApprovalState.PENDING.value]
-        if room is not None:
-            where += [
-                ApprovalRow.transport == room.transport,
-                ApprovalRow.room_id == _stored_id(room),
-            ]
-        return await self._approvals(*where)
+        query = pending_rows(ApprovalRow, room)
+        return await self._read_rows(query, to_approval)
 
     async def approval_by_number(self, room: RoomKey, number: int) -> Approval | None:
         """The room's request with this number, whatever its state."""
         if not 0 < number <= MAX_NUMBER:
             return None  # no such row, and a bound parameter PostgreSQL could not take
         found = await self._approvals(
-            ApprovalRow.transport == room.transport,
-            ApprovalRow.room_id == _stored_id(room),
-            ApprovalRow.number == number,
+            *of_conversation(ApprovalRow, room), ApprovalRow.number == number
         )
         return found[0] if found else None
 
@@ -145,11 +138,8 @@ class ApprovalsSql(SqlBase):
         return found[0] if found else None
 
     async def _approvals(self, *where: ColumnElement[bool]) -> list[Approval]:
-        def body(s: Session) -> list[Approval]:
-            rows = s.scalars(select(ApprovalRow).where(*where).order_by(ApprovalRow.id))
-            return [to_approval(r) for r in rows]
-
-        return await self._read(body)
+        query = select(ApprovalRow).where(*where).order_by(ApprovalRow.id)
+        return await self._read_rows(query, to_approval)
 
     async def decide_approval(
         self,

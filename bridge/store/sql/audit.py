@@ -7,9 +7,8 @@ from sqlalchemy.orm import Session
 
 from bridge.core.model import MessageId, RoomKey, RunId, UserId
 from bridge.store.base import AuditAction, AuditRecord
-from bridge.store.keys import stored_id as _stored_id
 from bridge.store.sql.rows import audit_row, to_audit_record
-from bridge.store.sql.shared import SqlBase
+from bridge.store.sql.shared import SqlBase, of_conversation
 from bridge.store.tables import AuditRow
 
 
@@ -54,17 +53,11 @@ class AuditSql(SqlBase):
         """Audit rows matching every given filter, in the order they were written."""
         conditions: list[ColumnElement[bool]] = []
         if room is not None:
-            conditions += [
-                AuditRow.transport == room.transport,
-                AuditRow.room_id == _stored_id(room),
-            ]
+            conditions += of_conversation(AuditRow, room)
         if message_id is not None:
             conditions.append(AuditRow.message_id == message_id)
         if run_id is not None:
             conditions.append(AuditRow.run_id == run_id)
 
-        def body(s: Session) -> list[AuditRecord]:
-            rows = s.scalars(select(AuditRow).where(*conditions).order_by(AuditRow.id))
-            return [to_audit_record(r) for r in rows]
-
-        return await self._read(body)
+        query = select(AuditRow).where(*conditions).order_by(AuditRow.id)
+        return await self._read_rows(query, to_audit_record)

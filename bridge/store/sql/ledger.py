@@ -9,8 +9,8 @@ from sqlalchemy.orm import Session
 
 from bridge.core.model import Message, RoomKey, RunId
 from bridge.store.base import LimitResume
-from bridge.store.keys import room_key as _room
 from bridge.store.keys import stored_id as _stored_id
+from bridge.store.sql.rows import to_limit_resume
 from bridge.store.sql.runs import requeue
 from bridge.store.sql.shared import SqlBase, rowcount
 from bridge.store.tables import LimitResumeRow, SpendRow
@@ -52,16 +52,8 @@ class LedgerSql(SqlBase):
     async def limit_resumes(self) -> list[LimitResume]:
         """The waiting retries, earliest first."""
 
-        def body(s: Session) -> list[LimitResume]:
-            rows = s.scalars(
-                select(LimitResumeRow).order_by(LimitResumeRow.resets_at, LimitResumeRow.run_id)
-            )
-            return [
-                LimitResume(RunId(r.run_id), _room(r.transport, r.room_id), r.resets_at)
-                for r in rows
-            ]
-
-        return await self._read(body)
+        query = select(LimitResumeRow).order_by(LimitResumeRow.resets_at, LimitResumeRow.run_id)
+        return await self._read_rows(query, to_limit_resume)
 
     async def drop_limit_resume(self, run_id: RunId) -> bool:
         """Forget the waiting retry of ``run_id``; whether there was one."""

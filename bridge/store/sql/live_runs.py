@@ -88,17 +88,14 @@ class LiveRunsSql(SqlBase):
     async def live_runs(self) -> list[RegisteredRun]:
         """Every registered run, oldest registration first, then in start order."""
 
-        def body(s: Session) -> list[RegisteredRun]:
-            rows = s.scalars(
-                select(LiveRunRow)
-                .join(RunRow, RunRow.id == LiveRunRow.run_id)
-                # Start order breaks ties, not the run id: PostgreSQL would
-                # order text by its collation, the memory store by code point.
-                .order_by(LiveRunRow.registered_at, RunRow.seq)
-            )
-            return [to_registered_run(r) for r in rows]
-
-        return await self._read(body)
+        query = (
+            select(LiveRunRow)
+            .join(RunRow, RunRow.id == LiveRunRow.run_id)
+            # Start order breaks ties, not the run id: PostgreSQL would
+            # order text by its collation, the memory store by code point.
+            .order_by(LiveRunRow.registered_at, RunRow.seq)
+        )
+        return await self._read_rows(query, to_registered_run)
 
     async def set_delivered_offset(self, run_id: RunId, offset: int) -> None:
         """Raise the run's delivered offset; a run not in the registry is ignored.

@@ -25,7 +25,6 @@ from bridge.core.model import (
 from bridge.store.base import AuditAction, StoreError
 from bridge.store.batching import Committing, Failed, GroupCommit
 from bridge.store.keys import room_key as _room
-from bridge.store.keys import stored_id as _stored_id
 from bridge.store.rules import ignored_detail
 from bridge.store.sql.rows import (
     accepted_audit_values,
@@ -34,7 +33,7 @@ from bridge.store.sql.rows import (
     message_values,
     to_message,
 )
-from bridge.store.sql.shared import AUDIT, LIVE, MESSAGES, SqlBase, in_room, isolating
+from bridge.store.sql.shared import AUDIT, LIVE, MESSAGES, SqlBase, in_room, isolating, pending_rows
 from bridge.store.tables import MessageRow
 
 ACCEPT_GROUP_LIMIT = 256
@@ -155,17 +154,8 @@ class MessagesSql(SqlBase):
 
     async def pending_messages(self, room: RoomKey | None = None) -> list[Message]:
         """Every pending message (or ``room``'s), in acceptance order."""
-        query = select(MessageRow).where(MessageRow.state == MessageState.PENDING.value)
-        if room is not None:
-            query = query.where(
-                MessageRow.transport == room.transport, MessageRow.room_id == _stored_id(room)
-            )
-
-        def body(s: Session) -> list[Message]:
-            rows = s.scalars(query.order_by(MessageRow.id))
-            return [to_message(r) for r in rows]
-
-        return await self._read(body)
+        query = pending_rows(MessageRow, room)
+        return await self._read_rows(query, to_message)
 
     async def mark_dropped(self, ids: Sequence[MessageId], actor: UserId | None, at: float) -> None:
         """Drop the pending or dispatched ones of these messages, one audit row each.
@@ -277,13 +267,8 @@ class MessagesSql(SqlBase):
     async def messages(self, ids: Sequence[MessageId]) -> list[Message]:
         """The messages with these ids that exist, in acceptance order."""
 
-        def body(s: Session) -> list[Message]:
-            rows = s.scalars(
-                select(MessageRow).where(MessageRow.id.in_(ids)).order_by(MessageRow.id)
-            )
-            return [to_message(r) for r in rows]
-
-        return await self._read(body)
+        query = select(MessageRow).where(MessageRow.id.in_(ids)).order_by(MessageRow.id)
+        return await self._read_rows(query, to_message)
 
     async def message_states(self, ids: Sequence[MessageId]) -> dict[MessageId, MessageState]:
         """The state of each of these messages that exists.

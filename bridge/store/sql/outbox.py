@@ -16,9 +16,8 @@ from sqlalchemy.orm import Session
 from bridge.core.model import Reply, RoomKey, RunId
 from bridge.store.base import DeliveryState, OutboxEntry, StoreError
 from bridge.store.batching import Committing, Failed, GroupCommit
-from bridge.store.keys import stored_id as _stored_id
 from bridge.store.sql.rows import outbox_row, to_outbox_entry
-from bridge.store.sql.shared import SqlBase, isolating, rowcount
+from bridge.store.sql.shared import SqlBase, isolating, pending_rows, rowcount
 from bridge.store.tables import OutboxRow
 
 ENTRY_GROUP_LIMIT = 256
@@ -78,17 +77,8 @@ class OutboxSql(SqlBase):
 
     async def undelivered(self, room: RoomKey | None = None) -> list[OutboxEntry]:
         """Every pending outbox entry (or ``room``'s), in recording order."""
-        query = select(OutboxRow).where(OutboxRow.state == DeliveryState.PENDING.value)
-        if room is not None:
-            query = query.where(
-                OutboxRow.transport == room.transport, OutboxRow.room_id == _stored_id(room)
-            )
-
-        def body(s: Session) -> list[OutboxEntry]:
-            rows = s.scalars(query.order_by(OutboxRow.id))
-            return [to_outbox_entry(r) for r in rows]
-
-        return await self._read(body)
+        query = pending_rows(OutboxRow, room)
+        return await self._read_rows(query, to_outbox_entry)
 
     async def _update_entry(self, entry_id: int, **values: Any) -> None:
         """Update one outbox entry; concurrent calls share a transaction (group

@@ -13,16 +13,13 @@ from bridge.core.model import RoomKey, SessionId
 from bridge.store.base import RoomOverrides, TranscriptStamp
 from bridge.store.keys import stored_id as _stored_id
 from bridge.store.sql.rows import session_rows
-from bridge.store.sql.shared import SqlBase
+from bridge.store.sql.shared import SqlBase, of_conversation
 from bridge.store.tables import RoomRow, SessionTranscriptRow
 
 
 def _transcript_of(room: RoomKey) -> tuple[ColumnElement[bool], ...]:
     """The conditions picking the conversation's row of ``session_transcripts``."""
-    return (
-        SessionTranscriptRow.transport == room.transport,
-        SessionTranscriptRow.room_id == _stored_id(room),
-    )
+    return of_conversation(SessionTranscriptRow, room)
 
 
 class RoomsSql(SqlBase):

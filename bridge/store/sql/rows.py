@@ -31,6 +31,7 @@ from bridge.store.base import (
     AuditAction,
     AuditRecord,
     DeliveryState,
+    LimitResume,
     OutboxEntry,
     RegisteredRun,
     RuleEffect,
@@ -44,6 +45,7 @@ from bridge.store.rules import delivery_key
 from bridge.store.tables import (
     ApprovalRow,
     AuditRow,
+    LimitResumeRow,
     LiveRunRow,
     MessageRow,
     OutboxRow,
@@ -337,3 +339,7 @@ def to_tool_rule(row: ToolRuleRow) -> ToolRule:
         revoked_by=None if row.revoked_by is None else UserId(row.revoked_by),
         revoked_at=row.revoked_at,
     )
+
+
+def to_limit_resume(row: LimitResumeRow) -> LimitResume:
+    return LimitResume(RunId(row.run_id), _room(row.transport, row.room_id), row.resets_at)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, bindparam, delete, exists, func, select, update
+from sqlalchemy import ColumnElement, and_, bindparam, delete, exists, func, select, update
 from sqlalchemy import insert as insert_statement
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session, aliased
@@ -60,6 +60,7 @@ from bridge.store.sql.shared import (
     SPEND,
     SqlBase,
     isolating,
+    of_conversation,
     rowcount,
 )
 from bridge.store.tables import MessageRow, OutboxRow, RunMessageRow, RunRow
@@ -486,7 +487,7 @@ class RunsSql(SqlBase):
         """The conversation's ``limit`` most recently started runs, newest first."""
         newest = (
             select(RunRow.seq)
-            .where(RunRow.transport == room.transport, RunRow.room_id == _stored_id(room))
+            .where(*of_conversation(RunRow, room))
             .order_by(RunRow.seq.desc())
             .limit(limit)
         )
@@ -502,9 +503,7 @@ class RunsSql(SqlBase):
         def body(s: Session) -> list[RunRecord]:
             return self._records(
                 s,
-                (RunRow.transport == room.transport)
-                & (RunRow.room_id == _stored_id(room))
-                & _offered(),
+                and_(*of_conversation(RunRow, room), _offered()),
             )
 
         return await self._read(body)
@@ -519,11 +518,7 @@ class RunsSql(SqlBase):
         return await self._write(lambda s: requeue(s, run_id))
 
     def _last_run(self, s: Session, room: RoomKey) -> RunRecord | None:
-        last = s.scalar(
-            select(func.max(RunRow.seq)).where(
-                RunRow.transport == room.transport, RunRow.room_id == _stored_id(room)
-            )
-        )
+        last = s.scalar(select(func.max(RunRow.seq)).where(*of_conversation(RunRow, room)))
         if last is None:
             return None
         runs = self._records(s, RunRow.seq == last)

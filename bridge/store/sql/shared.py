@@ -11,19 +11,20 @@ import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, Table, func, or_
+from sqlalchemy import ColumnElement, Select, Table, func, or_, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.orm import Mapped
+from sqlalchemy.orm import Mapped, Session
 
-from bridge.core.model import RoomKey
-from bridge.store.base import StoreError
+from bridge.core.model import MessageState, RoomKey
+from bridge.store.base import ApprovalState, DeliveryState, StoreError
 from bridge.store.batching import Committing, Failed
 from bridge.store.engine import is_sqlite_file
-from bridge.store.keys import THREAD_SEPARATOR
+from bridge.store.keys import THREAD_SEPARATOR, stored_id
 from bridge.store.rules import LIVE_STATES
 from bridge.store.tables import (
+    ApprovalRow,
     AuditRow,
     Base,
     LiveRunRow,
@@ -129,6 +130,36 @@ def in_room(column: Mapped[str], room: RoomKey) -> ColumnElement[bool]:
     return or_(column == room.room_id, func.substr(column, 1, len(prefix)) == prefix)
 
 
+def of_conversation(row: type[Any], room: RoomKey) -> tuple[ColumnElement[bool], ...]:
+    """The conditions picking ``row``'s rows of exactly the conversation ``room`` (a
+    table with ``transport`` and ``room_id`` columns)."""
+    conditions: tuple[ColumnElement[bool], ...] = (
+        row.transport == room.transport,
+        row.room_id == stored_id(room),
+    )
+    return conditions
+
+
+_RowT = TypeVar("_RowT")
+_RecordT = TypeVar("_RecordT")
+_PendingRowT = TypeVar("_PendingRowT", MessageRow, OutboxRow, ApprovalRow)
+
+_PENDING: dict[type[Base], str] = {
+    MessageRow: MessageState.PENDING.value,
+    OutboxRow: DeliveryState.PENDING.value,
+    ApprovalRow: ApprovalState.PENDING.value,
+}
+
+
+def pending_rows(row: type[_PendingRowT], room: RoomKey | None) -> Select[_PendingRowT]:
+    """The pending rows of messages, outbox entries or approvals, of every conversation
+    or of exactly ``room``, oldest first (recovery, a room's queue, the desk)."""
+    query = select(row).where(row.state == _PENDING[row])
+    if room is not None:
+        query = query.where(*of_conversation(row, room))
+    return query.order_by(row.id)
+
+
 class SqlBase:
     """The engine, the transactions and the state the roles share (each role is a mixin)."""
 
@@ -201,6 +232,16 @@ class SqlBase:
         if self._closed:
             raise StoreError("the store is closed")
         return await self._tx.read(body)
+
+    async def _read_rows(
+        self, query: Select[_RowT], to: Callable[[_RowT], _RecordT]
+    ) -> list[_RecordT]:
+        """Every row ``query`` selects, as the records ``to`` makes of them, in its order."""
+
+        def body(s: Session) -> list[_RecordT]:
+            return [to(row) for row in s.scalars(query)]
+
+        return await self._read(body)
 
     def _larger(self, a: Any, b: Any) -> Any:
         """The larger of two values, in SQL."""

@@ -12,7 +12,7 @@ from bridge.store.base import AuditAction, RuleEffect, RuleScope, ToolRule
 from bridge.store.keys import stored_id as _stored_id
 from bridge.store.rules import require_rule, rule_detail
 from bridge.store.sql.rows import audit_row, to_tool_rule
-from bridge.store.sql.shared import MAX_NUMBER, SqlBase
+from bridge.store.sql.shared import MAX_NUMBER, SqlBase, of_conversation
 from bridge.store.tables import ToolRuleRow
 
 
@@ -70,18 +70,13 @@ class RulesSql(SqlBase):
         query = (
             select(ToolRuleRow)
             .where(
-                ToolRuleRow.transport == channel.transport,
-                ToolRuleRow.room_id == _stored_id(channel),
+                *of_conversation(ToolRuleRow, channel),
                 ToolRuleRow.revoked_at.is_(None),
                 scoped,
             )
             .order_by(ToolRuleRow.id)
         )
-
-        def body(s: Session) -> list[ToolRule]:
-            return [to_tool_rule(row) for row in s.scalars(query)]
-
-        return await self._read(body)
+        return await self._read_rows(query, to_tool_rule)
 
     async def revoke_rule(
         self, room: RoomKey, rule_id: int, actor: UserId, at: float
@@ -96,8 +91,7 @@ class RulesSql(SqlBase):
                 update(ToolRuleRow)
                 .where(
                     ToolRuleRow.id == rule_id,
-                    ToolRuleRow.transport == channel.transport,
-                    ToolRuleRow.room_id == _stored_id(channel),
+                    *of_conversation(ToolRuleRow, channel),
                     ToolRuleRow.revoked_at.is_(None),
                 )
                 .values(revoked_by=actor, revoked_at=at)
