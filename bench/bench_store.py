@@ -27,7 +27,7 @@ store as built (one transaction for the runs queued behind the first);
 "one by one" limits its group commit to one run per transaction.
 
 SQLite runs on a file in a temporary directory (WAL; synchronous=FULL but for
-the start of a run, see bridge/store/sql.py).
+the start of a run, see bridge/store/sql/runs.py).
 PostgreSQL runs in a temporary database created under the admin URL (default:
 ``$CHATBRIDGE_TEST_POSTGRES_URL`` or the local trust-auth server), dropped at
 the end; if the server cannot be reached that row is skipped.
