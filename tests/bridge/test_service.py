@@ -309,7 +309,9 @@ async def test_batches_show_received_running_and_done(tmp_path: Path) -> None:
     # The answer waits for the phase (a run that ends first is never shown running).
     running = tmp_path / "shown-running"
     path = write_config(
-        tmp_path, {"runner": {"prestart": False}}, env={**ECHO, "FAKE_CLAUDE_WAIT_FOR": str(running)}
+        tmp_path,
+        {"runner": {"prestart": False}},
+        env={**ECHO, "FAKE_CLAUDE_WAIT_FOR": str(running)},
     )
     settings = load_settings(path)
     read_fd, write_fd = os.pipe()
