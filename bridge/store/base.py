@@ -761,28 +761,6 @@ class Upkeep(Protocol):
     async def close(self) -> None: ...
 
 
-class Store(
-    MessageStore,
-    RunStore,
-    LiveRunStore,
-    OutboxStore,
-    RoomStore,
-    TranscriptStore,
-    LedgerStore,
-    ApprovalStore,
-    RuleStore,
-    AuditStore,
-    ScheduleStore,
-    Upkeep,
-    SeenMarks,
-    Protocol,
-):
-    """Durable state of the bridge: every role in one. Every method is atomic.
-
-    The service holds a ``Store``; each consumer takes only the roles it uses.
-    """
-
-
 class RunLifecycleStore(
     MessageStore,
     RunStore,
@@ -796,3 +774,18 @@ class RunLifecycleStore(
 ):
     """What a run's start, steering and ending record (``bridge.runs``): its messages,
     its row and registry entry, its replies, its room's session, transcript and spend."""
+
+
+class Store(
+    RunLifecycleStore,
+    ApprovalStore,
+    RuleStore,
+    ScheduleStore,
+    Upkeep,
+    SeenMarks,
+    Protocol,
+):
+    """Durable state of the bridge: every role in one. Every method is atomic.
+
+    The service holds a ``Store``; each consumer takes only the roles it uses.
+    """

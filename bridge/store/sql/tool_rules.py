@@ -13,7 +13,14 @@ from bridge.store.keys import stored_id as _stored_id
 from bridge.store.rules import require_rule, rule_detail
 from bridge.store.sql.rows import audit_row, to_tool_rule
 from bridge.store.sql.shared import MAX_NUMBER, SqlBase, of_conversation
-from bridge.store.tables import ToolRuleRow
+from bridge.store.tables import AuditRow, ToolRuleRow
+
+
+def _rule_audit(
+    action: AuditAction, at: float, channel: RoomKey, actor: UserId, rule: ToolRule
+) -> AuditRow:
+    """The audit row of a rule kept or revoked in ``channel``."""
+    return audit_row(action, at, room=channel, actor=actor, detail=rule_detail(rule))
 
 
 class RulesSql(SqlBase):
@@ -48,15 +55,7 @@ class RulesSql(SqlBase):
             s.add(row)
             s.flush()
             kept = to_tool_rule(row)
-            s.add(
-                audit_row(
-                    AuditAction.RULE_ADDED,
-                    at,
-                    room=channel,
-                    actor=created_by,
-                    detail=rule_detail(kept),
-                )
-            )
+            s.add(_rule_audit(AuditAction.RULE_ADDED, at, channel, created_by, kept))
             return kept
 
         return await self._write(body)
@@ -100,15 +99,7 @@ class RulesSql(SqlBase):
             if row is None:
                 return None
             revoked = to_tool_rule(row)
-            s.add(
-                audit_row(
-                    AuditAction.RULE_REVOKED,
-                    at,
-                    room=channel,
-                    actor=actor,
-                    detail=rule_detail(revoked),
-                )
-            )
+            s.add(_rule_audit(AuditAction.RULE_REVOKED, at, channel, actor, revoked))
             return revoked
 
         return await self._write(body)
