@@ -24,7 +24,7 @@ from bridge.core.model import InboundMessage, RoomKey, UserId
 from bridge.core.synthetic import SCHEDULE, schedule_message
 from bridge.core.transport import Accepted
 from bridge.metrics import Metrics
-from bridge.store.base import AuditAction, AuditStore, ScheduleStore, StoreError
+from bridge.store.base import AuditAction, AuditEntry, AuditStore, ScheduleStore, StoreError
 from dispatcher import Clock, TimerHandle
 
 log = logging.getLogger(__name__)
@@ -199,11 +199,13 @@ class CronSchedules:
     async def _not_run(self, schedule: _Schedule, outcome: Outcome, at: float, why: str) -> None:
         """Audited (before the mark: a crash in between audits it again, never loses it)."""
         await self.store.audit(
-            AuditAction.SCHEDULE_NOT_RUN,
-            self.clock.now(),
-            room=schedule.config.room_key,
-            actor=UserId(f"{SCHEDULE}{schedule.name}"),
-            detail=f"{utc_iso(at)} {outcome.value}: {why}",
+            AuditEntry(
+                AuditAction.SCHEDULE_NOT_RUN,
+                self.clock.now(),
+                room=schedule.config.room_key,
+                actor=UserId(f"{SCHEDULE}{schedule.name}"),
+                detail=f"{utc_iso(at)} {outcome.value}: {why}",
+            )
         )
         self._count(schedule, outcome, at, why)
 

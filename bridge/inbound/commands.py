@@ -38,6 +38,7 @@ from bridge.live.rule_commands import RuleCommands
 from bridge.runs.worktree_lifetime import Lifetimes, listing
 from bridge.store.base import (
     AuditAction,
+    AuditEntry,
     AuditStore,
     RoomStore,
     RunRecord,
@@ -389,7 +390,12 @@ class CommandHandler:
             case CommandName.RESET:
                 await self.reset_session(room)
                 await self.store.audit(
-                    AuditAction.SESSION_RESET, self.wall_clock(), room=room, actor=message.sender
+                    AuditEntry(
+                        AuditAction.SESSION_RESET,
+                        self.wall_clock(),
+                        room=room,
+                        actor=message.sender,
+                    )
                 )
                 text = "The next run starts a new Claude session."
                 note = await self._end_worktree(room)
@@ -557,12 +563,14 @@ class CommandHandler:
         """
         try:
             await self.store.audit(
-                AuditAction.COMMAND,
-                self.wall_clock(),
-                room=message.room,
-                actor=message.sender,
-                message_id=message.id,
-                detail=command.word,
+                AuditEntry(
+                    AuditAction.COMMAND,
+                    self.wall_clock(),
+                    room=message.room,
+                    actor=message.sender,
+                    message_id=message.id,
+                    detail=command.word,
+                )
             )
         except StoreError:
             log.exception("could not audit command %s from %s", command.word, message.sender)
@@ -597,12 +605,14 @@ class CommandHandler:
             self.dropped(result.dropped)
         try:
             await self.store.audit(
-                AuditAction.STOP_REQUESTED,
-                now,
-                room=room,
-                actor=message.sender,
-                message_id=message.id,
-                detail=f"running={result.stopped is not None} dropped={len(result.dropped)}",
+                AuditEntry(
+                    AuditAction.STOP_REQUESTED,
+                    now,
+                    room=room,
+                    actor=message.sender,
+                    message_id=message.id,
+                    detail=f"running={result.stopped is not None} dropped={len(result.dropped)}",
+                )
             )
         except StoreError:
             # The stop itself is recorded (drops, the run's end): only the audit row is missing.
@@ -879,12 +889,14 @@ class CommandHandler:
 
     async def _override_set(self, message: Message, detail: str) -> None:
         await self.store.audit(
-            AuditAction.ROOM_OVERRIDE_SET,
-            self.wall_clock(),
-            room=message.room,
-            actor=message.sender,
-            message_id=message.id,
-            detail=detail,
+            AuditEntry(
+                AuditAction.ROOM_OVERRIDE_SET,
+                self.wall_clock(),
+                room=message.room,
+                actor=message.sender,
+                message_id=message.id,
+                detail=detail,
+            )
         )
 
     def _retryable_lines(self, runs: list[RunRecord], now: float) -> list[str]:
@@ -932,12 +944,14 @@ class CommandHandler:
         for queued in messages:
             self.dispatcher.submit(queued)
         await self.store.audit(
-            AuditAction.RETRY_REQUESTED,
-            self.wall_clock(),
-            room=room,
-            actor=message.sender,
-            run_id=run.id,
-            detail=f"messages={len(messages)}",
+            AuditEntry(
+                AuditAction.RETRY_REQUESTED,
+                self.wall_clock(),
+                room=room,
+                actor=message.sender,
+                run_id=run.id,
+                detail=f"messages={len(messages)}",
+            )
         )
         await self.answer(
             message, f"Retrying {_plural(len(messages), 'message')} of run `{run.id}`."

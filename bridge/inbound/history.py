@@ -18,6 +18,7 @@ from bridge.core.text import visible
 from bridge.runs.budget import day_start
 from bridge.store.base import (
     AuditAction,
+    AuditEntry,
     AuditStore,
     LedgerStore,
     MessageStore,
@@ -137,11 +138,13 @@ class RoomHistory:
         await self.forget_session(room)
         await self.store.set_session(room, chosen.session_id)
         await self.store.audit(
-            AuditAction.SESSION_RESUMED,
-            self.wall_clock(),
-            room=room,
-            actor=message.sender,
-            detail=f"session={chosen.session_id}",
+            AuditEntry(
+                AuditAction.SESSION_RESUMED,
+                self.wall_clock(),
+                room=room,
+                actor=message.sender,
+                detail=f"session={chosen.session_id}",
+            )
         )
         await self.answer(
             message,
@@ -157,11 +160,13 @@ class RoomHistory:
             return
         await self.store.set_room_fork(room, True)
         await self.store.audit(
-            AuditAction.SESSION_FORKED,
-            self.wall_clock(),
-            room=room,
-            actor=message.sender,
-            detail=f"session={session}",
+            AuditEntry(
+                AuditAction.SESSION_FORKED,
+                self.wall_clock(),
+                room=room,
+                actor=message.sender,
+                detail=f"session={session}",
+            )
         )
         await self.answer(
             message,

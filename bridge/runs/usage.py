@@ -24,6 +24,7 @@ from bridge.metrics import Metrics
 from bridge.outbound.notices import Notices
 from bridge.store.base import (
     AuditAction,
+    AuditEntry,
     AuditStore,
     LedgerStore,
     LimitResume,
@@ -220,11 +221,13 @@ class LimitResumes:
     async def _audit(self, room: RoomKey, run_id: RunId, count: int) -> None:
         try:
             await self.store.audit(
-                AuditAction.RETRY_REQUESTED,
-                self.wall_clock(),
-                room=room,
-                run_id=run_id,
-                detail=f"messages={count} after=usage_limit",
+                AuditEntry(
+                    AuditAction.RETRY_REQUESTED,
+                    self.wall_clock(),
+                    room=room,
+                    run_id=run_id,
+                    detail=f"messages={count} after=usage_limit",
+                )
             )
         except StoreError:
             log.warning("could not audit the retry after the usage limit", exc_info=True)

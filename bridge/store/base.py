@@ -99,15 +99,36 @@ run (``Store.steer_into_run``): one steer's rows share their time."""
 
 
 @dataclass(frozen=True, slots=True)
-class AuditRecord:
-    id: int
-    at: float
+class AuditEntry:
+    """An audit row to write (:meth:`AuditStore.audit`): what happened, when, to what."""
+
     action: AuditAction
-    room: RoomKey | None
-    actor: UserId | None
-    message_id: MessageId | None
-    run_id: RunId | None
-    detail: str
+    at: float
+    room: RoomKey | None = None
+    actor: UserId | None = None
+    message_id: MessageId | None = None
+    run_id: RunId | None = None
+    detail: str = ""
+
+    def recorded(self, id: int) -> AuditRecord:
+        """This entry as written under ``id``."""
+        return AuditRecord(
+            self.action,
+            self.at,
+            self.room,
+            self.actor,
+            self.message_id,
+            self.run_id,
+            self.detail,
+            id=id,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuditRecord(AuditEntry):
+    """An audit row as written: the entry and the id it was given (writing order)."""
+
+    id: int
 
 
 class DeliveryState(StrEnum):
@@ -702,17 +723,9 @@ class RuleStore(Protocol):
 class AuditStore(Protocol):
     """The audit trail: one row per logical action."""
 
-    async def audit(
-        self,
-        action: AuditAction,
-        at: float,
-        *,
-        room: RoomKey | None = None,
-        actor: UserId | None = None,
-        message_id: MessageId | None = None,
-        run_id: RunId | None = None,
-        detail: str = "",
-    ) -> None: ...
+    async def audit(self, entry: AuditEntry) -> None:
+        """Append one audit row."""
+        ...
 
     async def audit_trail(
         self,

@@ -27,11 +27,13 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
+from bridge.store import audit_entries
 from bridge.store.base import (
     STEERED,
     Approval,
     ApprovalState,
     AuditAction,
+    AuditEntry,
     AuditRecord,
     DeliveryState,
     Fence,
@@ -48,18 +50,14 @@ from bridge.store.base import (
 )
 from bridge.store.keys import stored_id
 from bridge.store.rules import (
-    APPROVAL_ACTIONS,
     LIVE_STATES,
-    approval_detail,
     approval_reason,
     delivery_key,
     excerpt,
     finished_message_state,
-    ignored_detail,
     require_decision,
     require_rule,
     require_storable,
-    rule_detail,
 )
 
 _DedupKey = tuple[RoomKey, ExternalMessageId]
@@ -107,20 +105,8 @@ class MemoryStore:
         if self._closed:
             raise StoreError("the store is closed")
 
-    def _write_audit(
-        self,
-        action: AuditAction,
-        at: float,
-        *,
-        room: RoomKey | None = None,
-        actor: UserId | None = None,
-        message_id: MessageId | None = None,
-        run_id: RunId | None = None,
-        detail: str = "",
-    ) -> None:
-        self._audit.append(
-            AuditRecord(self._next_audit, at, action, room, actor, message_id, run_id, detail)
-        )
+    def _write_audit(self, entry: AuditEntry) -> None:
+        self._audit.append(entry.recorded(self._next_audit))
         self._next_audit += 1
 
     # Messages
@@ -139,25 +125,13 @@ class MemoryStore:
         self._seen.add(key)
         message = msg.accepted(message_id, received_at)
         self._messages[message.id] = _StoredMessage(message, MessageState.PENDING)
-        self._write_audit(
-            AuditAction.MESSAGE_ACCEPTED,
-            received_at,
-            room=msg.room,
-            actor=msg.sender,
-            message_id=message.id,
-        )
+        self._write_audit(audit_entries.accepted(msg, received_at, message.id))
         return message
 
     async def record_ignored(self, msg: InboundMessage, reason: str, at: float) -> None:
         """Audit a message that was not accepted, without its text."""
         self._check_open()
-        self._write_audit(
-            AuditAction.MESSAGE_IGNORED,
-            at,
-            room=msg.room,
-            actor=msg.sender,
-            detail=ignored_detail(reason, msg.external_id),
-        )
+        self._write_audit(audit_entries.ignored(msg, reason, at))
 
     async def complete_command(self, message_id: MessageId) -> None:
         """Mark a pending command message done: commands never go into a run."""
@@ -182,13 +156,16 @@ class MemoryStore:
             if stored.state not in LIVE_STATES:
                 continue
             stored.state = MessageState.DROPPED
+            message = stored.message
             self._write_audit(
-                AuditAction.MESSAGE_DROPPED,
-                at,
-                room=stored.message.room,
-                actor=actor,
-                message_id=stored.message.id,
-                run_id=stored.run_id,
+                audit_entries.message_step(
+                    AuditAction.MESSAGE_DROPPED,
+                    message.room,
+                    message.id,
+                    actor,
+                    at,
+                    run_id=stored.run_id,
+                )
             )
 
     async def pending_message(
@@ -230,9 +207,9 @@ class MemoryStore:
     def _changed(
         self, stored: _StoredMessage, action: AuditAction, actor: UserId | None, at: float
     ) -> Message:
-        room = stored.message.room
-        self._write_audit(action, at, room=room, actor=actor, message_id=stored.message.id)
-        return stored.message
+        message = stored.message
+        self._write_audit(audit_entries.message_step(action, message.room, message.id, actor, at))
+        return message
 
     async def messages(self, ids: Sequence[MessageId]) -> list[Message]:
         """The messages with these ids that exist, in acceptance order."""
@@ -273,13 +250,7 @@ class MemoryStore:
             replica=None if fence is None else fence.replica,
         )
         self._dispatch_into(run_id, batch, at)
-        self._write_audit(
-            AuditAction.RUN_STARTED,
-            at,
-            room=batch.room,
-            run_id=run_id,
-            detail=f"{len(batch.ids)} message(s)",
-        )
+        self._write_audit(audit_entries.run_started(run_id, batch.room, len(batch.ids), at))
 
     async def steer_into_run(self, run_id: RunId, batch: Batch, at: float) -> None:
         """Add messages sent into a running run's session to that run."""
@@ -299,14 +270,7 @@ class MemoryStore:
             stored = self._messages[message_id]
             stored.state = MessageState.DISPATCHED
             stored.run_id = run_id
-            self._write_audit(
-                AuditAction.MESSAGE_DISPATCHED,
-                at,
-                room=batch.room,
-                message_id=message_id,
-                run_id=run_id,
-                detail=detail,
-            )
+            self._write_audit(audit_entries.dispatched(run_id, batch.room, message_id, at, detail))
 
     async def register_live_run(self, live: LiveRun, at: float) -> None:
         """Record (or replace) where the run's supervisor is, and claude's pid."""
@@ -371,9 +335,7 @@ class MemoryStore:
         for stored in self._messages.values():
             if stored.run_id == run_id and stored.state is MessageState.DISPATCHED:
                 stored.state = state
-        self._write_audit(
-            AuditAction.RUN_FINISHED, at, room=run.room, run_id=run_id, detail=report.status.value
-        )
+        self._write_audit(audit_entries.run_finished(run_id, run.room, report.status, at))
         if keep_session and report.session_id is not None:
             self._sessions[run.room] = report.session_id
         if report.cost_usd is not None:
@@ -710,13 +672,7 @@ class MemoryStore:
         )
         self._next_approval += 1
         self._approvals[approval.id] = approval
-        self._write_audit(
-            AuditAction.APPROVAL_ASKED,
-            asked_at,
-            room=room,
-            run_id=run_id,
-            detail=approval_detail(approval, ApprovalState.PENDING),
-        )
+        self._write_audit(audit_entries.approval_asked(approval))
         return approval
 
     async def set_approval_message(self, approval: Approval, message_id: ExternalMessageId) -> None:
@@ -782,12 +738,7 @@ class MemoryStore:
             stored, state=state, decided_by=decided_by, decided_at=decided_at, reason=reason
         )
         self._write_audit(
-            APPROVAL_ACTIONS[state],
-            decided_at,
-            room=stored.room,
-            actor=decided_by,
-            run_id=stored.run_id,
-            detail=approval_detail(stored, state, reason),
+            audit_entries.approval_ended(stored, state, decided_by, decided_at, reason)
         )
         return True
 
@@ -807,13 +758,8 @@ class MemoryStore:
             done = replace(approval, state=ApprovalState.CANCELLED, decided_at=at, reason=why)
             self._approvals[approval.id] = done
             cancelled.append(done)
-            self._write_audit(
-                AuditAction.APPROVAL_CANCELLED,
-                at,
-                room=approval.room,
-                run_id=run_id,
-                detail=approval_detail(approval, ApprovalState.CANCELLED, why),
-            )
+            cancel = ApprovalState.CANCELLED
+            self._write_audit(audit_entries.approval_ended(approval, cancel, None, at, why))
         return cancelled
 
     async def expired_approvals(self, now: float) -> list[Approval]:
@@ -846,9 +792,7 @@ class MemoryStore:
             len(self._rules) + 1, room.channel, scope, session_id, effect, rule, created_by, at
         )
         self._rules[kept.id] = kept
-        self._write_audit(
-            AuditAction.RULE_ADDED, at, room=kept.room, actor=created_by, detail=rule_detail(kept)
-        )
+        self._write_audit(audit_entries.rule_added(kept))
         return kept
 
     async def active_rules(self, room: RoomKey, session_id: SessionId | None) -> list[ToolRule]:
@@ -874,31 +818,13 @@ class MemoryStore:
             return None
         revoked = replace(stored, revoked_by=actor, revoked_at=at)
         self._rules[rule_id] = revoked
-        self._write_audit(
-            AuditAction.RULE_REVOKED,
-            at,
-            room=revoked.room,
-            actor=actor,
-            detail=rule_detail(revoked),
-        )
+        self._write_audit(audit_entries.rule_revoked(revoked))
         return revoked
 
-    async def audit(
-        self,
-        action: AuditAction,
-        at: float,
-        *,
-        room: RoomKey | None = None,
-        actor: UserId | None = None,
-        message_id: MessageId | None = None,
-        run_id: RunId | None = None,
-        detail: str = "",
-    ) -> None:
+    async def audit(self, entry: AuditEntry) -> None:
         """Append one audit row."""
         self._check_open()
-        self._write_audit(
-            action, at, room=room, actor=actor, message_id=message_id, run_id=run_id, detail=detail
-        )
+        self._write_audit(entry)
 
     async def audit_trail(
         self,

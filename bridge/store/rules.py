@@ -10,12 +10,10 @@ import secrets
 
 from bridge.core.model import MessageState, RunStatus, SessionId
 from bridge.store.base import (
-    Approval,
     ApprovalState,
     AuditAction,
     RuleScope,
     StoreError,
-    ToolRule,
 )
 
 EXCERPT_LIMIT_BYTES = 4096
@@ -70,11 +68,6 @@ def finished_message_state(status: RunStatus) -> MessageState:
     return MessageState.FAILED
 
 
-def ignored_detail(reason: str, external_id: str) -> str:
-    """Audit detail of an ignored message: why, and which one, never its text."""
-    return f"{reason} (external id {external_id})"
-
-
 def delivery_key() -> str:
     """A new outbox entry's idempotency key: unique, and short enough for every transport."""
     return f"cb-{secrets.token_hex(12)}"
@@ -107,12 +100,6 @@ def approval_reason(reason: str) -> str:
     return excerpt(reason, _REASON_LIMIT_BYTES)
 
 
-def approval_detail(approval: Approval, state: ApprovalState, reason: str = "") -> str:
-    """Audit detail of a request's step: which request, which tool, what became of it."""
-    detail = f"#{approval.number} {approval.tool_name} {state.value}"
-    return f"{detail}: {reason}" if reason else detail
-
-
 RULE_LIMIT_BYTES = 4096
 """Upper bound of a kept rule's text (a long command, exactly)."""
 
@@ -123,9 +110,3 @@ def require_rule(scope: RuleScope, session_id: SessionId | None, rule: str) -> N
         raise ValueError("a session rule needs its session, a room rule takes none")
     if not rule or len(rule.encode()) > RULE_LIMIT_BYTES:
         raise ValueError("a rule's text is empty or too long")
-
-
-def rule_detail(rule: ToolRule) -> str:
-    """Audit detail of a rule's step: which rule, of what scope, what it says."""
-    detail = f"rule {rule.id} {rule.scope.value} {rule.effect.value} {rule.rule}"
-    return excerpt(detail, RULE_LIMIT_BYTES)

@@ -30,6 +30,7 @@ from bridge.core.model import (
 )
 from bridge.store.base import (
     AuditAction,
+    AuditEntry,
     AuditRecord,
     DeliveryState,
     RegisteredRun,
@@ -664,10 +665,16 @@ async def test_a_thread_conversation_of_the_longest_ids_is_kept_whole(
 
 
 async def test_audit_filters_combine(store: InspectableStore) -> None:
-    await store.audit(AuditAction.COMMAND, 1.0, room=ROOM, actor=ALICE, detail="!status")
-    await store.audit(AuditAction.STOP_REQUESTED, 2.0, room=ROOM, actor=BOB, run_id=RunId("r1"))
-    await store.audit(AuditAction.RETRY_REQUESTED, 3.0, room=OTHER_ROOM, run_id=RunId("r1"))
-    await store.audit(AuditAction.SESSION_RESET, 4.0, message_id=MessageId(7))
+    await store.audit(
+        AuditEntry(AuditAction.COMMAND, 1.0, room=ROOM, actor=ALICE, detail="!status")
+    )
+    await store.audit(
+        AuditEntry(AuditAction.STOP_REQUESTED, 2.0, room=ROOM, actor=BOB, run_id=RunId("r1"))
+    )
+    await store.audit(
+        AuditEntry(AuditAction.RETRY_REQUESTED, 3.0, room=OTHER_ROOM, run_id=RunId("r1"))
+    )
+    await store.audit(AuditEntry(AuditAction.SESSION_RESET, 4.0, message_id=MessageId(7)))
 
     everything = await store.audit_trail()
     assert [a.action for a in everything] == [
@@ -720,7 +727,7 @@ async def test_prune_keeps_live_work(store: InspectableStore) -> None:
     old_done = await accept(store, "$x", at=13.0)
     finished = await start(store, "finished", [old_done], at=14.0)
     await store.finish_run(finished, RunReport(status=RunStatus.SUCCEEDED), 15.0)
-    await store.audit(AuditAction.COMMAND, 1000.0, detail="recent")
+    await store.audit(AuditEntry(AuditAction.COMMAND, 1000.0, detail="recent"))
 
     deleted = await store.prune(older_than=500.0)
 

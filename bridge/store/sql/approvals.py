@@ -9,9 +9,10 @@ from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.orm import Session
 
 from bridge.core.model import ExternalMessageId, RoomKey, RunId, UserId
-from bridge.store.base import Approval, ApprovalState, AuditAction, StoreError
+from bridge.store import audit_entries
+from bridge.store.base import Approval, ApprovalState, StoreError
 from bridge.store.keys import stored_id as _stored_id
-from bridge.store.rules import APPROVAL_ACTIONS, approval_detail, approval_reason, require_decision
+from bridge.store.rules import approval_reason, require_decision
 from bridge.store.sql.rows import audit_row, to_approval
 from bridge.store.sql.shared import MAX_NUMBER, SqlBase, in_room, of_conversation, pending_rows
 from bridge.store.tables import ApprovalRow, RoomRow, ToolRuleRow
@@ -79,15 +80,7 @@ class ApprovalsSql(SqlBase):
             if approval is None:  # inserted, or found by the insert: never seen
                 raise StoreError(f"approval request {request_id} vanished")
             if inserted is not None:
-                s.add(
-                    audit_row(
-                        AuditAction.APPROVAL_ASKED,
-                        asked_at,
-                        room=room,
-                        run_id=run_id,
-                        detail=approval_detail(approval, ApprovalState.PENDING),
-                    )
-                )
+                s.add(audit_row(audit_entries.approval_asked(approval)))
             return approval
 
         return await self._write(body)
@@ -182,16 +175,8 @@ class ApprovalsSql(SqlBase):
             )
             if decided is None:
                 return False
-            s.add(
-                audit_row(
-                    APPROVAL_ACTIONS[state],
-                    decided_at,
-                    room=approval.room,
-                    actor=decided_by,
-                    run_id=approval.run_id,
-                    detail=approval_detail(approval, state, reason),
-                )
-            )
+            ended = audit_entries.approval_ended(approval, state, decided_by, decided_at, reason)
+            s.add(audit_row(ended))
             return True
 
         return await self._write(body)
@@ -215,16 +200,9 @@ class ApprovalsSql(SqlBase):
                 )
             ).all()
             cancelled = [to_approval(r) for r in sorted(rows, key=lambda r: r.id)]
+            cancel = ApprovalState.CANCELLED
             for approval in cancelled:
-                s.add(
-                    audit_row(
-                        AuditAction.APPROVAL_CANCELLED,
-                        at,
-                        room=approval.room,
-                        run_id=run_id,
-                        detail=approval_detail(approval, ApprovalState.CANCELLED, why),
-                    )
-                )
+                s.add(audit_row(audit_entries.approval_ended(approval, cancel, None, at, why)))
             return cancelled
 
         return await self._write(body)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session
 
-from bridge.core.model import MessageId, RoomKey, RunId, UserId
-from bridge.store.base import AuditAction, AuditRecord
+from bridge.core.model import MessageId, RoomKey, RunId
+from bridge.store.base import AuditEntry, AuditRecord
 from bridge.store.sql.rows import audit_row, to_audit_record
 from bridge.store.sql.shared import SqlBase, of_conversation
 from bridge.store.tables import AuditRow
@@ -15,31 +15,11 @@ from bridge.store.tables import AuditRow
 class AuditSql(SqlBase):
     """The audit trail."""
 
-    async def audit(
-        self,
-        action: AuditAction,
-        at: float,
-        *,
-        room: RoomKey | None = None,
-        actor: UserId | None = None,
-        message_id: MessageId | None = None,
-        run_id: RunId | None = None,
-        detail: str = "",
-    ) -> None:
+    async def audit(self, entry: AuditEntry) -> None:
         """Append one audit row."""
 
         def body(s: Session) -> None:
-            s.add(
-                audit_row(
-                    action,
-                    at,
-                    room=room,
-                    actor=actor,
-                    message_id=message_id,
-                    run_id=run_id,
-                    detail=detail,
-                )
-            )
+            s.add(audit_row(entry))
 
         await self._write(body)
 

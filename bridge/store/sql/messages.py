@@ -20,15 +20,16 @@ from bridge.core.model import (
     MessageId,
     MessageState,
     RoomKey,
+    RunId,
     UserId,
 )
+from bridge.store import audit_entries
 from bridge.store.base import AuditAction, StoreError
 from bridge.store.batching import Committing, Failed, GroupCommit
 from bridge.store.keys import room_key as _room
-from bridge.store.rules import ignored_detail
 from bridge.store.sql.rows import (
-    accepted_audit_values,
     audit_row,
+    audit_values,
     message_key,
     message_values,
     to_message,
@@ -107,7 +108,7 @@ class MessagesSql(SqlBase):
                 for position, (msg, _) in enumerate(group)
             ]
             audit = [
-                accepted_audit_values(msg, received_at, new_id)
+                audit_values(audit_entries.accepted(msg, received_at, MessageId(new_id)))
                 for new_id, (msg, received_at) in zip(ids, group, strict=True)
                 if new_id is not None
             ]
@@ -125,15 +126,7 @@ class MessagesSql(SqlBase):
         """Audit a message that was not accepted, without its text."""
 
         def body(s: Session) -> None:
-            s.add(
-                audit_row(
-                    AuditAction.MESSAGE_IGNORED,
-                    at,
-                    room=msg.room,
-                    actor=msg.sender,
-                    detail=ignored_detail(reason, msg.external_id),
-                )
-            )
+            s.add(audit_row(audit_entries.ignored(msg, reason, at)))
 
         await self._write(body)
 
@@ -174,16 +167,12 @@ class MessagesSql(SqlBase):
             ).all()
             for row in rows:
                 row.state = MessageState.DROPPED.value
-                s.add(
-                    audit_row(
-                        AuditAction.MESSAGE_DROPPED,
-                        at,
-                        room=_room(row.transport, row.room_id),
-                        actor=actor,
-                        message_id=row.id,
-                        run_id=row.run_id,
-                    )
+                room, message_id = _room(row.transport, row.room_id), MessageId(row.id)
+                run_id = None if row.run_id is None else RunId(row.run_id)
+                dropped = audit_entries.message_step(
+                    AuditAction.MESSAGE_DROPPED, room, message_id, actor, at, run_id=run_id
                 )
+                s.add(audit_row(dropped))
 
         await self._write(body)
 
@@ -259,7 +248,9 @@ class MessagesSql(SqlBase):
             if row is None:
                 return None
             message = to_message(row)
-            s.add(audit_row(action, at, room=message.room, actor=actor, message_id=row.id))
+            s.add(
+                audit_row(audit_entries.message_step(action, message.room, message.id, actor, at))
+            )
             return message
 
         return await self._write(body)

@@ -29,6 +29,7 @@ from bridge.store.base import (
     Approval,
     ApprovalState,
     AuditAction,
+    AuditEntry,
     AuditRecord,
     DeliveryState,
     LimitResume,
@@ -93,41 +94,23 @@ def message_key(msg: InboundMessage) -> tuple[str, str, str]:
     return (msg.room.transport, _stored_id(msg.room), msg.external_id)
 
 
-def audit_values(
-    action: AuditAction,
-    at: float,
-    room: RoomKey,
-    *,
-    message_id: int | None = None,
-    run_id: str | None = None,
-    detail: str = "",
-) -> dict[str, Any]:
-    """An audit row for a Core INSERT (no actor: the bridge itself acted)."""
+def audit_values(entry: AuditEntry) -> dict[str, Any]:
+    """An audit row's columns (for a Core INSERT, or :func:`audit_row`)."""
+    room = entry.room
     return {
-        "at": at,
-        "action": action.value,
-        "transport": room.transport,
-        "room_id": _stored_id(room),
-        "actor": None,
-        "message_id": message_id,
-        "run_id": run_id,
-        "detail": detail,
+        "at": entry.at,
+        "action": entry.action.value,
+        "transport": None if room is None else room.transport,
+        "room_id": None if room is None else _stored_id(room),
+        "actor": entry.actor,
+        "message_id": entry.message_id,
+        "run_id": entry.run_id,
+        "detail": entry.detail,
     }
 
 
-def accepted_audit_values(
-    msg: InboundMessage, received_at: float, message_id: int
-) -> dict[str, Any]:
-    return {
-        "at": received_at,
-        "action": AuditAction.MESSAGE_ACCEPTED.value,
-        "transport": msg.room.transport,
-        "room_id": _stored_id(msg.room),
-        "actor": msg.sender,
-        "message_id": message_id,
-        "run_id": None,
-        "detail": "",
-    }
+def audit_row(entry: AuditEntry) -> AuditRow:
+    return AuditRow(**audit_values(entry))
 
 
 def outbox_row(reply: Reply, at: float, run_id: RunId | None) -> OutboxRow:
@@ -268,41 +251,19 @@ def to_registered_run(row: LiveRunRow) -> RegisteredRun:
     )
 
 
-def audit_row(
-    action: AuditAction,
-    at: float,
-    *,
-    room: RoomKey | None = None,
-    actor: UserId | None = None,
-    message_id: int | None = None,
-    run_id: str | None = None,
-    detail: str = "",
-) -> AuditRow:
-    return AuditRow(
-        at=at,
-        action=action.value,
-        transport=None if room is None else room.transport,
-        room_id=None if room is None else _stored_id(room),
-        actor=actor,
-        message_id=message_id,
-        run_id=run_id,
-        detail=detail,
-    )
-
-
 def to_audit_record(row: AuditRow) -> AuditRecord:
     room = None
     if row.transport is not None and row.room_id is not None:
         room = _room(row.transport, row.room_id)
     return AuditRecord(
-        id=row.id,
-        at=row.at,
         action=AuditAction(row.action),
+        at=row.at,
         room=room,
         actor=None if row.actor is None else UserId(row.actor),
         message_id=None if row.message_id is None else MessageId(row.message_id),
         run_id=None if row.run_id is None else RunId(row.run_id),
         detail=row.detail,
+        id=row.id,
     )
 
 

@@ -27,9 +27,9 @@ from bridge.core.model import (
     RunStatus,
     SessionId,
 )
+from bridge.store import audit_entries
 from bridge.store.base import (
     STEERED,
-    AuditAction,
     DeliveryState,
     Fence,
     OutboxEntry,
@@ -181,9 +181,8 @@ def _dispatch_into(
             for i, message_id in enumerate(ids)
         ],
     )
-    dispatched = AuditAction.MESSAGE_DISPATCHED
     return [
-        audit_values(dispatched, at, batch.room, message_id=m, run_id=run_id, detail=detail)
+        audit_values(audit_entries.dispatched(run_id, batch.room, MessageId(m), at, detail))
         for m in ids
     ]
 
@@ -257,9 +256,7 @@ class RunsSql(SqlBase):
                 )
             )
             audit = _dispatch_into(s, run_id, batch, at, first=0)
-            started = AuditAction.RUN_STARTED
-            detail = f"{len(ids)} message(s)"
-            audit.append(audit_values(started, at, room, run_id=run_id, detail=detail))
+            audit.append(audit_values(audit_entries.run_started(run_id, room, len(ids), at)))
             s.execute(insert_statement(AUDIT), audit)
 
         await self._write(body, synced=self._server_may_restart)
@@ -391,11 +388,9 @@ class RunsSql(SqlBase):
                     settle.setdefault(state, []).append(finish.run_id)
                     audit.append(
                         audit_values(
-                            AuditAction.RUN_FINISHED,
-                            finish.at,
-                            room,
-                            run_id=finish.run_id,
-                            detail=report.status.value,
+                            audit_entries.run_finished(
+                                finish.run_id, room, report.status, finish.at
+                            )
                         )
                     )
                     if report.cost_usd is not None:

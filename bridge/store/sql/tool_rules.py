@@ -8,19 +8,13 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from bridge.core.model import RoomKey, SessionId, UserId
-from bridge.store.base import AuditAction, RuleEffect, RuleScope, ToolRule
+from bridge.store import audit_entries
+from bridge.store.base import RuleEffect, RuleScope, ToolRule
 from bridge.store.keys import stored_id as _stored_id
-from bridge.store.rules import require_rule, rule_detail
+from bridge.store.rules import require_rule
 from bridge.store.sql.rows import audit_row, to_tool_rule
 from bridge.store.sql.shared import MAX_NUMBER, SqlBase, of_conversation
-from bridge.store.tables import AuditRow, ToolRuleRow
-
-
-def _rule_audit(
-    action: AuditAction, at: float, channel: RoomKey, actor: UserId, rule: ToolRule
-) -> AuditRow:
-    """The audit row of a rule kept or revoked in ``channel``."""
-    return audit_row(action, at, room=channel, actor=actor, detail=rule_detail(rule))
+from bridge.store.tables import ToolRuleRow
 
 
 class RulesSql(SqlBase):
@@ -55,7 +49,7 @@ class RulesSql(SqlBase):
             s.add(row)
             s.flush()
             kept = to_tool_rule(row)
-            s.add(_rule_audit(AuditAction.RULE_ADDED, at, channel, created_by, kept))
+            s.add(audit_row(audit_entries.rule_added(kept)))
             return kept
 
         return await self._write(body)
@@ -99,7 +93,7 @@ class RulesSql(SqlBase):
             if row is None:
                 return None
             revoked = to_tool_rule(row)
-            s.add(_rule_audit(AuditAction.RULE_REVOKED, at, channel, actor, revoked))
+            s.add(audit_row(audit_entries.rule_revoked(revoked)))
             return revoked
 
         return await self._write(body)
