@@ -29,6 +29,7 @@ from bridge.store.base import (
     ApprovalState,
     ApprovalStore,
     MessageStore,
+    NewRule,
     RuleEffect,
     RuleScope,
     RuleStore,
@@ -154,13 +155,15 @@ class ApprovalDesk:
                 return None, "No rule was kept: the run's Claude session is not known."
         try:
             kept = await self.store.add_rule(
-                approval.room,
-                scope=scope,
-                effect=effect,
-                rule=rule,
-                session_id=session,
-                created_by=sender,
-                at=self.wall_clock(),
+                NewRule(
+                    approval.room,
+                    scope=scope,
+                    effect=effect,
+                    rule=rule,
+                    session_id=session,
+                    created_by=sender,
+                    at=self.wall_clock(),
+                )
             )
         except StoreError:
             log.warning("could not keep the rule of request #%d", approval.number, exc_info=True)

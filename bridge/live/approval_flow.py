@@ -64,6 +64,7 @@ from bridge.live.tool_view import ToolView, ends, input_digest, render
 from bridge.outbound.replies import Replier, in_conversation
 from bridge.store.base import (
     Approval,
+    ApprovalAsk,
     ApprovalState,
     RoomStore,
     RuleEffect,
@@ -141,15 +142,17 @@ class ApprovalFlow:
         interactive = event.tool_name in INTERACTIVE
         wait_s = room.question_timeout_s if interactive else room.approval_timeout_s
         approval = await self.store.add_approval(
-            batch.room,
-            run_id,
-            event.request_id,
-            tool_name=event.tool_name,
-            # A plan's request holds {}: the plan is in claude's tool_use block.
-            input_json=json.dumps(full, ensure_ascii=False),
-            asked_at=now,
-            expires_at=now + (wait_s or NO_EXPIRY_S),
-            shown_digest=view.digest,
+            ApprovalAsk(
+                batch.room,
+                run_id,
+                event.request_id,
+                tool_name=event.tool_name,
+                # A plan's request holds {}: the plan is in claude's tool_use block.
+                input_json=json.dumps(full, ensure_ascii=False),
+                asked_at=now,
+                expires_at=now + (wait_s or NO_EXPIRY_S),
+                shown_digest=view.digest,
+            )
         )
         if approval.state is ApprovalState.PENDING and approval.message_id is None:
             # New (or never posted): the kept rules may decide it.

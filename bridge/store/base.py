@@ -185,14 +185,10 @@ class ApprovalState(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class Approval:
-    """A request of a run's claude to use a tool, asked in the run's room."""
+class ApprovalAsk:
+    """A request of a run's claude to use a tool, to record (:meth:`ApprovalStore.add_approval`)."""
 
-    id: int
-    """The store's id; increases in asking order."""
     room: RoomKey
-    number: int
-    """Short per-room number people type (``!approve #3``): never reused in a room."""
     run_id: RunId
     request_id: str
     """The CLI's ``control_request`` id, which the answer must carry."""
@@ -201,6 +197,40 @@ class Approval:
     """The tool's input as claude sent it (a JSON object)."""
     asked_at: float
     expires_at: float
+    shown_digest: str = ""
+    """sha256 of the request as the room was shown it
+    (:attr:`bridge.live.tool_view.ToolView.digest`:
+    the input and, for an edit, the file as it was); "" for requests recorded before it."""
+
+    def pending(self, id: int, number: int) -> Approval:
+        """This request as recorded under ``id`` and the room's ``number``, unanswered."""
+        return Approval(
+            self.room,
+            self.run_id,
+            self.request_id,
+            self.tool_name,
+            self.input_json,
+            self.asked_at,
+            self.expires_at,
+            self.shown_digest,
+            id=id,
+            number=number,
+            message_id=None,
+            state=ApprovalState.PENDING,
+            decided_by=None,
+            decided_at=None,
+            reason="",
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Approval(ApprovalAsk):
+    """A request of a run's claude to use a tool, asked in the run's room."""
+
+    id: int
+    """The store's id; increases in asking order."""
+    number: int
+    """Short per-room number people type (``!approve #3``): never reused in a room."""
     message_id: ExternalMessageId | None
     """The room message that asks (buttons, reactions), once it was posted."""
     state: ApprovalState
@@ -209,10 +239,6 @@ class Approval:
     decided_at: float | None
     reason: str
     """Why it was denied or cancelled; empty otherwise."""
-    shown_digest: str = ""
-    """sha256 of the request as the room was shown it
-    (:attr:`bridge.live.tool_view.ToolView.digest`:
-    the input and, for an edit, the file as it was); "" for requests recorded before it."""
 
 
 class RuleScope(StrEnum):
@@ -227,6 +253,28 @@ class RuleScope(StrEnum):
 class RuleEffect(StrEnum):
     ALLOW = "allow"
     DENY = "deny"
+
+
+@dataclass(frozen=True, slots=True)
+class NewRule:
+    """A tool rule to keep (:meth:`RuleStore.add_rule`): who made it, when, saying what."""
+
+    room: RoomKey
+    """The room it was made in: the rule is kept for its channel."""
+    scope: RuleScope
+    effect: RuleEffect
+    rule: str
+    """In claude's rule syntax: ``Bash(npm test:*)`` (bridge/live/tool_rules.py)."""
+    session_id: SessionId | None
+    """The session a session rule holds in (it needs one); None for a room rule."""
+    created_by: UserId
+    at: float
+
+    def kept(self, id: int) -> ToolRule:
+        """The rule as kept under ``id``, for the room's channel."""
+        scope, effect = self.scope, self.effect
+        room, session_id, created_by = self.room.channel, self.session_id, self.created_by
+        return ToolRule(id, room, scope, session_id, effect, self.rule, created_by, self.at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -617,21 +665,10 @@ class LedgerStore(Protocol):
 class ApprovalStore(Protocol):
     """Tool-use requests asked in a room and their answers (docs/live-runs.md)."""
 
-    async def add_approval(
-        self,
-        room: RoomKey,
-        run_id: RunId,
-        request_id: str,
-        *,
-        tool_name: str,
-        input_json: str,
-        asked_at: float,
-        expires_at: float,
-        shown_digest: str = "",
-    ) -> Approval:
+    async def add_approval(self, ask: ApprovalAsk) -> Approval:
         """Record a pending request under the room's next number, audited, atomically.
 
-        Idempotent on (``run_id``, ``request_id``): a reattached run replays
+        Idempotent on (``ask.run_id``, ``ask.request_id``): a reattached run replays
         its unanswered requests, and the one already recorded (whatever its
         state) is returned unchanged. Numbers increase per room and are never
         reused, not even after pruning.
@@ -690,20 +727,10 @@ class ApprovalStore(Protocol):
 class RuleStore(Protocol):
     """Tool rules chatbridge keeps and applies itself (docs/live-runs.md)."""
 
-    async def add_rule(
-        self,
-        room: RoomKey,
-        *,
-        scope: RuleScope,
-        effect: RuleEffect,
-        rule: str,
-        session_id: SessionId | None,
-        created_by: UserId,
-        at: float,
-    ) -> ToolRule:
-        """Keep a rule for ``room``'s channel, audited (``rule_added``), atomically.
+    async def add_rule(self, new: NewRule) -> ToolRule:
+        """Keep a rule for its room's channel, audited (``rule_added``), atomically.
 
-        A session rule needs ``session_id``; a room rule takes none.
+        A session rule needs its ``session_id``; a room rule takes none.
         """
         ...
 

@@ -31,6 +31,7 @@ from bridge.store import audit_entries
 from bridge.store.base import (
     STEERED,
     Approval,
+    ApprovalAsk,
     ApprovalState,
     AuditAction,
     AuditEntry,
@@ -38,10 +39,10 @@ from bridge.store.base import (
     DeliveryState,
     Fence,
     LimitResume,
+    NewRule,
     OutboxEntry,
     RegisteredRun,
     RoomOverrides,
-    RuleEffect,
     RuleScope,
     RunRecord,
     StoreError,
@@ -632,44 +633,17 @@ class MemoryStore:
 
     # Approvals
 
-    async def add_approval(
-        self,
-        room: RoomKey,
-        run_id: RunId,
-        request_id: str,
-        *,
-        tool_name: str,
-        input_json: str,
-        asked_at: float,
-        expires_at: float,
-        shown_digest: str = "",
-    ) -> Approval:
+    async def add_approval(self, ask: ApprovalAsk) -> Approval:
         """Record a pending request under the room's next number; a replay returns the first."""
         self._check_open()
         for approval in self._approvals.values():
-            if approval.run_id == run_id and approval.request_id == request_id:
+            if (approval.run_id, approval.request_id) == (ask.run_id, ask.request_id):
                 return approval
-        for text in (request_id, tool_name, input_json):
+        for text in (ask.request_id, ask.tool_name, ask.input_json):
             require_storable(text)
-        number = self._last_number.get(room, 0) + 1
-        self._last_number[room] = number
-        approval = Approval(
-            id=self._next_approval,
-            room=room,
-            number=number,
-            run_id=run_id,
-            request_id=request_id,
-            tool_name=tool_name,
-            input_json=input_json,
-            asked_at=asked_at,
-            expires_at=expires_at,
-            message_id=None,
-            state=ApprovalState.PENDING,
-            decided_by=None,
-            decided_at=None,
-            reason="",
-            shown_digest=shown_digest,
-        )
+        number = self._last_number.get(ask.room, 0) + 1
+        self._last_number[ask.room] = number
+        approval = ask.pending(self._next_approval, number)
         self._next_approval += 1
         self._approvals[approval.id] = approval
         self._write_audit(audit_entries.approval_asked(approval))
@@ -773,24 +747,12 @@ class MemoryStore:
 
     # Tool rules
 
-    async def add_rule(
-        self,
-        room: RoomKey,
-        *,
-        scope: RuleScope,
-        effect: RuleEffect,
-        rule: str,
-        session_id: SessionId | None,
-        created_by: UserId,
-        at: float,
-    ) -> ToolRule:
+    async def add_rule(self, new: NewRule) -> ToolRule:
         """Keep a rule for the room's channel, audited."""
         self._check_open()
-        require_rule(scope, session_id, rule)
-        require_storable(rule)
-        kept = ToolRule(
-            len(self._rules) + 1, room.channel, scope, session_id, effect, rule, created_by, at
-        )
+        require_rule(new.scope, new.session_id, new.rule)
+        require_storable(new.rule)
+        kept = new.kept(len(self._rules) + 1)
         self._rules[kept.id] = kept
         self._write_audit(audit_entries.rule_added(kept))
         return kept

@@ -15,7 +15,7 @@ from bridge.core.transport import TOOL_ASKED, Accepted, ApprovalAction, Approval
 from bridge.live.approval_flow import CHANGED, STALE, ApprovalFlow
 from bridge.live.registry import LiveRuns
 from bridge.outbound.replies import Replier
-from bridge.store.base import RuleEffect, RuleScope
+from bridge.store.base import NewRule, RuleEffect, RuleScope
 from runner.control import RunControl
 from runner.events import PermissionAsked
 from tests.bridge.test_approval_click_race import POSTED, RUN, Asking, Posting
@@ -292,13 +292,15 @@ async def test_a_question_declined_by_a_rule_kept_meanwhile_is_told_as_a_decline
     question = {"questions": [{"question": "Which?", "header": "", "options": [{"label": "a"}]}]}
     await bound.asks(PermissionAsked("r1", "AskUserQuestion", question, "tu1", "ask", ()))
     await bound.store.add_rule(
-        bound.key,
-        scope=RuleScope.ROOM,
-        effect=RuleEffect.DENY,
-        rule="AskUserQuestion",
-        session_id=None,
-        created_by=bound.user,
-        at=2.0,
+        NewRule(
+            bound.key,
+            scope=RuleScope.ROOM,
+            effect=RuleEffect.DENY,
+            rule="AskUserQuestion",
+            session_id=None,
+            created_by=bound.user,
+            at=2.0,
+        )
     )
     await bound.flow.apply_rules(bound.key)
     [answer] = bound.answers()

@@ -7,7 +7,7 @@ import json
 
 from bridge.core.model import RunId, SessionId
 from bridge.core.transport import ApprovalChoice
-from bridge.store.base import AuditAction, RuleEffect, RuleScope
+from bridge.store.base import ApprovalAsk, AuditAction, RuleEffect, RuleScope
 from tests.bridge.test_approval_commands import ALICE, BOB, ROOM, make_room
 
 
@@ -122,13 +122,15 @@ async def test_only_approvers_keep_rules_and_only_rules_are_kept() -> None:
 async def test_a_use_too_long_for_a_rule_is_allowed_once_and_no_rule_is_kept() -> None:
     room = make_room()
     await room.store.add_approval(
-        ROOM,
-        RunId("run-1"),
-        "r1",
-        tool_name="Bash",
-        input_json=json.dumps({"command": "echo " + "x" * 5000}),
-        asked_at=room.now[0],
-        expires_at=room.now[0] + 900,
+        ApprovalAsk(
+            ROOM,
+            RunId("run-1"),
+            "r1",
+            tool_name="Bash",
+            input_json=json.dumps({"command": "echo " + "x" * 5000}),
+            asked_at=room.now[0],
+            expires_at=room.now[0] + 900,
+        )
     )
     answer = await room.say(BOB, "!approve session #1")
     assert answer is not None

@@ -10,7 +10,7 @@ from bridge.core.model import UserId
 from bridge.live.approval_flow import ApprovalFlow
 from bridge.live.registry import LiveRuns
 from bridge.outbound.replies import Replier
-from bridge.store.base import Approval, ApprovalState, RuleEffect, RuleScope
+from bridge.store.base import Approval, ApprovalState, NewRule, RuleEffect, RuleScope
 from bridge.store.memory import MemoryStore
 from tests.bridge.test_approval_click_race import RUN, Asking
 
@@ -35,13 +35,15 @@ async def test_a_rule_revoked_while_a_request_is_checked_does_not_decide_it(
         asking.flow.settings, store, cast(Replier, asking.posting), LiveRuns(), lambda _v: None
     )
     await store.add_rule(
-        asking.key,
-        scope=RuleScope.ROOM,
-        effect=RuleEffect.ALLOW,
-        rule="Bash(ls)",
-        session_id=None,
-        created_by=BOB,
-        at=1.0,
+        NewRule(
+            asking.key,
+            scope=RuleScope.ROOM,
+            effect=RuleEffect.ALLOW,
+            rule="Bash(ls)",
+            session_id=None,
+            created_by=BOB,
+            at=1.0,
+        )
     )
     await asking.flow.ask(RUN, asking.batch, asking.asked)
     [approval] = await store.pending_approvals()

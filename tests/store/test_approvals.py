@@ -15,7 +15,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.store.base import Approval, ApprovalState, AuditAction, RoomOverrides
+from bridge.store.base import Approval, ApprovalAsk, ApprovalState, AuditAction, RoomOverrides
 from tests.store.conftest import InspectableStore
 
 ROOM = RoomKey(TransportName("matrix"), RoomId("!a:localhost"))
@@ -37,14 +37,16 @@ async def ask(
     shown_digest: str = "",
 ) -> Approval:
     return await store.add_approval(
-        room,
-        run_id,
-        request_id,
-        tool_name=tool,
-        input_json='{"command": "ls"}',
-        asked_at=asked_at,
-        expires_at=expires_at,
-        shown_digest=shown_digest,
+        ApprovalAsk(
+            room,
+            run_id,
+            request_id,
+            tool_name=tool,
+            input_json='{"command": "ls"}',
+            asked_at=asked_at,
+            expires_at=expires_at,
+            shown_digest=shown_digest,
+        )
     )
 
 

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from bridge.core.model import RoomId, RoomKey, SessionId, TransportName, UserId
-from bridge.store.base import ApprovalState, AuditAction, RuleEffect, RuleScope, ToolRule
+from bridge.store.base import ApprovalState, AuditAction, NewRule, RuleEffect, RuleScope, ToolRule
 from tests.store.conftest import InspectableStore
 from tests.store.test_approvals import ask
 
@@ -31,7 +31,9 @@ async def keep(
 ) -> ToolRule:
     scope = RuleScope.ROOM if session is None else RuleScope.SESSION
     return await store.add_rule(
-        room, scope=scope, effect=effect, rule=rule, session_id=session, created_by=ALICE, at=at
+        NewRule(
+            room, scope=scope, effect=effect, rule=rule, session_id=session, created_by=ALICE, at=at
+        )
     )
 
 
@@ -105,13 +107,15 @@ async def test_rule_numbers_are_never_reused(store: InspectableStore) -> None:
 async def test_a_session_rule_without_its_session_is_refused(store: InspectableStore) -> None:
     with pytest.raises(ValueError, match="session"):
         await store.add_rule(
-            ROOM,
-            scope=RuleScope.SESSION,
-            effect=RuleEffect.ALLOW,
-            rule="Read",
-            session_id=None,
-            created_by=ALICE,
-            at=1.0,
+            NewRule(
+                ROOM,
+                scope=RuleScope.SESSION,
+                effect=RuleEffect.ALLOW,
+                rule="Read",
+                session_id=None,
+                created_by=ALICE,
+                at=1.0,
+            )
         )
 
 

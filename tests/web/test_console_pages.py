@@ -33,7 +33,7 @@ from bridge.core.model import (
 from bridge.core.transport import ApprovalChoice
 from bridge.host.http import serve_http
 from bridge.host.http_sockets import bind_http
-from bridge.store.base import AuditAction, AuditEntry
+from bridge.store.base import ApprovalAsk, AuditAction, AuditEntry
 from bridge.store.sql import SqlStore
 from bridge.web.app import web_app
 from bridge.web.auth import SESSION_COOKIE
@@ -105,13 +105,15 @@ async def _seed(store: SqlStore) -> tuple[RunId, int]:
     live = RunId("run-web-2")
     await store.start_run(live, Batch(ROOM, (msgs[1],)), now + 3)
     approval = await store.add_approval(
-        ROOM,
-        live,
-        "req-1",
-        tool_name="Bash",
-        input_json='{"command": "rm -rf build"}',
-        asked_at=now + 4,
-        expires_at=now + 900,
+        ApprovalAsk(
+            ROOM,
+            live,
+            "req-1",
+            tool_name="Bash",
+            input_json='{"command": "rm -rf build"}',
+            asked_at=now + 4,
+            expires_at=now + 900,
+        )
     )
     return live, approval.id
 

@@ -10,10 +10,10 @@ from sqlalchemy.orm import Session
 
 from bridge.core.model import ExternalMessageId, RoomKey, RunId, UserId
 from bridge.store import audit_entries
-from bridge.store.base import Approval, ApprovalState, StoreError
+from bridge.store.base import Approval, ApprovalAsk, ApprovalState, StoreError
 from bridge.store.keys import stored_id as _stored_id
 from bridge.store.rules import approval_reason, require_decision
-from bridge.store.sql.rows import audit_row, to_approval
+from bridge.store.sql.rows import approval_values, audit_row, to_approval
 from bridge.store.sql.shared import MAX_NUMBER, SqlBase, in_room, of_conversation, pending_rows
 from bridge.store.tables import ApprovalRow, RoomRow, ToolRuleRow
 
@@ -21,24 +21,15 @@ from bridge.store.tables import ApprovalRow, RoomRow, ToolRuleRow
 class ApprovalsSql(SqlBase):
     """Tool-use requests asked in rooms."""
 
-    async def add_approval(
-        self,
-        room: RoomKey,
-        run_id: RunId,
-        request_id: str,
-        *,
-        tool_name: str,
-        input_json: str,
-        asked_at: float,
-        expires_at: float,
-        shown_digest: str = "",
-    ) -> Approval:
+    async def add_approval(self, ask: ApprovalAsk) -> Approval:
         """Record a pending request under the room's next number; a replay returns the first.
 
         The number comes from the room's counter, raised in the same
         transaction: the upsert locks the room's row, so concurrent requests
         of a room (even from two stores) get distinct numbers.
         """
+
+        room, run_id, request_id = ask.room, ask.run_id, ask.request_id
 
         def body(s: Session) -> Approval:
             existing = self._approval_of_request(s, run_id, request_id)
@@ -59,20 +50,7 @@ class ApprovalsSql(SqlBase):
             # replaying it) is found below, not an integrity error.
             inserted = s.scalar(
                 self._insert(ApprovalRow)
-                .values(
-                    transport=room.transport,
-                    room_id=_stored_id(room),
-                    number=number,
-                    run_id=run_id,
-                    request_id=request_id,
-                    tool_name=tool_name,
-                    input_json=input_json,
-                    asked_at=asked_at,
-                    expires_at=expires_at,
-                    state=ApprovalState.PENDING.value,
-                    reason="",
-                    shown_digest=shown_digest,
-                )
+                .values(approval_values(ask, number))
                 .on_conflict_do_nothing(index_elements=["run_id", "request_id"])
                 .returning(ApprovalRow.id)
             )

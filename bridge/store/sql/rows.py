@@ -27,6 +27,7 @@ from bridge.core.model import (
 )
 from bridge.store.base import (
     Approval,
+    ApprovalAsk,
     ApprovalState,
     AuditAction,
     AuditEntry,
@@ -265,6 +266,24 @@ def to_audit_record(row: AuditRow) -> AuditRecord:
         detail=row.detail,
         id=row.id,
     )
+
+
+def approval_values(ask: ApprovalAsk, number: int) -> dict[str, Any]:
+    """A new, pending request under the room's ``number``, for an INSERT."""
+    return {
+        "transport": ask.room.transport,
+        "room_id": _stored_id(ask.room),
+        "number": number,
+        "run_id": ask.run_id,
+        "request_id": ask.request_id,
+        "tool_name": ask.tool_name,
+        "input_json": ask.input_json,
+        "asked_at": ask.asked_at,
+        "expires_at": ask.expires_at,
+        "state": ApprovalState.PENDING.value,
+        "reason": "",
+        "shown_digest": ask.shown_digest,
+    }
 
 
 def to_approval(row: ApprovalRow) -> Approval:

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from bridge.core.model import RoomKey, SessionId, UserId
 from bridge.store import audit_entries
-from bridge.store.base import RuleEffect, RuleScope, ToolRule
+from bridge.store.base import NewRule, RuleScope, ToolRule
 from bridge.store.keys import stored_id as _stored_id
 from bridge.store.rules import require_rule
 from bridge.store.sql.rows import audit_row, to_tool_rule
@@ -20,35 +20,25 @@ from bridge.store.tables import ToolRuleRow
 class RulesSql(SqlBase):
     """Tool rules, kept per channel."""
 
-    async def add_rule(
-        self,
-        room: RoomKey,
-        *,
-        scope: RuleScope,
-        effect: RuleEffect,
-        rule: str,
-        session_id: SessionId | None,
-        created_by: UserId,
-        at: float,
-    ) -> ToolRule:
+    async def add_rule(self, new: NewRule) -> ToolRule:
         """Keep a rule for the room's channel, audited, in one transaction."""
-        require_rule(scope, session_id, rule)
-        channel = room.channel
+        require_rule(new.scope, new.session_id, new.rule)
+        channel = new.room.channel
 
         def body(s: Session) -> ToolRule:
             row = ToolRuleRow(
                 transport=channel.transport,
                 room_id=_stored_id(channel),
-                scope=scope.value,
-                session_id=session_id,
-                effect=effect.value,
-                rule=rule,
-                created_by=created_by,
-                created_at=at,
+                scope=new.scope.value,
+                session_id=new.session_id,
+                effect=new.effect.value,
+                rule=new.rule,
+                created_by=new.created_by,
+                created_at=new.at,
             )
             s.add(row)
             s.flush()
-            kept = to_tool_rule(row)
+            kept = new.kept(row.id)
             s.add(audit_row(audit_entries.rule_added(kept)))
             return kept
 
