@@ -66,7 +66,7 @@ from bridge.runs.prestarts import Prestarts
 from bridge.runs.stale_runs import interruption_text, never_started
 from bridge.runs.usage import LimitResumes
 from bridge.runs.worktree_lifetime import Lifetimes
-from bridge.store.base import Approval, RegisteredRun, RunRecord, Store, StoreError
+from bridge.store.base import Approval, RegisteredRun, RunEnding, RunRecord, Store, StoreError
 from bridge.store.cluster import Leases, ReplicaIdInUse
 from bridge.store.sql import SqlStore
 from dispatcher import (
@@ -622,10 +622,12 @@ class Service:
             # One transaction: a failure between ending it and re-queueing its
             # messages would leave them failed, and nothing to say so.
             await self.store.finish_run(
-                run.id,
-                RunReport(RunStatus.INTERRUPTED, error="stopped before claude was started"),
-                time.time(),
-                requeue=True,
+                RunEnding(
+                    run.id,
+                    RunReport(RunStatus.INTERRUPTED, error="stopped before claude was started"),
+                    time.time(),
+                    requeue=True,
+                )
             )
             log.warning(
                 "run %s in %s never started; its %d message(s) wait to run again",
@@ -639,10 +641,12 @@ class Service:
             else Reply(run.room, text, ReplyKind.NOTICE, thread=run.room.thread or None)
         )
         await self.store.finish_run(
-            run.id,
-            RunReport(RunStatus.INTERRUPTED, error=error),
-            time.time(),
-            [notice],
+            RunEnding(
+                run.id,
+                RunReport(RunStatus.INTERRUPTED, error=error),
+                time.time(),
+                [notice],
+            )
         )
         # Its waiting tool requests can no longer be answered: out of `!status` and
         # out of reach of an `!approve` meant for a live run (shown once connected).

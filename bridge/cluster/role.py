@@ -43,6 +43,7 @@ from bridge.store.base import (
     MessageStore,
     OutboxStore,
     RegisteredRun,
+    RunEnding,
     RunRecord,
     RunStore,
     StoreError,
@@ -328,7 +329,7 @@ class ClusterRole:
             report = RunReport(
                 RunStatus.INTERRUPTED, error="its replica was lost; it ran past its time limit"
             )
-            await self.store.finish_run(run.id, report, time.time())
+            await self.store.finish_run(RunEnding(run.id, report, time.time()))
 
         self.dispatcher.adopt(Batch(run.room, tuple(messages)), wait)
 

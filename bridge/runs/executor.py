@@ -65,6 +65,7 @@ from bridge.store.base import (
     OutboxEntry,
     RegisteredRun,
     RoomOverrides,
+    RunEnding,
     RunLifecycleStore,
     StoreError,
 )
@@ -810,7 +811,7 @@ class RunExecutor:
         await self._give_up(taken, "dropped" if status is RunStatus.STOPPED else "shutdown")
         batch = dispatched.batch
         if await self.store.get_run(run_id) is not None:
-            await self.store.finish_run(run_id, RunReport(status), self.wall_clock())
+            await self.store.finish_run(RunEnding(run_id, RunReport(status), self.wall_clock()))
         elif status is RunStatus.STOPPED:
             await self.store.mark_dropped(batch.ids, None, self.wall_clock())
         # Interrupted and not recorded: the messages stay pending for the restart.
@@ -1664,12 +1665,9 @@ class RunExecutor:
                 while True:
                     try:
                         # The session is kept unless a !reset came during the run.
+                        kept = self._generations.get(run.batch.room, 0) == run.generation
                         entries = await self.store.finish_run(
-                            run.id,
-                            report,
-                            ended,
-                            replies,
-                            keep_session=self._generations.get(run.batch.room, 0) == run.generation,
+                            RunEnding(run.id, report, ended, replies, keep_session=kept)
                         )
                     except Exception:
                         # Not only StoreError: whatever fails here, the run

@@ -7,8 +7,15 @@ suite checks one set of rows rather than two copies of them.
 
 from __future__ import annotations
 
-from bridge.core.model import InboundMessage, MessageId, RoomKey, RunId, RunStatus, UserId
-from bridge.store.base import Approval, ApprovalState, AuditAction, AuditEntry, ToolRule
+from bridge.core.model import InboundMessage, MessageId, RoomKey, RunId, UserId
+from bridge.store.base import (
+    Approval,
+    ApprovalState,
+    AuditAction,
+    AuditEntry,
+    RunEnding,
+    ToolRule,
+)
 from bridge.store.rules import APPROVAL_ACTIONS, RULE_LIMIT_BYTES, excerpt
 
 
@@ -51,9 +58,10 @@ def run_started(run_id: RunId, room: RoomKey, messages: int, at: float) -> Audit
     return AuditEntry(AuditAction.RUN_STARTED, at, room, run_id=run_id, detail=detail)
 
 
-def run_finished(run_id: RunId, room: RoomKey, status: RunStatus, at: float) -> AuditEntry:
-    """A run ended with ``status``."""
-    return AuditEntry(AuditAction.RUN_FINISHED, at, room, run_id=run_id, detail=status.value)
+def run_finished(ending: RunEnding, room: RoomKey) -> AuditEntry:
+    """A run ended (detail: its status)."""
+    run_id, detail = ending.run_id, ending.report.status.value
+    return AuditEntry(AuditAction.RUN_FINISHED, ending.at, room, run_id=run_id, detail=detail)
 
 
 def _approval_detail(approval: Approval, state: ApprovalState, reason: str = "") -> str:

@@ -11,7 +11,7 @@ PostgreSQL). One contract suite in ``tests/store`` runs against all of them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from enum import StrEnum
 from typing import Protocol
 
@@ -91,6 +91,22 @@ class RunRecord:
     """None while the run is running."""
     replica: str | None = None
     """The replica that started it (docs/replicas.md); None for a single process."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnding:
+    """How a run ended and the replies that tell its room (:meth:`RunStore.finish_run`)."""
+
+    run_id: RunId
+    report: RunReport
+    at: float
+    replies: Sequence[Reply] = ()
+    """Go into the outbox, pending, in order, with the end."""
+    _: KW_ONLY
+    keep_session: bool = False
+    """The report's session (if any) becomes the room's with the end."""
+    requeue: bool = False
+    """The run never began: its messages become pending again instead of settled."""
 
 
 STEERED = "steered"
@@ -421,16 +437,7 @@ class RunStore(Protocol):
         A run that is not running raises :class:`StoreError`."""
         ...
 
-    async def finish_run(
-        self,
-        run_id: RunId,
-        report: RunReport,
-        at: float,
-        replies: Sequence[Reply] = (),
-        *,
-        keep_session: bool = False,
-        requeue: bool = False,
-    ) -> list[OutboxEntry]:
+    async def finish_run(self, ending: RunEnding) -> list[OutboxEntry]:
         """Record how a run ended and the replies that tell the room, in one transaction.
 
         Its messages become done (succeeded), dropped (stopped) or failed (or,

@@ -21,7 +21,6 @@ from bridge.core.model import (
     Reply,
     RoomKey,
     RunId,
-    RunReport,
     RunStatus,
     SessionId,
     TransportName,
@@ -44,6 +43,7 @@ from bridge.store.base import (
     RegisteredRun,
     RoomOverrides,
     RuleScope,
+    RunEnding,
     RunRecord,
     StoreError,
     ToolRule,
@@ -55,10 +55,10 @@ from bridge.store.rules import (
     approval_reason,
     delivery_key,
     excerpt,
-    finished_message_state,
     require_decision,
     require_rule,
     require_storable,
+    settled_state,
 )
 
 _DedupKey = tuple[RoomKey, ExternalMessageId]
@@ -306,18 +306,10 @@ class MemoryStore:
         if registered is not None and offset > registered.delivered_offset:
             self._live[run_id] = replace(registered, delivered_offset=offset)
 
-    async def finish_run(
-        self,
-        run_id: RunId,
-        report: RunReport,
-        at: float,
-        replies: Sequence[Reply] = (),
-        *,
-        keep_session: bool = False,
-        requeue: bool = False,
-    ) -> list[OutboxEntry]:
+    async def finish_run(self, ending: RunEnding) -> list[OutboxEntry]:
         """Record how a run ended, settle its still-dispatched messages, enqueue ``replies``."""
-        state = MessageState.PENDING if requeue else finished_message_state(report.status)
+        run_id, report, at, replies = ending.run_id, ending.report, ending.at, ending.replies
+        state = settled_state(ending)
         run = self._run(run_id)
         if run.status is not RunStatus.RUNNING:
             # A retry whose first try committed: hand back what is still to deliver.
@@ -336,8 +328,8 @@ class MemoryStore:
         for stored in self._messages.values():
             if stored.run_id == run_id and stored.state is MessageState.DISPATCHED:
                 stored.state = state
-        self._write_audit(audit_entries.run_finished(run_id, run.room, report.status, at))
-        if keep_session and report.session_id is not None:
+        self._write_audit(audit_entries.run_finished(ending, run.room))
+        if ending.keep_session and report.session_id is not None:
             self._sessions[run.room] = report.session_id
         if report.cost_usd is not None:
             self._spend[run_id] = (run.room, at, report.cost_usd)

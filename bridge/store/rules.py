@@ -13,6 +13,7 @@ from bridge.store.base import (
     ApprovalState,
     AuditAction,
     RuleScope,
+    RunEnding,
     StoreError,
 )
 
@@ -51,6 +52,12 @@ def require_storable(text: str) -> None:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise StoreError(f"text the database cannot store: {exc.reason}") from exc
+
+
+def settled_state(ending: RunEnding) -> MessageState:
+    """The state the run's still-dispatched messages take as it ends: pending again
+    for a run that never began (``requeue``), else as :func:`finished_message_state`."""
+    return MessageState.PENDING if ending.requeue else finished_message_state(ending.report.status)
 
 
 def finished_message_state(status: RunStatus) -> MessageState:

@@ -33,7 +33,7 @@ from bridge.core.model import (
 from bridge.core.transport import ApprovalChoice
 from bridge.host.http import serve_http
 from bridge.host.http_sockets import bind_http
-from bridge.store.base import ApprovalAsk, AuditAction, AuditEntry
+from bridge.store.base import ApprovalAsk, AuditAction, AuditEntry, RunEnding
 from bridge.store.sql import SqlStore
 from bridge.web.app import web_app
 from bridge.web.auth import SESSION_COOKIE
@@ -100,7 +100,9 @@ async def _seed(store: SqlStore) -> tuple[RunId, int]:
     run = RunId("run-web-1")
     await store.start_run(run, Batch(ROOM, (msgs[0],)), now)
     await store.finish_run(
-        run, RunReport(RunStatus.SUCCEEDED, cost_usd=1.25, result_text="done: rotated"), now + 2
+        RunEnding(
+            run, RunReport(RunStatus.SUCCEEDED, cost_usd=1.25, result_text="done: rotated"), now + 2
+        )
     )
     live = RunId("run-web-2")
     await store.start_run(live, Batch(ROOM, (msgs[1],)), now + 3)

@@ -20,10 +20,8 @@ from bridge.core.model import (
     Message,
     MessageId,
     MessageState,
-    Reply,
     RoomKey,
     RunId,
-    RunReport,
     RunStatus,
     SessionId,
 )
@@ -33,6 +31,7 @@ from bridge.store.base import (
     DeliveryState,
     Fence,
     OutboxEntry,
+    RunEnding,
     RunRecord,
     StoreError,
 )
@@ -40,7 +39,7 @@ from bridge.store.batching import Committing, Failed, GroupCommit
 from bridge.store.cluster import check_fence
 from bridge.store.keys import room_key as _room
 from bridge.store.keys import stored_id as _stored_id
-from bridge.store.rules import excerpt, finished_message_state
+from bridge.store.rules import excerpt, settled_state
 from bridge.store.sql.rows import (
     audit_values,
     new_entry,
@@ -73,14 +72,9 @@ FINISH_GROUP_LIMIT = 64
 class _Finish:
     """One :meth:`SqlStore.finish_run` call, queued for a shared transaction."""
 
-    run_id: RunId
-    report: RunReport
-    at: float
-    replies: tuple[Reply, ...]
-    keep_session: bool
+    ending: RunEnding
     sessions_set: int
     """:attr:`SqlStore._sessions_set` when the call was made: a later ``set_session`` wins."""
-    requeue: bool = False
 
 
 def requeue(s: Session, run_id: RunId) -> list[Message]:
@@ -127,14 +121,14 @@ def _offered() -> ColumnElement[bool]:
     return RunRow.status.in_(retryable) & still_failed & ~superseded
 
 
-def _spend_values(finish: _Finish, room: RoomKey) -> dict[str, Any]:
+def _spend_values(ending: RunEnding, room: RoomKey) -> dict[str, Any]:
     """The run's row of the budget ledger: by room (a thread's cost is its room's)."""
     return {
-        "run_id": finish.run_id,
+        "run_id": ending.run_id,
         "transport": room.transport,
         "room_id": room.room_id,
-        "at": finish.at,
-        "cost_usd": finish.report.cost_usd,
+        "at": ending.at,
+        "cost_usd": ending.report.cost_usd,
     }
 
 
@@ -143,13 +137,13 @@ _END_RUN = update(RUNS).where(RUNS.c.seq == bindparam("b_seq"))
 :func:`_ended_run_values`."""
 
 
-def _ended_run_values(seq: int, finish: _Finish) -> dict[str, Any]:
+def _ended_run_values(seq: int, ending: RunEnding) -> dict[str, Any]:
     """A run's outcome, for :data:`_END_RUN`."""
-    report = finish.report
+    report = ending.report
     return {
         "b_seq": seq,
         "status": report.status.value,
-        "ended_at": finish.at,
+        "ended_at": ending.at,
         "exit_code": report.exit_code,
         "session_id": report.session_id,
         "cost_usd": report.cost_usd,
@@ -283,16 +277,7 @@ class RunsSql(SqlBase):
 
         await self._write(body, synced=self._server_may_restart)
 
-    async def finish_run(
-        self,
-        run_id: RunId,
-        report: RunReport,
-        at: float,
-        replies: Sequence[Reply] = (),
-        *,
-        keep_session: bool = False,
-        requeue: bool = False,
-    ) -> list[OutboxEntry]:
+    async def finish_run(self, ending: RunEnding) -> list[OutboxEntry]:
         """Record how a run ended, settle its still-dispatched messages, enqueue ``replies``.
 
         Succeeded -> done, stopped -> dropped, anything else -> failed (see
@@ -317,16 +302,14 @@ class RunsSql(SqlBase):
         """
         if self._closed:
             raise StoreError("the store is closed")
-        finish = _Finish(
-            run_id, report, at, tuple(replies), keep_session, self._sessions_set, requeue
-        )
-        return await self._finishes.submit(finish)
+        return await self._finishes.submit(_Finish(ending, self._sessions_set))
 
     async def _finish_group(
         self, group: Sequence[_Finish], committing: Committing
     ) -> list[list[OutboxEntry] | Failed]:
         """Record the ends of ``group``, in order, in one transaction."""
-        if not any(f.keep_session and f.report.session_id is not None for f in group):
+        endings = [finish.ending for finish in group]
+        if not any(e.keep_session and e.report.session_id is not None for e in endings):
             return await isolating(group, self._finish_together, committing)
         # Which sessions are kept is decided in the transaction (see
         # _finish_together); no set_session may commit between that and the
@@ -355,7 +338,7 @@ class RunsSql(SqlBase):
             placed: list[Failed | list[OutboxEntry] | tuple[int, int]] = []
             rows = s.execute(
                 select(RUNS.c.seq, RUNS.c.id, RUNS.c.transport, RUNS.c.room_id, RUNS.c.status)
-                .where(RUNS.c.id.in_({finish.run_id for finish in group}))
+                .where(RUNS.c.id.in_({finish.ending.run_id for finish in group}))
                 # Two processes ending one run at once (replicas: the old owner and
                 # the new) take turns: the second sees it ended. (SQLite: one writer.)
                 .with_for_update()
@@ -369,39 +352,29 @@ class RunsSql(SqlBase):
             settle: dict[MessageState, list[RunId]] = {}
             sessions: dict[RoomKey, SessionId] = {}
             for finish in group:
-                run = runs.get(finish.run_id)
+                ending = finish.ending
+                run_id, run = ending.run_id, runs.get(ending.run_id)
                 if run is None:
-                    placed.append(Failed(StoreError(f"no run {finish.run_id}")))
-                elif finish.run_id in ended:
-                    placed.append(ended[finish.run_id])
+                    placed.append(Failed(StoreError(f"no run {run_id}")))
+                elif run_id in ended:
+                    placed.append(ended[run_id])
                 elif run.status != RunStatus.RUNNING.value:
-                    placed.append(self._pending_entries(s, finish.run_id))
+                    placed.append(self._pending_entries(s, run_id))
                 else:
-                    report, room = finish.report, _room(run.transport, run.room_id)
-                    run_values.append(_ended_run_values(run.seq, finish))
+                    room = _room(run.transport, run.room_id)
+                    run_values.append(_ended_run_values(run.seq, ending))
                     # A run that never began: its messages wait to run, as if it never was.
-                    state = (
-                        MessageState.PENDING
-                        if finish.requeue
-                        else finished_message_state(report.status)
-                    )
-                    settle.setdefault(state, []).append(finish.run_id)
-                    audit.append(
-                        audit_values(
-                            audit_entries.run_finished(
-                                finish.run_id, room, report.status, finish.at
-                            )
-                        )
-                    )
-                    if report.cost_usd is not None:
-                        spend.append(_spend_values(finish, room))
+                    settle.setdefault(settled_state(ending), []).append(run_id)
+                    audit.append(audit_values(audit_entries.run_finished(ending, room)))
+                    if ending.report.cost_usd is not None:
+                        spend.append(_spend_values(ending, room))
                     kept = self._kept_session(finish, room)
                     if kept is not None:
                         sessions[room] = kept
                     first = len(outbox)
-                    outbox += [outbox_values(r, finish.at, finish.run_id) for r in finish.replies]
-                    ended[finish.run_id] = (first, len(outbox))
-                    placed.append(ended[finish.run_id])
+                    outbox += [outbox_values(r, ending.at, run_id) for r in ending.replies]
+                    ended[run_id] = (first, len(outbox))
+                    placed.append(ended[run_id])
             if run_values:
                 # One executemany by primary key (Core: the ORM's bulk UPDATE cost more).
                 s.execute(_END_RUN, run_values)
@@ -438,9 +411,10 @@ class RunsSql(SqlBase):
 
     def _kept_session(self, finish: _Finish, room: RoomKey) -> SessionId | None:
         """The run's session, to become the room's: asked for, and not set anew since the call."""
-        if not finish.keep_session or self._session_set_at.get(room, 0) > finish.sessions_set:
+        ending = finish.ending
+        if not ending.keep_session or self._session_set_at.get(room, 0) > finish.sessions_set:
             return None
-        return finish.report.session_id
+        return ending.report.session_id
 
     def _pending_entries(self, s: Session, run_id: RunId) -> list[OutboxEntry]:
         rows = s.scalars(
