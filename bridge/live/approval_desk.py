@@ -26,6 +26,7 @@ from bridge.live.questions import ASK, INTERACTIVE, deny_text, outcome, unanswer
 from bridge.live.tool_rules import DENY_REACH, keepable, rule_for
 from bridge.store.base import (
     Approval,
+    ApprovalDecision,
     ApprovalState,
     ApprovalStore,
     MessageStore,
@@ -107,7 +108,7 @@ class ApprovalDesk:
             return Answered(unfit, False)
         if approval.state is ApprovalState.PENDING:
             decided = await self.store.decide_approval(
-                approval, state_of(choice), sender, self.wall_clock(), reason
+                approval, ApprovalDecision(state_of(choice), sender, self.wall_clock(), reason)
             )
             if decided:
                 current = await self._current(approval)
@@ -182,7 +183,7 @@ class ApprovalDesk:
             # The wait it was asked with, whatever the settings say now.
             message = timeout_message(approval.expires_at - approval.asked_at)
             if await self.store.decide_approval(
-                approval, ApprovalState.EXPIRED, None, now, "timed out"
+                approval, ApprovalDecision(ApprovalState.EXPIRED, None, now, "timed out")
             ):
                 current = await self._current(approval)
                 await self.live.decide(current, ApprovalChoice.DENY, None, message)

@@ -65,6 +65,7 @@ from bridge.outbound.replies import Replier, in_conversation
 from bridge.store.base import (
     Approval,
     ApprovalAsk,
+    ApprovalDecision,
     ApprovalState,
     RoomStore,
     RuleEffect,
@@ -220,7 +221,7 @@ class ApprovalFlow:
         # Compare-and-set: if someone answered meanwhile, their answer stands.
         # ... and only while the rule holds: a revoke meanwhile means the room is asked.
         decided = await self.store.decide_approval(
-            approval, state, None, self.wall_clock(), why, rule_id=rule.id
+            approval, ApprovalDecision(state, None, self.wall_clock(), why, rule_id=rule.id)
         )
         current = await self.store.approval_by_number(approval.room, approval.number)
         return (approval if current is None else current), decided
@@ -346,7 +347,7 @@ class ApprovalFlow:
         """Deny a request nobody could be shown faithfully: never approved blind."""
         reason = f"not shown to the room, so not asked: {problem}"
         if not await self.store.decide_approval(
-            approval, ApprovalState.DENIED, None, self.wall_clock(), reason
+            approval, ApprovalDecision(ApprovalState.DENIED, None, self.wall_clock(), reason)
         ):
             return
         told = (

@@ -10,6 +10,7 @@ from __future__ import annotations
 from bridge.core.model import InboundMessage, MessageId, RoomKey, RunId, UserId
 from bridge.store.base import (
     Approval,
+    ApprovalDecision,
     ApprovalState,
     AuditAction,
     AuditEntry,
@@ -77,11 +78,10 @@ def approval_asked(approval: Approval) -> AuditEntry:
     return AuditEntry(AuditAction.APPROVAL_ASKED, at, room, run_id=run_id, detail=detail)
 
 
-def approval_ended(
-    approval: Approval, state: ApprovalState, by: UserId | None, at: float, reason: str
-) -> AuditEntry:
-    """A request decided or cancelled (``by`` None: nobody decided, as for an expiry)."""
-    detail = _approval_detail(approval, state, reason)
+def approval_decided(approval: Approval, decision: ApprovalDecision) -> AuditEntry:
+    """A request decided, or cancelled (nobody decided: no actor)."""
+    state, by, at = decision.state, decision.decided_by, decision.decided_at
+    detail = _approval_detail(approval, state, decision.reason)
     action, room = APPROVAL_ACTIONS[state], approval.room
     return AuditEntry(action, at, room, by, run_id=approval.run_id, detail=detail)
 

@@ -11,7 +11,7 @@ PostgreSQL). One contract suite in ``tests/store`` runs against all of them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, replace
 from enum import StrEnum
 from typing import Protocol
 
@@ -255,6 +255,26 @@ class Approval(ApprovalAsk):
     decided_at: float | None
     reason: str
     """Why it was denied or cancelled; empty otherwise."""
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalDecision:
+    """How a pending request ends (:meth:`ApprovalStore.decide_approval`)."""
+
+    state: ApprovalState
+    """Any end: allowed, allowed_session, denied, expired, or cancelled (claude withdrew it)."""
+    decided_by: UserId | None
+    """None for decisions nobody made (expiry, a kept rule, a withdrawal)."""
+    decided_at: float
+    reason: str = ""
+    _: KW_ONLY
+    rule_id: int | None = None
+    """The kept rule deciding it, which must still hold (not revoked) as it does."""
+
+    def applied(self, approval: Approval) -> Approval:
+        """``approval`` as this decision leaves it."""
+        by, at, reason = self.decided_by, self.decided_at, self.reason
+        return replace(approval, state=self.state, decided_by=by, decided_at=at, reason=reason)
 
 
 class RuleScope(StrEnum):
@@ -696,22 +716,13 @@ class ApprovalStore(Protocol):
         self, room: RoomKey, message_id: ExternalMessageId
     ) -> Approval | None: ...
 
-    async def decide_approval(
-        self,
-        approval: Approval,
-        state: ApprovalState,
-        decided_by: UserId | None,
-        decided_at: float,
-        reason: str = "",
-        *,
-        rule_id: int | None = None,
-    ) -> bool:
+    async def decide_approval(self, approval: Approval, decision: ApprovalDecision) -> bool:
         """Decide a pending request (allowed, allowed_session, denied, expired), audited.
 
         Compare-and-set: only a request still pending changes, so of two
         approvers answering at once exactly one call returns True; the
-        other changes nothing, audits nothing and returns False. ``rule_id``:
-        the kept rule deciding it, which must still hold (not revoked) too.
+        other changes nothing, audits nothing and returns False. A decision
+        by a kept rule (``rule_id``) needs that rule still to hold, too.
         """
         ...
 

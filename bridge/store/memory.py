@@ -31,6 +31,7 @@ from bridge.store.base import (
     STEERED,
     Approval,
     ApprovalAsk,
+    ApprovalDecision,
     ApprovalState,
     AuditAction,
     AuditEntry,
@@ -678,34 +679,21 @@ class MemoryStore:
             None,
         )
 
-    async def decide_approval(
-        self,
-        approval: Approval,
-        state: ApprovalState,
-        decided_by: UserId | None,
-        decided_at: float,
-        reason: str = "",
-        *,
-        rule_id: int | None = None,
-    ) -> bool:
+    async def decide_approval(self, approval: Approval, decision: ApprovalDecision) -> bool:
         """Decide the request if it is still pending (and its rule holds), audited."""
         self._check_open()
-        require_decision(state)
-        require_storable(reason)
-        reason = approval_reason(reason)
+        require_decision(decision.state)
+        require_storable(decision.reason)
+        decision = replace(decision, reason=approval_reason(decision.reason))
         stored = self._approvals.get(approval.id)
         if stored is None or stored.state is not ApprovalState.PENDING:
             return False
-        if rule_id is not None:
-            rule = self._rules.get(rule_id)
+        if decision.rule_id is not None:
+            rule = self._rules.get(decision.rule_id)
             if rule is None or rule.revoked_at is not None:
                 return False
-        self._approvals[approval.id] = replace(
-            stored, state=state, decided_by=decided_by, decided_at=decided_at, reason=reason
-        )
-        self._write_audit(
-            audit_entries.approval_ended(stored, state, decided_by, decided_at, reason)
-        )
+        self._approvals[approval.id] = decision.applied(stored)
+        self._write_audit(audit_entries.approval_decided(stored, decision))
         return True
 
     async def cancel_approvals(
@@ -714,18 +702,17 @@ class MemoryStore:
         """Cancel the run's pending requests (or those of ``request_ids``), one audit row each."""
         self._check_open()
         require_storable(why)
-        why = approval_reason(why)
+        cancel = ApprovalDecision(ApprovalState.CANCELLED, None, at, approval_reason(why))
         cancelled = []
         for approval in list(self._approvals.values()):
             if approval.run_id != run_id or approval.state is not ApprovalState.PENDING:
                 continue
             if request_ids is not None and approval.request_id not in request_ids:
                 continue
-            done = replace(approval, state=ApprovalState.CANCELLED, decided_at=at, reason=why)
+            done = cancel.applied(approval)
             self._approvals[approval.id] = done
             cancelled.append(done)
-            cancel = ApprovalState.CANCELLED
-            self._write_audit(audit_entries.approval_ended(approval, cancel, None, at, why))
+            self._write_audit(audit_entries.approval_decided(approval, cancel))
         return cancelled
 
     async def expired_approvals(self, now: float) -> list[Approval]:

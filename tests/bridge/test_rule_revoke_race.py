@@ -10,7 +10,14 @@ from bridge.core.model import UserId
 from bridge.live.approval_flow import ApprovalFlow
 from bridge.live.registry import LiveRuns
 from bridge.outbound.replies import Replier
-from bridge.store.base import Approval, ApprovalState, NewRule, RuleEffect, RuleScope
+from bridge.store.base import (
+    Approval,
+    ApprovalDecision,
+    ApprovalState,
+    NewRule,
+    RuleEffect,
+    RuleScope,
+)
 from bridge.store.memory import MemoryStore
 from tests.bridge.test_approval_click_race import RUN, Asking
 
@@ -20,10 +27,10 @@ BOB = UserId("bob")
 class RevokedMeanwhile(MemoryStore):
     """``!rules revoke`` lands after the rules were read, before the request is decided."""
 
-    async def decide_approval(self, approval: Approval, *args: object, **kwargs: object) -> bool:
+    async def decide_approval(self, approval: Approval, decision: ApprovalDecision) -> bool:
         for rule in await self.active_rules(approval.room, None):
             await self.revoke_rule(approval.room, rule.id, BOB, 50.0)
-        return await super().decide_approval(approval, *args, **kwargs)  # type: ignore[arg-type]
+        return await super().decide_approval(approval, decision)
 
 
 async def test_a_rule_revoked_while_a_request_is_checked_does_not_decide_it(

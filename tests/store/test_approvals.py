@@ -15,7 +15,14 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.store.base import Approval, ApprovalAsk, ApprovalState, AuditAction, RoomOverrides
+from bridge.store.base import (
+    Approval,
+    ApprovalAsk,
+    ApprovalDecision,
+    ApprovalState,
+    AuditAction,
+    RoomOverrides,
+)
 from tests.store.conftest import InspectableStore
 
 ROOM = RoomKey(TransportName("matrix"), RoomId("!a:localhost"))
@@ -84,7 +91,7 @@ async def test_a_request_is_pending_under_the_rooms_next_number(store: Inspectab
 
 async def test_a_replayed_request_is_the_same_approval(store: InspectableStore) -> None:
     first = await ask(store, "r1")
-    await store.decide_approval(first, ApprovalState.DENIED, ALICE, 150.0, "no")
+    await store.decide_approval(first, ApprovalDecision(ApprovalState.DENIED, ALICE, 150.0, "no"))
     replayed = await ask(store, "r1", asked_at=300.0, expires_at=900.0)
     assert replayed.id == first.id
     assert (replayed.number, replayed.state, replayed.asked_at) == (1, ApprovalState.DENIED, 100)
@@ -102,7 +109,7 @@ async def test_concurrent_requests_get_distinct_numbers(store: InspectableStore)
 
 async def test_numbers_are_never_reused_after_pruning(store: InspectableStore) -> None:
     first = await ask(store, "r1")
-    assert await store.decide_approval(first, ApprovalState.ALLOWED, ALICE, 110.0)
+    assert await store.decide_approval(first, ApprovalDecision(ApprovalState.ALLOWED, ALICE, 110.0))
     assert await store.prune(older_than=200.0) >= 1
     assert await store.approval_by_number(ROOM, 1) is None
     assert (await ask(store, "r2", asked_at=300.0)).number == 2
@@ -111,7 +118,7 @@ async def test_numbers_are_never_reused_after_pruning(store: InspectableStore) -
 async def test_pruning_keeps_pending_and_recent_requests(store: InspectableStore) -> None:
     old_pending = await ask(store, "r1", asked_at=10.0)
     recent = await ask(store, "r2", asked_at=10.0)
-    await store.decide_approval(recent, ApprovalState.DENIED, ALICE, 500.0)
+    await store.decide_approval(recent, ApprovalDecision(ApprovalState.DENIED, ALICE, 500.0))
     await store.prune(older_than=200.0)
     assert await store.pending_approvals() == [old_pending]
     assert await store.approval_by_number(ROOM, 2) is not None
@@ -139,8 +146,10 @@ async def test_a_decision_is_recorded_once_and_audited(
     store: InspectableStore, state: ApprovalState, action: AuditAction
 ) -> None:
     approval = await ask(store, "r1")
-    assert await store.decide_approval(approval, state, BOB, 120.0, "why")
-    assert not await store.decide_approval(approval, ApprovalState.DENIED, ALICE, 121.0, "late")
+    assert await store.decide_approval(approval, ApprovalDecision(state, BOB, 120.0, "why"))
+    assert not await store.decide_approval(
+        approval, ApprovalDecision(ApprovalState.DENIED, ALICE, 121.0, "late")
+    )
 
     decided = await store.approval_by_number(ROOM, 1)
     assert decided is not None
@@ -159,9 +168,11 @@ async def test_a_decision_is_recorded_once_and_audited(
 async def test_racing_approvers_decide_once(store: InspectableStore) -> None:
     approval = await ask(store, "r1")
     outcomes = await asyncio.gather(
-        store.decide_approval(approval, ApprovalState.ALLOWED, ALICE, 120.0),
-        store.decide_approval(approval, ApprovalState.DENIED, BOB, 120.0),
-        store.decide_approval(approval, ApprovalState.ALLOWED_SESSION, BOB, 120.0),
+        store.decide_approval(approval, ApprovalDecision(ApprovalState.ALLOWED, ALICE, 120.0)),
+        store.decide_approval(approval, ApprovalDecision(ApprovalState.DENIED, BOB, 120.0)),
+        store.decide_approval(
+            approval, ApprovalDecision(ApprovalState.ALLOWED_SESSION, BOB, 120.0)
+        ),
     )
     assert sorted(outcomes) == [False, False, True]
     decisions = [
@@ -177,7 +188,9 @@ async def test_expiry_is_a_decision_nobody_made(store: InspectableStore) -> None
     assert await store.expired_approvals(149.0) == []
     due = await store.expired_approvals(150.0)
     assert [a.id for a in due] == [early.id, late.id]
-    assert await store.decide_approval(early, ApprovalState.EXPIRED, None, 150.0, "timed out")
+    assert await store.decide_approval(
+        early, ApprovalDecision(ApprovalState.EXPIRED, None, 150.0, "timed out")
+    )
     assert [a.id for a in await store.expired_approvals(200.0)] == [late.id]
     last = (await store.audit_trail(run_id=RUN))[-1]
     assert (last.action, last.actor) == (AuditAction.APPROVAL_EXPIRED, None)
@@ -186,7 +199,7 @@ async def test_expiry_is_a_decision_nobody_made(store: InspectableStore) -> None
 async def test_decide_refuses_pending_as_a_decision(store: InspectableStore) -> None:
     approval = await ask(store, "r1")
     with pytest.raises(ValueError, match="cannot be decided"):
-        await store.decide_approval(approval, ApprovalState.PENDING, ALICE, 120.0)
+        await store.decide_approval(approval, ApprovalDecision(ApprovalState.PENDING, ALICE, 120.0))
     assert await store.pending_approvals() == [approval]
 
 
@@ -194,7 +207,7 @@ async def test_one_request_can_be_cancelled_alone(store: InspectableStore) -> No
     """claude withdrew it (an interrupt): the run's other requests still wait."""
     first, second = await ask(store, "r1"), await ask(store, "r2")
     assert await store.decide_approval(
-        first, ApprovalState.CANCELLED, None, 120.0, "claude withdrew it"
+        first, ApprovalDecision(ApprovalState.CANCELLED, None, 120.0, "claude withdrew it")
     )
     assert await store.pending_approvals() == [second]
     last = (await store.audit_trail(run_id=RUN))[-1]
@@ -203,7 +216,7 @@ async def test_one_request_can_be_cancelled_alone(store: InspectableStore) -> No
 
 async def test_a_runs_end_cancels_its_pending_requests(store: InspectableStore) -> None:
     decided = await ask(store, "r1")
-    await store.decide_approval(decided, ApprovalState.ALLOWED, ALICE, 110.0)
+    await store.decide_approval(decided, ApprovalDecision(ApprovalState.ALLOWED, ALICE, 110.0))
     waiting = await ask(store, "r2")
     other_run = await ask(store, "r3", run_id=RunId("run-2"))
 
@@ -212,7 +225,9 @@ async def test_a_runs_end_cancels_its_pending_requests(store: InspectableStore) 
         (waiting.id, ApprovalState.CANCELLED, 130.0, "the run ended")
     ]
     assert await store.pending_approvals() == [other_run]
-    assert not await store.decide_approval(waiting, ApprovalState.ALLOWED, ALICE, 140.0)
+    assert not await store.decide_approval(
+        waiting, ApprovalDecision(ApprovalState.ALLOWED, ALICE, 140.0)
+    )
     assert await store.cancel_approvals(RUN, "again", 150.0) == []
     last = (await store.audit_trail(run_id=RUN))[-1]
     assert (last.action, last.detail) == (

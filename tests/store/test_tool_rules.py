@@ -7,7 +7,15 @@ import asyncio
 import pytest
 
 from bridge.core.model import RoomId, RoomKey, SessionId, TransportName, UserId
-from bridge.store.base import ApprovalState, AuditAction, NewRule, RuleEffect, RuleScope, ToolRule
+from bridge.store.base import (
+    ApprovalDecision,
+    ApprovalState,
+    AuditAction,
+    NewRule,
+    RuleEffect,
+    RuleScope,
+    ToolRule,
+)
 from tests.store.conftest import InspectableStore
 from tests.store.test_approvals import ask
 
@@ -138,11 +146,11 @@ async def test_a_rule_decides_a_request_only_while_it_holds(store: InspectableSt
     first = await ask(store, "r1", room=ROOM)
     second = await ask(store, "r2", room=ROOM)
     assert await store.decide_approval(
-        first, ApprovalState.ALLOWED, None, 101.0, "by rule", rule_id=kept.id
+        first, ApprovalDecision(ApprovalState.ALLOWED, None, 101.0, "by rule", rule_id=kept.id)
     )
     await store.revoke_rule(ROOM, kept.id, BOB, 102.0)
     assert not await store.decide_approval(
-        second, ApprovalState.ALLOWED, None, 103.0, "by rule", rule_id=kept.id
+        second, ApprovalDecision(ApprovalState.ALLOWED, None, 103.0, "by rule", rule_id=kept.id)
     )
     found = await store.approval_by_number(ROOM, second.number)
     assert found is not None

@@ -5,15 +5,17 @@ Deciding is a compare-and-set: of two answers at once, one wins (docs/live-runs.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.orm import Session
 
-from bridge.core.model import ExternalMessageId, RoomKey, RunId, UserId
+from bridge.core.model import ExternalMessageId, RoomKey, RunId
 from bridge.store import audit_entries
-from bridge.store.base import Approval, ApprovalAsk, ApprovalState, StoreError
+from bridge.store.base import Approval, ApprovalAsk, ApprovalDecision, ApprovalState, StoreError
 from bridge.store.keys import stored_id as _stored_id
 from bridge.store.rules import approval_reason, require_decision
-from bridge.store.sql.rows import approval_values, audit_row, to_approval
+from bridge.store.sql.rows import approval_values, audit_row, decision_values, to_approval
 from bridge.store.sql.shared import MAX_NUMBER, SqlBase, in_room, of_conversation, pending_rows
 from bridge.store.tables import ApprovalRow, RoomRow, ToolRuleRow
 
@@ -112,20 +114,12 @@ class ApprovalsSql(SqlBase):
         query = select(ApprovalRow).where(*where).order_by(ApprovalRow.id)
         return await self._read_rows(query, to_approval)
 
-    async def decide_approval(
-        self,
-        approval: Approval,
-        state: ApprovalState,
-        decided_by: UserId | None,
-        decided_at: float,
-        reason: str = "",
-        *,
-        rule_id: int | None = None,
-    ) -> bool:
+    async def decide_approval(self, approval: Approval, decision: ApprovalDecision) -> bool:
         """Decide the request if it is still pending and its rule (if any) holds (one
         conditional UPDATE), audited."""
-        require_decision(state)
-        reason = approval_reason(reason)
+        require_decision(decision.state)
+        decision = replace(decision, reason=approval_reason(decision.reason))
+        rule_id = decision.rule_id
         holds = []
         if rule_id is not None:
             if not 0 < rule_id <= MAX_NUMBER:
@@ -143,18 +137,12 @@ class ApprovalsSql(SqlBase):
                     ApprovalRow.state == ApprovalState.PENDING.value,
                     *holds,
                 )
-                .values(
-                    state=state.value,
-                    decided_by=decided_by,
-                    decided_at=decided_at,
-                    reason=reason,
-                )
+                .values(decision_values(decision))
                 .returning(ApprovalRow.id)
             )
             if decided is None:
                 return False
-            ended = audit_entries.approval_ended(approval, state, decided_by, decided_at, reason)
-            s.add(audit_row(ended))
+            s.add(audit_row(audit_entries.approval_decided(approval, decision)))
             return True
 
         return await self._write(body)
@@ -163,7 +151,7 @@ class ApprovalsSql(SqlBase):
         self, run_id: RunId, why: str, at: float, request_ids: tuple[str, ...] | None = None
     ) -> list[Approval]:
         """Cancel the run's pending requests (or those of ``request_ids``), one audit row each."""
-        why = approval_reason(why)
+        cancel = ApprovalDecision(ApprovalState.CANCELLED, None, at, approval_reason(why))
         which = [ApprovalRow.run_id == run_id, ApprovalRow.state == ApprovalState.PENDING.value]
         if request_ids is not None:
             which.append(ApprovalRow.request_id.in_(list(request_ids)))
@@ -173,14 +161,13 @@ class ApprovalsSql(SqlBase):
                 s.scalars(
                     update(ApprovalRow)
                     .where(*which)
-                    .values(state=ApprovalState.CANCELLED.value, decided_at=at, reason=why)
+                    .values(decision_values(cancel))
                     .returning(ApprovalRow)
                 )
             ).all()
             cancelled = [to_approval(r) for r in sorted(rows, key=lambda r: r.id)]
-            cancel = ApprovalState.CANCELLED
             for approval in cancelled:
-                s.add(audit_row(audit_entries.approval_ended(approval, cancel, None, at, why)))
+                s.add(audit_row(audit_entries.approval_decided(approval, cancel)))
             return cancelled
 
         return await self._write(body)

@@ -28,6 +28,7 @@ from bridge.core.model import (
 from bridge.store.base import (
     Approval,
     ApprovalAsk,
+    ApprovalDecision,
     ApprovalState,
     AuditAction,
     AuditEntry,
@@ -283,6 +284,16 @@ def approval_values(ask: ApprovalAsk, number: int) -> dict[str, Any]:
         "state": ApprovalState.PENDING.value,
         "reason": "",
         "shown_digest": ask.shown_digest,
+    }
+
+
+def decision_values(decision: ApprovalDecision) -> dict[str, Any]:
+    """A request's columns as ``decision`` ends it, for an UPDATE."""
+    return {
+        "state": decision.state.value,
+        "decided_by": decision.decided_by,
+        "decided_at": decision.decided_at,
+        "reason": decision.reason,
     }
 
 
