@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from bridge.core.model import RoomKey, SessionId
 from bridge.core.private import private_dirs
-from bridge.store.base import TranscriptStamp, TranscriptStore
+from bridge.store.base import SessionTranscript, TranscriptStamp, TranscriptStore
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -252,7 +252,9 @@ class Transcripts:
             log.warning("no transcript of session %s under %s to save", session_id, config_dir)
             return False
         content, stamp = packed
-        await self.store.save_transcript(room, session_id, content, self.wall_clock(), stamp)
+        await self.store.save_transcript(
+            room, SessionTranscript(session_id, content, self.wall_clock(), stamp)
+        )
         log.debug("saved the transcript of session %s (%d bytes)", session_id, len(content))
         return True
 

@@ -377,6 +377,19 @@ class TranscriptStamp:
     whose first ``size`` bytes hash to this is this version, or a later one."""
 
 
+@dataclass(frozen=True, slots=True)
+class SessionTranscript:
+    """A session's transcript to keep for its conversation
+    (:meth:`TranscriptStore.save_transcript`)."""
+
+    session_id: SessionId
+    content: bytes
+    """The session's files, compressed."""
+    saved_at: float
+    stamp: TranscriptStamp
+    """Which version it is (:meth:`TranscriptStore.transcript_stamp` answers it)."""
+
+
 class StoreError(Exception):
     """The store could not do what was asked (connection lost, schema missing...)."""
 
@@ -628,17 +641,9 @@ class RoomStore(Protocol):
 class TranscriptStore(Protocol):
     """Session transcripts: a conversation's session on any replica (docs/replicas-sessions.md)."""
 
-    async def save_transcript(
-        self,
-        room: RoomKey,
-        session_id: SessionId,
-        content: bytes,
-        at: float,
-        stamp: TranscriptStamp,
-    ) -> None:
-        """Keep ``content`` (the session's files, compressed) as the conversation's
-        transcript, in place of the one it kept (of any session); ``stamp`` tells
-        its version (:meth:`transcript_stamp` answers it)."""
+    async def save_transcript(self, room: RoomKey, transcript: SessionTranscript) -> None:
+        """Keep ``transcript`` as the conversation's, in place of the one it kept (of any
+        session)."""
         ...
 
     async def transcript_stamp(

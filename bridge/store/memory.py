@@ -46,6 +46,7 @@ from bridge.store.base import (
     RuleScope,
     RunEnding,
     RunRecord,
+    SessionTranscript,
     StoreError,
     ToolRule,
     TranscriptStamp,
@@ -83,8 +84,8 @@ class MemoryStore:
         self._runs: dict[RunId, RunRecord] = {}
         self._live: dict[RunId, RegisteredRun] = {}
         self._sessions: dict[RoomKey, SessionId] = {}
-        # The conversation's stored transcript: (session, content, stamp).
-        self._transcripts: dict[RoomKey, tuple[SessionId, bytes, TranscriptStamp]] = {}
+        # The conversation's stored transcript (of any session).
+        self._transcripts: dict[RoomKey, SessionTranscript] = {}
         self._overrides: dict[RoomKey, RoomOverrides] = {}
         # By id, which is asking order; numbers count per room and never go back.
         self._approvals: dict[int, Approval] = {}
@@ -496,31 +497,27 @@ class MemoryStore:
 
     # Session transcripts
 
-    async def save_transcript(
-        self,
-        room: RoomKey,
-        session_id: SessionId,
-        content: bytes,
-        at: float,
-        stamp: TranscriptStamp,
-    ) -> None:
-        """Keep the conversation's transcript of ``session_id`` in place of the one it kept."""
+    async def save_transcript(self, room: RoomKey, transcript: SessionTranscript) -> None:
+        """Keep the conversation's transcript in place of the one it kept."""
         self._check_open()
-        self._transcripts[room] = (session_id, bytes(content), stamp)
+        self._transcripts[room] = replace(transcript, content=bytes(transcript.content))
 
     async def transcript_stamp(
         self, room: RoomKey, session_id: SessionId
     ) -> TranscriptStamp | None:
         """The stored transcript's stamp, if it is ``session_id``'s."""
-        self._check_open()
-        kept = self._transcripts.get(room)
-        return kept[2] if kept is not None and kept[0] == session_id else None
+        kept = self._transcript_of(room, session_id)
+        return None if kept is None else kept.stamp
 
     async def load_transcript(self, room: RoomKey, session_id: SessionId) -> bytes | None:
         """The stored transcript's content, if it is ``session_id``'s."""
+        kept = self._transcript_of(room, session_id)
+        return None if kept is None else kept.content
+
+    def _transcript_of(self, room: RoomKey, session_id: SessionId) -> SessionTranscript | None:
         self._check_open()
         kept = self._transcripts.get(room)
-        return kept[1] if kept is not None and kept[0] == session_id else None
+        return kept if kept is not None and kept.session_id == session_id else None
 
     async def drop_transcript(self, room: RoomKey) -> None:
         """Forget the conversation's stored transcript."""

@@ -10,7 +10,7 @@ from sqlalchemy import ColumnElement, delete, select
 from sqlalchemy.orm import Session
 
 from bridge.core.model import RoomKey, SessionId
-from bridge.store.base import RoomOverrides, TranscriptStamp
+from bridge.store.base import RoomOverrides, SessionTranscript, TranscriptStamp
 from bridge.store.keys import stored_id as _stored_id
 from bridge.store.sql.rows import session_rows
 from bridge.store.sql.shared import SqlBase, of_conversation
@@ -100,25 +100,18 @@ class RoomsSql(SqlBase):
         )
         return upsert.on_conflict_do_update(index_elements=["transport", "room_id"], set_=values)
 
-    async def save_transcript(
-        self,
-        room: RoomKey,
-        session_id: SessionId,
-        content: bytes,
-        at: float,
-        stamp: TranscriptStamp,
-    ) -> None:
-        """Keep the conversation's transcript of ``session_id`` in place of the one it kept.
+    async def save_transcript(self, room: RoomKey, transcript: SessionTranscript) -> None:
+        """Keep the conversation's transcript in place of the one it kept.
 
         Synced: a lost save could leave an older copy of the same session, which
         another replica would resume without the latest turns.
         """
         values = {
-            "session_id": session_id,
-            "content": content,
-            "size": stamp.size,
-            "digest": stamp.digest,
-            "saved_at": at,
+            "session_id": transcript.session_id,
+            "content": transcript.content,
+            "size": transcript.stamp.size,
+            "digest": transcript.stamp.digest,
+            "saved_at": transcript.saved_at,
         }
         upsert = self._insert(SessionTranscriptRow).values(
             transport=room.transport, room_id=_stored_id(room), **values
