@@ -116,23 +116,8 @@ def audit_row(entry: AuditEntry) -> AuditRow:
 
 
 def outbox_row(reply: Reply, at: float, run_id: RunId | None) -> OutboxRow:
-    return OutboxRow(
-        transport=reply.room.transport,
-        room_id=_stored_id(reply.room),
-        run_id=run_id,
-        text=reply.text,
-        kind=reply.kind.value,
-        in_reply_to=reply.in_reply_to,
-        thread=reply.thread,
-        anchor=reply.anchor,
-        file=reply.file,
-        key=delivery_key(),
-        parts_done=0,
-        attempts=0,
-        next_attempt_at=at,
-        state=DeliveryState.PENDING.value,
-        created=at,
-    )
+    """A new, pending outbox entry, for the ORM (:func:`outbox_values`)."""
+    return OutboxRow(**outbox_values(reply, at, run_id))
 
 
 def session_rows(sessions: Mapping[RoomKey, SessionId | None]) -> list[dict[str, Any]]:
