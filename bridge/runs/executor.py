@@ -61,6 +61,7 @@ from bridge.runs.usage import LimitResumes, usage_limit
 from bridge.store.base import (
     STEERED,
     AuditAction,
+    AuditFilter,
     Fence,
     OutboxEntry,
     RegisteredRun,
@@ -593,7 +594,7 @@ class RunExecutor:
         """The batches recorded as steered into a run a previous process followed (by
         the audit trail: one steer's rows share their time), in order."""
         try:
-            trail = await self.store.audit_trail(run_id=run_id)
+            trail = await self.store.audit_trail(AuditFilter(run_id=run_id))
         except StoreError:
             log.warning("could not read which messages were steered into the run")
             return []
@@ -641,7 +642,7 @@ class RunExecutor:
         """Whether the room's session was reset since ``started`` (by the audit trail: a
         process before this one may have answered the ``!reset``)."""
         try:
-            trail = await self.store.audit_trail(room=room)
+            trail = await self.store.audit_trail(AuditFilter(room=room))
         except StoreError:
             return False
         return any(a.action is AuditAction.SESSION_RESET and a.at >= started for a in trail)

@@ -140,6 +140,27 @@ class AuditEntry:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class AuditFilter:
+    """Which audit rows to read (:meth:`AuditStore.audit_trail`): those matching every
+    field given (None: any)."""
+
+    room: RoomKey | None = None
+    """Exactly this conversation (a room's threads are conversations of their own)."""
+    message_id: MessageId | None = None
+    run_id: RunId | None = None
+
+    def matches(self, entry: AuditEntry) -> bool:
+        """Whether ``entry`` is one of the rows this filter reads."""
+        wanted = (self.room, self.message_id, self.run_id)
+        found = (entry.room, entry.message_id, entry.run_id)
+        return all(w is None or w == f for w, f in zip(wanted, found, strict=True))
+
+
+WHOLE_TRAIL = AuditFilter()
+"""Reads every audit row."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AuditRecord(AuditEntry):
     """An audit row as written: the entry and the id it was given (writing order)."""
@@ -777,14 +798,8 @@ class AuditStore(Protocol):
         """Append one audit row."""
         ...
 
-    async def audit_trail(
-        self,
-        *,
-        room: RoomKey | None = None,
-        message_id: MessageId | None = None,
-        run_id: RunId | None = None,
-    ) -> list[AuditRecord]:
-        """Audit rows matching every given filter, oldest first."""
+    async def audit_trail(self, which: AuditFilter = WHOLE_TRAIL) -> list[AuditRecord]:
+        """The audit rows ``which`` reads (all by default), oldest first."""
         ...
 
 

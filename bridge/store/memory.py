@@ -29,12 +29,14 @@ from bridge.core.model import (
 from bridge.store import audit_entries
 from bridge.store.base import (
     STEERED,
+    WHOLE_TRAIL,
     Approval,
     ApprovalAsk,
     ApprovalDecision,
     ApprovalState,
     AuditAction,
     AuditEntry,
+    AuditFilter,
     AuditRecord,
     DeliveryState,
     Fence,
@@ -764,22 +766,10 @@ class MemoryStore:
         self._check_open()
         self._write_audit(entry)
 
-    async def audit_trail(
-        self,
-        *,
-        room: RoomKey | None = None,
-        message_id: MessageId | None = None,
-        run_id: RunId | None = None,
-    ) -> list[AuditRecord]:
-        """Audit rows matching every given filter, in the order they were written."""
+    async def audit_trail(self, which: AuditFilter = WHOLE_TRAIL) -> list[AuditRecord]:
+        """The audit rows ``which`` reads, in the order they were written."""
         self._check_open()
-        return [
-            a
-            for a in self._audit
-            if (room is None or a.room == room)
-            and (message_id is None or a.message_id == message_id)
-            and (run_id is None or a.run_id == run_id)
-        ]
+        return [a for a in self._audit if which.matches(a)]
 
     # Retention
 

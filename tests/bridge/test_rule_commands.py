@@ -7,7 +7,7 @@ import json
 
 from bridge.core.model import RunId, SessionId
 from bridge.core.transport import ApprovalChoice
-from bridge.store.base import ApprovalAsk, AuditAction, RuleEffect, RuleScope
+from bridge.store.base import ApprovalAsk, AuditAction, AuditFilter, RuleEffect, RuleScope
 from tests.bridge.test_approval_commands import ALICE, BOB, ROOM, make_room
 
 
@@ -97,7 +97,7 @@ async def test_rules_lists_revokes_and_keeps_rules_audited() -> None:
     assert [r.id for r in await room.store.active_rules(ROOM, SessionId("s-1"))] == [2]
     trail = [
         (a.action, a.actor, a.detail)
-        for a in await room.store.audit_trail(room=ROOM)
+        for a in await room.store.audit_trail(AuditFilter(room=ROOM))
         if a.action in (AuditAction.RULE_ADDED, AuditAction.RULE_REVOKED)
     ]
     assert trail == [

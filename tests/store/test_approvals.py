@@ -21,6 +21,7 @@ from bridge.store.base import (
     ApprovalDecision,
     ApprovalState,
     AuditAction,
+    AuditFilter,
     RoomOverrides,
 )
 from tests.store.conftest import InspectableStore
@@ -82,7 +83,7 @@ async def test_a_request_is_pending_under_the_rooms_next_number(store: Inspectab
     assert await store.approval_by_number(ROOM, 2) == second
     assert await store.approval_by_number(OTHER_ROOM, 2) is None
     assert await store.approval_by_number(ROOM, 2**40) is None
-    trail = await store.audit_trail(room=ROOM)
+    trail = await store.audit_trail(AuditFilter(room=ROOM))
     assert [(a.action, a.run_id, a.detail) for a in trail] == [
         (AuditAction.APPROVAL_ASKED, RUN, "#1 Bash pending"),
         (AuditAction.APPROVAL_ASKED, RUN, "#2 Bash pending"),
@@ -98,7 +99,7 @@ async def test_a_replayed_request_is_the_same_approval(store: InspectableStore) 
     # The same request id in another run is another request.
     other = await ask(store, "r1", run_id=RunId("run-2"))
     assert other.number == 2
-    trail = await store.audit_trail(room=ROOM)
+    trail = await store.audit_trail(AuditFilter(room=ROOM))
     assert sum(a.action is AuditAction.APPROVAL_ASKED for a in trail) == 2
 
 
@@ -160,7 +161,7 @@ async def test_a_decision_is_recorded_once_and_audited(
         "why",
     )
     assert await store.pending_approvals() == []
-    last = (await store.audit_trail(run_id=RUN))[-1]
+    last = (await store.audit_trail(AuditFilter(run_id=RUN)))[-1]
     assert (last.action, last.actor, last.at, last.room) == (action, BOB, 120.0, ROOM)
     assert last.detail == f"#1 Bash {state.value}: why"
 
@@ -176,7 +177,9 @@ async def test_racing_approvers_decide_once(store: InspectableStore) -> None:
     )
     assert sorted(outcomes) == [False, False, True]
     decisions = [
-        a for a in await store.audit_trail(run_id=RUN) if a.action is not AuditAction.APPROVAL_ASKED
+        a
+        for a in await store.audit_trail(AuditFilter(run_id=RUN))
+        if a.action is not AuditAction.APPROVAL_ASKED
     ]
     assert len(decisions) == 1
 
@@ -192,7 +195,7 @@ async def test_expiry_is_a_decision_nobody_made(store: InspectableStore) -> None
         early, ApprovalDecision(ApprovalState.EXPIRED, None, 150.0, "timed out")
     )
     assert [a.id for a in await store.expired_approvals(200.0)] == [late.id]
-    last = (await store.audit_trail(run_id=RUN))[-1]
+    last = (await store.audit_trail(AuditFilter(run_id=RUN)))[-1]
     assert (last.action, last.actor) == (AuditAction.APPROVAL_EXPIRED, None)
 
 
@@ -210,7 +213,7 @@ async def test_one_request_can_be_cancelled_alone(store: InspectableStore) -> No
         first, ApprovalDecision(ApprovalState.CANCELLED, None, 120.0, "claude withdrew it")
     )
     assert await store.pending_approvals() == [second]
-    last = (await store.audit_trail(run_id=RUN))[-1]
+    last = (await store.audit_trail(AuditFilter(run_id=RUN)))[-1]
     assert last.action is AuditAction.APPROVAL_CANCELLED
 
 
@@ -229,7 +232,7 @@ async def test_a_runs_end_cancels_its_pending_requests(store: InspectableStore) 
         waiting, ApprovalDecision(ApprovalState.ALLOWED, ALICE, 140.0)
     )
     assert await store.cancel_approvals(RUN, "again", 150.0) == []
-    last = (await store.audit_trail(run_id=RUN))[-1]
+    last = (await store.audit_trail(AuditFilter(run_id=RUN)))[-1]
     assert (last.action, last.detail) == (
         AuditAction.APPROVAL_CANCELLED,
         "#2 Bash cancelled: the run ended",

@@ -31,6 +31,7 @@ from bridge.core.model import (
 from bridge.store.base import (
     AuditAction,
     AuditEntry,
+    AuditFilter,
     AuditRecord,
     DeliveryState,
     RegisteredRun,
@@ -101,7 +102,7 @@ async def test_accept_records_pending_message(store: InspectableStore) -> None:
     assert await store.pending_messages() == [msg]
     assert await store.messages([msg.id]) == [msg]
     assert await store.message_states([msg.id]) == {msg.id: MessageState.PENDING}
-    [row] = await store.audit_trail(message_id=msg.id)
+    [row] = await store.audit_trail(AuditFilter(message_id=msg.id))
     assert (row.action, row.room, row.actor, row.at) == (
         AuditAction.MESSAGE_ACCEPTED,
         ROOM,
@@ -204,7 +205,7 @@ async def test_record_ignored_audits_without_text(store: InspectableStore) -> No
     secret = "the secret text"
     await store.record_ignored(inbound("$x", text=secret), "not allowed", 5.0)
     assert await store.pending_messages() == []
-    [row] = await store.audit_trail(room=ROOM)
+    [row] = await store.audit_trail(AuditFilter(room=ROOM))
     assert (row.action, row.actor, row.message_id, row.at) == (
         AuditAction.MESSAGE_IGNORED,
         ALICE,
@@ -255,7 +256,7 @@ async def test_start_run_dispatches_and_audits_per_message(store: InspectableSto
     assert run.message_ids == tuple(m.id for m in msgs)
     assert await store.running_runs() == [run]
 
-    trail = await store.audit_trail(run_id=rid)
+    trail = await store.audit_trail(AuditFilter(run_id=rid))
     assert actions(trail) == {AuditAction.MESSAGE_DISPATCHED: 3, AuditAction.RUN_STARTED: 1}
     dispatched = [a.message_id for a in trail if a.action is AuditAction.MESSAGE_DISPATCHED]
     assert dispatched == [m.id for m in msgs]
@@ -281,7 +282,7 @@ async def test_steer_into_run_appends_messages_to_the_running_run(
     assert await store.pending_messages() == []
     steered = [
         a.message_id
-        for a in await store.audit_trail(run_id=rid)
+        for a in await store.audit_trail(AuditFilter(run_id=rid))
         if a.action is AuditAction.MESSAGE_DISPATCHED and a.detail == "steered"
     ]
     assert steered == [b.id, c.id]
@@ -338,7 +339,9 @@ async def test_finish_run_records_report(store: InspectableStore) -> None:
     assert await store.running_runs() == []
     assert set((await store.message_states([m.id for m in msgs])).values()) == {MessageState.DONE}
     finished = [
-        a for a in await store.audit_trail(run_id=rid) if a.action is AuditAction.RUN_FINISHED
+        a
+        for a in await store.audit_trail(AuditFilter(run_id=rid))
+        if a.action is AuditAction.RUN_FINISHED
     ]
     assert [(a.at, a.detail) for a in finished] == [(260.5, "succeeded")]
 
@@ -375,7 +378,7 @@ async def test_finish_run_only_first_report_counts(store: InspectableStore) -> N
     run = await store.get_run(rid)
     assert run is not None
     assert (run.status, run.ended_at) == (RunStatus.INTERRUPTED, 300.0)
-    assert actions(await store.audit_trail(run_id=rid))[AuditAction.RUN_FINISHED] == 1
+    assert actions(await store.audit_trail(AuditFilter(run_id=rid)))[AuditAction.RUN_FINISHED] == 1
 
 
 async def test_finishing_an_ended_run_again_returns_its_pending_entries(
@@ -493,7 +496,7 @@ async def test_requeue_after_failure_and_rerun(store: InspectableStore) -> None:
     assert (old.status, old.message_ids) == (RunStatus.TIMED_OUT, tuple(m.id for m in msgs))
     # Per message: accepted once, dispatched twice (once per run).
     for m in msgs:
-        assert actions(await store.audit_trail(message_id=m.id)) == {
+        assert actions(await store.audit_trail(AuditFilter(message_id=m.id))) == {
             AuditAction.MESSAGE_ACCEPTED: 1,
             AuditAction.MESSAGE_DISPATCHED: 2,
         }
@@ -701,10 +704,12 @@ async def test_audit_filters_combine(store: InspectableStore) -> None:
         None,
     )
     assert everything[3].room is None
-    assert [a.at for a in await store.audit_trail(room=ROOM)] == [1.0, 2.0]
-    assert [a.at for a in await store.audit_trail(run_id=RunId("r1"))] == [2.0, 3.0]
-    assert [a.at for a in await store.audit_trail(room=ROOM, run_id=RunId("r1"))] == [2.0]
-    assert [a.at for a in await store.audit_trail(message_id=MessageId(7))] == [4.0]
+    assert [a.at for a in await store.audit_trail(AuditFilter(room=ROOM))] == [1.0, 2.0]
+    assert [a.at for a in await store.audit_trail(AuditFilter(run_id=RunId("r1")))] == [2.0, 3.0]
+    assert [a.at for a in await store.audit_trail(AuditFilter(room=ROOM, run_id=RunId("r1")))] == [
+        2.0
+    ]
+    assert [a.at for a in await store.audit_trail(AuditFilter(message_id=MessageId(7)))] == [4.0]
 
 
 async def test_audit_counts_per_message_in_coalesced_run(store: InspectableStore) -> None:
@@ -712,12 +717,12 @@ async def test_audit_counts_per_message_in_coalesced_run(store: InspectableStore
     rid = await start(store, "r1", msgs)
     await store.finish_run(RunEnding(rid, RunReport(status=RunStatus.SUCCEEDED), 9.0))
     for m in msgs:
-        trail = await store.audit_trail(message_id=m.id)
+        trail = await store.audit_trail(AuditFilter(message_id=m.id))
         assert actions(trail) == {
             AuditAction.MESSAGE_ACCEPTED: 1,
             AuditAction.MESSAGE_DISPATCHED: 1,
         }
-    assert actions(await store.audit_trail(run_id=rid)) == {
+    assert actions(await store.audit_trail(AuditFilter(run_id=rid))) == {
         AuditAction.MESSAGE_DISPATCHED: 3,
         AuditAction.RUN_STARTED: 1,
         AuditAction.RUN_FINISHED: 1,
@@ -1017,7 +1022,7 @@ async def test_edit_pending_replaces_the_text_once(store: InspectableStore) -> N
     assert await store.messages([a.id]) == [edited]
     # Redelivered: nothing changes, no second audit row.
     assert await store.edit_pending(a.id, "better", ALICE, 151.0) is None
-    trail = await store.audit_trail(message_id=a.id)
+    trail = await store.audit_trail(AuditFilter(message_id=a.id))
     assert [(r.action, r.actor, r.at, r.detail) for r in trail] == [
         (AuditAction.MESSAGE_ACCEPTED, ALICE, 100.0, ""),
         (AuditAction.MESSAGE_EDITED, ALICE, 150.0, ""),
@@ -1054,7 +1059,7 @@ async def test_delete_pending_drops_it_once(store: InspectableStore) -> None:
     assert await store.pending_message(ROOM, a.external_id) is None
     assert await store.delete_pending(a.id, BOB, 151.0) is None
     assert await store.edit_pending(a.id, "after", ALICE, 152.0) is None
-    trail = await store.audit_trail(message_id=a.id)
+    trail = await store.audit_trail(AuditFilter(message_id=a.id))
     assert [(r.action, r.actor, r.at) for r in trail] == [
         (AuditAction.MESSAGE_ACCEPTED, ALICE, 100.0),
         (AuditAction.MESSAGE_DELETED, BOB, 150.0),

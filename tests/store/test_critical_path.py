@@ -38,7 +38,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.store.base import RoomOverrides, RunEnding
+from bridge.store.base import AuditFilter, RoomOverrides, RunEnding
 from bridge.store.engine import create_engine, is_sqlite
 from bridge.store.sql import SqlStore
 from tests.store.conftest import SQL_BACKENDS, open_backend
@@ -217,7 +217,7 @@ async def test_reads_proceed_while_a_write_waits(watched: Watched, backend: str)
             await store.messages([msg.id]),
             await store.message_states([msg.id]),
             await store.undelivered(),
-            await store.audit_trail(room=ROOM),
+            await store.audit_trail(AuditFilter(room=ROOM)),
         ]
 
     async with write_lock(backend) as lock:

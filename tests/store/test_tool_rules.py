@@ -11,6 +11,7 @@ from bridge.store.base import (
     ApprovalDecision,
     ApprovalState,
     AuditAction,
+    AuditFilter,
     NewRule,
     RuleEffect,
     RuleScope,
@@ -98,7 +99,7 @@ async def test_every_change_of_a_rule_is_audited(store: InspectableStore) -> Non
     kept = await keep(store, "Bash(npm test:*)", session=S1)
     await store.revoke_rule(ROOM, kept.id, BOB, 110.0)
 
-    trail = await store.audit_trail(room=ROOM)
+    trail = await store.audit_trail(AuditFilter(room=ROOM))
     assert [(a.action, a.actor, a.at, a.detail) for a in trail] == [
         (AuditAction.RULE_ADDED, ALICE, 100.0, f"rule {kept.id} session allow Bash(npm test:*)"),
         (AuditAction.RULE_REVOKED, BOB, 110.0, f"rule {kept.id} session allow Bash(npm test:*)"),
@@ -136,7 +137,7 @@ async def test_of_two_revokes_at_once_one_revokes_and_one_row_is_audited(
         store.revoke_rule(ROOM, kept.id, BOB, 111.0),
     )
     assert [r is not None for r in (first, second)].count(True) == 1
-    trail = await store.audit_trail(room=ROOM)
+    trail = await store.audit_trail(AuditFilter(room=ROOM))
     assert [a.action for a in trail].count(AuditAction.RULE_REVOKED) == 1
 
 

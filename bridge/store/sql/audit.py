@@ -5,8 +5,7 @@ from __future__ import annotations
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session
 
-from bridge.core.model import MessageId, RoomKey, RunId
-from bridge.store.base import AuditEntry, AuditRecord
+from bridge.store.base import WHOLE_TRAIL, AuditEntry, AuditFilter, AuditRecord
 from bridge.store.sql.rows import audit_row, to_audit_record
 from bridge.store.sql.shared import SqlBase, of_conversation
 from bridge.store.tables import AuditRow
@@ -23,21 +22,15 @@ class AuditSql(SqlBase):
 
         await self._write(body)
 
-    async def audit_trail(
-        self,
-        *,
-        room: RoomKey | None = None,
-        message_id: MessageId | None = None,
-        run_id: RunId | None = None,
-    ) -> list[AuditRecord]:
-        """Audit rows matching every given filter, in the order they were written."""
+    async def audit_trail(self, which: AuditFilter = WHOLE_TRAIL) -> list[AuditRecord]:
+        """The audit rows ``which`` reads, in the order they were written."""
         conditions: list[ColumnElement[bool]] = []
-        if room is not None:
-            conditions += of_conversation(AuditRow, room)
-        if message_id is not None:
-            conditions.append(AuditRow.message_id == message_id)
-        if run_id is not None:
-            conditions.append(AuditRow.run_id == run_id)
+        if which.room is not None:
+            conditions += of_conversation(AuditRow, which.room)
+        if which.message_id is not None:
+            conditions.append(AuditRow.message_id == which.message_id)
+        if which.run_id is not None:
+            conditions.append(AuditRow.run_id == which.run_id)
 
         query = select(AuditRow).where(*conditions).order_by(AuditRow.id)
         return await self._read_rows(query, to_audit_record)
