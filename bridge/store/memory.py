@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from bridge.core.model import (
     Batch,
@@ -58,7 +59,7 @@ from bridge.store.rules import (
     LIVE_STATES,
     approval_reason,
     delivery_key,
-    excerpt,
+    kept_report,
     require_decision,
     require_rule,
     require_storable,
@@ -66,6 +67,8 @@ from bridge.store.rules import (
 )
 
 _DedupKey = tuple[RoomKey, ExternalMessageId]
+_KeyT = TypeVar("_KeyT")
+_RecordT = TypeVar("_RecordT")
 
 
 @dataclass(slots=True)
@@ -326,7 +329,7 @@ class MemoryStore:
         # Checked before anything changes: the method stays atomic.
         for text in (report.result_text, report.error, *(r.text for r in replies)):
             require_storable(text)
-        kept = replace(report, result_text=excerpt(report.result_text), error=excerpt(report.error))
+        kept = kept_report(report)
         self._runs[run_id] = replace(run, status=report.status, ended_at=at, report=kept)
         self._live.pop(run_id, None)
         for stored in self._messages.values():
@@ -389,11 +392,7 @@ class MemoryStore:
         ]
 
     def _entry(self, entry_id: int) -> OutboxEntry:
-        self._check_open()
-        try:
-            return self._outbox[entry_id]
-        except KeyError:
-            raise StoreError(f"no outbox entry {entry_id}") from None
+        return self._one(self._outbox, entry_id, "outbox entry")
 
     async def delivery_progress(self, entry_id: int, parts_done: int) -> None:
         """Record the parts of an entry delivered so far."""
@@ -415,11 +414,15 @@ class MemoryStore:
         self._outbox[entry_id] = replace(entry, state=state, next_attempt_at=at)
 
     def _run(self, run_id: RunId) -> RunRecord:
+        return self._one(self._runs, run_id, "run")
+
+    def _one(self, table: Mapping[_KeyT, _RecordT], key: _KeyT, what: str) -> _RecordT:
+        """``table[key]``; a missing one is the caller's StoreError, as in the SQL store."""
         self._check_open()
         try:
-            return self._runs[run_id]
+            return table[key]
         except KeyError:
-            raise StoreError(f"no run {run_id}") from None
+            raise StoreError(f"no {what} {key}") from None
 
     async def get_run(self, run_id: RunId) -> RunRecord | None:
         """The run with this id, or None."""

@@ -7,8 +7,9 @@ so the contract suite checks one set of rules rather than two copies of them.
 from __future__ import annotations
 
 import secrets
+from dataclasses import replace
 
-from bridge.core.model import MessageState, RunStatus, SessionId
+from bridge.core.model import MessageState, RunReport, RunStatus, SessionId
 from bridge.store.base import (
     ApprovalState,
     AuditAction,
@@ -39,6 +40,11 @@ def excerpt(text: str, limit: int = EXCERPT_LIMIT_BYTES) -> str:
     room = limit - len(TRUNCATION_MARK.encode())
     # errors="ignore" drops a multi-byte character split by the cut.
     return encoded[:room].decode(errors="ignore") + TRUNCATION_MARK
+
+
+def kept_report(report: RunReport) -> RunReport:
+    """``report`` as a store keeps it: its result and error cut to :func:`excerpt`."""
+    return replace(report, result_text=excerpt(report.result_text), error=excerpt(report.error))
 
 
 def require_storable(text: str) -> None:

@@ -39,7 +39,7 @@ from bridge.store.batching import Committing, Failed, GroupCommit
 from bridge.store.cluster import check_fence
 from bridge.store.keys import room_key as _room
 from bridge.store.keys import stored_id as _stored_id
-from bridge.store.rules import excerpt, settled_state
+from bridge.store.rules import kept_report, settled_state
 from bridge.store.sql.rows import (
     audit_values,
     new_entry,
@@ -139,7 +139,7 @@ _END_RUN = update(RUNS).where(RUNS.c.seq == bindparam("b_seq"))
 
 def _ended_run_values(seq: int, ending: RunEnding) -> dict[str, Any]:
     """A run's outcome, for :data:`_END_RUN`."""
-    report = ending.report
+    report = kept_report(ending.report)
     return {
         "b_seq": seq,
         "status": report.status.value,
@@ -150,8 +150,8 @@ def _ended_run_values(seq: int, ending: RunEnding) -> dict[str, Any]:
         "num_turns": report.num_turns,
         "duration_ms": report.duration_ms,
         "session_not_found": report.session_not_found,
-        "result_excerpt": excerpt(report.result_text),
-        "error_excerpt": excerpt(report.error),
+        "result_excerpt": report.result_text,
+        "error_excerpt": report.error,
     }
 
 
