@@ -2,7 +2,8 @@
 
 :mod:`bridge.store.memory` appends these entries, :mod:`bridge.store.sql` inserts them:
 which action, whose, about what, with which detail is decided here, so the contract
-suite checks one set of rows rather than two copies of them.
+suite checks one set of rows rather than two copies of them (docs/operations.md,
+"How the store writes").
 """
 
 from __future__ import annotations
