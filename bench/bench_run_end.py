@@ -46,7 +46,7 @@ from bridge.core.model import (
 )
 from bridge.core.transport import Delivery, Duplex, InboundSink, RunPhase
 from bridge.service import Service
-from bridge.store.base import Store
+from bridge.store.base import RunEnding, Store
 from bridge.store.memory import MemoryStore
 from bridge.store.sql import SqlStore
 from tests.fakes.fake_claude import install
@@ -117,10 +117,10 @@ class TimedStore:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    async def finish_run(self, *args: Any, **kw: Any) -> Any:
+    async def finish_run(self, ending: RunEnding) -> Any:
         start = time.monotonic()
         try:
-            return await self._store.finish_run(*args, **kw)
+            return await self._store.finish_run(ending)
         finally:
             self.finish_s.append(time.monotonic() - start)
 

@@ -27,7 +27,7 @@ store as built (one transaction for the runs queued behind the first);
 "one by one" limits its group commit to one run per transaction.
 
 SQLite runs on a file in a temporary directory (WAL; synchronous=FULL but for
-the start of a run, see bridge/store/sql.py).
+the start of a run, see bridge/store/sql/runs.py).
 PostgreSQL runs in a temporary database created under the admin URL (default:
 ``$CHATBRIDGE_TEST_POSTGRES_URL`` or the local trust-auth server), dropped at
 the end; if the server cannot be reached that row is skipped.
@@ -67,6 +67,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
+from bridge.store.base import RunEnding
 from bridge.store.batching import GroupCommit
 from bridge.store.engine import is_sqlite
 from bridge.store.sql import SqlStore
@@ -150,7 +151,7 @@ async def run_path(store: SqlStore, ids: Ids, runs: int) -> dict[str, list[float
         registered = time.perf_counter()
         report = RunReport(RunStatus.SUCCEEDED, session_id=SessionId("bench"))
         await store.finish_run(
-            run_id, report, time.time(), [Reply(ROOM, "the answer")], keep_session=True
+            RunEnding(run_id, report, time.time(), [Reply(ROOM, "the answer")], keep_session=True)
         )
         ended = time.perf_counter()
         marks = (began, accepted, read, started, registered, ended)
@@ -237,7 +238,9 @@ async def finish_bursts(store: SqlStore, ids: Ids, size: int, bursts: int) -> Bu
 
         async def finish(run_id: RunId, began: float) -> None:
             report = RunReport(RunStatus.SUCCEEDED)
-            await store.finish_run(run_id, report, time.time(), [Reply(ROOM, "the answer")])
+            await store.finish_run(
+                RunEnding(run_id, report, time.time(), [Reply(ROOM, "the answer")])
+            )
             latencies.append(time.perf_counter() - began)
 
         began = time.perf_counter()

@@ -26,7 +26,7 @@ from bridge.live.approval_flow import ApprovalFlow
 from bridge.outbound.replies import in_conversation
 from bridge.runs.executor import RunExecutor
 from bridge.runs.stale_runs import interruption_text, never_started
-from bridge.store.base import Approval, RegisteredRun, RunRecord, Store
+from bridge.store.base import Approval, RegisteredRun, RunEnding, RunRecord, Store
 from bridge.store.cluster import ReplicaIdInUse
 from dispatcher import Dispatcher
 from runner import clean_stray_runs, journal_exists, recover_run, remove_run_dir
@@ -154,10 +154,12 @@ class Recovery:
             # One transaction: a failure between ending it and re-queueing its
             # messages would leave them failed, and nothing to say so.
             await self.store.finish_run(
-                run.id,
-                RunReport(RunStatus.INTERRUPTED, error="stopped before claude was started"),
-                time.time(),
-                requeue=True,
+                RunEnding(
+                    run.id,
+                    RunReport(RunStatus.INTERRUPTED, error="stopped before claude was started"),
+                    time.time(),
+                    requeue=True,
+                )
             )
             log.warning(
                 "run %s in %s never started; its %d message(s) wait to run again",
@@ -171,10 +173,7 @@ class Recovery:
             else Reply(run.room, text, ReplyKind.NOTICE, thread=run.room.thread or None)
         )
         await self.store.finish_run(
-            run.id,
-            RunReport(RunStatus.INTERRUPTED, error=error),
-            time.time(),
-            [notice],
+            RunEnding(run.id, RunReport(RunStatus.INTERRUPTED, error=error), time.time(), [notice])
         )
         # Its waiting tool requests can no longer be answered: out of `!status` and
         # out of reach of an `!approve` meant for a live run (shown once connected).

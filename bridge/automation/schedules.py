@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Protocol
 from zoneinfo import ZoneInfo
 
 from bridge.automation.config import ScheduleConfig
@@ -23,7 +24,7 @@ from bridge.core.model import InboundMessage, RoomKey, UserId
 from bridge.core.synthetic import SCHEDULE, schedule_message
 from bridge.core.transport import Accepted
 from bridge.metrics import Metrics
-from bridge.store.base import AuditAction, Store, StoreError
+from bridge.store.base import AuditAction, AuditEntry, AuditStore, ScheduleStore, StoreError
 from dispatcher import Clock, TimerHandle
 
 log = logging.getLogger(__name__)
@@ -70,12 +71,16 @@ class _Schedule:
         return self.cron.next_after(instant, self.zone)
 
 
+class CronStore(AuditStore, ScheduleStore, Protocol):
+    """The store's roles :class:`CronSchedules` uses."""
+
+
 @dataclass(slots=True)
 class CronSchedules:
     """Fires every schedule at its times; :meth:`run` until cancelled."""
 
     configs: Sequence[ScheduleConfig]
-    store: Store
+    store: CronStore
     accept: Callable[[InboundMessage], Awaitable[Accepted]]
     """The intake's entry for synthetic messages."""
     busy: Callable[[RoomKey], bool]
@@ -194,11 +199,13 @@ class CronSchedules:
     async def _not_run(self, schedule: _Schedule, outcome: Outcome, at: float, why: str) -> None:
         """Audited (before the mark: a crash in between audits it again, never loses it)."""
         await self.store.audit(
-            AuditAction.SCHEDULE_NOT_RUN,
-            self.clock.now(),
-            room=schedule.config.room_key,
-            actor=UserId(f"{SCHEDULE}{schedule.name}"),
-            detail=f"{utc_iso(at)} {outcome.value}: {why}",
+            AuditEntry(
+                AuditAction.SCHEDULE_NOT_RUN,
+                self.clock.now(),
+                room=schedule.config.room_key,
+                actor=UserId(f"{SCHEDULE}{schedule.name}"),
+                detail=f"{utc_iso(at)} {outcome.value}: {why}",
+            )
         )
         self._count(schedule, outcome, at, why)
 

@@ -38,7 +38,16 @@ from bridge.inbound.intake import Intake
 from bridge.metrics import Metrics
 from bridge.outbound.outbox import Outbox
 from bridge.runs.stale_runs import never_started
-from bridge.store.base import RegisteredRun, RunRecord, Store, StoreError
+from bridge.store.base import (
+    LiveRunStore,
+    MessageStore,
+    OutboxStore,
+    RegisteredRun,
+    RunEnding,
+    RunRecord,
+    RunStore,
+    StoreError,
+)
 from bridge.store.cluster import Leases
 from dispatcher import DispatchedRun, Dispatcher, RoomStatus
 
@@ -71,12 +80,16 @@ class RecoverRun(Protocol):
     ) -> bool: ...
 
 
+class ClusterRoleStore(MessageStore, RunStore, LiveRunStore, OutboxStore, Protocol):
+    """The store's roles :class:`ClusterRole` uses."""
+
+
 @dataclass(slots=True)
 class ClusterRole:
     settings: Settings
     cluster: Cluster
     leases: Leases
-    store: Store
+    store: ClusterRoleStore
     dispatcher: Dispatcher
     intake: Intake
     outbox: Outbox
@@ -316,7 +329,7 @@ class ClusterRole:
             report = RunReport(
                 RunStatus.INTERRUPTED, error="its replica was lost; it ran past its time limit"
             )
-            await self.store.finish_run(run.id, report, time.time())
+            await self.store.finish_run(RunEnding(run.id, report, time.time()))
 
         self.dispatcher.adopt(Batch(run.room, tuple(messages)), wait)
 

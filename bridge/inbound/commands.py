@@ -22,7 +22,7 @@ from bridge.core.text import safe_text
 from bridge.core.transport import ApprovalChoice
 from bridge.host.worktrees import Worktree, Worktrees, worktree_of
 from bridge.inbound.history import RoomHistory
-from bridge.live.approval_desk import ApprovalDesk
+from bridge.live.approval_desk import ApprovalDesk, DeskStore
 from bridge.live.approval_text import code_span, parse_input, status_line
 from bridge.live.approvals import Verdict, refusal
 from bridge.live.controls import LiveControls
@@ -36,7 +36,14 @@ from bridge.live.questions import (
 )
 from bridge.live.rule_commands import RuleCommands
 from bridge.runs.worktree_lifetime import Lifetimes, listing
-from bridge.store.base import AuditAction, RunRecord, Store, StoreError
+from bridge.store.base import (
+    AuditAction,
+    AuditEntry,
+    AuditStore,
+    RoomStore,
+    RunRecord,
+    StoreError,
+)
 from dispatcher import Dispatcher, RoomStatus, StopResult
 
 log = logging.getLogger(__name__)
@@ -282,12 +289,16 @@ class RoomWideElsewhere(Protocol):
         ...
 
 
+class CommandStore(DeskStore, RoomStore, AuditStore, Protocol):
+    """The store's roles :class:`CommandHandler` uses (and the desk and rules it makes)."""
+
+
 @dataclass(slots=True)
 class CommandHandler:
     """Carries out commands against the dispatcher and the store."""
 
     dispatcher: Dispatcher
-    store: Store
+    store: CommandStore
     prefix: str
     answer: Answer
     reset_session: Callable[[RoomKey], Awaitable[None]]
@@ -379,7 +390,12 @@ class CommandHandler:
             case CommandName.RESET:
                 await self.reset_session(room)
                 await self.store.audit(
-                    AuditAction.SESSION_RESET, self.wall_clock(), room=room, actor=message.sender
+                    AuditEntry(
+                        AuditAction.SESSION_RESET,
+                        self.wall_clock(),
+                        room=room,
+                        actor=message.sender,
+                    )
                 )
                 text = "The next run starts a new Claude session."
                 note = await self._end_worktree(room)
@@ -879,12 +895,14 @@ class CommandHandler:
     ) -> None:
         """The audit row of what ``message`` asked, in its room (at ``at``, or now)."""
         await self.store.audit(
-            action,
-            self.wall_clock() if at is None else at,
-            room=message.room,
-            actor=message.sender,
-            message_id=message.id,
-            detail=detail,
+            AuditEntry(
+                action,
+                self.wall_clock() if at is None else at,
+                room=message.room,
+                actor=message.sender,
+                message_id=message.id,
+                detail=detail,
+            )
         )
 
     def _retryable_lines(self, runs: list[RunRecord], now: float) -> list[str]:
@@ -932,12 +950,14 @@ class CommandHandler:
         for queued in messages:
             self.dispatcher.submit(queued)
         await self.store.audit(
-            AuditAction.RETRY_REQUESTED,
-            self.wall_clock(),
-            room=room,
-            actor=message.sender,
-            run_id=run.id,
-            detail=f"messages={len(messages)}",
+            AuditEntry(
+                AuditAction.RETRY_REQUESTED,
+                self.wall_clock(),
+                room=room,
+                actor=message.sender,
+                run_id=run.id,
+                detail=f"messages={len(messages)}",
+            )
         )
         await self.answer(
             message, f"Retrying {_plural(len(messages), 'message')} of run `{run.id}`."

@@ -9,13 +9,23 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from bridge.config import Settings
 from bridge.core.duration import format_duration
 from bridge.core.model import Message, RoomKey, SessionId
 from bridge.core.text import visible
 from bridge.runs.budget import day_start
-from bridge.store.base import AuditAction, RunRecord, Store
+from bridge.store.base import (
+    AuditAction,
+    AuditEntry,
+    AuditStore,
+    LedgerStore,
+    MessageStore,
+    RoomStore,
+    RunRecord,
+    RunStore,
+)
 
 HISTORY = 200
 """Runs of a conversation read to list its sessions."""
@@ -49,9 +59,13 @@ def _excerpt(text: str) -> str:
     return line if len(line) <= PROMPT_CHARS else line[: PROMPT_CHARS - 1] + "…"
 
 
+class HistoryStore(MessageStore, RunStore, RoomStore, LedgerStore, AuditStore, Protocol):
+    """The store's roles :class:`RoomHistory` uses."""
+
+
 @dataclass(slots=True)
 class RoomHistory:
-    store: Store
+    store: HistoryStore
     settings: Settings
     prefix: str
     answer: Callable[[Message, str], Awaitable[None]]
@@ -151,11 +165,13 @@ class RoomHistory:
     ) -> None:
         """Audit a change to the room's session asked by ``message``, then answer ``text``."""
         await self.store.audit(
-            action,
-            self.wall_clock(),
-            room=message.room,
-            actor=message.sender,
-            detail=f"session={session}",
+            AuditEntry(
+                action,
+                self.wall_clock(),
+                room=message.room,
+                actor=message.sender,
+                detail=f"session={session}",
+            )
         )
         await self.answer(message, text)
 

@@ -31,7 +31,7 @@ from bridge.host.logs import log_context
 from bridge.inbound.commands import Command, CommandHandler, CommandName, parse_command
 from bridge.inbound.room_order import RoomOrder, Turn
 from bridge.metrics import Metrics
-from bridge.store.base import Store, StoreError
+from bridge.store.base import MessageStore, RoomStore, StoreError
 from dispatcher import Dispatcher, RoomStatus
 
 log = logging.getLogger(__name__)
@@ -73,10 +73,14 @@ class Placement(Protocol):
         ...
 
 
+class IntakeStore(MessageStore, RoomStore, Protocol):
+    """The store's roles :class:`Intake` uses."""
+
+
 @dataclass(slots=True)
 class Intake:
     settings: Settings
-    store: Store
+    store: IntakeStore
     dispatcher: Dispatcher
     commands: CommandHandler
     metrics: Metrics

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from bridge.config import RoomSettings
 from bridge.core.model import RoomKey, UserId
@@ -25,10 +26,15 @@ from bridge.live.questions import ASK, INTERACTIVE, deny_text, outcome, unanswer
 from bridge.live.tool_rules import DENY_REACH, keepable, rule_for
 from bridge.store.base import (
     Approval,
+    ApprovalDecision,
     ApprovalState,
+    ApprovalStore,
+    MessageStore,
+    NewRule,
     RuleEffect,
     RuleScope,
-    Store,
+    RuleStore,
+    RunStore,
     StoreError,
     ToolRule,
 )
@@ -45,9 +51,13 @@ class Answered:
     decided: bool
 
 
+class DeskStore(MessageStore, RunStore, ApprovalStore, RuleStore, Protocol):
+    """The store's roles :class:`ApprovalDesk` uses."""
+
+
 @dataclass(slots=True)
 class ApprovalDesk:
-    store: Store
+    store: DeskStore
     rooms: Callable[[RoomKey], RoomSettings | None]
     live: LiveControls
     refused: Callable[[Verdict], None]
@@ -86,7 +96,7 @@ class ApprovalDesk:
             return Answered(unfit, False)
         if approval.state is ApprovalState.PENDING:
             decided = await self.store.decide_approval(
-                approval, state_of(choice), sender, self.wall_clock(), reason
+                approval, ApprovalDecision(state_of(choice), sender, self.wall_clock(), reason)
             )
             if decided:
                 current = await self._current(approval)
@@ -134,13 +144,15 @@ class ApprovalDesk:
                 return None, "No rule was kept: the run's Claude session is not known."
         try:
             kept = await self.store.add_rule(
-                approval.room,
-                scope=scope,
-                effect=effect,
-                rule=rule,
-                session_id=session,
-                created_by=sender,
-                at=self.wall_clock(),
+                NewRule(
+                    approval.room,
+                    scope=scope,
+                    effect=effect,
+                    rule=rule,
+                    session_id=session,
+                    created_by=sender,
+                    at=self.wall_clock(),
+                )
             )
         except StoreError:
             log.warning("could not keep the rule of request #%d", approval.number, exc_info=True)
@@ -159,7 +171,7 @@ class ApprovalDesk:
             # The wait it was asked with, whatever the settings say now.
             message = timeout_message(approval.expires_at - approval.asked_at)
             if await self.store.decide_approval(
-                approval, ApprovalState.EXPIRED, None, now, "timed out"
+                approval, ApprovalDecision(ApprovalState.EXPIRED, None, now, "timed out")
             ):
                 current = await self._current(approval)
                 await self.live.decide(current, ApprovalChoice.DENY, None, message)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from bridge.config import Settings
 from bridge.core.model import (
@@ -34,7 +34,7 @@ from bridge.core.model import (
 )
 from bridge.core.transport import Accepted, ApprovalAction, ApprovalChoice
 from bridge.host.worktrees import in_worktree
-from bridge.live.approval_desk import ApprovalDesk
+from bridge.live.approval_desk import ApprovalDesk, DeskStore
 from bridge.live.approval_text import code_span, parse_input, request_text
 from bridge.live.approvals import (
     WITHDRAWN,
@@ -62,7 +62,16 @@ from bridge.live.registry import LiveRuns
 from bridge.live.tool_rules import ruling
 from bridge.live.tool_view import ToolView, ends, input_digest, render
 from bridge.outbound.replies import Replier, in_conversation
-from bridge.store.base import Approval, ApprovalState, RuleEffect, Store, StoreError, ToolRule
+from bridge.store.base import (
+    Approval,
+    ApprovalAsk,
+    ApprovalDecision,
+    ApprovalState,
+    RoomStore,
+    RuleEffect,
+    StoreError,
+    ToolRule,
+)
 from runner.control import Allow, ControlError, Deny, InputClosed, RunControl
 from runner.events import PermissionAsked
 
@@ -91,12 +100,16 @@ _CHOICES = {
 }
 
 
+class FlowStore(DeskStore, RoomStore, Protocol):
+    """The store's roles :class:`ApprovalFlow` uses (and the desk it makes)."""
+
+
 @dataclass(slots=True)
 class ApprovalFlow:
     """Implements :class:`~bridge.live.controls.LiveControls` over the live runs."""
 
     settings: Settings
-    store: Store
+    store: FlowStore
     replier: Replier
     runs: LiveRuns
     refused: Callable[[Verdict], None]
@@ -131,15 +144,17 @@ class ApprovalFlow:
         interactive = event.tool_name in INTERACTIVE
         wait_s = room.question_timeout_s if interactive else room.approval_timeout_s
         approval = await self.store.add_approval(
-            batch.room,
-            run_id,
-            event.request_id,
-            tool_name=event.tool_name,
-            # A plan's request holds {}: the plan is in claude's tool_use block.
-            input_json=json.dumps(full, ensure_ascii=False),
-            asked_at=now,
-            expires_at=now + (wait_s or NO_EXPIRY_S),
-            shown_digest=view.digest,
+            ApprovalAsk(
+                batch.room,
+                run_id,
+                event.request_id,
+                tool_name=event.tool_name,
+                # A plan's request holds {}: the plan is in claude's tool_use block.
+                input_json=json.dumps(full, ensure_ascii=False),
+                asked_at=now,
+                expires_at=now + (wait_s or NO_EXPIRY_S),
+                shown_digest=view.digest,
+            )
         )
         if approval.state is ApprovalState.PENDING and approval.message_id is None:
             # New (or never posted): the kept rules may decide it.
@@ -214,7 +229,7 @@ class ApprovalFlow:
         # Compare-and-set: if someone answered meanwhile, their answer stands.
         # ... and only while the rule holds: a revoke meanwhile means the room is asked.
         decided = await self.store.decide_approval(
-            approval, state, None, self.wall_clock(), why, rule_id=rule.id
+            approval, ApprovalDecision(state, None, self.wall_clock(), why, rule_id=rule.id)
         )
         current = await self.store.approval_by_number(approval.room, approval.number)
         return (approval if current is None else current), decided
@@ -340,7 +355,7 @@ class ApprovalFlow:
         """Deny a request nobody could be shown faithfully: never approved blind."""
         reason = f"not shown to the room, so not asked: {problem}"
         if not await self.store.decide_approval(
-            approval, ApprovalState.DENIED, None, self.wall_clock(), reason
+            approval, ApprovalDecision(ApprovalState.DENIED, None, self.wall_clock(), reason)
         ):
             return
         told = (

@@ -19,7 +19,7 @@ from bridge.live.approval_text import code_span
 from bridge.live.controls import LiveControls
 from bridge.live.questions import INTERACTIVE
 from bridge.live.tool_rules import DENY_REACH, keepable, parse_rule, unmatchable
-from bridge.store.base import RuleEffect, RuleScope, Store, ToolRule
+from bridge.store.base import NewRule, RuleEffect, RuleScope, RuleStore, ToolRule
 
 _ID = re.compile(r"#?([0-9]{1,12})")
 REVOKE_WORD = "revoke"
@@ -27,7 +27,7 @@ REVOKE_WORD = "revoke"
 
 @dataclass(slots=True)
 class RuleCommands:
-    store: Store
+    store: RuleStore
     prefix: str
     answer: Callable[[Message, str], Awaitable[None]]
     approver: Callable[[Message], Awaitable[bool]]
@@ -106,13 +106,15 @@ class RuleCommands:
             )
             return
         kept = await self.store.add_rule(
-            message.room,
-            scope=RuleScope.ROOM,
-            effect=effect,
-            rule=str(rule),
-            session_id=None,
-            created_by=message.sender,
-            at=self.wall_clock(),
+            NewRule(
+                message.room,
+                scope=RuleScope.ROOM,
+                effect=effect,
+                rule=str(rule),
+                session_id=None,
+                created_by=message.sender,
+                at=self.wall_clock(),
+            )
         )
         if self.live is not None:
             await self.live.apply_rules(message.room)

@@ -22,14 +22,14 @@ from bridge.core.model import Batch, Message, Reply, ReplyKind, RoomKey
 from bridge.core.text import safe_text
 from bridge.outbound.outbox import Outbox
 from bridge.outbound.replies import Replier, in_conversation
-from bridge.store.base import Store, StoreError
+from bridge.store.base import OutboxStore, StoreError
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
 class Notices:
-    store: Store
+    store: OutboxStore
     outbox: Outbox
     replier: Replier
     """The fallback when the store cannot record a notice."""

@@ -23,7 +23,7 @@ from bridge.core import stages
 from bridge.core.model import ExternalMessageId, Reply, ReplyKind, RoomKey, TransportName
 from bridge.core.transport import Delivery, RateLimited, Transport, Undeliverable
 from bridge.metrics import Metrics
-from bridge.store.base import DeliveryState, OutboxEntry, Store
+from bridge.store.base import DeliveryState, OutboxEntry, OutboxStore
 from transports.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def discard_copy(path: Path, key: str) -> None:
 class Outbox:
     """Delivers outbox entries; :meth:`serve` runs it, :meth:`submit` hands it work."""
 
-    store: Store
+    store: OutboxStore
     transports: Mapping[TransportName, Transport]
     metrics: Metrics
     on_rate_limited: RateLimitedHook = _ignore_rate_limit

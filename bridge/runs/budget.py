@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from bridge.config import Settings
 from bridge.core.model import RoomKey
 from bridge.core.money import usd
-from bridge.store.base import Store, StoreError
+from bridge.store.base import LedgerStore, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class Budgets:
     """The daily budgets of ``settings``, read from ``store`` at ``wall_clock``'s today."""
 
     settings: Settings
-    store: Store
+    store: LedgerStore
     wall_clock: Callable[[], float] = time.time
 
     async def spending(self, room: RoomKey) -> Spending:

@@ -34,7 +34,7 @@ from bridge.runs.prestarts import Prestarts
 from bridge.runs.running import Live, Run, nothing, shown_running, wind_down, with_claude_figures
 from bridge.runs.transcripts import Transcripts
 from bridge.runs.usage import LimitResumes, usage_limit
-from bridge.store.base import OutboxEntry, Store, StoreError
+from bridge.store.base import OutboxEntry, RunEnding, RunLifecycleStore, StoreError
 from bridge.store.rules import delivery_key
 from runner import remove_run_dir
 from runner.events import Result
@@ -88,7 +88,7 @@ class RunEndings(RunCosmetics):
     """The endings of a run (a part of :class:`RunExecutor`; the fields it names are
     the executor's that it uses)."""
 
-    store: Store
+    store: RunLifecycleStore
     metrics: Metrics
     outbox: Outbox
     notices: Notices
@@ -424,12 +424,9 @@ class RunEndings(RunCosmetics):
                 while True:
                     try:
                         # The session is kept unless a !reset came during the run.
+                        kept = self._generations.get(run.batch.room, 0) == run.generation
                         entries = await self.store.finish_run(
-                            run.id,
-                            report,
-                            ended,
-                            replies,
-                            keep_session=self._generations.get(run.batch.room, 0) == run.generation,
+                            RunEnding(run.id, report, ended, replies, keep_session=kept)
                         )
                     except Exception:
                         # Not only StoreError: whatever fails here, the run

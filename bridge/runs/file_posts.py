@@ -28,7 +28,7 @@ from bridge.core.private import FILE_MODE, private_dirs
 from bridge.metrics import Metrics
 from bridge.outbound.outbox import Outbox
 from bridge.outbound.replies import in_conversation
-from bridge.store.base import OutboxEntry, Store, StoreError
+from bridge.store.base import OutboxEntry, OutboxStore, StoreError
 from runner.events import RunEvent, ToolResult, ToolUse
 from runner.mcp_server import QUALIFIED_TOOL, NotSendable, check_sendable
 
@@ -131,7 +131,7 @@ def prepare_copy(into: Path, cwd: Path, path: object, max_bytes: int) -> tuple[P
 class FilePosts:
     """Turns a run's ``send_file`` uses into outbox entries."""
 
-    store: Store
+    store: OutboxStore
     outbox: Outbox
     metrics: Metrics
     state_dir: Path

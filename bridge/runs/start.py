@@ -17,7 +17,15 @@ from bridge.runs.lifecycle import AbandonStart, Action, GiveUp
 from bridge.runs.prestarts import Taken
 from bridge.runs.prompt import build_prompt
 from bridge.runs.running import Live, Run, give_up, steer_uuid
-from bridge.store.base import STEERED, AuditAction, Fence, Store, StoreError
+from bridge.store.base import (
+    STEERED,
+    AuditAction,
+    AuditFilter,
+    Fence,
+    RunEnding,
+    RunLifecycleStore,
+    StoreError,
+)
 from bridge.store.cluster import ClusterFull, Fenced
 from runner.control import InputClosed
 
@@ -36,7 +44,7 @@ class RunStart:
     """The start of a run (a part of :class:`RunExecutor`; the fields it names are
     the executor's that it uses)."""
 
-    store: Store
+    store: RunLifecycleStore
     notices: Notices
     wall_clock: Callable[[], float]
     start_retry_delays_s: tuple[float, ...]
@@ -112,7 +120,7 @@ class RunStart:
     ) -> None:
         await give_up(taken, "dropped" if status is RunStatus.STOPPED else "shutdown")
         if await self.store.get_run(run_id) is not None:
-            await self.store.finish_run(run_id, RunReport(status), self.wall_clock())
+            await self.store.finish_run(RunEnding(run_id, RunReport(status), self.wall_clock()))
         elif status is RunStatus.STOPPED:
             await self.store.mark_dropped(batch.ids, None, self.wall_clock())
 
@@ -120,7 +128,7 @@ class RunStart:
         """The batches recorded as steered into a run a previous process followed (by
         the audit trail: one steer's rows share their time), in order."""
         try:
-            trail = await self.store.audit_trail(run_id=run_id)
+            trail = await self.store.audit_trail(AuditFilter(run_id=run_id))
         except StoreError:
             log.warning("could not read which messages were steered into the run")
             return []
@@ -168,7 +176,7 @@ class RunStart:
         """Whether the room's session was reset since ``started`` (by the audit trail: a
         process before this one may have answered the ``!reset``)."""
         try:
-            trail = await self.store.audit_trail(room=room)
+            trail = await self.store.audit_trail(AuditFilter(room=room))
         except StoreError:
             return False
         return any(a.action is AuditAction.SESSION_RESET and a.at >= started for a in trail)

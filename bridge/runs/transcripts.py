@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from bridge.core.model import RoomKey, SessionId
 from bridge.core.private import private_dirs
-from bridge.store.base import Store, TranscriptStamp
+from bridge.store.base import SessionTranscript, TranscriptStamp, TranscriptStore
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -219,7 +219,7 @@ def holds(config_dir: Path, session_id: SessionId, stamp: TranscriptStamp) -> in
 class Transcripts:
     """Saves a conversation's session transcript after a run, restores it before one."""
 
-    store: Store
+    store: TranscriptStore
     max_bytes: int
     """A transcript larger than this, compressed, is not saved (see :meth:`save_after`)."""
     wall_clock: Callable[[], float] = time.time
@@ -252,7 +252,9 @@ class Transcripts:
             log.warning("no transcript of session %s under %s to save", session_id, config_dir)
             return False
         content, stamp = packed
-        await self.store.save_transcript(room, session_id, content, self.wall_clock(), stamp)
+        await self.store.save_transcript(
+            room, SessionTranscript(session_id, content, self.wall_clock(), stamp)
+        )
         log.debug("saved the transcript of session %s (%d bytes)", session_id, len(content))
         return True
 

@@ -17,11 +17,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Protocol
 
 from bridge.core.model import Batch, Message, RoomKey, RunId, RunStatus
 from bridge.metrics import Metrics
 from bridge.outbound.notices import Notices
-from bridge.store.base import AuditAction, LimitResume, Store, StoreError
+from bridge.store.base import (
+    AuditAction,
+    AuditEntry,
+    AuditStore,
+    LedgerStore,
+    LimitResume,
+    RunStore,
+    StoreError,
+)
 from runner import UsageLimited
 
 log = logging.getLogger(__name__)
@@ -72,11 +81,15 @@ def limit_text(limited: UsageLimited, run_id: RunId, prefix: str, resumes: bool)
     return f"{text} `{prefix}retry {run_id}` runs it again after that."
 
 
+class LimitResumeStore(RunStore, LedgerStore, AuditStore, Protocol):
+    """The store's roles :class:`LimitResumes` uses."""
+
+
 @dataclass(slots=True)
 class LimitResumes:
     """The retries waiting for a usage limit to reset, made at their time."""
 
-    store: Store
+    store: LimitResumeStore
     submit: Callable[[Message], None]
     """Hands a re-queued message to the dispatcher (as ``!retry`` does)."""
     notices: Notices
@@ -208,11 +221,13 @@ class LimitResumes:
     async def _audit(self, room: RoomKey, run_id: RunId, count: int) -> None:
         try:
             await self.store.audit(
-                AuditAction.RETRY_REQUESTED,
-                self.wall_clock(),
-                room=room,
-                run_id=run_id,
-                detail=f"messages={count} after=usage_limit",
+                AuditEntry(
+                    AuditAction.RETRY_REQUESTED,
+                    self.wall_clock(),
+                    room=room,
+                    run_id=run_id,
+                    detail=f"messages={count} after=usage_limit",
+                )
             )
         except StoreError:
             log.warning("could not audit the retry after the usage limit", exc_info=True)

@@ -1,14 +1,17 @@
 """What the service records, and the one interface every store implements.
 
-The service talks only to :class:`Store`. Implementations: ``memory`` (unit
-tests, no durability) and ``sql`` (SQLAlchemy: SQLite or PostgreSQL). One
-contract suite in ``tests/store`` runs against all of them.
+:class:`Store` combines role protocols (messages, runs, live runs, outbox,
+rooms, transcripts, ledger, approvals, rules, audit, schedules, upkeep, and
+the transports' :class:`~bridge.core.transport.SeenMarks`): the service holds
+a ``Store``, each consumer takes only the roles it uses. Implementations:
+``memory`` (unit tests, no durability) and ``sql`` (SQLAlchemy: SQLite or
+PostgreSQL). One contract suite in ``tests/store`` runs against all of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass, replace
 from enum import StrEnum
 from typing import Protocol
 
@@ -25,9 +28,9 @@ from bridge.core.model import (
     RunReport,
     RunStatus,
     SessionId,
-    TransportName,
     UserId,
 )
+from bridge.core.transport import SeenMarks
 
 
 class AuditAction(StrEnum):
@@ -90,21 +93,79 @@ class RunRecord:
     """The replica that started it (docs/replicas.md); None for a single process."""
 
 
+@dataclass(frozen=True, slots=True)
+class RunEnding:
+    """How a run ended and the replies that tell its room (:meth:`RunStore.finish_run`)."""
+
+    run_id: RunId
+    report: RunReport
+    at: float
+    replies: Sequence[Reply] = ()
+    """Go into the outbox, pending, in order, with the end."""
+    _: KW_ONLY
+    keep_session: bool = False
+    """The report's session (if any) becomes the room's with the end."""
+    requeue: bool = False
+    """The run never began: its messages become pending again instead of settled."""
+
+
 STEERED = "steered"
 """The detail of the ``message_dispatched`` audit rows of messages steered into a running
 run (``Store.steer_into_run``): one steer's rows share their time."""
 
 
 @dataclass(frozen=True, slots=True)
-class AuditRecord:
-    id: int
-    at: float
+class AuditEntry:
+    """An audit row to write (:meth:`AuditStore.audit`): what happened, when, to what."""
+
     action: AuditAction
-    room: RoomKey | None
-    actor: UserId | None
-    message_id: MessageId | None
-    run_id: RunId | None
-    detail: str
+    at: float
+    room: RoomKey | None = None
+    actor: UserId | None = None
+    message_id: MessageId | None = None
+    run_id: RunId | None = None
+    detail: str = ""
+
+    def recorded(self, id: int) -> AuditRecord:
+        """This entry as written under ``id``."""
+        return AuditRecord(
+            self.action,
+            self.at,
+            self.room,
+            self.actor,
+            self.message_id,
+            self.run_id,
+            self.detail,
+            id=id,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AuditFilter:
+    """Which audit rows to read (:meth:`AuditStore.audit_trail`): those matching every
+    field given (None: any)."""
+
+    room: RoomKey | None = None
+    """Exactly this conversation (a room's threads are conversations of their own)."""
+    message_id: MessageId | None = None
+    run_id: RunId | None = None
+
+    def matches(self, entry: AuditEntry) -> bool:
+        """Whether ``entry`` is one of the rows this filter reads."""
+        wanted = (self.room, self.message_id, self.run_id)
+        found = (entry.room, entry.message_id, entry.run_id)
+        return all(w is None or w == f for w, f in zip(wanted, found, strict=True))
+
+
+WHOLE_TRAIL = AuditFilter()
+"""Reads every audit row."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuditRecord(AuditEntry):
+    """An audit row as written: the entry and the id it was given (writing order)."""
+
+    id: int
 
 
 class DeliveryState(StrEnum):
@@ -161,14 +222,10 @@ class ApprovalState(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class Approval:
-    """A request of a run's claude to use a tool, asked in the run's room."""
+class ApprovalAsk:
+    """A request of a run's claude to use a tool, to record (:meth:`ApprovalStore.add_approval`)."""
 
-    id: int
-    """The store's id; increases in asking order."""
     room: RoomKey
-    number: int
-    """Short per-room number people type (``!approve #3``): never reused in a room."""
     run_id: RunId
     request_id: str
     """The CLI's ``control_request`` id, which the answer must carry."""
@@ -177,6 +234,40 @@ class Approval:
     """The tool's input as claude sent it (a JSON object)."""
     asked_at: float
     expires_at: float
+    shown_digest: str = ""
+    """sha256 of the request as the room was shown it
+    (:attr:`bridge.live.tool_view.ToolView.digest`:
+    the input and, for an edit, the file as it was); "" for requests recorded before it."""
+
+    def pending(self, id: int, number: int) -> Approval:
+        """This request as recorded under ``id`` and the room's ``number``, unanswered."""
+        return Approval(
+            self.room,
+            self.run_id,
+            self.request_id,
+            self.tool_name,
+            self.input_json,
+            self.asked_at,
+            self.expires_at,
+            self.shown_digest,
+            id=id,
+            number=number,
+            message_id=None,
+            state=ApprovalState.PENDING,
+            decided_by=None,
+            decided_at=None,
+            reason="",
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Approval(ApprovalAsk):
+    """A request of a run's claude to use a tool, asked in the run's room."""
+
+    id: int
+    """The store's id; increases in asking order."""
+    number: int
+    """Short per-room number people type (``!approve #3``): never reused in a room."""
     message_id: ExternalMessageId | None
     """The room message that asks (buttons, reactions), once it was posted."""
     state: ApprovalState
@@ -185,10 +276,26 @@ class Approval:
     decided_at: float | None
     reason: str
     """Why it was denied or cancelled; empty otherwise."""
-    shown_digest: str = ""
-    """sha256 of the request as the room was shown it
-    (:attr:`bridge.live.tool_view.ToolView.digest`:
-    the input and, for an edit, the file as it was); "" for requests recorded before it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalDecision:
+    """How a pending request ends (:meth:`ApprovalStore.decide_approval`)."""
+
+    state: ApprovalState
+    """Any end: allowed, allowed_session, denied, expired, or cancelled (claude withdrew it)."""
+    decided_by: UserId | None
+    """None for decisions nobody made (expiry, a kept rule, a withdrawal)."""
+    decided_at: float
+    reason: str = ""
+    _: KW_ONLY
+    rule_id: int | None = None
+    """The kept rule deciding it, which must still hold (not revoked) as it does."""
+
+    def applied(self, approval: Approval) -> Approval:
+        """``approval`` as this decision leaves it."""
+        by, at, reason = self.decided_by, self.decided_at, self.reason
+        return replace(approval, state=self.state, decided_by=by, decided_at=at, reason=reason)
 
 
 class RuleScope(StrEnum):
@@ -203,6 +310,28 @@ class RuleScope(StrEnum):
 class RuleEffect(StrEnum):
     ALLOW = "allow"
     DENY = "deny"
+
+
+@dataclass(frozen=True, slots=True)
+class NewRule:
+    """A tool rule to keep (:meth:`RuleStore.add_rule`): who made it, when, saying what."""
+
+    room: RoomKey
+    """The room it was made in: the rule is kept for its channel."""
+    scope: RuleScope
+    effect: RuleEffect
+    rule: str
+    """In claude's rule syntax: ``Bash(npm test:*)`` (bridge/live/tool_rules.py)."""
+    session_id: SessionId | None
+    """The session a session rule holds in (it needs one); None for a room rule."""
+    created_by: UserId
+    at: float
+
+    def kept(self, id: int) -> ToolRule:
+        """The rule as kept under ``id``, for the room's channel."""
+        scope, effect = self.scope, self.effect
+        room, session_id, created_by = self.room.channel, self.session_id, self.created_by
+        return ToolRule(id, room, scope, session_id, effect, self.rule, created_by, self.at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,12 +398,25 @@ class TranscriptStamp:
     whose first ``size`` bytes hash to this is this version, or a later one."""
 
 
+@dataclass(frozen=True, slots=True)
+class SessionTranscript:
+    """A session's transcript to keep for its conversation
+    (:meth:`TranscriptStore.save_transcript`)."""
+
+    session_id: SessionId
+    content: bytes
+    """The session's files, compressed."""
+    saved_at: float
+    stamp: TranscriptStamp
+    """Which version it is (:meth:`TranscriptStore.transcript_stamp` answers it)."""
+
+
 class StoreError(Exception):
     """The store could not do what was asked (connection lost, schema missing...)."""
 
 
-class Store(Protocol):
-    """Durable state of the bridge. Every method is atomic."""
+class MessageStore(Protocol):
+    """Inbound messages: accepted, queued, edited, dropped (``bridge.inbound``)."""
 
     async def accept(self, msg: InboundMessage, received_at: float) -> Message | None:
         """Record ``msg`` as pending and audit it as accepted, in one transaction.
@@ -297,9 +439,41 @@ class Store(Protocol):
         that conversation), in acceptance order (recovery)."""
         ...
 
+    async def pending_message(
+        self, room: RoomKey, external_id: ExternalMessageId
+    ) -> Message | None:
+        """The message with this transport id in ``room`` (in any of its thread
+        conversations), if it is still pending."""
+        ...
+
+    async def edit_pending(
+        self, message_id: MessageId, text: str, actor: UserId | None, at: float
+    ) -> Message | None:
+        """Replace the text of a pending message, with one audit row, atomically.
+
+        Returns the message as it now reads; None, changing nothing, if it
+        is not pending any more or already reads ``text`` (a redelivered edit).
+        """
+        ...
+
+    async def delete_pending(
+        self, message_id: MessageId, actor: UserId | None, at: float
+    ) -> Message | None:
+        """Drop a pending message that was deleted, with one audit row, atomically.
+
+        Returns the message; None, changing nothing, if it is not pending.
+        """
+        ...
+
     async def mark_dropped(self, ids: Sequence[MessageId], actor: UserId | None, at: float) -> None:
         """Mark messages dropped by ``!stop``, one audit row each."""
         ...
+
+    async def messages(self, ids: Sequence[MessageId]) -> list[Message]: ...
+
+
+class RunStore(Protocol):
+    """Runs: started, steered into, finished, looked up, offered again (``!retry``)."""
 
     async def start_run(
         self, run_id: RunId, batch: Batch, at: float, fence: Fence | None = None
@@ -316,6 +490,66 @@ class Store(Protocol):
         dispatched into it after its own messages, audited (detail ``steered``), atomically.
         A run that is not running raises :class:`StoreError`."""
         ...
+
+    async def finish_run(self, ending: RunEnding) -> list[OutboxEntry]:
+        """Record how a run ended and the replies that tell the room, in one transaction.
+
+        Its messages become done (succeeded), dropped (stopped) or failed (or,
+        with ``requeue``, for a run that never began: pending again), and
+        its row in the registry of live runs goes (it is no longer live). The
+        ``replies`` go into the outbox, pending, in order; the new entries are
+        returned. With ``keep_session`` the report's session (if any) becomes
+        the room's, in the same transaction, unless ``set_session`` was called
+        for the room after this call (a ``!reset`` answered while the end
+        waited for its commit is not undone). Only the first report counts:
+        finishing a run that already ended records nothing and returns that
+        run's entries still pending, in order: a caller retrying after a lost
+        acknowledgement (the first try did commit) hands its answer over.
+        A report with a cost (``cost_usd``) also writes the run's row of the
+        budget ledger (see :meth:`spend`), in the same transaction.
+        """
+        ...
+
+    async def get_run(self, run_id: RunId) -> RunRecord | None: ...
+
+    async def running_runs(self) -> list[RunRecord]:
+        """Runs still marked running: after a crash these are the ones to sweep."""
+        ...
+
+    async def last_run(self, room: RoomKey) -> RunRecord | None:
+        """The room's most recently started run."""
+        ...
+
+    async def room_runs(self, room: RoomKey, limit: int) -> list[RunRecord]:
+        """The conversation's ``limit`` most recently started runs, newest first
+        (``!sessions``, ``!usage``)."""
+        ...
+
+    async def retryable_runs(self, room: RoomKey) -> list[RunRecord]:
+        """The room's runs that ``!retry`` may run again, oldest first.
+
+        A run is offered while its status is retryable and its messages are
+        still failed with it as their last run (a retry, a ``!stop`` or a
+        deletion ends that), until a later successful run of the room
+        contains a message received after it ended: the conversation moved
+        on. Messages re-queued from before the run ended never withdraw it.
+        """
+        ...
+
+    async def requeue_run(self, run_id: RunId) -> list[Message]:
+        """Mark pending again the messages that failed with ``run_id`` as their last run,
+        if the run is offered by the rule of :meth:`retryable_runs` (whoever asks: ``!retry``,
+        the retry after a usage limit).
+
+        Returns them in order; empty if the run is not offered any more (a
+        second ``!retry`` of the same run re-queues nothing, nor does a retry of a run
+        the room moved past).
+        """
+        ...
+
+
+class LiveRunStore(Protocol):
+    """The registry of live runs: where each run's supervisor is, what its room saw."""
 
     async def register_live_run(self, live: LiveRun, at: float) -> None:
         """Record where the run's supervisor is reached, and claude's pid, durably.
@@ -359,33 +593,9 @@ class Store(Protocol):
         """
         ...
 
-    async def finish_run(
-        self,
-        run_id: RunId,
-        report: RunReport,
-        at: float,
-        replies: Sequence[Reply] = (),
-        *,
-        keep_session: bool = False,
-        requeue: bool = False,
-    ) -> list[OutboxEntry]:
-        """Record how a run ended and the replies that tell the room, in one transaction.
 
-        Its messages become done (succeeded), dropped (stopped) or failed (or,
-        with ``requeue``, for a run that never began: pending again), and
-        its row in the registry of live runs goes (it is no longer live). The
-        ``replies`` go into the outbox, pending, in order; the new entries are
-        returned. With ``keep_session`` the report's session (if any) becomes
-        the room's, in the same transaction, unless ``set_session`` was called
-        for the room after this call (a ``!reset`` answered while the end
-        waited for its commit is not undone). Only the first report counts:
-        finishing a run that already ended records nothing and returns that
-        run's entries still pending, in order: a caller retrying after a lost
-        acknowledgement (the first try did commit) hands its answer over.
-        A report with a cost (``cost_usd``) also writes the run's row of the
-        budget ledger (see :meth:`spend`), in the same transaction.
-        """
-        ...
+class OutboxStore(Protocol):
+    """Replies recorded for durable delivery, and how their delivery goes (``bridge.outbound``)."""
 
     async def enqueue(self, replies: Sequence[Reply], at: float) -> list[OutboxEntry]:
         """Put replies into the outbox, pending, in order (not tied to a run's end)."""
@@ -418,105 +628,14 @@ class Store(Protocol):
         """Mark an entry delivered or failed (given up)."""
         ...
 
-    async def get_run(self, run_id: RunId) -> RunRecord | None: ...
 
-    async def running_runs(self) -> list[RunRecord]:
-        """Runs still marked running: after a crash these are the ones to sweep."""
-        ...
-
-    async def last_run(self, room: RoomKey) -> RunRecord | None:
-        """The room's most recently started run."""
-        ...
-
-    async def room_runs(self, room: RoomKey, limit: int) -> list[RunRecord]:
-        """The conversation's ``limit`` most recently started runs, newest first
-        (``!sessions``, ``!usage``)."""
-        ...
-
-    async def retryable_runs(self, room: RoomKey) -> list[RunRecord]:
-        """The room's runs that ``!retry`` may run again, oldest first.
-
-        A run is offered while its status is retryable and its messages are
-        still failed with it as their last run (a retry, a ``!stop`` or a
-        deletion ends that), until a later successful run of the room
-        contains a message received after it ended: the conversation moved
-        on. Messages re-queued from before the run ended never withdraw it.
-        """
-        ...
-
-    async def requeue_run(self, run_id: RunId) -> list[Message]:
-        """Mark pending again the messages that failed with ``run_id`` as their last run,
-        if the run is offered by the rule of :meth:`retryable_runs` (whoever asks: ``!retry``,
-        the retry after a usage limit).
-
-        Returns them in order; empty if the run is not offered any more (a
-        second ``!retry`` of the same run re-queues nothing, nor does a retry of a run
-        the room moved past).
-        """
-        ...
-
-    async def pending_message(
-        self, room: RoomKey, external_id: ExternalMessageId
-    ) -> Message | None:
-        """The message with this transport id in ``room`` (in any of its thread
-        conversations), if it is still pending."""
-        ...
-
-    async def edit_pending(
-        self, message_id: MessageId, text: str, actor: UserId | None, at: float
-    ) -> Message | None:
-        """Replace the text of a pending message, with one audit row, atomically.
-
-        Returns the message as it now reads; None, changing nothing, if it
-        is not pending any more or already reads ``text`` (a redelivered edit).
-        """
-        ...
-
-    async def delete_pending(
-        self, message_id: MessageId, actor: UserId | None, at: float
-    ) -> Message | None:
-        """Drop a pending message that was deleted, with one audit row, atomically.
-
-        Returns the message; None, changing nothing, if it is not pending.
-        """
-        ...
-
-    async def messages(self, ids: Sequence[MessageId]) -> list[Message]: ...
+class RoomStore(Protocol):
+    """A conversation's session and what ``!model``, ``!mode`` and ``!fork`` set for its runs."""
 
     async def get_session(self, room: RoomKey) -> SessionId | None: ...
 
     async def set_session(self, room: RoomKey, session_id: SessionId | None) -> None:
         """Remember the room's session; None forgets it, and its stored transcript with it."""
-        ...
-
-    # Session transcripts: a conversation's session on any replica (docs/replicas-sessions.md)
-
-    async def save_transcript(
-        self,
-        room: RoomKey,
-        session_id: SessionId,
-        content: bytes,
-        at: float,
-        stamp: TranscriptStamp,
-    ) -> None:
-        """Keep ``content`` (the session's files, compressed) as the conversation's
-        transcript, in place of the one it kept (of any session); ``stamp`` tells
-        its version (:meth:`transcript_stamp` answers it)."""
-        ...
-
-    async def transcript_stamp(
-        self, room: RoomKey, session_id: SessionId
-    ) -> TranscriptStamp | None:
-        """The stored transcript's stamp; None if the conversation keeps none of
-        ``session_id`` (none at all, or another session's). Reads no content."""
-        ...
-
-    async def load_transcript(self, room: RoomKey, session_id: SessionId) -> bytes | None:
-        """The stored transcript's content; None if it is not ``session_id``'s."""
-        ...
-
-    async def drop_transcript(self, room: RoomKey) -> None:
-        """Forget the conversation's stored transcript, if any."""
         ...
 
     async def room_overrides(self, room: RoomKey) -> RoomOverrides:
@@ -539,7 +658,33 @@ class Store(Protocol):
         """Set (None: clear) the permission mode the room's next runs use."""
         ...
 
-    # Budgets and usage limits (docs/budgets.md)
+
+class TranscriptStore(Protocol):
+    """Session transcripts: a conversation's session on any replica (docs/replicas-sessions.md)."""
+
+    async def save_transcript(self, room: RoomKey, transcript: SessionTranscript) -> None:
+        """Keep ``transcript`` as the conversation's, in place of the one it kept (of any
+        session)."""
+        ...
+
+    async def transcript_stamp(
+        self, room: RoomKey, session_id: SessionId
+    ) -> TranscriptStamp | None:
+        """The stored transcript's stamp; None if the conversation keeps none of
+        ``session_id`` (none at all, or another session's). Reads no content."""
+        ...
+
+    async def load_transcript(self, room: RoomKey, session_id: SessionId) -> bytes | None:
+        """The stored transcript's content; None if it is not ``session_id``'s."""
+        ...
+
+    async def drop_transcript(self, room: RoomKey) -> None:
+        """Forget the conversation's stored transcript, if any."""
+        ...
+
+
+class LedgerStore(Protocol):
+    """Budgets and usage limits: the spend ledger, retries waiting for a limit (docs/budgets.md)."""
 
     async def spend(self, since: float, room: RoomKey | None = None) -> float:
         """USD the runs that ended at or after ``since`` cost: in ``room``, or in all rooms.
@@ -569,23 +714,14 @@ class Store(Protocol):
         already): of a retry and its calling off, one wins, whatever the interleaving."""
         ...
 
-    # Approvals
 
-    async def add_approval(
-        self,
-        room: RoomKey,
-        run_id: RunId,
-        request_id: str,
-        *,
-        tool_name: str,
-        input_json: str,
-        asked_at: float,
-        expires_at: float,
-        shown_digest: str = "",
-    ) -> Approval:
+class ApprovalStore(Protocol):
+    """Tool-use requests asked in a room and their answers (docs/live-runs.md)."""
+
+    async def add_approval(self, ask: ApprovalAsk) -> Approval:
         """Record a pending request under the room's next number, audited, atomically.
 
-        Idempotent on (``run_id``, ``request_id``): a reattached run replays
+        Idempotent on (``ask.run_id``, ``ask.request_id``): a reattached run replays
         its unanswered requests, and the one already recorded (whatever its
         state) is returned unchanged. Numbers increase per room and are never
         reused, not even after pruning.
@@ -606,22 +742,13 @@ class Store(Protocol):
         self, room: RoomKey, message_id: ExternalMessageId
     ) -> Approval | None: ...
 
-    async def decide_approval(
-        self,
-        approval: Approval,
-        state: ApprovalState,
-        decided_by: UserId | None,
-        decided_at: float,
-        reason: str = "",
-        *,
-        rule_id: int | None = None,
-    ) -> bool:
+    async def decide_approval(self, approval: Approval, decision: ApprovalDecision) -> bool:
         """Decide a pending request (allowed, allowed_session, denied, expired), audited.
 
         Compare-and-set: only a request still pending changes, so of two
         approvers answering at once exactly one call returns True; the
-        other changes nothing, audits nothing and returns False. ``rule_id``:
-        the kept rule deciding it, which must still hold (not revoked) too.
+        other changes nothing, audits nothing and returns False. A decision
+        by a kept rule (``rule_id``) needs that rule still to hold, too.
         """
         ...
 
@@ -640,22 +767,14 @@ class Store(Protocol):
         """
         ...
 
-    # Tool rules (docs/live-runs.md)
 
-    async def add_rule(
-        self,
-        room: RoomKey,
-        *,
-        scope: RuleScope,
-        effect: RuleEffect,
-        rule: str,
-        session_id: SessionId | None,
-        created_by: UserId,
-        at: float,
-    ) -> ToolRule:
-        """Keep a rule for ``room``'s channel, audited (``rule_added``), atomically.
+class RuleStore(Protocol):
+    """Tool rules chatbridge keeps and applies itself (docs/live-runs.md)."""
 
-        A session rule needs ``session_id``; a room rule takes none.
+    async def add_rule(self, new: NewRule) -> ToolRule:
+        """Keep a rule for its room's channel, audited (``rule_added``), atomically.
+
+        A session rule needs its ``session_id``; a room rule takes none.
         """
         ...
 
@@ -671,27 +790,21 @@ class Store(Protocol):
         revoked, or None if the channel has no such unrevoked rule (compare-and-set)."""
         ...
 
-    async def audit(
-        self,
-        action: AuditAction,
-        at: float,
-        *,
-        room: RoomKey | None = None,
-        actor: UserId | None = None,
-        message_id: MessageId | None = None,
-        run_id: RunId | None = None,
-        detail: str = "",
-    ) -> None: ...
 
-    async def audit_trail(
-        self,
-        *,
-        room: RoomKey | None = None,
-        message_id: MessageId | None = None,
-        run_id: RunId | None = None,
-    ) -> list[AuditRecord]:
-        """Audit rows matching every given filter, oldest first."""
+class AuditStore(Protocol):
+    """The audit trail: one row per logical action."""
+
+    async def audit(self, entry: AuditEntry) -> None:
+        """Append one audit row."""
         ...
+
+    async def audit_trail(self, which: AuditFilter = WHOLE_TRAIL) -> list[AuditRecord]:
+        """The audit rows ``which`` reads (all by default), oldest first."""
+        ...
+
+
+class ScheduleStore(Protocol):
+    """Which firing of each schedule was dealt with (docs/automation.md)."""
 
     async def schedule_marks(self) -> dict[str, float]:
         """Each schedule's latest firing time dealt with (fired, skipped or missed), by name."""
@@ -702,14 +815,9 @@ class Store(Protocol):
         time than the one recorded changes nothing (marks never go back)."""
         ...
 
-    async def seen_marks(self, transport: TransportName) -> dict[RoomKey, ExternalMessageId]:
-        """The newest message ``transport`` saw in each room and thread (``thread`` "")."""
-        ...
 
-    async def mark_seen(self, marks: Mapping[RoomKey, ExternalMessageId], at: float) -> None:
-        """Record the marks (seen at ``at``) in one transaction; marks never go back (ids
-        compare as text). :meth:`prune` forgets threads' marks not moved since then."""
-        ...
+class Upkeep(Protocol):
+    """The store itself: pruning, reachability, closing (the service's lifecycle)."""
 
     async def prune(self, older_than: float) -> int:
         """Delete audit rows, finished messages and finished runs older than ``older_than``.
@@ -729,3 +837,33 @@ class Store(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class RunLifecycleStore(
+    MessageStore,
+    RunStore,
+    LiveRunStore,
+    OutboxStore,
+    RoomStore,
+    TranscriptStore,
+    LedgerStore,
+    AuditStore,
+    Protocol,
+):
+    """What a run's start, steering and ending record (``bridge.runs``): its messages,
+    its row and registry entry, its replies, its room's session, transcript and spend."""
+
+
+class Store(
+    RunLifecycleStore,
+    ApprovalStore,
+    RuleStore,
+    ScheduleStore,
+    Upkeep,
+    SeenMarks,
+    Protocol,
+):
+    """Durable state of the bridge: every role in one. Every method is atomic.
+
+    The service holds a ``Store``; each consumer takes only the roles it uses.
+    """

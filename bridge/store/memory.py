@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from bridge.core.model import (
     Batch,
@@ -21,48 +22,53 @@ from bridge.core.model import (
     Reply,
     RoomKey,
     RunId,
-    RunReport,
     RunStatus,
     SessionId,
     TransportName,
     UserId,
 )
+from bridge.store import audit_entries
 from bridge.store.base import (
     STEERED,
+    WHOLE_TRAIL,
     Approval,
+    ApprovalAsk,
+    ApprovalDecision,
     ApprovalState,
     AuditAction,
+    AuditEntry,
+    AuditFilter,
     AuditRecord,
     DeliveryState,
     Fence,
     LimitResume,
+    NewRule,
     OutboxEntry,
     RegisteredRun,
     RoomOverrides,
-    RuleEffect,
     RuleScope,
+    RunEnding,
     RunRecord,
+    SessionTranscript,
     StoreError,
     ToolRule,
     TranscriptStamp,
 )
 from bridge.store.keys import stored_id
 from bridge.store.rules import (
-    APPROVAL_ACTIONS,
     LIVE_STATES,
-    approval_detail,
     approval_reason,
     delivery_key,
-    excerpt,
-    finished_message_state,
-    ignored_detail,
+    kept_report,
     require_decision,
     require_rule,
     require_storable,
-    rule_detail,
+    settled_state,
 )
 
 _DedupKey = tuple[RoomKey, ExternalMessageId]
+_KeyT = TypeVar("_KeyT")
+_RecordT = TypeVar("_RecordT")
 
 
 @dataclass(slots=True)
@@ -83,8 +89,8 @@ class MemoryStore:
         self._runs: dict[RunId, RunRecord] = {}
         self._live: dict[RunId, RegisteredRun] = {}
         self._sessions: dict[RoomKey, SessionId] = {}
-        # The conversation's stored transcript: (session, content, stamp).
-        self._transcripts: dict[RoomKey, tuple[SessionId, bytes, TranscriptStamp]] = {}
+        # The conversation's stored transcript (of any session).
+        self._transcripts: dict[RoomKey, SessionTranscript] = {}
         self._overrides: dict[RoomKey, RoomOverrides] = {}
         # By id, which is asking order; numbers count per room and never go back.
         self._approvals: dict[int, Approval] = {}
@@ -107,20 +113,8 @@ class MemoryStore:
         if self._closed:
             raise StoreError("the store is closed")
 
-    def _write_audit(
-        self,
-        action: AuditAction,
-        at: float,
-        *,
-        room: RoomKey | None = None,
-        actor: UserId | None = None,
-        message_id: MessageId | None = None,
-        run_id: RunId | None = None,
-        detail: str = "",
-    ) -> None:
-        self._audit.append(
-            AuditRecord(self._next_audit, at, action, room, actor, message_id, run_id, detail)
-        )
+    def _write_audit(self, entry: AuditEntry) -> None:
+        self._audit.append(entry.recorded(self._next_audit))
         self._next_audit += 1
 
     # Messages
@@ -139,25 +133,13 @@ class MemoryStore:
         self._seen.add(key)
         message = msg.accepted(message_id, received_at)
         self._messages[message.id] = _StoredMessage(message, MessageState.PENDING)
-        self._write_audit(
-            AuditAction.MESSAGE_ACCEPTED,
-            received_at,
-            room=msg.room,
-            actor=msg.sender,
-            message_id=message.id,
-        )
+        self._write_audit(audit_entries.accepted(msg, received_at, message.id))
         return message
 
     async def record_ignored(self, msg: InboundMessage, reason: str, at: float) -> None:
         """Audit a message that was not accepted, without its text."""
         self._check_open()
-        self._write_audit(
-            AuditAction.MESSAGE_IGNORED,
-            at,
-            room=msg.room,
-            actor=msg.sender,
-            detail=ignored_detail(reason, msg.external_id),
-        )
+        self._write_audit(audit_entries.ignored(msg, reason, at))
 
     async def complete_command(self, message_id: MessageId) -> None:
         """Mark a pending command message done: commands never go into a run."""
@@ -182,13 +164,16 @@ class MemoryStore:
             if stored.state not in LIVE_STATES:
                 continue
             stored.state = MessageState.DROPPED
+            message = stored.message
             self._write_audit(
-                AuditAction.MESSAGE_DROPPED,
-                at,
-                room=stored.message.room,
-                actor=actor,
-                message_id=stored.message.id,
-                run_id=stored.run_id,
+                audit_entries.message_step(
+                    AuditAction.MESSAGE_DROPPED,
+                    message.room,
+                    message.id,
+                    actor,
+                    at,
+                    run_id=stored.run_id,
+                )
             )
 
     async def pending_message(
@@ -230,9 +215,9 @@ class MemoryStore:
     def _changed(
         self, stored: _StoredMessage, action: AuditAction, actor: UserId | None, at: float
     ) -> Message:
-        room = stored.message.room
-        self._write_audit(action, at, room=room, actor=actor, message_id=stored.message.id)
-        return stored.message
+        message = stored.message
+        self._write_audit(audit_entries.message_step(action, message.room, message.id, actor, at))
+        return message
 
     async def messages(self, ids: Sequence[MessageId]) -> list[Message]:
         """The messages with these ids that exist, in acceptance order."""
@@ -273,13 +258,7 @@ class MemoryStore:
             replica=None if fence is None else fence.replica,
         )
         self._dispatch_into(run_id, batch, at)
-        self._write_audit(
-            AuditAction.RUN_STARTED,
-            at,
-            room=batch.room,
-            run_id=run_id,
-            detail=f"{len(batch.ids)} message(s)",
-        )
+        self._write_audit(audit_entries.run_started(run_id, batch.room, len(batch.ids), at))
 
     async def steer_into_run(self, run_id: RunId, batch: Batch, at: float) -> None:
         """Add messages sent into a running run's session to that run."""
@@ -299,14 +278,7 @@ class MemoryStore:
             stored = self._messages[message_id]
             stored.state = MessageState.DISPATCHED
             stored.run_id = run_id
-            self._write_audit(
-                AuditAction.MESSAGE_DISPATCHED,
-                at,
-                room=batch.room,
-                message_id=message_id,
-                run_id=run_id,
-                detail=detail,
-            )
+            self._write_audit(audit_entries.dispatched(run_id, batch.room, message_id, at, detail))
 
     async def register_live_run(self, live: LiveRun, at: float) -> None:
         """Record (or replace) where the run's supervisor is, and claude's pid."""
@@ -341,18 +313,10 @@ class MemoryStore:
         if registered is not None and offset > registered.delivered_offset:
             self._live[run_id] = replace(registered, delivered_offset=offset)
 
-    async def finish_run(
-        self,
-        run_id: RunId,
-        report: RunReport,
-        at: float,
-        replies: Sequence[Reply] = (),
-        *,
-        keep_session: bool = False,
-        requeue: bool = False,
-    ) -> list[OutboxEntry]:
+    async def finish_run(self, ending: RunEnding) -> list[OutboxEntry]:
         """Record how a run ended, settle its still-dispatched messages, enqueue ``replies``."""
-        state = MessageState.PENDING if requeue else finished_message_state(report.status)
+        run_id, report, at, replies = ending.run_id, ending.report, ending.at, ending.replies
+        state = settled_state(ending)
         run = self._run(run_id)
         if run.status is not RunStatus.RUNNING:
             # A retry whose first try committed: hand back what is still to deliver.
@@ -365,16 +329,14 @@ class MemoryStore:
         # Checked before anything changes: the method stays atomic.
         for text in (report.result_text, report.error, *(r.text for r in replies)):
             require_storable(text)
-        kept = replace(report, result_text=excerpt(report.result_text), error=excerpt(report.error))
+        kept = kept_report(report)
         self._runs[run_id] = replace(run, status=report.status, ended_at=at, report=kept)
         self._live.pop(run_id, None)
         for stored in self._messages.values():
             if stored.run_id == run_id and stored.state is MessageState.DISPATCHED:
                 stored.state = state
-        self._write_audit(
-            AuditAction.RUN_FINISHED, at, room=run.room, run_id=run_id, detail=report.status.value
-        )
-        if keep_session and report.session_id is not None:
+        self._write_audit(audit_entries.run_finished(ending, run.room))
+        if ending.keep_session and report.session_id is not None:
             self._sessions[run.room] = report.session_id
         if report.cost_usd is not None:
             self._spend[run_id] = (run.room, at, report.cost_usd)
@@ -430,11 +392,7 @@ class MemoryStore:
         ]
 
     def _entry(self, entry_id: int) -> OutboxEntry:
-        self._check_open()
-        try:
-            return self._outbox[entry_id]
-        except KeyError:
-            raise StoreError(f"no outbox entry {entry_id}") from None
+        return self._one(self._outbox, entry_id, "outbox entry")
 
     async def delivery_progress(self, entry_id: int, parts_done: int) -> None:
         """Record the parts of an entry delivered so far."""
@@ -456,11 +414,15 @@ class MemoryStore:
         self._outbox[entry_id] = replace(entry, state=state, next_attempt_at=at)
 
     def _run(self, run_id: RunId) -> RunRecord:
+        return self._one(self._runs, run_id, "run")
+
+    def _one(self, table: Mapping[_KeyT, _RecordT], key: _KeyT, what: str) -> _RecordT:
+        """``table[key]``; a missing one is the caller's StoreError, as in the SQL store."""
         self._check_open()
         try:
-            return self._runs[run_id]
+            return table[key]
         except KeyError:
-            raise StoreError(f"no run {run_id}") from None
+            raise StoreError(f"no {what} {key}") from None
 
     async def get_run(self, run_id: RunId) -> RunRecord | None:
         """The run with this id, or None."""
@@ -540,31 +502,27 @@ class MemoryStore:
 
     # Session transcripts
 
-    async def save_transcript(
-        self,
-        room: RoomKey,
-        session_id: SessionId,
-        content: bytes,
-        at: float,
-        stamp: TranscriptStamp,
-    ) -> None:
-        """Keep the conversation's transcript of ``session_id`` in place of the one it kept."""
+    async def save_transcript(self, room: RoomKey, transcript: SessionTranscript) -> None:
+        """Keep the conversation's transcript in place of the one it kept."""
         self._check_open()
-        self._transcripts[room] = (session_id, bytes(content), stamp)
+        self._transcripts[room] = replace(transcript, content=bytes(transcript.content))
 
     async def transcript_stamp(
         self, room: RoomKey, session_id: SessionId
     ) -> TranscriptStamp | None:
         """The stored transcript's stamp, if it is ``session_id``'s."""
-        self._check_open()
-        kept = self._transcripts.get(room)
-        return kept[2] if kept is not None and kept[0] == session_id else None
+        kept = self._transcript_of(room, session_id)
+        return None if kept is None else kept.stamp
 
     async def load_transcript(self, room: RoomKey, session_id: SessionId) -> bytes | None:
         """The stored transcript's content, if it is ``session_id``'s."""
+        kept = self._transcript_of(room, session_id)
+        return None if kept is None else kept.content
+
+    def _transcript_of(self, room: RoomKey, session_id: SessionId) -> SessionTranscript | None:
         self._check_open()
         kept = self._transcripts.get(room)
-        return kept[1] if kept is not None and kept[0] == session_id else None
+        return kept if kept is not None and kept.session_id == session_id else None
 
     async def drop_transcript(self, room: RoomKey) -> None:
         """Forget the conversation's stored transcript."""
@@ -670,53 +628,20 @@ class MemoryStore:
 
     # Approvals
 
-    async def add_approval(
-        self,
-        room: RoomKey,
-        run_id: RunId,
-        request_id: str,
-        *,
-        tool_name: str,
-        input_json: str,
-        asked_at: float,
-        expires_at: float,
-        shown_digest: str = "",
-    ) -> Approval:
+    async def add_approval(self, ask: ApprovalAsk) -> Approval:
         """Record a pending request under the room's next number; a replay returns the first."""
         self._check_open()
         for approval in self._approvals.values():
-            if approval.run_id == run_id and approval.request_id == request_id:
+            if (approval.run_id, approval.request_id) == (ask.run_id, ask.request_id):
                 return approval
-        for text in (request_id, tool_name, input_json):
+        for text in (ask.request_id, ask.tool_name, ask.input_json):
             require_storable(text)
-        number = self._last_number.get(room, 0) + 1
-        self._last_number[room] = number
-        approval = Approval(
-            id=self._next_approval,
-            room=room,
-            number=number,
-            run_id=run_id,
-            request_id=request_id,
-            tool_name=tool_name,
-            input_json=input_json,
-            asked_at=asked_at,
-            expires_at=expires_at,
-            message_id=None,
-            state=ApprovalState.PENDING,
-            decided_by=None,
-            decided_at=None,
-            reason="",
-            shown_digest=shown_digest,
-        )
+        number = self._last_number.get(ask.room, 0) + 1
+        self._last_number[ask.room] = number
+        approval = ask.pending(self._next_approval, number)
         self._next_approval += 1
         self._approvals[approval.id] = approval
-        self._write_audit(
-            AuditAction.APPROVAL_ASKED,
-            asked_at,
-            room=room,
-            run_id=run_id,
-            detail=approval_detail(approval, ApprovalState.PENDING),
-        )
+        self._write_audit(audit_entries.approval_asked(approval))
         return approval
 
     async def set_approval_message(self, approval: Approval, message_id: ExternalMessageId) -> None:
@@ -756,39 +681,21 @@ class MemoryStore:
             None,
         )
 
-    async def decide_approval(
-        self,
-        approval: Approval,
-        state: ApprovalState,
-        decided_by: UserId | None,
-        decided_at: float,
-        reason: str = "",
-        *,
-        rule_id: int | None = None,
-    ) -> bool:
+    async def decide_approval(self, approval: Approval, decision: ApprovalDecision) -> bool:
         """Decide the request if it is still pending (and its rule holds), audited."""
         self._check_open()
-        require_decision(state)
-        require_storable(reason)
-        reason = approval_reason(reason)
+        require_decision(decision.state)
+        require_storable(decision.reason)
+        decision = replace(decision, reason=approval_reason(decision.reason))
         stored = self._approvals.get(approval.id)
         if stored is None or stored.state is not ApprovalState.PENDING:
             return False
-        if rule_id is not None:
-            rule = self._rules.get(rule_id)
+        if decision.rule_id is not None:
+            rule = self._rules.get(decision.rule_id)
             if rule is None or rule.revoked_at is not None:
                 return False
-        self._approvals[approval.id] = replace(
-            stored, state=state, decided_by=decided_by, decided_at=decided_at, reason=reason
-        )
-        self._write_audit(
-            APPROVAL_ACTIONS[state],
-            decided_at,
-            room=stored.room,
-            actor=decided_by,
-            run_id=stored.run_id,
-            detail=approval_detail(stored, state, reason),
-        )
+        self._approvals[approval.id] = decision.applied(stored)
+        self._write_audit(audit_entries.approval_decided(stored, decision))
         return True
 
     async def cancel_approvals(
@@ -797,23 +704,17 @@ class MemoryStore:
         """Cancel the run's pending requests (or those of ``request_ids``), one audit row each."""
         self._check_open()
         require_storable(why)
-        why = approval_reason(why)
+        cancel = ApprovalDecision(ApprovalState.CANCELLED, None, at, approval_reason(why))
         cancelled = []
         for approval in list(self._approvals.values()):
             if approval.run_id != run_id or approval.state is not ApprovalState.PENDING:
                 continue
             if request_ids is not None and approval.request_id not in request_ids:
                 continue
-            done = replace(approval, state=ApprovalState.CANCELLED, decided_at=at, reason=why)
+            done = cancel.applied(approval)
             self._approvals[approval.id] = done
             cancelled.append(done)
-            self._write_audit(
-                AuditAction.APPROVAL_CANCELLED,
-                at,
-                room=approval.room,
-                run_id=run_id,
-                detail=approval_detail(approval, ApprovalState.CANCELLED, why),
-            )
+            self._write_audit(audit_entries.approval_decided(approval, cancel))
         return cancelled
 
     async def expired_approvals(self, now: float) -> list[Approval]:
@@ -827,28 +728,14 @@ class MemoryStore:
 
     # Tool rules
 
-    async def add_rule(
-        self,
-        room: RoomKey,
-        *,
-        scope: RuleScope,
-        effect: RuleEffect,
-        rule: str,
-        session_id: SessionId | None,
-        created_by: UserId,
-        at: float,
-    ) -> ToolRule:
+    async def add_rule(self, new: NewRule) -> ToolRule:
         """Keep a rule for the room's channel, audited."""
         self._check_open()
-        require_rule(scope, session_id, rule)
-        require_storable(rule)
-        kept = ToolRule(
-            len(self._rules) + 1, room.channel, scope, session_id, effect, rule, created_by, at
-        )
+        require_rule(new.scope, new.session_id, new.rule)
+        require_storable(new.rule)
+        kept = new.kept(len(self._rules) + 1)
         self._rules[kept.id] = kept
-        self._write_audit(
-            AuditAction.RULE_ADDED, at, room=kept.room, actor=created_by, detail=rule_detail(kept)
-        )
+        self._write_audit(audit_entries.rule_added(kept))
         return kept
 
     async def active_rules(self, room: RoomKey, session_id: SessionId | None) -> list[ToolRule]:
@@ -874,48 +761,18 @@ class MemoryStore:
             return None
         revoked = replace(stored, revoked_by=actor, revoked_at=at)
         self._rules[rule_id] = revoked
-        self._write_audit(
-            AuditAction.RULE_REVOKED,
-            at,
-            room=revoked.room,
-            actor=actor,
-            detail=rule_detail(revoked),
-        )
+        self._write_audit(audit_entries.rule_revoked(revoked))
         return revoked
 
-    async def audit(
-        self,
-        action: AuditAction,
-        at: float,
-        *,
-        room: RoomKey | None = None,
-        actor: UserId | None = None,
-        message_id: MessageId | None = None,
-        run_id: RunId | None = None,
-        detail: str = "",
-    ) -> None:
+    async def audit(self, entry: AuditEntry) -> None:
         """Append one audit row."""
         self._check_open()
-        self._write_audit(
-            action, at, room=room, actor=actor, message_id=message_id, run_id=run_id, detail=detail
-        )
+        self._write_audit(entry)
 
-    async def audit_trail(
-        self,
-        *,
-        room: RoomKey | None = None,
-        message_id: MessageId | None = None,
-        run_id: RunId | None = None,
-    ) -> list[AuditRecord]:
-        """Audit rows matching every given filter, in the order they were written."""
+    async def audit_trail(self, which: AuditFilter = WHOLE_TRAIL) -> list[AuditRecord]:
+        """The audit rows ``which`` reads, in the order they were written."""
         self._check_open()
-        return [
-            a
-            for a in self._audit
-            if (room is None or a.room == room)
-            and (message_id is None or a.message_id == message_id)
-            and (run_id is None or a.run_id == run_id)
-        ]
+        return [a for a in self._audit if which.matches(a)]
 
     # Retention
 

@@ -7,15 +7,15 @@ so the contract suite checks one set of rules rather than two copies of them.
 from __future__ import annotations
 
 import secrets
+from dataclasses import replace
 
-from bridge.core.model import MessageState, RunStatus, SessionId
+from bridge.core.model import MessageState, RunReport, RunStatus, SessionId
 from bridge.store.base import (
-    Approval,
     ApprovalState,
     AuditAction,
     RuleScope,
+    RunEnding,
     StoreError,
-    ToolRule,
 )
 
 EXCERPT_LIMIT_BYTES = 4096
@@ -42,6 +42,11 @@ def excerpt(text: str, limit: int = EXCERPT_LIMIT_BYTES) -> str:
     return encoded[:room].decode(errors="ignore") + TRUNCATION_MARK
 
 
+def kept_report(report: RunReport) -> RunReport:
+    """``report`` as a store keeps it: its result and error cut to :func:`excerpt`."""
+    return replace(report, result_text=excerpt(report.result_text), error=excerpt(report.error))
+
+
 def require_storable(text: str) -> None:
     """Raise :class:`StoreError` for text no database can store (a lone surrogate).
 
@@ -53,6 +58,12 @@ def require_storable(text: str) -> None:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise StoreError(f"text the database cannot store: {exc.reason}") from exc
+
+
+def settled_state(ending: RunEnding) -> MessageState:
+    """The state the run's still-dispatched messages take as it ends: pending again
+    for a run that never began (``requeue``), else as :func:`finished_message_state`."""
+    return MessageState.PENDING if ending.requeue else finished_message_state(ending.report.status)
 
 
 def finished_message_state(status: RunStatus) -> MessageState:
@@ -68,11 +79,6 @@ def finished_message_state(status: RunStatus) -> MessageState:
     if status is RunStatus.STOPPED:
         return MessageState.DROPPED
     return MessageState.FAILED
-
-
-def ignored_detail(reason: str, external_id: str) -> str:
-    """Audit detail of an ignored message: why, and which one, never its text."""
-    return f"{reason} (external id {external_id})"
 
 
 def delivery_key() -> str:
@@ -107,12 +113,6 @@ def approval_reason(reason: str) -> str:
     return excerpt(reason, _REASON_LIMIT_BYTES)
 
 
-def approval_detail(approval: Approval, state: ApprovalState, reason: str = "") -> str:
-    """Audit detail of a request's step: which request, which tool, what became of it."""
-    detail = f"#{approval.number} {approval.tool_name} {state.value}"
-    return f"{detail}: {reason}" if reason else detail
-
-
 RULE_LIMIT_BYTES = 4096
 """Upper bound of a kept rule's text (a long command, exactly)."""
 
@@ -123,9 +123,3 @@ def require_rule(scope: RuleScope, session_id: SessionId | None, rule: str) -> N
         raise ValueError("a session rule needs its session, a room rule takes none")
     if not rule or len(rule.encode()) > RULE_LIMIT_BYTES:
         raise ValueError("a rule's text is empty or too long")
-
-
-def rule_detail(rule: ToolRule) -> str:
-    """Audit detail of a rule's step: which rule, of what scope, what it says."""
-    detail = f"rule {rule.id} {rule.scope.value} {rule.effect.value} {rule.rule}"
-    return excerpt(detail, RULE_LIMIT_BYTES)

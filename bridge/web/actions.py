@@ -21,14 +21,14 @@ from bridge.live.approval_desk import ApprovalDesk
 from bridge.live.approvals import Verdict, judge, refusal
 from bridge.live.questions import INTERACTIVE
 from bridge.live.tool_view import render
-from bridge.store.base import Store
+from bridge.store.base import ApprovalStore
 from bridge.store.keys import room_key
 from bridge.web.reads import ApprovalView
 
 
 @dataclass(slots=True)
 class DeskActions:
-    store: Store
+    store: ApprovalStore
     desk: ApprovalDesk
     rooms: Callable[[RoomKey], RoomSettings | None]
 

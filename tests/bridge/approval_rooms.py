@@ -20,7 +20,7 @@ from bridge.core.model import (
 from bridge.core.transport import ApprovalChoice
 from bridge.inbound.commands import CommandHandler, parse_command
 from bridge.live.approvals import Verdict
-from bridge.store.base import Approval
+from bridge.store.base import Approval, ApprovalAsk
 from bridge.store.memory import MemoryStore
 from dispatcher import DispatchedRun, Dispatcher, DispatchLimits
 
@@ -107,13 +107,15 @@ class Room:
 
     async def ask(self, request_id: str, tool: str = "Bash", run_id: RunId = RUN) -> Approval:
         return await self.store.add_approval(
-            ROOM,
-            run_id,
-            request_id,
-            tool_name=tool,
-            input_json='{"command": "make deploy"}',
-            asked_at=self.now[0],
-            expires_at=self.now[0] + 900,
+            ApprovalAsk(
+                ROOM,
+                run_id,
+                request_id,
+                tool_name=tool,
+                input_json='{"command": "make deploy"}',
+                asked_at=self.now[0],
+                expires_at=self.now[0] + 900,
+            )
         )
 
 

@@ -19,12 +19,10 @@ from bridge.core.model import (
     Reply,
     ReplyKind,
     RoomKey,
-    RunId,
-    RunReport,
     RunStatus,
 )
 from bridge.core.transport import Delivery, RunPhase
-from bridge.store.base import Store
+from bridge.store.base import RunEnding, Store
 from tests.bridge.chat_room import console_room, serving
 from tests.bridge.harness import ConsoleSession, rows, write_config
 from tests.bridge.log_seen import LogSeen
@@ -122,12 +120,12 @@ class InputAtFinish:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    async def finish_run(self, run_id: RunId, *args: Any, **kw: Any) -> Any:
+    async def finish_run(self, ending: RunEnding) -> Any:
         executor = self.service.executor
-        control = executor.live_runs.control(console_room(executor.settings), run_id)
+        control = executor.live_runs.control(console_room(executor.settings), ending.run_id)
         assert control is not None  # bound until the run's end is shown
         self.closed_at_finish.append(control.closed)
-        return await self._store.finish_run(run_id, *args, **kw)
+        return await self._store.finish_run(ending)
 
 
 async def test_claudes_input_is_closed_before_the_answer_is_recorded(tmp_path: Path) -> None:
@@ -286,8 +284,8 @@ class EndRecorded:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    async def finish_run(self, run_id: RunId, report: RunReport, *args: Any, **kw: Any) -> Any:
-        entries = await self._store.finish_run(run_id, report, *args, **kw)
+    async def finish_run(self, ending: RunEnding) -> Any:
+        entries = await self._store.finish_run(ending)
         self.recorded.set()
         return entries
 
@@ -343,9 +341,9 @@ class CountedFinishes:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    async def finish_run(self, run_id: RunId, report: RunReport, *args: Any, **kw: Any) -> Any:
-        self.finishes.append(report.status)
-        return await self._store.finish_run(run_id, report, *args, **kw)
+    async def finish_run(self, ending: RunEnding) -> Any:
+        self.finishes.append(ending.report.status)
+        return await self._store.finish_run(ending)
 
 
 async def finished(session: ConsoleSession) -> None:

@@ -13,7 +13,7 @@ from bridge.core.model import Batch, ExternalMessageId, Reply
 from bridge.core.transport import TOOL_ASKED, Accepted, ApprovalChoice, Asked
 from bridge.live.approval_flow import CHANGED, STALE
 from bridge.outbound.replies import Replier
-from bridge.store.base import RuleEffect, RuleScope
+from bridge.store.base import NewRule, RuleEffect, RuleScope
 from runner.events import PermissionAsked
 from tests.bridge.approval_posts import RUN, Bound, Told
 
@@ -238,13 +238,15 @@ async def test_a_question_declined_by_a_rule_kept_meanwhile_is_told_as_a_decline
     question = {"questions": [{"question": "Which?", "header": "", "options": [{"label": "a"}]}]}
     await bound.asks(PermissionAsked("r1", "AskUserQuestion", question, "tu1", "ask", ()))
     await bound.store.add_rule(
-        bound.key,
-        scope=RuleScope.ROOM,
-        effect=RuleEffect.DENY,
-        rule="AskUserQuestion",
-        session_id=None,
-        created_by=bound.user,
-        at=2.0,
+        NewRule(
+            bound.key,
+            scope=RuleScope.ROOM,
+            effect=RuleEffect.DENY,
+            rule="AskUserQuestion",
+            session_id=None,
+            created_by=bound.user,
+            at=2.0,
+        )
     )
     await bound.flow.apply_rules(bound.key)
     [answer] = bound.answers()

@@ -12,7 +12,12 @@ from bridge.core.model import (
 from bridge.core.transport import ApprovalChoice
 from bridge.live.approval_desk import ApprovalDesk
 from bridge.live.approvals import DEFAULT_DENIAL, Verdict
-from bridge.store.base import ApprovalState, AuditAction, RoomOverrides
+from bridge.store.base import (
+    ApprovalState,
+    AuditAction,
+    AuditFilter,
+    RoomOverrides,
+)
 from tests.bridge.approval_rooms import ALICE, BOB, CAROL, EVE, ROOM, RUN, make_room, start_run_of
 
 
@@ -24,7 +29,7 @@ async def test_approve_without_id_takes_the_oldest_waiting_request() -> None:
     assert answer == "Request `#1` (`Bash`): allowed by `@bob:x`."
     assert room.live.decisions == [(1, ApprovalChoice.ALLOW, BOB, "")]
     assert [a.number for a in await room.store.pending_approvals(ROOM)] == [2]
-    audit = (await room.store.audit_trail(run_id=RUN))[-1]
+    audit = (await room.store.audit_trail(AuditFilter(run_id=RUN)))[-1]
     assert (audit.action, audit.actor, audit.at) == (AuditAction.APPROVAL_ALLOWED, BOB, 1000.0)
 
 
@@ -153,7 +158,7 @@ async def test_model_and_mode_persist_for_the_next_runs() -> None:
     assert await room.store.room_overrides(ROOM) == RoomOverrides("opus", "acceptEdits")
     assert room.live.models == [(ROOM, "opus")]
     assert room.live.modes == [(ROOM, "acceptEdits")]
-    trail = await room.store.audit_trail(room=ROOM)
+    trail = await room.store.audit_trail(AuditFilter(room=ROOM))
     assert [a.detail for a in trail if a.action is AuditAction.ROOM_OVERRIDE_SET] == [
         "model=opus",
         "permission_mode=acceptEdits",

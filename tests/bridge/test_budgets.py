@@ -27,7 +27,7 @@ from bridge.core.model import (
 from bridge.core.money import usd
 from bridge.runs.budget import Budgets, day_start
 from bridge.runs.usage import limit_text, usage_limit
-from bridge.store.base import Store, StoreError
+from bridge.store.base import RunEnding, Store, StoreError
 from bridge.store.memory import MemoryStore
 from runner import UsageLimited
 from tests.bridge.harness import ECHO, ConsoleSession, rows, write_config
@@ -200,7 +200,7 @@ async def test_spending_is_counted_by_utc_day(tmp_path: Path) -> None:
     assert message is not None
     await store.start_run(RunId("run-1"), Batch(CONSOLE, (message,)), midnight - 3700)
     await store.finish_run(
-        RunId("run-1"), RunReport(RunStatus.SUCCEEDED, cost_usd=1.0), midnight - 3600
+        RunEnding(RunId("run-1"), RunReport(RunStatus.SUCCEEDED, cost_usd=1.0), midnight - 3600)
     )
     clock = [midnight - 1800]
     budgets = Budgets(settings, store, lambda: clock[0])

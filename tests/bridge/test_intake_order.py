@@ -13,7 +13,6 @@ import random
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -38,7 +37,7 @@ from bridge.core.transport import Accepted, InboundEvent, MessageDeleted, Messag
 from bridge.inbound.commands import CommandHandler
 from bridge.inbound.intake import Intake
 from bridge.metrics import Metrics
-from bridge.store.base import AuditAction, RunRecord
+from bridge.store.base import AuditEntry, RunEnding, RunRecord
 from bridge.store.memory import MemoryStore
 from bridge.store.sql import SqlStore
 from dispatcher import DispatchedRun, Dispatcher, DispatchLimits
@@ -125,9 +124,9 @@ class _SlowStore(MemoryStore):
         await self._pause()
         return accepted
 
-    async def audit(self, action: AuditAction, at: float, **kw: Any) -> None:
+    async def audit(self, entry: AuditEntry) -> None:
         await self._pause()
-        await super().audit(action, at, **kw)
+        await super().audit(entry)
 
     async def complete_command(self, message_id: MessageId) -> None:
         await self._pause()
@@ -242,7 +241,7 @@ def test_events_handed_over_at_once_take_effect_in_call_order(
         old = await store.accept(InboundMessage(ROOM, user, "old", ExternalMessageId("old")), 0.0)
         assert old is not None
         await store.start_run(RunId("r1"), Batch(ROOM, (old,)), 0.0)
-        await store.finish_run(RunId("r1"), RunReport(RunStatus.FAILED), 0.0)
+        await store.finish_run(RunEnding(RunId("r1"), RunReport(RunStatus.FAILED), 0.0))
         store.slow = True
         called: list[int] = []
 

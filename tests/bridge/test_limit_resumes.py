@@ -24,7 +24,7 @@ from bridge.outbound.notices import Notices
 from bridge.outbound.outbox import Outbox
 from bridge.outbound.replies import Replier
 from bridge.runs.usage import LimitResumes
-from bridge.store.base import LimitResume
+from bridge.store.base import LimitResume, RunEnding
 from bridge.store.memory import MemoryStore
 from runner import UsageLimited
 
@@ -72,7 +72,7 @@ async def test_the_retry_waits_for_the_runs_end_and_is_made_once() -> None:
     assert await limits._resume(entry) is False
     assert await store.limit_resumes() == [entry]
 
-    await store.finish_run(RUN, RunReport(RunStatus.FAILED, error="limit"), 30.0)
+    await store.finish_run(RunEnding(RUN, RunReport(RunStatus.FAILED, error="limit"), 30.0))
     assert await limits._resume(entry) is True
     assert [m.id for m in submitted] == [message.id]
     assert await store.limit_resumes() == []
@@ -88,7 +88,7 @@ async def test_the_retry_waits_for_the_runs_end_and_is_made_once() -> None:
 async def test_a_retry_by_hand_first_leaves_nothing_for_the_reset() -> None:
     store, submitted, clock = MemoryStore(), list[Message](), [150.0]
     await limited_run(store)
-    await store.finish_run(RUN, RunReport(RunStatus.FAILED, error="limit"), 30.0)
+    await store.finish_run(RunEnding(RUN, RunReport(RunStatus.FAILED, error="limit"), 30.0))
     assert len(await store.requeue_run(RUN)) == 1  # !retry
     limits = resumes(store, submitted, clock)
     assert await limits._resume(LimitResume(RUN, ROOM, 100.0)) is True
@@ -99,7 +99,7 @@ async def test_a_retry_by_hand_first_leaves_nothing_for_the_reset() -> None:
 async def test_serve_makes_a_retry_whose_reset_passed_while_it_was_down() -> None:
     store, submitted, clock = MemoryStore(), list[Message](), [150.0]
     await limited_run(store)
-    await store.finish_run(RUN, RunReport(RunStatus.FAILED, error="limit"), 30.0)
+    await store.finish_run(RunEnding(RUN, RunReport(RunStatus.FAILED, error="limit"), 30.0))
     made = asyncio.Event()
     limits = resumes(store, submitted, clock)
     limits.submit = recording(submitted, made)
@@ -123,7 +123,7 @@ async def test_serve_waits_for_the_reset_and_a_noted_end() -> None:
     try:
         await asyncio.sleep(0)  # (it lists the record: not due, it waits)
         clock[0] = 150.0  # the reset passed, but the run's end is not recorded
-        await store.finish_run(RUN, RunReport(RunStatus.FAILED, error="limit"), 30.0)
+        await store.finish_run(RunEnding(RUN, RunReport(RunStatus.FAILED, error="limit"), 30.0))
         limits.noted()
         async with asyncio.timeout(10):
             await made.wait()
@@ -160,7 +160,7 @@ async def test_a_room_no_longer_configured_keeps_its_retry_waiting() -> None:
     # taken out of the config runs, nor is it failed; the room's return retries it.
     store, submitted, clock = MemoryStore(), list[Message](), [150.0]
     message = await limited_run(store)
-    await store.finish_run(RUN, RunReport(RunStatus.FAILED, error="limit"), 30.0)
+    await store.finish_run(RunEnding(RUN, RunReport(RunStatus.FAILED, error="limit"), 30.0))
     limits = resumes(store, submitted, clock)
     limits.configured = lambda room: False
     serving = asyncio.create_task(limits.serve())
@@ -179,14 +179,14 @@ async def test_a_room_no_longer_configured_keeps_its_retry_waiting() -> None:
 async def test_the_retry_of_a_run_the_room_moved_past_is_not_made() -> None:
     store, submitted, clock = MemoryStore(), list[Message](), [150.0]
     await limited_run(store)
-    await store.finish_run(RUN, RunReport(RunStatus.FAILED, error="limit"), 30.0)
+    await store.finish_run(RunEnding(RUN, RunReport(RunStatus.FAILED, error="limit"), 30.0))
     # A later message ran and succeeded: `!retry` no longer offers the run.
     later = await store.accept(
         InboundMessage(ROOM, UserId("@u:x"), "other job", ExternalMessageId("$2")), 40.0
     )
     assert later is not None
     await store.start_run(RunId("run-2"), Batch(ROOM, (later,)), 41.0)
-    await store.finish_run(RunId("run-2"), RunReport(RunStatus.SUCCEEDED), 42.0)
+    await store.finish_run(RunEnding(RunId("run-2"), RunReport(RunStatus.SUCCEEDED), 42.0))
     limits = resumes(store, submitted, clock)
     assert await limits.status_lines(ROOM) == []  # not listed as waiting either
 

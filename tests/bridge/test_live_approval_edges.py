@@ -13,7 +13,7 @@ from typing import Any, cast
 import pytest
 
 from bridge.config import load_settings
-from bridge.store.base import Approval, ApprovalState, Store
+from bridge.store.base import Approval, ApprovalAsk, ApprovalState, Store
 from tests.bridge.harness import ConsoleSession, rows, write_config
 from tests.bridge.live_runs import APPROVING, WAIT_S, gated, session, until_tool_runs
 from tests.config_files import Table
@@ -136,10 +136,10 @@ class SlowAsking:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def add_approval(self, *args: Any, **kwargs: Any) -> Approval:
+    async def add_approval(self, ask: ApprovalAsk) -> Approval:
         async def later() -> Approval:
             await asyncio.sleep(self.delay_s)
-            return await self.inner.add_approval(*args, **kwargs)
+            return await self.inner.add_approval(ask)
 
         return await asyncio.shield(asyncio.ensure_future(later()))
 

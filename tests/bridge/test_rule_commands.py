@@ -7,7 +7,7 @@ import json
 
 from bridge.core.model import RunId, SessionId
 from bridge.core.transport import ApprovalChoice
-from bridge.store.base import AuditAction, RuleEffect, RuleScope
+from bridge.store.base import ApprovalAsk, AuditAction, AuditFilter, RuleEffect, RuleScope
 from tests.bridge.approval_rooms import ALICE, BOB, ROOM, make_room
 
 
@@ -97,7 +97,7 @@ async def test_rules_lists_revokes_and_keeps_rules_audited() -> None:
     assert [r.id for r in await room.store.active_rules(ROOM, SessionId("s-1"))] == [2]
     trail = [
         (a.action, a.actor, a.detail)
-        for a in await room.store.audit_trail(room=ROOM)
+        for a in await room.store.audit_trail(AuditFilter(room=ROOM))
         if a.action in (AuditAction.RULE_ADDED, AuditAction.RULE_REVOKED)
     ]
     assert trail == [
@@ -122,13 +122,15 @@ async def test_only_approvers_keep_rules_and_only_rules_are_kept() -> None:
 async def test_a_use_too_long_for_a_rule_is_allowed_once_and_no_rule_is_kept() -> None:
     room = make_room()
     await room.store.add_approval(
-        ROOM,
-        RunId("run-1"),
-        "r1",
-        tool_name="Bash",
-        input_json=json.dumps({"command": "echo " + "x" * 5000}),
-        asked_at=room.now[0],
-        expires_at=room.now[0] + 900,
+        ApprovalAsk(
+            ROOM,
+            RunId("run-1"),
+            "r1",
+            tool_name="Bash",
+            input_json=json.dumps({"command": "echo " + "x" * 5000}),
+            asked_at=room.now[0],
+            expires_at=room.now[0] + 900,
+        )
     )
     answer = await room.say(BOB, "!approve session #1")
     assert answer is not None

@@ -10,7 +10,14 @@ from bridge.core.model import UserId
 from bridge.live.approval_flow import ApprovalFlow
 from bridge.live.registry import LiveRuns
 from bridge.outbound.replies import Replier
-from bridge.store.base import Approval, ApprovalState, RuleEffect, RuleScope
+from bridge.store.base import (
+    Approval,
+    ApprovalDecision,
+    ApprovalState,
+    NewRule,
+    RuleEffect,
+    RuleScope,
+)
 from bridge.store.memory import MemoryStore
 from tests.bridge.approval_posts import RUN, Asking
 
@@ -20,10 +27,10 @@ BOB = UserId("bob")
 class RevokedMeanwhile(MemoryStore):
     """``!rules revoke`` lands after the rules were read, before the request is decided."""
 
-    async def decide_approval(self, approval: Approval, *args: object, **kwargs: object) -> bool:
+    async def decide_approval(self, approval: Approval, decision: ApprovalDecision) -> bool:
         for rule in await self.active_rules(approval.room, None):
             await self.revoke_rule(approval.room, rule.id, BOB, 50.0)
-        return await super().decide_approval(approval, *args, **kwargs)  # type: ignore[arg-type]
+        return await super().decide_approval(approval, decision)
 
 
 async def test_a_rule_revoked_while_a_request_is_checked_does_not_decide_it(
@@ -35,13 +42,15 @@ async def test_a_rule_revoked_while_a_request_is_checked_does_not_decide_it(
         asking.flow.settings, store, cast(Replier, asking.posting), LiveRuns(), lambda _v: None
     )
     await store.add_rule(
-        asking.key,
-        scope=RuleScope.ROOM,
-        effect=RuleEffect.ALLOW,
-        rule="Bash(ls)",
-        session_id=None,
-        created_by=BOB,
-        at=1.0,
+        NewRule(
+            asking.key,
+            scope=RuleScope.ROOM,
+            effect=RuleEffect.ALLOW,
+            rule="Bash(ls)",
+            session_id=None,
+            created_by=BOB,
+            at=1.0,
+        )
     )
     await asking.flow.ask(RUN, asking.batch, asking.asked)
     [approval] = await store.pending_approvals()

@@ -18,13 +18,11 @@ from bridge.core.model import (
     ReplyKind,
     RoomId,
     RoomKey,
-    RunId,
-    RunReport,
     TransportName,
     UserId,
 )
 from bridge.core.transport import Accepted, Delivery, RateLimited
-from bridge.store.base import Store, StoreError
+from bridge.store.base import RunEnding, Store, StoreError
 from tests.bridge.harness import ConsoleSession, rows, write_config
 from tests.bridge.log_seen import LogSeen
 from tests.fakes.flaky_store import FlakyStore
@@ -107,11 +105,11 @@ class FinishFailsOnce:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    async def finish_run(self, run_id: RunId, report: RunReport, *args: Any, **kw: Any) -> Any:
+    async def finish_run(self, ending: RunEnding) -> Any:
         if not self.failed:
             self.failed = True
             raise RuntimeError("a bug at the end of the run")
-        return await self._store.finish_run(run_id, report, *args, **kw)
+        return await self._store.finish_run(ending)
 
 
 async def two_runs(tmp_path: Path, wrap_store: type[FinishFailsOnce]) -> None:
@@ -138,8 +136,8 @@ async def test_an_unexpected_error_at_the_end_still_records_and_frees_the_room(
 class FinishAckLost(FinishFailsOnce):
     """Recording a run's end commits, then the acknowledgement is lost once."""
 
-    async def finish_run(self, run_id: RunId, report: RunReport, *args: Any, **kw: Any) -> Any:
-        entries = await self._store.finish_run(run_id, report, *args, **kw)
+    async def finish_run(self, ending: RunEnding) -> Any:
+        entries = await self._store.finish_run(ending)
         if not self.failed:
             self.failed = True
             raise StoreError("connection lost after COMMIT")

@@ -29,7 +29,7 @@ from bridge.runs.transcripts import (
     transcript_path,
 )
 from bridge.service import open_store
-from bridge.store.base import TranscriptStamp
+from bridge.store.base import SessionTranscript, TranscriptStamp
 from bridge.store.memory import MemoryStore
 from tests.bridge.harness import ConsoleSession, run_console, write_config
 from tests.fakes.model_server import ModelServer, Turn, claude_bin, claude_env
@@ -275,7 +275,9 @@ async def test_a_stored_entry_outside_the_session_is_refused(tmp_path: Path, nam
         info.size = 2
         tar.addfile(info, io.BytesIO(b"x\n"))
     store = MemoryStore()
-    await store.save_transcript(ROOM, SESSION, buffer.getvalue(), 1.0, TranscriptStamp(2, ""))
+    await store.save_transcript(
+        ROOM, SessionTranscript(SESSION, buffer.getvalue(), 1.0, TranscriptStamp(2, ""))
+    )
     with pytest.raises(TranscriptError):
         await transcripts(store).restore_before(ROOM, SESSION, tmp_path / "home")
     assert not (tmp_path / "evil").exists()

@@ -23,7 +23,7 @@ from bridge.core.model import (
     RunId,
     UserId,
 )
-from bridge.store.base import Fence, StoreError
+from bridge.store.base import Fence, RunEnding, StoreError
 from bridge.store.cluster import Leases, Replica
 from bridge.store.sql import SqlStore
 from tests.replicas.conftest import (
@@ -171,14 +171,14 @@ async def test_a_run_that_never_began_keeps_its_messages_when_a_write_fails(
     finish = SqlStore.finish_run
     failures = 1
 
-    async def failing_once(self: SqlStore, run_id: RunId, *args: Any, **kw: Any) -> Any:
+    async def failing_once(self: SqlStore, ending: RunEnding) -> Any:
         # The database away as the run's end and its messages' return are written
         # (one transaction now): nothing of it may stay half done.
         nonlocal failures
-        if failures and kw.get("requeue"):
+        if failures and ending.requeue:
             failures -= 1
             raise StoreError("the database is briefly away")
-        return await finish(self, run_id, *args, **kw)
+        return await finish(self, ending)
 
     monkeypatch.setattr(SqlStore, "finish_run", failing_once)
     async with replica(replica_settings(tmp_path, "b", cluster_db)) as b:

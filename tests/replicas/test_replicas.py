@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 
 from bridge.core.model import MessageId, ReplyKind, RoomKey
-from bridge.store.base import AuditAction, Fence
+from bridge.store.base import AuditAction, AuditFilter, Fence
 from bridge.store.cluster import Fenced, Leases
 from tests.replicas.conftest import ROOM, replica, replica_settings, until
 from tests.replicas.replicas import results
@@ -201,7 +201,7 @@ async def test_a_top_level_stop_drops_only_what_waits_in_unowned_threads(
         states = await store.message_states([owned, unowned, expired, top, elsewhere, taken, later])
         dropped = [i for i, state in states.items() if state is MessageState.DROPPED]
         assert sorted(dropped) == sorted([unowned, expired])
-        audited = await store.audit_trail(message_id=unowned)
+        audited = await store.audit_trail(AuditFilter(message_id=unowned))
         assert [(r.action, r.actor) for r in audited][-1] == (AuditAction.MESSAGE_DROPPED, "U1")
         # A thread that never had a lease is taken as before (token 1).
         lease = await leases.acquire(ROOM.in_thread("t2"), "a")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bridge.core.model import RoomId, RoomKey, RunId, TransportName
-from bridge.store.base import Approval
+from bridge.store.base import Approval, ApprovalAsk
 from tests.store.conftest import InspectableStore
 
 ROOM = RoomKey(TransportName("matrix"), RoomId("!a:localhost"))
@@ -24,12 +24,14 @@ async def ask(
     shown_digest: str = "",
 ) -> Approval:
     return await store.add_approval(
-        room,
-        run_id,
-        request_id,
-        tool_name=tool,
-        input_json='{"command": "ls"}',
-        asked_at=asked_at,
-        expires_at=expires_at,
-        shown_digest=shown_digest,
+        ApprovalAsk(
+            room,
+            run_id,
+            request_id,
+            tool_name=tool,
+            input_json='{"command": "ls"}',
+            asked_at=asked_at,
+            expires_at=expires_at,
+            shown_digest=shown_digest,
+        )
     )

@@ -33,7 +33,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.store.base import StoreError
+from bridge.store.base import RunEnding, StoreError
 from bridge.store.memory import MemoryStore
 from bridge.store.sql import SqlStore
 from tests.store.conftest import InspectableStore
@@ -123,7 +123,7 @@ async def apply(store: InspectableStore, op: tuple[Any, ...], history: History) 
             cost = 0.25 * (args[0] % 3) if args[0] % 3 else None
             report = RunReport(status=args[1], result_text="r" * 5000, error="e", cost_usd=cost)
             try:
-                await store.finish_run(run_id, report, now)
+                await store.finish_run(RunEnding(run_id, report, now))
             except StoreError:
                 return "refused"  # pruned since it ended: both must say so
             return None

@@ -15,7 +15,13 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.store.base import ApprovalState, AuditAction, RoomOverrides
+from bridge.store.base import (
+    ApprovalDecision,
+    ApprovalState,
+    AuditAction,
+    AuditFilter,
+    RoomOverrides,
+)
 from tests.store.approval_rows import ROOM, RUN, ask
 from tests.store.conftest import InspectableStore
 
@@ -49,7 +55,7 @@ async def test_a_request_is_pending_under_the_rooms_next_number(store: Inspectab
     assert await store.approval_by_number(ROOM, 2) == second
     assert await store.approval_by_number(OTHER_ROOM, 2) is None
     assert await store.approval_by_number(ROOM, 2**40) is None
-    trail = await store.audit_trail(room=ROOM)
+    trail = await store.audit_trail(AuditFilter(room=ROOM))
     assert [(a.action, a.run_id, a.detail) for a in trail] == [
         (AuditAction.APPROVAL_ASKED, RUN, "#1 Bash pending"),
         (AuditAction.APPROVAL_ASKED, RUN, "#2 Bash pending"),
@@ -58,14 +64,14 @@ async def test_a_request_is_pending_under_the_rooms_next_number(store: Inspectab
 
 async def test_a_replayed_request_is_the_same_approval(store: InspectableStore) -> None:
     first = await ask(store, "r1")
-    await store.decide_approval(first, ApprovalState.DENIED, ALICE, 150.0, "no")
+    await store.decide_approval(first, ApprovalDecision(ApprovalState.DENIED, ALICE, 150.0, "no"))
     replayed = await ask(store, "r1", asked_at=300.0, expires_at=900.0)
     assert replayed.id == first.id
     assert (replayed.number, replayed.state, replayed.asked_at) == (1, ApprovalState.DENIED, 100)
     # The same request id in another run is another request.
     other = await ask(store, "r1", run_id=RunId("run-2"))
     assert other.number == 2
-    trail = await store.audit_trail(room=ROOM)
+    trail = await store.audit_trail(AuditFilter(room=ROOM))
     assert sum(a.action is AuditAction.APPROVAL_ASKED for a in trail) == 2
 
 
@@ -76,7 +82,7 @@ async def test_concurrent_requests_get_distinct_numbers(store: InspectableStore)
 
 async def test_numbers_are_never_reused_after_pruning(store: InspectableStore) -> None:
     first = await ask(store, "r1")
-    assert await store.decide_approval(first, ApprovalState.ALLOWED, ALICE, 110.0)
+    assert await store.decide_approval(first, ApprovalDecision(ApprovalState.ALLOWED, ALICE, 110.0))
     assert await store.prune(older_than=200.0) >= 1
     assert await store.approval_by_number(ROOM, 1) is None
     assert (await ask(store, "r2", asked_at=300.0)).number == 2
@@ -85,7 +91,7 @@ async def test_numbers_are_never_reused_after_pruning(store: InspectableStore) -
 async def test_pruning_keeps_pending_and_recent_requests(store: InspectableStore) -> None:
     old_pending = await ask(store, "r1", asked_at=10.0)
     recent = await ask(store, "r2", asked_at=10.0)
-    await store.decide_approval(recent, ApprovalState.DENIED, ALICE, 500.0)
+    await store.decide_approval(recent, ApprovalDecision(ApprovalState.DENIED, ALICE, 500.0))
     await store.prune(older_than=200.0)
     assert await store.pending_approvals() == [old_pending]
     assert await store.approval_by_number(ROOM, 2) is not None
@@ -113,8 +119,10 @@ async def test_a_decision_is_recorded_once_and_audited(
     store: InspectableStore, state: ApprovalState, action: AuditAction
 ) -> None:
     approval = await ask(store, "r1")
-    assert await store.decide_approval(approval, state, BOB, 120.0, "why")
-    assert not await store.decide_approval(approval, ApprovalState.DENIED, ALICE, 121.0, "late")
+    assert await store.decide_approval(approval, ApprovalDecision(state, BOB, 120.0, "why"))
+    assert not await store.decide_approval(
+        approval, ApprovalDecision(ApprovalState.DENIED, ALICE, 121.0, "late")
+    )
 
     decided = await store.approval_by_number(ROOM, 1)
     assert decided is not None
@@ -125,7 +133,7 @@ async def test_a_decision_is_recorded_once_and_audited(
         "why",
     )
     assert await store.pending_approvals() == []
-    last = (await store.audit_trail(run_id=RUN))[-1]
+    last = (await store.audit_trail(AuditFilter(run_id=RUN)))[-1]
     assert (last.action, last.actor, last.at, last.room) == (action, BOB, 120.0, ROOM)
     assert last.detail == f"#1 Bash {state.value}: why"
 
@@ -133,13 +141,17 @@ async def test_a_decision_is_recorded_once_and_audited(
 async def test_racing_approvers_decide_once(store: InspectableStore) -> None:
     approval = await ask(store, "r1")
     outcomes = await asyncio.gather(
-        store.decide_approval(approval, ApprovalState.ALLOWED, ALICE, 120.0),
-        store.decide_approval(approval, ApprovalState.DENIED, BOB, 120.0),
-        store.decide_approval(approval, ApprovalState.ALLOWED_SESSION, BOB, 120.0),
+        store.decide_approval(approval, ApprovalDecision(ApprovalState.ALLOWED, ALICE, 120.0)),
+        store.decide_approval(approval, ApprovalDecision(ApprovalState.DENIED, BOB, 120.0)),
+        store.decide_approval(
+            approval, ApprovalDecision(ApprovalState.ALLOWED_SESSION, BOB, 120.0)
+        ),
     )
     assert sorted(outcomes) == [False, False, True]
     decisions = [
-        a for a in await store.audit_trail(run_id=RUN) if a.action is not AuditAction.APPROVAL_ASKED
+        a
+        for a in await store.audit_trail(AuditFilter(run_id=RUN))
+        if a.action is not AuditAction.APPROVAL_ASKED
     ]
     assert len(decisions) == 1
 
@@ -151,16 +163,18 @@ async def test_expiry_is_a_decision_nobody_made(store: InspectableStore) -> None
     assert await store.expired_approvals(149.0) == []
     due = await store.expired_approvals(150.0)
     assert [a.id for a in due] == [early.id, late.id]
-    assert await store.decide_approval(early, ApprovalState.EXPIRED, None, 150.0, "timed out")
+    assert await store.decide_approval(
+        early, ApprovalDecision(ApprovalState.EXPIRED, None, 150.0, "timed out")
+    )
     assert [a.id for a in await store.expired_approvals(200.0)] == [late.id]
-    last = (await store.audit_trail(run_id=RUN))[-1]
+    last = (await store.audit_trail(AuditFilter(run_id=RUN)))[-1]
     assert (last.action, last.actor) == (AuditAction.APPROVAL_EXPIRED, None)
 
 
 async def test_decide_refuses_pending_as_a_decision(store: InspectableStore) -> None:
     approval = await ask(store, "r1")
     with pytest.raises(ValueError, match="cannot be decided"):
-        await store.decide_approval(approval, ApprovalState.PENDING, ALICE, 120.0)
+        await store.decide_approval(approval, ApprovalDecision(ApprovalState.PENDING, ALICE, 120.0))
     assert await store.pending_approvals() == [approval]
 
 
@@ -168,16 +182,16 @@ async def test_one_request_can_be_cancelled_alone(store: InspectableStore) -> No
     """claude withdrew it (an interrupt): the run's other requests still wait."""
     first, second = await ask(store, "r1"), await ask(store, "r2")
     assert await store.decide_approval(
-        first, ApprovalState.CANCELLED, None, 120.0, "claude withdrew it"
+        first, ApprovalDecision(ApprovalState.CANCELLED, None, 120.0, "claude withdrew it")
     )
     assert await store.pending_approvals() == [second]
-    last = (await store.audit_trail(run_id=RUN))[-1]
+    last = (await store.audit_trail(AuditFilter(run_id=RUN)))[-1]
     assert last.action is AuditAction.APPROVAL_CANCELLED
 
 
 async def test_a_runs_end_cancels_its_pending_requests(store: InspectableStore) -> None:
     decided = await ask(store, "r1")
-    await store.decide_approval(decided, ApprovalState.ALLOWED, ALICE, 110.0)
+    await store.decide_approval(decided, ApprovalDecision(ApprovalState.ALLOWED, ALICE, 110.0))
     waiting = await ask(store, "r2")
     other_run = await ask(store, "r3", run_id=RunId("run-2"))
 
@@ -186,9 +200,11 @@ async def test_a_runs_end_cancels_its_pending_requests(store: InspectableStore) 
         (waiting.id, ApprovalState.CANCELLED, 130.0, "the run ended")
     ]
     assert await store.pending_approvals() == [other_run]
-    assert not await store.decide_approval(waiting, ApprovalState.ALLOWED, ALICE, 140.0)
+    assert not await store.decide_approval(
+        waiting, ApprovalDecision(ApprovalState.ALLOWED, ALICE, 140.0)
+    )
     assert await store.cancel_approvals(RUN, "again", 150.0) == []
-    last = (await store.audit_trail(run_id=RUN))[-1]
+    last = (await store.audit_trail(AuditFilter(run_id=RUN)))[-1]
     assert (last.action, last.detail) == (
         AuditAction.APPROVAL_CANCELLED,
         "#2 Bash cancelled: the run ended",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from bridge.core.model import RunId, RunReport, RunStatus, SessionId
-from bridge.store.base import LimitResume
+from bridge.store.base import LimitResume, RunEnding
 from tests.store.conftest import InspectableStore
 from tests.store.rows import OTHER_ROOM, ROOM, SLACK_ROOM, accept, start
 
@@ -21,7 +21,7 @@ async def finish(
 ) -> RunId:
     message = await accept(store, f"${run_id}", at - 10, room=room)  # type: ignore[arg-type]
     rid = await start(store, run_id, [message], at=at - 5)
-    await store.finish_run(rid, RunReport(status, cost_usd=cost), at)
+    await store.finish_run(RunEnding(rid, RunReport(status, cost_usd=cost), at))
     return rid
 
 
@@ -53,7 +53,7 @@ async def test_runs_without_a_cost_add_nothing_and_failed_runs_count(
 
 async def test_only_the_first_report_of_a_run_is_counted(store: InspectableStore) -> None:
     rid = await finish(store, "run-1", 0.5, 1000.0)
-    await store.finish_run(rid, RunReport(RunStatus.SUCCEEDED, cost_usd=0.5), 1001.0)
+    await store.finish_run(RunEnding(rid, RunReport(RunStatus.SUCCEEDED, cost_usd=0.5), 1001.0))
     assert await store.spend(0.0) == 0.5
 
 
@@ -64,7 +64,7 @@ async def test_group_committed_ends_each_count(store: InspectableStore) -> None:
         runs.append(await start(store, f"run-{i}", [message]))
     await asyncio.gather(
         *(
-            store.finish_run(rid, RunReport(RunStatus.SUCCEEDED, cost_usd=0.25), 500.0)
+            store.finish_run(RunEnding(rid, RunReport(RunStatus.SUCCEEDED, cost_usd=0.25), 500.0))
             for rid in runs
         )
     )

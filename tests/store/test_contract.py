@@ -30,10 +30,13 @@ from bridge.core.model import (
 )
 from bridge.store.base import (
     AuditAction,
+    AuditEntry,
+    AuditFilter,
     AuditRecord,
     DeliveryState,
     RegisteredRun,
     RoomOverrides,
+    RunEnding,
     StoreError,
 )
 from bridge.store.rules import EXCERPT_LIMIT_BYTES
@@ -68,7 +71,7 @@ async def test_accept_records_pending_message(store: InspectableStore) -> None:
     assert await store.pending_messages() == [msg]
     assert await store.messages([msg.id]) == [msg]
     assert await store.message_states([msg.id]) == {msg.id: MessageState.PENDING}
-    [row] = await store.audit_trail(message_id=msg.id)
+    [row] = await store.audit_trail(AuditFilter(message_id=msg.id))
     assert (row.action, row.room, row.actor, row.at) == (
         AuditAction.MESSAGE_ACCEPTED,
         ROOM,
@@ -171,7 +174,7 @@ async def test_record_ignored_audits_without_text(store: InspectableStore) -> No
     secret = "the secret text"
     await store.record_ignored(inbound("$x", text=secret), "not allowed", 5.0)
     assert await store.pending_messages() == []
-    [row] = await store.audit_trail(room=ROOM)
+    [row] = await store.audit_trail(AuditFilter(room=ROOM))
     assert (row.action, row.actor, row.message_id, row.at) == (
         AuditAction.MESSAGE_IGNORED,
         ALICE,
@@ -222,7 +225,7 @@ async def test_start_run_dispatches_and_audits_per_message(store: InspectableSto
     assert run.message_ids == tuple(m.id for m in msgs)
     assert await store.running_runs() == [run]
 
-    trail = await store.audit_trail(run_id=rid)
+    trail = await store.audit_trail(AuditFilter(run_id=rid))
     assert actions(trail) == {AuditAction.MESSAGE_DISPATCHED: 3, AuditAction.RUN_STARTED: 1}
     dispatched = [a.message_id for a in trail if a.action is AuditAction.MESSAGE_DISPATCHED]
     assert dispatched == [m.id for m in msgs]
@@ -248,12 +251,12 @@ async def test_steer_into_run_appends_messages_to_the_running_run(
     assert await store.pending_messages() == []
     steered = [
         a.message_id
-        for a in await store.audit_trail(run_id=rid)
+        for a in await store.audit_trail(AuditFilter(run_id=rid))
         if a.action is AuditAction.MESSAGE_DISPATCHED and a.detail == "steered"
     ]
     assert steered == [b.id, c.id]
     # Finishing the run finishes the steered messages with it.
-    await store.finish_run(rid, RunReport(RunStatus.SUCCEEDED), 400.0)
+    await store.finish_run(RunEnding(rid, RunReport(RunStatus.SUCCEEDED), 400.0))
     states = await store.message_states([b.id, c.id])
     assert set(states.values()) == {MessageState.DONE}
 
@@ -261,7 +264,7 @@ async def test_steer_into_run_appends_messages_to_the_running_run(
 async def test_steer_into_a_finished_run_is_refused(store: InspectableStore) -> None:
     a, b = await accept_many(store, 2)
     rid = await start(store, "run-1", [a])
-    await store.finish_run(rid, RunReport(RunStatus.SUCCEEDED), 400.0)
+    await store.finish_run(RunEnding(rid, RunReport(RunStatus.SUCCEEDED), 400.0))
     with pytest.raises(StoreError):
         await store.steer_into_run(rid, Batch(ROOM, (b,)), 500.0)
     assert await store.pending_messages() == [b]
@@ -298,14 +301,16 @@ async def test_finish_run_records_report(store: InspectableStore) -> None:
         result_text="the answer",
         error="",
     )
-    await store.finish_run(rid, report, 260.5)
+    await store.finish_run(RunEnding(rid, report, 260.5))
     run = await store.get_run(rid)
     assert run is not None
     assert (run.status, run.ended_at, run.report) == (RunStatus.SUCCEEDED, 260.5, report)
     assert await store.running_runs() == []
     assert set((await store.message_states([m.id for m in msgs])).values()) == {MessageState.DONE}
     finished = [
-        a for a in await store.audit_trail(run_id=rid) if a.action is AuditAction.RUN_FINISHED
+        a
+        for a in await store.audit_trail(AuditFilter(run_id=rid))
+        if a.action is AuditAction.RUN_FINISHED
     ]
     assert [(a.at, a.detail) for a in finished] == [(260.5, "succeeded")]
 
@@ -326,7 +331,7 @@ async def test_finish_run_settles_messages(
 ) -> None:
     msgs = await accept_many(store, 2)
     rid = await start(store, "run-1", msgs)
-    await store.finish_run(rid, RunReport(status=status, session_not_found=True), 300.0)
+    await store.finish_run(RunEnding(rid, RunReport(status=status, session_not_found=True), 300.0))
     assert set((await store.message_states([m.id for m in msgs])).values()) == {state}
     run = await store.get_run(rid)
     assert run is not None
@@ -337,12 +342,12 @@ async def test_finish_run_settles_messages(
 async def test_finish_run_only_first_report_counts(store: InspectableStore) -> None:
     msgs = await accept_many(store, 1)
     rid = await start(store, "run-1", msgs)
-    await store.finish_run(rid, RunReport(status=RunStatus.INTERRUPTED), 300.0)
-    await store.finish_run(rid, RunReport(status=RunStatus.SUCCEEDED), 301.0)
+    await store.finish_run(RunEnding(rid, RunReport(status=RunStatus.INTERRUPTED), 300.0))
+    await store.finish_run(RunEnding(rid, RunReport(status=RunStatus.SUCCEEDED), 301.0))
     run = await store.get_run(rid)
     assert run is not None
     assert (run.status, run.ended_at) == (RunStatus.INTERRUPTED, 300.0)
-    assert actions(await store.audit_trail(run_id=rid))[AuditAction.RUN_FINISHED] == 1
+    assert actions(await store.audit_trail(AuditFilter(run_id=rid)))[AuditAction.RUN_FINISHED] == 1
 
 
 async def test_finishing_an_ended_run_again_returns_its_pending_entries(
@@ -351,12 +356,12 @@ async def test_finishing_an_ended_run_again_returns_its_pending_entries(
     """A retry after a lost acknowledgement of the commit gets the answer to hand over."""
     rid = await start(store, "run-1", await accept_many(store, 1))
     first = await store.finish_run(
-        rid, RunReport(status=RunStatus.SUCCEEDED), 300.0, [answer("a"), answer("b")]
+        RunEnding(rid, RunReport(status=RunStatus.SUCCEEDED), 300.0, [answer("a"), answer("b")])
     )
     [unrelated] = await store.enqueue([answer("notice")], 300.5)
     await store.delivery_finished(first[0].id, DeliveryState.DELIVERED, 301.0)
     again = await store.finish_run(
-        rid, RunReport(status=RunStatus.FAILED), 302.0, [answer("a"), answer("b")]
+        RunEnding(rid, RunReport(status=RunStatus.FAILED), 302.0, [answer("a"), answer("b")])
     )
     assert again == first[1:]
     assert [e.id for e in await store.undelivered()] == [first[1].id, unrelated.id]
@@ -367,7 +372,7 @@ async def test_finishing_an_ended_run_again_returns_its_pending_entries(
 
 async def test_finish_unknown_run_is_an_error(store: InspectableStore) -> None:
     with pytest.raises(StoreError):
-        await store.finish_run(RunId("nope"), RunReport(status=RunStatus.FAILED), 1.0)
+        await store.finish_run(RunEnding(RunId("nope"), RunReport(status=RunStatus.FAILED), 1.0))
 
 
 async def test_excerpts_are_bounded(store: InspectableStore) -> None:
@@ -375,7 +380,9 @@ async def test_excerpts_are_bounded(store: InspectableStore) -> None:
     long_result = "é" * 50_000  # two bytes each: the cut must not split one
     long_error = "E" * 50_000
     await store.finish_run(
-        rid, RunReport(status=RunStatus.FAILED, result_text=long_result, error=long_error), 1.0
+        RunEnding(
+            rid, RunReport(status=RunStatus.FAILED, result_text=long_result, error=long_error), 1.0
+        )
     )
     run = await store.get_run(rid)
     assert run is not None
@@ -398,7 +405,7 @@ async def test_running_runs_lists_only_running_oldest_first(store: InspectableSt
     r1 = await start(store, "r1", [a])
     r2 = await start(store, "r2", [b])
     r3 = await start(store, "r3", [c])
-    await store.finish_run(r2, RunReport(status=RunStatus.SUCCEEDED), 1.0)
+    await store.finish_run(RunEnding(r2, RunReport(status=RunStatus.SUCCEEDED), 1.0))
     assert [r.id for r in await store.running_runs()] == [r1, r3]
 
 
@@ -427,7 +434,9 @@ async def test_room_runs_are_the_conversations_newest_first_up_to_the_limit(
     await start(store, "o1", [theirs], at=11.0)
     await start(store, "r2", [mine[1]], at=12.0)
     await start(store, "r3", [mine[2]], at=12.0)  # same time: start order decides
-    await store.finish_run(RunId("r1"), RunReport(RunStatus.SUCCEEDED, cost_usd=0.5), 13.0)
+    await store.finish_run(
+        RunEnding(RunId("r1"), RunReport(RunStatus.SUCCEEDED, cost_usd=0.5), 13.0)
+    )
     runs = await store.room_runs(ROOM, 10)
     assert [r.id for r in runs] == ["r3", "r2", "r1"]
     assert runs[2].report is not None
@@ -440,7 +449,7 @@ async def test_room_runs_are_the_conversations_newest_first_up_to_the_limit(
 async def test_requeue_after_failure_and_rerun(store: InspectableStore) -> None:
     msgs = await accept_many(store, 3)
     r1 = await start(store, "r1", msgs)
-    await store.finish_run(r1, RunReport(status=RunStatus.TIMED_OUT), 1.0)
+    await store.finish_run(RunEnding(r1, RunReport(status=RunStatus.TIMED_OUT), 1.0))
     [failed] = await store.retryable_runs(ROOM)
     assert failed.id == r1
     requeued = await store.requeue_run(failed.id)
@@ -448,7 +457,7 @@ async def test_requeue_after_failure_and_rerun(store: InspectableStore) -> None:
     assert await store.pending_messages() == msgs
 
     r2 = await start(store, "r2", requeued, at=2.0)
-    await store.finish_run(r2, RunReport(status=RunStatus.SUCCEEDED), 3.0)
+    await store.finish_run(RunEnding(r2, RunReport(status=RunStatus.SUCCEEDED), 3.0))
     assert set((await store.message_states([m.id for m in msgs])).values()) == {MessageState.DONE}
     old = await store.get_run(r1)
     assert old is not None
@@ -456,7 +465,7 @@ async def test_requeue_after_failure_and_rerun(store: InspectableStore) -> None:
     assert (old.status, old.message_ids) == (RunStatus.TIMED_OUT, tuple(m.id for m in msgs))
     # Per message: accepted once, dispatched twice (once per run).
     for m in msgs:
-        assert actions(await store.audit_trail(message_id=m.id)) == {
+        assert actions(await store.audit_trail(AuditFilter(message_id=m.id))) == {
             AuditAction.MESSAGE_ACCEPTED: 1,
             AuditAction.MESSAGE_DISPATCHED: 2,
         }
@@ -468,7 +477,9 @@ async def test_a_run_ended_with_requeue_leaves_its_messages_pending(
     # A run that never began (its process died before spawning anything).
     msgs = await accept_many(store, 2)
     r1 = await start(store, "r1", msgs)
-    await store.finish_run(r1, RunReport(RunStatus.INTERRUPTED, error="x"), 1.0, requeue=True)
+    await store.finish_run(
+        RunEnding(r1, RunReport(RunStatus.INTERRUPTED, error="x"), 1.0, requeue=True)
+    )
     assert await store.pending_messages() == msgs
     ended = await store.get_run(r1)
     assert ended is not None
@@ -488,7 +499,7 @@ async def test_requeue_of_an_unknown_run_returns_nothing(store: InspectableStore
 async def test_mark_dropped_audits_live_messages_only(store: InspectableStore) -> None:
     running, queued, done = await accept_many(store, 3)
     rid = await start(store, "r0", [done])
-    await store.finish_run(rid, RunReport(status=RunStatus.SUCCEEDED), 1.0)
+    await store.finish_run(RunEnding(rid, RunReport(status=RunStatus.SUCCEEDED), 1.0))
     r1 = await start(store, "r1", [running])
 
     await store.mark_dropped([running.id, queued.id, done.id], BOB, 5.0)
@@ -507,7 +518,7 @@ async def test_mark_dropped_audits_live_messages_only(store: InspectableStore) -
     assert dropped == [(running.id, BOB, r1, ROOM, 5.0), (queued.id, BOB, None, ROOM, 5.0)]
 
     # The stopped run ends afterwards; its dropped message stays dropped.
-    await store.finish_run(r1, RunReport(status=RunStatus.STOPPED), 6.0)
+    await store.finish_run(RunEnding(r1, RunReport(status=RunStatus.STOPPED), 6.0))
     assert (await store.message_states([running.id]))[running.id] is MessageState.DROPPED
     assert await store.retryable_runs(ROOM) == []
 
@@ -633,10 +644,16 @@ async def test_a_thread_conversation_of_the_longest_ids_is_kept_whole(
 
 
 async def test_audit_filters_combine(store: InspectableStore) -> None:
-    await store.audit(AuditAction.COMMAND, 1.0, room=ROOM, actor=ALICE, detail="!status")
-    await store.audit(AuditAction.STOP_REQUESTED, 2.0, room=ROOM, actor=BOB, run_id=RunId("r1"))
-    await store.audit(AuditAction.RETRY_REQUESTED, 3.0, room=OTHER_ROOM, run_id=RunId("r1"))
-    await store.audit(AuditAction.SESSION_RESET, 4.0, message_id=MessageId(7))
+    await store.audit(
+        AuditEntry(AuditAction.COMMAND, 1.0, room=ROOM, actor=ALICE, detail="!status")
+    )
+    await store.audit(
+        AuditEntry(AuditAction.STOP_REQUESTED, 2.0, room=ROOM, actor=BOB, run_id=RunId("r1"))
+    )
+    await store.audit(
+        AuditEntry(AuditAction.RETRY_REQUESTED, 3.0, room=OTHER_ROOM, run_id=RunId("r1"))
+    )
+    await store.audit(AuditEntry(AuditAction.SESSION_RESET, 4.0, message_id=MessageId(7)))
 
     everything = await store.audit_trail()
     assert [a.action for a in everything] == [
@@ -656,23 +673,25 @@ async def test_audit_filters_combine(store: InspectableStore) -> None:
         None,
     )
     assert everything[3].room is None
-    assert [a.at for a in await store.audit_trail(room=ROOM)] == [1.0, 2.0]
-    assert [a.at for a in await store.audit_trail(run_id=RunId("r1"))] == [2.0, 3.0]
-    assert [a.at for a in await store.audit_trail(room=ROOM, run_id=RunId("r1"))] == [2.0]
-    assert [a.at for a in await store.audit_trail(message_id=MessageId(7))] == [4.0]
+    assert [a.at for a in await store.audit_trail(AuditFilter(room=ROOM))] == [1.0, 2.0]
+    assert [a.at for a in await store.audit_trail(AuditFilter(run_id=RunId("r1")))] == [2.0, 3.0]
+    assert [a.at for a in await store.audit_trail(AuditFilter(room=ROOM, run_id=RunId("r1")))] == [
+        2.0
+    ]
+    assert [a.at for a in await store.audit_trail(AuditFilter(message_id=MessageId(7)))] == [4.0]
 
 
 async def test_audit_counts_per_message_in_coalesced_run(store: InspectableStore) -> None:
     msgs = await accept_many(store, 3)
     rid = await start(store, "r1", msgs)
-    await store.finish_run(rid, RunReport(status=RunStatus.SUCCEEDED), 9.0)
+    await store.finish_run(RunEnding(rid, RunReport(status=RunStatus.SUCCEEDED), 9.0))
     for m in msgs:
-        trail = await store.audit_trail(message_id=m.id)
+        trail = await store.audit_trail(AuditFilter(message_id=m.id))
         assert actions(trail) == {
             AuditAction.MESSAGE_ACCEPTED: 1,
             AuditAction.MESSAGE_DISPATCHED: 1,
         }
-    assert actions(await store.audit_trail(run_id=rid)) == {
+    assert actions(await store.audit_trail(AuditFilter(run_id=rid))) == {
         AuditAction.MESSAGE_DISPATCHED: 3,
         AuditAction.RUN_STARTED: 1,
         AuditAction.RUN_FINISHED: 1,
@@ -688,8 +707,8 @@ async def test_prune_keeps_live_work(store: InspectableStore) -> None:
     running = await start(store, "running", [old_dispatched], at=12.0)
     old_done = await accept(store, "$x", at=13.0)
     finished = await start(store, "finished", [old_done], at=14.0)
-    await store.finish_run(finished, RunReport(status=RunStatus.SUCCEEDED), 15.0)
-    await store.audit(AuditAction.COMMAND, 1000.0, detail="recent")
+    await store.finish_run(RunEnding(finished, RunReport(status=RunStatus.SUCCEEDED), 15.0))
+    await store.audit(AuditEntry(AuditAction.COMMAND, 1000.0, detail="recent"))
 
     deleted = await store.prune(older_than=500.0)
 
@@ -718,7 +737,7 @@ async def test_prune_keeps_recent_and_runs_with_surviving_messages(
     old = await accept(store, "$old", at=10.0)
     new = await accept(store, "$new", at=900.0)
     rid = await start(store, "r1", [old, new], at=901.0)
-    await store.finish_run(rid, RunReport(status=RunStatus.FAILED), 902.0)
+    await store.finish_run(RunEnding(rid, RunReport(status=RunStatus.FAILED), 902.0))
 
     await store.prune(older_than=500.0)
 
@@ -779,7 +798,9 @@ async def test_finish_run_records_the_outcome_and_the_replies_together(
 ) -> None:
     run_id = await started_run(store)
     replies = [answer("one"), answer("two", room=OTHER_ROOM)]
-    entries = await store.finish_run(run_id, RunReport(RunStatus.SUCCEEDED), 120.0, replies)
+    entries = await store.finish_run(
+        RunEnding(run_id, RunReport(RunStatus.SUCCEEDED), 120.0, replies)
+    )
     assert [e.reply for e in entries] == replies
     assert entries[0].id < entries[1].id
     assert all(e.state is DeliveryState.PENDING for e in entries)
@@ -788,7 +809,9 @@ async def test_finish_run_records_the_outcome_and_the_replies_together(
     assert await store.undelivered() == entries
     # Only the first report counts, replies included: a second call records
     # nothing and hands back the first call's entries still pending.
-    again = await store.finish_run(run_id, RunReport(RunStatus.FAILED), 130.0, [answer("x")])
+    again = await store.finish_run(
+        RunEnding(run_id, RunReport(RunStatus.FAILED), 130.0, [answer("x")])
+    )
     assert again == entries
     assert await store.undelivered() == entries
 
@@ -804,18 +827,18 @@ async def test_finish_run_keeps_the_session_in_the_same_transaction(
 
     first = await started("run-1", 0)
     report = RunReport(RunStatus.SUCCEEDED, session_id=SessionId("s-1"))
-    await store.finish_run(first, report, 120.0, keep_session=True)
+    await store.finish_run(RunEnding(first, report, 120.0, keep_session=True))
     assert await store.get_session(ROOM) == SessionId("s-1")
     # Not kept (a !reset came during the run), or no session: the room's stays as it is.
     second = await started("run-2", 1)
     other = RunReport(RunStatus.SUCCEEDED, session_id=SessionId("s-2"))
-    await store.finish_run(second, other, 130.0)
+    await store.finish_run(RunEnding(second, other, 130.0))
     assert await store.get_session(ROOM) == SessionId("s-1")
     third = await started("run-3", 2)
-    await store.finish_run(third, RunReport(RunStatus.FAILED), 140.0, keep_session=True)
+    await store.finish_run(RunEnding(third, RunReport(RunStatus.FAILED), 140.0, keep_session=True))
     assert await store.get_session(ROOM) == SessionId("s-1")
     # Only the first report counts, the session too.
-    await store.finish_run(first, other, 150.0, keep_session=True)
+    await store.finish_run(RunEnding(first, other, 150.0, keep_session=True))
     assert await store.get_session(ROOM) == SessionId("s-1")
 
 
@@ -825,7 +848,9 @@ async def test_a_run_outcome_with_unstorable_text_records_nothing(
     run_id = await started_run(store)
     with pytest.raises(StoreError):
         await store.finish_run(
-            run_id, RunReport(RunStatus.SUCCEEDED), 120.0, [answer("half an emoji \ud83d")]
+            RunEnding(
+                run_id, RunReport(RunStatus.SUCCEEDED), 120.0, [answer("half an emoji \ud83d")]
+            )
         )
     assert (await store.get_run(run_id)).status is RunStatus.RUNNING  # type: ignore[union-attr]
     assert await store.undelivered() == []
@@ -865,7 +890,7 @@ async def fail(
     at: float = 300.0,
 ) -> RunId:
     rid = await start(store, run_id, messages, at=at - 1)
-    await store.finish_run(rid, RunReport(status=status), at)
+    await store.finish_run(RunEnding(rid, RunReport(status=status), at))
     return rid
 
 
@@ -966,7 +991,7 @@ async def test_edit_pending_replaces_the_text_once(store: InspectableStore) -> N
     assert await store.messages([a.id]) == [edited]
     # Redelivered: nothing changes, no second audit row.
     assert await store.edit_pending(a.id, "better", ALICE, 151.0) is None
-    trail = await store.audit_trail(message_id=a.id)
+    trail = await store.audit_trail(AuditFilter(message_id=a.id))
     assert [(r.action, r.actor, r.at, r.detail) for r in trail] == [
         (AuditAction.MESSAGE_ACCEPTED, ALICE, 100.0, ""),
         (AuditAction.MESSAGE_EDITED, ALICE, 150.0, ""),
@@ -979,7 +1004,7 @@ async def test_edit_or_delete_after_dispatch_changes_nothing(store: InspectableS
     rid = await start(store, "r1", [a])
     assert await store.edit_pending(a.id, "too late", ALICE, 250.0) is None
     assert await store.delete_pending(a.id, BOB, 250.0) is None
-    await store.finish_run(rid, RunReport(status=RunStatus.FAILED), 260.0)
+    await store.finish_run(RunEnding(rid, RunReport(status=RunStatus.FAILED), 260.0))
     assert await store.edit_pending(a.id, "too late", ALICE, 270.0) is None
     assert await store.delete_pending(a.id, BOB, 270.0) is None
     assert await store.edit_pending(MessageId(10_000), "x", ALICE, 270.0) is None
@@ -1003,7 +1028,7 @@ async def test_delete_pending_drops_it_once(store: InspectableStore) -> None:
     assert await store.pending_message(ROOM, a.external_id) is None
     assert await store.delete_pending(a.id, BOB, 151.0) is None
     assert await store.edit_pending(a.id, "after", ALICE, 152.0) is None
-    trail = await store.audit_trail(message_id=a.id)
+    trail = await store.audit_trail(AuditFilter(message_id=a.id))
     assert [(r.action, r.actor, r.at) for r in trail] == [
         (AuditAction.MESSAGE_ACCEPTED, ALICE, 100.0),
         (AuditAction.MESSAGE_DELETED, BOB, 150.0),
@@ -1077,7 +1102,7 @@ async def test_an_unregistered_run_stays_running_with_no_row_and_no_pid(
     await store.unregister_live_run(rid)  # (again: nothing to do)
     await store.unregister_live_run(RunId("nope"))
     # A run that ended keeps what its end recorded.
-    await store.finish_run(other, RunReport(RunStatus.SUCCEEDED), 220.0)
+    await store.finish_run(RunEnding(other, RunReport(RunStatus.SUCCEEDED), 220.0))
     await store.unregister_live_run(other)
     ended = await store.get_run(other)
     assert ended is not None
@@ -1091,7 +1116,7 @@ async def test_registering_a_run_that_is_not_running_raises_and_records_nothing(
         await store.register_live_run(live(RunId("nope")), 210.0)
     assert await store.get_run(RunId("nope")) is None
     finished = await started_run(store)
-    await store.finish_run(finished, RunReport(RunStatus.SUCCEEDED), 220.0)
+    await store.finish_run(RunEnding(finished, RunReport(RunStatus.SUCCEEDED), 220.0))
     with pytest.raises(StoreError):
         await store.register_live_run(live(finished), 230.0)
     assert await store.live_runs() == []
@@ -1104,7 +1129,7 @@ async def test_registering_again_after_the_end_raises(store: InspectableStore) -
     """A reattach that lost the race with the run's end must not bring its row back."""
     rid = await started_run(store)
     await store.register_live_run(live(rid, 1), 210.0)
-    await store.finish_run(rid, RunReport(RunStatus.SUCCEEDED), 220.0)
+    await store.finish_run(RunEnding(rid, RunReport(RunStatus.SUCCEEDED), 220.0))
     with pytest.raises(StoreError):
         await store.register_live_run(live(rid, 2), 230.0)
     assert await store.live_runs() == []
@@ -1146,14 +1171,14 @@ async def test_finish_run_removes_the_row_also_when_retried(store: InspectableSt
     await store.register_live_run(live(going_on, 2), 211.0)
     # Recovery reports a run whose supervisor is gone as interrupted.
     entries = await store.finish_run(
-        interrupted, RunReport(RunStatus.INTERRUPTED), 220.0, [answer("cut short")]
+        RunEnding(interrupted, RunReport(RunStatus.INTERRUPTED), 220.0, [answer("cut short")])
     )
     assert [r.live.run_id for r in await store.live_runs()] == [going_on]
     # A retry after a lost acknowledgement: the same answer, the registry as it was.
-    again = await store.finish_run(interrupted, RunReport(RunStatus.INTERRUPTED), 221.0)
+    again = await store.finish_run(RunEnding(interrupted, RunReport(RunStatus.INTERRUPTED), 221.0))
     assert again == entries
     assert [r.live.run_id for r in await store.live_runs()] == [going_on]
-    await store.finish_run(going_on, RunReport(RunStatus.SUCCEEDED), 230.0)
+    await store.finish_run(RunEnding(going_on, RunReport(RunStatus.SUCCEEDED), 230.0))
     assert await store.live_runs() == []
 
 
@@ -1164,7 +1189,10 @@ async def test_runs_ending_together_all_leave_the_registry(store: InspectableSto
     for i, rid in enumerate(runs):
         await store.register_live_run(live(rid, i), 210.0 + i)
     await asyncio.gather(
-        *(store.finish_run(rid, RunReport(RunStatus.SUCCEEDED), 220.0) for rid in runs[:4])
+        *(
+            store.finish_run(RunEnding(rid, RunReport(RunStatus.SUCCEEDED), 220.0))
+            for rid in runs[:4]
+        )
     )
     assert [r.live.run_id for r in await store.live_runs()] == [runs[4]]
 
@@ -1194,7 +1222,7 @@ async def test_prune_keeps_registered_runs(store: InspectableStore) -> None:
     await store.register_live_run(live(rid), 12.0)
     await store.prune(older_than=500.0)
     assert [r.live.run_id for r in await store.live_runs()] == [rid]
-    await store.finish_run(rid, RunReport(RunStatus.SUCCEEDED), 13.0)
+    await store.finish_run(RunEnding(rid, RunReport(RunStatus.SUCCEEDED), 13.0))
     await store.prune(older_than=500.0)
     assert await store.get_run(rid) is None
     assert await store.live_runs() == []

@@ -38,7 +38,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.store.base import RoomOverrides
+from bridge.store.base import AuditFilter, RoomOverrides, RunEnding
 from bridge.store.engine import create_engine, is_sqlite
 from bridge.store.sql import SqlStore
 from tests.store.conftest import SQL_BACKENDS, open_backend
@@ -139,7 +139,7 @@ async def test_a_plain_run_syncs_twice_on_the_answers_path(watched: Watched, bac
     with writer.during("finish_run"):
         report = RunReport(RunStatus.SUCCEEDED, session_id=SessionId("s1"))
         [answer] = await store.finish_run(
-            RUN, report, 3.0, [Reply(ROOM, "the answer")], keep_session=True
+            RunEnding(RUN, report, 3.0, [Reply(ROOM, "the answer")], keep_session=True)
         )
     started = ["start_run"]
     assert writer.synced == ["accept", *started * start_syncs, "register_live_run", "finish_run"]
@@ -182,7 +182,9 @@ async def test_a_detached_run_syncs_its_registration_not_its_progress(
     [registered] = await store.live_runs()
     assert (registered.live, registered.delivered_offset) == (LIVE, 4096)
     with writer.during("finish_run"):
-        await store.finish_run(RUN, RunReport(RunStatus.SUCCEEDED), 3.0, [Reply(ROOM, "done")])
+        await store.finish_run(
+            RunEnding(RUN, RunReport(RunStatus.SUCCEEDED), 3.0, [Reply(ROOM, "done")])
+        )
     if is_sqlite(backend):
         assert writer.synced == ["accept", "register_live_run", "finish_run"]
         assert writer.unsynced == ["start_run", "set_delivered_offset"]
@@ -215,7 +217,7 @@ async def test_reads_proceed_while_a_write_waits(watched: Watched, backend: str)
             await store.messages([msg.id]),
             await store.message_states([msg.id]),
             await store.undelivered(),
-            await store.audit_trail(room=ROOM),
+            await store.audit_trail(AuditFilter(room=ROOM)),
         ]
 
     async with write_lock(backend) as lock:

@@ -36,7 +36,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.store.base import DeliveryState, OutboxEntry, StoreError
+from bridge.store.base import DeliveryState, OutboxEntry, RunEnding, StoreError
 from bridge.store.engine import create_engine
 from bridge.store.memory import MemoryStore
 from bridge.store.sql import FINISH_GROUP_LIMIT, SqlStore
@@ -97,7 +97,10 @@ async def test_runs_ending_together_share_one_commit(counted: Counted) -> None:
     runs = await started(store, FINISH_GROUP_LIMIT + 5)
     before = counted.commits
     results = await asyncio.gather(
-        *(store.finish_run(r, RunReport(RunStatus.SUCCEEDED), 3.0, [answer(r)]) for r in runs)
+        *(
+            store.finish_run(RunEnding(r, RunReport(RunStatus.SUCCEEDED), 3.0, [answer(r)]))
+            for r in runs
+        )
     )
     # The leader lets the loop turn once before taking the queue, so the calls
     # made together fill one full group; then the rest.
@@ -122,9 +125,11 @@ async def test_an_unknown_run_fails_only_its_own_call(counted: Counted) -> None:
     store = counted.store
     a, b = await started(store, 2)
     results = await asyncio.gather(
-        store.finish_run(a, RunReport(RunStatus.SUCCEEDED), 3.0, [answer(a)]),
-        store.finish_run(RunId("nope"), RunReport(RunStatus.SUCCEEDED), 3.0, [answer(a)]),
-        store.finish_run(b, RunReport(RunStatus.FAILED), 3.0, [answer(b)]),
+        store.finish_run(RunEnding(a, RunReport(RunStatus.SUCCEEDED), 3.0, [answer(a)])),
+        store.finish_run(
+            RunEnding(RunId("nope"), RunReport(RunStatus.SUCCEEDED), 3.0, [answer(a)])
+        ),
+        store.finish_run(RunEnding(b, RunReport(RunStatus.FAILED), 3.0, [answer(b)])),
         return_exceptions=True,
     )
     first, unknown, last = results
@@ -142,7 +147,10 @@ async def test_delivery_records_made_together_share_one_commit(counted: Counted)
     store = counted.store
     runs = await started(store, 12)
     ended = await asyncio.gather(
-        *(store.finish_run(r, RunReport(RunStatus.SUCCEEDED), 3.0, [answer(r)]) for r in runs)
+        *(
+            store.finish_run(RunEnding(r, RunReport(RunStatus.SUCCEEDED), 3.0, [answer(r)]))
+            for r in runs
+        )
     )
     entries = [e for each in ended for e in each]
     before = counted.commits
@@ -173,10 +181,12 @@ async def test_a_refused_reply_fails_only_its_own_call(counted: Counted) -> None
     store = counted.store
     a, bad, b = await started(store, 3)
     results = await asyncio.gather(
-        store.finish_run(a, RunReport(RunStatus.SUCCEEDED), 3.0, [answer(a)]),
-        store.finish_run(b, RunReport(RunStatus.SUCCEEDED), 3.0, [answer(b)]),
-        store.finish_run(bad, RunReport(RunStatus.SUCCEEDED), 3.0, [answer(bad, "\ud800")]),
-        store.finish_run(a, RunReport(RunStatus.FAILED), 4.0),
+        store.finish_run(RunEnding(a, RunReport(RunStatus.SUCCEEDED), 3.0, [answer(a)])),
+        store.finish_run(RunEnding(b, RunReport(RunStatus.SUCCEEDED), 3.0, [answer(b)])),
+        store.finish_run(
+            RunEnding(bad, RunReport(RunStatus.SUCCEEDED), 3.0, [answer(bad, "\ud800")])
+        ),
+        store.finish_run(RunEnding(a, RunReport(RunStatus.FAILED), 4.0)),
         return_exceptions=True,
     )
     first, second, refused, again = results
@@ -196,8 +206,8 @@ async def test_finishing_twice_in_one_group_keeps_the_first_report(counted: Coun
     [run] = await started(store, 1)
     _, first, second = await asyncio.gather(
         store.enqueue([answer(run, "leads alone")], 2.5),
-        store.finish_run(run, RunReport(RunStatus.SUCCEEDED), 3.0, [answer(run)]),
-        store.finish_run(run, RunReport(RunStatus.FAILED), 4.0, [answer(run, "late")]),
+        store.finish_run(RunEnding(run, RunReport(RunStatus.SUCCEEDED), 3.0, [answer(run)])),
+        store.finish_run(RunEnding(run, RunReport(RunStatus.FAILED), 4.0, [answer(run, "late")])),
     )
     assert second == first
     record = await store.get_run(run)
@@ -213,9 +223,13 @@ async def test_closing_fails_queued_finishes(counted: Counted, backend: str) -> 
     write_begun = write_begins(store, backend, "UPDATE messages")
 
     async with write_lock(backend) as lock:
-        leader = asyncio.create_task(store.finish_run(a, RunReport(RunStatus.SUCCEEDED), 3.0))
+        leader = asyncio.create_task(
+            store.finish_run(RunEnding(a, RunReport(RunStatus.SUCCEEDED), 3.0))
+        )
         await write_begun.wait()
-        queued = asyncio.create_task(store.finish_run(b, RunReport(RunStatus.SUCCEEDED), 3.0))
+        queued = asyncio.create_task(
+            store.finish_run(RunEnding(b, RunReport(RunStatus.SUCCEEDED), 3.0))
+        )
         closing = asyncio.create_task(store.close())
         with pytest.raises(StoreError, match="closed"):
             await queued
@@ -244,7 +258,7 @@ async def test_a_reset_while_the_end_waits_for_its_group_is_not_undone(counted: 
     await store.set_session(ROOM, SessionId("old-session"))
     finishing = asyncio.create_task(
         store.finish_run(
-            run, with_session(run, "old-session"), 3.0, [answer(run)], keep_session=True
+            RunEnding(run, with_session(run, "old-session"), 3.0, [answer(run)], keep_session=True)
         )
     )
     await asyncio.sleep(0)  # in finish_run: queued, the leader lets the loop turn once
@@ -264,7 +278,9 @@ async def test_a_reset_while_the_group_writes_commits_after_it(
 
     async with write_lock(backend) as lock:
         finishing = asyncio.create_task(
-            store.finish_run(run, with_session(run, "s1"), 3.0, [answer(run)], keep_session=True)
+            store.finish_run(
+                RunEnding(run, with_session(run, "s1"), 3.0, [answer(run)], keep_session=True)
+            )
         )
         await write_begun.wait()
         resetting = asyncio.create_task(store.set_session(ROOM, None))
@@ -283,10 +299,10 @@ async def test_a_session_set_before_the_call_is_replaced_by_the_runs(counted: Co
     first, second = await started(store, 2)
     await store.set_session(ROOM, None)  # a reset before the run's end was handed over
     await store.set_session(RoomKey(TransportName("slack"), RoomId("C1")), None)  # another room
-    await store.finish_run(first, with_session(first, "s1"), 3.0, keep_session=True)
+    await store.finish_run(RunEnding(first, with_session(first, "s1"), 3.0, keep_session=True))
     assert await store.get_session(ROOM) == SessionId("s1")
     # keep_session=False (a reset during the run, seen by the executor) keeps nothing.
-    await store.finish_run(second, with_session(second, "s2"), 4.0, keep_session=False)
+    await store.finish_run(RunEnding(second, with_session(second, "s2"), 4.0, keep_session=False))
     assert await store.get_session(ROOM) == SessionId("s1")
 
 
@@ -318,7 +334,7 @@ async def burst(
         texts = [answer(ids[i], f"{status} {n}") for n in range(replies)]
         # Every call hands over a session of its own: the last one kept wins.
         report = RunReport(status, session_id=SessionId(f"session {i} {status} {replies}"))
-        return await store.finish_run(ids[i], report, 3.0, texts, keep_session=True)
+        return await store.finish_run(RunEnding(ids[i], report, 3.0, texts, keep_session=True))
 
     if together:
         results = await asyncio.gather(*(finish(*c) for c in calls), return_exceptions=True)
@@ -377,7 +393,11 @@ async def sessions_race(store: SqlStore, calls: list[tuple[bool, bool]]) -> Sess
             run = next(runs)
             expected = SessionId(f"session of {run}")
             report = RunReport(RunStatus.SUCCEEDED, session_id=expected)
-            made.append(asyncio.create_task(store.finish_run(run, report, 3.0, keep_session=True)))
+            made.append(
+                asyncio.create_task(
+                    store.finish_run(RunEnding(run, report, 3.0, keep_session=True))
+                )
+            )
         if turn:  # else the calls begin in the same loop turn (tasks start in order)
             await asyncio.sleep(0)
     await asyncio.gather(*made)

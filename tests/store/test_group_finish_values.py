@@ -21,7 +21,7 @@ from bridge.core.model import (
     TransportName,
     UserId,
 )
-from bridge.store.base import Store
+from bridge.store.base import RunEnding, Store
 from bridge.store.memory import MemoryStore
 from bridge.store.sql import FINISH_GROUP_LIMIT
 from tests.store.conftest import SQL_BACKENDS, open_backend
@@ -64,12 +64,12 @@ async def scenario(
         await store.start_run(run, Batch(room, (msg,)), 2.0)
         runs.append(run)
     # One run ended already, before the group.
-    await store.finish_run(runs[0], RunReport(RunStatus.FAILED, error="early"), 2.5)
+    await store.finish_run(RunEnding(runs[0], RunReport(RunStatus.FAILED, error="early"), 2.5))
     calls = [
-        store.finish_run(run, report(i), 3.0 + i, keep_session=i % 2 == 0)
+        store.finish_run(RunEnding(run, report(i), 3.0 + i, keep_session=i % 2 == 0))
         for i, run in enumerate(runs)
     ]
-    calls.append(store.finish_run(runs[1], report(99), 9.0, keep_session=True))  # twice
+    calls.append(store.finish_run(RunEnding(runs[1], report(99), 9.0, keep_session=True)))  # twice
     await asyncio.gather(*calls, return_exceptions=True)
     records = [await store.get_run(r) for r in runs]
     got = [(r.status, r.ended_at, r.report) for r in records if r is not None]

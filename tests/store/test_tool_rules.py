@@ -7,7 +7,16 @@ import asyncio
 import pytest
 
 from bridge.core.model import RoomId, RoomKey, SessionId, TransportName, UserId
-from bridge.store.base import ApprovalState, AuditAction, RuleEffect, RuleScope, ToolRule
+from bridge.store.base import (
+    ApprovalDecision,
+    ApprovalState,
+    AuditAction,
+    AuditFilter,
+    NewRule,
+    RuleEffect,
+    RuleScope,
+    ToolRule,
+)
 from tests.store.approval_rows import ask
 from tests.store.conftest import InspectableStore
 
@@ -31,7 +40,9 @@ async def keep(
 ) -> ToolRule:
     scope = RuleScope.ROOM if session is None else RuleScope.SESSION
     return await store.add_rule(
-        room, scope=scope, effect=effect, rule=rule, session_id=session, created_by=ALICE, at=at
+        NewRule(
+            room, scope=scope, effect=effect, rule=rule, session_id=session, created_by=ALICE, at=at
+        )
     )
 
 
@@ -88,7 +99,7 @@ async def test_every_change_of_a_rule_is_audited(store: InspectableStore) -> Non
     kept = await keep(store, "Bash(npm test:*)", session=S1)
     await store.revoke_rule(ROOM, kept.id, BOB, 110.0)
 
-    trail = await store.audit_trail(room=ROOM)
+    trail = await store.audit_trail(AuditFilter(room=ROOM))
     assert [(a.action, a.actor, a.at, a.detail) for a in trail] == [
         (AuditAction.RULE_ADDED, ALICE, 100.0, f"rule {kept.id} session allow Bash(npm test:*)"),
         (AuditAction.RULE_REVOKED, BOB, 110.0, f"rule {kept.id} session allow Bash(npm test:*)"),
@@ -105,13 +116,15 @@ async def test_rule_numbers_are_never_reused(store: InspectableStore) -> None:
 async def test_a_session_rule_without_its_session_is_refused(store: InspectableStore) -> None:
     with pytest.raises(ValueError, match="session"):
         await store.add_rule(
-            ROOM,
-            scope=RuleScope.SESSION,
-            effect=RuleEffect.ALLOW,
-            rule="Read",
-            session_id=None,
-            created_by=ALICE,
-            at=1.0,
+            NewRule(
+                ROOM,
+                scope=RuleScope.SESSION,
+                effect=RuleEffect.ALLOW,
+                rule="Read",
+                session_id=None,
+                created_by=ALICE,
+                at=1.0,
+            )
         )
 
 
@@ -124,7 +137,7 @@ async def test_of_two_revokes_at_once_one_revokes_and_one_row_is_audited(
         store.revoke_rule(ROOM, kept.id, BOB, 111.0),
     )
     assert [r is not None for r in (first, second)].count(True) == 1
-    trail = await store.audit_trail(room=ROOM)
+    trail = await store.audit_trail(AuditFilter(room=ROOM))
     assert [a.action for a in trail].count(AuditAction.RULE_REVOKED) == 1
 
 
@@ -134,11 +147,11 @@ async def test_a_rule_decides_a_request_only_while_it_holds(store: InspectableSt
     first = await ask(store, "r1", room=ROOM)
     second = await ask(store, "r2", room=ROOM)
     assert await store.decide_approval(
-        first, ApprovalState.ALLOWED, None, 101.0, "by rule", rule_id=kept.id
+        first, ApprovalDecision(ApprovalState.ALLOWED, None, 101.0, "by rule", rule_id=kept.id)
     )
     await store.revoke_rule(ROOM, kept.id, BOB, 102.0)
     assert not await store.decide_approval(
-        second, ApprovalState.ALLOWED, None, 103.0, "by rule", rule_id=kept.id
+        second, ApprovalDecision(ApprovalState.ALLOWED, None, 103.0, "by rule", rule_id=kept.id)
     )
     found = await store.approval_by_number(ROOM, second.number)
     assert found is not None

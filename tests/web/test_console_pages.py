@@ -33,7 +33,7 @@ from bridge.core.model import (
 from bridge.core.transport import ApprovalChoice
 from bridge.host.http import serve_http
 from bridge.host.http_sockets import bind_http
-from bridge.store.base import AuditAction
+from bridge.store.base import ApprovalAsk, AuditAction, AuditEntry, RunEnding
 from bridge.store.sql import SqlStore
 from bridge.web.app import web_app
 from bridge.web.auth import SESSION_COOKIE
@@ -100,18 +100,22 @@ async def _seed(store: SqlStore) -> tuple[RunId, int]:
     run = RunId("run-web-1")
     await store.start_run(run, Batch(ROOM, (msgs[0],)), now)
     await store.finish_run(
-        run, RunReport(RunStatus.SUCCEEDED, cost_usd=1.25, result_text="done: rotated"), now + 2
+        RunEnding(
+            run, RunReport(RunStatus.SUCCEEDED, cost_usd=1.25, result_text="done: rotated"), now + 2
+        )
     )
     live = RunId("run-web-2")
     await store.start_run(live, Batch(ROOM, (msgs[1],)), now + 3)
     approval = await store.add_approval(
-        ROOM,
-        live,
-        "req-1",
-        tool_name="Bash",
-        input_json='{"command": "rm -rf build"}',
-        asked_at=now + 4,
-        expires_at=now + 900,
+        ApprovalAsk(
+            ROOM,
+            live,
+            "req-1",
+            tool_name="Bash",
+            input_json='{"command": "rm -rf build"}',
+            asked_at=now + 4,
+            expires_at=now + 900,
+        )
     )
     return live, approval.id
 
@@ -369,10 +373,12 @@ async def test_live_pages_hear_of_a_change_in_the_database(console: Console) -> 
     waiting = asyncio.create_task(changed())
     # The watcher polls every 50 ms: a change made once it watches is seen.
     await asyncio.sleep(0)
-    await console.store.audit(AuditAction.COMMAND, time.time(), room=ROOM, detail="!status")
+    await console.store.audit(
+        AuditEntry(AuditAction.COMMAND, time.time(), room=ROOM, detail="!status")
+    )
     async with asyncio.timeout(10):
         while not waiting.done():
-            await console.store.audit(AuditAction.COMMAND, time.time(), room=ROOM)
+            await console.store.audit(AuditEntry(AuditAction.COMMAND, time.time(), room=ROOM))
             await asyncio.wait({waiting}, timeout=0.2)
     await waiting
     response.close()
