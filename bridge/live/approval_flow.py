@@ -374,6 +374,9 @@ class ApprovalFlow:
 
     async def withdrawn(self, room: RoomKey, run_id: RunId, request_id: str) -> None:
         """claude withdrew a request (an interrupt while it asked): nobody answers it now."""
+        # claude works on at once (the interrupt's next turn), answered or not: its run
+        # holds a slot from now, whether it lent its slot or an answer waited for one.
+        self.runs.went_on(room, run_id)
         try:
             cancelled = await self.store.cancel_approvals(
                 run_id, WITHDRAWN, self.wall_clock(), (request_id,)
@@ -383,9 +386,6 @@ class ApprovalFlow:
             return
         for approval in cancelled:
             await self._show(approval)
-        if cancelled:
-            # claude goes on (the interrupt's next turn): it holds a slot again when one frees.
-            self.runs.reclaim(room, run_id)
 
     # -- from the room --
 

@@ -28,12 +28,12 @@ def said(chat: ChatRoom, text: str, thread: str) -> bool:
     return any(text in r.text and r.thread == thread for r in chat.replies)
 
 
-def one_slot(tmp_path: Path, env: dict[str, str]) -> Settings:
+def one_slot(tmp_path: Path, env: dict[str, str], **defaults: str) -> Settings:
     """One run slot; each thread a conversation; every tool use asked."""
     config = {
         "dispatcher": AT_ONCE,
         "runner": {"max_concurrent_runs": 1, "prestart": False},
-        "defaults": {"conversation": "thread", "approve_tools": True},
+        "defaults": {"conversation": "thread", "approve_tools": True, **defaults},
     }
     return load_settings(write_config(tmp_path, config, env=env))
 
@@ -105,3 +105,27 @@ async def test_a_click_whose_answer_waits_for_a_slot_tells_the_person_and_claude
         while not bound.answers():
             await asyncio.sleep(0)
     assert bound.answers() == [{"behavior": "allow", "updatedInput": {"command": "ls"}}]
+
+
+async def test_a_run_whose_request_claude_withdrew_holds_a_slot_as_it_goes_on(
+    tmp_path: Path,
+) -> None:
+    """An interrupt while a's run waits for a person: claude withdraws the request and
+    works on the new message at once. Was: the run stayed lent and queued for a slot
+    nothing waited for, so it worked uncounted beside b (two claudes on one slot, and
+    a third room could start), and ``!status`` said it had been answered and waited."""
+    gate = tmp_path / "go"
+    env = {**ECHO, "FAKE_CLAUDE_TOOL_WAIT_FOR": str(gate), "FAKE_CLAUDE_TOOL_TURNS": "1"}
+    async with serving(one_slot(tmp_path, env, during_run="interrupt")) as (service, chat):
+        await a_waits_for_approval(chat)
+        await chat.say("job b", thread="b")  # runs in a's lent slot; its tool waits for go
+        await chat.wait_until(lambda: service.dispatcher.active_runs == 2)
+        await chat.say("rather this", thread="a")  # claude withdraws #1 and goes on
+        await chat.wait_until(lambda: ("a", "rather this") in results(chat))
+        # a's claude works (it answered): it holds a slot, beyond the one if need be.
+        assert service.dispatcher.lent_runs == 0
+        await chat.say("!status", thread="a")
+        await chat.wait_until(lambda: said(chat, "Waiting:", "a"))
+        assert not said(chat, "It was answered", "a")
+        gate.touch()
+        await chat.wait_until(lambda: ("b", "job b") in results(chat))
