@@ -152,9 +152,11 @@ class ApprovalFlow:
                 told = timeout_message(approval.expires_at - approval.asked_at)
             elif choice is ApprovalChoice.DENY:
                 told = deny_text(approval.tool_name, approval.reason)
-            if not await self._answer(approval, choice, told):
-                # Delivered only now: the bridge stopped before showing the outcome too
-                # (a request still showing its buttons would be clicked in vain).
+            note = await self._answer(approval, choice, told)
+            if not note or QUEUED in note:
+                # Delivered only now (or once the run holds a slot again): the bridge
+                # stopped before showing the outcome too (a request still showing its
+                # buttons would be clicked in vain).
                 await self._show(approval)
             return
         if approval.state is not ApprovalState.PENDING:

@@ -10,6 +10,7 @@ from pathlib import Path
 from bridge.config import Settings, load_settings
 from bridge.core.model import ReplyKind
 from bridge.core.transport import Accepted, ApprovalChoice
+from bridge.store.base import ApprovalState
 from dispatcher.lending import SlotLease
 from tests.bridge.chat_room import GUARD_S, ChatRoom, serving
 from tests.bridge.harness import ECHO, write_config
@@ -129,3 +130,32 @@ async def test_a_run_whose_request_claude_withdrew_holds_a_slot_as_it_goes_on(
         assert not said(chat, "It was answered", "a")
         gate.touch()
         await chat.wait_until(lambda: ("b", "job b") in results(chat))
+
+
+async def test_an_answer_found_undelivered_at_a_replay_that_waits_for_a_slot_is_shown(
+    tmp_path: Path,
+) -> None:
+    """Decided before a restart, never received by claude; on the replay its run lent
+    its slot (another request of it waits) and none is free: the answer waits, and
+    the request's message shows it as taken. Was: shown only when claude heard it at
+    once, so the message kept its actions, clicked in vain."""
+    closed: list[tuple[object, ...]] = []
+    bound = Bound(tmp_path)
+
+    async def close_approval(*args: object) -> None:
+        closed.append(args)
+
+    bound.told.close_approval = close_approval  # type: ignore[method-assign]
+    await bound.asks(bound.asked)  # posted
+    approval = await bound.store.approval_by_number(bound.key, 1)
+    assert approval is not None
+    assert await bound.store.decide_approval(
+        approval, ApprovalState.ALLOWED, bound.user, 1.0, ""
+    )  # ... and the bridge stopped there
+    # The restart: the run reattached, lent, and every slot busy (one reclaimer ahead).
+    bound.runs.bind(bound.key, RUN, bound.control, SlotLease(lambda: None, lambda: 1))
+    closed.clear()
+    await bound.asks(bound.asked)
+    assert bound.answers() == []  # claude waits for the run's slot
+    assert len(closed) == 1
+    assert "allowed" in str(closed[0]).lower()
