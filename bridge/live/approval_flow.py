@@ -563,7 +563,10 @@ class ApprovalFlow:
             # The input as shown (and recorded), and nothing more: claude's permission
             # suggestions (rules for its settings files, a mode) are never sent back.
             decision = Allow(shown)
-        waiting = self.runs.reclaim(approval.room, approval.run_id)
+        # Only an answer claude waits for lets it go on: one it has (a replay) or a
+        # request it withdrew takes no slot back (a run lent for another stays so).
+        waits = any(asked.request_id == approval.request_id for asked in control.pending)
+        waiting = self.runs.reclaim(approval.room, approval.run_id) if waits else None
         if waiting is not None:
             # The run lent its slot while it waited and none is free now: claude hears
             # the answer once the run holds one again (before any new run starts).

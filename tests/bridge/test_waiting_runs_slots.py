@@ -5,6 +5,7 @@ run slots")."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 from bridge.config import Settings, load_settings
@@ -159,3 +160,28 @@ async def test_an_answer_found_undelivered_at_a_replay_that_waits_for_a_slot_is_
     assert bound.answers() == []  # claude waits for the run's slot
     assert len(closed) == 1
     assert "allowed" in str(closed[0]).lower()
+
+
+async def test_an_answer_claude_already_has_takes_no_slot_back(tmp_path: Path) -> None:
+    """A replay meets a request claude was answered before the restart, while its run
+    lent its slot (another request of it waits): claude goes on with nothing new, so
+    the run stays lent. Was: it reclaimed, queued ahead of every new run, and held a
+    slot while it still waited for a person."""
+    reclaims: list[bool] = []
+
+    def reclaim() -> int | None:
+        reclaims.append(True)
+        return 1
+
+    bound = Bound(tmp_path)
+    await bound.asks(bound.asked)
+    approval = await bound.store.approval_by_number(bound.key, 1)
+    assert approval is not None
+    assert await bound.store.decide_approval(approval, ApprovalState.ALLOWED, bound.user, 1.0, "")
+    # The earlier bridge's answer, as the journal shows it to the reattached run.
+    answer = {"type": "control_response", "response": {"request_id": "r1", "response": {}}}
+    bound.control.note_in(json.dumps(answer).encode())
+    bound.runs.bind(bound.key, RUN, bound.control, SlotLease(lambda: None, reclaim))
+    await bound.asks(bound.asked)
+    assert reclaims == []
+    assert bound.answers() == []
