@@ -367,6 +367,7 @@ class Service:
             self.metrics,
             self._recover_run,
             self.approvals.on_action,
+            on_decided=self.approvals.deliver,
             taken=self.limits.noted,
         )
         cluster.take_over = role.take_over
@@ -389,6 +390,7 @@ class Service:
         self.outbox.owns = cluster.has
         self.approvals.owns = cluster.has
         self.approvals.forward = role.forward_action
+        self.approvals.hand_over = role.hand_over_decision
         self.limits.owns = cluster.holds
         cluster.idle = self._idle
         role.stop_threads = self.commands.stop_threads

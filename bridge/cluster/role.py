@@ -38,7 +38,7 @@ from bridge.inbound.intake import Intake
 from bridge.metrics import Metrics
 from bridge.outbound.outbox import Outbox
 from bridge.runs.stale_runs import never_started
-from bridge.store.base import RegisteredRun, RunRecord, Store, StoreError
+from bridge.store.base import Approval, RegisteredRun, RunRecord, Store, StoreError
 from bridge.store.cluster import Leases
 from dispatcher import DispatchedRun, Dispatcher, RoomStatus
 
@@ -71,6 +71,10 @@ class RecoverRun(Protocol):
     ) -> bool: ...
 
 
+async def _nothing_decided(room: RoomKey, number: int) -> None:
+    pass
+
+
 @dataclass(slots=True)
 class ClusterRole:
     settings: Settings
@@ -83,6 +87,8 @@ class ClusterRole:
     metrics: Metrics
     recover_run: RecoverRun
     on_approval_action: Callable[[ApprovalAction], Awaitable[object]]
+    on_decided: Callable[[RoomKey, int], Awaitable[None]] = _nothing_decided
+    """Tells claude a decision another replica recorded for a request of a run here."""
     taken: Callable[[], None] = lambda: None
     """Told after a takeover (the usage-limit retries look again)."""
     stop_threads: StopThreads | None = None
@@ -119,6 +125,17 @@ class ClusterRole:
             "guide": action.guide,
         }
         await self.cluster.tell(owner, "action", action.room, body)
+
+    async def hand_over_decision(self, approval: Approval) -> None:
+        """A decision recorded here (the web console) on a request of a conversation
+        another replica runs: for that replica, which tells claude."""
+        owner = await self.cluster.place(approval.room, need_slot=False)
+        if owner is None:
+            # Taken here meanwhile (its owner died): its run is gone, or reattached here.
+            await self.on_decided(approval.room, approval.number)
+            return
+        self.metrics.forwarded.labels("decision").inc()
+        await self.cluster.tell(owner, "decided", approval.room, {"number": approval.number})
 
     async def changed(self, message: Message, *, deleted: bool) -> None:
         owner = await self.cluster.place(message.room, need_slot=False)
@@ -218,6 +235,8 @@ class ClusterRole:
                     "stopped %d run(s) and dropped %d message(s) of %s's threads, as asked",
                     runs, len(dropped), notice.room,
                 )  # fmt: skip
+        elif notice.kind == "decided":
+            await self.on_decided(notice.room, int(notice.body["number"]))
         elif notice.kind == "action":
             action = ApprovalAction(
                 notice.room,

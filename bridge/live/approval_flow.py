@@ -105,6 +105,9 @@ class ApprovalFlow:
     """Whether this process runs ``room``'s conversation (with replicas, its owner does)."""
     forward: Callable[[ApprovalAction, RoomKey], Awaitable[None]] | None = None
     """Hands an action on another replica's request to that replica."""
+    hand_over: Callable[[Approval], Awaitable[None]] | None = None
+    """Hands a decision taken here (the web console) on another replica's request to
+    that replica, which tells claude (:meth:`deliver`)."""
     _posting: set[asyncio.Future[None]] = field(default_factory=set)
     _followups: set[asyncio.Task[None]] = field(default_factory=set)
     """Switches (``!model``, ``!mode``) waiting for claude's answer, and answers waiting
@@ -144,20 +147,9 @@ class ApprovalFlow:
         if approval.state is ApprovalState.PENDING and approval.message_id is None:
             # New (or never posted): the kept rules may decide it.
             approval, _ = await self._by_rule(approval)
-        choice = _CHOICES.get(approval.state)
-        if choice is not None:
+        if approval.state in _CHOICES:
             # Decided before a restart, never received: say it again.
-            told = approval.reason if choice is ApprovalChoice.DENY else ""
-            if approval.state is ApprovalState.EXPIRED:
-                told = timeout_message(approval.expires_at - approval.asked_at)
-            elif choice is ApprovalChoice.DENY:
-                told = deny_text(approval.tool_name, approval.reason)
-            note = await self._answer(approval, choice, told)
-            if not note or QUEUED in note:
-                # Delivered only now (or once the run holds a slot again): the bridge
-                # stopped before showing the outcome too (a request still showing its
-                # buttons would be clicked in vain).
-                await self._show(approval)
+            await self._tell_decided(approval)
             return
         if approval.state is not ApprovalState.PENDING:
             return
@@ -196,6 +188,28 @@ class ApprovalFlow:
         finally:
             self._posting.discard(posting)
             posting.set_result(None)
+
+    async def _tell_decided(self, approval: Approval) -> None:
+        """Tell claude the recorded decision of ``approval`` (nothing if it has it)."""
+        choice = _CHOICES[approval.state]
+        told = ""
+        if approval.state is ApprovalState.EXPIRED:
+            told = timeout_message(approval.expires_at - approval.asked_at)
+        elif choice is ApprovalChoice.DENY:
+            told = deny_text(approval.tool_name, approval.reason)
+        note = await self._answer(approval, choice, told)
+        if not note or QUEUED in note:
+            # Delivered only now (or once the run holds a slot again): the bridge
+            # stopped before showing the outcome too (a request still showing its
+            # buttons would be clicked in vain).
+            await self._show(approval)
+
+    async def deliver(self, room: RoomKey, number: int) -> None:
+        """Another replica recorded the decision of request ``number`` of ``room``, a
+        request of a run here: claude hears it from here (:attr:`hand_over`)."""
+        approval = await self.store.approval_by_number(room, number)
+        if approval is not None and approval.state in _CHOICES:
+            await self._tell_decided(approval)
 
     async def _by_rule(self, approval: Approval) -> tuple[Approval, bool]:
         """Decide a pending request by the first kept rule that covers it: the request as
@@ -480,6 +494,11 @@ class ApprovalFlow:
         *,
         shown: str = "",
     ) -> str:
+        if not self.owns(approval.room) and self.hand_over is not None:
+            # Taken here (the web console), for a run another replica runs: that one
+            # tells claude and shows the outcome on the request.
+            await self.hand_over(approval)
+            return ""
         note = await self._answer(approval, choice, reason)
         await self._show(approval, shown)
         return note
