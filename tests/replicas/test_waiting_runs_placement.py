@@ -47,3 +47,35 @@ async def test_a_replica_whose_only_run_waits_for_a_person_takes_a_new_conversat
             await a.chat.say("!deny #1", thread="t2")
             await a.chat.wait_until(lambda: len(results(a)) == 2)
             assert sorted(results(a)) == ["first job", "second job"]
+
+
+async def test_with_a_cluster_cap_a_run_waiting_for_a_person_keeps_its_slot(
+    tmp_path: Path, cluster_db: str
+) -> None:
+    """The cluster cap counts the runs waiting for a person: a slot one lent would go
+    to a run that then waits for the cluster cap, holding it, while the answered run
+    waits for it back. Was: neither went on (until a time limit or a !stop)."""
+    config = {
+        "runner": {"max_concurrent_runs": 1, "prestart": False},
+        "cluster": {"max_concurrent_runs": 1},
+        "defaults": {"conversation": "thread", "approve_tools": True},
+    }
+    async with asyncio.timeout(GUARD_S):
+        async with replica(replica_settings(tmp_path, "a", cluster_db, config)) as a:
+            await a.chat.say("first job", thread="t1")
+            await a.chat.wait_until(lambda: asked(a) == 1)
+            await a.chat.say("second job", thread="t2")
+            # t2 waits: untaken (a has no free slot), or, given a's slot, for the cluster's.
+            cluster = a.service.cluster
+            assert cluster is not None
+            await until(
+                lambda: (
+                    not cluster.holds(ROOM.in_thread("t2"))
+                    or any("cluster is busy" in t for t in a.chat.texts())
+                )
+            )
+            await a.chat.say("!approve #1", thread="t1")
+            await a.chat.wait_until(lambda: "first job" in results(a))
+            await a.chat.wait_until(lambda: asked(a) == 2)  # then t2 runs
+            await a.chat.say("!approve #1", thread="t2")
+            await a.chat.wait_until(lambda: sorted(results(a)) == ["first job", "second job"])
