@@ -158,7 +158,8 @@ class Metrics:
         )
         self.forwarded = Counter(
             "chatbridge_cluster_forwarded",
-            "Messages and approval actions handed to the replica owning their conversation",
+            "Messages, approval actions and console decisions handed to the replica owning"
+            " their conversation",
             ["kind"],
             registry=r,
         )

@@ -342,6 +342,7 @@ class Service:
             self.metrics,
             self.recovery.recover_run,
             self.approvals.on_action,
+            on_decided=self.approvals.deliver,
             taken=self.limits.noted,
         )
         cluster.take_over = role.take_over
@@ -360,6 +361,7 @@ class Service:
         cluster.recheck = role.recheck
         self.intake.placement = role
         self.approvals.forward = role.forward_action
+        self.approvals.hand_over = role.hand_over_decision
         cluster.idle = self._idle
         role.stop_threads = self.commands.stop_threads
         self.commands.elsewhere = role

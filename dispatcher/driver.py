@@ -401,8 +401,14 @@ class Dispatcher:
 
     def _new_run(self, batch: Batch, *, prestarted: bool = False) -> DispatchedRun:
         run = DispatchedRun(batch, prestarted=prestarted)
-        run.slot = SlotLease(lambda: self._lend(run), lambda: self._reclaim(run))
+        run.slot = SlotLease(
+            lambda: self._lend(run), lambda: self._reclaim(run), lambda: self._went_on(run)
+        )
         return run
+
+    def _went_on(self, run: DispatchedRun) -> None:
+        if self._runs.get(run.batch.room) is run:
+            self._after(self._scheduler.went_on(run.batch.room))
 
     def _lend(self, run: DispatchedRun) -> None:
         if self._runs.get(run.batch.room) is run:

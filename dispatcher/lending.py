@@ -3,8 +3,9 @@
 :meth:`SlotLease.lend` gives the run's slot to the next in line while the run waits for
 a person; :meth:`SlotLease.reclaim` asks for one back before the run goes on, and says
 how many reclaimers are ahead. The dispatcher resolves the wait: True once the run holds
-a slot, False if it ended first. Both are no-ops once the run ended (docs/live-runs.md,
-"Waiting runs and the run slots").
+a slot, False if it ended first. :meth:`SlotLease.went_on`: claude went on without an
+answer (it withdrew its request), so the run holds a slot at once. All are no-ops once
+the run ended (docs/live-runs.md, "Waiting runs and the run slots").
 """
 
 from __future__ import annotations
@@ -26,11 +27,17 @@ class Reclaim:
 class SlotLease:
     """A run's hold on its slot; see the module docstring."""
 
-    __slots__ = ("_ended", "_lend", "_pending", "_reclaim")
+    __slots__ = ("_ended", "_go_on", "_lend", "_pending", "_reclaim")
 
-    def __init__(self, lend: Callable[[], None], reclaim: Callable[[], int | None]) -> None:
+    def __init__(
+        self,
+        lend: Callable[[], None],
+        reclaim: Callable[[], int | None],
+        go_on: Callable[[], None] = lambda: None,
+    ) -> None:
         self._lend = lend
         self._reclaim = reclaim
+        self._go_on = go_on
         self._pending: asyncio.Future[bool] | None = None
         self._ended = False
 
@@ -51,6 +58,12 @@ class SlotLease:
         if self._pending is None or self._pending.done():
             self._pending = loop.create_future()
         return Reclaim(ahead, self._pending)
+
+    def went_on(self) -> None:
+        """claude works on without an answer from here (it withdrew its request): the
+        run holds a slot at once, whether it lent its slot or waited for one back."""
+        if not self._ended:
+            self._go_on()
 
     @property
     def waiting(self) -> bool:

@@ -286,6 +286,21 @@ class Scheduler:
         self._give_way()  # a run waits for a slot: prestarts give way, as for a room
         return self._slots.ahead(key), self.take_actions()
 
+    def went_on(self, key: RoomKey) -> list[Action]:
+        """The room's run goes on without waiting for a slot (claude withdrew its request
+        and works on): it holds a slot again at once, beyond the capacity if need be
+        (as an adopted run: nothing is granted until the holders are below it). A
+        reclaim it waited on is answered (:class:`Reclaimed`)."""
+        room = self._rooms.get(key)
+        if room is None or room.run is None:
+            raise RuntimeError(f"room {key} has no run to go on")
+        if self._slots.lends(key):
+            reclaiming = key in self._slots.reclaiming
+            self._slots.reclaim_now(key)
+            if reclaiming:
+                self._actions.append(Reclaimed(key))
+        return self.take_actions()
+
     def adopt(self, batch: Batch, now: float) -> None:
         """A run already going (reattached after a restart) becomes its room's run.
 

@@ -39,6 +39,7 @@ from bridge.metrics import Metrics
 from bridge.outbound.outbox import Outbox
 from bridge.runs.stale_runs import never_started
 from bridge.store.base import (
+    Approval,
     LiveRunStore,
     MessageStore,
     OutboxStore,
@@ -80,6 +81,10 @@ class RecoverRun(Protocol):
     ) -> bool: ...
 
 
+async def _nothing_decided(room: RoomKey, number: int) -> None:
+    pass
+
+
 class ClusterRoleStore(MessageStore, RunStore, LiveRunStore, OutboxStore, Protocol):
     """The store's roles :class:`ClusterRole` uses."""
 
@@ -96,6 +101,8 @@ class ClusterRole:
     metrics: Metrics
     recover_run: RecoverRun
     on_approval_action: Callable[[ApprovalAction], Awaitable[object]]
+    on_decided: Callable[[RoomKey, int], Awaitable[None]] = _nothing_decided
+    """Tells claude a decision another replica recorded for a request of a run here."""
     taken: Callable[[], None] = lambda: None
     """Told after a takeover (the usage-limit retries look again)."""
     stop_threads: StopThreads | None = None
@@ -132,6 +139,17 @@ class ClusterRole:
             "guide": action.guide,
         }
         await self.cluster.tell(owner, "action", action.room, body)
+
+    async def hand_over_decision(self, approval: Approval) -> None:
+        """A decision recorded here (the web console) on a request of a conversation
+        another replica runs: for that replica, which tells claude."""
+        owner = await self.cluster.place(approval.room, need_slot=False)
+        if owner is None:
+            # Taken here meanwhile (its owner died): its run is gone, or reattached here.
+            await self.on_decided(approval.room, approval.number)
+            return
+        self.metrics.forwarded.labels("decision").inc()
+        await self.cluster.tell(owner, "decided", approval.room, {"number": approval.number})
 
     async def changed(self, message: Message, *, deleted: bool) -> None:
         owner = await self.cluster.place(message.room, need_slot=False)
@@ -231,6 +249,8 @@ class ClusterRole:
                     "stopped %d run(s) and dropped %d message(s) of %s's threads, as asked",
                     runs, len(dropped), notice.room,
                 )  # fmt: skip
+        elif notice.kind == "decided":
+            await self.on_decided(notice.room, int(notice.body["number"]))
         elif notice.kind == "action":
             action = ApprovalAction(
                 notice.room,

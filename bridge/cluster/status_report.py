@@ -1,6 +1,6 @@
 """``chatbridge status``: the cluster as the database sees it (docs/replicas.md).
 
-Replicas with their heartbeat's age and runs, the leases (who owns which
+Replicas with their heartbeat's age and run slots held, the leases (who owns which
 conversation, and until when), the runs marked running, and the inbox's lag
 (pending messages, and the oldest one's age). Read-only, from any machine
 that reaches the database; a single chatbridge shows its runs and inbox.
@@ -52,7 +52,8 @@ async def _cluster_lines(leases: Leases, settings: Settings) -> list[str]:
         if r.draining:
             state += ", draining"
         lines.append(
-            f"  {r.id}  {state}  host {r.host} pid {r.pid}  runs {r.runs}/{r.capacity}"
+            # A run waiting for a person lent its slot: it is not among those held.
+            f"  {r.id}  {state}  host {r.host} pid {r.pid}  slots held {r.runs}/{r.capacity}"
             f"  heartbeat {age:.1f}s ago  up {now - r.started_at:.0f}s"
         )
     held = await leases.leases()

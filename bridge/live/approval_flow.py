@@ -118,6 +118,9 @@ class ApprovalFlow:
     """Whether this process runs ``room``'s conversation (with replicas, its owner does)."""
     forward: Callable[[ApprovalAction, RoomKey], Awaitable[None]] | None = None
     """Hands an action on another replica's request to that replica."""
+    hand_over: Callable[[Approval], Awaitable[None]] | None = None
+    """Hands a decision taken here (the web console) on another replica's request to
+    that replica, which tells claude (:meth:`deliver`)."""
     _posting: set[asyncio.Future[None]] = field(default_factory=set)
     _followups: set[asyncio.Task[None]] = field(default_factory=set)
     """Switches (``!model``, ``!mode``) waiting for claude's answer, and answers waiting
@@ -159,18 +162,9 @@ class ApprovalFlow:
         if approval.state is ApprovalState.PENDING and approval.message_id is None:
             # New (or never posted): the kept rules may decide it.
             approval, _ = await self._by_rule(approval)
-        choice = _CHOICES.get(approval.state)
-        if choice is not None:
+        if approval.state in _CHOICES:
             # Decided before a restart, never received: say it again.
-            told = approval.reason if choice is ApprovalChoice.DENY else ""
-            if approval.state is ApprovalState.EXPIRED:
-                told = timeout_message(approval.expires_at - approval.asked_at)
-            elif choice is ApprovalChoice.DENY:
-                told = deny_text(approval.tool_name, approval.reason)
-            if not await self._answer(approval, choice, told):
-                # Delivered only now: the bridge stopped before showing the outcome too
-                # (a request still showing its buttons would be clicked in vain).
-                await self._show(approval)
+            await self._tell_decided(approval)
             return
         if approval.state is not ApprovalState.PENDING:
             return
@@ -209,6 +203,28 @@ class ApprovalFlow:
         finally:
             self._posting.discard(posting)
             posting.set_result(None)
+
+    async def _tell_decided(self, approval: Approval) -> None:
+        """Tell claude the recorded decision of ``approval`` (nothing if it has it)."""
+        choice = _CHOICES[approval.state]
+        told = ""
+        if approval.state is ApprovalState.EXPIRED:
+            told = timeout_message(approval.expires_at - approval.asked_at)
+        elif choice is ApprovalChoice.DENY:
+            told = deny_text(approval.tool_name, approval.reason)
+        note = await self._answer(approval, choice, told)
+        if not note or QUEUED in note:
+            # Delivered only now (or once the run holds a slot again): the bridge
+            # stopped before showing the outcome too (a request still showing its
+            # buttons would be clicked in vain).
+            await self._show(approval)
+
+    async def deliver(self, room: RoomKey, number: int) -> None:
+        """Another replica recorded the decision of request ``number`` of ``room``, a
+        request of a run here: claude hears it from here (:attr:`hand_over`)."""
+        approval = await self.store.approval_by_number(room, number)
+        if approval is not None and approval.state in _CHOICES:
+            await self._tell_decided(approval)
 
     async def _by_rule(self, approval: Approval) -> tuple[Approval, bool]:
         """Decide a pending request by the first kept rule that covers it: the request as
@@ -389,6 +405,9 @@ class ApprovalFlow:
 
     async def withdrawn(self, room: RoomKey, run_id: RunId, request_id: str) -> None:
         """claude withdrew a request (an interrupt while it asked): nobody answers it now."""
+        # claude works on at once (the interrupt's next turn), answered or not: its run
+        # holds a slot from now, whether it lent its slot or an answer waited for one.
+        self.runs.went_on(room, run_id)
         try:
             cancelled = await self.store.cancel_approvals(
                 run_id, WITHDRAWN, self.wall_clock(), (request_id,)
@@ -398,9 +417,6 @@ class ApprovalFlow:
             return
         for approval in cancelled:
             await self._show(approval)
-        if cancelled:
-            # claude goes on (the interrupt's next turn): it holds a slot again when one frees.
-            self.runs.reclaim(room, run_id)
 
     # -- from the room --
 
@@ -493,6 +509,11 @@ class ApprovalFlow:
         *,
         shown: str = "",
     ) -> str:
+        if not self.owns(approval.room) and self.hand_over is not None:
+            # Taken here (the web console), for a run another replica runs: that one
+            # tells claude and shows the outcome on the request.
+            await self.hand_over(approval)
+            return ""
         note = await self._answer(approval, choice, reason)
         await self._show(approval, shown)
         return note
@@ -576,7 +597,10 @@ class ApprovalFlow:
             # The input as shown (and recorded), and nothing more: claude's permission
             # suggestions (rules for its settings files, a mode) are never sent back.
             decision = Allow(shown)
-        waiting = self.runs.reclaim(approval.room, approval.run_id)
+        # Only an answer claude waits for lets it go on: one it has (a replay) or a
+        # request it withdrew takes no slot back (a run lent for another stays so).
+        waits = any(asked.request_id == approval.request_id for asked in control.pending)
+        waiting = self.runs.reclaim(approval.room, approval.run_id) if waits else None
         if waiting is not None:
             # The run lent its slot while it waited and none is free now: claude hears
             # the answer once the run holds one again (before any new run starts).

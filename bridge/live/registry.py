@@ -61,6 +61,13 @@ class LiveRuns:
         reclaim = bound.slot.reclaim()
         return None if reclaim.resumed.done() else reclaim
 
+    def went_on(self, room: RoomKey, run_id: RunId) -> None:
+        """claude works on without an answer (it withdrew its request): the run holds a
+        run slot again at once."""
+        bound = self._rooms.get(room)
+        if bound is not None and bound.run_id == run_id and bound.slot is not None:
+            bound.slot.went_on()
+
     def _bound(self, room: RoomKey, run_id: RunId | None) -> _Bound | None:
         """The room's bound run, if it is ``run_id`` (any run, when None)."""
         bound = self._rooms.get(room)

@@ -59,6 +59,12 @@ class RunEvents(RunEndings):
         """claude runs: only now the room is shown that it does, once the registry
         (which takes claude's pid too) can find the run again after a restart."""
         slot = live.dispatched.slot if live.dispatched is not None else None
+        cluster = self.settings.cluster
+        if cluster.enabled and cluster.max_concurrent_runs is not None:
+            # The cluster cap counts runs waiting for a person: a slot lent would go to
+            # a run that then waits for the cluster's, holding it, while the answered
+            # run waits for it back (docs/live-runs.md, "Waiting runs and the run slots").
+            slot = None
         self.live_runs.bind(run.batch.room, run.id, live.control, slot)
         live.supervisor = supervisor
         live.feed(ClaudeSpawned())

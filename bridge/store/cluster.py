@@ -64,6 +64,7 @@ class Replica:
     started_at: float
     heartbeat_at: float
     runs: int
+    """Its runs holding a run slot (a run waiting for a person lent its own)."""
     capacity: int
     draining: bool
     state_dir: str | None = None

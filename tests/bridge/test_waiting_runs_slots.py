@@ -5,11 +5,13 @@ run slots")."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 from bridge.config import Settings, load_settings
 from bridge.core.model import ReplyKind
 from bridge.core.transport import Accepted, ApprovalChoice
+from bridge.store.base import ApprovalDecision, ApprovalState
 from dispatcher.lending import SlotLease
 from tests.bridge.approval_posts import RUN, Bound
 from tests.bridge.chat_room import GUARD_S, ChatRoom, serving
@@ -27,12 +29,12 @@ def said(chat: ChatRoom, text: str, thread: str) -> bool:
     return any(text in r.text and r.thread == thread for r in chat.replies)
 
 
-def one_slot(tmp_path: Path, env: dict[str, str]) -> Settings:
+def one_slot(tmp_path: Path, env: dict[str, str], **defaults: str) -> Settings:
     """One run slot; each thread a conversation; every tool use asked."""
     config = {
         "dispatcher": AT_ONCE,
         "runner": {"max_concurrent_runs": 1, "prestart": False},
-        "defaults": {"conversation": "thread", "approve_tools": True},
+        "defaults": {"conversation": "thread", "approve_tools": True, **defaults},
     }
     return load_settings(write_config(tmp_path, config, env=env))
 
@@ -104,3 +106,82 @@ async def test_a_click_whose_answer_waits_for_a_slot_tells_the_person_and_claude
         while not bound.answers():
             await asyncio.sleep(0)
     assert bound.answers() == [{"behavior": "allow", "updatedInput": {"command": "ls"}}]
+
+
+async def test_a_run_whose_request_claude_withdrew_holds_a_slot_as_it_goes_on(
+    tmp_path: Path,
+) -> None:
+    """An interrupt while a's run waits for a person: claude withdraws the request and
+    works on the new message at once. Was: the run stayed lent and queued for a slot
+    nothing waited for, so it worked uncounted beside b (two claudes on one slot, and
+    a third room could start), and ``!status`` said it had been answered and waited."""
+    gate = tmp_path / "go"
+    env = {**ECHO, "FAKE_CLAUDE_TOOL_WAIT_FOR": str(gate), "FAKE_CLAUDE_TOOL_TURNS": "1"}
+    async with serving(one_slot(tmp_path, env, during_run="interrupt")) as (service, chat):
+        await a_waits_for_approval(chat)
+        await chat.say("job b", thread="b")  # runs in a's lent slot; its tool waits for go
+        await chat.wait_until(lambda: service.dispatcher.active_runs == 2)
+        await chat.say("rather this", thread="a")  # claude withdraws #1 and goes on
+        await chat.wait_until(lambda: ("a", "rather this") in results(chat))
+        # a's claude works (it answered): it holds a slot, beyond the one if need be.
+        assert service.dispatcher.lent_runs == 0
+        await chat.say("!status", thread="a")
+        await chat.wait_until(lambda: said(chat, "Waiting:", "a"))
+        assert not said(chat, "It was answered", "a")
+        gate.touch()
+        await chat.wait_until(lambda: ("b", "job b") in results(chat))
+
+
+async def test_an_answer_found_undelivered_at_a_replay_that_waits_for_a_slot_is_shown(
+    tmp_path: Path,
+) -> None:
+    """Decided before a restart, never received by claude; on the replay its run lent
+    its slot (another request of it waits) and none is free: the answer waits, and
+    the request's message shows it as taken. Was: shown only when claude heard it at
+    once, so the message kept its actions, clicked in vain."""
+    closed: list[tuple[object, ...]] = []
+    bound = Bound(tmp_path)
+
+    async def close_approval(*args: object) -> None:
+        closed.append(args)
+
+    bound.told.close_approval = close_approval  # type: ignore[method-assign]
+    await bound.asks(bound.asked)  # posted
+    approval = await bound.store.approval_by_number(bound.key, 1)
+    assert approval is not None
+    assert await bound.store.decide_approval(
+        approval, ApprovalDecision(ApprovalState.ALLOWED, bound.user, 1.0, "")
+    )  # ... and the bridge stopped there
+    # The restart: the run reattached, lent, and every slot busy (one reclaimer ahead).
+    bound.runs.bind(bound.key, RUN, bound.control, SlotLease(lambda: None, lambda: 1))
+    closed.clear()
+    await bound.asks(bound.asked)
+    assert bound.answers() == []  # claude waits for the run's slot
+    assert len(closed) == 1
+    assert "allowed" in str(closed[0]).lower()
+
+
+async def test_an_answer_claude_already_has_takes_no_slot_back(tmp_path: Path) -> None:
+    """A replay meets a request claude was answered before the restart, while its run
+    lent its slot (another request of it waits): claude goes on with nothing new, so
+    the run stays lent. Was: it reclaimed, queued ahead of every new run, and held a
+    slot while it still waited for a person."""
+    reclaims: list[bool] = []
+
+    def reclaim() -> int | None:
+        reclaims.append(True)
+        return 1
+
+    bound = Bound(tmp_path)
+    await bound.asks(bound.asked)
+    approval = await bound.store.approval_by_number(bound.key, 1)
+    assert approval is not None
+    decision = ApprovalDecision(ApprovalState.ALLOWED, bound.user, 1.0, "")
+    assert await bound.store.decide_approval(approval, decision)
+    # The earlier bridge's answer, as the journal shows it to the reattached run.
+    answer = {"type": "control_response", "response": {"request_id": "r1", "response": {}}}
+    bound.control.note_in(json.dumps(answer).encode())
+    bound.runs.bind(bound.key, RUN, bound.control, SlotLease(lambda: None, reclaim))
+    await bound.asks(bound.asked)
+    assert reclaims == []
+    assert bound.answers() == []

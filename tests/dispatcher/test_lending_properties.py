@@ -2,12 +2,14 @@
 
 A hypothesis state machine submits messages to several rooms, moves time (so
 batches become due and runs start), begins the granted runs, has begun runs
-lend their slot and reclaim it, finishes and stops runs (a stop, a timeout's
-answer or a takeover all end in :meth:`Scheduler.run_finished`), and drains.
+lend their slot and reclaim it, go on without an answer (claude withdrew its
+request: the run holds a slot at once, beyond the cap if need be), finishes
+and stops runs (a stop, a timeout's answer or a takeover all end in
+:meth:`Scheduler.run_finished`), and drains.
 After every step it checks:
 
-- never more runs holding a slot (begun or granted, not lent) than the cap,
-  and never two runs in one room;
+- no grant (a new run, a reclaimer resumed) while the runs holding a slot (begun
+  or granted, not lent) are at the cap, and never two runs in one room;
 - no slot lost or doubled: the pool's holders and lenders are exactly the
   model's, and a free slot means nobody reclaims;
 - reclaimers are given slots first-come and ahead of new runs: within a step,
@@ -60,10 +62,16 @@ class Lending(RuleBasedStateMachine):
         self.scheduler = Scheduler(limits, max_prestarts=min(prestarts, cap))
         self.apply(self.scheduler.set_capacity(cap, self.now))
 
+    def held(self) -> int:
+        return sum(1 for s in self.runs.values() if s == HELD)
+
     def apply(self, actions: list[Action]) -> None:
         waited = list(self.queue)
         started = False
         for action in actions:
+            if isinstance(action, StartRun | Reclaimed):
+                # (Once draining, reclaimers hold again at once: the going runs finish.)
+                assert self.draining or self.held() < self.cap, "a slot granted beyond the cap"
             match action:
                 case StartRun(batch):
                     self.prestarts.discard(batch.room)  # taken by its run
@@ -131,6 +139,17 @@ class Lending(RuleBasedStateMachine):
             self.queue.append(key)
             self.runs[key] = RECLAIMING
 
+    @precondition(lambda self: any(s != HELD for s in self.runs.values()))
+    @rule(data=st.data())
+    def went_on(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sorted(k for k, s in self.runs.items() if s != HELD)))
+        reclaiming = self.runs[key] == RECLAIMING
+        actions = self.scheduler.went_on(key)
+        assert actions == ([Reclaimed(key)] if reclaiming else []), actions
+        if reclaiming:
+            self.queue.remove(key)
+        self.runs[key] = HELD
+
     @precondition(lambda self: bool(self.begun))
     @rule(data=st.data(), stop=st.booleans())
     def finish(self, data: st.DataObject, stop: bool) -> None:
@@ -161,15 +180,14 @@ class Lending(RuleBasedStateMachine):
 
     @invariant()
     def slots_add_up(self) -> None:
-        held = sum(1 for s in self.runs.values() if s == HELD)
+        held = self.held()
         lent = len(self.runs) - held
-        assert held <= self.cap
         assert self.scheduler._slots.in_use == held
         assert self.scheduler.lent_runs == lent
         assert self.scheduler.active_runs == len(self.runs)
         assert self.scheduler._slots.reclaiming == self.queue
         if self.queue:
-            assert held == self.cap, "a reclaimer waits beside a free slot"
+            assert held >= self.cap, "a reclaimer waits beside a free slot"
             # As for a room waiting: the others' prestarts gave way.
             waiting = {k for k in self.prestarts if self.scheduler._slots.is_waiting(k)}
             assert self.prestarts == waiting
