@@ -431,9 +431,9 @@ class _Run:
         self._supervised = supervised
         self._control = control
         self._final = False
+        """The end rule held (a result after every message was taken): the answer is in."""
         self._bound = False
         """The control was bound (see :meth:`_bind`)."""
-        """The end rule held (a result after every message was taken): the answer is in."""
         self._results = asyncio.Event()
         """Set at each result (the stop waits for the one its interrupt causes)."""
         self._on_event = on_event

@@ -57,7 +57,14 @@ class RunStart:
         the room can run before it.
         """
         delays = iter(self.start_retry_delays_s)
-        told = full_told = False
+        told: set[str] = set()
+
+        async def tell_once(text: str) -> None:
+            """Say why the run waits, once per reason however long it retries."""
+            if text not in told:
+                told.add(text)
+                await self.notices.say(batch.room, text, about=batch)
+
         while True:
             try:
                 await self.store.start_run(run_id, batch, started, self.fence_of(batch.room))
@@ -68,13 +75,9 @@ class RunStart:
                 return False
             except ClusterFull:
                 # Not a failure: the batch keeps its place until a run ends somewhere.
-                if not full_told:
-                    full_told = True
-                    await self.notices.say(
-                        batch.room,
-                        "Every run slot of the cluster is busy; this run starts when one frees.",
-                        about=batch,
-                    )
+                await tell_once(
+                    "Every run slot of the cluster is busy; this run starts when one frees."
+                )
                 await asyncio.sleep(CLUSTER_FULL_RETRY_S)
                 continue
             except StoreError:
@@ -84,13 +87,7 @@ class RunStart:
                 log.warning("could not record the start of a run; trying again in %gs", delay)
             else:
                 return True
-            if not told:
-                told = True
-                await self.notices.say(
-                    batch.room,
-                    "The database is failing; the run starts as soon as it answers again.",
-                    about=batch,
-                )
+            await tell_once("The database is failing; the run starts as soon as it answers again.")
             await asyncio.sleep(delay)
         # Nothing was recorded: the messages are still pending in the store and
         # run at the next start, in the order they were accepted.

@@ -15,15 +15,12 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
-
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
+from typing import Any, Generic, TypeVar
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-E = TypeVar("E", bound="DataclassInstance")
+E = TypeVar("E", bound="KeptEvent")
 
 
 def _write_private(path: Path, data: str) -> None:
@@ -153,20 +150,27 @@ class _EventsFile(Generic[E]):
 
 
 @dataclass(slots=True)
-class Undecryptable:
-    """An encrypted event the bridge could not read yet, kept until its key arrives."""
+class KeptEvent:
+    """A room's event kept in a file until it can be handed over."""
 
     room_id: str
     source: dict[str, Any]
-    """The event as the server sent it (still encrypted)."""
-    first_seen: float
-    """Wall-clock time it was first seen (survives restarts)."""
-    noticed: bool = False
-    """The room was told it could not be read."""
+    """The event's JSON (what it holds: see each kind)."""
 
     @property
     def event_id(self) -> str:
         return str(self.source.get("event_id", ""))
+
+
+@dataclass(slots=True)
+class Undecryptable(KeptEvent):
+    """An encrypted event the bridge could not read yet, kept until its key arrives;
+    ``source`` is the event as the server sent it (still encrypted)."""
+
+    first_seen: float
+    """Wall-clock time it was first seen (survives restarts)."""
+    noticed: bool = False
+    """The room was told it could not be read."""
 
 
 def _undecryptable(item: Any) -> Undecryptable:
@@ -187,12 +191,10 @@ class UndecryptableFile(_EventsFile[Undecryptable]):
 
 
 @dataclass(slots=True)
-class SetAside:
-    """A readable event the service failed to take several times in a row."""
+class SetAside(KeptEvent):
+    """A readable event the service failed to take several times in a row; ``source`` is
+    the event as readable JSON (decrypted, if it came encrypted)."""
 
-    room_id: str
-    source: dict[str, Any]
-    """The event as readable JSON (decrypted, if it came encrypted)."""
     decrypted: bool
     """It came encrypted: ``source`` is the decrypted payload nio parsed."""
     first_failed: float
@@ -201,10 +203,6 @@ class SetAside:
     """Wall-clock time of the next attempt."""
     problem: str
     """The last error, for the log and a person reading the file."""
-
-    @property
-    def event_id(self) -> str:
-        return str(self.source.get("event_id", ""))
 
 
 def _set_aside(item: Any) -> SetAside:

@@ -19,6 +19,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
@@ -64,25 +65,30 @@ MIN_WAIT_S = 0.1
 """A lookup is not started with less than this to wait: it would rarely finish."""
 
 
+@dataclass(frozen=True, slots=True)
+class CachePolicy:
+    """How many names are kept, for how long, and how long one lookup may wait."""
+
+    size: int = 1024
+    ttl_s: float = 3600.0
+    failure_ttl_s: float = 60.0
+    """A failed (or cut short) lookup is not tried again for this long."""
+    timeout_s: float = 1.0
+
+
 class DisplayNames:
     """A bounded, expiring cache in front of a name lookup."""
 
     def __init__(
         self,
         lookup: Lookup,
+        policy: CachePolicy = CachePolicy(),
         *,
-        size: int = 1024,
-        ttl_s: float = 3600.0,
-        failure_ttl_s: float = 60.0,
-        timeout_s: float = 1.0,
         budget: WaitBudget | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._lookup = lookup
-        self._size = size
-        self._ttl = ttl_s
-        self._failure_ttl = failure_ttl_s
-        self._timeout = timeout_s
+        self._policy = policy
         self._budget = budget or WaitBudget()
         self._clock = clock
         self._cache: OrderedDict[str, tuple[str | None, float]] = OrderedDict()
@@ -118,11 +124,11 @@ class DisplayNames:
     def _store(self, user: str, name: str | None, expiry: float) -> None:
         self._cache[user] = (name, expiry)
         self._cache.move_to_end(user)
-        while len(self._cache) > self._size:
+        while len(self._cache) > self._policy.size:
             self._cache.popitem(last=False)
 
     async def _look_up(self, users: list[str]) -> None:
-        granted = self._budget.take(self._timeout)
+        granted = self._budget.take(self._policy.timeout_s)
         if granted < MIN_WAIT_S:
             self._budget.give_back(granted)
             self.skipped += 1
@@ -135,10 +141,11 @@ class DisplayNames:
             found = await asyncio.gather(*(self._fetch(u, granted) for u in users))
         finally:
             self._budget.give_back(granted - (loop.time() - started))
+        policy = self._policy
         for user, name in zip(users, found, strict=True):
             # A lookup cut short counts as a failure too: a slow Slack is
             # not asked again for every message.
-            expiry = self._clock() + (self._ttl if name is not None else self._failure_ttl)
+            expiry = self._clock() + (policy.ttl_s if name is not None else policy.failure_ttl_s)
             self._store(user, name, expiry)
 
     async def _fetch(self, user: str, wait_s: float) -> str | None:

@@ -48,6 +48,7 @@ from transports.slack.approvals import approval_fits, closed_blocks, fitted, req
 from transports.slack.files import STUB_PREFIX, attachments, download, may_have_token
 from transports.slack.inbound import SLACK
 from transports.slack.mrkdwn import to_mrkdwn
+from transports.slack.settings import SlackSettings
 from transports.slack.web import AUTH_ERRORS, error_code, retry_after_seconds
 from transports.text import split_markdown
 
@@ -117,6 +118,10 @@ _MIN_PIECE = 40
 """No piece is split below this; five-fold escaping of it still fits any limit (>= 200)."""
 LOOKUP_PAGES = 5
 """Pages of history searched for parts of an unsure delivery (the residual window)."""
+REMEMBERED_PHASES = 2048
+"""Messages whose last phase reaction is remembered (to be removed at the next phase)."""
+REMEMBERED_DELIVERIES = 4096
+"""Delivery keys remembered as tried in this process."""
 
 
 class OutcomeUnknown(TransportError):
@@ -172,24 +177,18 @@ class SlackOutbound(Outbound):
         self,
         client: AsyncWebClient,
         rooms: Mapping[RoomId, RoomBinding],
-        *,
-        message_limit: int,
-        upload_threshold: int,
-        remembered_phases: int = 2048,
-        remembered_deliveries: int = 4096,
-        assistant: bool = False,
+        settings: SlackSettings,
     ) -> None:
+        """``settings``: the message limit, the upload threshold and ``assistant``."""
         self._client = client
-        self._assistant = assistant
         self._rooms = rooms
-        self._limit = message_limit
-        self._upload_threshold = upload_threshold
+        self._settings = settings
+        self._assistant = settings.assistant
+        """Status lines for phases; turned off for good once Slack refuses one."""
         self._phases: OrderedDict[tuple[str, str], RunPhase] = OrderedDict()
-        self._remembered = remembered_phases
         # key -> True when every earlier attempt in this process ended in a
         # known outcome; False when one may have posted without our knowing.
         self._tried: OrderedDict[str, bool] = OrderedDict()
-        self._remembered_deliveries = remembered_deliveries
         self.lookups = 0
         """History lookups made for unsure deliveries (a test hook and a metric)."""
 
@@ -204,11 +203,8 @@ class SlackOutbound(Outbound):
 
     def parts(self, reply: Reply) -> list[_Part]:
         """How ``reply`` is sent: the same parts on every attempt (deterministic)."""
-        if (
-            reply.kind is ReplyKind.RESULT
-            and self._upload_threshold
-            and len(reply.text) > self._upload_threshold
-        ):
+        threshold = self._settings.upload_threshold
+        if reply.kind is ReplyKind.RESULT and threshold and len(reply.text) > threshold:
             return [_Part(reply.text, upload=True)]
         return [_Part(chunk) for chunk in self._chunks(reply.text)]
 
@@ -219,15 +215,16 @@ class SlackOutbound(Outbound):
         a piece is measured as sent; one that does not fit is split again,
         smaller by the growth it showed. Deterministic, like the split itself.
         """
-        pending = split_markdown(text, self._limit)
+        limit = self._settings.message_limit
+        pending = split_markdown(text, limit)
         chunks: list[str] = []
         while pending:
             chunk = pending.pop(0)
             sent = len(to_mrkdwn(chunk))
-            if sent <= self._limit or len(chunk) <= _MIN_PIECE:
+            if sent <= limit or len(chunk) <= _MIN_PIECE:
                 chunks.append(chunk)
                 continue
-            smaller = max(_MIN_PIECE, min(len(chunk) - 1, len(chunk) * self._limit // sent))
+            smaller = max(_MIN_PIECE, min(len(chunk) - 1, len(chunk) * limit // sent))
             pending[:0] = split_markdown(chunk, smaller)
         return chunks
 
@@ -285,7 +282,7 @@ class SlackOutbound(Outbound):
     def _tried_with(self, key: str, known: bool) -> None:
         self._tried[key] = known
         self._tried.move_to_end(key)
-        while len(self._tried) > self._remembered_deliveries:
+        while len(self._tried) > REMEMBERED_DELIVERIES:
             self._tried.popitem(last=False)
 
     async def _send_part(
@@ -466,7 +463,7 @@ class SlackOutbound(Outbound):
             await self._react("reactions.add", room.room_id, ts, name)
             self._phases[key] = phase
             self._phases.move_to_end(key)
-            while len(self._phases) > self._remembered:
+            while len(self._phases) > REMEMBERED_PHASES:
                 self._phases.popitem(last=False)
 
     async def _status(self, room: RoomKey, phase: RunPhase) -> bool:

@@ -152,13 +152,7 @@ class SlackTransport(Transport):
         self._client = web_client(settings.bot_token.get_secret_value(), settings.api_url)
         self.names = DisplayNames(self._display_name)
         """Display names of mentioned users (cached ``users.info``)."""
-        self.outbound = SlackOutbound(
-            self._client,
-            self._rooms,
-            message_limit=settings.message_limit,
-            upload_threshold=settings.upload_threshold,
-            assistant=settings.assistant,
-        )
+        self.outbound = SlackOutbound(self._client, self._rooms, settings)
         self._recent = RecentKeys()
         self._socket: SocketModeConnection | None = None
         self._listening = False

@@ -8,6 +8,7 @@ from bridge.core.model import ExternalMessageId, RoomId, RoomKey, TransportName
 from bridge.core.transport import RoomBinding, RunPhase
 from tests.transports.slack.fake_slack import fake_slack
 from transports.slack.outbound import SlackOutbound
+from transports.slack.settings import SlackSettings
 from transports.slack.web import web_client
 
 THREAD = RoomKey(TransportName("slack"), RoomId("D0ALICE"), "1700000000.000100")
@@ -16,13 +17,15 @@ MESSAGE = (ExternalMessageId("1700000001.000200"),)
 
 def outbound(api_url: str, *, assistant: bool) -> SlackOutbound:
     rooms = {RoomId("D0ALICE"): RoomBinding(RoomId("D0ALICE"))}
-    return SlackOutbound(
-        web_client("xoxb-test", api_url),
-        rooms,
+    settings = SlackSettings(
+        bot_token="xoxb-test",
+        app_token="xapp-test",
+        api_url=api_url,
         message_limit=4000,
         upload_threshold=12000,
         assistant=assistant,
     )
+    return SlackOutbound(web_client("xoxb-test", api_url), rooms, settings)
 
 
 async def test_an_assistant_thread_shows_its_phases_in_its_status_line_not_reactions() -> None:

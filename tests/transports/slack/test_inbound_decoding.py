@@ -13,7 +13,7 @@ from tests.transports.slack.events import event
 from transports.slack.decode import decode, mentioned_users, strip_leading_mention
 from transports.slack.files import may_have_token
 from transports.slack.inbound import dedup_key, to_event
-from transports.slack.names import DisplayNames, WaitBudget
+from transports.slack.names import CachePolicy, DisplayNames, WaitBudget
 
 BOT = "U0BOT"
 ROOMS = frozenset({"C1"})
@@ -202,7 +202,9 @@ class Lookup:
 async def test_display_names_are_cached_bounded_and_failures_cost_only_the_name() -> None:
     now = [0.0]
     lookup = Lookup({"U1": "One", "U2": "Two", "U3": "Three"})
-    names = DisplayNames(lookup, size=2, ttl_s=100, failure_ttl_s=10, clock=lambda: now[0])
+    names = DisplayNames(
+        lookup, CachePolicy(size=2, ttl_s=100, failure_ttl_s=10), clock=lambda: now[0]
+    )
     assert await names.resolve(["U1", "U2", "U1"]) == {"U1": "One", "U2": "Two"}
     assert await names.resolve(["U1"]) == {"U1": "One"}
     assert lookup.asked == ["U1", "U2"]
