@@ -17,6 +17,10 @@ from typing import TypeVar
 from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
+from bridge.core.model import Message, RoomKey
+from bridge.store.base import Approval
+from bridge.store.keys import stored_id
+from bridge.store.sql.rows import to_approval, to_message
 from bridge.store.tables import (
     ApprovalRow,
     AuditRow,
@@ -53,18 +57,6 @@ class RunView:
 
 
 @dataclass(frozen=True, slots=True)
-class MessageView:
-    id: int
-    conversation: str
-    sender: str
-    sender_name: str | None
-    text: str
-    received_at: float
-    state: str
-    thread: str | None
-
-
-@dataclass(frozen=True, slots=True)
 class AuditView:
     id: int
     at: float
@@ -87,7 +79,7 @@ class AnswerView:
 @dataclass(frozen=True, slots=True)
 class RunDetail:
     run: RunView
-    messages: list[MessageView]
+    messages: list[Message]
     answers: list[AnswerView]
     audit: list[AuditView]
 
@@ -98,22 +90,8 @@ class Waiting:
 
     conversation: str
     run: RunView | None = None
-    queued: list[MessageView] = field(default_factory=list)
-    requests: list[ApprovalView] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
-class ApprovalView:
-    id: int
-    conversation: str
-    transport: str
-    room_id: str
-    number: int
-    run_id: str
-    tool_name: str
-    input_json: str
-    asked_at: float
-    expires_at: float
+    queued: list[Message] = field(default_factory=list)
+    requests: list[Approval] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +125,11 @@ def conversation_of(transport: str, room_id: str) -> str:
     return f"{transport}:{room_id}"
 
 
+def conversation_name(room: RoomKey) -> str:
+    """``room`` as the console names it: :func:`conversation_of` its row's columns."""
+    return conversation_of(room.transport, stored_id(room))
+
+
 def _split(conversation: str) -> tuple[str, str] | None:
     transport, sep, room_id = conversation.partition(":")
     return (transport, room_id) if sep and transport and room_id else None
@@ -173,34 +156,6 @@ def _run_view(row: RunRow, batch: Sequence[MessageRow]) -> RunView:
         error_excerpt=row.error_excerpt or "",
         senders=tuple(dict.fromkeys(m.sender for m in batch)),
         prompt=batch[0].text if batch else "",
-    )
-
-
-def _message_view(row: MessageRow) -> MessageView:
-    return MessageView(
-        id=row.id,
-        conversation=conversation_of(row.transport, row.room_id),
-        sender=row.sender,
-        sender_name=row.sender_name,
-        text=row.text,
-        received_at=row.received_at,
-        state=row.state,
-        thread=row.thread,
-    )
-
-
-def _approval_view(row: ApprovalRow) -> ApprovalView:
-    return ApprovalView(
-        id=row.id,
-        conversation=conversation_of(row.transport, row.room_id),
-        transport=row.transport,
-        room_id=row.room_id,
-        number=row.number,
-        run_id=row.run_id,
-        tool_name=row.tool_name,
-        input_json=row.input_json,
-        asked_at=row.asked_at,
-        expires_at=row.expires_at,
     )
 
 
@@ -279,7 +234,7 @@ class Reads:
             )
             return RunDetail(
                 run=_run_view(row, batch),
-                messages=[_message_view(m) for m in batch],
+                messages=[to_message(m) for m in batch],
                 answers=[AnswerView(a.text, a.kind, a.state, a.created) for a in answers],
                 audit=[_audit_view(a) for a in audit],
             )
@@ -316,20 +271,20 @@ class Reads:
                 slot(view.conversation).requests,
             )
         for m in pending:
-            slot(conversation_of(m.transport, m.room_id)).queued.append(_message_view(m))
+            slot(conversation_of(m.transport, m.room_id)).queued.append(to_message(m))
         for a in asks:
-            slot(conversation_of(a.transport, a.room_id)).requests.append(_approval_view(a))
+            slot(conversation_of(a.transport, a.room_id)).requests.append(to_approval(a))
         return list(found.values())
 
-    async def approvals(self) -> list[ApprovalView]:
+    async def approvals(self) -> list[Approval]:
         rows = await self._scalars(
             select(ApprovalRow).where(ApprovalRow.state == "pending").order_by(ApprovalRow.id)
         )
-        return [_approval_view(r) for r in rows]
+        return [to_approval(r) for r in rows]
 
-    async def approval(self, approval_id: int) -> ApprovalView | None:
+    async def approval(self, approval_id: int) -> Approval | None:
         rows = await self._scalars(select(ApprovalRow).where(ApprovalRow.id == approval_id))
-        return _approval_view(rows[0]) if rows else None
+        return to_approval(rows[0]) if rows else None
 
     async def spend(self, days: int, now: float | None = None) -> list[SpendDay]:
         """Spending per UTC day, oldest first, over the last ``days`` days; each room's share."""
