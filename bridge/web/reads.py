@@ -17,10 +17,10 @@ from typing import TypeVar
 from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from bridge.core.model import Message, RoomKey
-from bridge.store.base import Approval
+from bridge.core.model import Message, MessageId, RoomKey, RunReport
+from bridge.store.base import Approval, RunRecord
 from bridge.store.keys import stored_id
-from bridge.store.sql.rows import to_approval, to_message
+from bridge.store.sql.rows import to_approval, to_message, to_run_record
 from bridge.store.tables import (
     ApprovalRow,
     AuditRow,
@@ -37,23 +37,27 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class RunView:
-    id: str
+    """A run as the store keeps it, with its place in the list (``seq``) and its batch:
+    the senders (each once) and the first message as the prompt."""
+
+    record: RunRecord
     seq: int
-    conversation: str
-    status: str
-    started_at: float
-    ended_at: float | None
-    cost_usd: float | None
-    num_turns: int | None
-    replica: str | None
-    result_excerpt: str
-    error_excerpt: str
     senders: tuple[str, ...] = ()
     prompt: str = ""
 
     @property
+    def conversation(self) -> str:
+        return conversation_name(self.record.room)
+
+    @property
+    def report(self) -> RunReport:
+        """How the run ended; nothing yet (no cost, no answer) while it runs."""
+        return self.record.report or RunReport(self.record.status)
+
+    @property
     def duration_s(self) -> float | None:
-        return None if self.ended_at is None else self.ended_at - self.started_at
+        ended = self.record.ended_at
+        return None if ended is None else ended - self.record.started_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,21 +146,9 @@ def _like(text: str) -> str:
 
 def _run_view(row: RunRow, batch: Sequence[MessageRow]) -> RunView:
     """``row`` with its batch's senders (each once) and its first message as the prompt."""
-    return RunView(
-        id=row.id,
-        seq=row.seq,
-        conversation=conversation_of(row.transport, row.room_id),
-        status=row.status,
-        started_at=row.started_at,
-        ended_at=row.ended_at,
-        cost_usd=row.cost_usd,
-        num_turns=row.num_turns,
-        replica=row.replica,
-        result_excerpt=row.result_excerpt or "",
-        error_excerpt=row.error_excerpt or "",
-        senders=tuple(dict.fromkeys(m.sender for m in batch)),
-        prompt=batch[0].text if batch else "",
-    )
+    record = to_run_record(row, tuple(MessageId(m.id) for m in batch))
+    senders = tuple(dict.fromkeys(m.sender for m in batch))
+    return RunView(record, row.seq, senders, batch[0].text if batch else "")
 
 
 async def _rows(conn: AsyncSession, query: Select[T]) -> list[T]:
