@@ -18,9 +18,9 @@ from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from bridge.core.model import Message, MessageId, RoomKey, RunReport
-from bridge.store.base import Approval, RunRecord
+from bridge.store.base import Approval, AuditRecord, RunRecord
 from bridge.store.keys import stored_id
-from bridge.store.sql.rows import to_approval, to_message, to_run_record
+from bridge.store.sql.rows import to_approval, to_audit_record, to_message, to_run_record
 from bridge.store.tables import (
     ApprovalRow,
     AuditRow,
@@ -61,18 +61,6 @@ class RunView:
 
 
 @dataclass(frozen=True, slots=True)
-class AuditView:
-    id: int
-    at: float
-    action: str
-    conversation: str | None
-    actor: str | None
-    message_id: int | None
-    run_id: str | None
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
 class AnswerView:
     text: str
     kind: str
@@ -85,7 +73,7 @@ class RunDetail:
     run: RunView
     messages: list[Message]
     answers: list[AnswerView]
-    audit: list[AuditView]
+    audit: list[AuditRecord]
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +216,7 @@ class Reads:
                 run=_run_view(row, batch),
                 messages=[to_message(m) for m in batch],
                 answers=[AnswerView(a.text, a.kind, a.state, a.created) for a in answers],
-                audit=[_audit_view(a) for a in audit],
+                audit=[to_audit_record(a) for a in audit],
             )
 
     async def waiting(self) -> list[Waiting]:
@@ -300,7 +288,7 @@ class Reads:
             result.append(SpendDay(day, sum(rooms.values()), rooms, count.get(day, 0)))
         return result
 
-    async def audit(self, q: AuditQuery) -> list[AuditView]:
+    async def audit(self, q: AuditQuery) -> list[AuditRecord]:
         query = select(AuditRow).order_by(AuditRow.id.desc()).limit(min(q.limit, 500))
         conditions = []
         if q.before_id is not None:
@@ -315,7 +303,7 @@ class Reads:
             conditions += [AuditRow.transport == where[0], AuditRow.room_id == where[1]]
         if conditions:
             query = query.where(and_(*conditions))
-        return [_audit_view(a) for a in await self._scalars(query)]
+        return [to_audit_record(a) for a in await self._scalars(query)]
 
     async def fingerprint(self) -> tuple[object, ...]:
         """Changes whenever something the pages show changes (new audit rows, answers, runs)."""
@@ -334,19 +322,3 @@ class Reads:
         )
         async with AsyncSession(self.engine) as conn:
             return tuple((await conn.execute(query)).one())
-
-
-def _audit_view(row: AuditRow) -> AuditView:
-    conversation = (
-        conversation_of(row.transport, row.room_id) if row.transport and row.room_id else None
-    )
-    return AuditView(
-        id=row.id,
-        at=row.at,
-        action=row.action,
-        conversation=conversation,
-        actor=row.actor,
-        message_id=row.message_id,
-        run_id=row.run_id,
-        detail=row.detail or "",
-    )
