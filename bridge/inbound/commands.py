@@ -389,14 +389,7 @@ class CommandHandler:
                 await self._status(message)
             case CommandName.RESET:
                 await self.reset_session(room)
-                await self.store.audit(
-                    AuditEntry(
-                        AuditAction.SESSION_RESET,
-                        self.wall_clock(),
-                        room=room,
-                        actor=message.sender,
-                    )
-                )
+                await self._audited(message, AuditAction.SESSION_RESET)
                 text = "The next run starts a new Claude session."
                 note = await self._end_worktree(room)
                 called_off = await self._called_off(room)
@@ -891,18 +884,18 @@ class CommandHandler:
         await self.answer(message, f"{text} {note}".rstrip())
 
     async def _audited(
-        self, message: Message, action: AuditAction, detail: str, *, at: float | None = None
+        self,
+        message: Message,
+        action: AuditAction,
+        detail: str = "",
+        *,
+        at: float | None = None,
+        run_id: RunId | None = None,
     ) -> None:
         """The audit row of what ``message`` asked, in its room (at ``at``, or now)."""
+        when = self.wall_clock() if at is None else at
         await self.store.audit(
-            AuditEntry(
-                action,
-                self.wall_clock() if at is None else at,
-                room=message.room,
-                actor=message.sender,
-                message_id=message.id,
-                detail=detail,
-            )
+            AuditEntry.asked(message, action, when, run_id=run_id, detail=detail)
         )
 
     def _retryable_lines(self, runs: list[RunRecord], now: float) -> list[str]:
@@ -949,15 +942,8 @@ class CommandHandler:
         # Pending in the store now: into the queue before anything else can fail.
         for queued in messages:
             self.dispatcher.submit(queued)
-        await self.store.audit(
-            AuditEntry(
-                AuditAction.RETRY_REQUESTED,
-                self.wall_clock(),
-                room=room,
-                actor=message.sender,
-                run_id=run.id,
-                detail=f"messages={len(messages)}",
-            )
+        await self._audited(
+            message, AuditAction.RETRY_REQUESTED, f"messages={len(messages)}", run_id=run.id
         )
         await self.answer(
             message, f"Retrying {_plural(len(messages), 'message')} of run `{run.id}`."

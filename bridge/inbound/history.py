@@ -164,15 +164,8 @@ class RoomHistory:
         self, message: Message, action: AuditAction, session: SessionId, text: str
     ) -> None:
         """Audit a change to the room's session asked by ``message``, then answer ``text``."""
-        await self.store.audit(
-            AuditEntry(
-                action,
-                self.wall_clock(),
-                room=message.room,
-                actor=message.sender,
-                detail=f"session={session}",
-            )
-        )
+        entry = AuditEntry.asked(message, action, self.wall_clock(), detail=f"session={session}")
+        await self.store.audit(entry)
         await self.answer(message, text)
 
     async def usage(self, message: Message) -> None:

@@ -126,6 +126,19 @@ class AuditEntry:
     run_id: RunId | None = None
     detail: str = ""
 
+    @classmethod
+    def asked(
+        cls,
+        message: Message,
+        action: AuditAction,
+        at: float,
+        *,
+        run_id: RunId | None = None,
+        detail: str = "",
+    ) -> AuditEntry:
+        """The row of what ``message`` asked: in its room, by its sender, naming it."""
+        return cls(action, at, message.room, message.sender, message.id, run_id, detail)
+
     def recorded(self, id: int) -> AuditRecord:
         """This entry as written under ``id``."""
         return AuditRecord(

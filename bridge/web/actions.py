@@ -21,9 +21,7 @@ from bridge.live.approval_desk import ApprovalDesk
 from bridge.live.approvals import Verdict, judge, refusal
 from bridge.live.questions import INTERACTIVE
 from bridge.live.tool_view import render
-from bridge.store.base import ApprovalStore
-from bridge.store.keys import room_key
-from bridge.web.reads import ApprovalView
+from bridge.store.base import Approval, ApprovalStore
 
 
 @dataclass(slots=True)
@@ -32,7 +30,7 @@ class DeskActions:
     desk: ApprovalDesk
     rooms: Callable[[RoomKey], RoomSettings | None]
 
-    def shown(self, approval: ApprovalView) -> str:
+    def shown(self, approval: Approval) -> str:
         """The request whole, as the room is shown it (:mod:`bridge.live.tool_view`): every
         field in full, edits as a diff of the file as it is now."""
         try:
@@ -41,9 +39,8 @@ class DeskActions:
             data = None
         if not isinstance(data, dict):
             return visible(f"{approval.tool_name}\n{approval.input_json}", keep_newlines=True)
-        key = room_key(approval.transport, approval.room_id)
-        settings = self.rooms(key)
-        cwd = None if settings is None else in_worktree(key, settings).cwd
+        settings = self.rooms(approval.room)
+        cwd = None if settings is None else in_worktree(approval.room, settings).cwd
         return render(approval.tool_name, data, cwd).markdown()
 
     async def answer(

@@ -17,6 +17,10 @@ from typing import TypeVar
 from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
+from bridge.core.model import Message, MessageId, RoomKey, RunReport
+from bridge.store.base import Approval, AuditRecord, RunRecord
+from bridge.store.keys import stored_id
+from bridge.store.sql.rows import to_approval, to_audit_record, to_message, to_run_record
 from bridge.store.tables import (
     ApprovalRow,
     AuditRow,
@@ -33,47 +37,27 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class RunView:
-    id: str
+    """A run as the store keeps it, with its place in the list (``seq``) and its batch:
+    the senders (each once) and the first message as the prompt."""
+
+    record: RunRecord
     seq: int
-    conversation: str
-    status: str
-    started_at: float
-    ended_at: float | None
-    cost_usd: float | None
-    num_turns: int | None
-    replica: str | None
-    result_excerpt: str
-    error_excerpt: str
     senders: tuple[str, ...] = ()
     prompt: str = ""
 
     @property
+    def conversation(self) -> str:
+        return conversation_name(self.record.room)
+
+    @property
+    def report(self) -> RunReport:
+        """How the run ended; nothing yet (no cost, no answer) while it runs."""
+        return self.record.report or RunReport(self.record.status)
+
+    @property
     def duration_s(self) -> float | None:
-        return None if self.ended_at is None else self.ended_at - self.started_at
-
-
-@dataclass(frozen=True, slots=True)
-class MessageView:
-    id: int
-    conversation: str
-    sender: str
-    sender_name: str | None
-    text: str
-    received_at: float
-    state: str
-    thread: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class AuditView:
-    id: int
-    at: float
-    action: str
-    conversation: str | None
-    actor: str | None
-    message_id: int | None
-    run_id: str | None
-    detail: str
+        ended = self.record.ended_at
+        return None if ended is None else ended - self.record.started_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +71,9 @@ class AnswerView:
 @dataclass(frozen=True, slots=True)
 class RunDetail:
     run: RunView
-    messages: list[MessageView]
+    messages: list[Message]
     answers: list[AnswerView]
-    audit: list[AuditView]
+    audit: list[AuditRecord]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,22 +82,8 @@ class Waiting:
 
     conversation: str
     run: RunView | None = None
-    queued: list[MessageView] = field(default_factory=list)
-    requests: list[ApprovalView] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
-class ApprovalView:
-    id: int
-    conversation: str
-    transport: str
-    room_id: str
-    number: int
-    run_id: str
-    tool_name: str
-    input_json: str
-    asked_at: float
-    expires_at: float
+    queued: list[Message] = field(default_factory=list)
+    requests: list[Approval] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +117,11 @@ def conversation_of(transport: str, room_id: str) -> str:
     return f"{transport}:{room_id}"
 
 
+def conversation_name(room: RoomKey) -> str:
+    """``room`` as the console names it: :func:`conversation_of` its row's columns."""
+    return conversation_of(room.transport, stored_id(room))
+
+
 def _split(conversation: str) -> tuple[str, str] | None:
     transport, sep, room_id = conversation.partition(":")
     return (transport, room_id) if sep and transport and room_id else None
@@ -159,49 +134,9 @@ def _like(text: str) -> str:
 
 def _run_view(row: RunRow, batch: Sequence[MessageRow]) -> RunView:
     """``row`` with its batch's senders (each once) and its first message as the prompt."""
-    return RunView(
-        id=row.id,
-        seq=row.seq,
-        conversation=conversation_of(row.transport, row.room_id),
-        status=row.status,
-        started_at=row.started_at,
-        ended_at=row.ended_at,
-        cost_usd=row.cost_usd,
-        num_turns=row.num_turns,
-        replica=row.replica,
-        result_excerpt=row.result_excerpt or "",
-        error_excerpt=row.error_excerpt or "",
-        senders=tuple(dict.fromkeys(m.sender for m in batch)),
-        prompt=batch[0].text if batch else "",
-    )
-
-
-def _message_view(row: MessageRow) -> MessageView:
-    return MessageView(
-        id=row.id,
-        conversation=conversation_of(row.transport, row.room_id),
-        sender=row.sender,
-        sender_name=row.sender_name,
-        text=row.text,
-        received_at=row.received_at,
-        state=row.state,
-        thread=row.thread,
-    )
-
-
-def _approval_view(row: ApprovalRow) -> ApprovalView:
-    return ApprovalView(
-        id=row.id,
-        conversation=conversation_of(row.transport, row.room_id),
-        transport=row.transport,
-        room_id=row.room_id,
-        number=row.number,
-        run_id=row.run_id,
-        tool_name=row.tool_name,
-        input_json=row.input_json,
-        asked_at=row.asked_at,
-        expires_at=row.expires_at,
-    )
+    record = to_run_record(row, tuple(MessageId(m.id) for m in batch))
+    senders = tuple(dict.fromkeys(m.sender for m in batch))
+    return RunView(record, row.seq, senders, batch[0].text if batch else "")
 
 
 async def _rows(conn: AsyncSession, query: Select[T]) -> list[T]:
@@ -279,9 +214,9 @@ class Reads:
             )
             return RunDetail(
                 run=_run_view(row, batch),
-                messages=[_message_view(m) for m in batch],
+                messages=[to_message(m) for m in batch],
                 answers=[AnswerView(a.text, a.kind, a.state, a.created) for a in answers],
-                audit=[_audit_view(a) for a in audit],
+                audit=[to_audit_record(a) for a in audit],
             )
 
     async def waiting(self) -> list[Waiting]:
@@ -316,20 +251,20 @@ class Reads:
                 slot(view.conversation).requests,
             )
         for m in pending:
-            slot(conversation_of(m.transport, m.room_id)).queued.append(_message_view(m))
+            slot(conversation_of(m.transport, m.room_id)).queued.append(to_message(m))
         for a in asks:
-            slot(conversation_of(a.transport, a.room_id)).requests.append(_approval_view(a))
+            slot(conversation_of(a.transport, a.room_id)).requests.append(to_approval(a))
         return list(found.values())
 
-    async def approvals(self) -> list[ApprovalView]:
+    async def approvals(self) -> list[Approval]:
         rows = await self._scalars(
             select(ApprovalRow).where(ApprovalRow.state == "pending").order_by(ApprovalRow.id)
         )
-        return [_approval_view(r) for r in rows]
+        return [to_approval(r) for r in rows]
 
-    async def approval(self, approval_id: int) -> ApprovalView | None:
+    async def approval(self, approval_id: int) -> Approval | None:
         rows = await self._scalars(select(ApprovalRow).where(ApprovalRow.id == approval_id))
-        return _approval_view(rows[0]) if rows else None
+        return to_approval(rows[0]) if rows else None
 
     async def spend(self, days: int, now: float | None = None) -> list[SpendDay]:
         """Spending per UTC day, oldest first, over the last ``days`` days; each room's share."""
@@ -353,7 +288,7 @@ class Reads:
             result.append(SpendDay(day, sum(rooms.values()), rooms, count.get(day, 0)))
         return result
 
-    async def audit(self, q: AuditQuery) -> list[AuditView]:
+    async def audit(self, q: AuditQuery) -> list[AuditRecord]:
         query = select(AuditRow).order_by(AuditRow.id.desc()).limit(min(q.limit, 500))
         conditions = []
         if q.before_id is not None:
@@ -368,7 +303,7 @@ class Reads:
             conditions += [AuditRow.transport == where[0], AuditRow.room_id == where[1]]
         if conditions:
             query = query.where(and_(*conditions))
-        return [_audit_view(a) for a in await self._scalars(query)]
+        return [to_audit_record(a) for a in await self._scalars(query)]
 
     async def fingerprint(self) -> tuple[object, ...]:
         """Changes whenever something the pages show changes (new audit rows, answers, runs)."""
@@ -387,19 +322,3 @@ class Reads:
         )
         async with AsyncSession(self.engine) as conn:
             return tuple((await conn.execute(query)).one())
-
-
-def _audit_view(row: AuditRow) -> AuditView:
-    conversation = (
-        conversation_of(row.transport, row.room_id) if row.transport and row.room_id else None
-    )
-    return AuditView(
-        id=row.id,
-        at=row.at,
-        action=row.action,
-        conversation=conversation,
-        actor=row.actor,
-        message_id=row.message_id,
-        run_id=row.run_id,
-        detail=row.detail or "",
-    )

@@ -20,9 +20,9 @@ from aiohttp import web
 from bridge.core.model import RunStatus
 from bridge.core.transport import ApprovalChoice
 from bridge.core.web_server import read_body
-from bridge.store.base import AuditAction
+from bridge.store.base import Approval, AuditAction
 from bridge.web.auth import CALLER, Caller, Gate
-from bridge.web.reads import ApprovalView, AuditQuery, Reads, RunQuery, SpendDay
+from bridge.web.reads import AuditQuery, Reads, RunQuery, SpendDay, conversation_name
 
 NAV = (
     ("", "Now"),
@@ -39,7 +39,7 @@ MAX_FORM_BYTES = 16 * 1024
 class Actions(Protocol):
     """What the console may do besides reading: answer a request as a person of the chat."""
 
-    def shown(self, approval: ApprovalView) -> str:
+    def shown(self, approval: Approval) -> str:
         """The request as the room sees it (the whole input)."""
 
     async def answer(
@@ -79,7 +79,9 @@ def environment() -> jinja2.Environment:
         autoescape=True,
         undefined=jinja2.StrictUndefined,
     )
-    env.filters.update(ago=_ago, utc=_utc, money=_money, seconds=_seconds)
+    env.filters.update(
+        ago=_ago, utc=_utc, money=_money, seconds=_seconds, conversation=conversation_name
+    )
     return env
 
 

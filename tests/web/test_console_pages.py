@@ -33,11 +33,10 @@ from bridge.core.model import (
 from bridge.core.transport import ApprovalChoice
 from bridge.host.http import serve_http
 from bridge.host.http_sockets import bind_http
-from bridge.store.base import ApprovalAsk, AuditAction, AuditEntry, RunEnding
+from bridge.store.base import Approval, ApprovalAsk, AuditAction, AuditEntry, RunEnding
 from bridge.store.sql import SqlStore
 from bridge.web.app import web_app
 from bridge.web.auth import SESSION_COOKIE
-from bridge.web.reads import ApprovalView
 from bridge.web.settings import WebSettings
 from bridge.web.tokens import Signer, load_secret
 
@@ -52,7 +51,7 @@ class Answers:
 
     calls: list[tuple[tuple[str, ...], int, ApprovalChoice, str]] = field(default_factory=list)
 
-    def shown(self, approval: ApprovalView) -> str:
+    def shown(self, approval: Approval) -> str:
         return f"{approval.tool_name}\n{approval.input_json}"
 
     async def answer(
