@@ -39,7 +39,9 @@ async def running_run(tmp_path: Path) -> str:
 
 
 async def test_a_burst_becomes_one_attributed_batch(tmp_path: Path) -> None:
-    out = await run_console(write_config(tmp_path), ["first", "second", "third"])
+    # A window long enough for a loaded machine to read and record three lines in it.
+    window = {"dispatcher": {"coalesce_ms": 2000, "max_wait_ms": 10000}}
+    out = await run_console(write_config(tmp_path, window), ["first", "second", "third"])
     assert out.count("local wrote:") == 3
     assert out.index("first") < out.index("second") < out.index("third")
     assert db_rows(tmp_path, "select count(*) from runs") == [(1,)]
