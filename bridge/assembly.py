@@ -7,6 +7,7 @@ configured chat system, importing its library only then (docs/configuration.md).
 its constructor; nothing is assigned into a part afterwards. Where two parts need each
 other (the dispatcher and the executor; with replicas, the cluster and its role) the part
 built earlier gets a :class:`~bridge.core.late.Late` bound once, here, to the later one.
+:func:`web_console` builds the web console over the parts, when the listener serves it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bridge.automation.schedules import CronSchedules
 from bridge.automation.webhooks import Webhooks
@@ -56,6 +58,9 @@ from bridge.store.cluster import Leases
 from bridge.store.sql import SqlStore
 from dispatcher import Clock, DispatchedRun, Dispatcher, DispatchLimits, DuringRun, RoomStatus
 from runner import Spares, prestart
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 MIN_IDLE_TRANSACTION_S = 2.0
 """Replicas' PostgreSQL sessions idle in a transaction longer than this (or than the
@@ -410,6 +415,38 @@ def build_parts(
         webhooks=webhooks,
         recovery=recovery,
         cluster=cluster,
+    )
+
+
+def web_console(settings: Settings, store: Store, parts: Parts) -> web.Application:
+    """The web console (docs/web.md), on the private listener; aiohttp is imported only now."""
+    from bridge.cluster.status_report import status_text
+    from bridge.web.actions import DeskActions
+    from bridge.web.app import web_app
+    from bridge.web.tokens import Signer, load_secret
+
+    if not isinstance(store, SqlStore):
+        raise StartupError("web.enabled: the web console reads a SQL database")
+
+    def budgets() -> tuple[float | None, dict[str, float]]:
+        rooms = {
+            f"{key.transport}:{key.room_id}": room.daily_budget_usd
+            for key, room in settings.room_settings.items()
+            if room.daily_budget_usd is not None
+        }
+        return settings.budget.daily_usd, rooms
+
+    async def cluster_text() -> str:
+        return await status_text(settings)
+
+    return web_app(
+        settings.web,
+        Signer(load_secret(settings.web_secret_file)),
+        store.engine,
+        DeskActions(store, parts.approvals.desk(), settings.room),
+        activity=parts.executor.live_runs.doing,
+        cluster_text=cluster_text,
+        budgets=budgets,
     )
 
 

@@ -17,7 +17,6 @@ import signal
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from bridge.assembly import (
     Parts,
@@ -27,6 +26,7 @@ from bridge.assembly import (
     http_limits,
     open_store,
     sqlite_file_problem,
+    web_console,
 )
 from bridge.automation.schedules import CronSchedules, WallClock
 from bridge.cluster.replica import Cluster
@@ -54,9 +54,6 @@ from bridge.store.base import Approval, Store, StoreError
 from bridge.store.sql import SqlStore
 from dispatcher import Clock, Dispatcher, EndReason
 from runner import Spares
-
-if TYPE_CHECKING:
-    from aiohttp import web
 
 WEB_PREFIX = "/web"
 """Where the web console is mounted on the private listener (docs/web.md)."""
@@ -183,7 +180,11 @@ class Service:
 
         limits = http_limits(self.settings.http)
         webhooks = self.parts.webhooks if self.settings.webhooks else None
-        mounts = {WEB_PREFIX: self._web_console()} if self.settings.web.enabled else {}
+        mounts = (
+            {WEB_PREFIX: web_console(self.settings, self.store, self.parts)}
+            if self.settings.web.enabled
+            else {}
+        )
         await serve_http(
             sockets,
             self.readiness,
@@ -191,38 +192,6 @@ class Service:
             webhooks=webhooks,
             limits=limits,
             mounts=mounts,
-        )
-
-    def _web_console(self) -> web.Application:
-        """The web console (docs/web.md), on the private listener."""
-        from bridge.cluster.status_report import status_text
-        from bridge.web.actions import DeskActions
-        from bridge.web.app import web_app
-        from bridge.web.tokens import Signer, load_secret
-
-        if not isinstance(self.store, SqlStore):
-            raise StartupError("web.enabled: the web console reads a SQL database")
-        settings = self.settings
-
-        def budgets() -> tuple[float | None, dict[str, float]]:
-            rooms = {
-                f"{key.transport}:{key.room_id}": room.daily_budget_usd
-                for key, room in settings.room_settings.items()
-                if room.daily_budget_usd is not None
-            }
-            return settings.budget.daily_usd, rooms
-
-        async def cluster_text() -> str:
-            return await status_text(settings)
-
-        return web_app(
-            settings.web,
-            Signer(load_secret(settings.web_secret_file)),
-            self.store.engine,
-            DeskActions(self.store, self.approvals.desk(), settings.room),
-            activity=self.executor.live_runs.doing,
-            cluster_text=cluster_text,
-            budgets=budgets,
         )
 
     def request_stop(self) -> None:
