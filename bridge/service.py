@@ -44,11 +44,8 @@ from bridge.host.state_lock import state_dir_lock
 from bridge.inbound.intake import Intake
 from bridge.live.approval_flow import ApprovalFlow
 from bridge.metrics import Metrics
-from bridge.outbound.outbox import Outbox
-from bridge.outbound.replies import Replier
 from bridge.recovery import Recovery
 from bridge.runs.executor import RunExecutor
-from bridge.runs.usage import LimitResumes
 from bridge.runs.worktree_lifetime import Lifetimes
 from bridge.store.base import Approval, Store, StoreError
 from bridge.store.sql import SqlStore
@@ -101,7 +98,7 @@ class Service:
         )
         self.transports = self.parts.transports
 
-    # The parts, by name (tests and the web console read them).
+    # The parts the lifecycle and the tests read, by name.
     @property
     def dispatcher(self) -> Dispatcher:
         return self.parts.dispatcher
@@ -115,14 +112,6 @@ class Service:
         return self.parts.intake
 
     @property
-    def replier(self) -> Replier:
-        return self.parts.replier
-
-    @property
-    def outbox(self) -> Outbox:
-        return self.parts.outbox
-
-    @property
     def approvals(self) -> ApprovalFlow:
         return self.parts.approvals
 
@@ -133,10 +122,6 @@ class Service:
     @property
     def scheduler(self) -> CronSchedules:
         return self.parts.scheduler
-
-    @property
-    def limits(self) -> LimitResumes:
-        return self.parts.limits
 
     @property
     def recovery(self) -> Recovery:
@@ -215,7 +200,7 @@ class Service:
             return
         if self._tasks is not None:
             batch = Batch(message.room, (message,))
-            self._tasks.create_task(self.replier.phase(batch, RunPhase.RECEIVED))
+            self._tasks.create_task(self.parts.replier.phase(batch, RunPhase.RECEIVED))
 
     def _show_dropped(self, messages: Sequence[Message]) -> None:
         # A sign of life shown for messages a stop dropped (or the last one waiting,
@@ -229,7 +214,7 @@ class Service:
             if self._tasks is None or (settings is not None and not settings.sign_of_life):
                 continue
             batch = Batch(room, tuple(dropped))
-            self._tasks.create_task(self.replier.phase(batch, RunPhase.STOPPED))
+            self._tasks.create_task(self.parts.replier.phase(batch, RunPhase.STOPPED))
 
     async def serve(self) -> None:
         try:
@@ -287,11 +272,11 @@ class Service:
                 background.append(tg.create_task(self._part(name, part), name=name))
             if await self._wait_ready(readies, background):
                 # Runs start only now: a recovered run's replies need a connected transport.
-                background.append(tg.create_task(self.outbox.serve(), name="outbox"))
+                background.append(tg.create_task(self.parts.outbox.serve(), name="outbox"))
                 dispatcher_task = tg.create_task(self.dispatcher.serve(), name="dispatcher")
                 # Fired from here on: a firing is a message, which needs the dispatcher.
                 background.append(tg.create_task(self.scheduler.run(), name="schedules"))
-                background.append(tg.create_task(self.limits.serve(), name="limit resumes"))
+                background.append(tg.create_task(self.parts.limits.serve(), name="limit resumes"))
                 if sockets.private is not None or sockets.public is not None:
                     background.append(tg.create_task(self._serve_http(sockets), name="http"))
                 log.info("chatbridge ready")
@@ -434,7 +419,7 @@ class Service:
         # answer) share that time.
         drain_s = self.settings.delivery.drain_timeout_s
         deadline = time.monotonic() + drain_s
-        await self.outbox.drain(drain_s)
+        await self.parts.outbox.drain(drain_s)
         await self.executor.drain(max(0.0, deadline - time.monotonic()))
         if self.cluster is not None:
             await self._hand_over(self.cluster, busy=True)
