@@ -1,40 +1,38 @@
-"""The service's lifecycle: build the parts, recover, serve, shut down in order.
+"""The service's lifecycle: recover, serve, shut down in order.
 
 :func:`serve` runs one TaskGroup owning the dispatcher, the transports and the housekeeping
-loop; the parts are built once (:meth:`Service.__post_init__`, each given what it needs in
-its constructor). Recovery, the runs left from before, is :mod:`bridge.recovery`'s. Shutdown
-is one ordered path: no run begins (messages are still accepted durably), runs are detached
-or finish within the grace, answers are delivered, then the transports close, the store last
-(docs/operations.md, "Stopping").
+loop; the parts are built once, before (:func:`bridge.assembly.build_parts`, each given
+what it needs in its constructor). Recovery, the runs left from before, is
+:mod:`bridge.recovery`'s. Shutdown is one ordered path: no run begins (messages are still
+accepted durably), runs are detached or finish within the grace, answers are delivered, then
+the transports close, the store last (docs/operations.md, "Stopping").
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import signal
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-from bridge.assembly import build_transports, http_limits, open_store, sqlite_file_problem
+from bridge.assembly import (
+    Parts,
+    Signs,
+    build_parts,
+    build_transports,
+    http_limits,
+    open_store,
+    sqlite_file_problem,
+    web_console,
+)
 from bridge.automation.schedules import CronSchedules, WallClock
-from bridge.automation.webhooks import Webhooks
-from bridge.cluster.leader_gate import LeaderGated
-from bridge.cluster.paused_holders import stop_paused_holders
 from bridge.cluster.replica import Cluster
-from bridge.cluster.role import ClusterRole
 from bridge.config import Settings
 from bridge.core.aio import shielded
-from bridge.core.model import (
-    Batch,
-    Message,
-    RoomKey,
-)
+from bridge.core.model import Batch, Message, RoomKey
 from bridge.core.transport import RunPhase, Transport, TransportError
 from bridge.errors import ChatbridgeError, StartupError, reason
 from bridge.host.claude_check import credentials_warning
@@ -43,45 +41,16 @@ from bridge.host.database_lock import database_lock
 from bridge.host.http_sockets import HttpSockets, bind_http
 from bridge.host.preflight import run_problems
 from bridge.host.state_lock import state_dir_lock
-from bridge.inbound.commands import CommandHandler
-from bridge.inbound.history import RoomHistory
 from bridge.inbound.intake import Intake
 from bridge.live.approval_flow import ApprovalFlow
-from bridge.live.approvals import Verdict
-from bridge.live.registry import LiveRuns
 from bridge.metrics import Metrics
-from bridge.outbound.notices import Notices
-from bridge.outbound.outbox import Outbox
-from bridge.outbound.pacing import Pacing
-from bridge.outbound.replies import Replier
 from bridge.recovery import Recovery
-from bridge.runs.budget import Budgets
-from bridge.runs.executor import RunExecutor, held_alone, new_run_id, unfenced
-from bridge.runs.file_posts import FilePosts
-from bridge.runs.inbox import Inbox
-from bridge.runs.prestarts import Prestarts
-from bridge.runs.request import RunRequests, kept_transcripts
-from bridge.runs.usage import LimitResumes
+from bridge.runs.executor import RunExecutor
 from bridge.runs.worktree_lifetime import Lifetimes
 from bridge.store.base import Approval, Store, StoreError
-from bridge.store.cluster import Leases
 from bridge.store.sql import SqlStore
-from dispatcher import (
-    Clock,
-    DispatchedRun,
-    Dispatcher,
-    DispatchLimits,
-    DuringRun,
-    EndReason,
-    RoomStatus,
-)
-from runner import (
-    Spares,
-    prestart,
-)
-
-if TYPE_CHECKING:
-    from aiohttp import web
+from dispatcher import Clock, Dispatcher, EndReason
+from runner import Spares
 
 WEB_PREFIX = "/web"
 """Where the web console is mounted on the private listener (docs/web.md)."""
@@ -101,26 +70,13 @@ class Service:
     settings: Settings
     store: Store
     transports: Sequence[Transport]
+    """The transports; once built, those of :attr:`parts` (Matrix gated with replicas)."""
     schedule_clock: Clock = field(default_factory=WallClock)
     """Wall-clock time for ``[[schedules]]`` (tests move a ManualClock)."""
-    dispatcher: Dispatcher = field(init=False)
-    executor: RunExecutor = field(init=False)
-    intake: Intake = field(init=False)
-    replier: Replier = field(init=False)
-    outbox: Outbox = field(init=False)
-    notices: Notices = field(init=False)
-    lifetimes: Lifetimes = field(init=False)
-    approvals: ApprovalFlow = field(init=False)
-    scheduler: CronSchedules = field(init=False)
-    webhooks: Webhooks = field(init=False)
-    limits: LimitResumes = field(init=False)
-    commands: CommandHandler = field(init=False)
+    parts: Parts = field(init=False)
+    """What the service runs, built once (:func:`bridge.assembly.build_parts`)."""
     _closed_at_start: list[Approval] = field(default_factory=list, init=False)
     """Tool requests of runs interrupted by the restart: shown closed once connected."""
-    recovery: Recovery = field(init=False)
-    cluster: Cluster | None = field(init=False, default=None)
-    """This replica's part in the cluster (``[cluster] enabled``), None alone."""
-    metrics: Metrics = field(init=False, default_factory=Metrics)
     _stop: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     _stop_now: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     _tasks: asyncio.TaskGroup | None = field(init=False, default=None)
@@ -134,273 +90,56 @@ class Service:
     """The port /healthz, /readyz and /metrics listen on, once bound."""
     public_http_port: int | None = field(init=False, default=None)
     """The port the webhooks listen on, once bound (``http_port`` when they share it)."""
-    spares: Spares = field(init=False, default_factory=Spares)
-    """A supervisor started ahead of the next run: from recovery's end to the shutdown's."""
 
     def __post_init__(self) -> None:
-        settings = self.settings
-        if settings.cluster.enabled:
-            self.cluster = self._new_cluster()
-        cluster = self.cluster
-        # Which conversations this process speaks for: with replicas, the one whose
-        # lease it has (delivery, tool requests) or holds now (runs, limit resumes).
-        has = cluster.has if cluster is not None else held_alone
-        holds = cluster.holds if cluster is not None else held_alone
-        by_name = {t.name: t for t in self.transports}
-        pacing = {
-            name: Pacing(settings.delivery.edits_per_minute(name), time.monotonic)
-            for name in by_name
-        }
-        self.replier = Replier(by_name, pacing)
-        self.outbox = Outbox(
-            self.store,
-            by_name,
-            self.metrics,
-            on_rate_limited=self.replier.rate_limited,
-            retry_cap_s=settings.delivery.retry_max_s,
-            owns=has,
+        signs = Signs(self._show_received, self._show_dropped, self._closed)
+        self.parts = build_parts(
+            self.settings, self.store, self.transports, self.schedule_clock, signs
         )
-        self.notices = Notices(self.store, self.outbox, self.replier)
-        live_runs = LiveRuns()
-        self.approvals = ApprovalFlow(
-            settings, self.store, self.replier, live_runs, self._refused, owns=has
-        )
-        transcripts = kept_transcripts(settings, self.store)
-        requests = RunRequests(
-            settings,
-            self.store,
-            self.metrics,
-            inbox=Inbox(by_name, self.metrics),
-            transcripts=transcripts,
-        )
-        prestarts = (
-            Prestarts(
-                requests.prestart_request,
-                self.metrics,
-                new_run_id,
-                start=functools.partial(prestart, spares=self.spares),
-                keep_s=settings.runner.prestart_keep_s,
-                keep_limit=settings.runner.prestart_limit,
-            )
-            if settings.runner.prestart
-            else None
-        )
-        d = settings.dispatcher
-        self.dispatcher = Dispatcher(
-            DispatchLimits(
-                coalesce_s=d.coalesce_ms / 1000,
-                max_wait_s=d.max_wait_ms / 1000,
-                max_batch=d.max_batch,
-                max_concurrent_runs=settings.runner.max_concurrent_runs,
-            ),
-            self._execute,
-            mode_of=self._during_run,
-            prestarter=prestarts,
-            max_prestarts=settings.runner.prestart_limit,
-            room_cap=self._max_runs_per_room,
-            idle_of=self._idle_of,
-        )
-        self.lifetimes = Lifetimes(
-            requests.worktrees,
-            lambda: list(settings.room_settings.items()),
-            self.dispatcher.conversations,
-            self._running_conversations,
-            self.notices.say,
-        )
-        self.limits = LimitResumes(
-            self.store,
-            self.dispatcher.submit,
-            self.notices,
-            self.metrics,
-            settings.runner.resume_after_limit,
-            settings.commands.prefix,
-            configured=lambda room: settings.room(room) is not None,
-            owns=holds,
-        )
-        self.executor = RunExecutor(
-            settings,
-            self.store,
-            self.replier,
-            self.metrics,
-            self.outbox,
-            self.notices,
-            live_runs=live_runs,
-            approvals=self.approvals,
-            prestarts=prestarts,
-            spares=self.spares,
-            limits=self.limits,
-            file_posts=FilePosts(self.store, self.outbox, self.metrics, settings.runner.state_dir),
-            fence_of=cluster.fence if cluster is not None else unfenced,
-            holds=holds,
-            transcripts=transcripts,
-            requests=requests,
-        )
-        # Command answers are recorded in the outbox and sent from its per-room
-        # worker: the transport's acknowledgement never waits for the network.
-        commands = self.commands = CommandHandler(
-            self.dispatcher,
-            self.store,
-            settings.commands.prefix,
-            self.notices.answer,
-            self.executor.reset_session,
-            rooms=settings.room,
-            live=self.approvals,
-            refused=self._refused,
-            dropped=self._show_dropped,
-            worktrees=requests.worktrees,
-            lifetimes=self.lifetimes,
-            automation=self._automation_status,
-            status_parts=(Budgets(settings, self.store).status_lines, self.limits.status_lines),
-            history=RoomHistory(
-                self.store,
-                settings,
-                settings.commands.prefix,
-                self.notices.answer,
-                forget_session=self.executor.reset_session,
-            ),
-            call_off_retries=self.limits.call_off,
-        )
-        self.intake = Intake(
-            settings,
-            self.store,
-            self.dispatcher,
-            commands,
-            self.metrics,
-            on_accepted=self._show_received,
-            on_withdrawn=lambda message: self._show_dropped((message,)),
-            on_approval_action=self.approvals.on_action,
-        )
-        accept = self.intake.accept_synthetic
-        self.scheduler = CronSchedules(
-            settings.schedules,
-            self.store,
-            accept,
-            self._busy,
-            self.metrics,
-            settings.schedule.catch_up_s,
-            self.schedule_clock,
-        )
-        self.webhooks = Webhooks(settings.webhooks, accept, self.metrics)
-        self.metrics.watch(
-            lambda: self.dispatcher.active_runs,
-            lambda: self.dispatcher.queued,
-            self.transports,
-        )
-        self.recovery = Recovery(
-            settings,
-            self.store,
-            self.dispatcher,
-            self.executor,
-            self.intake,
-            self.approvals,
-            self._closed,
-            cluster,
-        )
-        if cluster is not None:
-            self._join_cluster(cluster)
+        self.transports = self.parts.transports
 
-    def _new_cluster(self) -> Cluster:
-        """This replica's cluster part; Matrix goes behind its leader lease."""
-        if not isinstance(self.store, SqlStore):
-            raise StartupError("cluster.enabled: replicas share a PostgreSQL store")
-        settings = self.settings.cluster
-        cluster = Cluster(
-            settings,
-            Leases(self.store.engine, settings.lease_ttl_s),
-            self.metrics,
-            self.settings.runner.max_concurrent_runs,
-            # Placement counts what the dispatcher counts: runs waiting for a person lent theirs.
-            lambda: self.dispatcher.active_runs - self.dispatcher.lent_runs,
-            str(self.settings.runner.state_dir.absolute()),
-            # Slack spreads its events over every replica; Matrix syncs on one.
-            serves=lambda transport: transport != "matrix" or cluster.leads(transport),
-        )
-        store = Path() if self.settings.matrix is None else self.settings.matrix.store_path
+    # The parts the lifecycle and the tests read, by name.
+    @property
+    def dispatcher(self) -> Dispatcher:
+        return self.parts.dispatcher
 
-        async def unblock() -> list[int]:
-            # nio's SQLite store, shared by the replicas: one file per device.
-            files = await asyncio.to_thread(lambda: list(store.glob("*.db")))
-            return await stop_paused_holders(files, await cluster.neighbours())
+    @property
+    def executor(self) -> RunExecutor:
+        return self.parts.executor
 
-        self.transports = [
-            LeaderGated(t, cluster, settings.poll_s, unblock) if t.name == "matrix" else t
-            for t in self.transports
-        ]
-        return cluster
+    @property
+    def intake(self) -> Intake:
+        return self.parts.intake
 
-    def _join_cluster(self, cluster: Cluster) -> None:
-        """Wire the parts to the cluster: who runs, delivers, expires what (docs/replicas.md)."""
-        leases = cluster.leases
-        role = ClusterRole(
-            self.settings,
-            cluster,
-            leases,
-            self.store,
-            self.dispatcher,
-            self.intake,
-            self.outbox,
-            self.metrics,
-            self.recovery.recover_run,
-            self.approvals.on_action,
-            on_decided=self.approvals.deliver,
-            taken=self.limits.noted,
-        )
-        cluster.take_over = role.take_over
-        cluster.give_up = role.give_up
-        prestarts = self.executor.prestarts
-        if prestarts is not None:
-            # A conversation lost or let go: its claude kept warm here goes (the new
-            # owner resumes the session; two claudes of it must never run).
-            def give_up(room: RoomKey) -> None:
-                role.give_up(room)
-                prestarts.let_go(room)
+    @property
+    def approvals(self) -> ApprovalFlow:
+        return self.parts.approvals
 
-            cluster.give_up = give_up
-            cluster.released = prestarts.release
-        cluster.on_notice = role.heard
-        cluster.recheck = role.recheck
-        self.intake.placement = role
-        self.approvals.forward = role.forward_action
-        self.approvals.hand_over = role.hand_over_decision
-        cluster.idle = self._idle
-        role.stop_threads = self.commands.stop_threads
-        self.commands.elsewhere = role
+    @property
+    def lifetimes(self) -> Lifetimes:
+        return self.parts.lifetimes
 
-    async def _execute(self, run: DispatchedRun) -> None:
-        try:
-            await self.executor.execute(run)
-        finally:
-            if self.cluster is not None:
-                self.cluster.wake()  # a slot is free: work nobody owns may be taken now
+    @property
+    def scheduler(self) -> CronSchedules:
+        return self.parts.scheduler
 
-    def _refused(self, verdict: Verdict) -> None:
-        self.metrics.answers_refused.labels(verdict.value).inc()
+    @property
+    def recovery(self) -> Recovery:
+        return self.parts.recovery
 
-    def _max_runs_per_room(self, room: RoomKey) -> int | None:
-        settings = self.settings.room(room)
-        return None if settings is None else settings.max_runs_per_room
+    @property
+    def cluster(self) -> Cluster | None:
+        """This replica's part in the cluster (``[cluster] enabled``), None alone."""
+        return self.parts.cluster
 
-    def _idle(self, room: RoomKey) -> bool:
-        """Nothing of ``room`` runs, waits or is being delivered here."""
-        return self.dispatcher.status(room) == RoomStatus() and not self.outbox.busy(room)
+    @property
+    def metrics(self) -> Metrics:
+        return self.parts.metrics
 
-    def _busy(self, room: RoomKey) -> bool:
-        status = self.dispatcher.status(room)
-        return status.running is not None or status.waiting > 0
-
-    def _automation_status(self, room: RoomKey) -> list[str]:
-        return self.scheduler.status_lines(room) + self.webhooks.status_lines(room)
-
-    def _idle_of(self, room: RoomKey) -> float | None:
-        """A room's window follows typing where its transport says who types (Matrix)."""
-        settings = self.settings.room(room)
-        if room.transport != "matrix" or settings is None or not settings.follow_typing:
-            return None
-        return settings.idle_ms / 1000
-
-    def _during_run(self, room: RoomKey) -> DuringRun:
-        settings = self.settings.room(room)
-        return DuringRun.QUEUE if settings is None else DuringRun(settings.during_run)
+    @property
+    def spares(self) -> Spares:
+        """A supervisor started ahead of the next run: from recovery's end to the shutdown's."""
+        return self.parts.spares
 
     async def readiness(self) -> str | None:
         """None when the store answers and every transport is connected."""
@@ -425,8 +164,12 @@ class Service:
         from bridge.host.http import serve_http
 
         limits = http_limits(self.settings.http)
-        webhooks = self.webhooks if self.settings.webhooks else None
-        mounts = {WEB_PREFIX: self._web_console()} if self.settings.web.enabled else {}
+        webhooks = self.parts.webhooks if self.settings.webhooks else None
+        mounts = (
+            {WEB_PREFIX: web_console(self.settings, self.store, self.parts)}
+            if self.settings.web.enabled
+            else {}
+        )
         await serve_http(
             sockets,
             self.readiness,
@@ -434,38 +177,6 @@ class Service:
             webhooks=webhooks,
             limits=limits,
             mounts=mounts,
-        )
-
-    def _web_console(self) -> web.Application:
-        """The web console (docs/web.md), on the private listener."""
-        from bridge.cluster.status_report import status_text
-        from bridge.web.actions import DeskActions
-        from bridge.web.app import web_app
-        from bridge.web.tokens import Signer, load_secret
-
-        if not isinstance(self.store, SqlStore):
-            raise StartupError("web.enabled: the web console reads a SQL database")
-        settings = self.settings
-
-        def budgets() -> tuple[float | None, dict[str, float]]:
-            rooms = {
-                f"{key.transport}:{key.room_id}": room.daily_budget_usd
-                for key, room in settings.room_settings.items()
-                if room.daily_budget_usd is not None
-            }
-            return settings.budget.daily_usd, rooms
-
-        async def cluster_text() -> str:
-            return await status_text(settings)
-
-        return web_app(
-            settings.web,
-            Signer(load_secret(settings.web_secret_file)),
-            self.store.engine,
-            DeskActions(self.store, self.approvals.desk(), settings.room),
-            activity=self.executor.live_runs.doing,
-            cluster_text=cluster_text,
-            budgets=budgets,
         )
 
     def request_stop(self) -> None:
@@ -489,7 +200,7 @@ class Service:
             return
         if self._tasks is not None:
             batch = Batch(message.room, (message,))
-            self._tasks.create_task(self.replier.phase(batch, RunPhase.RECEIVED))
+            self._tasks.create_task(self.parts.replier.phase(batch, RunPhase.RECEIVED))
 
     def _show_dropped(self, messages: Sequence[Message]) -> None:
         # A sign of life shown for messages a stop dropped (or the last one waiting,
@@ -503,7 +214,7 @@ class Service:
             if self._tasks is None or (settings is not None and not settings.sign_of_life):
                 continue
             batch = Batch(room, tuple(dropped))
-            self._tasks.create_task(self.replier.phase(batch, RunPhase.STOPPED))
+            self._tasks.create_task(self.parts.replier.phase(batch, RunPhase.STOPPED))
 
     async def serve(self) -> None:
         try:
@@ -561,11 +272,11 @@ class Service:
                 background.append(tg.create_task(self._part(name, part), name=name))
             if await self._wait_ready(readies, background):
                 # Runs start only now: a recovered run's replies need a connected transport.
-                background.append(tg.create_task(self.outbox.serve(), name="outbox"))
+                background.append(tg.create_task(self.parts.outbox.serve(), name="outbox"))
                 dispatcher_task = tg.create_task(self.dispatcher.serve(), name="dispatcher")
                 # Fired from here on: a firing is a message, which needs the dispatcher.
                 background.append(tg.create_task(self.scheduler.run(), name="schedules"))
-                background.append(tg.create_task(self.limits.serve(), name="limit resumes"))
+                background.append(tg.create_task(self.parts.limits.serve(), name="limit resumes"))
                 if sockets.private is not None or sockets.public is not None:
                     background.append(tg.create_task(self._serve_http(sockets), name="http"))
                 log.info("chatbridge ready")
@@ -708,7 +419,7 @@ class Service:
         # answer) share that time.
         drain_s = self.settings.delivery.drain_timeout_s
         deadline = time.monotonic() + drain_s
-        await self.outbox.drain(drain_s)
+        await self.parts.outbox.drain(drain_s)
         await self.executor.drain(max(0.0, deadline - time.monotonic()))
         if self.cluster is not None:
             await self._hand_over(self.cluster, busy=True)
@@ -738,10 +449,6 @@ class Service:
                 await cluster.leave()
         except StoreError:
             log.warning("could not hand conversations over; their leases run out")
-
-    async def _running_conversations(self) -> list[RoomKey]:
-        """Conversations with a run marked running (any replica's): their worktrees stay."""
-        return [run.room for run in await self.store.running_runs()]
 
     async def _housekeeping(self) -> None:
         retention_s = self.settings.database.retention_days * 86400

@@ -2,9 +2,10 @@
 
 It keeps the replica registered, renews its leases, takes the conversations it is to serve,
 gives up those it lost, and carries notifications between replicas; what a lease means for
-the rest of the service is the service's, through callbacks. Safety rests on the fence in the
-database (:func:`bridge.store.cluster.check_fence`), not on this module's monotonic deadline,
-which only makes a paused replica stop its runs promptly (docs/replicas.md, "Replicas and leases").
+the rest of the service is :mod:`bridge.cluster.role`'s, through callbacks given to the
+constructor (:mod:`bridge.assembly`). Safety rests on the fence in the database
+(:func:`bridge.store.cluster.check_fence`), not on this module's monotonic deadline, which
+only makes a paused replica stop its runs promptly (docs/replicas.md, "Replicas and leases").
 """
 
 from __future__ import annotations

@@ -96,7 +96,8 @@ class ClusterRole:
     leases: Leases
     store: ClusterRoleStore
     dispatcher: Dispatcher
-    intake: Intake
+    intake: Callable[[], Intake]
+    """The intake, built after the role (it places messages through the role)."""
     outbox: Outbox
     metrics: Metrics
     recover_run: RecoverRun
@@ -221,7 +222,7 @@ class ClusterRole:
             found = await self.store.messages([MessageId(int(notice.body["id"]))])
             for message in found:
                 if self.cluster.holds(message.room):
-                    await self.intake.take_forwarded(message)
+                    await self.intake().take_forwarded(message)
                 else:
                     # Not (or no longer) ours: place it again (take it, or pass it on).
                     await self.intake_again(message)
@@ -264,7 +265,7 @@ class ClusterRole:
 
     async def intake_again(self, message: Message) -> None:
         if await self.local(message):
-            await self.intake.take_forwarded(message)
+            await self.intake().take_forwarded(message)
 
     async def take_over(self, room: RoomKey) -> None:
         """Recover ``room`` as a restart would, now that this replica owns it."""
@@ -295,7 +296,7 @@ class ClusterRole:
                 await self.recover_run(run, entry, mine or not alive, never_started=never)
             else:
                 await self._wait_out(run, host)
-        await self.intake.recover(await self.store.pending_messages(room), keep_commands=True)
+        await self.intake().recover(await self.store.pending_messages(room), keep_commands=True)
         self.outbox.submit(await self.store.undelivered(room))
         self.taken()
 
@@ -319,7 +320,7 @@ class ClusterRole:
                 and self.cluster.holds(message.room)
                 and not self.dispatcher.holds(message)
             ):
-                await self.intake.take_forwarded(message)
+                await self.intake().take_forwarded(message)
         entries = await self.store.undelivered()
         self.outbox.submit(e for e in entries if self.cluster.holds(e.reply.room))
 
