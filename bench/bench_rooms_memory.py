@@ -126,12 +126,12 @@ async def main(rooms: int, active: int) -> None:
             await asyncio.sleep(2.0)  # prestarts start
             waiting = rss_mib()
             count, child_rss = children_mib()
-            assert service.dispatcher.tracked_rooms == active
+            assert service.parts.dispatcher.tracked_rooms == active
             async with asyncio.timeout(window_s + 120):
                 while feeder.answers < active:
                     feeder.answered.clear()
                     await feeder.answered.wait()
-                await service.dispatcher.wait_idle()
+                await service.parts.dispatcher.wait_idle()
             gc.collect()
             after = rss_mib()
         finally:

@@ -98,7 +98,7 @@ class BenchSlack(Duplex):
 def watch(service: Service) -> None:
     """Report when a message reaches the dispatcher and when a stop is asked of it
     (the dispatcher is a plain object: its methods are wrapped on the instance)."""
-    dispatcher = service.dispatcher
+    dispatcher = service.parts.dispatcher
     submit, stop = dispatcher.submit, dispatcher.stop
 
     def timed_submit(message: Message, arrived: float | None = None) -> None:

@@ -28,7 +28,7 @@ from bridge.assembly import (
     sqlite_file_problem,
     web_console,
 )
-from bridge.automation.schedules import CronSchedules, WallClock
+from bridge.automation.schedules import WallClock
 from bridge.cluster.replica import Cluster
 from bridge.config import Settings
 from bridge.core.aio import shielded
@@ -41,16 +41,9 @@ from bridge.host.database_lock import database_lock
 from bridge.host.http_sockets import HttpSockets, bind_http
 from bridge.host.preflight import run_problems
 from bridge.host.state_lock import state_dir_lock
-from bridge.inbound.intake import Intake
-from bridge.live.approval_flow import ApprovalFlow
-from bridge.metrics import Metrics
-from bridge.recovery import Recovery
-from bridge.runs.executor import RunExecutor
-from bridge.runs.worktree_lifetime import Lifetimes
 from bridge.store.base import Approval, Store, StoreError
 from bridge.store.sql import SqlStore
-from dispatcher import Clock, Dispatcher, EndReason
-from runner import Spares
+from dispatcher import Clock, EndReason
 
 WEB_PREFIX = "/web"
 """Where the web console is mounted on the private listener (docs/web.md)."""
@@ -98,49 +91,6 @@ class Service:
         )
         self.transports = self.parts.transports
 
-    # The parts the lifecycle and the tests read, by name.
-    @property
-    def dispatcher(self) -> Dispatcher:
-        return self.parts.dispatcher
-
-    @property
-    def executor(self) -> RunExecutor:
-        return self.parts.executor
-
-    @property
-    def intake(self) -> Intake:
-        return self.parts.intake
-
-    @property
-    def approvals(self) -> ApprovalFlow:
-        return self.parts.approvals
-
-    @property
-    def lifetimes(self) -> Lifetimes:
-        return self.parts.lifetimes
-
-    @property
-    def scheduler(self) -> CronSchedules:
-        return self.parts.scheduler
-
-    @property
-    def recovery(self) -> Recovery:
-        return self.parts.recovery
-
-    @property
-    def cluster(self) -> Cluster | None:
-        """This replica's part in the cluster (``[cluster] enabled``), None alone."""
-        return self.parts.cluster
-
-    @property
-    def metrics(self) -> Metrics:
-        return self.parts.metrics
-
-    @property
-    def spares(self) -> Spares:
-        """A supervisor started ahead of the next run: from recovery's end to the shutdown's."""
-        return self.parts.spares
-
     async def readiness(self) -> str | None:
         """None when the store answers and every transport is connected."""
         if self.shutting_down.is_set():
@@ -173,7 +123,7 @@ class Service:
         await serve_http(
             sockets,
             self.readiness,
-            self.metrics.exposition,
+            self.parts.metrics.exposition,
             webhooks=webhooks,
             limits=limits,
             mounts=mounts,
@@ -188,7 +138,7 @@ class Service:
     def _closed(self, closed: list[Approval]) -> None:
         """Tool requests of runs interrupted by the restart: shown closed once connected."""
         if self.ready.is_set() and self._tasks is not None:
-            self._tasks.create_task(self.approvals.show(closed), name="close requests")
+            self._tasks.create_task(self.parts.approvals.show(closed), name="close requests")
         else:
             self._closed_at_start += closed
 
@@ -233,12 +183,12 @@ class Service:
 
     async def _serve_locked(self) -> None:
         report_containment(self.settings)
-        await self.recovery.recover()
-        self.spares.refill()  # the first run's supervisor, ready well before it
+        await self.parts.recovery.recover()
+        self.parts.spares.refill()  # the first run's supervisor, ready well before it
         try:
             await self._serve_parts()
         finally:
-            await shielded(self.spares.close())
+            await shielded(self.parts.spares.close())
 
     async def _serve_parts(self) -> None:
         # Bound now (a taken port fails the start), served once ready: the server's
@@ -256,13 +206,13 @@ class Service:
             self._tasks = tg
             background = [
                 tg.create_task(self._housekeeping(), name="housekeeping"),
-                tg.create_task(self.lifetimes.sweep_forever(), name="worktree lifetimes"),
-                tg.create_task(self.approvals.expire_forever(), name="approval expiry"),
+                tg.create_task(self.parts.lifetimes.sweep_forever(), name="worktree lifetimes"),
+                tg.create_task(self.parts.approvals.expire_forever(), name="approval expiry"),
             ]
-            if self.cluster is not None:
+            if self.parts.cluster is not None:
                 # From the start: the leases kept at recovery must be renewed
                 # while the transports connect.
-                background.append(tg.create_task(self.cluster.serve(), name="cluster"))
+                background.append(tg.create_task(self.parts.cluster.serve(), name="cluster"))
             readies: dict[str, asyncio.Event] = {}
             input_ended = asyncio.Event()
             for transport in self.transports:
@@ -273,9 +223,9 @@ class Service:
             if await self._wait_ready(readies, background):
                 # Runs start only now: a recovered run's replies need a connected transport.
                 background.append(tg.create_task(self.parts.outbox.serve(), name="outbox"))
-                dispatcher_task = tg.create_task(self.dispatcher.serve(), name="dispatcher")
+                dispatcher_task = tg.create_task(self.parts.dispatcher.serve(), name="dispatcher")
                 # Fired from here on: a firing is a message, which needs the dispatcher.
-                background.append(tg.create_task(self.scheduler.run(), name="schedules"))
+                background.append(tg.create_task(self.parts.scheduler.run(), name="schedules"))
                 background.append(tg.create_task(self.parts.limits.serve(), name="limit resumes"))
                 if sockets.private is not None or sockets.public is not None:
                     background.append(tg.create_task(self._serve_http(sockets), name="http"))
@@ -283,7 +233,7 @@ class Service:
                 self.ready.set()
                 if self._closed_at_start:
                     closed, self._closed_at_start = self._closed_at_start, []
-                    tg.create_task(self.approvals.show(closed), name="close requests")
+                    tg.create_task(self.parts.approvals.show(closed), name="close requests")
                 await self._until_stopped_or_done(tg, input_ended)
                 await self._shutdown(dispatcher_task)
             else:
@@ -302,7 +252,7 @@ class Service:
         if eof_wait.done() and not self._stop.is_set():
             # End of console input: finish the room's work, then leave.
             log.info("end of input; finishing outstanding work")
-            idle = tg.create_task(self.dispatcher.wait_idle())
+            idle = tg.create_task(self.parts.dispatcher.wait_idle())
             await asyncio.wait({idle, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
             idle.cancel()
         stop_wait.cancel()
@@ -330,7 +280,7 @@ class Service:
     async def _run_transport(
         self, transport: Transport, ready: asyncio.Event, input_ended: asyncio.Event
     ) -> None:
-        await transport.run(self.intake.accept, ready)
+        await transport.run(self.parts.intake.accept, ready)
         input_ended.set()
 
     async def _stop_wait(self) -> None:
@@ -379,40 +329,43 @@ class Service:
     async def _shutdown(self, dispatcher_task: asyncio.Task[None]) -> None:
         """Steps 1-3 of the shutdown path; the caller then closes the transports."""
         self.shutting_down.set()
-        if self.executor.prestarts is not None:
+        if self.parts.executor.prestarts is not None:
             # No run comes for a claude kept warm now; runs ending in the grace keep none.
-            await self.executor.prestarts.stop_keeping()
-        if self.cluster is not None:
+            await self.parts.executor.prestarts.stop_keeping()
+        if self.parts.cluster is not None:
             # Scale-in: idle conversations go to other replicas at once.
-            self.cluster.draining = True
-            await self._hand_over(self.cluster, busy=False)
+            self.parts.cluster.draining = True
+            await self._hand_over(self.parts.cluster, busy=False)
         # From here no run begins; transports keep delivering inbound messages,
         # which are recorded and wait for the restart.
         if self.settings.runner.on_shutdown == "detach" and not self._stop_now.is_set():
             # Runs go on under their supervisors; the next start reattaches them.
             # (One not yet registered, or already answered, ends here as usual.)
-            if self.dispatcher.active_runs:
+            if self.parts.dispatcher.active_runs:
                 log.info(
-                    "leaving %d active run(s) to their supervisors", self.dispatcher.active_runs
+                    "leaving %d active run(s) to their supervisors",
+                    self.parts.dispatcher.active_runs,
                 )
-            await self.dispatcher.drain(0.0, reason=EndReason.DETACHED)
+            await self.parts.dispatcher.drain(0.0, reason=EndReason.DETACHED)
         else:
             grace = 0.0 if self._stop_now.is_set() else self.settings.runner.shutdown_grace_s
-            if self.dispatcher.active_runs:
+            if self.parts.dispatcher.active_runs:
                 log.info(
-                    "waiting up to %gs for %d active run(s)", grace, self.dispatcher.active_runs
+                    "waiting up to %gs for %d active run(s)",
+                    grace,
+                    self.parts.dispatcher.active_runs,
                 )
             # Runs cut off at the end of the grace are interrupted: the runner
             # leaves no process behind and the executor records and reports
             # them while transports still send.
-            if not await self.dispatcher.drain(grace, cut_off=self._stop_now):
+            if not await self.parts.dispatcher.drain(grace, cut_off=self._stop_now):
                 log.info("interrupted the runs still active after the grace period")
         dispatcher_task.cancel()
         # wait(), not await: the task's own CancelledError is expected, but a
         # cancellation of this shutdown must still propagate.
         await asyncio.wait({dispatcher_task})
-        if self.executor.prestarts is not None:
-            await self.executor.prestarts.close()  # (the drain cancelled each; this waits)
+        if self.parts.executor.prestarts is not None:
+            await self.parts.executor.prestarts.close()  # (the drain cancelled each; this waits)
         # The runs' answers and notices go out while the transports still run;
         # what cannot be delivered in time stays in the outbox for the restart.
         # The progress messages' last edits (tasks under way, each after its
@@ -420,9 +373,9 @@ class Service:
         drain_s = self.settings.delivery.drain_timeout_s
         deadline = time.monotonic() + drain_s
         await self.parts.outbox.drain(drain_s)
-        await self.executor.drain(max(0.0, deadline - time.monotonic()))
-        if self.cluster is not None:
-            await self._hand_over(self.cluster, busy=True)
+        await self.parts.executor.drain(max(0.0, deadline - time.monotonic()))
+        if self.parts.cluster is not None:
+            await self._hand_over(self.parts.cluster, busy=True)
 
     async def _hand_over(self, cluster: Cluster, *, busy: bool) -> None:
         """Let conversations go at shutdown: the idle ones first, the rest once their
@@ -441,7 +394,7 @@ class Service:
         rooms = [
             room
             for room in cluster.owned()
-            if room not in detached and (busy or self.dispatcher.status(room).running is None)
+            if room not in detached and (busy or self.parts.dispatcher.status(room).running is None)
         ]
         try:
             await cluster.release_idle(rooms)

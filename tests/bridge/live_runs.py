@@ -78,7 +78,7 @@ def run_log(path: Path) -> list[dict[str, Any]]:
 def watch_starts(bridge: ConsoleSession) -> asyncio.Queue[RunRequest]:
     """The request of each claude the service prestarts from now on, once it is ready."""
     assert bridge.service is not None
-    prestarts = bridge.service.executor.prestarts
+    prestarts = bridge.service.parts.executor.prestarts
     assert prestarts is not None
     started: asyncio.Queue[RunRequest] = asyncio.Queue()
     start = prestarts.start

@@ -84,11 +84,11 @@ async def test_a_run_ending_within_the_typing_delay_shows_no_typing(
     chat = Timeline(console_room(settings(tmp_path, config, {})), "local")
     env = {"FAKE_CLAUDE_RESULT": "quick", **({"FAKE_CLAUDE_IS_ERROR": "1"} if is_error else {})}
     async with serving(settings(tmp_path, config, env), chat) as (service, _):
-        service.executor.typing_after_s = 3600.0
+        service.parts.executor.typing_after_s = 3600.0
         await chat.say("hi")
         ended = RunPhase.FAILED if is_error else RunPhase.DONE
         await chat.wait_until(lambda: ("phase", ended.value) in chat.events)
-        await service.dispatcher.wait_idle()
+        await service.parts.dispatcher.wait_idle()
     assert [e for e in chat.events if e[0] == "typing"] == []
     assert ("phase", RunPhase.RUNNING.value) not in chat.events
 
@@ -121,7 +121,7 @@ class InputAtFinish:
         return getattr(self._store, name)
 
     async def finish_run(self, ending: RunEnding) -> Any:
-        executor = self.service.executor
+        executor = self.service.parts.executor
         control = executor.live_runs.control(console_room(executor.settings), ending.run_id)
         assert control is not None  # bound until the run's end is shown
         self.closed_at_finish.append(control.closed)
@@ -319,7 +319,7 @@ async def test_a_progress_post_slower_than_the_cosmetic_bound_is_still_finished(
     given = settings(tmp_path, {}, env)
     chat = SlowProgressPosts(console_room(given), "local")
     async with serving(given, chat) as (service, _):
-        service.executor.cosmetic_timeout_s = 0.2  # the answer waits this long for the post
+        service.parts.executor.cosmetic_timeout_s = 0.2  # the answer waits this long for the post
         await chat.say("quick")
         async with asyncio.timeout(WAIT_S):
             await chat.progress_posting.wait()

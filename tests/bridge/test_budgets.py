@@ -55,7 +55,7 @@ async def test_costs_accumulate_until_the_room_budget_refuses_a_run(tmp_path: Pa
         session.send("!status")
         out = await session.wait_for("Spent today (UTC): $0.60 in this room of $0.50")
         assert session.service is not None
-        metrics = session.service.metrics.exposition().decode()
+        metrics = session.service.parts.metrics.exposition().decode()
         out = await session.finish()
 
     assert 'chatbridge_budget_refusals_total{budget="room"} 1.0' in metrics
@@ -106,7 +106,7 @@ async def test_a_run_at_its_cap_is_reported_and_its_cost_counted(tmp_path: Path)
         session.send("!status")
         out = await session.wait_for("Each run may spend $0.10.")
         assert session.service is not None
-        metrics = session.service.metrics.exposition().decode()
+        metrics = session.service.parts.metrics.exposition().decode()
         out = await session.finish()
     assert (
         "The run failed: it reached its spending cap of $0.10 (max_budget_usd) after"
@@ -141,7 +141,7 @@ async def test_usage_limit_tells_the_reset_and_resumes_once_after_a_restart(
         await session.wait_for(f"The usage limit has reset: retrying run `{waiting[0][0]}`.")
         out = await session.wait_for("big job\n")
         assert session.service is not None
-        metrics = session.service.metrics.exposition().decode()
+        metrics = session.service.parts.metrics.exposition().decode()
         await session.finish()
     assert 'chatbridge_usage_limits_total{outcome="resumed"} 1.0' in metrics
     assert rows(tmp_path, "select run_id from limit_resumes") == []
@@ -329,7 +329,7 @@ async def test_a_limit_retry_firing_at_a_stop_is_either_called_off_or_stopped(
         bridge.send("!stop")
         out = await bridge.wait_for("Called off the retry after the usage limit")
         await raced[0].done.wait()
-        await bridge.service.dispatcher.wait_idle()
+        await bridge.service.parts.dispatcher.wait_idle()
         out = await bridge.finish()
     # Told it was called off, the room must not see it run (nor its answer).
     assert out.count("the job tok-L\n") == 0

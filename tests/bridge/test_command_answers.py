@@ -30,7 +30,7 @@ async def test_the_sink_returns_before_a_slow_answer_and_answers_keep_their_orde
             # A later message is accepted while the answers are still held.
             assert (await chat.say("hello"))[1] is Accepted.ACCEPTED
         assert chat.replies == []
-        assert service.dispatcher.status(chat.room).waiting == 1
+        assert service.parts.dispatcher.status(chat.room).waiting == 1
         # The commands are settled (done) though their answers are not out yet.
         states = rows(tmp_path, "select text, state from messages order by id")
         assert states == [("!help", "done"), ("!status", "done"), ("hello", "pending")]

@@ -79,14 +79,14 @@ async def test_a_stop_in_one_thread_leaves_the_others_running(tmp_path: Path) ->
         one, _ = await chat.say("one", thread="a")
         await chat.say("two", thread="b")
         b = chat.room.in_thread("b")
-        await chat.wait_until(lambda: service.dispatcher.active_runs == 2)
+        await chat.wait_until(lambda: service.parts.dispatcher.active_runs == 2)
         await chat.say("!stop", thread="a")
         await chat.wait_until(lambda: chat.phases.get(one) is RunPhase.STOPPED)
-        assert service.dispatcher.status(b).running is not None
+        assert service.parts.dispatcher.status(b).running is not None
         gate.touch()
         await chat.wait_until(lambda: len(results(chat)) == 1)
         async with asyncio.timeout(GUARD_S):
-            await service.dispatcher.wait_idle()
+            await service.parts.dispatcher.wait_idle()
     assert results(chat) == [("b", "two")]
     assert sorted((room, status) for room, status, _ in runs(tmp_path)) == [
         ("console/a", "stopped"),
@@ -106,9 +106,9 @@ async def test_max_runs_per_room_holds_the_rooms_other_threads(tmp_path: Path) -
         await chat.say("one", thread="a")
         await chat.say("two", thread="b")
         b = chat.room.in_thread("b")
-        await chat.wait_until(lambda: service.dispatcher.active_runs == 1)
+        await chat.wait_until(lambda: service.parts.dispatcher.active_runs == 1)
         # The global cap (4 by default) has room; the room's does not.
-        assert service.dispatcher.status(b).waiting_for_slot
+        assert service.parts.dispatcher.status(b).waiting_for_slot
         gate.touch()
         await chat.wait_until(lambda: len(results(chat)) == 2)
     assert results(chat) == [("a", "one"), ("b", "two")]
@@ -153,14 +153,14 @@ async def test_top_level_status_and_stop_act_on_every_thread(tmp_path: Path) -> 
     async with serving(settings) as (service, chat):
         await chat.say("one", thread="a")
         await chat.say("two", thread="b")
-        await chat.wait_until(lambda: service.dispatcher.active_runs == 2)
+        await chat.wait_until(lambda: service.parts.dispatcher.active_runs == 2)
         await chat.say("queued behind one", thread="a")
         status, _ = await chat.say("!status")
         await chat.wait_until(lambda: len(chat.texts(ReplyKind.NOTICE)) == 1)
         stop, _ = await chat.say("!stop")
         await chat.wait_until(lambda: len(chat.texts(ReplyKind.NOTICE)) == 2)
         async with asyncio.timeout(GUARD_S):
-            await service.dispatcher.wait_idle()
+            await service.parts.dispatcher.wait_idle()
         again, _ = await chat.say("!stop")
         await chat.wait_until(lambda: len(chat.texts(ReplyKind.NOTICE)) == 3)
     shown, stopped, nothing = [r for r in chat.replies if r.kind is ReplyKind.NOTICE]

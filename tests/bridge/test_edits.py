@@ -25,7 +25,7 @@ async def test_edits_and_deletions_change_only_what_waits(tmp_path: Path) -> Non
         assert await chat.edited(one, "one, edited") is Accepted.IGNORED  # redelivered
         assert await chat.deleted(two) is Accepted.ACCEPTED
         assert await chat.deleted(two) is Accepted.IGNORED
-        assert service.dispatcher.status(chat.room).waiting == 1
+        assert service.parts.dispatcher.status(chat.room).waiting == 1
         # An edit that comes before its original creates nothing.
         assert await chat.edited(ExternalMessageId("in-9"), "early") is Accepted.IGNORED
         # Edits never turn a message into a command.
@@ -37,7 +37,7 @@ async def test_edits_and_deletions_change_only_what_waits(tmp_path: Path) -> Non
         # After the run: an edit or a deletion starts nothing.
         assert await chat.edited(three, "three, edited") is Accepted.IGNORED
         assert await chat.deleted(four) is Accepted.IGNORED
-        assert service.dispatcher.status(chat.room).waiting == 0
+        assert service.parts.dispatcher.status(chat.room).waiting == 0
 
     prompt = json.loads(record.read_text())["prompt"]
     assert "one, edited" in prompt

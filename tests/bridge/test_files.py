@@ -74,7 +74,7 @@ async def test_files_over_a_limit_are_not_downloaded_and_the_prompt_says_so(
         assert await chat.sink(sent) is Accepted.ACCEPTED
         await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
         counts = {
-            outcome: service.metrics.registry.get_sample_value(
+            outcome: service.parts.metrics.registry.get_sample_value(
                 "chatbridge_files_total", {"outcome": outcome}
             )
             for outcome in ("fetched", "too_large", "failed")
@@ -211,7 +211,7 @@ async def test_a_message_with_files_is_not_steered_but_runs_after_with_its_files
         # either took it or gave it back to wait for its turn.
         async with asyncio.timeout(30):
             while True:
-                status = service.dispatcher.status(chat.room)
+                status = service.parts.dispatcher.status(chat.room)
                 if status.steering == 0 and (status.steered or status.waiting):
                     break
                 await asyncio.sleep(0.02)
@@ -251,7 +251,7 @@ async def test_a_threads_files_land_in_its_worktree_and_do_not_keep_it_from_a_re
         await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
         # The answer comes before the run has ended: a reset then would keep the worktree.
         async with asyncio.timeout(30):
-            while service.dispatcher.status(chat.room.in_thread("t1")).running is not None:
+            while service.parts.dispatcher.status(chat.room.in_thread("t1")).running is not None:
                 await asyncio.sleep(0.02)
         [prompt] = chat.texts(ReplyKind.RESULT)
         # Where claude runs: the thread's worktree, not the room's checkout.

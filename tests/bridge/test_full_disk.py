@@ -45,7 +45,9 @@ async def test_an_answer_printed_while_the_disk_is_full_reaches_the_room_and_say
                 await chat.wait_until(lambda: bool(chat.texts(ReplyKind.RESULT)))
         finally:
             small_disk.free()
-        counted = service.metrics.registry.get_sample_value("chatbridge_journal_unwritable_total")
+        counted = service.parts.metrics.registry.get_sample_value(
+            "chatbridge_journal_unwritable_total"
+        )
     assert chat.texts(ReplyKind.RESULT) == [ANSWER.strip()]
     [told] = [t for t in chat.texts(ReplyKind.NOTICE) if "state directory" in t]
     assert "No space left on device" in told

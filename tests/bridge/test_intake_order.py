@@ -68,7 +68,7 @@ async def test_messages_accepted_together_are_recorded_in_call_order_in_one_tran
             InboundMessage(ROOM, UserId("local"), text, ExternalMessageId(f"ext-{i}"))
             for i, text in enumerate(texts)
         ]
-        results = await asyncio.gather(*(service.intake.accept(m) for m in messages))
+        results = await asyncio.gather(*(service.parts.intake.accept(m) for m in messages))
         assert inserts == 1
         assert results == [Accepted.ACCEPTED] * len(texts)
         await session.finish()
@@ -92,7 +92,7 @@ async def test_a_message_after_retry_in_one_burst_runs_after_the_retried_ones(
         assert service is not None
         retry = InboundMessage(room, user, "!retry", ExternalMessageId("x-1"))
         after = InboundMessage(room, user, "second", ExternalMessageId("x-2"))
-        await asyncio.gather(service.intake.accept(retry), service.intake.accept(after))
+        await asyncio.gather(service.parts.intake.accept(retry), service.parts.intake.accept(after))
         await session.wait_for("· Done after", count=1)
         await session.finish()
     with sqlite3.connect(tmp_path / "bridge.db") as db:

@@ -65,11 +65,11 @@ async def test_a_stop_before_the_run_reaches_the_claude_kept_warm_stops_that_cla
                 await asyncio.sleep(0.01)  # the run took the warm claude and reads the session
             bridge.send("!stop")
             assert bridge.service is not None
-            dispatcher = bridge.service.dispatcher
+            dispatcher = bridge.service.parts.dispatcher
             while dispatcher.status(console_room(bridge)).running is not None:
                 await asyncio.sleep(0.02)
             flaky[0].heal()
-            prestarts = bridge.service.executor.prestarts
+            prestarts = bridge.service.parts.executor.prestarts
             assert prestarts is not None
             while prestarts._stopping:
                 await asyncio.gather(*prestarts._stopping)
@@ -107,7 +107,7 @@ async def test_a_run_that_fails_before_handing_on_the_warm_claude_leaves_no_seco
             ConsoleSession(load_settings(config_path), wrap_store=wrap) as bridge,
         ):
             assert bridge.service is not None
-            bridge.service.executor.store_retry_delays_s = (0.01,)
+            bridge.service.parts.executor.store_retry_delays_s = (0.01,)
             started = watch_starts(bridge)
             bridge.send("first")
             await bridge.wait_for("first")

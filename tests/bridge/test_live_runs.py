@@ -74,7 +74,7 @@ async def test_an_unanswered_request_expires_as_a_denial(tmp_path: Path) -> None
         bridge.send("wait for me")
         await bridge.wait_for("Claude asks to use")
         assert bridge.service is not None
-        flow = bridge.service.approvals
+        flow = bridge.service.parts.approvals
         # The expiry is the wall clock's: move it past the request's wait.
         flow.wall_clock = lambda: time.time() + 10_000
         assert await flow.expire_due() == 1
@@ -129,7 +129,7 @@ async def test_steer_folds_messages_into_the_running_run(tmp_path: Path) -> None
         await until_steered(tmp_path)
         (tmp_path / "gate").touch()
         out = await bridge.wait_for("first\nsecond")
-        assert service.dispatcher.active_runs in (0, 1)
+        assert service.parts.dispatcher.active_runs in (0, 1)
     [(run_id, status)] = rows(tmp_path, "select id, status from runs")
     assert status == "succeeded"
     assert rows(tmp_path, "select run_id from run_messages") == [(run_id,), (run_id,)]
@@ -156,7 +156,7 @@ async def test_a_prestarted_claude_answers_and_is_counted(tmp_path: Path) -> Non
         bridge.send("hello there")
         await bridge.wait_for("hello there")
         assert bridge.service is not None
-        used = bridge.service.metrics.prestarts.labels("used", "")._value.get()
+        used = bridge.service.parts.metrics.prestarts.labels("used", "")._value.get()
         assert used == 1
 
 
@@ -270,10 +270,10 @@ async def test_a_prestart_the_settings_outdated_is_counted_wasted_not_used(
         bridge.send("!model opus")  # during the window: the prestart has the old settings
         await bridge.wait_for("hello there")
         assert bridge.service is not None
-        prestarts = bridge.service.metrics.prestarts
+        prestarts = bridge.service.parts.metrics.prestarts
         assert prestarts.labels("used", "")._value.get() == 0
         assert prestarts.labels("wasted", "changed")._value.get() == 1
-        assert bridge.service.metrics.prestart_saved._value.get() == 0
+        assert bridge.service.parts.metrics.prestart_saved._value.get() == 0
     argv = json.loads((tmp_path / "record.json").read_text())["argv"]
     assert argv[argv.index("--model") + 1] == "opus"  # started cold, with the new model
 
@@ -456,7 +456,7 @@ async def test_a_prestart_of_a_run_that_never_started_is_wasted(
         bridge.send("hello there")
         await bridge.wait_for("The database is failing")
         assert bridge.service is not None
-        metrics = bridge.service.metrics
+        metrics = bridge.service.parts.metrics
         if how == "!stop":
             bridge.send("!stop")
             await bridge.wait_for("Stopping the run")
@@ -557,7 +557,7 @@ def at(log: list[dict[str, Any]], pid: int, event: str) -> int:
 async def until_queued_not_steering(bridge: ConsoleSession) -> None:
     """One message waits in the room, in the follow-up queue (none gathers to steer)."""
     assert bridge.service is not None
-    dispatcher = bridge.service.dispatcher
+    dispatcher = bridge.service.parts.dispatcher
     while (status := dispatcher.status(console_room(bridge))).waiting != 1 or status.steering:
         bridge.out.changed.clear()
         with contextlib.suppress(TimeoutError):
@@ -584,7 +584,7 @@ async def test_the_next_message_is_answered_by_the_claude_kept_warm_after_the_ru
         bridge.send("second")
         await bridge.wait_for("second")
         assert bridge.service is not None
-        metrics = bridge.service.metrics
+        metrics = bridge.service.parts.metrics
         assert metrics.prestarts.labels("used", "")._value.get() == 2
     log = run_log(path)
     first, second = answered_by(log, "first"), answered_by(log, "second")
@@ -611,8 +611,8 @@ async def test_a_claude_kept_warm_that_no_message_takes_expires_and_leaves_nothi
         await bridge.wait_for("first")
         warm = await kept_warm(started)
         assert bridge.service is not None
-        metrics = bridge.service.metrics
-        prestarts = bridge.service.executor.prestarts
+        metrics = bridge.service.parts.metrics
+        prestarts = bridge.service.parts.executor.prestarts
         assert prestarts is not None
         while not metrics.prestarts.labels("wasted", "expired")._value.get():
             await asyncio.sleep(0.02)  # (a counter: nothing to await on)
@@ -649,7 +649,7 @@ async def test_a_reset_wastes_the_claude_kept_warm_and_the_run_starts_cold_anew(
         bridge.send("second")
         await bridge.wait_for("second")
         assert bridge.service is not None
-        prestarts = bridge.service.metrics.prestarts
+        prestarts = bridge.service.parts.metrics.prestarts
         assert prestarts.labels("wasted", "changed")._value.get() == 1
         assert prestarts.labels("used", "")._value.get() == 1  # the first run's
     log = run_log(path)
@@ -680,7 +680,7 @@ async def test_a_follow_up_run_no_prestart_was_announced_for_takes_the_warm_clau
         (tmp_path / "gate").touch()
         await bridge.wait_for("\nsecond\n")
         assert bridge.service is not None
-        metrics = bridge.service.metrics
+        metrics = bridge.service.parts.metrics
         assert metrics.prestarts.labels("used", "")._value.get() == 2
     log = run_log(path)
     first, second = answered_by(log, "first"), answered_by(log, "second")
@@ -693,7 +693,7 @@ async def test_a_follow_up_run_no_prestart_was_announced_for_takes_the_warm_clau
 async def until_queued(bridge: ConsoleSession) -> None:
     """The room's next message waits behind its run (in the dispatcher: no event)."""
     assert bridge.service is not None
-    dispatcher = bridge.service.dispatcher
+    dispatcher = bridge.service.parts.dispatcher
     room = console_room(bridge)
     while not dispatcher.status(room).waiting:
         await asyncio.sleep(0.02)
@@ -709,10 +709,10 @@ async def test_no_claude_is_kept_warm_after_a_stopped_run(tmp_path: Path) -> Non
         bridge.send("!stop")
         await bridge.wait_for("Stopped")
         assert bridge.service is not None
-        dispatcher = bridge.service.dispatcher
+        dispatcher = bridge.service.parts.dispatcher
         while dispatcher.status(console_room(bridge)).running is not None:
             await asyncio.sleep(0.02)  # (the run's task ends: no event to await)
-        prestarts = bridge.service.executor.prestarts
+        prestarts = bridge.service.parts.executor.prestarts
         assert prestarts is not None
         assert prestarts.take(console_room(bridge)) is None
-        assert bridge.service.metrics.prestarts.labels("used", "")._value.get() == 1
+        assert bridge.service.parts.metrics.prestarts.labels("used", "")._value.get() == 1

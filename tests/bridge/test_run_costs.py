@@ -26,12 +26,12 @@ async def test_a_stopped_runs_cost_reaches_the_ledger_and_the_budget_binds(tmp_p
         await until_tool_runs(bridge, tmp_path)
         bridge.send("!stop")
         await bridge.wait_for("Stopping the run")
-        await bridge.service.dispatcher.wait_idle()
+        await bridge.service.parts.dispatcher.wait_idle()
         bridge.send("!status")
         await bridge.wait_for("Spent today (UTC): $1.00 in this room of $0.50")
         bridge.send("another job")
         await bridge.wait_for("this room's daily budget is spent")
-        metrics = bridge.service.metrics.exposition().decode()
+        metrics = bridge.service.parts.metrics.exposition().decode()
     assert rows(tmp_path, "select status, cost_usd from runs order by seq") == [
         ("stopped", 1.0),
         ("failed", None),  # refused: claude never ran, so nothing is known of a cost
@@ -52,7 +52,7 @@ async def test_a_run_cut_by_a_time_limit_reports_what_claude_spent(
         assert bridge.service is not None
         bridge.send("a long job")
         await bridge.wait_for("`!retry run-")
-        await bridge.service.dispatcher.wait_idle()
+        await bridge.service.parts.dispatcher.wait_idle()
         bridge.send("another job")
         await bridge.wait_for("this room's daily budget is spent")
     status = "timed_out" if limit == "run_timeout_s" else "stalled"
@@ -78,6 +78,6 @@ async def test_a_retry_in_a_new_session_does_not_take_the_lost_sessions_cost(
         bridge.send("a job")
         await bridge.wait_for("continuing in a new session")
         await bridge.wait_for("`!retry run-")
-        await bridge.service.dispatcher.wait_idle()
+        await bridge.service.parts.dispatcher.wait_idle()
     assert rows(tmp_path, "select status, cost_usd from runs") == [("failed", None)]
     assert rows(tmp_path, "select cost_usd from spend") in ([], [(None,)])

@@ -89,7 +89,7 @@ async def test_half_an_emoji_from_chat_is_accepted_safely(tmp_path: Path) -> Non
     async with ConsoleSession(load_settings(write_config(tmp_path))) as session:
         assert session.service is not None
         cut = InboundMessage(ROOM, UserId("local"), "cut \ud83d", ExternalMessageId("x-1"))
-        assert await session.service.intake.accept(cut) is Accepted.ACCEPTED
+        assert await session.service.parts.intake.accept(cut) is Accepted.ACCEPTED
         async with asyncio.timeout(WAIT_S):
             await session.wait_for("cut \ufffd")
     assert rows(tmp_path, "select text, state from messages") == [("cut \ufffd", "done")]
@@ -117,7 +117,7 @@ async def two_runs(tmp_path: Path, wrap_store: type[FinishFailsOnce]) -> None:
     settings = load_settings(write_config(tmp_path))
     async with ConsoleSession(settings, wrap_store=wrap_store) as session:
         assert session.service is not None
-        session.service.executor.store_retry_delays_s = (0.01,)
+        session.service.parts.executor.store_retry_delays_s = (0.01,)
         session.send("first")
         async with asyncio.timeout(WAIT_S):
             await session.wait_for("\nfirst\n")
@@ -186,7 +186,7 @@ async def test_an_answer_whose_outcome_cannot_be_recorded_survives_a_rate_limit(
     settings = load_settings(write_config(tmp_path))
     async with ConsoleSession(settings, wrap_store=wrap, console=AnswerRateLimitedOnce) as session:
         assert session.service is not None
-        session.service.executor.store_retry_delays_s = (0.01,)
+        session.service.parts.executor.store_retry_delays_s = (0.01,)
         for method in failing:
             flaky[0].fail(method, times=None)
         session.send("precious")
@@ -211,7 +211,7 @@ async def test_a_failing_start_is_retried_in_order(tmp_path: Path) -> None:
     settings = load_settings(write_config(tmp_path))
     async with ConsoleSession(settings, wrap_store=wrap) as session:
         assert session.service is not None
-        session.service.executor.start_retry_delays_s = (0.05,) * 4
+        session.service.parts.executor.start_retry_delays_s = (0.05,) * 4
         flaky[0].fail("start_run", times=3)
         session.send("first")
         async with asyncio.timeout(WAIT_S):
@@ -242,7 +242,7 @@ async def test_a_start_that_keeps_failing_is_told_and_kept_for_the_restart(
     settings = load_settings(write_config(tmp_path))
     async with ConsoleSession(settings, wrap_store=wrap) as session:
         assert session.service is not None
-        session.service.executor.start_retry_delays_s = (0.01, 0.01)
+        session.service.parts.executor.start_retry_delays_s = (0.01, 0.01)
         flaky[0].fail("start_run", times=None)
         session.send("first")
         async with asyncio.timeout(WAIT_S):

@@ -158,7 +158,7 @@ def tasks_of(run_id: RunId) -> list[asyncio.Task[Any]]:
 async def settled(bridge: ConsoleSession) -> None:
     """The progress messages' last edits are over (they run beside the room)."""
     assert bridge.service is not None
-    await bridge.service.executor.drain(WAIT_S)
+    await bridge.service.parts.executor.drain(WAIT_S)
 
 
 def assert_left_for_the_new_owner(tmp_path: Path, run_id: RunId, state_dir: Path) -> None:
@@ -192,7 +192,7 @@ async def test_a_retry_in_a_new_session_refused_leaves_nothing_and_records_nothi
         ) as bridge,
     ):
         assert bridge.service is not None
-        executor = bridge.service.executor
+        executor = bridge.service.parts.executor
         executor.holds = holds
         room = console_room(bridge)
         await executor.store.set_session(room, SessionId("gone-1234"))  # claude lost it
@@ -241,7 +241,7 @@ async def test_a_run_cancelled_by_the_lost_room_before_it_gave_the_warm_claude_t
             ConsoleSession(settings, console=Typing, wrap_store=wrap) as bridge,
         ):
             assert bridge.service is not None
-            executor = bridge.service.executor
+            executor = bridge.service.parts.executor
             executor.holds = holds
             room = console_room(bridge)
             started = watch_starts(bridge)
@@ -253,7 +253,7 @@ async def test_a_run_cancelled_by_the_lost_room_before_it_gave_the_warm_claude_t
             bridge.send("second")
             await hanging[0].reading.wait()  # the run took the warm claude
             holds.lose()
-            bridge.service.dispatcher.release(room)  # as the cluster's give_up does
+            bridge.service.parts.dispatcher.release(room)  # as the cluster's give_up does
             run_id = await ended.get()
             hanging[0].hang = False
             assert run_id == warm.run_id
@@ -297,7 +297,7 @@ async def test_a_lost_room_cancelling_the_run_while_it_stops_the_warm_claude_rec
             ConsoleSession(settings, console=Typing) as bridge,
         ):
             assert bridge.service is not None
-            executor = bridge.service.executor
+            executor = bridge.service.parts.executor
             executor.holds = holds
             room = console_room(bridge)
             started = watch_starts(bridge)
@@ -308,7 +308,7 @@ async def test_a_lost_room_cancelling_the_run_while_it_stops_the_warm_claude_rec
             holds.lose()  # (after the warm claude was kept: _keep_warm asks too)
             bridge.send("second")
             await stopping.wait()
-            bridge.service.dispatcher.release(room)
+            bridge.service.parts.dispatcher.release(room)
             run_id = await ended.get()
             assert run_id == warm.run_id
             await settled(bridge)
@@ -350,7 +350,7 @@ async def test_a_run_cancelled_before_the_warm_claude_got_the_prompt_is_recorded
         if cancel == "stop":
             bridge.send("!stop")
         else:
-            bridge.service.dispatcher.release(console_room(bridge))
+            bridge.service.parts.dispatcher.release(console_room(bridge))
         run_id = await ended.get()
         hanging[0].hang = False
     [(status,)] = rows(tmp_path, "select status from runs where id = ?", run_id)
@@ -367,11 +367,11 @@ async def test_a_run_whose_claude_got_the_prompt_is_recorded_interrupted_when_th
     ended = executions(monkeypatch)
     async with asyncio.timeout(WAIT_S), ConsoleSession(settings) as bridge:
         assert bridge.service is not None
-        bridge.service.executor.holds = holds
+        bridge.service.parts.executor.holds = holds
         bridge.send("slow")
         await bridge.wait_for("Working")  # the progress message: claude runs
         holds.lose()
-        bridge.service.dispatcher.release(console_room(bridge))
+        bridge.service.parts.dispatcher.release(console_room(bridge))
         run_id = await ended.get()
     [(status,)] = rows(tmp_path, "select status from runs where id = ?", run_id)
     assert status == "interrupted"
@@ -408,7 +408,7 @@ async def test_a_stop_while_the_run_takes_the_warm_claude_stops_that_claude(
             taking.clear()
             bridge.send("second")
             await taking.wait()
-            bridge.service.dispatcher.stop(console_room(bridge))
+            bridge.service.parts.dispatcher.stop(console_room(bridge))
             run_id = await ended.get()
             assert run_id == warm.run_id
             assert await gone(pid, 5.0)

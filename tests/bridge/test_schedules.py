@@ -54,7 +54,7 @@ def config(tmp_path: Path, *schedules: Table, env: dict[str, str] = ECHO, **extr
 
 def counted(session: ConsoleSession, outcome: str) -> float:
     assert session.service is not None
-    value = session.service.metrics.registry.get_sample_value(
+    value = session.service.parts.metrics.registry.get_sample_value(
         "chatbridge_schedule_firings_total", {"outcome": outcome}
     )
     return value or 0.0
@@ -62,7 +62,7 @@ def counted(session: ConsoleSession, outcome: str) -> float:
 
 def scheduler(session: ConsoleSession) -> CronSchedules:
     assert session.service is not None
-    return session.service.scheduler
+    return session.service.parts.scheduler
 
 
 async def at_time(session: ConsoleSession, clock: ManualClock, when: float) -> None:

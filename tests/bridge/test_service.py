@@ -169,7 +169,7 @@ async def test_stop_during_a_run_kills_the_tree_and_drops_the_queue(tmp_path: Pa
         session.send("queued one")
         session.send("queued two")
         assert session.service is not None
-        while session.service.dispatcher.status(ROOM).waiting < 2:
+        while session.service.parts.dispatcher.status(ROOM).waiting < 2:
             await asyncio.sleep(0.01)
         session.send("!stop")
         await session.wait_for("· Stopped after")
@@ -215,7 +215,7 @@ async def test_health_readiness_and_metrics_endpoints(tmp_path: Path) -> None:
         session.send("!help")
         await session.wait_for("Commands:")
         assert session.service is not None
-        while session.service.dispatcher.active_runs:
+        while session.service.parts.dispatcher.active_runs:
             await asyncio.sleep(0.01)
         port = session.service.http_port
         assert port is not None
@@ -248,7 +248,9 @@ async def test_duplicate_delivery_is_stored_and_dispatched_once(tmp_path: Path) 
     async with ConsoleSession(load_settings(write_config(tmp_path))) as session:
         assert session.service is not None
         message = InboundMessage(ROOM, UserId("local"), "same", ExternalMessageId("ext-1"))
-        results = await asyncio.gather(*(session.service.intake.accept(message) for _ in range(5)))
+        results = await asyncio.gather(
+            *(session.service.parts.intake.accept(message) for _ in range(5))
+        )
         assert sorted(results) == sorted([Accepted.ACCEPTED] + [Accepted.DUPLICATE] * 4)
         out = await session.finish()
     assert out.splitlines()[-2] == "same"  # then the progress message's last edit
@@ -266,7 +268,7 @@ async def test_status_answers_from_the_store_during_and_after_a_run(tmp_path: Pa
         await session.wait_for("Bash: echo hello")
         session.send("waiting one")
         assert session.service is not None
-        while session.service.dispatcher.status(ROOM).waiting < 1:
+        while session.service.parts.dispatcher.status(ROOM).waiting < 1:
             await asyncio.sleep(0.01)
         session.send("!status")
         out = await session.wait_for("Waiting: 1 message.")
@@ -323,7 +325,7 @@ async def test_batches_show_received_running_and_done(tmp_path: Path) -> None:
             service = Service(settings, store, [console])
             # Shown running at once: this quick run would otherwise end before
             # typing_after_s, shown received and done only.
-            service.executor.typing_after_s = 0.0
+            service.parts.executor.typing_after_s = 0.0
             await service.serve()
         finally:
             await store.close()
@@ -346,7 +348,7 @@ async def test_stop_whose_drop_cannot_be_written_keeps_the_queue(tmp_path: Path)
 
     async with ConsoleSession(load_settings(path), wrap_store=wrap) as session:
         assert session.service is not None
-        dispatcher = session.service.dispatcher
+        dispatcher = session.service.parts.dispatcher
         session.send("long job")
         await session.wait_for("Bash: echo hello")
         session.send("queued one")

@@ -58,7 +58,7 @@ async def test_typing_goes_off_when_the_answer_is_rate_limited(tmp_path: Path) -
     config = settings(tmp_path, QUICK_DRAIN, env)
     chat = LimitedAnswer(console_room(config), "local")
     async with serving(config, chat) as (service, _):
-        service.executor.cosmetic_timeout_s = 0.2
+        service.parts.executor.cosmetic_timeout_s = 0.2
         await chat.say("hi")
         async with asyncio.timeout(GUARD_S):
             # Shown typing before claude answers (an answer first shows none).
@@ -66,7 +66,7 @@ async def test_typing_goes_off_when_the_answer_is_rate_limited(tmp_path: Path) -
             go.touch()
             await chat.limited.wait()
             # The run is over (its cosmetics given up on the answer's wait) ...
-            await service.dispatcher.wait_idle()
+            await service.parts.dispatcher.wait_idle()
         # ... and the answer waits for the rate limit to pass: the room must not
         # show the bot typing meanwhile, nor after (Matrix renews it until cleared).
         assert chat.texts(ReplyKind.RESULT) == []
@@ -77,11 +77,11 @@ async def test_the_outcome_is_shown_when_the_answer_was_rate_limited(tmp_path: P
     config = settings(tmp_path, QUICK_DRAIN, {"FAKE_CLAUDE_RESULT": "the answer"})
     chat = LimitedAnswer(console_room(config), "local")
     async with serving(config, chat) as (service, _):
-        service.executor.cosmetic_timeout_s = 0.2
+        service.parts.executor.cosmetic_timeout_s = 0.2
         await chat.say("hi")
         async with asyncio.timeout(GUARD_S):
             await chat.limited.wait()
-            await service.dispatcher.wait_idle()
+            await service.parts.dispatcher.wait_idle()
         # The message still shows the run as running (Slack: its "running" reaction).
         assert ("phase", RunPhase.DONE.value) in chat.events, chat.events
 
@@ -111,8 +111,8 @@ async def test_a_service_that_ends_leaves_no_spare(tmp_path: Path) -> None:
         await chat.wait_until(lambda: chat.texts(ReplyKind.RESULT) == ["done"])
         # A spare is ready for the next run (refilled a little after this one's start:
         # here at once).
-        service.spares.refill()
-        assert service.spares._ready is not None
+        service.parts.spares.refill()
+        assert service.parts.spares._ready is not None
         assert standby_children() != []
     assert standby_children() == []
 

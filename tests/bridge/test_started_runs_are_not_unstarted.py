@@ -35,7 +35,7 @@ async def test_a_run_that_ran_but_whose_end_went_unrecorded_is_not_run_again(
     settings = load_settings(write_config(tmp_path))
     async with ConsoleSession(settings, wrap_store=wrap) as session:
         assert session.service is not None
-        session.service.executor.store_retry_delays_s = (0.01,)
+        session.service.parts.executor.store_retry_delays_s = (0.01,)
         flaky[0].fail("register_live_run", times=None)
         flaky[0].fail("finish_run", times=None)
         session.send("precious")

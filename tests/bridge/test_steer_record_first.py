@@ -78,7 +78,7 @@ async def test_a_steered_message_is_written_into_claude_only_after_it_is_recorde
         await crash[0].reached.wait()
         try:
             # The crash point: whatever was recorded, nothing of tok-B went into claude.
-            control = bridge.service.executor.live_runs.control(CONSOLE)
+            control = bridge.service.parts.executor.live_runs.control(CONSOLE)
             assert control is not None
             assert control.messages_sent == 1  # the run's prompt alone
             recorded = rows(tmp_path, "select state from messages where text like '%tok-B%'")
@@ -87,7 +87,7 @@ async def test_a_steered_message_is_written_into_claude_only_after_it_is_recorde
         finally:
             crash[0].release.set()  # (also after a failure: the run can end)
         out = await bridge.wait_for("tok-B")
-        await bridge.service.dispatcher.wait_idle()
+        await bridge.service.parts.dispatcher.wait_idle()
     assert out.count("tok-B") == 1  # answered once
     [(run_id,)] = rows(tmp_path, "select id from runs")
     assert rows(tmp_path, "select state, run_id from messages order by id") == [
@@ -131,7 +131,7 @@ async def test_a_steered_message_that_cannot_be_recorded_is_not_sent(
 
     async with asyncio.timeout(WAIT_S), ConsoleSession(settings, wrap_store=wrap) as bridge:
         assert bridge.service is not None
-        bridge.service.executor.store_retry_delays_s = (0.01,)
+        bridge.service.parts.executor.store_retry_delays_s = (0.01,)
         if answered_meanwhile:
             failing[0].release.clear()
         bridge.send("first tok-A")
@@ -146,7 +146,7 @@ async def test_a_steered_message_that_cannot_be_recorded_is_not_sent(
         await bridge.wait_for("could not be added to the run")
         (tmp_path / "gate").touch()
         out = await bridge.wait_for("first tok-A\n")
-        await bridge.service.dispatcher.wait_idle()
+        await bridge.service.parts.dispatcher.wait_idle()
         out = await bridge.finish()
     [(state,)] = rows(tmp_path, "select state from messages where text like '%tok-B%'")
     assert state == "pending"  # kept for the next start, which runs it once
@@ -161,7 +161,7 @@ async def until_result_read(bridge: ConsoleSession) -> None:
     assert service is not None
 
     def read() -> bool:
-        control = service.executor.live_runs.control(CONSOLE)
+        control = service.parts.executor.live_runs.control(CONSOLE)
         return control is not None and bool(control._results)
 
     await until_output_and(bridge, read)
@@ -186,7 +186,7 @@ async def until_sent(bridge: ConsoleSession, count: int) -> None:
     """The reattached run was written ``count`` user messages (or takes no more)."""
     assert bridge.service is not None
     while True:
-        control = bridge.service.executor.live_runs.control(CONSOLE)
+        control = bridge.service.parts.executor.live_runs.control(CONSOLE)
         if control is not None and (control.messages_sent >= count or control.closed):
             return
         await asyncio.sleep(0.01)
@@ -219,7 +219,7 @@ async def test_a_message_recorded_into_a_run_but_not_sent_reaches_it_after_a_res
             assert bridge.service is not None
             bridge.send("first tok-A")
             await until_tool_runs(bridge, tmp_path)
-            control = bridge.service.executor.live_runs.control(CONSOLE)
+            control = bridge.service.parts.executor.live_runs.control(CONSOLE)
             assert control is not None
             bridge.send("second tok-B")
             await slow[0].reached.wait()
@@ -236,7 +236,7 @@ async def test_a_message_recorded_into_a_run_but_not_sent_reaches_it_after_a_res
             await until_sent(bridge, 2)  # the prompt (replayed), then tok-B
             (tmp_path / "gate").touch()
             out = await bridge.wait_for("tok-B")
-            await bridge.service.dispatcher.wait_idle()
+            await bridge.service.parts.dispatcher.wait_idle()
             out = await bridge.finish()
     assert "second tok-B" in out
     assert rows(tmp_path, "select state from messages order by id") == [("done",), ("done",)]

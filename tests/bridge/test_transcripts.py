@@ -65,7 +65,7 @@ async def run_replica(
         bridge.send(line)
         out = await bridge.finish()
         assert bridge.service is not None
-        used = bridge.service.metrics.prestarts.labels("used", "")._value.get()
+        used = bridge.service.parts.metrics.prestarts.labels("used", "")._value.get()
     return Served(out, used)
 
 

@@ -55,10 +55,10 @@ async def test_no_typing_is_shown_once_the_answer_came_during_the_running_phase(
     given = _settings(tmp_path, {}, env)
     chat = AnswerDuringRunningPhase(console_room(given), "local", go)
     async with serving(given, chat) as (service, _):
-        service.executor.typing_after_s = 0.0
+        service.parts.executor.typing_after_s = 0.0
         await chat.say("hi")
         await chat.wait_until(lambda: ("phase", RunPhase.DONE.value) in chat.events)
-        await service.dispatcher.wait_idle()
+        await service.parts.dispatcher.wait_idle()
     assert chat.texts(ReplyKind.RESULT) == ["quick"]
     sent = chat.events.index(("send result", "quick"))
     assert ("typing", "True") not in chat.events[sent:], chat.events
@@ -93,7 +93,7 @@ async def test_a_message_steered_into_a_run_is_not_left_shown_running(tmp_path: 
     given = _settings(tmp_path, config, env)
     chat = PhasesByMessage(console_room(given), "local")
     async with serving(given, chat) as (service, _):
-        service.executor.typing_after_s = 0.0
+        service.parts.executor.typing_after_s = 0.0
         first, _ = await chat.say("first")
         await chat.wait_until(lambda: chat.shown.get(first) is RunPhase.RUNNING)
         second, _ = await chat.say("second")
@@ -101,6 +101,6 @@ async def test_a_message_steered_into_a_run_is_not_left_shown_running(tmp_path: 
         await chat.wait_until(lambda: chat.shown.get(second) is RunPhase.RUNNING)
         gate.touch()
         await chat.wait_until(lambda: chat.shown.get(first) is RunPhase.DONE)
-        await service.dispatcher.wait_idle()
+        await service.parts.dispatcher.wait_idle()
     assert chat.texts(ReplyKind.RESULT) == ["first\nsecond"]
     assert chat.shown[second] is RunPhase.DONE, chat.events

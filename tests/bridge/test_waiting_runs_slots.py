@@ -54,8 +54,8 @@ async def test_a_run_waiting_for_approval_lets_another_conversation_run_with_one
     async with serving(one_slot(tmp_path, ECHO)) as (service, chat):
         await a_waits_for_approval(chat)
         # a's run waits for a person: its slot went back to the pool.
-        assert service.dispatcher.active_runs == 1
-        assert service.dispatcher.lent_runs == 1
+        assert service.parts.dispatcher.active_runs == 1
+        assert service.parts.dispatcher.lent_runs == 1
         await chat.say("!status", thread="a")
         await chat.wait_until(lambda: said(chat, "its run slot serves other rooms", "a"))
         await chat.say("job b", thread="b")
@@ -63,7 +63,7 @@ async def test_a_run_waiting_for_approval_lets_another_conversation_run_with_one
         assert results(chat) == [("b", "job b")]  # a still waits
         await chat.say("!approve #1", thread="a")
         await chat.wait_until(lambda: ("a", "job a") in results(chat))
-        assert service.dispatcher.lent_runs == 0
+        assert service.parts.dispatcher.lent_runs == 0
     assert results(chat) == [("b", "job b"), ("a", "job a")]
 
 
@@ -77,7 +77,7 @@ async def test_an_answer_waits_for_a_slot_while_another_run_holds_it_and_says_so
     async with serving(one_slot(tmp_path, env)) as (service, chat):
         await a_waits_for_approval(chat)
         await chat.say("job b", thread="b")  # runs in a's lent slot; its tool waits for go
-        await chat.wait_until(lambda: service.dispatcher.active_runs == 2)
+        await chat.wait_until(lambda: service.parts.dispatcher.active_runs == 2)
         await chat.say("!approve #1", thread="a")
         await chat.wait_until(lambda: said(chat, "Queued: 0 waiting run(s) ahead", "a"))
         assert results(chat) == []
@@ -120,11 +120,11 @@ async def test_a_run_whose_request_claude_withdrew_holds_a_slot_as_it_goes_on(
     async with serving(one_slot(tmp_path, env, during_run="interrupt")) as (service, chat):
         await a_waits_for_approval(chat)
         await chat.say("job b", thread="b")  # runs in a's lent slot; its tool waits for go
-        await chat.wait_until(lambda: service.dispatcher.active_runs == 2)
+        await chat.wait_until(lambda: service.parts.dispatcher.active_runs == 2)
         await chat.say("rather this", thread="a")  # claude withdraws #1 and goes on
         await chat.wait_until(lambda: ("a", "rather this") in results(chat))
         # a's claude works (it answered): it holds a slot, beyond the one if need be.
-        assert service.dispatcher.lent_runs == 0
+        assert service.parts.dispatcher.lent_runs == 0
         await chat.say("!status", thread="a")
         await chat.wait_until(lambda: said(chat, "Waiting:", "a"))
         assert not said(chat, "It was answered", "a")

@@ -95,7 +95,7 @@ class Hooks:
 
     def counted(self, outcome: str) -> float:
         assert self.session.service is not None
-        value = self.session.service.metrics.registry.get_sample_value(
+        value = self.session.service.parts.metrics.registry.get_sample_value(
             "chatbridge_webhook_deliveries_total", {"outcome": outcome}
         )
         return value or 0.0

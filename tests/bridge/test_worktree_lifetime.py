@@ -62,13 +62,13 @@ async def test_idle_worktrees_go_and_uncommitted_work_stays_on_the_branch(
     async with serving(settings) as (service, chat):
         await run_threads(chat, "clean", "draft", "recent")
         async with asyncio.timeout(GUARD_S):
-            await service.dispatcher.wait_idle()
+            await service.parts.dispatcher.wait_idle()
         (tree_of(repo, "draft") / "draft.txt").write_text("half done\n")
         (tree_of(repo, "draft") / "README").write_text("edited\n")
         idle_for(repo, "clean", 8)
         idle_for(repo, "draft", 30)
         idle_for(repo, "recent", 6)
-        await service.lifetimes.sweep()
+        await service.parts.lifetimes.sweep()
         await chat.wait_until(lambda: len(notices(chat)) == 2)
         told = {r.thread: r.text for r in chat.replies if r.kind is ReplyKind.NOTICE}
         # The thread that comes back later works on its branch again, with its work.
@@ -102,7 +102,7 @@ async def test_a_worktree_in_use_or_off_its_branch_stays(tmp_path: Path, repo: P
         go.touch()
         await run_threads(chat, "detached")
         async with asyncio.timeout(GUARD_S):
-            await service.dispatcher.wait_idle()
+            await service.parts.dispatcher.wait_idle()
         go.unlink()
         detached = tree_of(repo, "detached")
         git(detached, "checkout", "-q", "--detach")
@@ -111,7 +111,7 @@ async def test_a_worktree_in_use_or_off_its_branch_stays(tmp_path: Path, repo: P
         await chat.wait_until(lambda: tree_of(repo, "busy").exists())
         idle_for(repo, "detached", 2)
         idle_for(repo, "busy", 2)
-        await service.lifetimes.sweep()
+        await service.parts.lifetimes.sweep()
         await chat.wait_until(lambda: len(notices(chat)) == 1)
         assert tree_of(repo, "busy").exists()  # its run works in it
         go.touch()

@@ -51,7 +51,7 @@ async def test_each_thread_works_in_its_own_worktree(tmp_path: Path, repo: Path)
         # Uncommitted work keeps a worktree; a clean one goes with its branch.
         # (Once the runs have ended: an answer is out before its run has wound down.)
         async with asyncio.timeout(GUARD_S):
-            await service.dispatcher.wait_idle()
+            await service.parts.dispatcher.wait_idle()
         (trees["1700.01"] / "draft.txt").write_text("half done\n")
         await chat.say("!reset", thread="1700.01")
         await chat.say("!reset", thread="$ev:hs")

@@ -119,7 +119,7 @@ Factory = Callable[..., Settings]
 def held_room_stops(r: Replica) -> asyncio.Event:
     """Hold ``r``'s handling of every room-stop notice until the returned event is set:
     as when its poll loop is busy and hears the notice late."""
-    cluster = r.service.cluster
+    cluster = r.service.parts.cluster
     assert cluster is not None
     heard = cluster.on_notice
     assert heard is not None

@@ -31,11 +31,13 @@ async def test_an_answer_from_another_replicas_console_reaches_claude(
             store = a.service.store
             while any(p.message_id is None for p in await store.pending_approvals()):
                 await asyncio.sleep(0.01)  # its post recorded
-            assert a.service.cluster is not None
-            await until(lambda: a.service.cluster is not None and a.service.cluster.holds(ROOM))
+            assert a.service.parts.cluster is not None
+            await until(
+                lambda: a.service.parts.cluster is not None and a.service.parts.cluster.holds(ROOM)
+            )
             [pending] = await b.service.store.pending_approvals()
             console = DeskActions(
-                b.service.store, b.service.approvals.desk(), b.service.settings.room
+                b.service.store, b.service.parts.approvals.desk(), b.service.settings.room
             )
             told = await console.answer((UserId("U1"),), pending.id, ApprovalChoice.ALLOW, "")
             assert "already ended" not in told

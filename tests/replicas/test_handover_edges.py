@@ -64,7 +64,7 @@ async def test_a_stop_pending_at_a_takeover_does_not_drop_the_message_sent_after
     afterwards: the stop, sent first, drops (or stops) the message sent after it,
     which is never answered."""
     async with replica(replica_settings(tmp_path, "b", cluster_db)) as b:
-        cluster = b.service.cluster
+        cluster = b.service.parts.cluster
         assert cluster is not None
         # Replica z owned the conversation and died: its lease runs for lease_ttl_s.
         assert await cluster.leases.acquire(ROOM, "z") is not None
@@ -94,10 +94,10 @@ async def test_a_replica_restarted_after_its_run_was_taken_over_does_not_kill_it
                 while not await a.service.store.live_runs():  # registered: detachable
                     await asyncio.sleep(0.01)
         # a is gone, its run goes on; its lease runs out and b follows the run.
-        cluster = b.service.cluster
+        cluster = b.service.parts.cluster
         assert cluster is not None
         await until(lambda: cluster.holds(ROOM), ANSWERED_S)
-        await until(lambda: b.service.dispatcher.active_runs == 1, ANSWERED_S)
+        await until(lambda: b.service.parts.dispatcher.active_runs == 1, ANSWERED_S)
         again = SlackRoom(ROOM, "U1", id_prefix="a-again")
         async with replica(a_settings, again):
             gate.touch()
@@ -120,10 +120,10 @@ async def test_a_top_level_stop_drops_a_thread_message_waiting_for_a_free_slot(
     config = {"defaults": {"conversation": "thread"}, "runner": {"max_concurrent_runs": 1}}
     async with replica(replica_settings(tmp_path, "a", cluster_db, config, env=env)) as a:
         await a.chat.say("busy", thread="t1")
-        await until(lambda: a.service.dispatcher.active_runs == 1, ANSWERED_S)
+        await until(lambda: a.service.parts.dispatcher.active_runs == 1, ANSWERED_S)
         await a.chat.say("waiting for a slot", thread="t2")  # the only slot is busy
         await a.chat.say("!stop")
-        await until(lambda: a.service.dispatcher.active_runs == 0, ANSWERED_S)
+        await until(lambda: a.service.parts.dispatcher.active_runs == 0, ANSWERED_S)
         gate.touch()
         # A later message of the same thread runs only after anything still waiting
         # there (with it in one batch, or after it): once its answer is in, the
@@ -224,7 +224,7 @@ async def test_a_top_level_status_lists_a_thread_waiting_for_a_free_slot(
     config = {"defaults": {"conversation": "thread"}, "runner": {"max_concurrent_runs": 1}}
     async with replica(replica_settings(tmp_path, "a", cluster_db, config, env=env)) as a:
         await a.chat.say("busy", thread="t1")
-        await until(lambda: a.service.dispatcher.active_runs == 1, ANSWERED_S)
+        await until(lambda: a.service.parts.dispatcher.active_runs == 1, ANSWERED_S)
         await a.chat.say("waiting for a slot", thread="t2")  # the only slot is busy
         await a.chat.say("!status")
         await a.chat.wait_until(lambda: len(a.chat.texts(ReplyKind.NOTICE)) >= 1)
@@ -245,7 +245,7 @@ async def test_an_edit_during_a_takeover_reaches_the_run(tmp_path: Path, cluster
     while the message still waited (the timing is forced here: the takeover's read
     is held until the edit is recorded)."""
     async with replica(replica_settings(tmp_path, "b", cluster_db)) as b:
-        cluster = b.service.cluster
+        cluster = b.service.parts.cluster
         assert cluster is not None
         # Replica z owned the conversation and died: its lease runs for lease_ttl_s.
         assert await cluster.leases.acquire(ROOM, "z") is not None

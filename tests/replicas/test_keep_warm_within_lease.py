@@ -27,7 +27,7 @@ async def test_a_shutdown_hands_the_conversation_over_only_once_its_warm_claude_
     env = {"FAKE_CLAUDE_ECHO": "1", "FAKE_CLAUDE_IGNORE_TERM": "1"}
     alive_at_release: list[bool] = []
     async with replica(replica_settings(tmp_path, "a", cluster_db, config, env=env)) as a:
-        cluster, prestarts = a.service.cluster, a.service.executor.prestarts
+        cluster, prestarts = a.service.parts.cluster, a.service.parts.executor.prestarts
         assert cluster is not None
         assert prestarts is not None
         await a.chat.say("hello")

@@ -39,12 +39,12 @@ async def test_a_replica_that_lost_the_lease_says_nothing_more_of_its_run(
         await a.chat.wait_until(lambda: a.chat.phases.get(said) is RunPhase.RUNNING)
 
         # Paused past its lease: on waking, its own clock says the conversation is gone.
-        a.service.executor.holds = lambda room: False
+        a.service.parts.executor.holds = lambda room: False
         if ending == "claude answers":
             gate.touch()
         else:
-            a.service.dispatcher.stop(ROOM)  # as the cluster letting go of the room does
-        await until(lambda: a.service.dispatcher.active_runs == 0, GUARD_S)
+            a.service.parts.dispatcher.stop(ROOM)  # as the cluster letting go of the room does
+        await until(lambda: a.service.parts.dispatcher.active_runs == 0, GUARD_S)
         assert a.chat.texts(ReplyKind.RESULT) == []
         assert a.chat.texts(ReplyKind.NOTICE) == []
         assert a.chat.phases[said] is RunPhase.RUNNING  # no ✅, ❌ or 🛑 from it
@@ -73,7 +73,9 @@ async def test_a_run_taken_over_from_a_replica_is_reported_as_that_replica_stopp
         run = await store.get_run(run_id)
         assert run is not None
         # Left running by replica a, which stopped answering (paused, or dead).
-        await b.service.recovery.recover_run(dataclasses.replace(run, replica="a"), None, False)
+        await b.service.parts.recovery.recover_run(
+            dataclasses.replace(run, replica="a"), None, False
+        )
         await b.chat.wait_until(lambda: bool(b.chat.texts(ReplyKind.NOTICE)))
         [notice] = b.chat.texts(ReplyKind.NOTICE)
         ended = await store.get_run(run_id)

@@ -49,7 +49,7 @@ async def test_a_replica_that_lost_the_conversation_after_recording_a_start_star
     env = {**ECHO, "FAKE_CLAUDE_RECORD": str(spawned)}
     async with replica(replica_settings(tmp_path, "a", cluster_db, env=env)) as a:
         await a.chat.say("only on the new owner")
-        await until(lambda: bool(started) and a.service.dispatcher.active_runs == 0, GUARD_S)
+        await until(lambda: bool(started) and a.service.parts.dispatcher.active_runs == 0, GUARD_S)
         assert list(a.chat.texts(ReplyKind.RESULT)) == []
     assert not spawned.exists()  # no claude was started for it
     conn = await asyncpg.connect(_asyncpg_dsn(cluster_db))

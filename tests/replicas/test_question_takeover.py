@@ -64,7 +64,7 @@ async def test_a_request_waiting_when_its_replica_goes_is_answered_through_the_n
                     # The cut-off detaches the runs (as a kill leaves them), then no
                     # graceful step at all.
                     drained = asyncio.ensure_future(
-                        a.service.dispatcher.drain(GUARD_S, reason=EndReason.DETACHED)
+                        a.service.parts.dispatcher.drain(GUARD_S, reason=EndReason.DETACHED)
                     )
                     a.die()
                     await asyncio.wait({a.task})
@@ -72,11 +72,13 @@ async def test_a_request_waiting_when_its_replica_goes_is_answered_through_the_n
                     await asyncio.wait({drained})
             # b takes the conversation over (a's run is still marked running: work),
             # reattaches to the run's supervisor and finds the request still waiting.
-            assert b.service.cluster is not None
-            await until(lambda: b.service.cluster is not None and b.service.cluster.holds(ROOM))
-            await until(lambda: b.service.dispatcher.active_runs == 1)
+            assert b.service.parts.cluster is not None
+            await until(
+                lambda: b.service.parts.cluster is not None and b.service.parts.cluster.holds(ROOM)
+            )
+            await until(lambda: b.service.parts.dispatcher.active_runs == 1)
             # Still waiting for a person on b: the run lent b's slot too.
-            await until(lambda: b.service.dispatcher.lent_runs == 1)
+            await until(lambda: b.service.parts.dispatcher.lent_runs == 1)
             await b.chat.say(answer)
             await b.chat.wait_until(lambda: "ask me" in b.chat.texts(ReplyKind.RESULT))
             approval = await b.service.store.approval_by_number(ROOM, 1)

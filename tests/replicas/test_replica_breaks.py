@@ -41,7 +41,7 @@ async def test_a_conversation_taken_while_a_renewal_is_under_way_is_not_lost(
     fenced at its start, nobody else may take the conversation (the heartbeat
     keeps renewing the row), and the message never runs."""
     async with replica(replica_settings(tmp_path, "a", cluster_db)) as a:
-        cluster = a.service.cluster
+        cluster = a.service.parts.cluster
         assert cluster is not None
         renew, acquire = cluster.leases.heartbeat, cluster.leases.acquire
         renewed, acquired = asyncio.Event(), asyncio.Event()
@@ -79,7 +79,7 @@ async def test_a_conversation_whose_recovery_failed_is_taken_again(
     heartbeat renews it (the renewal is of every unexpired row it owns), so no
     poll ever finds the conversation unowned: its pending message never runs."""
     async with replica(replica_settings(tmp_path, "a", cluster_db)) as a:
-        cluster = a.service.cluster
+        cluster = a.service.parts.cluster
         assert cluster is not None
         recover = cluster.take_over
         assert recover is not None
@@ -109,7 +109,7 @@ async def test_a_command_forwarded_to_a_dead_owner_is_carried_out_by_the_next(
     crash"): but this one was accepted by a live replica and never reached its
     owner. It is settled unanswered: the command is lost."""
     async with replica(replica_settings(tmp_path, "b", cluster_db)) as b:
-        cluster = b.service.cluster
+        cluster = b.service.parts.cluster
         assert cluster is not None
         # Replica z owned the conversation and died: its lease runs for lease_ttl_s.
         assert await cluster.leases.acquire(ROOM, "z") is not None
@@ -136,7 +136,7 @@ async def test_a_message_after_a_top_level_stop_in_a_thread_room_is_not_dropped(
         queued = held_room_stops(a)
         await a.chat.say("!stop")
         await a.chat.say("after the stop", thread="t1")
-        assert a.service.dispatcher.status(thread).waiting == 1
+        assert a.service.parts.dispatcher.status(thread).waiting == 1
         queued.set()
         await until(lambda: results(a.chat) == ["after the stop"], ANSWERED_S)
 
@@ -161,8 +161,8 @@ async def test_a_replica_restarted_within_its_leases_reattaches_its_detached_run
                 await asyncio.sleep(0.01)
     again = SlackRoom(ROOM, "U1", id_prefix="a-again")
     async with replica(settings, again) as a:
-        assert a.service.cluster is not None
-        assert a.service.cluster.holds(ROOM)  # kept
+        assert a.service.parts.cluster is not None
+        assert a.service.parts.cluster.holds(ROOM)  # kept
         gate.touch()
         await until(lambda: results(again) == ["a long one"], ANSWERED_S)
 
@@ -183,7 +183,7 @@ async def test_a_top_level_status_lists_only_other_replicas_threads_with_work(
     ):
         await b.chat.say("answered long ago", thread="t2")
         await b.chat.wait_until(lambda: results(b.chat) == ["answered long ago"])
-        await b.service.dispatcher.wait_idle()
+        await b.service.parts.dispatcher.wait_idle()
         await a.chat.say("!status")
         await a.chat.wait_until(lambda: len(a.chat.texts(ReplyKind.NOTICE)) >= 1)
         assert a.chat.texts(ReplyKind.NOTICE)[-1] == "No thread of this room has work."
@@ -198,7 +198,7 @@ async def test_a_renewal_after_leaving_the_registry_does_not_crash_the_stop(
     replica's clean stop ends in that error."""
     settings = replica_settings(tmp_path, "a", cluster_db)
     async with replica(settings) as a:
-        cluster = a.service.cluster
+        cluster = a.service.parts.cluster
         assert cluster is not None
         leave, renew = cluster.leases.release_all, cluster.leases.heartbeat
         renewed = asyncio.Event()

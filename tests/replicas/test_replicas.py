@@ -56,8 +56,8 @@ async def test_the_owner_runs_what_any_replica_accepts(tmp_path: Path, cluster_d
         await b.chat.say("second")
         await a.chat.wait_until(lambda: results(a) == ["first", "second"])
         assert results(b) == []
-        assert a.service.cluster is not None
-        assert a.service.cluster.holds(ROOM)
+        assert a.service.parts.cluster is not None
+        assert a.service.parts.cluster.holds(ROOM)
     recorded = await runs_of(cluster_db)
     assert [(status, rep) for _, status, rep in recorded] == [("succeeded", "a")] * 2
 
@@ -72,10 +72,10 @@ async def test_a_stop_accepted_elsewhere_stops_the_owners_run(
         replica(replica_settings(tmp_path, "b", cluster_db, env=env)) as b,
     ):
         await a.chat.say("a long one")
-        await until(lambda: a.service.dispatcher.active_runs == 1)
+        await until(lambda: a.service.parts.dispatcher.active_runs == 1)
         await b.chat.say("!stop")
         async with asyncio.timeout(GUARD_S):
-            await a.service.dispatcher.wait_idle()
+            await a.service.parts.dispatcher.wait_idle()
         # The command's answer comes from the replica that carried it out.
         await a.chat.wait_until(lambda: len(a.chat.texts(ReplyKind.NOTICE)) >= 1)
         assert b.chat.texts() == []
@@ -98,8 +98,8 @@ async def test_a_dead_replicas_conversation_is_taken_over_and_its_messages_run_o
         # (b may deliver a's last answer again: a died before recording its delivery.)
         await b.chat.wait_until(lambda: "after" in results(b))
         assert results(b).count("after") == 1
-        assert b.service.cluster is not None
-        assert b.service.cluster.holds(ROOM)
+        assert b.service.parts.cluster is not None
+        assert b.service.parts.cluster.holds(ROOM)
     recorded = await runs_of(cluster_db)
     assert [(status, rep) for _, status, rep in recorded] == [
         ("succeeded", "a"),
@@ -274,8 +274,8 @@ async def test_a_replica_stopping_hands_its_idle_conversations_over_at_once(
         # a has stopped (SIGTERM's path): its conversation is free at once.
         await b.chat.say("on b")
         await b.chat.wait_until(lambda: "on b" in results(b))
-        assert b.service.cluster is not None
-        assert b.service.cluster.holds(ROOM)
+        assert b.service.parts.cluster is not None
+        assert b.service.parts.cluster.holds(ROOM)
     recorded = await runs_of(cluster_db)
     assert [(status, rep) for _, status, rep in recorded] == [
         ("succeeded", "a"),
@@ -333,8 +333,8 @@ async def test_matrix_is_connected_by_one_replica_and_the_next_takes_over(
             await b.chat.wait_until(lambda: b.chat.sink is not None)
             await b.chat.say("to the new leader")
             await b.chat.wait_until(lambda: "to the new leader" in results(b))
-            assert b.service.cluster is not None
-            assert b.service.cluster.leads("matrix")
+            assert b.service.parts.cluster is not None
+            assert b.service.parts.cluster.leads("matrix")
     assert MatrixRoom.connected_runs == 2
     recorded = await runs_of(cluster_db)
     assert [(status, rep) for _, status, rep in recorded] == [
@@ -353,14 +353,14 @@ async def test_an_edit_or_deletion_received_elsewhere_reaches_the_owners_queue(
         replica(replica_settings(tmp_path, "b", cluster_db, env=env)) as b,
     ):
         await a.chat.say("first")
-        await until(lambda: a.service.dispatcher.active_runs == 1)
+        await until(lambda: a.service.parts.dispatcher.active_runs == 1)
         # Queued on a behind its run, accepted (and then changed) on b.
         kept, _ = await b.chat.say("typo")
         gone, _ = await b.chat.say("never mind")
-        await until(lambda: a.service.dispatcher.status(ROOM).waiting == 2)
+        await until(lambda: a.service.parts.dispatcher.status(ROOM).waiting == 2)
         await b.chat.edited(kept, "fixed")
         await b.chat.deleted(gone)
-        await until(lambda: a.service.dispatcher.status(ROOM).waiting == 1)
+        await until(lambda: a.service.parts.dispatcher.status(ROOM).waiting == 1)
         gate.touch()
         await a.chat.wait_until(lambda: results(a) == ["first", "fixed"])
     assert results(b) == []
@@ -378,8 +378,8 @@ async def test_a_top_level_stop_in_a_thread_room_stops_every_replicas_threads(
     ):
         await a.chat.say("on a", thread="t1")
         await b.chat.say("on b", thread="t2")
-        await until(lambda: a.service.dispatcher.active_runs == 1)
-        await until(lambda: b.service.dispatcher.active_runs == 1)
+        await until(lambda: a.service.parts.dispatcher.active_runs == 1)
+        await until(lambda: b.service.parts.dispatcher.active_runs == 1)
         await a.chat.say("!status")
 
         def notices() -> list[str]:
@@ -396,8 +396,8 @@ async def test_a_top_level_stop_in_a_thread_room_stops_every_replicas_threads(
             assert "t2" in status
             assert "Thread t1: on replica a." in status
         await a.chat.say("!stop")
-        await until(lambda: a.service.dispatcher.active_runs == 0)
-        await until(lambda: b.service.dispatcher.active_runs == 0)
+        await until(lambda: a.service.parts.dispatcher.active_runs == 0)
+        await until(lambda: b.service.parts.dispatcher.active_runs == 0)
     recorded = await runs_of(cluster_db)
     assert sorted((status, rep) for _, status, rep in recorded) == [
         ("stopped", "a"),
@@ -410,7 +410,7 @@ async def test_an_idle_conversation_is_let_go(tmp_path: Path, cluster_db: str) -
 
     settings = replica_settings(tmp_path, "a", cluster_db, {"cluster": {"lease_ttl_s": 1}})
     async with replica(settings) as a:
-        cluster = a.service.cluster
+        cluster = a.service.parts.cluster
         assert cluster is not None
         cluster.idle_release_min_s = 0.0  # (the floor is four lease lifetimes: 4 s)
         await a.chat.say("hello")
@@ -436,13 +436,13 @@ async def test_a_conversation_let_go_stops_the_claude_kept_warm_for_it(
         "runner": {"prestart": True, "prestart_keep_s": 600},
     }
     async with replica(replica_settings(tmp_path, "a", cluster_db, config)) as a:
-        cluster, prestarts = a.service.cluster, a.service.executor.prestarts
+        cluster, prestarts = a.service.parts.cluster, a.service.parts.executor.prestarts
         assert cluster is not None
         assert prestarts is not None
         cluster.idle_release_min_s = 0.0
         await a.chat.say("hello")
         await a.chat.wait_until(lambda: results(a) == ["hello"])
         await until(lambda: not cluster.holds(ROOM))
-        released = a.service.metrics.prestarts.labels("wasted", "released")
+        released = a.service.parts.metrics.prestarts.labels("wasted", "released")
         assert released._value.get() == 1
         assert prestarts.take(ROOM) is None

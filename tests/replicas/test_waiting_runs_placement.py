@@ -30,14 +30,14 @@ async def test_a_replica_whose_only_run_waits_for_a_person_takes_a_new_conversat
         async with replica(settings) as a:
             await a.chat.say("first job", thread="t1")
             await a.chat.wait_until(lambda: asked(a) == 1)
-            await until(lambda: a.service.dispatcher.lent_runs == 1)
+            await until(lambda: a.service.parts.dispatcher.lent_runs == 1)
             # A new conversation: a has no free slot but the one its waiting run lent.
             await a.chat.say("second job", thread="t2")
             # (Each conversation numbers its own requests.)
             await a.chat.wait_until(lambda: asked(a) == 2)
-            assert a.service.cluster is not None
-            assert a.service.cluster.holds(ROOM.in_thread("t2"))
-            assert a.service.dispatcher.active_runs == 2
+            assert a.service.parts.cluster is not None
+            assert a.service.parts.cluster.holds(ROOM.in_thread("t2"))
+            assert a.service.parts.dispatcher.active_runs == 2
             # `chatbridge status` counts what placement counts, and says so. Was: "runs
             # 0/1" of a replica running two (their slots lent).
             while "slots held 0/1" not in await status_text(settings):
@@ -66,7 +66,7 @@ async def test_with_a_cluster_cap_a_run_waiting_for_a_person_keeps_its_slot(
             await a.chat.wait_until(lambda: asked(a) == 1)
             await a.chat.say("second job", thread="t2")
             # t2 waits: untaken (a has no free slot), or, given a's slot, for the cluster's.
-            cluster = a.service.cluster
+            cluster = a.service.parts.cluster
             assert cluster is not None
             await until(
                 lambda: (
