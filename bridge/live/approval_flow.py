@@ -89,6 +89,11 @@ STALE = (
 )
 QUEUED = "Queued:"
 """Begins the note of an answer that waits for its run's slot back."""
+HANDED_OVER = (
+    "(Recorded. Another replica runs this conversation and gives claude the answer:"
+    " the run goes on at once, or, if every run slot there is busy, when a run slot frees.)"
+)
+"""The note of an answer taken here for a run another replica runs."""
 WITHDRAWN_UNHEARD = (
     "claude withdrew the request (a new message interrupted it) before it heard this"
     " answer, which waited for a run slot: it did not run."
@@ -518,9 +523,10 @@ class ApprovalFlow:
     ) -> str:
         if not self.owns(approval.room) and self.hand_over is not None:
             # Taken here (the web console), for a run another replica runs: that one
-            # tells claude and shows the outcome on the request.
+            # tells claude and shows the outcome on the request. Whether the answer
+            # waits there for a run slot is not known here: the note says it may.
             await self.hand_over(approval)
-            return ""
+            return HANDED_OVER
         note = await self._answer(approval, choice, reason)
         await self._show(approval, shown)
         return note
