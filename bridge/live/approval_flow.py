@@ -90,8 +90,8 @@ STALE = (
 QUEUED = "Queued:"
 """Begins the note of an answer that waits for its run's slot back."""
 HANDED_OVER = (
-    "(Recorded. Another replica runs this conversation and gives claude the answer:"
-    " the run goes on at once, or, if every run slot there is busy, when a run slot frees.)"
+    "(Recorded. claude hears it from the replica running this conversation: the run"
+    " goes on at once, or, if every run slot there is busy, when a run slot frees.)"
 )
 """The note of an answer taken here for a run another replica runs."""
 WITHDRAWN_UNHEARD = (
