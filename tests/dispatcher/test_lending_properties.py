@@ -19,15 +19,16 @@ After every step it checks:
 - prestarts: none begins while a run waits for its slot back, and those of
   rooms not waiting for a slot themselves give way to it.
 
-At the end it finishes every run not reclaiming and checks every reclaimer
-resumed (then finishes them too): no reclaimer waits forever once slots free.
+At the end it finishes the runs one by one, those not reclaiming first, and checks
+that reclaimers resume as slots free: no reclaimer waits forever once slots free.
 
 Every path is taken, or a check on it would pass whatever the scheduler did:
 the machine starts with runs begun (often more rooms than slots, so a lent slot is
-taken at once) and drains more often while a run waits for its slot back;
-:func:`test_every_path_is_reached` checks that the generator (derandomized) takes
-each path of :data:`PATHS` but the rarest, which :data:`RARE` spells out as
-sequences of the machine's own steps.
+taken at once, some lent and reclaimed), and drains and finishes runs more often
+while a run waits for its slot back; :func:`test_every_path_is_reached` checks
+that the generator (derandomized) takes each path of :data:`PATHS` but
+:data:`TOO_RARE`; :data:`RARE` spells the rarest out as sequences of the
+machine's own steps.
 """
 
 from __future__ import annotations
@@ -76,6 +77,16 @@ PATHS = frozenset(
     }
 )
 """The paths :func:`test_every_path_is_reached` requires the generator to reach."""
+TOO_RARE = frozenset(
+    {
+        "a prestart gave way to a reclaimer",
+        "a reclaimer finished",
+        "reclaim asked again",
+        "resumed on lend",
+    }
+)
+"""Paths the generator takes in under 1 example in 40, too seldom to require of it:
+:data:`RARE` takes them (and others) as set sequences."""
 
 
 class Lending(RuleBasedStateMachine):
@@ -93,19 +104,31 @@ class Lending(RuleBasedStateMachine):
         self.draining = False
         self.prestarts: set[RoomKey] = set()
 
-    @initialize(cap=st.integers(1, 3), prestarts=st.integers(0, 3), extra=st.integers(-1, 2))
-    def start(self, cap: int, prestarts: int, extra: int) -> None:
+    @initialize(
+        cap=st.integers(1, 3),
+        prestarts=st.integers(0, 3),
+        extra=st.integers(-1, 2),
+        lent=st.integers(0, 3),
+        reclaiming=st.integers(0, 3),
+    )
+    def start(self, cap: int, prestarts: int, extra: int, lent: int, reclaiming: int) -> None:
         self.cap = cap
         limits = DispatchLimits(1.0, 3.0, 3, cap)
         self.scheduler = Scheduler(limits, max_prestarts=min(prestarts, cap))
         self.apply(self.scheduler.set_capacity(cap, self.now))
         # Rooms with work at once, ``extra`` more than the slots: the runs granted begin,
-        # the others wait, so a lend hands its slot on and a reclaim waits for one back.
+        # the others wait; then some runs lend their slot (taken by a waiting room) and
+        # some of those want it back (and wait for it, every slot taken).
         for key in ROOMS[: cap + extra]:
             self.submit_to(key)
         self.tick(4.0)
-        for key in sorted(self.runs):
+        begun = sorted(self.runs)
+        for key in begun:
             self.begin_run(key)
+        for key in begun[:lent]:
+            self.lend_run(key)
+        for key in begun[: min(lent, reclaiming)]:
+            self.reclaim_run(key)
 
     def path(self, name: str) -> None:
         """One of :data:`PATHS` was taken (counted in ``--hypothesis-show-statistics``)."""
@@ -233,6 +256,13 @@ class Lending(RuleBasedStateMachine):
             self.apply(self.scheduler.take_actions())
         self.end(key, via="finish")
 
+    @precondition(lambda self: bool(self.queue))
+    @rule(data=st.data(), stop=st.booleans())
+    def finish_while_reclaiming(self, data: st.DataObject, stop: bool) -> None:
+        """A second way to :meth:`finish`, open only while a run waits for its slot back
+        (a slot frees, or the waiting run ends): the draws take these paths more often."""
+        self.finish(data, stop)
+
     def end(self, key: RoomKey, via: str = "") -> None:
         del self.runs[key]
         self.begun.discard(key)
@@ -284,16 +314,14 @@ class Lending(RuleBasedStateMachine):
             assert self.prestarts == waiting
 
     def teardown(self) -> None:
-        # Everything not waiting for its slot back ends: every reclaimer resumes.
-        for key in sorted(self.runs):
-            if self.runs[key] != RECLAIMING:
-                if key not in self.begun:
-                    assert self.scheduler.begin(key)
-                    self.begun.add(key)
-                self.end(key)
-        assert not self.queue, f"reclaimers left waiting: {self.queue}"
-        for key in sorted(self.runs):
-            assert self.runs[key] == HELD
+        # Runs end one by one, those not waiting for their slot back first; the
+        # reclaimers resume as slots free (more of them than slots: one by one).
+        while self.runs:
+            going = sorted(k for k, s in self.runs.items() if s != RECLAIMING)
+            assert going, f"reclaimers left waiting, every slot free: {self.queue}"
+            key = going[0]
+            if key not in self.begun:
+                self.begin_run(key)
             self.end(key)
 
 
@@ -309,7 +337,7 @@ TestLending = Lending.TestCase
 
 def _waiting_for_its_slot(machine: Lending) -> None:
     """One slot: room 0's run lent it to room 1's and waits for one back."""
-    machine.start(cap=1, prestarts=0, extra=1)
+    machine.start(cap=1, prestarts=0, extra=1, lent=0, reclaiming=0)
     machine.lend_run(ROOMS[0])  # room 1's run is granted
     machine.reclaim_run(ROOMS[0])
 
@@ -327,7 +355,7 @@ def _then(*steps: Callable[[Lending], None]) -> Callable[[Lending], None]:
 def _prestart_gives_way(machine: Lending) -> None:
     """Room 2's prestart began in a free slot; room 0 takes it back at once, room 1
     then waits for one: the prestart gives way."""
-    machine.start(cap=1, prestarts=1, extra=1)
+    machine.start(cap=1, prestarts=1, extra=1, lent=0, reclaiming=0)
     machine.lend_run(ROOMS[0])
     machine.begin_run(ROOMS[1])
     machine.lend_run(ROOMS[1])
@@ -372,7 +400,7 @@ def test_rare_interleaving(name: str) -> None:
 
 def test_every_path_is_reached() -> None:
     """Each path of :data:`PATHS` is taken by the generator (derandomized, so the
-    same examples every time) but the rarest, which :func:`test_rare_interleaving`
+    same examples every time) but :data:`TOO_RARE`, which :func:`test_rare_interleaving`
     takes: a check on a path never taken passes whatever the scheduler does there."""
     seen: set[str] = set()
 
@@ -382,6 +410,7 @@ def test_every_path_is_reached() -> None:
             seen.add(name)
 
     run_state_machine_as_test(
-        Recording, settings=settings(SETTINGS, derandomize=True, database=None)
+        Recording, settings=settings(SETTINGS, max_examples=300, derandomize=True, database=None)
     )
-    assert PATHS - seen <= set(RARE), sorted(PATHS - seen - set(RARE))
+    assert TOO_RARE <= set(RARE)
+    assert PATHS - seen <= TOO_RARE, sorted(PATHS - seen - TOO_RARE)
