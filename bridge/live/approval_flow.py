@@ -89,6 +89,18 @@ STALE = (
 )
 QUEUED = "Queued:"
 """Begins the note of an answer that waits for its run's slot back."""
+HANDED_OVER = (
+    "(Recorded. claude hears it from the replica running this conversation: the run"
+    " goes on at once, or, if every run slot there is busy, when a run slot frees.)"
+)
+"""The note of an answer taken here for a run another replica runs."""
+WITHDRAWN_UNHEARD = (
+    "claude withdrew the request (a new message interrupted it) before it heard this"
+    " answer, which waited for a run slot: it did not run."
+)
+ENDED_UNHEARD = (
+    "The run ended before claude heard this answer, which waited for a run slot: it did not run."
+)
 EXPIRY_CHECK_S = 5.0
 """How often waiting requests are checked for their expiry (a 900 s default wait)."""
 
@@ -511,9 +523,10 @@ class ApprovalFlow:
     ) -> str:
         if not self.owns(approval.room) and self.hand_over is not None:
             # Taken here (the web console), for a run another replica runs: that one
-            # tells claude and shows the outcome on the request.
+            # tells claude and shows the outcome on the request. Whether the answer
+            # waits there for a run slot is not known here: the note says it may.
             await self.hand_over(approval)
-            return ""
+            return HANDED_OVER
         note = await self._answer(approval, choice, reason)
         await self._show(approval, shown)
         return note
@@ -605,7 +618,7 @@ class ApprovalFlow:
             # The run lent its slot while it waited and none is free now: claude hears
             # the answer once the run holds one again (before any new run starts).
             task = asyncio.get_running_loop().create_task(
-                _answer_when_resumed(control, approval.request_id, decision, waiting.resumed),
+                self._answer_when_resumed(approval, control, decision, waiting.resumed),
                 name=f"answer #{approval.number} in {approval.room} when a slot frees",
             )
             self._followups.add(task)
@@ -623,6 +636,27 @@ class ApprovalFlow:
         # False: answered already (a replay after a restart), or withdrawn by claude.
         return "" if delivered else "(claude no longer waits on it.)"
 
+    async def _answer_when_resumed(
+        self,
+        approval: Approval,
+        control: RunControl,
+        decision: Allow | Deny,
+        resumed: asyncio.Future[bool],
+    ) -> None:
+        """Tell claude ``decision`` once its run holds a run slot again. Should claude
+        never hear it (the run ended first, or claude withdrew the request), the
+        request's message, which shows the answer as taken, says so."""
+        unheard = ENDED_UNHEARD
+        if await asyncio.shield(resumed):
+            try:
+                if control.answer(approval.request_id, decision):
+                    return
+                unheard = WITHDRAWN_UNHEARD  # it waited, so nobody else answered it
+            except InputClosed:
+                pass
+        log.info("request #%d in %s: claude never heard its answer", approval.number, approval.room)
+        await self._show(approval, unheard)
+
     async def _current(self, approval: Approval) -> Approval:
         return await self.store.approval_by_number(approval.room, approval.number) or approval
 
@@ -636,18 +670,6 @@ class ApprovalFlow:
         if shown.message_id is not None:
             text = " ".join(part for part in (outcome(shown), said) if part)
             await self.replier.close_approval(shown.room, shown.message_id, text)
-
-
-async def _answer_when_resumed(
-    control: RunControl, request_id: str, decision: Allow | Deny, resumed: asyncio.Future[bool]
-) -> None:
-    """Tell claude ``decision`` once its run holds a run slot again (not if it ended)."""
-    if not await asyncio.shield(resumed):
-        return
-    try:
-        control.answer(request_id, decision)
-    except InputClosed:
-        log.info("request %s: the run ended before its answer could be given", request_id)
 
 
 def _private_folder(state_dir: Path) -> Path:

@@ -13,6 +13,7 @@ from bridge.core.model import ReplyKind
 from bridge.core.transport import Accepted, ApprovalChoice
 from bridge.store.base import ApprovalDecision, ApprovalState
 from dispatcher.lending import SlotLease
+from runner import PermissionCancelled
 from tests.bridge.approval_posts import RUN, Bound
 from tests.bridge.chat_room import GUARD_S, ChatRoom, serving
 from tests.bridge.harness import ECHO, write_config
@@ -185,3 +186,84 @@ async def test_an_answer_claude_already_has_takes_no_slot_back(tmp_path: Path) -
     await bound.asks(bound.asked)
     assert reclaims == []
     assert bound.answers() == []
+
+
+def closing(bound: Bound) -> list[str]:
+    """What the request's message is edited to say, each time."""
+    closed: list[str] = []
+
+    async def close_approval(*args: object) -> None:
+        closed.append(str(args[-1]))  # (room, message id, text)
+
+    bound.told.close_approval = close_approval  # type: ignore[method-assign]
+    return closed
+
+
+async def test_an_answer_waiting_for_a_slot_then_withdrawn_by_claude_says_nothing_ran(
+    tmp_path: Path,
+) -> None:
+    """Allowed while every slot was busy, so the answer waited; then an interrupt (a new
+    message) made claude withdraw the request before it heard the answer. Was: the
+    request's message said "allowed", though the tool never ran."""
+    lease = SlotLease(lambda: None, lambda: 1, lambda: lease.resumed(True))
+    bound = Bound(tmp_path)
+    bound.runs.bind(bound.key, RUN, bound.control, lease)
+    closed = closing(bound)
+    await bound.asks(bound.asked)
+    assert await bound.flow.on_action(bound.act(ApprovalChoice.ALLOW)) is Accepted.ACCEPTED
+    assert len(closed) == 1  # shown as allowed, the answer waiting for a slot
+    bound.control.note(PermissionCancelled("r1"))
+    await bound.flow.withdrawn(bound.key, RUN, "r1")  # the run holds a slot at once
+    async with asyncio.timeout(GUARD_S):
+        while len(closed) < 2:
+            await asyncio.sleep(0)
+    assert bound.answers() == []  # claude never heard it
+    assert "withdrew" in closed[-1], closed
+    assert "did not run" in closed[-1], closed
+
+
+async def test_an_answer_waiting_for_a_slot_whose_run_ended_says_nothing_ran(
+    tmp_path: Path,
+) -> None:
+    """Allowed while every slot was busy; the run ended (stopped) before it had one
+    back. Was: the message said "allowed", though the tool never ran."""
+    lease = SlotLease(lambda: None, lambda: 1)
+    bound = Bound(tmp_path)
+    bound.runs.bind(bound.key, RUN, bound.control, lease)
+    closed = closing(bound)
+    await bound.asks(bound.asked)
+    assert await bound.flow.on_action(bound.act(ApprovalChoice.ALLOW)) is Accepted.ACCEPTED
+    lease.ended()
+    async with asyncio.timeout(GUARD_S):
+        while len(closed) < 2:
+            await asyncio.sleep(0)
+    assert "ended before claude heard" in closed[-1], closed
+    assert "did not run" in closed[-1], closed
+
+
+async def test_an_answer_waiting_for_a_slot_then_withdrawn_is_shown_unheard_in_the_room(
+    tmp_path: Path,
+) -> None:
+    """Through the service and the fake claude: a's request is allowed while b's run
+    holds the only slot, then a new message in a interrupts claude, which withdraws
+    the request and goes on. The request's message says the answer was never heard."""
+    gate = tmp_path / "go"
+    env = {**ECHO, "FAKE_CLAUDE_TOOL_WAIT_FOR": str(gate), "FAKE_CLAUDE_TOOL_TURNS": "1"}
+    async with serving(one_slot(tmp_path, env, during_run="interrupt")) as (service, chat):
+        closed: list[str] = []
+
+        async def close_approval(room: object, message_id: object, text: str) -> None:
+            closed.append(text)
+
+        chat.close_approval = close_approval  # type: ignore[method-assign]
+        await a_waits_for_approval(chat)
+        await chat.say("job b", thread="b")  # runs in a's lent slot; its tool waits for go
+        await chat.wait_until(lambda: service.dispatcher.active_runs == 2)
+        await chat.say("!approve #1", thread="a")
+        await chat.wait_until(lambda: said(chat, "Queued: 0 waiting run(s) ahead", "a"))
+        await chat.say("rather this", thread="a")  # claude withdraws #1 and goes on
+        await chat.wait_until(lambda: ("a", "rather this") in results(chat))
+        await chat.wait_until(lambda: any("withdrew" in t for t in closed))
+        assert "did not run" in closed[-1], closed
+        gate.touch()
+        await chat.wait_until(lambda: ("b", "job b") in results(chat))

@@ -5,21 +5,22 @@ docs/replicas.md)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from bridge.core.model import ReplyKind, UserId
 from bridge.core.transport import ApprovalChoice
 from bridge.web.actions import DeskActions
-from tests.replicas.conftest import ROOM, replica, replica_settings, until
+from tests.replicas.conftest import ROOM, Replica, replica, replica_settings, until
 
 GUARD_S = 60.0
 
 
-async def test_an_answer_from_another_replicas_console_reaches_claude(
-    tmp_path: Path, cluster_db: str
-) -> None:
-    """Was: b recorded the answer and told its own runs, none of which is the one
-    asking: the person read "(The run had already ended.)" and claude waited on."""
+@asynccontextmanager
+async def answered_on_b(tmp_path: Path, cluster_db: str) -> AsyncIterator[tuple[Replica, str]]:
+    """Replica a runs the room's conversation, which waits on request #1; b's console
+    allows it. Yields a and what b's console told its user."""
     config = {"defaults": {"approve_tools": True}}
     async with asyncio.timeout(GUARD_S):
         async with (
@@ -40,5 +41,26 @@ async def test_an_answer_from_another_replicas_console_reaches_claude(
                 b.service.store, b.service.parts.approvals.desk(), b.service.settings.room
             )
             told = await console.answer((UserId("U1"),), pending.id, ApprovalChoice.ALLOW, "")
-            assert "already ended" not in told
-            await a.chat.wait_until(lambda: "ask me" in a.chat.texts(ReplyKind.RESULT))
+            yield a, told
+
+
+async def test_an_answer_from_another_replicas_console_reaches_claude(
+    tmp_path: Path, cluster_db: str
+) -> None:
+    """Was: b recorded the answer and told its own runs, none of which is the one
+    asking: the person read "(The run had already ended.)" and claude waited on."""
+    async with answered_on_b(tmp_path, cluster_db) as (a, told):
+        assert "already ended" not in told
+        await a.chat.wait_until(lambda: "ask me" in a.chat.texts(ReplyKind.RESULT))
+
+
+async def test_a_console_answer_handed_to_another_replica_says_it_may_wait_for_a_slot(
+    tmp_path: Path, cluster_db: str
+) -> None:
+    """b cannot know whether a's run gets a slot back at once: the console says the
+    answer is recorded and the run goes on, at once or when a run slot frees. Was:
+    only "allowed", as if claude had it, though it may wait for a slot."""
+    async with answered_on_b(tmp_path, cluster_db) as (a, told):
+        assert "recorded" in told.lower(), told
+        assert "when a run slot frees" in told, told
+        await a.chat.wait_until(lambda: "ask me" in a.chat.texts(ReplyKind.RESULT))
