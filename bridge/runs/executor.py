@@ -324,9 +324,11 @@ class RunExecutor(RunStart, RunEvents):
             # second try not start (the room moved meanwhile), the new owner then finds a
             # run that never began, and runs its messages.
             self._remove_journal(live)
+            # No claude has the prompt now, before the wait below: cancelled during it
+            # (the room moved), the run is the new owner's to run, not recorded here.
+            live.feed(Retried())
             first, live.registered = live.registered, None
             await shielded(self._unregister(run.id, first))
-            live.feed(Retried())
             live.control = RunControl()
             # The first try's result (zeroed: no session) says nothing of this one's cost.
             live.result = None

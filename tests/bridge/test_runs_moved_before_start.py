@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from bridge.config import load_settings
+from bridge.config import Settings, load_settings
 from bridge.core.model import RoomKey, RunId, SessionId
 from bridge.runs.executor import RunExecutor
 from bridge.runs.stale_runs import never_started
@@ -173,16 +173,35 @@ def assert_left_for_the_new_owner(tmp_path: Path, run_id: RunId, state_dir: Path
     assert not (state_dir / "runs" / run_id).exists()
 
 
-async def test_a_retry_in_a_new_session_refused_leaves_nothing_and_records_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, typing: list[bool]
-) -> None:
+def sessions_kept(tmp_path: Path) -> Settings:
+    """Settings whose fake claude keeps its sessions in a folder: one it never made is lost."""
     sessions = tmp_path / "sessions"
     sessions.mkdir()
     path = write_config(
         tmp_path,
         env={"FAKE_CLAUDE_ECHO": "1", "FAKE_CLAUDE_SESSIONS_DIR": str(sessions)},
     )
-    settings = load_settings(path)
+    return load_settings(path)
+
+
+async def send_in_a_lost_session(
+    bridge: ConsoleSession, holds: Holds
+) -> tuple[RunExecutor, RoomKey]:
+    """A message sent to a room whose session claude no longer has (its run retries in a
+    new one); the executor asks ``holds`` whether the room is still this replica's."""
+    assert bridge.service is not None
+    executor = bridge.service.parts.executor
+    executor.holds = holds
+    room = console_room(bridge)
+    await executor.store.set_session(room, SessionId("gone-1234"))  # claude lost it
+    bridge.send("hello")
+    return executor, room
+
+
+async def test_a_retry_in_a_new_session_refused_leaves_nothing_and_records_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, typing: list[bool]
+) -> None:
+    settings = sessions_kept(tmp_path)
     holds = Holds()
     ended = executions(monkeypatch)
     async with (
@@ -191,12 +210,7 @@ async def test_a_retry_in_a_new_session_refused_leaves_nothing_and_records_nothi
             settings, console=Typing, wrap_store=lambda s: SessionClearedLoses(s, holds.lose)
         ) as bridge,
     ):
-        assert bridge.service is not None
-        executor = bridge.service.parts.executor
-        executor.holds = holds
-        room = console_room(bridge)
-        await executor.store.set_session(room, SessionId("gone-1234"))  # claude lost it
-        bridge.send("hello")
+        executor, room = await send_in_a_lost_session(bridge, holds)
         run_id = await ended.get()
         await settled(bridge)
         assert not holds.held  # (the second try was refused)
@@ -419,3 +433,50 @@ async def test_a_stop_while_the_run_takes_the_warm_claude_stops_that_claude(
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+class UnregisterWaits(SessionClearedLoses):
+    """As :class:`SessionClearedLoses`; taking the first try out of the registry of live
+    runs then waits for :attr:`proceed` (a slow database), after setting
+    :attr:`unregistering`."""
+
+    def __init__(self, store: Store, lose: Callable[[], None]) -> None:
+        super().__init__(store, lose)
+        self.unregistering = asyncio.Event()
+        self.proceed = asyncio.Event()
+
+    async def unregister_live_run(self, run_id: RunId) -> None:
+        self.unregistering.set()
+        await self.proceed.wait()
+        await self._store.unregister_live_run(run_id)
+
+
+async def test_a_lost_room_cancelling_the_run_while_its_first_try_is_undone_records_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, typing: list[bool]
+) -> None:
+    # claude lost the session: the first try's journal is gone and its registration being
+    # undone when the cluster drops the moved room (cancelling the run). No claude has the
+    # prompt any more: the new owner runs the messages, so nothing is recorded here.
+    settings = sessions_kept(tmp_path)
+    holds = Holds()
+    ended = executions(monkeypatch)
+    wrapped: list[UnregisterWaits] = []
+
+    def wrap(store: Store) -> Any:
+        wrapped.append(UnregisterWaits(store, holds.lose))
+        return wrapped[0]
+
+    async with (
+        asyncio.timeout(WAIT_S),
+        ConsoleSession(settings, console=Typing, wrap_store=wrap) as bridge,
+    ):
+        executor, room = await send_in_a_lost_session(bridge, holds)
+        await wrapped[0].unregistering.wait()
+        assert not holds.held  # the lost session was cleared: the room moved meanwhile
+        assert bridge.service is not None
+        bridge.service.parts.dispatcher.release(room)  # as the cluster's give_up does
+        wrapped[0].proceed.set()
+        run_id = await ended.get()
+        await settled(bridge)
+        await assert_dropped_here(executor, room, run_id, typing)
+    assert_left_for_the_new_owner(tmp_path, run_id, settings.runner.state_dir)
