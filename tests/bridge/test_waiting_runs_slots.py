@@ -258,7 +258,7 @@ async def test_an_answer_waiting_for_a_slot_then_withdrawn_is_shown_unheard_in_t
         chat.close_approval = close_approval  # type: ignore[method-assign]
         await a_waits_for_approval(chat)
         await chat.say("job b", thread="b")  # runs in a's lent slot; its tool waits for go
-        await chat.wait_until(lambda: service.dispatcher.active_runs == 2)
+        await chat.wait_until(lambda: service.parts.dispatcher.active_runs == 2)
         await chat.say("!approve #1", thread="a")
         await chat.wait_until(lambda: said(chat, "Queued: 0 waiting run(s) ahead", "a"))
         await chat.say("rather this", thread="a")  # claude withdraws #1 and goes on
