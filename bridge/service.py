@@ -188,6 +188,11 @@ class Service:
         try:
             await self._serve_parts()
         finally:
+            prestarts = self.parts.executor.prestarts
+            if prestarts is not None:
+                # The shutdown closed them; a serve cancelled or failed before it did
+                # not, and their tasks are no run's: nothing else would stop them.
+                await shielded(prestarts.close())
             await shielded(self.parts.spares.close())
 
     async def _serve_parts(self) -> None:

@@ -9,10 +9,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
-from bridge.core.model import RoomId, RoomKey, RunId, SessionId, TransportName
+from bridge.assembly import open_store
+from bridge.core.model import ReplyKind, RoomId, RoomKey, RunId, SessionId, TransportName
 from bridge.metrics import Metrics
 from bridge.runs.prestarts import Prestarts
+from bridge.service import Service
 from runner import Prestarted, RunRequest
+from runner.process import find_marked
+from tests.bridge.chat_room import GUARD_S, ChatRoom, console_room
+from tests.bridge.harness import ECHO
+from tests.bridge.timeline import settings
+from tests.runner.conftest import gone
 
 WAIT_S = 5.0
 """Each wait ends on an event; the bound only turns a hang into a failure."""
@@ -191,3 +198,33 @@ async def test_nothing_is_kept_when_off_at_shutdown_or_beside_a_prestart() -> No
     await taken.give_up("dropped")
     await f.all_stopped()
     assert len(f.started) <= 2
+
+
+async def test_a_cancelled_service_stops_the_claude_it_kept_warm(tmp_path: Path) -> None:
+    """A serve cancelled (or failed) before its shutdown ran stops the claude it kept
+    warm for a room. Was: that prestart's task was no run's and only the shutdown
+    closed it, so the claude lived on until its supervisor's orphan timeout."""
+    config = settings(tmp_path, {"runner": {"prestart": True, "prestart_keep_s": 600}}, ECHO)
+    room = console_room(config)
+    chat = ChatRoom(room, "local")
+    store = await open_store(config)
+    try:
+        service = Service(config, store, [chat])
+        task = asyncio.ensure_future(service.serve())
+        await service.ready.wait()
+        await chat.say("hello")
+        await chat.wait_until(lambda: any("hello" in t for t in chat.texts(ReplyKind.RESULT)))
+        prestarts = service.parts.executor.prestarts
+        assert prestarts is not None
+        async with asyncio.timeout(GUARD_S):
+            while room not in prestarts._warm:  # kept warm once the run ended
+                await asyncio.sleep(0.01)
+            marker = prestarts._warm[room].run_id
+            while not (pids := find_marked(marker)):
+                await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.wait({task})
+        for pid in pids:
+            assert await gone(pid, GUARD_S), f"the warm claude {pid} still runs"
+    finally:
+        await store.close()
