@@ -85,7 +85,12 @@ async def test_a_message_steered_into_a_run_is_not_left_shown_running(tmp_path: 
     the run's first batch: the steered message keeps Slack's running reaction for
     good."""
     gate = tmp_path / "gate"
-    env = {"FAKE_CLAUDE_ECHO": "1", "FAKE_CLAUDE_TOOL_WAIT_FOR": str(gate)}
+    read = tmp_path / "read.jsonl"
+    env = {
+        "FAKE_CLAUDE_ECHO": "1",
+        "FAKE_CLAUDE_TOOL_WAIT_FOR": str(gate),
+        "FAKE_CLAUDE_READ_LOG": str(read),
+    }
     config: Table = {
         "defaults": {"during_run": "steer"},
         "dispatcher": {"coalesce_ms": 50, "max_wait_ms": 500},
@@ -99,6 +104,11 @@ async def test_a_message_steered_into_a_run_is_not_left_shown_running(tmp_path: 
         second, _ = await chat.say("second")
         # Recorded into the run, then shown running: steered, not queued.
         await chat.wait_until(lambda: chat.shown.get(second) is RunPhase.RUNNING)
+        # Written into claude's stdin; the tool ends once claude has read it (else a
+        # loaded machine lets the turn end first and the message become a turn of its own).
+        async with asyncio.timeout(WAIT_S):
+            while not (read.exists() and '"second"' in read.read_text()):
+                await asyncio.sleep(0.01)
         gate.touch()
         await chat.wait_until(lambda: chat.shown.get(first) is RunPhase.DONE)
         await service.parts.dispatcher.wait_idle()

@@ -107,6 +107,9 @@ Behaviour switches (environment variables; unset or empty means off):
     Append one JSON line to PATH at exit: ``{"prompt", "start", "result", "exit"}``,
     the ``time.monotonic()`` (system-wide on Linux) once this script's imports
     are done, just after the result line was flushed and just before exiting.
+``FAKE_CLAUDE_READ_LOG=PATH``
+    Append ``{"text"}`` to PATH for each user message read from stdin (before the
+    turn takes it): a test waits on it for claude to have a message it sent.
 ``FAKE_CLAUDE_RUN_LOG=PATH``
     Append JSON lines to PATH, one ``write`` each (whole lines even with many
     processes appending), each with ``pid`` and ``t`` (``time.time()``):
@@ -1019,6 +1022,10 @@ class _Session:
                 with self._cond:
                     self._inbox.append(obj)
                     self._cond.notify_all()
+                if _env("FAKE_CLAUDE_READ_LOG"):
+                    # Read, not yet taken: a test may act once claude has the message.
+                    with open(_env("FAKE_CLAUDE_READ_LOG"), "a") as f:
+                        f.write(json.dumps({"text": _text_of(obj)}) + "\n")
             elif kind == "control_request":
                 self._control(obj.get("request_id", ""), obj.get("request") or {})
             elif kind == "control_response":
