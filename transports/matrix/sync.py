@@ -176,8 +176,8 @@ class Syncer:
                     self._warn_unjoined(client)
                 elif not self._inbound_closed:
                     await self._set_aside.retry(sink, self._translator(client))
-                    await self._typing(response, sink)
                     await self._deliver(client, response, token, sink)
+                    await self._typing(response, sink)
                     await self._waiting.retry(client, sink)
             except SinkClosed:
                 # The service is shutting down and takes nothing more: leave the
@@ -332,9 +332,8 @@ class Syncer:
             await self._set_aside.offer_together(sink, together)
 
     async def _typing(self, response: SyncResponse, sink: InboundSink) -> None:
-        """Who types in each configured room, as the response says: before its messages
-        (the dispatcher keeps who types in a room with no window open), so a message and
-        its sender's typing in one response never let the window close in between."""
+        """Who types in each configured room, as the response says: after its messages,
+        so a window hears of typing once the message it waits for is queued."""
         for room_id, info in response.rooms.join.items():
             if room_id not in self._rooms:
                 continue
